@@ -3,6 +3,6 @@ module outboxd
 go 1.26
 
 require (
-	github.com/google/go-cmp v0.7.0 // indirect
-	github.com/lib/pq v1.12.3 // indirect
+	github.com/google/go-cmp v0.7.0
+	github.com/lib/pq v1.12.3
 )

@@ -1,0 +1,516 @@
+// deliver.go: the job table's workers, which claim due jobs, run them,
+// classify the outcome and record it, and the rescuer for jobs whose worker
+// died.
+//
+// Guarantees (DESIGN.md, hops 4 and 5):
+//   - No transaction is open across a job's run: a claim commits, the job
+//     runs, and its outcome is recorded in a second short transaction.
+//   - An outcome is written only while the job is still running with the
+//     attempt number the worker claimed. A worker that lost its job to the
+//     rescuer (or to a retry by hand) changes nothing.
+//   - A failure is retried with a backoff of attempt⁴ seconds (±10%) until
+//     MaxAttempts, then discarded with every attempt's error kept: nothing
+//     ends silently, and a discarded job can be retried by hand.
+
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lib/pq"
+)
+
+// Job is one claimed attempt of a job, with the event it delivers.
+type Job struct {
+	ID          int64
+	Kind        string
+	Attempt     int // this attempt's number, from 1
+	MaxAttempts int
+	Event       Event
+}
+
+// jobState is outbox.job_state.
+type jobState string
+
+const (
+	jobAvailable jobState = "available"
+	jobRunning   jobState = "running"
+	jobRetryable jobState = "retryable"
+	jobCompleted jobState = "completed"
+	jobDiscarded jobState = "discarded"
+)
+
+// Errors a handler returns to steer its outcome; any other error is a
+// retryable failure.
+type (
+	// permanentError discards the job at once: retrying cannot help.
+	permanentError struct{ err error }
+	// retryAfterError retries after the given delay instead of the backoff
+	// (a receiver's Retry-After, an endpoint that is failing).
+	retryAfterError struct {
+		err   error
+		delay time.Duration
+	}
+)
+
+func (e permanentError) Error() string  { return e.err.Error() }
+func (e permanentError) Unwrap() error  { return e.err }
+func (e retryAfterError) Error() string { return e.err.Error() }
+func (e retryAfterError) Unwrap() error { return e.err }
+
+// maxBackoff caps one retry delay; attempt⁴ passes it only beyond the 17th
+// attempt, so with the default 18 attempts it is a guard for larger limits.
+const maxBackoff = 24 * time.Hour
+
+// backoff is the delay before attempt+1 after attempt failed: attempt⁴
+// seconds, ±10% jitter (jitter in [0, 1)) so jobs that failed together do not
+// retry together. Attempts 1..17 wait:
+//
+//	1s 16s 81s 4m16s 10m25s 21m36s 40m1s 1h8m 1h49m 2h47m 4h4m 5h46m
+//	7h56m 10h40m 14h3m 18h12m 23h12m  (sum ≈ 3.8 days)
+func backoff(attempt int, jitter float64) time.Duration {
+	d := time.Duration(math.Pow(float64(attempt), 4) * float64(time.Second))
+	d = time.Duration(float64(d) * (0.9 + 0.2*jitter))
+	return min(max(d, time.Second), maxBackoff)
+}
+
+// retryHorizon is the longest time from a job's first attempt to its
+// discard with n attempts, counting the jitter's upper bound.
+func retryHorizon(n int) time.Duration {
+	var total time.Duration
+	for attempt := 1; attempt < n; attempt++ {
+		total += backoff(attempt, 1)
+	}
+	return total
+}
+
+// jobOutcome is the decision after an attempt.
+type jobOutcome struct {
+	State jobState      // completed, retryable or discarded
+	Delay time.Duration // with retryable: wait before the next attempt
+	Error string        // with retryable and discarded: what went wrong
+}
+
+// decideOutcome classifies one attempt's result. It is the only place that
+// turns an error into a next state.
+func decideOutcome(attempt, maxAttempts int, err error, jitter float64) jobOutcome {
+	if err == nil {
+		return jobOutcome{State: jobCompleted}
+	}
+	msg := truncate(err.Error(), maxErrorLen)
+	var perm permanentError
+	if errors.As(err, &perm) || attempt >= maxAttempts {
+		return jobOutcome{State: jobDiscarded, Error: msg}
+	}
+	var after retryAfterError
+	if errors.As(err, &after) {
+		return jobOutcome{State: jobRetryable, Delay: min(max(after.delay, 0), maxBackoff), Error: msg}
+	}
+	return jobOutcome{State: jobRetryable, Delay: backoff(attempt, jitter), Error: msg}
+}
+
+// jobResult is an outcome on its way to the database.
+type jobResult struct {
+	ID      int64
+	Attempt int
+	jobOutcome
+}
+
+// workerPool runs jobs: one fetch loop claims due jobs while there are free
+// slots, each job runs in its own goroutine, and one completer writes their
+// outcomes in batches.
+type workerPool struct {
+	db          *sql.DB
+	cfg         WorkerConfig
+	grace       time.Duration // how long in-flight jobs may finish after Run's ctx ends
+	subscribers *subscriberRegistry
+	logger      *slog.Logger
+
+	slots     chan struct{} // one token per running job
+	slotFreed chan struct{} // poked when a job finishes
+	results   chan jobResult
+
+	// Counters for /metrics, only ever incremented.
+	completed atomic.Int64
+	retried   atomic.Int64
+	discarded atomic.Int64
+}
+
+func newWorkerPool(db *sql.DB, cfg WorkerConfig, grace time.Duration, subs *subscriberRegistry, logger *slog.Logger) *workerPool {
+	return &workerPool{
+		db:          db,
+		cfg:         cfg,
+		grace:       grace,
+		subscribers: subs,
+		logger:      logger.With("loop", "workers"),
+		slots:       make(chan struct{}, cfg.Concurrency),
+		slotFreed:   make(chan struct{}, 1),
+		results:     make(chan jobResult, cfg.Concurrency),
+	}
+}
+
+// claimBatchMax bounds one claim: big enough that a backlog costs one
+// round trip per many jobs, small enough to share work among replicas.
+const claimBatchMax = 100
+
+// Run claims and runs jobs until ctx ends, waking on wake and every
+// PollInterval. Then it stops claiming, gives in-flight jobs the grace
+// period to finish (after which their contexts are cancelled), records
+// their outcomes and returns.
+func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
+	// Jobs run under jobCtx, not ctx, so that a shutdown lets them finish.
+	jobCtx, cancelJobs := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelJobs()
+	var running sync.WaitGroup
+	completerDone := make(chan struct{})
+	go func() {
+		defer close(completerDone)
+		p.completeLoop()
+	}()
+
+	poll := time.NewTicker(p.cfg.PollInterval)
+	defer poll.Stop()
+	moreDue := true // a claim filled every free slot: more may be waiting
+	for ctx.Err() == nil {
+		if free := cap(p.slots) - len(p.slots); free > 0 {
+			jobs, err := p.claim(ctx, min(free, claimBatchMax))
+			if err != nil && ctx.Err() == nil {
+				p.logger.Error("claim jobs failed", "err", err)
+			}
+			moreDue = len(jobs) == min(free, claimBatchMax)
+			for _, job := range jobs {
+				p.slots <- struct{}{}
+				running.Go(func() {
+					defer func() { <-p.slots; poke(p.slotFreed) }()
+					p.results <- p.runJob(jobCtx, job)
+				})
+			}
+		}
+		freed := p.slotFreed
+		if !moreDue {
+			freed = nil // nothing waits for a slot: don't claim on every finish
+		}
+		select {
+		case <-ctx.Done():
+		case <-wake:
+		case <-poll.C:
+		case <-freed:
+		}
+	}
+
+	// Shutdown: wait for in-flight jobs, at most the grace period.
+	allDone := make(chan struct{})
+	go func() { running.Wait(); close(allDone) }()
+	select {
+	case <-allDone:
+	case <-time.After(p.grace):
+		p.logger.Warn("grace period over; cancelling running jobs", "grace", p.grace)
+		cancelJobs()
+		<-allDone
+	}
+	close(p.results)
+	<-completerDone
+	return ctx.Err()
+}
+
+// claimJobsSQL takes up to $1 due jobs, soonest first, and marks them
+// running with their next attempt number, returning each with its event.
+// The inner SELECT matches the jobs_due_by_scheduled_at index.
+const claimJobsSQL = `
+WITH due AS (
+  SELECT id
+  FROM outbox.jobs
+  WHERE state IN ('available', 'retryable')
+    AND scheduled_at <= now()
+  ORDER BY scheduled_at, id
+  LIMIT $1
+  FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox.jobs AS j
+SET state = 'running',
+    attempt = j.attempt + 1,
+    attempted_at = now()
+FROM due, outbox.events AS e
+WHERE j.id = due.id
+  AND e.id = j.event_id
+RETURNING j.id, j.kind, j.attempt, j.max_attempts,
+          e.id, e.topic, e.subject, e.payload, e.created_at`
+
+// claim takes up to n due jobs in one statement.
+func (p *workerPool) claim(ctx context.Context, n int) ([]Job, error) {
+	rows, err := p.db.QueryContext(ctx, claimJobsSQL, n)
+	if err != nil {
+		return nil, fmt.Errorf("claim jobs: %w", err)
+	}
+	defer rows.Close()
+	var jobs []Job
+	for rows.Next() {
+		var j Job
+		var payload []byte
+		if err := rows.Scan(&j.ID, &j.Kind, &j.Attempt, &j.MaxAttempts,
+			&j.Event.ID, &j.Event.Topic, &j.Event.Subject, &payload, &j.Event.CreatedAt); err != nil {
+			return nil, fmt.Errorf("claim jobs: %w", err)
+		}
+		j.Event.Payload = payload
+		jobs = append(jobs, j)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("claim jobs: %w", err)
+	}
+	return jobs, nil
+}
+
+// errCompletedInTx is what a handler's attempt reports when it already
+// completed its job in its own transaction, so the completer has nothing
+// to write.
+var errCompletedInTx = errors.New("completed in the handler's transaction")
+
+// runJob runs one attempt of job within AttemptTimeout and decides its
+// outcome. A panic is a failed attempt, not a dead process.
+func (p *workerPool) runJob(ctx context.Context, job Job) (res jobResult) {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.AttemptTimeout)
+	defer cancel()
+	start := time.Now()
+	err := func() (err error) {
+		defer func() {
+			if v := recover(); v != nil {
+				p.logger.Error("job panicked", "job_id", job.ID, "kind", job.Kind, "panic", v, "stack", string(debug.Stack()))
+				err = fmt.Errorf("panic: %v", v)
+			}
+		}()
+		return p.work(ctx, job)
+	}()
+	res = jobResult{ID: job.ID, Attempt: job.Attempt}
+	if errors.Is(err, errCompletedInTx) {
+		res.State = "" // nothing left to record
+		p.completed.Add(1)
+		return res
+	}
+	res.jobOutcome = decideOutcome(job.Attempt, job.MaxAttempts, err, rand.Float64())
+	log := p.logger.With("job_id", job.ID, "kind", job.Kind, "event_id", job.Event.ID,
+		"attempt", job.Attempt, "duration", time.Since(start).Round(time.Millisecond))
+	switch res.State {
+	case jobCompleted:
+		p.completed.Add(1)
+		log.Debug("job completed")
+	case jobRetryable:
+		p.retried.Add(1)
+		log.Warn("job failed; will retry", "retry_in", res.Delay.Round(time.Second), "err", err)
+	case jobDiscarded:
+		p.discarded.Add(1)
+		log.Error("job discarded", "max_attempts", job.MaxAttempts, "err", err)
+	}
+	return res
+}
+
+// work dispatches a job to the code for its kind.
+func (p *workerPool) work(ctx context.Context, job Job) error {
+	if sub, ok := p.subscribers.lookup(job.Kind); ok {
+		return p.runSubscriber(ctx, sub, job)
+	}
+	// Another replica (a newer version) may know this kind: retry rather
+	// than discard, and the backoff makes the wait visible.
+	return fmt.Errorf("no handler for job kind %q in this process", job.Kind)
+}
+
+// completeJobInTxSQL completes a job inside its handler's transaction,
+// fenced like every outcome.
+const completeJobInTxSQL = `
+UPDATE outbox.jobs
+SET state = 'completed',
+    finalized_at = now()
+WHERE id = $1
+  AND attempt = $2
+  AND state = 'running'`
+
+// runSubscriber runs an in-process subscriber and completes its job in the
+// same transaction, so its effect is committed exactly when the job is
+// completed. If the job was rescued meanwhile, the transaction rolls back
+// and the subscriber's effect with it.
+func (p *workerPool) runSubscriber(ctx context.Context, sub Subscriber, job Job) error {
+	tx, err := p.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("subscriber %s: begin: %w", sub.Name, err)
+	}
+	defer tx.Rollback()
+	if err := sub.Handle(ctx, tx, job.Event); err != nil {
+		return fmt.Errorf("subscriber %s: %w", sub.Name, err)
+	}
+	res, err := tx.ExecContext(ctx, completeJobInTxSQL, job.ID, job.Attempt)
+	if err != nil {
+		return fmt.Errorf("subscriber %s: complete job: %w", sub.Name, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		// Lost to the rescuer: roll back, the new attempt does the work.
+		return errCompletedInTx
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("subscriber %s: commit: %w", sub.Name, err)
+	}
+	return errCompletedInTx
+}
+
+// completeBatchMax bounds one outcome statement.
+const completeBatchMax = 500
+
+// completeLoop writes outcomes as they come, as many per statement as are
+// waiting, until results is closed.
+func (p *workerPool) completeLoop() {
+	for first := range p.results {
+		batch := []jobResult{first}
+	more:
+		for len(batch) < completeBatchMax {
+			select {
+			case r, ok := <-p.results:
+				if !ok {
+					break more
+				}
+				batch = append(batch, r)
+			default:
+				break more
+			}
+		}
+		if err := p.recordOutcomes(batch); err != nil {
+			// The jobs stay running; the rescuer retries them. A duplicate
+			// run is the price, never a lost job.
+			p.logger.Error("record job outcomes failed; the rescuer will retry these jobs", "jobs", len(batch), "err", err)
+		}
+	}
+}
+
+// recordOutcomesSQL writes a batch of outcomes in one statement. Each row
+// is fenced on (id, attempt, running): an outcome of an attempt that is no
+// longer the job's current one changes nothing.
+const recordOutcomesSQL = `
+UPDATE outbox.jobs AS j
+SET state = o.state::outbox.job_state,
+    scheduled_at = CASE WHEN o.state = 'retryable'
+                        THEN now() + o.delay_ms * interval '1 millisecond'
+                        ELSE j.scheduled_at END,
+    finalized_at = CASE WHEN o.state IN ('completed', 'discarded') THEN now() END,
+    errors = CASE WHEN o.error = '' THEN j.errors
+                  ELSE j.errors || jsonb_build_array(jsonb_build_object(
+                         'attempt', j.attempt, 'at', now(), 'error', o.error))
+             END
+FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::bigint[], $5::text[])
+     AS o(id, attempt, state, delay_ms, error)
+WHERE j.id = o.id
+  AND j.attempt = o.attempt
+  AND j.state = 'running'`
+
+// recordOutcomes writes outcomes with a context of its own: at shutdown
+// the loops' context is gone, and these are the last writes that matter.
+func (p *workerPool) recordOutcomes(batch []jobResult) error {
+	ids := make([]int64, 0, len(batch))
+	attempts := make([]int64, 0, len(batch))
+	states := make([]string, 0, len(batch))
+	delays := make([]int64, 0, len(batch))
+	errs := make([]string, 0, len(batch))
+	for _, r := range batch {
+		if r.State == "" {
+			continue
+		}
+		ids = append(ids, r.ID)
+		attempts = append(attempts, int64(r.Attempt))
+		states = append(states, string(r.State))
+		delays = append(delays, r.Delay.Milliseconds())
+		errs = append(errs, r.Error)
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := p.db.ExecContext(ctx, recordOutcomesSQL,
+		pq.Array(ids), pq.Array(attempts), pq.Array(states), pq.Array(delays), pq.Array(errs))
+	if err != nil {
+		return fmt.Errorf("record %d job outcomes: %w", len(ids), err)
+	}
+	return nil
+}
+
+// rescuer returns jobs whose worker died to the queue.
+type rescuer struct {
+	db      *sql.DB
+	cfg     WorkerConfig
+	logger  *slog.Logger
+	rescued atomic.Int64
+}
+
+func newRescuer(db *sql.DB, cfg WorkerConfig, logger *slog.Logger) *rescuer {
+	return &rescuer{db: db, cfg: cfg, logger: logger.With("loop", "rescuer")}
+}
+
+// Run rescues stuck jobs once at start, then every RescueInterval.
+func (r *rescuer) Run(ctx context.Context) error {
+	tick := time.NewTicker(r.cfg.RescueInterval)
+	defer tick.Stop()
+	for {
+		if n, err := r.rescueOnce(ctx); err != nil && ctx.Err() == nil {
+			r.logger.Error("rescue failed", "err", err)
+		} else if n > 0 {
+			r.logger.Warn("rescued jobs whose worker stopped answering", "jobs", n)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+// rescueBatch bounds one rescue statement.
+const rescueBatch = 1000
+
+// rescueJobsSQL finds jobs running for longer than the horizon ($1 seconds:
+// the attempt timeout plus a margin, so no live worker can still hold one)
+// and makes them retryable now, or discarded if that was their last
+// attempt. now() is the database's clock, the one that stamped attempted_at.
+const rescueJobsSQL = `
+WITH stuck AS (
+  SELECT id
+  FROM outbox.jobs
+  WHERE state = 'running'
+    AND attempted_at < now() - make_interval(secs => $1)
+  ORDER BY attempted_at
+  LIMIT $2
+  FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox.jobs AS j
+SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'discarded'
+                 ELSE 'retryable' END::outbox.job_state,
+    scheduled_at = now(),
+    finalized_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
+    errors = j.errors || jsonb_build_array(jsonb_build_object(
+               'attempt', j.attempt, 'at', now(),
+               'error', 'rescued: still running after ' || $1 || ' s; its worker stopped'))
+FROM stuck
+WHERE j.id = stuck.id`
+
+// rescueOnce rescues every stuck job, in batches.
+func (r *rescuer) rescueOnce(ctx context.Context) (int64, error) {
+	horizon := (r.cfg.AttemptTimeout + r.cfg.RescueMargin).Seconds()
+	var total int64
+	for {
+		res, err := r.db.ExecContext(ctx, rescueJobsSQL, horizon, rescueBatch)
+		if err != nil {
+			return total, fmt.Errorf("rescue jobs: %w", err)
+		}
+		n, _ := res.RowsAffected()
+		total += n
+		r.rescued.Add(n)
+		if n < rescueBatch {
+			return total, nil
+		}
+	}
+}

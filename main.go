@@ -1,0 +1,452 @@
+// Command outboxd turns PostgreSQL writes into reliably delivered events.
+//
+// An application records an event in the same transaction as its business
+// write (SELECT outbox.record(...)). outboxd's relay claims un-fanned events
+// by row and enqueues one job per subscriber in its own job table, in the
+// transaction that marks them fanned out; its workers run those jobs with
+// retries, backoff and a rescuer. Every periodic bound on storage lives in
+// retention.go, the operator's view in admin.go.
+//
+// Usage:
+//
+//	outboxd [flags]          run the service (no DATABASE_URL: a private
+//	                         PostgreSQL cluster under -data-dir)
+//	outboxd migrate [flags]  apply schema.sql and exit
+//
+// Every flag has an environment fallback, named in -help.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/lib/pq"
+)
+
+// version is reported in the User-Agent of outgoing webhooks and in logs.
+const version = "0.1.0"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(os.Stderr, "outboxd: %v\n", err)
+		}
+		os.Exit(1)
+	}
+}
+
+// Config is every setting of outboxd, parsed once from flags and their
+// environment fallbacks by parseConfig and validated there.
+type Config struct {
+	Command string // "" (serve) or "migrate"
+
+	DatabaseURL string // empty: start the embedded cluster under DataDir
+	DataDir     string
+	Addr        string
+	AdminToken  string
+	LogFormat   string // text or json
+	LogLevel    slog.Level
+
+	// AllowPrivateEndpoints lets webhooks reach loopback and private
+	// addresses: for development and tests only.
+	AllowPrivateEndpoints bool
+	Demo                  bool
+
+	// DisableListen turns LISTEN/NOTIFY off and leaves the sweeps to do all
+	// the waking, for connection poolers in transaction mode (PgBouncer),
+	// which silently swallow notifications.
+	DisableListen bool
+
+	Relay   RelayConfig
+	Workers WorkerConfig
+
+	DBMaxConns    int
+	ShutdownGrace time.Duration
+}
+
+// RelayConfig holds the relay's numbers; see relay.go for how each is used.
+type RelayConfig struct {
+	// BatchSize bounds the events one relay transaction claims, so a bulk
+	// write of thousands of events drains in short transactions that hold
+	// few locks and produce bounded job inserts.
+	BatchSize int
+	// MaxFailures is how many failed relay attempts poison a row. Five tells
+	// a bad row from a passing fault without letting one row stall the rest.
+	MaxFailures int
+	// SweepInterval is how often the relay runs without a notification. A
+	// lost NOTIFY costs at most this much latency, never an event.
+	SweepInterval time.Duration
+}
+
+// WorkerConfig holds the job workers' numbers; see deliver.go.
+type WorkerConfig struct {
+	Concurrency int
+	// MaxAttempts: with attempt^4-second backoff, 18 attempts span about
+	// 3.8 days, under the 5-day endpoint disable and the 7-day retention.
+	MaxAttempts int
+	// AttemptTimeout bounds one run of a job.
+	AttemptTimeout time.Duration
+	// RescueMargin is added to AttemptTimeout to decide that a running job's
+	// worker is gone: a job is rescued only when no live worker can still be
+	// running it.
+	RescueMargin time.Duration
+	// PollInterval is how often workers look for due jobs without a
+	// notification: retries come due without one.
+	PollInterval time.Duration
+	// RescueInterval is how often the rescuer looks for stuck jobs.
+	RescueInterval time.Duration
+}
+
+// defaultConfig is the configuration with every default of DESIGN.md.
+func defaultConfig() Config {
+	return Config{
+		DataDir:   "outboxd-data",
+		Addr:      "127.0.0.1:8080",
+		LogFormat: "text",
+		LogLevel:  slog.LevelInfo,
+		Relay: RelayConfig{
+			BatchSize:     200,
+			MaxFailures:   5,
+			SweepInterval: time.Minute,
+		},
+		Workers: WorkerConfig{
+			Concurrency:    16,
+			MaxAttempts:    18,
+			AttemptTimeout: 30 * time.Second,
+			RescueMargin:   time.Minute,
+			PollInterval:   time.Second,
+			RescueInterval: 30 * time.Second,
+		},
+		DBMaxConns:    20,
+		ShutdownGrace: 30 * time.Second,
+	}
+}
+
+// envName is the environment fallback of a flag: DATABASE_URL for
+// -database-url, OUTBOXD_RELAY_BATCH for -relay-batch.
+func envName(flagName string) string {
+	if flagName == "database-url" {
+		return "DATABASE_URL"
+	}
+	return "OUTBOXD_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// parseConfig reads flags from args and, for every flag not given there, its
+// environment variable. The result is validated; an error names the setting
+// and its bad value.
+func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (Config, error) {
+	cfg := defaultConfig()
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cfg.Command, args = args[0], args[1:]
+		if cfg.Command != "migrate" {
+			return cfg, fmt.Errorf("unknown command %q (want migrate, or flags only)", cfg.Command)
+		}
+	}
+
+	fs := flag.NewFlagSet("outboxd", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.DatabaseURL, "database-url", cfg.DatabaseURL, "PostgreSQL connection URL; empty starts a private cluster under -data-dir")
+	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "folder of the private PostgreSQL cluster used when -database-url is empty")
+	fs.StringVar(&cfg.Addr, "addr", cfg.Addr, "HTTP listen address")
+	fs.StringVar(&cfg.AdminToken, "admin-token", cfg.AdminToken, "bearer token for /api/ and the panel; empty generates one at start")
+	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "log format: text or json")
+	fs.TextVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log level: debug, info, warn or error")
+	fs.BoolVar(&cfg.AllowPrivateEndpoints, "allow-private-endpoints", cfg.AllowPrivateEndpoints, "deliver to loopback and private addresses (development and tests only)")
+	fs.BoolVar(&cfg.Demo, "demo", cfg.Demo, "create a watched sample table and write to it, to show events flowing")
+	fs.BoolVar(&cfg.DisableListen, "disable-listen", cfg.DisableListen, "do not LISTEN; rely on the sweeps alone (for PgBouncer in transaction mode)")
+	fs.IntVar(&cfg.Relay.BatchSize, "relay-batch", cfg.Relay.BatchSize, "most events claimed by one relay transaction")
+	fs.IntVar(&cfg.Relay.MaxFailures, "relay-max-failures", cfg.Relay.MaxFailures, "failed relay attempts after which an event is poisoned")
+	fs.DurationVar(&cfg.Relay.SweepInterval, "relay-sweep", cfg.Relay.SweepInterval, "relay pass interval without a notification")
+	fs.IntVar(&cfg.Workers.Concurrency, "workers", cfg.Workers.Concurrency, "jobs run at once by this process")
+	fs.IntVar(&cfg.Workers.MaxAttempts, "job-max-attempts", cfg.Workers.MaxAttempts, "attempts before a failing job is discarded")
+	fs.DurationVar(&cfg.Workers.AttemptTimeout, "job-timeout", cfg.Workers.AttemptTimeout, "time limit of one job attempt")
+	fs.DurationVar(&cfg.Workers.RescueMargin, "job-rescue-margin", cfg.Workers.RescueMargin, "added to -job-timeout before a running job is rescued")
+	fs.DurationVar(&cfg.Workers.PollInterval, "job-poll", cfg.Workers.PollInterval, "interval at which workers look for due jobs without a notification")
+	fs.DurationVar(&cfg.Workers.RescueInterval, "job-rescue-interval", cfg.Workers.RescueInterval, "interval at which the rescuer looks for stuck jobs")
+	fs.IntVar(&cfg.DBMaxConns, "db-max-conns", cfg.DBMaxConns, "most open database connections of the pool")
+	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "time in-flight work gets to finish on SIGTERM")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: outboxd [migrate] [flags]\n\nEvery flag falls back to an environment variable:\n\n")
+		fs.VisitAll(func(f *flag.Flag) {
+			fmt.Fprintf(fs.Output(), "  -%s  (%s, default %q)\n    \t%s\n", f.Name, envName(f.Name), f.DefValue, f.Usage)
+		})
+	}
+
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		if given[f.Name] || envErr != nil {
+			return
+		}
+		if v := getenv(envName(f.Name)); v != "" {
+			if err := fs.Set(f.Name, v); err != nil {
+				envErr = fmt.Errorf("%s=%q: %w", envName(f.Name), v, err)
+			}
+		}
+	})
+	if envErr != nil {
+		return cfg, envErr
+	}
+	return cfg, cfg.validate()
+}
+
+// validate checks every setting once, at start. Each error names the flag
+// and its environment variable so the operator finds it either way.
+func (c Config) validate() error {
+	setting := func(name string) string { return fmt.Sprintf("-%s (%s)", name, envName(name)) }
+	intIn := func(name string, v, lo, hi int) error {
+		if v < lo || v > hi {
+			return fmt.Errorf("%s must be between %d and %d, got %d", setting(name), lo, hi, v)
+		}
+		return nil
+	}
+	durationIn := func(name string, v, lo, hi time.Duration) error {
+		if v < lo || v > hi {
+			return fmt.Errorf("%s must be between %s and %s, got %s", setting(name), lo, hi, v)
+		}
+		return nil
+	}
+	if c.DatabaseURL != "" {
+		if _, err := pq.NewConfig(c.DatabaseURL); err != nil {
+			return fmt.Errorf("%s: %w", setting("database-url"), err)
+		}
+	} else if c.DataDir == "" {
+		return fmt.Errorf("%s must not be empty when %s is", setting("data-dir"), setting("database-url"))
+	}
+	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
+		return fmt.Errorf("%s: %q is not host:port: %w", setting("addr"), c.Addr, err)
+	}
+	if c.AdminToken != "" && len(c.AdminToken) < 16 {
+		return fmt.Errorf("%s must be at least 16 characters, got %d", setting("admin-token"), len(c.AdminToken))
+	}
+	if c.LogFormat != "text" && c.LogFormat != "json" {
+		return fmt.Errorf("%s must be text or json, got %q", setting("log-format"), c.LogFormat)
+	}
+	return errors.Join(
+		intIn("relay-batch", c.Relay.BatchSize, 1, 10_000),
+		intIn("relay-max-failures", c.Relay.MaxFailures, 1, 100),
+		durationIn("relay-sweep", c.Relay.SweepInterval, 10*time.Millisecond, time.Hour),
+		intIn("workers", c.Workers.Concurrency, 1, 1_000),
+		intIn("job-max-attempts", c.Workers.MaxAttempts, 1, 100),
+		durationIn("job-timeout", c.Workers.AttemptTimeout, 10*time.Millisecond, time.Hour),
+		durationIn("job-rescue-margin", c.Workers.RescueMargin, 0, 24*time.Hour),
+		durationIn("job-poll", c.Workers.PollInterval, 10*time.Millisecond, time.Hour),
+		durationIn("job-rescue-interval", c.Workers.RescueInterval, 10*time.Millisecond, time.Hour),
+		intIn("db-max-conns", c.DBMaxConns, 4, 1_000),
+		durationIn("shutdown-grace", c.ShutdownGrace, 0, time.Hour),
+	)
+}
+
+// run is outboxd: it parses the configuration, connects (starting the
+// embedded cluster if needed), applies the schema, starts every loop and the
+// HTTP server, and on ctx's end stops them all and waits for each.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	cfg, err := parseConfig(args, getenv, stderr)
+	if err != nil {
+		return err
+	}
+	logger := newLogger(cfg, stderr)
+
+	dsn := cfg.DatabaseURL
+	if dsn == "" {
+		cluster, err := startCluster(ctx, cfg.DataDir, logger)
+		if err != nil {
+			return err
+		}
+		defer cluster.Stop()
+		dsn = cluster.DSN("outboxd")
+	}
+
+	db, err := openDB(ctx, dsn, cfg.DBMaxConns)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if err := migrate(ctx, db); err != nil {
+		return err
+	}
+	if cfg.Command == "migrate" {
+		logger.Info("schema applied")
+		return nil
+	}
+	checkDurability(ctx, db, logger)
+
+	token := cfg.AdminToken
+	if token == "" {
+		token = randomToken()
+		logger.Info("admin token generated; set -admin-token to keep one across restarts",
+			"panel_url", "http://"+cfg.Addr+"/?token="+token)
+	}
+
+	subscribers := newSubscriberRegistry()
+	if cfg.Demo {
+		subscribers.Register(logSubscriber(logger))
+	}
+
+	// Every loop runs under loopCtx and is waited for before run returns.
+	// It ends with ctx (SIGTERM), or when run returns early on an error;
+	// the workers then give in-flight jobs the grace period.
+	loopCtx, stopLoops := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() {
+		stopLoops()
+		wg.Wait()
+		logger.Info("stopped")
+	}()
+	start := func(name string, loop func(context.Context) error) {
+		wg.Go(func() {
+			if err := loop(loopCtx); err != nil && !errors.Is(err, context.Canceled) {
+				logger.Error("loop stopped", "loop", name, "err", err)
+			}
+		})
+	}
+
+	wake := newWakeups()
+	if !cfg.DisableListen {
+		start("listener", newListener(dsn, wake, logger).Run)
+	}
+	relay := newRelay(db, cfg.Relay, cfg.Workers.MaxAttempts, subscribers, logger)
+	start("relay", func(ctx context.Context) error { return relay.Run(ctx, wake.events) })
+	workers := newWorkerPool(db, cfg.Workers, cfg.ShutdownGrace, subscribers, logger)
+	start("workers", func(ctx context.Context) error { return workers.Run(ctx, wake.jobs) })
+	start("rescuer", newRescuer(db, cfg.Workers, logger).Run)
+	if cfg.Demo {
+		start("demo", newDemo(db, logger).Run)
+	}
+
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.Addr, err)
+	}
+	srv := &http.Server{
+		Handler:           routes(db, token, logger),
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	logger.Info("outboxd started", "version", version, "addr", ln.Addr().String())
+	fmt.Fprintf(stdout, "outboxd listening on http://%s\n", ln.Addr())
+
+	select {
+	case <-ctx.Done():
+		err = nil
+	case err = <-serveErr:
+		err = fmt.Errorf("http server: %w", err)
+	}
+	logger.Info("shutting down", "grace", cfg.ShutdownGrace)
+	// A fresh context: ctx is already cancelled, and Shutdown given a
+	// cancelled context returns at once without waiting for handlers.
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
+	defer cancel()
+	if shutdownErr := srv.Shutdown(shutdownCtx); shutdownErr != nil && err == nil {
+		err = fmt.Errorf("http shutdown: %w", shutdownErr)
+	}
+	return err
+}
+
+func newLogger(cfg Config, w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: cfg.LogLevel}
+	if cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// openDB opens the pool and waits until the database answers, so a wrong
+// URL fails at start with the driver's reason rather than on the first pass.
+func openDB(ctx context.Context, dsn string, maxConns int) (*sql.DB, error) {
+	db, err := sql.Open("postgres", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open database: %w", err)
+	}
+	db.SetMaxOpenConns(maxConns)
+	db.SetMaxIdleConns(maxConns)
+	// Recycle connections now and then so a server-side setting change or a
+	// failover is picked up without a restart.
+	db.SetConnMaxLifetime(30 * time.Minute)
+	pingCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if err := db.PingContext(pingCtx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("connect to database: %w", err)
+	}
+	return db, nil
+}
+
+//go:embed schema.sql
+var schemaSQL string
+
+// schemaLockKey is the transaction-scoped advisory lock that serialises
+// schema application among replicas starting at once: CREATE ... IF NOT
+// EXISTS is not safe against a concurrent CREATE of the same object.
+const schemaLockKey = 0x6f7574626f78 // "outbox"
+
+// migrate applies schema.sql in one transaction. Every statement in it is
+// idempotent, so this runs at every start.
+func migrate(ctx context.Context, db *sql.DB) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, schemaLockKey); err != nil {
+		return fmt.Errorf("migrate: lock: %w", err)
+	}
+	// The simple query protocol (no parameters) runs the whole file as one
+	// multi-statement string.
+	if _, err := tx.ExecContext(ctx, schemaSQL); err != nil {
+		return fmt.Errorf("migrate: apply schema.sql: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("migrate: commit: %w", err)
+	}
+	return nil
+}
+
+// checkDurability warns when the database may acknowledge a commit it has
+// not made durable: an event "recorded" there can vanish in a crash, and no
+// relay can deliver what the database forgot.
+func checkDurability(ctx context.Context, db *sql.DB, logger *slog.Logger) {
+	for _, setting := range []string{"fsync", "synchronous_commit"} {
+		var value string
+		if err := db.QueryRowContext(ctx, "SELECT current_setting($1)", setting).Scan(&value); err != nil {
+			logger.Warn("durability check failed", "setting", setting, "err", err)
+			continue
+		}
+		if value == "off" {
+			logger.Warn("database setting loses committed events in a crash", "setting", setting, "value", value)
+		}
+	}
+}
+
+func randomToken() string {
+	b := make([]byte, 24)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}

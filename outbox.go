@@ -1,0 +1,134 @@
+// outbox.go: the producer side, recording events and reading them back.
+
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+)
+
+// Event is one row of outbox.events: a fact recorded by the application in
+// the transaction that made it true.
+type Event struct {
+	ID            int64           `json:"id"`
+	Topic         string          `json:"topic"`
+	Subject       string          `json:"subject"`
+	Payload       json.RawMessage `json:"payload"`
+	CreatedAt     time.Time       `json:"created_at"`
+	FannedOutAt   *time.Time      `json:"fanned_out_at"`
+	RelayAttempts int             `json:"relay_attempts"`
+	RelayError    *string         `json:"relay_error"`
+	PoisonedAt    *time.Time      `json:"poisoned_at"`
+}
+
+// topicPattern is the topic format that schema.sql's events_topic_format
+// constraint enforces; checked here too so an API caller gets a 400 that
+// says so instead of a constraint name.
+var topicPattern = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,199}$`)
+
+// maxSubjectLen matches the events_subject_length constraint.
+const maxSubjectLen = 500
+
+// errInvalid marks errors caused by the caller's input; the HTTP layer maps
+// it to 400.
+var errInvalid = errors.New("invalid input")
+
+// validateEvent checks an event before it is recorded.
+func validateEvent(topic, subject string, payload json.RawMessage) error {
+	if !topicPattern.MatchString(topic) {
+		return fmt.Errorf("%w: topic %q must be 1-200 characters of letters, digits and _ . : / - (not starting with a symbol)", errInvalid, topic)
+	}
+	if len(subject) > maxSubjectLen {
+		return fmt.Errorf("%w: subject is %d bytes, at most %d", errInvalid, len(subject), maxSubjectLen)
+	}
+	if len(payload) > 0 && !json.Valid(payload) {
+		return fmt.Errorf("%w: payload is not valid JSON", errInvalid)
+	}
+	return nil
+}
+
+// queryer is what both *sql.DB and *sql.Tx offer, so recordEvent can join
+// the caller's transaction.
+type queryer interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// recordEvent records an event through outbox.record, inside q's transaction
+// when q is a *sql.Tx: the event commits or rolls back with it.
+func recordEvent(ctx context.Context, q queryer, topic, subject string, payload json.RawMessage) (int64, error) {
+	if err := validateEvent(topic, subject, payload); err != nil {
+		return 0, err
+	}
+	if len(payload) == 0 {
+		payload = json.RawMessage(`{}`)
+	}
+	var id int64
+	err := q.QueryRowContext(ctx, `SELECT outbox.record($1, $2, $3)`, topic, subject, []byte(payload)).Scan(&id)
+	if err != nil {
+		return 0, fmt.Errorf("record event: %w", err)
+	}
+	return id, nil
+}
+
+const requeueEventSQL = `
+UPDATE outbox.events
+SET poisoned_at = NULL,
+    relay_attempts = 0,
+    relay_error = NULL
+WHERE id = $1
+  AND fanned_out_at IS NULL
+RETURNING id`
+
+// errNotFound marks a lookup of a row that does not exist (404).
+var errNotFound = errors.New("not found")
+
+// requeueEvent puts a poisoned (or failing) event back into the backlog with
+// a fresh count of relay attempts, and wakes the relays.
+func requeueEvent(ctx context.Context, db *sql.DB, id int64) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("requeue event %d: %w", id, err)
+	}
+	defer tx.Rollback()
+	err = tx.QueryRowContext(ctx, requeueEventSQL, id).Scan(&id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("requeue event %d: %w (or already fanned out)", id, errNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("requeue event %d: %w", id, err)
+	}
+	if _, err := tx.ExecContext(ctx, `SELECT pg_notify('outbox_events', '')`); err != nil {
+		return fmt.Errorf("requeue event %d: notify: %w", id, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("requeue event %d: %w", id, err)
+	}
+	return nil
+}
+
+const getEventSQL = `
+SELECT id, topic, subject, payload, created_at,
+       fanned_out_at, relay_attempts, relay_error, poisoned_at
+FROM outbox.events
+WHERE id = $1`
+
+// getEvent reads one event.
+func getEvent(ctx context.Context, db *sql.DB, id int64) (Event, error) {
+	var e Event
+	var payload []byte
+	err := db.QueryRowContext(ctx, getEventSQL, id).Scan(&e.ID, &e.Topic, &e.Subject, &payload, &e.CreatedAt,
+		&e.FannedOutAt, &e.RelayAttempts, &e.RelayError, &e.PoisonedAt)
+	if errors.Is(err, sql.ErrNoRows) {
+		return e, fmt.Errorf("event %d: %w", id, errNotFound)
+	}
+	if err != nil {
+		return e, fmt.Errorf("get event %d: %w", id, err)
+	}
+	e.Payload = payload
+	return e, nil
+}

@@ -1,0 +1,293 @@
+// relay.go: the relay, which claims un-fanned events by row and fans each
+// out into one job per subscriber, in the transaction that marks it fanned.
+//
+// Guarantees (DESIGN.md, hops 2 and 3):
+//   - Claim, enqueue and mark share one transaction. A crash anywhere rolls
+//     all three back, and the next pass claims the rows again.
+//   - Rows are claimed by their state (fanned_out_at IS NULL) with FOR UPDATE
+//     SKIP LOCKED, never by advancing a cursor: ids are taken at insert and
+//     commit out of order, so a cursor can pass a row that commits later and
+//     lose it forever. Any number of relays share the backlog this way.
+//   - A batch that fails is retried row by row, so one bad row holds up no
+//     other; a row that fails MaxFailures times is poisoned: set aside with
+//     its error, counted on the overview, never deleted, until requeued.
+//   - Passes run on a NOTIFY and on a sweep every SweepInterval, so a lost
+//     notification delays events by at most one interval.
+
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/lib/pq"
+)
+
+// relay moves events into jobs. Run drives it; relayOnce is one pass.
+type relay struct {
+	db             *sql.DB
+	cfg            RelayConfig
+	jobMaxAttempts int
+	targets        []byte // the subscribers as the fan-out statement reads them
+	logger         *slog.Logger
+
+	// Counters for /metrics, only ever incremented.
+	passes       atomic.Int64
+	eventsFanned atomic.Int64
+	jobsEnqueued atomic.Int64
+	rowFailures  atomic.Int64
+}
+
+func newRelay(db *sql.DB, cfg RelayConfig, jobMaxAttempts int, subs *subscriberRegistry, logger *slog.Logger) *relay {
+	return &relay{
+		db:             db,
+		cfg:            cfg,
+		jobMaxAttempts: jobMaxAttempts,
+		targets:        subs.fanOutTargets(),
+		logger:         logger.With("loop", "relay"),
+	}
+}
+
+// Run relays until ctx ends: once at start, then whenever wake or the sweep
+// ticker fires. Each wake-up drains the backlog in passes of at most
+// BatchSize rows.
+func (r *relay) Run(ctx context.Context, wake <-chan struct{}) error {
+	sweep := time.NewTicker(r.cfg.SweepInterval)
+	defer sweep.Stop()
+	for {
+		r.drain(ctx)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-wake:
+		case <-sweep.C:
+		}
+	}
+}
+
+// drain runs passes while they come back full. It stops after a pass in
+// which a row failed, so a failing row is tried once per wake-up, not five
+// times in a burst that would poison it for a passing fault.
+func (r *relay) drain(ctx context.Context) {
+	for ctx.Err() == nil {
+		res, err := r.relayOnce(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				r.logger.Error("relay pass failed", "err", err)
+			}
+			return
+		}
+		if res.Claimed < r.cfg.BatchSize || res.Failed > 0 {
+			return
+		}
+	}
+}
+
+// passResult is what one relay pass did.
+type passResult struct {
+	Claimed  int // events claimed
+	Fanned   int // events marked fanned out
+	Jobs     int // jobs enqueued
+	Failed   int // events whose relay failed this pass
+	Poisoned int // events poisoned this pass
+}
+
+// relayOnce runs one pass: claim up to BatchSize events and fan them out in
+// one transaction; if that fails because of the rows (not the connection),
+// retry each claimed row in its own transaction and count a failure against
+// each row that fails alone.
+func (r *relay) relayOnce(ctx context.Context) (passResult, error) {
+	r.passes.Add(1)
+	ids, fanned, jobs, err := r.relayTx(ctx, claimEventsSQL, r.cfg.BatchSize)
+	res := passResult{Claimed: len(ids), Fanned: fanned, Jobs: jobs}
+	if err == nil || !isRowFault(err) {
+		r.count(res)
+		return res, err
+	}
+	r.logger.Warn("relay batch failed; retrying its rows one by one", "rows", len(ids), "err", err)
+	res.Fanned, res.Jobs = 0, 0
+	for _, id := range ids {
+		_, fanned, jobs, err := r.relayTx(ctx, claimEventSQL, id)
+		res.Fanned += fanned
+		res.Jobs += jobs
+		if err == nil {
+			continue
+		}
+		if !isRowFault(err) {
+			r.count(res)
+			return res, err
+		}
+		res.Failed++
+		poisoned, recErr := r.recordFailure(ctx, id, err)
+		if recErr != nil {
+			r.count(res)
+			return res, recErr
+		}
+		if poisoned {
+			res.Poisoned++
+			r.logger.Error("event poisoned: the relay failed on it repeatedly; fix the cause and requeue it",
+				"event_id", id, "attempts", r.cfg.MaxFailures, "err", err)
+		}
+	}
+	r.count(res)
+	return res, nil
+}
+
+func (r *relay) count(res passResult) {
+	r.eventsFanned.Add(int64(res.Fanned))
+	r.jobsEnqueued.Add(int64(res.Jobs))
+	r.rowFailures.Add(int64(res.Failed))
+}
+
+// claimEventsSQL claims the oldest un-fanned events. Its WHERE is exactly
+// the predicate of the events_unfanned_by_id index.
+const claimEventsSQL = `
+SELECT id
+FROM outbox.events
+WHERE fanned_out_at IS NULL
+  AND poisoned_at IS NULL
+ORDER BY id
+LIMIT $1
+FOR UPDATE SKIP LOCKED`
+
+// claimEventSQL claims one event for the row-by-row retry; another relay may
+// have relayed it in between, and then it claims nothing.
+const claimEventSQL = `
+SELECT id
+FROM outbox.events
+WHERE id = $1
+  AND fanned_out_at IS NULL
+  AND poisoned_at IS NULL
+FOR UPDATE SKIP LOCKED`
+
+// fanOutSQL enqueues one job per (claimed event, matching subscriber) and
+// marks the events fanned out, in one statement. $1 is the claimed ids, $2
+// the subscribers as JSON ([{"kind", "topics"}]), $3 the jobs' max attempts.
+const fanOutSQL = `
+WITH subscribers AS (
+  SELECT kind, topics
+  FROM jsonb_to_recordset($2::jsonb) AS s(kind text, topics text[])
+),
+enqueued AS (
+  INSERT INTO outbox.jobs (kind, event_id, max_attempts)
+  SELECT s.kind, e.id, $3
+  FROM outbox.events AS e
+  JOIN subscribers AS s ON outbox.topic_matches(s.topics, e.topic)
+  WHERE e.id = ANY($1::bigint[])
+  ORDER BY e.id
+  RETURNING 1
+),
+marked AS (
+  UPDATE outbox.events
+  SET fanned_out_at = now()
+  WHERE id = ANY($1::bigint[])
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM marked),
+       (SELECT count(*) FROM enqueued)`
+
+// relayTx is one relay transaction: claim with claimSQL, fan out, commit.
+// It returns the claimed ids even when it fails, for the row-by-row retry.
+func (r *relay) relayTx(ctx context.Context, claimSQL string, claimArg any) (ids []int64, fanned, jobs int, err error) {
+	tx, err := r.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("relay: begin: %w", err)
+	}
+	defer tx.Rollback()
+
+	rows, err := tx.QueryContext(ctx, claimSQL, claimArg)
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("relay: claim events: %w", err)
+	}
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return nil, 0, 0, fmt.Errorf("relay: claim events: %w", err)
+		}
+		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, 0, fmt.Errorf("relay: claim events: %w", err)
+	}
+	if len(ids) == 0 {
+		return nil, 0, 0, nil
+	}
+
+	err = tx.QueryRowContext(ctx, fanOutSQL, pq.Array(ids), r.targets, r.jobMaxAttempts).Scan(&fanned, &jobs)
+	if err != nil {
+		return ids, 0, 0, fmt.Errorf("relay: fan out %d events: %w", len(ids), err)
+	}
+	if err := tx.Commit(); err != nil {
+		return ids, 0, 0, fmt.Errorf("relay: commit: %w", err)
+	}
+	return ids, fanned, jobs, nil
+}
+
+// recordFailureSQL counts a failed relay of one row and poisons it at the
+// limit. The row is locked by nobody now: its own transaction rolled back.
+const recordFailureSQL = `
+UPDATE outbox.events
+SET relay_attempts = relay_attempts + 1,
+    relay_error = $2,
+    poisoned_at = CASE WHEN relay_attempts + 1 >= $3 THEN now() END
+WHERE id = $1
+  AND fanned_out_at IS NULL
+  AND poisoned_at IS NULL
+RETURNING poisoned_at IS NOT NULL`
+
+// recordFailure notes err against event id; it reports whether the event
+// is now poisoned.
+func (r *relay) recordFailure(ctx context.Context, id int64, cause error) (poisoned bool, err error) {
+	err = r.db.QueryRowContext(ctx, recordFailureSQL, id, truncate(cause.Error(), maxErrorLen), r.cfg.MaxFailures).Scan(&poisoned)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil // relayed or requeued by someone else meanwhile
+	}
+	if err != nil {
+		return false, fmt.Errorf("relay: record failure of event %d: %w", id, err)
+	}
+	return poisoned, nil
+}
+
+// isRowFault tells an error caused by the rows being relayed (a constraint,
+// a trigger that raised, bad data) from one that says nothing about them (a
+// lost connection, a shutdown, a deadlock, a read-only or full database).
+// Only a row fault counts towards poisoning: a database outage must never
+// poison the backlog.
+func isRowFault(err error) bool {
+	var pqErr *pq.Error
+	if !errors.As(err, &pqErr) {
+		return false // network, context, driver: not the row's doing
+	}
+	switch pqErr.Code.Class() {
+	case "08", // connection exception
+		"25", // invalid transaction state (read-only transaction)
+		"40", // transaction rollback (deadlock, serialization)
+		"53", // insufficient resources (disk full, too many connections)
+		"54", // program limit exceeded
+		"57", // operator intervention (shutdown, cancel, terminate)
+		"58", // system error (I/O)
+		"XX": // internal error
+		return false
+	}
+	return true
+}
+
+// maxErrorLen bounds stored error texts; an error is a diagnosis, and a
+// receiver's 1 MB error page is not.
+const maxErrorLen = 2000
+
+// truncate cuts s to at most n bytes (plus an ellipsis), dropping a rune
+// the cut splits.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "") + "…"
+}

@@ -1,0 +1,319 @@
+-- schema.sql: every table, index and SQL function of outboxd, in the order an
+-- event moves through them. outboxd applies this file at every start (and on
+-- `outboxd migrate`) inside one transaction that holds a transaction-scoped
+-- advisory lock, so every statement here must be idempotent and two replicas
+-- starting at once apply it one after the other.
+
+CREATE SCHEMA IF NOT EXISTS outbox;
+
+COMMENT ON SCHEMA outbox IS
+  'outboxd: transactional outbox, job table and inbox. Call outbox.record() inside your own transaction.';
+
+--------------------------------------------------------------------------------
+-- Topic patterns
+--------------------------------------------------------------------------------
+
+-- topic_matches says whether a topic is selected by a subscriber's patterns:
+-- an empty list selects every topic, '*' selects every topic, 'order.*'
+-- selects every topic that starts with 'order.', anything else must be equal.
+-- outboxd validates patterns in Go (topicPatternValid) before storing them;
+-- this is the one place they are evaluated, inside the fan-out statement.
+CREATE OR REPLACE FUNCTION outbox.topic_matches(patterns text[], topic text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+  SELECT cardinality(patterns) = 0 OR EXISTS (
+    SELECT 1
+    FROM unnest(patterns) AS p
+    WHERE p = topic
+       OR p = '*'
+       OR (right(p, 2) = '.*' AND starts_with(topic, left(p, -1)))
+  )
+$$;
+
+--------------------------------------------------------------------------------
+-- Events: the outbox
+--------------------------------------------------------------------------------
+
+-- An event is written by the application, in the same transaction as the
+-- business change it describes, through outbox.record() or a trigger that
+-- outbox.watch() installed. Its life:
+--
+--   un-fanned  (fanned_out_at IS NULL, poisoned_at IS NULL): the backlog.
+--              The relay claims it by row (never by cursor), enqueues one job
+--              per subscriber and sets fanned_out_at, all in one transaction.
+--   fanned     (fanned_out_at IS NOT NULL): its jobs carry it from here. Events
+--              retention deletes it once it is older than the retention window
+--              and no job that may still run references it.
+--   poisoned   (poisoned_at IS NOT NULL): the relay failed on this row
+--              relay_attempts times; relay_error says why. Kept until requeued
+--              (which clears poisoned_at and relay_attempts); never deleted.
+--
+-- The id orders events by insert, not by commit: a lower id can commit later.
+-- That is why nothing reads this table with a cursor.
+CREATE TABLE IF NOT EXISTS outbox.events (
+  id             bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  topic          text        NOT NULL,
+  subject        text        NOT NULL DEFAULT '',
+  payload        jsonb       NOT NULL DEFAULT '{}',
+  -- now() is the recording transaction's start time; used for display,
+  -- retention and latency, never to decide what to relay.
+  created_at     timestamptz NOT NULL DEFAULT now(),
+  fanned_out_at  timestamptz,
+  relay_attempts integer     NOT NULL DEFAULT 0,
+  relay_error    text,
+  poisoned_at    timestamptz,
+
+  CONSTRAINT events_topic_format CHECK (topic ~ '^[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,199}$'),
+  CONSTRAINT events_subject_length CHECK (length(subject) <= 500),
+  -- 1 MiB: an event is a fact, not a file. A larger payload fails the
+  -- business transaction at once rather than every delivery later.
+  CONSTRAINT events_payload_size CHECK (pg_column_size(payload) <= 1048576),
+  CONSTRAINT events_relay_attempts_nonnegative CHECK (relay_attempts >= 0),
+  CONSTRAINT events_fanned_or_poisoned CHECK (fanned_out_at IS NULL OR poisoned_at IS NULL)
+);
+
+-- Every event row is updated once (fanned_out_at) and deleted once
+-- (retention): a high-churn table. Vacuum it after 2% of its rows are dead
+-- instead of PostgreSQL's default 20%, so the claim index stays small.
+ALTER TABLE outbox.events SET (
+  autovacuum_vacuum_scale_factor = 0.02,
+  autovacuum_analyze_scale_factor = 0.02
+);
+
+-- Serves the relay's claim: "un-fanned, not poisoned, oldest first". The
+-- predicate is exactly the claim's WHERE, so this tiny index is the only
+-- plan that makes sense even when statistics say the table is empty.
+CREATE INDEX IF NOT EXISTS events_unfanned_by_id
+  ON outbox.events (id)
+  WHERE fanned_out_at IS NULL AND poisoned_at IS NULL;
+
+-- Serves the poisoned count and list on the overview.
+CREATE INDEX IF NOT EXISTS events_poisoned_by_id
+  ON outbox.events (id)
+  WHERE poisoned_at IS NOT NULL;
+
+-- Wake the relays: one NOTIFY per statement, and PostgreSQL folds identical
+-- notifications within a transaction into one, so a transaction that records
+-- 2,000 events sends a single wake-up. The payload is empty on purpose: the
+-- notification is a hint, the relay claims whatever is un-fanned.
+CREATE OR REPLACE FUNCTION outbox.notify_events() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM pg_notify('outbox_events', '');
+  RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER events_notify_relay
+  AFTER INSERT ON outbox.events
+  FOR EACH STATEMENT EXECUTE FUNCTION outbox.notify_events();
+
+-- record is the producer API. Call it inside the transaction that makes the
+-- business change: the event exists if and only if that transaction commits.
+--
+--   BEGIN;
+--   UPDATE orders SET status = 'paid' WHERE id = 42;
+--   SELECT outbox.record('order.paid', '42', '{"amount": 1200}');
+--   COMMIT;
+CREATE OR REPLACE FUNCTION outbox.record(topic text, subject text, payload jsonb)
+RETURNS bigint
+LANGUAGE sql
+AS $$
+  INSERT INTO outbox.events (topic, subject, payload)
+  VALUES (record.topic, coalesce(record.subject, ''), coalesce(record.payload, '{}'))
+  RETURNING id
+$$;
+
+-- watch_row is the trigger function behind outbox.watch(). TG_ARGV[0] is the
+-- topic; the remaining arguments name the table's primary-key columns, whose
+-- values (comma-separated) become the event's subject. The payload carries
+-- the operation and the row before and after.
+CREATE OR REPLACE FUNCTION outbox.watch_row() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+  row_json jsonb := to_jsonb(CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END);
+  subject  text := '';
+  i        integer;
+BEGIN
+  FOR i IN 1 .. TG_NARGS - 1 LOOP
+    subject := subject || CASE WHEN i > 1 THEN ',' ELSE '' END
+                       || coalesce(row_json ->> TG_ARGV[i], '');
+  END LOOP;
+  PERFORM outbox.record(
+    TG_ARGV[0],
+    subject,
+    jsonb_build_object(
+      'op',    lower(TG_OP),
+      'table', TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME,
+      'old',   CASE WHEN TG_OP <> 'INSERT' THEN to_jsonb(OLD) END,
+      'new',   CASE WHEN TG_OP <> 'DELETE' THEN to_jsonb(NEW) END
+    )
+  );
+  RETURN NULL;
+END
+$$;
+
+-- watch records an event with the given topic on every INSERT and DELETE of
+-- tbl, and on an UPDATE only when one of the watched columns really changed
+-- (NULL-safe). The check is the UPDATE trigger's WHEN clause, so a no-op
+-- update never even calls the trigger function. An empty or NULL column list
+-- watches every column. Calling it again with the same table and topic
+-- replaces the triggers; outbox.unwatch removes them.
+CREATE OR REPLACE FUNCTION outbox.watch(tbl regclass, topic text, columns text[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+  trigger_base text := 'outbox_watch_' || left(md5(topic), 12);
+  key_columns  text[];
+  missing      text;
+  changed      text;
+  trigger_args text;
+BEGIN
+  IF topic !~ '^[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,199}$' THEN
+    RAISE EXCEPTION 'outbox.watch: topic % is not a valid topic', quote_literal(topic)
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+
+  SELECT c INTO missing
+  FROM unnest(coalesce(columns, '{}')) AS c
+  WHERE NOT EXISTS (
+    SELECT 1 FROM pg_attribute a
+    WHERE a.attrelid = tbl AND a.attname = c AND a.attnum > 0 AND NOT a.attisdropped
+  )
+  LIMIT 1;
+  IF missing IS NOT NULL THEN
+    RAISE EXCEPTION 'outbox.watch: table % has no column %', tbl, quote_ident(missing)
+      USING ERRCODE = 'undefined_column';
+  END IF;
+
+  SELECT array_agg(a.attname::text ORDER BY k.ord) INTO key_columns
+  FROM pg_index i
+  CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+  JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+  WHERE i.indrelid = tbl AND i.indisprimary;
+
+  trigger_args := array_to_string(
+    ARRAY(SELECT quote_literal(x) FROM unnest(topic || coalesce(key_columns, '{}')) AS x),
+    ', ');
+
+  IF coalesce(cardinality(columns), 0) = 0 THEN
+    changed := 'OLD.* IS DISTINCT FROM NEW.*';
+  ELSE
+    SELECT string_agg(format('OLD.%1$I IS DISTINCT FROM NEW.%1$I', c), ' OR ')
+      INTO changed
+    FROM unnest(columns) AS c;
+  END IF;
+
+  EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', trigger_base || '_ins_del', tbl);
+  EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', trigger_base || '_upd', tbl);
+  EXECUTE format(
+    'CREATE TRIGGER %I AFTER INSERT OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION outbox.watch_row(%s)',
+    trigger_base || '_ins_del', tbl, trigger_args);
+  EXECUTE format(
+    'CREATE TRIGGER %I AFTER UPDATE ON %s FOR EACH ROW WHEN (%s) EXECUTE FUNCTION outbox.watch_row(%s)',
+    trigger_base || '_upd', tbl, changed, trigger_args);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox.unwatch(tbl regclass, topic text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+  trigger_base text := 'outbox_watch_' || left(md5(topic), 12);
+BEGIN
+  EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', trigger_base || '_ins_del', tbl);
+  EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', trigger_base || '_upd', tbl);
+END
+$$;
+
+--------------------------------------------------------------------------------
+-- Jobs: outboxd's own queue
+--------------------------------------------------------------------------------
+
+DO $$
+BEGIN
+  CREATE TYPE outbox.job_state AS ENUM ('available', 'running', 'retryable', 'completed', 'discarded');
+EXCEPTION WHEN duplicate_object THEN
+  NULL;
+END
+$$;
+
+-- A job is one delivery of one event to one subscriber. The relay inserts it
+-- in the transaction that marks its event fanned out. Its life:
+--
+--   available  → running    a worker claimed it (attempt += 1, attempted_at)
+--   running    → completed  the handler succeeded (finalized_at)
+--   running    → retryable  it failed and has attempts left; scheduled_at is
+--                           when it may run again (backoff)
+--   running    → discarded  it failed permanently or ran out of attempts
+--                           (finalized_at); errors keeps every attempt's error
+--   running    → retryable  the rescuer found it running past the attempt
+--                           timeout plus a margin: its worker is gone
+--   retryable  → running    claimed again once scheduled_at has come
+--   discarded  → available  retried by hand
+--
+-- A worker's outcome is written only if the job is still running with the
+-- attempt number the worker claimed; a worker that lost its job to the
+-- rescuer changes nothing. The job cleaner deletes completed jobs after 24 h
+-- and discarded ones after 7 days.
+CREATE TABLE IF NOT EXISTS outbox.jobs (
+  id           bigint           GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  kind         text             NOT NULL,
+  event_id     bigint           NOT NULL REFERENCES outbox.events (id) ON DELETE CASCADE,
+  state        outbox.job_state NOT NULL DEFAULT 'available',
+  attempt      integer          NOT NULL DEFAULT 0,
+  max_attempts integer          NOT NULL,
+  created_at   timestamptz      NOT NULL DEFAULT now(),
+  scheduled_at timestamptz      NOT NULL DEFAULT now(),
+  attempted_at timestamptz,
+  finalized_at timestamptz,
+  -- One object per failed attempt: {"attempt", "at", "error"}.
+  errors       jsonb            NOT NULL DEFAULT '[]',
+
+  CONSTRAINT jobs_kind_length CHECK (length(kind) BETWEEN 1 AND 100),
+  CONSTRAINT jobs_attempt_within_max CHECK (attempt >= 0 AND attempt <= max_attempts),
+  CONSTRAINT jobs_max_attempts_positive CHECK (max_attempts > 0),
+  CONSTRAINT jobs_finalized_when_final CHECK (
+    (state IN ('completed', 'discarded')) = (finalized_at IS NOT NULL)
+  ),
+  CONSTRAINT jobs_attempted_when_running CHECK (state <> 'running' OR attempted_at IS NOT NULL)
+);
+
+ALTER TABLE outbox.jobs SET (
+  autovacuum_vacuum_scale_factor = 0.02,
+  autovacuum_analyze_scale_factor = 0.02
+);
+
+-- Serves the workers' claim: due jobs, soonest first. Partial, so it holds
+-- only the jobs waiting to run, however many finished ones the table keeps.
+CREATE INDEX IF NOT EXISTS jobs_due_by_scheduled_at
+  ON outbox.jobs (scheduled_at, id)
+  WHERE state IN ('available', 'retryable');
+
+-- Serves the rescuer: jobs running for longer than the rescue horizon.
+CREATE INDEX IF NOT EXISTS jobs_running_by_attempted_at
+  ON outbox.jobs (attempted_at)
+  WHERE state = 'running';
+
+-- Serves the event's job list, the ON DELETE CASCADE from events, and
+-- retention's check that no unfinished job still needs an event.
+CREATE INDEX IF NOT EXISTS jobs_by_event_id
+  ON outbox.jobs (event_id);
+
+-- Serves the overview's counts by state and the job cleaner.
+CREATE INDEX IF NOT EXISTS jobs_by_state_finalized_at
+  ON outbox.jobs (state, finalized_at);
+
+-- Wake the workers when jobs are inserted, the same way events wake the relay.
+CREATE OR REPLACE FUNCTION outbox.notify_jobs() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM pg_notify('outbox_jobs', '');
+  RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER jobs_notify_workers
+  AFTER INSERT ON outbox.jobs
+  FOR EACH STATEMENT EXECUTE FUNCTION outbox.notify_jobs();

@@ -1,0 +1,126 @@
+// subscribe.go: in-process subscribers, Go code that consumes events
+// through the job table with the same guarantees as a webhook.
+
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+)
+
+// Subscriber is an in-process consumer of events. The relay enqueues one job
+// of kind "sub:"+Name for every event whose topic matches Topics; a worker
+// runs Handle inside a transaction that also completes the job, so the
+// effect and the completion commit together or not at all.
+//
+// Delivery is at least once: a job whose worker died is run again, so Handle
+// must be idempotent (the same event twice has one effect). The registry
+// test in subscribe_test.go checks that for every registered subscriber.
+type Subscriber struct {
+	Name   string   // unique; letters, digits, _ and -
+	Topics []string // topic patterns (see topicPatternValid); empty: all
+	Handle func(ctx context.Context, tx *sql.Tx, ev Event) error
+}
+
+// subscriberJobPrefix makes subscriber job kinds distinct from "webhook".
+const subscriberJobPrefix = "sub:"
+
+func (s Subscriber) jobKind() string { return subscriberJobPrefix + s.Name }
+
+var subscriberNamePattern = regexp.MustCompile(`^[a-z0-9_-]{1,50}$`)
+
+// subscriberRegistry is the set of subscribers of this process, fixed before
+// the loops start and only read after.
+type subscriberRegistry struct {
+	byKind map[string]Subscriber
+}
+
+func newSubscriberRegistry() *subscriberRegistry {
+	return &subscriberRegistry{byKind: map[string]Subscriber{}}
+}
+
+// Register adds s; it panics on a programming error (a bad or duplicate
+// name, a bad pattern), which the tests catch before anyone runs it.
+func (r *subscriberRegistry) Register(s Subscriber) {
+	if !subscriberNamePattern.MatchString(s.Name) {
+		panic(fmt.Sprintf("subscriber name %q must match %s", s.Name, subscriberNamePattern))
+	}
+	if _, dup := r.byKind[s.jobKind()]; dup {
+		panic(fmt.Sprintf("subscriber %q registered twice", s.Name))
+	}
+	for _, p := range s.Topics {
+		if err := topicPatternValid(p); err != nil {
+			panic(fmt.Sprintf("subscriber %q: %v", s.Name, err))
+		}
+	}
+	r.byKind[s.jobKind()] = s
+}
+
+// lookup finds the subscriber that runs jobs of kind.
+func (r *subscriberRegistry) lookup(kind string) (Subscriber, bool) {
+	s, ok := r.byKind[kind]
+	return s, ok
+}
+
+// all lists the subscribers sorted by name.
+func (r *subscriberRegistry) all() []Subscriber {
+	subs := make([]Subscriber, 0, len(r.byKind))
+	for _, s := range r.byKind {
+		subs = append(subs, s)
+	}
+	sort.Slice(subs, func(i, j int) bool { return subs[i].Name < subs[j].Name })
+	return subs
+}
+
+// fanOutTargets is the registry as the relay's fan-out statement reads it:
+// a JSON array of {"kind", "topics"}.
+func (r *subscriberRegistry) fanOutTargets() []byte {
+	type target struct {
+		Kind   string   `json:"kind"`
+		Topics []string `json:"topics"`
+	}
+	targets := []target{}
+	for _, s := range r.all() {
+		topics := s.Topics
+		if topics == nil {
+			topics = []string{}
+		}
+		targets = append(targets, target{Kind: s.jobKind(), Topics: topics})
+	}
+	b, _ := json.Marshal(targets) // strings and slices only: cannot fail
+	return b
+}
+
+// topicPatternValid checks a subscription pattern: an exact topic, "*", or
+// a prefix ending in ".*" ("order.*"). outbox.topic_matches evaluates them.
+func topicPatternValid(p string) error {
+	if p == "*" {
+		return nil
+	}
+	topic, _ := strings.CutSuffix(p, ".*")
+	if !topicPattern.MatchString(topic) {
+		return fmt.Errorf("%w: topic pattern %q must be a topic, \"*\", or a topic prefix followed by \".*\"", errInvalid, p)
+	}
+	return nil
+}
+
+// topicMatches is outbox.topic_matches in Go, for tests and the panel.
+func topicMatches(patterns []string, topic string) bool {
+	if len(patterns) == 0 {
+		return true
+	}
+	for _, p := range patterns {
+		if p == topic || p == "*" {
+			return true
+		}
+		if prefix, ok := strings.CutSuffix(p, "*"); ok && strings.HasSuffix(prefix, ".") && strings.HasPrefix(topic, prefix) {
+			return true
+		}
+	}
+	return false
+}
