@@ -1,0 +1,278 @@
+// deliver_test.go: hops 4 and 5, jobs run, retry, end, and are rescued.
+
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestBackoffSchedule(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		attempt  int
+		jitter   float64
+		min, max time.Duration
+	}{
+		{1, 0.5, time.Second, time.Second}, // 1s, raised to the 1 s floor at any jitter
+		{2, 0.5, 16 * time.Second, 16 * time.Second},
+		{2, 0, 14400 * time.Millisecond, 14400 * time.Millisecond},     // -10%
+		{2, 0.999, 17590 * time.Millisecond, 17600 * time.Millisecond}, // +10%
+		{5, 0.5, 625 * time.Second, 625 * time.Second},
+		{17, 0.5, 83521 * time.Second, 83521 * time.Second}, // 23 h 12 m
+		{40, 0.5, maxBackoff, maxBackoff},
+	} {
+		got := backoff(tc.attempt, tc.jitter)
+		if got < tc.min || got > tc.max {
+			t.Errorf("backoff(%d, %v) = %s, want in [%s, %s]", tc.attempt, tc.jitter, got, tc.min, tc.max)
+		}
+	}
+	// 18 attempts must end well inside the 7-day events retention and the
+	// 5-day endpoint disable, so no retry finds its event pruned.
+	if h := retryHorizon(18); h < 3*24*time.Hour || h >= 5*24*time.Hour {
+		t.Errorf("retryHorizon(18) = %s, want between 3 and 5 days", h)
+	}
+}
+
+func TestDecideOutcome(t *testing.T) {
+	t.Parallel()
+	boom := errors.New("boom")
+	for _, tc := range []struct {
+		name            string
+		attempt, maxAtt int
+		err             error
+		want            jobOutcome
+	}{
+		{"success", 1, 18, nil, jobOutcome{State: jobCompleted}},
+		{"failure retries with backoff", 3, 18, boom, jobOutcome{State: jobRetryable, Delay: 81 * time.Second, Error: "boom"}},
+		{"last attempt discards", 18, 18, boom, jobOutcome{State: jobDiscarded, Error: "boom"}},
+		{"permanent discards at once", 1, 18, permanentError{boom}, jobOutcome{State: jobDiscarded, Error: "boom"}},
+		{"retry-after overrides backoff", 1, 18, retryAfterError{boom, 5 * time.Minute}, jobOutcome{State: jobRetryable, Delay: 5 * time.Minute, Error: "boom"}},
+		{"retry-after is capped", 1, 18, retryAfterError{boom, 1000 * time.Hour}, jobOutcome{State: jobRetryable, Delay: maxBackoff, Error: "boom"}},
+		{"retry-after on the last attempt discards", 18, 18, retryAfterError{boom, time.Minute}, jobOutcome{State: jobDiscarded, Error: "boom"}},
+	} {
+		got := decideOutcome(tc.attempt, tc.maxAtt, tc.err, 0.5)
+		if diff := cmp.Diff(tc.want, got); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", tc.name, diff)
+		}
+	}
+}
+
+// runPool runs a worker pool until the test ends.
+func runPool(t *testing.T, db *sql.DB, cfg WorkerConfig, subs ...Subscriber) *workerPool {
+	t.Helper()
+	reg := newSubscriberRegistry()
+	for _, s := range subs {
+		reg.Register(s)
+	}
+	wp := newWorkerPool(db, cfg, time.Minute, reg, testLogger(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- wp.Run(ctx, nil) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return wp
+}
+
+// enqueueJob records an event and a job of kind for it, as the relay would.
+func enqueueJob(t *testing.T, db *sql.DB, kind string, maxAttempts int) int64 {
+	t.Helper()
+	var id int64
+	err := db.QueryRow(`
+		INSERT INTO outbox.jobs (kind, event_id, max_attempts)
+		VALUES ($1, outbox.record('t', 's', '{}'), $2)
+		RETURNING id`, kind, maxAttempts).Scan(&id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+type jobRow struct {
+	State       string
+	Attempt     int
+	Errors      int
+	DueInSecond float64 // scheduled_at - now(), seconds
+}
+
+func readJob(t *testing.T, db *sql.DB, id int64) jobRow {
+	t.Helper()
+	var r jobRow
+	err := db.QueryRow(`
+		SELECT state, attempt, jsonb_array_length(errors),
+		       extract(epoch FROM scheduled_at - now())::float8
+		FROM outbox.jobs WHERE id = $1`, id).Scan(&r.State, &r.Attempt, &r.Errors, &r.DueInSecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// A failing job is retried with growing delays, keeping each error; the
+// delays are read from scheduled_at, not waited for.
+func TestWorkerRetriesWithGrowingBackoff(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	var calls atomic.Int64
+	flaky := Subscriber{Name: "flaky", Handle: func(ctx context.Context, tx *sql.Tx, ev Event) error {
+		calls.Add(1)
+		return errors.New("receiver down")
+	}}
+	cfg := defaultConfig().Workers
+	cfg.PollInterval = 20 * time.Millisecond
+	runPool(t, db, cfg, flaky)
+	id := enqueueJob(t, db, flaky.jobKind(), 18)
+
+	var delays []float64
+	for attempt := 1; attempt <= 3; attempt++ {
+		waitFor(t, "a failed attempt", 10*time.Second, func() bool {
+			r := readJob(t, db, id)
+			return r.State == "retryable" && r.Attempt == attempt
+		})
+		r := readJob(t, db, id)
+		if r.Errors != attempt {
+			t.Fatalf("after attempt %d: %d errors kept, want %d", attempt, r.Errors, attempt)
+		}
+		delays = append(delays, r.DueInSecond)
+		// Make it due now instead of waiting for the backoff.
+		mustExec(t, db, `UPDATE outbox.jobs SET scheduled_at = now() WHERE id = $1`, id)
+	}
+	// Expected 1 s, 16 s, 81 s, each ±10% and less the time since it was set.
+	if !(delays[0] <= 1.1 && delays[1] > 12 && delays[1] <= 17.6 && delays[2] > 70 && delays[2] <= 89.1) {
+		t.Errorf("retry delays %v s, want about 1, 16, 81", delays)
+	}
+	if calls.Load() < 3 {
+		t.Errorf("handler ran %d times, want at least 3", calls.Load())
+	}
+}
+
+func TestWorkerDiscardsAfterMaxAttempts(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	failing := Subscriber{Name: "failing", Handle: func(context.Context, *sql.Tx, Event) error {
+		return errors.New("always fails")
+	}}
+	cfg := defaultConfig().Workers
+	cfg.PollInterval = 10 * time.Millisecond
+	runPool(t, db, cfg, failing)
+	const maxAttempts = 18
+	id := enqueueJob(t, db, failing.jobKind(), maxAttempts)
+
+	waitFor(t, "the job to be discarded", 60*time.Second, func() bool {
+		mustExec(t, db, `UPDATE outbox.jobs SET scheduled_at = now() WHERE id = $1 AND state = 'retryable'`, id)
+		return readJob(t, db, id).State == "discarded"
+	})
+	r := readJob(t, db, id)
+	if r.Attempt != maxAttempts || r.Errors != maxAttempts {
+		t.Errorf("discarded after %d attempts with %d errors, want %d and %d", r.Attempt, r.Errors, maxAttempts, maxAttempts)
+	}
+	var finalized bool
+	db.QueryRow(`SELECT finalized_at IS NOT NULL FROM outbox.jobs WHERE id = $1`, id).Scan(&finalized)
+	if !finalized {
+		t.Error("discarded job has no finalized_at")
+	}
+}
+
+func TestWorkerSurvivesPanickingHandler(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	panicky := Subscriber{Name: "panicky", Handle: func(context.Context, *sql.Tx, Event) error { panic("bug") }}
+	cfg := defaultConfig().Workers
+	cfg.PollInterval = 20 * time.Millisecond
+	runPool(t, db, cfg, panicky)
+	id := enqueueJob(t, db, panicky.jobKind(), 1)
+	waitFor(t, "the panicking job to be discarded", 10*time.Second, func() bool {
+		return readJob(t, db, id).State == "discarded"
+	})
+	var msg string
+	db.QueryRow(`SELECT errors->0->>'error' FROM outbox.jobs WHERE id = $1`, id).Scan(&msg)
+	if msg != "subscriber panicky: panic: bug" && msg != "panic: bug" {
+		t.Errorf("error kept = %q, want the panic", msg)
+	}
+}
+
+// A job left running by a dead worker is rescued and run again; the dead
+// worker's late outcome is fenced out.
+func TestRescuerRetriesJobOfDeadWorker(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	ctx := context.Background()
+	cfg := defaultConfig().Workers // 30 s timeout + 1 min margin
+	sub := noopSubscriber("noop")
+
+	stuck := enqueueJob(t, db, sub.jobKind(), 18)
+	lastTry := enqueueJob(t, db, sub.jobKind(), 1)
+	alive := enqueueJob(t, db, sub.jobKind(), 18)
+	mustExec(t, db, `UPDATE outbox.jobs SET state = 'running', attempt = 1, attempted_at = now() - interval '91 seconds' WHERE id IN ($1, $2)`, stuck, lastTry)
+	mustExec(t, db, `UPDATE outbox.jobs SET state = 'running', attempt = 1, attempted_at = now() - interval '89 seconds' WHERE id = $1`, alive)
+
+	n, err := newRescuer(db, cfg, testLogger(t)).rescueOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 {
+		t.Errorf("rescued %d jobs, want 2", n)
+	}
+	got := []string{readJob(t, db, stuck).State, readJob(t, db, lastTry).State, readJob(t, db, alive).State}
+	if diff := cmp.Diff([]string{"retryable", "discarded", "running"}, got); diff != "" {
+		t.Errorf("states of stuck, last-attempt and live jobs (-want +got):\n%s", diff)
+	}
+
+	// The dead worker wakes up and reports success for attempt 1: fenced.
+	wp := newWorkerPool(db, cfg, time.Minute, newSubscriberRegistry(), testLogger(t))
+	if err := wp.recordOutcomes([]jobResult{{ID: stuck, Attempt: 1, jobOutcome: jobOutcome{State: jobCompleted}}}); err != nil {
+		t.Fatal(err)
+	}
+	if s := readJob(t, db, stuck).State; s != "retryable" {
+		t.Fatalf("late outcome of a rescued attempt changed the job to %s", s)
+	}
+
+	cfg.PollInterval = 20 * time.Millisecond
+	runPool(t, db, cfg, sub)
+	waitFor(t, "the rescued job to complete", 10*time.Second, func() bool {
+		return readJob(t, db, stuck).State == "completed"
+	})
+	if r := readJob(t, db, stuck); r.Attempt != 2 {
+		t.Errorf("rescued job completed on attempt %d, want 2", r.Attempt)
+	}
+}
+
+// Shutdown lets a running job finish and records its outcome.
+func TestWorkerShutdownFinishesInFlightJob(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	started := make(chan struct{})
+	release := make(chan struct{})
+	slow := Subscriber{Name: "slow", Handle: func(context.Context, *sql.Tx, Event) error {
+		close(started)
+		<-release
+		return nil
+	}}
+	reg := newSubscriberRegistry()
+	reg.Register(slow)
+	cfg := defaultConfig().Workers
+	cfg.PollInterval = 20 * time.Millisecond
+	wp := newWorkerPool(db, cfg, time.Minute, reg, testLogger(t))
+	id := enqueueJob(t, db, slow.jobKind(), 18)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- wp.Run(ctx, nil) }()
+	<-started
+	cancel() // SIGTERM while the job runs
+	select {
+	case <-done:
+		t.Fatal("pool stopped before its running job finished")
+	default:
+	}
+	close(release)
+	<-done
+	if s := readJob(t, db, id).State; s != "completed" {
+		t.Errorf("job state after shutdown = %s, want completed", s)
+	}
+}

@@ -1,0 +1,237 @@
+// main_test.go: configuration, start-up and shutdown of the whole process.
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func envFrom(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+func TestParseConfigDefaultsAndFallbacks(t *testing.T) {
+	t.Parallel()
+	cfg, err := parseConfig(nil, envFrom(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(defaultConfig(), cfg); diff != "" {
+		t.Errorf("no flags, no environment (-want +got):\n%s", diff)
+	}
+
+	cfg, err = parseConfig(
+		[]string{"-relay-batch", "50"},
+		envFrom(map[string]string{
+			"DATABASE_URL":                    "postgres://u@db.example:5432/app",
+			"OUTBOXD_RELAY_BATCH":             "70", // the flag wins
+			"OUTBOXD_ADDR":                    "0.0.0.0:9000",
+			"OUTBOXD_ALLOW_PRIVATE_ENDPOINTS": "1",
+			"OUTBOXD_JOB_TIMEOUT":             "10s",
+		}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := defaultConfig()
+	want.DatabaseURL = "postgres://u@db.example:5432/app"
+	want.Relay.BatchSize = 50
+	want.Addr = "0.0.0.0:9000"
+	want.AllowPrivateEndpoints = true
+	want.Workers.AttemptTimeout = 10 * time.Second
+	if diff := cmp.Diff(want, cfg); diff != "" {
+		t.Errorf("flags over environment (-want +got):\n%s", diff)
+	}
+}
+
+// A bad setting refuses to start, and the message names the setting.
+func TestParseConfigRefusesBadSettings(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want string // in the error
+	}{
+		{[]string{"-relay-batch", "0"}, nil, "-relay-batch (OUTBOXD_RELAY_BATCH) must be between 1 and 10000, got 0"},
+		{nil, map[string]string{"OUTBOXD_RELAY_BATCH": "many"}, `OUTBOXD_RELAY_BATCH="many"`},
+		{nil, map[string]string{"OUTBOXD_JOB_TIMEOUT": "-1s"}, "-job-timeout (OUTBOXD_JOB_TIMEOUT)"},
+		{nil, map[string]string{"OUTBOXD_ADDR": "8080"}, "-addr (OUTBOXD_ADDR)"},
+		{nil, map[string]string{"DATABASE_URL": "postgres://%zz"}, "-database-url (DATABASE_URL)"},
+		{nil, map[string]string{"OUTBOXD_ADMIN_TOKEN": "short"}, "-admin-token (OUTBOXD_ADMIN_TOKEN) must be at least 16"},
+		{nil, map[string]string{"OUTBOXD_LOG_FORMAT": "xml"}, "-log-format (OUTBOXD_LOG_FORMAT)"},
+		{nil, map[string]string{"OUTBOXD_LOG_LEVEL": "loud"}, "OUTBOXD_LOG_LEVEL"},
+		{[]string{"-no-such-flag"}, nil, "flag provided but not defined: -no-such-flag"},
+		{[]string{"frobnicate"}, nil, `unknown command "frobnicate"`},
+		{[]string{"-workers", "0", "-relay-max-failures", "0"}, nil, "-relay-max-failures (OUTBOXD_RELAY_MAX_FAILURES)"},
+	} {
+		_, err := parseConfig(tc.args, envFrom(tc.env), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("parseConfig(%q, %v) = %v, want an error containing %q", tc.args, tc.env, err, tc.want)
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
+type syncBuffer struct {
+	mu  sync.Mutex // protects buf
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func awaitHealthy(t *testing.T, addr string, exited <-chan struct{}) {
+	t.Helper()
+	waitFor(t, "/healthz", 60*time.Second, func() bool {
+		select {
+		case <-exited:
+			t.Fatal("outboxd exited before it was healthy")
+		default:
+		}
+		resp, err := http.Get("http://" + addr + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+}
+
+// The whole process, as an operator runs it: started as a binary, healthy,
+// events flowing in -demo, and SIGTERM exits 0 after a clean shutdown.
+func TestProcessStartsRunsDemoAndExitsOnSIGTERM(t *testing.T) {
+	t.Parallel()
+	_, dsn := newTestDB(t)
+	addr := freeAddr(t)
+	cmd := exec.Command(os.Args[0], "-demo", "-addr", addr, "-log-format", "json")
+	cmd.Env = append(os.Environ(), "OUTBOXD_TEST_RUN_MAIN=1", "DATABASE_URL="+dsn,
+		"OUTBOXD_ADMIN_TOKEN=test-token-0123456789")
+	var stderr syncBuffer
+	cmd.Stdout, cmd.Stderr = io.Discard, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(exited) }()
+	defer func() {
+		cmd.Process.Kill()
+		<-exited
+		if t.Failed() {
+			t.Logf("outboxd's log:\n%s", stderr.String())
+		}
+	}()
+
+	awaitHealthy(t, addr, exited)
+	waitFor(t, "the demo's events to reach the log subscriber", 30*time.Second, func() bool {
+		return strings.Contains(stderr.String(), "event delivered to the log subscriber")
+	})
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(60 * time.Second):
+		t.Fatal("outboxd did not exit within 60s of SIGTERM")
+	}
+	if waitErr != nil {
+		t.Fatalf("exit after SIGTERM: %v, want status 0", waitErr)
+	}
+	if !strings.Contains(stderr.String(), `"msg":"stopped"`) {
+		t.Error(`log has no "stopped" line`)
+	}
+	if strings.Contains(stderr.String(), "test-token-0123456789") {
+		t.Error("the admin token appears in the log")
+	}
+}
+
+// A bad setting makes the binary exit non-zero with the setting named.
+func TestProcessRefusesBadSetting(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command(os.Args[0], "-relay-batch", "-3")
+	cmd.Env = append(os.Environ(), "OUTBOXD_TEST_RUN_MAIN=1")
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("exit = %v, want status 1", err)
+	}
+	if !strings.Contains(string(out), "-relay-batch (OUTBOXD_RELAY_BATCH) must be between 1 and 10000, got -3") {
+		t.Errorf("output %q does not name the setting", out)
+	}
+}
+
+// With no DATABASE_URL, run starts a private cluster under -data-dir,
+// serves /healthz and /readyz, and stops the cluster on the way out.
+func TestRunStartsEmbeddedCluster(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	if os.Geteuid() == 0 {
+		// The postgres user must reach the folder: t.TempDir is 0700 root.
+		os.Chmod(filepath.Dir(dir), 0o755)
+		os.Chmod(dir, 0o755)
+	}
+	dataDir := filepath.Join(dir, "data")
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	exited := make(chan struct{})
+	var runErr error
+	go func() {
+		defer close(exited)
+		runErr = run(ctx, []string{"-addr", addr, "-data-dir", dataDir}, envFrom(nil), io.Discard, testWriter{t})
+	}()
+	defer func() { cancel(); <-exited }()
+
+	awaitHealthy(t, addr, exited)
+	resp, err := http.Get("http://" + addr + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("/readyz = %d, want 200", resp.StatusCode)
+	}
+	if _, err := os.Stat(filepath.Join(dataDir, "pgdata", "PG_VERSION")); err != nil {
+		t.Errorf("no cluster under the data folder: %v", err)
+	}
+	cancel()
+	<-exited
+	if runErr != nil {
+		t.Errorf("run returned %v, want nil after cancel", runErr)
+	}
+	if pid, alive := runningPostmaster(filepath.Join(dataDir, "pgdata")); alive {
+		t.Errorf("the embedded server (pid %d) is still running after run returned", pid)
+	}
+}
