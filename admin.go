@@ -1,49 +1,152 @@
-// admin.go: the HTTP surface, the JSON API under /api/ and the health checks.
+// admin.go: the HTTP surface, every route, access control and the JSON API
+// under /api/. The HTML panel's handlers are in panel.go.
 
 package main
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"crypto/subtle"
 	"database/sql"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
 )
 
+// admin is what the HTTP handlers need, built once in run.
+type admin struct {
+	db       *sql.DB
+	token    string
+	alerts   AlertConfig
+	counters *processCounters
+	samples  *sampler
+	panel    *panel
+	// metricsPublic serves /metrics without the token, for a scraper on a
+	// private network that cannot hold secrets.
+	metricsPublic bool
+	logger        *slog.Logger
+}
+
 // routes is every route of outboxd in one place.
-func routes(db *sql.DB, token string, logger *slog.Logger) http.Handler {
+func routes(a *admin) http.Handler {
 	api := http.NewServeMux()
-	api.Handle("POST /api/events", handleRecordEvent(db))
-	api.Handle("GET /api/events/{id}", handleGetEvent(db))
-	api.Handle("POST /api/events/{id}/requeue", handleRequeueEvent(db))
+	api.Handle("GET /api/overview", handleOverview(a))
+	api.Handle("GET /api/events", handleListEvents(a.db))
+	api.Handle("POST /api/events", handleRecordEvent(a.db))
+	api.Handle("GET /api/events/{id}", handleGetEvent(a.db))
+	api.Handle("POST /api/events/{id}/requeue", handleRequeueEvent(a.db))
+	api.Handle("GET /api/jobs", handleListJobs(a.db))
+	api.Handle("POST /api/jobs/{id}/retry", handleRetryJob(a.db))
+	api.Handle("/api/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, fmt.Errorf("no route %s %s", r.Method, r.URL.Path))
+	}))
 
 	mux := http.NewServeMux()
 	mux.Handle("GET /healthz", handleHealthz())
-	mux.Handle("GET /readyz", handleReadyz(db))
-	mux.Handle("/api/", requireToken(token, api))
-	return mux
+	mux.Handle("GET /readyz", handleReadyz(a.db))
+	if a.metricsPublic {
+		mux.Handle("GET /metrics", handleMetrics(a))
+	} else {
+		mux.Handle("GET /metrics", requireToken(a.token, handleMetrics(a)))
+	}
+	mux.Handle("/api/", requireToken(a.token, api))
+	a.panel.register(mux, a)
+
+	// Browsers may not make state-changing requests across origins; API
+	// clients without Origin or Sec-Fetch-Site headers are unaffected.
+	return securityHeaders(http.NewCrossOriginProtection().Handler(mux))
 }
 
-// requireToken lets a request through only with "Authorization: Bearer
-// <token>", compared in constant time.
-func requireToken(token string, next http.Handler) http.Handler {
-	want := []byte("Bearer " + token)
+// securityHeaders: no framing, no sniffing, no inline script anywhere (the
+// panel has none), no referrer leaking a URL.
+func securityHeaders(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got := []byte(r.Header.Get("Authorization"))
-		if subtle.ConstantTimeCompare(got, want) != 1 {
+		h := w.Header()
+		h.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+		h.Set("X-Frame-Options", "DENY")
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("Referrer-Policy", "no-referrer")
+		next.ServeHTTP(w, r)
+	})
+}
+
+// requireToken lets a request through with "Authorization: Bearer <token>"
+// or the panel's session cookie, compared in constant time.
+func requireToken(token string, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !bearerValid(token, r) && !sessionValid(token, r) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="outboxd"`)
 			writeError(w, http.StatusUnauthorized, errors.New("missing or wrong admin token"))
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+func bearerValid(token string, r *http.Request) bool {
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return ok && tokenEqual(got, token)
+}
+
+// tokenEqual compares in constant time: an early mismatch takes as long
+// as a late one, so timing tells an attacker nothing about the token.
+func tokenEqual(got, want string) bool {
+	return subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
+}
+
+// sessionCookie is the panel's session. Its value is derived from the
+// token, so the token itself never sits in a browser, and changing the
+// token signs every session out.
+const sessionCookie = "outboxd_session"
+
+func sessionValue(token string) string {
+	mac := hmac.New(sha256.New, []byte(token))
+	mac.Write([]byte("outboxd panel session v1"))
+	return hex.EncodeToString(mac.Sum(nil))
+}
+
+func sessionValid(token string, r *http.Request) bool {
+	c, err := r.Cookie(sessionCookie)
+	return err == nil && tokenEqual(c.Value, sessionValue(token))
+}
+
+// setSession signs the browser in. Secure is set wherever browsers keep a
+// Secure cookie: over TLS and on loopback.
+func setSession(w http.ResponseWriter, r *http.Request, token string) {
+	http.SetCookie(w, &http.Cookie{
+		Name:     sessionCookie,
+		Value:    sessionValue(token),
+		Path:     "/",
+		MaxAge:   int((12 * time.Hour).Seconds()),
+		HttpOnly: true,
+		Secure:   r.TLS != nil || isLoopbackHost(r.Host),
+		SameSite: http.SameSiteStrictMode,
+	})
+}
+
+func clearSession(w http.ResponseWriter) {
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+}
+
+func isLoopbackHost(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		host = hostport
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 func handleHealthz() http.Handler {
@@ -72,6 +175,35 @@ func handleReadyz(db *sql.DB) http.Handler {
 	})
 }
 
+func handleMetrics(a *admin) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		o, err := readOverview(r.Context(), a.db, a.alerts)
+		if err != nil {
+			a.logger.Error("metrics: read overview", "err", err)
+			http.Error(w, "read overview failed", http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		if err := writeMetrics(w, o, a.counters); err != nil {
+			a.logger.Warn("metrics: write", "err", err)
+		}
+	})
+}
+
+func handleOverview(a *admin) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		o, err := readOverview(r.Context(), a.db, a.alerts)
+		if err != nil {
+			writeError(w, statusOf(err), err)
+			return
+		}
+		if a.counters != nil && a.counters.pruned != nil {
+			o.Pruned = a.counters.pruned()
+		}
+		writeJSON(w, http.StatusOK, o)
+	})
+}
+
 // maxRequestBody bounds every JSON request body: an event payload may be up
 // to 1 MiB (schema.sql) plus its envelope.
 const maxRequestBody = 1<<20 + 4096
@@ -86,7 +218,7 @@ func handleRecordEvent(db *sql.DB) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var req request
 		if err := decodeJSON(w, r, &req); err != nil {
-			writeError(w, http.StatusBadRequest, err)
+			writeError(w, statusOf(err), err)
 			return
 		}
 		id, err := recordEvent(r.Context(), db, req.Topic, req.Subject, req.Payload)
@@ -98,14 +230,68 @@ func handleRecordEvent(db *sql.DB) http.Handler {
 	})
 }
 
+// eventFilterFrom reads the stream's filter from the query string.
+func eventFilterFrom(r *http.Request) (EventFilter, error) {
+	q := r.URL.Query()
+	f := EventFilter{Topic: q.Get("topic"), Subject: q.Get("subject"), State: q.Get("state")}
+	var err error
+	if f.Before, err = queryInt64(q.Get("before")); err != nil {
+		return f, fmt.Errorf("%w: before: %v", errInvalid, err)
+	}
+	limit, err := queryInt64(q.Get("limit"))
+	if err != nil {
+		return f, fmt.Errorf("%w: limit: %v", errInvalid, err)
+	}
+	f.Limit = int(limit)
+	return f, nil
+}
+
+func handleListEvents(db *sql.DB) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f, err := eventFilterFrom(r)
+		if err != nil {
+			writeError(w, statusOf(err), err)
+			return
+		}
+		events, err := listEvents(r.Context(), db, f)
+		if err != nil {
+			writeError(w, statusOf(err), err)
+			return
+		}
+		resp := map[string]any{"events": events}
+		if len(events) > 0 {
+			resp["next_before"] = events[len(events)-1].ID
+		}
+		writeJSON(w, http.StatusOK, resp)
+	})
+}
+
+// eventWithJobs is GET /api/events/{id}: the event and every job it made.
+type eventWithJobs struct {
+	Event
+	Jobs []JobView `json:"jobs"`
+}
+
+func readEventWithJobs(ctx context.Context, db *sql.DB, id int64) (eventWithJobs, error) {
+	ev, err := getEvent(ctx, db, id)
+	if err != nil {
+		return eventWithJobs{}, err
+	}
+	jobs, err := listJobs(ctx, db, JobFilter{EventID: id, Limit: maxEventPage})
+	if err != nil {
+		return eventWithJobs{}, err
+	}
+	return eventWithJobs{Event: ev, Jobs: jobs}, nil
+}
+
 func handleGetEvent(db *sql.DB) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id, err := pathID(r)
 		if err != nil {
-			writeError(w, http.StatusBadRequest, err)
+			writeError(w, statusOf(err), err)
 			return
 		}
-		ev, err := getEvent(r.Context(), db, id)
+		ev, err := readEventWithJobs(r.Context(), db, id)
 		if err != nil {
 			writeError(w, statusOf(err), err)
 			return
@@ -118,7 +304,7 @@ func handleRequeueEvent(db *sql.DB) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id, err := pathID(r)
 		if err != nil {
-			writeError(w, http.StatusBadRequest, err)
+			writeError(w, statusOf(err), err)
 			return
 		}
 		if err := requeueEvent(r.Context(), db, id); err != nil {
@@ -134,9 +320,70 @@ func handleRequeueEvent(db *sql.DB) http.Handler {
 	})
 }
 
+func jobFilterFrom(r *http.Request) (JobFilter, error) {
+	q := r.URL.Query()
+	f := JobFilter{State: q.Get("state")}
+	var err error
+	if f.Before, err = queryInt64(q.Get("before")); err != nil {
+		return f, fmt.Errorf("%w: before: %v", errInvalid, err)
+	}
+	if f.EventID, err = queryInt64(q.Get("event_id")); err != nil {
+		return f, fmt.Errorf("%w: event_id: %v", errInvalid, err)
+	}
+	limit, err := queryInt64(q.Get("limit"))
+	if err != nil {
+		return f, fmt.Errorf("%w: limit: %v", errInvalid, err)
+	}
+	f.Limit = int(limit)
+	return f, nil
+}
+
+func handleListJobs(db *sql.DB) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f, err := jobFilterFrom(r)
+		if err != nil {
+			writeError(w, statusOf(err), err)
+			return
+		}
+		jobs, err := listJobs(r.Context(), db, f)
+		if err != nil {
+			writeError(w, statusOf(err), err)
+			return
+		}
+		resp := map[string]any{"jobs": jobs}
+		if len(jobs) > 0 {
+			resp["next_before"] = jobs[len(jobs)-1].ID
+		}
+		writeJSON(w, http.StatusOK, resp)
+	})
+}
+
+func handleRetryJob(db *sql.DB) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, err := pathID(r)
+		if err != nil {
+			writeError(w, statusOf(err), err)
+			return
+		}
+		if err := retryJob(r.Context(), db, id); err != nil {
+			writeError(w, statusOf(err), err)
+			return
+		}
+		jobs, err := listJobs(r.Context(), db, JobFilter{Before: id + 1, Limit: 1})
+		if err != nil || len(jobs) == 0 || jobs[0].ID != id {
+			writeError(w, http.StatusInternalServerError, fmt.Errorf("read job %d after retry: %v", id, err))
+			return
+		}
+		writeJSON(w, http.StatusOK, jobs[0])
+	})
+}
+
 // statusOf maps an error to its HTTP status: the one place that does.
 func statusOf(err error) int {
+	var tooBig *http.MaxBytesError
 	switch {
+	case errors.As(err, &tooBig):
+		return http.StatusRequestEntityTooLarge
 	case errors.Is(err, errInvalid):
 		return http.StatusBadRequest
 	case errors.Is(err, errNotFound):
@@ -156,12 +403,12 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
 	if err := dec.Decode(v); err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			return fmt.Errorf("request body larger than %d bytes", tooBig.Limit)
+			return fmt.Errorf("request body larger than %d bytes: %w", tooBig.Limit, err)
 		}
-		return fmt.Errorf("request body: %w", err)
+		return fmt.Errorf("%w: request body: %v", errInvalid, err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return errors.New("request body: more than one JSON value")
+		return fmt.Errorf("%w: request body: more than one JSON value", errInvalid)
 	}
 	return nil
 }
@@ -169,9 +416,21 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
 func pathID(r *http.Request) (int64, error) {
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
 	if err != nil || id <= 0 {
-		return 0, fmt.Errorf("id %q is not a positive integer", r.PathValue("id"))
+		return 0, fmt.Errorf("%w: id %q is not a positive integer", errInvalid, r.PathValue("id"))
 	}
 	return id, nil
+}
+
+// queryInt64 parses an optional non-negative integer parameter.
+func queryInt64(s string) (int64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("%q is not a non-negative integer", s)
+	}
+	return n, nil
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -187,7 +446,6 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // writeError answers {"error": "..."}; a server error's text is the
 // operation that failed, which is what the operator needs.
 func writeError(w http.ResponseWriter, status int, err error) {
-	msg := err.Error()
-	msg = strings.TrimPrefix(msg, errInvalid.Error()+": ")
+	msg := strings.TrimPrefix(err.Error(), errInvalid.Error()+": ")
 	writeJSON(w, status, map[string]string{"error": msg})
 }

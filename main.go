@@ -77,6 +77,10 @@ type Config struct {
 
 	Relay   RelayConfig
 	Workers WorkerConfig
+	Alerts  AlertConfig
+
+	// MetricsPublic serves /metrics without the admin token.
+	MetricsPublic bool
 
 	DBMaxConns    int
 	ShutdownGrace time.Duration
@@ -135,6 +139,10 @@ func defaultConfig() Config {
 			PollInterval:   time.Second,
 			RescueInterval: 30 * time.Second,
 		},
+		Alerts: AlertConfig{
+			BacklogRows: 1000,
+			BacklogAge:  5 * time.Minute,
+		},
 		DBMaxConns:    20,
 		ShutdownGrace: 30 * time.Second,
 	}
@@ -181,6 +189,9 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 	fs.DurationVar(&cfg.Workers.RescueMargin, "job-rescue-margin", cfg.Workers.RescueMargin, "added to -job-timeout before a running job is rescued")
 	fs.DurationVar(&cfg.Workers.PollInterval, "job-poll", cfg.Workers.PollInterval, "interval at which workers look for due jobs without a notification")
 	fs.DurationVar(&cfg.Workers.RescueInterval, "job-rescue-interval", cfg.Workers.RescueInterval, "interval at which the rescuer looks for stuck jobs")
+	fs.IntVar(&cfg.Alerts.BacklogRows, "alert-backlog", cfg.Alerts.BacklogRows, "un-fanned events above which events_backlog fires")
+	fs.DurationVar(&cfg.Alerts.BacklogAge, "alert-backlog-age", cfg.Alerts.BacklogAge, "age of the oldest un-fanned event above which events_backlog fires")
+	fs.BoolVar(&cfg.MetricsPublic, "metrics-public", cfg.MetricsPublic, "serve /metrics without the admin token")
 	fs.IntVar(&cfg.DBMaxConns, "db-max-conns", cfg.DBMaxConns, "most open database connections of the pool")
 	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "time in-flight work gets to finish on SIGTERM")
 	fs.Usage = func() {
@@ -257,6 +268,8 @@ func (c Config) validate() error {
 		durationIn("job-rescue-margin", c.Workers.RescueMargin, 0, 24*time.Hour),
 		durationIn("job-poll", c.Workers.PollInterval, 10*time.Millisecond, time.Hour),
 		durationIn("job-rescue-interval", c.Workers.RescueInterval, 10*time.Millisecond, time.Hour),
+		intIn("alert-backlog", c.Alerts.BacklogRows, 0, 100_000_000),
+		durationIn("alert-backlog-age", c.Alerts.BacklogAge, time.Second, 7*24*time.Hour),
 		intIn("db-max-conns", c.DBMaxConns, 4, 1_000),
 		durationIn("shutdown-grace", c.ShutdownGrace, 0, time.Hour),
 	)
@@ -334,17 +347,35 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	start("relay", func(ctx context.Context) error { return relay.Run(ctx, wake.events) })
 	workers := newWorkerPool(db, cfg.Workers, cfg.ShutdownGrace, subscribers, logger)
 	start("workers", func(ctx context.Context) error { return workers.Run(ctx, wake.jobs) })
-	start("rescuer", newRescuer(db, cfg.Workers, logger).Run)
+	rescuer := newRescuer(db, cfg.Workers, logger)
+	start("rescuer", rescuer.Run)
+	samples := newSampler(db, sampleInterval, logger)
+	start("sampler", samples.Run)
 	if cfg.Demo {
 		start("demo", newDemo(db, logger).Run)
 	}
+
+	pnl, err := newPanel(logger)
+	if err != nil {
+		return err
+	}
+	handler := routes(&admin{
+		db:            db,
+		token:         token,
+		alerts:        cfg.Alerts,
+		counters:      &processCounters{relay: relay, workers: workers, rescuer: rescuer, deliveries: newDeliveryMetrics()},
+		samples:       samples,
+		panel:         pnl,
+		metricsPublic: cfg.MetricsPublic,
+		logger:        logger,
+	})
 
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Addr, err)
 	}
 	srv := &http.Server{
-		Handler:           routes(db, token, logger),
+		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}

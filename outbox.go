@@ -132,3 +132,76 @@ func getEvent(ctx context.Context, db *sql.DB, id int64) (Event, error) {
 	e.Payload = payload
 	return e, nil
 }
+
+// EventFilter selects events for the stream: newest first, paged by id.
+type EventFilter struct {
+	Topic   string // exact topic, or a pattern ending in ".*"
+	Subject string // exact
+	State   string // "", "unfanned", "fanned" or "poisoned"
+	Before  int64  // only ids below this; 0: from the newest
+	Limit   int
+}
+
+// maxEventPage bounds one page of the stream.
+const maxEventPage = 500
+
+func (f *EventFilter) validate() error {
+	switch f.State {
+	case "", "unfanned", "fanned", "poisoned":
+	default:
+		return fmt.Errorf("%w: state %q must be unfanned, fanned or poisoned", errInvalid, f.State)
+	}
+	if f.Topic != "" {
+		if err := topicPatternValid(f.Topic); err != nil {
+			return err
+		}
+	}
+	if f.Limit <= 0 {
+		f.Limit = 50
+	}
+	f.Limit = min(f.Limit, maxEventPage)
+	return nil
+}
+
+// listEventsSQL pages the stream by id. Each filter is off when its
+// parameter is empty; the primary key serves the order and the page bound.
+const listEventsSQL = `
+SELECT id, topic, subject, payload, created_at,
+       fanned_out_at, relay_attempts, relay_error, poisoned_at
+FROM outbox.events
+WHERE ($1::bigint = 0 OR id < $1::bigint)
+  AND ($2 = '' OR topic = $2 OR (right($2, 2) = '.*' AND starts_with(topic, left($2, -1))))
+  AND ($3 = '' OR subject = $3)
+  AND ($4 = ''
+       OR ($4 = 'unfanned' AND fanned_out_at IS NULL AND poisoned_at IS NULL)
+       OR ($4 = 'fanned' AND fanned_out_at IS NOT NULL)
+       OR ($4 = 'poisoned' AND poisoned_at IS NOT NULL))
+ORDER BY id DESC
+LIMIT $5`
+
+// listEvents reads one page of the stream, newest first.
+func listEvents(ctx context.Context, db *sql.DB, f EventFilter) ([]Event, error) {
+	if err := f.validate(); err != nil {
+		return nil, err
+	}
+	rows, err := db.QueryContext(ctx, listEventsSQL, f.Before, f.Topic, f.Subject, f.State, f.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("list events: %w", err)
+	}
+	defer rows.Close()
+	events := []Event{}
+	for rows.Next() {
+		var e Event
+		var payload []byte
+		if err := rows.Scan(&e.ID, &e.Topic, &e.Subject, &payload, &e.CreatedAt,
+			&e.FannedOutAt, &e.RelayAttempts, &e.RelayError, &e.PoisonedAt); err != nil {
+			return nil, fmt.Errorf("list events: %w", err)
+		}
+		e.Payload = payload
+		events = append(events, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list events: %w", err)
+	}
+	return events, nil
+}

@@ -1,0 +1,296 @@
+// metrics.go: GET /metrics, the overview and the loops' counters in the
+// Prometheus text exposition format (version 0.0.4), written by hand.
+
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// histogram is a Prometheus histogram with fixed buckets, safe for
+// concurrent Observe.
+type histogram struct {
+	bounds  []float64 // upper bounds, ascending; +Inf is implicit
+	counts  []atomic.Uint64
+	count   atomic.Uint64
+	sumBits atomic.Uint64 // float64 bits of the sum
+}
+
+// latencyBuckets (seconds) span a loopback delivery (1 ms) to a retry after
+// the attempt timeout: the two ends an operator needs to tell apart.
+var latencyBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600}
+
+func newHistogram(bounds []float64) *histogram {
+	return &histogram{bounds: bounds, counts: make([]atomic.Uint64, len(bounds))}
+}
+
+// Observe records one value.
+func (h *histogram) Observe(v float64) {
+	if i := sort.SearchFloat64s(h.bounds, v); i < len(h.bounds) {
+		h.counts[i].Add(1)
+	}
+	h.count.Add(1)
+	for {
+		old := h.sumBits.Load()
+		if h.sumBits.CompareAndSwap(old, math.Float64bits(math.Float64frombits(old)+v)) {
+			return
+		}
+	}
+}
+
+// histogramVec is a histogram per label value (an endpoint id).
+type histogramVec struct {
+	bounds  []float64
+	mu      sync.Mutex // protects byLabel
+	byLabel map[string]*histogram
+}
+
+func newHistogramVec(bounds []float64) *histogramVec {
+	return &histogramVec{bounds: bounds, byLabel: map[string]*histogram{}}
+}
+
+// With is the histogram for one label value, created on first use.
+func (v *histogramVec) With(label string) *histogram {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	h, ok := v.byLabel[label]
+	if !ok {
+		h = newHistogram(v.bounds)
+		v.byLabel[label] = h
+	}
+	return h
+}
+
+func (v *histogramVec) labels() []string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	labels := make([]string, 0, len(v.byLabel))
+	for l := range v.byLabel {
+		labels = append(labels, l)
+	}
+	sort.Strings(labels)
+	return labels
+}
+
+// counterVec is a counter per label value (an outcome, a table).
+type counterVec struct {
+	mu      sync.Mutex // protects byLabel
+	byLabel map[string]*atomic.Int64
+}
+
+func newCounterVec() *counterVec { return &counterVec{byLabel: map[string]*atomic.Int64{}} }
+
+// Add adds n to the counter of label.
+func (v *counterVec) Add(label string, n int64) {
+	v.mu.Lock()
+	c, ok := v.byLabel[label]
+	if !ok {
+		c = new(atomic.Int64)
+		v.byLabel[label] = c
+	}
+	v.mu.Unlock()
+	c.Add(n)
+}
+
+// Snapshot is every label's value.
+func (v *counterVec) Snapshot() map[string]int64 {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	m := make(map[string]int64, len(v.byLabel))
+	for l, c := range v.byLabel {
+		m[l] = c.Load()
+	}
+	return m
+}
+
+// promWriter writes the exposition format; the first write error sticks.
+type promWriter struct {
+	w   *bufio.Writer
+	err error
+}
+
+func (p *promWriter) printf(format string, args ...any) {
+	if p.err == nil {
+		_, p.err = fmt.Fprintf(p.w, format, args...)
+	}
+}
+
+// family writes a metric family's HELP and TYPE lines.
+func (p *promWriter) family(name, typ, help string) {
+	p.printf("# HELP %s %s\n# TYPE %s %s\n", name, help, name, typ)
+}
+
+func (p *promWriter) sample(name, labels string, v float64) {
+	if labels != "" {
+		labels = "{" + labels + "}"
+	}
+	p.printf("%s%s %s\n", name, labels, formatFloat(v))
+}
+
+// histogram writes one histogram's _bucket, _sum and _count lines.
+func (p *promWriter) histogram(name, labels string, h *histogram) {
+	sep := ""
+	if labels != "" {
+		sep = ","
+	}
+	var cumulative uint64
+	for i, b := range h.bounds {
+		cumulative += h.counts[i].Load()
+		p.sample(name+"_bucket", labels+sep+`le="`+formatFloat(b)+`"`, float64(cumulative))
+	}
+	p.sample(name+"_bucket", labels+sep+`le="+Inf"`, float64(h.count.Load()))
+	p.sample(name+"_sum", labels, math.Float64frombits(h.sumBits.Load()))
+	p.sample(name+"_count", labels, float64(h.count.Load()))
+}
+
+func formatFloat(v float64) string {
+	switch {
+	case math.IsInf(v, 1):
+		return "+Inf"
+	case math.IsInf(v, -1):
+		return "-Inf"
+	}
+	return strconv.FormatFloat(v, 'g', -1, 64)
+}
+
+// labelValue escapes a label value as the format requires.
+func labelValue(s string) string {
+	return strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(s)
+}
+
+// writeMetrics writes the overview's gauges and the process's counters.
+func writeMetrics(w io.Writer, o Overview, c *processCounters) error {
+	p := &promWriter{w: bufio.NewWriter(w)}
+	p.family("outboxd_events_backlog", "gauge", "Un-fanned, un-poisoned events waiting for the relay.")
+	p.sample("outboxd_events_backlog", "", float64(o.Backlog))
+	p.family("outboxd_events_poisoned", "gauge", "Events set aside after repeated relay failures.")
+	p.sample("outboxd_events_poisoned", "", float64(o.Poisoned))
+	p.family("outboxd_events_oldest_unfanned_age_seconds", "gauge", "Age of the oldest event waiting for the relay.")
+	p.sample("outboxd_events_oldest_unfanned_age_seconds", "", o.OldestUnfannedAgeSeconds)
+	p.family("outboxd_jobs", "gauge", "Jobs by state.")
+	for _, s := range []struct {
+		state string
+		n     int64
+	}{
+		{"available", o.Jobs.Available}, {"running", o.Jobs.Running}, {"retryable", o.Jobs.Retryable},
+		{"completed", o.Jobs.Completed}, {"discarded", o.Jobs.Discarded},
+	} {
+		p.sample("outboxd_jobs", `state="`+s.state+`"`, float64(s.n))
+	}
+	p.family("outboxd_table_bytes", "gauge", "Total size of outboxd's tables, indexes and TOAST included.")
+	for _, t := range o.Tables {
+		p.sample("outboxd_table_bytes", `table="`+labelValue(t.Name)+`"`, float64(t.TotalBytes))
+	}
+	p.family("outboxd_table_dead_rows", "gauge", "Dead rows waiting for vacuum, by table.")
+	for _, t := range o.Tables {
+		p.sample("outboxd_table_dead_rows", `table="`+labelValue(t.Name)+`"`, float64(t.DeadRows))
+	}
+	p.family("outboxd_oldest_transaction_age_seconds", "gauge", "Age of the oldest open transaction holding back vacuum in this database.")
+	p.sample("outboxd_oldest_transaction_age_seconds", "", o.OldestXactAgeSeconds)
+	p.family("outboxd_alerts_firing", "gauge", "Alerts firing, by name.")
+	for _, name := range alertNames {
+		firing := 0.0
+		for _, a := range o.Alerts {
+			if a.Name == name {
+				firing = 1
+			}
+		}
+		p.sample("outboxd_alerts_firing", `alert="`+name+`"`, firing)
+	}
+
+	if c != nil {
+		c.write(p)
+	}
+	if p.err == nil {
+		p.err = p.w.Flush()
+	}
+	return p.err
+}
+
+// alertNames lists every alert, so /metrics shows the cleared ones as 0.
+var alertNames = []string{"events_backlog", "events_poisoned", "jobs_discarded", "endpoint_disabled"}
+
+// deliveryMetrics are observed by the webhook sender.
+type deliveryMetrics struct {
+	outcomes    *counterVec   // attempts by outcome
+	latency     *histogram    // one HTTP attempt, seconds
+	commitTo2xx *histogramVec // event commit to its first 2xx, by endpoint id
+}
+
+func newDeliveryMetrics() *deliveryMetrics {
+	return &deliveryMetrics{
+		outcomes:    newCounterVec(),
+		latency:     newHistogram(latencyBuckets),
+		commitTo2xx: newHistogramVec(latencyBuckets),
+	}
+}
+
+// processCounters are what this process's loops did since it started; each
+// replica reports its own, and Prometheus sums them.
+type processCounters struct {
+	relay      *relay
+	workers    *workerPool
+	rescuer    *rescuer
+	deliveries *deliveryMetrics
+	pruned     func() map[string]int64 // rows pruned by table; nil until retention runs
+}
+
+func (c *processCounters) write(p *promWriter) {
+	if c.relay != nil {
+		p.family("outboxd_relay_passes_total", "counter", "Relay passes run.")
+		p.sample("outboxd_relay_passes_total", "", float64(c.relay.passes.Load()))
+		p.family("outboxd_relay_events_total", "counter", "Events fanned out by the relay.")
+		p.sample("outboxd_relay_events_total", "", float64(c.relay.eventsFanned.Load()))
+		p.family("outboxd_relay_jobs_enqueued_total", "counter", "Jobs enqueued by the relay.")
+		p.sample("outboxd_relay_jobs_enqueued_total", "", float64(c.relay.jobsEnqueued.Load()))
+		p.family("outboxd_relay_row_failures_total", "counter", "Failed relay attempts counted against single events.")
+		p.sample("outboxd_relay_row_failures_total", "", float64(c.relay.rowFailures.Load()))
+	}
+	if c.workers != nil {
+		p.family("outboxd_job_attempts_total", "counter", "Job attempts by outcome.")
+		p.sample("outboxd_job_attempts_total", `outcome="completed"`, float64(c.workers.completed.Load()))
+		p.sample("outboxd_job_attempts_total", `outcome="retryable"`, float64(c.workers.retried.Load()))
+		p.sample("outboxd_job_attempts_total", `outcome="discarded"`, float64(c.workers.discarded.Load()))
+	}
+	if c.rescuer != nil {
+		p.family("outboxd_jobs_rescued_total", "counter", "Jobs found running past the rescue horizon.")
+		p.sample("outboxd_jobs_rescued_total", "", float64(c.rescuer.rescued.Load()))
+	}
+	if d := c.deliveries; d != nil {
+		p.family("outboxd_deliveries_total", "counter", "Webhook delivery attempts by outcome.")
+		outcomes := d.outcomes.Snapshot()
+		for _, o := range sortedKeys(outcomes) {
+			p.sample("outboxd_deliveries_total", `outcome="`+labelValue(o)+`"`, float64(outcomes[o]))
+		}
+		p.family("outboxd_delivery_duration_seconds", "histogram", "Duration of one webhook delivery attempt.")
+		p.histogram("outboxd_delivery_duration_seconds", "", d.latency)
+		p.family("outboxd_commit_to_first_2xx_seconds", "histogram", "Time from an event's commit to its first 2xx answer, by endpoint.")
+		for _, ep := range d.commitTo2xx.labels() {
+			p.histogram("outboxd_commit_to_first_2xx_seconds", `endpoint="`+labelValue(ep)+`"`, d.commitTo2xx.With(ep))
+		}
+	}
+	if c.pruned != nil {
+		p.family("outboxd_rows_pruned_total", "counter", "Rows deleted by the retention sweeps, by table.")
+		pruned := c.pruned()
+		for _, table := range sortedKeys(pruned) {
+			p.sample("outboxd_rows_pruned_total", `table="`+labelValue(table)+`"`, float64(pruned[table]))
+		}
+	}
+}
+
+func sortedKeys(m map[string]int64) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,237 @@
+// overview.go: what the operator must see, read from the database: backlog,
+// poison, job states, table sizes and health, and the alerts they raise.
+
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+)
+
+// AlertConfig holds the alert thresholds.
+type AlertConfig struct {
+	// BacklogRows and BacklogAge: the seed's numbers. A healthy relay keeps
+	// the backlog near zero and fans out within a second; 1,000 rows or a
+	// five-minute-old event means it is stuck or outpaced.
+	BacklogRows int
+	BacklogAge  time.Duration
+}
+
+// Overview is GET /api/overview and the top of the panel.
+type Overview struct {
+	Backlog                  int64            `json:"backlog"`
+	Poisoned                 int64            `json:"poisoned"`
+	OldestUnfannedAgeSeconds float64          `json:"oldest_unfanned_age_seconds"`
+	Jobs                     JobCounts        `json:"jobs"`
+	TableBytes               TableBytes       `json:"table_bytes"`
+	Tables                   []TableHealth    `json:"tables"`
+	OldestXactAgeSeconds     float64          `json:"oldest_xact_age_seconds"`
+	Alerts                   []Alert          `json:"alerts"`
+	Pruned                   map[string]int64 `json:"pruned"`
+}
+
+// JobCounts is the number of jobs in each state.
+type JobCounts struct {
+	Available int64 `json:"available"`
+	Running   int64 `json:"running"`
+	Retryable int64 `json:"retryable"`
+	Completed int64 `json:"completed"`
+	Discarded int64 `json:"discarded"`
+}
+
+// TableBytes is each table's total size on disk: heap, indexes and TOAST.
+type TableBytes struct {
+	Events int64 `json:"events"`
+	Jobs   int64 `json:"jobs"`
+	Inbox  int64 `json:"inbox"`
+}
+
+// TableHealth is how vacuum keeps up with one of outboxd's tables. Queue
+// tables on PostgreSQL degrade through dead tuples and a held-back xmin
+// horizon long before they run out of disk.
+type TableHealth struct {
+	Name           string     `json:"name"`
+	LiveRows       int64      `json:"live_rows"`
+	DeadRows       int64      `json:"dead_rows"`
+	DeadRatio      float64    `json:"dead_ratio"`
+	LastAutovacuum *time.Time `json:"last_autovacuum"`
+	IndexBytes     int64      `json:"index_bytes"`
+	TotalBytes     int64      `json:"total_bytes"`
+}
+
+// Alert is a condition that needs a person.
+type Alert struct {
+	Name    string    `json:"name"`
+	Message string    `json:"message"`
+	Since   time.Time `json:"since"`
+}
+
+// overviewEventsSQL reads the backlog through the claim's partial index and
+// the poisoned rows through theirs.
+const overviewEventsSQL = `
+SELECT (SELECT count(*) FROM outbox.events
+        WHERE fanned_out_at IS NULL AND poisoned_at IS NULL),
+       (SELECT min(created_at) FROM outbox.events
+        WHERE fanned_out_at IS NULL AND poisoned_at IS NULL),
+       (SELECT count(*) FROM outbox.events WHERE poisoned_at IS NOT NULL),
+       (SELECT min(poisoned_at) FROM outbox.events WHERE poisoned_at IS NOT NULL),
+       now()`
+
+const overviewJobsSQL = `
+SELECT state::text, count(*), min(finalized_at)
+FROM outbox.jobs
+GROUP BY state`
+
+// overviewTablesSQL reads size and vacuum statistics of outboxd's tables.
+const overviewTablesSQL = `
+SELECT c.relname,
+       coalesce(s.n_live_tup, 0),
+       coalesce(s.n_dead_tup, 0),
+       greatest(s.last_autovacuum, s.last_vacuum),
+       pg_indexes_size(c.oid),
+       pg_total_relation_size(c.oid)
+FROM pg_class AS c
+JOIN pg_namespace AS n ON n.oid = c.relnamespace
+LEFT JOIN pg_stat_user_tables AS s ON s.relid = c.oid
+WHERE n.nspname = 'outbox'
+  AND c.relkind = 'r'
+ORDER BY c.relname`
+
+// oldestXactSQL is the age of the oldest transaction in this database that
+// holds a snapshot: while it is open, vacuum cannot remove any row deleted
+// after it began, in every table.
+const oldestXactSQL = `
+SELECT coalesce(extract(epoch FROM max(now() - xact_start)), 0)::float8
+FROM pg_stat_activity
+WHERE datname = current_database()
+  AND backend_xmin IS NOT NULL
+  AND pid <> pg_backend_pid()`
+
+// readOverview gathers the overview in a read-only, repeatable-read
+// transaction, so all its numbers describe one moment.
+func readOverview(ctx context.Context, db *sql.DB, alerts AlertConfig) (Overview, error) {
+	var o Overview
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true, Isolation: sql.LevelRepeatableRead})
+	if err != nil {
+		return o, fmt.Errorf("overview: %w", err)
+	}
+	defer tx.Rollback()
+
+	var oldestUnfanned, firstPoisoned sql.NullTime
+	var now time.Time
+	if err := tx.QueryRowContext(ctx, overviewEventsSQL).Scan(
+		&o.Backlog, &oldestUnfanned, &o.Poisoned, &firstPoisoned, &now); err != nil {
+		return o, fmt.Errorf("overview: events: %w", err)
+	}
+	if oldestUnfanned.Valid {
+		o.OldestUnfannedAgeSeconds = max(now.Sub(oldestUnfanned.Time).Seconds(), 0)
+	}
+
+	var firstDiscarded sql.NullTime
+	rows, err := tx.QueryContext(ctx, overviewJobsSQL)
+	if err != nil {
+		return o, fmt.Errorf("overview: jobs: %w", err)
+	}
+	for rows.Next() {
+		var state string
+		var n int64
+		var firstFinal sql.NullTime
+		if err := rows.Scan(&state, &n, &firstFinal); err != nil {
+			rows.Close()
+			return o, fmt.Errorf("overview: jobs: %w", err)
+		}
+		switch jobState(state) {
+		case jobAvailable:
+			o.Jobs.Available = n
+		case jobRunning:
+			o.Jobs.Running = n
+		case jobRetryable:
+			o.Jobs.Retryable = n
+		case jobCompleted:
+			o.Jobs.Completed = n
+		case jobDiscarded:
+			o.Jobs.Discarded, firstDiscarded = n, firstFinal
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return o, fmt.Errorf("overview: jobs: %w", err)
+	}
+
+	rows, err = tx.QueryContext(ctx, overviewTablesSQL)
+	if err != nil {
+		return o, fmt.Errorf("overview: tables: %w", err)
+	}
+	for rows.Next() {
+		var h TableHealth
+		if err := rows.Scan(&h.Name, &h.LiveRows, &h.DeadRows, &h.LastAutovacuum, &h.IndexBytes, &h.TotalBytes); err != nil {
+			rows.Close()
+			return o, fmt.Errorf("overview: tables: %w", err)
+		}
+		if total := h.LiveRows + h.DeadRows; total > 0 {
+			h.DeadRatio = float64(h.DeadRows) / float64(total)
+		}
+		switch h.Name {
+		case "events":
+			o.TableBytes.Events = h.TotalBytes
+		case "jobs":
+			o.TableBytes.Jobs = h.TotalBytes
+		case "inbox":
+			o.TableBytes.Inbox = h.TotalBytes
+		}
+		o.Tables = append(o.Tables, h)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return o, fmt.Errorf("overview: tables: %w", err)
+	}
+	if err := tx.QueryRowContext(ctx, oldestXactSQL).Scan(&o.OldestXactAgeSeconds); err != nil {
+		return o, fmt.Errorf("overview: oldest transaction: %w", err)
+	}
+
+	o.Alerts = evaluateAlerts(alerts, o, alertStarts{
+		OldestUnfanned: oldestUnfanned,
+		FirstPoisoned:  firstPoisoned,
+		FirstDiscarded: firstDiscarded,
+	})
+	return o, nil
+}
+
+// alertStarts are the moments each condition began, for Alert.Since.
+type alertStarts struct {
+	OldestUnfanned sql.NullTime
+	FirstPoisoned  sql.NullTime
+	FirstDiscarded sql.NullTime
+}
+
+// evaluateAlerts decides which alerts fire. It is pure so a table test can
+// walk every threshold.
+func evaluateAlerts(cfg AlertConfig, o Overview, at alertStarts) []Alert {
+	alerts := []Alert{}
+	oldestAge := time.Duration(o.OldestUnfannedAgeSeconds * float64(time.Second))
+	if o.Backlog > int64(cfg.BacklogRows) || (o.Backlog > 0 && oldestAge > cfg.BacklogAge) {
+		alerts = append(alerts, Alert{
+			Name: "events_backlog",
+			Message: fmt.Sprintf("%d events wait for the relay (threshold %d), the oldest for %s (threshold %s)",
+				o.Backlog, cfg.BacklogRows, oldestAge.Round(time.Second), cfg.BacklogAge),
+			Since: at.OldestUnfanned.Time,
+		})
+	}
+	if o.Poisoned > 0 {
+		alerts = append(alerts, Alert{
+			Name:    "events_poisoned",
+			Message: fmt.Sprintf("%d events are poisoned: the relay failed on them repeatedly; fix the cause, then requeue them", o.Poisoned),
+			Since:   at.FirstPoisoned.Time,
+		})
+	}
+	if o.Jobs.Discarded > 0 {
+		alerts = append(alerts, Alert{
+			Name:    "jobs_discarded",
+			Message: fmt.Sprintf("%d jobs were discarded after failing; inspect their errors and retry them", o.Jobs.Discarded),
+			Since:   at.FirstDiscarded.Time,
+		})
+	}
+	return alerts
+}

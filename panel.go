@@ -1,0 +1,351 @@
+// panel.go: the operator's panel, server-rendered HTML that works without
+// JavaScript, signed in by the admin token.
+
+package main
+
+import (
+	"bytes"
+	"embed"
+	"encoding/json"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+)
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static
+var staticFS embed.FS
+
+// panel renders the pages. Templates are parsed once, at start; a page is
+// executed into a buffer and written only when it rendered completely.
+type panel struct {
+	pages  map[string]*template.Template
+	logger *slog.Logger
+}
+
+// pageNames are the templates that are pages; each is parsed with the
+// layout and the shared job table.
+var pageNames = []string{"login", "overview", "events", "event", "jobs"}
+
+func newPanel(logger *slog.Logger) (*panel, error) {
+	funcs := template.FuncMap{
+		"rfc3339": func(t any) string {
+			if tt := asTime(t); !tt.IsZero() {
+				return tt.UTC().Format(time.RFC3339)
+			}
+			return ""
+		},
+		"ago":       func(t any) string { return ago(asTime(t), time.Now()) },
+		"seconds":   func(s float64) string { return (time.Duration(s) * time.Second).String() },
+		"bytes":     formatBytes,
+		"percent":   func(f float64) string { return strconv.FormatFloat(100*f, 'f', 1, 64) + "%" },
+		"jobErrors": decodeJobErrors,
+	}
+	p := &panel{pages: map[string]*template.Template{}, logger: logger}
+	for _, name := range pageNames {
+		t, err := template.New(name).Funcs(funcs).ParseFS(templateFS,
+			"templates/layout.html", "templates/jobs.html", "templates/"+name+".html")
+		if err != nil {
+			return nil, fmt.Errorf("parse panel template %s: %w", name, err)
+		}
+		p.pages[name] = t
+	}
+	return p, nil
+}
+
+// page is what every template gets.
+type page struct {
+	Title    string
+	Nav      string
+	SignedIn bool
+	Flash    string
+	Data     any
+}
+
+func (p *panel) render(w http.ResponseWriter, status int, name string, pg page) {
+	var buf bytes.Buffer
+	if err := p.pages[name].ExecuteTemplate(&buf, "layout", pg); err != nil {
+		p.logger.Error("render panel page", "page", name, "err", err)
+		http.Error(w, "render page failed", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	buf.WriteTo(w)
+}
+
+// renderError shows an error on a page of its own, keeping the layout.
+func (p *panel) renderError(w http.ResponseWriter, err error) {
+	p.render(w, statusOf(err), "login", page{Title: "Error", SignedIn: true, Data: err.Error()})
+}
+
+// register adds the panel's routes to mux.
+func (p *panel) register(mux *http.ServeMux, a *admin) {
+	static, _ := fs.Sub(staticFS, "static")
+	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	mux.Handle("GET /login", p.handleLoginForm())
+	mux.Handle("POST /login", p.handleLogin(a.token))
+	mux.Handle("POST /logout", p.handleLogout())
+
+	signedIn := func(h http.Handler) http.Handler { return p.requireSession(a.token, h) }
+	mux.Handle("GET /{$}", signedIn(p.handleOverview(a)))
+	mux.Handle("GET /events", signedIn(p.handleEvents(a)))
+	mux.Handle("GET /events/{id}", signedIn(p.handleEvent(a)))
+	mux.Handle("POST /events/{id}/requeue", signedIn(p.handleRequeue(a)))
+	mux.Handle("GET /jobs", signedIn(p.handleJobs(a)))
+	mux.Handle("POST /jobs/{id}/retry", signedIn(p.handleRetry(a)))
+}
+
+// requireSession sends a browser without a session to the sign-in form.
+// The URL outboxd logs at start carries ?token=: it signs in and redirects
+// to the same page without the token, so it leaves the address bar.
+func (p *panel) requireSession(token string, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if t := r.URL.Query().Get("token"); t != "" && r.Method == http.MethodGet {
+			if !tokenEqual(t, token) {
+				p.render(w, http.StatusUnauthorized, "login", page{Title: "Sign in", Data: "That token is not right."})
+				return
+			}
+			setSession(w, r, token)
+			u := *r.URL
+			q := u.Query()
+			q.Del("token")
+			u.RawQuery = q.Encode()
+			http.Redirect(w, r, u.RequestURI(), http.StatusSeeOther)
+			return
+		}
+		if !sessionValid(token, r) {
+			if r.Method != http.MethodGet {
+				http.Error(w, "sign in first", http.StatusUnauthorized)
+				return
+			}
+			http.Redirect(w, r, "/login", http.StatusSeeOther)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (p *panel) handleLoginForm() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p.render(w, http.StatusOK, "login", page{Title: "Sign in"})
+	})
+}
+
+func (p *panel) handleLogin(token string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Body = http.MaxBytesReader(w, r.Body, 4096)
+		if !tokenEqual(r.PostFormValue("token"), token) {
+			p.render(w, http.StatusUnauthorized, "login", page{Title: "Sign in", Data: "That token is not right."})
+			return
+		}
+		setSession(w, r, token)
+		http.Redirect(w, r, "/", http.StatusSeeOther)
+	})
+}
+
+func (p *panel) handleLogout() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		clearSession(w)
+		http.Redirect(w, r, "/login", http.StatusSeeOther)
+	})
+}
+
+func (p *panel) handleOverview(a *admin) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		o, err := readOverview(r.Context(), a.db, a.alerts)
+		if err != nil {
+			p.renderError(w, err)
+			return
+		}
+		if a.counters != nil && a.counters.pruned != nil {
+			o.Pruned = a.counters.pruned()
+		}
+		var samples []sample
+		interval := sampleInterval
+		if a.samples != nil {
+			samples, interval = a.samples.snapshot(), a.samples.interval
+		}
+		p.render(w, http.StatusOK, "overview", page{Title: "Overview", Nav: "overview", SignedIn: true,
+			Flash: r.URL.Query().Get("done"),
+			Data: struct {
+				Overview Overview
+				Chart    template.HTML
+			}{o, chartSVG(samples, interval)}})
+	})
+}
+
+func (p *panel) handleEvents(a *admin) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f, err := eventFilterFrom(r)
+		if err != nil {
+			p.renderError(w, err)
+			return
+		}
+		events, err := listEvents(r.Context(), a.db, f)
+		if err != nil {
+			p.renderError(w, err)
+			return
+		}
+		var next string
+		if len(events) > 0 && len(events) == max(f.Limit, 50) {
+			q := r.URL.Query()
+			q.Set("before", strconv.FormatInt(events[len(events)-1].ID, 10))
+			next = "/events?" + q.Encode()
+		}
+		p.render(w, http.StatusOK, "events", page{Title: "Events", Nav: "events", SignedIn: true,
+			Flash: r.URL.Query().Get("done"),
+			Data: struct {
+				Filter EventFilter
+				States []string
+				Events []Event
+				Next   string
+			}{f, []string{"", "unfanned", "fanned", "poisoned"}, events, next}})
+	})
+}
+
+func (p *panel) handleEvent(a *admin) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, err := pathID(r)
+		if err != nil {
+			p.renderError(w, err)
+			return
+		}
+		ev, err := readEventWithJobs(r.Context(), a.db, id)
+		if err != nil {
+			p.renderError(w, err)
+			return
+		}
+		p.render(w, http.StatusOK, "event", page{Title: fmt.Sprintf("Event %d", id), Nav: "events", SignedIn: true,
+			Flash: r.URL.Query().Get("done"), Data: ev})
+	})
+}
+
+func (p *panel) handleRequeue(a *admin) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, err := pathID(r)
+		if err == nil {
+			err = requeueEvent(r.Context(), a.db, id)
+		}
+		if err != nil {
+			p.renderError(w, err)
+			return
+		}
+		http.Redirect(w, r, fmt.Sprintf("/events/%d?done=%s", id, url.QueryEscape("Requeued: the relay will pick it up now.")), http.StatusSeeOther)
+	})
+}
+
+func (p *panel) handleJobs(a *admin) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f, err := jobFilterFrom(r)
+		if err != nil {
+			p.renderError(w, err)
+			return
+		}
+		jobs, err := listJobs(r.Context(), a.db, f)
+		if err != nil {
+			p.renderError(w, err)
+			return
+		}
+		var next string
+		if len(jobs) > 0 && len(jobs) == max(f.Limit, 50) {
+			q := r.URL.Query()
+			q.Set("before", strconv.FormatInt(jobs[len(jobs)-1].ID, 10))
+			next = "/jobs?" + q.Encode()
+		}
+		p.render(w, http.StatusOK, "jobs", page{Title: "Jobs", Nav: "jobs", SignedIn: true,
+			Flash: r.URL.Query().Get("done"),
+			Data: struct {
+				Filter JobFilter
+				States []string
+				Jobs   []JobView
+				Next   string
+			}{f, []string{"", "available", "running", "retryable", "completed", "discarded"}, jobs, next}})
+	})
+}
+
+func (p *panel) handleRetry(a *admin) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, err := pathID(r)
+		if err == nil {
+			err = retryJob(r.Context(), a.db, id)
+		}
+		if err != nil {
+			p.renderError(w, err)
+			return
+		}
+		http.Redirect(w, r, "/jobs?done="+url.QueryEscape(fmt.Sprintf("Job %d will run now.", id)), http.StatusSeeOther)
+	})
+}
+
+// jobError is one entry of a job's errors column.
+type jobError struct {
+	Attempt int       `json:"attempt"`
+	At      time.Time `json:"at"`
+	Error   string    `json:"error"`
+}
+
+func decodeJobErrors(raw json.RawMessage) []jobError {
+	var errs []jobError
+	json.Unmarshal(raw, &errs) // written by outboxd's own SQL; a bad value shows as none
+	return errs
+}
+
+func asTime(v any) time.Time {
+	switch t := v.(type) {
+	case time.Time:
+		return t
+	case *time.Time:
+		if t != nil {
+			return *t
+		}
+	}
+	return time.Time{}
+}
+
+// ago is a relative time for people: "3m ago", "in 5m".
+func ago(t, now time.Time) string {
+	if t.IsZero() {
+		return "—"
+	}
+	if d := now.Sub(t); d >= 0 {
+		return roughDuration(d) + " ago"
+	} else {
+		return "in " + roughDuration(-d)
+	}
+}
+
+func roughDuration(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return "now"
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
+	default:
+		return fmt.Sprintf("%dd", int(d.Hours()/24))
+	}
+}
+
+func formatBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
