@@ -325,7 +325,7 @@ func ago(t, now time.Time) string {
 func roughDuration(d time.Duration) string {
 	switch {
 	case d < time.Second:
-		return "now"
+		return "<1s"
 	case d < time.Minute:
 		return fmt.Sprintf("%ds", int(d.Seconds()))
 	case d < time.Hour:

@@ -1,0 +1,423 @@
+// admin_test.go: the overview, alerts, metrics, API actions and access
+// control, against a real database through the real routes.
+
+package main
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+const testToken = "test-admin-token-0123456789"
+
+// newTestAdmin serves the real routes over db.
+func newTestAdmin(t *testing.T, db *sql.DB) *httptest.Server {
+	t.Helper()
+	pnl, err := newPanel(testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(routes(&admin{
+		db:       db,
+		token:    testToken,
+		alerts:   defaultConfig().Alerts,
+		counters: &processCounters{deliveries: newDeliveryMetrics()},
+		panel:    pnl,
+		logger:   testLogger(t),
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// apiCall sends a request with the admin token and decodes a JSON answer.
+func apiCall(t *testing.T, srv *httptest.Server, method, path, body string, out any) int {
+	t.Helper()
+	req, err := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+testToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if out != nil {
+		b, _ := io.ReadAll(resp.Body)
+		if err := json.Unmarshal(b, out); err != nil {
+			t.Fatalf("%s %s: decode %q: %v", method, path, b, err)
+		}
+	}
+	return resp.StatusCode
+}
+
+// seedOverviewState writes a known mix of events and jobs: 3 un-fanned (the
+// oldest 10 minutes old), 2 poisoned, 1 fanned with jobs in every state.
+func seedOverviewState(t *testing.T, db *sql.DB) {
+	t.Helper()
+	mustExec(t, db, `INSERT INTO outbox.events (topic, created_at) VALUES ('t', now() - interval '10 minutes'), ('t', now()), ('t', now())`)
+	mustExec(t, db, `INSERT INTO outbox.events (topic, relay_attempts, relay_error, poisoned_at) VALUES ('t', 5, 'boom', now()), ('t', 5, 'boom', now())`)
+	mustExec(t, db, `INSERT INTO outbox.events (topic, fanned_out_at) VALUES ('fanned', now())`)
+	mustExec(t, db, `
+		INSERT INTO outbox.jobs (kind, event_id, max_attempts, state, attempt, attempted_at, finalized_at)
+		SELECT 'sub:x', (SELECT id FROM outbox.events WHERE topic = 'fanned'), 18, s::outbox.job_state,
+		       CASE WHEN s = 'available' THEN 0 ELSE 1 END,
+		       CASE WHEN s = 'available' THEN NULL ELSE now() END,
+		       CASE WHEN s IN ('completed', 'discarded') THEN now() END
+		FROM unnest(ARRAY['available', 'running', 'running', 'retryable', 'completed', 'completed', 'completed', 'discarded']) AS s`)
+}
+
+func TestOverviewMatchesDatabaseAndAlertsFireAndClear(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	ctx := context.Background()
+	seedOverviewState(t, db)
+
+	o, err := readOverview(ctx, db, defaultConfig().Alerts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Backlog != 3 || o.Poisoned != 2 {
+		t.Errorf("backlog %d, poisoned %d; want 3 and 2", o.Backlog, o.Poisoned)
+	}
+	if o.OldestUnfannedAgeSeconds < 590 || o.OldestUnfannedAgeSeconds > 900 {
+		t.Errorf("oldest un-fanned age %.0f s, want about 600", o.OldestUnfannedAgeSeconds)
+	}
+	if diff := cmp.Diff(JobCounts{Available: 1, Running: 2, Retryable: 1, Completed: 3, Discarded: 1}, o.Jobs); diff != "" {
+		t.Errorf("jobs by state (-want +got):\n%s", diff)
+	}
+	if o.TableBytes.Events <= 0 || o.TableBytes.Jobs <= 0 {
+		t.Errorf("table sizes %+v, want positive sizes for events and jobs", o.TableBytes)
+	}
+	if diff := cmp.Diff([]string{"events_backlog", "events_poisoned", "jobs_discarded"}, alertNamesOf(o.Alerts)); diff != "" {
+		t.Errorf("firing alerts (-want +got):\n%s", diff)
+	}
+
+	// End each condition; each alert clears.
+	mustExec(t, db, `UPDATE outbox.events SET fanned_out_at = now() WHERE fanned_out_at IS NULL AND poisoned_at IS NULL`)
+	mustExec(t, db, `UPDATE outbox.events SET poisoned_at = NULL, fanned_out_at = now() WHERE poisoned_at IS NOT NULL`)
+	mustExec(t, db, `UPDATE outbox.jobs SET state = 'completed' WHERE state = 'discarded'`)
+	o, err = readOverview(ctx, db, defaultConfig().Alerts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(o.Alerts) != 0 {
+		t.Errorf("alerts after every condition ended: %v", alertNamesOf(o.Alerts))
+	}
+}
+
+func alertNamesOf(alerts []Alert) []string {
+	names := []string{}
+	for _, a := range alerts {
+		names = append(names, a.Name)
+	}
+	return names
+}
+
+func TestEvaluateAlertThresholds(t *testing.T) {
+	t.Parallel()
+	cfg := AlertConfig{BacklogRows: 1000, BacklogAge: 5 * time.Minute}
+	for _, tc := range []struct {
+		name string
+		o    Overview
+		want []string
+	}{
+		{"quiet", Overview{}, []string{}},
+		{"backlog at the threshold", Overview{Backlog: 1000, OldestUnfannedAgeSeconds: 1}, []string{}},
+		{"backlog above the threshold", Overview{Backlog: 1001, OldestUnfannedAgeSeconds: 1}, []string{"events_backlog"}},
+		{"one old event", Overview{Backlog: 1, OldestUnfannedAgeSeconds: 301}, []string{"events_backlog"}},
+		{"old but at the age threshold", Overview{Backlog: 1, OldestUnfannedAgeSeconds: 300}, []string{}},
+		{"any poisoned", Overview{Poisoned: 1}, []string{"events_poisoned"}},
+		{"any discarded", Overview{Jobs: JobCounts{Discarded: 1}}, []string{"jobs_discarded"}},
+	} {
+		got := alertNamesOf(evaluateAlerts(cfg, tc.o, alertStarts{}))
+		if diff := cmp.Diff(tc.want, got); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", tc.name, diff)
+		}
+	}
+}
+
+func TestAPIOverviewShape(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	seedOverviewState(t, db)
+	srv := newTestAdmin(t, db)
+	var got map[string]any
+	if code := apiCall(t, srv, "GET", "/api/overview", "", &got); code != 200 {
+		t.Fatalf("GET /api/overview = %d", code)
+	}
+	for _, key := range []string{"backlog", "poisoned", "oldest_unfanned_age_seconds", "jobs", "table_bytes", "alerts"} {
+		if _, ok := got[key]; !ok {
+			t.Errorf("overview has no %q", key)
+		}
+	}
+	jobs, _ := got["jobs"].(map[string]any)
+	for _, key := range []string{"available", "running", "retryable", "completed", "discarded"} {
+		if _, ok := jobs[key]; !ok {
+			t.Errorf("overview jobs has no %q", key)
+		}
+	}
+	alerts, _ := got["alerts"].([]any)
+	if len(alerts) != 3 {
+		t.Fatalf("alerts = %v, want 3", got["alerts"])
+	}
+	first, _ := alerts[0].(map[string]any)
+	for _, key := range []string{"name", "message", "since"} {
+		if _, ok := first[key]; !ok {
+			t.Errorf("alert has no %q", key)
+		}
+	}
+}
+
+func TestAPIRecordRequeueAndRetry(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	srv := newTestAdmin(t, db)
+
+	var created struct{ ID int64 }
+	if code := apiCall(t, srv, "POST", "/api/events", `{"topic":"order.paid","subject":"42","payload":{"n":1}}`, &created); code != 201 || created.ID == 0 {
+		t.Fatalf("POST /api/events = %d, %+v", code, created)
+	}
+	// Bad input is refused with a message and records nothing.
+	for _, body := range []string{`{"topic":"bad topic"}`, `{"topic":"t","extra":1}`, `{nope`, `{"topic":"t","payload":` + strings.Repeat(" ", 2<<20) + `1}`} {
+		var e struct{ Error string }
+		code := apiCall(t, srv, "POST", "/api/events", body, &e)
+		if code/100 != 4 || e.Error == "" {
+			t.Errorf("POST /api/events %.40q = %d %q, want 4xx with a message", body, code, e.Error)
+		}
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.events`); n != 1 {
+		t.Errorf("%d events after one good and four bad requests, want 1", n)
+	}
+
+	// Requeue: only the poisoned event changes, and only as it says.
+	mustExec(t, db, `UPDATE outbox.events SET relay_attempts = 5, relay_error = 'boom', poisoned_at = now() WHERE id = $1`, created.ID)
+	var ev Event
+	if code := apiCall(t, srv, "POST", "/api/events/"+strconv.FormatInt(created.ID, 10)+"/requeue", "", &ev); code != 200 {
+		t.Fatalf("requeue = %d", code)
+	}
+	if ev.PoisonedAt != nil || ev.RelayAttempts != 0 || ev.RelayError != nil || ev.FannedOutAt != nil {
+		t.Errorf("after requeue: %+v, want un-poisoned, un-fanned, attempts reset", ev)
+	}
+	if code := apiCall(t, srv, "POST", "/api/events/999999/requeue", "", nil); code != 404 {
+		t.Errorf("requeue of a missing event = %d, want 404", code)
+	}
+
+	// Retry: a discarded job becomes available now with one more attempt.
+	mustExec(t, db, `UPDATE outbox.events SET fanned_out_at = now() WHERE id = $1`, created.ID)
+	var jobID int64
+	db.QueryRow(`INSERT INTO outbox.jobs (kind, event_id, max_attempts, state, attempt, attempted_at, finalized_at, errors)
+		VALUES ('sub:x', $1, 18, 'discarded', 18, now(), now(), '[{"attempt":18,"error":"down"}]') RETURNING id`, created.ID).Scan(&jobID)
+	var job JobView
+	if code := apiCall(t, srv, "POST", "/api/jobs/"+strconv.FormatInt(jobID, 10)+"/retry", "", &job); code != 200 {
+		t.Fatalf("retry = %d", code)
+	}
+	if job.State != "available" || job.Attempt != 18 || job.MaxAttempts != 19 || job.FinalizedAt != nil || !strings.Contains(string(job.Errors), "down") {
+		t.Errorf("after retry: %+v, want available, attempt 18 of 19, errors kept", job)
+	}
+	var listed struct{ Jobs []JobView }
+	apiCall(t, srv, "GET", "/api/jobs?state=discarded", "", &listed)
+	if len(listed.Jobs) != 0 {
+		t.Errorf("discarded jobs after retry: %d, want 0", len(listed.Jobs))
+	}
+	var stream struct{ Events []Event }
+	apiCall(t, srv, "GET", "/api/events?topic=order.*&state=fanned", "", &stream)
+	if len(stream.Events) != 1 || stream.Events[0].ID != created.ID {
+		t.Errorf("stream filtered by order.* and fanned = %+v, want the one event", stream.Events)
+	}
+}
+
+func TestAccessControl(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	srv := newTestAdmin(t, db)
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
+	status := func(method, path, auth string, header map[string]string) int {
+		t.Helper()
+		req, _ := http.NewRequest(method, srv.URL+path, nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		for k, v := range header {
+			req.Header.Set(k, v)
+		}
+		resp, err := noRedirect.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, tc := range []struct {
+		name, method, path, auth string
+		header                   map[string]string
+		want                     int
+	}{
+		{"no token", "GET", "/api/overview", "", nil, 401},
+		{"wrong token", "GET", "/api/overview", "Bearer wrong-token-0123456789", nil, 401},
+		{"token of another scheme", "GET", "/api/overview", "Basic " + testToken, nil, 401},
+		{"right token", "GET", "/api/overview", "Bearer " + testToken, nil, 200},
+		{"metrics need the token", "GET", "/metrics", "", nil, 401},
+		{"health is open", "GET", "/healthz", "", nil, 200},
+		{"readiness is open", "GET", "/readyz", "", nil, 200},
+		{"panel sends strangers to sign in", "GET", "/", "", nil, 303},
+		{"cross-site POST is refused even with the token", "POST", "/api/events", "Bearer " + testToken,
+			map[string]string{"Sec-Fetch-Site": "cross-site"}, 403},
+		{"cross-origin POST is refused", "POST", "/api/events", "Bearer " + testToken,
+			map[string]string{"Origin": "https://evil.example"}, 403},
+	} {
+		if got := status(tc.method, tc.path, tc.auth, tc.header); got != tc.want {
+			t.Errorf("%s: %s %s = %d, want %d", tc.name, tc.method, tc.path, got, tc.want)
+		}
+	}
+
+	// Sign in through the form: the cookie is HttpOnly, SameSite and does
+	// not contain the token.
+	jar, _ := cookiejar.New(nil)
+	browser := &http.Client{Jar: jar}
+	resp, err := browser.PostForm(srv.URL+"/login", url.Values{"token": {testToken}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(body), "<h1>Overview</h1>") {
+		t.Fatalf("sign-in ended at %d without the overview", resp.StatusCode)
+	}
+	u, _ := url.Parse(srv.URL)
+	cookies := jar.Cookies(u)
+	if len(cookies) != 1 || strings.Contains(cookies[0].Value, testToken) {
+		t.Fatalf("cookies after sign-in: %v", cookies)
+	}
+	resp, _ = browser.PostForm(srv.URL+"/login", url.Values{"token": {"wrong"}})
+	resp.Body.Close()
+	if resp.StatusCode != 401 {
+		t.Errorf("sign-in with a wrong token = %d, want 401", resp.StatusCode)
+	}
+	if got := resp.Header.Get("Content-Security-Policy"); !strings.Contains(got, "default-src 'none'") || strings.Contains(got, "unsafe-inline") {
+		t.Errorf("CSP = %q", got)
+	}
+}
+
+// promLine is the exposition format's sample line grammar.
+var promLine = regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*"(?:,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*")*)?\})? (-?[0-9.e+-]+|\+Inf|-Inf|NaN)$`)
+
+// parseMetrics checks every line of a /metrics answer against the format
+// and returns the samples by "name{labels}".
+func parseMetrics(t *testing.T, r io.Reader) map[string]float64 {
+	t.Helper()
+	samples := map[string]float64{}
+	typed := map[string]bool{}
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		line := sc.Text()
+		if rest, ok := strings.CutPrefix(line, "# TYPE "); ok {
+			f := strings.Fields(rest)
+			if len(f) != 2 || !map[string]bool{"counter": true, "gauge": true, "histogram": true}[f[1]] {
+				t.Errorf("bad TYPE line %q", line)
+			}
+			typed[f[0]] = true
+			continue
+		}
+		if strings.HasPrefix(line, "# HELP ") {
+			continue
+		}
+		m := promLine.FindStringSubmatch(line)
+		if m == nil {
+			t.Errorf("line does not parse as a sample: %q", line)
+			continue
+		}
+		family := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(m[1], "_bucket"), "_sum"), "_count")
+		if !typed[m[1]] && !typed[family] {
+			t.Errorf("sample %q before its TYPE line", line)
+		}
+		v, err := strconv.ParseFloat(m[4], 64)
+		if err != nil && m[4] != "+Inf" {
+			t.Errorf("value of %q: %v", line, err)
+		}
+		samples[m[1]+m[2]] = v
+	}
+	return samples
+}
+
+func TestMetricsParseAndMatchOverview(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	seedOverviewState(t, db)
+	srv := newTestAdmin(t, db)
+	req, _ := http.NewRequest("GET", srv.URL+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+testToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/plain; version=0.0.4") {
+		t.Errorf("Content-Type %q", ct)
+	}
+	got := parseMetrics(t, resp.Body)
+
+	o, err := readOverview(context.Background(), db, defaultConfig().Alerts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]float64{
+		"outboxd_events_backlog":                         float64(o.Backlog),
+		"outboxd_events_poisoned":                        float64(o.Poisoned),
+		`outboxd_jobs{state="available"}`:                float64(o.Jobs.Available),
+		`outboxd_jobs{state="running"}`:                  float64(o.Jobs.Running),
+		`outboxd_jobs{state="retryable"}`:                float64(o.Jobs.Retryable),
+		`outboxd_jobs{state="completed"}`:                float64(o.Jobs.Completed),
+		`outboxd_jobs{state="discarded"}`:                float64(o.Jobs.Discarded),
+		`outboxd_alerts_firing{alert="events_backlog"}`:  1,
+		`outboxd_alerts_firing{alert="events_poisoned"}`: 1,
+		`outboxd_alerts_firing{alert="jobs_discarded"}`:  1,
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %v, want %v (as the overview says)", k, got[k], v)
+		}
+	}
+	if age := got["outboxd_events_oldest_unfanned_age_seconds"]; age < 590 {
+		t.Errorf("oldest age metric %v, want about 600", age)
+	}
+}
+
+func TestHistogramExposition(t *testing.T) {
+	t.Parallel()
+	h := newHistogram([]float64{0.1, 1})
+	for _, v := range []float64{0.05, 0.5, 0.5, 3} {
+		h.Observe(v)
+	}
+	var b strings.Builder
+	p := &promWriter{w: bufio.NewWriter(&b)}
+	p.family("x_seconds", "histogram", "test")
+	p.histogram("x_seconds", `endpoint="7"`, h)
+	p.w.Flush()
+	got := parseMetrics(t, strings.NewReader(b.String()))
+	want := map[string]float64{
+		`x_seconds_bucket{endpoint="7",le="0.1"}`:  1,
+		`x_seconds_bucket{endpoint="7",le="1"}`:    3,
+		`x_seconds_bucket{endpoint="7",le="+Inf"}`: 4,
+		`x_seconds_sum{endpoint="7"}`:              4.05,
+		`x_seconds_count{endpoint="7"}`:            4,
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("histogram samples (-want +got):\n%s", diff)
+	}
+}
