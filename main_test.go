@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -233,5 +234,46 @@ func TestRunStartsEmbeddedCluster(t *testing.T) {
 	}
 	if pid, alive := runningPostmaster(filepath.Join(dataDir, "pgdata")); alive {
 		t.Errorf("the embedded server (pid %d) is still running after run returned", pid)
+	}
+}
+
+// A generated admin token is logged once, in the start line with the
+// panel's URL, and never again: not for requests that use it, not for
+// requests that get it wrong.
+func TestGeneratedTokenIsLoggedOnce(t *testing.T) {
+	t.Parallel()
+	_, dsn := newTestDB(t)
+	addr := freeAddr(t)
+	var logs syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		run(ctx, []string{"-addr", addr}, envFrom(map[string]string{"DATABASE_URL": dsn}), io.Discard, &logs)
+	}()
+	defer func() { cancel(); <-exited }()
+	awaitHealthy(t, addr, exited)
+
+	m := regexp.MustCompile(`token=([0-9a-f]{48})`).FindStringSubmatch(logs.String())
+	if m == nil {
+		t.Fatalf("no generated token in the start log:\n%s", logs.String())
+	}
+	token := m[1]
+	for _, auth := range []string{"Bearer " + token, "Bearer " + token + "x", ""} {
+		req, _ := http.NewRequest("GET", "http://"+addr+"/api/overview", nil)
+		req.Header.Set("Authorization", auth)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if want := auth == "Bearer "+token; (resp.StatusCode == 200) != want {
+			t.Errorf("%q: status %d", auth, resp.StatusCode)
+		}
+	}
+	cancel()
+	<-exited
+	if n := strings.Count(logs.String(), token); n != 1 {
+		t.Errorf("the token appears %d times in the log, want once", n)
 	}
 }

@@ -1,0 +1,214 @@
+// browser_test.go: the panel end to end in headless Chromium, driven over
+// the WebDriver protocol (plain HTTP and JSON) by chromedriver.
+
+package main
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// webDriver is a minimal W3C WebDriver client: just the calls the panel
+// test needs.
+type webDriver struct {
+	t       *testing.T
+	base    string // http://127.0.0.1:port/session/<id>
+	session string
+}
+
+func (d *webDriver) call(method, path string, body any) json.RawMessage {
+	d.t.Helper()
+	var r io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		r = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, d.base+path, r)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		d.t.Fatalf("webdriver %s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Value json.RawMessage `json:"value"`
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if err := json.Unmarshal(b, &out); err != nil || resp.StatusCode != 200 {
+		d.t.Fatalf("webdriver %s %s: %d %s", method, path, resp.StatusCode, b)
+	}
+	return out.Value
+}
+
+func (d *webDriver) open(url string) { d.call("POST", "/url", map[string]string{"url": url}) }
+
+// find returns the element matching a CSS selector; it fails the test if
+// there is none.
+func (d *webDriver) find(css string) string {
+	d.t.Helper()
+	var el map[string]string
+	json.Unmarshal(d.call("POST", "/element", map[string]string{"using": "css selector", "value": css}), &el)
+	for _, id := range el {
+		return id
+	}
+	d.t.Fatalf("no element %q", css)
+	return ""
+}
+
+func (d *webDriver) count(css string) int {
+	var els []map[string]string
+	json.Unmarshal(d.call("POST", "/elements", map[string]string{"using": "css selector", "value": css}), &els)
+	return len(els)
+}
+
+func (d *webDriver) typeInto(css, text string) {
+	d.call("POST", "/element/"+d.find(css)+"/value", map[string]string{"text": text})
+}
+
+func (d *webDriver) click(css string) {
+	d.call("POST", "/element/"+d.find(css)+"/click", map[string]any{})
+}
+
+func (d *webDriver) text(css string) string {
+	var s string
+	json.Unmarshal(d.call("GET", "/element/"+d.find(css)+"/text", nil), &s)
+	return s
+}
+
+func (d *webDriver) screenshot(path string) {
+	var b64 string
+	json.Unmarshal(d.call("GET", "/screenshot", nil), &b64)
+	png, err := base64.StdEncoding.DecodeString(b64)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		d.t.Fatal(err)
+	}
+	if err := os.WriteFile(path, png, 0o644); err != nil {
+		d.t.Fatal(err)
+	}
+}
+
+// startBrowser starts chromedriver and a headless Chromium session. Where
+// neither is installed it skips, except in CI (CI=true), which installs
+// both (.ci/run) and must run this test.
+func startBrowser(t *testing.T) *webDriver {
+	t.Helper()
+	driver, err := exec.LookPath("chromedriver")
+	browser, err2 := exec.LookPath("chromium")
+	if err != nil || err2 != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("CI must run the browser test: chromedriver %v, chromium %v", err, err2)
+		}
+		t.Skip("chromium and chromedriver not installed (Debian: apt-get install chromium chromium-driver); CI runs this test")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	cmd := exec.Command(driver, fmt.Sprintf("--port=%d", port))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	root := fmt.Sprintf("http://127.0.0.1:%d", port)
+	waitFor(t, "chromedriver", 20*time.Second, func() bool {
+		resp, err := http.Get(root + "/status")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+
+	d := &webDriver{t: t, base: root}
+	caps := map[string]any{"capabilities": map[string]any{"alwaysMatch": map[string]any{
+		"browserName": "chrome",
+		"goog:chromeOptions": map[string]any{
+			"binary": browser,
+			"args": []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+				"--disable-background-networking", "--disable-component-update", "--disable-sync",
+				"--window-size=1280,1000", "--user-data-dir=" + t.TempDir()},
+		},
+	}}}
+	var created struct {
+		SessionID string `json:"sessionId"`
+	}
+	json.Unmarshal(d.call("POST", "/session", caps), &created)
+	if created.SessionID == "" {
+		t.Fatal("chromedriver created no session")
+	}
+	d.base = root + "/session/" + created.SessionID
+	t.Cleanup(func() {
+		req, _ := http.NewRequest("DELETE", d.base, nil)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	})
+	return d
+}
+
+// artifactDir is where test artifacts (screenshots) go; ignored by git.
+const artifactDir = "testdata/artifacts"
+
+func TestPanelInBrowser(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	seedOverviewState(t, db)
+	poisoned := queryInt(t, db, `SELECT min(id) FROM outbox.events WHERE poisoned_at IS NOT NULL`)
+	srv := newTestAdmin(t, db)
+	b := startBrowser(t)
+
+	b.open(srv.URL + "/")
+	if b.count("input[name=token]") != 1 {
+		t.Fatal("a stranger is not shown the sign-in form")
+	}
+	b.typeInto("input[name=token]", testToken)
+	b.click("form.login button")
+
+	if got := b.text("h1"); got != "Overview" {
+		t.Fatalf("after sign-in the page says %q, want Overview", got)
+	}
+	if msg := b.text("#alert-events_poisoned"); !strings.Contains(msg, "2 events are poisoned") {
+		t.Errorf("poisoned alert reads %q", msg)
+	}
+	if b.count("#alert-events_backlog") != 1 || b.count("#alert-jobs_discarded") != 1 {
+		t.Error("backlog and discarded alerts are not shown")
+	}
+	b.screenshot(filepath.Join(artifactDir, "overview.png"))
+
+	b.open(srv.URL + "/events?state=poisoned")
+	b.click(fmt.Sprintf(`form[action="/events/%d/requeue"] button`, poisoned))
+	if got := b.text(".flash"); !strings.Contains(got, "Requeued") {
+		t.Errorf("after requeue the page says %q", got)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.events WHERE id = $1 AND poisoned_at IS NULL AND relay_attempts = 0`, poisoned); n != 1 {
+		t.Error("clicking Requeue did not requeue the event")
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.events WHERE poisoned_at IS NOT NULL`); n != 1 {
+		t.Errorf("%d events poisoned after requeueing one of two, want 1", n)
+	}
+
+	b.open(srv.URL + "/jobs?state=discarded")
+	b.click(`td form button`)
+	if got := b.text(".flash"); !strings.Contains(got, "will run now") {
+		t.Errorf("after retry the page says %q", got)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'discarded'`); n != 0 {
+		t.Error("clicking Retry now left the job discarded")
+	}
+}
