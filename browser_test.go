@@ -153,6 +153,9 @@ func startBrowser(t *testing.T) *webDriver {
 		t.Fatal("chromedriver created no session")
 	}
 	d.base = root + "/session/" + created.SessionID
+	// A click that submits a form returns before the next page has loaded:
+	// let element look-ups wait for their element (the condition) instead.
+	d.call("POST", "/timeouts", map[string]int{"implicit": 10_000})
 	t.Cleanup(func() {
 		req, _ := http.NewRequest("DELETE", d.base, nil)
 		if resp, err := http.DefaultClient.Do(req); err == nil {
@@ -179,6 +182,7 @@ func TestPanelInBrowser(t *testing.T) {
 	}
 	b.typeInto("input[name=token]", testToken)
 	b.click("form.login button")
+	b.find("#backlog") // waits for the overview to load
 
 	if got := b.text("h1"); got != "Overview" {
 		t.Fatalf("after sign-in the page says %q, want Overview", got)
