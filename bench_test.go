@@ -1,0 +1,123 @@
+// bench_test.go: the hot paths against a real PostgreSQL, each reporting
+// its natural unit. Run: go test -run '^$' -bench . -benchmem
+//
+// Figures depend on the machine and its load; compare them as ratios taken
+// in one run (BenchmarkBaselineSkipLockedClaim is the yardstick: the bare
+// claim-and-mark that any SKIP LOCKED queue on this database pays).
+
+package main
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// BenchmarkRecord commits one single-event transaction per op, as an
+// application does.
+func BenchmarkRecord(b *testing.B) {
+	db, _ := newTestDB(b)
+	ctx := context.Background()
+	b.ResetTimer()
+	for b.Loop() {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := recordEvent(ctx, tx, "bench.record", "s", []byte(`{"n":1}`)); err != nil {
+			b.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+}
+
+// BenchmarkRelayPass times one relay pass of a full batch of 200 events,
+// fanned out to 1 and to 4 subscribers.
+func BenchmarkRelayPass(b *testing.B) {
+	for _, subscribers := range []int{1, 4} {
+		b.Run(fmt.Sprintf("subscribers=%d", subscribers), func(b *testing.B) {
+			db, _ := newTestDB(b)
+			ctx := context.Background()
+			var subs []Subscriber
+			for i := range subscribers {
+				subs = append(subs, noopSubscriber(fmt.Sprintf("s%d", i)))
+			}
+			r := newTestRelay(b, db, defaultConfig().Relay, subs...)
+			var events int
+			for b.Loop() {
+				b.StopTimer()
+				recordN(b, db, "bench.relay", 200)
+				b.StartTimer()
+				res, err := r.relayOnce(ctx)
+				if err != nil || res.Fanned != 200 {
+					b.Fatalf("pass: %+v, %v", res, err)
+				}
+				events += res.Fanned
+			}
+			b.ReportMetric(float64(events)/b.Elapsed().Seconds(), "events/s")
+		})
+	}
+}
+
+// BenchmarkClaimAndComplete times the job table alone: claim a batch of
+// 100 due jobs and record their completion, one statement each.
+func BenchmarkClaimAndComplete(b *testing.B) {
+	db, _ := newTestDB(b)
+	wp := newWorkerPool(db, defaultConfig().Workers, time.Minute, newSubscriberRegistry(), testLogger(b))
+	ctx := context.Background()
+	mustExec(b, db, `SELECT outbox.record('bench.jobs', '', '{}')`)
+	var jobs int
+	for b.Loop() {
+		b.StopTimer()
+		mustExec(b, db, `INSERT INTO outbox.jobs (kind, event_id, max_attempts)
+			SELECT 'sub:noop', (SELECT max(id) FROM outbox.events), 18 FROM generate_series(1, 100)`)
+		b.StartTimer()
+		claimed, err := wp.claim(ctx, 100)
+		if err != nil || len(claimed) != 100 {
+			b.Fatalf("claimed %d: %v", len(claimed), err)
+		}
+		results := make([]jobResult, len(claimed))
+		for i, j := range claimed {
+			results[i] = jobResult{ID: j.ID, Attempt: j.Attempt, jobOutcome: jobOutcome{State: jobCompleted}}
+		}
+		if err := wp.recordOutcomes(results); err != nil {
+			b.Fatal(err)
+		}
+		jobs += len(claimed)
+	}
+	b.ReportMetric(float64(jobs)/b.Elapsed().Seconds(), "jobs/s")
+}
+
+// baselineClaimSQL is the yardstick: the least any SKIP LOCKED outbox must
+// do per batch, claim 200 rows and mark them, in one statement.
+const baselineClaimSQL = `
+WITH claimed AS (
+  SELECT id FROM outbox.events
+  WHERE fanned_out_at IS NULL AND poisoned_at IS NULL
+  ORDER BY id
+  LIMIT 200
+  FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox.events AS e SET fanned_out_at = now()
+FROM claimed WHERE e.id = claimed.id`
+
+func BenchmarkBaselineSkipLockedClaim(b *testing.B) {
+	db, _ := newTestDB(b)
+	var rows int64
+	for b.Loop() {
+		b.StopTimer()
+		recordN(b, db, "bench.baseline", 200)
+		b.StartTimer()
+		res, err := db.Exec(baselineClaimSQL)
+		if err != nil {
+			b.Fatal(err)
+		}
+		n, _ := res.RowsAffected()
+		rows += n
+	}
+	b.ReportMetric(float64(rows)/b.Elapsed().Seconds(), "events/s")
+}
