@@ -12,6 +12,7 @@
 //	outboxd [flags]          run the service (no DATABASE_URL: a private
 //	                         PostgreSQL cluster under -data-dir)
 //	outboxd migrate [flags]  apply schema.sql and exit
+//	outboxd load [flags]     run a load test against a child outboxd
 //
 // Every flag has an environment fallback, named in -help.
 package main
@@ -69,6 +70,9 @@ type Config struct {
 	// addresses: for development and tests only.
 	AllowPrivateEndpoints bool
 	Demo                  bool
+	// NoopSubscriber registers a subscriber that does nothing, for
+	// `outboxd load -mode jobs`, which measures the job table alone.
+	NoopSubscriber bool
 
 	// DisableListen turns LISTEN/NOTIFY off and leaves the sweeps to do all
 	// the waking, for connection poolers in transaction mode (PgBouncer),
@@ -165,7 +169,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		cfg.Command, args = args[0], args[1:]
 		if cfg.Command != "migrate" {
-			return cfg, fmt.Errorf("unknown command %q (want migrate, or flags only)", cfg.Command)
+			return cfg, fmt.Errorf("unknown command %q (want migrate, load, or flags only)", cfg.Command)
 		}
 	}
 
@@ -179,6 +183,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 	fs.TextVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log level: debug, info, warn or error")
 	fs.BoolVar(&cfg.AllowPrivateEndpoints, "allow-private-endpoints", cfg.AllowPrivateEndpoints, "deliver to loopback and private addresses (development and tests only)")
 	fs.BoolVar(&cfg.Demo, "demo", cfg.Demo, "create a watched sample table and write to it, to show events flowing")
+	fs.BoolVar(&cfg.NoopSubscriber, "noop-subscriber", cfg.NoopSubscriber, "register a subscriber \"noop\" that does nothing (load tests)")
 	fs.BoolVar(&cfg.DisableListen, "disable-listen", cfg.DisableListen, "do not LISTEN; rely on the sweeps alone (for PgBouncer in transaction mode)")
 	fs.IntVar(&cfg.Relay.BatchSize, "relay-batch", cfg.Relay.BatchSize, "most events claimed by one relay transaction")
 	fs.IntVar(&cfg.Relay.MaxFailures, "relay-max-failures", cfg.Relay.MaxFailures, "failed relay attempts after which an event is poisoned")
@@ -279,6 +284,9 @@ func (c Config) validate() error {
 // embedded cluster if needed), applies the schema, starts every loop and the
 // HTTP server, and on ctx's end stops them all and waits for each.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "load" {
+		return runLoad(ctx, args[1:], getenv, stdout, stderr)
+	}
 	cfg, err := parseConfig(args, getenv, stderr)
 	if err != nil {
 		return err
@@ -319,6 +327,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	subscribers := newSubscriberRegistry()
 	if cfg.Demo {
 		subscribers.Register(logSubscriber(logger))
+	}
+	if cfg.NoopSubscriber {
+		subscribers.Register(Subscriber{Name: "noop", Topics: []string{"load.noop"},
+			Handle: func(context.Context, *sql.Tx, Event) error { return nil }})
 	}
 
 	// Every loop runs under loopCtx and is waited for before run returns.

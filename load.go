@@ -1,0 +1,487 @@
+// load.go: `outboxd load`, a load generator that runs a real outboxd as a
+// child process, drives producer transactions into its database, receives
+// and verifies its webhooks on loopback, and reports rates, latency, the
+// backlog and outboxd's memory.
+
+package main
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// loadConfig is `outboxd load`'s flags.
+type loadConfig struct {
+	DatabaseURL string
+	DataDir     string
+	Mode        string // keepup, drain or jobs
+	Producers   int
+	Duration    time.Duration
+	Rate        float64 // events/s over all producers; 0: as fast as the database commits
+	Events      int     // drain and jobs modes
+	ServeFlags  string  // extra flags for the outboxd under test
+}
+
+func parseLoadConfig(args []string, getenv func(string) string, stderr io.Writer) (loadConfig, error) {
+	cfg := loadConfig{DatabaseURL: getenv("DATABASE_URL"), DataDir: "outboxd-data", Mode: "keepup",
+		Producers: 16, Duration: 60 * time.Second, Events: 100_000}
+	fs := flag.NewFlagSet("outboxd load", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.DatabaseURL, "database-url", cfg.DatabaseURL, "database of the outboxd under test; empty starts the private cluster")
+	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "folder of the private cluster")
+	fs.StringVar(&cfg.Mode, "mode", cfg.Mode, "keepup: producers for -duration; drain: record -events, then deliver; jobs: -events no-op jobs, no HTTP")
+	fs.IntVar(&cfg.Producers, "producers", cfg.Producers, "producer connections, each committing single-event transactions")
+	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long the producers run (keepup)")
+	fs.Float64Var(&cfg.Rate, "rate", cfg.Rate, "events per second over all producers; 0 is as fast as possible")
+	fs.IntVar(&cfg.Events, "events", cfg.Events, "events recorded before delivery starts (drain), or no-op jobs (jobs)")
+	fs.StringVar(&cfg.ServeFlags, "serve-flags", cfg.ServeFlags, "extra flags for the outboxd under test, space-separated")
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	switch {
+	case cfg.Mode != "keepup" && cfg.Mode != "drain" && cfg.Mode != "jobs":
+		return cfg, fmt.Errorf("-mode must be keepup, drain or jobs, got %q", cfg.Mode)
+	case cfg.Producers < 1 || cfg.Producers > 1000:
+		return cfg, fmt.Errorf("-producers must be between 1 and 1000, got %d", cfg.Producers)
+	case cfg.Events < 1:
+		return cfg, fmt.Errorf("-events must be positive, got %d", cfg.Events)
+	case cfg.Duration <= 0:
+		return cfg, fmt.Errorf("-duration must be positive, got %s", cfg.Duration)
+	}
+	return cfg, nil
+}
+
+// runLoad is `outboxd load`.
+func runLoad(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	cfg, err := parseLoadConfig(args, getenv, stderr)
+	if err != nil {
+		return err
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	dsn := cfg.DatabaseURL
+	if dsn == "" {
+		cluster, err := startCluster(ctx, cfg.DataDir, logger)
+		if err != nil {
+			return err
+		}
+		defer cluster.Stop()
+		dsn = cluster.DSN("outboxd")
+	}
+	db, err := openDB(ctx, dsn, cfg.Producers+4)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if err := migrate(ctx, db); err != nil {
+		return err
+	}
+
+	recv, err := startLoadReceiver()
+	if err != nil {
+		return err
+	}
+	defer recv.Close()
+
+	child := &loadChild{dsn: dsn, token: randomToken(), extra: strings.Fields(cfg.ServeFlags), stderr: stderr}
+	if cfg.Mode == "jobs" {
+		child.extra = append(child.extra, "-noop-subscriber")
+	}
+	if err := child.Start(ctx); err != nil {
+		return err
+	}
+	defer child.Stop()
+
+	switch cfg.Mode {
+	case "keepup":
+		if err := child.CreateEndpoint(ctx, recv); err != nil {
+			return err
+		}
+		return loadKeepUp(ctx, cfg, db, recv, child, stdout)
+	case "drain":
+		if err := child.CreateEndpoint(ctx, recv); err != nil {
+			return err
+		}
+		return loadDrain(ctx, cfg, db, recv, child, stdout)
+	default:
+		return loadJobs(ctx, cfg, db, child, stdout)
+	}
+}
+
+// loadKeepUp runs the producers for the duration, then waits for the
+// backlog to drain.
+func loadKeepUp(ctx context.Context, cfg loadConfig, db *sql.DB, recv *loadReceiver, child *loadChild, stdout io.Writer) error {
+	var committed atomic.Int64
+	runCtx, stop := context.WithTimeout(ctx, cfg.Duration)
+	defer stop()
+	var interval time.Duration
+	if cfg.Rate > 0 {
+		interval = time.Duration(float64(cfg.Producers) / cfg.Rate * float64(time.Second))
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	for p := range cfg.Producers {
+		wg.Go(func() {
+			var tick <-chan time.Time
+			if interval > 0 {
+				t := time.NewTicker(interval)
+				defer t.Stop()
+				tick = t.C
+			}
+			for i := 0; runCtx.Err() == nil; i++ {
+				if tick != nil {
+					select {
+					case <-runCtx.Done():
+						return
+					case <-tick:
+					}
+				}
+				_, err := db.ExecContext(runCtx, `SELECT outbox.record('load.event', $1, '{"load": true}')`, fmt.Sprintf("p%d-%d", p, i))
+				if err == nil {
+					committed.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	deliveredDuring := recv.Unique()
+	backlog, err := loadBacklog(ctx, db)
+	if err != nil {
+		return err
+	}
+	drainStart := time.Now()
+	if err := recv.AwaitUnique(ctx, committed.Load(), 10*time.Minute); err != nil {
+		return err
+	}
+	drain := time.Since(drainStart)
+	p := recv.Percentiles()
+	fmt.Fprintf(stdout, "mode keepup: producers %d, duration %s\n", cfg.Producers, elapsed.Round(time.Millisecond))
+	fmt.Fprintf(stdout, "committed %.0f events/s, delivered %.0f events/s during the run\n",
+		float64(committed.Load())/elapsed.Seconds(), float64(deliveredDuring)/elapsed.Seconds())
+	fmt.Fprintf(stdout, "commit->2xx latency p50 %s p95 %s p99 %s max %s\n", p[0], p[1], p[2], p[3])
+	fmt.Fprintf(stdout, "backlog at end %d (events + jobs), drained in %s; duplicates %d\n", backlog, drain.Round(time.Millisecond), recv.Duplicates())
+	fmt.Fprintf(stdout, "outboxd peak RSS %s\n", child.PeakRSS())
+	return nil
+}
+
+// loadDrain stops outboxd, records the events, starts it again and times
+// their delivery.
+func loadDrain(ctx context.Context, cfg loadConfig, db *sql.DB, recv *loadReceiver, child *loadChild, stdout io.Writer) error {
+	child.Stop()
+	if err := recordBulk(ctx, db, cfg.Events); err != nil {
+		return err
+	}
+	start := time.Now()
+	if err := child.Start(ctx); err != nil {
+		return err
+	}
+	if err := recv.AwaitUnique(ctx, int64(cfg.Events), 30*time.Minute); err != nil {
+		return err
+	}
+	elapsed := time.Since(start)
+	fmt.Fprintf(stdout, "mode drain: %d events delivered in %s: %.0f events/s; duplicates %d\n",
+		cfg.Events, elapsed.Round(time.Millisecond), float64(cfg.Events)/elapsed.Seconds(), recv.Duplicates())
+	fmt.Fprintf(stdout, "outboxd peak RSS %s\n", child.PeakRSS())
+	return nil
+}
+
+// loadJobs times the job table alone: no-op jobs, no HTTP.
+func loadJobs(ctx context.Context, cfg loadConfig, db *sql.DB, child *loadChild, stdout io.Writer) error {
+	child.Stop()
+	if err := recordBulk(ctx, db, 1); err != nil {
+		return err
+	}
+	var before int64
+	db.QueryRowContext(ctx, `SELECT count(*) FROM outbox.jobs WHERE kind = 'sub:noop' AND state = 'completed'`).Scan(&before)
+	for done := 0; done < cfg.Events; done += 10_000 {
+		n := min(10_000, cfg.Events-done)
+		if _, err := db.ExecContext(ctx, `
+			INSERT INTO outbox.jobs (kind, event_id, max_attempts)
+			SELECT 'sub:noop', (SELECT max(id) FROM outbox.events), 18 FROM generate_series(1, $1)`, n); err != nil {
+			return fmt.Errorf("load: enqueue jobs: %w", err)
+		}
+	}
+	start := time.Now()
+	if err := child.Start(ctx); err != nil {
+		return err
+	}
+	for {
+		var completed int64
+		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM outbox.jobs WHERE kind = 'sub:noop' AND state = 'completed'`).Scan(&completed); err != nil {
+			return fmt.Errorf("load: count jobs: %w", err)
+		}
+		if completed-before >= int64(cfg.Events) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	elapsed := time.Since(start)
+	fmt.Fprintf(stdout, "mode jobs: %d no-op jobs completed in %s: %.0f jobs/s\n", cfg.Events, elapsed.Round(time.Millisecond), float64(cfg.Events)/elapsed.Seconds())
+	fmt.Fprintf(stdout, "outboxd peak RSS %s\n", child.PeakRSS())
+	return nil
+}
+
+// recordBulk records n events in transactions of 10,000.
+func recordBulk(ctx context.Context, db *sql.DB, n int) error {
+	for done := 0; done < n; done += 10_000 {
+		if _, err := db.ExecContext(ctx, `SELECT outbox.record('load.event', 'bulk-' || i, '{"load": true}') FROM generate_series($1::int, $2::int) AS i`,
+			done, min(done+10_000, n)-1); err != nil {
+			return fmt.Errorf("load: record events: %w", err)
+		}
+	}
+	return nil
+}
+
+// loadBacklog is what is not delivered yet: un-fanned events and unfinished jobs.
+func loadBacklog(ctx context.Context, db *sql.DB) (int64, error) {
+	var n int64
+	err := db.QueryRowContext(ctx, `
+		SELECT (SELECT count(*) FROM outbox.events WHERE fanned_out_at IS NULL AND poisoned_at IS NULL)
+		     + (SELECT count(*) FROM outbox.jobs WHERE state IN ('available', 'running', 'retryable'))`).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("load: backlog: %w", err)
+	}
+	return n, nil
+}
+
+// loadReceiver is the webhook receiver on loopback: it verifies every
+// signature, dedupes on webhook-id and keeps each first delivery's latency.
+type loadReceiver struct {
+	srv    *http.Server
+	url    string
+	secret atomic.Pointer[webhookSecret]
+
+	mu        sync.Mutex // protects the fields below
+	seen      map[string]bool
+	latencies []time.Duration
+	dups      int64
+	bad       int64
+	changed   chan struct{} // closed and replaced on every new delivery
+}
+
+func startLoadReceiver() (*loadReceiver, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("load: receiver: %w", err)
+	}
+	r := &loadReceiver{url: "http://" + ln.Addr().String() + "/hook", seen: map[string]bool{}, changed: make(chan struct{})}
+	r.srv = &http.Server{Handler: http.HandlerFunc(r.serve), ReadHeaderTimeout: 5 * time.Second}
+	go r.srv.Serve(ln)
+	return r, nil
+}
+
+func (r *loadReceiver) serve(w http.ResponseWriter, req *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(req.Body, 2<<20))
+	secret := r.secret.Load()
+	if err != nil || secret == nil || verifyWebhook([][]byte{*secret}, req.Header, body, time.Now()) != nil {
+		r.mu.Lock()
+		r.bad++
+		r.mu.Unlock()
+		http.Error(w, "bad signature", http.StatusUnauthorized)
+		return
+	}
+	var msg struct {
+		Timestamp time.Time `json:"timestamp"`
+	}
+	json.Unmarshal(body, &msg)
+	id := req.Header.Get("webhook-id")
+	r.mu.Lock()
+	if r.seen[id] {
+		r.dups++
+	} else {
+		r.seen[id] = true
+		r.latencies = append(r.latencies, time.Since(msg.Timestamp))
+		close(r.changed)
+		r.changed = make(chan struct{})
+	}
+	r.mu.Unlock()
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (r *loadReceiver) Unique() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return int64(len(r.seen))
+}
+
+func (r *loadReceiver) Duplicates() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.dups
+}
+
+// AwaitUnique waits until n distinct events have arrived.
+func (r *loadReceiver) AwaitUnique(ctx context.Context, n int64, timeout time.Duration) error {
+	deadline := time.After(timeout)
+	for {
+		r.mu.Lock()
+		got, changed, bad := int64(len(r.seen)), r.changed, r.bad
+		r.mu.Unlock()
+		if got >= n {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-deadline:
+			return fmt.Errorf("load: %d of %d events delivered after %s (%d refused signatures)", got, n, timeout, bad)
+		case <-changed:
+		}
+	}
+}
+
+// Percentiles are p50, p95, p99 and max of commit-to-first-2xx latency.
+func (r *loadReceiver) Percentiles() [4]time.Duration {
+	r.mu.Lock()
+	l := slices.Clone(r.latencies)
+	r.mu.Unlock()
+	var p [4]time.Duration
+	if len(l) == 0 {
+		return p
+	}
+	slices.Sort(l)
+	at := func(q float64) time.Duration { return l[min(len(l)-1, int(math.Ceil(q*float64(len(l))))-1)] }
+	return [4]time.Duration{at(0.50), at(0.95), at(0.99), l[len(l)-1]}
+}
+
+func (r *loadReceiver) Close() { r.srv.Close() }
+
+// loadChild is the outboxd under test, this same binary in serve mode.
+type loadChild struct {
+	dsn, token string
+	extra      []string
+	stderr     io.Writer
+	addr       string
+	cmd        *exec.Cmd
+	peakRSS    int64 // kB, the largest VmHWM seen across restarts
+}
+
+func (c *loadChild) Start(ctx context.Context) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("load: find own binary: %w", err)
+	}
+	if c.addr == "" {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return fmt.Errorf("load: %w", err)
+		}
+		c.addr = ln.Addr().String()
+		ln.Close()
+	}
+	args := append([]string{"-database-url", c.dsn, "-addr", c.addr, "-admin-token", c.token,
+		"-allow-private-endpoints", "-log-level", "warn"}, c.extra...)
+	c.cmd = exec.Command(exe, args...)
+	c.cmd.Env = append(os.Environ(), "OUTBOXD_TEST_RUN_MAIN=1") // honoured by the test binary only
+	c.cmd.Stdout, c.cmd.Stderr = io.Discard, c.stderr
+	if err := c.cmd.Start(); err != nil {
+		return fmt.Errorf("load: start outboxd: %w", err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		resp, err := http.Get("http://" + c.addr + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return errors.New("load: outboxd not ready after 60s")
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Stop ends the child with SIGTERM, noting its peak memory first.
+func (c *loadChild) Stop() {
+	if c.cmd == nil || c.cmd.Process == nil {
+		return
+	}
+	c.peakRSS = max(c.peakRSS, readVmHWM(c.cmd.Process.Pid))
+	c.cmd.Process.Signal(syscall.SIGTERM)
+	c.cmd.Wait()
+	c.cmd = nil
+}
+
+// PeakRSS is outboxd's high-water resident memory, from /proc (Linux).
+func (c *loadChild) PeakRSS() string {
+	if c.cmd != nil && c.cmd.Process != nil {
+		c.peakRSS = max(c.peakRSS, readVmHWM(c.cmd.Process.Pid))
+	}
+	if c.peakRSS == 0 {
+		return "unknown (no /proc)"
+	}
+	return fmt.Sprintf("%.1f MiB", float64(c.peakRSS)/1024)
+}
+
+func readVmHWM(pid int) int64 {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb
+		}
+	}
+	return 0
+}
+
+// CreateEndpoint registers the receiver through the API and hands it the
+// endpoint's secret.
+func (c *loadChild) CreateEndpoint(ctx context.Context, r *loadReceiver) error {
+	body := fmt.Sprintf(`{"url": %q, "topics": ["load.*"], "description": "outboxd load"}`, r.url)
+	req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+c.addr+"/api/endpoints", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("load: create endpoint: %w", err)
+	}
+	defer resp.Body.Close()
+	var ep struct {
+		Secret string `json:"secret"`
+		Error  string `json:"error"`
+	}
+	json.NewDecoder(resp.Body).Decode(&ep)
+	if resp.StatusCode != http.StatusCreated {
+		return fmt.Errorf("load: create endpoint: %d %s", resp.StatusCode, ep.Error)
+	}
+	secret, err := parseWebhookSecret(ep.Secret)
+	if err != nil {
+		return fmt.Errorf("load: endpoint secret: %w", err)
+	}
+	r.secret.Store(&secret)
+	return nil
+}
