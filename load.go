@@ -102,9 +102,6 @@ func runLoad(ctx context.Context, args []string, getenv func(string) string, std
 	defer recv.Close()
 
 	child := &loadChild{dsn: dsn, token: randomToken(), extra: strings.Fields(cfg.ServeFlags), stderr: stderr}
-	if cfg.Mode == "jobs" {
-		child.extra = append(child.extra, "-noop-subscriber")
-	}
 	if err := child.Start(ctx); err != nil {
 		return err
 	}
@@ -211,12 +208,12 @@ func loadJobs(ctx context.Context, cfg loadConfig, db *sql.DB, child *loadChild,
 		return err
 	}
 	var before int64
-	db.QueryRowContext(ctx, `SELECT count(*) FROM outbox.jobs WHERE kind = 'sub:noop' AND state = 'completed'`).Scan(&before)
+	db.QueryRowContext(ctx, `SELECT count(*) FROM outbox.jobs WHERE kind = 'noop' AND state = 'completed'`).Scan(&before)
 	for done := 0; done < cfg.Events; done += 10_000 {
 		n := min(10_000, cfg.Events-done)
 		if _, err := db.ExecContext(ctx, `
 			INSERT INTO outbox.jobs (kind, event_id, max_attempts)
-			SELECT 'sub:noop', (SELECT max(id) FROM outbox.events), 18 FROM generate_series(1, $1)`, n); err != nil {
+			SELECT 'noop', (SELECT max(id) FROM outbox.events), 18 FROM generate_series(1, $1)`, n); err != nil {
 			return fmt.Errorf("load: enqueue jobs: %w", err)
 		}
 	}
@@ -226,7 +223,7 @@ func loadJobs(ctx context.Context, cfg loadConfig, db *sql.DB, child *loadChild,
 	}
 	for {
 		var completed int64
-		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM outbox.jobs WHERE kind = 'sub:noop' AND state = 'completed'`).Scan(&completed); err != nil {
+		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM outbox.jobs WHERE kind = 'noop' AND state = 'completed'`).Scan(&completed); err != nil {
 			return fmt.Errorf("load: count jobs: %w", err)
 		}
 		if completed-before >= int64(cfg.Events) {

@@ -70,9 +70,6 @@ type Config struct {
 	// addresses: for development and tests only.
 	AllowPrivateEndpoints bool
 	Demo                  bool
-	// NoopSubscriber registers a subscriber that does nothing, for
-	// `outboxd load -mode jobs`, which measures the job table alone.
-	NoopSubscriber bool
 
 	// DisableListen turns LISTEN/NOTIFY off and leaves the sweeps to do all
 	// the waking, for connection poolers in transaction mode (PgBouncer),
@@ -183,7 +180,6 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 	fs.TextVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log level: debug, info, warn or error")
 	fs.BoolVar(&cfg.AllowPrivateEndpoints, "allow-private-endpoints", cfg.AllowPrivateEndpoints, "deliver to loopback and private addresses (development and tests only)")
 	fs.BoolVar(&cfg.Demo, "demo", cfg.Demo, "create a watched sample table and write to it, to show events flowing")
-	fs.BoolVar(&cfg.NoopSubscriber, "noop-subscriber", cfg.NoopSubscriber, "register a subscriber \"noop\" that does nothing (load tests)")
 	fs.BoolVar(&cfg.DisableListen, "disable-listen", cfg.DisableListen, "do not LISTEN; rely on the sweeps alone (for PgBouncer in transaction mode)")
 	fs.IntVar(&cfg.Relay.BatchSize, "relay-batch", cfg.Relay.BatchSize, "most events claimed by one relay transaction")
 	fs.IntVar(&cfg.Relay.MaxFailures, "relay-max-failures", cfg.Relay.MaxFailures, "failed relay attempts after which an event is poisoned")
@@ -327,10 +323,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	subscribers := newSubscriberRegistry()
 	if cfg.Demo {
 		subscribers.Register(logSubscriber(logger))
-	}
-	if cfg.NoopSubscriber {
-		subscribers.Register(Subscriber{Name: "noop", Topics: []string{"load.noop"},
-			Handle: func(context.Context, *sql.Tx, Event) error { return nil }})
 	}
 
 	// Every loop runs under loopCtx and is waited for before run returns.
