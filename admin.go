@@ -18,11 +18,19 @@ import (
 )
 
 // routes is every route of outboxd in one place.
-func routes(db *sql.DB, token string, logger *slog.Logger) http.Handler {
+func routes(db *sql.DB, token string, logger *slog.Logger, endpoints endpointPolicy) http.Handler {
 	api := http.NewServeMux()
 	api.Handle("POST /api/events", handleRecordEvent(db))
 	api.Handle("GET /api/events/{id}", handleGetEvent(db))
 	api.Handle("POST /api/events/{id}/requeue", handleRequeueEvent(db))
+	api.Handle("GET /api/endpoints", handleListEndpoints(db))
+	api.Handle("POST /api/endpoints", handleCreateEndpoint(db, endpoints))
+	api.Handle("GET /api/endpoints/{id}", handleGetEndpoint(db))
+	api.Handle("PATCH /api/endpoints/{id}", handleUpdateEndpoint(db, endpoints))
+	api.Handle("DELETE /api/endpoints/{id}", handleDeleteEndpoint(db))
+	api.Handle("POST /api/endpoints/{id}/enable", handleEnableEndpoint(db))
+	api.Handle("POST /api/endpoints/{id}/disable", handleDisableEndpoint(db))
+	api.Handle("POST /api/endpoints/{id}/rotate-secret", handleRotateEndpointSecret(db, endpoints))
 
 	mux := http.NewServeMux()
 	mux.Handle("GET /healthz", handleHealthz())
