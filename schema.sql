@@ -309,8 +309,9 @@ EXCEPTION WHEN duplicate_object THEN
 END
 $$;
 
--- A job is one delivery of one event to one subscriber. The relay inserts it
--- in the transaction that marks its event fanned out. Its life:
+-- A job is one delivery of one event to one in-process subscriber (kind
+-- 'sub:<name>') or one endpoint (kind 'webhook', endpoint_id). The relay
+-- inserts it in the transaction that marks its event fanned out. Its life:
 --
 --   available  → running    a worker claimed it (attempt += 1, attempted_at)
 --   running    → completed  the handler succeeded (finalized_at)

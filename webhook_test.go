@@ -209,6 +209,32 @@ func TestValidateRetryHorizon(t *testing.T) {
 	}
 }
 
+// The webhook settings parse from flags and environment, and refuse bad
+// values by name.
+func TestWebhookSettings(t *testing.T) {
+	t.Parallel()
+	cfg, err := parseConfig([]string{"-webhook-timeout", "5s"}, envFrom(map[string]string{
+		"OUTBOXD_FAILING_ENDPOINT_DELAY":         "1m",
+		"OUTBOXD_WEBHOOK_SECRET_ROTATION_WINDOW": "2h",
+	}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := []time.Duration{cfg.Webhooks.Timeout, cfg.Relay.FailingEndpointDelay, cfg.Webhooks.SecretRotationWindow}
+	if diff := cmp.Diff([]time.Duration{5 * time.Second, time.Minute, 2 * time.Hour}, got); diff != "" {
+		t.Errorf("settings (-want +got):\n%s", diff)
+	}
+	for env, want := range map[string]string{
+		"OUTBOXD_WEBHOOK_TIMEOUT":        "-webhook-timeout (OUTBOXD_WEBHOOK_TIMEOUT)",
+		"OUTBOXD_FAILING_ENDPOINT_DELAY": "-failing-endpoint-delay (OUTBOXD_FAILING_ENDPOINT_DELAY)",
+	} {
+		_, err := parseConfig(nil, envFrom(map[string]string{env: "-1s"}), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s=-1s: %v, want an error naming %s", env, err, want)
+		}
+	}
+}
+
 // N events × M endpoints with topic filters: each subscribing endpoint gets
 // each event exactly once, signed with its own secret, webhook-id equal to
 // the event id and to the body's id.
@@ -404,9 +430,11 @@ func TestEndpointStateFollowsDeliveries(t *testing.T) {
 	}
 	third := record(t, db, "t", "third")
 	relayAll(t, db)
-	if due := readJob(t, db, webhookJob(t, db, third, ep.ID)).DueInSecond; due > 1 {
+	thirdJob := webhookJob(t, db, third, ep.ID)
+	if due := readJob(t, db, thirdJob).DueInSecond; due > 1 {
 		t.Errorf("a healthy endpoint's delivery is due in %.0f s, want now", due)
 	}
+	waitFor(t, "the third delivery", 10*time.Second, func() bool { return readJob(t, db, thirdJob).State == "completed" })
 
 	// 410 Gone disables the endpoint and discards the delivery.
 	answer.Store(http.StatusGone)
