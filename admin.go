@@ -30,6 +30,8 @@ type admin struct {
 	counters *processCounters
 	samples  *sampler
 	panel    *panel
+	// endpoints is what endpoint validation and rotation need.
+	endpoints endpointPolicy
 	// metricsPublic serves /metrics without the token, for a scraper on a
 	// private network that cannot hold secrets.
 	metricsPublic bool
@@ -46,6 +48,14 @@ func routes(a *admin) http.Handler {
 	api.Handle("POST /api/events/{id}/requeue", handleRequeueEvent(a.db))
 	api.Handle("GET /api/jobs", handleListJobs(a.db))
 	api.Handle("POST /api/jobs/{id}/retry", handleRetryJob(a.db))
+	api.Handle("GET /api/endpoints", handleListEndpoints(a.db))
+	api.Handle("POST /api/endpoints", handleCreateEndpoint(a.db, a.endpoints))
+	api.Handle("GET /api/endpoints/{id}", handleGetEndpoint(a.db))
+	api.Handle("PATCH /api/endpoints/{id}", handleUpdateEndpoint(a.db, a.endpoints))
+	api.Handle("DELETE /api/endpoints/{id}", handleDeleteEndpoint(a.db))
+	api.Handle("POST /api/endpoints/{id}/enable", handleEnableEndpoint(a.db))
+	api.Handle("POST /api/endpoints/{id}/disable", handleDisableEndpoint(a.db))
+	api.Handle("POST /api/endpoints/{id}/rotate-secret", handleRotateEndpointSecret(a.db, a.endpoints))
 	api.Handle("/api/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Errorf("no route %s %s", r.Method, r.URL.Path))
 	}))

@@ -24,20 +24,28 @@ import (
 
 const testToken = "test-admin-token-0123456789"
 
-// newTestAdmin serves the real routes over db.
+// newTestAdmin serves the real routes over db, with loopback endpoints
+// allowed.
 func newTestAdmin(t *testing.T, db *sql.DB) *httptest.Server {
+	t.Helper()
+	return newTestServer(t, db, testPolicy)
+}
+
+// newTestServer serves the real routes over db with an endpoint policy.
+func newTestServer(t *testing.T, db *sql.DB, policy endpointPolicy) *httptest.Server {
 	t.Helper()
 	pnl, err := newPanel(testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(routes(&admin{
-		db:       db,
-		token:    testToken,
-		alerts:   defaultConfig().Alerts,
-		counters: &processCounters{deliveries: newDeliveryMetrics()},
-		panel:    pnl,
-		logger:   testLogger(t),
+		db:        db,
+		token:     testToken,
+		alerts:    defaultConfig().Alerts,
+		counters:  &processCounters{deliveries: newDeliveryMetrics()},
+		panel:     pnl,
+		endpoints: policy,
+		logger:    testLogger(t),
 	}))
 	t.Cleanup(srv.Close)
 	return srv

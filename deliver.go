@@ -36,7 +36,10 @@ type Job struct {
 	Kind        string
 	Attempt     int // this attempt's number, from 1
 	MaxAttempts int
-	Event       Event
+	// EndpointID is a webhook job's endpoint; 0 once the endpoint was
+	// deleted (the column is set to NULL) and for every other kind.
+	EndpointID int64
+	Event      Event
 }
 
 // jobState is outbox.job_state.
@@ -55,8 +58,9 @@ const (
 type (
 	// permanentError discards the job at once: retrying cannot help.
 	permanentError struct{ err error }
-	// retryAfterError retries after the given delay instead of the backoff
-	// (a receiver's Retry-After, an endpoint that is failing).
+	// retryAfterError retries after the given delay or the backoff,
+	// whichever is longer (a receiver's Retry-After): a receiver may slow
+	// its retries down, never speed them up past the schedule.
 	retryAfterError struct {
 		err   error
 		delay time.Duration
@@ -85,11 +89,13 @@ func backoff(attempt int, jitter float64) time.Duration {
 }
 
 // retryHorizon is the longest time from a job's first attempt to its
-// discard with n attempts, counting the jitter's upper bound.
+// discard with n attempts, counting the jitter's upper bound and a
+// receiver's Retry-After, which may stretch any delay to
+// webhookMaxRetryAfter.
 func retryHorizon(n int) time.Duration {
 	var total time.Duration
 	for attempt := 1; attempt < n; attempt++ {
-		total += backoff(attempt, 1)
+		total += max(backoff(attempt, 1), webhookMaxRetryAfter)
 	}
 	return total
 }
@@ -114,7 +120,7 @@ func decideOutcome(attempt, maxAttempts int, err error, jitter float64) jobOutco
 	}
 	var after retryAfterError
 	if errors.As(err, &after) {
-		return jobOutcome{State: jobRetryable, Delay: min(max(after.delay, 0), maxBackoff), Error: msg}
+		return jobOutcome{State: jobRetryable, Delay: min(max(after.delay, backoff(attempt, jitter)), maxBackoff), Error: msg}
 	}
 	return jobOutcome{State: jobRetryable, Delay: backoff(attempt, jitter), Error: msg}
 }
@@ -134,6 +140,7 @@ type workerPool struct {
 	cfg         WorkerConfig
 	grace       time.Duration // how long in-flight jobs may finish after Run's ctx ends
 	subscribers *subscriberRegistry
+	webhooks    *webhookSender // nil: this process sends no webhooks
 	logger      *slog.Logger
 
 	slots     chan struct{} // one token per running job
@@ -146,12 +153,13 @@ type workerPool struct {
 	discarded atomic.Int64
 }
 
-func newWorkerPool(db *sql.DB, cfg WorkerConfig, grace time.Duration, subs *subscriberRegistry, logger *slog.Logger) *workerPool {
+func newWorkerPool(db *sql.DB, cfg WorkerConfig, grace time.Duration, subs *subscriberRegistry, webhooks *webhookSender, logger *slog.Logger) *workerPool {
 	return &workerPool{
 		db:          db,
 		cfg:         cfg,
 		grace:       grace,
 		subscribers: subs,
+		webhooks:    webhooks,
 		logger:      logger.With("loop", "workers"),
 		slots:       make(chan struct{}, cfg.Concurrency),
 		slotFreed:   make(chan struct{}, 1),
@@ -246,7 +254,7 @@ SET state = 'running',
 FROM due, outbox.events AS e
 WHERE j.id = due.id
   AND e.id = j.event_id
-RETURNING j.id, j.kind, j.attempt, j.max_attempts,
+RETURNING j.id, j.kind, j.attempt, j.max_attempts, j.endpoint_id,
           e.id, e.topic, e.subject, e.payload, e.created_at`
 
 // claim takes up to n due jobs in one statement.
@@ -260,11 +268,13 @@ func (p *workerPool) claim(ctx context.Context, n int) ([]Job, error) {
 	for rows.Next() {
 		var j Job
 		var payload []byte
-		if err := rows.Scan(&j.ID, &j.Kind, &j.Attempt, &j.MaxAttempts,
+		var endpointID sql.NullInt64
+		if err := rows.Scan(&j.ID, &j.Kind, &j.Attempt, &j.MaxAttempts, &endpointID,
 			&j.Event.ID, &j.Event.Topic, &j.Event.Subject, &payload, &j.Event.CreatedAt); err != nil {
 			return nil, fmt.Errorf("claim jobs: %w", err)
 		}
 		j.Event.Payload = payload
+		j.EndpointID = endpointID.Int64
 		jobs = append(jobs, j)
 	}
 	if err := rows.Err(); err != nil {
@@ -327,6 +337,9 @@ func (p *workerPool) work(ctx context.Context, job Job) error {
 	}
 	if sub, ok := p.subscribers.lookup(job.Kind); ok {
 		return p.runSubscriber(ctx, sub, job)
+	}
+	if job.Kind == webhookJobKind && p.webhooks != nil {
+		return p.webhooks.deliver(ctx, job)
 	}
 	// Another replica (a newer version) may know this kind: retry rather
 	// than discard, and the backoff makes the wait visible.

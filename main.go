@@ -76,9 +76,10 @@ type Config struct {
 	// which silently swallow notifications.
 	DisableListen bool
 
-	Relay   RelayConfig
-	Workers WorkerConfig
-	Alerts  AlertConfig
+	Relay    RelayConfig
+	Workers  WorkerConfig
+	Webhooks WebhookConfig
+	Alerts   AlertConfig
 
 	// MetricsPublic serves /metrics without the admin token.
 	MetricsPublic bool
@@ -99,6 +100,11 @@ type RelayConfig struct {
 	// SweepInterval is how often the relay runs without a notification. A
 	// lost NOTIFY costs at most this much latency, never an event.
 	SweepInterval time.Duration
+	// FailingEndpointDelay is how far out a failing endpoint's new
+	// deliveries are scheduled: a receiver that is down gets one attempt
+	// per event every few minutes instead of a burst of doomed ones, and
+	// recovers at its own pace.
+	FailingEndpointDelay time.Duration
 }
 
 // WorkerConfig holds the job workers' numbers; see deliver.go.
@@ -120,6 +126,19 @@ type WorkerConfig struct {
 	RescueInterval time.Duration
 }
 
+// WebhookConfig holds the webhook sender's numbers; see webhook.go.
+type WebhookConfig struct {
+	// Timeout bounds one delivery request, reading the answer included. A
+	// receiver should answer fast and do its work later; one that takes
+	// longer is counted as failed and retried.
+	Timeout time.Duration
+	// SecretRotationWindow is how long a rotated-out secret still signs
+	// deliveries beside the new one, so receivers can switch without
+	// refusing a single delivery. A day covers a deploy on the receiver's
+	// side.
+	SecretRotationWindow time.Duration
+}
+
 // defaultConfig is the configuration with every default of DESIGN.md.
 func defaultConfig() Config {
 	return Config{
@@ -128,9 +147,10 @@ func defaultConfig() Config {
 		LogFormat: "text",
 		LogLevel:  slog.LevelInfo,
 		Relay: RelayConfig{
-			BatchSize:     200,
-			MaxFailures:   5,
-			SweepInterval: time.Minute,
+			BatchSize:            200,
+			MaxFailures:          5,
+			SweepInterval:        time.Minute,
+			FailingEndpointDelay: 5 * time.Minute,
 		},
 		Workers: WorkerConfig{
 			Concurrency:    16,
@@ -139,6 +159,10 @@ func defaultConfig() Config {
 			RescueMargin:   time.Minute,
 			PollInterval:   time.Second,
 			RescueInterval: 30 * time.Second,
+		},
+		Webhooks: WebhookConfig{
+			Timeout:              30 * time.Second,
+			SecretRotationWindow: 24 * time.Hour,
 		},
 		Alerts: AlertConfig{
 			BacklogRows: 1000,
@@ -184,6 +208,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 	fs.IntVar(&cfg.Relay.BatchSize, "relay-batch", cfg.Relay.BatchSize, "most events claimed by one relay transaction")
 	fs.IntVar(&cfg.Relay.MaxFailures, "relay-max-failures", cfg.Relay.MaxFailures, "failed relay attempts after which an event is poisoned")
 	fs.DurationVar(&cfg.Relay.SweepInterval, "relay-sweep", cfg.Relay.SweepInterval, "relay pass interval without a notification")
+	fs.DurationVar(&cfg.Relay.FailingEndpointDelay, "failing-endpoint-delay", cfg.Relay.FailingEndpointDelay, "how far out a failing endpoint's new deliveries are scheduled")
 	fs.IntVar(&cfg.Workers.Concurrency, "workers", cfg.Workers.Concurrency, "jobs run at once by this process")
 	fs.IntVar(&cfg.Workers.MaxAttempts, "job-max-attempts", cfg.Workers.MaxAttempts, "attempts before a failing job is discarded")
 	fs.DurationVar(&cfg.Workers.AttemptTimeout, "job-timeout", cfg.Workers.AttemptTimeout, "time limit of one job attempt")
@@ -193,6 +218,8 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 	fs.IntVar(&cfg.Alerts.BacklogRows, "alert-backlog", cfg.Alerts.BacklogRows, "un-fanned events above which events_backlog fires")
 	fs.DurationVar(&cfg.Alerts.BacklogAge, "alert-backlog-age", cfg.Alerts.BacklogAge, "age of the oldest un-fanned event above which events_backlog fires")
 	fs.BoolVar(&cfg.MetricsPublic, "metrics-public", cfg.MetricsPublic, "serve /metrics without the admin token")
+	fs.DurationVar(&cfg.Webhooks.Timeout, "webhook-timeout", cfg.Webhooks.Timeout, "time limit of one webhook request, reading the answer included")
+	fs.DurationVar(&cfg.Webhooks.SecretRotationWindow, "webhook-secret-rotation-window", cfg.Webhooks.SecretRotationWindow, "how long a rotated-out endpoint secret still signs deliveries")
 	fs.IntVar(&cfg.DBMaxConns, "db-max-conns", cfg.DBMaxConns, "most open database connections of the pool")
 	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "time in-flight work gets to finish on SIGTERM")
 	fs.Usage = func() {
@@ -263,6 +290,7 @@ func (c Config) validate() error {
 		intIn("relay-batch", c.Relay.BatchSize, 1, 10_000),
 		intIn("relay-max-failures", c.Relay.MaxFailures, 1, 100),
 		durationIn("relay-sweep", c.Relay.SweepInterval, 10*time.Millisecond, time.Hour),
+		durationIn("failing-endpoint-delay", c.Relay.FailingEndpointDelay, 0, 24*time.Hour),
 		intIn("workers", c.Workers.Concurrency, 1, 1_000),
 		intIn("job-max-attempts", c.Workers.MaxAttempts, 1, 100),
 		durationIn("job-timeout", c.Workers.AttemptTimeout, 10*time.Millisecond, time.Hour),
@@ -271,6 +299,9 @@ func (c Config) validate() error {
 		durationIn("job-rescue-interval", c.Workers.RescueInterval, 10*time.Millisecond, time.Hour),
 		intIn("alert-backlog", c.Alerts.BacklogRows, 0, 100_000_000),
 		durationIn("alert-backlog-age", c.Alerts.BacklogAge, time.Second, 7*24*time.Hour),
+		durationIn("webhook-timeout", c.Webhooks.Timeout, 10*time.Millisecond, 10*time.Minute),
+		durationIn("webhook-secret-rotation-window", c.Webhooks.SecretRotationWindow, 0, 30*24*time.Hour),
+		validateRetryHorizon(c.Workers.MaxAttempts, 7*24*time.Hour), // TODO(merge): cfg.Retention.Events
 		intIn("db-max-conns", c.DBMaxConns, 4, 1_000),
 		durationIn("shutdown-grace", c.ShutdownGrace, 0, time.Hour),
 	)
@@ -349,7 +380,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	relay := newRelay(db, cfg.Relay, cfg.Workers.MaxAttempts, subscribers, logger)
 	start("relay", func(ctx context.Context) error { return relay.Run(ctx, wake.events) })
-	workers := newWorkerPool(db, cfg.Workers, cfg.ShutdownGrace, subscribers, logger)
+	// One client for every delivery: its pool keeps connections alive per
+	// host, and its dialer refuses internal addresses (safehttp.go).
+	webhookClient := newSafeHTTPClient(safeHTTPOptions{
+		AllowPrivate: cfg.AllowPrivateEndpoints,
+		Timeout:      cfg.Webhooks.Timeout,
+	})
+	deliveries := newDeliveryMetrics()
+	webhooks := newWebhookSender(db, webhookClient, deliveries, logger)
+	workers := newWorkerPool(db, cfg.Workers, cfg.ShutdownGrace, subscribers, webhooks, logger)
 	start("workers", func(ctx context.Context) error { return workers.Run(ctx, wake.jobs) })
 	rescuer := newRescuer(db, cfg.Workers, logger)
 	start("rescuer", rescuer.Run)
@@ -364,12 +403,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	handler := routes(&admin{
-		db:            db,
-		token:         token,
-		alerts:        cfg.Alerts,
-		counters:      &processCounters{relay: relay, workers: workers, rescuer: rescuer, deliveries: newDeliveryMetrics()},
-		samples:       samples,
-		panel:         pnl,
+		db:       db,
+		token:    token,
+		alerts:   cfg.Alerts,
+		counters: &processCounters{relay: relay, workers: workers, rescuer: rescuer, deliveries: deliveries},
+		samples:  samples,
+		panel:    pnl,
+		endpoints: endpointPolicy{
+			AllowPrivate:   cfg.AllowPrivateEndpoints,
+			RotationWindow: cfg.Webhooks.SecretRotationWindow,
+		},
 		metricsPublic: cfg.MetricsPublic,
 		logger:        logger,
 	})

@@ -1,5 +1,6 @@
 // relay.go: the relay, which claims un-fanned events by row and fans each
-// out into one job per subscriber, in the transaction that marks it fanned.
+// out into one job per subscriber and per subscribing endpoint, in the
+// transaction that marks it fanned.
 //
 // Guarantees (DESIGN.md, hops 2 and 3):
 //   - Claim, enqueue and mark share one transaction. A crash anywhere rolls
@@ -167,8 +168,11 @@ WHERE id = $1
 FOR UPDATE SKIP LOCKED`
 
 // fanOutSQL enqueues one job per (claimed event, matching subscriber) and
-// marks the events fanned out, in one statement. $1 is the claimed ids, $2
-// the subscribers as JSON ([{"kind", "topics"}]), $3 the jobs' max attempts.
+// one webhook job per (claimed event, enabled endpoint whose topics match),
+// and marks the events fanned out, in one statement. $1 is the claimed ids,
+// $2 the subscribers as JSON ([{"kind", "topics"}]), $3 the jobs' max
+// attempts, $4 how far out (seconds) a failing endpoint's new jobs are
+// scheduled. Webhooks are never coalesced: each event is a fact.
 const fanOutSQL = `
 WITH subscribers AS (
   SELECT kind, topics
@@ -183,6 +187,18 @@ enqueued AS (
   ORDER BY e.id
   RETURNING 1
 ),
+webhooks AS (
+  INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, scheduled_at)
+  SELECT 'webhook', e.id, ep.id, $3,
+         CASE WHEN ep.failing_since IS NULL THEN now()
+              ELSE now() + make_interval(secs => $4) END
+  FROM outbox.events AS e
+  JOIN outbox.endpoints AS ep ON ep.disabled_at IS NULL
+                             AND outbox.topic_matches(ep.topics, e.topic)
+  WHERE e.id = ANY($1::bigint[])
+  ORDER BY e.id, ep.id
+  RETURNING 1
+),
 marked AS (
   UPDATE outbox.events
   SET fanned_out_at = now()
@@ -190,7 +206,7 @@ marked AS (
   RETURNING 1
 )
 SELECT (SELECT count(*) FROM marked),
-       (SELECT count(*) FROM enqueued)`
+       (SELECT count(*) FROM enqueued) + (SELECT count(*) FROM webhooks)`
 
 // relayTx is one relay transaction: claim with claimSQL, fan out, commit.
 // It returns the claimed ids even when it fails, for the row-by-row retry.
@@ -220,7 +236,8 @@ func (r *relay) relayTx(ctx context.Context, claimSQL string, claimArg any) (ids
 		return nil, 0, 0, nil
 	}
 
-	err = tx.QueryRowContext(ctx, fanOutSQL, pq.Array(ids), r.targets, r.jobMaxAttempts).Scan(&fanned, &jobs)
+	err = tx.QueryRowContext(ctx, fanOutSQL, pq.Array(ids), r.targets, r.jobMaxAttempts,
+		r.cfg.FailingEndpointDelay.Seconds()).Scan(&fanned, &jobs)
 	if err != nil {
 		return ids, 0, 0, fmt.Errorf("relay: fan out %d events: %w", len(ids), err)
 	}

@@ -228,6 +228,76 @@ END
 $$;
 
 --------------------------------------------------------------------------------
+-- Endpoints: where webhooks go
+--------------------------------------------------------------------------------
+
+-- An endpoint is a URL that receives every event whose topic its patterns
+-- select (outbox.topic_matches; an empty list selects all), as a signed
+-- webhook. Rows are written through the API (endpoints.go); the workers
+-- change only failing_since and, on a 410, disabled_at. Its state is derived,
+-- never stored:
+--
+--   enabled   (disabled_at IS NULL, failing_since IS NULL)
+--   failing   (disabled_at IS NULL, failing_since IS NOT NULL): a delivery
+--             failed and none has succeeded since. Fan-out still enqueues
+--             for it, scheduled FailingEndpointDelay (5 min) out, so a dead
+--             receiver does not take a burst of doomed attempts.
+--   disabled  (disabled_at IS NOT NULL): by its owner, by a 410 Gone from
+--             the receiver, or after 5 days of continuous failure;
+--             disabled_reason says which. Fan-out enqueues nothing for it,
+--             and its queued deliveries end without a request. Enabling it
+--             clears disabled_* and failing_since.
+--
+-- secret signs every delivery (HMAC-SHA256, Standard Webhooks). A rotation
+-- keeps the old one as previous_secret until previous_secret_expires_at, and
+-- deliveries carry both signatures until then, so a receiver can switch at
+-- its own pace. Deleting an endpoint keeps its jobs (endpoint_id becomes
+-- NULL): they end without a request, recorded as such.
+CREATE TABLE IF NOT EXISTS outbox.endpoints (
+  id                         bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  url                        text        NOT NULL,
+  description                text        NOT NULL DEFAULT '',
+  owner_email                text        NOT NULL DEFAULT '',
+  topics                     text[]      NOT NULL DEFAULT '{}',
+  secret                     bytea       NOT NULL,
+  previous_secret            bytea,
+  previous_secret_expires_at timestamptz,
+  failing_since              timestamptz,
+  disabled_at                timestamptz,
+  disabled_reason            text,
+  created_at                 timestamptz NOT NULL DEFAULT now(),
+  -- The last change through the API; state changes by the workers have
+  -- their own timestamps.
+  updated_at                 timestamptz NOT NULL DEFAULT now(),
+
+  -- The Go side validates first (validateEndpointURL, topicPatternValid) and
+  -- answers 400 with a reason; these keep a direct SQL write honest too.
+  CONSTRAINT endpoints_url_http CHECK (url ~ '^https?://' AND length(url) <= 2048),
+  CONSTRAINT endpoints_description_length CHECK (length(description) <= 1000),
+  CONSTRAINT endpoints_owner_email_length CHECK (length(owner_email) <= 254),
+  CONSTRAINT endpoints_topics_count CHECK (cardinality(topics) <= 100),
+  -- 24 to 64 bytes: the range Standard Webhooks recommends.
+  CONSTRAINT endpoints_secret_length CHECK (length(secret) BETWEEN 24 AND 64),
+  CONSTRAINT endpoints_previous_secret_expires CHECK (
+    (previous_secret IS NULL) = (previous_secret_expires_at IS NULL)
+  ),
+  CONSTRAINT endpoints_disabled_with_reason CHECK (
+    (disabled_at IS NULL) = (disabled_reason IS NULL)
+  ),
+  CONSTRAINT endpoints_disabled_reason_length CHECK (length(disabled_reason) <= 500)
+);
+
+-- Serves the fan-out: the enabled endpoints, read for every relay pass.
+CREATE INDEX IF NOT EXISTS endpoints_enabled_by_id
+  ON outbox.endpoints (id)
+  WHERE disabled_at IS NULL;
+
+-- Serves the sweep that disables endpoints failing for too long.
+CREATE INDEX IF NOT EXISTS endpoints_failing_by_failing_since
+  ON outbox.endpoints (failing_since)
+  WHERE failing_since IS NOT NULL AND disabled_at IS NULL;
+
+--------------------------------------------------------------------------------
 -- Jobs: outboxd's own queue
 --------------------------------------------------------------------------------
 
@@ -239,8 +309,9 @@ EXCEPTION WHEN duplicate_object THEN
 END
 $$;
 
--- A job is one delivery of one event to one subscriber. The relay inserts it
--- in the transaction that marks its event fanned out. Its life:
+-- A job is one delivery of one event to one in-process subscriber (kind
+-- 'sub:<name>') or one endpoint (kind 'webhook', endpoint_id). The relay
+-- inserts it in the transaction that marks its event fanned out. Its life:
 --
 --   available  → running    a worker claimed it (attempt += 1, attempted_at)
 --   running    → completed  the handler succeeded (finalized_at)
@@ -285,6 +356,21 @@ ALTER TABLE outbox.jobs SET (
   autovacuum_analyze_scale_factor = 0.02
 );
 
+-- A webhook job names its endpoint. Deleting the endpoint keeps the job
+-- (SET NULL) so that it ends visibly, discarded with "endpoint deleted",
+-- rather than vanishing; its event still cascades as before.
+ALTER TABLE outbox.jobs
+  ADD COLUMN IF NOT EXISTS endpoint_id bigint REFERENCES outbox.endpoints (id) ON DELETE SET NULL;
+
+DO $$
+BEGIN
+  ALTER TABLE outbox.jobs
+    ADD CONSTRAINT jobs_endpoint_only_for_webhooks CHECK (endpoint_id IS NULL OR kind = 'webhook');
+EXCEPTION WHEN duplicate_object THEN
+  NULL;
+END
+$$;
+
 -- Serves the workers' claim: due jobs, soonest first. Partial, so it holds
 -- only the jobs waiting to run, however many finished ones the table keeps.
 CREATE INDEX IF NOT EXISTS jobs_due_by_scheduled_at
@@ -305,6 +391,13 @@ CREATE INDEX IF NOT EXISTS jobs_by_event_id
 CREATE INDEX IF NOT EXISTS jobs_by_state_finalized_at
   ON outbox.jobs (state, finalized_at);
 
+-- One delivery job per (event, endpoint): a second fan-out of an event to
+-- the same endpoint is refused by the database, not delivered twice. Also
+-- serves an endpoint's delivery list and the SET NULL on endpoint delete.
+CREATE UNIQUE INDEX IF NOT EXISTS jobs_one_per_event_endpoint
+  ON outbox.jobs (endpoint_id, event_id)
+  WHERE endpoint_id IS NOT NULL;
+
 -- Wake the workers when jobs are inserted, the same way events wake the relay.
 CREATE OR REPLACE FUNCTION outbox.notify_jobs() RETURNS trigger
 LANGUAGE plpgsql AS $$
@@ -317,3 +410,34 @@ $$;
 CREATE OR REPLACE TRIGGER jobs_notify_workers
   AFTER INSERT ON outbox.jobs
   FOR EACH STATEMENT EXECUTE FUNCTION outbox.notify_jobs();
+
+--------------------------------------------------------------------------------
+-- Deliveries: what each webhook attempt got back
+--------------------------------------------------------------------------------
+
+-- One row per webhook attempt that reached its outcome, for the panel: the
+-- status code (NULL when no response came: a timeout, a refused address),
+-- how long it took, and the start of the answer. Bounded per job by
+-- max_attempts and per row by the CHECKs below, and deleted with its job
+-- (ON DELETE CASCADE), so the job cleaner and events retention bound it too.
+CREATE TABLE IF NOT EXISTS outbox.deliveries (
+  job_id           bigint      NOT NULL REFERENCES outbox.jobs (id) ON DELETE CASCADE,
+  attempt          integer     NOT NULL,
+  endpoint_id      bigint,     -- no foreign key: the record outlives a deleted endpoint
+  finished_at      timestamptz NOT NULL DEFAULT now(),
+  duration_ms      integer     NOT NULL,
+  status_code      integer,
+  error            text        NOT NULL DEFAULT '',
+  response_excerpt text        NOT NULL DEFAULT '',
+
+  PRIMARY KEY (job_id, attempt),
+  CONSTRAINT deliveries_attempt_positive CHECK (attempt > 0),
+  CONSTRAINT deliveries_duration_nonnegative CHECK (duration_ms >= 0),
+  CONSTRAINT deliveries_status_code_http CHECK (status_code BETWEEN 100 AND 999),
+  CONSTRAINT deliveries_error_length CHECK (length(error) <= 2100),
+  CONSTRAINT deliveries_response_excerpt_length CHECK (length(response_excerpt) <= 1100)
+);
+
+-- Serves an endpoint's recent attempts on the panel.
+CREATE INDEX IF NOT EXISTS deliveries_by_endpoint_finished_at
+  ON outbox.deliveries (endpoint_id, finished_at);

@@ -1,0 +1,507 @@
+// endpoints.go: webhook endpoints, their validation, their SQL and their
+// JSON API under /api/endpoints.
+
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/mail"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/lib/pq"
+)
+
+// Endpoint is one row of outbox.endpoints as the API shows it. The secret
+// is never part of it: it is shown once, by create and rotate-secret.
+type Endpoint struct {
+	ID          int64    `json:"id"`
+	URL         string   `json:"url"`
+	Description string   `json:"description"`
+	OwnerEmail  string   `json:"owner_email"`
+	Topics      []string `json:"topics"`
+	// State is derived: "disabled" if DisabledAt is set, else "failing"
+	// if FailingSince is, else "enabled".
+	State          string     `json:"state"`
+	FailingSince   *time.Time `json:"failing_since"`
+	DisabledAt     *time.Time `json:"disabled_at"`
+	DisabledReason *string    `json:"disabled_reason"`
+	// PreviousSecretExpiresAt is the end of a rotation window, while one
+	// is open: until then deliveries carry both signatures.
+	PreviousSecretExpiresAt *time.Time `json:"previous_secret_expires_at"`
+	CreatedAt               time.Time  `json:"created_at"`
+	UpdatedAt               time.Time  `json:"updated_at"`
+}
+
+// The derived states of an endpoint.
+const (
+	endpointEnabled  = "enabled"
+	endpointFailing  = "failing"
+	endpointDisabled = "disabled"
+)
+
+// endpointWithSecret is the answer to create and rotate-secret.
+type endpointWithSecret struct {
+	Endpoint
+	Secret string `json:"secret"` // whsec_...
+}
+
+// endpointPolicy is what the endpoint API takes from the configuration.
+type endpointPolicy struct {
+	AllowPrivate   bool          // -allow-private-endpoints
+	RotationWindow time.Duration // -webhook-secret-rotation-window
+}
+
+// Bounds on what an endpoint holds; schema.sql's CHECKs repeat them.
+const (
+	maxEndpointDescriptionLen = 1000
+	// maxOwnerEmailLen is RFC 5321's limit on a forward path.
+	maxOwnerEmailLen  = 254
+	maxEndpointTopics = 100
+	// maxDisabledReasonLen bounds an operator's reason.
+	maxDisabledReasonLen = 500
+)
+
+// endpointInput is the body of POST and PATCH /api/endpoints: a nil field
+// is not given (PATCH leaves it as it is; POST requires url).
+type endpointInput struct {
+	URL         *string   `json:"url"`
+	Topics      *[]string `json:"topics"`
+	Description *string   `json:"description"`
+	OwnerEmail  *string   `json:"owner_email"`
+}
+
+// validate checks every given field and normalises the URL. Errors wrap
+// errInvalid and say what is wrong.
+func (in *endpointInput) validate(allowPrivate bool) error {
+	if in.URL != nil {
+		u, err := validateEndpointURL(*in.URL, allowPrivate)
+		if err != nil {
+			return fmt.Errorf("%w: %w", errInvalid, err)
+		}
+		normalised := u.String()
+		in.URL = &normalised
+	}
+	if in.Topics != nil {
+		if len(*in.Topics) > maxEndpointTopics {
+			return fmt.Errorf("%w: %d topic patterns, at most %d", errInvalid, len(*in.Topics), maxEndpointTopics)
+		}
+		for _, p := range *in.Topics {
+			if err := topicPatternValid(p); err != nil {
+				return err
+			}
+		}
+	}
+	if in.Description != nil {
+		if len(*in.Description) > maxEndpointDescriptionLen {
+			return fmt.Errorf("%w: description is %d bytes, at most %d", errInvalid, len(*in.Description), maxEndpointDescriptionLen)
+		}
+		if strings.ContainsRune(*in.Description, 0) {
+			return fmt.Errorf("%w: description contains a NUL character", errInvalid)
+		}
+	}
+	if in.OwnerEmail != nil && *in.OwnerEmail != "" {
+		if err := validateOwnerEmail(*in.OwnerEmail); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validateOwnerEmail accepts a bare address (a@example.com), the form a
+// notification can be sent to; empty means no owner.
+func validateOwnerEmail(s string) error {
+	if len(s) > maxOwnerEmailLen {
+		return fmt.Errorf("%w: owner_email is %d bytes, at most %d", errInvalid, len(s), maxOwnerEmailLen)
+	}
+	addr, err := mail.ParseAddress(s)
+	if err != nil || addr.Name != "" || addr.Address != s || !strings.Contains(s[strings.LastIndexByte(s, '@')+1:], ".") {
+		return fmt.Errorf("%w: owner_email %q is not an e-mail address like owner@example.com", errInvalid, s)
+	}
+	return nil
+}
+
+// endpointColumns is the column list every query below returns, in
+// scanEndpoint's order. The previous secret's expiry shows only while the
+// window is open.
+const endpointColumns = `
+  id, url, description, owner_email, topics,
+  failing_since, disabled_at, disabled_reason,
+  CASE WHEN previous_secret_expires_at > now() THEN previous_secret_expires_at END,
+  created_at, updated_at`
+
+type rowScanner interface{ Scan(dest ...any) error }
+
+func scanEndpoint(row rowScanner) (Endpoint, error) {
+	var e Endpoint
+	err := row.Scan(&e.ID, &e.URL, &e.Description, &e.OwnerEmail, pq.Array(&e.Topics),
+		&e.FailingSince, &e.DisabledAt, &e.DisabledReason, &e.PreviousSecretExpiresAt,
+		&e.CreatedAt, &e.UpdatedAt)
+	if err != nil {
+		return e, err
+	}
+	if e.Topics == nil {
+		e.Topics = []string{}
+	}
+	switch {
+	case e.DisabledAt != nil:
+		e.State = endpointDisabled
+	case e.FailingSince != nil:
+		e.State = endpointFailing
+	default:
+		e.State = endpointEnabled
+	}
+	return e, nil
+}
+
+// scanOneEndpoint scans a single-row answer, mapping no row to errNotFound.
+func scanOneEndpoint(row *sql.Row, op string, id int64) (Endpoint, error) {
+	e, err := scanEndpoint(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return e, fmt.Errorf("endpoint %d: %w", id, errNotFound)
+	}
+	if err != nil {
+		return e, fmt.Errorf("%s endpoint %d: %w", op, id, err)
+	}
+	return e, nil
+}
+
+const createEndpointSQL = `
+INSERT INTO outbox.endpoints (url, description, owner_email, topics, secret)
+VALUES ($1, $2, $3, $4, $5)
+RETURNING` + endpointColumns
+
+// createEndpoint stores a validated endpoint with its first secret.
+func createEndpoint(ctx context.Context, db *sql.DB, in endpointInput, secret webhookSecret) (Endpoint, error) {
+	if in.URL == nil {
+		return Endpoint{}, fmt.Errorf("%w: url is required", errInvalid)
+	}
+	topics := []string{}
+	if in.Topics != nil {
+		topics = *in.Topics
+	}
+	var description, ownerEmail string
+	if in.Description != nil {
+		description = *in.Description
+	}
+	if in.OwnerEmail != nil {
+		ownerEmail = *in.OwnerEmail
+	}
+	e, err := scanEndpoint(db.QueryRowContext(ctx, createEndpointSQL,
+		*in.URL, description, ownerEmail, pq.Array(topics), []byte(secret)))
+	if err != nil {
+		return e, fmt.Errorf("create endpoint: %w", err)
+	}
+	return e, nil
+}
+
+const getEndpointSQL = `
+SELECT` + endpointColumns + `
+FROM outbox.endpoints
+WHERE id = $1`
+
+func getEndpoint(ctx context.Context, db *sql.DB, id int64) (Endpoint, error) {
+	return scanOneEndpoint(db.QueryRowContext(ctx, getEndpointSQL, id), "get", id)
+}
+
+// listEndpointsSQL is one page of endpoints by id, after $1.
+const listEndpointsSQL = `
+SELECT` + endpointColumns + `
+FROM outbox.endpoints
+WHERE id > $1
+ORDER BY id
+LIMIT $2`
+
+// maxEndpointPage bounds one page of the endpoint list.
+const maxEndpointPage = 500
+
+func listEndpoints(ctx context.Context, db *sql.DB, afterID int64, limit int) ([]Endpoint, error) {
+	rows, err := db.QueryContext(ctx, listEndpointsSQL, afterID, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list endpoints: %w", err)
+	}
+	defer rows.Close()
+	endpoints := []Endpoint{}
+	for rows.Next() {
+		e, err := scanEndpoint(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list endpoints: %w", err)
+		}
+		endpoints = append(endpoints, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list endpoints: %w", err)
+	}
+	return endpoints, nil
+}
+
+// updateEndpointSQL changes the given fields; a NULL parameter keeps the
+// column as it is.
+const updateEndpointSQL = `
+UPDATE outbox.endpoints
+SET url = coalesce($2, url),
+    description = coalesce($3, description),
+    owner_email = coalesce($4, owner_email),
+    topics = coalesce($5::text[], topics),
+    updated_at = now()
+WHERE id = $1
+RETURNING` + endpointColumns
+
+func updateEndpoint(ctx context.Context, db *sql.DB, id int64, in endpointInput) (Endpoint, error) {
+	var topics any // NULL unless given; an empty list is given and means all
+	if in.Topics != nil {
+		topics = pq.Array(append([]string{}, *in.Topics...))
+	}
+	return scanOneEndpoint(db.QueryRowContext(ctx, updateEndpointSQL, id, in.URL, in.Description, in.OwnerEmail, topics), "update", id)
+}
+
+// deleteEndpointSQL removes an endpoint. Its jobs stay, with endpoint_id
+// set to NULL (schema.sql), and end without a request when they run.
+const deleteEndpointSQL = `
+DELETE FROM outbox.endpoints
+WHERE id = $1`
+
+func deleteEndpoint(ctx context.Context, db *sql.DB, id int64) error {
+	res, err := db.ExecContext(ctx, deleteEndpointSQL, id)
+	if err != nil {
+		return fmt.Errorf("delete endpoint %d: %w", id, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("endpoint %d: %w", id, errNotFound)
+	}
+	return nil
+}
+
+// enableEndpointSQL re-enables a disabled endpoint with a clean slate: its
+// failing_since is cleared too, or the sweep that disables endpoints failing
+// for days would disable it again at once. An enabled endpoint is left as
+// it is, failing or not.
+const enableEndpointSQL = `
+UPDATE outbox.endpoints
+SET failing_since = CASE WHEN disabled_at IS NOT NULL THEN NULL ELSE failing_since END,
+    disabled_at = NULL,
+    disabled_reason = NULL,
+    updated_at = now()
+WHERE id = $1
+RETURNING` + endpointColumns
+
+func enableEndpoint(ctx context.Context, db *sql.DB, id int64) (Endpoint, error) {
+	return scanOneEndpoint(db.QueryRowContext(ctx, enableEndpointSQL, id), "enable", id)
+}
+
+// disableEndpointSQL disables an endpoint with a reason; disabling a
+// disabled endpoint keeps its first reason and time.
+const disableEndpointSQL = `
+UPDATE outbox.endpoints
+SET disabled_at = coalesce(disabled_at, now()),
+    disabled_reason = coalesce(disabled_reason, $2),
+    updated_at = now()
+WHERE id = $1
+RETURNING` + endpointColumns
+
+func disableEndpoint(ctx context.Context, db *sql.DB, id int64, reason string) (Endpoint, error) {
+	return scanOneEndpoint(db.QueryRowContext(ctx, disableEndpointSQL, id, reason), "disable", id)
+}
+
+// rotateEndpointSecretSQL makes $2 the secret and keeps the current one
+// signing for $3 seconds more. A previous secret still in its window is
+// dropped: two secrets at most.
+const rotateEndpointSecretSQL = `
+UPDATE outbox.endpoints
+SET previous_secret = secret,
+    previous_secret_expires_at = now() + make_interval(secs => $3),
+    secret = $2,
+    updated_at = now()
+WHERE id = $1
+RETURNING` + endpointColumns
+
+func rotateEndpointSecret(ctx context.Context, db *sql.DB, id int64, secret webhookSecret, window time.Duration) (Endpoint, error) {
+	return scanOneEndpoint(db.QueryRowContext(ctx, rotateEndpointSecretSQL, id, []byte(secret), window.Seconds()), "rotate secret of", id)
+}
+
+// handleListEndpoints answers {"endpoints": [...]}, a page of at most
+// ?limit= (default and maximum 500) endpoints with ids above ?after=.
+func handleListEndpoints(db *sql.DB) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		afterID, limit := int64(0), maxEndpointPage
+		if v := r.URL.Query().Get("after"); v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 0 {
+				writeError(w, http.StatusBadRequest, fmt.Errorf("after %q is not an endpoint id", v))
+				return
+			}
+			afterID = n
+		}
+		if v := r.URL.Query().Get("limit"); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > maxEndpointPage {
+				writeError(w, http.StatusBadRequest, fmt.Errorf("limit %q must be between 1 and %d", v, maxEndpointPage))
+				return
+			}
+			limit = n
+		}
+		endpoints, err := listEndpoints(r.Context(), db, afterID, limit)
+		if err != nil {
+			writeError(w, statusOf(err), err)
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string][]Endpoint{"endpoints": endpoints})
+	})
+}
+
+// handleCreateEndpoint registers an endpoint and answers 201 with it and
+// its secret, which is shown this once.
+func handleCreateEndpoint(db *sql.DB, policy endpointPolicy) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var in endpointInput
+		if err := decodeJSON(w, r, &in); err != nil {
+			writeError(w, http.StatusBadRequest, err)
+			return
+		}
+		if err := in.validate(policy.AllowPrivate); err != nil {
+			writeError(w, statusOf(err), err)
+			return
+		}
+		secret := newWebhookSecret()
+		e, err := createEndpoint(r.Context(), db, in, secret)
+		if err != nil {
+			writeError(w, statusOf(err), err)
+			return
+		}
+		writeJSON(w, http.StatusCreated, endpointWithSecret{Endpoint: e, Secret: secret.Encode()})
+	})
+}
+
+func handleGetEndpoint(db *sql.DB) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, err := pathID(r)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, err)
+			return
+		}
+		e, err := getEndpoint(r.Context(), db, id)
+		if err != nil {
+			writeError(w, statusOf(err), err)
+			return
+		}
+		writeJSON(w, http.StatusOK, e)
+	})
+}
+
+// handleUpdateEndpoint changes the fields the body gives.
+func handleUpdateEndpoint(db *sql.DB, policy endpointPolicy) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, err := pathID(r)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, err)
+			return
+		}
+		var in endpointInput
+		if err := decodeJSON(w, r, &in); err != nil {
+			writeError(w, http.StatusBadRequest, err)
+			return
+		}
+		if err := in.validate(policy.AllowPrivate); err != nil {
+			writeError(w, statusOf(err), err)
+			return
+		}
+		e, err := updateEndpoint(r.Context(), db, id, in)
+		if err != nil {
+			writeError(w, statusOf(err), err)
+			return
+		}
+		writeJSON(w, http.StatusOK, e)
+	})
+}
+
+// handleDeleteEndpoint answers 204; the endpoint's queued deliveries end
+// without a request.
+func handleDeleteEndpoint(db *sql.DB) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, err := pathID(r)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, err)
+			return
+		}
+		if err := deleteEndpoint(r.Context(), db, id); err != nil {
+			writeError(w, statusOf(err), err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+}
+
+func handleEnableEndpoint(db *sql.DB) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, err := pathID(r)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, err)
+			return
+		}
+		e, err := enableEndpoint(r.Context(), db, id)
+		if err != nil {
+			writeError(w, statusOf(err), err)
+			return
+		}
+		writeJSON(w, http.StatusOK, e)
+	})
+}
+
+// handleDisableEndpoint takes an optional body {"reason": "..."}.
+func handleDisableEndpoint(db *sql.DB) http.Handler {
+	type request struct {
+		Reason string `json:"reason"`
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, err := pathID(r)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, err)
+			return
+		}
+		var req request
+		if r.ContentLength != 0 {
+			if err := decodeJSON(w, r, &req); err != nil {
+				writeError(w, http.StatusBadRequest, err)
+				return
+			}
+		}
+		reason := strings.TrimSpace(req.Reason)
+		switch {
+		case reason == "":
+			reason = "disabled by an operator"
+		case len(reason) > maxDisabledReasonLen || strings.ContainsRune(reason, 0):
+			writeError(w, http.StatusBadRequest, fmt.Errorf("reason must be at most %d bytes of text", maxDisabledReasonLen))
+			return
+		}
+		e, err := disableEndpoint(r.Context(), db, id, reason)
+		if err != nil {
+			writeError(w, statusOf(err), err)
+			return
+		}
+		writeJSON(w, http.StatusOK, e)
+	})
+}
+
+// handleRotateEndpointSecret answers with the endpoint and its new secret;
+// the old one keeps signing for the rotation window.
+func handleRotateEndpointSecret(db *sql.DB, policy endpointPolicy) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, err := pathID(r)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, err)
+			return
+		}
+		secret := newWebhookSecret()
+		e, err := rotateEndpointSecret(r.Context(), db, id, secret, policy.RotationWindow)
+		if err != nil {
+			writeError(w, statusOf(err), err)
+			return
+		}
+		writeJSON(w, http.StatusOK, endpointWithSecret{Endpoint: e, Secret: secret.Encode()})
+	})
+}

@@ -1,0 +1,392 @@
+// webhook.go: the job handler for kind "webhook", one signed POST of one
+// event to one endpoint, and the rules that turn its answer into the job's
+// outcome and the endpoint's state.
+//
+// Guarantees (DESIGN.md, hops 4 to 6):
+//   - webhook-id is the event id, the same on every attempt and replay, so a
+//     receiver dedupes at-least-once delivery on it.
+//   - No transaction is open across the request: the endpoint is read, the
+//     request sent, then the attempt and the endpoint's new state are
+//     written in one short transaction, and the job's outcome by the
+//     worker pool's completer as for every job.
+//   - A delivery to an endpoint that is disabled or was deleted ends
+//     discarded without a request, with the reason kept.
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// webhookJobKind is the job kind of a delivery to an endpoint.
+const webhookJobKind = "webhook"
+
+const (
+	// webhookMaxRetryAfter bounds how far a receiver's Retry-After may push
+	// one retry: an hour rides out a deploy or a rate-limit window, and
+	// retryHorizon counts it, so the schedule still ends inside events
+	// retention whatever receivers answer.
+	webhookMaxRetryAfter = time.Hour
+	// webhookMaxResponseRead is how much of an answer is read: enough that
+	// an ordinary small answer is read to its end and the connection goes
+	// back to the pool for the next delivery; a longer one is cut and its
+	// connection closed rather than drained.
+	webhookMaxResponseRead = 64 << 10
+	// webhookExcerptLen is how much of an answer is kept per attempt for
+	// the panel: enough to read an error message, too little to store a
+	// page (or turn a blind SSRF into a readable one).
+	webhookExcerptLen = 1024
+	// webhookErrorExcerptLen is how much of an answer goes into the job's
+	// error text, which is read in lists.
+	webhookErrorExcerptLen = 200
+)
+
+// webhookSender delivers webhook jobs with the one safe HTTP client.
+type webhookSender struct {
+	db        *sql.DB
+	client    *http.Client
+	userAgent string
+	metrics   *deliveryMetrics
+	logger    *slog.Logger
+}
+
+func newWebhookSender(db *sql.DB, client *http.Client, metrics *deliveryMetrics, logger *slog.Logger) *webhookSender {
+	if metrics == nil {
+		metrics = newDeliveryMetrics()
+	}
+	return &webhookSender{
+		db:        db,
+		client:    client,
+		userAgent: "outboxd/" + version,
+		metrics:   metrics,
+		logger:    logger.With("loop", "webhooks"),
+	}
+}
+
+// webhookBody is the JSON body of a delivery, in the order the fields are
+// documented. id is a string, as webhook-id is.
+type webhookBody struct {
+	ID        string          `json:"id"`
+	Type      string          `json:"type"`
+	Subject   string          `json:"subject"`
+	Timestamp string          `json:"timestamp"`
+	Data      json.RawMessage `json:"data"`
+}
+
+// encodeWebhookBody is the body for ev: the same bytes on every attempt.
+func encodeWebhookBody(ev Event) ([]byte, error) {
+	data := ev.Payload
+	if len(data) == 0 {
+		data = json.RawMessage(`{}`)
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	// The payload is the application's JSON; "<" stays "<".
+	enc.SetEscapeHTML(false)
+	err := enc.Encode(webhookBody{
+		ID:        strconv.FormatInt(ev.ID, 10),
+		Type:      ev.Topic,
+		Subject:   ev.Subject,
+		Timestamp: ev.CreatedAt.UTC().Format(time.RFC3339Nano),
+		Data:      data,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("encode webhook body: %w", err)
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}
+
+// endpointChange is what an attempt's answer does to its endpoint.
+type endpointChange int
+
+const (
+	endpointUnchanged endpointChange = iota // no request was made
+	endpointSucceeded                       // clears failing_since
+	endpointFailed                          // sets failing_since if unset
+	endpointGone                            // 410: disables the endpoint
+)
+
+// classifyWebhookResponse is the one place that decides what an answer
+// means; decideOutcome then turns the error into the job's next state.
+// err is the transport's error (no answer); status and retryAfter are the
+// answer's. The rules:
+//
+//	2xx                      success; clears failing_since
+//	410 Gone                 discarded; disables the endpoint
+//	408, 429, 5xx            retried; Retry-After honoured up to an hour
+//	no answer (timeout, refused connection or address)
+//	                         retried
+//	any other status (3xx: redirects are not followed; other 4xx: a
+//	receiver misconfigured today is fixed tomorrow)
+//	                         retried
+//
+// Every failure sets failing_since if it is unset.
+func classifyWebhookResponse(status int, retryAfter string, err error, now time.Time) (endpointChange, error) {
+	switch {
+	case err != nil:
+		return endpointFailed, fmt.Errorf("webhook: %w", err)
+	case status >= 200 && status <= 299:
+		return endpointSucceeded, nil
+	case status == http.StatusGone:
+		return endpointGone, permanentError{fmt.Errorf("webhook: answered %d %s: endpoint disabled", status, http.StatusText(status))}
+	}
+	failure := fmt.Errorf("webhook: answered %d %s", status, http.StatusText(status))
+	if status == http.StatusRequestTimeout || status == http.StatusTooManyRequests || status >= 500 {
+		if delay, ok := parseRetryAfter(retryAfter, now); ok {
+			return endpointFailed, retryAfterError{failure, delay}
+		}
+	}
+	return endpointFailed, failure
+}
+
+// parseRetryAfter reads a Retry-After value, delay-seconds or an HTTP date,
+// as a delay from now, capped at webhookMaxRetryAfter.
+func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, false
+	}
+	var d time.Duration
+	if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if secs < 0 {
+			return 0, false
+		}
+		d = time.Duration(min(secs, int64(webhookMaxRetryAfter/time.Second))) * time.Second
+	} else if at, err := http.ParseTime(v); err == nil {
+		d = max(at.Sub(now), 0)
+	} else {
+		return 0, false
+	}
+	return min(d, webhookMaxRetryAfter), true
+}
+
+// webhookGoneReason is disabled_reason after a 410.
+const webhookGoneReason = "the receiver answered 410 Gone"
+
+// deliveryEndpointSQL reads what one attempt needs of its endpoint. The
+// previous secret signs only inside its rotation window.
+const deliveryEndpointSQL = `
+SELECT url,
+       secret,
+       CASE WHEN previous_secret_expires_at > now() THEN previous_secret END,
+       disabled_reason
+FROM outbox.endpoints
+WHERE id = $1`
+
+// deliveryEndpoint is an endpoint as one attempt sees it.
+type deliveryEndpoint struct {
+	URL            string
+	Secrets        [][]byte // current first; the previous one during a rotation
+	DisabledReason *string
+}
+
+func (s *webhookSender) loadEndpoint(ctx context.Context, id int64) (deliveryEndpoint, error) {
+	var ep deliveryEndpoint
+	var secret, previous []byte
+	err := s.db.QueryRowContext(ctx, deliveryEndpointSQL, id).Scan(&ep.URL, &secret, &previous, &ep.DisabledReason)
+	if errors.Is(err, sql.ErrNoRows) {
+		return ep, fmt.Errorf("endpoint %d: %w", id, errNotFound)
+	}
+	if err != nil {
+		return ep, fmt.Errorf("load endpoint %d: %w", id, err)
+	}
+	ep.Secrets = [][]byte{secret}
+	if previous != nil {
+		ep.Secrets = append(ep.Secrets, previous)
+	}
+	return ep, nil
+}
+
+// deliveryAttempt is what one attempt leaves for the panel.
+type deliveryAttempt struct {
+	Duration        time.Duration
+	StatusCode      int // 0: no answer
+	Error           string
+	ResponseExcerpt string
+}
+
+// deliver runs one attempt of a webhook job. Its error, if any, is the
+// classified outcome that decideOutcome reads.
+func (s *webhookSender) deliver(ctx context.Context, job Job) error {
+	if job.EndpointID == 0 {
+		return s.notSent(ctx, job, errors.New("endpoint deleted; not sent"))
+	}
+	ep, err := s.loadEndpoint(ctx, job.EndpointID)
+	if errors.Is(err, errNotFound) {
+		return s.notSent(ctx, job, fmt.Errorf("endpoint %d deleted; not sent", job.EndpointID))
+	}
+	if err != nil {
+		return err
+	}
+	if ep.DisabledReason != nil {
+		return s.notSent(ctx, job, fmt.Errorf("endpoint %d is disabled (%s); not sent", job.EndpointID, *ep.DisabledReason))
+	}
+	body, err := encodeWebhookBody(job.Event)
+	if err != nil {
+		return permanentError{err}
+	}
+
+	start := time.Now()
+	status, retryAfter, excerpt, sendErr := s.post(ctx, ep, job.Event.ID, body)
+	attempt := deliveryAttempt{Duration: time.Since(start), StatusCode: status, ResponseExcerpt: excerpt}
+	change, outcome := classifyWebhookResponse(status, retryAfter, sendErr, time.Now())
+	if outcome != nil && excerpt != "" {
+		outcome = fmt.Errorf("%w: %q", outcome, truncate(excerpt, webhookErrorExcerptLen))
+	}
+	if outcome != nil {
+		attempt.Error = truncate(outcome.Error(), maxErrorLen)
+	}
+	s.observe(job, attempt, change, sendErr)
+	if err := s.record(ctx, job, attempt, change); err != nil {
+		// The receiver's answer stands: failing the job over a lost record
+		// would send the event again.
+		s.logger.Error("record webhook attempt failed", "job_id", job.ID, "endpoint_id", job.EndpointID, "err", err)
+	}
+	return outcome
+}
+
+// observe counts an attempt for /metrics: its outcome, its duration and,
+// for a success, the time from the event's commit to this first 2xx (a job
+// succeeds once, so its success is the pair's first).
+func (s *webhookSender) observe(job Job, a deliveryAttempt, change endpointChange, sendErr error) {
+	outcome := "failed_status"
+	switch {
+	case sendErr != nil:
+		outcome = "no_answer"
+	case change == endpointSucceeded:
+		outcome = "success"
+		s.metrics.commitTo2xx.With(strconv.FormatInt(job.EndpointID, 10)).Observe(time.Since(job.Event.CreatedAt).Seconds())
+	case change == endpointGone:
+		outcome = "gone"
+	}
+	s.metrics.outcomes.Add(outcome, 1)
+	s.metrics.latency.Observe(a.Duration.Seconds())
+}
+
+// post sends one signed request and reads a bounded part of the answer.
+func (s *webhookSender) post(ctx context.Context, ep deliveryEndpoint, eventID int64, body []byte) (status int, retryAfter, excerpt string, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.URL, bytes.NewReader(body))
+	if err != nil {
+		return 0, "", "", err
+	}
+	setWebhookHeaders(req.Header, ep.Secrets, strconv.FormatInt(eventID, 10), time.Now(), body)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", s.userAgent)
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return 0, "", "", err
+	}
+	defer resp.Body.Close()
+	// A read error after the status line changes nothing: the receiver
+	// has answered, and its status is the outcome.
+	answer, _, _ := readLimited(resp.Body, webhookMaxResponseRead)
+	return resp.StatusCode, resp.Header.Get("Retry-After"), textExcerpt(answer, webhookExcerptLen), nil
+}
+
+// textExcerpt is the start of b as text PostgreSQL will store: valid UTF-8,
+// no NUL bytes, at most n bytes and an ellipsis.
+func textExcerpt(b []byte, n int) string {
+	if len(b) > n+4 {
+		b = b[:n+4] // room for the rune the cut splits
+	}
+	s := strings.ToValidUTF8(strings.ReplaceAll(string(b), "\x00", ""), "\uFFFD")
+	return truncate(s, n)
+}
+
+// notSent records an attempt that made no request, and discards the job.
+func (s *webhookSender) notSent(ctx context.Context, job Job, reason error) error {
+	if err := s.record(ctx, job, deliveryAttempt{Error: reason.Error()}, endpointUnchanged); err != nil {
+		s.logger.Error("record webhook attempt failed", "job_id", job.ID, "endpoint_id", job.EndpointID, "err", err)
+	}
+	return permanentError{reason}
+}
+
+// recordDeliverySQL keeps one attempt. An attempt is recorded once; a
+// rescued attempt's late worker may record too, under its own number.
+const recordDeliverySQL = `
+INSERT INTO outbox.deliveries (job_id, attempt, endpoint_id, duration_ms, status_code, error, response_excerpt)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+ON CONFLICT (job_id, attempt) DO NOTHING`
+
+// The endpoint's state after an attempt; each skips the write when there
+// is nothing to change, so a healthy endpoint's row is not rewritten on
+// every delivery.
+const (
+	endpointSucceededSQL = `
+UPDATE outbox.endpoints
+SET failing_since = NULL
+WHERE id = $1
+  AND failing_since IS NOT NULL`
+
+	endpointFailedSQL = `
+UPDATE outbox.endpoints
+SET failing_since = now()
+WHERE id = $1
+  AND failing_since IS NULL`
+
+	endpointGoneSQL = `
+UPDATE outbox.endpoints
+SET disabled_at = now(),
+    disabled_reason = $2,
+    failing_since = coalesce(failing_since, now())
+WHERE id = $1
+  AND disabled_at IS NULL`
+)
+
+// record writes an attempt and its effect on the endpoint in one short
+// transaction of its own: the job's context may be spent (a timed-out
+// request), and this is what the panel will show.
+func (s *webhookSender) record(ctx context.Context, job Job, a deliveryAttempt, change endpointChange) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("record webhook attempt: %w", err)
+	}
+	defer tx.Rollback()
+	endpointID := sql.NullInt64{Int64: job.EndpointID, Valid: job.EndpointID != 0}
+	statusCode := sql.NullInt64{Int64: int64(a.StatusCode), Valid: a.StatusCode != 0}
+	if _, err := tx.ExecContext(ctx, recordDeliverySQL, job.ID, job.Attempt, endpointID,
+		a.Duration.Milliseconds(), statusCode, a.Error, a.ResponseExcerpt); err != nil {
+		return fmt.Errorf("record webhook attempt: %w", err)
+	}
+	switch change {
+	case endpointSucceeded:
+		_, err = tx.ExecContext(ctx, endpointSucceededSQL, job.EndpointID)
+	case endpointFailed:
+		_, err = tx.ExecContext(ctx, endpointFailedSQL, job.EndpointID)
+	case endpointGone:
+		_, err = tx.ExecContext(ctx, endpointGoneSQL, job.EndpointID, webhookGoneReason)
+	}
+	if err != nil {
+		return fmt.Errorf("record webhook attempt: endpoint state: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("record webhook attempt: %w", err)
+	}
+	return nil
+}
+
+// validateRetryHorizon refuses a retry schedule that can outlive the event
+// it delivers: a retry must never find its event pruned by retention.
+// eventsRetention 0 means retention is off, and nothing is pruned.
+func validateRetryHorizon(maxAttempts int, eventsRetention time.Duration) error {
+	if eventsRetention <= 0 || maxAttempts < 1 {
+		return nil
+	}
+	if h := retryHorizon(maxAttempts); h >= eventsRetention {
+		return fmt.Errorf("-job-max-attempts (%s) %d retries for up to %s, which is not shorter than the events retention of %s: lower the attempts or raise the retention",
+			envName("job-max-attempts"), maxAttempts, h.Round(time.Minute), eventsRetention)
+	}
+	return nil
+}

@@ -1,0 +1,664 @@
+// webhook_test.go: hops 4 to 6 for webhooks, from fan-out to an httptest
+// receiver: once per endpoint, signed, retried, and the endpoint's state.
+
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// received is one request a test receiver got.
+type received struct {
+	Header http.Header
+	Body   []byte
+	At     time.Time
+}
+
+// receiver is an httptest server that keeps every request and answers
+// with answer (200 when nil).
+type receiver struct {
+	srv    *httptest.Server
+	mu     sync.Mutex // protects reqs
+	reqs   []received
+	answer func(n int, w http.ResponseWriter, r *http.Request) // n counts from 1
+}
+
+func newReceiver(t *testing.T, answer func(n int, w http.ResponseWriter, r *http.Request)) *receiver {
+	t.Helper()
+	rc := &receiver{answer: answer}
+	rc.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		rc.mu.Lock()
+		rc.reqs = append(rc.reqs, received{Header: r.Header.Clone(), Body: body, At: time.Now()})
+		n := len(rc.reqs)
+		rc.mu.Unlock()
+		if rc.answer != nil {
+			rc.answer(n, w, r)
+		}
+	}))
+	t.Cleanup(rc.srv.Close)
+	return rc
+}
+
+func (rc *receiver) requests() []received {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return append([]received(nil), rc.reqs...)
+}
+
+// runWebhookWorkers runs a worker pool that sends webhooks with the safe
+// client (loopback allowed) until the test ends.
+func runWebhookWorkers(t *testing.T, db *sql.DB, timeout time.Duration) {
+	t.Helper()
+	cfg := defaultConfig().Workers
+	cfg.PollInterval = 20 * time.Millisecond
+	cfg.Concurrency = 8
+	client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: timeout})
+	wp := newWorkerPool(db, cfg, time.Minute, newSubscriberRegistry(), newWebhookSender(db, client, nil, testLogger(t)), testLogger(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- wp.Run(ctx, nil) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+// relayAll fans out every un-fanned event, as the relay's passes would.
+func relayAll(t *testing.T, db *sql.DB) {
+	t.Helper()
+	r := newTestRelay(t, db, defaultConfig().Relay)
+	for {
+		res, err := r.relayOnce(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Claimed == 0 {
+			return
+		}
+	}
+}
+
+// record records one event and returns its id.
+func record(t *testing.T, db *sql.DB, topic, subject string) int64 {
+	t.Helper()
+	id, err := recordEvent(context.Background(), db, topic, subject, json.RawMessage(`{"subject": "`+subject+`"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// webhookJob is the id of the webhook job of (event, endpoint).
+func webhookJob(t *testing.T, db *sql.DB, eventID, endpointID int64) int64 {
+	t.Helper()
+	return int64(queryInt(t, db, `SELECT id FROM outbox.jobs WHERE event_id = $1 AND endpoint_id = $2`, eventID, endpointID))
+}
+
+func secretOf(t *testing.T, e endpointWithSecret) []byte {
+	t.Helper()
+	s, err := parseWebhookSecret(e.Secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestEncodeWebhookBody(t *testing.T) {
+	t.Parallel()
+	ev := Event{
+		ID: 42, Topic: "order.paid", Subject: "o-7",
+		Payload:   json.RawMessage(`{"note": "<b>&", "cents": 1200}`),
+		CreatedAt: time.Date(2026, 1, 2, 3, 4, 5, 123456000, time.FixedZone("CET", 3600)),
+	}
+	got, err := encodeWebhookBody(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"id":"42","type":"order.paid","subject":"o-7","timestamp":"2026-01-02T02:04:05.123456Z","data":{"note":"<b>&","cents":1200}}`
+	if diff := cmp.Diff(want, string(got)); diff != "" {
+		t.Errorf("body (-want +got):\n%s", diff)
+	}
+}
+
+// The outcome rules of the issue, one row each: what an answer does to the
+// endpoint and, through decideOutcome, to the job.
+func TestClassifyWebhookResponse(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	type result struct {
+		Change endpointChange
+		State  jobState
+		Delay  time.Duration
+	}
+	const backoff3 = 81 * time.Second // attempt 3, jitter 0.5
+	for _, tc := range []struct {
+		name       string
+		attempt    int
+		status     int
+		retryAfter string
+		err        error
+		want       result
+	}{
+		{"200 succeeds", 3, 200, "", nil, result{endpointSucceeded, jobCompleted, 0}},
+		{"204 succeeds", 3, 204, "", nil, result{endpointSucceeded, jobCompleted, 0}},
+		{"410 disables and discards", 3, 410, "", nil, result{endpointGone, jobDiscarded, 0}},
+		{"500 retries with backoff", 3, 500, "", nil, result{endpointFailed, jobRetryable, backoff3}},
+		{"503 with Retry-After seconds", 3, 503, "120", nil, result{endpointFailed, jobRetryable, 120 * time.Second}},
+		{"Retry-After shorter than the backoff", 3, 503, "10", nil, result{endpointFailed, jobRetryable, backoff3}},
+		{"Retry-After capped at an hour", 3, 429, "86400", nil, result{endpointFailed, jobRetryable, time.Hour}},
+		{"Retry-After as an HTTP date", 3, 429, now.Add(10 * time.Minute).Format(http.TimeFormat), nil, result{endpointFailed, jobRetryable, 10 * time.Minute}},
+		{"Retry-After unreadable", 3, 429, "soon", nil, result{endpointFailed, jobRetryable, backoff3}},
+		{"408 retries", 3, 408, "", nil, result{endpointFailed, jobRetryable, backoff3}},
+		{"other 4xx retries", 3, 400, "", nil, result{endpointFailed, jobRetryable, backoff3}},
+		{"Retry-After ignored on 404", 3, 404, "600", nil, result{endpointFailed, jobRetryable, backoff3}},
+		{"redirect is a failure", 3, 302, "", nil, result{endpointFailed, jobRetryable, backoff3}},
+		{"timeout retries", 3, 0, "", context.DeadlineExceeded, result{endpointFailed, jobRetryable, backoff3}},
+		{"forbidden address retries", 3, 0, "", fmt.Errorf("dial: %w", errForbiddenAddress), result{endpointFailed, jobRetryable, backoff3}},
+		{"last attempt discards", 18, 500, "", nil, result{endpointFailed, jobDiscarded, 0}},
+		{"410 on the last attempt", 18, 410, "", nil, result{endpointGone, jobDiscarded, 0}},
+	} {
+		change, err := classifyWebhookResponse(tc.status, tc.retryAfter, tc.err, now)
+		out := decideOutcome(tc.attempt, 18, err, 0.5)
+		got := result{change, out.State, out.Delay}
+		if diff := cmp.Diff(tc.want, got); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", tc.name, diff)
+		}
+		if (out.State == jobCompleted) != (out.Error == "") {
+			t.Errorf("%s: state %s with error %q", tc.name, out.State, out.Error)
+		}
+	}
+}
+
+func TestValidateRetryHorizon(t *testing.T) {
+	t.Parallel()
+	week := 7 * 24 * time.Hour
+	for _, tc := range []struct {
+		attempts  int
+		retention time.Duration
+		ok        bool
+	}{
+		{18, week, true},
+		{18, 0, true}, // retention off: nothing is pruned
+		{1, time.Hour, true},
+		{18, 3 * 24 * time.Hour, false},
+		{30, week, false},
+	} {
+		err := validateRetryHorizon(tc.attempts, tc.retention)
+		if (err == nil) != tc.ok {
+			t.Errorf("validateRetryHorizon(%d, %s) = %v, want ok %v", tc.attempts, tc.retention, err, tc.ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), "-job-max-attempts (OUTBOXD_JOB_MAX_ATTEMPTS)") {
+			t.Errorf("error %q does not name the setting", err)
+		}
+	}
+	if _, err := parseConfig([]string{"-job-max-attempts", "30"}, envFrom(nil), io.Discard); err == nil {
+		t.Error("start-up accepted 30 attempts, whose retries outlive a week's retention")
+	}
+}
+
+// The webhook settings parse from flags and environment, and refuse bad
+// values by name.
+func TestWebhookSettings(t *testing.T) {
+	t.Parallel()
+	cfg, err := parseConfig([]string{"-webhook-timeout", "5s"}, envFrom(map[string]string{
+		"OUTBOXD_FAILING_ENDPOINT_DELAY":         "1m",
+		"OUTBOXD_WEBHOOK_SECRET_ROTATION_WINDOW": "2h",
+	}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := []time.Duration{cfg.Webhooks.Timeout, cfg.Relay.FailingEndpointDelay, cfg.Webhooks.SecretRotationWindow}
+	if diff := cmp.Diff([]time.Duration{5 * time.Second, time.Minute, 2 * time.Hour}, got); diff != "" {
+		t.Errorf("settings (-want +got):\n%s", diff)
+	}
+	for env, want := range map[string]string{
+		"OUTBOXD_WEBHOOK_TIMEOUT":        "-webhook-timeout (OUTBOXD_WEBHOOK_TIMEOUT)",
+		"OUTBOXD_FAILING_ENDPOINT_DELAY": "-failing-endpoint-delay (OUTBOXD_FAILING_ENDPOINT_DELAY)",
+	} {
+		_, err := parseConfig(nil, envFrom(map[string]string{env: "-1s"}), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s=-1s: %v, want an error naming %s", env, err, want)
+		}
+	}
+}
+
+// N events × M endpoints with topic filters: each subscribing endpoint gets
+// each event exactly once, signed with its own secret, webhook-id equal to
+// the event id and to the body's id.
+func TestWebhooksArriveOncePerSubscribingEndpoint(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	type sub struct {
+		topics   []string
+		receiver *receiver
+		endpoint endpointWithSecret
+	}
+	subs := []*sub{{topics: nil}, {topics: []string{"order.*"}}, {topics: []string{"user.created", "audit.*"}}}
+	for _, s := range subs {
+		s.receiver = newReceiver(t, nil)
+		s.endpoint = api.createEndpoint(s.receiver.srv.URL+"/hook", s.topics...)
+	}
+	events := map[int64]string{} // id → topic
+	for i := range 8 {
+		for _, topic := range []string{"order.paid", "order.created", "user.created", "billing.run"} {
+			events[record(t, db, topic, fmt.Sprintf("s%d", i))] = topic
+		}
+	}
+	relayAll(t, db)
+	runWebhookWorkers(t, db, 10*time.Second)
+
+	want := 0
+	for _, s := range subs {
+		for _, topic := range events {
+			if topicMatches(s.topics, topic) {
+				want++
+			}
+		}
+	}
+	waitFor(t, "every webhook job completed", 30*time.Second, func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE kind = 'webhook' AND state = 'completed'`) == want
+	})
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE kind = 'webhook'`); n != want {
+		t.Errorf("%d webhook jobs, want %d", n, want)
+	}
+
+	for i, s := range subs {
+		secret := secretOf(t, s.endpoint)
+		got := map[int64]int{}
+		for _, r := range s.receiver.requests() {
+			var body webhookBody
+			if err := json.Unmarshal(r.Body, &body); err != nil {
+				t.Fatalf("endpoint %d: body %s: %v", i, r.Body, err)
+			}
+			id, _ := strconv.ParseInt(r.Header.Get("webhook-id"), 10, 64)
+			if body.ID != r.Header.Get("webhook-id") || events[id] == "" {
+				t.Errorf("endpoint %d: webhook-id %q, body id %q, want both the event id", i, r.Header.Get("webhook-id"), body.ID)
+			}
+			if body.Type != events[id] || body.Subject == "" || string(body.Data) != `{"subject":"`+body.Subject+`"}` {
+				t.Errorf("endpoint %d: body %s does not carry event %d", i, r.Body, id)
+			}
+			if _, err := time.Parse(time.RFC3339, body.Timestamp); err != nil {
+				t.Errorf("endpoint %d: timestamp %q: %v", i, body.Timestamp, err)
+			}
+			if err := verifyWebhook([][]byte{secret}, r.Header, r.Body, time.Now()); err != nil {
+				t.Errorf("endpoint %d: event %d: %v", i, id, err)
+			}
+			if ct, ua := r.Header.Get("Content-Type"), r.Header.Get("User-Agent"); ct != "application/json" || ua != "outboxd/"+version {
+				t.Errorf("endpoint %d: content-type %q, user-agent %q", i, ct, ua)
+			}
+			got[id]++
+		}
+		wantIDs := map[int64]int{}
+		for id, topic := range events {
+			if topicMatches(s.topics, topic) {
+				wantIDs[id] = 1
+			}
+		}
+		if diff := cmp.Diff(wantIDs, got); diff != "" {
+			t.Errorf("endpoint %d (topics %v): deliveries per event id (-want +got):\n%s", i, s.topics, diff)
+		}
+	}
+	// Each one was recorded for the panel.
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE status_code = 200 AND error = ''`); n != want {
+		t.Errorf("%d deliveries recorded as 200, want %d", n, want)
+	}
+}
+
+// A receiver that fails twice, then succeeds, gets three attempts with one
+// webhook-id; the retry delays grow. Delays are read from scheduled_at and
+// then skipped, never waited for.
+func TestWebhookRetriesKeepWebhookIDAndBackOff(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if n <= 2 {
+			http.Error(w, "try again", http.StatusInternalServerError)
+		}
+	})
+	ep := api.createEndpoint(rc.srv.URL)
+	eventID := record(t, db, "order.paid", "o-1")
+	relayAll(t, db)
+	job := webhookJob(t, db, eventID, ep.ID)
+	runWebhookWorkers(t, db, 10*time.Second)
+
+	var delays []float64
+	for attempt := 1; attempt <= 2; attempt++ {
+		waitFor(t, fmt.Sprintf("failed attempt %d", attempt), 10*time.Second, func() bool {
+			r := readJob(t, db, job)
+			return r.State == "retryable" && r.Attempt == attempt
+		})
+		delays = append(delays, readJob(t, db, job).DueInSecond)
+		mustExec(t, db, `UPDATE outbox.jobs SET scheduled_at = now() WHERE id = $1`, job)
+	}
+	waitFor(t, "the third attempt to succeed", 10*time.Second, func() bool { return readJob(t, db, job).State == "completed" })
+
+	if r := readJob(t, db, job); r.Attempt != 3 || r.Errors != 2 {
+		t.Errorf("completed on attempt %d with %d errors kept, want 3 and 2", r.Attempt, r.Errors)
+	}
+	if !(delays[0] <= 1.1 && delays[1] > 12 && delays[1] <= 17.6) {
+		t.Errorf("retry delays %v s, want about 1 then 16", delays)
+	}
+	reqs := rc.requests()
+	if len(reqs) != 3 {
+		t.Fatalf("receiver got %d requests, want 3", len(reqs))
+	}
+	for i, r := range reqs {
+		if id := r.Header.Get("webhook-id"); id != strconv.FormatInt(eventID, 10) {
+			t.Errorf("attempt %d: webhook-id %q, want the event id %d", i+1, id, eventID)
+		}
+		if err := verifyWebhook([][]byte{secretOf(t, ep)}, r.Header, r.Body, time.Now()); err != nil {
+			t.Errorf("attempt %d: %v", i+1, err)
+		}
+		if string(r.Body) != string(reqs[0].Body) {
+			t.Errorf("attempt %d: body %s differs from the first %s", i+1, r.Body, reqs[0].Body)
+		}
+	}
+	rows, err := db.Query(`SELECT attempt, status_code, response_excerpt FROM outbox.deliveries WHERE job_id = $1 ORDER BY attempt`, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var got []string
+	for rows.Next() {
+		var attempt, status int
+		var excerpt string
+		if err := rows.Scan(&attempt, &status, &excerpt); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, fmt.Sprintf("%d %d %s", attempt, status, strings.TrimSpace(excerpt)))
+	}
+	if diff := cmp.Diff([]string{"1 500 try again", "2 500 try again", "3 200 "}, got); diff != "" {
+		t.Errorf("recorded attempts (-want +got):\n%s", diff)
+	}
+}
+
+// An endpoint's state follows its deliveries: a failure sets
+// failing_since, new deliveries then wait 5 minutes, a success clears it,
+// 410 disables it, a disabled endpoint gets no jobs, re-enabling resumes.
+func TestEndpointStateFollowsDeliveries(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	var answer atomic.Int64
+	answer.Store(http.StatusServiceUnavailable)
+	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(int(answer.Load()))
+	})
+	ep := api.createEndpoint(rc.srv.URL)
+	runWebhookWorkers(t, db, 10*time.Second)
+	state := func() string { return api.endpoint(ep.ID).State }
+
+	first := record(t, db, "t", "first")
+	relayAll(t, db)
+	firstJob := webhookJob(t, db, first, ep.ID)
+	waitFor(t, "the first delivery to fail", 10*time.Second, func() bool { return readJob(t, db, firstJob).State == "retryable" })
+	if e := api.endpoint(ep.ID); e.State != "failing" || e.FailingSince == nil {
+		t.Fatalf("after a failure: state %s, failing_since %v; want failing", e.State, e.FailingSince)
+	}
+
+	// While failing, a new delivery is scheduled 5 minutes out.
+	second := record(t, db, "t", "second")
+	relayAll(t, db)
+	secondJob := webhookJob(t, db, second, ep.ID)
+	if due := readJob(t, db, secondJob).DueInSecond; due < 290 || due > 300 {
+		t.Errorf("a failing endpoint's new delivery is due in %.0f s, want 300", due)
+	}
+
+	// A success clears failing_since; new deliveries go at once again.
+	answer.Store(http.StatusOK)
+	mustExec(t, db, `UPDATE outbox.jobs SET scheduled_at = now() WHERE id IN ($1, $2)`, firstJob, secondJob)
+	waitFor(t, "both deliveries to succeed", 10*time.Second, func() bool {
+		return readJob(t, db, firstJob).State == "completed" && readJob(t, db, secondJob).State == "completed"
+	})
+	if e := api.endpoint(ep.ID); e.State != "enabled" || e.FailingSince != nil {
+		t.Fatalf("after a success: state %s, failing_since %v; want enabled", e.State, e.FailingSince)
+	}
+	third := record(t, db, "t", "third")
+	relayAll(t, db)
+	thirdJob := webhookJob(t, db, third, ep.ID)
+	if due := readJob(t, db, thirdJob).DueInSecond; due > 1 {
+		t.Errorf("a healthy endpoint's delivery is due in %.0f s, want now", due)
+	}
+	waitFor(t, "the third delivery", 10*time.Second, func() bool { return readJob(t, db, thirdJob).State == "completed" })
+
+	// 410 Gone disables the endpoint and discards the delivery.
+	answer.Store(http.StatusGone)
+	fourth := record(t, db, "t", "fourth")
+	relayAll(t, db)
+	fourthJob := webhookJob(t, db, fourth, ep.ID)
+	waitFor(t, "the 410 to discard the delivery", 10*time.Second, func() bool { return readJob(t, db, fourthJob).State == "discarded" })
+	e := api.endpoint(ep.ID)
+	if e.State != "disabled" || e.DisabledReason == nil || *e.DisabledReason != webhookGoneReason {
+		t.Fatalf("after 410: state %s, reason %v; want disabled with %q", e.State, e.DisabledReason, webhookGoneReason)
+	}
+
+	// Disabled: the relay enqueues nothing for it.
+	fifth := record(t, db, "t", "fifth")
+	relayAll(t, db)
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE event_id = $1`, fifth); n != 0 {
+		t.Errorf("a disabled endpoint got %d new jobs, want 0", n)
+	}
+
+	// Re-enabled, with a clean slate: deliveries resume.
+	answer.Store(http.StatusOK)
+	if status, body := api.do("POST", "/api/endpoints/"+itoa(ep.ID)+"/enable", ""); status != http.StatusOK {
+		t.Fatalf("enable: %d %s", status, body)
+	}
+	if s := state(); s != "enabled" {
+		t.Fatalf("after enable: state %s", s)
+	}
+	sixth := record(t, db, "t", "sixth")
+	relayAll(t, db)
+	sixthJob := webhookJob(t, db, sixth, ep.ID)
+	waitFor(t, "delivery after re-enable", 10*time.Second, func() bool { return readJob(t, db, sixthJob).State == "completed" })
+	if s := state(); s != "enabled" {
+		t.Errorf("at the end: state %s, want enabled", s)
+	}
+}
+
+// Deliveries queued for an endpoint that is then disabled or deleted end
+// discarded without a request, and say why.
+func TestDeliveryToDisabledOrDeletedEndpointEndsWithoutRequest(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	rc := newReceiver(t, nil)
+	disabled := api.createEndpoint(rc.srv.URL + "/disabled")
+	deleted := api.createEndpoint(rc.srv.URL + "/deleted")
+	eventID := record(t, db, "t", "s")
+	relayAll(t, db)
+	disabledJob, deletedJob := webhookJob(t, db, eventID, disabled.ID), webhookJob(t, db, eventID, deleted.ID)
+
+	if status, body := api.do("POST", "/api/endpoints/"+itoa(disabled.ID)+"/disable", `{"reason": "maintenance"}`); status != http.StatusOK {
+		t.Fatalf("disable: %d %s", status, body)
+	}
+	if status, body := api.do("DELETE", "/api/endpoints/"+itoa(deleted.ID), ""); status != http.StatusNoContent {
+		t.Fatalf("delete: %d %s", status, body)
+	}
+	runWebhookWorkers(t, db, 10*time.Second)
+	waitFor(t, "both deliveries to end", 10*time.Second, func() bool {
+		return readJob(t, db, disabledJob).State == "discarded" && readJob(t, db, deletedJob).State == "discarded"
+	})
+	if n := len(rc.requests()); n != 0 {
+		t.Errorf("receiver got %d requests, want none", n)
+	}
+	for job, want := range map[int64]string{disabledJob: "is disabled (maintenance); not sent", deletedJob: "deleted; not sent"} {
+		var jobErr, deliveryErr string
+		var status sql.NullInt64
+		if err := db.QueryRow(`
+			SELECT j.errors->0->>'error', d.error, d.status_code
+			FROM outbox.jobs j JOIN outbox.deliveries d ON d.job_id = j.id
+			WHERE j.id = $1`, job).Scan(&jobErr, &deliveryErr, &status); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(jobErr, want) || !strings.Contains(deliveryErr, want) || status.Valid {
+			t.Errorf("job %d: error %q, delivery %q (status %v); want %q and no status", job, jobErr, deliveryErr, status, want)
+		}
+	}
+}
+
+// A delivery that fails every time ends discarded after 18 attempts with
+// every attempt's error kept.
+func TestWebhookDiscardedAfterMaxAttempts(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		http.Error(w, fmt.Sprintf("down %d", n), http.StatusBadGateway)
+	})
+	ep := api.createEndpoint(rc.srv.URL)
+	eventID := record(t, db, "t", "s")
+	relayAll(t, db)
+	job := webhookJob(t, db, eventID, ep.ID)
+	runWebhookWorkers(t, db, 10*time.Second)
+
+	waitFor(t, "the delivery to be discarded", 60*time.Second, func() bool {
+		mustExec(t, db, `UPDATE outbox.jobs SET scheduled_at = now() WHERE id = $1 AND state = 'retryable'`, job)
+		return readJob(t, db, job).State == "discarded"
+	})
+	if r := readJob(t, db, job); r.Attempt != 18 || r.Errors != 18 {
+		t.Errorf("discarded after %d attempts with %d errors, want 18 and 18", r.Attempt, r.Errors)
+	}
+	var last string
+	db.QueryRow(`SELECT errors->17->>'error' FROM outbox.jobs WHERE id = $1`, job).Scan(&last)
+	if !strings.Contains(last, "502 Bad Gateway") || !strings.Contains(last, "down 18") {
+		t.Errorf("last error %q, want the status and the answer", last)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE job_id = $1 AND status_code = 502`, job); n != 18 {
+		t.Errorf("%d attempts recorded, want 18", n)
+	}
+	if n := len(rc.requests()); n != 18 {
+		t.Errorf("receiver got %d requests, want 18", n)
+	}
+}
+
+// A receiver that never answers costs one timeout, not a worker; the
+// attempt is a retryable failure with no status.
+func TestWebhookSlowReceiverTimesOut(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	release := make(chan struct{})
+	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done(): // the sender gave up
+		case <-release:
+		}
+	})
+	t.Cleanup(func() { close(release) }) // runs before the receiver's Close
+	ep := api.createEndpoint(rc.srv.URL)
+	eventID := record(t, db, "t", "s")
+	relayAll(t, db)
+	job := webhookJob(t, db, eventID, ep.ID)
+	const timeout = 300 * time.Millisecond
+	runWebhookWorkers(t, db, timeout)
+
+	waitFor(t, "the attempt to time out", 10*time.Second, func() bool { return readJob(t, db, job).State == "retryable" })
+	var status sql.NullInt64
+	var durationMS int
+	var errText string
+	if err := db.QueryRow(`SELECT status_code, duration_ms, error FROM outbox.deliveries WHERE job_id = $1`, job).Scan(&status, &durationMS, &errText); err != nil {
+		t.Fatal(err)
+	}
+	if status.Valid || durationMS < int(timeout.Milliseconds()) || durationMS > 5000 || !strings.Contains(errText, "Timeout") {
+		t.Errorf("attempt: status %v, %d ms, error %q; want no status, about %s, a timeout", status, durationMS, errText, timeout)
+	}
+	if s := api.endpoint(ep.ID).State; s != "failing" {
+		t.Errorf("endpoint state %s after a timeout, want failing", s)
+	}
+}
+
+// A receiver that streams an endless answer is cut at the bound: the
+// delivery completes long before the timeout, keeping a bounded excerpt.
+func TestWebhookEndlessAnswerIsCut(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		chunk := []byte(strings.Repeat("x", 4096))
+		for r.Context().Err() == nil {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
+	})
+	ep := api.createEndpoint(rc.srv.URL)
+	eventID := record(t, db, "t", "s")
+	relayAll(t, db)
+	job := webhookJob(t, db, eventID, ep.ID)
+	runWebhookWorkers(t, db, 30*time.Second)
+
+	waitFor(t, "the delivery to complete", 10*time.Second, func() bool { return readJob(t, db, job).State == "completed" })
+	var durationMS, excerptLen int
+	if err := db.QueryRow(`SELECT duration_ms, octet_length(response_excerpt) FROM outbox.deliveries WHERE job_id = $1`, job).Scan(&durationMS, &excerptLen); err != nil {
+		t.Fatal(err)
+	}
+	if durationMS > 5000 || excerptLen > webhookExcerptLen+len("…") {
+		t.Errorf("attempt took %d ms and kept %d bytes; want well under the timeout and at most %d", durationMS, excerptLen, webhookExcerptLen)
+	}
+}
+
+// During a rotation window both secrets sign; after it, only the new one.
+func TestRotateSecretSignsWithBothUntilWindowEnds(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	rc := newReceiver(t, nil)
+	ep := api.createEndpoint(rc.srv.URL)
+	oldSecret := secretOf(t, ep)
+	status, body := api.do("POST", "/api/endpoints/"+itoa(ep.ID)+"/rotate-secret", "")
+	var rotated endpointWithSecret
+	if err := json.Unmarshal(body, &rotated); status != http.StatusOK || err != nil {
+		t.Fatalf("rotate: %d %s", status, body)
+	}
+	newSecret := secretOf(t, rotated)
+	runWebhookWorkers(t, db, 10*time.Second)
+
+	deliverOne := func() received {
+		t.Helper()
+		n := len(rc.requests())
+		record(t, db, "t", "s")
+		relayAll(t, db)
+		waitFor(t, "a delivery", 10*time.Second, func() bool { return len(rc.requests()) == n+1 })
+		return rc.requests()[n]
+	}
+
+	during := deliverOne()
+	if n := len(strings.Fields(during.Header.Get("webhook-signature"))); n != 2 {
+		t.Errorf("during the window: %d signatures, want 2", n)
+	}
+	for name, secret := range map[string][]byte{"old": oldSecret, "new": newSecret} {
+		if err := verifyWebhook([][]byte{secret}, during.Header, during.Body, time.Now()); err != nil {
+			t.Errorf("during the window, the %s secret alone: %v", name, err)
+		}
+	}
+
+	// The window ends (moved, not waited for).
+	mustExec(t, db, `UPDATE outbox.endpoints SET previous_secret_expires_at = now() - interval '1 second' WHERE id = $1`, ep.ID)
+	after := deliverOne()
+	if err := verifyWebhook([][]byte{oldSecret}, after.Header, after.Body, time.Now()); !errors.Is(err, errWebhookNoSignature) {
+		t.Errorf("after the window, the old secret alone: %v, want errWebhookNoSignature", err)
+	}
+	if err := verifyWebhook([][]byte{newSecret}, after.Header, after.Body, time.Now()); err != nil {
+		t.Errorf("after the window, the new secret: %v", err)
+	}
+	if e := api.endpoint(ep.ID); e.PreviousSecretExpiresAt != nil {
+		t.Errorf("after the window the API still shows it open until %v", e.PreviousSecretExpiresAt)
+	}
+}
