@@ -32,6 +32,9 @@ type admin struct {
 	panel    *panel
 	// endpoints is what endpoint validation and rotation need.
 	endpoints endpointPolicy
+	// eventsRetention clamps replays; maxAttempts is a replayed job's.
+	eventsRetention time.Duration
+	maxAttempts     int
 	// metricsPublic serves /metrics without the token, for a scraper on a
 	// private network that cannot hold secrets.
 	metricsPublic bool
@@ -56,6 +59,9 @@ func routes(a *admin) http.Handler {
 	api.Handle("POST /api/endpoints/{id}/enable", handleEnableEndpoint(a.db))
 	api.Handle("POST /api/endpoints/{id}/disable", handleDisableEndpoint(a.db))
 	api.Handle("POST /api/endpoints/{id}/rotate-secret", handleRotateEndpointSecret(a.db, a.endpoints))
+	api.Handle("POST /api/endpoints/{id}/replay", handleReplayEndpoint(a))
+	api.Handle("POST /api/endpoints/{id}/retry-discarded", handleRetryDiscarded(a.db))
+	api.Handle("GET /api/endpoints/{id}/deliveries", handleEndpointDeliveries(a.db))
 	api.Handle("/api/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Errorf("no route %s %s", r.Method, r.URL.Path))
 	}))

@@ -8,12 +8,14 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -39,13 +41,15 @@ func newTestServer(t *testing.T, db *sql.DB, policy endpointPolicy) *httptest.Se
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(routes(&admin{
-		db:        db,
-		token:     testToken,
-		alerts:    defaultConfig().Alerts,
-		counters:  &processCounters{deliveries: newDeliveryMetrics()},
-		panel:     pnl,
-		endpoints: policy,
-		logger:    testLogger(t),
+		db:              db,
+		token:           testToken,
+		alerts:          defaultConfig().Alerts,
+		counters:        &processCounters{deliveries: newDeliveryMetrics()},
+		panel:           pnl,
+		endpoints:       policy,
+		eventsRetention: 7 * 24 * time.Hour,
+		maxAttempts:     18,
+		logger:          testLogger(t),
 	}))
 	t.Cleanup(srv.Close)
 	return srv
@@ -151,6 +155,8 @@ func TestEvaluateAlertThresholds(t *testing.T) {
 		{"old but at the age threshold", Overview{Backlog: 1, OldestUnfannedAgeSeconds: 300}, []string{}},
 		{"any poisoned", Overview{Poisoned: 1}, []string{"events_poisoned"}},
 		{"any discarded", Overview{Jobs: JobCounts{Discarded: 1}}, []string{"jobs_discarded"}},
+		{"any endpoint disabled", Overview{Endpoints: EndpointCounts{Failing: 3, Disabled: 1}}, []string{"endpoint_disabled"}},
+		{"failing endpoints alone", Overview{Endpoints: EndpointCounts{Failing: 3}}, []string{}},
 	} {
 		got := alertNamesOf(evaluateAlerts(cfg, tc.o, alertStarts{}))
 		if diff := cmp.Diff(tc.want, got); diff != "" {
@@ -427,5 +433,111 @@ func TestHistogramExposition(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("histogram samples (-want +got):\n%s", diff)
+	}
+}
+
+// createTestEndpoint makes an endpoint through the API and returns its id.
+func createTestEndpoint(t *testing.T, srv *httptest.Server, url string, topics ...string) int64 {
+	t.Helper()
+	if topics == nil {
+		topics = []string{}
+	}
+	body, _ := json.Marshal(map[string]any{"url": url, "topics": topics})
+	var ep struct{ ID int64 }
+	if code := apiCall(t, srv, "POST", "/api/endpoints", string(body), &ep); code != 201 {
+		t.Fatalf("create endpoint: %d", code)
+	}
+	return ep.ID
+}
+
+func TestReplayEnqueuesFromATimeAndClampsToRetention(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	srv := newTestAdmin(t, db)
+	id := createTestEndpoint(t, srv, "http://127.0.0.1:1/hook", "order.*")
+	// Three fanned events: 10 days old (past retention), 2 days old, and
+	// one of a topic the endpoint does not take. The 2-day-old one was
+	// delivered before; the old one was never delivered.
+	mustExec(t, db, `INSERT INTO outbox.events (topic, created_at, fanned_out_at) VALUES
+		('order.old', now() - interval '10 days', now()),
+		('order.recent', now() - interval '2 days', now()),
+		('user.other', now() - interval '1 day', now())`)
+	mustExec(t, db, `INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, state, attempt, attempted_at, finalized_at)
+		SELECT 'webhook', id, $1, 18, 'completed', 1, now(), now() FROM outbox.events WHERE topic = 'order.recent'`, id)
+
+	var res ReplayResult
+	since := time.Now().Add(-30 * 24 * time.Hour).UTC().Format(time.RFC3339)
+	if code := apiCall(t, srv, "POST", fmt.Sprintf("/api/endpoints/%d/replay", id), `{"since":"`+since+`"}`, &res); code != 200 {
+		t.Fatalf("replay = %d", code)
+	}
+	if !res.Clamped || !strings.Contains(res.Message, "retention") || res.Jobs != 1 {
+		t.Errorf("replay from 30 days ago: %+v, want clamped to the window, saying so, with 1 job", res)
+	}
+	got := queryInt(t, db, `SELECT count(*) FROM outbox.jobs j JOIN outbox.events e ON e.id = j.event_id
+		WHERE j.endpoint_id = $1 AND j.state = 'available' AND e.topic = 'order.recent' AND j.attempt = 1`, id)
+	if got != 1 {
+		t.Errorf("the delivered recent event was not reset to run again")
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1`, id); n != 1 {
+		t.Errorf("%d jobs for the endpoint after replay, want 1 (the old event is outside the window, the other topic not subscribed)", n)
+	}
+
+	// Within the window: not clamped.
+	since = time.Now().Add(-3 * 24 * time.Hour).UTC().Format(time.RFC3339)
+	apiCall(t, srv, "POST", fmt.Sprintf("/api/endpoints/%d/replay", id), `{"since":"`+since+`"}`, &res)
+	if res.Clamped {
+		t.Errorf("replay from 3 days ago was clamped: %+v", res)
+	}
+	var e struct{ Error string }
+	if code := apiCall(t, srv, "POST", fmt.Sprintf("/api/endpoints/%d/replay", id), `{}`, &e); code != 400 || e.Error == "" {
+		t.Errorf("replay without since = %d %q, want 400 with a message", code, e.Error)
+	}
+}
+
+func TestEndpointActionsChangeWhatTheySay(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	srv := newTestAdmin(t, db)
+	id := createTestEndpoint(t, srv, "http://127.0.0.1:1/hook")
+	path := fmt.Sprintf("/api/endpoints/%d", id)
+	state := func() (string, string) {
+		var ep Endpoint
+		apiCall(t, srv, "GET", path, "", &ep)
+		reason := ""
+		if ep.DisabledReason != nil {
+			reason = *ep.DisabledReason
+		}
+		return ep.State, reason
+	}
+
+	apiCall(t, srv, "POST", path+"/disable", `{"reason":"maintenance"}`, nil)
+	if s, r := state(); s != "disabled" || r != "maintenance" {
+		t.Errorf("after disable: %s %q", s, r)
+	}
+	var o Overview
+	apiCall(t, srv, "GET", "/api/overview", "", &o)
+	if !slices.Contains(alertNamesOf(o.Alerts), "endpoint_disabled") || o.Endpoints.Disabled != 1 {
+		t.Errorf("overview with a disabled endpoint: alerts %v, endpoints %+v", alertNamesOf(o.Alerts), o.Endpoints)
+	}
+	apiCall(t, srv, "POST", path+"/enable", "", nil)
+	if s, r := state(); s != "enabled" || r != "" {
+		t.Errorf("after enable: %s %q", s, r)
+	}
+
+	// Retry discarded: only this endpoint's discarded jobs change.
+	other := createTestEndpoint(t, srv, "http://127.0.0.1:2/hook")
+	mustExec(t, db, `INSERT INTO outbox.events (topic, fanned_out_at) VALUES ('t', now())`)
+	mustExec(t, db, `INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, state, attempt, attempted_at, finalized_at)
+		SELECT 'webhook', (SELECT max(id) FROM outbox.events), ep, 18, 'discarded', 18, now(), now() FROM unnest(ARRAY[$1, $2]::bigint[]) AS ep`, id, other)
+	var retried struct{ Jobs int64 }
+	apiCall(t, srv, "POST", path+"/retry-discarded", "", &retried)
+	if retried.Jobs != 1 {
+		t.Errorf("retried %d jobs, want 1", retried.Jobs)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'discarded'`, other); n != 1 {
+		t.Error("retry-discarded touched another endpoint's job")
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'available' AND max_attempts = 19`, id); n != 1 {
+		t.Error("the endpoint's discarded job is not available with one more attempt")
 	}
 }

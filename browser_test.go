@@ -207,6 +207,26 @@ func TestPanelInBrowser(t *testing.T) {
 		t.Errorf("%d events poisoned after requeueing one of two, want 1", n)
 	}
 
+	// Re-enable a disabled endpoint.
+	mustExec(t, db, `INSERT INTO outbox.endpoints (url, secret, disabled_at, disabled_reason)
+		VALUES ('https://hooks.example/x', decode(repeat('ab', 32), 'hex'), now(), 'the receiver answered 410 Gone')`)
+	epID := queryInt(t, db, `SELECT max(id) FROM outbox.endpoints`)
+	b.open(srv.URL + "/")
+	if b.count("#alert-endpoint_disabled") != 1 {
+		t.Error("no endpoint_disabled alert on the overview")
+	}
+	b.open(fmt.Sprintf("%s/endpoints/%d", srv.URL, epID))
+	b.click("#enable")
+	if got := b.text(".flash"); !strings.Contains(got, "Enabled") {
+		t.Errorf("after enable the page says %q", got)
+	}
+	if got := b.text("#state"); got != "enabled" {
+		t.Errorf("endpoint state on the page after enable: %q", got)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.endpoints WHERE id = $1 AND disabled_at IS NULL AND disabled_reason IS NULL`, epID); n != 1 {
+		t.Error("clicking Enable did not enable the endpoint")
+	}
+
 	b.open(srv.URL + "/jobs?state=discarded")
 	b.click(`td form button`)
 	if got := b.text(".flash"); !strings.Contains(got, "will run now") {

@@ -403,12 +403,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	handler := routes(&admin{
-		db:       db,
-		token:    token,
-		alerts:   cfg.Alerts,
-		counters: &processCounters{relay: relay, workers: workers, rescuer: rescuer, deliveries: deliveries},
-		samples:  samples,
-		panel:    pnl,
+		db:              db,
+		token:           token,
+		alerts:          cfg.Alerts,
+		counters:        &processCounters{relay: relay, workers: workers, rescuer: rescuer, deliveries: deliveries},
+		samples:         samples,
+		panel:           pnl,
+		eventsRetention: 7 * 24 * time.Hour, // TODO(merge): cfg.Retention.Events
+		maxAttempts:     cfg.Workers.MaxAttempts,
 		endpoints: endpointPolicy{
 			AllowPrivate:   cfg.AllowPrivateEndpoints,
 			RotationWindow: cfg.Webhooks.SecretRotationWindow,

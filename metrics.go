@@ -185,6 +185,10 @@ func writeMetrics(w io.Writer, o Overview, c *processCounters) error {
 	} {
 		p.sample("outboxd_jobs", `state="`+s.state+`"`, float64(s.n))
 	}
+	p.family("outboxd_endpoints", "gauge", "Endpoints by state.")
+	p.sample("outboxd_endpoints", `state="enabled"`, float64(o.Endpoints.Enabled))
+	p.sample("outboxd_endpoints", `state="failing"`, float64(o.Endpoints.Failing))
+	p.sample("outboxd_endpoints", `state="disabled"`, float64(o.Endpoints.Disabled))
 	p.family("outboxd_table_bytes", "gauge", "Total size of outboxd's tables, indexes and TOAST included.")
 	for _, t := range o.Tables {
 		p.sample("outboxd_table_bytes", `table="`+labelValue(t.Name)+`"`, float64(t.TotalBytes))

@@ -25,6 +25,7 @@ type Overview struct {
 	Poisoned                 int64            `json:"poisoned"`
 	OldestUnfannedAgeSeconds float64          `json:"oldest_unfanned_age_seconds"`
 	Jobs                     JobCounts        `json:"jobs"`
+	Endpoints                EndpointCounts   `json:"endpoints"`
 	TableBytes               TableBytes       `json:"table_bytes"`
 	Tables                   []TableHealth    `json:"tables"`
 	OldestXactAgeSeconds     float64          `json:"oldest_xact_age_seconds"`
@@ -39,6 +40,13 @@ type JobCounts struct {
 	Retryable int64 `json:"retryable"`
 	Completed int64 `json:"completed"`
 	Discarded int64 `json:"discarded"`
+}
+
+// EndpointCounts is the number of endpoints in each state.
+type EndpointCounts struct {
+	Enabled  int64 `json:"enabled"`
+	Failing  int64 `json:"failing"`
+	Disabled int64 `json:"disabled"`
 }
 
 // TableBytes is each table's total size on disk: heap, indexes and TOAST.
@@ -78,6 +86,13 @@ SELECT (SELECT count(*) FROM outbox.events
        (SELECT count(*) FROM outbox.events WHERE poisoned_at IS NOT NULL),
        (SELECT min(poisoned_at) FROM outbox.events WHERE poisoned_at IS NOT NULL),
        now()`
+
+const overviewEndpointsSQL = `
+SELECT count(*) FILTER (WHERE disabled_at IS NULL AND failing_since IS NULL),
+       count(*) FILTER (WHERE disabled_at IS NULL AND failing_since IS NOT NULL),
+       count(*) FILTER (WHERE disabled_at IS NOT NULL),
+       min(disabled_at)
+FROM outbox.endpoints`
 
 const overviewJobsSQL = `
 SELECT state::text, count(*), min(finalized_at)
@@ -127,6 +142,12 @@ func readOverview(ctx context.Context, db *sql.DB, alerts AlertConfig) (Overview
 	}
 	if oldestUnfanned.Valid {
 		o.OldestUnfannedAgeSeconds = max(now.Sub(oldestUnfanned.Time).Seconds(), 0)
+	}
+
+	var firstDisabled sql.NullTime
+	if err := tx.QueryRowContext(ctx, overviewEndpointsSQL).Scan(
+		&o.Endpoints.Enabled, &o.Endpoints.Failing, &o.Endpoints.Disabled, &firstDisabled); err != nil {
+		return o, fmt.Errorf("overview: endpoints: %w", err)
 	}
 
 	var firstDiscarded sql.NullTime
@@ -195,6 +216,7 @@ func readOverview(ctx context.Context, db *sql.DB, alerts AlertConfig) (Overview
 		OldestUnfanned: oldestUnfanned,
 		FirstPoisoned:  firstPoisoned,
 		FirstDiscarded: firstDiscarded,
+		FirstDisabled:  firstDisabled,
 	})
 	return o, nil
 }
@@ -204,6 +226,7 @@ type alertStarts struct {
 	OldestUnfanned sql.NullTime
 	FirstPoisoned  sql.NullTime
 	FirstDiscarded sql.NullTime
+	FirstDisabled  sql.NullTime
 }
 
 // evaluateAlerts decides which alerts fire. It is pure so a table test can
@@ -231,6 +254,13 @@ func evaluateAlerts(cfg AlertConfig, o Overview, at alertStarts) []Alert {
 			Name:    "jobs_discarded",
 			Message: fmt.Sprintf("%d jobs were discarded after failing; inspect their errors and retry them", o.Jobs.Discarded),
 			Since:   at.FirstDiscarded.Time,
+		})
+	}
+	if o.Endpoints.Disabled > 0 {
+		alerts = append(alerts, Alert{
+			Name:    "endpoint_disabled",
+			Message: fmt.Sprintf("%d endpoints are disabled and receive no new deliveries; fix them, re-enable them and replay what they missed", o.Endpoints.Disabled),
+			Since:   at.FirstDisabled.Time,
 		})
 	}
 	return alerts

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -32,7 +33,7 @@ type panel struct {
 
 // pageNames are the templates that are pages; each is parsed with the
 // layout and the shared job table.
-var pageNames = []string{"login", "overview", "events", "event", "jobs"}
+var pageNames = []string{"login", "overview", "events", "event", "jobs", "endpoints", "endpoint"}
 
 func newPanel(logger *slog.Logger) (*panel, error) {
 	funcs := template.FuncMap{
@@ -47,6 +48,7 @@ func newPanel(logger *slog.Logger) (*panel, error) {
 		"bytes":     formatBytes,
 		"percent":   func(f float64) string { return strconv.FormatFloat(100*f, 'f', 1, 64) + "%" },
 		"jobErrors": decodeJobErrors,
+		"join":      strings.Join,
 	}
 	p := &panel{pages: map[string]*template.Template{}, logger: logger}
 	for _, name := range pageNames {
@@ -99,6 +101,10 @@ func (p *panel) register(mux *http.ServeMux, a *admin) {
 	mux.Handle("GET /events", signedIn(p.handleEvents(a)))
 	mux.Handle("GET /events/{id}", signedIn(p.handleEvent(a)))
 	mux.Handle("POST /events/{id}/requeue", signedIn(p.handleRequeue(a)))
+	mux.Handle("GET /endpoints", signedIn(p.handleEndpoints(a)))
+	mux.Handle("POST /endpoints", signedIn(p.handleCreateEndpoint(a)))
+	mux.Handle("GET /endpoints/{id}", signedIn(p.handleEndpoint(a)))
+	mux.Handle("POST /endpoints/{id}/{action}", signedIn(p.handleEndpointAction(a)))
 	mux.Handle("GET /jobs", signedIn(p.handleJobs(a)))
 	mux.Handle("POST /jobs/{id}/retry", signedIn(p.handleRetry(a)))
 }
@@ -282,6 +288,157 @@ func (p *panel) handleRetry(a *admin) http.Handler {
 			return
 		}
 		http.Redirect(w, r, "/jobs?done="+url.QueryEscape(fmt.Sprintf("Job %d will run now.", id)), http.StatusSeeOther)
+	})
+}
+
+func (p *panel) handleEndpoints(a *admin) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		eps, err := listEndpoints(r.Context(), a.db, 0, maxEndpointPage)
+		if err != nil {
+			p.renderError(w, err)
+			return
+		}
+		p.render(w, http.StatusOK, "endpoints", page{Title: "Endpoints", Nav: "endpoints", SignedIn: true,
+			Flash: r.URL.Query().Get("done"),
+			Data:  struct{ Endpoints []Endpoint }{eps}})
+	})
+}
+
+// endpointForm reads the endpoint form; topics are separated by spaces or
+// commas.
+func endpointForm(w http.ResponseWriter, r *http.Request) endpointInput {
+	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+	url := strings.TrimSpace(r.PostFormValue("url"))
+	topics := strings.FieldsFunc(r.PostFormValue("topics"), func(c rune) bool { return c == ' ' || c == ',' })
+	if topics == nil {
+		topics = []string{}
+	}
+	desc := strings.TrimSpace(r.PostFormValue("description"))
+	owner := strings.TrimSpace(r.PostFormValue("owner_email"))
+	return endpointInput{URL: &url, Topics: &topics, Description: &desc, OwnerEmail: &owner}
+}
+
+func (p *panel) handleCreateEndpoint(a *admin) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		in := endpointForm(w, r)
+		if err := in.validate(a.endpoints.AllowPrivate); err != nil {
+			p.renderError(w, err)
+			return
+		}
+		secret := newWebhookSecret()
+		ep, err := createEndpoint(r.Context(), a.db, in, secret)
+		if err != nil {
+			p.renderError(w, err)
+			return
+		}
+		p.renderEndpoint(w, r, a, ep.ID, "Endpoint created. Copy its secret now: it is not shown again.", secret.Encode())
+	})
+}
+
+func (p *panel) handleEndpoint(a *admin) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, err := pathID(r)
+		if err != nil {
+			p.renderError(w, err)
+			return
+		}
+		p.renderEndpoint(w, r, a, id, r.URL.Query().Get("done"), "")
+	})
+}
+
+// renderEndpoint shows one endpoint, with its secret right after create
+// or rotate (never in a URL: the page is rendered, not redirected to).
+func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin, id int64, flash, secret string) {
+	ep, err := getEndpoint(r.Context(), a.db, id)
+	if err != nil {
+		p.renderError(w, err)
+		return
+	}
+	st, err := readEndpointStats(r.Context(), a.db, id, 20)
+	if err != nil {
+		p.renderError(w, err)
+		return
+	}
+	p.render(w, http.StatusOK, "endpoint", page{Title: fmt.Sprintf("Endpoint %d", id), Nav: "endpoints", SignedIn: true,
+		Flash: flash,
+		Data: struct {
+			Endpoint Endpoint
+			Stats    EndpointStats
+			Secret   string
+		}{ep, st, secret}})
+}
+
+// handleEndpointAction runs one of an endpoint's buttons and shows the
+// endpoint again with what happened.
+func (p *panel) handleEndpointAction(a *admin) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, err := pathID(r)
+		if err != nil {
+			p.renderError(w, err)
+			return
+		}
+		ctx := r.Context()
+		var done string
+		switch r.PathValue("action") {
+		case "enable":
+			_, err = enableEndpoint(ctx, a.db, id)
+			done = "Enabled: new events are delivered again. Replay to send what it missed."
+		case "disable":
+			reason := strings.TrimSpace(r.PostFormValue("reason"))
+			if reason == "" {
+				reason = "disabled by an operator"
+			}
+			if len(reason) > maxDisabledReasonLen {
+				err = fmt.Errorf("%w: reason is longer than %d bytes", errInvalid, maxDisabledReasonLen)
+				break
+			}
+			_, err = disableEndpoint(ctx, a.db, id, reason)
+			done = "Disabled: no new deliveries until it is enabled."
+		case "rotate-secret":
+			secret := newWebhookSecret()
+			if _, err = rotateEndpointSecret(ctx, a.db, id, secret, a.endpoints.RotationWindow); err == nil {
+				p.renderEndpoint(w, r, a, id, fmt.Sprintf("Secret rotated; the old one still signs for %s.", a.endpoints.RotationWindow), secret.Encode())
+				return
+			}
+		case "retry-discarded":
+			var n int64
+			n, err = retryDiscarded(ctx, a.db, id)
+			done = fmt.Sprintf("%d discarded deliveries will run now.", n)
+		case "replay":
+			var since time.Time
+			since, err = time.Parse("2006-01-02T15:04:05", r.PostFormValue("since"))
+			if err != nil {
+				since, err = time.Parse("2006-01-02T15:04", r.PostFormValue("since"))
+			}
+			if err != nil {
+				err = fmt.Errorf("%w: replay from %q is not a date and time", errInvalid, r.PostFormValue("since"))
+				break
+			}
+			var res ReplayResult
+			res, err = replayEndpoint(ctx, a.db, id, since, a.eventsRetention, a.maxAttempts)
+			done = fmt.Sprintf("Replaying %d events from %s.", res.Jobs, res.From.UTC().Format(time.RFC3339))
+			if res.Clamped {
+				done += " " + res.Message
+			}
+		case "edit":
+			in := endpointForm(w, r)
+			if err = in.validate(a.endpoints.AllowPrivate); err == nil {
+				_, err = updateEndpoint(ctx, a.db, id, in)
+			}
+			done = "Saved."
+		case "delete":
+			if err = deleteEndpoint(ctx, a.db, id); err == nil {
+				http.Redirect(w, r, "/endpoints?done="+url.QueryEscape(fmt.Sprintf("Endpoint %d deleted.", id)), http.StatusSeeOther)
+				return
+			}
+		default:
+			err = fmt.Errorf("%w: no action %q", errNotFound, r.PathValue("action"))
+		}
+		if err != nil {
+			p.renderError(w, err)
+			return
+		}
+		http.Redirect(w, r, fmt.Sprintf("/endpoints/%d?done=%s", id, url.QueryEscape(done)), http.StatusSeeOther)
 	})
 }
 

@@ -1,0 +1,283 @@
+// replay.go: sending an endpoint the events it has seen (or missed) again,
+// from a point in time, and retrying its discarded deliveries by hand.
+
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+)
+
+// ReplayResult says what a replay did, and whether it had to start later
+// than asked because older events are gone.
+type ReplayResult struct {
+	Requested time.Time `json:"requested"`
+	From      time.Time `json:"from"`
+	Clamped   bool      `json:"clamped"`
+	Message   string    `json:"message,omitempty"`
+	Jobs      int64     `json:"jobs"`
+}
+
+// replayBatch bounds one replay statement, like every sweep's batch.
+const replayBatch = 5000
+
+// replaySQL enqueues the endpoint's delivery of up to $4 fanned events with
+// ids above $3, recorded at or after $2, that its topics select. The
+// (endpoint, event) pair is unique, so a pair that was delivered before is
+// reset to run again; one still waiting or running is left as it is. The
+// job keeps its attempt count and errors, and gets one more attempt if it
+// had used them all.
+const replaySQL = `
+WITH endpoint AS (
+  SELECT id, topics
+  FROM outbox.endpoints
+  WHERE id = $1
+    AND disabled_at IS NULL
+),
+candidates AS (
+  SELECT e.id
+  FROM outbox.events AS e, endpoint
+  WHERE e.fanned_out_at IS NOT NULL
+    AND e.created_at >= $2
+    AND e.id > $3
+    AND outbox.topic_matches(endpoint.topics, e.topic)
+  ORDER BY e.id
+  LIMIT $4
+),
+enqueued AS (
+  INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts)
+  SELECT 'webhook', c.id, $1, $5
+  FROM candidates AS c
+  ON CONFLICT (endpoint_id, event_id) WHERE endpoint_id IS NOT NULL
+  DO UPDATE SET state = 'available',
+                scheduled_at = now(),
+                finalized_at = NULL,
+                max_attempts = greatest(outbox.jobs.max_attempts, outbox.jobs.attempt + 1)
+  WHERE outbox.jobs.state IN ('completed', 'discarded')
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM candidates),
+       coalesce((SELECT max(id) FROM candidates), 0),
+       (SELECT count(*) FROM enqueued)`
+
+// replayEndpoint replays to endpoint id every event recorded since since,
+// clamped to the events retention window: older events may already be
+// pruned, and a replay that silently skipped some would mislead. Batches
+// run in their own transactions, so a replay of a week holds no long lock.
+func replayEndpoint(ctx context.Context, db *sql.DB, id int64, since time.Time, retention time.Duration, maxAttempts int) (ReplayResult, error) {
+	res := ReplayResult{Requested: since, From: since}
+	var now time.Time
+	if err := db.QueryRowContext(ctx, `SELECT now()`).Scan(&now); err != nil {
+		return res, fmt.Errorf("replay endpoint %d: %w", id, err)
+	}
+	if since.After(now) {
+		return res, fmt.Errorf("%w: replay from %s is in the future", errInvalid, since.Format(time.RFC3339))
+	}
+	if oldest := now.Add(-retention); retention > 0 && since.Before(oldest) {
+		res.From, res.Clamped = oldest, true
+		res.Message = fmt.Sprintf("replay starts at %s, not %s: events older than the retention window (%s) may already be deleted",
+			oldest.Format(time.RFC3339), since.Format(time.RFC3339), retention)
+	}
+	ep, err := getEndpoint(ctx, db, id)
+	if err != nil {
+		return res, err
+	}
+	if ep.State == endpointDisabled {
+		return res, fmt.Errorf("%w: endpoint %d is disabled; enable it before replaying", errInvalid, id)
+	}
+	var after int64
+	for {
+		var candidates, jobs int64
+		if err := db.QueryRowContext(ctx, replaySQL, id, res.From, after, replayBatch, maxAttempts).Scan(&candidates, &after, &jobs); err != nil {
+			return res, fmt.Errorf("replay endpoint %d: %w", id, err)
+		}
+		res.Jobs += jobs
+		if candidates < replayBatch {
+			break
+		}
+	}
+	if _, err := db.ExecContext(ctx, `SELECT pg_notify('outbox_jobs', '')`); err != nil {
+		return res, fmt.Errorf("replay endpoint %d: notify: %w", id, err)
+	}
+	return res, nil
+}
+
+// retryDiscardedSQL retries up to $2 of an endpoint's discarded jobs.
+const retryDiscardedSQL = `
+WITH discarded AS (
+  SELECT id
+  FROM outbox.jobs
+  WHERE endpoint_id = $1
+    AND state = 'discarded'
+  ORDER BY id
+  LIMIT $2
+  FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox.jobs AS j
+SET state = 'available',
+    scheduled_at = now(),
+    finalized_at = NULL,
+    max_attempts = greatest(j.max_attempts, j.attempt + 1)
+FROM discarded
+WHERE j.id = discarded.id`
+
+// retryDiscarded retries every discarded delivery of an endpoint.
+func retryDiscarded(ctx context.Context, db *sql.DB, endpointID int64) (int64, error) {
+	if _, err := getEndpoint(ctx, db, endpointID); err != nil {
+		return 0, err
+	}
+	var total int64
+	for {
+		res, err := db.ExecContext(ctx, retryDiscardedSQL, endpointID, replayBatch)
+		if err != nil {
+			return total, fmt.Errorf("retry discarded jobs of endpoint %d: %w", endpointID, err)
+		}
+		n, _ := res.RowsAffected()
+		total += n
+		if n < replayBatch {
+			break
+		}
+	}
+	if _, err := db.ExecContext(ctx, `SELECT pg_notify('outbox_jobs', '')`); err != nil {
+		return total, fmt.Errorf("retry discarded jobs of endpoint %d: notify: %w", endpointID, err)
+	}
+	return total, nil
+}
+
+// DeliveryView is one attempt as the panel shows it.
+type DeliveryView struct {
+	JobID      int64     `json:"job_id"`
+	EventID    int64     `json:"event_id"`
+	Attempt    int       `json:"attempt"`
+	FinishedAt time.Time `json:"finished_at"`
+	DurationMS int       `json:"duration_ms"`
+	StatusCode *int      `json:"status_code"`
+	Error      string    `json:"error"`
+	Excerpt    string    `json:"response_excerpt"`
+}
+
+// EndpointStats is an endpoint's recent record.
+type EndpointStats struct {
+	Recent      []DeliveryView `json:"recent"`
+	Attempts    int            `json:"attempts"`     // in the last hour
+	Successes   int            `json:"successes"`    // 2xx in the last hour
+	SuccessRate float64        `json:"success_rate"` // successes/attempts, 0..1
+	Discarded   int            `json:"discarded"`    // jobs waiting for a hand
+}
+
+const recentDeliveriesSQL = `
+SELECT d.job_id, j.event_id, d.attempt, d.finished_at, d.duration_ms,
+       d.status_code, d.error, d.response_excerpt
+FROM outbox.deliveries AS d
+JOIN outbox.jobs AS j ON j.id = d.job_id
+WHERE d.endpoint_id = $1
+ORDER BY d.finished_at DESC
+LIMIT $2`
+
+const endpointRatesSQL = `
+SELECT count(*),
+       count(*) FILTER (WHERE status_code BETWEEN 200 AND 299),
+       (SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'discarded')
+FROM outbox.deliveries
+WHERE endpoint_id = $1
+  AND finished_at > now() - interval '1 hour'`
+
+// readEndpointStats reads an endpoint's last n attempts and its success
+// rate over the last hour.
+func readEndpointStats(ctx context.Context, db *sql.DB, id int64, n int) (EndpointStats, error) {
+	var st EndpointStats
+	rows, err := db.QueryContext(ctx, recentDeliveriesSQL, id, n)
+	if err != nil {
+		return st, fmt.Errorf("endpoint %d deliveries: %w", id, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var d DeliveryView
+		if err := rows.Scan(&d.JobID, &d.EventID, &d.Attempt, &d.FinishedAt, &d.DurationMS, &d.StatusCode, &d.Error, &d.Excerpt); err != nil {
+			return st, fmt.Errorf("endpoint %d deliveries: %w", id, err)
+		}
+		st.Recent = append(st.Recent, d)
+	}
+	if err := rows.Err(); err != nil {
+		return st, fmt.Errorf("endpoint %d deliveries: %w", id, err)
+	}
+	err = db.QueryRowContext(ctx, endpointRatesSQL, id).Scan(&st.Attempts, &st.Successes, &st.Discarded)
+	if errors.Is(err, sql.ErrNoRows) {
+		return st, nil
+	}
+	if err != nil {
+		return st, fmt.Errorf("endpoint %d rates: %w", id, err)
+	}
+	if st.Attempts > 0 {
+		st.SuccessRate = float64(st.Successes) / float64(st.Attempts)
+	}
+	return st, nil
+}
+
+func handleReplayEndpoint(a *admin) http.Handler {
+	type request struct {
+		Since time.Time `json:"since"`
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, err := pathID(r)
+		if err != nil {
+			writeError(w, statusOf(err), err)
+			return
+		}
+		var req request
+		if err := decodeJSON(w, r, &req); err != nil {
+			writeError(w, statusOf(err), err)
+			return
+		}
+		if req.Since.IsZero() {
+			writeError(w, http.StatusBadRequest, errors.New(`"since" (an RFC 3339 time) is required`))
+			return
+		}
+		res, err := replayEndpoint(r.Context(), a.db, id, req.Since, a.eventsRetention, a.maxAttempts)
+		if err != nil {
+			writeError(w, statusOf(err), err)
+			return
+		}
+		writeJSON(w, http.StatusOK, res)
+	})
+}
+
+func handleRetryDiscarded(db *sql.DB) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, err := pathID(r)
+		if err != nil {
+			writeError(w, statusOf(err), err)
+			return
+		}
+		n, err := retryDiscarded(r.Context(), db, id)
+		if err != nil {
+			writeError(w, statusOf(err), err)
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]int64{"jobs": n})
+	})
+}
+
+func handleEndpointDeliveries(db *sql.DB) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, err := pathID(r)
+		if err != nil {
+			writeError(w, statusOf(err), err)
+			return
+		}
+		if _, err := getEndpoint(r.Context(), db, id); err != nil {
+			writeError(w, statusOf(err), err)
+			return
+		}
+		st, err := readEndpointStats(r.Context(), db, id, 50)
+		if err != nil {
+			writeError(w, statusOf(err), err)
+			return
+		}
+		writeJSON(w, http.StatusOK, st)
+	})
+}
