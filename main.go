@@ -20,6 +20,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"database/sql"
 	_ "embed"
 	"encoding/hex"
@@ -487,9 +488,22 @@ var schemaSQL string
 // EXISTS is not safe against a concurrent CREATE of the same object.
 const schemaLockKey = 0x6f7574626f78 // "outbox"
 
-// migrate applies schema.sql in one transaction. Every statement in it is
-// idempotent, so this runs at every start.
+// schemaChecksum identifies this binary's schema.sql.
+func schemaChecksum() string {
+	sum := sha256.Sum256([]byte(schemaSQL))
+	return hex.EncodeToString(sum[:])
+}
+
+// migrate applies schema.sql in one transaction, unless this exact file
+// was applied before. The check matters: schema.sql's ALTER TABLE and
+// CREATE OR REPLACE TRIGGER take locks on the hot tables that queue every
+// application INSERT behind them, so a replica restarting under load must
+// not run them when there is nothing to change.
 func migrate(ctx context.Context, db *sql.DB) error {
+	checksum := schemaChecksum()
+	if applied, err := schemaApplied(ctx, db, checksum); err == nil && applied {
+		return nil
+	}
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
@@ -498,15 +512,43 @@ func migrate(ctx context.Context, db *sql.DB) error {
 	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, schemaLockKey); err != nil {
 		return fmt.Errorf("migrate: lock: %w", err)
 	}
+	// Another replica may have applied it while this one waited.
+	if applied, err := schemaApplied(ctx, tx, checksum); err != nil {
+		return err
+	} else if applied {
+		return nil
+	}
 	// The simple query protocol (no parameters) runs the whole file as one
 	// multi-statement string.
 	if _, err := tx.ExecContext(ctx, schemaSQL); err != nil {
 		return fmt.Errorf("migrate: apply schema.sql: %w", err)
 	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO outbox.schema_applied (checksum) VALUES ($1) ON CONFLICT DO NOTHING`, checksum); err != nil {
+		return fmt.Errorf("migrate: record checksum: %w", err)
+	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("migrate: commit: %w", err)
 	}
 	return nil
+}
+
+// schemaApplied reports whether schema.sql with this checksum was applied.
+func schemaApplied(ctx context.Context, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}, checksum string) (bool, error) {
+	var exists bool
+	if err := q.QueryRowContext(ctx, `SELECT to_regclass('outbox.schema_applied') IS NOT NULL`).Scan(&exists); err != nil {
+		return false, fmt.Errorf("migrate: %w", err)
+	}
+	if !exists {
+		return false, nil
+	}
+	var applied bool
+	err := q.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM outbox.schema_applied WHERE checksum = $1)`, checksum).Scan(&applied)
+	if err != nil {
+		return false, fmt.Errorf("migrate: %w", err)
+	}
+	return applied, nil
 }
 
 // checkDurability warns when the database may acknowledge a commit it has

@@ -6,6 +6,14 @@
 
 CREATE SCHEMA IF NOT EXISTS outbox;
 
+-- schema_applied holds the SHA-256 of every schema.sql applied here. A
+-- replica whose file is already recorded applies nothing, so restarts take
+-- no lock on the hot tables. One row a release: bounded.
+CREATE TABLE IF NOT EXISTS outbox.schema_applied (
+  checksum   text        PRIMARY KEY,
+  applied_at timestamptz NOT NULL DEFAULT now()
+);
+
 COMMENT ON SCHEMA outbox IS
   'outboxd: transactional outbox, job table and inbox. Call outbox.record() inside your own transaction.';
 
