@@ -75,8 +75,9 @@ type Config struct {
 	// which silently swallow notifications.
 	DisableListen bool
 
-	Relay   RelayConfig
-	Workers WorkerConfig
+	Relay     RelayConfig
+	Workers   WorkerConfig
+	Retention RetentionConfig
 
 	DBMaxConns    int
 	ShutdownGrace time.Duration
@@ -135,10 +136,24 @@ func defaultConfig() Config {
 			PollInterval:   time.Second,
 			RescueInterval: 30 * time.Second,
 		},
+		Retention: RetentionConfig{
+			Events:        7 * 24 * time.Hour,
+			Inbox:         7*24*time.Hour + inboxRetentionMargin,
+			CompletedJobs: 24 * time.Hour,
+			DiscardedJobs: 7 * 24 * time.Hour,
+			Interval:      time.Hour,
+			BatchSize:     retentionBatchMax,
+			AnomalyCap:    1_000_000,
+		},
 		DBMaxConns:    20,
 		ShutdownGrace: 30 * time.Second,
 	}
 }
+
+// inboxRetentionMargin is how much longer than events retention the inbox
+// keeps its records unless -inbox-retention says otherwise: a day covers the
+// sweep cadence and any clock skew between databases.
+const inboxRetentionMargin = 24 * time.Hour
 
 // envName is the environment fallback of a flag: DATABASE_URL for
 // -database-url, OUTBOXD_RELAY_BATCH for -relay-batch.
@@ -181,6 +196,13 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 	fs.DurationVar(&cfg.Workers.RescueMargin, "job-rescue-margin", cfg.Workers.RescueMargin, "added to -job-timeout before a running job is rescued")
 	fs.DurationVar(&cfg.Workers.PollInterval, "job-poll", cfg.Workers.PollInterval, "interval at which workers look for due jobs without a notification")
 	fs.DurationVar(&cfg.Workers.RescueInterval, "job-rescue-interval", cfg.Workers.RescueInterval, "interval at which the rescuer looks for stuck jobs")
+	fs.DurationVar(&cfg.Retention.Events, "events-retention", cfg.Retention.Events, "delete fanned events this long after fan-out once their jobs are completed; 0 keeps them")
+	fs.DurationVar(&cfg.Retention.Inbox, "inbox-retention", cfg.Retention.Inbox, "delete inbox records this long after receipt; must exceed -events-retention plus -retention-interval; default -events-retention + 24h; 0 keeps them")
+	fs.DurationVar(&cfg.Retention.CompletedJobs, "completed-jobs-retention", cfg.Retention.CompletedJobs, "delete completed jobs this long after they finished; 0 keeps them")
+	fs.DurationVar(&cfg.Retention.DiscardedJobs, "discarded-jobs-retention", cfg.Retention.DiscardedJobs, "delete discarded jobs this long after they finished; 0 keeps them")
+	fs.DurationVar(&cfg.Retention.Interval, "retention-interval", cfg.Retention.Interval, "cadence of the retention sweeps")
+	fs.IntVar(&cfg.Retention.BatchSize, "retention-batch", cfg.Retention.BatchSize, "most rows one retention DELETE removes")
+	fs.IntVar(&cfg.Retention.AnomalyCap, "retention-anomaly-cap", cfg.Retention.AnomalyCap, "most rows one sweep deletes in a cycle before it stops and warns")
 	fs.IntVar(&cfg.DBMaxConns, "db-max-conns", cfg.DBMaxConns, "most open database connections of the pool")
 	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "time in-flight work gets to finish on SIGTERM")
 	fs.Usage = func() {
@@ -207,10 +229,19 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 			if err := fs.Set(f.Name, v); err != nil {
 				envErr = fmt.Errorf("%s=%q: %w", envName(f.Name), v, err)
 			}
+			given[f.Name] = true
 		}
 	})
 	if envErr != nil {
 		return cfg, envErr
+	}
+	// The inbox window follows events retention unless it was set: an
+	// operator who keeps events longer keeps their dedup records longer too.
+	if !given["inbox-retention"] {
+		cfg.Retention.Inbox = 0
+		if cfg.Retention.Events > 0 {
+			cfg.Retention.Inbox = cfg.Retention.Events + inboxRetentionMargin
+		}
 	}
 	return cfg, cfg.validate()
 }
@@ -259,7 +290,33 @@ func (c Config) validate() error {
 		durationIn("job-rescue-interval", c.Workers.RescueInterval, 10*time.Millisecond, time.Hour),
 		intIn("db-max-conns", c.DBMaxConns, 4, 1_000),
 		durationIn("shutdown-grace", c.ShutdownGrace, 0, time.Hour),
+		durationIn("events-retention", c.Retention.Events, 0, maxRetention),
+		durationIn("inbox-retention", c.Retention.Inbox, 0, maxRetention),
+		durationIn("completed-jobs-retention", c.Retention.CompletedJobs, 0, maxRetention),
+		durationIn("discarded-jobs-retention", c.Retention.DiscardedJobs, 0, maxRetention),
+		durationIn("retention-interval", c.Retention.Interval, time.Second, 24*time.Hour),
+		intIn("retention-batch", c.Retention.BatchSize, 1, retentionBatchMax),
+		intIn("retention-anomaly-cap", c.Retention.AnomalyCap, 1, 1_000_000_000),
+		c.validateInboxRetention(setting),
 	)
+}
+
+// maxRetention bounds every retention window: ten years is "keep", and a
+// larger value is a typo.
+const maxRetention = 10 * 365 * 24 * time.Hour
+
+// validateInboxRetention refuses an inbox window that does not outlive
+// events retention by more than a sweep cadence: the events sweep may run
+// up to one interval late, and until it has run, an event can be replayed
+// and must still find its dedup record. 0 on either side disables the
+// sweep, and the rule with it.
+func (c Config) validateInboxRetention(setting func(string) string) error {
+	r := c.Retention
+	if r.Events == 0 || r.Inbox == 0 || r.Inbox > r.Events+r.Interval {
+		return nil
+	}
+	return fmt.Errorf("%s = %s must be longer than %s = %s plus %s = %s, so that an inbox record outlives its event",
+		setting("inbox-retention"), r.Inbox, setting("events-retention"), r.Events, setting("retention-interval"), r.Interval)
 }
 
 // run is outboxd: it parses the configuration, connects (starting the
@@ -335,6 +392,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	workers := newWorkerPool(db, cfg.Workers, cfg.ShutdownGrace, subscribers, logger)
 	start("workers", func(ctx context.Context) error { return workers.Run(ctx, wake.jobs) })
 	start("rescuer", newRescuer(db, cfg.Workers, logger).Run)
+	host, _ := os.Hostname()
+	retention := newSweeper(db, cfg.Retention, fmt.Sprintf("%s:%d", host, os.Getpid()), logger)
+	start("retention", retention.Run)
 	if cfg.Demo {
 		start("demo", newDemo(db, logger).Run)
 	}
