@@ -260,7 +260,15 @@ func (s *sweeper) cycle(ctx context.Context) {
 	case res.Skipped:
 		s.logger.Debug("retention cycle skipped: another replica is sweeping")
 	case err == nil:
-		s.logger.Info("retention cycle done", "deleted", res.Deleted)
+		var total int64
+		for _, n := range res.Deleted {
+			total += n
+		}
+		level := slog.LevelDebug
+		if total > 0 {
+			level = slog.LevelInfo
+		}
+		s.logger.Log(ctx, level, "retention cycle done", "deleted", res.Deleted)
 	}
 }
 

@@ -114,13 +114,17 @@ func TestEventsRetentionDeletesOnlyOldFannedEvents(t *testing.T) {
 	oldPoisoned := addEvent(t, db, "poisoned", 30*day)
 	freshFanned := addEvent(t, db, "fanned", 6*day)
 	freshUnfanned := addEvent(t, db, "unfanned", time.Minute)
+	// Recorded long ago, poisoned, requeued and fanned out an hour ago: the
+	// window counts from fan-out, so it gets its full window.
+	lateFanned := addEvent(t, db, "fanned", time.Hour)
+	mustExec(t, db, `UPDATE outbox.events SET created_at = now() - interval '30 days' WHERE id = $1`, lateFanned)
 
 	res := sweepOnce(t, newTestSweeper(t, db, cfg))
 	// The completed job went first (the job cleaner), then both old events.
 	if diff := cmp.Diff(map[string]int64{"jobs_completed": 1, "jobs_discarded": 0, "events": 2}, res.Deleted); diff != "" {
 		t.Errorf("deleted (-want +got):\n%s", diff)
 	}
-	want := []int64{oldUnfanned, oldPoisoned, freshFanned, freshUnfanned}
+	want := []int64{oldUnfanned, oldPoisoned, freshFanned, freshUnfanned, lateFanned}
 	if diff := cmp.Diff(want, ids(t, db, `SELECT id FROM outbox.events ORDER BY id`)); diff != "" {
 		t.Errorf("events kept (-want +got):\n%s", diff)
 	}
@@ -398,7 +402,11 @@ func TestOnlyOneReplicaSweepsACycle(t *testing.T) {
 			WHERE relation = 'outbox.events'::regclass AND NOT granted`) == 1
 	})
 
-	res, err := b.sweepOnce(context.Background())
+	// b must skip at once, not wait for a: a deadline turns waiting into
+	// a failure.
+	bCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	res, err := b.sweepOnce(bCtx)
 	if err != nil || !res.Skipped {
 		t.Fatalf("replica b during a's cycle: %+v, %v; want skipped", res, err)
 	}
