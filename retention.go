@@ -123,8 +123,10 @@ WHERE id IN (
 )`
 
 // deleteEventsSQL deletes events fanned out before the cutoff whose jobs
-// are all completed; the inner SELECT is served by
-// events_fanned_by_fanned_out_at and jobs_by_event_id.
+// are all completed, oldest first. The ORDER BY is what makes the planner
+// walk events_fanned_by_fanned_out_at and probe jobs_by_event_id per row,
+// stopping after one batch; without it, it scans and anti-joins whole
+// tables.
 //
 // Un-fanned and poisoned events are the backlog and are never deleted here:
 // fanned_out_at IS NOT NULL excludes both (a poisoned row is never fanned).
@@ -152,13 +154,14 @@ WHERE id IN (
       WHERE j.event_id = e.id
         AND j.state <> 'completed'
     )
+  ORDER BY e.fanned_out_at
   LIMIT $2
   FOR UPDATE SKIP LOCKED
 )`
 
 // deleteInboxSQL deletes inbox records received before the cutoff. It
 // deletes by ctid so that it assumes nothing of the inbox's key, only its
-// received_at column.
+// received_at column; the inbox table wants an index on received_at.
 const deleteInboxSQL = `
 DELETE FROM outbox.inbox
 WHERE ctid = ANY(ARRAY(

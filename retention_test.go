@@ -490,6 +490,51 @@ func TestSweepReleasesLockWhenItsConnectionDies(t *testing.T) {
 	}
 }
 
+// Shutdown in the middle of a cycle: the blocked DELETE is cancelled, the
+// cycle returns, and its lock goes with its session.
+func TestSweepReleasesLockWhenCancelledMidCycle(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	addEvent(t, db, "fanned", 8*day)
+	hold, err := db.BeginTx(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Rollback()
+	if _, err := hold.Exec(`LOCK TABLE outbox.events IN SHARE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	s := newTestSweeper(t, db, defaultConfig().Retention)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.sweepOnce(ctx)
+		done <- err
+	}()
+	waitFor(t, "the sweeper to hold the lock and wait on the events table", 30*time.Second, func() bool {
+		return advisoryLocks(t, db) == 1 && queryInt(t, db, `
+			SELECT count(*) FROM pg_locks
+			WHERE relation = 'outbox.events'::regclass AND NOT granted`) == 1
+	})
+	cancel()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("cancelled cycle returned no error")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("cycle did not return after cancel")
+	}
+	waitFor(t, "the cancelled cycle's lock to go", 10*time.Second, func() bool { return advisoryLocks(t, db) == 0 })
+	if err := hold.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if res := sweepOnce(t, s); res.Skipped || res.Deleted["events"] != 1 {
+		t.Errorf("next cycle: %+v; want it to sweep the event", res)
+	}
+}
+
 // The session loses its lock mid-cycle: unlock answers false, the cycle
 // says so, and the connection is closed rather than pooled.
 func TestSweepDiscardsConnectionWhenLockLost(t *testing.T) {
@@ -570,9 +615,9 @@ func TestSweeperLoopSurvivesErrorsAndStops(t *testing.T) {
 	if err := stop(); !errors.Is(err, context.Canceled) {
 		t.Errorf("Run = %v, want context.Canceled", err)
 	}
-	if n := advisoryLocks(t, db); n != 0 {
-		t.Errorf("%d advisory locks after Run stopped, want 0", n)
-	}
+	// A cycle cut short by the cancel ends its session to release the
+	// lock, and a session's end is asynchronous.
+	waitFor(t, "no advisory lock after Run stopped", 10*time.Second, func() bool { return advisoryLocks(t, db) == 0 })
 }
 
 func TestParseConfigRetention(t *testing.T) {
