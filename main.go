@@ -77,10 +77,11 @@ type Config struct {
 	// which silently swallow notifications.
 	DisableListen bool
 
-	Relay    RelayConfig
-	Workers  WorkerConfig
-	Webhooks WebhookConfig
-	Alerts   AlertConfig
+	Relay     RelayConfig
+	Workers   WorkerConfig
+	Webhooks  WebhookConfig
+	Retention RetentionConfig
+	Alerts    AlertConfig
 
 	// MetricsPublic serves /metrics without the admin token.
 	MetricsPublic bool
@@ -169,10 +170,24 @@ func defaultConfig() Config {
 			BacklogRows: 1000,
 			BacklogAge:  5 * time.Minute,
 		},
+		Retention: RetentionConfig{
+			Events:        7 * 24 * time.Hour,
+			Inbox:         7*24*time.Hour + inboxRetentionMargin,
+			CompletedJobs: 24 * time.Hour,
+			DiscardedJobs: 7 * 24 * time.Hour,
+			Interval:      time.Hour,
+			BatchSize:     retentionBatchMax,
+			AnomalyCap:    1_000_000,
+		},
 		DBMaxConns:    20,
 		ShutdownGrace: 30 * time.Second,
 	}
 }
+
+// inboxRetentionMargin is how much longer than events retention the inbox
+// keeps its records unless -inbox-retention says otherwise: a day covers the
+// sweep cadence and any clock skew between databases.
+const inboxRetentionMargin = 24 * time.Hour
 
 // envName is the environment fallback of a flag: DATABASE_URL for
 // -database-url, OUTBOXD_RELAY_BATCH for -relay-batch.
@@ -221,6 +236,13 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 	fs.BoolVar(&cfg.MetricsPublic, "metrics-public", cfg.MetricsPublic, "serve /metrics without the admin token")
 	fs.DurationVar(&cfg.Webhooks.Timeout, "webhook-timeout", cfg.Webhooks.Timeout, "time limit of one webhook request, reading the answer included")
 	fs.DurationVar(&cfg.Webhooks.SecretRotationWindow, "webhook-secret-rotation-window", cfg.Webhooks.SecretRotationWindow, "how long a rotated-out endpoint secret still signs deliveries")
+	fs.DurationVar(&cfg.Retention.Events, "events-retention", cfg.Retention.Events, "delete fanned events this long after fan-out once their jobs are completed; 0 keeps them")
+	fs.DurationVar(&cfg.Retention.Inbox, "inbox-retention", cfg.Retention.Inbox, "delete inbox records this long after receipt; must exceed -events-retention plus -retention-interval; default -events-retention + 24h; 0 keeps them")
+	fs.DurationVar(&cfg.Retention.CompletedJobs, "completed-jobs-retention", cfg.Retention.CompletedJobs, "delete completed jobs this long after they finished; 0 keeps them")
+	fs.DurationVar(&cfg.Retention.DiscardedJobs, "discarded-jobs-retention", cfg.Retention.DiscardedJobs, "delete discarded jobs this long after they finished; 0 keeps them")
+	fs.DurationVar(&cfg.Retention.Interval, "retention-interval", cfg.Retention.Interval, "cadence of the retention sweeps")
+	fs.IntVar(&cfg.Retention.BatchSize, "retention-batch", cfg.Retention.BatchSize, "most rows one retention DELETE removes")
+	fs.IntVar(&cfg.Retention.AnomalyCap, "retention-anomaly-cap", cfg.Retention.AnomalyCap, "most rows one sweep deletes in a cycle before it stops and warns")
 	fs.IntVar(&cfg.DBMaxConns, "db-max-conns", cfg.DBMaxConns, "most open database connections of the pool")
 	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "time in-flight work gets to finish on SIGTERM")
 	fs.Usage = func() {
@@ -247,10 +269,19 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 			if err := fs.Set(f.Name, v); err != nil {
 				envErr = fmt.Errorf("%s=%q: %w", envName(f.Name), v, err)
 			}
+			given[f.Name] = true
 		}
 	})
 	if envErr != nil {
 		return cfg, envErr
+	}
+	// The inbox window follows events retention unless it was set: an
+	// operator who keeps events longer keeps their dedup records longer too.
+	if !given["inbox-retention"] {
+		cfg.Retention.Inbox = 0
+		if cfg.Retention.Events > 0 {
+			cfg.Retention.Inbox = cfg.Retention.Events + inboxRetentionMargin
+		}
 	}
 	return cfg, cfg.validate()
 }
@@ -302,10 +333,36 @@ func (c Config) validate() error {
 		durationIn("alert-backlog-age", c.Alerts.BacklogAge, time.Second, 7*24*time.Hour),
 		durationIn("webhook-timeout", c.Webhooks.Timeout, 10*time.Millisecond, 10*time.Minute),
 		durationIn("webhook-secret-rotation-window", c.Webhooks.SecretRotationWindow, 0, 30*24*time.Hour),
-		validateRetryHorizon(c.Workers.MaxAttempts, 7*24*time.Hour), // TODO(merge): cfg.Retention.Events
+		validateRetryHorizon(c.Workers.MaxAttempts, c.Retention.Events),
 		intIn("db-max-conns", c.DBMaxConns, 4, 1_000),
 		durationIn("shutdown-grace", c.ShutdownGrace, 0, time.Hour),
+		durationIn("events-retention", c.Retention.Events, 0, maxRetention),
+		durationIn("inbox-retention", c.Retention.Inbox, 0, maxRetention),
+		durationIn("completed-jobs-retention", c.Retention.CompletedJobs, 0, maxRetention),
+		durationIn("discarded-jobs-retention", c.Retention.DiscardedJobs, 0, maxRetention),
+		durationIn("retention-interval", c.Retention.Interval, time.Second, 24*time.Hour),
+		intIn("retention-batch", c.Retention.BatchSize, 1, retentionBatchMax),
+		intIn("retention-anomaly-cap", c.Retention.AnomalyCap, 1, 1_000_000_000),
+		c.validateInboxRetention(setting),
 	)
+}
+
+// maxRetention bounds every retention window: ten years is "keep", and a
+// larger value is a typo.
+const maxRetention = 10 * 365 * 24 * time.Hour
+
+// validateInboxRetention refuses an inbox window that does not outlive
+// events retention by more than a sweep cadence: the events sweep may run
+// up to one interval late, and until it has run, an event can be replayed
+// and must still find its dedup record. 0 on either side disables the
+// sweep, and the rule with it.
+func (c Config) validateInboxRetention(setting func(string) string) error {
+	r := c.Retention
+	if r.Events == 0 || r.Inbox == 0 || r.Inbox > r.Events+r.Interval {
+		return nil
+	}
+	return fmt.Errorf("%s = %s must be longer than %s = %s plus %s = %s, so that an inbox record outlives its event",
+		setting("inbox-retention"), r.Inbox, setting("events-retention"), r.Events, setting("retention-interval"), r.Interval)
 }
 
 // run is outboxd: it parses the configuration, connects (starting the
@@ -395,6 +452,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	start("rescuer", rescuer.Run)
 	samples := newSampler(db, sampleInterval, logger)
 	start("sampler", samples.Run)
+	host, _ := os.Hostname()
+	retention := newSweeper(db, cfg.Retention, fmt.Sprintf("%s:%d", host, os.Getpid()), logger)
+	start("retention", retention.Run)
 	if cfg.Demo {
 		start("demo", newDemo(db, logger).Run)
 	}
@@ -410,7 +470,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		counters:        &processCounters{relay: relay, workers: workers, rescuer: rescuer, deliveries: deliveries},
 		samples:         samples,
 		panel:           pnl,
-		eventsRetention: 7 * 24 * time.Hour, // TODO(merge): cfg.Retention.Events
+		eventsRetention: cfg.Retention.Events,
 		maxAttempts:     cfg.Workers.MaxAttempts,
 		endpoints: endpointPolicy{
 			AllowPrivate:   cfg.AllowPrivateEndpoints,

@@ -51,8 +51,11 @@ $$;
 --              The relay claims it by row (never by cursor), enqueues one job
 --              per subscriber and sets fanned_out_at, all in one transaction.
 --   fanned     (fanned_out_at IS NOT NULL): its jobs carry it from here. Events
---              retention deletes it once it is older than the retention window
---              and no job that may still run references it.
+--              retention deletes it once it was fanned out longer ago than the
+--              retention window and every job that references it is completed
+--              (jobs read their event when they run; a discarded job may be
+--              retried by hand, so it keeps its event until the job cleaner
+--              removes it).
 --   poisoned   (poisoned_at IS NOT NULL): the relay failed on this row
 --              relay_attempts times; relay_error says why. Kept until requeued
 --              (which clears poisoned_at and relay_attempts); never deleted.
@@ -100,6 +103,14 @@ CREATE INDEX IF NOT EXISTS events_unfanned_by_id
 CREATE INDEX IF NOT EXISTS events_poisoned_by_id
   ON outbox.events (id)
   WHERE poisoned_at IS NOT NULL;
+
+-- Serves events retention (retention.go): "fanned out before the cutoff,
+-- oldest first". Un-fanned and poisoned rows, which retention never deletes,
+-- stay out of it, so the hourly delete walks only rows it may remove instead
+-- of scanning the whole table.
+CREATE INDEX IF NOT EXISTS events_fanned_by_fanned_out_at
+  ON outbox.events (fanned_out_at)
+  WHERE fanned_out_at IS NOT NULL;
 
 -- Wake the relays: one NOTIFY per statement, and PostgreSQL folds identical
 -- notifications within a transaction into one, so a transaction that records
