@@ -178,6 +178,8 @@ func defaultConfig() Config {
 			Interval:      time.Hour,
 			BatchSize:     retentionBatchMax,
 			AnomalyCap:    1_000_000,
+			// EndpointDisableAfter: see RetentionConfig.
+			EndpointDisableAfter: 5 * 24 * time.Hour,
 		},
 		DBMaxConns:    20,
 		ShutdownGrace: 30 * time.Second,
@@ -242,6 +244,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 	fs.DurationVar(&cfg.Retention.DiscardedJobs, "discarded-jobs-retention", cfg.Retention.DiscardedJobs, "delete discarded jobs this long after they finished; 0 keeps them")
 	fs.DurationVar(&cfg.Retention.Interval, "retention-interval", cfg.Retention.Interval, "cadence of the retention sweeps")
 	fs.IntVar(&cfg.Retention.BatchSize, "retention-batch", cfg.Retention.BatchSize, "most rows one retention DELETE removes")
+	fs.DurationVar(&cfg.Retention.EndpointDisableAfter, "endpoint-disable-after", cfg.Retention.EndpointDisableAfter, "disable an endpoint failing continuously this long; 0 never does")
 	fs.IntVar(&cfg.Retention.AnomalyCap, "retention-anomaly-cap", cfg.Retention.AnomalyCap, "most rows one sweep deletes in a cycle before it stops and warns")
 	fs.IntVar(&cfg.DBMaxConns, "db-max-conns", cfg.DBMaxConns, "most open database connections of the pool")
 	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "time in-flight work gets to finish on SIGTERM")
@@ -342,6 +345,7 @@ func (c Config) validate() error {
 		durationIn("discarded-jobs-retention", c.Retention.DiscardedJobs, 0, maxRetention),
 		durationIn("retention-interval", c.Retention.Interval, time.Second, 24*time.Hour),
 		intIn("retention-batch", c.Retention.BatchSize, 1, retentionBatchMax),
+		durationIn("endpoint-disable-after", c.Retention.EndpointDisableAfter, 0, maxRetention),
 		intIn("retention-anomaly-cap", c.Retention.AnomalyCap, 1, 1_000_000_000),
 		c.validateInboxRetention(setting),
 	)

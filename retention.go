@@ -48,6 +48,12 @@ type RetentionConfig struct {
 	// it stops the cycle with a warning instead of trusting a clock that may
 	// have jumped, or a window that was set by mistake.
 	AnomalyCap int
+	// EndpointDisableAfter: an endpoint failing continuously this long is
+	// disabled, so a receiver that is gone for good stops collecting
+	// deliveries that can only be discarded. Five days outlasts a long
+	// weekend's outage and the 18-attempt retry horizon (about four days),
+	// so a receiver back within the horizon loses nothing. 0 never disables.
+	EndpointDisableAfter time.Duration
 }
 
 // retentionBatchMax bounds one DELETE statement: 5,000 rows hold row locks
@@ -277,8 +283,9 @@ func (s *sweeper) cycle(ctx context.Context) {
 
 // cycleResult is what one cycle did.
 type cycleResult struct {
-	Skipped bool             // another replica held the lock; nothing was done
-	Deleted map[string]int64 // rows deleted, by sweep name; swept sweeps only
+	Skipped  bool             // another replica held the lock; nothing was done
+	Deleted  map[string]int64 // rows deleted, by sweep name; swept sweeps only
+	Disabled []int64          // endpoints disabled for failing too long
 }
 
 // sweepOnce is one cycle: take the lock or skip, run every sweep in order
@@ -319,11 +326,53 @@ func (s *sweeper) sweepOnce(ctx context.Context) (res cycleResult, err error) {
 			return res, err
 		}
 	}
-	// Endpoint disable (DESIGN.md: an endpoint failing for 5 days is
-	// disabled with its reason) belongs here, after the sweeps and on the
-	// same lock's connection, as disableFailingEndpoints(ctx, conn). It
-	// lands with the webhook endpoints, which this branch does not have.
-	return res, nil
+	res.Disabled, err = s.disableFailingEndpoints(ctx, conn)
+	return res, err
+}
+
+// disableFailingEndpointsSQL disables endpoints failing for longer than $1
+// seconds and records why. failing_since is cleared by any 2xx, so it is
+// the start of an unbroken run of failures. The statement is bounded by
+// the number of endpoints, which people create by hand.
+const disableFailingEndpointsSQL = `
+UPDATE outbox.endpoints
+SET disabled_at = now(),
+    disabled_reason = 'failing continuously since '
+                      || to_char(failing_since AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS "UTC"')
+                      || ' (longer than ' || justify_interval(make_interval(secs => $1))::text || ')',
+    updated_at = now()
+WHERE disabled_at IS NULL
+  AND failing_since < now() - make_interval(secs => $1)
+RETURNING id`
+
+// disableFailingEndpoints is the endpoint bound: deliveries to a receiver
+// that has been failing for EndpointDisableAfter stop being enqueued (the
+// relay skips disabled endpoints) until its owner re-enables it. It runs
+// on the lock's connection, so one replica does it.
+func (s *sweeper) disableFailingEndpoints(ctx context.Context, conn *sql.Conn) ([]int64, error) {
+	if s.cfg.EndpointDisableAfter <= 0 {
+		return nil, nil
+	}
+	rows, err := conn.QueryContext(ctx, disableFailingEndpointsSQL, s.cfg.EndpointDisableAfter.Seconds())
+	if err != nil {
+		return nil, fmt.Errorf("retention: disable failing endpoints: %w", err)
+	}
+	defer rows.Close()
+	var ids []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return ids, fmt.Errorf("retention: disable failing endpoints: %w", err)
+		}
+		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		return ids, fmt.Errorf("retention: disable failing endpoints: %w", err)
+	}
+	for _, id := range ids {
+		s.logger.Warn("endpoint disabled: failing for too long; its owner can re-enable it", "endpoint_id", id, "after", s.cfg.EndpointDisableAfter)
+	}
+	return ids, nil
 }
 
 // runSweep deletes sw's expired rows in batches on conn. swept is false when

@@ -682,3 +682,63 @@ func TestQueueTablesVacuumAggressively(t *testing.T) {
 		}
 	}
 }
+
+// An endpoint failing for 5 days is disabled with its reason and gets no
+// new jobs; one failing for less, and a healthy one, are left alone.
+func TestEndpointFailingTooLongIsDisabled(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	ctx := context.Background()
+	var long, short, healthy int64
+	for _, ep := range []struct {
+		id      *int64
+		failing string
+	}{{&long, "5 days 1 minute"}, {&short, "4 days 23 hours"}, {&healthy, ""}} {
+		err := db.QueryRow(`
+			INSERT INTO outbox.endpoints (url, secret, failing_since)
+			VALUES ('https://hooks.example/' || md5(random()::text), decode(repeat('ab', 32), 'hex'),
+			        CASE WHEN $1 = '' THEN NULL ELSE now() - $1::interval END)
+			RETURNING id`, ep.failing).Scan(ep.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := defaultConfig().Retention
+	res, err := newTestSweeper(t, db, cfg).sweepOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]int64{long}, res.Disabled); diff != "" {
+		t.Errorf("disabled endpoints (-want +got):\n%s", diff)
+	}
+	var reason string
+	if err := db.QueryRow(`SELECT disabled_reason FROM outbox.endpoints WHERE id = $1 AND disabled_at IS NOT NULL`, long).Scan(&reason); err != nil {
+		t.Fatalf("the long-failing endpoint is not disabled: %v", err)
+	}
+	if !strings.Contains(reason, "failing continuously since") || !strings.Contains(reason, "5 days") {
+		t.Errorf("disable reason %q does not say why", reason)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.endpoints WHERE disabled_at IS NOT NULL`); n != 1 {
+		t.Errorf("%d endpoints disabled, want 1", n)
+	}
+
+	// The relay enqueues nothing for it from now on; the others get theirs.
+	r := newTestRelay(t, db, defaultConfig().Relay)
+	recordN(t, db, "t", 1)
+	if _, err := r.relayOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1`, long); n != 0 {
+		t.Errorf("the disabled endpoint got %d new jobs", n)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id IN ($1, $2)`, short, healthy); n != 2 {
+		t.Errorf("the enabled endpoints got %d jobs, want 2", n)
+	}
+
+	// 0 never disables.
+	mustExec(t, db, `UPDATE outbox.endpoints SET failing_since = now() - interval '30 days' WHERE id = $1`, short)
+	cfg.EndpointDisableAfter = 0
+	if res, err := newTestSweeper(t, db, cfg).sweepOnce(ctx); err != nil || len(res.Disabled) != 0 {
+		t.Errorf("with -endpoint-disable-after 0: disabled %v, err %v", res.Disabled, err)
+	}
+}
