@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -64,18 +65,12 @@ func subjectIndexSubscriber() Subscriber {
 
 // SubjectEntry is one row of the subject index.
 type SubjectEntry struct {
-	Subject     string    `json:"subject"`
-	Topic       string    `json:"topic"`
-	LastEventID int64     `json:"last_event_id"`
-	Payload     RawJSON   `json:"payload"`
-	UpdatedAt   time.Time `json:"updated_at"`
+	Subject     string          `json:"subject"`
+	Topic       string          `json:"topic"`
+	LastEventID int64           `json:"last_event_id"`
+	Payload     json.RawMessage `json:"payload"`
+	UpdatedAt   time.Time       `json:"updated_at"`
 }
-
-// RawJSON is a JSON value kept as its bytes, shown as text on the panel.
-type RawJSON []byte
-
-func (r RawJSON) MarshalJSON() ([]byte, error) { return r, nil }
-func (r RawJSON) String() string               { return string(r) }
 
 // maxSubjectPage bounds one page of the subject search.
 const maxSubjectPage = 200
