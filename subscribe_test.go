@@ -61,7 +61,7 @@ func tableSnapshot(t *testing.T, db *sql.DB) map[string]string {
 	for _, table := range tables {
 		var n int
 		var hash string
-		err := db.QueryRow(`SELECT count(*), coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), '') FROM ` + table + ` AS t`).Scan(&n, &hash)
+		err := db.QueryRow(`SELECT count(*), coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), '') FROM `+table+` AS t`).Scan(&n, &hash)
 		if err != nil {
 			t.Fatal(err)
 		}
