@@ -8,7 +8,10 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/cookiejar"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -240,5 +243,23 @@ func TestSubjectIndexCoalescesAndNeverMovesBack(t *testing.T) {
 	}
 	if status := apiCall(t, api.srv, "GET", "/api/subjects?prefix=order_", "", &page); status != http.StatusOK || len(page.Subjects) != 0 {
 		t.Errorf("prefix order_ matched %d subjects, want 0 (the _ is literal)", len(page.Subjects))
+	}
+
+	// The panel's page, signed in.
+	jar, _ := cookiejar.New(nil)
+	browser := &http.Client{Jar: jar}
+	if resp, err := browser.PostForm(api.srv.URL+"/login", url.Values{"token": {testToken}}); err != nil {
+		t.Fatal(err)
+	} else {
+		resp.Body.Close()
+	}
+	resp, err := browser.Get(api.srv.URL + "/subjects?prefix=order-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	html, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(html), "<td>order-1</td>") || strings.Contains(string(html), "<td>order-2</td>") {
+		t.Errorf("panel /subjects?prefix=order-1: %d\n%s", resp.StatusCode, html)
 	}
 }
