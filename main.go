@@ -395,7 +395,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	})
 	deliveries := newDeliveryMetrics()
 	mail := newMailer(cfg.Mail)
-	logger.Info("mail", "smtp", mail, "from", cfg.Mail.From)
+	logger.Info("mail settings", "smtp", mail, "from", cfg.Mail.From)
 	webhooks := newWebhookSender(db, webhookClient, deliveries, logger)
 	webhooks.mail = mail
 	notifier := newOwnerNotifier(db, mail, cfg.Mail.OwnerNotifyPerHour, logger)
