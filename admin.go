@@ -62,6 +62,11 @@ func routes(a *admin) http.Handler {
 	api.Handle("POST /api/endpoints/{id}/replay", handleReplayEndpoint(a))
 	api.Handle("POST /api/endpoints/{id}/retry-discarded", handleRetryDiscarded(a.db))
 	api.Handle("GET /api/endpoints/{id}/deliveries", handleEndpointDeliveries(a.db))
+	api.Handle("GET /api/sources", handleListSources(a.db))
+	api.Handle("POST /api/sources", handleCreateSource(a.db))
+	api.Handle("DELETE /api/sources/{name}", handleDeleteSource(a.db))
+	api.Handle("POST /api/sources/{name}/rotate-secret", handleRotateSourceSecret(a.db, a.endpoints.RotationWindow))
+	api.Handle("GET /api/subjects", handleListSubjects(a.db))
 	api.Handle("/api/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Errorf("no route %s %s", r.Method, r.URL.Path))
 	}))
@@ -75,6 +80,9 @@ func routes(a *admin) http.Handler {
 		mux.Handle("GET /metrics", requireToken(a.token, handleMetrics(a)))
 	}
 	mux.Handle("/api/", requireToken(a.token, api))
+	// The inbox authenticates each request by its source's signature, not
+	// by the admin token: senders hold no token.
+	mux.Handle("POST /webhooks/{source}", handleInbox(a.db, a.logger, time.Now))
 	a.panel.register(mux, a)
 
 	// Browsers may not make state-changing requests across origins; API

@@ -141,7 +141,10 @@ type workerPool struct {
 	grace       time.Duration // how long in-flight jobs may finish after Run's ctx ends
 	subscribers *subscriberRegistry
 	webhooks    *webhookSender // nil: this process sends no webhooks
-	logger      *slog.Logger
+	// notifier runs owner-notify jobs; nil: this process leaves them to
+	// one that has it (they retry meanwhile, visibly).
+	notifier *ownerNotifier
+	logger   *slog.Logger
 
 	slots     chan struct{} // one token per running job
 	slotFreed chan struct{} // poked when a job finishes
@@ -340,6 +343,9 @@ func (p *workerPool) work(ctx context.Context, job Job) error {
 	}
 	if job.Kind == webhookJobKind && p.webhooks != nil {
 		return p.webhooks.deliver(ctx, job)
+	}
+	if job.Kind == ownerNotifyJobKind && p.notifier != nil {
+		return p.notifier.notify(ctx, job)
 	}
 	// Another replica (a newer version) may know this kind: retry rather
 	// than discard, and the backoff makes the wait visible.

@@ -79,7 +79,15 @@ type endpointInput struct {
 // validate checks every given field and normalises the URL. Errors wrap
 // errInvalid and say what is wrong.
 func (in *endpointInput) validate(allowPrivate bool) error {
-	if in.URL != nil {
+	if in.URL != nil && len(*in.URL) >= len(mailtoPrefix) && strings.EqualFold((*in.URL)[:len(mailtoPrefix)], mailtoPrefix) {
+		// Mail goes to the configured SMTP server, never to a host the
+		// URL names: the SSRF rules are for http(s) only.
+		normalised, err := validateMailtoURL(*in.URL)
+		if err != nil {
+			return fmt.Errorf("%w: %w", errInvalid, err)
+		}
+		in.URL = &normalised
+	} else if in.URL != nil {
 		u, err := validateEndpointURL(*in.URL, allowPrivate)
 		if err != nil {
 			return fmt.Errorf("%w: %w", errInvalid, err)

@@ -80,6 +80,7 @@ type Config struct {
 	Relay     RelayConfig
 	Workers   WorkerConfig
 	Webhooks  WebhookConfig
+	Mail      MailConfig
 	Retention RetentionConfig
 	Alerts    AlertConfig
 
@@ -166,6 +167,9 @@ func defaultConfig() Config {
 			Timeout:              30 * time.Second,
 			SecretRotationWindow: 24 * time.Hour,
 		},
+		Mail: MailConfig{
+			OwnerNotifyPerHour: 5,
+		},
 		Alerts: AlertConfig{
 			BacklogRows: 1000,
 			BacklogAge:  5 * time.Minute,
@@ -246,6 +250,10 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 	fs.IntVar(&cfg.Retention.BatchSize, "retention-batch", cfg.Retention.BatchSize, "most rows one retention DELETE removes")
 	fs.DurationVar(&cfg.Retention.EndpointDisableAfter, "endpoint-disable-after", cfg.Retention.EndpointDisableAfter, "disable an endpoint failing continuously this long; 0 never does")
 	fs.IntVar(&cfg.Retention.AnomalyCap, "retention-anomaly-cap", cfg.Retention.AnomalyCap, "most rows one sweep deletes in a cycle before it stops and warns")
+	fs.StringVar(&cfg.Mail.SMTPURL, "smtp-url", cfg.Mail.SMTPURL, "SMTP server for mailto: endpoints and owner notifications: smtp://user:pass@host:port (STARTTLS when offered) or smtps://...; empty: mail jobs complete and log")
+	fs.StringVar(&cfg.Mail.From, "smtp-from", cfg.Mail.From, "sender address of every mail")
+	fs.StringVar(&cfg.Mail.MessageIDHost, "smtp-message-id-host", cfg.Mail.MessageIDHost, "host part of Message-ID <event id@host>; empty: the domain of -smtp-from")
+	fs.IntVar(&cfg.Mail.OwnerNotifyPerHour, "owner-notify-per-hour", cfg.Mail.OwnerNotifyPerHour, "most mails per endpoint owner per hour about failing or disabled endpoints")
 	fs.IntVar(&cfg.DBMaxConns, "db-max-conns", cfg.DBMaxConns, "most open database connections of the pool")
 	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "time in-flight work gets to finish on SIGTERM")
 	fs.Usage = func() {
@@ -337,6 +345,8 @@ func (c Config) validate() error {
 		durationIn("webhook-timeout", c.Webhooks.Timeout, 10*time.Millisecond, 10*time.Minute),
 		durationIn("webhook-secret-rotation-window", c.Webhooks.SecretRotationWindow, 0, 30*24*time.Hour),
 		validateRetryHorizon(c.Workers.MaxAttempts, c.Retention.Events),
+		c.Mail.validate(setting),
+		intIn("owner-notify-per-hour", c.Mail.OwnerNotifyPerHour, 1, 1_000),
 		intIn("db-max-conns", c.DBMaxConns, 4, 1_000),
 		durationIn("shutdown-grace", c.ShutdownGrace, 0, time.Hour),
 		durationIn("events-retention", c.Retention.Events, 0, maxRetention),
@@ -413,10 +423,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			"panel_url", "http://"+cfg.Addr+"/?token="+token)
 	}
 
-	subscribers := newSubscriberRegistry()
-	if cfg.Demo {
-		subscribers.Register(logSubscriber(logger))
-	}
+	subscribers := defaultSubscribers(cfg, logger)
 
 	// Every loop runs under loopCtx and is waited for before run returns.
 	// It ends with ctx (SIGTERM), or when run returns early on an error;
@@ -449,8 +456,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		Timeout:      cfg.Webhooks.Timeout,
 	})
 	deliveries := newDeliveryMetrics()
+	mail := newMailer(cfg.Mail)
+	logger.Info("mail settings", "smtp", mail, "from", cfg.Mail.From)
 	webhooks := newWebhookSender(db, webhookClient, deliveries, logger)
+	webhooks.mail = mail
+	notifier := newOwnerNotifier(db, mail, cfg.Mail.OwnerNotifyPerHour, logger)
 	workers := newWorkerPool(db, cfg.Workers, cfg.ShutdownGrace, subscribers, webhooks, logger)
+	workers.notifier = notifier
 	start("workers", func(ctx context.Context) error { return workers.Run(ctx, wake.jobs) })
 	rescuer := newRescuer(db, cfg.Workers, logger)
 	start("rescuer", rescuer.Run)
@@ -471,7 +483,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		db:              db,
 		token:           token,
 		alerts:          cfg.Alerts,
-		counters:        &processCounters{relay: relay, workers: workers, rescuer: rescuer, deliveries: deliveries},
+		counters:        &processCounters{relay: relay, workers: workers, rescuer: rescuer, deliveries: deliveries, notifier: notifier, pruned: retention.PrunedByTable},
 		samples:         samples,
 		panel:           pnl,
 		eventsRetention: cfg.Retention.Events,

@@ -244,6 +244,7 @@ type processCounters struct {
 	workers    *workerPool
 	rescuer    *rescuer
 	deliveries *deliveryMetrics
+	notifier   *ownerNotifier
 	pruned     func() map[string]int64 // rows pruned by table; nil until retention runs
 }
 
@@ -280,6 +281,12 @@ func (c *processCounters) write(p *promWriter) {
 		for _, ep := range d.commitTo2xx.labels() {
 			p.histogram("outboxd_commit_to_first_2xx_seconds", `endpoint="`+labelValue(ep)+`"`, d.commitTo2xx.With(ep))
 		}
+	}
+	if n := c.notifier; n != nil {
+		p.family("outboxd_owner_notifications_sent_total", "counter", "Mails sent to endpoint owners about failing or disabled endpoints.")
+		p.sample("outboxd_owner_notifications_sent_total", "", float64(n.sent.Load()))
+		p.family("outboxd_owner_notifications_dropped_total", "counter", "Owner notifications deliberately not sent: over the hourly cap per owner.")
+		p.sample("outboxd_owner_notifications_dropped_total", "", float64(n.dropped.Load()))
 	}
 	if c.pruned != nil {
 		p.family("outboxd_rows_pruned_total", "counter", "Rows deleted by the retention sweeps, by table.")

@@ -33,7 +33,7 @@ type panel struct {
 
 // pageNames are the templates that are pages; each is parsed with the
 // layout and the shared job table.
-var pageNames = []string{"login", "overview", "events", "event", "jobs", "endpoints", "endpoint"}
+var pageNames = []string{"login", "overview", "events", "event", "jobs", "endpoints", "endpoint", "subjects"}
 
 func newPanel(logger *slog.Logger) (*panel, error) {
 	funcs := template.FuncMap{
@@ -108,6 +108,7 @@ func (p *panel) register(mux *http.ServeMux, a *admin) {
 	mux.Handle("POST /endpoints/{id}/{action}", signedIn(p.handleEndpointAction(a)))
 	mux.Handle("GET /jobs", signedIn(p.handleJobs(a)))
 	mux.Handle("POST /jobs/{id}/retry", signedIn(p.handleRetry(a)))
+	mux.Handle("GET /subjects", signedIn(p.handleSubjects(a)))
 }
 
 // requireSession sends a browser without a session to the sign-in form.
@@ -440,6 +441,29 @@ func (p *panel) handleEndpointAction(a *admin) http.Handler {
 			return
 		}
 		http.Redirect(w, r, fmt.Sprintf("/endpoints/%d?done=%s", id, url.QueryEscape(done)), http.StatusSeeOther)
+	})
+}
+
+// handleSubjects searches the subject index by prefix, a page at a time.
+func (p *panel) handleSubjects(a *admin) http.Handler {
+	const pageSize = 50
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		prefix, after := r.URL.Query().Get("prefix"), r.URL.Query().Get("after")
+		subjects, err := listSubjects(r.Context(), a.db, prefix, after, pageSize)
+		if err != nil {
+			p.renderError(w, err)
+			return
+		}
+		var next string
+		if len(subjects) == pageSize {
+			next = "/subjects?" + url.Values{"prefix": {prefix}, "after": {subjects[len(subjects)-1].Subject}}.Encode()
+		}
+		p.render(w, http.StatusOK, "subjects", page{Title: "Subjects", Nav: "subjects", SignedIn: true,
+			Data: struct {
+				Prefix   string
+				Subjects []SubjectEntry
+				Next     string
+			}{prefix, subjects, next}})
 	})
 }
 

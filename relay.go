@@ -172,19 +172,37 @@ FOR UPDATE SKIP LOCKED`
 // and marks the events fanned out, in one statement. $1 is the claimed ids,
 // $2 the subscribers as JSON ([{"kind", "topics"}]), $3 the jobs' max
 // attempts, $4 how far out (seconds) a failing endpoint's new jobs are
-// scheduled. Webhooks are never coalesced: each event is a fact.
+// scheduled. A coalescing subscriber gets one job per subject of the
+// batch, for its highest event id (DISTINCT ON keeps the first row of each
+// (kind, subject) in the ORDER BY, id descending). Webhooks are never
+// coalesced: each event is a fact.
 const fanOutSQL = `
 WITH subscribers AS (
-  SELECT kind, topics
-  FROM jsonb_to_recordset($2::jsonb) AS s(kind text, topics text[])
+  SELECT kind, topics, per_subject
+  FROM jsonb_to_recordset($2::jsonb) AS s(kind text, topics text[], per_subject boolean)
 ),
 enqueued AS (
   INSERT INTO outbox.jobs (kind, event_id, max_attempts)
   SELECT s.kind, e.id, $3
   FROM outbox.events AS e
-  JOIN subscribers AS s ON outbox.topic_matches(s.topics, e.topic)
+  JOIN subscribers AS s ON NOT s.per_subject
+                       AND outbox.topic_matches(s.topics, e.topic)
   WHERE e.id = ANY($1::bigint[])
   ORDER BY e.id
+  RETURNING 1
+),
+coalesced AS (
+  INSERT INTO outbox.jobs (kind, event_id, max_attempts)
+  SELECT latest.kind, latest.id, $3
+  FROM (
+    SELECT DISTINCT ON (s.kind, e.subject) s.kind, e.id
+    FROM outbox.events AS e
+    JOIN subscribers AS s ON s.per_subject
+                         AND outbox.topic_matches(s.topics, e.topic)
+    WHERE e.id = ANY($1::bigint[])
+    ORDER BY s.kind, e.subject, e.id DESC
+  ) AS latest
+  ORDER BY latest.id
   RETURNING 1
 ),
 webhooks AS (
@@ -206,7 +224,7 @@ marked AS (
   RETURNING 1
 )
 SELECT (SELECT count(*) FROM marked),
-       (SELECT count(*) FROM enqueued) + (SELECT count(*) FROM webhooks)`
+       (SELECT count(*) FROM enqueued) + (SELECT count(*) FROM coalesced) + (SELECT count(*) FROM webhooks)`
 
 // relayTx is one relay transaction: claim with claimSQL, fan out, commit.
 // It returns the claimed ids even when it fails, for the row-by-row retry.

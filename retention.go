@@ -87,7 +87,7 @@ var (
 // sweep is one periodic bound: a table, its window and its delete.
 type sweep struct {
 	name   string        // as logs and metrics name it
-	table  string        // swept only while this table exists
+	table  string        // for metrics: rows pruned by table
 	window time.Duration // rows older than this go; 0 disables the sweep
 	// deleteSQL deletes at most $2 rows older than $1 seconds by
 	// PostgreSQL's clock, the one that stamped them.
@@ -376,18 +376,9 @@ func (s *sweeper) disableFailingEndpoints(ctx context.Context, conn *sql.Conn) (
 }
 
 // runSweep deletes sw's expired rows in batches on conn. swept is false when
-// the sweep is disabled or its table does not exist yet.
+// the sweep is disabled.
 func (s *sweeper) runSweep(ctx context.Context, conn *sql.Conn, sw *sweep) (deleted int64, swept bool, err error) {
 	if sw.window <= 0 {
-		return 0, false, nil
-	}
-	var exists bool
-	if err := conn.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, sw.table).Scan(&exists); err != nil {
-		return 0, false, fmt.Errorf("retention: sweep %s: %w", sw.name, err)
-	}
-	if !exists {
-		// The inbox arrives with its own issue; until then its sweep waits.
-		s.logger.Debug("retention sweep skipped: table does not exist yet", "sweep", sw.name, "table", sw.table)
 		return 0, false, nil
 	}
 	capacity := int64(s.cfg.AnomalyCap)

@@ -121,7 +121,7 @@ func TestEventsRetentionDeletesOnlyOldFannedEvents(t *testing.T) {
 
 	res := sweepOnce(t, newTestSweeper(t, db, cfg))
 	// The completed job went first (the job cleaner), then both old events.
-	if diff := cmp.Diff(map[string]int64{"jobs_completed": 1, "jobs_discarded": 0, "events": 2}, res.Deleted); diff != "" {
+	if diff := cmp.Diff(map[string]int64{"jobs_completed": 1, "jobs_discarded": 0, "events": 2, "inbox": 0}, res.Deleted); diff != "" {
 		t.Errorf("deleted (-want +got):\n%s", diff)
 	}
 	want := []int64{oldUnfanned, oldPoisoned, freshFanned, freshUnfanned, lateFanned}
@@ -157,7 +157,7 @@ func TestEventsRetentionKeepsEventsOfUnfinishedJobs(t *testing.T) {
 	// Past its window the discarded job goes, and its event with it.
 	mustExec(t, db, `UPDATE outbox.jobs SET finalized_at = now() - interval '8 days' WHERE state = 'discarded'`)
 	res = sweepOnce(t, newTestSweeper(t, db, cfg))
-	if diff := cmp.Diff(map[string]int64{"jobs_completed": 0, "jobs_discarded": 1, "events": 1}, res.Deleted); diff != "" {
+	if diff := cmp.Diff(map[string]int64{"jobs_completed": 0, "jobs_discarded": 1, "events": 1, "inbox": 0}, res.Deleted); diff != "" {
 		t.Errorf("second cycle deleted (-want +got):\n%s", diff)
 	}
 	if got := ids(t, db, `SELECT event_id FROM outbox.jobs WHERE state = 'discarded'`); len(got) != 0 {
@@ -267,7 +267,7 @@ func TestRetentionWindowZeroLeavesTablesUntouched(t *testing.T) {
 	cfg = defaultConfig().Retention
 	cfg.Events = 0
 	res = sweepOnce(t, newTestSweeper(t, db, cfg))
-	if diff := cmp.Diff(map[string]int64{"jobs_completed": 1, "jobs_discarded": 1}, res.Deleted); diff != "" {
+	if diff := cmp.Diff(map[string]int64{"jobs_completed": 1, "jobs_discarded": 1, "inbox": 0}, res.Deleted); diff != "" {
 		t.Errorf("events window 0: deleted (-want +got):\n%s", diff)
 	}
 	if n := queryInt(t, db, `SELECT count(*) FROM outbox.events`); n != 3 {
@@ -290,7 +290,7 @@ func TestJobCleanerDeletesOldFinishedJobs(t *testing.T) {
 	}
 
 	res := sweepOnce(t, newTestSweeper(t, db, defaultConfig().Retention))
-	if diff := cmp.Diff(map[string]int64{"jobs_completed": 1, "jobs_discarded": 1, "events": 0}, res.Deleted); diff != "" {
+	if diff := cmp.Diff(map[string]int64{"jobs_completed": 1, "jobs_discarded": 1, "events": 0, "inbox": 0}, res.Deleted); diff != "" {
 		t.Errorf("deleted (-want +got):\n%s", diff)
 	}
 	if diff := cmp.Diff(keep, ids(t, db, `SELECT id FROM outbox.jobs ORDER BY id`)); diff != "" {
@@ -298,39 +298,19 @@ func TestJobCleanerDeletesOldFinishedJobs(t *testing.T) {
 	}
 }
 
-// createInbox creates the inbox table as the inbox issue will: retention
-// needs only its received_at column.
-func createInbox(t testing.TB, db *sql.DB) {
-	t.Helper()
-	mustExec(t, db, `
-		CREATE TABLE outbox.inbox (
-		  source      text        NOT NULL,
-		  webhook_id  text        NOT NULL,
-		  received_at timestamptz NOT NULL DEFAULT now(),
-		  PRIMARY KEY (source, webhook_id)
-		)`)
-}
-
-// The inbox sweep waits for its table, and works once it is there.
-func TestInboxSweepWaitsForItsTable(t *testing.T) {
+// Inbox records older than the inbox window are deleted, younger kept.
+func TestInboxRetentionDeletesOldRecords(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
-	cfg := defaultConfig().Retention // inbox: 8 days
-	s := newTestSweeper(t, db, cfg)
-	res := sweepOnce(t, s)
-	if _, swept := res.Deleted["inbox"]; swept {
-		t.Errorf("inbox swept without a table: %v", res.Deleted)
-	}
-
-	createInbox(t, db)
+	s := newTestSweeper(t, db, defaultConfig().Retention) // inbox: 8 days
 	mustExec(t, db, `
 		INSERT INTO outbox.inbox (source, webhook_id, received_at)
 		VALUES ('a', '1', now() - interval '9 days'),
 		       ('a', '2', now() - interval '7 days'),
 		       ('b', '1', now())`)
-	res = sweepOnce(t, s)
-	if got, swept := res.Deleted["inbox"]; got != 1 || !swept {
-		t.Errorf("inbox deleted %d (swept %v), want 1", got, swept)
+	res := sweepOnce(t, s)
+	if got := res.Deleted["inbox"]; got != 1 {
+		t.Errorf("inbox deleted %d, want 1", got)
 	}
 	if n := queryInt(t, db, `SELECT count(*) FROM outbox.inbox`); n != 2 {
 		t.Errorf("%d inbox rows left, want the 2 younger than 8 days", n)
@@ -343,7 +323,6 @@ func TestInboxSweepWaitsForItsTable(t *testing.T) {
 func TestEventsArePrunedBeforeInbox(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
-	createInbox(t, db)
 	mustExec(t, db, `INSERT INTO outbox.inbox (source, webhook_id, received_at) VALUES ('a', '1', now() - interval '30 days')`)
 	addEvent(t, db, "fanned", 30*day)
 	mustExec(t, db, `

@@ -26,17 +26,31 @@ COMMENT ON SCHEMA outbox IS
 -- selects every topic that starts with 'order.', anything else must be equal.
 -- outboxd validates patterns in Go (topicPatternValid) before storing them;
 -- this is the one place they are evaluated, inside the fan-out statement.
+--
+-- Topics under 'outboxd.' are outboxd's own (an endpoint became failing or
+-- was disabled). Only a pattern that names them selects them ('outboxd.*',
+-- 'outboxd.endpoint.failing'); an empty list and '*' do not. Otherwise a
+-- notification that endpoint X fails would be delivered to X as a webhook,
+-- fail there, and feed on itself.
 CREATE OR REPLACE FUNCTION outbox.topic_matches(patterns text[], topic text)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
-  SELECT cardinality(patterns) = 0 OR EXISTS (
-    SELECT 1
-    FROM unnest(patterns) AS p
-    WHERE p = topic
-       OR p = '*'
-       OR (right(p, 2) = '.*' AND starts_with(topic, left(p, -1)))
-  )
+  SELECT CASE
+    WHEN starts_with(topic, 'outboxd.') THEN EXISTS (
+      SELECT 1
+      FROM unnest(patterns) AS p
+      WHERE starts_with(p, 'outboxd.')
+        AND (p = topic OR (right(p, 2) = '.*' AND starts_with(topic, left(p, -1))))
+    )
+    ELSE cardinality(patterns) = 0 OR EXISTS (
+      SELECT 1
+      FROM unnest(patterns) AS p
+      WHERE p = topic
+         OR p = '*'
+         OR (right(p, 2) = '.*' AND starts_with(topic, left(p, -1)))
+    )
+  END
 $$;
 
 --------------------------------------------------------------------------------
@@ -291,7 +305,7 @@ CREATE TABLE IF NOT EXISTS outbox.endpoints (
 
   -- The Go side validates first (validateEndpointURL, topicPatternValid) and
   -- answers 400 with a reason; these keep a direct SQL write honest too.
-  CONSTRAINT endpoints_url_http CHECK (url ~ '^https?://' AND length(url) <= 2048),
+  CONSTRAINT endpoints_url_scheme CHECK (url ~ '^(https?://|mailto:)' AND length(url) <= 2048),
   CONSTRAINT endpoints_description_length CHECK (length(description) <= 1000),
   CONSTRAINT endpoints_owner_email_length CHECK (length(owner_email) <= 254),
   CONSTRAINT endpoints_topics_count CHECK (cardinality(topics) <= 100),
@@ -305,6 +319,19 @@ CREATE TABLE IF NOT EXISTS outbox.endpoints (
   ),
   CONSTRAINT endpoints_disabled_reason_length CHECK (length(disabled_reason) <= 500)
 );
+
+-- A mailto: endpoint receives its events as mail (mail.go). A database made
+-- before mail existed carries the http-only constraint: replace it, once.
+DO $$
+BEGIN
+  IF EXISTS (SELECT 1 FROM pg_constraint
+             WHERE conrelid = 'outbox.endpoints'::regclass AND conname = 'endpoints_url_http') THEN
+    ALTER TABLE outbox.endpoints DROP CONSTRAINT endpoints_url_http;
+    ALTER TABLE outbox.endpoints
+      ADD CONSTRAINT endpoints_url_scheme CHECK (url ~ '^(https?://|mailto:)' AND length(url) <= 2048);
+  END IF;
+END
+$$;
 
 -- Serves the fan-out: the enabled endpoints, read for every relay pass.
 CREATE INDEX IF NOT EXISTS endpoints_enabled_by_id
@@ -460,3 +487,146 @@ CREATE TABLE IF NOT EXISTS outbox.deliveries (
 -- Serves an endpoint's recent attempts on the panel.
 CREATE INDEX IF NOT EXISTS deliveries_by_endpoint_finished_at
   ON outbox.deliveries (endpoint_id, finished_at);
+
+--------------------------------------------------------------------------------
+-- Owner notifications: an endpoint's owner hears when it fails
+--------------------------------------------------------------------------------
+
+-- endpoint_state_event records an event when an endpoint becomes failing
+-- (failing_since goes from NULL to set while it is enabled) or disabled
+-- (disabled_at goes from NULL to set: a 410, the 5-day sweep, an operator),
+-- in the transaction that changes the state, whoever changes it. Topic
+-- outboxd.endpoint.failing or outboxd.endpoint.disabled, subject the
+-- endpoint id. The relay fans these out to one owner-notify job each
+-- (ownernotify.go); endpoints and subscribers get them only by naming them
+-- (topic_matches). last_error is the attempt that caused the change, which
+-- the webhook sender records just before, in the same transaction.
+CREATE OR REPLACE FUNCTION outbox.endpoint_state_event() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+  state text := CASE WHEN NEW.disabled_at IS NOT NULL THEN 'disabled' ELSE 'failing' END;
+BEGIN
+  PERFORM outbox.record(
+    'outboxd.endpoint.' || state,
+    NEW.id::text,
+    jsonb_build_object(
+      'endpoint_id',     NEW.id,
+      'url',             NEW.url,
+      'owner_email',     NEW.owner_email,
+      'state',           state,
+      'failing_since',   NEW.failing_since,
+      'disabled_reason', NEW.disabled_reason,
+      'last_error',      (SELECT d.error
+                          FROM outbox.deliveries AS d
+                          WHERE d.endpoint_id = NEW.id
+                          ORDER BY d.finished_at DESC
+                          LIMIT 1)
+    )
+  );
+  RETURN NULL;
+END
+$$;
+
+-- The WHEN clause is the transition: a failing endpoint failing again, or
+-- a disabled one disabled again, records nothing. A 410 sets both columns
+-- at once and is one "disabled" event.
+CREATE OR REPLACE TRIGGER endpoints_state_event
+  AFTER UPDATE OF failing_since, disabled_at ON outbox.endpoints
+  FOR EACH ROW
+  WHEN ((OLD.disabled_at IS NULL AND NEW.disabled_at IS NOT NULL)
+     OR (OLD.failing_since IS NULL AND NEW.failing_since IS NOT NULL AND NEW.disabled_at IS NULL))
+  EXECUTE FUNCTION outbox.endpoint_state_event();
+
+-- One row per owner notification that took a slot of its owner's hourly
+-- cap (-owner-notify-per-hour, 5). Keyed by the job, so a retry of the job
+-- finds its slot and does not take a second one. A notification over the
+-- cap takes no slot: its job completes with a note and is counted. Rows
+-- go with their job (the job cleaner deletes completed jobs after 24 h,
+-- long after the hour that counts).
+CREATE TABLE IF NOT EXISTS outbox.owner_notify_slots (
+  job_id      bigint      PRIMARY KEY REFERENCES outbox.jobs (id) ON DELETE CASCADE,
+  owner_email text        NOT NULL,
+  taken_at    timestamptz NOT NULL DEFAULT now()
+);
+
+-- Serves the cap's count: an owner's slots taken in the last hour.
+CREATE INDEX IF NOT EXISTS owner_notify_slots_by_owner_taken_at
+  ON outbox.owner_notify_slots (owner_email, taken_at);
+
+--------------------------------------------------------------------------------
+-- Inbox: signed webhooks received from other senders
+--------------------------------------------------------------------------------
+
+-- An inbox source is a sender outboxd accepts webhooks from at
+-- POST /webhooks/{name}, verified with its secret (the secret the sender
+-- signs with: for another outboxd, its endpoint's whsec_...). A rotation
+-- keeps the old secret as previous_secret until previous_secret_expires_at,
+-- and either verifies meanwhile. A received webhook becomes a local event
+-- with topic topic_prefix || the body's "type". Rows are written through
+-- the API (inbox.go).
+CREATE TABLE IF NOT EXISTS outbox.inbox_sources (
+  name                       text        PRIMARY KEY,
+  secret                     bytea       NOT NULL,
+  previous_secret            bytea,
+  previous_secret_expires_at timestamptz,
+  topic_prefix               text        NOT NULL,
+  created_at                 timestamptz NOT NULL DEFAULT now(),
+
+  CONSTRAINT inbox_sources_name_format CHECK (name ~ '^[a-z0-9_-]{1,50}$'),
+  CONSTRAINT inbox_sources_topic_prefix_format CHECK (topic_prefix ~ '^([A-Za-z0-9_][A-Za-z0-9_.:/-]{0,99})?$'),
+  -- Any non-empty key up to 64 bytes: a source's secret is the sender's,
+  -- and senders other than outboxd choose their own sizes.
+  CONSTRAINT inbox_sources_secret_length CHECK (length(secret) BETWEEN 1 AND 64),
+  CONSTRAINT inbox_sources_previous_secret_expires CHECK (
+    (previous_secret IS NULL) = (previous_secret_expires_at IS NULL)
+  )
+);
+
+-- One row per webhook received and recorded: the dedup record. A second
+-- delivery of the same webhook-id from the same source (a retry, a replay,
+-- a sender that lost our 2xx) finds the row and changes nothing. The row,
+-- the local event and nothing else commit together, and the sender gets
+-- its 2xx only after that commit.
+--
+-- Inbox retention (retention.go) deletes rows older than the inbox window,
+-- which is longer than events retention plus its sweep cadence, so a
+-- sender's retries (at most the retry horizon, under events retention) all
+-- meet the row. event_id has no foreign key on purpose: events are pruned
+-- first, and the dedup record outliving its event is the safe direction.
+CREATE TABLE IF NOT EXISTS outbox.inbox (
+  source      text        NOT NULL,
+  webhook_id  text        NOT NULL,
+  received_at timestamptz NOT NULL DEFAULT now(),
+  event_id    bigint,
+
+  PRIMARY KEY (source, webhook_id),
+  CONSTRAINT inbox_webhook_id_length CHECK (length(webhook_id) BETWEEN 1 AND 256)
+);
+
+-- Serves inbox retention: DELETE FROM outbox.inbox ... WHERE received_at <
+-- cutoff, in batches.
+CREATE INDEX IF NOT EXISTS inbox_by_received_at
+  ON outbox.inbox (received_at);
+
+--------------------------------------------------------------------------------
+-- Subject index: the latest event per subject (an in-process subscriber)
+--------------------------------------------------------------------------------
+
+-- Kept by the built-in subscriber "subjects" (subjects.go): for every
+-- subject, the latest event recorded for it, by event id. Its upsert never
+-- moves backwards (an older event delivered late changes nothing), which
+-- also makes a second delivery of the same event a no-op. Its jobs are
+-- coalesced per subject within one relay pass. Rows live as long as their
+-- subject; a search by prefix serves the panel and GET /api/subjects.
+CREATE TABLE IF NOT EXISTS outbox.subjects (
+  subject       text        PRIMARY KEY,
+  topic         text        NOT NULL,
+  last_event_id bigint      NOT NULL,
+  payload       jsonb       NOT NULL,
+  updated_at    timestamptz NOT NULL DEFAULT now()
+);
+
+-- Serves the search by subject prefix (LIKE 'prefix%'), whatever the
+-- database's collation.
+CREATE INDEX IF NOT EXISTS subjects_by_subject_prefix
+  ON outbox.subjects (subject text_pattern_ops);

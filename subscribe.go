@@ -24,7 +24,12 @@ import (
 type Subscriber struct {
 	Name   string   // unique; letters, digits, _ and -
 	Topics []string // topic patterns (see topicPatternValid); empty: all
-	Handle func(ctx context.Context, tx *sql.Tx, ev Event) error
+	// Coalesce makes the relay enqueue one job per subject within one
+	// pass, for the pass's latest (highest id) event of that subject, and
+	// none for the others. Only for a subscriber whose effect is "the
+	// latest state of the subject", which a later event replaces whole.
+	Coalesce bool
+	Handle   func(ctx context.Context, tx *sql.Tx, ev Event) error
 }
 
 // subscriberJobPrefix makes subscriber job kinds distinct from "webhook".
@@ -77,12 +82,23 @@ func (r *subscriberRegistry) all() []Subscriber {
 	return subs
 }
 
-// fanOutTargets is the registry as the relay's fan-out statement reads it:
-// a JSON array of {"kind", "topics"}.
+// builtinJobTargets are the job kinds every relay fans out to besides the
+// registry's subscribers: outboxd's own consumers of its own events.
+var builtinJobTargets = []struct {
+	Kind   string
+	Topics []string
+}{
+	{ownerNotifyJobKind, []string{endpointFailingTopic, endpointDisabledTopic}},
+}
+
+// fanOutTargets is the registry and the built-in job kinds as the relay's
+// fan-out statement reads them: a JSON array of {"kind", "topics",
+// "per_subject"}.
 func (r *subscriberRegistry) fanOutTargets() []byte {
 	type target struct {
-		Kind   string   `json:"kind"`
-		Topics []string `json:"topics"`
+		Kind     string   `json:"kind"`
+		Topics   []string `json:"topics"`
+		Coalesce bool     `json:"per_subject"`
 	}
 	targets := []target{}
 	for _, s := range r.all() {
@@ -90,7 +106,10 @@ func (r *subscriberRegistry) fanOutTargets() []byte {
 		if topics == nil {
 			topics = []string{}
 		}
-		targets = append(targets, target{Kind: s.jobKind(), Topics: topics})
+		targets = append(targets, target{Kind: s.jobKind(), Topics: topics, Coalesce: s.Coalesce})
+	}
+	for _, b := range builtinJobTargets {
+		targets = append(targets, target{Kind: b.Kind, Topics: b.Topics})
 	}
 	b, _ := json.Marshal(targets) // strings and slices only: cannot fail
 	return b
@@ -109,8 +128,24 @@ func topicPatternValid(p string) error {
 	return nil
 }
 
+// internalTopicPrefix marks outboxd's own topics, which only a pattern
+// naming them selects (see outbox.topic_matches).
+const internalTopicPrefix = "outboxd."
+
 // topicMatches is outbox.topic_matches in Go, for tests and the panel.
 func topicMatches(patterns []string, topic string) bool {
+	if strings.HasPrefix(topic, internalTopicPrefix) {
+		var named []string
+		for _, p := range patterns {
+			if strings.HasPrefix(p, internalTopicPrefix) {
+				named = append(named, p)
+			}
+		}
+		if len(named) == 0 {
+			return false
+		}
+		patterns = named
+	}
 	if len(patterns) == 0 {
 		return true
 	}

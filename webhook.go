@@ -57,7 +57,10 @@ type webhookSender struct {
 	client    *http.Client
 	userAgent string
 	metrics   *deliveryMetrics
-	logger    *slog.Logger
+	// mail sends to mailto: endpoints; nil: no SMTP configured, and such
+	// deliveries complete with a log line (mail.go).
+	mail   *mailer
+	logger *slog.Logger
 }
 
 func newWebhookSender(db *sql.DB, client *http.Client, metrics *deliveryMetrics, logger *slog.Logger) *webhookSender {
@@ -230,6 +233,11 @@ func (s *webhookSender) deliver(ctx context.Context, job Job) error {
 	}
 	if ep.DisabledReason != nil {
 		return s.notSent(ctx, job, fmt.Errorf("endpoint %d is disabled (%s); not sent", job.EndpointID, *ep.DisabledReason))
+	}
+	// The transport follows the endpoint's URL as it is now, so a queued
+	// delivery follows a PATCH from https: to mailto: or back.
+	if strings.HasPrefix(ep.URL, mailtoPrefix) {
+		return s.deliverMail(ctx, job, ep)
 	}
 	body, err := encodeWebhookBody(job.Event)
 	if err != nil {

@@ -1,0 +1,148 @@
+// subjects.go: the subject index, the one built-in in-process subscriber,
+// which keeps the latest event of every subject, and its search.
+
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// defaultSubscribers is the registry run() starts with: every in-process
+// subscriber outboxd ships. The idempotency test iterates exactly this, so
+// a subscriber registered here is checked for one effect per event.
+func defaultSubscribers(cfg Config, logger *slog.Logger) *subscriberRegistry {
+	subs := newSubscriberRegistry()
+	subs.Register(subjectIndexSubscriber())
+	if cfg.Demo {
+		subs.Register(logSubscriber(logger))
+	}
+	return subs
+}
+
+// upsertSubjectSQL keeps the latest event of a subject. The WHERE on the
+// conflict makes it monotonic: an event with a lower id than the one kept
+// (delivered late, or the same event delivered again) changes nothing.
+const upsertSubjectSQL = `
+INSERT INTO outbox.subjects (subject, topic, last_event_id, payload, updated_at)
+VALUES ($1, $2, $3, $4, now())
+ON CONFLICT (subject) DO UPDATE
+SET topic = EXCLUDED.topic,
+    last_event_id = EXCLUDED.last_event_id,
+    payload = EXCLUDED.payload,
+    updated_at = EXCLUDED.updated_at
+WHERE subjects.last_event_id < EXCLUDED.last_event_id`
+
+// subjectIndexSubscriber indexes every event with a subject. It coalesces:
+// of the events one relay pass claims for a subject, only the latest is
+// delivered, since it would overwrite the others anyway.
+func subjectIndexSubscriber() Subscriber {
+	return Subscriber{
+		Name:     "subjects",
+		Coalesce: true,
+		Handle: func(ctx context.Context, tx *sql.Tx, ev Event) error {
+			if ev.Subject == "" {
+				return nil // nothing to index it under
+			}
+			payload := []byte(ev.Payload)
+			if len(payload) == 0 {
+				payload = []byte(`{}`)
+			}
+			if _, err := tx.ExecContext(ctx, upsertSubjectSQL, ev.Subject, ev.Topic, ev.ID, payload); err != nil {
+				return fmt.Errorf("index subject: %w", err)
+			}
+			return nil
+		},
+	}
+}
+
+// SubjectEntry is one row of the subject index.
+type SubjectEntry struct {
+	Subject     string          `json:"subject"`
+	Topic       string          `json:"topic"`
+	LastEventID int64           `json:"last_event_id"`
+	Payload     json.RawMessage `json:"payload"`
+	UpdatedAt   time.Time       `json:"updated_at"`
+}
+
+// maxSubjectPage bounds one page of the subject search.
+const maxSubjectPage = 200
+
+// listSubjectsSQL is a page of subjects starting with a prefix, in subject
+// order, after $2. The prefix arrives with LIKE's wildcards escaped.
+const listSubjectsSQL = `
+SELECT subject, topic, last_event_id, payload, updated_at
+FROM outbox.subjects
+WHERE subject LIKE $1
+  AND subject > $2
+ORDER BY subject
+LIMIT $3`
+
+// likePrefix is a LIKE pattern matching every text that starts with p.
+func likePrefix(p string) string {
+	return strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`).Replace(p) + "%"
+}
+
+// listSubjects reads up to limit subjects starting with prefix, after the
+// subject after ("" from the first).
+func listSubjects(ctx context.Context, db *sql.DB, prefix, after string, limit int) ([]SubjectEntry, error) {
+	if len(prefix) > maxSubjectLen {
+		return nil, fmt.Errorf("%w: prefix is %d bytes, at most %d", errInvalid, len(prefix), maxSubjectLen)
+	}
+	if limit <= 0 || limit > maxSubjectPage {
+		limit = maxSubjectPage
+	}
+	rows, err := db.QueryContext(ctx, listSubjectsSQL, likePrefix(prefix), after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list subjects: %w", err)
+	}
+	defer rows.Close()
+	entries := []SubjectEntry{}
+	for rows.Next() {
+		var e SubjectEntry
+		var payload []byte
+		if err := rows.Scan(&e.Subject, &e.Topic, &e.LastEventID, &payload, &e.UpdatedAt); err != nil {
+			return nil, fmt.Errorf("list subjects: %w", err)
+		}
+		e.Payload = payload
+		entries = append(entries, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list subjects: %w", err)
+	}
+	return entries, nil
+}
+
+// handleListSubjects answers GET /api/subjects?prefix=&after=&limit= with
+// {"subjects": [...], "next_after"}.
+func handleListSubjects(db *sql.DB) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		limit := maxSubjectPage
+		if v := q.Get("limit"); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > maxSubjectPage {
+				writeError(w, http.StatusBadRequest, fmt.Errorf("limit %q must be between 1 and %d", v, maxSubjectPage))
+				return
+			}
+			limit = n
+		}
+		entries, err := listSubjects(r.Context(), db, q.Get("prefix"), q.Get("after"), limit)
+		if err != nil {
+			writeError(w, statusOf(err), err)
+			return
+		}
+		resp := map[string]any{"subjects": entries}
+		if len(entries) == limit {
+			resp["next_after"] = entries[len(entries)-1].Subject
+		}
+		writeJSON(w, http.StatusOK, resp)
+	})
+}
