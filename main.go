@@ -38,6 +38,7 @@ import (
 	"time"
 
 	"github.com/lib/pq"
+	"github.com/lib/pq/pqerror"
 )
 
 // version is reported in the User-Agent of outgoing webhooks and in logs.
@@ -485,9 +486,30 @@ var schemaSQL string
 // EXISTS is not safe against a concurrent CREATE of the same object.
 const schemaLockKey = 0x6f7574626f78 // "outbox"
 
+// migrateAttempts bounds migrate's retries of a deadlock. schema.sql's
+// ALTER TABLE and CREATE OR REPLACE TRIGGER lock the hot tables one after
+// another while running replicas lock them in another order (the relay:
+// events, then jobs), so a replica restarting under load can be chosen as
+// the deadlock victim; it must try again, not exit.
+const migrateAttempts = 5
+
 // migrate applies schema.sql in one transaction. Every statement in it is
 // idempotent, so this runs at every start.
 func migrate(ctx context.Context, db *sql.DB) error {
+	for attempt := 1; ; attempt++ {
+		err := migrateOnce(ctx, db)
+		if attempt == migrateAttempts || pq.As(err, pqerror.TRDeadlockDetected, pqerror.TRSerializationFailure) == nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
+		}
+	}
+}
+
+func migrateOnce(ctx context.Context, db *sql.DB) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
