@@ -667,8 +667,11 @@ func (h *faultHarness) check() {
 	// none for a row that did not commit.
 	var rowsWithoutOne, eventsWithoutRow int
 	err = h.admin.QueryRow(`
-		SELECT (SELECT count(*) FROM fault_orders o
-		        WHERE (SELECT count(*) FROM outbox.events e WHERE e.subject = o.key AND e.topic = o.topic) <> 1),
+		SELECT (SELECT count(*)
+		        FROM fault_orders o
+		        LEFT JOIN (SELECT subject, topic, count(*) AS n FROM outbox.events GROUP BY subject, topic) e
+		          ON e.subject = o.key AND e.topic = o.topic
+		        WHERE coalesce(e.n, 0) <> 1),
 		       (SELECT count(*) FROM outbox.events e
 		        WHERE NOT EXISTS (SELECT 1 FROM fault_orders o WHERE o.key = e.subject))`).Scan(&rowsWithoutOne, &eventsWithoutRow)
 	if err != nil {
