@@ -39,6 +39,7 @@ import (
 	"time"
 
 	"github.com/lib/pq"
+	"github.com/lib/pq/pqerror"
 )
 
 // version is reported in the User-Agent of outgoing webhooks and in logs.
@@ -570,6 +571,12 @@ func schemaChecksum() string {
 	return hex.EncodeToString(sum[:])
 }
 
+// migrateAttempts bounds migrate's retries of a deadlock: a replica that
+// starts with a new schema.sql while others serve traffic can be chosen as
+// the victim (its DDL locks events, then jobs; the relay holds jobs and
+// waits for events), and must try again, not exit.
+const migrateAttempts = 5
+
 // migrate applies schema.sql in one transaction, unless this exact file
 // was applied before. The check matters: schema.sql's ALTER TABLE and
 // CREATE OR REPLACE TRIGGER take locks on the hot tables that queue every
@@ -580,6 +587,20 @@ func migrate(ctx context.Context, db *sql.DB) error {
 	if applied, err := schemaApplied(ctx, db, checksum); err == nil && applied {
 		return nil
 	}
+	for attempt := 1; ; attempt++ {
+		err := migrateOnce(ctx, db, checksum)
+		if attempt == migrateAttempts || pq.As(err, pqerror.TRDeadlockDetected, pqerror.TRSerializationFailure) == nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
+		}
+	}
+}
+
+func migrateOnce(ctx context.Context, db *sql.DB, checksum string) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)

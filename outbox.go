@@ -10,6 +10,9 @@ import (
 	"fmt"
 	"regexp"
 	"time"
+
+	"github.com/lib/pq"
+	"github.com/lib/pq/pqerror"
 )
 
 // Event is one row of outbox.events: a fact recorded by the application in
@@ -69,6 +72,12 @@ func recordEvent(ctx context.Context, q queryer, topic, subject string, payload 
 	}
 	var id int64
 	err := q.QueryRowContext(ctx, `SELECT outbox.record($1, $2, $3)`, topic, subject, []byte(payload)).Scan(&id)
+	if pqErr := pq.As(err); pqErr != nil && (pqErr.Code.Class() == "22" || pqErr.Code == pqerror.CheckViolation) {
+		// JSON that Go accepts and jsonb does not (invalid UTF-8, an
+		// escaped NUL, a lone surrogate), or a payload over the size
+		// check: the caller's input, not a server fault.
+		return 0, fmt.Errorf("%w: record event: %w", errInvalid, err)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("record event: %w", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -209,6 +210,11 @@ func validateEndpointURL(raw string, allowPrivate bool) (*url.URL, error) {
 			return nil, fmt.Errorf("endpoint url %q: %w", shown, refuseAddr(ip, reason))
 		}
 		return u, nil
+	}
+	if name := strings.TrimSuffix(host, "."); len(name) > 253 || slices.ContainsFunc(strings.Split(name, "."), func(l string) bool { return len(l) > 63 }) {
+		// RFC 1035: no resolver answers for such a name, so every
+		// delivery would fail; say so at registration.
+		return nil, fmt.Errorf("endpoint url: host name longer than DNS allows (253 bytes, 63 a label)")
 	}
 	if endsInNumber(host) {
 		// 2130706433, 0177.0.0.1, 127.1 and 0x7f.1 are all 127.0.0.1 to
