@@ -35,6 +35,8 @@ type admin struct {
 	// eventsRetention clamps replays; maxAttempts is a replayed job's.
 	eventsRetention time.Duration
 	maxAttempts     int
+	// demo, with -demo, receives the demo's webhooks on /demo/hook.
+	demo *demo
 	// metricsPublic serves /metrics without the token, for a scraper on a
 	// private network that cannot hold secrets.
 	metricsPublic bool
@@ -80,6 +82,9 @@ func routes(a *admin) http.Handler {
 		mux.Handle("GET /metrics", requireToken(a.token, handleMetrics(a)))
 	}
 	mux.Handle("/api/", requireToken(a.token, api))
+	if a.demo != nil {
+		mux.Handle("POST /demo/hook", a.demo.receiver()) // signed, like any webhook
+	}
 	// The inbox authenticates each request by its source's signature, not
 	// by the admin token: senders hold no token.
 	mux.Handle("POST /webhooks/{source}", handleInbox(a.db, a.logger, time.Now))
@@ -309,38 +314,17 @@ func readEventWithJobs(ctx context.Context, db *sql.DB, id int64) (eventWithJobs
 }
 
 func handleGetEvent(db *sql.DB) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id, err := pathID(r)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		ev, err := readEventWithJobs(r.Context(), db, id)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		writeJSON(w, http.StatusOK, ev)
+	return handleByID(func(ctx context.Context, id int64) (eventWithJobs, error) {
+		return readEventWithJobs(ctx, db, id)
 	})
 }
 
 func handleRequeueEvent(db *sql.DB) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id, err := pathID(r)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
+	return handleByID(func(ctx context.Context, id int64) (Event, error) {
+		if err := requeueEvent(ctx, db, id); err != nil {
+			return Event{}, err
 		}
-		if err := requeueEvent(r.Context(), db, id); err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		ev, err := getEvent(r.Context(), db, id)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		writeJSON(w, http.StatusOK, ev)
+		return getEvent(ctx, db, id)
 	})
 }
 
@@ -383,22 +367,36 @@ func handleListJobs(db *sql.DB) http.Handler {
 }
 
 func handleRetryJob(db *sql.DB) http.Handler {
+	return handleByID(func(ctx context.Context, id int64) (JobView, error) {
+		if err := retryJob(ctx, db, id); err != nil {
+			return JobView{}, err
+		}
+		jobs, err := listJobs(ctx, db, JobFilter{Before: id + 1, Limit: 1})
+		if err != nil {
+			return JobView{}, err
+		}
+		if len(jobs) == 0 || jobs[0].ID != id {
+			return JobView{}, fmt.Errorf("job %d: %w after retry", id, errNotFound)
+		}
+		return jobs[0], nil
+	})
+}
+
+// handleByID serves a route on one row: it parses {id}, runs do and
+// answers do's result as JSON, or its error with the error's status.
+func handleByID[T any](do func(ctx context.Context, id int64) (T, error)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id, err := pathID(r)
 		if err != nil {
 			writeError(w, statusOf(err), err)
 			return
 		}
-		if err := retryJob(r.Context(), db, id); err != nil {
+		v, err := do(r.Context(), id)
+		if err != nil {
 			writeError(w, statusOf(err), err)
 			return
 		}
-		jobs, err := listJobs(r.Context(), db, JobFilter{Before: id + 1, Limit: 1})
-		if err != nil || len(jobs) == 0 || jobs[0].ID != id {
-			writeError(w, http.StatusInternalServerError, fmt.Errorf("read job %d after retry: %v", id, err))
-			return
-		}
-		writeJSON(w, http.StatusOK, jobs[0])
+		writeJSON(w, http.StatusOK, v)
 	})
 }
 

@@ -6,9 +6,13 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net/http"
+	"sync/atomic"
 	"time"
 )
 
@@ -41,13 +45,24 @@ SELECT outbox.watch('outbox_demo.orders', 'demo.order', ARRAY['status']);`
 // demoInterval is the pause between the demo's business writes.
 const demoInterval = 2 * time.Second
 
+// demoEndpointDescription finds the demo's endpoint again on the next run.
+const demoEndpointDescription = "outboxd -demo receiver"
+
+// demo writes business rows and receives their webhooks itself, on
+// /demo/hook of outboxd's own listener, so a first run shows every hop.
 type demo struct {
-	db     *sql.DB
-	logger *slog.Logger
+	db      *sql.DB
+	hookURL string
+	logger  *slog.Logger
+	secret  atomic.Pointer[webhookSecret]
+	// failEvery makes the receiver answer 503 to one request in so many,
+	// so the retries and the failing state show too.
+	failEvery int64
+	requests  atomic.Int64
 }
 
-func newDemo(db *sql.DB, logger *slog.Logger) *demo {
-	return &demo{db: db, logger: logger.With("loop", "demo")}
+func newDemo(db *sql.DB, hookURL string, logger *slog.Logger) *demo {
+	return &demo{db: db, hookURL: hookURL, failEvery: 25, logger: logger.With("loop", "demo")}
 }
 
 // Run creates the sample table and writes to it every demoInterval until
@@ -56,7 +71,11 @@ func (d *demo) Run(ctx context.Context) error {
 	if _, err := d.db.ExecContext(ctx, demoSchemaSQL); err != nil {
 		return fmt.Errorf("demo: create sample table: %w", err)
 	}
-	d.logger.Info("demo: writing to outbox_demo.orders, watched by outbox.watch on its status column")
+	if err := d.ensureEndpoint(ctx); err != nil {
+		return err
+	}
+	d.logger.Info("demo: writing to outbox_demo.orders, watched by outbox.watch on its status column",
+		"webhooks_to", d.hookURL)
 	tick := time.NewTicker(demoInterval)
 	defer tick.Stop()
 	for {
@@ -99,4 +118,53 @@ func (d *demo) writeOnce(ctx context.Context) error {
 		return fmt.Errorf("demo: commit: %w", err)
 	}
 	return nil
+}
+
+// ensureEndpoint subscribes the demo receiver to demo.* events: the same
+// endpoint as last run if there is one (with a fresh secret and this run's
+// address), so its history stays.
+func (d *demo) ensureEndpoint(ctx context.Context) error {
+	var id int64
+	err := d.db.QueryRowContext(ctx, `SELECT id FROM outbox.endpoints WHERE description = $1 ORDER BY id LIMIT 1`,
+		demoEndpointDescription).Scan(&id)
+	secret := newWebhookSecret()
+	url, topics, desc := d.hookURL, []string{"demo.*"}, demoEndpointDescription
+	in := endpointInput{URL: &url, Topics: &topics, Description: &desc}
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		_, err = createEndpoint(ctx, d.db, in, secret)
+	case err == nil:
+		if _, err = updateEndpoint(ctx, d.db, id, in); err == nil {
+			_, err = rotateEndpointSecret(ctx, d.db, id, secret, 0)
+		}
+		if err == nil {
+			_, err = enableEndpoint(ctx, d.db, id)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("demo: endpoint: %w", err)
+	}
+	d.secret.Store(&secret)
+	return nil
+}
+
+// receiver is the demo's webhook receiver: it verifies the signature as any
+// receiver should, and now and then fails on purpose.
+func (d *demo) receiver() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
+		secret := d.secret.Load()
+		if err != nil || secret == nil || verifyWebhook([][]byte{*secret}, r.Header, body, time.Now()) != nil {
+			http.Error(w, "signature does not verify", http.StatusUnauthorized)
+			return
+		}
+		if d.requests.Add(1)%d.failEvery == 0 {
+			d.logger.Info("demo receiver: failing this one on purpose; outboxd will retry it",
+				"webhook_id", r.Header.Get("webhook-id"))
+			http.Error(w, "failing on purpose", http.StatusServiceUnavailable)
+			return
+		}
+		d.logger.Info("demo receiver: webhook verified", "webhook_id", r.Header.Get("webhook-id"))
+		w.WriteHeader(http.StatusNoContent)
+	})
 }

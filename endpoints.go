@@ -386,18 +386,8 @@ func handleCreateEndpoint(db *sql.DB, policy endpointPolicy) http.Handler {
 }
 
 func handleGetEndpoint(db *sql.DB) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id, err := pathID(r)
-		if err != nil {
-			writeError(w, http.StatusBadRequest, err)
-			return
-		}
-		e, err := getEndpoint(r.Context(), db, id)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		writeJSON(w, http.StatusOK, e)
+	return handleByID(func(ctx context.Context, id int64) (Endpoint, error) {
+		return getEndpoint(ctx, db, id)
 	})
 }
 
@@ -445,19 +435,21 @@ func handleDeleteEndpoint(db *sql.DB) http.Handler {
 }
 
 func handleEnableEndpoint(db *sql.DB) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id, err := pathID(r)
-		if err != nil {
-			writeError(w, http.StatusBadRequest, err)
-			return
-		}
-		e, err := enableEndpoint(r.Context(), db, id)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		writeJSON(w, http.StatusOK, e)
+	return handleByID(func(ctx context.Context, id int64) (Endpoint, error) {
+		return enableEndpoint(ctx, db, id)
 	})
+}
+
+// disableReason is an operator's reason for disabling, or the default one.
+func disableReason(raw string) (string, error) {
+	reason := strings.TrimSpace(raw)
+	switch {
+	case reason == "":
+		return "disabled by an operator", nil
+	case len(reason) > maxDisabledReasonLen || strings.ContainsRune(reason, 0):
+		return "", fmt.Errorf("%w: reason must be at most %d bytes of text", errInvalid, maxDisabledReasonLen)
+	}
+	return reason, nil
 }
 
 // handleDisableEndpoint takes an optional body {"reason": "..."}.
@@ -478,12 +470,9 @@ func handleDisableEndpoint(db *sql.DB) http.Handler {
 				return
 			}
 		}
-		reason := strings.TrimSpace(req.Reason)
-		switch {
-		case reason == "":
-			reason = "disabled by an operator"
-		case len(reason) > maxDisabledReasonLen || strings.ContainsRune(reason, 0):
-			writeError(w, http.StatusBadRequest, fmt.Errorf("reason must be at most %d bytes of text", maxDisabledReasonLen))
+		reason, err := disableReason(req.Reason)
+		if err != nil {
+			writeError(w, statusOf(err), err)
 			return
 		}
 		e, err := disableEndpoint(r.Context(), db, id, reason)

@@ -426,6 +426,22 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 	subscribers := defaultSubscribers(cfg, logger)
 
+	// Listen before the loops start: a taken port fails the start at once,
+	// and the demo needs the address for its endpoint.
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.Addr, err)
+	}
+	defer ln.Close()
+	var demoRun *demo
+	if cfg.Demo {
+		demoRun = newDemo(db, "http://"+ln.Addr().String()+"/demo/hook", logger)
+		if !cfg.AllowPrivateEndpoints {
+			logger.Info("demo: allowing deliveries to loopback for the demo's own receiver")
+			cfg.AllowPrivateEndpoints = true
+		}
+	}
+
 	// Every loop runs under loopCtx and is waited for before run returns.
 	// It ends with ctx (SIGTERM), or when run returns early on an error;
 	// the workers then give in-flight jobs the grace period.
@@ -472,8 +488,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	host, _ := os.Hostname()
 	retention := newSweeper(db, cfg.Retention, fmt.Sprintf("%s:%d", host, os.Getpid()), logger)
 	start("retention", retention.Run)
-	if cfg.Demo {
-		start("demo", newDemo(db, logger).Run)
+	if demoRun != nil {
+		start("demo", demoRun.Run)
 	}
 
 	pnl, err := newPanel(logger)
@@ -489,6 +505,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		panel:           pnl,
 		eventsRetention: cfg.Retention.Events,
 		maxAttempts:     cfg.Workers.MaxAttempts,
+		demo:            demoRun,
 		endpoints: endpointPolicy{
 			AllowPrivate:   cfg.AllowPrivateEndpoints,
 			RotationWindow: cfg.Webhooks.SecretRotationWindow,
@@ -497,10 +514,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		logger:        logger,
 	})
 
-	ln, err := net.Listen("tcp", cfg.Addr)
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w", cfg.Addr, err)
-	}
 	srv := &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,

@@ -386,15 +386,10 @@ func (p *panel) handleEndpointAction(a *admin) http.Handler {
 			_, err = enableEndpoint(ctx, a.db, id)
 			done = "Enabled: new events are delivered again. Replay to send what it missed."
 		case "disable":
-			reason := strings.TrimSpace(r.PostFormValue("reason"))
-			if reason == "" {
-				reason = "disabled by an operator"
+			var reason string
+			if reason, err = disableReason(r.PostFormValue("reason")); err == nil {
+				_, err = disableEndpoint(ctx, a.db, id, reason)
 			}
-			if len(reason) > maxDisabledReasonLen {
-				err = fmt.Errorf("%w: reason is longer than %d bytes", errInvalid, maxDisabledReasonLen)
-				break
-			}
-			_, err = disableEndpoint(ctx, a.db, id, reason)
 			done = "Disabled: no new deliveries until it is enabled."
 		case "rotate-secret":
 			secret := newWebhookSecret()

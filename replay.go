@@ -247,37 +247,17 @@ func handleReplayEndpoint(a *admin) http.Handler {
 }
 
 func handleRetryDiscarded(db *sql.DB) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id, err := pathID(r)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		n, err := retryDiscarded(r.Context(), db, id)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		writeJSON(w, http.StatusOK, map[string]int64{"jobs": n})
+	return handleByID(func(ctx context.Context, id int64) (map[string]int64, error) {
+		n, err := retryDiscarded(ctx, db, id)
+		return map[string]int64{"jobs": n}, err
 	})
 }
 
 func handleEndpointDeliveries(db *sql.DB) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id, err := pathID(r)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
+	return handleByID(func(ctx context.Context, id int64) (EndpointStats, error) {
+		if _, err := getEndpoint(ctx, db, id); err != nil {
+			return EndpointStats{}, err
 		}
-		if _, err := getEndpoint(r.Context(), db, id); err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		st, err := readEndpointStats(r.Context(), db, id, 50)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		writeJSON(w, http.StatusOK, st)
+		return readEndpointStats(ctx, db, id, 50)
 	})
 }
