@@ -39,7 +39,11 @@ type Job struct {
 	// EndpointID is a webhook job's endpoint; 0 once the endpoint was
 	// deleted (the column is set to NULL) and for every other kind.
 	EndpointID int64
-	Event      Event
+	// attempt, set by runJob for kinds that keep attempt records, is where
+	// the handler leaves what its attempt did; it is written in the same
+	// transaction as the job's outcome.
+	attempt *attemptRecord
+	Event   Event
 }
 
 // jobState is outbox.job_state.
@@ -130,6 +134,7 @@ type jobResult struct {
 	ID      int64
 	Attempt int
 	jobOutcome
+	record *attemptRecord // nil, or the attempt as the panel shows it
 }
 
 // workerPool runs jobs: one fetch loop claims due jobs while there are free
@@ -297,6 +302,9 @@ func (p *workerPool) runJob(ctx context.Context, job Job) (res jobResult) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.AttemptTimeout)
 	defer cancel()
 	start := time.Now()
+	if job.Kind == webhookJobKind {
+		job.attempt = new(attemptRecord)
+	}
 	err := func() (err error) {
 		defer func() {
 			if v := recover(); v != nil {
@@ -307,6 +315,9 @@ func (p *workerPool) runJob(ctx context.Context, job Job) (res jobResult) {
 		return p.work(ctx, job)
 	}()
 	res = jobResult{ID: job.ID, Attempt: job.Attempt}
+	if job.attempt != nil && job.attempt.set {
+		res.record = job.attempt
+	}
 	if errors.Is(err, errCompletedInTx) {
 		res.State = "" // nothing left to record
 		p.completed.Add(1)
@@ -437,8 +448,10 @@ WHERE j.id = o.id
   AND j.attempt = o.attempt
   AND j.state = 'running'`
 
-// recordOutcomes writes outcomes with a context of its own: at shutdown
-// the loops' context is gone, and these are the last writes that matter.
+// recordOutcomes writes a batch of outcomes, with the attempts they record
+// and their endpoints' new states, in one transaction: one commit for the
+// whole batch. It has a context of its own: at shutdown the loops' context
+// is gone, and these are the last writes that matter.
 func (p *workerPool) recordOutcomes(batch []jobResult) error {
 	ids := make([]int64, 0, len(batch))
 	attempts := make([]int64, 0, len(batch))
@@ -455,14 +468,23 @@ func (p *workerPool) recordOutcomes(batch []jobResult) error {
 		delays = append(delays, r.Delay.Milliseconds())
 		errs = append(errs, r.Error)
 	}
-	if len(ids) == 0 {
-		return nil
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, err := p.db.ExecContext(ctx, recordOutcomesSQL,
-		pq.Array(ids), pq.Array(attempts), pq.Array(states), pq.Array(delays), pq.Array(errs))
+	tx, err := p.db.BeginTx(ctx, nil)
 	if err != nil {
+		return fmt.Errorf("record %d job outcomes: %w", len(ids), err)
+	}
+	defer tx.Rollback()
+	if len(ids) > 0 {
+		if _, err := tx.ExecContext(ctx, recordOutcomesSQL,
+			pq.Array(ids), pq.Array(attempts), pq.Array(states), pq.Array(delays), pq.Array(errs)); err != nil {
+			return fmt.Errorf("record %d job outcomes: %w", len(ids), err)
+		}
+	}
+	if err := writeAttemptRecords(ctx, tx, batch); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("record %d job outcomes: %w", len(ids), err)
 	}
 	return nil

@@ -294,9 +294,7 @@ func (s *webhookSender) deliverMail(ctx context.Context, job Job, ep deliveryEnd
 	to := strings.TrimPrefix(ep.URL, mailtoPrefix)
 	if !s.mail.configured() {
 		s.logger.Info("mail not sent: no SMTP server configured", "job_id", job.ID, "endpoint_id", job.EndpointID, "event_id", job.Event.ID)
-		if err := s.record(ctx, job, deliveryAttempt{Error: noSMTPNote}, endpointUnchanged); err != nil {
-			s.logger.Error("record mail attempt failed", "job_id", job.ID, "endpoint_id", job.EndpointID, "err", err)
-		}
+		s.record(job, deliveryAttempt{Error: noSMTPNote}, endpointUnchanged)
 		return nil
 	}
 	start := time.Now()
@@ -309,9 +307,7 @@ func (s *webhookSender) deliverMail(ctx context.Context, job Job, ep deliveryEnd
 		attempt.Error = truncate(err.Error(), maxErrorLen)
 	}
 	s.metrics.outcomes.Add(map[bool]string{true: "mail_sent", false: "mail_failed"}[err == nil], 1)
-	if recErr := s.record(ctx, job, attempt, change); recErr != nil {
-		s.logger.Error("record mail attempt failed", "job_id", job.ID, "endpoint_id", job.EndpointID, "err", recErr)
-	}
+	s.record(job, attempt, change)
 	return err
 }
 

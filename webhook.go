@@ -23,9 +23,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/lib/pq"
 )
 
 // webhookJobKind is the job kind of a delivery to an endpoint.
@@ -222,17 +225,17 @@ type deliveryAttempt struct {
 // classified outcome that decideOutcome reads.
 func (s *webhookSender) deliver(ctx context.Context, job Job) error {
 	if job.EndpointID == 0 {
-		return s.notSent(ctx, job, errors.New("endpoint deleted; not sent"))
+		return s.notSent(job, errors.New("endpoint deleted; not sent"))
 	}
 	ep, err := s.loadEndpoint(ctx, job.EndpointID)
 	if errors.Is(err, errNotFound) {
-		return s.notSent(ctx, job, fmt.Errorf("endpoint %d deleted; not sent", job.EndpointID))
+		return s.notSent(job, fmt.Errorf("endpoint %d deleted; not sent", job.EndpointID))
 	}
 	if err != nil {
 		return err
 	}
 	if ep.DisabledReason != nil {
-		return s.notSent(ctx, job, fmt.Errorf("endpoint %d is disabled (%s); not sent", job.EndpointID, *ep.DisabledReason))
+		return s.notSent(job, fmt.Errorf("endpoint %d is disabled (%s); not sent", job.EndpointID, *ep.DisabledReason))
 	}
 	// The transport follows the endpoint's URL as it is now, so a queued
 	// delivery follows a PATCH from https: to mailto: or back.
@@ -255,11 +258,7 @@ func (s *webhookSender) deliver(ctx context.Context, job Job) error {
 		attempt.Error = truncate(outcome.Error(), maxErrorLen)
 	}
 	s.observe(job, attempt, change, sendErr)
-	if err := s.record(ctx, job, attempt, change); err != nil {
-		// The receiver's answer stands: failing the job over a lost record
-		// would send the event again.
-		s.logger.Error("record webhook attempt failed", "job_id", job.ID, "endpoint_id", job.EndpointID, "err", err)
-	}
+	s.record(job, attempt, change)
 	return outcome
 }
 
@@ -312,19 +311,10 @@ func textExcerpt(b []byte, n int) string {
 }
 
 // notSent records an attempt that made no request, and discards the job.
-func (s *webhookSender) notSent(ctx context.Context, job Job, reason error) error {
-	if err := s.record(ctx, job, deliveryAttempt{Error: reason.Error()}, endpointUnchanged); err != nil {
-		s.logger.Error("record webhook attempt failed", "job_id", job.ID, "endpoint_id", job.EndpointID, "err", err)
-	}
+func (s *webhookSender) notSent(job Job, reason error) error {
+	s.record(job, deliveryAttempt{Error: reason.Error()}, endpointUnchanged)
 	return permanentError{reason}
 }
-
-// recordDeliverySQL keeps one attempt. An attempt is recorded once; a
-// rescued attempt's late worker may record too, under its own number.
-const recordDeliverySQL = `
-INSERT INTO outbox.deliveries (job_id, attempt, endpoint_id, duration_ms, status_code, error, response_excerpt)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
-ON CONFLICT (job_id, attempt) DO NOTHING`
 
 // The endpoint's state after an attempt; each skips the write when there
 // is nothing to change, so a healthy endpoint's row is not rewritten on
@@ -333,54 +323,100 @@ const (
 	endpointSucceededSQL = `
 UPDATE outbox.endpoints
 SET failing_since = NULL
-WHERE id = $1
+WHERE id = ANY($1::bigint[])
   AND failing_since IS NOT NULL`
 
 	endpointFailedSQL = `
 UPDATE outbox.endpoints
 SET failing_since = now()
-WHERE id = $1
+WHERE id = ANY($1::bigint[])
   AND failing_since IS NULL`
 
 	endpointGoneSQL = `
 UPDATE outbox.endpoints
 SET disabled_at = now(),
-    disabled_reason = $2,
+    disabled_reason = '` + webhookGoneReason + `',
     failing_since = coalesce(failing_since, now())
-WHERE id = $1
+WHERE id = ANY($1::bigint[])
   AND disabled_at IS NULL`
 )
 
-// record writes an attempt and its effect on the endpoint in one short
-// transaction of its own: the job's context may be spent (a timed-out
-// request), and this is what the panel will show.
-func (s *webhookSender) record(ctx context.Context, job Job, a deliveryAttempt, change endpointChange) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("record webhook attempt: %w", err)
+// attemptRecord is what one attempt leaves behind: its row in
+// outbox.deliveries and its effect on the endpoint. The handler fills it
+// in; the completer writes it in the transaction that records the job's
+// outcome (writeAttemptRecords), so a job's state, its attempt and its
+// endpoint's state are never seen apart, and a delivery costs no commit
+// of its own.
+type attemptRecord struct {
+	deliveryAttempt
+	EndpointID int64
+	Change     endpointChange
+	set        bool
+}
+
+// record leaves what an attempt did on its job for the completer.
+func (s *webhookSender) record(job Job, a deliveryAttempt, change endpointChange) {
+	if job.attempt == nil {
+		return // not run by a worker pool: nobody would write it
 	}
-	defer tx.Rollback()
-	endpointID := sql.NullInt64{Int64: job.EndpointID, Valid: job.EndpointID != 0}
-	statusCode := sql.NullInt64{Int64: int64(a.StatusCode), Valid: a.StatusCode != 0}
-	if _, err := tx.ExecContext(ctx, recordDeliverySQL, job.ID, job.Attempt, endpointID,
-		a.Duration.Milliseconds(), statusCode, a.Error, a.ResponseExcerpt); err != nil {
-		return fmt.Errorf("record webhook attempt: %w", err)
+	*job.attempt = attemptRecord{deliveryAttempt: a, EndpointID: job.EndpointID, Change: change, set: true}
+}
+
+// insertDeliveriesSQL keeps a batch of attempts. An attempt is recorded
+// once; a rescued attempt's late worker records under its own number.
+const insertDeliveriesSQL = `
+INSERT INTO outbox.deliveries (job_id, attempt, endpoint_id, duration_ms, status_code, error, response_excerpt)
+SELECT a.job_id, a.attempt, nullif(a.endpoint_id, 0), a.duration_ms, nullif(a.status_code, 0), a.error, a.excerpt
+FROM unnest($1::bigint[], $2::integer[], $3::bigint[], $4::integer[], $5::integer[], $6::text[], $7::text[])
+     AS a(job_id, attempt, endpoint_id, duration_ms, status_code, error, excerpt)
+ON CONFLICT (job_id, attempt) DO NOTHING`
+
+// writeAttemptRecords writes a batch's attempts and moves each endpoint to
+// the state its last attempt in the batch left it in.
+func writeAttemptRecords(ctx context.Context, tx *sql.Tx, batch []jobResult) error {
+	var jobIDs, endpointIDs []int64
+	var attempts, durations, statuses []int64
+	var errs, excerpts []string
+	last := map[int64]endpointChange{} // batch order is completion order
+	for _, r := range batch {
+		rec := r.record
+		if rec == nil {
+			continue
+		}
+		jobIDs = append(jobIDs, r.ID)
+		attempts = append(attempts, int64(r.Attempt))
+		endpointIDs = append(endpointIDs, rec.EndpointID)
+		durations = append(durations, rec.Duration.Milliseconds())
+		statuses = append(statuses, int64(rec.StatusCode))
+		errs = append(errs, rec.Error)
+		excerpts = append(excerpts, rec.ResponseExcerpt)
+		if rec.EndpointID != 0 && rec.Change != endpointUnchanged {
+			last[rec.EndpointID] = rec.Change
+		}
 	}
-	switch change {
-	case endpointSucceeded:
-		_, err = tx.ExecContext(ctx, endpointSucceededSQL, job.EndpointID)
-	case endpointFailed:
-		_, err = tx.ExecContext(ctx, endpointFailedSQL, job.EndpointID)
-	case endpointGone:
-		_, err = tx.ExecContext(ctx, endpointGoneSQL, job.EndpointID, webhookGoneReason)
+	if len(jobIDs) == 0 {
+		return nil
 	}
-	if err != nil {
-		return fmt.Errorf("record webhook attempt: endpoint state: %w", err)
+	if _, err := tx.ExecContext(ctx, insertDeliveriesSQL, pq.Array(jobIDs), pq.Array(attempts), pq.Array(endpointIDs),
+		pq.Array(durations), pq.Array(statuses), pq.Array(errs), pq.Array(excerpts)); err != nil {
+		return fmt.Errorf("record webhook attempts: %w", err)
 	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("record webhook attempt: %w", err)
+	byChange := map[endpointChange][]int64{}
+	for id, change := range last {
+		byChange[change] = append(byChange[change], id)
+	}
+	for _, step := range []struct {
+		change endpointChange
+		query  string
+	}{{endpointGone, endpointGoneSQL}, {endpointFailed, endpointFailedSQL}, {endpointSucceeded, endpointSucceededSQL}} {
+		ids := byChange[step.change]
+		if len(ids) == 0 {
+			continue
+		}
+		slices.Sort(ids) // one lock order for every replica's completer
+		if _, err := tx.ExecContext(ctx, step.query, pq.Array(ids)); err != nil {
+			return fmt.Errorf("record webhook attempts: endpoint state: %w", err)
+		}
 	}
 	return nil
 }
