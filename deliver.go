@@ -207,11 +207,17 @@ func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 				p.logger.Error("claim jobs failed", "err", err)
 			}
 			moreDue = len(jobs) == min(free, claimBatchMax)
-			for _, job := range jobs {
+			for _, batch := range p.batches(jobs) {
 				p.slots <- struct{}{}
 				running.Go(func() {
 					defer func() { <-p.slots; poke(p.slotFreed) }()
-					p.results <- p.runJob(jobCtx, job)
+					if sub, ok := p.subscribers.lookup(batch[0].Kind); ok {
+						for _, res := range p.runSubscriberBatch(jobCtx, sub, batch) {
+							p.results <- res
+						}
+						return
+					}
+					p.results <- p.runJob(jobCtx, batch[0])
 				})
 			}
 		}
@@ -296,33 +302,61 @@ func (p *workerPool) claim(ctx context.Context, n int) ([]Job, error) {
 // to write.
 var errCompletedInTx = errors.New("completed in the handler's transaction")
 
+// batches groups claimed jobs for running: the jobs of one in-process
+// subscriber run together in one transaction (runSubscriberBatch), every
+// other job alone.
+func (p *workerPool) batches(jobs []Job) [][]Job {
+	var batches [][]Job
+	bySubscriber := map[string]int{} // kind → index in batches
+	for _, job := range jobs {
+		if _, ok := p.subscribers.lookup(job.Kind); ok {
+			if i, seen := bySubscriber[job.Kind]; seen {
+				batches[i] = append(batches[i], job)
+				continue
+			}
+			bySubscriber[job.Kind] = len(batches)
+		}
+		batches = append(batches, []Job{job})
+	}
+	return batches
+}
+
 // runJob runs one attempt of job within AttemptTimeout and decides its
 // outcome. A panic is a failed attempt, not a dead process.
-func (p *workerPool) runJob(ctx context.Context, job Job) (res jobResult) {
+func (p *workerPool) runJob(ctx context.Context, job Job) jobResult {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.AttemptTimeout)
 	defer cancel()
 	start := time.Now()
 	if job.Kind == webhookJobKind {
 		job.attempt = new(attemptRecord)
 	}
-	err := func() (err error) {
-		defer func() {
-			if v := recover(); v != nil {
-				p.logger.Error("job panicked", "job_id", job.ID, "kind", job.Kind, "panic", v, "stack", string(debug.Stack()))
-				err = fmt.Errorf("panic: %v", v)
-			}
-		}()
-		return p.work(ctx, job)
-	}()
-	res = jobResult{ID: job.ID, Attempt: job.Attempt}
+	err := p.guard(job, func() error { return p.work(ctx, job) })
+	if errors.Is(err, errCompletedInTx) {
+		p.completed.Add(1)
+		return jobResult{ID: job.ID, Attempt: job.Attempt} // nothing left to record
+	}
+	res := p.outcome(job, err, start)
 	if job.attempt != nil && job.attempt.set {
 		res.record = job.attempt
 	}
-	if errors.Is(err, errCompletedInTx) {
-		res.State = "" // nothing left to record
-		p.completed.Add(1)
-		return res
-	}
+	return res
+}
+
+// guard runs fn, turning a panic into the attempt's error.
+func (p *workerPool) guard(job Job, fn func() error) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			p.logger.Error("job panicked", "job_id", job.ID, "kind", job.Kind, "panic", v, "stack", string(debug.Stack()))
+			err = fmt.Errorf("panic: %v", v)
+		}
+	}()
+	return fn()
+}
+
+// outcome decides what an attempt's error means for its job, counts it
+// and logs it.
+func (p *workerPool) outcome(job Job, err error, start time.Time) jobResult {
+	res := jobResult{ID: job.ID, Attempt: job.Attempt}
 	res.jobOutcome = decideOutcome(job.Attempt, job.MaxAttempts, err, rand.Float64())
 	log := p.logger.With("job_id", job.ID, "kind", job.Kind, "event_id", job.Event.ID,
 		"attempt", job.Attempt, "duration", time.Since(start).Round(time.Millisecond))
@@ -349,9 +383,6 @@ func (p *workerPool) work(ctx context.Context, job Job) error {
 	if job.Kind == noopJobKind {
 		return nil
 	}
-	if sub, ok := p.subscribers.lookup(job.Kind); ok {
-		return p.runSubscriber(ctx, sub, job)
-	}
 	if job.Kind == webhookJobKind && p.webhooks != nil {
 		return p.webhooks.deliver(ctx, job)
 	}
@@ -363,41 +394,104 @@ func (p *workerPool) work(ctx context.Context, job Job) error {
 	return fmt.Errorf("no handler for job kind %q in this process", job.Kind)
 }
 
-// completeJobInTxSQL completes a job inside its handler's transaction,
-// fenced like every outcome.
-const completeJobInTxSQL = `
+// lockOwnJobsSQL locks the batch's jobs that are still this worker's:
+// running, with the attempt number it claimed. Holding the lock keeps the
+// rescuer (which skips locked rows) away until the batch commits.
+const lockOwnJobsSQL = `
+SELECT j.id
+FROM unnest($1::bigint[], $2::integer[]) AS c(id, attempt)
+JOIN outbox.jobs AS j ON j.id = c.id
+                     AND j.attempt = c.attempt
+                     AND j.state = 'running'
+ORDER BY j.id
+FOR UPDATE OF j`
+
+// completeJobsSQL completes the batch's jobs whose effect succeeded; they
+// are locked by this transaction, so no fence can have moved.
+const completeJobsSQL = `
 UPDATE outbox.jobs
 SET state = 'completed',
     finalized_at = now()
-WHERE id = $1
-  AND attempt = $2
-  AND state = 'running'`
+WHERE id = ANY($1::bigint[])`
 
-// runSubscriber runs an in-process subscriber and completes its job in the
-// same transaction, so its effect is committed exactly when the job is
-// completed. If the job was rescued meanwhile, the transaction rolls back
-// and the subscriber's effect with it.
-func (p *workerPool) runSubscriber(ctx context.Context, sub Subscriber, job Job) error {
+// runSubscriberBatch runs one subscriber's jobs in one transaction: lock
+// the jobs still ours, handle each event under a savepoint (a failing
+// event rolls back only its own effect), complete the ones that
+// succeeded, commit once. Effects and completions commit together or not
+// at all; a job lost to the rescuer meanwhile is skipped, its effect never
+// made. The failed ones' outcomes go to the completer like any job's.
+func (p *workerPool) runSubscriberBatch(ctx context.Context, sub Subscriber, jobs []Job) []jobResult {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.AttemptTimeout)
+	defer cancel()
+	start := time.Now()
+	failAll := func(err error) []jobResult {
+		results := make([]jobResult, 0, len(jobs))
+		for _, job := range jobs {
+			results = append(results, p.outcome(job, fmt.Errorf("subscriber %s: %w", sub.Name, err), start))
+		}
+		return results
+	}
 	tx, err := p.db.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("subscriber %s: begin: %w", sub.Name, err)
+		return failAll(fmt.Errorf("begin: %w", err))
 	}
 	defer tx.Rollback()
-	if err := sub.Handle(ctx, tx, job.Event); err != nil {
-		return fmt.Errorf("subscriber %s: %w", sub.Name, err)
+
+	ids := make([]int64, len(jobs))
+	attempts := make([]int64, len(jobs))
+	for i, job := range jobs {
+		ids[i], attempts[i] = job.ID, int64(job.Attempt)
 	}
-	res, err := tx.ExecContext(ctx, completeJobInTxSQL, job.ID, job.Attempt)
+	rows, err := tx.QueryContext(ctx, lockOwnJobsSQL, pq.Array(ids), pq.Array(attempts))
 	if err != nil {
-		return fmt.Errorf("subscriber %s: complete job: %w", sub.Name, err)
+		return failAll(fmt.Errorf("lock jobs: %w", err))
 	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		// Lost to the rescuer: roll back, the new attempt does the work.
-		return errCompletedInTx
+	own := map[int64]bool{}
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return failAll(fmt.Errorf("lock jobs: %w", err))
+		}
+		own[id] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return failAll(fmt.Errorf("lock jobs: %w", err))
+	}
+
+	var results []jobResult
+	var done []int64
+	for _, job := range jobs {
+		if !own[job.ID] {
+			continue // rescued meanwhile: the new attempt does the work
+		}
+		if _, err := tx.ExecContext(ctx, "SAVEPOINT job"); err != nil {
+			return failAll(fmt.Errorf("savepoint: %w", err))
+		}
+		handleErr := p.guard(job, func() error { return sub.Handle(ctx, tx, job.Event) })
+		if handleErr != nil {
+			if _, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT job"); err != nil {
+				return failAll(fmt.Errorf("rollback to savepoint: %w", err))
+			}
+			results = append(results, p.outcome(job, fmt.Errorf("subscriber %s: %w", sub.Name, handleErr), start))
+			continue
+		}
+		if _, err := tx.ExecContext(ctx, "RELEASE SAVEPOINT job"); err != nil {
+			return failAll(fmt.Errorf("release savepoint: %w", err))
+		}
+		done = append(done, job.ID)
+	}
+	if len(done) > 0 {
+		if _, err := tx.ExecContext(ctx, completeJobsSQL, pq.Array(done)); err != nil {
+			return failAll(fmt.Errorf("complete jobs: %w", err))
+		}
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("subscriber %s: commit: %w", sub.Name, err)
+		return failAll(fmt.Errorf("commit: %w", err))
 	}
-	return errCompletedInTx
+	p.completed.Add(int64(len(done)))
+	return results
 }
 
 // completeBatchMax bounds one outcome statement.
