@@ -39,6 +39,9 @@ type Job struct {
 	// EndpointID is a webhook job's endpoint; 0 once the endpoint was
 	// deleted (the column is set to NULL) and for every other kind.
 	EndpointID int64
+	// endpoint is a delivery's endpoint as the claim read it; nil when the
+	// job has none or it was deleted.
+	endpoint *deliveryEndpoint
 	// attempt, set by runJob for kinds that keep attempt records, is where
 	// the handler leaves what its attempt did; it is written in the same
 	// transaction as the job's outcome.
@@ -249,11 +252,13 @@ func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 }
 
 // claimJobsSQL takes up to $1 due jobs, soonest first, and marks them
-// running with their next attempt number, returning each with its event.
-// The inner SELECT matches the jobs_due_by_scheduled_at index.
+// running with their next attempt number, returning each with its event
+// and, for a delivery, its endpoint as it is at the claim (so an attempt
+// costs no second query). The inner SELECT matches the
+// jobs_due_by_scheduled_at index.
 const claimJobsSQL = `
 WITH due AS (
-  SELECT id
+  SELECT id, event_id, endpoint_id
   FROM outbox.jobs
   WHERE state IN ('available', 'retryable')
     AND scheduled_at <= now()
@@ -265,11 +270,15 @@ UPDATE outbox.jobs AS j
 SET state = 'running',
     attempt = j.attempt + 1,
     attempted_at = now()
-FROM due, outbox.events AS e
+FROM due
+JOIN outbox.events AS e ON e.id = due.event_id
+LEFT JOIN outbox.endpoints AS ep ON ep.id = due.endpoint_id
 WHERE j.id = due.id
-  AND e.id = j.event_id
 RETURNING j.id, j.kind, j.attempt, j.max_attempts, j.endpoint_id,
-          e.id, e.topic, e.subject, e.payload, e.created_at`
+          e.id, e.topic, e.subject, e.payload, e.created_at,
+          ep.url, ep.secret,
+          CASE WHEN ep.previous_secret_expires_at > now() THEN ep.previous_secret END,
+          ep.disabled_reason`
 
 // claim takes up to n due jobs in one statement.
 func (p *workerPool) claim(ctx context.Context, n int) ([]Job, error) {
@@ -283,12 +292,22 @@ func (p *workerPool) claim(ctx context.Context, n int) ([]Job, error) {
 		var j Job
 		var payload []byte
 		var endpointID sql.NullInt64
+		var url sql.NullString
+		var secret, previous []byte
+		var disabledReason *string
 		if err := rows.Scan(&j.ID, &j.Kind, &j.Attempt, &j.MaxAttempts, &endpointID,
-			&j.Event.ID, &j.Event.Topic, &j.Event.Subject, &payload, &j.Event.CreatedAt); err != nil {
+			&j.Event.ID, &j.Event.Topic, &j.Event.Subject, &payload, &j.Event.CreatedAt,
+			&url, &secret, &previous, &disabledReason); err != nil {
 			return nil, fmt.Errorf("claim jobs: %w", err)
 		}
 		j.Event.Payload = payload
 		j.EndpointID = endpointID.Int64
+		if url.Valid {
+			j.endpoint = &deliveryEndpoint{URL: url.String, Secrets: [][]byte{secret}, DisabledReason: disabledReason}
+			if previous != nil {
+				j.endpoint.Secrets = append(j.endpoint.Secrets, previous)
+			}
+		}
 		jobs = append(jobs, j)
 	}
 	if err := rows.Err(); err != nil {

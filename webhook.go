@@ -179,38 +179,11 @@ func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 // webhookGoneReason is disabled_reason after a 410.
 const webhookGoneReason = "the receiver answered 410 Gone"
 
-// deliveryEndpointSQL reads what one attempt needs of its endpoint. The
-// previous secret signs only inside its rotation window.
-const deliveryEndpointSQL = `
-SELECT url,
-       secret,
-       CASE WHEN previous_secret_expires_at > now() THEN previous_secret END,
-       disabled_reason
-FROM outbox.endpoints
-WHERE id = $1`
-
 // deliveryEndpoint is an endpoint as one attempt sees it.
 type deliveryEndpoint struct {
 	URL            string
 	Secrets        [][]byte // current first; the previous one during a rotation
 	DisabledReason *string
-}
-
-func (s *webhookSender) loadEndpoint(ctx context.Context, id int64) (deliveryEndpoint, error) {
-	var ep deliveryEndpoint
-	var secret, previous []byte
-	err := s.db.QueryRowContext(ctx, deliveryEndpointSQL, id).Scan(&ep.URL, &secret, &previous, &ep.DisabledReason)
-	if errors.Is(err, sql.ErrNoRows) {
-		return ep, fmt.Errorf("endpoint %d: %w", id, errNotFound)
-	}
-	if err != nil {
-		return ep, fmt.Errorf("load endpoint %d: %w", id, err)
-	}
-	ep.Secrets = [][]byte{secret}
-	if previous != nil {
-		ep.Secrets = append(ep.Secrets, previous)
-	}
-	return ep, nil
 }
 
 // deliveryAttempt is what one attempt leaves for the panel.
@@ -227,12 +200,9 @@ func (s *webhookSender) deliver(ctx context.Context, job Job) error {
 	if job.EndpointID == 0 {
 		return s.notSent(job, errors.New("endpoint deleted; not sent"))
 	}
-	ep, err := s.loadEndpoint(ctx, job.EndpointID)
-	if errors.Is(err, errNotFound) {
+	ep := job.endpoint
+	if ep == nil {
 		return s.notSent(job, fmt.Errorf("endpoint %d deleted; not sent", job.EndpointID))
-	}
-	if err != nil {
-		return err
 	}
 	if ep.DisabledReason != nil {
 		return s.notSent(job, fmt.Errorf("endpoint %d is disabled (%s); not sent", job.EndpointID, *ep.DisabledReason))
@@ -240,7 +210,7 @@ func (s *webhookSender) deliver(ctx context.Context, job Job) error {
 	// The transport follows the endpoint's URL as it is now, so a queued
 	// delivery follows a PATCH from https: to mailto: or back.
 	if strings.HasPrefix(ep.URL, mailtoPrefix) {
-		return s.deliverMail(ctx, job, ep)
+		return s.deliverMail(ctx, job, *ep)
 	}
 	body, err := encodeWebhookBody(job.Event)
 	if err != nil {
@@ -248,7 +218,7 @@ func (s *webhookSender) deliver(ctx context.Context, job Job) error {
 	}
 
 	start := time.Now()
-	status, retryAfter, excerpt, sendErr := s.post(ctx, ep, job.Event.ID, body)
+	status, retryAfter, excerpt, sendErr := s.post(ctx, *ep, job.Event.ID, body)
 	attempt := deliveryAttempt{Duration: time.Since(start), StatusCode: status, ResponseExcerpt: excerpt}
 	change, outcome := classifyWebhookResponse(status, retryAfter, sendErr, time.Now())
 	if outcome != nil && excerpt != "" {
