@@ -368,7 +368,7 @@ func handleCreateEndpoint(db *sql.DB, policy endpointPolicy) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var in endpointInput
 		if err := decodeJSON(w, r, &in); err != nil {
-			writeError(w, http.StatusBadRequest, err)
+			writeError(w, statusOf(err), err)
 			return
 		}
 		if err := in.validate(policy.AllowPrivate); err != nil {
@@ -396,12 +396,12 @@ func handleUpdateEndpoint(db *sql.DB, policy endpointPolicy) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id, err := pathID(r)
 		if err != nil {
-			writeError(w, http.StatusBadRequest, err)
+			writeError(w, statusOf(err), err)
 			return
 		}
 		var in endpointInput
 		if err := decodeJSON(w, r, &in); err != nil {
-			writeError(w, http.StatusBadRequest, err)
+			writeError(w, statusOf(err), err)
 			return
 		}
 		if err := in.validate(policy.AllowPrivate); err != nil {
@@ -423,7 +423,7 @@ func handleDeleteEndpoint(db *sql.DB) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id, err := pathID(r)
 		if err != nil {
-			writeError(w, http.StatusBadRequest, err)
+			writeError(w, statusOf(err), err)
 			return
 		}
 		if err := deleteEndpoint(r.Context(), db, id); err != nil {
@@ -460,13 +460,13 @@ func handleDisableEndpoint(db *sql.DB) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id, err := pathID(r)
 		if err != nil {
-			writeError(w, http.StatusBadRequest, err)
+			writeError(w, statusOf(err), err)
 			return
 		}
 		var req request
 		if r.ContentLength != 0 {
 			if err := decodeJSON(w, r, &req); err != nil {
-				writeError(w, http.StatusBadRequest, err)
+				writeError(w, statusOf(err), err)
 				return
 			}
 		}
@@ -490,7 +490,7 @@ func handleRotateEndpointSecret(db *sql.DB, policy endpointPolicy) http.Handler 
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id, err := pathID(r)
 		if err != nil {
-			writeError(w, http.StatusBadRequest, err)
+			writeError(w, statusOf(err), err)
 			return
 		}
 		secret := newWebhookSecret()

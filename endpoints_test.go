@@ -213,7 +213,7 @@ func TestEndpointAPIRefusesBadInput(t *testing.T) {
 		{"too many topics", "POST", "/api/endpoints", tooManyTopics, api, 400, "at most 100"},
 		{"description too long", "POST", "/api/endpoints", `{"url": "https://x.example.com", "description": "` + strings.Repeat("d", 1001) + `"}`, api, 400, "description is 1001 bytes"},
 		{"bad owner email", "POST", "/api/endpoints", `{"url": "https://x.example.com", "owner_email": "Ops <ops@example.com>"}`, api, 400, "owner_email"},
-		{"oversized body", "POST", "/api/endpoints", `{"url": "https://x.example.com", "description": "` + strings.Repeat("d", 2<<20) + `"}`, api, 400, "larger than"},
+		{"oversized body", "POST", "/api/endpoints", `{"url": "https://x.example.com", "description": "` + strings.Repeat("d", 2<<20) + `"}`, api, 413, "larger than"},
 		{"patch with bad url", "PATCH", path, `{"url": "javascript:alert(1)"}`, api, 400, "scheme"},
 		{"patch with unknown field", "PATCH", path, `{"state": "enabled"}`, api, 400, `unknown field "state"`},
 		{"patch with bad topics", "PATCH", path, `{"topics": ["no spaces"]}`, api, 400, "topic pattern"},
