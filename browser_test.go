@@ -227,6 +227,17 @@ func TestPanelInBrowser(t *testing.T) {
 		t.Error("clicking Enable did not enable the endpoint")
 	}
 
+	// Configure an inbox source on the panel; its secret is shown once.
+	b.open(srv.URL + "/sources")
+	b.typeInto("input[name=name]", "billing")
+	b.click("form.stacked button")
+	if got := b.text("#secret"); !strings.HasPrefix(got, "whsec_") {
+		t.Errorf("new source's secret on the page: %q", got)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.inbox_sources WHERE name = 'billing'`); n != 1 {
+		t.Error("creating a source on the panel did not create it")
+	}
+
 	b.open(srv.URL + "/jobs?state=discarded")
 	b.click(`td form button`)
 	if got := b.text(".flash"); !strings.Contains(got, "will run now") {

@@ -33,7 +33,7 @@ type panel struct {
 
 // pageNames are the templates that are pages; each is parsed with the
 // layout and the shared job table.
-var pageNames = []string{"login", "overview", "events", "event", "jobs", "endpoints", "endpoint", "subjects"}
+var pageNames = []string{"login", "overview", "events", "event", "jobs", "endpoints", "endpoint", "subjects", "sources"}
 
 func newPanel(logger *slog.Logger) (*panel, error) {
 	funcs := template.FuncMap{
@@ -106,6 +106,9 @@ func (p *panel) register(mux *http.ServeMux, a *admin) {
 	mux.Handle("POST /endpoints", signedIn(p.handleCreateEndpoint(a)))
 	mux.Handle("GET /endpoints/{id}", signedIn(p.handleEndpoint(a)))
 	mux.Handle("POST /endpoints/{id}/{action}", signedIn(p.handleEndpointAction(a)))
+	mux.Handle("GET /sources", signedIn(p.handleSources(a)))
+	mux.Handle("POST /sources", signedIn(p.handleCreateSource(a)))
+	mux.Handle("POST /sources/{name}/{action}", signedIn(p.handleSourceAction(a)))
 	mux.Handle("GET /jobs", signedIn(p.handleJobs(a)))
 	mux.Handle("POST /jobs/{id}/retry", signedIn(p.handleRetry(a)))
 	mux.Handle("GET /subjects", signedIn(p.handleSubjects(a)))
@@ -459,6 +462,69 @@ func (p *panel) handleSubjects(a *admin) http.Handler {
 				Subjects []SubjectEntry
 				Next     string
 			}{prefix, subjects, next}})
+	})
+}
+
+// renderSources lists the inbox sources, with a new secret right after a
+// create or a rotation (never in a URL: the page is rendered, not
+// redirected to).
+func (p *panel) renderSources(w http.ResponseWriter, r *http.Request, a *admin, flash string, created *inboxSourceWithSecret) {
+	sources, err := listSources(r.Context(), a.db)
+	if err != nil {
+		p.renderError(w, err)
+		return
+	}
+	p.render(w, http.StatusOK, "sources", page{Title: "Inbox sources", Nav: "sources", SignedIn: true, Flash: flash,
+		Data: struct {
+			Sources []InboxSource
+			Created *inboxSourceWithSecret
+		}{sources, created}})
+}
+
+func (p *panel) handleSources(a *admin) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p.renderSources(w, r, a, r.URL.Query().Get("done"), nil)
+	})
+}
+
+func (p *panel) handleCreateSource(a *admin) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
+		in := sourceInput{Name: strings.TrimSpace(r.PostFormValue("name")), Secret: strings.TrimSpace(r.PostFormValue("secret"))}
+		if prefix := strings.TrimSpace(r.PostFormValue("topic_prefix")); prefix != "" {
+			in.TopicPrefix = &prefix
+		}
+		created, err := createSource(r.Context(), a.db, in)
+		if err != nil {
+			p.renderError(w, err)
+			return
+		}
+		p.renderSources(w, r, a, fmt.Sprintf("Source %s created. Give its secret to the sender.", created.Name), &created)
+	})
+}
+
+func (p *panel) handleSourceAction(a *admin) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		name := r.PathValue("name")
+		switch r.PathValue("action") {
+		case "rotate-secret":
+			secret := newWebhookSecret()
+			s, err := rotateSourceSecret(r.Context(), a.db, name, secret, a.endpoints.RotationWindow)
+			if err != nil {
+				p.renderError(w, err)
+				return
+			}
+			p.renderSources(w, r, a, fmt.Sprintf("Secret of %s rotated; the old one is still accepted for %s.", name, a.endpoints.RotationWindow),
+				&inboxSourceWithSecret{InboxSource: s, Secret: secret.Encode()})
+		case "delete":
+			if err := deleteSource(r.Context(), a.db, name); err != nil {
+				p.renderError(w, err)
+				return
+			}
+			http.Redirect(w, r, "/sources?done="+url.QueryEscape(fmt.Sprintf("Source %s deleted.", name)), http.StatusSeeOther)
+		default:
+			p.renderError(w, fmt.Errorf("%w: no action %q", errNotFound, r.PathValue("action")))
+		}
 	})
 }
 
