@@ -157,6 +157,8 @@ func TestEvaluateAlertThresholds(t *testing.T) {
 		{"any discarded", Overview{Jobs: JobCounts{Discarded: 1}}, []string{"jobs_discarded"}},
 		{"any endpoint disabled", Overview{Endpoints: EndpointCounts{Failing: 3, Disabled: 1}}, []string{"endpoint_disabled"}},
 		{"failing endpoints alone", Overview{Endpoints: EndpointCounts{Failing: 3}}, []string{}},
+		{"NOTIFY queue half full", Overview{NotifyQueueUsage: 0.5}, []string{"notify_queue"}},
+		{"NOTIFY queue in normal use", Overview{NotifyQueueUsage: 0.01}, []string{}},
 	} {
 		got := alertNamesOf(evaluateAlerts(cfg, tc.o, alertStarts{}))
 		if diff := cmp.Diff(tc.want, got); diff != "" {

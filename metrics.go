@@ -199,6 +199,8 @@ func writeMetrics(w io.Writer, o Overview, c *processCounters) error {
 	}
 	p.family("outboxd_oldest_transaction_age_seconds", "gauge", "Age of the oldest open transaction holding back vacuum in this database.")
 	p.sample("outboxd_oldest_transaction_age_seconds", "", o.OldestXactAgeSeconds)
+	p.family("outboxd_notify_queue_usage_ratio", "gauge", "Share of PostgreSQL's NOTIFY queue in use; full, it fails every notifying COMMIT.")
+	p.sample("outboxd_notify_queue_usage_ratio", "", o.NotifyQueueUsage)
 	p.family("outboxd_alerts_firing", "gauge", "Alerts firing, by name.")
 	for _, name := range alertNames {
 		firing := 0.0
@@ -220,7 +222,7 @@ func writeMetrics(w io.Writer, o Overview, c *processCounters) error {
 }
 
 // alertNames lists every alert, so /metrics shows the cleared ones as 0.
-var alertNames = []string{"events_backlog", "events_poisoned", "jobs_discarded", "endpoint_disabled"}
+var alertNames = []string{"events_backlog", "events_poisoned", "jobs_discarded", "endpoint_disabled", "notify_queue"}
 
 // deliveryMetrics are observed by the webhook sender.
 type deliveryMetrics struct {

@@ -21,16 +21,21 @@ type AlertConfig struct {
 
 // Overview is GET /api/overview and the top of the panel.
 type Overview struct {
-	Backlog                  int64            `json:"backlog"`
-	Poisoned                 int64            `json:"poisoned"`
-	OldestUnfannedAgeSeconds float64          `json:"oldest_unfanned_age_seconds"`
-	Jobs                     JobCounts        `json:"jobs"`
-	Endpoints                EndpointCounts   `json:"endpoints"`
-	TableBytes               TableBytes       `json:"table_bytes"`
-	Tables                   []TableHealth    `json:"tables"`
-	OldestXactAgeSeconds     float64          `json:"oldest_xact_age_seconds"`
-	Alerts                   []Alert          `json:"alerts"`
-	Pruned                   map[string]int64 `json:"pruned"`
+	Backlog                  int64          `json:"backlog"`
+	Poisoned                 int64          `json:"poisoned"`
+	OldestUnfannedAgeSeconds float64        `json:"oldest_unfanned_age_seconds"`
+	Jobs                     JobCounts      `json:"jobs"`
+	Endpoints                EndpointCounts `json:"endpoints"`
+	TableBytes               TableBytes     `json:"table_bytes"`
+	Tables                   []TableHealth  `json:"tables"`
+	OldestXactAgeSeconds     float64        `json:"oldest_xact_age_seconds"`
+	// NotifyQueueUsage is the share (0..1) of PostgreSQL's 8 GB NOTIFY queue
+	// in use. A full queue makes every transaction that notifies fail at
+	// COMMIT, and outbox.record notifies: business writes would fail. It
+	// fills when a listening session stops reading (idle in transaction).
+	NotifyQueueUsage float64          `json:"notify_queue_usage"`
+	Alerts           []Alert          `json:"alerts"`
+	Pruned           map[string]int64 `json:"pruned"`
 }
 
 // JobCounts is the number of jobs in each state.
@@ -211,6 +216,9 @@ func readOverview(ctx context.Context, db *sql.DB, alerts AlertConfig) (Overview
 	if err := tx.QueryRowContext(ctx, oldestXactSQL).Scan(&o.OldestXactAgeSeconds); err != nil {
 		return o, fmt.Errorf("overview: oldest transaction: %w", err)
 	}
+	if err := tx.QueryRowContext(ctx, `SELECT pg_notification_queue_usage()`).Scan(&o.NotifyQueueUsage); err != nil {
+		return o, fmt.Errorf("overview: notification queue: %w", err)
+	}
 
 	o.Alerts = evaluateAlerts(alerts, o, alertStarts{
 		OldestUnfanned: oldestUnfanned,
@@ -228,6 +236,10 @@ type alertStarts struct {
 	FirstDiscarded sql.NullTime
 	FirstDisabled  sql.NullTime
 }
+
+// notifyQueueAlertShare: half full leaves hours to act at any sane rate,
+// and a healthy queue is near 0.
+const notifyQueueAlertShare = 0.5
 
 // evaluateAlerts decides which alerts fire. It is pure so a table test can
 // walk every threshold.
@@ -254,6 +266,14 @@ func evaluateAlerts(cfg AlertConfig, o Overview, at alertStarts) []Alert {
 			Name:    "jobs_discarded",
 			Message: fmt.Sprintf("%d jobs were discarded after failing; inspect their errors and retry them", o.Jobs.Discarded),
 			Since:   at.FirstDiscarded.Time,
+		})
+	}
+	if o.NotifyQueueUsage >= notifyQueueAlertShare {
+		alerts = append(alerts, Alert{
+			Name: "notify_queue",
+			Message: fmt.Sprintf("PostgreSQL's NOTIFY queue is %.0f%% full; when it is full, every outbox.record fails at COMMIT. "+
+				"Find the listening session that stopped reading (idle in transaction) and end it", 100*o.NotifyQueueUsage),
+			Since: time.Now(),
 		})
 	}
 	if o.Endpoints.Disabled > 0 {
