@@ -138,6 +138,9 @@ func faultReplicaArgs(dsn string) []string {
 
 // TestFaultSuiteLosesNothing is the suite; see the file comment.
 func TestFaultSuiteLosesNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the fault suite takes about a minute; go test -short skips it, .ci/run and go test ./... run it")
+	}
 	t.Parallel()
 	cfg := faultRunConfigFromEnv(t)
 	h := newFaultHarness(t, cfg)
