@@ -146,16 +146,13 @@ func (r *relay) count(res passResult) {
 	r.rowFailures.Add(int64(res.Failed))
 }
 
-// claimEventsSQL claims the oldest un-fanned events. Its WHERE is exactly
-// the predicate of the events_unfanned_by_id index.
+// claimEventsSQL claims up to $1 of the oldest un-fanned events with FOR
+// UPDATE SKIP LOCKED. The query is schema.sql's outbox.claim_unfanned,
+// which pins its plan to the events_unfanned_by_id index whatever the
+// planner estimates.
 const claimEventsSQL = `
 SELECT id
-FROM outbox.events
-WHERE fanned_out_at IS NULL
-  AND poisoned_at IS NULL
-ORDER BY id
-LIMIT $1
-FOR UPDATE SKIP LOCKED`
+FROM outbox.claim_unfanned($1) AS claimed(id)`
 
 // claimEventSQL claims one event for the row-by-row retry; another relay may
 // have relayed it in between, and then it claims nothing.
