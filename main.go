@@ -419,7 +419,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		logger.Info("schema applied")
 		return nil
 	}
-	checkDurability(ctx, db, logger)
+	checkServerSettings(ctx, db, logger)
 
 	token := cfg.AdminToken
 	if token == "" {
@@ -665,18 +665,29 @@ func schemaApplied(ctx context.Context, q interface {
 	return applied, nil
 }
 
-// checkDurability warns when the database may acknowledge a commit it has
-// not made durable: an event "recorded" there can vanish in a crash, and no
-// relay can deliver what the database forgot.
-func checkDurability(ctx context.Context, db *sql.DB, logger *slog.Logger) {
-	for _, setting := range []string{"fsync", "synchronous_commit"} {
+// serverSettingRisks are the server settings that, when off, break what
+// outboxd promises: fsync and synchronous_commit let the database
+// acknowledge a commit it has not made durable (an event "recorded" there
+// can vanish in a crash, and no relay delivers what the database forgot);
+// without autovacuum the queue tables, every row of which is updated and
+// deleted, bloat until their claims slow down.
+var serverSettingRisks = map[string]string{
+	"fsync":              "committed events can be lost in a crash",
+	"synchronous_commit": "committed events can be lost in a crash",
+	"autovacuum":         "the queue tables bloat and their claims slow down",
+}
+
+// checkServerSettings warns at start about each setting of
+// serverSettingRisks that is off.
+func checkServerSettings(ctx context.Context, db *sql.DB, logger *slog.Logger) {
+	for _, setting := range []string{"fsync", "synchronous_commit", "autovacuum"} {
 		var value string
 		if err := db.QueryRowContext(ctx, "SELECT current_setting($1)", setting).Scan(&value); err != nil {
-			logger.Warn("durability check failed", "setting", setting, "err", err)
+			logger.Warn("server settings check failed", "setting", setting, "err", err)
 			continue
 		}
 		if value == "off" {
-			logger.Warn("database setting loses committed events in a crash", "setting", setting, "value", value)
+			logger.Warn("database setting is off", "setting", setting, "risk", serverSettingRisks[setting])
 		}
 	}
 }
