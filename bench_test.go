@@ -67,7 +67,7 @@ func BenchmarkRelayPass(b *testing.B) {
 // 100 due jobs and record their completion, one statement each.
 func BenchmarkClaimAndComplete(b *testing.B) {
 	db, _ := newTestDB(b)
-	wp := newWorkerPool(db, defaultConfig().Workers, time.Minute, newSubscriberRegistry(), nil, testLogger(b))
+	wp := newWorkerPool(db, defaultConfig().Workers, time.Minute, newSubscriberRegistry(), nil, nil, testLogger(b))
 	ctx := context.Background()
 	mustExec(b, db, `SELECT outbox.record('bench.jobs', '', '{}')`)
 	var jobs int

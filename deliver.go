@@ -164,13 +164,14 @@ type workerPool struct {
 	discarded atomic.Int64
 }
 
-func newWorkerPool(db *sql.DB, cfg WorkerConfig, grace time.Duration, subs *subscriberRegistry, webhooks *webhookSender, logger *slog.Logger) *workerPool {
+func newWorkerPool(db *sql.DB, cfg WorkerConfig, grace time.Duration, subs *subscriberRegistry, webhooks *webhookSender, notifier *ownerNotifier, logger *slog.Logger) *workerPool {
 	return &workerPool{
 		db:          db,
 		cfg:         cfg,
 		grace:       grace,
 		subscribers: subs,
 		webhooks:    webhooks,
+		notifier:    notifier,
 		logger:      logger.With("loop", "workers"),
 		slots:       make(chan struct{}, cfg.Concurrency),
 		slotFreed:   make(chan struct{}, 1),

@@ -148,11 +148,9 @@ func runMailWorkers(t *testing.T, db *sql.DB, m *mailer, perHour int, logger io.
 	cfg.PollInterval = 20 * time.Millisecond
 	cfg.Concurrency = 4
 	client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: 10 * time.Second})
-	sender := newWebhookSender(db, client, nil, log)
-	sender.mail = m
+	sender := newWebhookSender(db, client, nil, m, log)
 	notifier := newOwnerNotifier(db, m, perHour, log)
-	wp := newWorkerPool(db, cfg, time.Minute, newSubscriberRegistry(), sender, log)
-	wp.notifier = notifier
+	wp := newWorkerPool(db, cfg, time.Minute, newSubscriberRegistry(), sender, notifier, log)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- wp.Run(ctx, nil) }()

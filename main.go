@@ -479,11 +479,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	deliveries := newDeliveryMetrics()
 	mail := newMailer(cfg.Mail)
 	logger.Info("mail settings", "smtp", mail, "from", cfg.Mail.From)
-	webhooks := newWebhookSender(db, webhookClient, deliveries, logger)
-	webhooks.mail = mail
+	webhooks := newWebhookSender(db, webhookClient, deliveries, mail, logger)
 	notifier := newOwnerNotifier(db, mail, cfg.Mail.OwnerNotifyPerHour, logger)
-	workers := newWorkerPool(db, cfg.Workers, cfg.ShutdownGrace, subscribers, webhooks, logger)
-	workers.notifier = notifier
+	workers := newWorkerPool(db, cfg.Workers, cfg.ShutdownGrace, subscribers, webhooks, notifier, logger)
 	start("workers", func(ctx context.Context) error { return workers.Run(ctx, wake.jobs) })
 	rescuer := newRescuer(db, cfg.Workers, logger)
 	start("rescuer", rescuer.Run)

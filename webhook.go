@@ -66,7 +66,9 @@ type webhookSender struct {
 	logger *slog.Logger
 }
 
-func newWebhookSender(db *sql.DB, client *http.Client, metrics *deliveryMetrics, logger *slog.Logger) *webhookSender {
+// mail is nil when no SMTP server is configured: mailto: jobs then
+// complete and log.
+func newWebhookSender(db *sql.DB, client *http.Client, metrics *deliveryMetrics, mail *mailer, logger *slog.Logger) *webhookSender {
 	if metrics == nil {
 		metrics = newDeliveryMetrics()
 	}
@@ -75,6 +77,7 @@ func newWebhookSender(db *sql.DB, client *http.Client, metrics *deliveryMetrics,
 		client:    client,
 		userAgent: "outboxd/" + version,
 		metrics:   metrics,
+		mail:      mail,
 		logger:    logger.With("loop", "webhooks"),
 	}
 }

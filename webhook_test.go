@@ -69,7 +69,7 @@ func runWebhookWorkers(t *testing.T, db *sql.DB, timeout time.Duration) {
 	cfg.PollInterval = 20 * time.Millisecond
 	cfg.Concurrency = 8
 	client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: timeout})
-	wp := newWorkerPool(db, cfg, time.Minute, newSubscriberRegistry(), newWebhookSender(db, client, nil, testLogger(t)), testLogger(t))
+	wp := newWorkerPool(db, cfg, time.Minute, newSubscriberRegistry(), newWebhookSender(db, client, nil, nil, testLogger(t)), nil, testLogger(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- wp.Run(ctx, nil) }()
