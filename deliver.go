@@ -378,18 +378,24 @@ func (p *workerPool) guard(job Job, fn func() error) (err error) {
 func (p *workerPool) outcome(job Job, err error, start time.Time) jobResult {
 	res := jobResult{ID: job.ID, Attempt: job.Attempt}
 	res.jobOutcome = decideOutcome(job.Attempt, job.MaxAttempts, err, rand.Float64())
-	log := p.logger.With("job_id", job.ID, "kind", job.Kind, "event_id", job.Event.ID,
-		"attempt", job.Attempt, "duration", time.Since(start).Round(time.Millisecond))
+	// The attributes are built per call, not with logger.With: With copies
+	// them for every job, and most jobs complete at debug level, unlogged.
+	attrs := func(more ...any) []any {
+		return append([]any{"job_id", job.ID, "kind", job.Kind, "event_id", job.Event.ID,
+			"attempt", job.Attempt, "duration", time.Since(start).Round(time.Millisecond)}, more...)
+	}
 	switch res.State {
 	case jobCompleted:
 		p.completed.Add(1)
-		log.Debug("job completed")
+		if p.logger.Enabled(context.Background(), slog.LevelDebug) {
+			p.logger.Debug("job completed", attrs()...)
+		}
 	case jobRetryable:
 		p.retried.Add(1)
-		log.Warn("job failed; will retry", "retry_in", res.Delay.Round(time.Second), "err", err)
+		p.logger.Warn("job failed; will retry", attrs("retry_in", res.Delay.Round(time.Second), "err", err)...)
 	case jobDiscarded:
 		p.discarded.Add(1)
-		log.Error("job discarded", "max_attempts", job.MaxAttempts, "err", err)
+		p.logger.Error("job discarded", attrs("max_attempts", job.MaxAttempts, "err", err)...)
 	}
 	return res
 }
