@@ -71,7 +71,7 @@ func recordEvent(ctx context.Context, q queryer, topic, subject string, payload 
 		payload = json.RawMessage(`{}`)
 	}
 	var id int64
-	err := q.QueryRowContext(ctx, `SELECT outbox.record($1, $2, $3)`, topic, subject, []byte(payload)).Scan(&id)
+	err := q.QueryRowContext(ctx, `SELECT outbox.record($1, $2, $3)`, topic, subject, string(payload)).Scan(&id)
 	if pqErr := pq.As(err); pqErr != nil && (pqErr.Code.Class() == "22" || pqErr.Code == pqerror.CheckViolation) {
 		// JSON that Go accepts and jsonb does not (invalid UTF-8, an
 		// escaped NUL, a lone surrogate), or a payload over the size

@@ -35,7 +35,7 @@ type relay struct {
 	db             *sql.DB
 	cfg            RelayConfig
 	jobMaxAttempts int
-	targets        []byte // the subscribers as the fan-out statement reads them
+	targets        string // the subscribers as the fan-out statement reads them
 	logger         *slog.Logger
 
 	// Counters for /metrics, only ever incremented.
@@ -99,22 +99,26 @@ type passResult struct {
 	Poisoned int // events poisoned this pass
 }
 
-// relayOnce runs one pass: claim up to BatchSize events and fan them out in
-// one transaction; if that fails because of the rows (not the connection),
-// retry each claimed row in its own transaction and count a failure against
-// each row that fails alone.
+// relayOnce runs one pass: claim up to BatchSize events and fan them out
+// in one statement; if that fails because of the rows (not the
+// connection), retry each candidate row in a statement of its own and
+// count a failure against each row that fails alone.
 func (r *relay) relayOnce(ctx context.Context) (passResult, error) {
 	r.passes.Add(1)
-	ids, fanned, jobs, err := r.relayTx(ctx, claimEventsSQL, r.cfg.BatchSize)
-	res := passResult{Claimed: len(ids), Fanned: fanned, Jobs: jobs}
+	fanned, jobs, err := r.fanOut(ctx, relayBatchSQL, r.cfg.BatchSize)
+	res := passResult{Claimed: fanned, Fanned: fanned, Jobs: jobs}
 	if err == nil || !isRowFault(err) {
 		r.count(res)
 		return res, err
 	}
+	ids, listErr := r.unfanned(ctx)
+	if listErr != nil {
+		return res, listErr
+	}
 	r.logger.Warn("relay batch failed; retrying its rows one by one", "rows", len(ids), "err", err)
-	res.Fanned, res.Jobs = 0, 0
+	res.Claimed = len(ids)
 	for _, id := range ids {
-		_, fanned, jobs, err := r.relayTx(ctx, claimEventSQL, id)
+		fanned, jobs, err := r.fanOut(ctx, relayRowSQL, id)
 		res.Fanned += fanned
 		res.Jobs += jobs
 		if err == nil {
@@ -146,120 +150,143 @@ func (r *relay) count(res passResult) {
 	r.rowFailures.Add(int64(res.Failed))
 }
 
-// claimEventsSQL claims up to $1 of the oldest un-fanned events with FOR
-// UPDATE SKIP LOCKED. The query is schema.sql's outbox.claim_unfanned,
-// which pins its plan to the events_unfanned_by_id index whatever the
-// planner estimates.
+// claimEventsSQL lists up to $1 of the oldest un-fanned events that no
+// one has locked. The query is schema.sql's outbox.claim_unfanned, which
+// pins its plan to the events_unfanned_by_id index whatever the planner
+// estimates. The relay's batch claims through outbox.mark_fanned_out,
+// which calls it; unfanned runs it alone.
 const claimEventsSQL = `
 SELECT id
 FROM outbox.claim_unfanned($1) AS claimed(id)`
 
-// claimEventSQL claims one event for the row-by-row retry; another relay may
-// have relayed it in between, and then it claims nothing.
-const claimEventSQL = `
-SELECT id
-FROM outbox.events
-WHERE id = $1
-  AND fanned_out_at IS NULL
-  AND poisoned_at IS NULL
-FOR UPDATE SKIP LOCKED`
+// The relay's two statements differ only in what they claim: a batch
+// ($1 the batch size) or one row for the row-by-row retry ($1 its id;
+// another relay may have relayed it in between, and then it claims
+// nothing). Each claim marks its rows fanned out and returns them as
+// marked(id, topic, subject).
+var (
+	relayBatchSQL = fanOutSQL(`
+marked AS (
+  SELECT id, topic, subject
+  FROM outbox.mark_fanned_out($1)
+)`)
+	relayRowSQL = fanOutSQL(`
+claimed AS (
+  SELECT id
+  FROM outbox.events
+  WHERE id = $1
+    AND fanned_out_at IS NULL
+    AND poisoned_at IS NULL
+  FOR UPDATE SKIP LOCKED
+),
+marked AS (
+  UPDATE outbox.events
+  SET fanned_out_at = now()
+  WHERE id IN (SELECT id FROM claimed)
+  RETURNING id, topic, subject
+)`)
+)
 
-// fanOutSQL enqueues one job per (claimed event, matching subscriber) and
-// one webhook job per (claimed event, enabled endpoint whose topics match),
-// and marks the events fanned out, in one statement. $1 is the claimed ids,
-// $2 the subscribers as JSON ([{"kind", "topics"}]), $3 the jobs' max
-// attempts, $4 how far out (seconds) a failing endpoint's new jobs are
-// scheduled. A coalescing subscriber gets one job per subject of the
-// batch, for its highest event id (DISTINCT ON keeps the first row of each
-// (kind, subject) in the ORDER BY, id descending). Webhooks are never
-// coalesced: each event is a fact.
-const fanOutSQL = `
-WITH subscribers AS (
-  SELECT kind, topics, per_subject
+// fanOutSQL is one relay transaction as one statement: claim and mark
+// events with markSQL, then enqueue one job per (event, matching
+// subscriber) and one webhook job per (event, enabled endpoint whose
+// topics match). $2 is the subscribers as JSON ([{"kind", "topics",
+// "per_subject"}]), $3 the jobs' max attempts, $4 how far out (seconds) a
+// failing endpoint's new jobs are scheduled.
+//
+// One statement is one transaction and one round trip, and every part
+// reads the claimed rows once, from what the UPDATE returned. Topics are
+// matched once per distinct topic of the batch, not once per event: a
+// batch holds a handful of topics, and outbox.topic_matches is not cheap.
+//
+// A coalescing subscriber gets one job per subject of the batch, for its
+// highest event id (DISTINCT ON keeps the first row of each (kind,
+// subject) in the ORDER BY, id descending). Webhooks are never coalesced:
+// each event is a fact. Inserts go in id order, so the job table's indexes
+// grow at their right edge.
+func fanOutSQL(markSQL string) string {
+	return `
+WITH ` + markSQL + `,
+topics AS (
+  SELECT DISTINCT topic FROM marked
+),
+subscriptions AS (
+  SELECT s.kind, s.per_subject, t.topic
   FROM jsonb_to_recordset($2::jsonb) AS s(kind text, topics text[], per_subject boolean)
+  JOIN topics AS t ON outbox.topic_matches(s.topics, t.topic)
+),
+endpoint_subscriptions AS (
+  SELECT ep.id AS endpoint_id, ep.failing_since, t.topic
+  FROM outbox.endpoints AS ep
+  JOIN topics AS t ON outbox.topic_matches(ep.topics, t.topic)
+  WHERE ep.disabled_at IS NULL
 ),
 enqueued AS (
   INSERT INTO outbox.jobs (kind, event_id, max_attempts)
-  SELECT s.kind, e.id, $3
-  FROM outbox.events AS e
-  JOIN subscribers AS s ON NOT s.per_subject
-                       AND outbox.topic_matches(s.topics, e.topic)
-  WHERE e.id = ANY($1::bigint[])
-  ORDER BY e.id
+  SELECT s.kind, m.id, $3
+  FROM marked AS m
+  JOIN subscriptions AS s ON s.topic = m.topic AND NOT s.per_subject
+  ORDER BY m.id
   RETURNING 1
 ),
 coalesced AS (
   INSERT INTO outbox.jobs (kind, event_id, max_attempts)
   SELECT latest.kind, latest.id, $3
   FROM (
-    SELECT DISTINCT ON (s.kind, e.subject) s.kind, e.id
-    FROM outbox.events AS e
-    JOIN subscribers AS s ON s.per_subject
-                         AND outbox.topic_matches(s.topics, e.topic)
-    WHERE e.id = ANY($1::bigint[])
-    ORDER BY s.kind, e.subject, e.id DESC
+    SELECT DISTINCT ON (s.kind, m.subject) s.kind, m.id
+    FROM marked AS m
+    JOIN subscriptions AS s ON s.topic = m.topic AND s.per_subject
+    ORDER BY s.kind, m.subject, m.id DESC
   ) AS latest
   ORDER BY latest.id
   RETURNING 1
 ),
 webhooks AS (
   INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, scheduled_at)
-  SELECT 'webhook', e.id, ep.id, $3,
-         CASE WHEN ep.failing_since IS NULL THEN now()
+  SELECT 'webhook', m.id, es.endpoint_id, $3,
+         CASE WHEN es.failing_since IS NULL THEN now()
               ELSE now() + make_interval(secs => $4) END
-  FROM outbox.events AS e
-  JOIN outbox.endpoints AS ep ON ep.disabled_at IS NULL
-                             AND outbox.topic_matches(ep.topics, e.topic)
-  WHERE e.id = ANY($1::bigint[])
-  ORDER BY e.id, ep.id
-  RETURNING 1
-),
-marked AS (
-  UPDATE outbox.events
-  SET fanned_out_at = now()
-  WHERE id = ANY($1::bigint[])
+  FROM marked AS m
+  JOIN endpoint_subscriptions AS es ON es.topic = m.topic
+  ORDER BY m.id, es.endpoint_id
   RETURNING 1
 )
 SELECT (SELECT count(*) FROM marked),
        (SELECT count(*) FROM enqueued) + (SELECT count(*) FROM coalesced) + (SELECT count(*) FROM webhooks)`
+}
 
-// relayTx is one relay transaction: claim with claimSQL, fan out, commit.
-// It returns the claimed ids even when it fails, for the row-by-row retry.
-func (r *relay) relayTx(ctx context.Context, claimSQL string, claimArg any) (ids []int64, fanned, jobs int, err error) {
-	tx, err := r.db.BeginTx(ctx, nil)
+// fanOut runs one relay statement (relayBatchSQL or relayRowSQL, with its
+// claim argument) and reports how many events it fanned out into how many
+// jobs.
+func (r *relay) fanOut(ctx context.Context, relaySQL string, claimArg any) (fanned, jobs int, err error) {
+	err = r.db.QueryRowContext(ctx, relaySQL, claimArg, r.targets, r.jobMaxAttempts,
+		r.cfg.FailingEndpointDelay.Seconds()).Scan(&fanned, &jobs)
 	if err != nil {
-		return nil, 0, 0, fmt.Errorf("relay: begin: %w", err)
+		return 0, 0, fmt.Errorf("relay: fan out: %w", err)
 	}
-	defer tx.Rollback()
+	return fanned, jobs, nil
+}
 
-	rows, err := tx.QueryContext(ctx, claimSQL, claimArg)
+// unfanned lists the events a batch would claim now, for the row-by-row
+// retry after the batch failed. Its locks end with the statement.
+func (r *relay) unfanned(ctx context.Context) ([]int64, error) {
+	rows, err := r.db.QueryContext(ctx, claimEventsSQL, r.cfg.BatchSize)
 	if err != nil {
-		return nil, 0, 0, fmt.Errorf("relay: claim events: %w", err)
+		return nil, fmt.Errorf("relay: list un-fanned events: %w", err)
 	}
+	defer rows.Close()
+	var ids []int64
 	for rows.Next() {
 		var id int64
 		if err := rows.Scan(&id); err != nil {
-			rows.Close()
-			return nil, 0, 0, fmt.Errorf("relay: claim events: %w", err)
+			return nil, fmt.Errorf("relay: list un-fanned events: %w", err)
 		}
 		ids = append(ids, id)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, 0, 0, fmt.Errorf("relay: claim events: %w", err)
+		return nil, fmt.Errorf("relay: list un-fanned events: %w", err)
 	}
-	if len(ids) == 0 {
-		return nil, 0, 0, nil
-	}
-
-	err = tx.QueryRowContext(ctx, fanOutSQL, pq.Array(ids), r.targets, r.jobMaxAttempts,
-		r.cfg.FailingEndpointDelay.Seconds()).Scan(&fanned, &jobs)
-	if err != nil {
-		return ids, 0, 0, fmt.Errorf("relay: fan out %d events: %w", len(ids), err)
-	}
-	if err := tx.Commit(); err != nil {
-		return ids, 0, 0, fmt.Errorf("relay: commit: %w", err)
-	}
-	return ids, fanned, jobs, nil
+	return ids, nil
 }
 
 // recordFailureSQL counts a failed relay of one row and poisons it at the

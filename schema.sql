@@ -135,6 +135,24 @@ AS $$
   FOR UPDATE SKIP LOCKED
 $$;
 
+-- mark_fanned_out is the relay's batch claim (relay.go): it claims up to
+-- batch un-fanned events with claim_unfanned, marks them fanned out, and
+-- returns what the fan-out reads of them, in the caller's statement and so
+-- its transaction. enable_seqscan = off keeps the UPDATE on the primary
+-- key: it fetches exactly the claimed rows, and a planner that thinks index
+-- reads expensive (a high random_page_cost) would otherwise scan the whole
+-- backlog to find 200 rows.
+CREATE OR REPLACE FUNCTION outbox.mark_fanned_out(batch integer)
+RETURNS TABLE (id bigint, topic text, subject text)
+LANGUAGE sql VOLATILE
+SET enable_seqscan = off
+AS $$
+  UPDATE outbox.events AS e
+  SET fanned_out_at = now()
+  WHERE e.id = ANY (ARRAY(SELECT outbox.claim_unfanned(batch)))
+  RETURNING e.id, e.topic, e.subject
+$$;
+
 -- Serves the poisoned count and list on the overview.
 CREATE INDEX IF NOT EXISTS events_poisoned_by_id
   ON outbox.events (id)

@@ -51,9 +51,9 @@ func subjectIndexSubscriber() Subscriber {
 			if ev.Subject == "" {
 				return nil // nothing to index it under
 			}
-			payload := []byte(ev.Payload)
-			if len(payload) == 0 {
-				payload = []byte(`{}`)
+			payload := string(ev.Payload) // JSON goes as text (newDBPool)
+			if payload == "" {
+				payload = `{}`
 			}
 			if _, err := tx.ExecContext(ctx, upsertSubjectSQL, ev.Subject, ev.Topic, ev.ID, payload); err != nil {
 				return fmt.Errorf("index subject: %w", err)

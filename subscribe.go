@@ -93,8 +93,8 @@ var builtinJobTargets = []struct {
 
 // fanOutTargets is the registry and the built-in job kinds as the relay's
 // fan-out statement reads them: a JSON array of {"kind", "topics",
-// "per_subject"}.
-func (r *subscriberRegistry) fanOutTargets() []byte {
+// "per_subject"}, as text (JSON parameters go as text: newDBPool).
+func (r *subscriberRegistry) fanOutTargets() string {
 	type target struct {
 		Kind     string   `json:"kind"`
 		Topics   []string `json:"topics"`
@@ -112,7 +112,7 @@ func (r *subscriberRegistry) fanOutTargets() []byte {
 		targets = append(targets, target{Kind: b.Kind, Topics: b.Topics})
 	}
 	b, _ := json.Marshal(targets) // strings and slices only: cannot fail
-	return b
+	return string(b)
 }
 
 // topicPatternValid checks a subscription pattern: an exact topic, "*", or

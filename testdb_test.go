@@ -125,7 +125,7 @@ func newTestDB(t testing.TB) (*sql.DB, string) {
 		t.Fatalf("create test database: %v", err)
 	}
 	dsn := dsnWithDB(harness.adminDSN, name)
-	db, err := sql.Open("postgres", dsn)
+	db, err := newDBPool(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
