@@ -441,25 +441,46 @@ SET state = 'completed',
 WHERE id = ANY($1::bigint[])`
 
 // runSubscriberBatch runs one subscriber's jobs in one transaction: lock
-// the jobs still ours, handle each event under a savepoint (a failing
-// event rolls back only its own effect), complete the ones that
+// the jobs still ours, handle each event, complete the ones that
 // succeeded, commit once. Effects and completions commit together or not
 // at all; a job lost to the rescuer meanwhile is skipped, its effect never
 // made. The failed ones' outcomes go to the completer like any job's.
+//
+// A savepoint around each event would let a failing event roll back only
+// its own effect, but costs two round trips per event. So the first try
+// runs without them; only if a handler fails is that transaction rolled
+// back whole and the batch run again with a savepoint per event. The
+// handlers that succeeded run twice then, once in a transaction that never
+// commits.
 func (p *workerPool) runSubscriberBatch(ctx context.Context, sub Subscriber, jobs []Job) []jobResult {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.AttemptTimeout)
 	defer cancel()
 	start := time.Now()
-	failAll := func(err error) []jobResult {
-		results := make([]jobResult, 0, len(jobs))
+	results, err := p.subscriberTx(ctx, sub, jobs, start, false)
+	if errors.Is(err, errHandlerFailed) {
+		results, err = p.subscriberTx(ctx, sub, jobs, start, true)
+	}
+	if err != nil {
+		results = make([]jobResult, 0, len(jobs))
 		for _, job := range jobs {
 			results = append(results, p.outcome(job, fmt.Errorf("subscriber %s: %w", sub.Name, err), start))
 		}
-		return results
 	}
+	return results
+}
+
+// errHandlerFailed is subscriberTx's answer, without savepoints, when a
+// handler failed: its transaction is rolled back, and the batch needs the
+// run with savepoints.
+var errHandlerFailed = errors.New("a handler failed")
+
+// subscriberTx is one transaction of runSubscriberBatch. It returns the
+// outcomes of the jobs that failed (with savepoints), or an error that
+// fails the whole batch.
+func (p *workerPool) subscriberTx(ctx context.Context, sub Subscriber, jobs []Job, start time.Time, savepoints bool) ([]jobResult, error) {
 	tx, err := p.db.BeginTx(ctx, nil)
 	if err != nil {
-		return failAll(fmt.Errorf("begin: %w", err))
+		return nil, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback()
 
@@ -470,20 +491,20 @@ func (p *workerPool) runSubscriberBatch(ctx context.Context, sub Subscriber, job
 	}
 	rows, err := tx.QueryContext(ctx, lockOwnJobsSQL, pq.Array(ids), pq.Array(attempts))
 	if err != nil {
-		return failAll(fmt.Errorf("lock jobs: %w", err))
+		return nil, fmt.Errorf("lock jobs: %w", err)
 	}
 	own := map[int64]bool{}
 	for rows.Next() {
 		var id int64
 		if err := rows.Scan(&id); err != nil {
 			rows.Close()
-			return failAll(fmt.Errorf("lock jobs: %w", err))
+			return nil, fmt.Errorf("lock jobs: %w", err)
 		}
 		own[id] = true
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return failAll(fmt.Errorf("lock jobs: %w", err))
+		return nil, fmt.Errorf("lock jobs: %w", err)
 	}
 
 	var results []jobResult
@@ -492,32 +513,38 @@ func (p *workerPool) runSubscriberBatch(ctx context.Context, sub Subscriber, job
 		if !own[job.ID] {
 			continue // rescued meanwhile: the new attempt does the work
 		}
-		if _, err := tx.ExecContext(ctx, "SAVEPOINT job"); err != nil {
-			return failAll(fmt.Errorf("savepoint: %w", err))
+		if savepoints {
+			if _, err := tx.ExecContext(ctx, "SAVEPOINT job"); err != nil {
+				return nil, fmt.Errorf("savepoint: %w", err)
+			}
 		}
 		handleErr := p.guard(job, func() error { return sub.Handle(ctx, tx, job.Event) })
-		if handleErr != nil {
+		switch {
+		case handleErr != nil && !savepoints:
+			return nil, errHandlerFailed
+		case handleErr != nil:
 			if _, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT job"); err != nil {
-				return failAll(fmt.Errorf("rollback to savepoint: %w", err))
+				return nil, fmt.Errorf("rollback to savepoint: %w", err)
 			}
 			results = append(results, p.outcome(job, fmt.Errorf("subscriber %s: %w", sub.Name, handleErr), start))
 			continue
-		}
-		if _, err := tx.ExecContext(ctx, "RELEASE SAVEPOINT job"); err != nil {
-			return failAll(fmt.Errorf("release savepoint: %w", err))
+		case savepoints:
+			if _, err := tx.ExecContext(ctx, "RELEASE SAVEPOINT job"); err != nil {
+				return nil, fmt.Errorf("release savepoint: %w", err)
+			}
 		}
 		done = append(done, job.ID)
 	}
 	if len(done) > 0 {
 		if _, err := tx.ExecContext(ctx, completeJobsSQL, pq.Array(done)); err != nil {
-			return failAll(fmt.Errorf("complete jobs: %w", err))
+			return nil, fmt.Errorf("complete jobs: %w", err)
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return failAll(fmt.Errorf("commit: %w", err))
+		return nil, fmt.Errorf("commit: %w", err)
 	}
 	p.completed.Add(int64(len(done)))
-	return results
+	return results, nil
 }
 
 // completeBatchMax bounds one outcome statement.
