@@ -253,33 +253,18 @@ func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 }
 
 // claimJobsSQL takes up to $1 due jobs, soonest first, and marks them
-// running with their next attempt number, returning each with its event
-// and, for a delivery, its endpoint as it is at the claim (so an attempt
-// costs no second query). The inner SELECT matches the
-// jobs_due_by_scheduled_at index.
+// running with their next attempt number (schema.sql's outbox.claim_jobs),
+// returning each with its event and, for a delivery, its endpoint as it is
+// at the claim, so an attempt costs no second query.
 const claimJobsSQL = `
-WITH due AS (
-  SELECT id, event_id, endpoint_id
-  FROM outbox.jobs
-  WHERE state IN ('available', 'retryable')
-    AND scheduled_at <= now()
-  ORDER BY scheduled_at, id
-  LIMIT $1
-  FOR UPDATE SKIP LOCKED
-)
-UPDATE outbox.jobs AS j
-SET state = 'running',
-    attempt = j.attempt + 1,
-    attempted_at = now()
-FROM due
-JOIN outbox.events AS e ON e.id = due.event_id
-LEFT JOIN outbox.endpoints AS ep ON ep.id = due.endpoint_id
-WHERE j.id = due.id
-RETURNING j.id, j.kind, j.attempt, j.max_attempts, j.endpoint_id,
-          e.id, e.topic, e.subject, e.payload, e.created_at,
-          ep.url, ep.secret,
-          CASE WHEN ep.previous_secret_expires_at > now() THEN ep.previous_secret END,
-          ep.disabled_reason`
+SELECT c.id, c.kind, c.attempt, c.max_attempts, c.endpoint_id,
+       e.id, e.topic, e.subject, e.payload, e.created_at,
+       ep.url, ep.secret,
+       CASE WHEN ep.previous_secret_expires_at > now() THEN ep.previous_secret END,
+       ep.disabled_reason
+FROM outbox.claim_jobs($1) AS c
+JOIN outbox.events AS e ON e.id = c.event_id
+LEFT JOIN outbox.endpoints AS ep ON ep.id = c.endpoint_id`
 
 // claim takes up to n due jobs in one statement.
 func (p *workerPool) claim(ctx context.Context, n int) ([]Job, error) {

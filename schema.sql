@@ -463,6 +463,40 @@ CREATE INDEX IF NOT EXISTS jobs_due_by_scheduled_at
   ON outbox.jobs (scheduled_at, id)
   WHERE state IN ('available', 'retryable');
 
+-- claim_jobs is the workers' claim (deliver.go): it locks up to batch due
+-- jobs, soonest first, marks them running with their next attempt number,
+-- and returns them. Like claim_unfanned, it is a function to carry
+-- settings that leave one plan: enable_sort = off walks
+-- jobs_due_by_scheduled_at in order and stops after one batch, and
+-- enable_seqscan = off has the UPDATE fetch exactly those rows by key.
+-- Without them, a planner that underestimates the due jobs (a table not
+-- analyzed since a bulk fan-out) or thinks index reads expensive reads
+-- every due job, or the whole table, on every claim: the claim then slows
+-- down as the queue grows, just when it must not.
+CREATE OR REPLACE FUNCTION outbox.claim_jobs(batch integer)
+RETURNS TABLE (id bigint, kind text, attempt integer, max_attempts integer,
+               event_id bigint, endpoint_id bigint)
+LANGUAGE sql VOLATILE
+ROWS 100
+SET enable_sort = off
+SET enable_seqscan = off
+AS $$
+  UPDATE outbox.jobs AS j
+  SET state = 'running',
+      attempt = j.attempt + 1,
+      attempted_at = now()
+  WHERE j.id = ANY (ARRAY(
+    SELECT due.id
+    FROM outbox.jobs AS due
+    WHERE due.state IN ('available', 'retryable')
+      AND due.scheduled_at <= now()
+    ORDER BY due.scheduled_at, due.id
+    LIMIT batch
+    FOR UPDATE SKIP LOCKED
+  ))
+  RETURNING j.id, j.kind, j.attempt, j.max_attempts, j.event_id, j.endpoint_id
+$$;
+
 -- Serves the rescuer: jobs running for longer than the rescue horizon.
 CREATE INDEX IF NOT EXISTS jobs_running_by_attempted_at
   ON outbox.jobs (attempted_at)
