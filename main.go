@@ -475,6 +475,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	webhookClient := newSafeHTTPClient(safeHTTPOptions{
 		AllowPrivate: cfg.AllowPrivateEndpoints,
 		Timeout:      cfg.Webhooks.Timeout,
+		Concurrency:  cfg.Workers.Concurrency,
 	})
 	deliveries := newDeliveryMetrics()
 	mail := newMailer(cfg.Mail)

@@ -259,10 +259,10 @@ const (
 	// before the server does, instead of racing it with a POST that
 	// cannot be retried.
 	safeIdleConnTimeout = 30 * time.Second
-	// safeMaxIdleConnsPerHost lets a busy endpoint's concurrent
-	// deliveries reuse connections instead of paying a TCP and TLS
-	// handshake each (net/http's default keeps 2).
-	safeMaxIdleConnsPerHost = 32
+	// defaultSafeMaxIdleConnsPerHost is the idle connections kept per
+	// host when the caller does not say how many requests it runs at
+	// once (safeHTTPOptions.Concurrency); net/http's default keeps 2.
+	defaultSafeMaxIdleConnsPerHost = 32
 	// safeMaxIdleConns caps idle connections over all endpoints: the
 	// net/http default, enough for a few busy hosts at once.
 	safeMaxIdleConns = 100
@@ -279,6 +279,13 @@ type safeHTTPOptions struct {
 	// Timeout bounds a whole request, reading the response body included.
 	// Zero means defaultSafeHTTPTimeout, not forever.
 	Timeout time.Duration
+	// Concurrency is how many requests the caller runs at once, all of
+	// which may go to one busy endpoint. That many idle connections are
+	// kept per host: with fewer, every request beyond them closes its
+	// connection after use and the next one pays a new TCP (and TLS)
+	// handshake, which under a backlog is most of them. Zero means
+	// defaultSafeMaxIdleConnsPerHost.
+	Concurrency int
 	// LookupIP resolves host names; nil means net.DefaultResolver's
 	// LookupNetIP. Tests answer here so they need no DNS server.
 	LookupIP func(ctx context.Context, network, host string) ([]netip.Addr, error)
@@ -293,6 +300,10 @@ func newSafeHTTPClient(opts safeHTTPOptions) *http.Client {
 	timeout := opts.Timeout
 	if timeout <= 0 {
 		timeout = defaultSafeHTTPTimeout
+	}
+	idlePerHost := opts.Concurrency
+	if idlePerHost <= 0 {
+		idlePerHost = defaultSafeMaxIdleConnsPerHost
 	}
 	lookup := opts.LookupIP
 	if lookup == nil {
@@ -317,8 +328,8 @@ func newSafeHTTPClient(opts safeHTTPOptions) *http.Client {
 			ResponseHeaderTimeout:  timeout,
 			TLSHandshakeTimeout:    safeTLSHandshakeTimeout,
 			IdleConnTimeout:        safeIdleConnTimeout,
-			MaxIdleConns:           safeMaxIdleConns,
-			MaxIdleConnsPerHost:    safeMaxIdleConnsPerHost,
+			MaxIdleConns:           max(safeMaxIdleConns, idlePerHost),
+			MaxIdleConnsPerHost:    idlePerHost,
 			MaxResponseHeaderBytes: safeMaxResponseHeaderBytes,
 		},
 		Timeout: timeout,

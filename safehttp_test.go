@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/iotest"
@@ -515,11 +516,66 @@ func TestNewSafeHTTPClientSettings(t *testing.T) {
 		TLSHandshakeTimeout:   safeTLSHandshakeTimeout,
 		IdleConnTimeout:       safeIdleConnTimeout,
 		ForceAttemptHTTP2:     true,
-		MaxIdleConnsPerHost:   safeMaxIdleConnsPerHost,
+		MaxIdleConnsPerHost:   defaultSafeMaxIdleConnsPerHost,
 		RedirectErr:           http.ErrUseLastResponse,
 	}
 	if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b error) bool { return a == b })); diff != "" {
 		t.Errorf("client settings mismatch (-want +got):\n%s", diff)
+	}
+}
+
+// As many requests at once as the client was made for, all to one host,
+// find their connections kept: a second round opens none. With net/http's
+// default of 2 idle connections per host (or any number below the
+// concurrency), most of a busy endpoint's deliveries would each open a new
+// connection.
+func TestSafeClientKeepsAConnectionPerConcurrentRequest(t *testing.T) {
+	t.Parallel()
+	const concurrency = 48
+	var opened atomic.Int64
+	arrived := make(chan struct{}, concurrency)
+	var release atomic.Pointer[chan struct{}] // closed when a round's requests may answer
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-*release.Load() // every request of the round holds its connection at once
+	}))
+	srv.Config.ConnState = func(_ net.Conn, state http.ConnState) {
+		if state == http.StateNew {
+			opened.Add(1)
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: 10 * time.Second, Concurrency: concurrency})
+
+	round := func() int64 {
+		before := opened.Load()
+		gate := make(chan struct{})
+		release.Store(&gate)
+		var wg sync.WaitGroup
+		for range concurrency {
+			wg.Go(func() {
+				resp, err := client.Post(srv.URL, "application/json", strings.NewReader("{}"))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				io.Copy(io.Discard, resp.Body) // at EOF the connection is back in the pool
+				resp.Body.Close()
+			})
+		}
+		for range concurrency {
+			<-arrived
+		}
+		close(gate)
+		wg.Wait()
+		return opened.Load() - before
+	}
+	if n := round(); n != concurrency {
+		t.Fatalf("first round opened %d connections, want %d", n, concurrency)
+	}
+	if n := round(); n != 0 {
+		t.Errorf("second round opened %d new connections, want 0: each request should find its own idle connection", n)
 	}
 }
 
