@@ -494,6 +494,21 @@ func (p *workerPool) subscriberTx(ctx context.Context, sub Subscriber, jobs []Jo
 
 	var results []jobResult
 	var done []int64
+	if !savepoints && sub.HandleBatch != nil {
+		var evs []Event
+		for _, job := range jobs {
+			if own[job.ID] {
+				evs = append(evs, job.Event)
+				done = append(done, job.ID)
+			}
+		}
+		if len(evs) > 0 {
+			if err := p.guard(jobs[0], func() error { return sub.HandleBatch(ctx, tx, evs) }); err != nil {
+				return nil, errHandlerFailed
+			}
+		}
+		jobs = nil // handled
+	}
 	for _, job := range jobs {
 		if !own[job.ID] {
 			continue // rescued meanwhile: the new attempt does the work

@@ -99,7 +99,7 @@ type sweep struct {
 }
 
 // deleteCompletedJobsSQL deletes completed jobs finished before the cutoff;
-// the inner SELECT is served by jobs_by_state_finalized_at.
+// the inner SELECT is served by jobs_finished_by_state_finalized_at.
 //
 // FOR UPDATE SKIP LOCKED in each sweep's inner SELECT re-checks every row
 // against the WHERE as it is locked, so a row changed since the statement

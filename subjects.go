@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/lib/pq"
 )
 
 // defaultSubscribers is the registry run() starts with: every in-process
@@ -40,6 +42,23 @@ SET topic = EXCLUDED.topic,
     updated_at = EXCLUDED.updated_at
 WHERE subjects.last_event_id < EXCLUDED.last_event_id`
 
+// upsertSubjectsSQL is upsertSubjectSQL for a batch of events ($1, their
+// ids), read from the events table: of several events of one subject, the
+// highest id is the one kept, as if each had been upserted in turn.
+const upsertSubjectsSQL = `
+INSERT INTO outbox.subjects (subject, topic, last_event_id, payload, updated_at)
+SELECT DISTINCT ON (e.subject) e.subject, e.topic, e.id, e.payload, now()
+FROM outbox.events AS e
+WHERE e.id = ANY($1::bigint[])
+  AND e.subject <> ''
+ORDER BY e.subject, e.id DESC
+ON CONFLICT (subject) DO UPDATE
+SET topic = EXCLUDED.topic,
+    last_event_id = EXCLUDED.last_event_id,
+    payload = EXCLUDED.payload,
+    updated_at = EXCLUDED.updated_at
+WHERE subjects.last_event_id < EXCLUDED.last_event_id`
+
 // subjectIndexSubscriber indexes every event with a subject. It coalesces:
 // of the events one relay pass claims for a subject, only the latest is
 // delivered, since it would overwrite the others anyway.
@@ -57,6 +76,16 @@ func subjectIndexSubscriber() Subscriber {
 			}
 			if _, err := tx.ExecContext(ctx, upsertSubjectSQL, ev.Subject, ev.Topic, ev.ID, payload); err != nil {
 				return fmt.Errorf("index subject: %w", err)
+			}
+			return nil
+		},
+		HandleBatch: func(ctx context.Context, tx *sql.Tx, evs []Event) error {
+			ids := make([]int64, len(evs))
+			for i, ev := range evs {
+				ids[i] = ev.ID
+			}
+			if _, err := tx.ExecContext(ctx, upsertSubjectsSQL, pq.Array(ids)); err != nil {
+				return fmt.Errorf("index subjects: %w", err)
 			}
 			return nil
 		},

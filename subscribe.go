@@ -30,6 +30,12 @@ type Subscriber struct {
 	// latest state of the subject", which a later event replaces whole.
 	Coalesce bool
 	Handle   func(ctx context.Context, tx *sql.Tx, ev Event) error
+	// HandleBatch, if set, handles the events of one claimed batch in one
+	// call (one statement instead of one per event), with the same effect
+	// as Handle on each in turn. Workers try it first; if it fails, the
+	// batch runs again with Handle, event by event, so that only the
+	// failing event is held back.
+	HandleBatch func(ctx context.Context, tx *sql.Tx, evs []Event) error
 }
 
 // subscriberJobPrefix makes subscriber job kinds distinct from "webhook".

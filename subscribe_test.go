@@ -129,7 +129,90 @@ func TestEveryRegisteredSubscriberIsIdempotent(t *testing.T) {
 			if diff := cmp.Diff(once, twice); diff != "" {
 				t.Errorf("subscriber %s: a second delivery of every event changed the database (-once +twice):\n%s", sub.Name, diff)
 			}
+			if sub.HandleBatch == nil {
+				return
+			}
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := sub.HandleBatch(ctx, tx, events); err != nil {
+				tx.Rollback()
+				t.Fatalf("batch: %v", err)
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(once, tableSnapshot(t, db)); diff != "" {
+				t.Errorf("subscriber %s: a batch of events already delivered changed the database (-before +after):\n%s", sub.Name, diff)
+			}
 		})
+	}
+}
+
+// The subject index's HandleBatch leaves the index as Handle does, event
+// by event in the batch's order: for each subject the highest id, whatever
+// order the events come in, and nothing for events without a subject.
+func TestSubjectIndexBatchEqualsOneByOne(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	ctx := context.Background()
+	sub := subjectIndexSubscriber()
+	mustExec(t, db, `INSERT INTO outbox.subjects (subject, topic, last_event_id, payload, updated_at)
+		VALUES ('kept', 'old.topic', 1000000, '{"newer": true}', now())`)
+	var events []Event
+	for i, subject := range []string{"a", "b", "a", "", "kept", "c", "b", "a"} {
+		id, err := recordEvent(ctx, db, fmt.Sprintf("t.%d", i), subject, json.RawMessage(fmt.Sprintf(`{"n": %d}`, i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev, err := getEvent(ctx, db, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		events = append(events, ev)
+	}
+	events[0], events[len(events)-1] = events[len(events)-1], events[0] // the latest "a" comes first
+
+	index := func(handle func(tx *sql.Tx) error) []string {
+		t.Helper()
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback() // each way starts from the same index
+		if err := handle(tx); err != nil {
+			t.Fatal(err)
+		}
+		rows, err := tx.Query(`SELECT subject || ' ' || topic || ' ' || last_event_id || ' ' || payload::text FROM outbox.subjects ORDER BY subject`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		var got []string
+		for rows.Next() {
+			var row string
+			if err := rows.Scan(&row); err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, row)
+		}
+		return got
+	}
+	oneByOne := index(func(tx *sql.Tx) error {
+		for _, ev := range events {
+			if err := sub.Handle(ctx, tx, ev); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	batch := index(func(tx *sql.Tx) error { return sub.HandleBatch(ctx, tx, events) })
+	if len(oneByOne) != 4 {
+		t.Fatalf("one by one indexed %q, want 4 subjects", oneByOne)
+	}
+	if diff := cmp.Diff(oneByOne, batch); diff != "" {
+		t.Errorf("batch differs from one by one (-one by one +batch):\n%s", diff)
 	}
 }
 
