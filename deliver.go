@@ -252,19 +252,15 @@ func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 	return ctx.Err()
 }
 
-// claimJobsSQL takes up to $1 due jobs, soonest first, and marks them
-// running with their next attempt number (schema.sql's outbox.claim_jobs),
-// returning each with its event and, for a delivery, its endpoint as it is
-// at the claim, so an attempt costs no second query.
+// claimJobsSQL takes up to $1 due jobs, soonest first, marks them running
+// with their next attempt number, and returns each with its event and, for
+// a delivery, its endpoint. The statement is schema.sql's outbox.claim_jobs,
+// which pins its plan and reads everything in one snapshot.
 const claimJobsSQL = `
-SELECT c.id, c.kind, c.attempt, c.max_attempts, c.endpoint_id,
-       e.id, e.topic, e.subject, e.payload, e.created_at,
-       ep.url, ep.secret,
-       CASE WHEN ep.previous_secret_expires_at > now() THEN ep.previous_secret END,
-       ep.disabled_reason
-FROM outbox.claim_jobs($1) AS c
-JOIN outbox.events AS e ON e.id = c.event_id
-LEFT JOIN outbox.endpoints AS ep ON ep.id = c.endpoint_id`
+SELECT id, kind, attempt, max_attempts, endpoint_id,
+       event_id, topic, subject, payload, created_at,
+       url, secret, previous_secret, disabled_reason
+FROM outbox.claim_jobs($1)`
 
 // claim takes up to n due jobs in one statement.
 func (p *workerPool) claim(ctx context.Context, n int) ([]Job, error) {

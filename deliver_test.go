@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 )
 
 func TestBackoffSchedule(t *testing.T) {
@@ -170,6 +171,56 @@ func TestJobClaimReadsOneBatchWhateverTheEstimates(t *testing.T) {
 	if claimed != batch || scanned != 0 || indexEntries > batch {
 		t.Errorf("claimed %d of %d due jobs, scanning %d table rows and reading %d index entries; want %d claimed, 0 scanned, at most %d entries",
 			claimed, due, scanned, indexEntries, batch, batch)
+	}
+}
+
+// Every job the claim marks running, it returns: a job fanned out while a
+// claim statement runs is either claimed with its event or left for the
+// next claim. (A first version read events in the calling statement, whose
+// snapshot could predate the job: such a job was marked running, never
+// returned, and waited 90 s for the rescuer.) Here the calling statement
+// takes its snapshot, sleeps, and only then calls the claim; the job
+// commits during the sleep.
+func TestJobClaimReturnsEveryJobItMarksRunning(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	type claimResult struct {
+		ids []string
+		err error
+	}
+	done := make(chan claimResult, 1)
+	go func() {
+		rows, err := db.Query(`
+			SELECT c.id::text
+			FROM (SELECT pg_sleep(0.5)) AS snapshot_first
+			CROSS JOIN LATERAL outbox.claim_jobs(100) AS c`)
+		if err != nil {
+			done <- claimResult{err: err}
+			return
+		}
+		defer rows.Close()
+		var res claimResult
+		for rows.Next() {
+			var id string
+			res.err = rows.Scan(&id)
+			res.ids = append(res.ids, id)
+		}
+		if res.err == nil {
+			res.err = rows.Err()
+		}
+		done <- res
+	}()
+	waitFor(t, "the claim statement to sleep", 10*time.Second, func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND datname = current_database()`) == 1
+	})
+	enqueueJob(t, db, "sub:late", 18)
+	res := <-done
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	running := queryStrings(t, db, `SELECT id::text FROM outbox.jobs WHERE state = 'running' ORDER BY id`)
+	if diff := cmp.Diff(running, res.ids, cmpopts.EquateEmpty()); diff != "" {
+		t.Errorf("jobs running (-) and jobs the claim returned (+) differ:\n%s", diff)
 	}
 }
 

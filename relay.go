@@ -150,20 +150,11 @@ func (r *relay) count(res passResult) {
 	r.rowFailures.Add(int64(res.Failed))
 }
 
-// claimEventsSQL lists up to $1 of the oldest un-fanned events that no
-// one has locked. The query is schema.sql's outbox.claim_unfanned, which
-// pins its plan to the events_unfanned_by_id index whatever the planner
-// estimates. The relay's batch claims through outbox.mark_fanned_out,
-// which calls it; unfanned runs it alone.
-const claimEventsSQL = `
-SELECT id
-FROM outbox.claim_unfanned($1) AS claimed(id)`
-
 // The relay's two statements differ only in what they claim: a batch
-// ($1 the batch size) or one row for the row-by-row retry ($1 its id;
-// another relay may have relayed it in between, and then it claims
-// nothing). Each claim marks its rows fanned out and returns them as
-// marked(id, topic, subject).
+// ($1 the batch size; schema.sql's outbox.mark_fanned_out, which pins its
+// plan) or one row for the row-by-row retry ($1 its id; another relay may
+// have relayed it in between, and then it claims nothing). Each claim
+// marks its rows fanned out and returns them as marked(id, topic, subject).
 var (
 	relayBatchSQL = fanOutSQL(`
 marked AS (
@@ -268,9 +259,15 @@ func (r *relay) fanOut(ctx context.Context, relaySQL string, claimArg any) (fann
 }
 
 // unfanned lists the events a batch would claim now, for the row-by-row
-// retry after the batch failed. Its locks end with the statement.
+// retry after the batch failed: it runs the batch's own claim and rolls it
+// back, which also ends its locks.
 func (r *relay) unfanned(ctx context.Context) ([]int64, error) {
-	rows, err := r.db.QueryContext(ctx, claimEventsSQL, r.cfg.BatchSize)
+	tx, err := r.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("relay: list un-fanned events: %w", err)
+	}
+	defer tx.Rollback()
+	rows, err := tx.QueryContext(ctx, `SELECT id FROM outbox.mark_fanned_out($1)`, r.cfg.BatchSize)
 	if err != nil {
 		return nil, fmt.Errorf("relay: list un-fanned events: %w", err)
 	}

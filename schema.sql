@@ -106,52 +106,52 @@ ALTER TABLE outbox.events SET (
   autovacuum_analyze_scale_factor = 0.02
 );
 
--- Serves the relay's claim (outbox.claim_unfanned): "un-fanned, not
+-- Serves the relay's claim (outbox.mark_fanned_out): "un-fanned, not
 -- poisoned, oldest first". The predicate is exactly the claim's WHERE.
 CREATE INDEX IF NOT EXISTS events_unfanned_by_id
   ON outbox.events (id)
   WHERE fanned_out_at IS NULL AND poisoned_at IS NULL;
 
--- claim_unfanned locks up to batch un-fanned events, oldest first, for the
--- relay's transaction (relay.go). It is a function only to carry SET
--- enable_sort = off, which leaves walking events_unfanned_by_id in id order
--- as the one plan, stopping after one batch. A matching index is not enough:
--- a planner that underestimates the backlog (statistics from before a bulk
--- import or an outage, or none yet) reads every un-fanned row and sorts
--- them, which at 900,000 waiting took 625 ms a pass instead of 1.4 ms. The
--- setting lives only while this statement runs; the fan-out that follows
--- is planned as usual.
-CREATE OR REPLACE FUNCTION outbox.claim_unfanned(batch integer)
-RETURNS SETOF bigint
-LANGUAGE sql VOLATILE
-SET enable_sort = off
-AS $$
-  SELECT id
-  FROM outbox.events
-  WHERE fanned_out_at IS NULL
-    AND poisoned_at IS NULL
-  ORDER BY id
-  LIMIT batch
-  FOR UPDATE SKIP LOCKED
-$$;
-
--- mark_fanned_out is the relay's batch claim (relay.go): it claims up to
--- batch un-fanned events with claim_unfanned, marks them fanned out, and
--- returns what the fan-out reads of them, in the caller's statement and so
--- its transaction. enable_seqscan = off keeps the UPDATE on the primary
--- key: it fetches exactly the claimed rows, and a planner that thinks index
--- reads expensive (a high random_page_cost) would otherwise scan the whole
--- backlog to find 200 rows.
+-- mark_fanned_out is the relay's batch claim (relay.go): it locks up to
+-- batch un-fanned events, oldest first, marks them fanned out, and returns
+-- what the fan-out reads of them, in the caller's transaction.
+--
+-- It is a function to carry settings that leave one plan. enable_sort =
+-- off walks events_unfanned_by_id in id order and stops after one batch: a
+-- matching index is not enough, since a planner that underestimates the
+-- backlog (statistics from before a bulk import or an outage, or none yet)
+-- reads every un-fanned row and sorts them, which at 900,000 waiting took
+-- 625 ms a pass instead of 1.4 ms. enable_seqscan = off has the UPDATE
+-- fetch the claimed rows by key, where a planner that thinks index reads
+-- expensive (a high random_page_cost) scans the whole backlog for 200 rows.
+-- The settings live only while this statement runs.
+--
+-- The claim and the UPDATE are one statement on purpose: a statement sees
+-- the rows committed when it began, and a claim made by a statement of its
+-- own (a function called from here) could lock a row committed a moment
+-- later that this UPDATE does not see.
 CREATE OR REPLACE FUNCTION outbox.mark_fanned_out(batch integer)
 RETURNS TABLE (id bigint, topic text, subject text)
 LANGUAGE sql VOLATILE
+SET enable_sort = off
 SET enable_seqscan = off
 AS $$
   UPDATE outbox.events AS e
   SET fanned_out_at = now()
-  WHERE e.id = ANY (ARRAY(SELECT outbox.claim_unfanned(batch)))
+  WHERE e.id = ANY (ARRAY(
+    SELECT un.id
+    FROM outbox.events AS un
+    WHERE un.fanned_out_at IS NULL
+      AND un.poisoned_at IS NULL
+    ORDER BY un.id
+    LIMIT batch
+    FOR UPDATE SKIP LOCKED
+  ))
   RETURNING e.id, e.topic, e.subject
 $$;
+
+-- claim_unfanned was the relay's claim before mark_fanned_out took it in.
+DROP FUNCTION IF EXISTS outbox.claim_unfanned(integer);
 
 -- Serves the poisoned count and list on the overview.
 CREATE INDEX IF NOT EXISTS events_poisoned_by_id
@@ -465,36 +465,55 @@ CREATE INDEX IF NOT EXISTS jobs_due_by_scheduled_at
 
 -- claim_jobs is the workers' claim (deliver.go): it locks up to batch due
 -- jobs, soonest first, marks them running with their next attempt number,
--- and returns them. Like claim_unfanned, it is a function to carry
--- settings that leave one plan: enable_sort = off walks
+-- and returns each with its event and, for a delivery, its endpoint as it
+-- is at the claim, so an attempt costs no second query. Its settings pin
+-- the plan as mark_fanned_out's do: enable_sort = off walks
 -- jobs_due_by_scheduled_at in order and stops after one batch, and
--- enable_seqscan = off has the UPDATE fetch exactly those rows by key.
+-- enable_seqscan = off fetches the claimed rows and their events by key.
 -- Without them, a planner that underestimates the due jobs (a table not
--- analyzed since a bulk fan-out) or thinks index reads expensive reads
--- every due job, or the whole table, on every claim: the claim then slows
--- down as the queue grows, just when it must not.
+-- analyzed since a bulk fan-out) reads every due job and sorts them on
+-- every claim, which then slows down as the queue grows.
+--
+-- Claim, update and the reads of events and endpoints are one statement,
+-- so one snapshot: a job it can see was fanned out by a committed
+-- transaction, whose event it can see too. (The first version read events
+-- in the caller's statement, whose snapshot could predate a job this
+-- function claimed; that job was marked running, never returned, and
+-- waited for the rescuer.)
 CREATE OR REPLACE FUNCTION outbox.claim_jobs(batch integer)
 RETURNS TABLE (id bigint, kind text, attempt integer, max_attempts integer,
-               event_id bigint, endpoint_id bigint)
+               endpoint_id bigint,
+               event_id bigint, topic text, subject text, payload jsonb, created_at timestamptz,
+               url text, secret bytea, previous_secret bytea, disabled_reason text)
 LANGUAGE sql VOLATILE
 ROWS 100
 SET enable_sort = off
 SET enable_seqscan = off
 AS $$
-  UPDATE outbox.jobs AS j
-  SET state = 'running',
-      attempt = j.attempt + 1,
-      attempted_at = now()
-  WHERE j.id = ANY (ARRAY(
-    SELECT due.id
-    FROM outbox.jobs AS due
-    WHERE due.state IN ('available', 'retryable')
-      AND due.scheduled_at <= now()
-    ORDER BY due.scheduled_at, due.id
-    LIMIT batch
-    FOR UPDATE SKIP LOCKED
-  ))
-  RETURNING j.id, j.kind, j.attempt, j.max_attempts, j.event_id, j.endpoint_id
+  WITH claimed AS (
+    UPDATE outbox.jobs AS j
+    SET state = 'running',
+        attempt = j.attempt + 1,
+        attempted_at = now()
+    WHERE j.id = ANY (ARRAY(
+      SELECT due.id
+      FROM outbox.jobs AS due
+      WHERE due.state IN ('available', 'retryable')
+        AND due.scheduled_at <= now()
+      ORDER BY due.scheduled_at, due.id
+      LIMIT batch
+      FOR UPDATE SKIP LOCKED
+    ))
+    RETURNING j.id, j.kind, j.attempt, j.max_attempts, j.endpoint_id, j.event_id
+  )
+  SELECT c.id, c.kind, c.attempt, c.max_attempts, c.endpoint_id,
+         e.id, e.topic, e.subject, e.payload, e.created_at,
+         ep.url, ep.secret,
+         CASE WHEN ep.previous_secret_expires_at > now() THEN ep.previous_secret END,
+         ep.disabled_reason
+  FROM claimed AS c
+  JOIN outbox.events AS e ON e.id = c.event_id
+  LEFT JOIN outbox.endpoints AS ep ON ep.id = c.endpoint_id
 $$;
 
 -- Serves the rescuer: jobs running for longer than the rescue horizon.
