@@ -469,7 +469,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		start("listener", newListener(dsn, wake, logger).Run)
 	}
 	relay := newRelay(db, cfg.Relay, cfg.Workers.MaxAttempts, subscribers, logger)
-	start("relay", func(ctx context.Context) error { return relay.Run(ctx, wake.events) })
+	start("relay", func(ctx context.Context) error { return relay.Run(ctx, wake.events, wake.jobs) })
 	// One client for every delivery: its pool keeps connections alive per
 	// host, and its dialer refuses internal addresses (safehttp.go).
 	webhookClient := newSafeHTTPClient(safeHTTPOptions{

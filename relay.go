@@ -57,12 +57,15 @@ func newRelay(db *sql.DB, cfg RelayConfig, jobMaxAttempts int, subs *subscriberR
 
 // Run relays until ctx ends: once at start, then whenever wake or the sweep
 // ticker fires. Each wake-up drains the backlog in passes of at most
-// BatchSize rows.
-func (r *relay) Run(ctx context.Context, wake <-chan struct{}) error {
+// BatchSize rows. After a pass that enqueued jobs it pokes jobsWake (if not
+// nil), this process's own workers: they start on the jobs at once instead
+// of when the NOTIFY comes back through the listener, which under load is
+// milliseconds later. Other replicas still hear the NOTIFY.
+func (r *relay) Run(ctx context.Context, wake <-chan struct{}, jobsWake chan struct{}) error {
 	sweep := time.NewTicker(r.cfg.SweepInterval)
 	defer sweep.Stop()
 	for {
-		r.drain(ctx)
+		r.drain(ctx, jobsWake)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -75,9 +78,12 @@ func (r *relay) Run(ctx context.Context, wake <-chan struct{}) error {
 // drain runs passes while they come back full. It stops after a pass in
 // which a row failed, so a failing row is tried once per wake-up, not five
 // times in a burst that would poison it for a passing fault.
-func (r *relay) drain(ctx context.Context) {
+func (r *relay) drain(ctx context.Context, jobsWake chan struct{}) {
 	for ctx.Err() == nil {
 		res, err := r.relayOnce(ctx)
+		if res.Jobs > 0 && jobsWake != nil {
+			poke(jobsWake)
+		}
 		if err != nil {
 			if ctx.Err() == nil {
 				r.logger.Error("relay pass failed", "err", err)

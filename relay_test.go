@@ -372,7 +372,9 @@ func TestRelayClaimReadsOneBatchWhateverTheEstimates(t *testing.T) {
 	}
 }
 
-// With no notification at all, the sweep alone relays a new event.
+// With no notification at all, the sweep alone relays a new event, and
+// the pass that enqueues its job wakes this process's workers (a pass that
+// enqueues nothing wakes nobody).
 func TestRelaySweepCoversLostNotifications(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
@@ -383,11 +385,15 @@ func TestRelaySweepCoversLostNotifications(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	never := make(chan struct{}) // the suppressed notifications
 	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx, never) }()
+	jobsWake := make(chan struct{}, 1)
+	go func() { done <- r.Run(ctx, never, jobsWake) }()
 	defer func() { cancel(); <-done }()
 
 	// Only after the start-up pass, so that pass cannot be what relays it.
 	waitFor(t, "the start-up pass", 5*time.Second, func() bool { return r.passes.Load() >= 1 })
+	if len(jobsWake) != 0 {
+		t.Error("a pass that enqueued nothing woke the workers")
+	}
 	id, err := recordEvent(context.Background(), db, "t", "late", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -395,6 +401,7 @@ func TestRelaySweepCoversLostNotifications(t *testing.T) {
 	waitFor(t, "the sweep to relay the event", 10*time.Second, func() bool {
 		return queryInt(t, db, `SELECT count(*) FROM outbox.events WHERE id = $1 AND fanned_out_at IS NOT NULL`, id) == 1
 	})
+	waitFor(t, "the pass to wake the workers", 5*time.Second, func() bool { return len(jobsWake) == 1 })
 }
 
 // The LISTEN connection turns a NOTIFY from outbox.record into a wake-up.
@@ -451,7 +458,7 @@ func TestConcurrentRelaysAndWorkersRunEachJobOnce(t *testing.T) {
 	for i := range 2 {
 		rl := newRelay(db, relayCfg, 18, reg, testLogger(t).With("relay", i))
 		wp := newWorkerPool(db, workerCfg, time.Minute, reg, nil, nil, testLogger(t).With("pool", i))
-		wg.Go(func() { rl.Run(ctx, nil) })
+		wg.Go(func() { rl.Run(ctx, nil, nil) })
 		wg.Go(func() { wp.Run(ctx, nil) })
 	}
 	defer func() { cancel(); wg.Wait() }()

@@ -132,10 +132,12 @@ CREATE INDEX IF NOT EXISTS events_unfanned_by_id
 -- later that this UPDATE does not see.
 CREATE OR REPLACE FUNCTION outbox.mark_fanned_out(batch integer)
 RETURNS TABLE (id bigint, topic text, subject text)
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 SET enable_sort = off
 SET enable_seqscan = off
 AS $$
+BEGIN
+  RETURN QUERY
   UPDATE outbox.events AS e
   SET fanned_out_at = now()
   WHERE e.id = ANY (ARRAY(
@@ -147,7 +149,8 @@ AS $$
     LIMIT batch
     FOR UPDATE SKIP LOCKED
   ))
-  RETURNING e.id, e.topic, e.subject
+  RETURNING e.id, e.topic, e.subject;
+END
 $$;
 
 -- claim_unfanned was the relay's claim before mark_fanned_out took it in.
@@ -485,11 +488,13 @@ RETURNS TABLE (id bigint, kind text, attempt integer, max_attempts integer,
                endpoint_id bigint,
                event_id bigint, topic text, subject text, payload jsonb, created_at timestamptz,
                url text, secret bytea, previous_secret bytea, disabled_reason text)
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 ROWS 100
 SET enable_sort = off
 SET enable_seqscan = off
 AS $$
+BEGIN
+  RETURN QUERY
   WITH claimed AS (
     UPDATE outbox.jobs AS j
     SET state = 'running',
@@ -513,7 +518,8 @@ AS $$
          ep.disabled_reason
   FROM claimed AS c
   JOIN outbox.events AS e ON e.id = c.event_id
-  LEFT JOIN outbox.endpoints AS ep ON ep.id = c.endpoint_id
+  LEFT JOIN outbox.endpoints AS ep ON ep.id = c.endpoint_id;
+END
 $$;
 
 -- Serves the rescuer: jobs running for longer than the rescue horizon.
