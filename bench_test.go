@@ -9,7 +9,11 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 )
@@ -90,6 +94,67 @@ func BenchmarkClaimAndComplete(b *testing.B) {
 		jobs += len(claimed)
 	}
 	b.ReportMetric(float64(jobs)/b.Elapsed().Seconds(), "jobs/s")
+}
+
+// BenchmarkWebhookDelivery times one webhook attempt as a worker runs it:
+// encode the body, sign it, POST it to an httptest receiver over a kept
+// connection, classify the answer. The attempt's record is written later,
+// in the completer's batch (BenchmarkClaimAndComplete).
+func BenchmarkWebhookDelivery(b *testing.B) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer srv.Close()
+	client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: 10 * time.Second})
+	sender := newWebhookSender(nil, client, nil, nil, testLogger(b))
+	wp := newWorkerPool(nil, defaultConfig().Workers, time.Minute, newSubscriberRegistry(), sender, nil, testLogger(b))
+	job := Job{
+		ID: 1, Kind: webhookJobKind, Attempt: 1, MaxAttempts: 18, EndpointID: 1,
+		endpoint: &deliveryEndpoint{URL: srv.URL, Secrets: [][]byte{[]byte("0123456789abcdef0123456789abcdef")}},
+		Event: Event{ID: 42, Topic: "order.paid", Subject: "42", CreatedAt: time.Now(),
+			Payload: json.RawMessage(`{"order": 42, "amount": 1200, "currency": "EUR"}`)},
+	}
+	ctx := context.Background()
+	for b.Loop() {
+		if res := wp.runJob(ctx, job); res.State != jobCompleted {
+			b.Fatalf("delivery: %+v", res)
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "deliveries/s")
+}
+
+// BenchmarkRetentionPrune times one batch of events retention: 5,000
+// events fanned out 8 days ago, each with two completed jobs, deleted by
+// one statement (the jobs go with them, ON DELETE CASCADE).
+func BenchmarkRetentionPrune(b *testing.B) {
+	db, _ := newTestDB(b)
+	cfg := defaultConfig().Retention
+	var pruned int64
+	for b.Loop() {
+		b.StopTimer()
+		mustExec(b, db, `
+			WITH aged AS (
+			  INSERT INTO outbox.events (topic, subject, created_at, fanned_out_at)
+			  SELECT 'bench.aged', 'a' || i, now() - interval '8 days', now() - interval '8 days'
+			  FROM generate_series(1, $1) AS i
+			  RETURNING id
+			)
+			INSERT INTO outbox.jobs (kind, event_id, max_attempts, state, attempt, attempted_at, finalized_at)
+			SELECT kind, aged.id, 18, 'completed', 1, now(), now()
+			FROM aged, (VALUES ('sub:a'), ('sub:b')) AS k(kind)`, cfg.BatchSize)
+		b.StartTimer()
+		res, err := db.Exec(deleteEventsSQL, cfg.Events.Seconds(), cfg.BatchSize)
+		if err != nil {
+			b.Fatal(err)
+		}
+		n, _ := res.RowsAffected()
+		if n != int64(cfg.BatchSize) {
+			b.Fatalf("pruned %d events, want %d", n, cfg.BatchSize)
+		}
+		pruned += n
+	}
+	b.ReportMetric(float64(pruned)/b.Elapsed().Seconds(), "events/s")
 }
 
 // baselineClaimSQL is the yardstick: the least any SKIP LOCKED outbox must
