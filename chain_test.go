@@ -119,8 +119,11 @@ func TestChainAToBExactlyOnceThroughFlakyReceiver(t *testing.T) {
 	check("after the replay")
 }
 
-// queryStrings runs a query of one text column.
-func queryStrings(t *testing.T, db *sql.DB, query string) []string {
+// queryStrings runs a query of one text column, on a pool or in a
+// transaction.
+func queryStrings(t *testing.T, db interface {
+	Query(string, ...any) (*sql.Rows, error)
+}, query string) []string {
 	t.Helper()
 	rows, err := db.Query(query)
 	if err != nil {

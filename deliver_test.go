@@ -124,7 +124,6 @@ func readJob(t *testing.T, db *sql.DB, id int64) jobRow {
 func TestJobClaimReadsOneBatchWhateverTheEstimates(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
-	ctx := context.Background()
 	const batch, due = 100, 5000
 	mustExec(t, db, `SELECT outbox.record('claim.plan', '', '{}')`)
 	enqueue := `INSERT INTO outbox.jobs (kind, event_id, max_attempts)
@@ -133,41 +132,18 @@ func TestJobClaimReadsOneBatchWhateverTheEstimates(t *testing.T) {
 	mustExec(t, db, `ANALYZE outbox.jobs`)
 	mustExec(t, db, enqueue, due-1)
 
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := conn.ExecContext(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
-		t.Fatal(err)
-	}
-	tx, err := conn.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, `SET LOCAL random_page_cost = 100`); err != nil {
-		t.Fatal(err)
-	}
-	rows, err := tx.QueryContext(ctx, claimJobsSQL, batch)
-	if err != nil {
-		t.Fatal(err)
-	}
 	claimed := 0
-	for rows.Next() {
-		claimed++
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	// Rows the claim read by scanning the table, and entries it read from
-	// the due index.
-	var scanned, indexEntries int
-	if err := tx.QueryRowContext(ctx, `
-		SELECT pg_stat_get_xact_tuples_returned('outbox.jobs'::regclass),
-		       pg_stat_get_xact_tuples_returned('outbox.jobs_due_by_scheduled_at'::regclass)`).Scan(&scanned, &indexEntries); err != nil {
-		t.Fatal(err)
-	}
+	scanned, indexEntries := statementReads(t, db, "outbox.jobs", "outbox.jobs_due_by_scheduled_at", func(tx *sql.Tx) error {
+		rows, err := tx.Query(claimJobsSQL, batch)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			claimed++
+		}
+		return rows.Err()
+	})
 	if claimed != batch || scanned != 0 || indexEntries > batch {
 		t.Errorf("claimed %d of %d due jobs, scanning %d table rows and reading %d index entries; want %d claimed, 0 scanned, at most %d entries",
 			claimed, due, scanned, indexEntries, batch, batch)

@@ -62,9 +62,20 @@ type RetentionConfig struct {
 // statements rather than one that holds the table for minutes.
 const retentionBatchMax = 5_000
 
-// sweepBatchPause is the pause between two batches of one sweep: room for
-// autovacuum, replication and the relay's own writes between deletes.
+// sweepBatchPause is the shortest pause between two batches of one sweep:
+// room for autovacuum, replication and the relay's own writes between
+// deletes.
 const sweepBatchPause = 20 * time.Millisecond
+
+// sweepPause is the pause after a batch that took batchTook: at least as
+// long as the batch, so a long sweep keeps its server backend busy at most
+// half the time. With a fixed 20 ms pause after batches of 50 to 120 ms,
+// pruning 1,000,000 rows kept one of two cores nearly busy, and the relay's
+// p99 latency at half the keep-up rate went from 32 to 68 ms while it ran.
+// Retention is hourly; taking twice as long to prune is the cheaper side.
+func sweepPause(batchTook time.Duration) time.Duration {
+	return max(sweepBatchPause, batchTook)
+}
 
 // retentionLockKey is the session advisory lock that makes one replica the
 // sweeper of a cycle. It differs from schemaLockKey, which shares the key
@@ -384,6 +395,7 @@ func (s *sweeper) runSweep(ctx context.Context, conn *sql.Conn, sw *sweep) (dele
 	capacity := int64(s.cfg.AnomalyCap)
 	for {
 		limit := min(int64(s.cfg.BatchSize), capacity-deleted)
+		start := time.Now()
 		r, err := conn.ExecContext(ctx, sw.deleteSQL, sw.window.Seconds(), limit)
 		if err != nil {
 			return deleted, true, fmt.Errorf("retention: sweep %s: %w", sw.name, err)
@@ -401,7 +413,7 @@ func (s *sweeper) runSweep(ctx context.Context, conn *sql.Conn, sw *sweep) (dele
 			sw.capHits.Add(1)
 			return deleted, true, fmt.Errorf("retention: sweep %s deleted %d rows in one cycle: %w", sw.name, deleted, errAnomalyCap)
 		}
-		pause := time.NewTimer(sweepBatchPause)
+		pause := time.NewTimer(sweepPause(time.Since(start)))
 		select {
 		case <-ctx.Done():
 			pause.Stop()

@@ -540,6 +540,24 @@ func TestSweepDiscardsConnectionWhenLockLost(t *testing.T) {
 	})
 }
 
+// A sweep rests at least as long as its last batch worked, and never less
+// than the minimum pause: a long prune keeps its backend busy half the
+// time at most, so it cannot starve the relay on a small machine.
+func TestSweepPauseMatchesTheBatch(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ took, want time.Duration }{
+		{0, sweepBatchPause},
+		{5 * time.Millisecond, sweepBatchPause},
+		{sweepBatchPause, sweepBatchPause},
+		{80 * time.Millisecond, 80 * time.Millisecond},
+		{2 * time.Second, 2 * time.Second},
+	} {
+		if got := sweepPause(tc.took); got != tc.want {
+			t.Errorf("sweepPause(%s) = %s, want %s", tc.took, got, tc.want)
+		}
+	}
+}
+
 func TestSweepJitter(t *testing.T) {
 	t.Parallel()
 	seen := map[time.Duration]bool{}

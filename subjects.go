@@ -29,22 +29,12 @@ func defaultSubscribers(cfg Config, logger *slog.Logger) *subscriberRegistry {
 	return subs
 }
 
-// upsertSubjectSQL keeps the latest event of a subject. The WHERE on the
+// upsertSubjectsSQL keeps the latest event of each subject of a batch of
+// events ($1, their ids), read from the events table. The WHERE on the
 // conflict makes it monotonic: an event with a lower id than the one kept
-// (delivered late, or the same event delivered again) changes nothing.
-const upsertSubjectSQL = `
-INSERT INTO outbox.subjects (subject, topic, last_event_id, payload, updated_at)
-VALUES ($1, $2, $3, $4, now())
-ON CONFLICT (subject) DO UPDATE
-SET topic = EXCLUDED.topic,
-    last_event_id = EXCLUDED.last_event_id,
-    payload = EXCLUDED.payload,
-    updated_at = EXCLUDED.updated_at
-WHERE subjects.last_event_id < EXCLUDED.last_event_id`
-
-// upsertSubjectsSQL is upsertSubjectSQL for a batch of events ($1, their
-// ids), read from the events table: of several events of one subject, the
-// highest id is the one kept, as if each had been upserted in turn.
+// (delivered late, or the same event delivered again) changes nothing. Of
+// several events of one subject in the batch, the highest id is the one
+// written, as if each had been upserted in turn.
 const upsertSubjectsSQL = `
 INSERT INTO outbox.subjects (subject, topic, last_event_id, payload, updated_at)
 SELECT DISTINCT ON (e.subject) e.subject, e.topic, e.id, e.payload, now()
@@ -59,6 +49,19 @@ SET topic = EXCLUDED.topic,
     updated_at = EXCLUDED.updated_at
 WHERE subjects.last_event_id < EXCLUDED.last_event_id`
 
+// indexSubjects upserts the subjects of evs; events without a subject are
+// not indexed.
+func indexSubjects(ctx context.Context, tx *sql.Tx, evs []Event) error {
+	ids := make([]int64, len(evs))
+	for i, ev := range evs {
+		ids[i] = ev.ID
+	}
+	if _, err := tx.ExecContext(ctx, upsertSubjectsSQL, pq.Array(ids)); err != nil {
+		return fmt.Errorf("index subjects: %w", err)
+	}
+	return nil
+}
+
 // subjectIndexSubscriber indexes every event with a subject. It coalesces:
 // of the events one relay pass claims for a subject, only the latest is
 // delivered, since it would overwrite the others anyway.
@@ -67,28 +70,9 @@ func subjectIndexSubscriber() Subscriber {
 		Name:     "subjects",
 		Coalesce: true,
 		Handle: func(ctx context.Context, tx *sql.Tx, ev Event) error {
-			if ev.Subject == "" {
-				return nil // nothing to index it under
-			}
-			payload := string(ev.Payload) // JSON goes as text (newDBPool)
-			if payload == "" {
-				payload = `{}`
-			}
-			if _, err := tx.ExecContext(ctx, upsertSubjectSQL, ev.Subject, ev.Topic, ev.ID, payload); err != nil {
-				return fmt.Errorf("index subject: %w", err)
-			}
-			return nil
+			return indexSubjects(ctx, tx, []Event{ev})
 		},
-		HandleBatch: func(ctx context.Context, tx *sql.Tx, evs []Event) error {
-			ids := make([]int64, len(evs))
-			for i, ev := range evs {
-				ids[i] = ev.ID
-			}
-			if _, err := tx.ExecContext(ctx, upsertSubjectsSQL, pq.Array(ids)); err != nil {
-				return fmt.Errorf("index subjects: %w", err)
-			}
-			return nil
-		},
+		HandleBatch: indexSubjects,
 	}
 }
 

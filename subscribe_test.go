@@ -39,6 +39,21 @@ func sampleTopics(patterns []string) []string {
 	return topics
 }
 
+// recordedEvent records an event and reads it back as a worker gets it.
+func recordedEvent(t *testing.T, db *sql.DB, topic, subject, payload string) Event {
+	t.Helper()
+	ctx := context.Background()
+	id, err := recordEvent(ctx, db, topic, subject, json.RawMessage(payload))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, err := getEvent(ctx, db, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ev
+}
+
 // tableSnapshot is every user table of the database: its row count and a
 // hash of its rows' text, in order.
 func tableSnapshot(t *testing.T, db *sql.DB) map[string]string {
@@ -94,16 +109,7 @@ func TestEveryRegisteredSubscriberIsIdempotent(t *testing.T) {
 			var events []Event
 			for i, topic := range sampleTopics(sub.Topics) {
 				for j, subject := range []string{"s-1", "s-2", "s-1", ""} {
-					payload := json.RawMessage(fmt.Sprintf(`{"topic": %q, "n": %d}`, topic, i*10+j))
-					id, err := recordEvent(ctx, db, topic, subject, payload)
-					if err != nil {
-						t.Fatal(err)
-					}
-					ev, err := getEvent(ctx, db, id)
-					if err != nil {
-						t.Fatal(err)
-					}
-					events = append(events, ev)
+					events = append(events, recordedEvent(t, db, topic, subject, fmt.Sprintf(`{"topic": %q, "n": %d}`, topic, i*10+j)))
 				}
 			}
 			deliverAll := func() {
@@ -162,15 +168,7 @@ func TestSubjectIndexBatchEqualsOneByOne(t *testing.T) {
 		VALUES ('kept', 'old.topic', 1000000, '{"newer": true}', now())`)
 	var events []Event
 	for i, subject := range []string{"a", "b", "a", "", "kept", "c", "b", "a"} {
-		id, err := recordEvent(ctx, db, fmt.Sprintf("t.%d", i), subject, json.RawMessage(fmt.Sprintf(`{"n": %d}`, i)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ev, err := getEvent(ctx, db, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		events = append(events, ev)
+		events = append(events, recordedEvent(t, db, fmt.Sprintf("t.%d", i), subject, fmt.Sprintf(`{"n": %d}`, i)))
 	}
 	events[0], events[len(events)-1] = events[len(events)-1], events[0] // the latest "a" comes first
 
@@ -184,20 +182,7 @@ func TestSubjectIndexBatchEqualsOneByOne(t *testing.T) {
 		if err := handle(tx); err != nil {
 			t.Fatal(err)
 		}
-		rows, err := tx.Query(`SELECT subject || ' ' || topic || ' ' || last_event_id || ' ' || payload::text FROM outbox.subjects ORDER BY subject`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		var got []string
-		for rows.Next() {
-			var row string
-			if err := rows.Scan(&row); err != nil {
-				t.Fatal(err)
-			}
-			got = append(got, row)
-		}
-		return got
+		return queryStrings(t, tx, `SELECT subject || ' ' || topic || ' ' || last_event_id || ' ' || payload::text FROM outbox.subjects ORDER BY subject`)
 	}
 	oneByOne := index(func(tx *sql.Tx) error {
 		for _, ev := range events {
