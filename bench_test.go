@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -107,8 +108,9 @@ func BenchmarkWebhookDelivery(b *testing.B) {
 	}))
 	defer srv.Close()
 	client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: 10 * time.Second})
-	sender := newWebhookSender(nil, client, nil, nil, testLogger(b))
-	wp := newWorkerPool(nil, defaultConfig().Workers, time.Minute, newSubscriberRegistry(), sender, nil, testLogger(b))
+	quiet := slog.New(slog.DiscardHandler) // a test log line per attempt would cost more than the attempt
+	sender := newWebhookSender(nil, client, nil, nil, quiet)
+	wp := newWorkerPool(nil, defaultConfig().Workers, time.Minute, newSubscriberRegistry(), sender, nil, quiet)
 	job := Job{
 		ID: 1, Kind: webhookJobKind, Attempt: 1, MaxAttempts: 18, EndpointID: 1,
 		endpoint: &deliveryEndpoint{URL: srv.URL, Secrets: [][]byte{[]byte("0123456789abcdef0123456789abcdef")}},
