@@ -488,48 +488,15 @@ func (p *workerPool) subscriberTx(ctx context.Context, sub Subscriber, jobs []Jo
 		return nil, fmt.Errorf("lock jobs: %w", err)
 	}
 
-	var results []jobResult
 	var done []int64
+	var results []jobResult
 	if !savepoints && sub.HandleBatch != nil {
-		var evs []Event
-		for _, job := range jobs {
-			if own[job.ID] {
-				evs = append(evs, job.Event)
-				done = append(done, job.ID)
-			}
-		}
-		if len(evs) > 0 {
-			if err := p.guard(jobs[0], func() error { return sub.HandleBatch(ctx, tx, evs) }); err != nil {
-				return nil, errHandlerFailed
-			}
-		}
-		jobs = nil // handled
+		done, err = p.handleTogether(ctx, tx, sub, jobs, own)
+	} else {
+		done, results, err = p.handleEach(ctx, tx, sub, jobs, own, start, savepoints)
 	}
-	for _, job := range jobs {
-		if !own[job.ID] {
-			continue // rescued meanwhile: the new attempt does the work
-		}
-		if savepoints {
-			if _, err := tx.ExecContext(ctx, "SAVEPOINT job"); err != nil {
-				return nil, fmt.Errorf("savepoint: %w", err)
-			}
-		}
-		handleErr := p.guard(job, func() error { return sub.Handle(ctx, tx, job.Event) })
-		switch {
-		case handleErr != nil && !savepoints:
-			return nil, errHandlerFailed
-		case handleErr != nil:
-			if _, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT job"); err != nil {
-				return nil, fmt.Errorf("rollback to savepoint: %w", err)
-			}
-			results = append(results, p.outcome(job, fmt.Errorf("subscriber %s: %w", sub.Name, handleErr), start))
-			continue
-		case savepoints:
-			if _, err := tx.ExecContext(ctx, "RELEASE SAVEPOINT job"); err != nil {
-				return nil, fmt.Errorf("release savepoint: %w", err)
-			}
-		}
-		done = append(done, job.ID)
+	if err != nil {
+		return nil, err
 	}
 	if len(done) > 0 {
 		if _, err := tx.ExecContext(ctx, completeJobsSQL, pq.Array(done)); err != nil {
@@ -541,6 +508,59 @@ func (p *workerPool) subscriberTx(ctx context.Context, sub Subscriber, jobs []Jo
 	}
 	p.completed.Add(int64(len(done)))
 	return results, nil
+}
+
+// handleTogether gives the events of the jobs still ours to
+// sub.HandleBatch in one call. A failure fails the try: errHandlerFailed.
+func (p *workerPool) handleTogether(ctx context.Context, tx *sql.Tx, sub Subscriber, jobs []Job, own map[int64]bool) (done []int64, err error) {
+	var evs []Event
+	for _, job := range jobs {
+		if own[job.ID] { // else rescued meanwhile: the new attempt does the work
+			evs = append(evs, job.Event)
+			done = append(done, job.ID)
+		}
+	}
+	if len(evs) == 0 {
+		return nil, nil
+	}
+	if err := p.guard(jobs[0], func() error { return sub.HandleBatch(ctx, tx, evs) }); err != nil {
+		return nil, errHandlerFailed
+	}
+	return done, nil
+}
+
+// handleEach gives the events of the jobs still ours to sub.Handle one by
+// one. Without savepoints the first failure fails the try
+// (errHandlerFailed); with them, a failing event's effect is rolled back
+// and its failure becomes its job's outcome.
+func (p *workerPool) handleEach(ctx context.Context, tx *sql.Tx, sub Subscriber, jobs []Job, own map[int64]bool, start time.Time, savepoints bool) (done []int64, failed []jobResult, err error) {
+	for _, job := range jobs {
+		if !own[job.ID] {
+			continue // rescued meanwhile: the new attempt does the work
+		}
+		if savepoints {
+			if _, err := tx.ExecContext(ctx, "SAVEPOINT job"); err != nil {
+				return nil, nil, fmt.Errorf("savepoint: %w", err)
+			}
+		}
+		handleErr := p.guard(job, func() error { return sub.Handle(ctx, tx, job.Event) })
+		switch {
+		case handleErr != nil && !savepoints:
+			return nil, nil, errHandlerFailed
+		case handleErr != nil:
+			if _, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT job"); err != nil {
+				return nil, nil, fmt.Errorf("rollback to savepoint: %w", err)
+			}
+			failed = append(failed, p.outcome(job, fmt.Errorf("subscriber %s: %w", sub.Name, handleErr), start))
+			continue
+		case savepoints:
+			if _, err := tx.ExecContext(ctx, "RELEASE SAVEPOINT job"); err != nil {
+				return nil, nil, fmt.Errorf("release savepoint: %w", err)
+			}
+		}
+		done = append(done, job.ID)
+	}
+	return done, failed, nil
 }
 
 // completeBatchMax bounds one outcome statement.

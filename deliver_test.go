@@ -238,51 +238,68 @@ func TestWorkerRetriesWithGrowingBackoff(t *testing.T) {
 	}
 }
 
-// One subscriber's jobs claimed together run in one transaction. An event
-// whose handler fails keeps none of its effect, not even the write it made
+// One subscriber's jobs claimed together run in one transaction, handed
+// over one by one or, with HandleBatch, in one call. An event whose
+// handler fails keeps none of its effect, not even the write it made
 // before failing, and gets its outcome (here discarded: it has one
 // attempt); the others' effects and completions commit.
 func TestSubscriberBatchKeepsNothingOfTheFailingEvent(t *testing.T) {
 	t.Parallel()
-	db, _ := newTestDB(t)
-	mustExec(t, db, `CREATE TABLE effects (event_id bigint PRIMARY KEY)`)
-	var jobIDs []int64
-	for i := range 5 {
-		attempts := 18
-		if i == 2 {
-			attempts = 1
-		}
-		jobIDs = append(jobIDs, enqueueJob(t, db, "sub:effects", attempts))
-	}
-	var failing int64
-	if err := db.QueryRow(`SELECT event_id FROM outbox.jobs WHERE id = $1`, jobIDs[2]).Scan(&failing); err != nil {
-		t.Fatal(err)
-	}
-	sub := Subscriber{Name: "effects", Handle: func(ctx context.Context, tx *sql.Tx, ev Event) error {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO effects VALUES ($1)`, ev.ID); err != nil {
-			return err
-		}
-		if ev.ID == failing {
-			return errors.New("fails after its write")
-		}
-		return nil
-	}}
-	runPool(t, db, defaultConfig().Workers, sub) // all five are due: one claim, one batch
+	for _, withBatch := range []bool{false, true} {
+		t.Run(fmt.Sprintf("HandleBatch=%t", withBatch), func(t *testing.T) {
+			t.Parallel()
+			db, _ := newTestDB(t)
+			mustExec(t, db, `CREATE TABLE effects (event_id bigint PRIMARY KEY)`)
+			var jobIDs []int64
+			for i := range 5 {
+				attempts := 18
+				if i == 2 {
+					attempts = 1
+				}
+				jobIDs = append(jobIDs, enqueueJob(t, db, "sub:effects", attempts))
+			}
+			var failing int64
+			if err := db.QueryRow(`SELECT event_id FROM outbox.jobs WHERE id = $1`, jobIDs[2]).Scan(&failing); err != nil {
+				t.Fatal(err)
+			}
+			handle := func(ctx context.Context, tx *sql.Tx, ev Event) error {
+				if _, err := tx.ExecContext(ctx, `INSERT INTO effects VALUES ($1)`, ev.ID); err != nil {
+					return err
+				}
+				if ev.ID == failing {
+					return errors.New("fails after its write")
+				}
+				return nil
+			}
+			sub := Subscriber{Name: "effects", Handle: handle}
+			if withBatch {
+				sub.HandleBatch = func(ctx context.Context, tx *sql.Tx, evs []Event) error {
+					for _, ev := range evs {
+						if err := handle(ctx, tx, ev); err != nil {
+							return err
+						}
+					}
+					return nil
+				}
+			}
+			runPool(t, db, defaultConfig().Workers, sub) // all five are due: one claim, one batch
 
-	waitFor(t, "four completed jobs and one discarded", 10*time.Second, func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state IN ('completed', 'discarded')`) == 5
-	})
-	if r := readJob(t, db, jobIDs[2]); r.State != "discarded" || r.Errors != 1 {
-		t.Errorf("failing job: %+v, want discarded with its error", r)
-	}
-	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'completed'`); n != 4 {
-		t.Errorf("%d jobs completed, want 4", n)
-	}
-	got := queryStrings(t, db, `SELECT event_id::text FROM effects ORDER BY event_id`)
-	want := queryStrings(t, db, fmt.Sprintf(
-		`SELECT event_id::text FROM outbox.jobs WHERE event_id <> %d ORDER BY event_id`, failing))
-	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("effects (-want +got):\n%s", diff)
+			waitFor(t, "four completed jobs and one discarded", 10*time.Second, func() bool {
+				return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state IN ('completed', 'discarded')`) == 5
+			})
+			if r := readJob(t, db, jobIDs[2]); r.State != "discarded" || r.Errors != 1 {
+				t.Errorf("failing job: %+v, want discarded with its error", r)
+			}
+			if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'completed'`); n != 4 {
+				t.Errorf("%d jobs completed, want 4", n)
+			}
+			got := queryStrings(t, db, `SELECT event_id::text FROM effects ORDER BY event_id`)
+			want := queryStrings(t, db, fmt.Sprintf(
+				`SELECT event_id::text FROM outbox.jobs WHERE event_id <> %d ORDER BY event_id`, failing))
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("effects (-want +got):\n%s", diff)
+			}
+		})
 	}
 }
 
