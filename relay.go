@@ -265,15 +265,10 @@ func (r *relay) fanOut(ctx context.Context, relaySQL string, claimArg any) (fann
 }
 
 // unfanned lists the events a batch would claim now, for the row-by-row
-// retry after the batch failed: it runs the batch's own claim and rolls it
-// back, which also ends its locks.
+// retry after the batch failed. It claims without marking (the marking may
+// be what fails), and its locks end with the statement.
 func (r *relay) unfanned(ctx context.Context) ([]int64, error) {
-	tx, err := r.db.BeginTx(ctx, nil)
-	if err != nil {
-		return nil, fmt.Errorf("relay: list un-fanned events: %w", err)
-	}
-	defer tx.Rollback()
-	rows, err := tx.QueryContext(ctx, `SELECT id FROM outbox.mark_fanned_out($1)`, r.cfg.BatchSize)
+	rows, err := r.db.QueryContext(ctx, `SELECT id FROM outbox.claim_unfanned($1) AS claimed(id)`, r.cfg.BatchSize)
 	if err != nil {
 		return nil, fmt.Errorf("relay: list un-fanned events: %w", err)
 	}

@@ -192,8 +192,26 @@ func TestRelayCrashMidBatchRollsBackTogether(t *testing.T) {
 	}
 }
 
+// A row the relay cannot fan out is retried alone and poisoned after
+// MaxFailures passes, while the rest of its batch goes through: whether
+// its job insert fails or the marking of the event itself.
 func TestRelayPoisonsOneBadRowAndRelaysTheRest(t *testing.T) {
 	t.Parallel()
+	for _, refuse := range []struct{ name, trigger, drop string }{
+		{"job insert", `CREATE TRIGGER refuse_poison BEFORE INSERT ON outbox.jobs FOR EACH ROW EXECUTE FUNCTION refuse_poison()`,
+			`DROP TRIGGER refuse_poison ON outbox.jobs`},
+		{"event mark", `CREATE TRIGGER refuse_poison BEFORE UPDATE ON outbox.events FOR EACH ROW
+			WHEN (OLD.fanned_out_at IS NULL AND NEW.fanned_out_at IS NOT NULL) EXECUTE FUNCTION refuse_poison()`,
+			`DROP TRIGGER refuse_poison ON outbox.events`},
+	} {
+		t.Run(refuse.name, func(t *testing.T) {
+			t.Parallel()
+			relayPoisonsOneBadRow(t, refuse.trigger, refuse.drop)
+		})
+	}
+}
+
+func relayPoisonsOneBadRow(t *testing.T, trigger, drop string) {
 	db, _ := newTestDB(t)
 	ctx := context.Background()
 	cfg := defaultConfig().Relay
@@ -207,13 +225,16 @@ func TestRelayPoisonsOneBadRowAndRelaysTheRest(t *testing.T) {
 	recordN(t, db, "t", 100) // 200 in all: one full batch, the bad row in the middle
 	mustExec(t, db, `
 		CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+		DECLARE
+		  -- a job's event_id, or an event's own id
+		  event_id bigint := coalesce(to_jsonb(NEW)->>'event_id', to_jsonb(NEW)->>'id');
 		BEGIN
-		  IF (SELECT subject FROM outbox.events WHERE id = NEW.event_id) = 'poison' THEN
-		    RAISE EXCEPTION 'cannot fan out event %', NEW.event_id;
+		  IF (SELECT subject FROM outbox.events WHERE id = event_id) = 'poison' THEN
+		    RAISE EXCEPTION 'cannot fan out event %', event_id;
 		  END IF;
 		  RETURN NEW;
 		END $$`)
-	mustExec(t, db, `CREATE TRIGGER refuse_poison BEFORE INSERT ON outbox.jobs FOR EACH ROW EXECUTE FUNCTION refuse_poison()`)
+	mustExec(t, db, trigger)
 
 	res, err := r.relayOnce(ctx)
 	if err != nil {
@@ -250,7 +271,7 @@ func TestRelayPoisonsOneBadRowAndRelaysTheRest(t *testing.T) {
 	}
 
 	// Fixed and requeued, it relays like any other row.
-	mustExec(t, db, `DROP TRIGGER refuse_poison ON outbox.jobs`)
+	mustExec(t, db, drop)
 	if err := requeueEvent(ctx, db, badID); err != nil {
 		t.Fatal(err)
 	}

@@ -106,55 +106,67 @@ ALTER TABLE outbox.events SET (
   autovacuum_analyze_scale_factor = 0.02
 );
 
--- Serves the relay's claim (outbox.mark_fanned_out): "un-fanned, not
+-- Serves the relay's claim (outbox.claim_unfanned): "un-fanned, not
 -- poisoned, oldest first". The predicate is exactly the claim's WHERE.
 CREATE INDEX IF NOT EXISTS events_unfanned_by_id
   ON outbox.events (id)
   WHERE fanned_out_at IS NULL AND poisoned_at IS NULL;
 
--- mark_fanned_out is the relay's batch claim (relay.go): it locks up to
--- batch un-fanned events, oldest first, marks them fanned out, and returns
--- what the fan-out reads of them, in the caller's transaction.
+-- claim_unfanned locks up to batch un-fanned events, oldest first, for the
+-- caller's transaction: mark_fanned_out's claim, and the relay's list of
+-- rows to retry one by one after a batch failed (relay.go), which must not
+-- mark them, since the marking may be what fails. It is a function to
+-- carry SET enable_sort = off, which leaves walking events_unfanned_by_id
+-- in id order as the one plan, stopping after one batch. A matching index
+-- is not enough: a planner that underestimates the backlog (statistics
+-- from before a bulk import or an outage, or none yet) reads every
+-- un-fanned row and sorts them, which at 900,000 waiting took 625 ms a pass
+-- instead of 1.4 ms. PL/pgSQL, so that the plan is made once per session,
+-- not on every call.
+CREATE OR REPLACE FUNCTION outbox.claim_unfanned(batch integer)
+RETURNS SETOF bigint
+LANGUAGE plpgsql VOLATILE
+SET enable_sort = off
+AS $$
+BEGIN
+  RETURN QUERY
+  SELECT e.id
+  FROM outbox.events AS e
+  WHERE e.fanned_out_at IS NULL
+    AND e.poisoned_at IS NULL
+  ORDER BY e.id
+  LIMIT batch
+  FOR UPDATE OF e SKIP LOCKED;
+END
+$$;
+
+-- mark_fanned_out is the relay's batch claim (relay.go): it claims up to
+-- batch events with claim_unfanned, marks them fanned out, and returns what
+-- the fan-out reads of them, in the caller's transaction.
+-- enable_seqscan = off has the UPDATE fetch the claimed rows by key, where
+-- a planner that thinks index reads expensive (a high random_page_cost)
+-- would scan the whole backlog for 200 rows.
 --
--- It is a function to carry settings that leave one plan. enable_sort =
--- off walks events_unfanned_by_id in id order and stops after one batch: a
--- matching index is not enough, since a planner that underestimates the
--- backlog (statistics from before a bulk import or an outage, or none yet)
--- reads every un-fanned row and sorts them, which at 900,000 waiting took
--- 625 ms a pass instead of 1.4 ms. enable_seqscan = off has the UPDATE
--- fetch the claimed rows by key, where a planner that thinks index reads
--- expensive (a high random_page_cost) scans the whole backlog for 200 rows.
--- The settings live only while this statement runs.
---
--- The claim and the UPDATE are one statement on purpose: a statement sees
--- the rows committed when it began, and a claim made by a statement of its
--- own (a function called from here) could lock a row committed a moment
--- later that this UPDATE does not see.
+-- The claim comes first, in a statement of its own: each statement of a
+-- PL/pgSQL function sees the rows committed when it began, so the UPDATE
+-- sees every row the claim locked. (The other way round, a claim made by a
+-- function called from the UPDATE runs later than the UPDATE's snapshot
+-- and can lock a row that the UPDATE does not see.)
 CREATE OR REPLACE FUNCTION outbox.mark_fanned_out(batch integer)
 RETURNS TABLE (id bigint, topic text, subject text)
 LANGUAGE plpgsql VOLATILE
-SET enable_sort = off
 SET enable_seqscan = off
 AS $$
+DECLARE
+  claimed bigint[] := ARRAY(SELECT outbox.claim_unfanned(batch));
 BEGIN
   RETURN QUERY
   UPDATE outbox.events AS e
   SET fanned_out_at = now()
-  WHERE e.id = ANY (ARRAY(
-    SELECT un.id
-    FROM outbox.events AS un
-    WHERE un.fanned_out_at IS NULL
-      AND un.poisoned_at IS NULL
-    ORDER BY un.id
-    LIMIT batch
-    FOR UPDATE SKIP LOCKED
-  ))
+  WHERE e.id = ANY (claimed)
   RETURNING e.id, e.topic, e.subject;
 END
 $$;
-
--- claim_unfanned was the relay's claim before mark_fanned_out took it in.
-DROP FUNCTION IF EXISTS outbox.claim_unfanned(integer);
 
 -- Serves the poisoned count and list on the overview.
 CREATE INDEX IF NOT EXISTS events_poisoned_by_id
