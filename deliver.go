@@ -583,11 +583,39 @@ func (p *workerPool) completeLoop() {
 				break more
 			}
 		}
-		if err := p.recordOutcomes(batch); err != nil {
+		if err := p.recordOutcomesRetrying(batch); err != nil {
 			// The jobs stay running; the rescuer retries them. A duplicate
 			// run is the price, never a lost job.
 			p.logger.Error("record job outcomes failed; the rescuer will retry these jobs", "jobs", len(batch), "err", err)
 		}
+	}
+}
+
+// recordOutcomeTries bounds the writes of one batch of outcomes, and
+// recordOutcomeBackoff is the wait before the second (doubling after).
+const (
+	recordOutcomeTries   = 4
+	recordOutcomeBackoff = 50 * time.Millisecond
+)
+
+// recordOutcomesRetrying writes a batch of outcomes, trying again after a
+// failure that says nothing about the rows (a connection the database
+// killed since its last use, a restart). Writing again is safe: outcomes
+// are fenced on the attempt, attempt records are inserted ON CONFLICT DO
+// NOTHING, and endpoint states are set, not toggled, so a commit whose
+// answer was lost changes nothing the second time. Giving up at once left
+// the jobs running until the rescuer ran them again: a delivery repeated
+// for nothing.
+func (p *workerPool) recordOutcomesRetrying(batch []jobResult) error {
+	wait := recordOutcomeBackoff
+	for try := 1; ; try++ {
+		err := p.recordOutcomes(batch)
+		if err == nil || isRowFault(err) || try == recordOutcomeTries {
+			return err
+		}
+		p.logger.Warn("record job outcomes failed; trying again", "jobs", len(batch), "try", try, "err", err)
+		time.Sleep(wait) // the completer has nothing else to do meanwhile
+		wait *= 2
 	}
 }
 

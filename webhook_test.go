@@ -321,6 +321,41 @@ func TestWebhooksArriveOncePerSubscribingEndpoint(t *testing.T) {
 // A receiver that fails twice, then succeeds, gets three attempts with one
 // webhook-id; the retry delays grow. Delays are read from scheduled_at and
 // then skipped, never waited for.
+// The database kills every connection of outboxd while a delivery is in
+// flight. The completer then meets a dead connection when it writes the
+// outcome; it writes again on a new one, and the job completes. (It gave
+// up at once before, and the job stayed running until the rescuer sent it
+// again: a duplicate delivery for nothing. The fault suite found it.)
+func TestOutcomeWriteSurvivesAKilledConnection(t *testing.T) {
+	t.Parallel()
+	db, dsn := newTestDB(t)
+	killer, err := sql.Open("postgres", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer killer.Close()
+	api := newTestAPI(t, db, testPolicy)
+	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if n == 1 {
+			_, err := killer.Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+				WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'`)
+			if err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	ep := api.createEndpoint(rc.srv.URL)
+	eventID := record(t, db, "order.paid", "o-1")
+	relayAll(t, db)
+	job := webhookJob(t, db, eventID, ep.ID)
+	runWebhookWorkers(t, db, 10*time.Second)
+
+	waitFor(t, "the delivered job to complete", 10*time.Second, func() bool { return readJob(t, db, job).State == "completed" })
+	if n := len(rc.requests()); n != 1 {
+		t.Errorf("receiver got %d requests, want 1", n)
+	}
+}
+
 func TestWebhookRetriesKeepWebhookIDAndBackOff(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
