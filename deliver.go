@@ -610,7 +610,10 @@ func (p *workerPool) recordOutcomesRetrying(batch []jobResult) error {
 	wait := recordOutcomeBackoff
 	for try := 1; ; try++ {
 		err := p.recordOutcomes(batch)
-		if err == nil || isRowFault(err) || try == recordOutcomeTries {
+		// A row fault would fail again, and a write that ran out of its
+		// 30 s met a database that does not answer: waiting 30 s more,
+		// three times, would only hold the workers (and a shutdown) up.
+		if err == nil || isRowFault(err) || errors.Is(err, context.DeadlineExceeded) || try == recordOutcomeTries {
 			return err
 		}
 		p.logger.Warn("record job outcomes failed; trying again", "jobs", len(batch), "try", try, "err", err)
