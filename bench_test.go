@@ -89,7 +89,7 @@ func BenchmarkClaimAndComplete(b *testing.B) {
 		for i, j := range claimed {
 			results[i] = jobResult{ID: j.ID, Attempt: j.Attempt, jobOutcome: jobOutcome{State: jobCompleted}}
 		}
-		if err := wp.recordOutcomes(results); err != nil {
+		if err := wp.recordOutcomes(ctx, results); err != nil {
 			b.Fatal(err)
 		}
 		jobs += len(claimed)

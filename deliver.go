@@ -591,11 +591,13 @@ func (p *workerPool) completeLoop() {
 	}
 }
 
-// recordOutcomeTries bounds the writes of one batch of outcomes, and
-// recordOutcomeBackoff is the wait before the second (doubling after).
+// recordOutcomeTries bounds the writes of one batch of outcomes,
+// recordOutcomeBackoff is the wait before the second (doubling after), and
+// recordOutcomeTimeout bounds them all together.
 const (
 	recordOutcomeTries   = 4
 	recordOutcomeBackoff = 50 * time.Millisecond
+	recordOutcomeTimeout = 30 * time.Second
 )
 
 // recordOutcomesRetrying writes a batch of outcomes, trying again after a
@@ -606,18 +608,28 @@ const (
 // answer was lost changes nothing the second time. Giving up at once left
 // the jobs running until the rescuer ran them again: a delivery repeated
 // for nothing.
+//
+// It has a context of its own: at shutdown the loops' context is gone, and
+// these are the last writes that matter. One deadline covers every try, so
+// a database that does not answer holds the workers (and a shutdown) up
+// for recordOutcomeTimeout, not that many times over.
 func (p *workerPool) recordOutcomesRetrying(batch []jobResult) error {
+	ctx, cancel := context.WithTimeout(context.Background(), recordOutcomeTimeout)
+	defer cancel()
 	wait := recordOutcomeBackoff
 	for try := 1; ; try++ {
-		err := p.recordOutcomes(batch)
-		// A row fault would fail again, and a write that ran out of its
-		// 30 s met a database that does not answer: waiting 30 s more,
-		// three times, would only hold the workers (and a shutdown) up.
-		if err == nil || isRowFault(err) || errors.Is(err, context.DeadlineExceeded) || try == recordOutcomeTries {
+		err := p.recordOutcomes(ctx, batch)
+		if err == nil || isRowFault(err) || ctx.Err() != nil || try == recordOutcomeTries {
 			return err
 		}
 		p.logger.Warn("record job outcomes failed; trying again", "jobs", len(batch), "try", try, "err", err)
-		time.Sleep(wait) // the completer has nothing else to do meanwhile
+		pause := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			pause.Stop()
+			return err
+		case <-pause.C:
+		}
 		wait *= 2
 	}
 }
@@ -644,9 +656,8 @@ WHERE j.id = o.id
 
 // recordOutcomes writes a batch of outcomes, with the attempts they record
 // and their endpoints' new states, in one transaction: one commit for the
-// whole batch. It has a context of its own: at shutdown the loops' context
-// is gone, and these are the last writes that matter.
-func (p *workerPool) recordOutcomes(batch []jobResult) error {
+// whole batch.
+func (p *workerPool) recordOutcomes(ctx context.Context, batch []jobResult) error {
 	ids := make([]int64, 0, len(batch))
 	attempts := make([]int64, 0, len(batch))
 	states := make([]string, 0, len(batch))
@@ -662,8 +673,6 @@ func (p *workerPool) recordOutcomes(batch []jobResult) error {
 		delays = append(delays, r.Delay.Milliseconds())
 		errs = append(errs, r.Error)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	tx, err := p.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("record %d job outcomes: %w", len(ids), err)

@@ -377,7 +377,7 @@ func TestRescuerRetriesJobOfDeadWorker(t *testing.T) {
 
 	// The dead worker wakes up and reports success for attempt 1: fenced.
 	wp := newWorkerPool(db, cfg, time.Minute, newSubscriberRegistry(), nil, nil, testLogger(t))
-	if err := wp.recordOutcomes([]jobResult{{ID: stuck, Attempt: 1, jobOutcome: jobOutcome{State: jobCompleted}}}); err != nil {
+	if err := wp.recordOutcomes(context.Background(), []jobResult{{ID: stuck, Attempt: 1, jobOutcome: jobOutcome{State: jobCompleted}}}); err != nil {
 		t.Fatal(err)
 	}
 	if s := readJob(t, db, stuck).State; s != "retryable" {
