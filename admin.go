@@ -400,6 +400,29 @@ func handleByID[T any](do func(ctx context.Context, id int64) (T, error)) http.H
 	})
 }
 
+// handleByIDWithBody is handleByID for a route that takes a JSON body: it
+// also decodes the body into an In for do.
+func handleByIDWithBody[In, Out any](do func(ctx context.Context, id int64, in In) (Out, error)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, err := pathID(r)
+		if err != nil {
+			writeError(w, statusOf(err), err)
+			return
+		}
+		var in In
+		if err := decodeJSON(w, r, &in); err != nil {
+			writeError(w, statusOf(err), err)
+			return
+		}
+		v, err := do(r.Context(), id, in)
+		if err != nil {
+			writeError(w, statusOf(err), err)
+			return
+		}
+		writeJSON(w, http.StatusOK, v)
+	})
+}
+
 // statusOf maps an error to its HTTP status: the one place that does.
 func statusOf(err error) int {
 	var tooBig *http.MaxBytesError

@@ -393,27 +393,11 @@ func handleGetEndpoint(db *sql.DB) http.Handler {
 
 // handleUpdateEndpoint changes the fields the body gives.
 func handleUpdateEndpoint(db *sql.DB, policy endpointPolicy) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id, err := pathID(r)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		var in endpointInput
-		if err := decodeJSON(w, r, &in); err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
+	return handleByIDWithBody(func(ctx context.Context, id int64, in endpointInput) (Endpoint, error) {
 		if err := in.validate(policy.AllowPrivate); err != nil {
-			writeError(w, statusOf(err), err)
-			return
+			return Endpoint{}, err
 		}
-		e, err := updateEndpoint(r.Context(), db, id, in)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		writeJSON(w, http.StatusOK, e)
+		return updateEndpoint(ctx, db, id, in)
 	})
 }
 
@@ -487,18 +471,12 @@ func handleDisableEndpoint(db *sql.DB) http.Handler {
 // handleRotateEndpointSecret answers with the endpoint and its new secret;
 // the old one keeps signing for the rotation window.
 func handleRotateEndpointSecret(db *sql.DB, policy endpointPolicy) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id, err := pathID(r)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
+	return handleByID(func(ctx context.Context, id int64) (endpointWithSecret, error) {
 		secret := newWebhookSecret()
-		e, err := rotateEndpointSecret(r.Context(), db, id, secret, policy.RotationWindow)
+		e, err := rotateEndpointSecret(ctx, db, id, secret, policy.RotationWindow)
 		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
+			return endpointWithSecret{}, err
 		}
-		writeJSON(w, http.StatusOK, endpointWithSecret{Endpoint: e, Secret: secret.Encode()})
+		return endpointWithSecret{Endpoint: e, Secret: secret.Encode()}, nil
 	})
 }

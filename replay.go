@@ -222,27 +222,11 @@ func handleReplayEndpoint(a *admin) http.Handler {
 	type request struct {
 		Since time.Time `json:"since"`
 	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id, err := pathID(r)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		var req request
-		if err := decodeJSON(w, r, &req); err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
+	return handleByIDWithBody(func(ctx context.Context, id int64, req request) (ReplayResult, error) {
 		if req.Since.IsZero() {
-			writeError(w, http.StatusBadRequest, errors.New(`"since" (an RFC 3339 time) is required`))
-			return
+			return ReplayResult{}, fmt.Errorf(`%w: "since" (an RFC 3339 time) is required`, errInvalid)
 		}
-		res, err := replayEndpoint(r.Context(), a.db, id, req.Since, a.eventsRetention, a.maxAttempts)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		writeJSON(w, http.StatusOK, res)
+		return replayEndpoint(ctx, a.db, id, req.Since, a.eventsRetention, a.maxAttempts)
 	})
 }
 
