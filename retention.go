@@ -109,35 +109,28 @@ type sweep struct {
 	capHits atomic.Int64 // cycles this sweep stopped at the anomaly cap
 }
 
-// deleteCompletedJobsSQL deletes completed jobs finished before the cutoff;
-// the inner SELECT is served by jobs_finished_by_state_finalized_at.
+// deleteFinishedJobsSQL deletes jobs in a final state (completed or
+// discarded, each with its own window) finished before the cutoff; the
+// inner SELECT is served by jobs_finished_by_state_finalized_at. The state
+// is written into the statement, not passed: a constant is what lets the
+// planner prove the partial index's predicate.
 //
 // FOR UPDATE SKIP LOCKED in each sweep's inner SELECT re-checks every row
 // against the WHERE as it is locked, so a row changed since the statement
 // began (a discarded job retried by hand) is left alone, and a row that
 // someone holds is skipped instead of waited for.
-const deleteCompletedJobsSQL = `
+func deleteFinishedJobsSQL(state jobState) string {
+	return `
 DELETE FROM outbox.jobs
 WHERE id IN (
   SELECT id
   FROM outbox.jobs
-  WHERE state = 'completed'
+  WHERE state = '` + string(state) + `'
     AND finalized_at < now() - make_interval(secs => $1)
   LIMIT $2
   FOR UPDATE SKIP LOCKED
 )`
-
-// deleteDiscardedJobsSQL deletes discarded jobs finished before the cutoff.
-const deleteDiscardedJobsSQL = `
-DELETE FROM outbox.jobs
-WHERE id IN (
-  SELECT id
-  FROM outbox.jobs
-  WHERE state = 'discarded'
-    AND finalized_at < now() - make_interval(secs => $1)
-  LIMIT $2
-  FOR UPDATE SKIP LOCKED
-)`
+}
 
 // deleteEventsSQL deletes events fanned out before the cutoff whose jobs
 // are all completed, oldest first. The ORDER BY is what makes the planner
@@ -202,8 +195,8 @@ WHERE ctid = ANY(ARRAY(
 //     event without its dedup record can be delivered twice. Never reorder.
 func newSweeps(cfg RetentionConfig) []*sweep {
 	return []*sweep{
-		{name: "jobs_completed", table: "outbox.jobs", window: cfg.CompletedJobs, deleteSQL: deleteCompletedJobsSQL},
-		{name: "jobs_discarded", table: "outbox.jobs", window: cfg.DiscardedJobs, deleteSQL: deleteDiscardedJobsSQL},
+		{name: "jobs_completed", table: "outbox.jobs", window: cfg.CompletedJobs, deleteSQL: deleteFinishedJobsSQL(jobCompleted)},
+		{name: "jobs_discarded", table: "outbox.jobs", window: cfg.DiscardedJobs, deleteSQL: deleteFinishedJobsSQL(jobDiscarded)},
 		{name: "events", table: "outbox.events", window: cfg.Events, deleteSQL: deleteEventsSQL},
 		{name: "inbox", table: "outbox.inbox", window: cfg.Inbox, deleteSQL: deleteInboxSQL},
 	}
