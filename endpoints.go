@@ -143,8 +143,6 @@ const endpointColumns = `
   CASE WHEN previous_secret_expires_at > now() THEN previous_secret_expires_at END,
   created_at, updated_at`
 
-type rowScanner interface{ Scan(dest ...any) error }
-
 func scanEndpoint(row rowScanner) (Endpoint, error) {
 	var e Endpoint
 	err := row.Scan(&e.ID, &e.URL, &e.Description, &e.OwnerEmail, pq.Array(&e.Topics),

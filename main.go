@@ -20,9 +20,6 @@ package main
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
-	"database/sql"
-	_ "embed"
 	"encoding/hex"
 	"errors"
 	"flag"
@@ -39,7 +36,6 @@ import (
 	"time"
 
 	"github.com/lib/pq"
-	"github.com/lib/pq/pqerror"
 )
 
 // version is reported in the User-Agent of outgoing webhooks and in logs.
@@ -550,167 +546,6 @@ func newLogger(cfg Config, w io.Writer) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
-}
-
-// openDB opens the pool and waits until the database answers, so a wrong
-// URL fails at start with the driver's reason rather than on the first pass.
-func openDB(ctx context.Context, dsn string, maxConns int) (*sql.DB, error) {
-	db, err := newDBPool(dsn)
-	if err != nil {
-		return nil, err
-	}
-	db.SetMaxOpenConns(maxConns)
-	db.SetMaxIdleConns(maxConns)
-	// Recycle connections now and then so a server-side setting change or a
-	// failover is picked up without a restart.
-	db.SetConnMaxLifetime(30 * time.Minute)
-	pingCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	if err := db.PingContext(pingCtx); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("connect to database: %w", err)
-	}
-	return db, nil
-}
-
-// newDBPool opens a pool on dsn whose connections send a statement and its
-// parameters in one round trip (lib/pq's binary_parameters), not two: by
-// default lib/pq first prepares every statement that has parameters, waits
-// for the answer, then binds and executes it. Every hot statement here has
-// parameters, so this halves the round trips of the whole pipeline.
-//
-// The cost is one rule for callers: a []byte parameter travels in
-// PostgreSQL's binary format, which suits bytea and text but not jsonb
-// (whose binary form starts with a version byte). JSON goes as a string.
-func newDBPool(dsn string) (*sql.DB, error) {
-	cfg, err := pq.NewConfig(dsn)
-	if err != nil {
-		return nil, fmt.Errorf("open database: %w", err)
-	}
-	cfg.BinaryParameters = true
-	connector, err := pq.NewConnectorConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("open database: %w", err)
-	}
-	return sql.OpenDB(connector), nil
-}
-
-//go:embed schema.sql
-var schemaSQL string
-
-// schemaLockKey is the transaction-scoped advisory lock that serialises
-// schema application among replicas starting at once: CREATE ... IF NOT
-// EXISTS is not safe against a concurrent CREATE of the same object.
-const schemaLockKey = 0x6f7574626f78 // "outbox"
-
-// schemaChecksum identifies this binary's schema.sql.
-func schemaChecksum() string {
-	sum := sha256.Sum256([]byte(schemaSQL))
-	return hex.EncodeToString(sum[:])
-}
-
-// migrateAttempts bounds migrate's retries of a deadlock: a replica that
-// starts with a new schema.sql while others serve traffic can be chosen as
-// the victim (its DDL locks events, then jobs; the relay holds jobs and
-// waits for events), and must try again, not exit.
-const migrateAttempts = 5
-
-// migrate applies schema.sql in one transaction, unless this exact file
-// was applied before. The check matters: schema.sql's ALTER TABLE and
-// CREATE OR REPLACE TRIGGER take locks on the hot tables that queue every
-// application INSERT behind them, so a replica restarting under load must
-// not run them when there is nothing to change.
-func migrate(ctx context.Context, db *sql.DB) error {
-	checksum := schemaChecksum()
-	if applied, err := schemaApplied(ctx, db, checksum); err == nil && applied {
-		return nil
-	}
-	for attempt := 1; ; attempt++ {
-		err := migrateOnce(ctx, db, checksum)
-		if attempt == migrateAttempts || pq.As(err, pqerror.TRDeadlockDetected, pqerror.TRSerializationFailure) == nil {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
-		}
-	}
-}
-
-func migrateOnce(ctx context.Context, db *sql.DB, checksum string) error {
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("migrate: %w", err)
-	}
-	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, schemaLockKey); err != nil {
-		return fmt.Errorf("migrate: lock: %w", err)
-	}
-	// Another replica may have applied it while this one waited.
-	if applied, err := schemaApplied(ctx, tx, checksum); err != nil {
-		return err
-	} else if applied {
-		return nil
-	}
-	// The simple query protocol (no parameters) runs the whole file as one
-	// multi-statement string.
-	if _, err := tx.ExecContext(ctx, schemaSQL); err != nil {
-		return fmt.Errorf("migrate: apply schema.sql: %w", err)
-	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO outbox.schema_applied (checksum) VALUES ($1) ON CONFLICT DO NOTHING`, checksum); err != nil {
-		return fmt.Errorf("migrate: record checksum: %w", err)
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("migrate: commit: %w", err)
-	}
-	return nil
-}
-
-// schemaApplied reports whether schema.sql with this checksum was applied.
-func schemaApplied(ctx context.Context, q interface {
-	QueryRowContext(context.Context, string, ...any) *sql.Row
-}, checksum string) (bool, error) {
-	var exists bool
-	if err := q.QueryRowContext(ctx, `SELECT to_regclass('outbox.schema_applied') IS NOT NULL`).Scan(&exists); err != nil {
-		return false, fmt.Errorf("migrate: %w", err)
-	}
-	if !exists {
-		return false, nil
-	}
-	var applied bool
-	err := q.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM outbox.schema_applied WHERE checksum = $1)`, checksum).Scan(&applied)
-	if err != nil {
-		return false, fmt.Errorf("migrate: %w", err)
-	}
-	return applied, nil
-}
-
-// serverSettingRisks are the server settings that, when off, break what
-// outboxd promises: fsync and synchronous_commit let the database
-// acknowledge a commit it has not made durable (an event "recorded" there
-// can vanish in a crash, and no relay delivers what the database forgot);
-// without autovacuum the queue tables, every row of which is updated and
-// deleted, bloat until their claims slow down.
-var serverSettingRisks = map[string]string{
-	"fsync":              "committed events can be lost in a crash",
-	"synchronous_commit": "committed events can be lost in a crash",
-	"autovacuum":         "the queue tables bloat and their claims slow down",
-}
-
-// checkServerSettings warns at start about each setting of
-// serverSettingRisks that is off.
-func checkServerSettings(ctx context.Context, db *sql.DB, logger *slog.Logger) {
-	for _, setting := range []string{"fsync", "synchronous_commit", "autovacuum"} {
-		var value string
-		if err := db.QueryRowContext(ctx, "SELECT current_setting($1)", setting).Scan(&value); err != nil {
-			logger.Warn("server settings check failed", "setting", setting, "err", err)
-			continue
-		}
-		if value == "off" {
-			logger.Warn("database setting is off", "setting", setting, "risk", serverSettingRisks[setting])
-		}
-	}
 }
 
 func randomToken() string {

@@ -20,12 +20,6 @@ import (
 	"github.com/lib/pq"
 )
 
-// The channels schema.sql's statement triggers notify.
-const (
-	eventsChannel = "outbox_events"
-	jobsChannel   = "outbox_jobs"
-)
-
 // wakeups are the pokes for the relay (events) and the workers (jobs).
 type wakeups struct {
 	events chan struct{}

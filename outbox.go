@@ -55,12 +55,6 @@ func validateEvent(topic, subject string, payload json.RawMessage) error {
 	return nil
 }
 
-// queryer is what both *sql.DB and *sql.Tx offer, so recordEvent can join
-// the caller's transaction.
-type queryer interface {
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
-
 // recordEvent records an event through outbox.record, inside q's transaction
 // when q is a *sql.Tx: the event commits or rolls back with it.
 func recordEvent(ctx context.Context, q queryer, topic, subject string, payload json.RawMessage) (int64, error) {

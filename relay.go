@@ -23,11 +23,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync/atomic"
 	"time"
-
-	"github.com/lib/pq"
 )
 
 // relay moves events into jobs. Run drives it; relayOnce is one pass.
@@ -310,41 +307,4 @@ func (r *relay) recordFailure(ctx context.Context, id int64, cause error) (poiso
 		return false, fmt.Errorf("relay: record failure of event %d: %w", id, err)
 	}
 	return poisoned, nil
-}
-
-// isRowFault tells an error caused by the rows being relayed (a constraint,
-// a trigger that raised, bad data) from one that says nothing about them (a
-// lost connection, a shutdown, a deadlock, a read-only or full database).
-// Only a row fault counts towards poisoning: a database outage must never
-// poison the backlog.
-func isRowFault(err error) bool {
-	var pqErr *pq.Error
-	if !errors.As(err, &pqErr) {
-		return false // network, context, driver: not the row's doing
-	}
-	switch pqErr.Code.Class() {
-	case "08", // connection exception
-		"25", // invalid transaction state (read-only transaction)
-		"40", // transaction rollback (deadlock, serialization)
-		"53", // insufficient resources (disk full, too many connections)
-		"54", // program limit exceeded
-		"57", // operator intervention (shutdown, cancel, terminate)
-		"58", // system error (I/O)
-		"XX": // internal error
-		return false
-	}
-	return true
-}
-
-// maxErrorLen bounds stored error texts; an error is a diagnosis, and a
-// receiver's 1 MB error page is not.
-const maxErrorLen = 2000
-
-// truncate cuts s to at most n bytes (plus an ellipsis), dropping a rune
-// the cut splits.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return strings.ToValidUTF8(s[:n], "") + "…"
 }
