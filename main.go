@@ -88,61 +88,6 @@ type Config struct {
 	ShutdownGrace time.Duration
 }
 
-// RelayConfig holds the relay's numbers; see relay.go for how each is used.
-type RelayConfig struct {
-	// BatchSize bounds the events one relay transaction claims, so a bulk
-	// write of thousands of events drains in short transactions that hold
-	// few locks and produce bounded job inserts.
-	BatchSize int
-	// MaxFailures is how many failed relay attempts poison a row. Five tells
-	// a bad row from a passing fault without letting one row stall the rest.
-	MaxFailures int
-	// SweepInterval is how often the relay runs without a notification. A
-	// lost NOTIFY costs at most this much latency, never an event.
-	SweepInterval time.Duration
-	// FailingEndpointDelay is how far out a failing endpoint's new
-	// deliveries are scheduled: a receiver that is down gets one attempt
-	// per event every few minutes instead of a burst of doomed ones, and
-	// recovers at its own pace.
-	FailingEndpointDelay time.Duration
-}
-
-// WorkerConfig holds the job workers' numbers; see deliver.go.
-type WorkerConfig struct {
-	// Concurrency: deliveries wait on the network, not the CPU, and the
-	// more run at once the more jobs each claim and each outcome statement
-	// carries. 64 lets a 2-core machine deliver as fast as 16 producers
-	// commit (outboxd load, README "Performance"); 16 fell behind.
-	Concurrency int
-	// MaxAttempts: with attempt^4-second backoff, 18 attempts span about
-	// 3.8 days, under the 5-day endpoint disable and the 7-day retention.
-	MaxAttempts int
-	// AttemptTimeout bounds one run of a job.
-	AttemptTimeout time.Duration
-	// RescueMargin is added to AttemptTimeout to decide that a running job's
-	// worker is gone: a job is rescued only when no live worker can still be
-	// running it.
-	RescueMargin time.Duration
-	// PollInterval is how often workers look for due jobs without a
-	// notification: retries come due without one.
-	PollInterval time.Duration
-	// RescueInterval is how often the rescuer looks for stuck jobs.
-	RescueInterval time.Duration
-}
-
-// WebhookConfig holds the webhook sender's numbers; see webhook.go.
-type WebhookConfig struct {
-	// Timeout bounds one delivery request, reading the answer included. A
-	// receiver should answer fast and do its work later; one that takes
-	// longer is counted as failed and retried.
-	Timeout time.Duration
-	// SecretRotationWindow is how long a rotated-out secret still signs
-	// deliveries beside the new one, so receivers can switch without
-	// refusing a single delivery. A day covers a deploy on the receiver's
-	// side.
-	SecretRotationWindow time.Duration
-}
-
 // defaultConfig is the configuration with every default of DESIGN.md.
 func defaultConfig() Config {
 	return Config{
@@ -362,6 +307,20 @@ func (c Config) validate() error {
 	)
 }
 
+// validateRetryHorizon refuses a retry schedule that can outlive the event
+// it delivers: a retry must never find its event pruned by retention.
+// eventsRetention 0 means retention is off, and nothing is pruned.
+func validateRetryHorizon(maxAttempts int, eventsRetention time.Duration) error {
+	if eventsRetention <= 0 || maxAttempts < 1 {
+		return nil
+	}
+	if h := retryHorizon(maxAttempts); h >= eventsRetention {
+		return fmt.Errorf("-job-max-attempts (%s) %d retries for up to %s, which is not shorter than the events retention of %s: lower the attempts or raise the retention",
+			envName("job-max-attempts"), maxAttempts, h.Round(time.Minute), eventsRetention)
+	}
+	return nil
+}
+
 // maxRetention bounds every retention window: ten years is "keep", and a
 // larger value is a typo.
 const maxRetention = 10 * 365 * 24 * time.Hour
@@ -538,6 +497,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = fmt.Errorf("http shutdown: %w", shutdownErr)
 	}
 	return err
+}
+
+// defaultSubscribers is the registry run() starts with: every in-process
+// subscriber outboxd ships. The idempotency test iterates exactly this, so
+// a subscriber registered here is checked for one effect per event.
+func defaultSubscribers(cfg Config, logger *slog.Logger) *subscriberRegistry {
+	subs := newSubscriberRegistry()
+	subs.Register(subjectIndexSubscriber())
+	if cfg.Demo {
+		subs.Register(logSubscriber(logger))
+	}
+	return subs
 }
 
 func newLogger(cfg Config, w io.Writer) *slog.Logger {

@@ -27,6 +27,25 @@ import (
 	"time"
 )
 
+// RelayConfig holds the relay's numbers.
+type RelayConfig struct {
+	// BatchSize bounds the events one relay transaction claims, so a bulk
+	// write of thousands of events drains in short transactions that hold
+	// few locks and produce bounded job inserts.
+	BatchSize int
+	// MaxFailures is how many failed relay attempts poison a row. Five tells
+	// a bad row from a passing fault without letting one row stall the rest.
+	MaxFailures int
+	// SweepInterval is how often the relay runs without a notification. A
+	// lost NOTIFY costs at most this much latency, never an event.
+	SweepInterval time.Duration
+	// FailingEndpointDelay is how far out a failing endpoint's new
+	// deliveries are scheduled: a receiver that is down gets one attempt
+	// per event every few minutes instead of a burst of doomed ones, and
+	// recovers at its own pace.
+	FailingEndpointDelay time.Duration
+}
+
 // relay moves events into jobs. Run drives it; relayOnce is one pass.
 type relay struct {
 	db             *sql.DB

@@ -8,7 +8,6 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -16,18 +15,6 @@ import (
 
 	"github.com/lib/pq"
 )
-
-// defaultSubscribers is the registry run() starts with: every in-process
-// subscriber outboxd ships. The idempotency test iterates exactly this, so
-// a subscriber registered here is checked for one effect per event.
-func defaultSubscribers(cfg Config, logger *slog.Logger) *subscriberRegistry {
-	subs := newSubscriberRegistry()
-	subs.Register(subjectIndexSubscriber())
-	if cfg.Demo {
-		subs.Register(logSubscriber(logger))
-	}
-	return subs
-}
 
 // upsertSubjectsSQL keeps the latest event of each subject of a batch of
 // events ($1, their ids), read from the events table. The WHERE on the

@@ -54,6 +54,19 @@ const (
 	webhookErrorExcerptLen = 200
 )
 
+// WebhookConfig holds the webhook sender's numbers.
+type WebhookConfig struct {
+	// Timeout bounds one delivery request, reading the answer included. A
+	// receiver should answer fast and do its work later; one that takes
+	// longer is counted as failed and retried.
+	Timeout time.Duration
+	// SecretRotationWindow is how long a rotated-out secret still signs
+	// deliveries beside the new one, so receivers can switch without
+	// refusing a single delivery. A day covers a deploy on the receiver's
+	// side.
+	SecretRotationWindow time.Duration
+}
+
 // webhookSender delivers webhook jobs with the one safe HTTP client.
 type webhookSender struct {
 	db        *sql.DB
@@ -390,20 +403,6 @@ func writeAttemptRecords(ctx context.Context, tx *sql.Tx, batch []jobResult) err
 		if _, err := tx.ExecContext(ctx, step.query, pq.Array(ids)); err != nil {
 			return fmt.Errorf("record webhook attempts: endpoint state: %w", err)
 		}
-	}
-	return nil
-}
-
-// validateRetryHorizon refuses a retry schedule that can outlive the event
-// it delivers: a retry must never find its event pruned by retention.
-// eventsRetention 0 means retention is off, and nothing is pruned.
-func validateRetryHorizon(maxAttempts int, eventsRetention time.Duration) error {
-	if eventsRetention <= 0 || maxAttempts < 1 {
-		return nil
-	}
-	if h := retryHorizon(maxAttempts); h >= eventsRetention {
-		return fmt.Errorf("-job-max-attempts (%s) %d retries for up to %s, which is not shorter than the events retention of %s: lower the attempts or raise the retention",
-			envName("job-max-attempts"), maxAttempts, h.Round(time.Minute), eventsRetention)
 	}
 	return nil
 }
