@@ -72,7 +72,7 @@ func BenchmarkRelayPass(b *testing.B) {
 // 100 due jobs and record their completion, one statement each.
 func BenchmarkClaimAndComplete(b *testing.B) {
 	db, _ := newTestDB(b)
-	wp := newWorkerPool(db, defaultConfig().Workers, time.Minute, newSubscriberRegistry(), nil, nil, testLogger(b))
+	wp := newWorkerPool(db, defaultConfig().Workers, time.Minute, newSubscriberRegistry(), nil, testLogger(b))
 	ctx := context.Background()
 	mustExec(b, db, `SELECT outbox.record('bench.jobs', '', '{}')`)
 	var jobs int
@@ -110,7 +110,7 @@ func BenchmarkWebhookDelivery(b *testing.B) {
 	client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: 10 * time.Second})
 	quiet := slog.New(slog.DiscardHandler) // a test log line per attempt would cost more than the attempt
 	sender := newWebhookSender(nil, client, nil, nil, quiet)
-	wp := newWorkerPool(nil, defaultConfig().Workers, time.Minute, newSubscriberRegistry(), sender, nil, quiet)
+	wp := newWorkerPool(nil, defaultConfig().Workers, time.Minute, newSubscriberRegistry(), map[string]jobHandler{webhookJobKind: sender.deliver}, quiet)
 	job := Job{
 		ID: 1, Kind: webhookJobKind, Attempt: 1, MaxAttempts: 18, EndpointID: 1,
 		endpoint: &deliveryEndpoint{URL: srv.URL, Secrets: [][]byte{[]byte("0123456789abcdef0123456789abcdef")}},

@@ -23,6 +23,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -72,6 +73,21 @@ type Job struct {
 	Event   Event
 }
 
+// deliveryEndpoint is an endpoint as one attempt sees it.
+type deliveryEndpoint struct {
+	URL            string
+	Secrets        [][]byte // current first; the previous one during a rotation
+	DisabledReason *string
+}
+
+// deliveryAttempt is what one attempt leaves for the panel.
+type deliveryAttempt struct {
+	Duration        time.Duration
+	StatusCode      int // 0: no answer
+	Error           string
+	ResponseExcerpt string
+}
+
 // jobState is outbox.job_state.
 type jobState string
 
@@ -97,6 +113,12 @@ type (
 	}
 )
 
+// maxRetryAfter bounds how far a handler's retryAfterError (a receiver's
+// Retry-After) may push one retry: an hour rides out a deploy or a
+// rate-limit window, and retryHorizon counts it, so the schedule still ends
+// inside events retention whatever receivers answer.
+const maxRetryAfter = time.Hour
+
 func (e permanentError) Error() string  { return e.err.Error() }
 func (e permanentError) Unwrap() error  { return e.err }
 func (e retryAfterError) Error() string { return e.err.Error() }
@@ -121,11 +143,11 @@ func backoff(attempt int, jitter float64) time.Duration {
 // retryHorizon is the longest time from a job's first attempt to its
 // discard with n attempts, counting the jitter's upper bound and a
 // receiver's Retry-After, which may stretch any delay to
-// webhookMaxRetryAfter.
+// maxRetryAfter.
 func retryHorizon(n int) time.Duration {
 	var total time.Duration
 	for attempt := 1; attempt < n; attempt++ {
-		total += max(backoff(attempt, 1), webhookMaxRetryAfter)
+		total += max(backoff(attempt, 1), maxRetryAfter)
 	}
 	return total
 }
@@ -171,10 +193,9 @@ type workerPool struct {
 	cfg         WorkerConfig
 	grace       time.Duration // how long in-flight jobs may finish after Run's ctx ends
 	subscribers *subscriberRegistry
-	webhooks    *webhookSender // nil: this process sends no webhooks
-	// notifier runs owner-notify jobs; nil: this process leaves them to
-	// one that has it (they retry meanwhile, visibly).
-	notifier *ownerNotifier
+	// handlers run every other kind of job. A kind without one is left
+	// to a process that has it (it retries meanwhile, visibly).
+	handlers map[string]jobHandler
 	logger   *slog.Logger
 
 	slots     chan struct{} // one token per running job
@@ -187,14 +208,17 @@ type workerPool struct {
 	discarded atomic.Int64
 }
 
-func newWorkerPool(db *sql.DB, cfg WorkerConfig, grace time.Duration, subs *subscriberRegistry, webhooks *webhookSender, notifier *ownerNotifier, logger *slog.Logger) *workerPool {
+// jobHandler runs one attempt of a job. Its error, if any, is the outcome
+// decideOutcome reads: permanentError and retryAfterError steer it.
+type jobHandler func(ctx context.Context, job Job) error
+
+func newWorkerPool(db *sql.DB, cfg WorkerConfig, grace time.Duration, subs *subscriberRegistry, handlers map[string]jobHandler, logger *slog.Logger) *workerPool {
 	return &workerPool{
 		db:          db,
 		cfg:         cfg,
 		grace:       grace,
 		subscribers: subs,
-		webhooks:    webhooks,
-		notifier:    notifier,
+		handlers:    handlers,
 		logger:      logger.With("loop", "workers"),
 		slots:       make(chan struct{}, cfg.Concurrency),
 		slotFreed:   make(chan struct{}, 1),
@@ -351,9 +375,7 @@ func (p *workerPool) runJob(ctx context.Context, job Job) jobResult {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.AttemptTimeout)
 	defer cancel()
 	start := time.Now()
-	if job.Kind == webhookJobKind {
-		job.attempt = new(attemptRecord)
-	}
+	job.attempt = new(attemptRecord) // set by handlers that keep attempt records
 	err := p.guard(job, func() error { return p.work(ctx, job) })
 	if errors.Is(err, errCompletedInTx) {
 		p.completed.Add(1)
@@ -408,16 +430,13 @@ func (p *workerPool) outcome(job Job, err error, start time.Time) jobResult {
 // measure the job table alone: claim, run, record.
 const noopJobKind = "noop"
 
-// work dispatches a job to the code for its kind.
+// work dispatches a job to the handler of its kind.
 func (p *workerPool) work(ctx context.Context, job Job) error {
 	if job.Kind == noopJobKind {
 		return nil
 	}
-	if job.Kind == webhookJobKind && p.webhooks != nil {
-		return p.webhooks.deliver(ctx, job)
-	}
-	if job.Kind == ownerNotifyJobKind && p.notifier != nil {
-		return p.notifier.notify(ctx, job)
+	if handle, ok := p.handlers[job.Kind]; ok {
+		return handle(ctx, job)
 	}
 	// Another replica (a newer version) may know this kind: retry rather
 	// than discard, and the backoff makes the wait visible.
@@ -790,4 +809,126 @@ func (r *rescuer) rescueOnce(ctx context.Context) (int64, error) {
 			return total, nil
 		}
 	}
+}
+
+// Attempt records: what a delivery attempt leaves behind, written by the
+// completer in the transaction that records its job's outcome.
+
+// endpointChange is what an attempt's answer does to its endpoint.
+type endpointChange int
+
+const (
+	endpointUnchanged endpointChange = iota // no request was made
+	endpointSucceeded                       // clears failing_since
+	endpointFailed                          // sets failing_since if unset
+	endpointGone                            // 410: disables the endpoint
+)
+
+// endpointGoneReason is disabled_reason after a receiver answered 410 Gone.
+const endpointGoneReason = "the receiver answered 410 Gone"
+
+// The endpoint's state after an attempt; each skips the write when there
+// is nothing to change, so a healthy endpoint's row is not rewritten on
+// every delivery.
+const (
+	endpointSucceededSQL = `
+UPDATE outbox.endpoints
+SET failing_since = NULL
+WHERE id = ANY($1::bigint[])
+  AND failing_since IS NOT NULL`
+
+	endpointFailedSQL = `
+UPDATE outbox.endpoints
+SET failing_since = now()
+WHERE id = ANY($1::bigint[])
+  AND failing_since IS NULL`
+
+	endpointGoneSQL = `
+UPDATE outbox.endpoints
+SET disabled_at = now(),
+    disabled_reason = '` + endpointGoneReason + `',
+    failing_since = coalesce(failing_since, now())
+WHERE id = ANY($1::bigint[])
+  AND disabled_at IS NULL`
+)
+
+// attemptRecord is what one attempt leaves behind: its row in
+// outbox.deliveries and its effect on the endpoint. The handler fills it
+// in; the completer writes it in the transaction that records the job's
+// outcome (writeAttemptRecords), so a job's state, its attempt and its
+// endpoint's state are never seen apart, and a delivery costs no commit
+// of its own.
+type attemptRecord struct {
+	deliveryAttempt
+	EndpointID int64
+	Change     endpointChange
+	set        bool
+}
+
+// insertDeliveriesSQL keeps a batch of attempts. An attempt is recorded
+// once; a rescued attempt's late worker records under its own number.
+const insertDeliveriesSQL = `
+INSERT INTO outbox.deliveries (job_id, attempt, endpoint_id, duration_ms, status_code, error, response_excerpt)
+SELECT a.job_id, a.attempt, nullif(a.endpoint_id, 0), a.duration_ms, nullif(a.status_code, 0), a.error, a.excerpt
+FROM unnest($1::bigint[], $2::integer[], $3::bigint[], $4::integer[], $5::integer[], $6::text[], $7::text[])
+     AS a(job_id, attempt, endpoint_id, duration_ms, status_code, error, excerpt)
+ON CONFLICT (job_id, attempt) DO NOTHING`
+
+// writeAttemptRecords writes a batch's attempts and moves each endpoint to
+// the state its last attempt in the batch left it in.
+func writeAttemptRecords(ctx context.Context, tx *sql.Tx, batch []jobResult) error {
+	var jobIDs, endpointIDs []int64
+	var attempts, durations, statuses []int64
+	var errs, excerpts []string
+	last := map[int64]endpointChange{} // batch order is completion order
+	for _, r := range batch {
+		rec := r.record
+		if rec == nil {
+			continue
+		}
+		jobIDs = append(jobIDs, r.ID)
+		attempts = append(attempts, int64(r.Attempt))
+		endpointIDs = append(endpointIDs, rec.EndpointID)
+		durations = append(durations, rec.Duration.Milliseconds())
+		statuses = append(statuses, int64(rec.StatusCode))
+		errs = append(errs, rec.Error)
+		excerpts = append(excerpts, rec.ResponseExcerpt)
+		if rec.EndpointID != 0 && rec.Change != endpointUnchanged {
+			last[rec.EndpointID] = rec.Change
+		}
+	}
+	if len(jobIDs) == 0 {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, insertDeliveriesSQL, pq.Array(jobIDs), pq.Array(attempts), pq.Array(endpointIDs),
+		pq.Array(durations), pq.Array(statuses), pq.Array(errs), pq.Array(excerpts)); err != nil {
+		return fmt.Errorf("record webhook attempts: %w", err)
+	}
+	byChange := map[endpointChange][]int64{}
+	for id, change := range last {
+		byChange[change] = append(byChange[change], id)
+	}
+	for _, step := range []struct {
+		change endpointChange
+		query  string
+	}{{endpointGone, endpointGoneSQL}, {endpointFailed, endpointFailedSQL}, {endpointSucceeded, endpointSucceededSQL}} {
+		ids := byChange[step.change]
+		if len(ids) == 0 {
+			continue
+		}
+		slices.Sort(ids) // one lock order for every replica's completer
+		if _, err := tx.ExecContext(ctx, step.query, pq.Array(ids)); err != nil {
+			return fmt.Errorf("record webhook attempts: endpoint state: %w", err)
+		}
+	}
+	return nil
+}
+
+// recordAttempt leaves what an attempt did on its job, for the completer
+// to write with the job's outcome (writeAttemptRecords).
+func (j Job) recordAttempt(a deliveryAttempt, change endpointChange) {
+	if j.attempt == nil {
+		return // not run by a worker pool: nobody would write it
+	}
+	*j.attempt = attemptRecord{deliveryAttempt: a, EndpointID: j.EndpointID, Change: change, set: true}
 }

@@ -73,7 +73,7 @@ func runPool(t *testing.T, db *sql.DB, cfg WorkerConfig, subs ...Subscriber) *wo
 	for _, s := range subs {
 		reg.Register(s)
 	}
-	wp := newWorkerPool(db, cfg, time.Minute, reg, nil, nil, testLogger(t))
+	wp := newWorkerPool(db, cfg, time.Minute, reg, nil, testLogger(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- wp.Run(ctx, nil) }()
@@ -376,7 +376,7 @@ func TestRescuerRetriesJobOfDeadWorker(t *testing.T) {
 	}
 
 	// The dead worker wakes up and reports success for attempt 1: fenced.
-	wp := newWorkerPool(db, cfg, time.Minute, newSubscriberRegistry(), nil, nil, testLogger(t))
+	wp := newWorkerPool(db, cfg, time.Minute, newSubscriberRegistry(), nil, testLogger(t))
 	if err := wp.recordOutcomes(context.Background(), []jobResult{{ID: stuck, Attempt: 1, jobOutcome: jobOutcome{State: jobCompleted}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -409,7 +409,7 @@ func TestWorkerShutdownFinishesInFlightJob(t *testing.T) {
 	reg.Register(slow)
 	cfg := defaultConfig().Workers
 	cfg.PollInterval = 20 * time.Millisecond
-	wp := newWorkerPool(db, cfg, time.Minute, reg, nil, nil, testLogger(t))
+	wp := newWorkerPool(db, cfg, time.Minute, reg, nil, testLogger(t))
 	id := enqueueJob(t, db, slow.jobKind(), 18)
 
 	ctx, cancel := context.WithCancel(context.Background())

@@ -19,7 +19,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"mime"
@@ -78,6 +77,9 @@ func (c MailConfig) validate(setting func(string) string) error {
 	}
 	return nil
 }
+
+// maxAddressLen is RFC 5321's limit on a forward path.
+const maxAddressLen = 254
 
 // validateBareAddress accepts a@example.com and nothing around it.
 func validateBareAddress(s string) error {
@@ -257,58 +259,13 @@ func validateMailtoURL(raw string) (string, error) {
 	if err != nil || strings.Contains(addr, ",") {
 		return "", fmt.Errorf("url %q must name exactly one address", raw)
 	}
-	if len(addr) > maxOwnerEmailLen {
-		return "", fmt.Errorf("url %q: address longer than %d bytes", raw, maxOwnerEmailLen)
+	if len(addr) > maxAddressLen {
+		return "", fmt.Errorf("url %q: address longer than %d bytes", raw, maxAddressLen)
 	}
 	if err := validateBareAddress(addr); err != nil {
 		return "", fmt.Errorf("url %q: %w", raw, err)
 	}
 	return mailtoPrefix + addr, nil
-}
-
-// eventMail is the message a mailto: endpoint gets for one event.
-func eventMail(to string, ev Event) mailMessage {
-	var payload bytes.Buffer
-	if err := json.Indent(&payload, ev.Payload, "", "  "); err != nil {
-		payload.Reset()
-		payload.Write(ev.Payload)
-	}
-	subject := "[outboxd] " + ev.Topic
-	if ev.Subject != "" {
-		subject += " " + ev.Subject
-	}
-	body := fmt.Sprintf("Event %d, %s, subject %q, recorded %s.\n\n%s\n",
-		ev.ID, ev.Topic, ev.Subject, ev.CreatedAt.UTC().Format(time.RFC3339), payload.String())
-	return mailMessage{To: to, Subject: subject, Body: body, EventID: ev.ID}
-}
-
-// noSMTPNote is kept with an attempt that sent nothing because no server
-// is configured.
-const noSMTPNote = "not sent: no SMTP server configured (-smtp-url)"
-
-// deliverMail runs one attempt of a webhook job whose endpoint is mailto:.
-// It is the webhook path with another transport: the attempt is recorded
-// in outbox.deliveries and moves the endpoint's state the same way, and
-// its error goes through decideOutcome.
-func (s *webhookSender) deliverMail(ctx context.Context, job Job, ep deliveryEndpoint) error {
-	to := strings.TrimPrefix(ep.URL, mailtoPrefix)
-	if !s.mail.configured() {
-		s.logger.Info("mail not sent: no SMTP server configured", "job_id", job.ID, "endpoint_id", job.EndpointID, "event_id", job.Event.ID)
-		s.record(job, deliveryAttempt{Error: noSMTPNote}, endpointUnchanged)
-		return nil
-	}
-	start := time.Now()
-	err := s.mail.send(ctx, eventMail(to, job.Event))
-	attempt := deliveryAttempt{Duration: time.Since(start)}
-	change := endpointSucceeded
-	if err != nil {
-		change = endpointFailed
-		err = fmt.Errorf("mail: %w", err)
-		attempt.Error = truncate(err.Error(), maxErrorLen)
-	}
-	s.metrics.outcomes.Add(map[bool]string{true: "mail_sent", false: "mail_failed"}[err == nil], 1)
-	s.record(job, attempt, change)
-	return err
 }
 
 // LogValue shows the server without its password.

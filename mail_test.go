@@ -150,7 +150,7 @@ func runMailWorkers(t *testing.T, db *sql.DB, m *mailer, perHour int, logger io.
 	client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: 10 * time.Second})
 	sender := newWebhookSender(db, client, nil, m, log)
 	notifier := newOwnerNotifier(db, m, perHour, log)
-	wp := newWorkerPool(db, cfg, time.Minute, newSubscriberRegistry(), sender, notifier, log)
+	wp := newWorkerPool(db, cfg, time.Minute, newSubscriberRegistry(), map[string]jobHandler{webhookJobKind: sender.deliver, ownerNotifyJobKind: notifier.notify}, log)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- wp.Run(ctx, nil) }()

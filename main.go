@@ -38,9 +38,6 @@ import (
 	"github.com/lib/pq"
 )
 
-// version is reported in the User-Agent of outgoing webhooks and in logs.
-const version = "0.1.0"
-
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -437,7 +434,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	logger.Info("mail settings", "smtp", mail, "from", cfg.Mail.From)
 	webhooks := newWebhookSender(db, webhookClient, deliveries, mail, logger)
 	notifier := newOwnerNotifier(db, mail, cfg.Mail.OwnerNotifyPerHour, logger)
-	workers := newWorkerPool(db, cfg.Workers, cfg.ShutdownGrace, subscribers, webhooks, notifier, logger)
+	workers := newWorkerPool(db, cfg.Workers, cfg.ShutdownGrace, subscribers, map[string]jobHandler{
+		webhookJobKind:     webhooks.deliver,
+		ownerNotifyJobKind: notifier.notify,
+	}, logger)
 	start("workers", func(ctx context.Context) error { return workers.Run(ctx, wake.jobs) })
 	rescuer := newRescuer(db, cfg.Workers, logger)
 	start("rescuer", rescuer.Run)

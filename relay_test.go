@@ -487,7 +487,7 @@ func TestConcurrentRelaysAndWorkersRunEachJobOnce(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 2 {
 		rl := newRelay(db, relayCfg, 18, reg, testLogger(t).With("relay", i))
-		wp := newWorkerPool(db, workerCfg, time.Minute, reg, nil, nil, testLogger(t).With("pool", i))
+		wp := newWorkerPool(db, workerCfg, time.Minute, reg, nil, testLogger(t).With("pool", i))
 		wg.Go(func() { rl.Run(ctx, nil, nil) })
 		wg.Go(func() { wp.Run(ctx, nil) })
 	}

@@ -23,23 +23,15 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/lib/pq"
 )
 
 // webhookJobKind is the job kind of a delivery to an endpoint.
 const webhookJobKind = "webhook"
 
 const (
-	// webhookMaxRetryAfter bounds how far a receiver's Retry-After may push
-	// one retry: an hour rides out a deploy or a rate-limit window, and
-	// retryHorizon counts it, so the schedule still ends inside events
-	// retention whatever receivers answer.
-	webhookMaxRetryAfter = time.Hour
 	// webhookMaxResponseRead is how much of an answer is read: enough that
 	// an ordinary small answer is read to its end and the connection goes
 	// back to the pool for the next delivery; a longer one is cut and its
@@ -128,16 +120,6 @@ func encodeWebhookBody(ev Event) ([]byte, error) {
 	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }
 
-// endpointChange is what an attempt's answer does to its endpoint.
-type endpointChange int
-
-const (
-	endpointUnchanged endpointChange = iota // no request was made
-	endpointSucceeded                       // clears failing_since
-	endpointFailed                          // sets failing_since if unset
-	endpointGone                            // 410: disables the endpoint
-)
-
 // classifyWebhookResponse is the one place that decides what an answer
 // means; decideOutcome then turns the error into the job's next state.
 // err is the transport's error (no answer); status and retryAfter are the
@@ -172,7 +154,7 @@ func classifyWebhookResponse(status int, retryAfter string, err error, now time.
 }
 
 // parseRetryAfter reads a Retry-After value, delay-seconds or an HTTP date,
-// as a delay from now, capped at webhookMaxRetryAfter.
+// as a delay from now, capped at maxRetryAfter.
 func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 	v = strings.TrimSpace(v)
 	if v == "" {
@@ -183,31 +165,13 @@ func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 		if secs < 0 {
 			return 0, false
 		}
-		d = time.Duration(min(secs, int64(webhookMaxRetryAfter/time.Second))) * time.Second
+		d = time.Duration(min(secs, int64(maxRetryAfter/time.Second))) * time.Second
 	} else if at, err := http.ParseTime(v); err == nil {
 		d = max(at.Sub(now), 0)
 	} else {
 		return 0, false
 	}
-	return min(d, webhookMaxRetryAfter), true
-}
-
-// webhookGoneReason is disabled_reason after a 410.
-const webhookGoneReason = "the receiver answered 410 Gone"
-
-// deliveryEndpoint is an endpoint as one attempt sees it.
-type deliveryEndpoint struct {
-	URL            string
-	Secrets        [][]byte // current first; the previous one during a rotation
-	DisabledReason *string
-}
-
-// deliveryAttempt is what one attempt leaves for the panel.
-type deliveryAttempt struct {
-	Duration        time.Duration
-	StatusCode      int // 0: no answer
-	Error           string
-	ResponseExcerpt string
+	return min(d, maxRetryAfter), true
 }
 
 // deliver runs one attempt of a webhook job. Its error, if any, is the
@@ -244,7 +208,7 @@ func (s *webhookSender) deliver(ctx context.Context, job Job) error {
 		attempt.Error = truncate(outcome.Error(), maxErrorLen)
 	}
 	s.observe(job, attempt, change, sendErr)
-	s.record(job, attempt, change)
+	job.recordAttempt(attempt, change)
 	return outcome
 }
 
@@ -298,111 +262,51 @@ func textExcerpt(b []byte, n int) string {
 
 // notSent records an attempt that made no request, and discards the job.
 func (s *webhookSender) notSent(job Job, reason error) error {
-	s.record(job, deliveryAttempt{Error: reason.Error()}, endpointUnchanged)
+	job.recordAttempt(deliveryAttempt{Error: reason.Error()}, endpointUnchanged)
 	return permanentError{reason}
 }
 
-// The endpoint's state after an attempt; each skips the write when there
-// is nothing to change, so a healthy endpoint's row is not rewritten on
-// every delivery.
-const (
-	endpointSucceededSQL = `
-UPDATE outbox.endpoints
-SET failing_since = NULL
-WHERE id = ANY($1::bigint[])
-  AND failing_since IS NOT NULL`
-
-	endpointFailedSQL = `
-UPDATE outbox.endpoints
-SET failing_since = now()
-WHERE id = ANY($1::bigint[])
-  AND failing_since IS NULL`
-
-	endpointGoneSQL = `
-UPDATE outbox.endpoints
-SET disabled_at = now(),
-    disabled_reason = '` + webhookGoneReason + `',
-    failing_since = coalesce(failing_since, now())
-WHERE id = ANY($1::bigint[])
-  AND disabled_at IS NULL`
-)
-
-// attemptRecord is what one attempt leaves behind: its row in
-// outbox.deliveries and its effect on the endpoint. The handler fills it
-// in; the completer writes it in the transaction that records the job's
-// outcome (writeAttemptRecords), so a job's state, its attempt and its
-// endpoint's state are never seen apart, and a delivery costs no commit
-// of its own.
-type attemptRecord struct {
-	deliveryAttempt
-	EndpointID int64
-	Change     endpointChange
-	set        bool
+// eventMail is the message a mailto: endpoint gets for one event.
+func eventMail(to string, ev Event) mailMessage {
+	var payload bytes.Buffer
+	if err := json.Indent(&payload, ev.Payload, "", "  "); err != nil {
+		payload.Reset()
+		payload.Write(ev.Payload)
+	}
+	subject := "[outboxd] " + ev.Topic
+	if ev.Subject != "" {
+		subject += " " + ev.Subject
+	}
+	body := fmt.Sprintf("Event %d, %s, subject %q, recorded %s.\n\n%s\n",
+		ev.ID, ev.Topic, ev.Subject, ev.CreatedAt.UTC().Format(time.RFC3339), payload.String())
+	return mailMessage{To: to, Subject: subject, Body: body, EventID: ev.ID}
 }
 
-// record leaves what an attempt did on its job for the completer.
-func (s *webhookSender) record(job Job, a deliveryAttempt, change endpointChange) {
-	if job.attempt == nil {
-		return // not run by a worker pool: nobody would write it
-	}
-	*job.attempt = attemptRecord{deliveryAttempt: a, EndpointID: job.EndpointID, Change: change, set: true}
-}
+// noSMTPNote is kept with an attempt that sent nothing because no server
+// is configured.
+const noSMTPNote = "not sent: no SMTP server configured (-smtp-url)"
 
-// insertDeliveriesSQL keeps a batch of attempts. An attempt is recorded
-// once; a rescued attempt's late worker records under its own number.
-const insertDeliveriesSQL = `
-INSERT INTO outbox.deliveries (job_id, attempt, endpoint_id, duration_ms, status_code, error, response_excerpt)
-SELECT a.job_id, a.attempt, nullif(a.endpoint_id, 0), a.duration_ms, nullif(a.status_code, 0), a.error, a.excerpt
-FROM unnest($1::bigint[], $2::integer[], $3::bigint[], $4::integer[], $5::integer[], $6::text[], $7::text[])
-     AS a(job_id, attempt, endpoint_id, duration_ms, status_code, error, excerpt)
-ON CONFLICT (job_id, attempt) DO NOTHING`
-
-// writeAttemptRecords writes a batch's attempts and moves each endpoint to
-// the state its last attempt in the batch left it in.
-func writeAttemptRecords(ctx context.Context, tx *sql.Tx, batch []jobResult) error {
-	var jobIDs, endpointIDs []int64
-	var attempts, durations, statuses []int64
-	var errs, excerpts []string
-	last := map[int64]endpointChange{} // batch order is completion order
-	for _, r := range batch {
-		rec := r.record
-		if rec == nil {
-			continue
-		}
-		jobIDs = append(jobIDs, r.ID)
-		attempts = append(attempts, int64(r.Attempt))
-		endpointIDs = append(endpointIDs, rec.EndpointID)
-		durations = append(durations, rec.Duration.Milliseconds())
-		statuses = append(statuses, int64(rec.StatusCode))
-		errs = append(errs, rec.Error)
-		excerpts = append(excerpts, rec.ResponseExcerpt)
-		if rec.EndpointID != 0 && rec.Change != endpointUnchanged {
-			last[rec.EndpointID] = rec.Change
-		}
-	}
-	if len(jobIDs) == 0 {
+// deliverMail runs one attempt of a webhook job whose endpoint is mailto:.
+// It is the webhook path with another transport: the attempt is recorded
+// in outbox.deliveries and moves the endpoint's state the same way, and
+// its error goes through decideOutcome.
+func (s *webhookSender) deliverMail(ctx context.Context, job Job, ep deliveryEndpoint) error {
+	to := strings.TrimPrefix(ep.URL, mailtoPrefix)
+	if !s.mail.configured() {
+		s.logger.Info("mail not sent: no SMTP server configured", "job_id", job.ID, "endpoint_id", job.EndpointID, "event_id", job.Event.ID)
+		job.recordAttempt(deliveryAttempt{Error: noSMTPNote}, endpointUnchanged)
 		return nil
 	}
-	if _, err := tx.ExecContext(ctx, insertDeliveriesSQL, pq.Array(jobIDs), pq.Array(attempts), pq.Array(endpointIDs),
-		pq.Array(durations), pq.Array(statuses), pq.Array(errs), pq.Array(excerpts)); err != nil {
-		return fmt.Errorf("record webhook attempts: %w", err)
+	start := time.Now()
+	err := s.mail.send(ctx, eventMail(to, job.Event))
+	attempt := deliveryAttempt{Duration: time.Since(start)}
+	change := endpointSucceeded
+	if err != nil {
+		change = endpointFailed
+		err = fmt.Errorf("mail: %w", err)
+		attempt.Error = truncate(err.Error(), maxErrorLen)
 	}
-	byChange := map[endpointChange][]int64{}
-	for id, change := range last {
-		byChange[change] = append(byChange[change], id)
-	}
-	for _, step := range []struct {
-		change endpointChange
-		query  string
-	}{{endpointGone, endpointGoneSQL}, {endpointFailed, endpointFailedSQL}, {endpointSucceeded, endpointSucceededSQL}} {
-		ids := byChange[step.change]
-		if len(ids) == 0 {
-			continue
-		}
-		slices.Sort(ids) // one lock order for every replica's completer
-		if _, err := tx.ExecContext(ctx, step.query, pq.Array(ids)); err != nil {
-			return fmt.Errorf("record webhook attempts: endpoint state: %w", err)
-		}
-	}
-	return nil
+	s.metrics.outcomes.Add(map[bool]string{true: "mail_sent", false: "mail_failed"}[err == nil], 1)
+	job.recordAttempt(attempt, change)
+	return err
 }

@@ -69,7 +69,7 @@ func runWebhookWorkers(t *testing.T, db *sql.DB, timeout time.Duration) {
 	cfg.PollInterval = 20 * time.Millisecond
 	cfg.Concurrency = 8
 	client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: timeout})
-	wp := newWorkerPool(db, cfg, time.Minute, newSubscriberRegistry(), newWebhookSender(db, client, nil, nil, testLogger(t)), nil, testLogger(t))
+	wp := newWorkerPool(db, cfg, time.Minute, newSubscriberRegistry(), map[string]jobHandler{webhookJobKind: newWebhookSender(db, client, nil, nil, testLogger(t)).deliver}, testLogger(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- wp.Run(ctx, nil) }()
@@ -478,8 +478,8 @@ func TestEndpointStateFollowsDeliveries(t *testing.T) {
 	fourthJob := webhookJob(t, db, fourth, ep.ID)
 	waitFor(t, "the 410 to discard the delivery", 10*time.Second, func() bool { return readJob(t, db, fourthJob).State == "discarded" })
 	e := api.endpoint(ep.ID)
-	if e.State != "disabled" || e.DisabledReason == nil || *e.DisabledReason != webhookGoneReason {
-		t.Fatalf("after 410: state %s, reason %v; want disabled with %q", e.State, e.DisabledReason, webhookGoneReason)
+	if e.State != "disabled" || e.DisabledReason == nil || *e.DisabledReason != "the receiver answered 410 Gone" {
+		t.Fatalf("after 410: state %s, reason %v; want disabled with the 410 reason", e.State, e.DisabledReason)
 	}
 
 	// Disabled: the relay enqueues nothing for it.
