@@ -298,3 +298,31 @@ func FuzzParseConfig(f *testing.F) {
 		}
 	})
 }
+
+// topicMatches is outbox.topic_matches in Go, the oracle the fuzz tests hold the SQL and the stated rule against.
+func topicMatches(patterns []string, topic string) bool {
+	if strings.HasPrefix(topic, internalTopicPrefix) {
+		var named []string
+		for _, p := range patterns {
+			if strings.HasPrefix(p, internalTopicPrefix) {
+				named = append(named, p)
+			}
+		}
+		if len(named) == 0 {
+			return false
+		}
+		patterns = named
+	}
+	if len(patterns) == 0 {
+		return true
+	}
+	for _, p := range patterns {
+		if p == topic || p == "*" {
+			return true
+		}
+		if prefix, ok := strings.CutSuffix(p, "*"); ok && strings.HasSuffix(prefix, ".") && strings.HasPrefix(topic, prefix) {
+			return true
+		}
+	}
+	return false
+}

@@ -420,7 +420,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if !cfg.DisableListen {
 		start("listener", newListener(dsn, wake, logger).Run)
 	}
-	relay := newRelay(db, cfg.Relay, cfg.Workers.MaxAttempts, subscribers, logger)
+	relay := newRelay(db, cfg.Relay, cfg.Workers.MaxAttempts, fanOutTargets(subscribers), logger)
 	start("relay", func(ctx context.Context) error { return relay.Run(ctx, wake.events, wake.jobs) })
 	// One client for every delivery: its pool keeps connections alive per
 	// host, and its dialer refuses internal addresses (safehttp.go).
@@ -509,6 +509,12 @@ func defaultSubscribers(cfg Config, logger *slog.Logger) *subscriberRegistry {
 		subs.Register(logSubscriber(logger))
 	}
 	return subs
+}
+
+// fanOutTargets is every job kind the relay fans out to: the in-process
+// subscribers and outboxd's own consumers of its own events.
+func fanOutTargets(subs *subscriberRegistry) []jobTarget {
+	return append(subs.targets(), ownerNotifyTarget)
 }
 
 func newLogger(cfg Config, w io.Writer) *slog.Logger {

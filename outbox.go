@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/lib/pq"
@@ -208,3 +209,20 @@ func listEvents(ctx context.Context, db *sql.DB, f EventFilter) ([]Event, error)
 	}
 	return events, nil
 }
+
+// topicPatternValid checks a subscription pattern: an exact topic, "*", or
+// a prefix ending in ".*" ("order.*"). outbox.topic_matches evaluates them.
+func topicPatternValid(p string) error {
+	if p == "*" {
+		return nil
+	}
+	topic, _ := strings.CutSuffix(p, ".*")
+	if !topicPattern.MatchString(topic) {
+		return fmt.Errorf("%w: topic pattern %q must be a topic, \"*\", or a topic prefix followed by \".*\"", errInvalid, p)
+	}
+	return nil
+}
+
+// internalTopicPrefix marks outboxd's own topics, which only a pattern
+// naming them selects (see outbox.topic_matches).
+const internalTopicPrefix = "outboxd."

@@ -28,6 +28,10 @@ const (
 	endpointDisabledTopic = internalTopicPrefix + "endpoint.disabled"
 )
 
+// ownerNotifyTarget is how the relay fans out to owner-notify jobs: one
+// for every state-change event of an endpoint.
+var ownerNotifyTarget = jobTarget{Kind: ownerNotifyJobKind, Topics: []string{endpointFailingTopic, endpointDisabledTopic}}
+
 // ownerNotifier runs owner-notify jobs.
 type ownerNotifier struct {
 	db      *sql.DB

@@ -20,6 +20,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -61,12 +62,17 @@ type relay struct {
 	rowFailures  atomic.Int64
 }
 
-func newRelay(db *sql.DB, cfg RelayConfig, jobMaxAttempts int, subs *subscriberRegistry, logger *slog.Logger) *relay {
+// newRelay builds the relay that fans events out to targets (the
+// subscribers' and outboxd's own job kinds) and to every endpoint.
+func newRelay(db *sql.DB, cfg RelayConfig, jobMaxAttempts int, targets []jobTarget, logger *slog.Logger) *relay {
+	// As text: JSON parameters go as text (newDBPool). Strings and slices
+	// only: Marshal cannot fail.
+	encoded, _ := json.Marshal(targets)
 	return &relay{
 		db:             db,
 		cfg:            cfg,
 		jobMaxAttempts: jobMaxAttempts,
-		targets:        subs.fanOutTargets(),
+		targets:        string(encoded),
 		logger:         logger.With("loop", "relay"),
 	}
 }

@@ -26,7 +26,7 @@ func newTestRelay(t testing.TB, db *sql.DB, cfg RelayConfig, subs ...Subscriber)
 	for _, s := range subs {
 		reg.Register(s)
 	}
-	return newRelay(db, cfg, 18, reg, testLogger(t))
+	return newRelay(db, cfg, 18, fanOutTargets(reg), testLogger(t))
 }
 
 // recordN records n events in one transaction, subject "s<i>".
@@ -486,7 +486,7 @@ func TestConcurrentRelaysAndWorkersRunEachJobOnce(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for i := range 2 {
-		rl := newRelay(db, relayCfg, 18, reg, testLogger(t).With("relay", i))
+		rl := newRelay(db, relayCfg, 18, fanOutTargets(reg), testLogger(t).With("relay", i))
 		wp := newWorkerPool(db, workerCfg, time.Minute, reg, nil, testLogger(t).With("pool", i))
 		wg.Go(func() { rl.Run(ctx, nil, nil) })
 		wg.Go(func() { wp.Run(ctx, nil) })

@@ -6,11 +6,9 @@ package main
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"fmt"
 	"regexp"
 	"sort"
-	"strings"
 )
 
 // Subscriber is an in-process consumer of events. The relay enqueues one job
@@ -88,80 +86,25 @@ func (r *subscriberRegistry) all() []Subscriber {
 	return subs
 }
 
-// builtinJobTargets are the job kinds every relay fans out to besides the
-// registry's subscribers: outboxd's own consumers of its own events.
-var builtinJobTargets = []struct {
-	Kind   string
-	Topics []string
-}{
-	{ownerNotifyJobKind, []string{endpointFailingTopic, endpointDisabledTopic}},
+// jobTarget is a job kind the relay fans events out to: one job for every
+// event whose topic matches Topics (see topicPatternValid; empty: all), or
+// with Coalesce one per subject of a relay pass, for its latest event. The
+// JSON names are what the relay's fan-out statement reads.
+type jobTarget struct {
+	Kind     string   `json:"kind"`
+	Topics   []string `json:"topics"`
+	Coalesce bool     `json:"per_subject"`
 }
 
-// fanOutTargets is the registry and the built-in job kinds as the relay's
-// fan-out statement reads them: a JSON array of {"kind", "topics",
-// "per_subject"}, as text (JSON parameters go as text: newDBPool).
-func (r *subscriberRegistry) fanOutTargets() string {
-	type target struct {
-		Kind     string   `json:"kind"`
-		Topics   []string `json:"topics"`
-		Coalesce bool     `json:"per_subject"`
-	}
-	targets := []target{}
+// targets is every subscriber as a job target, sorted by name.
+func (r *subscriberRegistry) targets() []jobTarget {
+	targets := []jobTarget{}
 	for _, s := range r.all() {
 		topics := s.Topics
 		if topics == nil {
 			topics = []string{}
 		}
-		targets = append(targets, target{Kind: s.jobKind(), Topics: topics, Coalesce: s.Coalesce})
+		targets = append(targets, jobTarget{Kind: s.jobKind(), Topics: topics, Coalesce: s.Coalesce})
 	}
-	for _, b := range builtinJobTargets {
-		targets = append(targets, target{Kind: b.Kind, Topics: b.Topics})
-	}
-	b, _ := json.Marshal(targets) // strings and slices only: cannot fail
-	return string(b)
-}
-
-// topicPatternValid checks a subscription pattern: an exact topic, "*", or
-// a prefix ending in ".*" ("order.*"). outbox.topic_matches evaluates them.
-func topicPatternValid(p string) error {
-	if p == "*" {
-		return nil
-	}
-	topic, _ := strings.CutSuffix(p, ".*")
-	if !topicPattern.MatchString(topic) {
-		return fmt.Errorf("%w: topic pattern %q must be a topic, \"*\", or a topic prefix followed by \".*\"", errInvalid, p)
-	}
-	return nil
-}
-
-// internalTopicPrefix marks outboxd's own topics, which only a pattern
-// naming them selects (see outbox.topic_matches).
-const internalTopicPrefix = "outboxd."
-
-// topicMatches is outbox.topic_matches in Go, for tests and the panel.
-func topicMatches(patterns []string, topic string) bool {
-	if strings.HasPrefix(topic, internalTopicPrefix) {
-		var named []string
-		for _, p := range patterns {
-			if strings.HasPrefix(p, internalTopicPrefix) {
-				named = append(named, p)
-			}
-		}
-		if len(named) == 0 {
-			return false
-		}
-		patterns = named
-	}
-	if len(patterns) == 0 {
-		return true
-	}
-	for _, p := range patterns {
-		if p == topic || p == "*" {
-			return true
-		}
-		if prefix, ok := strings.CutSuffix(p, "*"); ok && strings.HasSuffix(prefix, ".") && strings.HasPrefix(topic, prefix) {
-			return true
-		}
-	}
-	return false
+	return targets
 }
