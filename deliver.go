@@ -234,6 +234,11 @@ const claimBatchMax = 100
 // PollInterval. Then it stops claiming, gives in-flight jobs the grace
 // period to finish (after which their contexts are cancelled), records
 // their outcomes and returns.
+//
+// Unlike the relay and the sweeper, whose Run repeats their once-function,
+// Run overlaps claims with runs: a job runs in its own goroutine as soon as
+// it is claimed, and the next claim does not wait for the slowest job of
+// the last one. workOnce is the same turn done synchronously.
 func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 	// Jobs run under jobCtx, not ctx, so that a shutdown lets them finish.
 	jobCtx, cancelJobs := context.WithCancel(context.WithoutCancel(ctx))
@@ -262,13 +267,9 @@ func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 				p.slots <- struct{}{}
 				running.Go(func() {
 					defer func() { <-p.slots; poke(p.slotFreed) }()
-					if sub, ok := p.subscribers.lookup(batch[0].Kind); ok {
-						for _, res := range p.runSubscriberBatch(jobCtx, sub, batch) {
-							p.results <- res
-						}
-						return
+					for _, res := range p.runBatch(jobCtx, batch) {
+						p.results <- res
 					}
-					p.results <- p.runJob(jobCtx, batch[0])
 				})
 			}
 		}
@@ -283,8 +284,15 @@ func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 		case <-freed:
 		}
 	}
+	p.stop(&running, cancelJobs)
+	<-completerDone
+	return ctx.Err()
+}
 
-	// Shutdown: wait for in-flight jobs, at most the grace period.
+// stop waits for the jobs still running, at most the grace period, then
+// cancels them, waits for them to return, and closes results, which ends
+// the completer once it has written every outcome.
+func (p *workerPool) stop(running *sync.WaitGroup, cancelJobs context.CancelFunc) {
 	allDone := make(chan struct{})
 	go func() { running.Wait(); close(allDone) }()
 	select {
@@ -295,8 +303,24 @@ func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 		<-allDone
 	}
 	close(p.results)
-	<-completerDone
-	return ctx.Err()
+}
+
+// workOnce is one turn of the workers, synchronously: claim up to n due
+// jobs, run them one batch after another, and record their outcomes. It
+// reports how many jobs it claimed. Tests drive the workers with it.
+func (p *workerPool) workOnce(ctx context.Context, n int) (int, error) {
+	jobs, err := p.claim(ctx, min(n, claimBatchMax))
+	if err != nil {
+		return 0, err
+	}
+	var results []jobResult
+	for _, batch := range p.batches(jobs) {
+		results = append(results, p.runBatch(ctx, batch)...)
+	}
+	if len(results) == 0 {
+		return len(jobs), nil
+	}
+	return len(jobs), p.recordOutcomesRetrying(results)
 }
 
 // claimJobsSQL takes up to $1 due jobs, soonest first, marks them running
@@ -367,6 +391,15 @@ func (p *workerPool) batches(jobs []Job) [][]Job {
 		batches = append(batches, []Job{job})
 	}
 	return batches
+}
+
+// runBatch runs one batch of batches: a subscriber's jobs together in one
+// transaction, any other job alone.
+func (p *workerPool) runBatch(ctx context.Context, batch []Job) []jobResult {
+	if sub, ok := p.subscribers.lookup(batch[0].Kind); ok {
+		return p.runSubscriberBatch(ctx, sub, batch)
+	}
+	return []jobResult{p.runJob(ctx, batch[0])}
 }
 
 // runJob runs one attempt of job within AttemptTimeout and decides its

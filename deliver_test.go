@@ -115,6 +115,46 @@ func readJob(t *testing.T, db *sql.DB, id int64) jobRow {
 	return r
 }
 
+// workOnce claims at most the jobs it is asked for, runs them, and has
+// their outcomes written before it returns: a handled job is completed, a
+// job of a kind this process cannot run is retryable with its error kept.
+func TestWorkOnceRunsOneClaimToItsOutcomes(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	var handled atomic.Int64
+	count := Subscriber{Name: "count", Handle: func(context.Context, *sql.Tx, Event) error {
+		handled.Add(1)
+		return nil
+	}}
+	reg := newSubscriberRegistry()
+	reg.Register(count)
+	wp := newWorkerPool(db, defaultConfig().Workers, time.Minute, reg, nil, testLogger(t))
+	ctx := context.Background()
+	counted := []int64{enqueueJob(t, db, count.jobKind(), 18), enqueueJob(t, db, count.jobKind(), 18)}
+	unknown := enqueueJob(t, db, "no-such-kind", 18)
+
+	for _, want := range []int{2, 1, 0} {
+		n, err := wp.workOnce(ctx, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != want {
+			t.Fatalf("workOnce(2) claimed %d jobs, want %d", n, want)
+		}
+	}
+	if got := handled.Load(); got != 2 {
+		t.Errorf("handler ran %d times, want 2", got)
+	}
+	for _, id := range counted {
+		if s := readJob(t, db, id).State; s != "completed" {
+			t.Errorf("job %d: state %s, want completed", id, s)
+		}
+	}
+	if r := readJob(t, db, unknown); r.State != "retryable" || r.Errors != 1 {
+		t.Errorf("job of an unknown kind: state %s with %d errors, want retryable with 1", r.State, r.Errors)
+	}
+}
+
 // The workers' claim walks jobs_due_by_scheduled_at in order and stops
 // after one batch, whatever the planner estimates. In a 100,000-event
 // drain, statistics taken while the table was nearly empty had every claim
