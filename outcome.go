@@ -1,0 +1,409 @@
+// outcome.go: what an attempt's result does to its job and its endpoint,
+// decided (decideOutcome, over the backoff schedule) and then written by the
+// completer, which records a batch of outcomes with their attempts and their
+// endpoints' new states in one transaction.
+//
+// Guarantees (README, "Guarantees, hop by hop", hops 4 and 5):
+//   - An outcome is written only while the job is still running with the
+//     attempt number the worker claimed. A worker that lost its job to the
+//     rescuer (or to a retry by hand) changes nothing.
+//   - A failure is retried with a backoff of attempt⁴ seconds (±10%) until
+//     MaxAttempts, then discarded with every attempt's error kept: nothing
+//     ends silently, and a discarded job can be retried by hand.
+
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/lib/pq"
+)
+
+// jobState is outbox.job_state.
+type jobState string
+
+const (
+	jobAvailable jobState = "available"
+	jobRunning   jobState = "running"
+	jobRetryable jobState = "retryable"
+	jobCompleted jobState = "completed"
+	jobDiscarded jobState = "discarded"
+)
+
+// Errors a handler returns to steer its outcome; any other error is a
+// retryable failure.
+type (
+	// permanentError discards the job at once: retrying cannot help.
+	permanentError struct{ err error }
+	// retryAfterError retries after the given delay or the backoff,
+	// whichever is longer (a receiver's Retry-After): a receiver may slow
+	// its retries down, never speed them up past the schedule.
+	retryAfterError struct {
+		err   error
+		delay time.Duration
+	}
+)
+
+// maxRetryAfter bounds how far a handler's retryAfterError (a receiver's
+// Retry-After) may push one retry: an hour rides out a deploy or a
+// rate-limit window, and retryHorizon counts it, so the schedule still ends
+// inside events retention whatever receivers answer.
+const maxRetryAfter = time.Hour
+
+func (e permanentError) Error() string  { return e.err.Error() }
+func (e permanentError) Unwrap() error  { return e.err }
+func (e retryAfterError) Error() string { return e.err.Error() }
+func (e retryAfterError) Unwrap() error { return e.err }
+
+// maxBackoff caps one retry delay; attempt⁴ passes it only beyond the 17th
+// attempt, so with the default 18 attempts it is a guard for larger limits.
+const maxBackoff = 24 * time.Hour
+
+// backoff is the delay before attempt+1 after attempt failed: attempt⁴
+// seconds, ±10% jitter (jitter in [0, 1)) so jobs that failed together do not
+// retry together. Attempts 1..17 wait:
+//
+//	1s 16s 81s 4m16s 10m25s 21m36s 40m1s 1h8m 1h49m 2h47m 4h4m 5h46m
+//	7h56m 10h40m 14h3m 18h12m 23h12m  (sum ≈ 3.8 days)
+func backoff(attempt int, jitter float64) time.Duration {
+	d := time.Duration(math.Pow(float64(attempt), 4) * float64(time.Second))
+	d = time.Duration(float64(d) * (0.9 + 0.2*jitter))
+	return min(max(d, time.Second), maxBackoff)
+}
+
+// retryHorizon is the longest time from a job's first attempt to its
+// discard with n attempts, counting the jitter's upper bound and a
+// receiver's Retry-After, which may stretch any delay to
+// maxRetryAfter.
+func retryHorizon(n int) time.Duration {
+	var total time.Duration
+	for attempt := 1; attempt < n; attempt++ {
+		total += max(backoff(attempt, 1), maxRetryAfter)
+	}
+	return total
+}
+
+// jobOutcome is the decision after an attempt.
+type jobOutcome struct {
+	State jobState      // completed, retryable or discarded
+	Delay time.Duration // with retryable: wait before the next attempt
+	Error string        // with retryable and discarded: what went wrong
+}
+
+// decideOutcome classifies one attempt's result. It is the only place that
+// turns an error into a next state.
+func decideOutcome(attempt, maxAttempts int, err error, jitter float64) jobOutcome {
+	if err == nil {
+		return jobOutcome{State: jobCompleted}
+	}
+	msg := truncate(err.Error(), maxErrorLen)
+	var perm permanentError
+	if errors.As(err, &perm) || attempt >= maxAttempts {
+		return jobOutcome{State: jobDiscarded, Error: msg}
+	}
+	var after retryAfterError
+	if errors.As(err, &after) {
+		return jobOutcome{State: jobRetryable, Delay: min(max(after.delay, backoff(attempt, jitter)), maxBackoff), Error: msg}
+	}
+	return jobOutcome{State: jobRetryable, Delay: backoff(attempt, jitter), Error: msg}
+}
+
+// jobResult is an outcome on its way to the database.
+type jobResult struct {
+	ID      int64
+	Attempt int
+	jobOutcome
+	record *attemptRecord // nil, or the attempt as the panel shows it
+}
+
+// outcome decides what an attempt's error means for its job, counts it
+// and logs it.
+func (p *workerPool) outcome(job Job, err error, start time.Time) jobResult {
+	res := jobResult{ID: job.ID, Attempt: job.Attempt}
+	res.jobOutcome = decideOutcome(job.Attempt, job.MaxAttempts, err, rand.Float64())
+	// The attributes are built per call, not with logger.With: With copies
+	// them for every job, and most jobs complete at debug level, unlogged.
+	attrs := func(more ...any) []any {
+		return append([]any{"job_id", job.ID, "kind", job.Kind, "event_id", job.Event.ID,
+			"attempt", job.Attempt, "duration", time.Since(start).Round(time.Millisecond)}, more...)
+	}
+	switch res.State {
+	case jobCompleted:
+		p.completed.Add(1)
+		if p.logger.Enabled(context.Background(), slog.LevelDebug) {
+			p.logger.Debug("job completed", attrs()...)
+		}
+	case jobRetryable:
+		p.retried.Add(1)
+		p.logger.Warn("job failed; will retry", attrs("retry_in", res.Delay.Round(time.Second), "err", err)...)
+	case jobDiscarded:
+		p.discarded.Add(1)
+		p.logger.Error("job discarded", attrs("max_attempts", job.MaxAttempts, "err", err)...)
+	}
+	return res
+}
+
+// deliveryAttempt is what one attempt leaves for the panel.
+type deliveryAttempt struct {
+	Duration        time.Duration
+	StatusCode      int // 0: no answer
+	Error           string
+	ResponseExcerpt string
+}
+
+// completeBatchMax bounds one outcome statement.
+const completeBatchMax = 500
+
+// completeLoop writes outcomes as they come, as many per statement as are
+// waiting, until results is closed.
+func (p *workerPool) completeLoop() {
+	for first := range p.results {
+		batch := []jobResult{first}
+	more:
+		for len(batch) < completeBatchMax {
+			select {
+			case r, ok := <-p.results:
+				if !ok {
+					break more
+				}
+				batch = append(batch, r)
+			default:
+				break more
+			}
+		}
+		if err := p.recordOutcomesRetrying(batch); err != nil {
+			// The jobs stay running; the rescuer retries them. A duplicate
+			// run is the price, never a lost job.
+			p.logger.Error("record job outcomes failed; the rescuer will retry these jobs", "jobs", len(batch), "err", err)
+		}
+	}
+}
+
+// recordOutcomeTries bounds the writes of one batch of outcomes,
+// recordOutcomeBackoff is the wait before the second (doubling after), and
+// recordOutcomeTimeout bounds them all together.
+const (
+	recordOutcomeTries   = 4
+	recordOutcomeBackoff = 50 * time.Millisecond
+	recordOutcomeTimeout = 30 * time.Second
+)
+
+// recordOutcomesRetrying writes a batch of outcomes, trying again after a
+// failure that says nothing about the rows (a connection the database
+// killed since its last use, a restart). Writing again is safe: outcomes
+// are fenced on the attempt, attempt records are inserted ON CONFLICT DO
+// NOTHING, and endpoint states are set, not toggled, so a commit whose
+// answer was lost changes nothing the second time. Giving up at once left
+// the jobs running until the rescuer ran them again: a delivery repeated
+// for nothing.
+//
+// It has a context of its own: at shutdown the loops' context is gone, and
+// these are the last writes that matter. One deadline covers every try, so
+// a database that does not answer holds the workers (and a shutdown) up
+// for recordOutcomeTimeout, not that many times over.
+func (p *workerPool) recordOutcomesRetrying(batch []jobResult) error {
+	ctx, cancel := context.WithTimeout(context.Background(), recordOutcomeTimeout)
+	defer cancel()
+	wait := recordOutcomeBackoff
+	for try := 1; ; try++ {
+		err := p.recordOutcomes(ctx, batch)
+		if err == nil || isRowFault(err) || ctx.Err() != nil || try == recordOutcomeTries {
+			return err
+		}
+		p.logger.Warn("record job outcomes failed; trying again", "jobs", len(batch), "try", try, "err", err)
+		pause := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			pause.Stop()
+			return err
+		case <-pause.C:
+		}
+		wait *= 2
+	}
+}
+
+// recordOutcomesSQL writes a batch of outcomes in one statement. Each row
+// is fenced on (id, attempt, running): an outcome of an attempt that is no
+// longer the job's current one changes nothing.
+const recordOutcomesSQL = `
+UPDATE outbox.jobs AS j
+SET state = o.state::outbox.job_state,
+    scheduled_at = CASE WHEN o.state = 'retryable'
+                        THEN now() + o.delay_ms * interval '1 millisecond'
+                        ELSE j.scheduled_at END,
+    finalized_at = CASE WHEN o.state IN ('completed', 'discarded') THEN now() END,
+    errors = CASE WHEN o.error = '' THEN j.errors
+                  ELSE j.errors || jsonb_build_array(jsonb_build_object(
+                         'attempt', j.attempt, 'at', now(), 'error', o.error))
+             END
+FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::bigint[], $5::text[])
+     AS o(id, attempt, state, delay_ms, error)
+WHERE j.id = o.id
+  AND j.attempt = o.attempt
+  AND j.state = 'running'`
+
+// recordOutcomes writes a batch of outcomes, with the attempts they record
+// and their endpoints' new states, in one transaction: one commit for the
+// whole batch.
+func (p *workerPool) recordOutcomes(ctx context.Context, batch []jobResult) error {
+	ids := make([]int64, 0, len(batch))
+	attempts := make([]int64, 0, len(batch))
+	states := make([]string, 0, len(batch))
+	delays := make([]int64, 0, len(batch))
+	errs := make([]string, 0, len(batch))
+	for _, r := range batch {
+		if r.State == "" {
+			continue
+		}
+		ids = append(ids, r.ID)
+		attempts = append(attempts, int64(r.Attempt))
+		states = append(states, string(r.State))
+		delays = append(delays, r.Delay.Milliseconds())
+		errs = append(errs, r.Error)
+	}
+	tx, err := p.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("record %d job outcomes: %w", len(ids), err)
+	}
+	defer tx.Rollback()
+	if len(ids) > 0 {
+		if _, err := tx.ExecContext(ctx, recordOutcomesSQL,
+			pq.Array(ids), pq.Array(attempts), pq.Array(states), pq.Array(delays), pq.Array(errs)); err != nil {
+			return fmt.Errorf("record %d job outcomes: %w", len(ids), err)
+		}
+	}
+	if err := writeAttemptRecords(ctx, tx, batch); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("record %d job outcomes: %w", len(ids), err)
+	}
+	return nil
+}
+
+// endpointChange is what an attempt's answer does to its endpoint.
+type endpointChange int
+
+const (
+	endpointUnchanged endpointChange = iota // no request was made
+	endpointSucceeded                       // clears failing_since
+	endpointFailed                          // sets failing_since if unset
+	endpointGone                            // 410: disables the endpoint
+)
+
+// endpointGoneReason is disabled_reason after a receiver answered 410 Gone.
+const endpointGoneReason = "the receiver answered 410 Gone"
+
+// The endpoint's state after an attempt; each skips the write when there
+// is nothing to change, so a healthy endpoint's row is not rewritten on
+// every delivery.
+const (
+	endpointSucceededSQL = `
+UPDATE outbox.endpoints
+SET failing_since = NULL
+WHERE id = ANY($1::bigint[])
+  AND failing_since IS NOT NULL`
+
+	endpointFailedSQL = `
+UPDATE outbox.endpoints
+SET failing_since = now()
+WHERE id = ANY($1::bigint[])
+  AND failing_since IS NULL`
+
+	endpointGoneSQL = `
+UPDATE outbox.endpoints
+SET disabled_at = now(),
+    disabled_reason = '` + endpointGoneReason + `',
+    failing_since = coalesce(failing_since, now())
+WHERE id = ANY($1::bigint[])
+  AND disabled_at IS NULL`
+)
+
+// attemptRecord is what one attempt leaves behind: its row in
+// outbox.deliveries and its effect on the endpoint. The handler fills it
+// in; the completer writes it in the transaction that records the job's
+// outcome (writeAttemptRecords), so a job's state, its attempt and its
+// endpoint's state are never seen apart, and a delivery costs no commit
+// of its own.
+type attemptRecord struct {
+	deliveryAttempt
+	EndpointID int64
+	Change     endpointChange
+	set        bool
+}
+
+// insertDeliveriesSQL keeps a batch of attempts. An attempt is recorded
+// once; a rescued attempt's late worker records under its own number.
+const insertDeliveriesSQL = `
+INSERT INTO outbox.deliveries (job_id, attempt, endpoint_id, duration_ms, status_code, error, response_excerpt)
+SELECT a.job_id, a.attempt, nullif(a.endpoint_id, 0), a.duration_ms, nullif(a.status_code, 0), a.error, a.excerpt
+FROM unnest($1::bigint[], $2::integer[], $3::bigint[], $4::integer[], $5::integer[], $6::text[], $7::text[])
+     AS a(job_id, attempt, endpoint_id, duration_ms, status_code, error, excerpt)
+ON CONFLICT (job_id, attempt) DO NOTHING`
+
+// writeAttemptRecords writes a batch's attempts and moves each endpoint to
+// the state its last attempt in the batch left it in.
+func writeAttemptRecords(ctx context.Context, tx *sql.Tx, batch []jobResult) error {
+	var jobIDs, endpointIDs []int64
+	var attempts, durations, statuses []int64
+	var errs, excerpts []string
+	last := map[int64]endpointChange{} // batch order is completion order
+	for _, r := range batch {
+		rec := r.record
+		if rec == nil {
+			continue
+		}
+		jobIDs = append(jobIDs, r.ID)
+		attempts = append(attempts, int64(r.Attempt))
+		endpointIDs = append(endpointIDs, rec.EndpointID)
+		durations = append(durations, rec.Duration.Milliseconds())
+		statuses = append(statuses, int64(rec.StatusCode))
+		errs = append(errs, rec.Error)
+		excerpts = append(excerpts, rec.ResponseExcerpt)
+		if rec.EndpointID != 0 && rec.Change != endpointUnchanged {
+			last[rec.EndpointID] = rec.Change
+		}
+	}
+	if len(jobIDs) == 0 {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, insertDeliveriesSQL, pq.Array(jobIDs), pq.Array(attempts), pq.Array(endpointIDs),
+		pq.Array(durations), pq.Array(statuses), pq.Array(errs), pq.Array(excerpts)); err != nil {
+		return fmt.Errorf("record webhook attempts: %w", err)
+	}
+	byChange := map[endpointChange][]int64{}
+	for id, change := range last {
+		byChange[change] = append(byChange[change], id)
+	}
+	for _, step := range []struct {
+		change endpointChange
+		query  string
+	}{{endpointGone, endpointGoneSQL}, {endpointFailed, endpointFailedSQL}, {endpointSucceeded, endpointSucceededSQL}} {
+		ids := byChange[step.change]
+		if len(ids) == 0 {
+			continue
+		}
+		slices.Sort(ids) // one lock order for every replica's completer
+		if _, err := tx.ExecContext(ctx, step.query, pq.Array(ids)); err != nil {
+			return fmt.Errorf("record webhook attempts: endpoint state: %w", err)
+		}
+	}
+	return nil
+}
+
+// recordAttempt leaves what an attempt did on its job, for the completer
+// to write with the job's outcome (writeAttemptRecords).
+func (j Job) recordAttempt(a deliveryAttempt, change endpointChange) {
+	if j.attempt == nil {
+		return // not run by a worker pool: nobody would write it
+	}
+	*j.attempt = attemptRecord{deliveryAttempt: a, EndpointID: j.EndpointID, Change: change, set: true}
+}
