@@ -224,6 +224,41 @@ const (
 	jobsChannel   = "outbox_jobs"
 )
 
+// notify wakes whoever listens on channel (notify.go): the relays on
+// eventsChannel, the workers on jobsChannel. Sent inside a transaction, it
+// is delivered at commit, never before the change it announces is visible.
+func notify(ctx context.Context, x interface {
+	ExecContext(context.Context, string, ...any) (sql.Result, error)
+}, channel string) error {
+	if _, err := x.ExecContext(ctx, `SELECT pg_notify($1, '')`, channel); err != nil {
+		return fmt.Errorf("notify %s: %w", channel, err)
+	}
+	return nil
+}
+
+// updateOneAndNotify runs query, an UPDATE that returns the id of the one
+// row it changed or no row, and notifies channel in the same transaction.
+// It reports whether a row changed.
+func updateOneAndNotify(ctx context.Context, db *sql.DB, channel, query string, args ...any) (bool, error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return false, err
+	}
+	defer tx.Rollback()
+	var id int64
+	err = tx.QueryRowContext(ctx, query, args...).Scan(&id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if err := notify(ctx, tx, channel); err != nil {
+		return false, err
+	}
+	return true, tx.Commit()
+}
+
 // queryer is what both *sql.DB and *sql.Tx offer, so recordEvent can join
 // the caller's transaction.
 type queryer interface {

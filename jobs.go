@@ -7,7 +7,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 )
@@ -85,38 +84,77 @@ func listJobs(ctx context.Context, db *sql.DB, f JobFilter) ([]JobView, error) {
 	return jobs, nil
 }
 
-// retryJobSQL makes a discarded or waiting job run now. A job that used
-// all its attempts gets one more, so the claim's attempt + 1 stays within
-// max_attempts; its error history stays.
-const retryJobSQL = `
-UPDATE outbox.jobs
+// manualBatch bounds one statement of work an operator starts by hand (a
+// replay, a retry of an endpoint's discarded deliveries), like every
+// sweep's batch: a replay of a week runs in many short statements that
+// hold few locks, not one.
+const manualBatch = 5000
+
+// retrySetSQL is how a job is put back in the queue, by hand or by a
+// replay: due now and not finished, with its error history kept. A job
+// that used all its attempts gets one more, so the claim's attempt + 1
+// stays within max_attempts. The statements that use it update
+// outbox.jobs without an alias.
+const retrySetSQL = `
 SET state = 'available',
     scheduled_at = now(),
     finalized_at = NULL,
-    max_attempts = greatest(max_attempts, attempt + 1)
+    max_attempts = greatest(outbox.jobs.max_attempts, outbox.jobs.attempt + 1)`
+
+// retryJobSQL retries one job that is not running or completed.
+const retryJobSQL = `
+UPDATE outbox.jobs` + retrySetSQL + `
 WHERE id = $1
   AND state IN ('discarded', 'retryable', 'available')
 RETURNING id`
 
 // retryJob retries one job by hand and wakes the workers.
 func retryJob(ctx context.Context, db *sql.DB, id int64) error {
-	tx, err := db.BeginTx(ctx, nil)
+	found, err := updateOneAndNotify(ctx, db, jobsChannel, retryJobSQL, id)
 	if err != nil {
 		return fmt.Errorf("retry job %d: %w", id, err)
 	}
-	defer tx.Rollback()
-	err = tx.QueryRowContext(ctx, retryJobSQL, id).Scan(&id)
-	if errors.Is(err, sql.ErrNoRows) {
+	if !found {
 		return fmt.Errorf("retry job %d: %w (or running, or completed)", id, errNotFound)
 	}
-	if err != nil {
-		return fmt.Errorf("retry job %d: %w", id, err)
-	}
-	if _, err := tx.ExecContext(ctx, `SELECT pg_notify('outbox_jobs', '')`); err != nil {
-		return fmt.Errorf("retry job %d: notify: %w", id, err)
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("retry job %d: %w", id, err)
-	}
 	return nil
+}
+
+// retryDiscardedSQL retries up to $2 of an endpoint's discarded jobs.
+const retryDiscardedSQL = `
+WITH discarded AS (
+  SELECT id
+  FROM outbox.jobs
+  WHERE endpoint_id = $1
+    AND state = 'discarded'
+  ORDER BY id
+  LIMIT $2
+  FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox.jobs` + retrySetSQL + `
+FROM discarded
+WHERE outbox.jobs.id = discarded.id`
+
+// retryDiscarded retries every discarded delivery of an endpoint, in
+// batches of manualBatch, and wakes the workers.
+func retryDiscarded(ctx context.Context, db *sql.DB, endpointID int64) (int64, error) {
+	if _, err := getEndpoint(ctx, db, endpointID); err != nil {
+		return 0, err
+	}
+	var total int64
+	for {
+		res, err := db.ExecContext(ctx, retryDiscardedSQL, endpointID, manualBatch)
+		if err != nil {
+			return total, fmt.Errorf("retry discarded jobs of endpoint %d: %w", endpointID, err)
+		}
+		n, _ := res.RowsAffected()
+		total += n
+		if n < manualBatch {
+			break
+		}
+	}
+	if err := notify(ctx, db, jobsChannel); err != nil {
+		return total, fmt.Errorf("retry discarded jobs of endpoint %d: %w", endpointID, err)
+	}
+	return total, nil
 }

@@ -94,23 +94,12 @@ var errNotFound = errors.New("not found")
 // requeueEvent puts a poisoned (or failing) event back into the backlog with
 // a fresh count of relay attempts, and wakes the relays.
 func requeueEvent(ctx context.Context, db *sql.DB, id int64) error {
-	tx, err := db.BeginTx(ctx, nil)
+	found, err := updateOneAndNotify(ctx, db, eventsChannel, requeueEventSQL, id)
 	if err != nil {
 		return fmt.Errorf("requeue event %d: %w", id, err)
 	}
-	defer tx.Rollback()
-	err = tx.QueryRowContext(ctx, requeueEventSQL, id).Scan(&id)
-	if errors.Is(err, sql.ErrNoRows) {
+	if !found {
 		return fmt.Errorf("requeue event %d: %w (or already fanned out)", id, errNotFound)
-	}
-	if err != nil {
-		return fmt.Errorf("requeue event %d: %w", id, err)
-	}
-	if _, err := tx.ExecContext(ctx, `SELECT pg_notify('outbox_events', '')`); err != nil {
-		return fmt.Errorf("requeue event %d: notify: %w", id, err)
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("requeue event %d: %w", id, err)
 	}
 	return nil
 }

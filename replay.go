@@ -22,9 +22,6 @@ type ReplayResult struct {
 	Jobs      int64     `json:"jobs"`
 }
 
-// replayBatch bounds one replay statement, like every sweep's batch.
-const replayBatch = 5000
-
 // replaySQL enqueues the endpoint's delivery of up to $4 fanned events with
 // ids above $3, recorded at or after $2, that its topics select. The
 // (endpoint, event) pair is unique, so a pair that was delivered before is
@@ -53,10 +50,7 @@ enqueued AS (
   SELECT 'webhook', c.id, $1, $5
   FROM candidates AS c
   ON CONFLICT (endpoint_id, event_id) WHERE endpoint_id IS NOT NULL
-  DO UPDATE SET state = 'available',
-                scheduled_at = now(),
-                finalized_at = NULL,
-                max_attempts = greatest(outbox.jobs.max_attempts, outbox.jobs.attempt + 1)
+  DO UPDATE` + retrySetSQL + `
   WHERE outbox.jobs.state IN ('completed', 'discarded')
   RETURNING 1
 )
@@ -92,60 +86,18 @@ func replayEndpoint(ctx context.Context, db *sql.DB, id int64, since time.Time, 
 	var after int64
 	for {
 		var candidates, jobs int64
-		if err := db.QueryRowContext(ctx, replaySQL, id, res.From, after, replayBatch, maxAttempts).Scan(&candidates, &after, &jobs); err != nil {
+		if err := db.QueryRowContext(ctx, replaySQL, id, res.From, after, manualBatch, maxAttempts).Scan(&candidates, &after, &jobs); err != nil {
 			return res, fmt.Errorf("replay endpoint %d: %w", id, err)
 		}
 		res.Jobs += jobs
-		if candidates < replayBatch {
+		if candidates < manualBatch {
 			break
 		}
 	}
-	if _, err := db.ExecContext(ctx, `SELECT pg_notify('outbox_jobs', '')`); err != nil {
-		return res, fmt.Errorf("replay endpoint %d: notify: %w", id, err)
+	if err := notify(ctx, db, jobsChannel); err != nil {
+		return res, fmt.Errorf("replay endpoint %d: %w", id, err)
 	}
 	return res, nil
-}
-
-// retryDiscardedSQL retries up to $2 of an endpoint's discarded jobs.
-const retryDiscardedSQL = `
-WITH discarded AS (
-  SELECT id
-  FROM outbox.jobs
-  WHERE endpoint_id = $1
-    AND state = 'discarded'
-  ORDER BY id
-  LIMIT $2
-  FOR UPDATE SKIP LOCKED
-)
-UPDATE outbox.jobs AS j
-SET state = 'available',
-    scheduled_at = now(),
-    finalized_at = NULL,
-    max_attempts = greatest(j.max_attempts, j.attempt + 1)
-FROM discarded
-WHERE j.id = discarded.id`
-
-// retryDiscarded retries every discarded delivery of an endpoint.
-func retryDiscarded(ctx context.Context, db *sql.DB, endpointID int64) (int64, error) {
-	if _, err := getEndpoint(ctx, db, endpointID); err != nil {
-		return 0, err
-	}
-	var total int64
-	for {
-		res, err := db.ExecContext(ctx, retryDiscardedSQL, endpointID, replayBatch)
-		if err != nil {
-			return total, fmt.Errorf("retry discarded jobs of endpoint %d: %w", endpointID, err)
-		}
-		n, _ := res.RowsAffected()
-		total += n
-		if n < replayBatch {
-			break
-		}
-	}
-	if _, err := db.ExecContext(ctx, `SELECT pg_notify('outbox_jobs', '')`); err != nil {
-		return total, fmt.Errorf("retry discarded jobs of endpoint %d: notify: %w", endpointID, err)
-	}
-	return total, nil
 }
 
 // DeliveryView is one attempt as the panel shows it.
