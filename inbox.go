@@ -20,7 +20,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"regexp"
 	"time"
 
 	"github.com/lib/pq"
@@ -42,11 +41,15 @@ type inboxSourceWithSecret struct {
 	Secret string `json:"secret"`
 }
 
-var (
-	sourceNamePattern = regexp.MustCompile(`^[a-z0-9_-]{1,50}$`)
-	// topicPrefixPattern matches schema.sql's inbox_sources_topic_prefix_format.
-	topicPrefixPattern = regexp.MustCompile(`^([A-Za-z0-9_][A-Za-z0-9_.:/-]{0,99})?$`)
-)
+// maxTopicPrefixLen matches schema.sql's inbox_sources_topic_prefix_format:
+// a prefix leaves room for the sender's type within a topic's 200.
+const maxTopicPrefixLen = 100
+
+// topicPrefixValid reports whether p may start a topic: empty, or up to
+// maxTopicPrefixLen characters of a topic.
+func topicPrefixValid(p string) bool {
+	return p == "" || (len(p) <= maxTopicPrefixLen && topicPattern.MatchString(p))
+}
 
 // maxInboxBody bounds a received webhook: an event payload may be up to
 // 1 MiB (schema.sql) plus its envelope, the same bound as POST /api/events.
@@ -94,14 +97,14 @@ VALUES ($1, $2, $3)
 RETURNING` + sourceColumns
 
 func createSource(ctx context.Context, db *sql.DB, in sourceInput) (inboxSourceWithSecret, error) {
-	if !sourceNamePattern.MatchString(in.Name) {
+	if !namePattern.MatchString(in.Name) {
 		return inboxSourceWithSecret{}, fmt.Errorf("%w: name %q must be 1-50 of a-z 0-9 _ -", errInvalid, in.Name)
 	}
 	prefix := in.Name + "."
 	if in.TopicPrefix != nil {
 		prefix = *in.TopicPrefix
 	}
-	if !topicPrefixPattern.MatchString(prefix) {
+	if !topicPrefixValid(prefix) {
 		return inboxSourceWithSecret{}, fmt.Errorf("%w: topic_prefix %q must be empty or up to 100 topic characters", errInvalid, prefix)
 	}
 	secret, err := parseSourceSecret(in.Secret)

@@ -35,6 +35,11 @@ type Event struct {
 // says so instead of a constraint name.
 var topicPattern = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,199}$`)
 
+// namePattern is the form of the names outboxd gives things (subscribers,
+// inbox sources): they become job kinds and URL paths, so they are short
+// and need no escaping.
+var namePattern = regexp.MustCompile(`^[a-z0-9_-]{1,50}$`)
+
 // maxSubjectLen matches the events_subject_length constraint.
 const maxSubjectLen = 500
 

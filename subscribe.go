@@ -7,7 +7,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"regexp"
 	"sort"
 )
 
@@ -41,8 +40,6 @@ const subscriberJobPrefix = "sub:"
 
 func (s Subscriber) jobKind() string { return subscriberJobPrefix + s.Name }
 
-var subscriberNamePattern = regexp.MustCompile(`^[a-z0-9_-]{1,50}$`)
-
 // subscriberRegistry is the set of subscribers of this process, fixed before
 // the loops start and only read after.
 type subscriberRegistry struct {
@@ -56,8 +53,8 @@ func newSubscriberRegistry() *subscriberRegistry {
 // Register adds s; it panics on a programming error (a bad or duplicate
 // name, a bad pattern), which the tests catch before anyone runs it.
 func (r *subscriberRegistry) Register(s Subscriber) {
-	if !subscriberNamePattern.MatchString(s.Name) {
-		panic(fmt.Sprintf("subscriber name %q must match %s", s.Name, subscriberNamePattern))
+	if !namePattern.MatchString(s.Name) {
+		panic(fmt.Sprintf("subscriber name %q must match %s", s.Name, namePattern))
 	}
 	if _, dup := r.byKind[s.jobKind()]; dup {
 		panic(fmt.Sprintf("subscriber %q registered twice", s.Name))
