@@ -248,6 +248,7 @@ type processCounters struct {
 	deliveries *deliveryMetrics
 	notifier   *ownerNotifier
 	pruned     func() map[string]int64 // rows pruned by table; nil until retention runs
+	retention  *sweeper                // its cycles and anomaly-cap stops
 }
 
 func (c *processCounters) write(p *promWriter) {
@@ -289,6 +290,16 @@ func (c *processCounters) write(p *promWriter) {
 		p.sample("outboxd_owner_notifications_sent_total", "", float64(n.sent.Load()))
 		p.family("outboxd_owner_notifications_dropped_total", "counter", "Owner notifications deliberately not sent: over the hourly cap per owner.")
 		p.sample("outboxd_owner_notifications_dropped_total", "", float64(n.dropped.Load()))
+	}
+	if s := c.retention; s != nil {
+		p.family("outboxd_retention_cycles_total", "counter", "Retention cycles by result: swept by this process, skipped while another replica held the lock, or failed (an anomaly-cap stop included).")
+		p.sample("outboxd_retention_cycles_total", `result="swept"`, float64(s.cycles.Load()))
+		p.sample("outboxd_retention_cycles_total", `result="skipped"`, float64(s.skipped.Load()))
+		p.sample("outboxd_retention_cycles_total", `result="failed"`, float64(s.failed.Load()))
+		p.family("outboxd_retention_anomaly_cap_stops_total", "counter", "Cycles a sweep stopped at -retention-anomaly-cap instead of deleting on.")
+		for _, st := range s.Stats() {
+			p.sample("outboxd_retention_anomaly_cap_stops_total", `sweep="`+labelValue(st.Sweep)+`"`, float64(st.CapHits))
+		}
 	}
 	if c.pruned != nil {
 		p.family("outboxd_rows_pruned_total", "counter", "Rows deleted by the retention sweeps, by table.")

@@ -7,8 +7,8 @@
 // sweeps a cycle and the others skip it. Each sweep deletes in batches of at
 // most BatchSize rows, pausing between batches, and stops the cycle with
 // errAnomalyCap when it has deleted AnomalyCap rows: a jumped clock must not
-// be trusted to empty a table. Rows deleted are counted per sweep for the
-// admin panel and /metrics.
+// be trusted to empty a table. Rows deleted, cycles swept, skipped and
+// failed, and anomaly-cap stops are counted for the overview and /metrics.
 
 package main
 
@@ -104,7 +104,7 @@ type sweep struct {
 	// PostgreSQL's clock, the one that stamped them.
 	deleteSQL string
 
-	// Counters for the admin panel and /metrics, only ever incremented.
+	// Counters for the overview and /metrics, only ever incremented.
 	rows    atomic.Int64 // rows deleted
 	capHits atomic.Int64 // cycles this sweep stopped at the anomaly cap
 }
@@ -446,8 +446,7 @@ func discardConn(conn *sql.Conn) {
 	conn.Close() // ErrConnDone: already closed
 }
 
-// sweepStats is one sweep's counters, as the admin panel and /metrics read
-// them.
+// sweepStats is one sweep's counters, as /metrics reads them.
 type sweepStats struct {
 	Sweep   string // jobs_completed, jobs_discarded, events, inbox
 	Table   string // outbox.jobs, outbox.events, outbox.inbox

@@ -241,6 +241,20 @@ func TestSweepStopsCycleAtAnomalyCap(t *testing.T) {
 	if diff := cmp.Diff(want, s.Stats()); diff != "" {
 		t.Errorf("stats (-want +got):\n%s", diff)
 	}
+	var metrics strings.Builder
+	if err := writeMetrics(&metrics, Overview{}, &processCounters{retention: s}); err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range []string{
+		`outboxd_retention_cycles_total{result="swept"} 1`,
+		`outboxd_retention_cycles_total{result="failed"} 1`,
+		`outboxd_retention_anomaly_cap_stops_total{sweep="jobs_completed"} 1`,
+		`outboxd_retention_anomaly_cap_stops_total{sweep="events"} 0`,
+	} {
+		if !strings.Contains(metrics.String(), line+"\n") {
+			t.Errorf("metrics lack %s:\n%s", line, metrics.String())
+		}
+	}
 	if n := advisoryLocks(t, db); n != 0 {
 		t.Errorf("%d advisory locks held after the capped cycle, want 0", n)
 	}
