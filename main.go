@@ -20,6 +20,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"errors"
 	"flag"
@@ -159,6 +160,32 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 		}
 	}
 
+	fs := configFlags(&cfg, stderr)
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	given, err := applyEnv(fs, getenv)
+	if err != nil {
+		return cfg, err
+	}
+	// The inbox window follows events retention unless it was set: an
+	// operator who keeps events longer keeps their dedup records longer too.
+	if !given["inbox-retention"] {
+		cfg.Retention.Inbox = 0
+		if cfg.Retention.Events > 0 {
+			cfg.Retention.Inbox = cfg.Retention.Events + inboxRetentionMargin
+		}
+	}
+	return cfg, cfg.validate()
+}
+
+// configFlags declares every flag of cfg, with cfg's values as defaults,
+// on a new flag set writing its usage to stderr. One flag a line: a long
+// list is the point of this function.
+func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("outboxd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&cfg.DatabaseURL, "database-url", cfg.DatabaseURL, "PostgreSQL connection URL; empty starts a private cluster under -data-dir")
@@ -205,13 +232,13 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 			fmt.Fprintf(fs.Output(), "  -%s  (%s, default %q)\n    \t%s\n", f.Name, envName(f.Name), f.DefValue, f.Usage)
 		})
 	}
+	return fs
+}
 
-	if err := fs.Parse(args); err != nil {
-		return cfg, err
-	}
-	if fs.NArg() > 0 {
-		return cfg, fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
+// applyEnv sets every flag not given on the command line from its
+// environment variable, if set, and reports which flags were given either
+// way.
+func applyEnv(fs *flag.FlagSet, getenv func(string) string) (map[string]bool, error) {
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	var envErr error
@@ -226,24 +253,15 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 			given[f.Name] = true
 		}
 	})
-	if envErr != nil {
-		return cfg, envErr
-	}
-	// The inbox window follows events retention unless it was set: an
-	// operator who keeps events longer keeps their dedup records longer too.
-	if !given["inbox-retention"] {
-		cfg.Retention.Inbox = 0
-		if cfg.Retention.Events > 0 {
-			cfg.Retention.Inbox = cfg.Retention.Events + inboxRetentionMargin
-		}
-	}
-	return cfg, cfg.validate()
+	return given, envErr
 }
 
 // validate checks every setting once, at start. Each error names the flag
 // and its environment variable so the operator finds it either way.
 func (c Config) validate() error {
-	setting := func(name string) string { return fmt.Sprintf("-%s (%s)", name, envName(name)) }
+	if err := c.validateService(); err != nil {
+		return err
+	}
 	intIn := func(name string, v, lo, hi int) error {
 		if v < lo || v > hi {
 			return fmt.Errorf("%s must be between %d and %d, got %d", setting(name), lo, hi, v)
@@ -255,22 +273,6 @@ func (c Config) validate() error {
 			return fmt.Errorf("%s must be between %s and %s, got %s", setting(name), lo, hi, v)
 		}
 		return nil
-	}
-	if c.DatabaseURL != "" {
-		if _, err := pq.NewConfig(c.DatabaseURL); err != nil {
-			return fmt.Errorf("%s: %w", setting("database-url"), err)
-		}
-	} else if c.DataDir == "" {
-		return fmt.Errorf("%s must not be empty when %s is", setting("data-dir"), setting("database-url"))
-	}
-	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
-		return fmt.Errorf("%s: %q is not host:port: %w", setting("addr"), c.Addr, err)
-	}
-	if c.AdminToken != "" && len(c.AdminToken) < 16 {
-		return fmt.Errorf("%s must be at least 16 characters, got %d", setting("admin-token"), len(c.AdminToken))
-	}
-	if c.LogFormat != "text" && c.LogFormat != "json" {
-		return fmt.Errorf("%s must be text or json, got %q", setting("log-format"), c.LogFormat)
 	}
 	return errors.Join(
 		intIn("relay-batch", c.Relay.BatchSize, 1, 10_000),
@@ -300,8 +302,33 @@ func (c Config) validate() error {
 		intIn("retention-batch", c.Retention.BatchSize, 1, retentionBatchMax),
 		durationIn("endpoint-disable-after", c.Retention.EndpointDisableAfter, 0, maxRetention),
 		intIn("retention-anomaly-cap", c.Retention.AnomalyCap, 1, 1_000_000_000),
-		c.validateInboxRetention(setting),
+		c.validateInboxRetention(),
 	)
+}
+
+// setting names a flag and its environment variable, for messages.
+func setting(name string) string { return fmt.Sprintf("-%s (%s)", name, envName(name)) }
+
+// validateService checks where outboxd connects and listens, and how it
+// logs: the settings without a numeric range.
+func (c Config) validateService() error {
+	if c.DatabaseURL != "" {
+		if _, err := pq.NewConfig(c.DatabaseURL); err != nil {
+			return fmt.Errorf("%s: %w", setting("database-url"), err)
+		}
+	} else if c.DataDir == "" {
+		return fmt.Errorf("%s must not be empty when %s is", setting("data-dir"), setting("database-url"))
+	}
+	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
+		return fmt.Errorf("%s: %q is not host:port: %w", setting("addr"), c.Addr, err)
+	}
+	if c.AdminToken != "" && len(c.AdminToken) < 16 {
+		return fmt.Errorf("%s must be at least 16 characters, got %d", setting("admin-token"), len(c.AdminToken))
+	}
+	if c.LogFormat != "text" && c.LogFormat != "json" {
+		return fmt.Errorf("%s must be text or json, got %q", setting("log-format"), c.LogFormat)
+	}
+	return nil
 }
 
 // validateRetryHorizon refuses a retry schedule that can outlive the event
@@ -327,7 +354,7 @@ const maxRetention = 10 * 365 * 24 * time.Hour
 // up to one interval late, and until it has run, an event can be replayed
 // and must still find its dedup record. 0 on either side disables the
 // sweep, and the rule with it.
-func (c Config) validateInboxRetention(setting func(string) string) error {
+func (c Config) validateInboxRetention() error {
 	r := c.Retention
 	if r.Events == 0 || r.Inbox == 0 || r.Inbox > r.Events+r.Interval {
 		return nil
@@ -349,38 +376,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	logger := newLogger(cfg, stderr)
 
-	dsn := cfg.DatabaseURL
-	if dsn == "" {
-		cluster, err := startCluster(ctx, cfg.DataDir, logger)
-		if err != nil {
-			return err
-		}
-		defer cluster.Stop()
-		dsn = cluster.DSN("outboxd")
-	}
-
-	db, err := openDB(ctx, dsn, cfg.DBMaxConns)
+	db, dsn, closeDB, err := connect(ctx, cfg, logger)
 	if err != nil {
 		return err
 	}
-	defer db.Close()
-	if err := migrate(ctx, db); err != nil {
-		return err
-	}
+	defer closeDB()
 	if cfg.Command == "migrate" {
 		logger.Info("schema applied")
 		return nil
 	}
 	checkServerSettings(ctx, db, logger)
-
-	token := cfg.AdminToken
-	if token == "" {
-		token = randomToken()
-		logger.Info("admin token generated; set -admin-token to keep one across restarts",
-			"panel_url", "http://"+cfg.Addr+"/?token="+token)
-	}
-
-	subscribers := defaultSubscribers(cfg, logger)
 
 	// Listen before the loops start: a taken port fails the start at once,
 	// and the demo needs the address for its endpoint.
@@ -415,37 +420,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			}
 		})
 	}
-
-	wake := newWakeups()
-	if !cfg.DisableListen {
-		start("listener", newListener(dsn, wake, logger).Run)
-	}
-	relay := newRelay(db, cfg.Relay, cfg.Workers.MaxAttempts, fanOutTargets(subscribers), logger)
-	start("relay", func(ctx context.Context) error { return relay.Run(ctx, wake.events, wake.jobs) })
-	// One client for every delivery: its pool keeps connections alive per
-	// host, and its dialer refuses internal addresses (safehttp.go).
-	webhookClient := newSafeHTTPClient(safeHTTPOptions{
-		AllowPrivate: cfg.AllowPrivateEndpoints,
-		Timeout:      cfg.Webhooks.Timeout,
-		Concurrency:  cfg.Workers.Concurrency,
-	})
-	deliveries := newDeliveryMetrics()
-	mail := newMailer(cfg.Mail)
-	logger.Info("mail settings", "smtp", mail, "from", cfg.Mail.From)
-	webhooks := newWebhookSender(db, webhookClient, deliveries, mail, logger)
-	notifier := newOwnerNotifier(db, mail, cfg.Mail.OwnerNotifyPerHour, logger)
-	workers := newWorkerPool(db, cfg.Workers, cfg.ShutdownGrace, subscribers, map[string]jobHandler{
-		webhookJobKind:     webhooks.deliver,
-		ownerNotifyJobKind: notifier.notify,
-	}, logger)
-	start("workers", func(ctx context.Context) error { return workers.Run(ctx, wake.jobs) })
-	rescuer := newRescuer(db, cfg.Workers, logger)
-	start("rescuer", rescuer.Run)
-	samples := newSampler(db, sampleInterval, logger)
-	start("sampler", samples.Run)
-	host, _ := os.Hostname()
-	retention := newSweeper(db, cfg.Retention, fmt.Sprintf("%s:%d", host, os.Getpid()), logger)
-	start("retention", retention.Run)
+	p := startPipeline(cfg, db, dsn, start, logger)
 	if demoRun != nil {
 		start("demo", demoRun.Run)
 	}
@@ -456,10 +431,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	handler := routes(&admin{
 		db:              db,
-		token:           token,
+		token:           adminToken(cfg, logger),
 		alerts:          cfg.Alerts,
-		counters:        &processCounters{relay: relay, workers: workers, rescuer: rescuer, deliveries: deliveries, notifier: notifier, pruned: retention.PrunedByTable, retention: retention},
-		samples:         samples,
+		counters:        p.counters(),
+		samples:         p.samples,
 		panel:           pnl,
 		eventsRetention: cfg.Retention.Events,
 		maxAttempts:     cfg.Workers.MaxAttempts,
@@ -471,7 +446,114 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		metricsPublic: cfg.MetricsPublic,
 		logger:        logger,
 	})
+	return serve(ctx, ln, handler, cfg.ShutdownGrace, logger, stdout)
+}
 
+// connect opens the database, first starting the embedded cluster when no
+// URL is configured, and applies the schema. close releases both.
+func connect(ctx context.Context, cfg Config, logger *slog.Logger) (db *sql.DB, dsn string, close func(), err error) {
+	dsn = cfg.DatabaseURL
+	stopCluster := func() {}
+	if dsn == "" {
+		cluster, err := startCluster(ctx, cfg.DataDir, logger)
+		if err != nil {
+			return nil, "", nil, err
+		}
+		stopCluster, dsn = cluster.Stop, cluster.DSN("outboxd")
+	}
+	db, err = openDB(ctx, dsn, cfg.DBMaxConns)
+	if err == nil {
+		err = migrate(ctx, db)
+		if err != nil {
+			db.Close()
+		}
+	}
+	if err != nil {
+		stopCluster()
+		return nil, "", nil, err
+	}
+	return db, dsn, func() { db.Close(); stopCluster() }, nil
+}
+
+// adminToken is the configured token, or a random one that is logged with
+// the panel's address, so a first run can sign in.
+func adminToken(cfg Config, logger *slog.Logger) string {
+	if cfg.AdminToken != "" {
+		return cfg.AdminToken
+	}
+	token := randomToken()
+	logger.Info("admin token generated; set -admin-token to keep one across restarts",
+		"panel_url", "http://"+cfg.Addr+"/?token="+token)
+	return token
+}
+
+// pipeline is the loops of one process, from LISTEN to retention. The HTTP
+// side reads their counters.
+type pipeline struct {
+	relay      *relay
+	workers    *workerPool
+	rescuer    *rescuer
+	deliveries *deliveryMetrics
+	notifier   *ownerNotifier
+	samples    *sampler
+	retention  *sweeper
+}
+
+// startPipeline builds every loop in the order events move through them
+// and starts each with start, which owns its goroutine.
+func startPipeline(cfg Config, db *sql.DB, dsn string, start func(string, func(context.Context) error), logger *slog.Logger) *pipeline {
+	var p pipeline
+	wake := newWakeups()
+	if !cfg.DisableListen {
+		start("listener", newListener(dsn, wake, logger).Run)
+	}
+	subscribers := defaultSubscribers(cfg.Demo, logger)
+	p.relay = newRelay(db, cfg.Relay, cfg.Workers.MaxAttempts, fanOutTargets(subscribers), logger)
+	start("relay", func(ctx context.Context) error { return p.relay.Run(ctx, wake.events, wake.jobs) })
+
+	// One client for every delivery: its pool keeps connections alive per
+	// host, and its dialer refuses internal addresses (safehttp.go).
+	webhookClient := newSafeHTTPClient(safeHTTPOptions{
+		AllowPrivate: cfg.AllowPrivateEndpoints,
+		Timeout:      cfg.Webhooks.Timeout,
+		Concurrency:  cfg.Workers.Concurrency,
+	})
+	p.deliveries = newDeliveryMetrics()
+	mail := newMailer(cfg.Mail)
+	logger.Info("mail settings", "smtp", mail, "from", cfg.Mail.From)
+	webhooks := newWebhookSender(db, webhookClient, p.deliveries, mail, logger)
+	p.notifier = newOwnerNotifier(db, mail, cfg.Mail.OwnerNotifyPerHour, logger)
+	p.workers = newWorkerPool(db, cfg.Workers, cfg.ShutdownGrace, subscribers, map[string]jobHandler{
+		webhookJobKind:     webhooks.deliver,
+		ownerNotifyJobKind: p.notifier.notify,
+	}, logger)
+	start("workers", func(ctx context.Context) error { return p.workers.Run(ctx, wake.jobs) })
+	p.rescuer = newRescuer(db, cfg.Workers, logger)
+	start("rescuer", p.rescuer.Run)
+
+	p.samples = newSampler(db, sampleInterval, logger)
+	start("sampler", p.samples.Run)
+	host, _ := os.Hostname()
+	p.retention = newSweeper(db, cfg.Retention, fmt.Sprintf("%s:%d", host, os.Getpid()), logger)
+	start("retention", p.retention.Run)
+	return &p
+}
+
+func (p *pipeline) counters() *processCounters {
+	return &processCounters{
+		relay:      p.relay,
+		workers:    p.workers,
+		rescuer:    p.rescuer,
+		deliveries: p.deliveries,
+		notifier:   p.notifier,
+		pruned:     p.retention.PrunedByTable,
+		retention:  p.retention,
+	}
+}
+
+// serve answers HTTP on ln until ctx ends or the server fails, then shuts
+// it down, giving requests in flight up to grace.
+func serve(ctx context.Context, ln net.Listener, handler http.Handler, grace time.Duration, logger *slog.Logger, stdout io.Writer) error {
 	srv := &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -482,16 +564,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	logger.Info("outboxd started", "version", version, "addr", ln.Addr().String())
 	fmt.Fprintf(stdout, "outboxd listening on http://%s\n", ln.Addr())
 
+	var err error
 	select {
 	case <-ctx.Done():
-		err = nil
 	case err = <-serveErr:
 		err = fmt.Errorf("http server: %w", err)
 	}
-	logger.Info("shutting down", "grace", cfg.ShutdownGrace)
+	logger.Info("shutting down", "grace", grace)
 	// A fresh context: ctx is already cancelled, and Shutdown given a
 	// cancelled context returns at once without waiting for handlers.
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	if shutdownErr := srv.Shutdown(shutdownCtx); shutdownErr != nil && err == nil {
 		err = fmt.Errorf("http shutdown: %w", shutdownErr)
@@ -502,10 +584,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 // defaultSubscribers is the registry run() starts with: every in-process
 // subscriber outboxd ships. The idempotency test iterates exactly this, so
 // a subscriber registered here is checked for one effect per event.
-func defaultSubscribers(cfg Config, logger *slog.Logger) *subscriberRegistry {
+func defaultSubscribers(demo bool, logger *slog.Logger) *subscriberRegistry {
 	subs := newSubscriberRegistry()
 	subs.Register(subjectIndexSubscriber())
-	if cfg.Demo {
+	if demo {
 		subs.Register(logSubscriber(logger))
 	}
 	return subs
