@@ -62,29 +62,55 @@ func startCluster(ctx context.Context, dir string, logger *slog.Logger, settings
 	}
 
 	pgdata := filepath.Join(dir, "pgdata")
-	if _, err := os.Stat(filepath.Join(pgdata, "PG_VERSION")); errors.Is(err, fs.ErrNotExist) {
-		logger.Info("creating embedded PostgreSQL cluster", "data_dir", pgdata, "bin", bin)
-		initdb := exec.CommandContext(ctx, filepath.Join(bin, "initdb"),
-			"-D", pgdata, "-U", "postgres", "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-instructions")
-		initdb.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-		if out, err := initdb.CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("embedded database: initdb: %w\n%s", err, out)
-		}
-	} else if err != nil {
-		return nil, fmt.Errorf("embedded database: %w", err)
+	if err := initCluster(ctx, bin, pgdata, cred, logger); err != nil {
+		return nil, err
 	}
 	if pid, alive := runningPostmaster(pgdata); alive {
 		return nil, fmt.Errorf("embedded database: %s is in use by PostgreSQL process %d (another outboxd?); stop it or use another -data-dir", pgdata, pid)
 	}
-
 	logPath := filepath.Join(dir, "postgres.log")
+	c, err := launchServer(bin, dir, logPath, settings, cred, logger)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.awaitReady(ctx, logPath); err != nil {
+		c.Stop()
+		return nil, err
+	}
+	logger.Info("embedded PostgreSQL started", "data_dir", pgdata, "socket_dir", dir, "log", logPath)
+	return c, nil
+}
+
+// initCluster creates the cluster in pgdata with initdb, unless one is
+// there.
+func initCluster(ctx context.Context, bin, pgdata string, cred *syscall.Credential, logger *slog.Logger) error {
+	_, err := os.Stat(filepath.Join(pgdata, "PG_VERSION"))
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("embedded database: %w", err)
+	}
+	logger.Info("creating embedded PostgreSQL cluster", "data_dir", pgdata, "bin", bin)
+	initdb := exec.CommandContext(ctx, filepath.Join(bin, "initdb"),
+		"-D", pgdata, "-U", "postgres", "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-instructions")
+	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	if out, err := initdb.CombinedOutput(); err != nil {
+		return fmt.Errorf("embedded database: initdb: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// launchServer starts postgres on dir's cluster, listening on a socket in
+// dir only, its output appended to logPath.
+func launchServer(bin, dir, logPath string, settings []string, cred *syscall.Credential, logger *slog.Logger) (*cluster, error) {
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("embedded database: open log: %w", err)
 	}
 	defer logFile.Close() // the child keeps its own descriptor
 
-	args := []string{"-D", pgdata, "-k", dir, "-c", "listen_addresses=", "-c", "port=5432"}
+	args := []string{"-D", filepath.Join(dir, "pgdata"), "-k", dir, "-c", "listen_addresses=", "-c", "port=5432"}
 	for _, s := range settings {
 		args = append(args, "-c", s)
 	}
@@ -101,11 +127,6 @@ func startCluster(ctx context.Context, dir string, logger *slog.Logger, settings
 		cmd.Wait()
 		close(c.exited)
 	}()
-	if err := c.awaitReady(ctx, logPath); err != nil {
-		c.Stop()
-		return nil, err
-	}
-	logger.Info("embedded PostgreSQL started", "data_dir", pgdata, "socket_dir", dir, "log", logPath)
 	return c, nil
 }
 

@@ -175,49 +175,14 @@ func (m *mailer) send(ctx context.Context, msg mailMessage) error {
 	if err != nil {
 		return fmt.Errorf("compose mail: %w", err)
 	}
-	host := m.server.Hostname()
-	port := m.server.Port()
-	if port == "" {
-		port = map[string]string{"smtp": "587", "smtps": "465"}[m.server.Scheme]
-	}
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "tcp", net.JoinHostPort(host, port))
+	c, stop, err := m.dial(ctx)
 	if err != nil {
-		return fmt.Errorf("smtp: %w", err)
+		return err
 	}
-	// net/smtp takes no context: the deadline, and a cancel that ends the
-	// connection at once, hold the exchange to ctx.
-	if deadline, ok := ctx.Deadline(); ok {
-		conn.SetDeadline(deadline)
-	}
-	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
 	defer stop()
-	tlsConfig := m.tlsConfig.Clone()
-	tlsConfig.ServerName = host
-	if m.server.Scheme == "smtps" {
-		conn = tls.Client(conn, tlsConfig)
-	}
-	c, err := smtp.NewClient(conn, host)
-	if err != nil {
-		conn.Close()
-		return fmt.Errorf("smtp: greeting: %w", err)
-	}
 	defer c.Close()
-	if err := c.Hello(m.messageIDHost); err != nil {
-		return fmt.Errorf("smtp: EHLO: %w", err)
-	}
-	if m.server.Scheme == "smtp" {
-		if ok, _ := c.Extension("STARTTLS"); ok {
-			if err := c.StartTLS(tlsConfig); err != nil {
-				return fmt.Errorf("smtp: STARTTLS: %w", err)
-			}
-		}
-	}
-	if user := m.server.User; user != nil {
-		password, _ := user.Password()
-		if err := c.Auth(smtp.PlainAuth("", user.Username(), password, host)); err != nil {
-			return fmt.Errorf("smtp: AUTH: %w", err)
-		}
+	if err := m.hello(c); err != nil {
+		return err
 	}
 	if err := c.Mail(m.from); err != nil {
 		return fmt.Errorf("smtp: MAIL FROM: %w", err)
@@ -240,6 +205,67 @@ func (m *mailer) send(ctx context.Context, msg mailMessage) error {
 	// A failed QUIT changes nothing: the message was accepted.
 	c.Quit()
 	return nil
+}
+
+// dial connects to the server (TLS from the first byte for smtps://) and
+// reads its greeting. net/smtp takes no context, so the connection's
+// deadline is ctx's, and ctx's end closes the exchange at once until stop
+// is called.
+func (m *mailer) dial(ctx context.Context) (c *smtp.Client, stop func() bool, err error) {
+	host := m.server.Hostname()
+	port := m.server.Port()
+	if port == "" {
+		port = map[string]string{"smtp": "587", "smtps": "465"}[m.server.Scheme]
+	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", net.JoinHostPort(host, port))
+	if err != nil {
+		return nil, nil, fmt.Errorf("smtp: %w", err)
+	}
+	if deadline, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(deadline)
+	}
+	stop = context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
+	if m.server.Scheme == "smtps" {
+		conn = tls.Client(conn, m.tlsFor(host))
+	}
+	c, err = smtp.NewClient(conn, host)
+	if err != nil {
+		stop()
+		conn.Close()
+		return nil, nil, fmt.Errorf("smtp: greeting: %w", err)
+	}
+	return c, stop, nil
+}
+
+// hello introduces us, upgrades smtp:// to TLS when the server offers it,
+// and authenticates when the URL names a user.
+func (m *mailer) hello(c *smtp.Client) error {
+	host := m.server.Hostname()
+	if err := c.Hello(m.messageIDHost); err != nil {
+		return fmt.Errorf("smtp: EHLO: %w", err)
+	}
+	if m.server.Scheme == "smtp" {
+		if ok, _ := c.Extension("STARTTLS"); ok {
+			if err := c.StartTLS(m.tlsFor(host)); err != nil {
+				return fmt.Errorf("smtp: STARTTLS: %w", err)
+			}
+		}
+	}
+	if user := m.server.User; user != nil {
+		password, _ := user.Password()
+		if err := c.Auth(smtp.PlainAuth("", user.Username(), password, host)); err != nil {
+			return fmt.Errorf("smtp: AUTH: %w", err)
+		}
+	}
+	return nil
+}
+
+// tlsFor is the TLS configuration for a connection to host.
+func (m *mailer) tlsFor(host string) *tls.Config {
+	c := m.tlsConfig.Clone()
+	c.ServerName = host
+	return c
 }
 
 // mailtoPrefix marks an endpoint delivered by mail.

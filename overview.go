@@ -139,66 +139,26 @@ func readOverview(ctx context.Context, db *sql.DB, alerts AlertConfig) (Overview
 	}
 	defer tx.Rollback()
 
-	var oldestUnfanned, firstPoisoned sql.NullTime
+	var starts alertStarts
 	var now time.Time
 	if err := tx.QueryRowContext(ctx, overviewEventsSQL).Scan(
-		&o.Backlog, &oldestUnfanned, &o.Poisoned, &firstPoisoned, &now); err != nil {
+		&o.Backlog, &starts.OldestUnfanned, &o.Poisoned, &starts.FirstPoisoned, &now); err != nil {
 		return o, fmt.Errorf("overview: events: %w", err)
 	}
-	if oldestUnfanned.Valid {
-		o.OldestUnfannedAgeSeconds = max(now.Sub(oldestUnfanned.Time).Seconds(), 0)
+	if starts.OldestUnfanned.Valid {
+		o.OldestUnfannedAgeSeconds = max(now.Sub(starts.OldestUnfanned.Time).Seconds(), 0)
 	}
-
-	var firstDisabled sql.NullTime
 	if err := tx.QueryRowContext(ctx, overviewEndpointsSQL).Scan(
-		&o.Endpoints.Enabled, &o.Endpoints.Failing, &o.Endpoints.Disabled, &firstDisabled); err != nil {
+		&o.Endpoints.Enabled, &o.Endpoints.Failing, &o.Endpoints.Disabled, &starts.FirstDisabled); err != nil {
 		return o, fmt.Errorf("overview: endpoints: %w", err)
 	}
-
-	var firstDiscarded sql.NullTime
-	rows, err := tx.QueryContext(ctx, overviewJobsSQL)
-	if err != nil {
-		return o, fmt.Errorf("overview: jobs: %w", err)
+	if o.Jobs, starts.FirstDiscarded, err = readJobCounts(ctx, tx); err != nil {
+		return o, err
 	}
-	for rows.Next() {
-		var state string
-		var n int64
-		var firstFinal sql.NullTime
-		if err := rows.Scan(&state, &n, &firstFinal); err != nil {
-			rows.Close()
-			return o, fmt.Errorf("overview: jobs: %w", err)
-		}
-		switch jobState(state) {
-		case jobAvailable:
-			o.Jobs.Available = n
-		case jobRunning:
-			o.Jobs.Running = n
-		case jobRetryable:
-			o.Jobs.Retryable = n
-		case jobCompleted:
-			o.Jobs.Completed = n
-		case jobDiscarded:
-			o.Jobs.Discarded, firstDiscarded = n, firstFinal
-		}
+	if o.Tables, err = readTableHealth(ctx, tx); err != nil {
+		return o, err
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return o, fmt.Errorf("overview: jobs: %w", err)
-	}
-
-	rows, err = tx.QueryContext(ctx, overviewTablesSQL)
-	if err != nil {
-		return o, fmt.Errorf("overview: tables: %w", err)
-	}
-	for rows.Next() {
-		var h TableHealth
-		if err := rows.Scan(&h.Name, &h.LiveRows, &h.DeadRows, &h.LastAutovacuum, &h.IndexBytes, &h.TotalBytes); err != nil {
-			rows.Close()
-			return o, fmt.Errorf("overview: tables: %w", err)
-		}
-		if total := h.LiveRows + h.DeadRows; total > 0 {
-			h.DeadRatio = float64(h.DeadRows) / float64(total)
-		}
+	for _, h := range o.Tables {
 		switch h.Name {
 		case "events":
 			o.TableBytes.Events = h.TotalBytes
@@ -207,11 +167,6 @@ func readOverview(ctx context.Context, db *sql.DB, alerts AlertConfig) (Overview
 		case "inbox":
 			o.TableBytes.Inbox = h.TotalBytes
 		}
-		o.Tables = append(o.Tables, h)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return o, fmt.Errorf("overview: tables: %w", err)
 	}
 	if err := tx.QueryRowContext(ctx, oldestXactSQL).Scan(&o.OldestXactAgeSeconds); err != nil {
 		return o, fmt.Errorf("overview: oldest transaction: %w", err)
@@ -219,14 +174,67 @@ func readOverview(ctx context.Context, db *sql.DB, alerts AlertConfig) (Overview
 	if err := tx.QueryRowContext(ctx, `SELECT pg_notification_queue_usage()`).Scan(&o.NotifyQueueUsage); err != nil {
 		return o, fmt.Errorf("overview: notification queue: %w", err)
 	}
-
-	o.Alerts = evaluateAlerts(alerts, o, alertStarts{
-		OldestUnfanned: oldestUnfanned,
-		FirstPoisoned:  firstPoisoned,
-		FirstDiscarded: firstDiscarded,
-		FirstDisabled:  firstDisabled,
-	})
+	o.Alerts = evaluateAlerts(alerts, o, starts)
 	return o, nil
+}
+
+// readJobCounts counts jobs by state, and finds when the oldest discarded
+// job was discarded.
+func readJobCounts(ctx context.Context, tx *sql.Tx) (c JobCounts, firstDiscarded sql.NullTime, err error) {
+	rows, err := tx.QueryContext(ctx, overviewJobsSQL)
+	if err != nil {
+		return c, firstDiscarded, fmt.Errorf("overview: jobs: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var state string
+		var n int64
+		var firstFinal sql.NullTime
+		if err := rows.Scan(&state, &n, &firstFinal); err != nil {
+			return c, firstDiscarded, fmt.Errorf("overview: jobs: %w", err)
+		}
+		switch jobState(state) {
+		case jobAvailable:
+			c.Available = n
+		case jobRunning:
+			c.Running = n
+		case jobRetryable:
+			c.Retryable = n
+		case jobCompleted:
+			c.Completed = n
+		case jobDiscarded:
+			c.Discarded, firstDiscarded = n, firstFinal
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return c, firstDiscarded, fmt.Errorf("overview: jobs: %w", err)
+	}
+	return c, firstDiscarded, nil
+}
+
+// readTableHealth reads the size and vacuum statistics of every table of
+// the outbox schema.
+func readTableHealth(ctx context.Context, tx *sql.Tx) ([]TableHealth, error) {
+	rows, err := tx.QueryContext(ctx, overviewTablesSQL)
+	if err != nil {
+		return nil, fmt.Errorf("overview: tables: %w", err)
+	}
+	defer rows.Close()
+	var tables []TableHealth
+	for rows.Next() {
+		var h TableHealth
+		if err := rows.Scan(&h.Name, &h.LiveRows, &h.DeadRows, &h.LastAutovacuum, &h.IndexBytes, &h.TotalBytes); err != nil {
+			return nil, fmt.Errorf("overview: tables: %w", err)
+		}
+		if total := h.LiveRows + h.DeadRows; total > 0 {
+			h.DeadRatio = float64(h.DeadRows) / float64(total)
+		}
+		tables = append(tables, h)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("overview: tables: %w", err)
+	}
+	return tables, nil
 }
 
 // alertStarts are the moments each condition began, for Alert.Since.

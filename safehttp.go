@@ -191,43 +191,53 @@ func validateEndpointURL(raw string, allowPrivate bool) (*url.URL, error) {
 		// Never sent on the wire, so it can only mislead.
 		return nil, fmt.Errorf("endpoint url %q: fragment not allowed", shown)
 	}
+	if err := checkEndpointHost(u, shown, allowPrivate); err != nil {
+		return nil, err
+	}
+	return u, nil
+}
 
+// checkEndpointHost checks an endpoint URL's host and port (shown names
+// the URL in messages): an IP address must be public unless private
+// endpoints are allowed, and a name must be one DNS can answer and not read
+// as an address.
+func checkEndpointHost(u *url.URL, shown string, allowPrivate bool) error {
 	host := u.Hostname()
 	if host == "" {
-		return nil, fmt.Errorf("endpoint url %q: host required", shown)
+		return fmt.Errorf("endpoint url %q: host required", shown)
 	}
 	if strings.Contains(host, "%") {
-		return nil, fmt.Errorf("endpoint url %q: IPv6 zone not allowed", shown)
+		return fmt.Errorf("endpoint url %q: IPv6 zone not allowed", shown)
 	}
 	if p := u.Port(); p != "" {
 		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
-			return nil, fmt.Errorf("endpoint url %q: port out of range", shown)
+			return fmt.Errorf("endpoint url %q: port out of range", shown)
 		}
 	}
 
 	if ip, err := netip.ParseAddr(host); err == nil {
 		if reason := forbiddenIPReason(ip); reason != "" && !allowPrivate {
-			return nil, fmt.Errorf("endpoint url %q: %w", shown, refuseAddr(ip, reason))
+			return fmt.Errorf("endpoint url %q: %w", shown, refuseAddr(ip, reason))
 		}
-		return u, nil
+		return nil
 	}
 	if name := strings.TrimSuffix(host, "."); len(name) > 253 || slices.ContainsFunc(strings.Split(name, "."), func(l string) bool { return len(l) > 63 }) {
 		// RFC 1035: no resolver answers for such a name, so every
 		// delivery would fail; say so at registration.
-		return nil, fmt.Errorf("endpoint url: host name longer than DNS allows (253 bytes, 63 a label)")
+		return fmt.Errorf("endpoint url: host name longer than DNS allows (253 bytes, 63 a label)")
 	}
 	if endsInNumber(host) {
 		// 2130706433, 0177.0.0.1, 127.1 and 0x7f.1 are all 127.0.0.1 to
 		// inet_aton, and so to a libc resolver, while Go reads them as
 		// names. Refused even with private endpoints allowed, as
 		// ambiguous: its owner can write the dotted quad.
-		return nil, fmt.Errorf("endpoint url %q: host reads as an IPv4 address in a non-standard form; write it as a.b.c.d", shown)
+		return fmt.Errorf("endpoint url %q: host reads as an IPv4 address in a non-standard form; write it as a.b.c.d", shown)
 	}
 	if name := strings.ToLower(strings.TrimSuffix(host, ".")); !allowPrivate && (name == "localhost" || strings.HasSuffix(name, ".localhost")) {
 		// RFC 6761: these names always resolve to loopback.
-		return nil, fmt.Errorf("endpoint url %q: %w", shown, &forbiddenAddressError{subject: "host " + host, reason: "loopback"})
+		return fmt.Errorf("endpoint url %q: %w", shown, &forbiddenAddressError{subject: "host " + host, reason: "loopback"})
 	}
-	return u, nil
+	return nil
 }
 
 // endsInNumber reports whether a host's last label is decimal or 0x-hex
