@@ -88,7 +88,7 @@ func (a *testAPI) endpoint(id int64) Endpoint {
 func itoa(id int64) string { return strconv.FormatInt(id, 10) }
 
 // The whole life of an endpoint through the API, and the JSON shape other
-// programs rely on (DESIGN.md).
+// programs rely on (README, "The panel, the API and metrics").
 func TestEndpointAPILifecycle(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)

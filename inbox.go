@@ -1,7 +1,7 @@
 // inbox.go: the receiving side, signed webhooks from other senders turned
 // into local events once per webhook-id, and the sources API.
 //
-// Guarantees (DESIGN.md, hop 6):
+// Guarantees (README, "Guarantees, hop by hop", hop 6):
 //   - The signature is checked on the raw bytes received (Standard
 //     Webhooks, signature.go), with the ±5 minute timestamp tolerance.
 //   - The dedup row (source, webhook-id) and the local event commit in one

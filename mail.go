@@ -1,17 +1,9 @@
-// mail.go: delivery by mail over SMTP, for mailto: endpoints and owner
-// notifications.
-//
-// Guarantees (DESIGN.md, hop 7):
-//   - Send, then mark: the job completes after the server accepted the
-//     message. SMTP has no idempotency key, so a crash between the two sends
-//     the message again; every message carries Message-ID <event id@host>,
-//     the same on every attempt, and most mailboxes merge duplicates by it.
-//   - A 250 means accepted, not delivered: bounces are out of scope.
-//   - No SMTP server configured: the job completes and logs; it raises no
-//     alert, since nothing can ever be sent and retrying would only fill
-//     the job table.
-//   - Failures (no connection, a 4xx or 5xx answer) are retried on the
-//     schedule of every job, through decideOutcome.
+// mail.go: the SMTP client that mailto: endpoints (webhook.go) and owner
+// notifications (ownernotify.go) send through: one message a connection,
+// STARTTLS when offered, and a Message-ID of <event id@host>, the same on
+// every attempt, so a mailbox merges the duplicate that a crash between
+// send and mark produces. A 250 means accepted, not delivered: bounces are
+// out of scope.
 
 package main
 

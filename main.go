@@ -86,7 +86,8 @@ type Config struct {
 	ShutdownGrace time.Duration
 }
 
-// defaultConfig is the configuration with every default of DESIGN.md.
+// defaultConfig is the configuration with every default; each number's
+// reason sits on its field. main_test.go pins them.
 func defaultConfig() Config {
 	return Config{
 		DataDir:   "outboxd-data",

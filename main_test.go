@@ -59,6 +59,41 @@ func TestParseConfigDefaultsAndFallbacks(t *testing.T) {
 	}
 }
 
+// The defaults are the project's numbers, written out here as literals so
+// that a changed default fails a test instead of agreeing with itself. The
+// README's "Storage bounds" and "Retry schedule" explain each.
+func TestDefaultsAreTheStatedNumbers(t *testing.T) {
+	t.Parallel()
+	c := defaultConfig()
+	day := 24 * time.Hour
+	for _, n := range []struct {
+		name      string
+		got, want any
+	}{
+		{"relay batch", c.Relay.BatchSize, 200},
+		{"poison after failures", c.Relay.MaxFailures, 5},
+		{"relay sweep", c.Relay.SweepInterval, time.Minute},
+		{"failing endpoint delay", c.Relay.FailingEndpointDelay, 5 * time.Minute},
+		{"job attempts", c.Workers.MaxAttempts, 18},
+		{"attempt timeout", c.Workers.AttemptTimeout, 30 * time.Second},
+		{"rescue margin", c.Workers.RescueMargin, time.Minute},
+		{"events retention", c.Retention.Events, 7 * day},
+		{"completed jobs retention", c.Retention.CompletedJobs, day},
+		{"discarded jobs retention", c.Retention.DiscardedJobs, 7 * day},
+		{"retention interval", c.Retention.Interval, time.Hour},
+		{"retention batch", c.Retention.BatchSize, 5000},
+		{"anomaly cap", c.Retention.AnomalyCap, 1000000},
+		{"endpoint disabled after", c.Retention.EndpointDisableAfter, 5 * day},
+		{"backlog alert rows", c.Alerts.BacklogRows, 1000},
+		{"backlog alert age", c.Alerts.BacklogAge, 5 * time.Minute},
+		{"owner notifications an hour", c.Mail.OwnerNotifyPerHour, 5},
+	} {
+		if n.got != n.want {
+			t.Errorf("default %s = %v, want %v", n.name, n.got, n.want)
+		}
+	}
+}
+
 // A bad setting refuses to start, and the message names the setting.
 func TestParseConfigRefusesBadSettings(t *testing.T) {
 	t.Parallel()

@@ -1,16 +1,22 @@
-// webhook.go: the job handler for kind "webhook", one signed POST of one
-// event to one endpoint, and the rules that turn its answer into the job's
-// outcome and the endpoint's state.
+// webhook.go: the job handler for kind "webhook": one signed POST of one
+// event to one endpoint (or, for a mailto: endpoint, one mail), and the
+// rules that turn its answer into the job's outcome and the endpoint's
+// state, which outcome.go writes.
 //
-// Guarantees (DESIGN.md, hops 4 to 6):
+// Guarantees (README, "Guarantees, hop by hop", hops 4 to 7):
 //   - webhook-id is the event id, the same on every attempt and replay, so a
 //     receiver dedupes at-least-once delivery on it.
-//   - No transaction is open across the request: the endpoint is read, the
-//     request sent, then the attempt and the endpoint's new state are
-//     written in one short transaction, and the job's outcome by the
-//     worker pool's completer as for every job.
+//   - No transaction is open across the request: the endpoint is read with
+//     the claim, the request sent, then the completer writes the job's
+//     outcome, the attempt and the endpoint's new state in one short
+//     transaction (outcome.go).
 //   - A delivery to an endpoint that is disabled or was deleted ends
 //     discarded without a request, with the reason kept.
+//   - Mail: send, then mark. SMTP has no idempotency key, so a crash
+//     between the two sends the message again, with the same Message-ID.
+//     No SMTP server configured: the job completes and logs, without an
+//     alert, since nothing could ever be sent. Failures retry on the
+//     schedule of every job.
 
 package main
 
