@@ -268,3 +268,34 @@ type queryer interface {
 // rowScanner is a *sql.Row or *sql.Rows, so one scan function reads a
 // row either way.
 type rowScanner interface{ Scan(dest ...any) error }
+
+// queryAll runs query and reads every row it returns with scan. The list
+// is never nil, so an empty one encodes as [] in JSON.
+func queryAll[T any](ctx context.Context, q interface {
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+}, scan func(rowScanner) (T, error), query string, args ...any) ([]T, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	all := []T{}
+	for rows.Next() {
+		v, err := scan(rows)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, v)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return all, nil
+}
+
+// scanID reads a row of one bigint, for queryAll.
+func scanID(row rowScanner) (int64, error) {
+	var id int64
+	err := row.Scan(&id)
+	return id, err
+}

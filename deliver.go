@@ -224,38 +224,35 @@ FROM outbox.claim_jobs($1)`
 
 // claim takes up to n due jobs in one statement.
 func (p *workerPool) claim(ctx context.Context, n int) ([]Job, error) {
-	rows, err := p.db.QueryContext(ctx, claimJobsSQL, n)
+	jobs, err := queryAll(ctx, p.db, scanClaimedJob, claimJobsSQL, n)
 	if err != nil {
 		return nil, fmt.Errorf("claim jobs: %w", err)
 	}
-	defer rows.Close()
-	var jobs []Job
-	for rows.Next() {
-		var j Job
-		var payload []byte
-		var endpointID sql.NullInt64
-		var url sql.NullString
-		var secret, previous []byte
-		var disabledReason *string
-		if err := rows.Scan(&j.ID, &j.Kind, &j.Attempt, &j.MaxAttempts, &endpointID,
-			&j.Event.ID, &j.Event.Topic, &j.Event.Subject, &payload, &j.Event.CreatedAt,
-			&url, &secret, &previous, &disabledReason); err != nil {
-			return nil, fmt.Errorf("claim jobs: %w", err)
-		}
-		j.Event.Payload = payload
-		j.EndpointID = endpointID.Int64
-		if url.Valid {
-			j.endpoint = &deliveryEndpoint{URL: url.String, Secrets: [][]byte{secret}, DisabledReason: disabledReason}
-			if previous != nil {
-				j.endpoint.Secrets = append(j.endpoint.Secrets, previous)
-			}
-		}
-		jobs = append(jobs, j)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("claim jobs: %w", err)
-	}
 	return jobs, nil
+}
+
+// scanClaimedJob reads one row of claimJobsSQL.
+func scanClaimedJob(row rowScanner) (Job, error) {
+	var j Job
+	var payload []byte
+	var endpointID sql.NullInt64
+	var url sql.NullString
+	var secret, previous []byte
+	var disabledReason *string
+	if err := row.Scan(&j.ID, &j.Kind, &j.Attempt, &j.MaxAttempts, &endpointID,
+		&j.Event.ID, &j.Event.Topic, &j.Event.Subject, &payload, &j.Event.CreatedAt,
+		&url, &secret, &previous, &disabledReason); err != nil {
+		return j, err
+	}
+	j.Event.Payload = payload
+	j.EndpointID = endpointID.Int64
+	if url.Valid {
+		j.endpoint = &deliveryEndpoint{URL: url.String, Secrets: [][]byte{secret}, DisabledReason: disabledReason}
+		if previous != nil {
+			j.endpoint.Secrets = append(j.endpoint.Secrets, previous)
+		}
+	}
+	return j, nil
 }
 
 // errCompletedInTx is what a handler's attempt reports when it already
@@ -407,22 +404,13 @@ func (p *workerPool) subscriberTx(ctx context.Context, sub Subscriber, jobs []Jo
 	for i, job := range jobs {
 		ids[i], attempts[i] = job.ID, int64(job.Attempt)
 	}
-	rows, err := tx.QueryContext(ctx, lockOwnJobsSQL, pq.Array(ids), pq.Array(attempts))
+	locked, err := queryAll(ctx, tx, scanID, lockOwnJobsSQL, pq.Array(ids), pq.Array(attempts))
 	if err != nil {
 		return nil, fmt.Errorf("lock jobs: %w", err)
 	}
-	own := map[int64]bool{}
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("lock jobs: %w", err)
-		}
+	own := make(map[int64]bool, len(locked))
+	for _, id := range locked {
 		own[id] = true
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("lock jobs: %w", err)
 	}
 
 	var done []int64

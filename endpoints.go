@@ -224,20 +224,8 @@ LIMIT $2`
 const maxEndpointPage = 500
 
 func listEndpoints(ctx context.Context, db *sql.DB, afterID int64, limit int) ([]Endpoint, error) {
-	rows, err := db.QueryContext(ctx, listEndpointsSQL, afterID, limit)
+	endpoints, err := queryAll(ctx, db, scanEndpoint, listEndpointsSQL, afterID, limit)
 	if err != nil {
-		return nil, fmt.Errorf("list endpoints: %w", err)
-	}
-	defer rows.Close()
-	endpoints := []Endpoint{}
-	for rows.Next() {
-		e, err := scanEndpoint(rows)
-		if err != nil {
-			return nil, fmt.Errorf("list endpoints: %w", err)
-		}
-		endpoints = append(endpoints, e)
-	}
-	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("list endpoints: %w", err)
 	}
 	return endpoints, nil

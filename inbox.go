@@ -128,20 +128,8 @@ ORDER BY name
 LIMIT 1000`
 
 func listSources(ctx context.Context, db *sql.DB) ([]InboxSource, error) {
-	rows, err := db.QueryContext(ctx, listSourcesSQL)
+	sources, err := queryAll(ctx, db, scanSource, listSourcesSQL)
 	if err != nil {
-		return nil, fmt.Errorf("list sources: %w", err)
-	}
-	defer rows.Close()
-	sources := []InboxSource{}
-	for rows.Next() {
-		s, err := scanSource(rows)
-		if err != nil {
-			return nil, fmt.Errorf("list sources: %w", err)
-		}
-		sources = append(sources, s)
-	}
-	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("list sources: %w", err)
 	}
 	return sources, nil

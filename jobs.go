@@ -62,26 +62,20 @@ func listJobs(ctx context.Context, db *sql.DB, f JobFilter) ([]JobView, error) {
 	if err := f.validate(); err != nil {
 		return nil, err
 	}
-	rows, err := db.QueryContext(ctx, listJobsSQL, f.Before, f.State, f.EventID, f.Limit)
+	jobs, err := queryAll(ctx, db, scanJobView, listJobsSQL, f.Before, f.State, f.EventID, f.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("list jobs: %w", err)
 	}
-	defer rows.Close()
-	jobs := []JobView{}
-	for rows.Next() {
-		var j JobView
-		var errs []byte
-		if err := rows.Scan(&j.ID, &j.Kind, &j.EventID, &j.State, &j.Attempt, &j.MaxAttempts,
-			&j.CreatedAt, &j.ScheduledAt, &j.AttemptedAt, &j.FinalizedAt, &errs); err != nil {
-			return nil, fmt.Errorf("list jobs: %w", err)
-		}
-		j.Errors = errs
-		jobs = append(jobs, j)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("list jobs: %w", err)
-	}
 	return jobs, nil
+}
+
+func scanJobView(row rowScanner) (JobView, error) {
+	var j JobView
+	var errs []byte
+	err := row.Scan(&j.ID, &j.Kind, &j.EventID, &j.State, &j.Attempt, &j.MaxAttempts,
+		&j.CreatedAt, &j.ScheduledAt, &j.AttemptedAt, &j.FinalizedAt, &errs)
+	j.Errors = errs
+	return j, err
 }
 
 // manualBatch bounds one statement of work an operator starts by hand (a

@@ -117,18 +117,25 @@ WHERE id = $1`
 
 // getEvent reads one event.
 func getEvent(ctx context.Context, db *sql.DB, id int64) (Event, error) {
-	var e Event
-	var payload []byte
-	err := db.QueryRowContext(ctx, getEventSQL, id).Scan(&e.ID, &e.Topic, &e.Subject, &payload, &e.CreatedAt,
-		&e.FannedOutAt, &e.RelayAttempts, &e.RelayError, &e.PoisonedAt)
+	e, err := scanEvent(db.QueryRowContext(ctx, getEventSQL, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return e, fmt.Errorf("event %d: %w", id, errNotFound)
 	}
 	if err != nil {
 		return e, fmt.Errorf("get event %d: %w", id, err)
 	}
-	e.Payload = payload
 	return e, nil
+}
+
+// scanEvent reads one event in getEventSQL's column order, which every
+// query of events shares.
+func scanEvent(row rowScanner) (Event, error) {
+	var e Event
+	var payload []byte
+	err := row.Scan(&e.ID, &e.Topic, &e.Subject, &payload, &e.CreatedAt,
+		&e.FannedOutAt, &e.RelayAttempts, &e.RelayError, &e.PoisonedAt)
+	e.Payload = payload
+	return e, err
 }
 
 // EventFilter selects events for the stream: newest first, paged by id.
@@ -182,23 +189,8 @@ func listEvents(ctx context.Context, db *sql.DB, f EventFilter) ([]Event, error)
 	if err := f.validate(); err != nil {
 		return nil, err
 	}
-	rows, err := db.QueryContext(ctx, listEventsSQL, f.Before, f.Topic, f.Subject, f.State, f.Limit)
+	events, err := queryAll(ctx, db, scanEvent, listEventsSQL, f.Before, f.Topic, f.Subject, f.State, f.Limit)
 	if err != nil {
-		return nil, fmt.Errorf("list events: %w", err)
-	}
-	defer rows.Close()
-	events := []Event{}
-	for rows.Next() {
-		var e Event
-		var payload []byte
-		if err := rows.Scan(&e.ID, &e.Topic, &e.Subject, &payload, &e.CreatedAt,
-			&e.FannedOutAt, &e.RelayAttempts, &e.RelayError, &e.PoisonedAt); err != nil {
-			return nil, fmt.Errorf("list events: %w", err)
-		}
-		e.Payload = payload
-		events = append(events, e)
-	}
-	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("list events: %w", err)
 	}
 	return events, nil

@@ -215,26 +215,22 @@ func readJobCounts(ctx context.Context, tx *sql.Tx) (c JobCounts, firstDiscarded
 // readTableHealth reads the size and vacuum statistics of every table of
 // the outbox schema.
 func readTableHealth(ctx context.Context, tx *sql.Tx) ([]TableHealth, error) {
-	rows, err := tx.QueryContext(ctx, overviewTablesSQL)
+	tables, err := queryAll(ctx, tx, scanTableHealth, overviewTablesSQL)
 	if err != nil {
 		return nil, fmt.Errorf("overview: tables: %w", err)
 	}
-	defer rows.Close()
-	var tables []TableHealth
-	for rows.Next() {
-		var h TableHealth
-		if err := rows.Scan(&h.Name, &h.LiveRows, &h.DeadRows, &h.LastAutovacuum, &h.IndexBytes, &h.TotalBytes); err != nil {
-			return nil, fmt.Errorf("overview: tables: %w", err)
-		}
-		if total := h.LiveRows + h.DeadRows; total > 0 {
-			h.DeadRatio = float64(h.DeadRows) / float64(total)
-		}
-		tables = append(tables, h)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("overview: tables: %w", err)
-	}
 	return tables, nil
+}
+
+func scanTableHealth(row rowScanner) (TableHealth, error) {
+	var h TableHealth
+	if err := row.Scan(&h.Name, &h.LiveRows, &h.DeadRows, &h.LastAutovacuum, &h.IndexBytes, &h.TotalBytes); err != nil {
+		return h, err
+	}
+	if total := h.LiveRows + h.DeadRows; total > 0 {
+		h.DeadRatio = float64(h.DeadRows) / float64(total)
+	}
+	return h, nil
 }
 
 // alertStarts are the moments each condition began, for Alert.Since.

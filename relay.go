@@ -290,20 +290,8 @@ func (r *relay) fanOut(ctx context.Context, relaySQL string, claimArg any) (fann
 // retry after the batch failed. It claims without marking (the marking may
 // be what fails), and its locks end with the statement.
 func (r *relay) unfanned(ctx context.Context) ([]int64, error) {
-	rows, err := r.db.QueryContext(ctx, `SELECT id FROM outbox.claim_unfanned($1) AS claimed(id)`, r.cfg.BatchSize)
+	ids, err := queryAll(ctx, r.db, scanID, `SELECT id FROM outbox.claim_unfanned($1) AS claimed(id)`, r.cfg.BatchSize)
 	if err != nil {
-		return nil, fmt.Errorf("relay: list un-fanned events: %w", err)
-	}
-	defer rows.Close()
-	var ids []int64
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			return nil, fmt.Errorf("relay: list un-fanned events: %w", err)
-		}
-		ids = append(ids, id)
-	}
-	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("relay: list un-fanned events: %w", err)
 	}
 	return ids, nil

@@ -138,25 +138,21 @@ FROM outbox.deliveries
 WHERE endpoint_id = $1
   AND finished_at > now() - interval '1 hour'`
 
+func scanDeliveryView(row rowScanner) (DeliveryView, error) {
+	var d DeliveryView
+	err := row.Scan(&d.JobID, &d.EventID, &d.Attempt, &d.FinishedAt, &d.DurationMS, &d.StatusCode, &d.Error, &d.Excerpt)
+	return d, err
+}
+
 // readEndpointStats reads an endpoint's last n attempts and its success
 // rate over the last hour.
 func readEndpointStats(ctx context.Context, db *sql.DB, id int64, n int) (EndpointStats, error) {
 	var st EndpointStats
-	rows, err := db.QueryContext(ctx, recentDeliveriesSQL, id, n)
+	recent, err := queryAll(ctx, db, scanDeliveryView, recentDeliveriesSQL, id, n)
 	if err != nil {
 		return st, fmt.Errorf("endpoint %d deliveries: %w", id, err)
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var d DeliveryView
-		if err := rows.Scan(&d.JobID, &d.EventID, &d.Attempt, &d.FinishedAt, &d.DurationMS, &d.StatusCode, &d.Error, &d.Excerpt); err != nil {
-			return st, fmt.Errorf("endpoint %d deliveries: %w", id, err)
-		}
-		st.Recent = append(st.Recent, d)
-	}
-	if err := rows.Err(); err != nil {
-		return st, fmt.Errorf("endpoint %d deliveries: %w", id, err)
-	}
+	st.Recent = recent
 	err = db.QueryRowContext(ctx, endpointRatesSQL, id).Scan(&st.Attempts, &st.Successes, &st.Discarded)
 	if errors.Is(err, sql.ErrNoRows) {
 		return st, nil

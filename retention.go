@@ -357,21 +357,9 @@ func (s *sweeper) disableFailingEndpoints(ctx context.Context, conn *sql.Conn) (
 	if s.cfg.EndpointDisableAfter <= 0 {
 		return nil, nil
 	}
-	rows, err := conn.QueryContext(ctx, disableFailingEndpointsSQL, s.cfg.EndpointDisableAfter.Seconds())
+	ids, err := queryAll(ctx, conn, scanID, disableFailingEndpointsSQL, s.cfg.EndpointDisableAfter.Seconds())
 	if err != nil {
 		return nil, fmt.Errorf("retention: disable failing endpoints: %w", err)
-	}
-	defer rows.Close()
-	var ids []int64
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			return ids, fmt.Errorf("retention: disable failing endpoints: %w", err)
-		}
-		ids = append(ids, id)
-	}
-	if err := rows.Err(); err != nil {
-		return ids, fmt.Errorf("retention: disable failing endpoints: %w", err)
 	}
 	for _, id := range ids {
 		s.logger.Warn("endpoint disabled: failing for too long; its owner can re-enable it", "endpoint_id", id, "after", s.cfg.EndpointDisableAfter)

@@ -99,25 +99,19 @@ func listSubjects(ctx context.Context, db *sql.DB, prefix, after string, limit i
 	if limit <= 0 || limit > maxSubjectPage {
 		limit = maxSubjectPage
 	}
-	rows, err := db.QueryContext(ctx, listSubjectsSQL, likePrefix(prefix), after, limit)
+	entries, err := queryAll(ctx, db, scanSubjectEntry, listSubjectsSQL, likePrefix(prefix), after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list subjects: %w", err)
 	}
-	defer rows.Close()
-	entries := []SubjectEntry{}
-	for rows.Next() {
-		var e SubjectEntry
-		var payload []byte
-		if err := rows.Scan(&e.Subject, &e.Topic, &e.LastEventID, &payload, &e.UpdatedAt); err != nil {
-			return nil, fmt.Errorf("list subjects: %w", err)
-		}
-		e.Payload = payload
-		entries = append(entries, e)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("list subjects: %w", err)
-	}
 	return entries, nil
+}
+
+func scanSubjectEntry(row rowScanner) (SubjectEntry, error) {
+	var e SubjectEntry
+	var payload []byte
+	err := row.Scan(&e.Subject, &e.Topic, &e.LastEventID, &payload, &e.UpdatedAt)
+	e.Payload = payload
+	return e, err
 }
 
 // handleListSubjects answers GET /api/subjects?prefix=&after=&limit= with
