@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -169,11 +170,17 @@ func verifyWebhook(secrets [][]byte, header http.Header, body []byte, now time.T
 	if err != nil {
 		return fmt.Errorf("verify webhook: %w", err)
 	}
-	// Inclusive at both ends: exactly five minutes off is still accepted.
-	if age := now.Sub(ts); age > webhookTimestampTolerance {
-		return fmt.Errorf("verify webhook: timestamp %s is %s old: %w", timestamp, age.Truncate(time.Second), errWebhookTooOld)
-	} else if -age > webhookTimestampTolerance {
-		return fmt.Errorf("verify webhook: timestamp %s is %s ahead: %w", timestamp, (-age).Truncate(time.Second), errWebhookTooNew)
+	// In whole seconds, not time.Duration: now.Sub saturates at 292 years,
+	// and its negation then overflows, which once let a timestamp
+	// thousands of years ahead (milliseconds sent as seconds) pass the
+	// check for ever. Both are Unix seconds in [0, 2⁶³), so their
+	// difference cannot overflow. Inclusive at both ends: exactly five
+	// minutes off is still accepted.
+	tolerance := int64(webhookTimestampTolerance / time.Second)
+	if age := now.Unix() - ts.Unix(); age > tolerance {
+		return fmt.Errorf("verify webhook: timestamp %s is %s old: %w", timestamp, secondsText(age), errWebhookTooOld)
+	} else if -age > tolerance {
+		return fmt.Errorf("verify webhook: timestamp %s is %s ahead: %w", timestamp, secondsText(-age), errWebhookTooNew)
 	}
 
 	expected := make([][]byte, 0, len(secrets))
@@ -203,6 +210,15 @@ func verifyWebhook(secrets [][]byte, header http.Header, body []byte, now time.T
 		}
 	}
 	return fmt.Errorf("verify webhook: %s %q: %w", headerWebhookID, msgID, errWebhookNoSignature)
+}
+
+// secondsText shows n seconds as a duration, or in seconds when that is
+// longer than a time.Duration holds.
+func secondsText(n int64) string {
+	if n > int64(math.MaxInt64/time.Second) {
+		return strconv.FormatInt(n, 10) + "s"
+	}
+	return (time.Duration(n) * time.Second).String()
 }
 
 // parseWebhookTimestamp reads Unix seconds written as plain decimal digits.

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -140,6 +141,29 @@ func TestVerifyWebhook(t *testing.T) {
 			secrets: [][]byte{vector},
 			now:     signedAt.Add(-webhookTimestampTolerance - time.Second),
 			want:    errWebhookTooNew,
+		},
+		{
+			// Milliseconds sent as seconds: 50,000 years ahead, past
+			// what a time.Duration holds.
+			name:    "milliseconds as seconds is too far ahead",
+			secrets: [][]byte{vector},
+			header: func(h http.Header) {
+				ms := strconv.Itoa(vectorTimestamp * 1000)
+				h.Set(headerWebhookTimestamp, ms)
+				h.Set(headerWebhookSignature, signWebhook(vector, vectorMsgID, time.Unix(int64(vectorTimestamp)*1000, 0), []byte(vectorBody)))
+			},
+			want: errWebhookTooNew,
+		},
+		{
+			// The largest timestamp there is, signed: its distance from now
+			// overflows any arithmetic in time.Duration.
+			name:    "the largest timestamp is too far ahead",
+			secrets: [][]byte{vector},
+			header: func(h http.Header) {
+				h.Set(headerWebhookTimestamp, strconv.FormatInt(math.MaxInt64, 10))
+				h.Set(headerWebhookSignature, signWebhook(vector, vectorMsgID, time.Unix(math.MaxInt64, 0), []byte(vectorBody)))
+			},
+			want: errWebhookTooNew,
 		},
 		{
 			name:    "wrong secret and too old reports the age",
