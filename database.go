@@ -13,12 +13,32 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"regexp"
 	"strings"
 	"time"
 
 	"github.com/lib/pq"
 	"github.com/lib/pq/pqerror"
 )
+
+// dsnPassword finds the password in a connection string of either form:
+// a URL's user info (postgres://user:password@host, the scheme optional,
+// since a mistyped one is what gets quoted in errors) or a keyword's value
+// (password=secret or password='a secret').
+var dsnPassword = regexp.MustCompile(`(?:^|//)[^/@:\s]*:([^@\s]+)@|password\s*=\s*('(?:[^'\\]|\\.)*'|[^\s]+)`)
+
+// redactDSN removes from text every password that dsn holds, so an error
+// or log line that quotes a connection string shows no secret.
+func redactDSN(text, dsn string) string {
+	for _, m := range dsnPassword.FindAllStringSubmatch(dsn, -1) {
+		for _, password := range m[1:] {
+			if password != "" {
+				text = strings.ReplaceAll(text, password, "xxxxx")
+			}
+		}
+	}
+	return text
+}
 
 // openDB opens the pool and waits until the database answers, so a wrong
 // URL fails at start with the driver's reason rather than on the first pass.
@@ -36,7 +56,7 @@ func openDB(ctx context.Context, dsn string, maxConns int) (*sql.DB, error) {
 	defer cancel()
 	if err := db.PingContext(pingCtx); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("connect to database: %w", err)
+		return nil, fmt.Errorf("connect to database: %s", redactDSN(err.Error(), dsn))
 	}
 	return db, nil
 }

@@ -315,7 +315,8 @@ func setting(name string) string { return fmt.Sprintf("-%s (%s)", name, envName(
 func (c Config) validateService() error {
 	if c.DatabaseURL != "" {
 		if _, err := pq.NewConfig(c.DatabaseURL); err != nil {
-			return fmt.Errorf("%s: %w", setting("database-url"), err)
+			// The driver's message quotes the URL, password and all.
+			return fmt.Errorf("%s: %s", setting("database-url"), redactDSN(err.Error(), c.DatabaseURL))
 		}
 	} else if c.DataDir == "" {
 		return fmt.Errorf("%s must not be empty when %s is", setting("data-dir"), setting("database-url"))

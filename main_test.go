@@ -121,6 +121,29 @@ func TestParseConfigRefusesBadSettings(t *testing.T) {
 	}
 }
 
+// A connection string the driver cannot read is quoted in its error; the
+// password in it is not.
+func TestParseConfigRedactsDatabasePassword(t *testing.T) {
+	t.Parallel()
+	for _, dsn := range []string{
+		"postgress://app:hunter2@db.example/app",  // a mistyped scheme
+		"app:hunter2@db.example/app",              // no scheme
+		"postgres://app:hunter2@db.example:x/app", // a bad port
+		"postgres://app:hunter2@[::1/app",         // a bad host
+		"host=db.example password=hunter2 sslmode=bogus",
+		"host=db.example password='hunter2 too' sslmode=bogus",
+	} {
+		_, err := parseConfig(nil, envFrom(map[string]string{"DATABASE_URL": dsn}), io.Discard)
+		if err == nil {
+			t.Errorf("DATABASE_URL=%q accepted, want a refusal", dsn)
+			continue
+		}
+		if strings.Contains(err.Error(), "hunter2") || !strings.Contains(err.Error(), "-database-url (DATABASE_URL)") {
+			t.Errorf("DATABASE_URL=%q: error %q shows the password or does not name the setting", dsn, err)
+		}
+	}
+}
+
 // syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
 type syncBuffer struct {
 	mu  sync.Mutex // protects buf
