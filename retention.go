@@ -208,6 +208,9 @@ type sweeper struct {
 	cfg    RetentionConfig
 	sweeps []*sweep // fixed at construction
 	jitter time.Duration
+	// after is time.After, the wait for the jitter; a test sees and
+	// controls that wait through it.
+	after  func(time.Duration) <-chan time.Time
 	logger *slog.Logger
 
 	// Counters for /metrics, only ever incremented.
@@ -224,6 +227,7 @@ func newSweeper(db *sql.DB, cfg RetentionConfig, jitterSeed string, logger *slog
 		cfg:    cfg,
 		sweeps: newSweeps(cfg),
 		jitter: sweepJitter(jitterSeed, cfg.Interval),
+		after:  time.After,
 		logger: logger.With("loop", "retention"),
 	}
 }
@@ -243,12 +247,10 @@ func sweepJitter(seed string, interval time.Duration) time.Duration {
 // Run sweeps once after the jitter, then every Interval, until ctx ends. An
 // error ends the cycle, not the loop: the next tick tries again.
 func (s *sweeper) Run(ctx context.Context) error {
-	start := time.NewTimer(s.jitter)
-	defer start.Stop()
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-start.C:
+	case <-s.after(s.jitter):
 	}
 	tick := time.NewTicker(s.cfg.Interval)
 	defer tick.Stop()

@@ -591,6 +591,42 @@ func TestSweepJitter(t *testing.T) {
 	}
 }
 
+// The loop waits for its process's offset before the first cycle, and
+// sweeps when the offset has passed, not before.
+func TestSweeperWaitsForItsJitter(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	cfg := defaultConfig().Retention
+	s := newSweeper(db, cfg, "host-a:1000", testLogger(t))
+	if s.jitter == 0 {
+		t.Fatal("this seed's jitter is 0; pick another so the test can tell")
+	}
+	waited := make(chan time.Duration, 1)
+	offsetPassed := make(chan time.Time)
+	s.after = func(d time.Duration) <-chan time.Time {
+		waited <- d
+		return offsetPassed
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	select {
+	case d := <-waited:
+		if d != sweepJitter("host-a:1000", time.Hour) {
+			t.Errorf("the loop waited %s before its first cycle, want the jitter %s", d, s.jitter)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the loop did not wait for its jitter before its first cycle")
+	}
+	if n := s.cycles.Load() + s.skipped.Load(); n != 0 {
+		t.Fatalf("%d cycles ran before the offset passed, want 0", n)
+	}
+	close(offsetPassed)
+	waitFor(t, "the first cycle", 10*time.Second, func() bool { return s.cycles.Load() == 1 })
+}
+
 // The loop sweeps at start and on every tick, survives failing cycles,
 // recovers, and stops with its context.
 func TestSweeperLoopSurvivesErrorsAndStops(t *testing.T) {
