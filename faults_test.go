@@ -369,8 +369,9 @@ func (h *faultHarness) produceOne(ctx context.Context, db *sql.DB, key, topic st
 }
 
 // burst commits n business rows with their events in one transaction, so
-// a relay has several full passes to make.
-func (h *faultHarness) burst(n int) {
+// a relay has several full passes to make. It reports whether they
+// committed.
+func (h *faultHarness) burst(n int) bool {
 	prefix := fmt.Sprintf("burst%d", h.bursts.Add(1))
 	err := func() error {
 		tx, err := h.admin.Begin()
@@ -393,6 +394,7 @@ func (h *faultHarness) burst(n int) {
 	if err != nil {
 		h.t.Logf("burst %s: %v (the business table decides)", prefix, err)
 	}
+	return err == nil
 }
 
 // faultKinds are the faults, in the order a seeded shuffle deals them.
@@ -422,51 +424,89 @@ func (h *faultHarness) injectFaults(ctx context.Context) {
 			time.Sleep(20 * time.Millisecond) // polling the producers' progress
 		}
 		f := injectedFault{Kind: kind, Start: time.Now()}
-		f.Detail, f.Interrupts = h.inject(kind)
+		var hit bool
+		f.Detail, f.Interrupts, hit = h.inject(kind)
 		f.End = time.Now()
+		if !hit {
+			// A fault that missed proves nothing about what it aims at.
+			h.t.Errorf("fault %s missed its target: %s", kind, f.Detail)
+		}
 		h.faults = append(h.faults, f)
 		h.t.Logf("fault %d/%d at %d committed: %s: %s (%s)", i+1, len(points), h.committed.Load(), kind, f.Detail, f.End.Sub(f.Start).Round(time.Millisecond))
 		time.Sleep(time.Second) // a healthy second between faults
 	}
 }
 
-// inject runs one fault to its end and says what it did, and whether it
-// can cut an accepted attempt before its outcome is recorded.
-func (h *faultHarness) inject(kind string) (detail string, interrupts bool) {
+// inject runs one fault to its end and says what it did, whether it can
+// cut an accepted attempt before its outcome is recorded, and whether it
+// hit what it aims at: a fault that found nothing to break must fail the
+// suite, not pass it.
+func (h *faultHarness) inject(kind string) (detail string, interrupts, hit bool) {
 	window := time.Duration(1000+h.rng.IntN(1000)) * time.Millisecond
 	victim := h.replicas[[]string{"a", "b"}[h.rng.IntN(2)]]
 	switch kind {
 	case "kill-mid-relay":
-		return h.killMidRelay(victim), true
+		detail, hit = h.killMidRelay(victim)
+		return detail, true, hit
 	case "kill-mid-delivery":
-		return h.killMidDelivery(victim), true
+		detail, hit = h.killMidDelivery(victim)
+		return detail, true, hit
 	case "terminate-backends":
-		return h.terminateBackends(), true
+		detail, hit = h.terminateBackends()
+		return detail, true, hit
 	case "restart-postgres":
-		return h.restartPostgres(window), true
+		detail, hit = h.restartPostgres(window)
+		return detail, true, hit
 	case "receiver-500", "receiver-hang", "receiver-close":
 		mode := map[string]receiverMode{"receiver-500": mode500, "receiver-hang": modeHang, "receiver-close": modeClose}[kind]
+		go h.burst(50) // traffic, in case the producers are done
+		before := h.recv.served(mode)
 		h.recv.setMode(mode, 0)
 		time.Sleep(window) // the fault's window
 		h.recv.setMode(modeNormal, 0)
-		return fmt.Sprintf("for %s", window), false
+		n := h.recv.served(mode) - before
+		return fmt.Sprintf("for %s, %d requests", window, n), false, n > 0
 	case "receiver-down":
+		go h.burst(50)
+		start := time.Now()
 		h.recv.down()
 		time.Sleep(window) // the fault's window
 		h.recv.up()
+		n := h.unansweredSince(start)
 		// Closing the server cuts requests it had accepted and not
 		// yet answered.
-		return fmt.Sprintf("listener closed for %s", window), true
+		return fmt.Sprintf("listener closed for %s, %d attempts unanswered", window, n), true, n > 0
 	case "notify-off":
 		window *= 2
 		h.execRetry(`ALTER TABLE outbox.events DISABLE TRIGGER events_notify_relay`)
 		h.execRetry(`ALTER TABLE outbox.jobs DISABLE TRIGGER jobs_notify_workers`)
-		time.Sleep(window) // the fault's window
+		silent := h.burst(50) // events no relay hears of
+		time.Sleep(window)    // the fault's window
 		h.execRetry(`ALTER TABLE outbox.events ENABLE TRIGGER events_notify_relay`)
 		h.execRetry(`ALTER TABLE outbox.jobs ENABLE TRIGGER jobs_notify_workers`)
-		return fmt.Sprintf("NOTIFY triggers disabled for %s", window), false
+		return fmt.Sprintf("NOTIFY triggers disabled for %s, a burst committed unheard: %t", window, silent), false, silent
 	}
 	panic("unknown fault " + kind)
+}
+
+// unansweredSince counts the webhook attempts since start that got no
+// answer (status_code NULL), as outboxd recorded them.
+func (h *faultHarness) unansweredSince(start time.Time) int {
+	var n int
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		err := h.admin.QueryRow(`
+			SELECT count(*)
+			FROM outbox.deliveries
+			WHERE status_code IS NULL
+			  AND error <> ''
+			  AND finished_at >= $1`, start).Scan(&n)
+		if err == nil && n > 0 {
+			return n
+		}
+		time.Sleep(100 * time.Millisecond) // the attempts' outcomes are written in batches
+	}
+	return n
 }
 
 // execRetry runs an injector statement until it succeeds: a fault must
@@ -488,9 +528,12 @@ func (h *faultHarness) execRetry(query string) {
 // killMidRelay commits a burst and SIGKILLs the victim while one of its
 // relay transactions is open (its backend is in a claim or a fan-out, not
 // idle), then restarts it.
-func (h *faultHarness) killMidRelay(victim *faultReplica) string {
+//
+// A relay pass is one statement of some 20 ms, so the poll runs without a
+// pause, and a burst that passes unseen is followed by another.
+func (h *faultHarness) killMidRelay(victim *faultReplica) (string, bool) {
 	caught := false
-	for try := 0; try < 3 && !caught; try++ {
+	for try := 0; try < 10 && !caught; try++ {
 		h.burst(300)
 		deadline := time.Now().Add(3 * time.Second)
 		for !caught && time.Now().Before(deadline) {
@@ -500,21 +543,23 @@ func (h *faultHarness) killMidRelay(victim *faultReplica) string {
 				FROM pg_stat_activity
 				WHERE application_name = $1
 				  AND state <> 'idle'
-				  AND (query LIKE '%WITH subscribers AS%' OR (query LIKE '%FROM outbox.events%' AND query LIKE '%SKIP LOCKED%'))`,
+				  AND (query LIKE '%outbox.mark_fanned_out(%'
+				       OR query LIKE '%outbox.claim_unfanned(%'
+				       OR (query LIKE '%FROM outbox.events%' AND query LIKE '%SKIP LOCKED%'))`,
 				"outboxd-"+victim.name).Scan(&n)
 			caught = err == nil && n > 0
 		}
 	}
 	victim.kill()
 	victim.start()
-	return fmt.Sprintf("SIGKILL outboxd-%s, relay transaction open: %t; restarted", victim.name, caught)
+	return fmt.Sprintf("SIGKILL outboxd-%s, relay transaction open: %t; restarted", victim.name, caught), caught
 }
 
 // killMidDelivery has the receiver hold a request from the victim, SIGKILLs
 // the victim while it waits for the answer, then lets the receiver do the
 // work and answer into the dead connection: the receiver has the event,
 // outboxd does not know. The victim is restarted.
-func (h *faultHarness) killMidDelivery(victim *faultReplica) string {
+func (h *faultHarness) killMidDelivery(victim *faultReplica) (string, bool) {
 	held := h.recv.hold(victim.pid())
 	go h.burst(50) // traffic, in case the producers are done
 	caught := false
@@ -526,12 +571,12 @@ func (h *faultHarness) killMidDelivery(victim *faultReplica) string {
 	victim.kill()
 	n := h.recv.release()
 	victim.start()
-	return fmt.Sprintf("SIGKILL outboxd-%s with %d of its requests held (caught: %t); restarted", victim.name, n, caught)
+	return fmt.Sprintf("SIGKILL outboxd-%s with %d of its requests held (caught: %t); restarted", victim.name, n, caught), caught
 }
 
 // terminateBackends cuts every connection to the database but the test's
 // own: both replicas' pools and LISTEN connections, and the producers'.
-func (h *faultHarness) terminateBackends() string {
+func (h *faultHarness) terminateBackends() (string, bool) {
 	var total, listeners int
 	err := h.admin.QueryRow(`
 		SELECT count(*), count(*) FILTER (WHERE query ILIKE 'listen%')
@@ -544,15 +589,15 @@ func (h *faultHarness) terminateBackends() string {
 		    AND application_name <> 'faults-admin'
 		) AS t`).Scan(&total, &listeners)
 	if err != nil {
-		return fmt.Sprintf("terminate failed: %v", err)
+		return fmt.Sprintf("terminate failed: %v", err), false
 	}
-	return fmt.Sprintf("pg_terminate_backend of %d connections, %d of them LISTEN", total, listeners)
+	return fmt.Sprintf("pg_terminate_backend of %d connections, %d of them LISTEN", total, listeners), total > 0
 }
 
 // restartPostgres stops the server (fast shutdown, or an immediate one
 // that leaves crash recovery to the start), keeps it down for window and
 // starts it again on the same data folder and socket.
-func (h *faultHarness) restartPostgres(window time.Duration) string {
+func (h *faultHarness) restartPostgres(window time.Duration) (string, bool) {
 	immediate := h.rng.IntN(2) == 0
 	h.clusterMu.Lock()
 	defer h.clusterMu.Unlock()
@@ -570,7 +615,9 @@ func (h *faultHarness) restartPostgres(window time.Duration) string {
 		h.t.Fatalf("restart postgres: %v", err)
 	}
 	h.cluster = c
-	return fmt.Sprintf("%s shutdown, down for %s, started again", how, window)
+	// startCluster returned once the new server answered: it went down
+	// and came back.
+	return fmt.Sprintf("%s shutdown, down for %s, started again", how, window), true
 }
 
 // awaitQuiescence waits until every committed row's event reached every
@@ -819,6 +866,7 @@ type faultReceiver struct {
 	log      []faultDelivery
 	accepted map[[2]string]bool // (endpoint, subject)
 	mode     receiverMode
+	servedBy map[receiverMode]int // requests taken in each mode
 	holdPID  int
 	held     chan struct{} // closed when the first request is held
 	heldN    int
@@ -826,7 +874,7 @@ type faultReceiver struct {
 }
 
 func newFaultReceiver(t *testing.T) *faultReceiver {
-	rc := &faultReceiver{t: t, secrets: map[string][]byte{}, accepted: map[[2]string]bool{}}
+	rc := &faultReceiver{t: t, secrets: map[string][]byte{}, accepted: map[[2]string]bool{}, servedBy: map[receiverMode]int{}}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -905,6 +953,13 @@ func (rc *faultReceiver) release() int {
 	return rc.heldN
 }
 
+// served is how many requests the receiver has taken in mode m.
+func (rc *faultReceiver) served(m receiverMode) int {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return rc.servedBy[m]
+}
+
 func (rc *faultReceiver) deliveries() []faultDelivery {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
@@ -946,6 +1001,7 @@ func (rc *faultReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		// Where /proc cannot tell (not Linux), every request is held.
 	}
+	rc.servedBy[mode]++
 	if mode == modeHold {
 		if rc.heldN == 0 {
 			close(held)
