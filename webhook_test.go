@@ -318,6 +318,49 @@ func TestWebhooksArriveOncePerSubscribingEndpoint(t *testing.T) {
 	}
 }
 
+// A delivery's first 2xx is observed once in the commit→first-2xx
+// histogram of its endpoint, and a failed attempt is not.
+func TestCommitToFirst2xxIsObservedPerEndpoint(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	failFirst := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if n == 1 {
+			w.WriteHeader(http.StatusInternalServerError)
+		}
+	})
+	ep := api.createEndpoint(failFirst.srv.URL+"/hook", "order.*")
+	record(t, db, "order.paid", "o-1")
+	relayAll(t, db)
+
+	metrics := newDeliveryMetrics()
+	client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: 10 * time.Second})
+	sender := newWebhookSender(db, client, metrics, nil, testLogger(t))
+	wp := newWorkerPool(db, defaultConfig().Workers, time.Minute, newSubscriberRegistry(), map[string]jobHandler{webhookJobKind: sender.deliver}, testLogger(t))
+	count := func() uint64 { return metrics.commitTo2xx.With(itoa(ep.ID)).count.Load() }
+
+	if _, err := wp.workOnce(context.Background(), 10); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n != 0 {
+		t.Fatalf("after a 500: %d observations, want 0", n)
+	}
+	mustExec(t, db, `UPDATE outbox.jobs SET scheduled_at = now() WHERE state = 'retryable'`)
+	if _, err := wp.workOnce(context.Background(), 10); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n != 1 {
+		t.Fatalf("after the 2xx: %d observations, want 1", n)
+	}
+	var out strings.Builder
+	if err := writeMetrics(&out, Overview{}, &processCounters{deliveries: metrics}); err != nil {
+		t.Fatal(err)
+	}
+	if line := `outboxd_commit_to_first_2xx_seconds_count{endpoint="` + itoa(ep.ID) + `"} 1`; !strings.Contains(out.String(), line+"\n") {
+		t.Errorf("/metrics lacks %s:\n%s", line, out.String())
+	}
+}
+
 // A receiver that fails twice, then succeeds, gets three attempts with one
 // webhook-id; the retry delays grow. Delays are read from scheduled_at and
 // then skipped, never waited for.
