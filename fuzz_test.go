@@ -220,6 +220,8 @@ func configArgs(cfg Config) []string {
 	flag("job-rescue-interval", cfg.Workers.RescueInterval)
 	flag("alert-backlog", cfg.Alerts.BacklogRows)
 	flag("alert-backlog-age", cfg.Alerts.BacklogAge)
+	flag("alert-dead-ratio", cfg.Alerts.DeadRatio)
+	flag("alert-xact-age", cfg.Alerts.XactAge)
 	flag("metrics-public", cfg.MetricsPublic)
 	flag("webhook-timeout", cfg.Webhooks.Timeout)
 	flag("webhook-secret-rotation-window", cfg.Webhooks.SecretRotationWindow)

@@ -118,6 +118,8 @@ func defaultConfig() Config {
 		Alerts: AlertConfig{
 			BacklogRows: 1000,
 			BacklogAge:  5 * time.Minute,
+			DeadRatio:   0.2,
+			XactAge:     time.Hour,
 		},
 		Retention: RetentionConfig{
 			Events:        7 * 24 * time.Hour,
@@ -210,6 +212,8 @@ func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&cfg.Workers.RescueInterval, "job-rescue-interval", cfg.Workers.RescueInterval, "interval at which the rescuer looks for stuck jobs")
 	fs.IntVar(&cfg.Alerts.BacklogRows, "alert-backlog", cfg.Alerts.BacklogRows, "un-fanned events above which events_backlog fires")
 	fs.DurationVar(&cfg.Alerts.BacklogAge, "alert-backlog-age", cfg.Alerts.BacklogAge, "age of the oldest un-fanned event above which events_backlog fires")
+	fs.Float64Var(&cfg.Alerts.DeadRatio, "alert-dead-ratio", cfg.Alerts.DeadRatio, "share of dead rows in outbox.events or outbox.jobs above which table_bloat fires")
+	fs.DurationVar(&cfg.Alerts.XactAge, "alert-xact-age", cfg.Alerts.XactAge, "age of the oldest snapshot-holding transaction above which old_transaction fires")
 	fs.BoolVar(&cfg.MetricsPublic, "metrics-public", cfg.MetricsPublic, "serve /metrics without the admin token")
 	fs.DurationVar(&cfg.Webhooks.Timeout, "webhook-timeout", cfg.Webhooks.Timeout, "time limit of one webhook request, reading the answer included")
 	fs.DurationVar(&cfg.Webhooks.SecretRotationWindow, "webhook-secret-rotation-window", cfg.Webhooks.SecretRotationWindow, "how long a rotated-out endpoint secret still signs deliveries")
@@ -269,6 +273,12 @@ func (c Config) validate() error {
 		}
 		return nil
 	}
+	shareIn := func(name string, v float64) error {
+		if !(v > 0 && v <= 1) { // NaN too
+			return fmt.Errorf("%s must be above 0 and at most 1, got %v", setting(name), v)
+		}
+		return nil
+	}
 	durationIn := func(name string, v, lo, hi time.Duration) error {
 		if v < lo || v > hi {
 			return fmt.Errorf("%s must be between %s and %s, got %s", setting(name), lo, hi, v)
@@ -288,6 +298,8 @@ func (c Config) validate() error {
 		durationIn("job-rescue-interval", c.Workers.RescueInterval, 10*time.Millisecond, time.Hour),
 		intIn("alert-backlog", c.Alerts.BacklogRows, 0, 100_000_000),
 		durationIn("alert-backlog-age", c.Alerts.BacklogAge, time.Second, 7*24*time.Hour),
+		durationIn("alert-xact-age", c.Alerts.XactAge, time.Second, 7*24*time.Hour),
+		shareIn("alert-dead-ratio", c.Alerts.DeadRatio),
 		durationIn("webhook-timeout", c.Webhooks.Timeout, 10*time.Millisecond, 10*time.Minute),
 		durationIn("webhook-secret-rotation-window", c.Webhooks.SecretRotationWindow, 0, 30*24*time.Hour),
 		validateRetryHorizon(c.Workers.MaxAttempts, c.Retention.Events),

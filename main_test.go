@@ -86,6 +86,8 @@ func TestDefaultsAreTheStatedNumbers(t *testing.T) {
 		{"endpoint disabled after", c.Retention.EndpointDisableAfter, 5 * day},
 		{"backlog alert rows", c.Alerts.BacklogRows, 1000},
 		{"backlog alert age", c.Alerts.BacklogAge, 5 * time.Minute},
+		{"dead-row alert ratio", c.Alerts.DeadRatio, 0.2},
+		{"old-transaction alert age", c.Alerts.XactAge, time.Hour},
 		{"owner notifications an hour", c.Mail.OwnerNotifyPerHour, 5},
 	} {
 		if n.got != n.want {

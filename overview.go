@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -17,7 +18,22 @@ type AlertConfig struct {
 	// five-minute-old event means it is stuck or outpaced.
 	BacklogRows int
 	BacklogAge  time.Duration
+	// DeadRatio: the events and jobs tables are vacuumed after 2% dead
+	// rows (schema.sql), PostgreSQL's default is 20%; a queue table past
+	// that is one vacuum is not keeping up with, and its claims slow
+	// down as they walk dead index entries.
+	DeadRatio float64
+	// XactAge: every statement of outboxd's takes well under a second. A
+	// transaction holding a snapshot for an hour keeps vacuum from
+	// removing any row deleted since it began, in every table; the
+	// queue tables bloat for as long as it stays open.
+	XactAge time.Duration
 }
+
+// bloatMinDeadRows is the least dead rows a table_bloat alert is raised
+// for: below it a table is too small for its dead rows to cost anything,
+// and a ratio of a few rows would flap.
+const bloatMinDeadRows = 10_000
 
 // Overview is GET /api/overview and the top of the panel.
 type Overview struct {
@@ -33,9 +49,12 @@ type Overview struct {
 	// in use. A full queue makes every transaction that notifies fail at
 	// COMMIT, and outbox.record notifies: business writes would fail. It
 	// fills when a listening session stops reading (idle in transaction).
-	NotifyQueueUsage float64          `json:"notify_queue_usage"`
-	Alerts           []Alert          `json:"alerts"`
-	Pruned           map[string]int64 `json:"pruned"`
+	NotifyQueueUsage float64 `json:"notify_queue_usage"`
+	// RetentionLastCycle is the last retention cycle any replica ran; nil
+	// before the first.
+	RetentionLastCycle *RetentionCycle  `json:"retention_last_cycle"`
+	Alerts             []Alert          `json:"alerts"`
+	Pruned             map[string]int64 `json:"pruned"`
 }
 
 // JobCounts is the number of jobs in each state.
@@ -72,6 +91,12 @@ type TableHealth struct {
 	LastAutovacuum *time.Time `json:"last_autovacuum"`
 	IndexBytes     int64      `json:"index_bytes"`
 	TotalBytes     int64      `json:"total_bytes"`
+}
+
+// RetentionCycle is the outcome of one retention cycle.
+type RetentionCycle struct {
+	FinishedAt time.Time `json:"finished_at"`
+	Error      string    `json:"error"` // empty: it succeeded
 }
 
 // Alert is a condition that needs a person.
@@ -173,6 +198,14 @@ func readOverview(ctx context.Context, db *sql.DB, alerts AlertConfig) (Overview
 	}
 	if err := tx.QueryRowContext(ctx, `SELECT pg_notification_queue_usage()`).Scan(&o.NotifyQueueUsage); err != nil {
 		return o, fmt.Errorf("overview: notification queue: %w", err)
+	}
+	var last RetentionCycle
+	err = tx.QueryRowContext(ctx, `SELECT finished_at, error FROM outbox.retention_last_cycle`).Scan(&last.FinishedAt, &last.Error)
+	switch {
+	case err == nil:
+		o.RetentionLastCycle = &last
+	case !errors.Is(err, sql.ErrNoRows):
+		return o, fmt.Errorf("overview: retention: %w", err)
 	}
 	o.Alerts = evaluateAlerts(alerts, o, starts)
 	return o, nil
@@ -278,6 +311,31 @@ func evaluateAlerts(cfg AlertConfig, o Overview, at alertStarts) []Alert {
 			Message: fmt.Sprintf("PostgreSQL's NOTIFY queue is %.0f%% full; when it is full, every outbox.record fails at COMMIT. "+
 				"Find the listening session that stopped reading (idle in transaction) and end it", 100*o.NotifyQueueUsage),
 			Since: time.Now(),
+		})
+	}
+	for _, h := range o.Tables {
+		if (h.Name == "events" || h.Name == "jobs") && h.DeadRows >= bloatMinDeadRows && h.DeadRatio > cfg.DeadRatio {
+			alerts = append(alerts, Alert{
+				Name: "table_bloat",
+				Message: fmt.Sprintf("outbox.%s is %.0f%% dead rows (%d; threshold %.0f%%): vacuum is not keeping up. "+
+					"Check that autovacuum is on and that no old transaction holds it back", h.Name, 100*h.DeadRatio, h.DeadRows, 100*cfg.DeadRatio),
+				Since: time.Now(),
+			})
+		}
+	}
+	if xactAge := time.Duration(o.OldestXactAgeSeconds * float64(time.Second)); xactAge > cfg.XactAge {
+		alerts = append(alerts, Alert{
+			Name: "old_transaction",
+			Message: fmt.Sprintf("a transaction in this database has held its snapshot for %s (threshold %s): vacuum can remove no row deleted since. "+
+				"Find it in pg_stat_activity (oldest xact_start) and end it", xactAge.Round(time.Second), cfg.XactAge),
+			Since: time.Now().Add(-xactAge),
+		})
+	}
+	if c := o.RetentionLastCycle; c != nil && c.Error != "" {
+		alerts = append(alerts, Alert{
+			Name:    "retention_failed",
+			Message: "the last retention cycle failed, so storage bounds are not being enforced until one succeeds: " + c.Error,
+			Since:   c.FinishedAt,
 		})
 	}
 	if o.Endpoints.Disabled > 0 {

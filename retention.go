@@ -264,9 +264,15 @@ func (s *sweeper) Run(ctx context.Context) error {
 	}
 }
 
-// cycle runs sweepOnce and logs its outcome: the loop's boundary.
+// cycle runs sweepOnce, logs its outcome and leaves it in the database for
+// the overview: the loop's boundary.
 func (s *sweeper) cycle(ctx context.Context) {
 	res, err := s.sweepOnce(ctx)
+	if !res.Skipped && ctx.Err() == nil {
+		if recErr := s.recordCycle(err); recErr != nil {
+			s.logger.Warn("retention: record the cycle's outcome", "err", recErr)
+		}
+	}
 	switch {
 	case errors.Is(err, errAnomalyCap):
 		s.logger.Warn("retention cycle stopped at the anomaly cap", "deleted", res.Deleted, "cap", s.cfg.AnomalyCap, "err", err)
@@ -285,6 +291,29 @@ func (s *sweeper) cycle(ctx context.Context) {
 		}
 		s.logger.Log(ctx, level, "retention cycle done", "deleted", res.Deleted)
 	}
+}
+
+// recordCycleSQL keeps the outcome of the last cycle; ” is success.
+const recordCycleSQL = `
+INSERT INTO outbox.retention_last_cycle (singleton, finished_at, error)
+VALUES (true, now(), $1)
+ON CONFLICT (singleton) DO UPDATE
+SET finished_at = EXCLUDED.finished_at,
+    error = EXCLUDED.error`
+
+// recordCycle writes a cycle's outcome through the pool, not the lock's
+// connection, which a failure may have taken down with it.
+func (s *sweeper) recordCycle(cycleErr error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), unlockTimeout)
+	defer cancel()
+	var text string
+	if cycleErr != nil {
+		text = truncate(cycleErr.Error(), maxErrorLen)
+	}
+	if _, err := s.db.ExecContext(ctx, recordCycleSQL, text); err != nil {
+		return fmt.Errorf("retention: record cycle: %w", err)
+	}
+	return nil
 }
 
 // cycleResult is what one cycle did.

@@ -746,3 +746,20 @@ CREATE TABLE IF NOT EXISTS outbox.subjects (
 -- database's collation.
 CREATE INDEX IF NOT EXISTS subjects_by_subject_prefix
   ON outbox.subjects (subject text_pattern_ops);
+
+--------------------------------------------------------------------------------
+-- Retention's last cycle: what every replica's overview alerts on
+--------------------------------------------------------------------------------
+
+-- One row, rewritten by whichever replica ran the last retention cycle
+-- (retention.go), so that every replica's overview can tell that storage
+-- bounds are not being enforced: a cycle that failed, or stopped at the
+-- anomaly cap, says so here until a later cycle succeeds. Skipped cycles
+-- (another replica held the lock) write nothing.
+CREATE TABLE IF NOT EXISTS outbox.retention_last_cycle (
+  singleton   boolean     PRIMARY KEY DEFAULT true,
+  finished_at timestamptz NOT NULL,
+  error       text        NOT NULL DEFAULT '',
+  CONSTRAINT retention_last_cycle_one_row CHECK (singleton),
+  CONSTRAINT retention_last_cycle_error_length CHECK (length(error) <= 2100)
+);

@@ -1,0 +1,157 @@
+// overview_test.go: table health, old transactions and retention's last
+// cycle, read from a real database and raised as alerts.
+
+package main
+
+import (
+	"context"
+	"database/sql"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// The thresholds of the health alerts, walked at their edges.
+func TestEvaluateHealthAlertThresholds(t *testing.T) {
+	t.Parallel()
+	cfg := AlertConfig{BacklogRows: 1000, BacklogAge: 5 * time.Minute, DeadRatio: 0.2, XactAge: time.Hour}
+	bloated := func(name string, dead int64, ratio float64) Overview {
+		return Overview{Tables: []TableHealth{{Name: name, DeadRows: dead, DeadRatio: ratio}}}
+	}
+	for _, tc := range []struct {
+		name string
+		o    Overview
+		want []string
+	}{
+		{"jobs past the dead ratio", bloated("jobs", 20_000, 0.21), []string{"table_bloat"}},
+		{"events past the dead ratio", bloated("events", 20_000, 0.5), []string{"table_bloat"}},
+		{"at the dead ratio", bloated("jobs", 20_000, 0.2), []string{}},
+		{"a small table's dead rows", bloated("jobs", 9_999, 0.9), []string{}},
+		{"a table that is not a queue", bloated("subjects", 50_000, 0.9), []string{}},
+		{"a transaction older than the threshold", Overview{OldestXactAgeSeconds: 3601}, []string{"old_transaction"}},
+		{"a transaction at the threshold", Overview{OldestXactAgeSeconds: 3600}, []string{}},
+		{"the last retention cycle failed", Overview{RetentionLastCycle: &RetentionCycle{Error: "anomaly cap reached"}}, []string{"retention_failed"}},
+		{"the last retention cycle succeeded", Overview{RetentionLastCycle: &RetentionCycle{}}, []string{}},
+	} {
+		got := alertNamesOf(evaluateAlerts(cfg, tc.o, alertStarts{}))
+		if diff := cmp.Diff(tc.want, got); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", tc.name, diff)
+		}
+	}
+}
+
+// The overview reads the dead rows vacuum has not removed yet, and the age
+// of a transaction that holds a snapshot, from the database itself.
+func TestOverviewReadsTableHealthAndOldTransactions(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	ctx := context.Background()
+	// Vacuum must not clean up before the overview looks.
+	mustExec(t, db, `ALTER TABLE outbox.jobs SET (autovacuum_enabled = false)`)
+	mustExec(t, db, `SELECT outbox.record('t', 's', '{}')`)
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for _, q := range []string{
+		`INSERT INTO outbox.jobs (kind, event_id, max_attempts)
+		 SELECT 'sub:x', (SELECT max(id) FROM outbox.events), 18 FROM generate_series(1, 12000)`,
+		`DELETE FROM outbox.jobs WHERE id > 1000`,
+		// The deleting session's statistics reach the overview's session at
+		// its next flush; force it rather than wait for one.
+		`SELECT pg_stat_force_next_flush()`,
+		`SELECT 1`,
+	} {
+		if _, err := conn.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A transaction that holds a snapshot, open while the overview reads
+	// (repeatable read keeps its first statement's snapshot to the end).
+	holder, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback()
+	if _, err := holder.ExecContext(ctx, `SELECT count(*) FROM outbox.events`); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg := defaultConfig().Alerts
+	cfg.XactAge = time.Millisecond
+	var o Overview
+	waitFor(t, "the deleted jobs counted dead", 10*time.Second, func() bool {
+		o, err = readOverview(ctx, db, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range o.Tables {
+			if h.Name == "jobs" {
+				return h.DeadRows >= 11_000
+			}
+		}
+		return false
+	})
+	for _, h := range o.Tables {
+		if h.Name == "jobs" && (h.DeadRatio < 0.9 || h.LiveRows > 1_000) {
+			t.Errorf("jobs: %d live, %d dead, ratio %.2f; want at most 1,000 live and a ratio above 0.9", h.LiveRows, h.DeadRows, h.DeadRatio)
+		}
+	}
+	if o.OldestXactAgeSeconds <= 0 {
+		t.Errorf("oldest transaction age %v s with one open, want above 0", o.OldestXactAgeSeconds)
+	}
+	names := alertNamesOf(o.Alerts)
+	for _, want := range []string{"table_bloat", "old_transaction"} {
+		if !strings.Contains(strings.Join(names, " "), want) {
+			t.Errorf("alerts %v, want %s among them", names, want)
+		}
+	}
+}
+
+// A retention cycle that fails leaves its error for every replica's
+// overview, which alerts until a cycle succeeds.
+func TestRetentionFailureAlertsUntilACycleSucceeds(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	ctx := context.Background()
+	s := newSweeper(db, defaultConfig().Retention, "host-a:1", testLogger(t))
+	// Refuse deletes from the jobs table, so the cycle fails at its first
+	// sweep; one old completed job gives that sweep something to delete.
+	mustExec(t, db, `SELECT outbox.record('t', 's', '{}')`)
+	mustExec(t, db, `INSERT INTO outbox.jobs (kind, event_id, max_attempts, state, attempt, attempted_at, finalized_at)
+		VALUES ('sub:x', (SELECT max(id) FROM outbox.events), 18, 'completed', 1, now() - interval '3 days', now() - interval '2 days')`)
+	mustExec(t, db, `
+		CREATE FUNCTION refuse_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+		  RAISE EXCEPTION 'deletes refused by the test';
+		END $$`)
+	mustExec(t, db, `CREATE TRIGGER refuse_delete BEFORE DELETE ON outbox.jobs FOR EACH STATEMENT EXECUTE FUNCTION refuse_delete()`)
+
+	s.cycle(ctx)
+	o, err := readOverview(ctx, db, defaultConfig().Alerts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := o.RetentionLastCycle; c == nil || !strings.Contains(c.Error, "deletes refused by the test") {
+		t.Fatalf("last cycle %+v, want the failure recorded", c)
+	}
+	if diff := cmp.Diff([]string{"retention_failed"}, alertNamesOf(o.Alerts)); diff != "" {
+		t.Errorf("alerts after a failed cycle (-want +got):\n%s", diff)
+	}
+
+	mustExec(t, db, `DROP TRIGGER refuse_delete ON outbox.jobs`)
+	s.cycle(ctx)
+	o, err = readOverview(ctx, db, defaultConfig().Alerts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := o.RetentionLastCycle; c == nil || c.Error != "" {
+		t.Errorf("last cycle %+v, want a success", c)
+	}
+	if len(o.Alerts) != 0 {
+		t.Errorf("alerts after a good cycle: %v", alertNamesOf(o.Alerts))
+	}
+}
