@@ -1,5 +1,6 @@
-// admin.go: the HTTP surface, every route, access control and the JSON API
-// under /api/. The HTML panel's handlers are in panel.go.
+// admin.go: the HTTP surface: every route, access control and the
+// conventions every handler follows. The JSON handlers are in api.go, the
+// panel's in panel.go.
 
 package main
 
@@ -178,86 +179,9 @@ func isLoopbackHost(hostport string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-func handleHealthz() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
-}
-
-// handleReadyz answers 200 when the database answers and the schema is
-// there, so a load balancer sends no traffic to a replica that cannot
-// record.
-func handleReadyz(db *sql.DB) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-		defer cancel()
-		var ok bool
-		err := db.QueryRowContext(ctx, `SELECT to_regprocedure('outbox.record(text, text, jsonb)') IS NOT NULL`).Scan(&ok)
-		switch {
-		case err != nil:
-			writeError(w, http.StatusServiceUnavailable, fmt.Errorf("database: %w", err))
-		case !ok:
-			writeError(w, http.StatusServiceUnavailable, errors.New("schema not applied"))
-		default:
-			writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
-		}
-	})
-}
-
-func handleMetrics(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		o, err := readOverview(r.Context(), a.db, a.alerts)
-		if err != nil {
-			a.logger.Error("metrics: read overview", "err", err)
-			http.Error(w, "read overview failed", http.StatusInternalServerError)
-			return
-		}
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-		if err := writeMetrics(w, o, a.counters); err != nil {
-			a.logger.Warn("metrics: write", "err", err)
-		}
-	})
-}
-
-func handleOverview(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		o, err := readOverview(r.Context(), a.db, a.alerts)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		if a.counters != nil && a.counters.pruned != nil {
-			o.Pruned = a.counters.pruned()
-		}
-		writeJSON(w, http.StatusOK, o)
-	})
-}
-
 // maxRequestBody bounds every JSON request body: an event payload may be up
 // to 1 MiB (schema.sql) plus its envelope.
 const maxRequestBody = 1<<20 + 4096
-
-// handleRecordEvent records one event in its own transaction.
-func handleRecordEvent(db *sql.DB) http.Handler {
-	type request struct {
-		Topic   string          `json:"topic"`
-		Subject string          `json:"subject"`
-		Payload json.RawMessage `json:"payload"`
-	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var req request
-		if err := decodeJSON(w, r, &req); err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		id, err := recordEvent(r.Context(), db, req.Topic, req.Subject, req.Payload)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		writeJSON(w, http.StatusCreated, map[string]int64{"id": id})
-	})
-}
 
 // eventFilterFrom reads the stream's filter from the query string.
 func eventFilterFrom(r *http.Request) (EventFilter, error) {
@@ -273,59 +197,6 @@ func eventFilterFrom(r *http.Request) (EventFilter, error) {
 	}
 	f.Limit = int(limit)
 	return f, nil
-}
-
-func handleListEvents(db *sql.DB) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		f, err := eventFilterFrom(r)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		events, err := listEvents(r.Context(), db, f)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		resp := map[string]any{"events": events}
-		if len(events) > 0 {
-			resp["next_before"] = events[len(events)-1].ID
-		}
-		writeJSON(w, http.StatusOK, resp)
-	})
-}
-
-// eventWithJobs is GET /api/events/{id}: the event and every job it made.
-type eventWithJobs struct {
-	Event
-	Jobs []JobView `json:"jobs"`
-}
-
-func readEventWithJobs(ctx context.Context, db *sql.DB, id int64) (eventWithJobs, error) {
-	ev, err := getEvent(ctx, db, id)
-	if err != nil {
-		return eventWithJobs{}, err
-	}
-	jobs, err := listJobs(ctx, db, JobFilter{EventID: id, Limit: maxEventPage})
-	if err != nil {
-		return eventWithJobs{}, err
-	}
-	return eventWithJobs{Event: ev, Jobs: jobs}, nil
-}
-
-func handleGetEvent(db *sql.DB) http.Handler {
-	return handleByID(func(ctx context.Context, id int64) (eventWithJobs, error) {
-		return readEventWithJobs(ctx, db, id)
-	})
-}
-
-func handleRequeueEvent(db *sql.DB) http.Handler {
-	return handleByID(func(ctx context.Context, id int64) (Event, error) {
-		if err := requeueEvent(ctx, db, id); err != nil {
-			return Event{}, err
-		}
-		return getEvent(ctx, db, id)
-	})
 }
 
 func jobFilterFrom(r *http.Request) (JobFilter, error) {
@@ -344,42 +215,6 @@ func jobFilterFrom(r *http.Request) (JobFilter, error) {
 	}
 	f.Limit = int(limit)
 	return f, nil
-}
-
-func handleListJobs(db *sql.DB) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		f, err := jobFilterFrom(r)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		jobs, err := listJobs(r.Context(), db, f)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		resp := map[string]any{"jobs": jobs}
-		if len(jobs) > 0 {
-			resp["next_before"] = jobs[len(jobs)-1].ID
-		}
-		writeJSON(w, http.StatusOK, resp)
-	})
-}
-
-func handleRetryJob(db *sql.DB) http.Handler {
-	return handleByID(func(ctx context.Context, id int64) (JobView, error) {
-		if err := retryJob(ctx, db, id); err != nil {
-			return JobView{}, err
-		}
-		jobs, err := listJobs(ctx, db, JobFilter{Before: id + 1, Limit: 1})
-		if err != nil {
-			return JobView{}, err
-		}
-		if len(jobs) == 0 || jobs[0].ID != id {
-			return JobView{}, fmt.Errorf("job %d: %w after retry", id, errNotFound)
-		}
-		return jobs[0], nil
-	})
 }
 
 // handleByID serves a route on one row: it parses {id}, runs do and

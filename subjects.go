@@ -9,8 +9,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -131,31 +129,4 @@ func listSubjects(ctx context.Context, db *sql.DB, prefix, after string, limit i
 		return nil, fmt.Errorf("list subjects: %w", err)
 	}
 	return entries, nil
-}
-
-// handleListSubjects answers GET /api/subjects?prefix=&after=&limit= with
-// {"subjects": [...], "next_after"}.
-func handleListSubjects(db *sql.DB) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		q := r.URL.Query()
-		limit := maxSubjectPage
-		if v := q.Get("limit"); v != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 || n > maxSubjectPage {
-				writeError(w, http.StatusBadRequest, fmt.Errorf("limit %q must be between 1 and %d", v, maxSubjectPage))
-				return
-			}
-			limit = n
-		}
-		entries, err := listSubjects(r.Context(), db, q.Get("prefix"), q.Get("after"), limit)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		resp := map[string]any{"subjects": entries}
-		if len(entries) == limit {
-			resp["next_after"] = entries[len(entries)-1].Subject
-		}
-		writeJSON(w, http.StatusOK, resp)
-	})
 }
