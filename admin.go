@@ -47,48 +47,47 @@ type admin struct {
 // routes is every route of outboxd in one place.
 func routes(a *admin) http.Handler {
 	api := http.NewServeMux()
-	api.Handle("GET /api/overview", handleOverview(a))
-	api.Handle("GET /api/events", handleListEvents(a.db))
-	api.Handle("POST /api/events", handleRecordEvent(a.db))
-	api.Handle("GET /api/events/{id}", handleGetEvent(a.db))
-	api.Handle("POST /api/events/{id}/requeue", handleRequeueEvent(a.db))
-	api.Handle("GET /api/jobs", handleListJobs(a.db))
-	api.Handle("POST /api/jobs/{id}/retry", handleRetryJob(a.db))
-	api.Handle("GET /api/endpoints", handleListEndpoints(a.db))
-	api.Handle("POST /api/endpoints", handleCreateEndpoint(a.db, a.endpoints))
-	api.Handle("GET /api/endpoints/{id}", handleGetEndpoint(a.db))
-	api.Handle("PATCH /api/endpoints/{id}", handleUpdateEndpoint(a.db, a.endpoints))
-	api.Handle("DELETE /api/endpoints/{id}", handleDeleteEndpoint(a.db))
-	api.Handle("POST /api/endpoints/{id}/enable", handleEnableEndpoint(a.db))
-	api.Handle("POST /api/endpoints/{id}/disable", handleDisableEndpoint(a.db))
-	api.Handle("POST /api/endpoints/{id}/rotate-secret", handleRotateEndpointSecret(a.db, a.endpoints))
-	api.Handle("POST /api/endpoints/{id}/replay", handleReplayEndpoint(a))
-	api.Handle("POST /api/endpoints/{id}/retry-discarded", handleRetryDiscarded(a.db))
-	api.Handle("GET /api/endpoints/{id}/deliveries", handleEndpointDeliveries(a.db))
-	api.Handle("GET /api/sources", handleListSources(a.db))
-	api.Handle("POST /api/sources", handleCreateSource(a.db))
-	api.Handle("DELETE /api/sources/{name}", handleDeleteSource(a.db))
-	api.Handle("POST /api/sources/{name}/rotate-secret", handleRotateSourceSecret(a.db, a.endpoints.RotationWindow))
-	api.Handle("GET /api/subjects", handleListSubjects(a.db))
-	api.Handle("/api/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, fmt.Errorf("no route %s %s", r.Method, r.URL.Path))
-	}))
+	handleAPI := func(pattern string, h apiFunc) { api.Handle(pattern, a.serveJSON(h)) }
+	handleAPI("GET /api/overview", handleOverview(a))
+	handleAPI("GET /api/events", handleListEvents(a))
+	handleAPI("POST /api/events", handleRecordEvent(a))
+	handleAPI("GET /api/events/{id}", handleGetEvent(a))
+	handleAPI("POST /api/events/{id}/requeue", handleRequeueEvent(a))
+	handleAPI("GET /api/jobs", handleListJobs(a))
+	handleAPI("POST /api/jobs/{id}/retry", handleRetryJob(a))
+	handleAPI("GET /api/endpoints", handleListEndpoints(a))
+	handleAPI("POST /api/endpoints", handleCreateEndpoint(a))
+	handleAPI("GET /api/endpoints/{id}", handleGetEndpoint(a))
+	handleAPI("PATCH /api/endpoints/{id}", handleUpdateEndpoint(a))
+	handleAPI("DELETE /api/endpoints/{id}", handleDeleteEndpoint(a))
+	handleAPI("POST /api/endpoints/{id}/enable", handleEnableEndpoint(a))
+	handleAPI("POST /api/endpoints/{id}/disable", handleDisableEndpoint(a))
+	handleAPI("POST /api/endpoints/{id}/rotate-secret", handleRotateEndpointSecret(a))
+	handleAPI("POST /api/endpoints/{id}/replay", handleReplayEndpoint(a))
+	handleAPI("POST /api/endpoints/{id}/retry-discarded", handleRetryDiscarded(a))
+	handleAPI("GET /api/endpoints/{id}/deliveries", handleEndpointDeliveries(a))
+	handleAPI("GET /api/sources", handleListSources(a))
+	handleAPI("POST /api/sources", handleCreateSource(a))
+	handleAPI("DELETE /api/sources/{name}", handleDeleteSource(a))
+	handleAPI("POST /api/sources/{name}/rotate-secret", handleRotateSourceSecret(a))
+	handleAPI("GET /api/subjects", handleListSubjects(a))
+	handleAPI("/api/", handleNoRoute())
 
 	mux := http.NewServeMux()
-	mux.Handle("GET /healthz", handleHealthz())
-	mux.Handle("GET /readyz", handleReadyz(a.db))
+	mux.Handle("/api/", requireToken(a.token, api))
+	mux.Handle("GET /healthz", a.serveJSON(handleHealthz()))
+	mux.Handle("GET /readyz", a.serveJSON(handleReadyz(a)))
 	if a.metricsPublic {
 		mux.Handle("GET /metrics", handleMetrics(a))
 	} else {
 		mux.Handle("GET /metrics", requireToken(a.token, handleMetrics(a)))
 	}
-	mux.Handle("/api/", requireToken(a.token, api))
-	if a.demo != nil {
-		mux.Handle("POST /demo/hook", a.demo.receiver()) // signed, like any webhook
-	}
 	// The inbox authenticates each request by its source's signature, not
 	// by the admin token: senders hold no token.
 	mux.Handle("POST /webhooks/{source}", handleInbox(a.db, a.logger, time.Now))
+	if a.demo != nil {
+		mux.Handle("POST /demo/hook", a.demo.receiver()) // signed, like any webhook
+	}
 	a.panel.register(mux, a)
 
 	// Browsers may not make state-changing requests across origins; API
@@ -179,9 +178,149 @@ func isLoopbackHost(hostport string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
+// apiFunc is a JSON handler, the one shape of them all: it answers status
+// with body as JSON (a 204 without one), or fails with err.
+type apiFunc func(r *http.Request) (status int, body any, err error)
+
 // maxRequestBody bounds every JSON request body: an event payload may be up
 // to 1 MiB (schema.sql) plus its envelope.
 const maxRequestBody = 1<<20 + 4096
+
+// serveJSON is the adapter every JSON handler is served through, so that
+// none can forget the body bound, and every error is answered and logged
+// the same way.
+func (a *admin) serveJSON(h apiFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Body = http.MaxBytesReader(w, r.Body, maxRequestBody)
+		status, body, err := h(r)
+		switch {
+		case err != nil:
+			writeError(w, a.failed(r, err), err)
+		case status == http.StatusNoContent:
+			w.WriteHeader(status)
+		default:
+			writeJSON(w, status, body)
+		}
+	})
+}
+
+// failed is the status a failed request answers, and the one place that
+// logs it: a 5xx is the server's fault, which the operator must see once;
+// a 4xx is the client's, and its answer says all there is.
+func (a *admin) failed(r *http.Request, err error) int {
+	status := statusOf(err)
+	if status >= 500 {
+		a.logger.Error("request failed", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
+	}
+	return status
+}
+
+// httpError is an error that picks its own answer, for the few failures
+// that are not the domain's errors statusOf maps. text, when set, is what
+// the client is told instead of err, which then only the log shows.
+type httpError struct {
+	status int
+	text   string
+	err    error
+}
+
+func (e *httpError) Error() string {
+	switch {
+	case e.err == nil:
+		return e.text
+	case e.text == "":
+		return e.err.Error()
+	}
+	return e.text + ": " + e.err.Error()
+}
+
+func (e *httpError) Unwrap() error { return e.err }
+
+// statusOf maps an error to its HTTP status: the one place that does.
+func statusOf(err error) int {
+	if he, ok := errors.AsType[*httpError](err); ok {
+		return he.status
+	}
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooBig):
+		return http.StatusRequestEntityTooLarge
+	case errors.Is(err, errInvalid):
+		return http.StatusBadRequest
+	case errors.Is(err, errNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, context.DeadlineExceeded):
+		return http.StatusServiceUnavailable
+	default:
+		return http.StatusInternalServerError
+	}
+}
+
+// byID is the handler of a route on one row: it parses {id} and answers
+// 200 with do's result.
+func byID[T any](do func(ctx context.Context, id int64) (T, error)) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		id, err := pathID(r)
+		if err != nil {
+			return 0, nil, err
+		}
+		v, err := do(r.Context(), id)
+		return http.StatusOK, v, err
+	}
+}
+
+// byIDWithBody is byID for a route that takes a JSON body, decoded into
+// an In for do once {id} parsed.
+func byIDWithBody[In, Out any](do func(ctx context.Context, id int64, in In) (Out, error)) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		id, err := pathID(r)
+		if err != nil {
+			return 0, nil, err
+		}
+		var in In
+		if err := decodeJSON(r, &in); err != nil {
+			return 0, nil, err
+		}
+		v, err := do(r.Context(), id, in)
+		return http.StatusOK, v, err
+	}
+}
+
+// decodeJSON reads one JSON object from the (bounded) body, refusing
+// unknown fields (a typo in a field name is an error, not a silent
+// default).
+func decodeJSON(r *http.Request, v any) error {
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return fmt.Errorf("request body larger than %d bytes: %w", tooBig.Limit, err)
+		}
+		return fmt.Errorf("%w: request body: %v", errInvalid, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fmt.Errorf("%w: request body: more than one JSON value", errInvalid)
+	}
+	return nil
+}
+
+// decodeOptionalJSON is decodeJSON for a body that may be left out, which
+// leaves v as it is.
+func decodeOptionalJSON(r *http.Request, v any) error {
+	if r.ContentLength == 0 {
+		return nil
+	}
+	return decodeJSON(r, v)
+}
+
+func pathID(r *http.Request) (int64, error) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id <= 0 {
+		return 0, fmt.Errorf("%w: id %q is not a positive integer", errInvalid, r.PathValue("id"))
+	}
+	return id, nil
+}
 
 // eventFilterFrom reads the stream's filter from the query string.
 func eventFilterFrom(r *http.Request) (EventFilter, error) {
@@ -217,90 +356,6 @@ func jobFilterFrom(r *http.Request) (JobFilter, error) {
 	return f, nil
 }
 
-// handleByID serves a route on one row: it parses {id}, runs do and
-// answers do's result as JSON, or its error with the error's status.
-func handleByID[T any](do func(ctx context.Context, id int64) (T, error)) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id, err := pathID(r)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		v, err := do(r.Context(), id)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		writeJSON(w, http.StatusOK, v)
-	})
-}
-
-// handleByIDWithBody is handleByID for a route that takes a JSON body: it
-// also decodes the body into an In for do.
-func handleByIDWithBody[In, Out any](do func(ctx context.Context, id int64, in In) (Out, error)) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id, err := pathID(r)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		var in In
-		if err := decodeJSON(w, r, &in); err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		v, err := do(r.Context(), id, in)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		writeJSON(w, http.StatusOK, v)
-	})
-}
-
-// statusOf maps an error to its HTTP status: the one place that does.
-func statusOf(err error) int {
-	var tooBig *http.MaxBytesError
-	switch {
-	case errors.As(err, &tooBig):
-		return http.StatusRequestEntityTooLarge
-	case errors.Is(err, errInvalid):
-		return http.StatusBadRequest
-	case errors.Is(err, errNotFound):
-		return http.StatusNotFound
-	case errors.Is(err, context.DeadlineExceeded):
-		return http.StatusServiceUnavailable
-	default:
-		return http.StatusInternalServerError
-	}
-}
-
-// decodeJSON reads one JSON object from a bounded body, refusing unknown
-// fields (a typo in a field name is an error, not a silent default).
-func decodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxRequestBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return fmt.Errorf("request body larger than %d bytes: %w", tooBig.Limit, err)
-		}
-		return fmt.Errorf("%w: request body: %v", errInvalid, err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return fmt.Errorf("%w: request body: more than one JSON value", errInvalid)
-	}
-	return nil
-}
-
-func pathID(r *http.Request) (int64, error) {
-	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
-	if err != nil || id <= 0 {
-		return 0, fmt.Errorf("%w: id %q is not a positive integer", errInvalid, r.PathValue("id"))
-	}
-	return id, nil
-}
-
 // queryInt64 parses an optional non-negative integer parameter.
 func queryInt64(s string) (int64, error) {
 	if s == "" {
@@ -324,8 +379,12 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 // writeError answers {"error": "..."}; a server error's text is the
-// operation that failed, which is what the operator needs.
+// operation that failed, which is what the operator needs, unless the
+// error chose what the client is told.
 func writeError(w http.ResponseWriter, status int, err error) {
 	msg := strings.TrimPrefix(err.Error(), errInvalid.Error()+": ")
+	if he, ok := errors.AsType[*httpError](err); ok && he.text != "" {
+		msg = he.text
+	}
 	writeJSON(w, status, map[string]string{"error": msg})
 }

@@ -16,63 +16,68 @@ import (
 	"time"
 )
 
-func handleOverview(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		o, err := readOverview(r.Context(), a.db, a.alerts)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		if a.counters != nil && a.counters.pruned != nil {
-			o.Pruned = a.counters.pruned()
-		}
-		writeJSON(w, http.StatusOK, o)
-	})
+// overview is the overview with what the process counted beside the
+// database: the API and the panel show the same.
+func (a *admin) overview(ctx context.Context) (Overview, error) {
+	o, err := readOverview(ctx, a.db, a.alerts)
+	if err != nil {
+		return o, err
+	}
+	if a.counters != nil && a.counters.pruned != nil {
+		o.Pruned = a.counters.pruned()
+	}
+	return o, nil
 }
 
-func handleListEvents(db *sql.DB) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// handleOverview is GET /api/overview: backlog, jobs by state, table
+// health and the alerts firing.
+func handleOverview(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		o, err := a.overview(r.Context())
+		return http.StatusOK, o, err
+	}
+}
+
+// handleListEvents is GET /api/events: a page of the stream, newest first,
+// with next_before to ask for the page after it.
+func handleListEvents(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
 		f, err := eventFilterFrom(r)
 		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
+			return 0, nil, err
 		}
-		events, err := listEvents(r.Context(), db, f)
+		events, err := listEvents(r.Context(), a.db, f)
 		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
+			return 0, nil, err
 		}
 		resp := map[string]any{"events": events}
 		if len(events) > 0 {
 			resp["next_before"] = events[len(events)-1].ID
 		}
-		writeJSON(w, http.StatusOK, resp)
-	})
+		return http.StatusOK, resp, nil
+	}
 }
 
-// handleRecordEvent records one event in its own transaction.
-func handleRecordEvent(db *sql.DB) http.Handler {
+// handleRecordEvent is POST /api/events: one event, recorded in its own
+// transaction, answered 201 with its id.
+func handleRecordEvent(a *admin) apiFunc {
 	type request struct {
 		Topic   string          `json:"topic"`
 		Subject string          `json:"subject"`
 		Payload json.RawMessage `json:"payload"`
 	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return func(r *http.Request) (int, any, error) {
 		var req request
-		if err := decodeJSON(w, r, &req); err != nil {
-			writeError(w, statusOf(err), err)
-			return
+		if err := decodeJSON(r, &req); err != nil {
+			return 0, nil, err
 		}
-		id, err := recordEvent(r.Context(), db, req.Topic, req.Subject, req.Payload)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		writeJSON(w, http.StatusCreated, map[string]int64{"id": id})
-	})
+		id, err := recordEvent(r.Context(), a.db, req.Topic, req.Subject, req.Payload)
+		return http.StatusCreated, map[string]int64{"id": id}, err
+	}
 }
 
-// eventWithJobs is GET /api/events/{id}: the event and every job it made.
+// eventWithJobs is an event and every job it made, as GET
+// /api/events/{id} and the panel's event page show it.
 type eventWithJobs struct {
 	Event
 	Jobs []JobView `json:"jobs"`
@@ -90,47 +95,52 @@ func readEventWithJobs(ctx context.Context, db *sql.DB, id int64) (eventWithJobs
 	return eventWithJobs{Event: ev, Jobs: jobs}, nil
 }
 
-func handleGetEvent(db *sql.DB) http.Handler {
-	return handleByID(func(ctx context.Context, id int64) (eventWithJobs, error) {
-		return readEventWithJobs(ctx, db, id)
+// handleGetEvent is GET /api/events/{id}: the event and every job it made.
+func handleGetEvent(a *admin) apiFunc {
+	return byID(func(ctx context.Context, id int64) (eventWithJobs, error) {
+		return readEventWithJobs(ctx, a.db, id)
 	})
 }
 
-func handleRequeueEvent(db *sql.DB) http.Handler {
-	return handleByID(func(ctx context.Context, id int64) (Event, error) {
-		if err := requeueEvent(ctx, db, id); err != nil {
+// handleRequeueEvent is POST /api/events/{id}/requeue: a poisoned event
+// back in the backlog, answered as it is now.
+func handleRequeueEvent(a *admin) apiFunc {
+	return byID(func(ctx context.Context, id int64) (Event, error) {
+		if err := requeueEvent(ctx, a.db, id); err != nil {
 			return Event{}, err
 		}
-		return getEvent(ctx, db, id)
+		return getEvent(ctx, a.db, id)
 	})
 }
 
-func handleListJobs(db *sql.DB) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// handleListJobs is GET /api/jobs: a page of jobs, newest first, with
+// next_before to ask for the page after it.
+func handleListJobs(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
 		f, err := jobFilterFrom(r)
 		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
+			return 0, nil, err
 		}
-		jobs, err := listJobs(r.Context(), db, f)
+		jobs, err := listJobs(r.Context(), a.db, f)
 		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
+			return 0, nil, err
 		}
 		resp := map[string]any{"jobs": jobs}
 		if len(jobs) > 0 {
 			resp["next_before"] = jobs[len(jobs)-1].ID
 		}
-		writeJSON(w, http.StatusOK, resp)
-	})
+		return http.StatusOK, resp, nil
+	}
 }
 
-func handleRetryJob(db *sql.DB) http.Handler {
-	return handleByID(func(ctx context.Context, id int64) (JobView, error) {
-		if err := retryJob(ctx, db, id); err != nil {
+// handleRetryJob is POST /api/jobs/{id}/retry: the job runs now, and is
+// answered as it is after the retry.
+func handleRetryJob(a *admin) apiFunc {
+	return byID(func(ctx context.Context, id int64) (JobView, error) {
+		if err := retryJob(ctx, a.db, id); err != nil {
 			return JobView{}, err
 		}
-		jobs, err := listJobs(ctx, db, JobFilter{Before: id + 1, Limit: 1})
+		jobs, err := listJobs(ctx, a.db, JobFilter{Before: id + 1, Limit: 1})
 		if err != nil {
 			return JobView{}, err
 		}
@@ -141,136 +151,116 @@ func handleRetryJob(db *sql.DB) http.Handler {
 	})
 }
 
-// handleListEndpoints answers {"endpoints": [...]}, a page of at most
-// ?limit= (default and maximum 500) endpoints with ids above ?after=.
-func handleListEndpoints(db *sql.DB) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// handleListEndpoints is GET /api/endpoints: {"endpoints": [...]}, a page
+// of at most ?limit= (default and maximum 500) endpoints with ids above
+// ?after=.
+func handleListEndpoints(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
 		afterID, limit := int64(0), maxEndpointPage
 		if v := r.URL.Query().Get("after"); v != "" {
 			n, err := strconv.ParseInt(v, 10, 64)
 			if err != nil || n < 0 {
-				writeError(w, http.StatusBadRequest, fmt.Errorf("after %q is not an endpoint id", v))
-				return
+				return 0, nil, fmt.Errorf("%w: after %q is not an endpoint id", errInvalid, v)
 			}
 			afterID = n
 		}
 		if v := r.URL.Query().Get("limit"); v != "" {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 1 || n > maxEndpointPage {
-				writeError(w, http.StatusBadRequest, fmt.Errorf("limit %q must be between 1 and %d", v, maxEndpointPage))
-				return
+				return 0, nil, fmt.Errorf("%w: limit %q must be between 1 and %d", errInvalid, v, maxEndpointPage)
 			}
 			limit = n
 		}
-		endpoints, err := listEndpoints(r.Context(), db, afterID, limit)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		writeJSON(w, http.StatusOK, map[string][]Endpoint{"endpoints": endpoints})
-	})
+		endpoints, err := listEndpoints(r.Context(), a.db, afterID, limit)
+		return http.StatusOK, map[string][]Endpoint{"endpoints": endpoints}, err
+	}
 }
 
-// handleCreateEndpoint registers an endpoint and answers 201 with it and
-// its secret, which is shown this once.
-func handleCreateEndpoint(db *sql.DB, policy endpointPolicy) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// handleCreateEndpoint is POST /api/endpoints: the endpoint registered,
+// answered 201 with its secret, which is shown this once.
+func handleCreateEndpoint(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
 		var in endpointInput
-		if err := decodeJSON(w, r, &in); err != nil {
-			writeError(w, statusOf(err), err)
-			return
+		if err := decodeJSON(r, &in); err != nil {
+			return 0, nil, err
 		}
-		if err := in.validate(policy.AllowPrivate); err != nil {
-			writeError(w, statusOf(err), err)
-			return
+		if err := in.validate(a.endpoints.AllowPrivate); err != nil {
+			return 0, nil, err
 		}
 		secret := newWebhookSecret()
-		e, err := createEndpoint(r.Context(), db, in, secret)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		writeJSON(w, http.StatusCreated, endpointWithSecret{Endpoint: e, Secret: secret.Encode()})
+		e, err := createEndpoint(r.Context(), a.db, in, secret)
+		return http.StatusCreated, endpointWithSecret{Endpoint: e, Secret: secret.Encode()}, err
+	}
+}
+
+// handleGetEndpoint is GET /api/endpoints/{id}, without its secret.
+func handleGetEndpoint(a *admin) apiFunc {
+	return byID(func(ctx context.Context, id int64) (Endpoint, error) {
+		return getEndpoint(ctx, a.db, id)
 	})
 }
 
-func handleGetEndpoint(db *sql.DB) http.Handler {
-	return handleByID(func(ctx context.Context, id int64) (Endpoint, error) {
-		return getEndpoint(ctx, db, id)
-	})
-}
-
-// handleUpdateEndpoint changes the fields the body gives.
-func handleUpdateEndpoint(db *sql.DB, policy endpointPolicy) http.Handler {
-	return handleByIDWithBody(func(ctx context.Context, id int64, in endpointInput) (Endpoint, error) {
-		if err := in.validate(policy.AllowPrivate); err != nil {
+// handleUpdateEndpoint is PATCH /api/endpoints/{id}: the fields the body
+// gives change, the others stay.
+func handleUpdateEndpoint(a *admin) apiFunc {
+	return byIDWithBody(func(ctx context.Context, id int64, in endpointInput) (Endpoint, error) {
+		if err := in.validate(a.endpoints.AllowPrivate); err != nil {
 			return Endpoint{}, err
 		}
-		return updateEndpoint(ctx, db, id, in)
+		return updateEndpoint(ctx, a.db, id, in)
 	})
 }
 
-// handleDeleteEndpoint answers 204; the endpoint's queued deliveries end
-// without a request.
-func handleDeleteEndpoint(db *sql.DB) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// handleDeleteEndpoint is DELETE /api/endpoints/{id}, answered 204; the
+// endpoint's queued deliveries end without a request.
+func handleDeleteEndpoint(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
 		id, err := pathID(r)
 		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
+			return 0, nil, err
 		}
-		if err := deleteEndpoint(r.Context(), db, id); err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		w.WriteHeader(http.StatusNoContent)
+		return http.StatusNoContent, nil, deleteEndpoint(r.Context(), a.db, id)
+	}
+}
+
+// handleEnableEndpoint is POST /api/endpoints/{id}/enable.
+func handleEnableEndpoint(a *admin) apiFunc {
+	return byID(func(ctx context.Context, id int64) (Endpoint, error) {
+		return enableEndpoint(ctx, a.db, id)
 	})
 }
 
-func handleEnableEndpoint(db *sql.DB) http.Handler {
-	return handleByID(func(ctx context.Context, id int64) (Endpoint, error) {
-		return enableEndpoint(ctx, db, id)
-	})
-}
-
-// handleDisableEndpoint takes an optional body {"reason": "..."}.
-func handleDisableEndpoint(db *sql.DB) http.Handler {
+// handleDisableEndpoint is POST /api/endpoints/{id}/disable, with an
+// optional body {"reason": "..."}.
+func handleDisableEndpoint(a *admin) apiFunc {
 	type request struct {
 		Reason string `json:"reason"`
 	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return func(r *http.Request) (int, any, error) {
 		id, err := pathID(r)
 		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
+			return 0, nil, err
 		}
 		var req request
-		if r.ContentLength != 0 {
-			if err := decodeJSON(w, r, &req); err != nil {
-				writeError(w, statusOf(err), err)
-				return
-			}
+		if err := decodeOptionalJSON(r, &req); err != nil {
+			return 0, nil, err
 		}
 		reason, err := disableReason(req.Reason)
 		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
+			return 0, nil, err
 		}
-		e, err := disableEndpoint(r.Context(), db, id, reason)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		writeJSON(w, http.StatusOK, e)
-	})
+		e, err := disableEndpoint(r.Context(), a.db, id, reason)
+		return http.StatusOK, e, err
+	}
 }
 
-// handleRotateEndpointSecret answers with the endpoint and its new secret;
-// the old one keeps signing for the rotation window.
-func handleRotateEndpointSecret(db *sql.DB, policy endpointPolicy) http.Handler {
-	return handleByID(func(ctx context.Context, id int64) (endpointWithSecret, error) {
+// handleRotateEndpointSecret is POST /api/endpoints/{id}/rotate-secret:
+// the endpoint with its new secret; the old one keeps signing for the
+// rotation window.
+func handleRotateEndpointSecret(a *admin) apiFunc {
+	return byID(func(ctx context.Context, id int64) (endpointWithSecret, error) {
 		secret := newWebhookSecret()
-		e, err := rotateEndpointSecret(ctx, db, id, secret, policy.RotationWindow)
+		e, err := rotateEndpointSecret(ctx, a.db, id, secret, a.endpoints.RotationWindow)
 		if err != nil {
 			return endpointWithSecret{}, err
 		}
@@ -278,11 +268,13 @@ func handleRotateEndpointSecret(db *sql.DB, policy endpointPolicy) http.Handler 
 	})
 }
 
-func handleReplayEndpoint(a *admin) http.Handler {
+// handleReplayEndpoint is POST /api/endpoints/{id}/replay {"since": ...}:
+// the endpoint's events since then, sent again.
+func handleReplayEndpoint(a *admin) apiFunc {
 	type request struct {
 		Since time.Time `json:"since"`
 	}
-	return handleByIDWithBody(func(ctx context.Context, id int64, req request) (ReplayResult, error) {
+	return byIDWithBody(func(ctx context.Context, id int64, req request) (ReplayResult, error) {
 		if req.Since.IsZero() {
 			return ReplayResult{}, fmt.Errorf(`%w: "since" (an RFC 3339 time) is required`, errInvalid)
 		}
@@ -290,142 +282,138 @@ func handleReplayEndpoint(a *admin) http.Handler {
 	})
 }
 
-func handleRetryDiscarded(db *sql.DB) http.Handler {
-	return handleByID(func(ctx context.Context, id int64) (map[string]int64, error) {
-		n, err := retryDiscarded(ctx, db, id)
+// handleRetryDiscarded is POST /api/endpoints/{id}/retry-discarded:
+// {"jobs": n}, the discarded deliveries that run again.
+func handleRetryDiscarded(a *admin) apiFunc {
+	return byID(func(ctx context.Context, id int64) (map[string]int64, error) {
+		n, err := retryDiscarded(ctx, a.db, id)
 		return map[string]int64{"jobs": n}, err
 	})
 }
 
-func handleEndpointDeliveries(db *sql.DB) http.Handler {
-	return handleByID(func(ctx context.Context, id int64) (EndpointStats, error) {
-		if _, err := getEndpoint(ctx, db, id); err != nil {
+// handleEndpointDeliveries is GET /api/endpoints/{id}/deliveries: the
+// endpoint's last attempts and its success rate.
+func handleEndpointDeliveries(a *admin) apiFunc {
+	return byID(func(ctx context.Context, id int64) (EndpointStats, error) {
+		if _, err := getEndpoint(ctx, a.db, id); err != nil {
 			return EndpointStats{}, err
 		}
-		return readEndpointStats(ctx, db, id, 50)
+		return readEndpointStats(ctx, a.db, id, 50)
 	})
 }
 
-func handleListSources(db *sql.DB) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		sources, err := listSources(r.Context(), db)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		writeJSON(w, http.StatusOK, map[string][]InboxSource{"sources": sources})
-	})
+// handleListSources is GET /api/sources: every inbox source, without its
+// secret.
+func handleListSources(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		sources, err := listSources(r.Context(), a.db)
+		return http.StatusOK, map[string][]InboxSource{"sources": sources}, err
+	}
 }
 
-// handleCreateSource answers 201 with the source and its secret.
-func handleCreateSource(db *sql.DB) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// handleCreateSource is POST /api/sources: the source, answered 201 with
+// its secret.
+func handleCreateSource(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
 		var in sourceInput
-		if err := decodeJSON(w, r, &in); err != nil {
-			writeError(w, statusOf(err), err)
-			return
+		if err := decodeJSON(r, &in); err != nil {
+			return 0, nil, err
 		}
-		s, err := createSource(r.Context(), db, in)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		writeJSON(w, http.StatusCreated, s)
-	})
+		s, err := createSource(r.Context(), a.db, in)
+		return http.StatusCreated, s, err
+	}
 }
 
-func handleDeleteSource(db *sql.DB) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if err := deleteSource(r.Context(), db, r.PathValue("name")); err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		w.WriteHeader(http.StatusNoContent)
-	})
+// handleDeleteSource is DELETE /api/sources/{name}, answered 204.
+func handleDeleteSource(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		return http.StatusNoContent, nil, deleteSource(r.Context(), a.db, r.PathValue("name"))
+	}
 }
 
-// handleRotateSourceSecret takes an optional body {"secret": "whsec_..."}
-// (the sender's new secret; none generates one) and answers with the
-// source and the new secret. The old one verifies for the rotation window.
-func handleRotateSourceSecret(db *sql.DB, window time.Duration) http.Handler {
+// handleRotateSourceSecret is POST /api/sources/{name}/rotate-secret, with
+// an optional body {"secret": "whsec_..."} (the sender's new secret; none
+// generates one): the source and the new secret. The old one verifies for
+// the rotation window.
+func handleRotateSourceSecret(a *admin) apiFunc {
 	type request struct {
 		Secret string `json:"secret"`
 	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return func(r *http.Request) (int, any, error) {
 		var req request
-		if r.ContentLength != 0 {
-			if err := decodeJSON(w, r, &req); err != nil {
-				writeError(w, statusOf(err), err)
-				return
-			}
+		if err := decodeOptionalJSON(r, &req); err != nil {
+			return 0, nil, err
 		}
 		secret, err := parseSourceSecret(req.Secret)
 		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
+			return 0, nil, err
 		}
-		s, err := rotateSourceSecret(r.Context(), db, r.PathValue("name"), secret, window)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		writeJSON(w, http.StatusOK, inboxSourceWithSecret{InboxSource: s, Secret: secret.Encode()})
-	})
+		s, err := rotateSourceSecret(r.Context(), a.db, r.PathValue("name"), secret, a.endpoints.RotationWindow)
+		return http.StatusOK, inboxSourceWithSecret{InboxSource: s, Secret: secret.Encode()}, err
+	}
 }
 
-// handleListSubjects answers GET /api/subjects?prefix=&after=&limit= with
-// {"subjects": [...], "next_after"}.
-func handleListSubjects(db *sql.DB) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// handleListSubjects is GET /api/subjects?prefix=&after=&limit=: the
+// subject index by prefix, {"subjects": [...], "next_after"}.
+func handleListSubjects(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
 		q := r.URL.Query()
 		limit := maxSubjectPage
 		if v := q.Get("limit"); v != "" {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 1 || n > maxSubjectPage {
-				writeError(w, http.StatusBadRequest, fmt.Errorf("limit %q must be between 1 and %d", v, maxSubjectPage))
-				return
+				return 0, nil, fmt.Errorf("%w: limit %q must be between 1 and %d", errInvalid, v, maxSubjectPage)
 			}
 			limit = n
 		}
-		entries, err := listSubjects(r.Context(), db, q.Get("prefix"), q.Get("after"), limit)
+		entries, err := listSubjects(r.Context(), a.db, q.Get("prefix"), q.Get("after"), limit)
 		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
+			return 0, nil, err
 		}
 		resp := map[string]any{"subjects": entries}
 		if len(entries) == limit {
 			resp["next_after"] = entries[len(entries)-1].Subject
 		}
-		writeJSON(w, http.StatusOK, resp)
-	})
+		return http.StatusOK, resp, nil
+	}
 }
 
-func handleHealthz() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
+// handleNoRoute is every other path under /api/: a JSON 404 like every
+// other answer there, not the mux's text one.
+func handleNoRoute() apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		return 0, nil, &httpError{status: http.StatusNotFound, text: fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)}
+	}
 }
 
-// handleReadyz answers 200 when the database answers and the schema is
-// there, so a load balancer sends no traffic to a replica that cannot
-// record.
-func handleReadyz(db *sql.DB) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// handleHealthz is GET /healthz: the process is up.
+func handleHealthz() apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		return http.StatusOK, map[string]string{"status": "ok"}, nil
+	}
+}
+
+// handleReadyz is GET /readyz: 200 when the database answers and the
+// schema is there, so a load balancer sends no traffic to a replica that
+// cannot record.
+func handleReadyz(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
 		var ok bool
-		err := db.QueryRowContext(ctx, `SELECT to_regprocedure('outbox.record(text, text, jsonb)') IS NOT NULL`).Scan(&ok)
+		err := a.db.QueryRowContext(ctx, `SELECT to_regprocedure('outbox.record(text, text, jsonb)') IS NOT NULL`).Scan(&ok)
 		switch {
 		case err != nil:
-			writeError(w, http.StatusServiceUnavailable, fmt.Errorf("database: %w", err))
+			return 0, nil, &httpError{status: http.StatusServiceUnavailable, err: fmt.Errorf("database: %w", err)}
 		case !ok:
-			writeError(w, http.StatusServiceUnavailable, errors.New("schema not applied"))
-		default:
-			writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+			return 0, nil, &httpError{status: http.StatusServiceUnavailable, text: "schema not applied"}
 		}
-	})
+		return http.StatusOK, map[string]string{"status": "ready"}, nil
+	}
 }
 
+// handleMetrics is GET /metrics, in Prometheus's text format: the one
+// handler that does not answer JSON.
 func handleMetrics(a *admin) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		o, err := readOverview(r.Context(), a.db, a.alerts)
