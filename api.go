@@ -9,8 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"net/http"
 	"strconv"
 	"time"
@@ -430,85 +428,54 @@ func handleMetrics(a *admin) http.Handler {
 }
 
 // maxInboxBody bounds a received webhook: an event payload may be up to
-// 1 MiB (schema.sql) plus its envelope, the same bound as POST /api/events.
+// 1 MiB (schema.sql) plus its envelope, the same bound as POST /api/events,
+// which serveJSON puts on every body.
 const maxInboxBody = maxRequestBody
 
-// inboxStatus maps a verification error to its answer: 400 for a request
-// that is malformed, 401 for one that is well formed but not authentic
-// (or too old or new to tell).
-func inboxStatus(err error) int {
-	switch {
-	case errors.Is(err, errWebhookMissingHeader), errors.Is(err, errWebhookBadTimestamp):
-		return http.StatusBadRequest
-	default:
-		return http.StatusUnauthorized
+// handleInbox is POST /webhooks/{source}: a signed webhook from a sender,
+// recorded as a local event once per webhook-id (inbox.go). It answers 200
+// once the event, or the knowledge that it was recorded before, is
+// committed; the sender retries every other answer, so each says why.
+func handleInbox(a *admin) apiFunc {
+	logger := a.logger.With("loop", "inbox")
+	return func(r *http.Request) (int, any, error) {
+		name := r.PathValue("source")
+		eventID, duplicate, err := receiveWebhook(r.Context(), a.db, name, r.Header, r.Body, time.Now())
+		if err != nil {
+			if _, ok := errors.AsType[*unverifiedError](err); ok {
+				logger.Warn("inbox: webhook refused", "source", name, "err", err)
+			}
+			return 0, nil, inboxError(err)
+		}
+		if duplicate {
+			logger.Debug("inbox: duplicate webhook ignored", "source", name, "webhook_id", r.Header.Get(headerWebhookID))
+			return http.StatusOK, map[string]any{"duplicate": true}, nil
+		}
+		return http.StatusOK, map[string]any{"event_id": eventID}, nil
 	}
 }
 
-// handleInbox is POST /webhooks/{source}. It answers 404 for an unknown
-// source, 413 past the body bound, 400 or 401 when verification fails,
-// 400 for a verified body that is not a webhook outboxd can record, and
-// 200 once the event (or the knowledge that it was recorded before) is
-// committed. The sender retries every other answer.
-func handleInbox(db *sql.DB, logger *slog.Logger, now func() time.Time) http.Handler {
-	logger = logger.With("loop", "inbox")
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx := r.Context()
-		name := r.PathValue("source")
-		var secret, previous []byte
-		var prefix string
-		err := db.QueryRowContext(ctx, sourceVerifySQL, name).Scan(&secret, &previous, &prefix)
-		if errors.Is(err, sql.ErrNoRows) {
-			writeError(w, http.StatusNotFound, fmt.Errorf("no inbox source %q", name))
-			return
-		}
-		if err != nil {
-			logger.Error("inbox: read source", "source", name, "err", err)
-			writeError(w, http.StatusServiceUnavailable, errors.New("read source failed"))
-			return
-		}
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxInboxBody))
-		if err != nil {
-			if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-				writeError(w, http.StatusRequestEntityTooLarge, fmt.Errorf("body larger than %d bytes", maxInboxBody))
-				return
-			}
-			writeError(w, http.StatusBadRequest, fmt.Errorf("read body: %w", err))
-			return
-		}
-		secrets := [][]byte{secret}
-		if previous != nil {
-			secrets = append(secrets, previous)
-		}
-		if err := verifyWebhook(secrets, r.Header, body, now()); err != nil {
-			logger.Warn("inbox: webhook refused", "source", name, "err", err)
-			writeError(w, inboxStatus(err), err)
-			return
-		}
-		webhookID := r.Header.Get(headerWebhookID)
-		if len(webhookID) > 256 {
-			writeError(w, http.StatusBadRequest, fmt.Errorf("%s is %d bytes, at most 256", headerWebhookID, len(webhookID)))
-			return
-		}
-		var wh receivedWebhook
-		if err := json.Unmarshal(body, &wh); err != nil || wh.Type == "" {
-			writeError(w, http.StatusBadRequest, errors.New(`body must be a JSON object with a "type"`))
-			return
-		}
-		topic := prefix + wh.Type
-		eventID, duplicate, err := receive(ctx, db, name, webhookID, topic, wh)
-		if err != nil {
-			if statusOf(err) == http.StatusInternalServerError {
-				logger.Error("inbox: record webhook", "source", name, "webhook_id", webhookID, "err", err)
-			}
-			writeError(w, statusOf(err), err)
-			return
-		}
-		if duplicate {
-			logger.Debug("inbox: duplicate webhook ignored", "source", name, "webhook_id", webhookID)
-			writeJSON(w, http.StatusOK, map[string]any{"duplicate": true})
-			return
-		}
-		writeJSON(w, http.StatusOK, map[string]any{"event_id": eventID})
-	})
+// inboxError is the answer the inbox gives a delivery it did not record
+// (README, "The inbox"), where statusOf's is not that answer: 404 for an
+// unknown source, 413 past the body bound, 400 for a request that is
+// malformed, 401 for one that is well formed but not authentic (or too old
+// or new to tell), and 503 when the source could not be read, without
+// telling the sender why.
+func inboxError(err error) error {
+	_, tooBig := errors.AsType[*http.MaxBytesError](err)
+	_, unverified := errors.AsType[*unverifiedError](err)
+	malformed := errors.Is(err, errWebhookMissingHeader) || errors.Is(err, errWebhookBadTimestamp)
+	switch {
+	case errors.Is(err, errUnknownSource):
+		return &httpError{status: http.StatusNotFound, err: err}
+	case errors.Is(err, errSourceUnreadable):
+		return &httpError{status: http.StatusServiceUnavailable, text: "read source failed", err: err}
+	case tooBig:
+		return &httpError{status: http.StatusRequestEntityTooLarge, text: fmt.Sprintf("body larger than %d bytes", maxInboxBody), err: err}
+	case unverified && malformed:
+		return &httpError{status: http.StatusBadRequest, err: err}
+	case unverified:
+		return &httpError{status: http.StatusUnauthorized, err: err}
+	}
+	return err
 }

@@ -17,6 +17,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"regexp"
 	"time"
 
@@ -232,4 +234,62 @@ func receive(ctx context.Context, db *sql.DB, source, webhookID, topic string, w
 		return 0, false, fmt.Errorf("receive webhook: commit: %w", err)
 	}
 	return eventID, false, nil
+}
+
+// Why receiveWebhook records nothing, beside errInvalid (a delivery that
+// verified but cannot be recorded), an *unverifiedError and a failure of
+// the database. The HTTP layer gives each its answer (api.go, inboxError).
+var (
+	// errUnknownSource: no source has the name.
+	errUnknownSource = errors.New("no inbox source")
+	// errSourceUnreadable: the source could not be read, so nothing about
+	// the delivery is known yet.
+	errSourceUnreadable = errors.New("read inbox source")
+)
+
+// unverifiedError is a delivery that does not verify as its source's;
+// verifyWebhook's error, which it wraps, says how.
+type unverifiedError struct{ err error }
+
+func (e *unverifiedError) Error() string { return e.err.Error() }
+func (e *unverifiedError) Unwrap() error { return e.err }
+
+// maxWebhookIDLen bounds the dedup key, which the sender chooses.
+const maxWebhookIDLen = 256
+
+// receiveWebhook records a delivery to source name as a local event, once
+// per webhook-id, and returns the event's id, or duplicate when that
+// webhook-id was recorded before. body is read only once the source is
+// known, and the signature is checked on its raw bytes before anything
+// else in it is believed.
+func receiveWebhook(ctx context.Context, db *sql.DB, name string, header http.Header, body io.Reader, now time.Time) (eventID int64, duplicate bool, err error) {
+	var secret, previous []byte
+	var prefix string
+	err = db.QueryRowContext(ctx, sourceVerifySQL, name).Scan(&secret, &previous, &prefix)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, false, fmt.Errorf("%w %q", errUnknownSource, name)
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("%w %q: %w", errSourceUnreadable, name, err)
+	}
+	raw, err := io.ReadAll(body)
+	if err != nil {
+		return 0, false, fmt.Errorf("%w: read body: %w", errInvalid, err)
+	}
+	secrets := [][]byte{secret}
+	if previous != nil {
+		secrets = append(secrets, previous)
+	}
+	if err := verifyWebhook(secrets, header, raw, now); err != nil {
+		return 0, false, &unverifiedError{err}
+	}
+	webhookID := header.Get(headerWebhookID)
+	if len(webhookID) > maxWebhookIDLen {
+		return 0, false, fmt.Errorf("%w: %s is %d bytes, at most %d", errInvalid, headerWebhookID, len(webhookID), maxWebhookIDLen)
+	}
+	var wh receivedWebhook
+	if err := json.Unmarshal(raw, &wh); err != nil || wh.Type == "" {
+		return 0, false, fmt.Errorf(`%w: body must be a JSON object with a "type"`, errInvalid)
+	}
+	return receive(ctx, db, name, webhookID, prefix+wh.Type, wh)
 }
