@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -88,7 +89,29 @@ func routes(a *admin) http.Handler {
 	if a.demo != nil {
 		mux.Handle("POST /demo/hook", a.demo.receiver()) // signed, like any webhook
 	}
-	a.panel.register(mux, a)
+
+	// The panel: HTML pages for a browser, signed in by a session cookie.
+	p := a.panel
+	static, _ := fs.Sub(staticFS, "static")
+	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	mux.Handle("GET /login", a.servePage(p.handleLoginForm()))
+	mux.Handle("POST /login", a.servePage(p.handleLogin(a)))
+	mux.Handle("POST /logout", a.servePage(p.handleLogout()))
+	handlePage := func(pattern string, h pageFunc) { mux.Handle(pattern, p.requireSession(a.token, a.servePage(h))) }
+	handlePage("GET /{$}", p.handleOverview(a))
+	handlePage("GET /events", p.handleEvents(a))
+	handlePage("GET /events/{id}", p.handleEvent(a))
+	handlePage("POST /events/{id}/requeue", p.handleRequeue(a))
+	handlePage("GET /endpoints", p.handleEndpoints(a))
+	handlePage("POST /endpoints", p.handleCreateEndpoint(a))
+	handlePage("GET /endpoints/{id}", p.handleEndpoint(a))
+	handlePage("POST /endpoints/{id}/{action}", p.handleEndpointAction(a))
+	handlePage("GET /sources", p.handleSources(a))
+	handlePage("POST /sources", p.handleCreateSource(a))
+	handlePage("POST /sources/{name}/{action}", p.handleSourceAction(a))
+	handlePage("GET /jobs", p.handleJobs(a))
+	handlePage("POST /jobs/{id}/retry", p.handleRetry(a))
+	handlePage("GET /subjects", p.handleSubjects(a))
 
 	// Browsers may not make state-changing requests across origins; API
 	// clients without Origin or Sec-Fetch-Site headers are unaffected.
@@ -181,6 +204,21 @@ func isLoopbackHost(hostport string) bool {
 // apiFunc is a JSON handler, the one shape of them all: it answers status
 // with body as JSON (a 204 without one), or fails with err.
 type apiFunc func(r *http.Request) (status int, body any, err error)
+
+// pageFunc is a panel handler, the one shape of them all: it renders a
+// page or redirects, or fails with err.
+type pageFunc func(w http.ResponseWriter, r *http.Request) error
+
+// servePage is the adapter every panel handler is served through: a
+// failure is shown on the panel's error page, and answered and logged as
+// failed says, like the API's.
+func (a *admin) servePage(h pageFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := h(w, r); err != nil {
+			a.panel.renderError(w, a.failed(r, err), err)
+		}
+	})
+}
 
 // maxRequestBody bounds every JSON request body: an event payload may be up
 // to 1 MiB (schema.sql) plus its envelope.

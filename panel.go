@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"html/template"
-	"io/fs"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -85,33 +84,8 @@ func (p *panel) render(w http.ResponseWriter, status int, name string, pg page) 
 }
 
 // renderError shows an error on a page of its own, keeping the layout.
-func (p *panel) renderError(w http.ResponseWriter, err error) {
-	p.render(w, statusOf(err), "login", page{Title: "Error", SignedIn: true, Data: err.Error()})
-}
-
-// register adds the panel's routes to mux.
-func (p *panel) register(mux *http.ServeMux, a *admin) {
-	static, _ := fs.Sub(staticFS, "static")
-	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
-	mux.Handle("GET /login", p.handleLoginForm())
-	mux.Handle("POST /login", p.handleLogin(a.token))
-	mux.Handle("POST /logout", p.handleLogout())
-
-	signedIn := func(h http.Handler) http.Handler { return p.requireSession(a.token, h) }
-	mux.Handle("GET /{$}", signedIn(p.handleOverview(a)))
-	mux.Handle("GET /events", signedIn(p.handleEvents(a)))
-	mux.Handle("GET /events/{id}", signedIn(p.handleEvent(a)))
-	mux.Handle("POST /events/{id}/requeue", signedIn(p.handleRequeue(a)))
-	mux.Handle("GET /endpoints", signedIn(p.handleEndpoints(a)))
-	mux.Handle("POST /endpoints", signedIn(p.handleCreateEndpoint(a)))
-	mux.Handle("GET /endpoints/{id}", signedIn(p.handleEndpoint(a)))
-	mux.Handle("POST /endpoints/{id}/{action}", signedIn(p.handleEndpointAction(a)))
-	mux.Handle("GET /sources", signedIn(p.handleSources(a)))
-	mux.Handle("POST /sources", signedIn(p.handleCreateSource(a)))
-	mux.Handle("POST /sources/{name}/{action}", signedIn(p.handleSourceAction(a)))
-	mux.Handle("GET /jobs", signedIn(p.handleJobs(a)))
-	mux.Handle("POST /jobs/{id}/retry", signedIn(p.handleRetry(a)))
-	mux.Handle("GET /subjects", signedIn(p.handleSubjects(a)))
+func (p *panel) renderError(w http.ResponseWriter, status int, err error) {
+	p.render(w, status, "login", page{Title: "Error", SignedIn: true, Data: err.Error()})
 }
 
 // requireSession sends a browser without a session to the sign-in form.
@@ -144,40 +118,39 @@ func (p *panel) requireSession(token string, next http.Handler) http.Handler {
 	})
 }
 
-func (p *panel) handleLoginForm() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+func (p *panel) handleLoginForm() pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		p.render(w, http.StatusOK, "login", page{Title: "Sign in"})
-	})
+		return nil
+	}
 }
 
-func (p *panel) handleLogin(token string) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+func (p *panel) handleLogin(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		r.Body = http.MaxBytesReader(w, r.Body, 4096)
-		if !tokenEqual(r.PostFormValue("token"), token) {
+		if !tokenEqual(r.PostFormValue("token"), a.token) {
 			p.render(w, http.StatusUnauthorized, "login", page{Title: "Sign in", Data: "That token is not right."})
-			return
+			return nil
 		}
-		setSession(w, r, token)
+		setSession(w, r, a.token)
 		http.Redirect(w, r, "/", http.StatusSeeOther)
-	})
+		return nil
+	}
 }
 
-func (p *panel) handleLogout() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+func (p *panel) handleLogout() pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		clearSession(w)
 		http.Redirect(w, r, "/login", http.StatusSeeOther)
-	})
+		return nil
+	}
 }
 
-func (p *panel) handleOverview(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		o, err := readOverview(r.Context(), a.db, a.alerts)
+func (p *panel) handleOverview(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		o, err := a.overview(r.Context())
 		if err != nil {
-			p.renderError(w, err)
-			return
-		}
-		if a.counters != nil && a.counters.pruned != nil {
-			o.Pruned = a.counters.pruned()
+			return err
 		}
 		var samples []sample
 		interval := sampleInterval
@@ -190,20 +163,19 @@ func (p *panel) handleOverview(a *admin) http.Handler {
 				Overview Overview
 				Chart    template.HTML
 			}{o, chartSVG(samples, interval)}})
-	})
+		return nil
+	}
 }
 
-func (p *panel) handleEvents(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+func (p *panel) handleEvents(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		f, err := eventFilterFrom(r)
 		if err != nil {
-			p.renderError(w, err)
-			return
+			return err
 		}
 		events, err := listEvents(r.Context(), a.db, f)
 		if err != nil {
-			p.renderError(w, err)
-			return
+			return err
 		}
 		var next string
 		if len(events) > 0 && len(events) == max(f.Limit, 50) {
@@ -219,51 +191,49 @@ func (p *panel) handleEvents(a *admin) http.Handler {
 				Events []Event
 				Next   string
 			}{f, []string{"", "unfanned", "fanned", "poisoned"}, events, next}})
-	})
+		return nil
+	}
 }
 
-func (p *panel) handleEvent(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+func (p *panel) handleEvent(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		id, err := pathID(r)
 		if err != nil {
-			p.renderError(w, err)
-			return
+			return err
 		}
 		ev, err := readEventWithJobs(r.Context(), a.db, id)
 		if err != nil {
-			p.renderError(w, err)
-			return
+			return err
 		}
 		p.render(w, http.StatusOK, "event", page{Title: fmt.Sprintf("Event %d", id), Nav: "events", SignedIn: true,
 			Flash: r.URL.Query().Get("done"), Data: ev})
-	})
+		return nil
+	}
 }
 
-func (p *panel) handleRequeue(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+func (p *panel) handleRequeue(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		id, err := pathID(r)
 		if err == nil {
 			err = requeueEvent(r.Context(), a.db, id)
 		}
 		if err != nil {
-			p.renderError(w, err)
-			return
+			return err
 		}
 		http.Redirect(w, r, fmt.Sprintf("/events/%d?done=%s", id, url.QueryEscape("Requeued: the relay will pick it up now.")), http.StatusSeeOther)
-	})
+		return nil
+	}
 }
 
-func (p *panel) handleJobs(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+func (p *panel) handleJobs(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		f, err := jobFilterFrom(r)
 		if err != nil {
-			p.renderError(w, err)
-			return
+			return err
 		}
 		jobs, err := listJobs(r.Context(), a.db, f)
 		if err != nil {
-			p.renderError(w, err)
-			return
+			return err
 		}
 		var next string
 		if len(jobs) > 0 && len(jobs) == max(f.Limit, 50) {
@@ -279,34 +249,35 @@ func (p *panel) handleJobs(a *admin) http.Handler {
 				Jobs   []JobView
 				Next   string
 			}{f, []string{"", "available", "running", "retryable", "completed", "discarded"}, jobs, next}})
-	})
+		return nil
+	}
 }
 
-func (p *panel) handleRetry(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+func (p *panel) handleRetry(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		id, err := pathID(r)
 		if err == nil {
 			err = retryJob(r.Context(), a.db, id)
 		}
 		if err != nil {
-			p.renderError(w, err)
-			return
+			return err
 		}
 		http.Redirect(w, r, "/jobs?done="+url.QueryEscape(fmt.Sprintf("Job %d will run now.", id)), http.StatusSeeOther)
-	})
+		return nil
+	}
 }
 
-func (p *panel) handleEndpoints(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+func (p *panel) handleEndpoints(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		eps, err := listEndpoints(r.Context(), a.db, 0, maxEndpointPage)
 		if err != nil {
-			p.renderError(w, err)
-			return
+			return err
 		}
 		p.render(w, http.StatusOK, "endpoints", page{Title: "Endpoints", Nav: "endpoints", SignedIn: true,
 			Flash: r.URL.Query().Get("done"),
 			Data:  struct{ Endpoints []Endpoint }{eps}})
-	})
+		return nil
+	}
 }
 
 // endpointForm reads the endpoint form; topics are separated by spaces or
@@ -323,46 +294,41 @@ func endpointForm(w http.ResponseWriter, r *http.Request) endpointInput {
 	return endpointInput{URL: &url, Topics: &topics, Description: &desc, OwnerEmail: &owner}
 }
 
-func (p *panel) handleCreateEndpoint(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+func (p *panel) handleCreateEndpoint(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		in := endpointForm(w, r)
 		if err := in.validate(a.endpoints.AllowPrivate); err != nil {
-			p.renderError(w, err)
-			return
+			return err
 		}
 		secret := newWebhookSecret()
 		ep, err := createEndpoint(r.Context(), a.db, in, secret)
 		if err != nil {
-			p.renderError(w, err)
-			return
+			return err
 		}
-		p.renderEndpoint(w, r, a, ep.ID, "Endpoint created. Copy its secret now: it is not shown again.", secret.Encode())
-	})
+		return p.renderEndpoint(w, r, a, ep.ID, "Endpoint created. Copy its secret now: it is not shown again.", secret.Encode())
+	}
 }
 
-func (p *panel) handleEndpoint(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+func (p *panel) handleEndpoint(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		id, err := pathID(r)
 		if err != nil {
-			p.renderError(w, err)
-			return
+			return err
 		}
-		p.renderEndpoint(w, r, a, id, r.URL.Query().Get("done"), "")
-	})
+		return p.renderEndpoint(w, r, a, id, r.URL.Query().Get("done"), "")
+	}
 }
 
 // renderEndpoint shows one endpoint, with its secret right after create
 // or rotate (never in a URL: the page is rendered, not redirected to).
-func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin, id int64, flash, secret string) {
+func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin, id int64, flash, secret string) error {
 	ep, err := getEndpoint(r.Context(), a.db, id)
 	if err != nil {
-		p.renderError(w, err)
-		return
+		return err
 	}
 	st, err := readEndpointStats(r.Context(), a.db, id, 20)
 	if err != nil {
-		p.renderError(w, err)
-		return
+		return err
 	}
 	p.render(w, http.StatusOK, "endpoint", page{Title: fmt.Sprintf("Endpoint %d", id), Nav: "endpoints", SignedIn: true,
 		Flash: flash,
@@ -371,16 +337,16 @@ func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin,
 			Stats    EndpointStats
 			Secret   string
 		}{ep, st, secret}})
+	return nil
 }
 
 // handleEndpointAction runs one of an endpoint's buttons and shows the
 // endpoint again with what happened.
-func (p *panel) handleEndpointAction(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+func (p *panel) handleEndpointAction(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		id, err := pathID(r)
 		if err != nil {
-			p.renderError(w, err)
-			return
+			return err
 		}
 		ctx := r.Context()
 		var done string
@@ -397,8 +363,7 @@ func (p *panel) handleEndpointAction(a *admin) http.Handler {
 		case "rotate-secret":
 			secret := newWebhookSecret()
 			if _, err = rotateEndpointSecret(ctx, a.db, id, secret, a.endpoints.RotationWindow); err == nil {
-				p.renderEndpoint(w, r, a, id, fmt.Sprintf("Secret rotated; the old one still signs for %s.", a.endpoints.RotationWindow), secret.Encode())
-				return
+				return p.renderEndpoint(w, r, a, id, fmt.Sprintf("Secret rotated; the old one still signs for %s.", a.endpoints.RotationWindow), secret.Encode())
 			}
 		case "retry-discarded":
 			var n int64
@@ -429,28 +394,27 @@ func (p *panel) handleEndpointAction(a *admin) http.Handler {
 		case "delete":
 			if err = deleteEndpoint(ctx, a.db, id); err == nil {
 				http.Redirect(w, r, "/endpoints?done="+url.QueryEscape(fmt.Sprintf("Endpoint %d deleted.", id)), http.StatusSeeOther)
-				return
+				return nil
 			}
 		default:
 			err = fmt.Errorf("%w: no action %q", errNotFound, r.PathValue("action"))
 		}
 		if err != nil {
-			p.renderError(w, err)
-			return
+			return err
 		}
 		http.Redirect(w, r, fmt.Sprintf("/endpoints/%d?done=%s", id, url.QueryEscape(done)), http.StatusSeeOther)
-	})
+		return nil
+	}
 }
 
 // handleSubjects searches the subject index by prefix, a page at a time.
-func (p *panel) handleSubjects(a *admin) http.Handler {
+func (p *panel) handleSubjects(a *admin) pageFunc {
 	const pageSize = 50
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		prefix, after := r.URL.Query().Get("prefix"), r.URL.Query().Get("after")
 		subjects, err := listSubjects(r.Context(), a.db, prefix, after, pageSize)
 		if err != nil {
-			p.renderError(w, err)
-			return
+			return err
 		}
 		var next string
 		if len(subjects) == pageSize {
@@ -462,33 +426,34 @@ func (p *panel) handleSubjects(a *admin) http.Handler {
 				Subjects []SubjectEntry
 				Next     string
 			}{prefix, subjects, next}})
-	})
+		return nil
+	}
 }
 
 // renderSources lists the inbox sources, with a new secret right after a
 // create or a rotation (never in a URL: the page is rendered, not
 // redirected to).
-func (p *panel) renderSources(w http.ResponseWriter, r *http.Request, a *admin, flash string, created *inboxSourceWithSecret) {
+func (p *panel) renderSources(w http.ResponseWriter, r *http.Request, a *admin, flash string, created *inboxSourceWithSecret) error {
 	sources, err := listSources(r.Context(), a.db)
 	if err != nil {
-		p.renderError(w, err)
-		return
+		return err
 	}
 	p.render(w, http.StatusOK, "sources", page{Title: "Inbox sources", Nav: "sources", SignedIn: true, Flash: flash,
 		Data: struct {
 			Sources []InboxSource
 			Created *inboxSourceWithSecret
 		}{sources, created}})
+	return nil
 }
 
-func (p *panel) handleSources(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p.renderSources(w, r, a, r.URL.Query().Get("done"), nil)
-	})
+func (p *panel) handleSources(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		return p.renderSources(w, r, a, r.URL.Query().Get("done"), nil)
+	}
 }
 
-func (p *panel) handleCreateSource(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+func (p *panel) handleCreateSource(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
 		in := sourceInput{Name: strings.TrimSpace(r.PostFormValue("name")), Secret: strings.TrimSpace(r.PostFormValue("secret"))}
 		if prefix := strings.TrimSpace(r.PostFormValue("topic_prefix")); prefix != "" {
@@ -496,36 +461,33 @@ func (p *panel) handleCreateSource(a *admin) http.Handler {
 		}
 		created, err := createSource(r.Context(), a.db, in)
 		if err != nil {
-			p.renderError(w, err)
-			return
+			return err
 		}
-		p.renderSources(w, r, a, fmt.Sprintf("Source %s created. Give its secret to the sender.", created.Name), &created)
-	})
+		return p.renderSources(w, r, a, fmt.Sprintf("Source %s created. Give its secret to the sender.", created.Name), &created)
+	}
 }
 
-func (p *panel) handleSourceAction(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+func (p *panel) handleSourceAction(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		name := r.PathValue("name")
 		switch r.PathValue("action") {
 		case "rotate-secret":
 			secret := newWebhookSecret()
 			s, err := rotateSourceSecret(r.Context(), a.db, name, secret, a.endpoints.RotationWindow)
 			if err != nil {
-				p.renderError(w, err)
-				return
+				return err
 			}
-			p.renderSources(w, r, a, fmt.Sprintf("Secret of %s rotated; the old one is still accepted for %s.", name, a.endpoints.RotationWindow),
+			return p.renderSources(w, r, a, fmt.Sprintf("Secret of %s rotated; the old one is still accepted for %s.", name, a.endpoints.RotationWindow),
 				&inboxSourceWithSecret{InboxSource: s, Secret: secret.Encode()})
 		case "delete":
 			if err := deleteSource(r.Context(), a.db, name); err != nil {
-				p.renderError(w, err)
-				return
+				return err
 			}
 			http.Redirect(w, r, "/sources?done="+url.QueryEscape(fmt.Sprintf("Source %s deleted.", name)), http.StatusSeeOther)
-		default:
-			p.renderError(w, fmt.Errorf("%w: no action %q", errNotFound, r.PathValue("action")))
+			return nil
 		}
-	})
+		return fmt.Errorf("%w: no action %q", errNotFound, r.PathValue("action"))
+	}
 }
 
 // jobError is one entry of a job's errors column.
