@@ -17,8 +17,10 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -360,50 +362,58 @@ func pathID(r *http.Request) (int64, error) {
 	return id, nil
 }
 
-// eventFilterFrom reads the stream's filter from the query string.
-func eventFilterFrom(r *http.Request) (EventFilter, error) {
-	q := r.URL.Query()
-	f := EventFilter{Topic: q.Get("topic"), Subject: q.Get("subject"), State: q.Get("state")}
-	var err error
-	if f.Before, err = queryInt64(q.Get("before")); err != nil {
-		return f, fmt.Errorf("%w: before: %v", errInvalid, err)
-	}
-	limit, err := queryInt64(q.Get("limit"))
-	if err != nil {
-		return f, fmt.Errorf("%w: limit: %v", errInvalid, err)
-	}
-	f.Limit = int(limit)
-	return f, nil
+// query reads a request's query parameters, for the API and the panel
+// alike. A reader that meets a bad value keeps the first such error in err
+// and returns the parameter's default, so a handler reads every parameter
+// it takes and then checks err once.
+type query struct {
+	values url.Values
+	err    error
 }
 
-func jobFilterFrom(r *http.Request) (JobFilter, error) {
-	q := r.URL.Query()
-	f := JobFilter{State: q.Get("state")}
-	var err error
-	if f.Before, err = queryInt64(q.Get("before")); err != nil {
-		return f, fmt.Errorf("%w: before: %v", errInvalid, err)
-	}
-	if f.EventID, err = queryInt64(q.Get("event_id")); err != nil {
-		return f, fmt.Errorf("%w: event_id: %v", errInvalid, err)
-	}
-	limit, err := queryInt64(q.Get("limit"))
-	if err != nil {
-		return f, fmt.Errorf("%w: limit: %v", errInvalid, err)
-	}
-	f.Limit = int(limit)
-	return f, nil
+func queryOf(r *http.Request) *query { return &query{values: r.URL.Query()} }
+
+// text is a parameter as given; absent, "".
+func (q *query) text(name string) string { return q.values.Get(name) }
+
+// natural is an optional non-negative integer: an id to page from or to
+// filter by, or a page size that the list then bounds. Absent, 0.
+func (q *query) natural(name string) int64 {
+	return q.integer(name, 0, 0, math.MaxInt64, name+`: %q is not a non-negative integer`)
 }
 
-// queryInt64 parses an optional non-negative integer parameter.
-func queryInt64(s string) (int64, error) {
+// limit is ?limit=, a page size from 1 to most; absent, most.
+func (q *query) limit(most int) int {
+	return int(q.integer("limit", int64(most), 1, int64(most), `limit %q must be between 1 and `+strconv.Itoa(most)))
+}
+
+// integer is an optional integer parameter: absent, def; present, one from
+// lo to hi, or the request is refused with bad, a format given the value.
+func (q *query) integer(name string, def, lo, hi int64, bad string) int64 {
+	s := q.values.Get(name)
 	if s == "" {
-		return 0, nil
+		return def
 	}
 	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n < 0 {
-		return 0, fmt.Errorf("%q is not a non-negative integer", s)
+	if err != nil || n < lo || n > hi {
+		if q.err == nil {
+			q.err = fmt.Errorf("%w: "+bad, errInvalid, s)
+		}
+		return def
 	}
-	return n, nil
+	return n
+}
+
+// eventFilterFrom reads the stream's filter from the query.
+func eventFilterFrom(q *query) EventFilter {
+	return EventFilter{Topic: q.text("topic"), Subject: q.text("subject"), State: q.text("state"),
+		Before: q.natural("before"), Limit: int(q.natural("limit"))}
+}
+
+// jobFilterFrom reads the job list's filter from the query.
+func jobFilterFrom(q *query) JobFilter {
+	return JobFilter{State: q.text("state"),
+		Before: q.natural("before"), EventID: q.natural("event_id"), Limit: int(q.natural("limit"))}
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -9,8 +9,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
-	"strconv"
 	"time"
 )
 
@@ -40,9 +40,10 @@ func handleOverview(a *admin) apiFunc {
 // with next_before to ask for the page after it.
 func handleListEvents(a *admin) apiFunc {
 	return func(r *http.Request) (int, any, error) {
-		f, err := eventFilterFrom(r)
-		if err != nil {
-			return 0, nil, err
+		q := queryOf(r)
+		f := eventFilterFrom(q)
+		if q.err != nil {
+			return 0, nil, q.err
 		}
 		events, err := listEvents(r.Context(), a.db, f)
 		if err != nil {
@@ -115,9 +116,10 @@ func handleRequeueEvent(a *admin) apiFunc {
 // next_before to ask for the page after it.
 func handleListJobs(a *admin) apiFunc {
 	return func(r *http.Request) (int, any, error) {
-		f, err := jobFilterFrom(r)
-		if err != nil {
-			return 0, nil, err
+		q := queryOf(r)
+		f := jobFilterFrom(q)
+		if q.err != nil {
+			return 0, nil, q.err
 		}
 		jobs, err := listJobs(r.Context(), a.db, f)
 		if err != nil {
@@ -154,20 +156,11 @@ func handleRetryJob(a *admin) apiFunc {
 // ?after=.
 func handleListEndpoints(a *admin) apiFunc {
 	return func(r *http.Request) (int, any, error) {
-		afterID, limit := int64(0), maxEndpointPage
-		if v := r.URL.Query().Get("after"); v != "" {
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || n < 0 {
-				return 0, nil, fmt.Errorf("%w: after %q is not an endpoint id", errInvalid, v)
-			}
-			afterID = n
-		}
-		if v := r.URL.Query().Get("limit"); v != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 || n > maxEndpointPage {
-				return 0, nil, fmt.Errorf("%w: limit %q must be between 1 and %d", errInvalid, v, maxEndpointPage)
-			}
-			limit = n
+		q := queryOf(r)
+		afterID := q.integer("after", 0, 0, math.MaxInt64, "after %q is not an endpoint id")
+		limit := q.limit(maxEndpointPage)
+		if q.err != nil {
+			return 0, nil, q.err
 		}
 		endpoints, err := listEndpoints(r.Context(), a.db, afterID, limit)
 		return http.StatusOK, map[string][]Endpoint{"endpoints": endpoints}, err
@@ -355,16 +348,12 @@ func handleRotateSourceSecret(a *admin) apiFunc {
 // subject index by prefix, {"subjects": [...], "next_after"}.
 func handleListSubjects(a *admin) apiFunc {
 	return func(r *http.Request) (int, any, error) {
-		q := r.URL.Query()
-		limit := maxSubjectPage
-		if v := q.Get("limit"); v != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 || n > maxSubjectPage {
-				return 0, nil, fmt.Errorf("%w: limit %q must be between 1 and %d", errInvalid, v, maxSubjectPage)
-			}
-			limit = n
+		q := queryOf(r)
+		limit := q.limit(maxSubjectPage)
+		if q.err != nil {
+			return 0, nil, q.err
 		}
-		entries, err := listSubjects(r.Context(), a.db, q.Get("prefix"), q.Get("after"), limit)
+		entries, err := listSubjects(r.Context(), a.db, q.text("prefix"), q.text("after"), limit)
 		if err != nil {
 			return 0, nil, err
 		}

@@ -88,12 +88,15 @@ func (p *panel) renderError(w http.ResponseWriter, status int, err error) {
 	p.render(w, status, "login", page{Title: "Error", SignedIn: true, Data: err.Error()})
 }
 
+// flash is the message an action left for the page it redirected to.
+func flash(r *http.Request) string { return queryOf(r).text("done") }
+
 // requireSession sends a browser without a session to the sign-in form.
 // The URL outboxd logs at start carries ?token=: it signs in and redirects
 // to the same page without the token, so it leaves the address bar.
 func (p *panel) requireSession(token string, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if t := r.URL.Query().Get("token"); t != "" && r.Method == http.MethodGet {
+		if t := queryOf(r).text("token"); t != "" && r.Method == http.MethodGet {
 			if !tokenEqual(t, token) {
 				p.render(w, http.StatusUnauthorized, "login", page{Title: "Sign in", Data: "That token is not right."})
 				return
@@ -158,7 +161,7 @@ func (p *panel) handleOverview(a *admin) pageFunc {
 			samples, interval = a.samples.snapshot(), a.samples.interval
 		}
 		p.render(w, http.StatusOK, "overview", page{Title: "Overview", Nav: "overview", SignedIn: true,
-			Flash: r.URL.Query().Get("done"),
+			Flash: flash(r),
 			Data: struct {
 				Overview Overview
 				Chart    template.HTML
@@ -169,9 +172,10 @@ func (p *panel) handleOverview(a *admin) pageFunc {
 
 func (p *panel) handleEvents(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		f, err := eventFilterFrom(r)
-		if err != nil {
-			return err
+		q := queryOf(r)
+		f := eventFilterFrom(q)
+		if q.err != nil {
+			return q.err
 		}
 		events, err := listEvents(r.Context(), a.db, f)
 		if err != nil {
@@ -184,7 +188,7 @@ func (p *panel) handleEvents(a *admin) pageFunc {
 			next = "/events?" + q.Encode()
 		}
 		p.render(w, http.StatusOK, "events", page{Title: "Events", Nav: "events", SignedIn: true,
-			Flash: r.URL.Query().Get("done"),
+			Flash: flash(r),
 			Data: struct {
 				Filter EventFilter
 				States []string
@@ -206,7 +210,7 @@ func (p *panel) handleEvent(a *admin) pageFunc {
 			return err
 		}
 		p.render(w, http.StatusOK, "event", page{Title: fmt.Sprintf("Event %d", id), Nav: "events", SignedIn: true,
-			Flash: r.URL.Query().Get("done"), Data: ev})
+			Flash: flash(r), Data: ev})
 		return nil
 	}
 }
@@ -227,9 +231,10 @@ func (p *panel) handleRequeue(a *admin) pageFunc {
 
 func (p *panel) handleJobs(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		f, err := jobFilterFrom(r)
-		if err != nil {
-			return err
+		q := queryOf(r)
+		f := jobFilterFrom(q)
+		if q.err != nil {
+			return q.err
 		}
 		jobs, err := listJobs(r.Context(), a.db, f)
 		if err != nil {
@@ -242,7 +247,7 @@ func (p *panel) handleJobs(a *admin) pageFunc {
 			next = "/jobs?" + q.Encode()
 		}
 		p.render(w, http.StatusOK, "jobs", page{Title: "Jobs", Nav: "jobs", SignedIn: true,
-			Flash: r.URL.Query().Get("done"),
+			Flash: flash(r),
 			Data: struct {
 				Filter JobFilter
 				States []string
@@ -274,7 +279,7 @@ func (p *panel) handleEndpoints(a *admin) pageFunc {
 			return err
 		}
 		p.render(w, http.StatusOK, "endpoints", page{Title: "Endpoints", Nav: "endpoints", SignedIn: true,
-			Flash: r.URL.Query().Get("done"),
+			Flash: flash(r),
 			Data:  struct{ Endpoints []Endpoint }{eps}})
 		return nil
 	}
@@ -315,7 +320,7 @@ func (p *panel) handleEndpoint(a *admin) pageFunc {
 		if err != nil {
 			return err
 		}
-		return p.renderEndpoint(w, r, a, id, r.URL.Query().Get("done"), "")
+		return p.renderEndpoint(w, r, a, id, flash(r), "")
 	}
 }
 
@@ -411,7 +416,8 @@ func (p *panel) handleEndpointAction(a *admin) pageFunc {
 func (p *panel) handleSubjects(a *admin) pageFunc {
 	const pageSize = 50
 	return func(w http.ResponseWriter, r *http.Request) error {
-		prefix, after := r.URL.Query().Get("prefix"), r.URL.Query().Get("after")
+		q := queryOf(r)
+		prefix, after := q.text("prefix"), q.text("after")
 		subjects, err := listSubjects(r.Context(), a.db, prefix, after, pageSize)
 		if err != nil {
 			return err
@@ -448,7 +454,7 @@ func (p *panel) renderSources(w http.ResponseWriter, r *http.Request, a *admin, 
 
 func (p *panel) handleSources(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		return p.renderSources(w, r, a, r.URL.Query().Get("done"), nil)
+		return p.renderSources(w, r, a, flash(r), nil)
 	}
 }
 
