@@ -289,7 +289,7 @@ func handleEndpointDeliveries(a *admin) apiFunc {
 		if _, err := getEndpoint(ctx, a.db, id); err != nil {
 			return EndpointStats{}, err
 		}
-		return readEndpointStats(ctx, a.db, id, 50)
+		return readEndpointStats(ctx, a.db, id, defaultPageSize)
 	})
 }
 

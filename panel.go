@@ -182,7 +182,7 @@ func (p *panel) handleEvents(a *admin) pageFunc {
 			return err
 		}
 		var next string
-		if len(events) > 0 && len(events) == max(f.Limit, 50) {
+		if len(events) > 0 && len(events) == max(f.Limit, defaultPageSize) {
 			q := r.URL.Query()
 			q.Set("before", strconv.FormatInt(events[len(events)-1].ID, 10))
 			next = "/events?" + q.Encode()
@@ -241,7 +241,7 @@ func (p *panel) handleJobs(a *admin) pageFunc {
 			return err
 		}
 		var next string
-		if len(jobs) > 0 && len(jobs) == max(f.Limit, 50) {
+		if len(jobs) > 0 && len(jobs) == max(f.Limit, defaultPageSize) {
 			q := r.URL.Query()
 			q.Set("before", strconv.FormatInt(jobs[len(jobs)-1].ID, 10))
 			next = "/jobs?" + q.Encode()
@@ -324,6 +324,11 @@ func (p *panel) handleEndpoint(a *admin) pageFunc {
 	}
 }
 
+// recentDeliveries is how many of an endpoint's last attempts its page
+// shows, above its forms; GET /api/endpoints/{id}/deliveries gives
+// defaultPageSize.
+const recentDeliveries = 20
+
 // renderEndpoint shows one endpoint, with its secret right after create
 // or rotate (never in a URL: the page is rendered, not redirected to).
 func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin, id int64, flash, secret string) error {
@@ -331,7 +336,7 @@ func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin,
 	if err != nil {
 		return err
 	}
-	st, err := readEndpointStats(r.Context(), a.db, id, 20)
+	st, err := readEndpointStats(r.Context(), a.db, id, recentDeliveries)
 	if err != nil {
 		return err
 	}
@@ -414,16 +419,15 @@ func (p *panel) handleEndpointAction(a *admin) pageFunc {
 
 // handleSubjects searches the subject index by prefix, a page at a time.
 func (p *panel) handleSubjects(a *admin) pageFunc {
-	const pageSize = 50
 	return func(w http.ResponseWriter, r *http.Request) error {
 		q := queryOf(r)
 		prefix, after := q.text("prefix"), q.text("after")
-		subjects, err := listSubjects(r.Context(), a.db, prefix, after, pageSize)
+		subjects, err := listSubjects(r.Context(), a.db, prefix, after, defaultPageSize)
 		if err != nil {
 			return err
 		}
 		var next string
-		if len(subjects) == pageSize {
+		if len(subjects) == defaultPageSize {
 			next = "/subjects?" + url.Values{"prefix": {prefix}, "after": {subjects[len(subjects)-1].Subject}}.Encode()
 		}
 		p.render(w, http.StatusOK, "subjects", page{Title: "Subjects", Nav: "subjects", SignedIn: true,
