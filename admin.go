@@ -416,6 +416,46 @@ func jobFilterFrom(q *query) JobFilter {
 		Before: q.natural("before"), EventID: q.natural("event_id"), Limit: int(q.natural("limit"))}
 }
 
+// idPage is one page of a list read newest first and paged by id, the
+// stream or the job list, as the API and the panel both read it.
+type idPage[F, T any] struct {
+	filter F
+	rows   []T
+	// before is where the page after this one starts: below the last
+	// row's id, or 0 when this page is empty.
+	before int64
+}
+
+// readIDPage reads the filter from the query, lists the page it selects
+// and finds where the next page starts.
+func readIDPage[F, T any](r *http.Request, db *sql.DB, filterFrom func(*query) F,
+	list func(context.Context, *sql.DB, F) ([]T, error), id func(T) int64) (idPage[F, T], error) {
+	q := queryOf(r)
+	pg := idPage[F, T]{filter: filterFrom(q)}
+	if q.err != nil {
+		return pg, q.err
+	}
+	rows, err := list(r.Context(), db, pg.filter)
+	if err != nil {
+		return pg, err
+	}
+	pg.rows = rows
+	if len(rows) > 0 {
+		pg.before = id(rows[len(rows)-1])
+	}
+	return pg, nil
+}
+
+// readEventPage reads a page of the stream.
+func readEventPage(r *http.Request, db *sql.DB) (idPage[EventFilter, Event], error) {
+	return readIDPage(r, db, eventFilterFrom, listEvents, func(e Event) int64 { return e.ID })
+}
+
+// readJobPage reads a page of the job list.
+func readJobPage(r *http.Request, db *sql.DB) (idPage[JobFilter, JobView], error) {
+	return readIDPage(r, db, jobFilterFrom, listJobs, func(j JobView) int64 { return j.ID })
+}
+
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	b, err := json.Marshal(v)
 	if err != nil {

@@ -40,21 +40,22 @@ func handleOverview(a *admin) apiFunc {
 // with next_before to ask for the page after it.
 func handleListEvents(a *admin) apiFunc {
 	return func(r *http.Request) (int, any, error) {
-		q := queryOf(r)
-		f := eventFilterFrom(q)
-		if q.err != nil {
-			return 0, nil, q.err
-		}
-		events, err := listEvents(r.Context(), a.db, f)
+		pg, err := readEventPage(r, a.db)
 		if err != nil {
 			return 0, nil, err
 		}
-		resp := map[string]any{"events": events}
-		if len(events) > 0 {
-			resp["next_before"] = events[len(events)-1].ID
-		}
-		return http.StatusOK, resp, nil
+		return http.StatusOK, pg.answer("events"), nil
 	}
+}
+
+// answer is a page as the API gives it, {name: [...], "next_before": id},
+// with next_before on a page that has rows.
+func (pg idPage[F, T]) answer(name string) map[string]any {
+	resp := map[string]any{name: pg.rows}
+	if pg.before != 0 {
+		resp["next_before"] = pg.before
+	}
+	return resp
 }
 
 // handleRecordEvent is POST /api/events: one event, recorded in its own
@@ -116,20 +117,11 @@ func handleRequeueEvent(a *admin) apiFunc {
 // next_before to ask for the page after it.
 func handleListJobs(a *admin) apiFunc {
 	return func(r *http.Request) (int, any, error) {
-		q := queryOf(r)
-		f := jobFilterFrom(q)
-		if q.err != nil {
-			return 0, nil, q.err
-		}
-		jobs, err := listJobs(r.Context(), a.db, f)
+		pg, err := readJobPage(r, a.db)
 		if err != nil {
 			return 0, nil, err
 		}
-		resp := map[string]any{"jobs": jobs}
-		if len(jobs) > 0 {
-			resp["next_before"] = jobs[len(jobs)-1].ID
-		}
-		return http.StatusOK, resp, nil
+		return http.StatusOK, pg.answer("jobs"), nil
 	}
 }
 

@@ -172,20 +172,9 @@ func (p *panel) handleOverview(a *admin) pageFunc {
 
 func (p *panel) handleEvents(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		q := queryOf(r)
-		f := eventFilterFrom(q)
-		if q.err != nil {
-			return q.err
-		}
-		events, err := listEvents(r.Context(), a.db, f)
+		pg, err := readEventPage(r, a.db)
 		if err != nil {
 			return err
-		}
-		var next string
-		if len(events) > 0 && len(events) == max(f.Limit, defaultPageSize) {
-			q := r.URL.Query()
-			q.Set("before", strconv.FormatInt(events[len(events)-1].ID, 10))
-			next = "/events?" + q.Encode()
 		}
 		p.render(w, http.StatusOK, "events", page{Title: "Events", Nav: "events", SignedIn: true,
 			Flash: flash(r),
@@ -194,9 +183,22 @@ func (p *panel) handleEvents(a *admin) pageFunc {
 				States []string
 				Events []Event
 				Next   string
-			}{f, []string{"", "unfanned", "fanned", "poisoned"}, events, next}})
+			}{pg.filter, []string{"", "unfanned", "fanned", "poisoned"}, pg.rows, pg.olderLink(r, pg.filter.Limit)}})
 		return nil
 	}
+}
+
+// olderLink is the panel's link to the page after this one: this page's
+// query with ?before=, when the page is full and so may have more behind
+// it. Full is max(limit, defaultPageSize) rows, as the panel has always
+// counted, so a ?limit= under the default gets no link.
+func (pg idPage[F, T]) olderLink(r *http.Request, limit int) string {
+	if pg.before == 0 || len(pg.rows) != max(limit, defaultPageSize) {
+		return ""
+	}
+	q := r.URL.Query()
+	q.Set("before", strconv.FormatInt(pg.before, 10))
+	return r.URL.Path + "?" + q.Encode()
 }
 
 func (p *panel) handleEvent(a *admin) pageFunc {
@@ -231,20 +233,9 @@ func (p *panel) handleRequeue(a *admin) pageFunc {
 
 func (p *panel) handleJobs(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		q := queryOf(r)
-		f := jobFilterFrom(q)
-		if q.err != nil {
-			return q.err
-		}
-		jobs, err := listJobs(r.Context(), a.db, f)
+		pg, err := readJobPage(r, a.db)
 		if err != nil {
 			return err
-		}
-		var next string
-		if len(jobs) > 0 && len(jobs) == max(f.Limit, defaultPageSize) {
-			q := r.URL.Query()
-			q.Set("before", strconv.FormatInt(jobs[len(jobs)-1].ID, 10))
-			next = "/jobs?" + q.Encode()
 		}
 		p.render(w, http.StatusOK, "jobs", page{Title: "Jobs", Nav: "jobs", SignedIn: true,
 			Flash: flash(r),
@@ -253,7 +244,7 @@ func (p *panel) handleJobs(a *admin) pageFunc {
 				States []string
 				Jobs   []JobView
 				Next   string
-			}{f, []string{"", "available", "running", "retryable", "completed", "discarded"}, jobs, next}})
+			}{pg.filter, []string{"", "available", "running", "retryable", "completed", "discarded"}, pg.rows, pg.olderLink(r, pg.filter.Limit)}})
 		return nil
 	}
 }
