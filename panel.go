@@ -341,71 +341,116 @@ func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin,
 	return nil
 }
 
-// handleEndpointAction runs one of an endpoint's buttons and shows the
-// endpoint again with what happened.
+// handleEndpointAction is POST /endpoints/{id}/{action}, one of an
+// endpoint's buttons: the action runs, and the endpoint's page shows what
+// happened.
 func (p *panel) handleEndpointAction(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		id, err := pathID(r)
 		if err != nil {
 			return err
 		}
-		ctx := r.Context()
-		var done string
-		switch r.PathValue("action") {
-		case "enable":
-			_, err = enableEndpoint(ctx, a.db, id)
-			done = "Enabled: new events are delivered again. Replay to send what it missed."
-		case "disable":
-			var reason string
-			if reason, err = disableReason(r.PostFormValue("reason")); err == nil {
-				_, err = disableEndpoint(ctx, a.db, id, reason)
-			}
-			done = "Disabled: no new deliveries until it is enabled."
-		case "rotate-secret":
-			secret := newWebhookSecret()
-			if _, err = rotateEndpointSecret(ctx, a.db, id, secret, a.endpoints.RotationWindow); err == nil {
-				return p.renderEndpoint(w, r, a, id, fmt.Sprintf("Secret rotated; the old one still signs for %s.", a.endpoints.RotationWindow), secret.Encode())
-			}
-		case "retry-discarded":
-			var n int64
-			n, err = retryDiscarded(ctx, a.db, id)
-			done = fmt.Sprintf("%d discarded deliveries will run now.", n)
-		case "replay":
-			var since time.Time
-			since, err = time.Parse("2006-01-02T15:04:05", r.PostFormValue("since"))
-			if err != nil {
-				since, err = time.Parse("2006-01-02T15:04", r.PostFormValue("since"))
-			}
-			if err != nil {
-				err = fmt.Errorf("%w: replay from %q is not a date and time", errInvalid, r.PostFormValue("since"))
-				break
-			}
-			var res ReplayResult
-			res, err = replayEndpoint(ctx, a.db, id, since, a.eventsRetention, a.maxAttempts)
-			done = fmt.Sprintf("Replaying %d events from %s.", res.Jobs, res.From.UTC().Format(time.RFC3339))
-			if res.Clamped {
-				done += " " + res.Message
-			}
-		case "edit":
-			in := endpointForm(w, r)
-			if err = in.validate(a.endpoints.AllowPrivate); err == nil {
-				_, err = updateEndpoint(ctx, a.db, id, in)
-			}
-			done = "Saved."
-		case "delete":
-			if err = deleteEndpoint(ctx, a.db, id); err == nil {
-				http.Redirect(w, r, "/endpoints?done="+url.QueryEscape(fmt.Sprintf("Endpoint %d deleted.", id)), http.StatusSeeOther)
-				return nil
-			}
-		default:
-			err = fmt.Errorf("%w: no action %q", errNotFound, r.PathValue("action"))
+		action, ok := endpointActions[r.PathValue("action")]
+		if !ok {
+			return fmt.Errorf("%w: no action %q", errNotFound, r.PathValue("action"))
 		}
-		if err != nil {
+		done, err := action(endpointClick{p: p, a: a, w: w, r: r, id: id})
+		if err != nil || done == "" {
 			return err
 		}
 		http.Redirect(w, r, fmt.Sprintf("/endpoints/%d?done=%s", id, url.QueryEscape(done)), http.StatusSeeOther)
 		return nil
 	}
+}
+
+// endpointClick is a press of one of endpoint id's buttons.
+type endpointClick struct {
+	p  *panel
+	a  *admin
+	w  http.ResponseWriter
+	r  *http.Request
+	id int64
+}
+
+// endpointActions are the endpoint page's buttons by name. Each does its
+// work and says what happened, for the page to show after a redirect; the
+// two that answer by themselves say "": rotate-secret shows the new secret
+// (never in a URL), delete leaves for the list.
+var endpointActions = map[string]func(endpointClick) (done string, err error){
+	"enable":          endpointClick.enable,
+	"disable":         endpointClick.disable,
+	"rotate-secret":   endpointClick.rotateSecret,
+	"retry-discarded": endpointClick.retryDiscarded,
+	"replay":          endpointClick.replay,
+	"edit":            endpointClick.edit,
+	"delete":          endpointClick.delete,
+}
+
+func (c endpointClick) enable() (string, error) {
+	_, err := enableEndpoint(c.r.Context(), c.a.db, c.id)
+	return "Enabled: new events are delivered again. Replay to send what it missed.", err
+}
+
+func (c endpointClick) disable() (string, error) {
+	reason, err := disableReason(c.r.PostFormValue("reason"))
+	if err != nil {
+		return "", err
+	}
+	_, err = disableEndpoint(c.r.Context(), c.a.db, c.id, reason)
+	return "Disabled: no new deliveries until it is enabled.", err
+}
+
+func (c endpointClick) rotateSecret() (string, error) {
+	secret := newWebhookSecret()
+	window := c.a.endpoints.RotationWindow
+	if _, err := rotateEndpointSecret(c.r.Context(), c.a.db, c.id, secret, window); err != nil {
+		return "", err
+	}
+	return "", c.p.renderEndpoint(c.w, c.r, c.a, c.id, fmt.Sprintf("Secret rotated; the old one still signs for %s.", window), secret.Encode())
+}
+
+func (c endpointClick) retryDiscarded() (string, error) {
+	n, err := retryDiscarded(c.r.Context(), c.a.db, c.id)
+	return fmt.Sprintf("%d discarded deliveries will run now.", n), err
+}
+
+// replay takes its start from the form's datetime-local field, which a
+// browser sends with seconds or without.
+func (c endpointClick) replay() (string, error) {
+	field := c.r.PostFormValue("since")
+	since, err := time.Parse("2006-01-02T15:04:05", field)
+	if err != nil {
+		since, err = time.Parse("2006-01-02T15:04", field)
+	}
+	if err != nil {
+		return "", fmt.Errorf("%w: replay from %q is not a date and time", errInvalid, field)
+	}
+	res, err := replayEndpoint(c.r.Context(), c.a.db, c.id, since, c.a.eventsRetention, c.a.maxAttempts)
+	if err != nil {
+		return "", err
+	}
+	done := fmt.Sprintf("Replaying %d events from %s.", res.Jobs, res.From.UTC().Format(time.RFC3339))
+	if res.Clamped {
+		done += " " + res.Message
+	}
+	return done, nil
+}
+
+func (c endpointClick) edit() (string, error) {
+	in := endpointForm(c.w, c.r)
+	if err := in.validate(c.a.endpoints.AllowPrivate); err != nil {
+		return "", err
+	}
+	_, err := updateEndpoint(c.r.Context(), c.a.db, c.id, in)
+	return "Saved.", err
+}
+
+func (c endpointClick) delete() (string, error) {
+	if err := deleteEndpoint(c.r.Context(), c.a.db, c.id); err != nil {
+		return "", err
+	}
+	http.Redirect(c.w, c.r, "/endpoints?done="+url.QueryEscape(fmt.Sprintf("Endpoint %d deleted.", c.id)), http.StatusSeeOther)
+	return "", nil
 }
 
 // handleSubjects searches the subject index by prefix, a page at a time.
