@@ -49,32 +49,33 @@ type admin struct {
 
 // routes is every route of outboxd in one place.
 func routes(a *admin) http.Handler {
+	// The JSON API, every route of it behind the admin token.
 	api := http.NewServeMux()
-	handleAPI := func(pattern string, h apiFunc) { api.Handle(pattern, a.serveJSON(h)) }
-	handleAPI("GET /api/overview", handleOverview(a))
-	handleAPI("GET /api/events", handleListEvents(a))
-	handleAPI("POST /api/events", handleRecordEvent(a))
-	handleAPI("GET /api/events/{id}", handleGetEvent(a))
-	handleAPI("POST /api/events/{id}/requeue", handleRequeueEvent(a))
-	handleAPI("GET /api/jobs", handleListJobs(a))
-	handleAPI("POST /api/jobs/{id}/retry", handleRetryJob(a))
-	handleAPI("GET /api/endpoints", handleListEndpoints(a))
-	handleAPI("POST /api/endpoints", handleCreateEndpoint(a))
-	handleAPI("GET /api/endpoints/{id}", handleGetEndpoint(a))
-	handleAPI("PATCH /api/endpoints/{id}", handleUpdateEndpoint(a))
-	handleAPI("DELETE /api/endpoints/{id}", handleDeleteEndpoint(a))
-	handleAPI("POST /api/endpoints/{id}/enable", handleEnableEndpoint(a))
-	handleAPI("POST /api/endpoints/{id}/disable", handleDisableEndpoint(a))
-	handleAPI("POST /api/endpoints/{id}/rotate-secret", handleRotateEndpointSecret(a))
-	handleAPI("POST /api/endpoints/{id}/replay", handleReplayEndpoint(a))
-	handleAPI("POST /api/endpoints/{id}/retry-discarded", handleRetryDiscarded(a))
-	handleAPI("GET /api/endpoints/{id}/deliveries", handleEndpointDeliveries(a))
-	handleAPI("GET /api/sources", handleListSources(a))
-	handleAPI("POST /api/sources", handleCreateSource(a))
-	handleAPI("DELETE /api/sources/{name}", handleDeleteSource(a))
-	handleAPI("POST /api/sources/{name}/rotate-secret", handleRotateSourceSecret(a))
-	handleAPI("GET /api/subjects", handleListSubjects(a))
-	handleAPI("/api/", handleNoRoute())
+	apiRoute := func(pattern string, h apiFunc) { api.Handle(pattern, a.serveJSON(h)) }
+	apiRoute("GET /api/overview", handleOverview(a))
+	apiRoute("GET /api/events", handleListEvents(a))
+	apiRoute("POST /api/events", handleRecordEvent(a))
+	apiRoute("GET /api/events/{id}", handleGetEvent(a))
+	apiRoute("POST /api/events/{id}/requeue", handleRequeueEvent(a))
+	apiRoute("GET /api/jobs", handleListJobs(a))
+	apiRoute("POST /api/jobs/{id}/retry", handleRetryJob(a))
+	apiRoute("GET /api/endpoints", handleListEndpoints(a))
+	apiRoute("POST /api/endpoints", handleCreateEndpoint(a))
+	apiRoute("GET /api/endpoints/{id}", handleGetEndpoint(a))
+	apiRoute("PATCH /api/endpoints/{id}", handleUpdateEndpoint(a))
+	apiRoute("DELETE /api/endpoints/{id}", handleDeleteEndpoint(a))
+	apiRoute("POST /api/endpoints/{id}/enable", handleEnableEndpoint(a))
+	apiRoute("POST /api/endpoints/{id}/disable", handleDisableEndpoint(a))
+	apiRoute("POST /api/endpoints/{id}/rotate-secret", handleRotateEndpointSecret(a))
+	apiRoute("POST /api/endpoints/{id}/replay", handleReplayEndpoint(a))
+	apiRoute("POST /api/endpoints/{id}/retry-discarded", handleRetryDiscarded(a))
+	apiRoute("GET /api/endpoints/{id}/deliveries", handleEndpointDeliveries(a))
+	apiRoute("GET /api/sources", handleListSources(a))
+	apiRoute("POST /api/sources", handleCreateSource(a))
+	apiRoute("DELETE /api/sources/{name}", handleDeleteSource(a))
+	apiRoute("POST /api/sources/{name}/rotate-secret", handleRotateSourceSecret(a))
+	apiRoute("GET /api/subjects", handleListSubjects(a))
+	apiRoute("/api/", handleNoRoute())
 
 	mux := http.NewServeMux()
 	mux.Handle("/api/", requireToken(a.token, api))
@@ -99,21 +100,21 @@ func routes(a *admin) http.Handler {
 	mux.Handle("GET /login", a.servePage(p.handleLoginForm()))
 	mux.Handle("POST /login", a.servePage(p.handleLogin(a)))
 	mux.Handle("POST /logout", a.servePage(p.handleLogout()))
-	handlePage := func(pattern string, h pageFunc) { mux.Handle(pattern, p.requireSession(a.token, a.servePage(h))) }
-	handlePage("GET /{$}", p.handleOverview(a))
-	handlePage("GET /events", p.handleEvents(a))
-	handlePage("GET /events/{id}", p.handleEvent(a))
-	handlePage("POST /events/{id}/requeue", p.handleRequeue(a))
-	handlePage("GET /endpoints", p.handleEndpoints(a))
-	handlePage("POST /endpoints", p.handleCreateEndpoint(a))
-	handlePage("GET /endpoints/{id}", p.handleEndpoint(a))
-	handlePage("POST /endpoints/{id}/{action}", p.handleEndpointAction(a))
-	handlePage("GET /sources", p.handleSources(a))
-	handlePage("POST /sources", p.handleCreateSource(a))
-	handlePage("POST /sources/{name}/{action}", p.handleSourceAction(a))
-	handlePage("GET /jobs", p.handleJobs(a))
-	handlePage("POST /jobs/{id}/retry", p.handleRetry(a))
-	handlePage("GET /subjects", p.handleSubjects(a))
+	pageRoute := func(pattern string, h pageFunc) { mux.Handle(pattern, p.requireSession(a.token, a.servePage(h))) }
+	pageRoute("GET /{$}", p.handleOverview(a))
+	pageRoute("GET /events", p.handleEvents(a))
+	pageRoute("GET /events/{id}", p.handleEvent(a))
+	pageRoute("POST /events/{id}/requeue", p.handleRequeue(a))
+	pageRoute("GET /endpoints", p.handleEndpoints(a))
+	pageRoute("POST /endpoints", p.handleCreateEndpoint(a))
+	pageRoute("GET /endpoints/{id}", p.handleEndpoint(a))
+	pageRoute("POST /endpoints/{id}/{action}", p.handleEndpointAction(a))
+	pageRoute("GET /sources", p.handleSources(a))
+	pageRoute("POST /sources", p.handleCreateSource(a))
+	pageRoute("POST /sources/{name}/{action}", p.handleSourceAction(a))
+	pageRoute("GET /jobs", p.handleJobs(a))
+	pageRoute("POST /jobs/{id}/retry", p.handleRetry(a))
+	pageRoute("GET /subjects", p.handleSubjects(a))
 
 	// Browsers may not make state-changing requests across origins; API
 	// clients without Origin or Sec-Fetch-Site headers are unaffected.
@@ -207,23 +208,8 @@ func isLoopbackHost(hostport string) bool {
 // with body as JSON (a 204 without one), or fails with err.
 type apiFunc func(r *http.Request) (status int, body any, err error)
 
-// pageFunc is a panel handler, the one shape of them all: it renders a
-// page or redirects, or fails with err.
-type pageFunc func(w http.ResponseWriter, r *http.Request) error
-
-// servePage is the adapter every panel handler is served through: a
-// failure is shown on the panel's error page, and answered and logged as
-// failed says, like the API's.
-func (a *admin) servePage(h pageFunc) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if err := h(w, r); err != nil {
-			a.panel.renderError(w, a.failed(r, err), err)
-		}
-	})
-}
-
-// maxRequestBody bounds every JSON request body: an event payload may be up
-// to 1 MiB (schema.sql) plus its envelope.
+// maxRequestBody bounds every body serveJSON reads: an event payload may be
+// up to 1 MiB (schema.sql) plus its envelope.
 const maxRequestBody = 1<<20 + 4096
 
 // serveJSON is the adapter every JSON handler is served through, so that
@@ -239,7 +225,24 @@ func (a *admin) serveJSON(h apiFunc) http.Handler {
 		case status == http.StatusNoContent:
 			w.WriteHeader(status)
 		default:
-			writeJSON(w, status, body)
+			if err := writeJSON(w, status, body); err != nil {
+				a.failed(r, err) // answered already; failed logs it
+			}
+		}
+	})
+}
+
+// pageFunc is a panel handler, the one shape of them all: it renders a
+// page or redirects, or fails with err.
+type pageFunc func(w http.ResponseWriter, r *http.Request) error
+
+// servePage is the adapter every panel handler is served through: a
+// failure is shown on the panel's error page, and answered and logged as
+// failed says, like the API's.
+func (a *admin) servePage(h pageFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := h(w, r); err != nil {
+			a.panel.renderError(w, a.failed(r, err), err)
 		}
 	})
 }
@@ -253,6 +256,26 @@ func (a *admin) failed(r *http.Request, err error) int {
 		a.logger.Error("request failed", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
 	}
 	return status
+}
+
+// statusOf maps an error to its HTTP status: the one place that does.
+func statusOf(err error) int {
+	if he, ok := errors.AsType[*httpError](err); ok {
+		return he.status
+	}
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooBig):
+		return http.StatusRequestEntityTooLarge
+	case errors.Is(err, errInvalid):
+		return http.StatusBadRequest
+	case errors.Is(err, errNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, context.DeadlineExceeded):
+		return http.StatusServiceUnavailable
+	default:
+		return http.StatusInternalServerError
+	}
 }
 
 // httpError is an error that picks its own answer, for the few failures
@@ -276,24 +299,30 @@ func (e *httpError) Error() string {
 
 func (e *httpError) Unwrap() error { return e.err }
 
-// statusOf maps an error to its HTTP status: the one place that does.
-func statusOf(err error) int {
-	if he, ok := errors.AsType[*httpError](err); ok {
-		return he.status
+// writeJSON answers v as JSON. A v that cannot be encoded is the server's
+// fault: the client gets a 500 that says so, and the error is returned for
+// the log.
+func writeJSON(w http.ResponseWriter, status int, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status, b = http.StatusInternalServerError, []byte(`{"error":"encode response"}`)
+		err = fmt.Errorf("encode response: %w", err)
 	}
-	var tooBig *http.MaxBytesError
-	switch {
-	case errors.As(err, &tooBig):
-		return http.StatusRequestEntityTooLarge
-	case errors.Is(err, errInvalid):
-		return http.StatusBadRequest
-	case errors.Is(err, errNotFound):
-		return http.StatusNotFound
-	case errors.Is(err, context.DeadlineExceeded):
-		return http.StatusServiceUnavailable
-	default:
-		return http.StatusInternalServerError
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+	return err
+}
+
+// writeError answers {"error": "..."}; a server error's text is the
+// operation that failed, which is what the operator needs, unless the
+// error chose what the client is told.
+func writeError(w http.ResponseWriter, status int, err error) {
+	msg := strings.TrimPrefix(err.Error(), errInvalid.Error()+": ")
+	if he, ok := errors.AsType[*httpError](err); ok && he.text != "" {
+		msg = he.text
 	}
+	writeJSON(w, status, map[string]string{"error": msg})
 }
 
 // byID is the handler of a route on one row: it parses {id} and answers
@@ -309,21 +338,30 @@ func byID[T any](do func(ctx context.Context, id int64) (T, error)) apiFunc {
 	}
 }
 
-// byIDWithBody is byID for a route that takes a JSON body, decoded into
+// byIDWithBody is byID for a route that takes a JSON body, which decode
+// (decodeJSON, or decodeOptionalJSON where it may be left out) reads into
 // an In for do once {id} parsed.
-func byIDWithBody[In, Out any](do func(ctx context.Context, id int64, in In) (Out, error)) apiFunc {
+func byIDWithBody[In, Out any](decode func(*http.Request, any) error, do func(ctx context.Context, id int64, in In) (Out, error)) apiFunc {
 	return func(r *http.Request) (int, any, error) {
 		id, err := pathID(r)
 		if err != nil {
 			return 0, nil, err
 		}
 		var in In
-		if err := decodeJSON(r, &in); err != nil {
+		if err := decode(r, &in); err != nil {
 			return 0, nil, err
 		}
 		v, err := do(r.Context(), id, in)
 		return http.StatusOK, v, err
 	}
+}
+
+func pathID(r *http.Request) (int64, error) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id <= 0 {
+		return 0, fmt.Errorf("%w: id %q is not a positive integer", errInvalid, r.PathValue("id"))
+	}
+	return id, nil
 }
 
 // decodeJSON reads one JSON object from the (bounded) body, refusing
@@ -352,14 +390,6 @@ func decodeOptionalJSON(r *http.Request, v any) error {
 		return nil
 	}
 	return decodeJSON(r, v)
-}
-
-func pathID(r *http.Request) (int64, error) {
-	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
-	if err != nil || id <= 0 {
-		return 0, fmt.Errorf("%w: id %q is not a positive integer", errInvalid, r.PathValue("id"))
-	}
-	return id, nil
 }
 
 // query reads a request's query parameters, for the API and the panel
@@ -454,25 +484,4 @@ func readEventPage(r *http.Request, db *sql.DB) (idPage[EventFilter, Event], err
 // readJobPage reads a page of the job list.
 func readJobPage(r *http.Request, db *sql.DB) (idPage[JobFilter, JobView], error) {
 	return readIDPage(r, db, jobFilterFrom, listJobs, func(j JobView) int64 { return j.ID })
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		status, b = http.StatusInternalServerError, []byte(`{"error":"encode response"}`)
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	w.Write(append(b, '\n'))
-}
-
-// writeError answers {"error": "..."}; a server error's text is the
-// operation that failed, which is what the operator needs, unless the
-// error chose what the client is told.
-func writeError(w http.ResponseWriter, status int, err error) {
-	msg := strings.TrimPrefix(err.Error(), errInvalid.Error()+": ")
-	if he, ok := errors.AsType[*httpError](err); ok && he.text != "" {
-		msg = he.text
-	}
-	writeJSON(w, status, map[string]string{"error": msg})
 }

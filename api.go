@@ -186,7 +186,7 @@ func handleGetEndpoint(a *admin) apiFunc {
 // handleUpdateEndpoint is PATCH /api/endpoints/{id}: the fields the body
 // gives change, the others stay.
 func handleUpdateEndpoint(a *admin) apiFunc {
-	return byIDWithBody(func(ctx context.Context, id int64, in endpointInput) (Endpoint, error) {
+	return byIDWithBody(decodeJSON, func(ctx context.Context, id int64, in endpointInput) (Endpoint, error) {
 		if err := in.validate(a.endpoints.AllowPrivate); err != nil {
 			return Endpoint{}, err
 		}
@@ -219,22 +219,13 @@ func handleDisableEndpoint(a *admin) apiFunc {
 	type request struct {
 		Reason string `json:"reason"`
 	}
-	return func(r *http.Request) (int, any, error) {
-		id, err := pathID(r)
-		if err != nil {
-			return 0, nil, err
-		}
-		var req request
-		if err := decodeOptionalJSON(r, &req); err != nil {
-			return 0, nil, err
-		}
+	return byIDWithBody(decodeOptionalJSON, func(ctx context.Context, id int64, req request) (Endpoint, error) {
 		reason, err := disableReason(req.Reason)
 		if err != nil {
-			return 0, nil, err
+			return Endpoint{}, err
 		}
-		e, err := disableEndpoint(r.Context(), a.db, id, reason)
-		return http.StatusOK, e, err
-	}
+		return disableEndpoint(ctx, a.db, id, reason)
+	})
 }
 
 // handleRotateEndpointSecret is POST /api/endpoints/{id}/rotate-secret:
@@ -257,7 +248,7 @@ func handleReplayEndpoint(a *admin) apiFunc {
 	type request struct {
 		Since time.Time `json:"since"`
 	}
-	return byIDWithBody(func(ctx context.Context, id int64, req request) (ReplayResult, error) {
+	return byIDWithBody(decodeJSON, func(ctx context.Context, id int64, req request) (ReplayResult, error) {
 		if req.Since.IsZero() {
 			return ReplayResult{}, fmt.Errorf(`%w: "since" (an RFC 3339 time) is required`, errInvalid)
 		}

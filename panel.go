@@ -1,5 +1,6 @@
 // panel.go: the operator's panel, server-rendered HTML that works without
-// JavaScript, signed in by the admin token.
+// JavaScript, signed in by the admin token: its templates and its handlers,
+// which routes (admin.go) lists with the API's.
 
 package main
 
@@ -121,6 +122,7 @@ func (p *panel) requireSession(token string, next http.Handler) http.Handler {
 	})
 }
 
+// handleLoginForm is GET /login.
 func (p *panel) handleLoginForm() pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		p.render(w, http.StatusOK, "login", page{Title: "Sign in"})
@@ -128,6 +130,7 @@ func (p *panel) handleLoginForm() pageFunc {
 	}
 }
 
+// handleLogin is POST /login: the token typed in signs the browser in.
 func (p *panel) handleLogin(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		r.Body = http.MaxBytesReader(w, r.Body, 4096)
@@ -141,6 +144,7 @@ func (p *panel) handleLogin(a *admin) pageFunc {
 	}
 }
 
+// handleLogout is POST /logout.
 func (p *panel) handleLogout() pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		clearSession(w)
@@ -149,6 +153,8 @@ func (p *panel) handleLogout() pageFunc {
 	}
 }
 
+// handleOverview is GET /: the overview, with the chart of the samples
+// this process took.
 func (p *panel) handleOverview(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		o, err := a.overview(r.Context())
@@ -170,6 +176,7 @@ func (p *panel) handleOverview(a *admin) pageFunc {
 	}
 }
 
+// handleEvents is GET /events: the stream, filtered, a page at a time.
 func (p *panel) handleEvents(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		pg, err := readEventPage(r, a.db)
@@ -201,6 +208,7 @@ func (pg idPage[F, T]) olderLink(r *http.Request, limit int) string {
 	return r.URL.Path + "?" + q.Encode()
 }
 
+// handleEvent is GET /events/{id}: one event and every job it made.
 func (p *panel) handleEvent(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		id, err := pathID(r)
@@ -217,6 +225,7 @@ func (p *panel) handleEvent(a *admin) pageFunc {
 	}
 }
 
+// handleRequeue is POST /events/{id}/requeue.
 func (p *panel) handleRequeue(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		id, err := pathID(r)
@@ -231,6 +240,7 @@ func (p *panel) handleRequeue(a *admin) pageFunc {
 	}
 }
 
+// handleJobs is GET /jobs: jobs by state, a page at a time.
 func (p *panel) handleJobs(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		pg, err := readJobPage(r, a.db)
@@ -249,6 +259,7 @@ func (p *panel) handleJobs(a *admin) pageFunc {
 	}
 }
 
+// handleRetry is POST /jobs/{id}/retry.
 func (p *panel) handleRetry(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		id, err := pathID(r)
@@ -263,6 +274,7 @@ func (p *panel) handleRetry(a *admin) pageFunc {
 	}
 }
 
+// handleEndpoints is GET /endpoints, with the form for a new one.
 func (p *panel) handleEndpoints(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		eps, err := listEndpoints(r.Context(), a.db, 0, maxEndpointPage)
@@ -290,6 +302,8 @@ func endpointForm(w http.ResponseWriter, r *http.Request) endpointInput {
 	return endpointInput{URL: &url, Topics: &topics, Description: &desc, OwnerEmail: &owner}
 }
 
+// handleCreateEndpoint is POST /endpoints: the new endpoint's page, with
+// its secret.
 func (p *panel) handleCreateEndpoint(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		in := endpointForm(w, r)
@@ -305,6 +319,8 @@ func (p *panel) handleCreateEndpoint(a *admin) pageFunc {
 	}
 }
 
+// handleEndpoint is GET /endpoints/{id}: the endpoint, its last attempts
+// and its buttons.
 func (p *panel) handleEndpoint(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		id, err := pathID(r)
@@ -453,7 +469,8 @@ func (c endpointClick) delete() (string, error) {
 	return "", nil
 }
 
-// handleSubjects searches the subject index by prefix, a page at a time.
+// handleSubjects is GET /subjects: the subject index by prefix, a page at
+// a time.
 func (p *panel) handleSubjects(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		q := queryOf(r)
@@ -492,12 +509,15 @@ func (p *panel) renderSources(w http.ResponseWriter, r *http.Request, a *admin, 
 	return nil
 }
 
+// handleSources is GET /sources, with the form for a new one.
 func (p *panel) handleSources(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		return p.renderSources(w, r, a, flash(r), nil)
 	}
 }
 
+// handleCreateSource is POST /sources: the list again, with the new
+// source's secret.
 func (p *panel) handleCreateSource(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
@@ -513,6 +533,8 @@ func (p *panel) handleCreateSource(a *admin) pageFunc {
 	}
 }
 
+// handleSourceAction is POST /sources/{name}/{action}, a source's two
+// buttons: rotate-secret shows the new secret, delete leaves for the list.
 func (p *panel) handleSourceAction(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		name := r.PathValue("name")
