@@ -254,14 +254,16 @@ type unverifiedError struct{ err error }
 func (e *unverifiedError) Error() string { return e.err.Error() }
 func (e *unverifiedError) Unwrap() error { return e.err }
 
-// maxWebhookIDLen bounds the dedup key, which the sender chooses.
+// maxWebhookIDLen bounds the dedup key the sender chooses, as schema.sql's
+// inbox_webhook_id_length does; checked here first so the sender is told
+// so with a 400 rather than a constraint's 500.
 const maxWebhookIDLen = 256
 
 // receiveWebhook records a delivery to source name as a local event, once
 // per webhook-id, and returns the event's id, or duplicate when that
 // webhook-id was recorded before. body is read only once the source is
-// known, and the signature is checked on its raw bytes before anything
-// else in it is believed.
+// known, so an unknown source is refused whatever it sent; the signature
+// is checked on the raw bytes before anything in them is believed.
 func receiveWebhook(ctx context.Context, db *sql.DB, name string, header http.Header, body io.Reader, now time.Time) (eventID int64, duplicate bool, err error) {
 	var secret, previous []byte
 	var prefix string
