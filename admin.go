@@ -1,5 +1,6 @@
-// admin.go: the HTTP surface, every route, access control and the JSON API
-// under /api/. The HTML panel's handlers are in panel.go.
+// admin.go: the HTTP surface: every route, access control and the
+// conventions every handler follows. The JSON handlers are in api.go, the
+// panel's in panel.go.
 
 package main
 
@@ -14,9 +15,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -45,50 +49,72 @@ type admin struct {
 
 // routes is every route of outboxd in one place.
 func routes(a *admin) http.Handler {
+	// The JSON API, every route of it behind the admin token.
 	api := http.NewServeMux()
-	api.Handle("GET /api/overview", handleOverview(a))
-	api.Handle("GET /api/events", handleListEvents(a.db))
-	api.Handle("POST /api/events", handleRecordEvent(a.db))
-	api.Handle("GET /api/events/{id}", handleGetEvent(a.db))
-	api.Handle("POST /api/events/{id}/requeue", handleRequeueEvent(a.db))
-	api.Handle("GET /api/jobs", handleListJobs(a.db))
-	api.Handle("POST /api/jobs/{id}/retry", handleRetryJob(a.db))
-	api.Handle("GET /api/endpoints", handleListEndpoints(a.db))
-	api.Handle("POST /api/endpoints", handleCreateEndpoint(a.db, a.endpoints))
-	api.Handle("GET /api/endpoints/{id}", handleGetEndpoint(a.db))
-	api.Handle("PATCH /api/endpoints/{id}", handleUpdateEndpoint(a.db, a.endpoints))
-	api.Handle("DELETE /api/endpoints/{id}", handleDeleteEndpoint(a.db))
-	api.Handle("POST /api/endpoints/{id}/enable", handleEnableEndpoint(a.db))
-	api.Handle("POST /api/endpoints/{id}/disable", handleDisableEndpoint(a.db))
-	api.Handle("POST /api/endpoints/{id}/rotate-secret", handleRotateEndpointSecret(a.db, a.endpoints))
-	api.Handle("POST /api/endpoints/{id}/replay", handleReplayEndpoint(a))
-	api.Handle("POST /api/endpoints/{id}/retry-discarded", handleRetryDiscarded(a.db))
-	api.Handle("GET /api/endpoints/{id}/deliveries", handleEndpointDeliveries(a.db))
-	api.Handle("GET /api/sources", handleListSources(a.db))
-	api.Handle("POST /api/sources", handleCreateSource(a.db))
-	api.Handle("DELETE /api/sources/{name}", handleDeleteSource(a.db))
-	api.Handle("POST /api/sources/{name}/rotate-secret", handleRotateSourceSecret(a.db, a.endpoints.RotationWindow))
-	api.Handle("GET /api/subjects", handleListSubjects(a.db))
-	api.Handle("/api/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, fmt.Errorf("no route %s %s", r.Method, r.URL.Path))
-	}))
+	apiRoute := func(pattern string, h apiFunc) { api.Handle(pattern, a.serveJSON(h)) }
+	apiRoute("GET /api/overview", handleOverview(a))
+	apiRoute("GET /api/events", handleListEvents(a))
+	apiRoute("POST /api/events", handleRecordEvent(a))
+	apiRoute("GET /api/events/{id}", handleGetEvent(a))
+	apiRoute("POST /api/events/{id}/requeue", handleRequeueEvent(a))
+	apiRoute("GET /api/jobs", handleListJobs(a))
+	apiRoute("POST /api/jobs/{id}/retry", handleRetryJob(a))
+	apiRoute("GET /api/endpoints", handleListEndpoints(a))
+	apiRoute("POST /api/endpoints", handleCreateEndpoint(a))
+	apiRoute("GET /api/endpoints/{id}", handleGetEndpoint(a))
+	apiRoute("PATCH /api/endpoints/{id}", handleUpdateEndpoint(a))
+	apiRoute("DELETE /api/endpoints/{id}", handleDeleteEndpoint(a))
+	apiRoute("POST /api/endpoints/{id}/enable", handleEnableEndpoint(a))
+	apiRoute("POST /api/endpoints/{id}/disable", handleDisableEndpoint(a))
+	apiRoute("POST /api/endpoints/{id}/rotate-secret", handleRotateEndpointSecret(a))
+	apiRoute("POST /api/endpoints/{id}/replay", handleReplayEndpoint(a))
+	apiRoute("POST /api/endpoints/{id}/retry-discarded", handleRetryDiscarded(a))
+	apiRoute("GET /api/endpoints/{id}/deliveries", handleEndpointDeliveries(a))
+	apiRoute("GET /api/sources", handleListSources(a))
+	apiRoute("POST /api/sources", handleCreateSource(a))
+	apiRoute("DELETE /api/sources/{name}", handleDeleteSource(a))
+	apiRoute("POST /api/sources/{name}/rotate-secret", handleRotateSourceSecret(a))
+	apiRoute("GET /api/subjects", handleListSubjects(a))
+	apiRoute("/api/", handleNoRoute())
 
 	mux := http.NewServeMux()
-	mux.Handle("GET /healthz", handleHealthz())
-	mux.Handle("GET /readyz", handleReadyz(a.db))
+	mux.Handle("/api/", requireToken(a.token, api))
+	mux.Handle("GET /healthz", a.serveJSON(handleHealthz()))
+	mux.Handle("GET /readyz", a.serveJSON(handleReadyz(a)))
 	if a.metricsPublic {
 		mux.Handle("GET /metrics", handleMetrics(a))
 	} else {
 		mux.Handle("GET /metrics", requireToken(a.token, handleMetrics(a)))
 	}
-	mux.Handle("/api/", requireToken(a.token, api))
+	// The inbox authenticates each request by its source's signature, not
+	// by the admin token: senders hold no token.
+	mux.Handle("POST /webhooks/{source}", a.serveJSON(handleInbox(a)))
 	if a.demo != nil {
 		mux.Handle("POST /demo/hook", a.demo.receiver()) // signed, like any webhook
 	}
-	// The inbox authenticates each request by its source's signature, not
-	// by the admin token: senders hold no token.
-	mux.Handle("POST /webhooks/{source}", handleInbox(a.db, a.logger, time.Now))
-	a.panel.register(mux, a)
+
+	// The panel: HTML pages for a browser, signed in by a session cookie.
+	p := a.panel
+	static, _ := fs.Sub(staticFS, "static")
+	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	mux.Handle("GET /login", a.servePage(p.handleLoginForm()))
+	mux.Handle("POST /login", a.servePage(p.handleLogin(a)))
+	mux.Handle("POST /logout", a.servePage(p.handleLogout()))
+	pageRoute := func(pattern string, h pageFunc) { mux.Handle(pattern, p.requireSession(a.token, a.servePage(h))) }
+	pageRoute("GET /{$}", p.handleOverview(a))
+	pageRoute("GET /events", p.handleEvents(a))
+	pageRoute("GET /events/{id}", p.handleEvent(a))
+	pageRoute("POST /events/{id}/requeue", p.handleRequeue(a))
+	pageRoute("GET /endpoints", p.handleEndpoints(a))
+	pageRoute("POST /endpoints", p.handleCreateEndpoint(a))
+	pageRoute("GET /endpoints/{id}", p.handleEndpoint(a))
+	pageRoute("POST /endpoints/{id}/{action}", p.handleEndpointAction(a))
+	pageRoute("GET /sources", p.handleSources(a))
+	pageRoute("POST /sources", p.handleCreateSource(a))
+	pageRoute("POST /sources/{name}/{action}", p.handleSourceAction(a))
+	pageRoute("GET /jobs", p.handleJobs(a))
+	pageRoute("POST /jobs/{id}/retry", p.handleRetry(a))
+	pageRoute("GET /subjects", p.handleSubjects(a))
 
 	// Browsers may not make state-changing requests across origins; API
 	// clients without Origin or Sec-Fetch-Site headers are unaffected.
@@ -178,253 +204,65 @@ func isLoopbackHost(hostport string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-func handleHealthz() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
-}
+// apiFunc is a JSON handler, the one shape of them all: it answers status
+// with body as JSON (a 204 without one), or fails with err.
+type apiFunc func(r *http.Request) (status int, body any, err error)
 
-// handleReadyz answers 200 when the database answers and the schema is
-// there, so a load balancer sends no traffic to a replica that cannot
-// record.
-func handleReadyz(db *sql.DB) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-		defer cancel()
-		var ok bool
-		err := db.QueryRowContext(ctx, `SELECT to_regprocedure('outbox.record(text, text, jsonb)') IS NOT NULL`).Scan(&ok)
-		switch {
-		case err != nil:
-			writeError(w, http.StatusServiceUnavailable, fmt.Errorf("database: %w", err))
-		case !ok:
-			writeError(w, http.StatusServiceUnavailable, errors.New("schema not applied"))
-		default:
-			writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
-		}
-	})
-}
-
-func handleMetrics(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		o, err := readOverview(r.Context(), a.db, a.alerts)
-		if err != nil {
-			a.logger.Error("metrics: read overview", "err", err)
-			http.Error(w, "read overview failed", http.StatusInternalServerError)
-			return
-		}
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-		if err := writeMetrics(w, o, a.counters); err != nil {
-			a.logger.Warn("metrics: write", "err", err)
-		}
-	})
-}
-
-func handleOverview(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		o, err := readOverview(r.Context(), a.db, a.alerts)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		if a.counters != nil && a.counters.pruned != nil {
-			o.Pruned = a.counters.pruned()
-		}
-		writeJSON(w, http.StatusOK, o)
-	})
-}
-
-// maxRequestBody bounds every JSON request body: an event payload may be up
-// to 1 MiB (schema.sql) plus its envelope.
+// maxRequestBody bounds every body serveJSON reads: an event payload may be
+// up to 1 MiB (schema.sql) plus its envelope.
 const maxRequestBody = 1<<20 + 4096
 
-// handleRecordEvent records one event in its own transaction.
-func handleRecordEvent(db *sql.DB) http.Handler {
-	type request struct {
-		Topic   string          `json:"topic"`
-		Subject string          `json:"subject"`
-		Payload json.RawMessage `json:"payload"`
-	}
+// serveJSON is the adapter every JSON handler is served through, so that
+// none can forget the body bound, and every error is answered and logged
+// the same way.
+func (a *admin) serveJSON(h apiFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var req request
-		if err := decodeJSON(w, r, &req); err != nil {
-			writeError(w, statusOf(err), err)
-			return
+		r.Body = http.MaxBytesReader(w, r.Body, maxRequestBody)
+		status, body, err := h(r)
+		switch {
+		case err != nil:
+			writeError(w, a.failed(r, err), err)
+		case status == http.StatusNoContent:
+			w.WriteHeader(status)
+		default:
+			if err := writeJSON(w, status, body); err != nil {
+				a.failed(r, err) // answered already; failed logs it
+			}
 		}
-		id, err := recordEvent(r.Context(), db, req.Topic, req.Subject, req.Payload)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		writeJSON(w, http.StatusCreated, map[string]int64{"id": id})
 	})
 }
 
-// eventFilterFrom reads the stream's filter from the query string.
-func eventFilterFrom(r *http.Request) (EventFilter, error) {
-	q := r.URL.Query()
-	f := EventFilter{Topic: q.Get("topic"), Subject: q.Get("subject"), State: q.Get("state")}
-	var err error
-	if f.Before, err = queryInt64(q.Get("before")); err != nil {
-		return f, fmt.Errorf("%w: before: %v", errInvalid, err)
-	}
-	limit, err := queryInt64(q.Get("limit"))
-	if err != nil {
-		return f, fmt.Errorf("%w: limit: %v", errInvalid, err)
-	}
-	f.Limit = int(limit)
-	return f, nil
-}
+// pageFunc is a panel handler, the one shape of them all: it renders a
+// page or redirects, or fails with err.
+type pageFunc func(w http.ResponseWriter, r *http.Request) error
 
-func handleListEvents(db *sql.DB) http.Handler {
+// servePage is the adapter every panel handler is served through: a
+// failure is shown on the panel's error page, and answered and logged as
+// failed says, like the API's.
+func (a *admin) servePage(h pageFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		f, err := eventFilterFrom(r)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
+		if err := h(w, r); err != nil {
+			a.panel.renderError(w, a.failed(r, err), err)
 		}
-		events, err := listEvents(r.Context(), db, f)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		resp := map[string]any{"events": events}
-		if len(events) > 0 {
-			resp["next_before"] = events[len(events)-1].ID
-		}
-		writeJSON(w, http.StatusOK, resp)
 	})
 }
 
-// eventWithJobs is GET /api/events/{id}: the event and every job it made.
-type eventWithJobs struct {
-	Event
-	Jobs []JobView `json:"jobs"`
-}
-
-func readEventWithJobs(ctx context.Context, db *sql.DB, id int64) (eventWithJobs, error) {
-	ev, err := getEvent(ctx, db, id)
-	if err != nil {
-		return eventWithJobs{}, err
+// failed is the status a failed request answers, and the one place that
+// logs it: a 5xx is the server's fault, which the operator must see once;
+// a 4xx is the client's, and its answer says all there is.
+func (a *admin) failed(r *http.Request, err error) int {
+	status := statusOf(err)
+	if status >= 500 {
+		a.logger.Error("request failed", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
 	}
-	jobs, err := listJobs(ctx, db, JobFilter{EventID: id, Limit: maxEventPage})
-	if err != nil {
-		return eventWithJobs{}, err
-	}
-	return eventWithJobs{Event: ev, Jobs: jobs}, nil
-}
-
-func handleGetEvent(db *sql.DB) http.Handler {
-	return handleByID(func(ctx context.Context, id int64) (eventWithJobs, error) {
-		return readEventWithJobs(ctx, db, id)
-	})
-}
-
-func handleRequeueEvent(db *sql.DB) http.Handler {
-	return handleByID(func(ctx context.Context, id int64) (Event, error) {
-		if err := requeueEvent(ctx, db, id); err != nil {
-			return Event{}, err
-		}
-		return getEvent(ctx, db, id)
-	})
-}
-
-func jobFilterFrom(r *http.Request) (JobFilter, error) {
-	q := r.URL.Query()
-	f := JobFilter{State: q.Get("state")}
-	var err error
-	if f.Before, err = queryInt64(q.Get("before")); err != nil {
-		return f, fmt.Errorf("%w: before: %v", errInvalid, err)
-	}
-	if f.EventID, err = queryInt64(q.Get("event_id")); err != nil {
-		return f, fmt.Errorf("%w: event_id: %v", errInvalid, err)
-	}
-	limit, err := queryInt64(q.Get("limit"))
-	if err != nil {
-		return f, fmt.Errorf("%w: limit: %v", errInvalid, err)
-	}
-	f.Limit = int(limit)
-	return f, nil
-}
-
-func handleListJobs(db *sql.DB) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		f, err := jobFilterFrom(r)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		jobs, err := listJobs(r.Context(), db, f)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		resp := map[string]any{"jobs": jobs}
-		if len(jobs) > 0 {
-			resp["next_before"] = jobs[len(jobs)-1].ID
-		}
-		writeJSON(w, http.StatusOK, resp)
-	})
-}
-
-func handleRetryJob(db *sql.DB) http.Handler {
-	return handleByID(func(ctx context.Context, id int64) (JobView, error) {
-		if err := retryJob(ctx, db, id); err != nil {
-			return JobView{}, err
-		}
-		jobs, err := listJobs(ctx, db, JobFilter{Before: id + 1, Limit: 1})
-		if err != nil {
-			return JobView{}, err
-		}
-		if len(jobs) == 0 || jobs[0].ID != id {
-			return JobView{}, fmt.Errorf("job %d: %w after retry", id, errNotFound)
-		}
-		return jobs[0], nil
-	})
-}
-
-// handleByID serves a route on one row: it parses {id}, runs do and
-// answers do's result as JSON, or its error with the error's status.
-func handleByID[T any](do func(ctx context.Context, id int64) (T, error)) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id, err := pathID(r)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		v, err := do(r.Context(), id)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		writeJSON(w, http.StatusOK, v)
-	})
-}
-
-// handleByIDWithBody is handleByID for a route that takes a JSON body: it
-// also decodes the body into an In for do.
-func handleByIDWithBody[In, Out any](do func(ctx context.Context, id int64, in In) (Out, error)) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id, err := pathID(r)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		var in In
-		if err := decodeJSON(w, r, &in); err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		v, err := do(r.Context(), id, in)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		writeJSON(w, http.StatusOK, v)
-	})
+	return status
 }
 
 // statusOf maps an error to its HTTP status: the one place that does.
 func statusOf(err error) int {
+	if he, ok := errors.AsType[*httpError](err); ok {
+		return he.status
+	}
 	var tooBig *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooBig):
@@ -440,10 +278,97 @@ func statusOf(err error) int {
 	}
 }
 
-// decodeJSON reads one JSON object from a bounded body, refusing unknown
-// fields (a typo in a field name is an error, not a silent default).
-func decodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxRequestBody))
+// httpError is an error that picks its own answer, for the few failures
+// that are not the domain's errors statusOf maps. text, when set, is what
+// the client is told instead of err, which then only the log shows.
+type httpError struct {
+	status int
+	text   string
+	err    error
+}
+
+func (e *httpError) Error() string {
+	switch {
+	case e.err == nil:
+		return e.text
+	case e.text == "":
+		return e.err.Error()
+	}
+	return e.text + ": " + e.err.Error()
+}
+
+func (e *httpError) Unwrap() error { return e.err }
+
+// writeJSON answers v as JSON. A v that cannot be encoded is the server's
+// fault: the client gets a 500 that says so, and the error is returned for
+// the log.
+func writeJSON(w http.ResponseWriter, status int, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status, b = http.StatusInternalServerError, []byte(`{"error":"encode response"}`)
+		err = fmt.Errorf("encode response: %w", err)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+	return err
+}
+
+// writeError answers {"error": "..."}; a server error's text is the
+// operation that failed, which is what the operator needs, unless the
+// error chose what the client is told.
+func writeError(w http.ResponseWriter, status int, err error) {
+	msg := strings.TrimPrefix(err.Error(), errInvalid.Error()+": ")
+	if he, ok := errors.AsType[*httpError](err); ok && he.text != "" {
+		msg = he.text
+	}
+	writeJSON(w, status, map[string]string{"error": msg})
+}
+
+// byID is the handler of a route on one row: it parses {id} and answers
+// 200 with do's result.
+func byID[T any](do func(ctx context.Context, id int64) (T, error)) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		id, err := pathID(r)
+		if err != nil {
+			return 0, nil, err
+		}
+		v, err := do(r.Context(), id)
+		return http.StatusOK, v, err
+	}
+}
+
+// byIDWithBody is byID for a route that takes a JSON body, which decode
+// (decodeJSON, or decodeOptionalJSON where it may be left out) reads into
+// an In for do once {id} parsed.
+func byIDWithBody[In, Out any](decode func(*http.Request, any) error, do func(ctx context.Context, id int64, in In) (Out, error)) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		id, err := pathID(r)
+		if err != nil {
+			return 0, nil, err
+		}
+		var in In
+		if err := decode(r, &in); err != nil {
+			return 0, nil, err
+		}
+		v, err := do(r.Context(), id, in)
+		return http.StatusOK, v, err
+	}
+}
+
+func pathID(r *http.Request) (int64, error) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id <= 0 {
+		return 0, fmt.Errorf("%w: id %q is not a positive integer", errInvalid, r.PathValue("id"))
+	}
+	return id, nil
+}
+
+// decodeJSON reads one JSON object from the (bounded) body, refusing
+// unknown fields (a typo in a field name is an error, not a silent
+// default).
+func decodeJSON(r *http.Request, v any) error {
+	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		var tooBig *http.MaxBytesError
@@ -458,39 +383,105 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
 	return nil
 }
 
-func pathID(r *http.Request) (int64, error) {
-	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
-	if err != nil || id <= 0 {
-		return 0, fmt.Errorf("%w: id %q is not a positive integer", errInvalid, r.PathValue("id"))
+// decodeOptionalJSON is decodeJSON for a body that may be left out, which
+// leaves v as it is.
+func decodeOptionalJSON(r *http.Request, v any) error {
+	if r.ContentLength == 0 {
+		return nil
 	}
-	return id, nil
+	return decodeJSON(r, v)
 }
 
-// queryInt64 parses an optional non-negative integer parameter.
-func queryInt64(s string) (int64, error) {
+// query reads a request's query parameters, for the API and the panel
+// alike. A reader that meets a bad value keeps the first such error in err
+// and returns the parameter's default, so a handler reads every parameter
+// it takes and then checks err once.
+type query struct {
+	values url.Values
+	err    error
+}
+
+func queryOf(r *http.Request) *query { return &query{values: r.URL.Query()} }
+
+// text is a parameter as given; absent, "".
+func (q *query) text(name string) string { return q.values.Get(name) }
+
+// natural is an optional non-negative integer: an id to page from or to
+// filter by, or a page size that the list then bounds. Absent, 0.
+func (q *query) natural(name string) int64 {
+	return q.integer(name, 0, 0, math.MaxInt64, name+`: %q is not a non-negative integer`)
+}
+
+// limit is ?limit=, a page size from 1 to most; absent, most.
+func (q *query) limit(most int) int {
+	return int(q.integer("limit", int64(most), 1, int64(most), `limit %q must be between 1 and `+strconv.Itoa(most)))
+}
+
+// integer is an optional integer parameter: absent, def; present, one from
+// lo to hi, or the request is refused with bad, a format given the value.
+func (q *query) integer(name string, def, lo, hi int64, bad string) int64 {
+	s := q.values.Get(name)
 	if s == "" {
-		return 0, nil
+		return def
 	}
 	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n < 0 {
-		return 0, fmt.Errorf("%q is not a non-negative integer", s)
+	if err != nil || n < lo || n > hi {
+		if q.err == nil {
+			q.err = fmt.Errorf("%w: "+bad, errInvalid, s)
+		}
+		return def
 	}
-	return n, nil
+	return n
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	b, err := json.Marshal(v)
+// eventFilterFrom reads the stream's filter from the query.
+func eventFilterFrom(q *query) EventFilter {
+	return EventFilter{Topic: q.text("topic"), Subject: q.text("subject"), State: q.text("state"),
+		Before: q.natural("before"), Limit: int(q.natural("limit"))}
+}
+
+// jobFilterFrom reads the job list's filter from the query.
+func jobFilterFrom(q *query) JobFilter {
+	return JobFilter{State: q.text("state"),
+		Before: q.natural("before"), EventID: q.natural("event_id"), Limit: int(q.natural("limit"))}
+}
+
+// idPage is one page of a list read newest first and paged by id, the
+// stream or the job list, as the API and the panel both read it.
+type idPage[F, T any] struct {
+	filter F
+	rows   []T
+	// before is where the page after this one starts: below the last
+	// row's id, or 0 when this page is empty.
+	before int64
+}
+
+// readIDPage reads the filter from the query, lists the page it selects
+// and finds where the next page starts.
+func readIDPage[F, T any](r *http.Request, db *sql.DB, filterFrom func(*query) F,
+	list func(context.Context, *sql.DB, F) ([]T, error), id func(T) int64) (idPage[F, T], error) {
+	q := queryOf(r)
+	pg := idPage[F, T]{filter: filterFrom(q)}
+	if q.err != nil {
+		return pg, q.err
+	}
+	rows, err := list(r.Context(), db, pg.filter)
 	if err != nil {
-		status, b = http.StatusInternalServerError, []byte(`{"error":"encode response"}`)
+		return pg, err
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	w.Write(append(b, '\n'))
+	pg.rows = rows
+	if len(rows) > 0 {
+		pg.before = id(rows[len(rows)-1])
+	}
+	return pg, nil
 }
 
-// writeError answers {"error": "..."}; a server error's text is the
-// operation that failed, which is what the operator needs.
-func writeError(w http.ResponseWriter, status int, err error) {
-	msg := strings.TrimPrefix(err.Error(), errInvalid.Error()+": ")
-	writeJSON(w, status, map[string]string{"error": msg})
+// readEventPage reads a page of the stream.
+func readEventPage(r *http.Request, db *sql.DB) (idPage[EventFilter, Event], error) {
+	return readIDPage(r, db, eventFilterFrom, listEvents, func(e Event) int64 { return e.ID })
+}
+
+// readJobPage reads a page of the job list.
+func readJobPage(r *http.Request, db *sql.DB) (idPage[JobFilter, JobView], error) {
+	return readIDPage(r, db, jobFilterFrom, listJobs, func(j JobView) int64 { return j.ID })
 }

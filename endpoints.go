@@ -1,5 +1,4 @@
-// endpoints.go: webhook endpoints, their validation, their SQL and their
-// JSON API under /api/endpoints.
+// endpoints.go: webhook endpoints, their validation and their SQL.
 
 package main
 
@@ -8,8 +7,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -315,98 +312,6 @@ func rotateEndpointSecret(ctx context.Context, db *sql.DB, id int64, secret webh
 	return scanOneEndpoint(db.QueryRowContext(ctx, rotateEndpointSecretSQL, id, []byte(secret), window.Seconds()), "rotate secret of", id)
 }
 
-// handleListEndpoints answers {"endpoints": [...]}, a page of at most
-// ?limit= (default and maximum 500) endpoints with ids above ?after=.
-func handleListEndpoints(db *sql.DB) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		afterID, limit := int64(0), maxEndpointPage
-		if v := r.URL.Query().Get("after"); v != "" {
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || n < 0 {
-				writeError(w, http.StatusBadRequest, fmt.Errorf("after %q is not an endpoint id", v))
-				return
-			}
-			afterID = n
-		}
-		if v := r.URL.Query().Get("limit"); v != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 || n > maxEndpointPage {
-				writeError(w, http.StatusBadRequest, fmt.Errorf("limit %q must be between 1 and %d", v, maxEndpointPage))
-				return
-			}
-			limit = n
-		}
-		endpoints, err := listEndpoints(r.Context(), db, afterID, limit)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		writeJSON(w, http.StatusOK, map[string][]Endpoint{"endpoints": endpoints})
-	})
-}
-
-// handleCreateEndpoint registers an endpoint and answers 201 with it and
-// its secret, which is shown this once.
-func handleCreateEndpoint(db *sql.DB, policy endpointPolicy) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var in endpointInput
-		if err := decodeJSON(w, r, &in); err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		if err := in.validate(policy.AllowPrivate); err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		secret := newWebhookSecret()
-		e, err := createEndpoint(r.Context(), db, in, secret)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		writeJSON(w, http.StatusCreated, endpointWithSecret{Endpoint: e, Secret: secret.Encode()})
-	})
-}
-
-func handleGetEndpoint(db *sql.DB) http.Handler {
-	return handleByID(func(ctx context.Context, id int64) (Endpoint, error) {
-		return getEndpoint(ctx, db, id)
-	})
-}
-
-// handleUpdateEndpoint changes the fields the body gives.
-func handleUpdateEndpoint(db *sql.DB, policy endpointPolicy) http.Handler {
-	return handleByIDWithBody(func(ctx context.Context, id int64, in endpointInput) (Endpoint, error) {
-		if err := in.validate(policy.AllowPrivate); err != nil {
-			return Endpoint{}, err
-		}
-		return updateEndpoint(ctx, db, id, in)
-	})
-}
-
-// handleDeleteEndpoint answers 204; the endpoint's queued deliveries end
-// without a request.
-func handleDeleteEndpoint(db *sql.DB) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id, err := pathID(r)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		if err := deleteEndpoint(r.Context(), db, id); err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		w.WriteHeader(http.StatusNoContent)
-	})
-}
-
-func handleEnableEndpoint(db *sql.DB) http.Handler {
-	return handleByID(func(ctx context.Context, id int64) (Endpoint, error) {
-		return enableEndpoint(ctx, db, id)
-	})
-}
-
 // disableReason is an operator's reason for disabling, or the default one.
 func disableReason(raw string) (string, error) {
 	reason := strings.TrimSpace(raw)
@@ -417,49 +322,4 @@ func disableReason(raw string) (string, error) {
 		return "", fmt.Errorf("%w: reason must be at most %d bytes of text", errInvalid, maxDisabledReasonLen)
 	}
 	return reason, nil
-}
-
-// handleDisableEndpoint takes an optional body {"reason": "..."}.
-func handleDisableEndpoint(db *sql.DB) http.Handler {
-	type request struct {
-		Reason string `json:"reason"`
-	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id, err := pathID(r)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		var req request
-		if r.ContentLength != 0 {
-			if err := decodeJSON(w, r, &req); err != nil {
-				writeError(w, statusOf(err), err)
-				return
-			}
-		}
-		reason, err := disableReason(req.Reason)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		e, err := disableEndpoint(r.Context(), db, id, reason)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		writeJSON(w, http.StatusOK, e)
-	})
-}
-
-// handleRotateEndpointSecret answers with the endpoint and its new secret;
-// the old one keeps signing for the rotation window.
-func handleRotateEndpointSecret(db *sql.DB, policy endpointPolicy) http.Handler {
-	return handleByID(func(ctx context.Context, id int64) (endpointWithSecret, error) {
-		secret := newWebhookSecret()
-		e, err := rotateEndpointSecret(ctx, db, id, secret, policy.RotationWindow)
-		if err != nil {
-			return endpointWithSecret{}, err
-		}
-		return endpointWithSecret{Endpoint: e, Secret: secret.Encode()}, nil
-	})
 }

@@ -1,5 +1,5 @@
 // inbox.go: the receiving side, signed webhooks from other senders turned
-// into local events once per webhook-id, and the sources API.
+// into local events once per webhook-id, and the sources they come from.
 //
 // Guarantees (README, "Guarantees, hop by hop", hop 6):
 //   - The signature is checked on the raw bytes received (Standard
@@ -18,7 +18,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"time"
 
@@ -50,10 +49,6 @@ const maxTopicPrefixLen = 100
 func topicPrefixValid(p string) bool {
 	return p == "" || (len(p) <= maxTopicPrefixLen && topicPattern.MatchString(p))
 }
-
-// maxInboxBody bounds a received webhook: an event payload may be up to
-// 1 MiB (schema.sql) plus its envelope, the same bound as POST /api/events.
-const maxInboxBody = maxRequestBody
 
 const sourceColumns = `
   name, topic_prefix,
@@ -173,73 +168,6 @@ func rotateSourceSecret(ctx context.Context, db *sql.DB, name string, secret web
 	return s, nil
 }
 
-func handleListSources(db *sql.DB) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		sources, err := listSources(r.Context(), db)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		writeJSON(w, http.StatusOK, map[string][]InboxSource{"sources": sources})
-	})
-}
-
-// handleCreateSource answers 201 with the source and its secret.
-func handleCreateSource(db *sql.DB) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var in sourceInput
-		if err := decodeJSON(w, r, &in); err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		s, err := createSource(r.Context(), db, in)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		writeJSON(w, http.StatusCreated, s)
-	})
-}
-
-func handleDeleteSource(db *sql.DB) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if err := deleteSource(r.Context(), db, r.PathValue("name")); err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		w.WriteHeader(http.StatusNoContent)
-	})
-}
-
-// handleRotateSourceSecret takes an optional body {"secret": "whsec_..."}
-// (the sender's new secret; none generates one) and answers with the
-// source and the new secret. The old one verifies for the rotation window.
-func handleRotateSourceSecret(db *sql.DB, window time.Duration) http.Handler {
-	type request struct {
-		Secret string `json:"secret"`
-	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var req request
-		if r.ContentLength != 0 {
-			if err := decodeJSON(w, r, &req); err != nil {
-				writeError(w, statusOf(err), err)
-				return
-			}
-		}
-		secret, err := parseSourceSecret(req.Secret)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		s, err := rotateSourceSecret(r.Context(), db, r.PathValue("name"), secret, window)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		writeJSON(w, http.StatusOK, inboxSourceWithSecret{InboxSource: s, Secret: secret.Encode()})
-	})
-}
-
 // sourceVerifySQL reads what verification needs: the secret and, inside
 // its rotation window, the previous one.
 const sourceVerifySQL = `
@@ -299,82 +227,62 @@ func receive(ctx context.Context, db *sql.DB, source, webhookID, topic string, w
 	return eventID, false, nil
 }
 
-// inboxStatus maps a verification error to its answer: 400 for a request
-// that is malformed, 401 for one that is well formed but not authentic
-// (or too old or new to tell).
-func inboxStatus(err error) int {
-	switch {
-	case errors.Is(err, errWebhookMissingHeader), errors.Is(err, errWebhookBadTimestamp):
-		return http.StatusBadRequest
-	default:
-		return http.StatusUnauthorized
-	}
-}
+// Why receiveWebhook records nothing, beside errInvalid (a delivery that
+// verified but cannot be recorded), an *unverifiedError and a failure of
+// the database. The HTTP layer gives each its answer (api.go, inboxError).
+var (
+	// errUnknownSource: no source has the name.
+	errUnknownSource = errors.New("no inbox source")
+	// errSourceUnreadable: the source could not be read, so nothing about
+	// the delivery is known yet.
+	errSourceUnreadable = errors.New("read inbox source")
+)
 
-// handleInbox is POST /webhooks/{source}. It answers 404 for an unknown
-// source, 413 past the body bound, 400 or 401 when verification fails,
-// 400 for a verified body that is not a webhook outboxd can record, and
-// 200 once the event (or the knowledge that it was recorded before) is
-// committed. The sender retries every other answer.
-func handleInbox(db *sql.DB, logger *slog.Logger, now func() time.Time) http.Handler {
-	logger = logger.With("loop", "inbox")
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx := r.Context()
-		name := r.PathValue("source")
-		var secret, previous []byte
-		var prefix string
-		err := db.QueryRowContext(ctx, sourceVerifySQL, name).Scan(&secret, &previous, &prefix)
-		if errors.Is(err, sql.ErrNoRows) {
-			writeError(w, http.StatusNotFound, fmt.Errorf("no inbox source %q", name))
-			return
-		}
-		if err != nil {
-			logger.Error("inbox: read source", "source", name, "err", err)
-			writeError(w, http.StatusServiceUnavailable, errors.New("read source failed"))
-			return
-		}
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxInboxBody))
-		if err != nil {
-			if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-				writeError(w, http.StatusRequestEntityTooLarge, fmt.Errorf("body larger than %d bytes", maxInboxBody))
-				return
-			}
-			writeError(w, http.StatusBadRequest, fmt.Errorf("read body: %w", err))
-			return
-		}
-		secrets := [][]byte{secret}
-		if previous != nil {
-			secrets = append(secrets, previous)
-		}
-		if err := verifyWebhook(secrets, r.Header, body, now()); err != nil {
-			logger.Warn("inbox: webhook refused", "source", name, "err", err)
-			writeError(w, inboxStatus(err), err)
-			return
-		}
-		webhookID := r.Header.Get(headerWebhookID)
-		if len(webhookID) > 256 {
-			writeError(w, http.StatusBadRequest, fmt.Errorf("%s is %d bytes, at most 256", headerWebhookID, len(webhookID)))
-			return
-		}
-		var wh receivedWebhook
-		if err := json.Unmarshal(body, &wh); err != nil || wh.Type == "" {
-			writeError(w, http.StatusBadRequest, errors.New(`body must be a JSON object with a "type"`))
-			return
-		}
-		topic := prefix + wh.Type
-		eventID, duplicate, err := receive(ctx, db, name, webhookID, topic, wh)
-		if err != nil {
-			if statusOf(err) == http.StatusInternalServerError {
-				logger.Error("inbox: record webhook", "source", name, "webhook_id", webhookID, "err", err)
-			}
-			writeError(w, statusOf(err), err)
-			return
-		}
-		if duplicate {
-			logger.Debug("inbox: duplicate webhook ignored", "source", name, "webhook_id", webhookID)
-			writeJSON(w, http.StatusOK, map[string]any{"duplicate": true})
-			return
-		}
-		writeJSON(w, http.StatusOK, map[string]any{"event_id": eventID})
-	})
+// unverifiedError is a delivery that does not verify as its source's;
+// verifyWebhook's error, which it wraps, says how.
+type unverifiedError struct{ err error }
+
+func (e *unverifiedError) Error() string { return e.err.Error() }
+func (e *unverifiedError) Unwrap() error { return e.err }
+
+// maxWebhookIDLen bounds the dedup key the sender chooses, as schema.sql's
+// inbox_webhook_id_length does; checked here first so the sender is told
+// so with a 400 rather than a constraint's 500.
+const maxWebhookIDLen = 256
+
+// receiveWebhook records a delivery to source name as a local event, once
+// per webhook-id, and returns the event's id, or duplicate when that
+// webhook-id was recorded before. body is read only once the source is
+// known, so an unknown source is refused whatever it sent; the signature
+// is checked on the raw bytes before anything in them is believed.
+func receiveWebhook(ctx context.Context, db *sql.DB, name string, header http.Header, body io.Reader, now time.Time) (eventID int64, duplicate bool, err error) {
+	var secret, previous []byte
+	var prefix string
+	err = db.QueryRowContext(ctx, sourceVerifySQL, name).Scan(&secret, &previous, &prefix)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, false, fmt.Errorf("%w %q", errUnknownSource, name)
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("%w %q: %w", errSourceUnreadable, name, err)
+	}
+	raw, err := io.ReadAll(body)
+	if err != nil {
+		return 0, false, fmt.Errorf("%w: read body: %w", errInvalid, err)
+	}
+	secrets := [][]byte{secret}
+	if previous != nil {
+		secrets = append(secrets, previous)
+	}
+	if err := verifyWebhook(secrets, header, raw, now); err != nil {
+		return 0, false, &unverifiedError{err}
+	}
+	webhookID := header.Get(headerWebhookID)
+	if len(webhookID) > maxWebhookIDLen {
+		return 0, false, fmt.Errorf("%w: %s is %d bytes, at most %d", errInvalid, headerWebhookID, len(webhookID), maxWebhookIDLen)
+	}
+	var wh receivedWebhook
+	if err := json.Unmarshal(raw, &wh); err != nil || wh.Type == "" {
+		return 0, false, fmt.Errorf(`%w: body must be a JSON object with a "type"`, errInvalid)
+	}
+	return receive(ctx, db, name, webhookID, prefix+wh.Type, wh)
 }

@@ -41,7 +41,7 @@ func (f *JobFilter) validate() error {
 		return fmt.Errorf("%w: state %q must be available, running, retryable, completed or discarded", errInvalid, f.State)
 	}
 	if f.Limit <= 0 {
-		f.Limit = 50
+		f.Limit = defaultPageSize
 	}
 	f.Limit = min(f.Limit, maxEventPage)
 	return nil

@@ -150,6 +150,11 @@ type EventFilter struct {
 // maxEventPage bounds one page of the stream.
 const maxEventPage = 500
 
+// defaultPageSize is a page whose reader names no size: of the stream, of
+// the job list, of the panel's subject search, of an endpoint's last
+// deliveries on the API.
+const defaultPageSize = 50
+
 func (f *EventFilter) validate() error {
 	switch f.State {
 	case "", "unfanned", "fanned", "poisoned":
@@ -162,7 +167,7 @@ func (f *EventFilter) validate() error {
 		}
 	}
 	if f.Limit <= 0 {
-		f.Limit = 50
+		f.Limit = defaultPageSize
 	}
 	f.Limit = min(f.Limit, maxEventPage)
 	return nil

@@ -1,5 +1,6 @@
 // panel.go: the operator's panel, server-rendered HTML that works without
-// JavaScript, signed in by the admin token.
+// JavaScript, signed in by the admin token: its templates and its handlers,
+// which routes (admin.go) lists with the API's.
 
 package main
 
@@ -9,7 +10,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"html/template"
-	"io/fs"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -85,41 +85,19 @@ func (p *panel) render(w http.ResponseWriter, status int, name string, pg page) 
 }
 
 // renderError shows an error on a page of its own, keeping the layout.
-func (p *panel) renderError(w http.ResponseWriter, err error) {
-	p.render(w, statusOf(err), "login", page{Title: "Error", SignedIn: true, Data: err.Error()})
+func (p *panel) renderError(w http.ResponseWriter, status int, err error) {
+	p.render(w, status, "login", page{Title: "Error", SignedIn: true, Data: err.Error()})
 }
 
-// register adds the panel's routes to mux.
-func (p *panel) register(mux *http.ServeMux, a *admin) {
-	static, _ := fs.Sub(staticFS, "static")
-	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
-	mux.Handle("GET /login", p.handleLoginForm())
-	mux.Handle("POST /login", p.handleLogin(a.token))
-	mux.Handle("POST /logout", p.handleLogout())
-
-	signedIn := func(h http.Handler) http.Handler { return p.requireSession(a.token, h) }
-	mux.Handle("GET /{$}", signedIn(p.handleOverview(a)))
-	mux.Handle("GET /events", signedIn(p.handleEvents(a)))
-	mux.Handle("GET /events/{id}", signedIn(p.handleEvent(a)))
-	mux.Handle("POST /events/{id}/requeue", signedIn(p.handleRequeue(a)))
-	mux.Handle("GET /endpoints", signedIn(p.handleEndpoints(a)))
-	mux.Handle("POST /endpoints", signedIn(p.handleCreateEndpoint(a)))
-	mux.Handle("GET /endpoints/{id}", signedIn(p.handleEndpoint(a)))
-	mux.Handle("POST /endpoints/{id}/{action}", signedIn(p.handleEndpointAction(a)))
-	mux.Handle("GET /sources", signedIn(p.handleSources(a)))
-	mux.Handle("POST /sources", signedIn(p.handleCreateSource(a)))
-	mux.Handle("POST /sources/{name}/{action}", signedIn(p.handleSourceAction(a)))
-	mux.Handle("GET /jobs", signedIn(p.handleJobs(a)))
-	mux.Handle("POST /jobs/{id}/retry", signedIn(p.handleRetry(a)))
-	mux.Handle("GET /subjects", signedIn(p.handleSubjects(a)))
-}
+// flash is the message an action left for the page it redirected to.
+func flash(r *http.Request) string { return queryOf(r).text("done") }
 
 // requireSession sends a browser without a session to the sign-in form.
 // The URL outboxd logs at start carries ?token=: it signs in and redirects
 // to the same page without the token, so it leaves the address bar.
 func (p *panel) requireSession(token string, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if t := r.URL.Query().Get("token"); t != "" && r.Method == http.MethodGet {
+		if t := queryOf(r).text("token"); t != "" && r.Method == http.MethodGet {
 			if !tokenEqual(t, token) {
 				p.render(w, http.StatusUnauthorized, "login", page{Title: "Sign in", Data: "That token is not right."})
 				return
@@ -144,40 +122,44 @@ func (p *panel) requireSession(token string, next http.Handler) http.Handler {
 	})
 }
 
-func (p *panel) handleLoginForm() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// handleLoginForm is GET /login.
+func (p *panel) handleLoginForm() pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		p.render(w, http.StatusOK, "login", page{Title: "Sign in"})
-	})
+		return nil
+	}
 }
 
-func (p *panel) handleLogin(token string) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// handleLogin is POST /login: the token typed in signs the browser in.
+func (p *panel) handleLogin(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		r.Body = http.MaxBytesReader(w, r.Body, 4096)
-		if !tokenEqual(r.PostFormValue("token"), token) {
+		if !tokenEqual(r.PostFormValue("token"), a.token) {
 			p.render(w, http.StatusUnauthorized, "login", page{Title: "Sign in", Data: "That token is not right."})
-			return
+			return nil
 		}
-		setSession(w, r, token)
+		setSession(w, r, a.token)
 		http.Redirect(w, r, "/", http.StatusSeeOther)
-	})
+		return nil
+	}
 }
 
-func (p *panel) handleLogout() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// handleLogout is POST /logout.
+func (p *panel) handleLogout() pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		clearSession(w)
 		http.Redirect(w, r, "/login", http.StatusSeeOther)
-	})
+		return nil
+	}
 }
 
-func (p *panel) handleOverview(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		o, err := readOverview(r.Context(), a.db, a.alerts)
+// handleOverview is GET /: the overview, with the chart of the samples
+// this process took.
+func (p *panel) handleOverview(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		o, err := a.overview(r.Context())
 		if err != nil {
-			p.renderError(w, err)
-			return
-		}
-		if a.counters != nil && a.counters.pruned != nil {
-			o.Pruned = a.counters.pruned()
+			return err
 		}
 		var samples []sample
 		interval := sampleInterval
@@ -185,128 +167,125 @@ func (p *panel) handleOverview(a *admin) http.Handler {
 			samples, interval = a.samples.snapshot(), a.samples.interval
 		}
 		p.render(w, http.StatusOK, "overview", page{Title: "Overview", Nav: "overview", SignedIn: true,
-			Flash: r.URL.Query().Get("done"),
+			Flash: flash(r),
 			Data: struct {
 				Overview Overview
 				Chart    template.HTML
 			}{o, chartSVG(samples, interval)}})
-	})
+		return nil
+	}
 }
 
-func (p *panel) handleEvents(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		f, err := eventFilterFrom(r)
+// handleEvents is GET /events: the stream, filtered, a page at a time.
+func (p *panel) handleEvents(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		pg, err := readEventPage(r, a.db)
 		if err != nil {
-			p.renderError(w, err)
-			return
-		}
-		events, err := listEvents(r.Context(), a.db, f)
-		if err != nil {
-			p.renderError(w, err)
-			return
-		}
-		var next string
-		if len(events) > 0 && len(events) == max(f.Limit, 50) {
-			q := r.URL.Query()
-			q.Set("before", strconv.FormatInt(events[len(events)-1].ID, 10))
-			next = "/events?" + q.Encode()
+			return err
 		}
 		p.render(w, http.StatusOK, "events", page{Title: "Events", Nav: "events", SignedIn: true,
-			Flash: r.URL.Query().Get("done"),
+			Flash: flash(r),
 			Data: struct {
 				Filter EventFilter
 				States []string
 				Events []Event
 				Next   string
-			}{f, []string{"", "unfanned", "fanned", "poisoned"}, events, next}})
-	})
+			}{pg.filter, []string{"", "unfanned", "fanned", "poisoned"}, pg.rows, pg.olderLink(r, pg.filter.Limit)}})
+		return nil
+	}
 }
 
-func (p *panel) handleEvent(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// olderLink is the panel's link to the page after this one: this page's
+// query with ?before=, when the page is full and so may have more behind
+// it. Full is max(limit, defaultPageSize) rows, as the panel has always
+// counted, so a ?limit= under the default gets no link.
+func (pg idPage[F, T]) olderLink(r *http.Request, limit int) string {
+	if pg.before == 0 || len(pg.rows) != max(limit, defaultPageSize) {
+		return ""
+	}
+	q := r.URL.Query()
+	q.Set("before", strconv.FormatInt(pg.before, 10))
+	return r.URL.Path + "?" + q.Encode()
+}
+
+// handleEvent is GET /events/{id}: one event and every job it made.
+func (p *panel) handleEvent(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		id, err := pathID(r)
 		if err != nil {
-			p.renderError(w, err)
-			return
+			return err
 		}
 		ev, err := readEventWithJobs(r.Context(), a.db, id)
 		if err != nil {
-			p.renderError(w, err)
-			return
+			return err
 		}
 		p.render(w, http.StatusOK, "event", page{Title: fmt.Sprintf("Event %d", id), Nav: "events", SignedIn: true,
-			Flash: r.URL.Query().Get("done"), Data: ev})
-	})
+			Flash: flash(r), Data: ev})
+		return nil
+	}
 }
 
-func (p *panel) handleRequeue(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// handleRequeue is POST /events/{id}/requeue.
+func (p *panel) handleRequeue(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		id, err := pathID(r)
 		if err == nil {
 			err = requeueEvent(r.Context(), a.db, id)
 		}
 		if err != nil {
-			p.renderError(w, err)
-			return
+			return err
 		}
 		http.Redirect(w, r, fmt.Sprintf("/events/%d?done=%s", id, url.QueryEscape("Requeued: the relay will pick it up now.")), http.StatusSeeOther)
-	})
+		return nil
+	}
 }
 
-func (p *panel) handleJobs(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		f, err := jobFilterFrom(r)
+// handleJobs is GET /jobs: jobs by state, a page at a time.
+func (p *panel) handleJobs(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		pg, err := readJobPage(r, a.db)
 		if err != nil {
-			p.renderError(w, err)
-			return
-		}
-		jobs, err := listJobs(r.Context(), a.db, f)
-		if err != nil {
-			p.renderError(w, err)
-			return
-		}
-		var next string
-		if len(jobs) > 0 && len(jobs) == max(f.Limit, 50) {
-			q := r.URL.Query()
-			q.Set("before", strconv.FormatInt(jobs[len(jobs)-1].ID, 10))
-			next = "/jobs?" + q.Encode()
+			return err
 		}
 		p.render(w, http.StatusOK, "jobs", page{Title: "Jobs", Nav: "jobs", SignedIn: true,
-			Flash: r.URL.Query().Get("done"),
+			Flash: flash(r),
 			Data: struct {
 				Filter JobFilter
 				States []string
 				Jobs   []JobView
 				Next   string
-			}{f, []string{"", "available", "running", "retryable", "completed", "discarded"}, jobs, next}})
-	})
+			}{pg.filter, []string{"", "available", "running", "retryable", "completed", "discarded"}, pg.rows, pg.olderLink(r, pg.filter.Limit)}})
+		return nil
+	}
 }
 
-func (p *panel) handleRetry(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// handleRetry is POST /jobs/{id}/retry.
+func (p *panel) handleRetry(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		id, err := pathID(r)
 		if err == nil {
 			err = retryJob(r.Context(), a.db, id)
 		}
 		if err != nil {
-			p.renderError(w, err)
-			return
+			return err
 		}
 		http.Redirect(w, r, "/jobs?done="+url.QueryEscape(fmt.Sprintf("Job %d will run now.", id)), http.StatusSeeOther)
-	})
+		return nil
+	}
 }
 
-func (p *panel) handleEndpoints(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// handleEndpoints is GET /endpoints, with the form for a new one.
+func (p *panel) handleEndpoints(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		eps, err := listEndpoints(r.Context(), a.db, 0, maxEndpointPage)
 		if err != nil {
-			p.renderError(w, err)
-			return
+			return err
 		}
 		p.render(w, http.StatusOK, "endpoints", page{Title: "Endpoints", Nav: "endpoints", SignedIn: true,
-			Flash: r.URL.Query().Get("done"),
+			Flash: flash(r),
 			Data:  struct{ Endpoints []Endpoint }{eps}})
-	})
+		return nil
+	}
 }
 
 // endpointForm reads the endpoint form; topics are separated by spaces or
@@ -323,46 +302,50 @@ func endpointForm(w http.ResponseWriter, r *http.Request) endpointInput {
 	return endpointInput{URL: &url, Topics: &topics, Description: &desc, OwnerEmail: &owner}
 }
 
-func (p *panel) handleCreateEndpoint(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// handleCreateEndpoint is POST /endpoints: the new endpoint's page, with
+// its secret.
+func (p *panel) handleCreateEndpoint(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		in := endpointForm(w, r)
 		if err := in.validate(a.endpoints.AllowPrivate); err != nil {
-			p.renderError(w, err)
-			return
+			return err
 		}
 		secret := newWebhookSecret()
 		ep, err := createEndpoint(r.Context(), a.db, in, secret)
 		if err != nil {
-			p.renderError(w, err)
-			return
+			return err
 		}
-		p.renderEndpoint(w, r, a, ep.ID, "Endpoint created. Copy its secret now: it is not shown again.", secret.Encode())
-	})
+		return p.renderEndpoint(w, r, a, ep.ID, "Endpoint created. Copy its secret now: it is not shown again.", secret.Encode())
+	}
 }
 
-func (p *panel) handleEndpoint(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// handleEndpoint is GET /endpoints/{id}: the endpoint, its last attempts
+// and its buttons.
+func (p *panel) handleEndpoint(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		id, err := pathID(r)
 		if err != nil {
-			p.renderError(w, err)
-			return
+			return err
 		}
-		p.renderEndpoint(w, r, a, id, r.URL.Query().Get("done"), "")
-	})
+		return p.renderEndpoint(w, r, a, id, flash(r), "")
+	}
 }
+
+// recentDeliveries is how many of an endpoint's last attempts its page
+// shows, above its forms; GET /api/endpoints/{id}/deliveries gives
+// defaultPageSize.
+const recentDeliveries = 20
 
 // renderEndpoint shows one endpoint, with its secret right after create
 // or rotate (never in a URL: the page is rendered, not redirected to).
-func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin, id int64, flash, secret string) {
+func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin, id int64, flash, secret string) error {
 	ep, err := getEndpoint(r.Context(), a.db, id)
 	if err != nil {
-		p.renderError(w, err)
-		return
+		return err
 	}
-	st, err := readEndpointStats(r.Context(), a.db, id, 20)
+	st, err := readEndpointStats(r.Context(), a.db, id, recentDeliveries)
 	if err != nil {
-		p.renderError(w, err)
-		return
+		return err
 	}
 	p.render(w, http.StatusOK, "endpoint", page{Title: fmt.Sprintf("Endpoint %d", id), Nav: "endpoints", SignedIn: true,
 		Flash: flash,
@@ -371,89 +354,133 @@ func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin,
 			Stats    EndpointStats
 			Secret   string
 		}{ep, st, secret}})
+	return nil
 }
 
-// handleEndpointAction runs one of an endpoint's buttons and shows the
-// endpoint again with what happened.
-func (p *panel) handleEndpointAction(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// handleEndpointAction is POST /endpoints/{id}/{action}, one of an
+// endpoint's buttons: the action runs, and the endpoint's page shows what
+// happened.
+func (p *panel) handleEndpointAction(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		id, err := pathID(r)
 		if err != nil {
-			p.renderError(w, err)
-			return
+			return err
 		}
-		ctx := r.Context()
-		var done string
-		switch r.PathValue("action") {
-		case "enable":
-			_, err = enableEndpoint(ctx, a.db, id)
-			done = "Enabled: new events are delivered again. Replay to send what it missed."
-		case "disable":
-			var reason string
-			if reason, err = disableReason(r.PostFormValue("reason")); err == nil {
-				_, err = disableEndpoint(ctx, a.db, id, reason)
-			}
-			done = "Disabled: no new deliveries until it is enabled."
-		case "rotate-secret":
-			secret := newWebhookSecret()
-			if _, err = rotateEndpointSecret(ctx, a.db, id, secret, a.endpoints.RotationWindow); err == nil {
-				p.renderEndpoint(w, r, a, id, fmt.Sprintf("Secret rotated; the old one still signs for %s.", a.endpoints.RotationWindow), secret.Encode())
-				return
-			}
-		case "retry-discarded":
-			var n int64
-			n, err = retryDiscarded(ctx, a.db, id)
-			done = fmt.Sprintf("%d discarded deliveries will run now.", n)
-		case "replay":
-			var since time.Time
-			since, err = time.Parse("2006-01-02T15:04:05", r.PostFormValue("since"))
-			if err != nil {
-				since, err = time.Parse("2006-01-02T15:04", r.PostFormValue("since"))
-			}
-			if err != nil {
-				err = fmt.Errorf("%w: replay from %q is not a date and time", errInvalid, r.PostFormValue("since"))
-				break
-			}
-			var res ReplayResult
-			res, err = replayEndpoint(ctx, a.db, id, since, a.eventsRetention, a.maxAttempts)
-			done = fmt.Sprintf("Replaying %d events from %s.", res.Jobs, res.From.UTC().Format(time.RFC3339))
-			if res.Clamped {
-				done += " " + res.Message
-			}
-		case "edit":
-			in := endpointForm(w, r)
-			if err = in.validate(a.endpoints.AllowPrivate); err == nil {
-				_, err = updateEndpoint(ctx, a.db, id, in)
-			}
-			done = "Saved."
-		case "delete":
-			if err = deleteEndpoint(ctx, a.db, id); err == nil {
-				http.Redirect(w, r, "/endpoints?done="+url.QueryEscape(fmt.Sprintf("Endpoint %d deleted.", id)), http.StatusSeeOther)
-				return
-			}
-		default:
-			err = fmt.Errorf("%w: no action %q", errNotFound, r.PathValue("action"))
+		action, ok := endpointActions[r.PathValue("action")]
+		if !ok {
+			return fmt.Errorf("%w: no action %q", errNotFound, r.PathValue("action"))
 		}
-		if err != nil {
-			p.renderError(w, err)
-			return
+		done, err := action(endpointClick{p: p, a: a, w: w, r: r, id: id})
+		if err != nil || done == "" {
+			return err
 		}
 		http.Redirect(w, r, fmt.Sprintf("/endpoints/%d?done=%s", id, url.QueryEscape(done)), http.StatusSeeOther)
-	})
+		return nil
+	}
 }
 
-// handleSubjects searches the subject index by prefix, a page at a time.
-func (p *panel) handleSubjects(a *admin) http.Handler {
-	const pageSize = 50
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		prefix, after := r.URL.Query().Get("prefix"), r.URL.Query().Get("after")
-		subjects, err := listSubjects(r.Context(), a.db, prefix, after, pageSize)
+// endpointClick is a press of one of endpoint id's buttons.
+type endpointClick struct {
+	p  *panel
+	a  *admin
+	w  http.ResponseWriter
+	r  *http.Request
+	id int64
+}
+
+// endpointActions are the endpoint page's buttons by name. Each does its
+// work and says what happened, for the page to show after a redirect; the
+// two that answer by themselves say "": rotate-secret shows the new secret
+// (never in a URL), delete leaves for the list.
+var endpointActions = map[string]func(endpointClick) (done string, err error){
+	"enable":          endpointClick.enable,
+	"disable":         endpointClick.disable,
+	"rotate-secret":   endpointClick.rotateSecret,
+	"retry-discarded": endpointClick.retryDiscarded,
+	"replay":          endpointClick.replay,
+	"edit":            endpointClick.edit,
+	"delete":          endpointClick.delete,
+}
+
+func (c endpointClick) enable() (string, error) {
+	_, err := enableEndpoint(c.r.Context(), c.a.db, c.id)
+	return "Enabled: new events are delivered again. Replay to send what it missed.", err
+}
+
+func (c endpointClick) disable() (string, error) {
+	reason, err := disableReason(c.r.PostFormValue("reason"))
+	if err != nil {
+		return "", err
+	}
+	_, err = disableEndpoint(c.r.Context(), c.a.db, c.id, reason)
+	return "Disabled: no new deliveries until it is enabled.", err
+}
+
+func (c endpointClick) rotateSecret() (string, error) {
+	secret := newWebhookSecret()
+	window := c.a.endpoints.RotationWindow
+	if _, err := rotateEndpointSecret(c.r.Context(), c.a.db, c.id, secret, window); err != nil {
+		return "", err
+	}
+	return "", c.p.renderEndpoint(c.w, c.r, c.a, c.id, fmt.Sprintf("Secret rotated; the old one still signs for %s.", window), secret.Encode())
+}
+
+func (c endpointClick) retryDiscarded() (string, error) {
+	n, err := retryDiscarded(c.r.Context(), c.a.db, c.id)
+	return fmt.Sprintf("%d discarded deliveries will run now.", n), err
+}
+
+// replay takes its start from the form's datetime-local field, which a
+// browser sends with seconds or without.
+func (c endpointClick) replay() (string, error) {
+	field := c.r.PostFormValue("since")
+	since, err := time.Parse("2006-01-02T15:04:05", field)
+	if err != nil {
+		since, err = time.Parse("2006-01-02T15:04", field)
+	}
+	if err != nil {
+		return "", fmt.Errorf("%w: replay from %q is not a date and time", errInvalid, field)
+	}
+	res, err := replayEndpoint(c.r.Context(), c.a.db, c.id, since, c.a.eventsRetention, c.a.maxAttempts)
+	if err != nil {
+		return "", err
+	}
+	done := fmt.Sprintf("Replaying %d events from %s.", res.Jobs, res.From.UTC().Format(time.RFC3339))
+	if res.Clamped {
+		done += " " + res.Message
+	}
+	return done, nil
+}
+
+func (c endpointClick) edit() (string, error) {
+	in := endpointForm(c.w, c.r)
+	if err := in.validate(c.a.endpoints.AllowPrivate); err != nil {
+		return "", err
+	}
+	_, err := updateEndpoint(c.r.Context(), c.a.db, c.id, in)
+	return "Saved.", err
+}
+
+func (c endpointClick) delete() (string, error) {
+	if err := deleteEndpoint(c.r.Context(), c.a.db, c.id); err != nil {
+		return "", err
+	}
+	http.Redirect(c.w, c.r, "/endpoints?done="+url.QueryEscape(fmt.Sprintf("Endpoint %d deleted.", c.id)), http.StatusSeeOther)
+	return "", nil
+}
+
+// handleSubjects is GET /subjects: the subject index by prefix, a page at
+// a time.
+func (p *panel) handleSubjects(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		q := queryOf(r)
+		prefix, after := q.text("prefix"), q.text("after")
+		subjects, err := listSubjects(r.Context(), a.db, prefix, after, defaultPageSize)
 		if err != nil {
-			p.renderError(w, err)
-			return
+			return err
 		}
 		var next string
-		if len(subjects) == pageSize {
+		if len(subjects) == defaultPageSize {
 			next = "/subjects?" + url.Values{"prefix": {prefix}, "after": {subjects[len(subjects)-1].Subject}}.Encode()
 		}
 		p.render(w, http.StatusOK, "subjects", page{Title: "Subjects", Nav: "subjects", SignedIn: true,
@@ -462,33 +489,37 @@ func (p *panel) handleSubjects(a *admin) http.Handler {
 				Subjects []SubjectEntry
 				Next     string
 			}{prefix, subjects, next}})
-	})
+		return nil
+	}
 }
 
 // renderSources lists the inbox sources, with a new secret right after a
 // create or a rotation (never in a URL: the page is rendered, not
 // redirected to).
-func (p *panel) renderSources(w http.ResponseWriter, r *http.Request, a *admin, flash string, created *inboxSourceWithSecret) {
+func (p *panel) renderSources(w http.ResponseWriter, r *http.Request, a *admin, flash string, created *inboxSourceWithSecret) error {
 	sources, err := listSources(r.Context(), a.db)
 	if err != nil {
-		p.renderError(w, err)
-		return
+		return err
 	}
 	p.render(w, http.StatusOK, "sources", page{Title: "Inbox sources", Nav: "sources", SignedIn: true, Flash: flash,
 		Data: struct {
 			Sources []InboxSource
 			Created *inboxSourceWithSecret
 		}{sources, created}})
+	return nil
 }
 
-func (p *panel) handleSources(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p.renderSources(w, r, a, r.URL.Query().Get("done"), nil)
-	})
+// handleSources is GET /sources, with the form for a new one.
+func (p *panel) handleSources(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		return p.renderSources(w, r, a, flash(r), nil)
+	}
 }
 
-func (p *panel) handleCreateSource(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// handleCreateSource is POST /sources: the list again, with the new
+// source's secret.
+func (p *panel) handleCreateSource(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
 		in := sourceInput{Name: strings.TrimSpace(r.PostFormValue("name")), Secret: strings.TrimSpace(r.PostFormValue("secret"))}
 		if prefix := strings.TrimSpace(r.PostFormValue("topic_prefix")); prefix != "" {
@@ -496,36 +527,35 @@ func (p *panel) handleCreateSource(a *admin) http.Handler {
 		}
 		created, err := createSource(r.Context(), a.db, in)
 		if err != nil {
-			p.renderError(w, err)
-			return
+			return err
 		}
-		p.renderSources(w, r, a, fmt.Sprintf("Source %s created. Give its secret to the sender.", created.Name), &created)
-	})
+		return p.renderSources(w, r, a, fmt.Sprintf("Source %s created. Give its secret to the sender.", created.Name), &created)
+	}
 }
 
-func (p *panel) handleSourceAction(a *admin) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// handleSourceAction is POST /sources/{name}/{action}, a source's two
+// buttons: rotate-secret shows the new secret, delete leaves for the list.
+func (p *panel) handleSourceAction(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		name := r.PathValue("name")
 		switch r.PathValue("action") {
 		case "rotate-secret":
 			secret := newWebhookSecret()
 			s, err := rotateSourceSecret(r.Context(), a.db, name, secret, a.endpoints.RotationWindow)
 			if err != nil {
-				p.renderError(w, err)
-				return
+				return err
 			}
-			p.renderSources(w, r, a, fmt.Sprintf("Secret of %s rotated; the old one is still accepted for %s.", name, a.endpoints.RotationWindow),
+			return p.renderSources(w, r, a, fmt.Sprintf("Secret of %s rotated; the old one is still accepted for %s.", name, a.endpoints.RotationWindow),
 				&inboxSourceWithSecret{InboxSource: s, Secret: secret.Encode()})
 		case "delete":
 			if err := deleteSource(r.Context(), a.db, name); err != nil {
-				p.renderError(w, err)
-				return
+				return err
 			}
 			http.Redirect(w, r, "/sources?done="+url.QueryEscape(fmt.Sprintf("Source %s deleted.", name)), http.StatusSeeOther)
-		default:
-			p.renderError(w, fmt.Errorf("%w: no action %q", errNotFound, r.PathValue("action")))
+			return nil
 		}
-	})
+		return fmt.Errorf("%w: no action %q", errNotFound, r.PathValue("action"))
+	}
 }
 
 // jobError is one entry of a job's errors column.

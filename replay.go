@@ -8,7 +8,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"net/http"
 	"time"
 )
 
@@ -164,32 +163,4 @@ func readEndpointStats(ctx context.Context, db *sql.DB, id int64, n int) (Endpoi
 		st.SuccessRate = float64(st.Successes) / float64(st.Attempts)
 	}
 	return st, nil
-}
-
-func handleReplayEndpoint(a *admin) http.Handler {
-	type request struct {
-		Since time.Time `json:"since"`
-	}
-	return handleByIDWithBody(func(ctx context.Context, id int64, req request) (ReplayResult, error) {
-		if req.Since.IsZero() {
-			return ReplayResult{}, fmt.Errorf(`%w: "since" (an RFC 3339 time) is required`, errInvalid)
-		}
-		return replayEndpoint(ctx, a.db, id, req.Since, a.eventsRetention, a.maxAttempts)
-	})
-}
-
-func handleRetryDiscarded(db *sql.DB) http.Handler {
-	return handleByID(func(ctx context.Context, id int64) (map[string]int64, error) {
-		n, err := retryDiscarded(ctx, db, id)
-		return map[string]int64{"jobs": n}, err
-	})
-}
-
-func handleEndpointDeliveries(db *sql.DB) http.Handler {
-	return handleByID(func(ctx context.Context, id int64) (EndpointStats, error) {
-		if _, err := getEndpoint(ctx, db, id); err != nil {
-			return EndpointStats{}, err
-		}
-		return readEndpointStats(ctx, db, id, 50)
-	})
 }

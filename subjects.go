@@ -8,8 +8,6 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -112,31 +110,4 @@ func scanSubjectEntry(row rowScanner) (SubjectEntry, error) {
 	err := row.Scan(&e.Subject, &e.Topic, &e.LastEventID, &payload, &e.UpdatedAt)
 	e.Payload = payload
 	return e, err
-}
-
-// handleListSubjects answers GET /api/subjects?prefix=&after=&limit= with
-// {"subjects": [...], "next_after"}.
-func handleListSubjects(db *sql.DB) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		q := r.URL.Query()
-		limit := maxSubjectPage
-		if v := q.Get("limit"); v != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 || n > maxSubjectPage {
-				writeError(w, http.StatusBadRequest, fmt.Errorf("limit %q must be between 1 and %d", v, maxSubjectPage))
-				return
-			}
-			limit = n
-		}
-		entries, err := listSubjects(r.Context(), db, q.Get("prefix"), q.Get("after"), limit)
-		if err != nil {
-			writeError(w, statusOf(err), err)
-			return
-		}
-		resp := map[string]any{"subjects": entries}
-		if len(entries) == limit {
-			resp["next_after"] = entries[len(entries)-1].Subject
-		}
-		writeJSON(w, http.StatusOK, resp)
-	})
 }

@@ -1,0 +1,453 @@
+// api.go: the JSON API under /api/ and the open routes beside it (health,
+// metrics, the inbox), one handler a route, in the order routes lists them.
+
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"time"
+)
+
+// overview is the overview with what the process counted beside the
+// database: the API and the panel show the same.
+func (a *admin) overview(ctx context.Context) (Overview, error) {
+	o, err := readOverview(ctx, a.db, a.alerts)
+	if err != nil {
+		return o, err
+	}
+	if a.counters != nil && a.counters.pruned != nil {
+		o.Pruned = a.counters.pruned()
+	}
+	return o, nil
+}
+
+// handleOverview is GET /api/overview: backlog, jobs by state, table
+// health and the alerts firing.
+func handleOverview(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		o, err := a.overview(r.Context())
+		return http.StatusOK, o, err
+	}
+}
+
+// handleListEvents is GET /api/events: a page of the stream, newest first,
+// with next_before to ask for the page after it.
+func handleListEvents(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		pg, err := readEventPage(r, a.db)
+		if err != nil {
+			return 0, nil, err
+		}
+		return http.StatusOK, pg.answer("events"), nil
+	}
+}
+
+// answer is a page as the API gives it, {name: [...], "next_before": id},
+// with next_before on a page that has rows.
+func (pg idPage[F, T]) answer(name string) map[string]any {
+	resp := map[string]any{name: pg.rows}
+	if pg.before != 0 {
+		resp["next_before"] = pg.before
+	}
+	return resp
+}
+
+// handleRecordEvent is POST /api/events: one event, recorded in its own
+// transaction, answered 201 with its id.
+func handleRecordEvent(a *admin) apiFunc {
+	type request struct {
+		Topic   string          `json:"topic"`
+		Subject string          `json:"subject"`
+		Payload json.RawMessage `json:"payload"`
+	}
+	return func(r *http.Request) (int, any, error) {
+		var req request
+		if err := decodeJSON(r, &req); err != nil {
+			return 0, nil, err
+		}
+		id, err := recordEvent(r.Context(), a.db, req.Topic, req.Subject, req.Payload)
+		return http.StatusCreated, map[string]int64{"id": id}, err
+	}
+}
+
+// eventWithJobs is an event and every job it made, as GET
+// /api/events/{id} and the panel's event page show it.
+type eventWithJobs struct {
+	Event
+	Jobs []JobView `json:"jobs"`
+}
+
+func readEventWithJobs(ctx context.Context, db *sql.DB, id int64) (eventWithJobs, error) {
+	ev, err := getEvent(ctx, db, id)
+	if err != nil {
+		return eventWithJobs{}, err
+	}
+	jobs, err := listJobs(ctx, db, JobFilter{EventID: id, Limit: maxEventPage})
+	if err != nil {
+		return eventWithJobs{}, err
+	}
+	return eventWithJobs{Event: ev, Jobs: jobs}, nil
+}
+
+// handleGetEvent is GET /api/events/{id}: the event and every job it made.
+func handleGetEvent(a *admin) apiFunc {
+	return byID(func(ctx context.Context, id int64) (eventWithJobs, error) {
+		return readEventWithJobs(ctx, a.db, id)
+	})
+}
+
+// handleRequeueEvent is POST /api/events/{id}/requeue: a poisoned event
+// back in the backlog, answered as it is now.
+func handleRequeueEvent(a *admin) apiFunc {
+	return byID(func(ctx context.Context, id int64) (Event, error) {
+		if err := requeueEvent(ctx, a.db, id); err != nil {
+			return Event{}, err
+		}
+		return getEvent(ctx, a.db, id)
+	})
+}
+
+// handleListJobs is GET /api/jobs: a page of jobs, newest first, with
+// next_before to ask for the page after it.
+func handleListJobs(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		pg, err := readJobPage(r, a.db)
+		if err != nil {
+			return 0, nil, err
+		}
+		return http.StatusOK, pg.answer("jobs"), nil
+	}
+}
+
+// handleRetryJob is POST /api/jobs/{id}/retry: the job runs now, and is
+// answered as it is after the retry.
+func handleRetryJob(a *admin) apiFunc {
+	return byID(func(ctx context.Context, id int64) (JobView, error) {
+		if err := retryJob(ctx, a.db, id); err != nil {
+			return JobView{}, err
+		}
+		jobs, err := listJobs(ctx, a.db, JobFilter{Before: id + 1, Limit: 1})
+		if err != nil {
+			return JobView{}, err
+		}
+		if len(jobs) == 0 || jobs[0].ID != id {
+			return JobView{}, fmt.Errorf("job %d: %w after retry", id, errNotFound)
+		}
+		return jobs[0], nil
+	})
+}
+
+// handleListEndpoints is GET /api/endpoints: {"endpoints": [...]}, a page
+// of at most ?limit= (default and maximum 500) endpoints with ids above
+// ?after=.
+func handleListEndpoints(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		q := queryOf(r)
+		afterID := q.integer("after", 0, 0, math.MaxInt64, "after %q is not an endpoint id")
+		limit := q.limit(maxEndpointPage)
+		if q.err != nil {
+			return 0, nil, q.err
+		}
+		endpoints, err := listEndpoints(r.Context(), a.db, afterID, limit)
+		return http.StatusOK, map[string][]Endpoint{"endpoints": endpoints}, err
+	}
+}
+
+// handleCreateEndpoint is POST /api/endpoints: the endpoint registered,
+// answered 201 with its secret, which is shown this once.
+func handleCreateEndpoint(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		var in endpointInput
+		if err := decodeJSON(r, &in); err != nil {
+			return 0, nil, err
+		}
+		if err := in.validate(a.endpoints.AllowPrivate); err != nil {
+			return 0, nil, err
+		}
+		secret := newWebhookSecret()
+		e, err := createEndpoint(r.Context(), a.db, in, secret)
+		return http.StatusCreated, endpointWithSecret{Endpoint: e, Secret: secret.Encode()}, err
+	}
+}
+
+// handleGetEndpoint is GET /api/endpoints/{id}, without its secret.
+func handleGetEndpoint(a *admin) apiFunc {
+	return byID(func(ctx context.Context, id int64) (Endpoint, error) {
+		return getEndpoint(ctx, a.db, id)
+	})
+}
+
+// handleUpdateEndpoint is PATCH /api/endpoints/{id}: the fields the body
+// gives change, the others stay.
+func handleUpdateEndpoint(a *admin) apiFunc {
+	return byIDWithBody(decodeJSON, func(ctx context.Context, id int64, in endpointInput) (Endpoint, error) {
+		if err := in.validate(a.endpoints.AllowPrivate); err != nil {
+			return Endpoint{}, err
+		}
+		return updateEndpoint(ctx, a.db, id, in)
+	})
+}
+
+// handleDeleteEndpoint is DELETE /api/endpoints/{id}, answered 204; the
+// endpoint's queued deliveries end without a request.
+func handleDeleteEndpoint(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		id, err := pathID(r)
+		if err != nil {
+			return 0, nil, err
+		}
+		return http.StatusNoContent, nil, deleteEndpoint(r.Context(), a.db, id)
+	}
+}
+
+// handleEnableEndpoint is POST /api/endpoints/{id}/enable.
+func handleEnableEndpoint(a *admin) apiFunc {
+	return byID(func(ctx context.Context, id int64) (Endpoint, error) {
+		return enableEndpoint(ctx, a.db, id)
+	})
+}
+
+// handleDisableEndpoint is POST /api/endpoints/{id}/disable, with an
+// optional body {"reason": "..."}.
+func handleDisableEndpoint(a *admin) apiFunc {
+	type request struct {
+		Reason string `json:"reason"`
+	}
+	return byIDWithBody(decodeOptionalJSON, func(ctx context.Context, id int64, req request) (Endpoint, error) {
+		reason, err := disableReason(req.Reason)
+		if err != nil {
+			return Endpoint{}, err
+		}
+		return disableEndpoint(ctx, a.db, id, reason)
+	})
+}
+
+// handleRotateEndpointSecret is POST /api/endpoints/{id}/rotate-secret:
+// the endpoint with its new secret; the old one keeps signing for the
+// rotation window.
+func handleRotateEndpointSecret(a *admin) apiFunc {
+	return byID(func(ctx context.Context, id int64) (endpointWithSecret, error) {
+		secret := newWebhookSecret()
+		e, err := rotateEndpointSecret(ctx, a.db, id, secret, a.endpoints.RotationWindow)
+		if err != nil {
+			return endpointWithSecret{}, err
+		}
+		return endpointWithSecret{Endpoint: e, Secret: secret.Encode()}, nil
+	})
+}
+
+// handleReplayEndpoint is POST /api/endpoints/{id}/replay {"since": ...}:
+// the endpoint's events since then, sent again.
+func handleReplayEndpoint(a *admin) apiFunc {
+	type request struct {
+		Since time.Time `json:"since"`
+	}
+	return byIDWithBody(decodeJSON, func(ctx context.Context, id int64, req request) (ReplayResult, error) {
+		if req.Since.IsZero() {
+			return ReplayResult{}, fmt.Errorf(`%w: "since" (an RFC 3339 time) is required`, errInvalid)
+		}
+		return replayEndpoint(ctx, a.db, id, req.Since, a.eventsRetention, a.maxAttempts)
+	})
+}
+
+// handleRetryDiscarded is POST /api/endpoints/{id}/retry-discarded:
+// {"jobs": n}, the discarded deliveries that run again.
+func handleRetryDiscarded(a *admin) apiFunc {
+	return byID(func(ctx context.Context, id int64) (map[string]int64, error) {
+		n, err := retryDiscarded(ctx, a.db, id)
+		return map[string]int64{"jobs": n}, err
+	})
+}
+
+// handleEndpointDeliveries is GET /api/endpoints/{id}/deliveries: the
+// endpoint's last attempts and its success rate.
+func handleEndpointDeliveries(a *admin) apiFunc {
+	return byID(func(ctx context.Context, id int64) (EndpointStats, error) {
+		if _, err := getEndpoint(ctx, a.db, id); err != nil {
+			return EndpointStats{}, err
+		}
+		return readEndpointStats(ctx, a.db, id, defaultPageSize)
+	})
+}
+
+// handleListSources is GET /api/sources: every inbox source, without its
+// secret.
+func handleListSources(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		sources, err := listSources(r.Context(), a.db)
+		return http.StatusOK, map[string][]InboxSource{"sources": sources}, err
+	}
+}
+
+// handleCreateSource is POST /api/sources: the source, answered 201 with
+// its secret.
+func handleCreateSource(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		var in sourceInput
+		if err := decodeJSON(r, &in); err != nil {
+			return 0, nil, err
+		}
+		s, err := createSource(r.Context(), a.db, in)
+		return http.StatusCreated, s, err
+	}
+}
+
+// handleDeleteSource is DELETE /api/sources/{name}, answered 204.
+func handleDeleteSource(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		return http.StatusNoContent, nil, deleteSource(r.Context(), a.db, r.PathValue("name"))
+	}
+}
+
+// handleRotateSourceSecret is POST /api/sources/{name}/rotate-secret, with
+// an optional body {"secret": "whsec_..."} (the sender's new secret; none
+// generates one): the source and the new secret. The old one verifies for
+// the rotation window.
+func handleRotateSourceSecret(a *admin) apiFunc {
+	type request struct {
+		Secret string `json:"secret"`
+	}
+	return func(r *http.Request) (int, any, error) {
+		var req request
+		if err := decodeOptionalJSON(r, &req); err != nil {
+			return 0, nil, err
+		}
+		secret, err := parseSourceSecret(req.Secret)
+		if err != nil {
+			return 0, nil, err
+		}
+		s, err := rotateSourceSecret(r.Context(), a.db, r.PathValue("name"), secret, a.endpoints.RotationWindow)
+		return http.StatusOK, inboxSourceWithSecret{InboxSource: s, Secret: secret.Encode()}, err
+	}
+}
+
+// handleListSubjects is GET /api/subjects?prefix=&after=&limit=: the
+// subject index by prefix, {"subjects": [...], "next_after"}.
+func handleListSubjects(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		q := queryOf(r)
+		limit := q.limit(maxSubjectPage)
+		if q.err != nil {
+			return 0, nil, q.err
+		}
+		entries, err := listSubjects(r.Context(), a.db, q.text("prefix"), q.text("after"), limit)
+		if err != nil {
+			return 0, nil, err
+		}
+		resp := map[string]any{"subjects": entries}
+		if len(entries) == limit {
+			resp["next_after"] = entries[len(entries)-1].Subject
+		}
+		return http.StatusOK, resp, nil
+	}
+}
+
+// handleNoRoute is every other path under /api/: a JSON 404 like every
+// other answer there, not the mux's text one.
+func handleNoRoute() apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		return 0, nil, &httpError{status: http.StatusNotFound, text: fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)}
+	}
+}
+
+// handleHealthz is GET /healthz: the process is up.
+func handleHealthz() apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		return http.StatusOK, map[string]string{"status": "ok"}, nil
+	}
+}
+
+// handleReadyz is GET /readyz: 200 when the database answers and the
+// schema is there, so a load balancer sends no traffic to a replica that
+// cannot record.
+func handleReadyz(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		var ok bool
+		err := a.db.QueryRowContext(ctx, `SELECT to_regprocedure('outbox.record(text, text, jsonb)') IS NOT NULL`).Scan(&ok)
+		switch {
+		case err != nil:
+			return 0, nil, &httpError{status: http.StatusServiceUnavailable, err: fmt.Errorf("database: %w", err)}
+		case !ok:
+			return 0, nil, &httpError{status: http.StatusServiceUnavailable, text: "schema not applied"}
+		}
+		return http.StatusOK, map[string]string{"status": "ready"}, nil
+	}
+}
+
+// handleMetrics is GET /metrics, in Prometheus's text format: the one
+// handler that does not answer JSON.
+func handleMetrics(a *admin) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		o, err := readOverview(r.Context(), a.db, a.alerts)
+		if err != nil {
+			a.logger.Error("metrics: read overview", "err", err)
+			http.Error(w, "read overview failed", http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		if err := writeMetrics(w, o, a.counters); err != nil {
+			a.logger.Warn("metrics: write", "err", err)
+		}
+	})
+}
+
+// maxInboxBody bounds a received webhook: an event payload may be up to
+// 1 MiB (schema.sql) plus its envelope, the same bound as POST /api/events,
+// which serveJSON puts on every body.
+const maxInboxBody = maxRequestBody
+
+// handleInbox is POST /webhooks/{source}: a signed webhook from a sender,
+// recorded as a local event once per webhook-id (inbox.go). It answers 200
+// once the event, or the knowledge that it was recorded before, is
+// committed; the sender retries every other answer, so each says why.
+func handleInbox(a *admin) apiFunc {
+	logger := a.logger.With("loop", "inbox")
+	return func(r *http.Request) (int, any, error) {
+		name := r.PathValue("source")
+		eventID, duplicate, err := receiveWebhook(r.Context(), a.db, name, r.Header, r.Body, time.Now())
+		if err != nil {
+			if _, ok := errors.AsType[*unverifiedError](err); ok {
+				logger.Warn("inbox: webhook refused", "source", name, "err", err)
+			}
+			return 0, nil, inboxError(err)
+		}
+		if duplicate {
+			logger.Debug("inbox: duplicate webhook ignored", "source", name, "webhook_id", r.Header.Get(headerWebhookID))
+			return http.StatusOK, map[string]any{"duplicate": true}, nil
+		}
+		return http.StatusOK, map[string]any{"event_id": eventID}, nil
+	}
+}
+
+// inboxError is the answer the inbox gives a delivery it did not record
+// (README, "The inbox"), where statusOf's is not that answer: 404 for an
+// unknown source, 413 past the body bound, 400 for a request that is
+// malformed, 401 for one that is well formed but not authentic (or too old
+// or new to tell), and 503 when the source could not be read, without
+// telling the sender why.
+func inboxError(err error) error {
+	_, tooBig := errors.AsType[*http.MaxBytesError](err)
+	_, unverified := errors.AsType[*unverifiedError](err)
+	malformed := errors.Is(err, errWebhookMissingHeader) || errors.Is(err, errWebhookBadTimestamp)
+	switch {
+	case errors.Is(err, errUnknownSource):
+		return &httpError{status: http.StatusNotFound, err: err}
+	case errors.Is(err, errSourceUnreadable):
+		return &httpError{status: http.StatusServiceUnavailable, text: "read source failed", err: err}
+	case tooBig:
+		return &httpError{status: http.StatusRequestEntityTooLarge, text: fmt.Sprintf("body larger than %d bytes", maxInboxBody), err: err}
+	case unverified && malformed:
+		return &httpError{status: http.StatusBadRequest, err: err}
+	case unverified:
+		return &httpError{status: http.StatusUnauthorized, err: err}
+	}
+	return err
+}
