@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
@@ -541,5 +542,35 @@ func TestEndpointActionsChangeWhatTheySay(t *testing.T) {
 	}
 	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'available' AND max_attempts = 19`, id); n != 1 {
 		t.Error("the endpoint's discarded job is not available with one more attempt")
+	}
+}
+
+// A server error is logged once, with its route, and answered as JSON; a
+// client's error is answered and not logged.
+func TestServerErrorsAreLoggedOnce(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	var logs syncBuffer
+	pnl, err := newPanel(testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(routes(&admin{
+		db: db, token: testToken, alerts: defaultConfig().Alerts, panel: pnl, endpoints: testPolicy,
+		logger: slog.New(slog.NewTextHandler(&logs, nil)),
+	}))
+	t.Cleanup(srv.Close)
+	mustExec(t, db, `DROP TABLE outbox.subjects`) // every read of the index now fails
+
+	var answer map[string]string
+	if status := apiCall(t, srv, "GET", "/api/subjects", "", &answer); status != http.StatusInternalServerError || answer["error"] == "" {
+		t.Fatalf("GET /api/subjects without its table: %d %v, want 500 with an error", status, answer)
+	}
+	if status := apiCall(t, srv, "GET", "/api/subjects?limit=0", "", &answer); status != http.StatusBadRequest {
+		t.Fatalf("GET /api/subjects?limit=0: %d, want 400", status)
+	}
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	if len(lines) != 1 || !strings.Contains(lines[0], "level=ERROR") || !strings.Contains(lines[0], "path=/api/subjects") || !strings.Contains(lines[0], "status=500") {
+		t.Errorf("log after a 500 and a 400:\n%s\nwant one ERROR line for the 500", logs.String())
 	}
 }
