@@ -123,12 +123,7 @@ func TestRetentionFailureAlertsUntilACycleSucceeds(t *testing.T) {
 	mustExec(t, db, `SELECT outbox.record('t', 's', '{}')`)
 	mustExec(t, db, `INSERT INTO outbox.jobs (kind, event_id, max_attempts, state, attempt, attempted_at, finalized_at)
 		VALUES ('sub:x', (SELECT max(id) FROM outbox.events), 18, 'completed', 1, now() - interval '3 days', now() - interval '2 days')`)
-	mustExec(t, db, `
-		CREATE FUNCTION refuse_delete() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-		  RAISE EXCEPTION 'deletes refused by the test';
-		END $$`)
-	mustExec(t, db, `CREATE TRIGGER refuse_delete BEFORE DELETE ON outbox.jobs FOR EACH STATEMENT EXECUTE FUNCTION refuse_delete()`)
+	refuseDeletes(t, db, "outbox.jobs", "deletes refused by the test")
 
 	s.cycle(ctx)
 	o, err := readOverview(ctx, db, defaultConfig().Alerts)

@@ -339,12 +339,7 @@ func TestEventsArePrunedBeforeInbox(t *testing.T) {
 	db, _ := newTestDB(t)
 	mustExec(t, db, `INSERT INTO outbox.inbox (source, webhook_id, received_at) VALUES ('a', '1', now() - interval '30 days')`)
 	addEvent(t, db, "fanned", 30*day)
-	mustExec(t, db, `
-		CREATE FUNCTION refuse_delete() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-		  RAISE EXCEPTION 'events are not to be deleted today';
-		END $$`)
-	mustExec(t, db, `CREATE TRIGGER refuse_delete BEFORE DELETE ON outbox.events FOR EACH STATEMENT EXECUTE FUNCTION refuse_delete()`)
+	refuseDeletes(t, db, "outbox.events", "events are not to be deleted today")
 
 	s := newTestSweeper(t, db, defaultConfig().Retention)
 	if _, err := s.sweepOnce(context.Background()); err == nil || !strings.Contains(err.Error(), "not to be deleted today") {
@@ -633,12 +628,7 @@ func TestSweeperLoopSurvivesErrorsAndStops(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
 	addEvent(t, db, "fanned", 8*day)
-	mustExec(t, db, `
-		CREATE FUNCTION refuse_delete() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-		  RAISE EXCEPTION 'refused';
-		END $$`)
-	mustExec(t, db, `CREATE TRIGGER refuse_delete BEFORE DELETE ON outbox.events FOR EACH STATEMENT EXECUTE FUNCTION refuse_delete()`)
+	refuseDeletes(t, db, "outbox.events", "refused")
 	cfg := defaultConfig().Retention
 	cfg.Interval = 20 * time.Millisecond
 	s := newTestSweeper(t, db, cfg)

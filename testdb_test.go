@@ -188,3 +188,15 @@ func mustExec(t testing.TB, db *sql.DB, query string, args ...any) {
 		t.Fatalf("%s: %v", query, err)
 	}
 }
+
+// refuseDeletes makes every DELETE from table fail with message, the way a
+// trigger of the application's could: a fault for the sweeps to meet.
+func refuseDeletes(t testing.TB, db *sql.DB, table, message string) {
+	t.Helper()
+	mustExec(t, db, `CREATE FUNCTION refuse_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+		  RAISE EXCEPTION '%', TG_ARGV[0];
+		END $$`)
+	mustExec(t, db, `CREATE TRIGGER refuse_delete BEFORE DELETE ON `+table+
+		` FOR EACH STATEMENT EXECUTE FUNCTION refuse_delete('`+strings.ReplaceAll(message, "'", "''")+`')`)
+}
