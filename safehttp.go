@@ -17,6 +17,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // errForbiddenAddress is wrapped by every refusal of an address: at dial
@@ -202,7 +204,10 @@ func validateEndpointURL(raw string, allowPrivate bool) (*url.URL, error) {
 // endpoints are allowed, and a name must be one DNS can answer and not read
 // as an address.
 func checkEndpointHost(u *url.URL, shown string, allowPrivate bool) error {
-	host := u.Hostname()
+	host, err := foldHost(u.Hostname())
+	if err != nil {
+		return fmt.Errorf("endpoint url %q: %w", shown, err)
+	}
 	if host == "" {
 		return fmt.Errorf("endpoint url %q: host required", shown)
 	}
@@ -238,6 +243,38 @@ func checkEndpointHost(u *url.URL, shown string, allowPrivate bool) error {
 		return fmt.Errorf("endpoint url %q: %w", shown, &forbiddenAddressError{subject: "host " + host, reason: "loopback"})
 	}
 	return nil
+}
+
+// foldHost is host as the HTTP client will dial it, as far as that matters
+// here: net/http maps a non-ASCII host through IDNA (UTS #46) before it
+// resolves it, and that mapping folds compatibility forms to ASCII, so
+// "１２７。０。０。１" is dialled as 127.0.0.1 and "ｌｏｃａｌｈｏｓｔ" as
+// localhost. The dial-time guard refuses those anyway; folding here lets
+// registration refuse them too. Fullwidth forms and the three IDNA dots
+// fold; digits and other compatibility characters outside ASCII are
+// refused outright, since their ASCII reading is what an attacker would
+// hide behind them and no real host name needs them.
+func foldHost(host string) (string, error) {
+	var b strings.Builder
+	for _, r := range host {
+		switch {
+		case r < utf8.RuneSelf:
+			b.WriteRune(r)
+		case r >= 0xFF01 && r <= 0xFF5E: // fullwidth ASCII
+			b.WriteRune(r - 0xFF01 + '!')
+		case r == '\u3002' || r == '\uFF0E' || r == '\uFF61': // ideographic, fullwidth and halfwidth full stops
+			b.WriteByte('.')
+		case unicode.In(r, unicode.Nd, unicode.Nl, unicode.No),
+			r >= 0x2460 && r <= 0x24FF,   // enclosed alphanumerics
+			r >= 0x1D400 && r <= 0x1D7FF, // mathematical alphanumerics
+			r >= 0x1F100 && r <= 0x1F1FF, // enclosed alphanumeric supplement
+			r >= 0xFF00 && r <= 0xFFEF:   // the rest of the halfwidth and fullwidth forms
+			return "", fmt.Errorf("host %q has a compatibility character (%U) that resolves as another; write the host in ASCII", host, r)
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return strings.ToLower(b.String()), nil
 }
 
 // endsInNumber reports whether a host's last label is decimal or 0x-hex
