@@ -25,7 +25,7 @@ import (
 // a URL's user info (postgres://user:password@host, the scheme optional,
 // since a mistyped one is what gets quoted in errors) or a keyword's value
 // (password=secret or password='a secret').
-var dsnPassword = regexp.MustCompile(`(?:^|//)[^/@:\s]*:([^@\s]+)@|password\s*=\s*('(?:[^'\\]|\\.)*'|[^\s]+)`)
+var dsnPassword = regexp.MustCompile(`(?:^|//)[^/@:\s]*:([^@\s/][^@\s]*)@|password\s*=\s*('(?:[^'\\]|\\.)*'|[^\s]+)`)
 
 // redactDSN removes from text every password that dsn holds, so an error
 // or log line that quotes a connection string shows no secret.

@@ -1,0 +1,51 @@
+// database_test.go: what database.go does against a real server: the
+// warning about settings that break the guarantees, and redaction.
+
+package main
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+)
+
+// A database that acknowledges commits before they are durable is named at
+// start, with the risk; one that does not is not.
+func TestServerSettingsThatBreakTheGuaranteesAreWarnedAbout(t *testing.T) {
+	t.Parallel()
+	for _, commit := range []string{"on", "off"} {
+		db, dsn := newTestDB(t)
+		var name string
+		if err := db.QueryRow(`SELECT current_database()`).Scan(&name); err != nil {
+			t.Fatal(err)
+		}
+		mustExec(t, db, `ALTER DATABASE `+name+` SET synchronous_commit = `+commit)
+		fresh, err := newDBPool(dsn) // a new session reads the database's setting
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer fresh.Close()
+		var logs syncBuffer
+		checkServerSettings(context.Background(), fresh, slog.New(slog.NewTextHandler(&logs, nil)))
+		warned := strings.Contains(logs.String(), "setting=synchronous_commit")
+		if warned != (commit == "off") {
+			t.Errorf("synchronous_commit=%s: warned %t; log:\n%s", commit, warned, logs.String())
+		}
+	}
+}
+
+func TestRedactDSN(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ dsn, text, want string }{
+		{"postgres://app:s3cret@db/app", `parse "postgres://app:s3cret@db/app": bad`, `parse "postgres://app:xxxxx@db/app": bad`},
+		{"app:s3cret@db/app", `missing "=" after "app:s3cret@db/app"`, `missing "=" after "app:xxxxx@db/app"`},
+		{"host=db password=s3cret", `bad "host=db password=s3cret"`, `bad "host=db password=xxxxx"`},
+		{"host=db password='s 3cret'", `bad "host=db password='s 3cret'"`, `bad "host=db password=xxxxx"`},
+		{"postgres://app@db/app", `no password here`, `no password here`},
+	} {
+		if got := redactDSN(tc.text, tc.dsn); got != tc.want {
+			t.Errorf("redactDSN(%q, %q) = %q, want %q", tc.text, tc.dsn, got, tc.want)
+		}
+	}
+}
