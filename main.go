@@ -29,6 +29,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"strings"
@@ -409,12 +410,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	defer ln.Close()
 	var demoRun *demo
+	var demoAddrs []netip.AddrPort // the one internal address deliveries may reach
 	if cfg.Demo {
 		demoRun = newDemo(db, "http://"+ln.Addr().String()+"/demo/hook", logger)
-		if !cfg.AllowPrivateEndpoints {
-			logger.Info("demo: allowing deliveries to loopback for the demo's own receiver")
-			cfg.AllowPrivateEndpoints = true
-		}
+		demoAddrs = append(demoAddrs, ln.Addr().(*net.TCPAddr).AddrPort())
 	}
 
 	// Every loop runs under loopCtx and is waited for before run returns.
@@ -434,7 +433,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			}
 		})
 	}
-	p := startPipeline(cfg, db, dsn, start, logger)
+	p := startPipeline(cfg, db, dsn, demoAddrs, start, logger)
 	if demoRun != nil {
 		start("demo", demoRun.Run)
 	}
@@ -514,8 +513,9 @@ type pipeline struct {
 }
 
 // startPipeline builds every loop in the order events move through them
-// and starts each with start, which owns its goroutine.
-func startPipeline(cfg Config, db *sql.DB, dsn string, start func(string, func(context.Context) error), logger *slog.Logger) *pipeline {
+// and starts each with start, which owns its goroutine. Deliveries may
+// reach allowAddrs whatever the address guard says (-demo's receiver).
+func startPipeline(cfg Config, db *sql.DB, dsn string, allowAddrs []netip.AddrPort, start func(string, func(context.Context) error), logger *slog.Logger) *pipeline {
 	var p pipeline
 	wake := newWakeups()
 	if !cfg.DisableListen {
@@ -531,6 +531,7 @@ func startPipeline(cfg Config, db *sql.DB, dsn string, start func(string, func(c
 		AllowPrivate: cfg.AllowPrivateEndpoints,
 		Timeout:      cfg.Webhooks.Timeout,
 		Concurrency:  cfg.Workers.Concurrency,
+		AllowAddrs:   allowAddrs,
 	})
 	p.deliveries = newDeliveryMetrics()
 	mail := newMailer(cfg.Mail)

@@ -217,9 +217,21 @@ func TestProcessStartsRunsDemoAndExitsOnSIGTERM(t *testing.T) {
 	}()
 
 	awaitHealthy(t, addr, exited)
-	waitFor(t, "the demo's events to reach the log subscriber", 30*time.Second, func() bool {
-		return strings.Contains(stderr.String(), "event delivered to the log subscriber")
+	waitFor(t, "the demo's events to reach the log subscriber and its receiver", 30*time.Second, func() bool {
+		return strings.Contains(stderr.String(), "event delivered to the log subscriber") &&
+			strings.Contains(stderr.String(), "demo receiver: webhook verified")
 	})
+	// The demo reaches its own receiver on loopback; nothing else may.
+	req, _ := http.NewRequest("POST", "http://"+addr+"/api/endpoints", strings.NewReader(`{"url": "http://127.0.0.1:9/hook"}`))
+	req.Header.Set("Authorization", "Bearer test-token-0123456789")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("under -demo, registering a loopback endpoint answered %s, want 400", resp.Status)
+	}
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}

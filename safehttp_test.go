@@ -350,13 +350,13 @@ func TestSafeDialerControl(t *testing.T) {
 	srv, _ := countingServer(t)
 	addr := srv.Listener.Addr().String()
 
-	_, err := newSafeDialer(false).DialContext(t.Context(), "tcp", addr)
+	_, err := newSafeDialer(false, nil).DialContext(t.Context(), "tcp", addr)
 	var fe *forbiddenAddressError
 	if !errors.As(err, &fe) || fe.subject != "address 127.0.0.1" || fe.reason != "loopback" {
 		t.Errorf("guarded dial %s: %v, want a refusal of 127.0.0.1 as loopback", addr, err)
 	}
 
-	conn, err := newSafeDialer(true).DialContext(t.Context(), "tcp", addr)
+	conn, err := newSafeDialer(true, nil).DialContext(t.Context(), "tcp", addr)
 	if err != nil {
 		t.Fatalf("unguarded dial %s: %v", addr, err)
 	}
@@ -653,5 +653,28 @@ func TestReadLimited(t *testing.T) {
 		if diff := cmp.Diff(tc.want, got); diff != "" {
 			t.Errorf("case %d: readLimited(_, %d) mismatch (-want +got):\n%s", i, tc.n, diff)
 		}
+	}
+}
+
+// An allowed address (-demo's own receiver) is reachable through the guard;
+// another port on the same loopback address is not.
+func TestSafeClientReachesOnlyTheAllowedInternalAddress(t *testing.T) {
+	t.Parallel()
+	allowed, allowedHits := countingServer(t)
+	other, otherHits := countingServer(t)
+	client := newSafeHTTPClient(safeHTTPOptions{
+		Timeout:    5 * time.Second,
+		AllowAddrs: []netip.AddrPort{netip.MustParseAddrPort(allowed.Listener.Addr().String())},
+	})
+	resp, err := client.Post(allowed.URL, "application/json", strings.NewReader(`{}`))
+	if err != nil {
+		t.Fatalf("POST to the allowed address: %v", err)
+	}
+	resp.Body.Close()
+	if _, err := client.Post(other.URL, "application/json", strings.NewReader(`{}`)); !errors.Is(err, errForbiddenAddress) {
+		t.Fatalf("POST to another loopback port: %v, want the dial refused", err)
+	}
+	if a, o := allowedHits.Load(), otherHits.Load(); a != 1 || o != 0 {
+		t.Errorf("the allowed receiver got %d requests, the other %d; want 1 and 0", a, o)
 	}
 }
