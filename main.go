@@ -438,11 +438,21 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		start("demo", demoRun.Run)
 	}
 
-	pnl, err := newPanel(logger)
+	a, err := newAdmin(cfg, db, p, demoRun, logger)
 	if err != nil {
 		return err
 	}
-	handler := routes(&admin{
+	return serve(ctx, ln, routes(a), cfg.ShutdownGrace, logger, stdout)
+}
+
+// newAdmin is what the HTTP side needs of the configuration, the database
+// and the running pipeline.
+func newAdmin(cfg Config, db *sql.DB, p *pipeline, demoRun *demo, logger *slog.Logger) (*admin, error) {
+	pnl, err := newPanel(logger)
+	if err != nil {
+		return nil, err
+	}
+	return &admin{
 		db:              db,
 		token:           adminToken(cfg, logger),
 		alerts:          cfg.Alerts,
@@ -458,8 +468,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		},
 		metricsPublic: cfg.MetricsPublic,
 		logger:        logger,
-	})
-	return serve(ctx, ln, handler, cfg.ShutdownGrace, logger, stdout)
+	}, nil
 }
 
 // connect opens the database, first starting the embedded cluster when no

@@ -313,6 +313,21 @@ func evaluateAlerts(cfg AlertConfig, o Overview, at alertStarts) []Alert {
 			Since: time.Now(),
 		})
 	}
+	alerts = append(alerts, healthAlerts(cfg, o)...)
+	if o.Endpoints.Disabled > 0 {
+		alerts = append(alerts, Alert{
+			Name:    "endpoint_disabled",
+			Message: fmt.Sprintf("%d endpoints are disabled and receive no new deliveries; fix them, re-enable them and replay what they missed", o.Endpoints.Disabled),
+			Since:   at.FirstDisabled.Time,
+		})
+	}
+	return alerts
+}
+
+// healthAlerts are the alerts about the database's own health: bloat, an
+// old snapshot holding vacuum back, and retention that no longer runs.
+func healthAlerts(cfg AlertConfig, o Overview) []Alert {
+	var alerts []Alert
 	for _, h := range o.Tables {
 		if (h.Name == "events" || h.Name == "jobs") && h.DeadRows >= bloatMinDeadRows && h.DeadRatio > cfg.DeadRatio {
 			alerts = append(alerts, Alert{
@@ -336,13 +351,6 @@ func evaluateAlerts(cfg AlertConfig, o Overview, at alertStarts) []Alert {
 			Name:    "retention_failed",
 			Message: "the last retention cycle failed, so storage bounds are not being enforced until one succeeds: " + c.Error,
 			Since:   c.FinishedAt,
-		})
-	}
-	if o.Endpoints.Disabled > 0 {
-		alerts = append(alerts, Alert{
-			Name:    "endpoint_disabled",
-			Message: fmt.Sprintf("%d endpoints are disabled and receive no new deliveries; fix them, re-enable them and replay what they missed", o.Endpoints.Disabled),
-			Since:   at.FirstDisabled.Time,
 		})
 	}
 	return alerts

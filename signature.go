@@ -166,21 +166,8 @@ func verifyWebhook(secrets [][]byte, header http.Header, body []byte, now time.T
 		}
 	}
 
-	ts, err := parseWebhookTimestamp(timestamp)
-	if err != nil {
+	if err := checkWebhookTimestamp(timestamp, now); err != nil {
 		return fmt.Errorf("verify webhook: %w", err)
-	}
-	// In whole seconds, not time.Duration: now.Sub saturates at 292 years,
-	// and its negation then overflows, which once let a timestamp
-	// thousands of years ahead (milliseconds sent as seconds) pass the
-	// check for ever. Both are Unix seconds in [0, 2⁶³), so their
-	// difference cannot overflow. Inclusive at both ends: exactly five
-	// minutes off is still accepted.
-	tolerance := int64(webhookTimestampTolerance / time.Second)
-	if age := now.Unix() - ts.Unix(); age > tolerance {
-		return fmt.Errorf("verify webhook: timestamp %s is %s old: %w", timestamp, secondsText(age), errWebhookTooOld)
-	} else if -age > tolerance {
-		return fmt.Errorf("verify webhook: timestamp %s is %s ahead: %w", timestamp, secondsText(-age), errWebhookTooNew)
 	}
 
 	expected := make([][]byte, 0, len(secrets))
@@ -210,6 +197,28 @@ func verifyWebhook(secrets [][]byte, header http.Header, body []byte, now time.T
 		}
 	}
 	return fmt.Errorf("verify webhook: %s %q: %w", headerWebhookID, msgID, errWebhookNoSignature)
+}
+
+// checkWebhookTimestamp refuses a timestamp that is malformed or lies
+// more than webhookTimestampTolerance from now, in either direction.
+func checkWebhookTimestamp(timestamp string, now time.Time) error {
+	ts, err := parseWebhookTimestamp(timestamp)
+	if err != nil {
+		return err
+	}
+	// In whole seconds, not time.Duration: now.Sub saturates at 292 years,
+	// and its negation then overflows, which once let a timestamp
+	// thousands of years ahead (milliseconds sent as seconds) pass the
+	// check for ever. Both are Unix seconds in [0, 2⁶³), so their
+	// difference cannot overflow. Inclusive at both ends: exactly five
+	// minutes off is still accepted.
+	tolerance := int64(webhookTimestampTolerance / time.Second)
+	if age := now.Unix() - ts.Unix(); age > tolerance {
+		return fmt.Errorf("timestamp %s is %s old: %w", timestamp, secondsText(age), errWebhookTooOld)
+	} else if -age > tolerance {
+		return fmt.Errorf("timestamp %s is %s ahead: %w", timestamp, secondsText(-age), errWebhookTooNew)
+	}
+	return nil
 }
 
 // secondsText shows n seconds as a duration, or in seconds when that is
