@@ -107,20 +107,28 @@ func runLoad(ctx context.Context, args []string, getenv func(string) string, std
 	}
 	defer child.Stop()
 
-	switch cfg.Mode {
-	case "keepup":
-		if err := child.CreateEndpoint(ctx, recv); err != nil {
-			return err
-		}
-		return loadKeepUp(ctx, cfg, db, recv, child, stdout)
-	case "drain":
-		if err := child.CreateEndpoint(ctx, recv); err != nil {
-			return err
-		}
-		return loadDrain(ctx, cfg, db, recv, child, stdout)
-	default:
+	if cfg.Mode == "jobs" {
 		return loadJobs(ctx, cfg, db, child, stdout)
 	}
+	id, err := child.CreateEndpoint(ctx, recv)
+	if err != nil {
+		return err
+	}
+	// The receiver ends with this run: an endpoint left behind would have
+	// the next run's outboxd retry its deliveries into a closed port. The
+	// child stops first, so its last outcome writes (which lock the
+	// endpoint's jobs, then the endpoint) cannot deadlock with the delete
+	// (the endpoint, then its jobs).
+	defer func() {
+		child.Stop()
+		if err := deleteEndpoint(context.WithoutCancel(ctx), db, id); err != nil {
+			logger.Warn("load: remove the run's endpoint", "endpoint_id", id, "err", err)
+		}
+	}()
+	if cfg.Mode == "keepup" {
+		return loadKeepUp(ctx, cfg, db, recv, child, stdout)
+	}
+	return loadDrain(ctx, cfg, db, recv, child, stdout)
 }
 
 // loadKeepUp runs the producers for the duration, then waits for the
@@ -469,30 +477,31 @@ func readVmHWM(pid int) int64 {
 	return 0
 }
 
-// CreateEndpoint registers the receiver through the API and hands it the
-// endpoint's secret.
-func (c *loadChild) CreateEndpoint(ctx context.Context, r *loadReceiver) error {
+// CreateEndpoint registers the receiver through the API, hands it the
+// endpoint's secret and returns the endpoint's id.
+func (c *loadChild) CreateEndpoint(ctx context.Context, r *loadReceiver) (int64, error) {
 	body := fmt.Sprintf(`{"url": %q, "topics": ["load.*"], "description": "outboxd load"}`, r.url)
 	req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+c.addr+"/api/endpoints", strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+c.token)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return fmt.Errorf("load: create endpoint: %w", err)
+		return 0, fmt.Errorf("load: create endpoint: %w", err)
 	}
 	defer resp.Body.Close()
 	var ep struct {
+		ID     int64  `json:"id"`
 		Secret string `json:"secret"`
 		Error  string `json:"error"`
 	}
 	json.NewDecoder(resp.Body).Decode(&ep)
 	if resp.StatusCode != http.StatusCreated {
-		return fmt.Errorf("load: create endpoint: %d %s", resp.StatusCode, ep.Error)
+		return 0, fmt.Errorf("load: create endpoint: %d %s", resp.StatusCode, ep.Error)
 	}
 	secret, err := parseWebhookSecret(ep.Secret)
 	if err != nil {
-		return fmt.Errorf("load: endpoint secret: %w", err)
+		return 0, fmt.Errorf("load: endpoint secret: %w", err)
 	}
 	r.secret.Store(&secret)
-	return nil
+	return ep.ID, nil
 }

@@ -3,6 +3,8 @@
 package main
 
 import (
+	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,5 +26,24 @@ func TestProducerPhasesSpreadOverOneInterval(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("producer phases (-want +got):\n%s", diff)
+	}
+}
+
+// A load run removes the endpoint it registered, so the next run's outboxd
+// does not retry deliveries into the closed port of this run's receiver.
+func TestLoadRunRemovesItsEndpoint(t *testing.T) {
+	t.Parallel()
+	db, dsn := newTestDB(t)
+	var out, errs syncBuffer
+	err := run(context.Background(), []string{"load", "-mode", "drain", "-events", "50", "-database-url", dsn},
+		func(string) string { return "" }, &out, &errs)
+	if err != nil {
+		t.Fatalf("load: %v\n%s", err, errs.String())
+	}
+	if !strings.Contains(out.String(), "mode drain") {
+		t.Errorf("load printed no drain report:\n%s", out.String())
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.endpoints`); n != 0 {
+		t.Errorf("%d endpoints left after the run, want 0; stderr:\n%s", n, errs.String())
 	}
 }
