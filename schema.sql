@@ -4,7 +4,16 @@
 -- advisory lock, so every statement here must be idempotent and two replicas
 -- starting at once apply it one after the other.
 
-CREATE SCHEMA IF NOT EXISTS outbox;
+-- Created only when missing: CREATE SCHEMA IF NOT EXISTS wants the right
+-- to create schemas even when there is nothing to create, which a role
+-- that was given the schema (managed PostgreSQL) does not have.
+DO $$
+BEGIN
+  IF to_regnamespace('outbox') IS NULL THEN
+    CREATE SCHEMA outbox;
+  END IF;
+END
+$$;
 
 -- schema_applied holds the SHA-256 of every schema.sql applied here. A
 -- replica whose file is already recorded applies nothing, so restarts take
@@ -204,9 +213,18 @@ CREATE OR REPLACE TRIGGER events_notify_relay
 --   UPDATE orders SET status = 'paid' WHERE id = 42;
 --   SELECT outbox.record('order.paid', '42', '{"amount": 1200}');
 --   COMMIT;
+--
+-- It runs with the rights of its owner, outboxd's role (SECURITY DEFINER),
+-- so an application role needs only EXECUTE on it, not INSERT on events,
+-- and can record without reading or changing any of outboxd's tables. Its
+-- search_path is pinned: no object of a caller's schema can stand in for
+-- one it uses. EXECUTE is revoked from PUBLIC below, so only the roles
+-- granted it can record (README, "Database privileges").
 CREATE OR REPLACE FUNCTION outbox.record(topic text, subject text, payload jsonb)
 RETURNS bigint
 LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
   INSERT INTO outbox.events (topic, subject, payload)
   VALUES (record.topic, coalesce(record.subject, ''), coalesce(record.payload, '{}'))
@@ -216,9 +234,15 @@ $$;
 -- watch_row is the trigger function behind outbox.watch(). TG_ARGV[0] is the
 -- topic; the remaining arguments name the table's primary-key columns, whose
 -- values (comma-separated) become the event's subject. The payload carries
--- the operation and the row before and after.
+-- the operation and the row before and after. Like outbox.record, it runs
+-- as its owner, so the application's writes record events without any
+-- right on outboxd's tables; a table's owner needs EXECUTE on it to
+-- install the triggers (outbox.watch).
 CREATE OR REPLACE FUNCTION outbox.watch_row() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
 DECLARE
   row_json jsonb := to_jsonb(CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END);
   subject  text := '';
@@ -241,6 +265,11 @@ BEGIN
   RETURN NULL;
 END
 $$;
+
+-- Recording is a right to grant, not a default: functions are executable
+-- by PUBLIC unless revoked, and these two run as outboxd's role.
+REVOKE EXECUTE ON FUNCTION outbox.record(text, text, jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION outbox.watch_row() FROM PUBLIC;
 
 -- watch records an event with the given topic on every INSERT and DELETE of
 -- tbl, and on an UPDATE only when one of the watched columns really changed
