@@ -239,6 +239,8 @@ func configArgs(cfg Config) []string {
 	flag("owner-notify-per-hour", cfg.Mail.OwnerNotifyPerHour)
 	flag("db-max-conns", cfg.DBMaxConns)
 	flag("shutdown-grace", cfg.ShutdownGrace)
+	flag("secrets-key", cfg.SecretsKey)
+	flag("secrets-old-key", cfg.SecretsOldKey)
 	return args
 }
 
@@ -276,6 +278,7 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add("-job-max-attempts=100", "")
 	f.Add("", "OUTBOXD_LOG_LEVEL=WARN-3\nOUTBOXD_DEMO=true\nOUTBOXD_DATA_DIR=")
 	f.Add("-database-url=host=/tmp port=5432 dbname=x", "")
+	f.Add("-secrets-key=AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=", "OUTBOXD_SECRETS_OLD_KEY=AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=")
 	f.Fuzz(func(t *testing.T, argText, envText string) {
 		var args []string
 		if argText != "" {

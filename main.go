@@ -84,6 +84,15 @@ type Config struct {
 
 	DBMaxConns    int
 	ShutdownGrace time.Duration
+
+	// SecretsKey seals the secrets of endpoints and inbox sources at rest
+	// (secrets.go): 32 bytes in standard base64. Empty stores them as they
+	// are, and refuses a sealed one.
+	SecretsKey string
+	// SecretsOldKey opens what it sealed and seals nothing: the key being
+	// rotated out, for the replicas running while secrets move to the new
+	// one.
+	SecretsOldKey string
 }
 
 // defaultConfig is the configuration with every default; each number's
@@ -231,6 +240,8 @@ func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
 	fs.IntVar(&cfg.Mail.OwnerNotifyPerHour, "owner-notify-per-hour", cfg.Mail.OwnerNotifyPerHour, "most mails per endpoint owner per hour about failing or disabled endpoints")
 	fs.IntVar(&cfg.DBMaxConns, "db-max-conns", cfg.DBMaxConns, "most open database connections of the pool")
 	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "time in-flight work gets to finish on SIGTERM")
+	fs.StringVar(&cfg.SecretsKey, "secrets-key", cfg.SecretsKey, "key that seals endpoint and source secrets at rest: 32 bytes in standard base64 (openssl rand -base64 32); empty stores them unsealed")
+	fs.StringVar(&cfg.SecretsOldKey, "secrets-old-key", cfg.SecretsOldKey, "the key being rotated out: opens the secrets it sealed, seals none")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: outboxd [migrate] [flags]\n\nEvery flag falls back to an environment variable:\n\n")
 		fs.VisitAll(func(f *flag.Flag) {
@@ -342,7 +353,35 @@ func (c Config) validateService() error {
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		return fmt.Errorf("%s must be text or json, got %q", setting("log-format"), c.LogFormat)
 	}
-	return nil
+	_, err := c.secretBox()
+	return err
+}
+
+// secretBox is the sealing -secrets-key and -secrets-old-key configure:
+// nil, and no error, without a key. Its errors name the setting and never
+// quote a key.
+func (c Config) secretBox() (*secretBox, error) {
+	if c.SecretsKey == "" {
+		if c.SecretsOldKey != "" {
+			return nil, fmt.Errorf("%s is set without %s", setting("secrets-old-key"), setting("secrets-key"))
+		}
+		return nil, nil
+	}
+	current, err := parseSecretsKey(c.SecretsKey)
+	if err != nil {
+		return nil, fmt.Errorf("%s %w", setting("secrets-key"), err)
+	}
+	var old *sealKey
+	if c.SecretsOldKey != "" {
+		if old, err = parseSecretsKey(c.SecretsOldKey); err != nil {
+			return nil, fmt.Errorf("%s %w", setting("secrets-old-key"), err)
+		}
+	}
+	box, err := newSecretBox(current, old)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", setting("secrets-old-key"), err)
+	}
+	return box, nil
 }
 
 // validateRetryHorizon refuses a retry schedule that can outlive the event
@@ -388,6 +427,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
+	box, err := cfg.secretBox()
+	if err != nil {
+		return err
+	}
 	logger := newLogger(cfg, stderr)
 
 	db, dsn, closeDB, err := connect(ctx, cfg, logger)
@@ -400,6 +443,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return nil
 	}
 	checkServerSettings(ctx, db, logger)
+	if box != nil {
+		logger.Info("endpoint and source secrets are sealed at rest", "keys", box)
+	}
 
 	// Listen before the loops start: a taken port fails the start at once,
 	// and the demo needs the address for its endpoint.
@@ -410,7 +456,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	defer ln.Close()
 	var demoRun *demo
 	if cfg.Demo {
-		demoRun = newDemo(db, "http://"+ln.Addr().String()+"/demo/hook", logger)
+		demoRun = newDemo(db, box, "http://"+ln.Addr().String()+"/demo/hook", logger)
 		if !cfg.AllowPrivateEndpoints {
 			logger.Info("demo: allowing deliveries to loopback for the demo's own receiver")
 			cfg.AllowPrivateEndpoints = true
@@ -434,7 +480,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			}
 		})
 	}
-	p := startPipeline(cfg, db, dsn, start, logger)
+	p := startPipeline(cfg, db, box, dsn, start, logger)
 	if demoRun != nil {
 		start("demo", demoRun.Run)
 	}
@@ -459,6 +505,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		},
 		metricsPublic: cfg.MetricsPublic,
 		logger:        logger,
+		box:           box,
 	})
 	return serve(ctx, ln, handler, cfg.ShutdownGrace, logger, stdout)
 }
@@ -515,7 +562,7 @@ type pipeline struct {
 
 // startPipeline builds every loop in the order events move through them
 // and starts each with start, which owns its goroutine.
-func startPipeline(cfg Config, db *sql.DB, dsn string, start func(string, func(context.Context) error), logger *slog.Logger) *pipeline {
+func startPipeline(cfg Config, db *sql.DB, box *secretBox, dsn string, start func(string, func(context.Context) error), logger *slog.Logger) *pipeline {
 	var p pipeline
 	wake := newWakeups()
 	if !cfg.DisableListen {
@@ -535,7 +582,7 @@ func startPipeline(cfg Config, db *sql.DB, dsn string, start func(string, func(c
 	p.deliveries = newDeliveryMetrics()
 	mail := newMailer(cfg.Mail)
 	logger.Info("mail settings", "smtp", mail, "from", cfg.Mail.From)
-	webhooks := newWebhookSender(db, webhookClient, p.deliveries, mail, logger)
+	webhooks := newWebhookSender(db, box, webhookClient, p.deliveries, mail, logger)
 	p.notifier = newOwnerNotifier(db, mail, cfg.Mail.OwnerNotifyPerHour, logger)
 	p.workers = newWorkerPool(db, cfg.Workers, cfg.ShutdownGrace, subscribers, map[string]jobHandler{
 		webhookJobKind:     webhooks.deliver,
