@@ -12,6 +12,10 @@
 //	outboxd [flags]          run the service (no DATABASE_URL: a private
 //	                         PostgreSQL cluster under -data-dir)
 //	outboxd migrate [flags]  apply schema.sql and exit
+//	outboxd secrets encrypt [flags]
+//	                         seal every stored secret under -secrets-key
+//	outboxd secrets rotate-key [flags]
+//	                         the same, opening with -secrets-old-key too
 //	outboxd load [flags]     run a load test against a child outboxd
 //
 // Every flag has an environment fallback, named in -help.
@@ -53,7 +57,7 @@ func main() {
 // Config is every setting of outboxd, parsed once from flags and their
 // environment fallbacks by parseConfig and validated there.
 type Config struct {
-	Command string // "" (serve) or "migrate"
+	Command string // "" (serve), "migrate", secretsEncrypt or secretsRotateKey
 
 	DatabaseURL string // empty: start the embedded cluster under DataDir
 	DataDir     string
@@ -90,10 +94,17 @@ type Config struct {
 	// are, and refuses a sealed one.
 	SecretsKey string
 	// SecretsOldKey opens what it sealed and seals nothing: the key being
-	// rotated out, for the replicas running while secrets move to the new
-	// one.
+	// rotated out, for `secrets rotate-key` and for the replicas running
+	// meanwhile.
 	SecretsOldKey string
 }
+
+// The secrets commands (secrets.go): both seal every stored secret under
+// -secrets-key; rotate-key requires the old key to open what it sealed.
+const (
+	secretsEncrypt   = "secrets encrypt"
+	secretsRotateKey = "secrets rotate-key"
+)
 
 // defaultConfig is the configuration with every default; each number's
 // reason sits on its field. main_test.go pins them.
@@ -167,8 +178,11 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 	cfg := defaultConfig()
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		cfg.Command, args = args[0], args[1:]
-		if cfg.Command != "migrate" {
-			return cfg, fmt.Errorf("unknown command %q (want migrate, load, or flags only)", cfg.Command)
+		if cfg.Command == "secrets" && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+			cfg.Command, args = cfg.Command+" "+args[0], args[1:]
+		}
+		if cfg.Command != "migrate" && cfg.Command != secretsEncrypt && cfg.Command != secretsRotateKey {
+			return cfg, fmt.Errorf("unknown command %q (want migrate, %s, %s, load, or flags only)", cfg.Command, secretsEncrypt, secretsRotateKey)
 		}
 	}
 
@@ -241,9 +255,9 @@ func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
 	fs.IntVar(&cfg.DBMaxConns, "db-max-conns", cfg.DBMaxConns, "most open database connections of the pool")
 	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "time in-flight work gets to finish on SIGTERM")
 	fs.StringVar(&cfg.SecretsKey, "secrets-key", cfg.SecretsKey, "key that seals endpoint and source secrets at rest: 32 bytes in standard base64 (openssl rand -base64 32); empty stores them unsealed")
-	fs.StringVar(&cfg.SecretsOldKey, "secrets-old-key", cfg.SecretsOldKey, "the key being rotated out: opens the secrets it sealed, seals none")
+	fs.StringVar(&cfg.SecretsOldKey, "secrets-old-key", cfg.SecretsOldKey, "the key being rotated out: opens the secrets it sealed, seals none (outboxd secrets rotate-key)")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: outboxd [migrate] [flags]\n\nEvery flag falls back to an environment variable:\n\n")
+		fmt.Fprintf(fs.Output(), "Usage: outboxd [migrate | secrets encrypt | secrets rotate-key] [flags]\n\nEvery flag falls back to an environment variable:\n\n")
 		fs.VisitAll(func(f *flag.Flag) {
 			fmt.Fprintf(fs.Output(), "  -%s  (%s, default %q)\n    \t%s\n", f.Name, envName(f.Name), f.DefValue, f.Usage)
 		})
@@ -353,8 +367,22 @@ func (c Config) validateService() error {
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		return fmt.Errorf("%s must be text or json, got %q", setting("log-format"), c.LogFormat)
 	}
-	_, err := c.secretBox()
-	return err
+	return c.validateSecrets()
+}
+
+// validateSecrets checks the sealing keys and that a secrets command has
+// the keys it needs.
+func (c Config) validateSecrets() error {
+	if _, err := c.secretBox(); err != nil {
+		return err
+	}
+	switch {
+	case (c.Command == secretsEncrypt || c.Command == secretsRotateKey) && c.SecretsKey == "":
+		return fmt.Errorf("outboxd %s seals under %s, which is not set", c.Command, setting("secrets-key"))
+	case c.Command == secretsRotateKey && c.SecretsOldKey == "":
+		return fmt.Errorf("outboxd %s needs the key it rotates out in %s", c.Command, setting("secrets-old-key"))
+	}
+	return nil
 }
 
 // secretBox is the sealing -secrets-key and -secrets-old-key configure:
@@ -441,6 +469,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if cfg.Command == "migrate" {
 		logger.Info("schema applied")
 		return nil
+	}
+	if cfg.Command == secretsEncrypt || cfg.Command == secretsRotateKey {
+		_, err := sealStoredSecrets(ctx, db, box, logger)
+		return err
 	}
 	checkServerSettings(ctx, db, logger)
 	if box != nil {

@@ -1,5 +1,5 @@
-// secrets.go: endpoint and inbox-source secrets sealed at rest (README,
-// "Secrets at rest").
+// secrets.go: endpoint and inbox-source secrets sealed at rest, and the
+// commands that seal the rows already stored (README, "Secrets at rest").
 //
 // Without -secrets-key nothing is sealed and every secret is stored and read
 // as the bytes it is, as before this file existed. With it, every write
@@ -23,10 +23,12 @@
 package main
 
 import (
+	"context"
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/hmac"
 	"crypto/sha256"
+	"database/sql"
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
@@ -204,4 +206,157 @@ func (b *secretBox) openAll(row string, stored [][]byte) ([][]byte, error) {
 		secrets = append(secrets, secret)
 	}
 	return secrets, nil
+}
+
+// reseal is stored sealed under the current key, and whether that changed
+// it: plaintext is sealed, a value under the old key re-sealed, one under
+// the current key left as it is, NULL kept NULL.
+func (b *secretBox) reseal(row string, stored []byte) ([]byte, bool, error) {
+	if stored == nil || (isSealed(stored) && sealedKeyID(stored) == b.current.id) {
+		return stored, false, nil
+	}
+	secret, err := b.open(row, stored)
+	if err != nil {
+		return nil, false, err
+	}
+	return b.seal(row, secret), true, nil
+}
+
+// secretTable is a table that holds secrets, as the seal commands walk it.
+// Its key is carried as text (database/sql scans a bigint into a string),
+// so one loop serves both tables.
+type secretTable struct {
+	name      string
+	firstKey  string // below every key
+	rowPrefix string // the row's identity is rowPrefix + key
+	// pageSQL locks and reads the secrets of at most $2 rows after key $1,
+	// in key order. FOR NO KEY UPDATE holds off a concurrent rotation
+	// until the batch commits, and leaves the foreign-key checks of job
+	// inserts (FOR KEY SHARE) alone.
+	pageSQL string
+	// updateSQL stores row $1's resealed secret $2 and previous secret $3.
+	updateSQL string
+}
+
+func secretTables() []secretTable {
+	return []secretTable{
+		{
+			name:      "outbox.endpoints",
+			firstKey:  "0",
+			rowPrefix: endpointRowPrefix, // the id scanned as text is endpointSecretRow's decimal
+			pageSQL: `
+SELECT id, secret, previous_secret
+FROM outbox.endpoints
+WHERE id > $1::bigint
+ORDER BY id
+LIMIT $2
+FOR NO KEY UPDATE`,
+			updateSQL: `
+UPDATE outbox.endpoints
+SET secret = $2,
+    previous_secret = $3
+WHERE id = $1::bigint`,
+		},
+		{
+			name:      "outbox.inbox_sources",
+			firstKey:  "",
+			rowPrefix: sourceRowPrefix,
+			pageSQL: `
+SELECT name, secret, previous_secret
+FROM outbox.inbox_sources
+WHERE name > $1
+ORDER BY name
+LIMIT $2
+FOR NO KEY UPDATE`,
+			updateSQL: `
+UPDATE outbox.inbox_sources
+SET secret = $2,
+    previous_secret = $3
+WHERE name = $1`,
+		},
+	}
+}
+
+// sealBatch is how many rows one transaction of the seal commands locks
+// and rewrites: short enough that a rotation through the API waits for it
+// no longer than a few milliseconds.
+const sealBatch = 100
+
+// sealStoredSecrets is `outboxd secrets encrypt` and `secrets rotate-key`:
+// every stored secret not sealed under the current key is sealed under it,
+// in batches of sealBatch rows, each its own transaction. A row already
+// under the current key is not written, so a second run writes nothing,
+// and one stopped halfway is finished by the next. It runs beside live
+// replicas: each batch's rows are locked from read to write, so a secret
+// rotated through the API meanwhile is either read after the rotation or
+// rotated after the batch, never overwritten. It reports the rows it
+// rewrote, by table.
+func sealStoredSecrets(ctx context.Context, db *sql.DB, box *secretBox, logger *slog.Logger) (map[string]int, error) {
+	if box == nil {
+		return nil, fmt.Errorf("seal secrets: %s is not set", setting("secrets-key"))
+	}
+	sealed := map[string]int{}
+	for _, t := range secretTables() {
+		for after := t.firstKey; ; {
+			last, n, more, err := sealSecretsPage(ctx, db, box, t, after)
+			sealed[t.name] += n
+			if err != nil {
+				return sealed, err
+			}
+			if !more {
+				break
+			}
+			after = last
+		}
+		logger.Info("secrets sealed under the current key", "table", t.name, "rows_rewritten", sealed[t.name], "key_id", box.current.id)
+	}
+	return sealed, nil
+}
+
+// sealSecretsPage is one batch of sealStoredSecrets: the rows of t after
+// key after. It returns the last key read, the rows rewritten, and whether
+// the page was full (more may follow).
+func sealSecretsPage(ctx context.Context, db *sql.DB, box *secretBox, t secretTable, after string) (last string, rewritten int, more bool, err error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return "", 0, false, fmt.Errorf("seal secrets of %s: %w", t.name, err)
+	}
+	defer tx.Rollback()
+	type storedSecrets struct {
+		key              string
+		secret, previous []byte
+	}
+	rows, err := queryAll(ctx, tx, func(row rowScanner) (storedSecrets, error) {
+		var s storedSecrets
+		err := row.Scan(&s.key, &s.secret, &s.previous)
+		return s, err
+	}, t.pageSQL, after, sealBatch)
+	if err != nil {
+		return "", 0, false, fmt.Errorf("seal secrets of %s: read: %w", t.name, err)
+	}
+	for _, r := range rows {
+		row := t.rowPrefix + r.key
+		secret, changed, err := box.reseal(row, r.secret)
+		if err != nil {
+			return "", 0, false, fmt.Errorf("seal secrets: %w", err)
+		}
+		previous, previousChanged, err := box.reseal(row, r.previous)
+		if err != nil {
+			return "", 0, false, fmt.Errorf("seal secrets: previous %w", err)
+		}
+		if !changed && !previousChanged {
+			continue
+		}
+		if _, err := tx.ExecContext(ctx, t.updateSQL, r.key, secret, previous); err != nil {
+			return "", 0, false, fmt.Errorf("seal secrets of %s: %w", row, err)
+		}
+		rewritten++
+	}
+	if err := tx.Commit(); err != nil {
+		return "", 0, false, fmt.Errorf("seal secrets of %s: commit: %w", t.name, err)
+	}
+	if len(rows) > 0 {
+		last = rows[len(rows)-1].key
+	}
+	return last, rewritten, len(rows) == sealBatch, nil
 }

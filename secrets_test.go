@@ -1,10 +1,12 @@
 // secrets_test.go: secrets sealed at rest: the format, the keys and their
-// settings, and the schema's bounds.
+// settings, the schema's bounds, and the commands that seal the rows
+// already stored.
 
 package main
 
 import (
 	"bytes"
+	"context"
 	"database/sql"
 	"encoding/base64"
 	"encoding/hex"
@@ -12,6 +14,7 @@ import (
 	"flag"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -127,22 +130,30 @@ func TestSealedSecretRefusesWhatItCannotOpen(t *testing.T) {
 	if got, err := rotating.open("endpoint 7", sealed); err != nil || !bytes.Equal(got, secret) {
 		t.Errorf("the old key of a rotation: opened to %x, %v", got, err)
 	}
+	resealed, changed, err := rotating.reseal("endpoint 7", sealed)
+	if err != nil || !changed || sealedKeyID(resealed) != rotating.current.id {
+		t.Fatalf("reseal under the new key: %x, %v, %v", resealed, changed, err)
+	}
+	if again, changed, err := rotating.reseal("endpoint 7", resealed); err != nil || changed || !bytes.Equal(again, resealed) {
+		t.Errorf("reseal of a value already under the current key: changed %v, %v", changed, err)
+	}
 }
 
 // The key is 32 bytes in standard base64 and nothing else; every refusal
-// names the setting and none quotes the key; -help shows no key.
+// names the setting and none quotes the key; the commands want the keys
+// they use; -help shows no key.
 func TestSecretsKeySettings(t *testing.T) {
 	t.Parallel()
 	key1, key2 := testSecretsKey(1), testSecretsKey(2)
-	cfg, err := parseConfig([]string{"-secrets-key", key2},
+	cfg, err := parseConfig([]string{"secrets", "rotate-key", "-secrets-key", key2},
 		envFrom(map[string]string{"OUTBOXD_SECRETS_OLD_KEY": key1}), new(bytes.Buffer))
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := defaultConfig()
-	want.SecretsKey, want.SecretsOldKey = key2, key1
+	want.Command, want.SecretsKey, want.SecretsOldKey = "secrets rotate-key", key2, key1
 	if diff := cmp.Diff(want, cfg); diff != "" {
-		t.Errorf("both keys (-want +got):\n%s", diff)
+		t.Errorf("secrets rotate-key (-want +got):\n%s", diff)
 	}
 
 	raw := bytes.Repeat([]byte{0xfb}, 32)
@@ -160,6 +171,10 @@ func TestSecretsKeySettings(t *testing.T) {
 		{[]string{"-secrets-key", key1, "-secrets-old-key", "secret"}, nil, "-secrets-old-key (OUTBOXD_SECRETS_OLD_KEY) must be 32 bytes"},
 		{[]string{"-secrets-old-key", key1}, nil, "-secrets-old-key (OUTBOXD_SECRETS_OLD_KEY) is set without -secrets-key (OUTBOXD_SECRETS_KEY)"},
 		{[]string{"-secrets-key", key1, "-secrets-old-key", key1}, nil, "-secrets-old-key (OUTBOXD_SECRETS_OLD_KEY): the old key has the current key's id fca31f12: it is the same key"},
+		{[]string{"secrets", "encrypt"}, nil, "outboxd secrets encrypt seals under -secrets-key (OUTBOXD_SECRETS_KEY), which is not set"},
+		{[]string{"secrets", "rotate-key", "-secrets-key", key2}, nil, "outboxd secrets rotate-key needs the key it rotates out in -secrets-old-key (OUTBOXD_SECRETS_OLD_KEY)"},
+		{[]string{"secrets", "decrypt", "-secrets-key", key1}, nil, `unknown command "secrets decrypt"`},
+		{[]string{"secrets", "-secrets-key", key1}, nil, `unknown command "secrets"`},
 	} {
 		_, err := parseConfig(tc.args, envFrom(tc.env), new(bytes.Buffer))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -211,5 +226,171 @@ func TestSchemaBoundsSecretsToPlaintextOrSealed(t *testing.T) {
 		if (err == nil) != tc.source {
 			t.Errorf("source secret of %d bytes starting %d: accepted %v, want %v (%v)", len(tc.secret), tc.secret[0], err == nil, tc.source, err)
 		}
+	}
+}
+
+// storedSecret is one stored secret or previous secret and its row.
+type storedSecret struct {
+	row    string // as sealed to: "endpoint 7", "source shop"
+	stored []byte
+}
+
+// allStoredSecrets reads every stored secret, a row's current one before
+// its previous one.
+func allStoredSecrets(t *testing.T, db *sql.DB) []storedSecret {
+	t.Helper()
+	all, err := queryAll(context.Background(), db, func(r rowScanner) (s storedSecret, err error) {
+		return s, r.Scan(&s.row, &s.stored)
+	}, `
+		SELECT row, s
+		FROM (
+		  SELECT 'endpoint ' || id AS row, v.n, v.s
+		  FROM outbox.endpoints, LATERAL (VALUES (1, secret), (2, previous_secret)) AS v(n, s)
+		  UNION ALL
+		  SELECT 'source ' || name, v.n, v.s
+		  FROM outbox.inbox_sources, LATERAL (VALUES (1, secret), (2, previous_secret)) AS v(n, s)
+		) AS stored
+		WHERE s IS NOT NULL
+		ORDER BY row, n`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return all
+}
+
+// plaintextRows is every stored secret, opened by box, by row:
+// what the seal commands must keep while they rewrite how it is stored.
+func plaintextRows(t *testing.T, db *sql.DB, box *secretBox) map[string][]string {
+	t.Helper()
+	plain := map[string][]string{}
+	for _, s := range allStoredSecrets(t, db) {
+		p, err := box.open(s.row, s.stored)
+		if err != nil {
+			t.Fatal(err)
+		}
+		plain[s.row] = append(plain[s.row], hex.EncodeToString(p))
+	}
+	return plain
+}
+
+// keysOfStoredSecrets counts the stored secrets by the key that sealed
+// them ("plaintext" for none).
+func keysOfStoredSecrets(t *testing.T, db *sql.DB) map[string]int {
+	t.Helper()
+	keys := map[string]int{}
+	for _, s := range allStoredSecrets(t, db) {
+		if isSealed(s.stored) {
+			keys[sealedKeyID(s.stored).String()]++
+		} else {
+			keys["plaintext"]++
+		}
+	}
+	return keys
+}
+
+// `outboxd secrets encrypt` seals every plaintext secret, in batches, and
+// a second run writes nothing; `secrets rotate-key` moves every one to the
+// new key. The secrets stay what they were, and the logs show no key.
+func TestSecretsCommandsSealAndRotateEveryRow(t *testing.T) {
+	t.Parallel()
+	db, dsn := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy) // no key: plaintext, as before the key was set
+	ep := api.createEndpoint("https://hooks.example.com/a")
+	if status, body := api.do("POST", "/api/endpoints/"+itoa(ep.ID)+"/rotate-secret", ""); status != 200 {
+		t.Fatalf("rotate: %d %s", status, body)
+	}
+	api.createSource("shop", "")
+	// More endpoints than one batch holds.
+	mustExec(t, db, `
+		INSERT INTO outbox.endpoints (url, secret)
+		SELECT 'https://hooks.example.com/' || i, decode(md5(i::text) || md5(i::text), 'hex')
+		FROM generate_series(1, 150) AS i`)
+	before := plaintextRows(t, db, nil)
+	if diff := cmp.Diff(map[string]int{"plaintext": 153}, keysOfStoredSecrets(t, db)); diff != "" {
+		t.Fatalf("before (-want +got):\n%s", diff)
+	}
+
+	key1, key2 := testSecretsKey(1), testSecretsKey(2)
+	var logs bytes.Buffer
+	env := map[string]string{"DATABASE_URL": dsn, "OUTBOXD_SECRETS_KEY": key1}
+	if err := run(context.Background(), []string{"secrets", "encrypt"}, envFrom(env), &logs, &logs); err != nil {
+		t.Fatalf("secrets encrypt: %v\n%s", err, logs.String())
+	}
+	if diff := cmp.Diff(map[string]int{"fca31f12": 153}, keysOfStoredSecrets(t, db)); diff != "" {
+		t.Errorf("after secrets encrypt (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(before, plaintextRows(t, db, testBox(t, key1, ""))); diff != "" {
+		t.Errorf("secrets changed by secrets encrypt (-want +got):\n%s", diff)
+	}
+	again, err := sealStoredSecrets(context.Background(), db, testBox(t, key1, ""), testLogger(t))
+	if diff := cmp.Diff(map[string]int{"outbox.endpoints": 0, "outbox.inbox_sources": 0}, again); diff != "" || err != nil {
+		t.Errorf("a second run rewrote rows (-want +got), err %v:\n%s", err, diff)
+	}
+
+	env["OUTBOXD_SECRETS_KEY"], env["OUTBOXD_SECRETS_OLD_KEY"] = key2, key1
+	if err := run(context.Background(), []string{"secrets", "rotate-key"}, envFrom(env), &logs, &logs); err != nil {
+		t.Fatalf("secrets rotate-key: %v\n%s", err, logs.String())
+	}
+	newID := testBox(t, key2, "").current.id.String()
+	if diff := cmp.Diff(map[string]int{newID: 153}, keysOfStoredSecrets(t, db)); diff != "" {
+		t.Errorf("after secrets rotate-key (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(before, plaintextRows(t, db, testBox(t, key2, ""))); diff != "" {
+		t.Errorf("secrets changed by secrets rotate-key (-want +got):\n%s", diff)
+	}
+	if !strings.Contains(logs.String(), "rows_rewritten=151") || strings.Contains(logs.String(), key1) || strings.Contains(logs.String(), key2) {
+		t.Errorf("logs do not count the endpoints rewritten, or show a key:\n%s", logs.String())
+	}
+}
+
+// A secret rotated through the API while `secrets encrypt` runs is not
+// lost: the command waits for the rotation's row, then seals what the
+// rotation wrote.
+func TestSecretsEncryptKeepsAConcurrentRotation(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	ctx := context.Background()
+	box := testBox(t, testSecretsKey(1), "")
+	first, rotated := bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32)
+	var id int64
+	if err := db.QueryRow(`INSERT INTO outbox.endpoints (url, secret) VALUES ('https://hooks.example/', $1) RETURNING id`, first).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+
+	// A replica rotates the secret (rotateEndpointSecretSQL) and has not
+	// committed yet.
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.Exec(rotateEndpointSecretSQL, id, box.seal(endpointSecretRow(id), rotated), time.Hour.Seconds()); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := sealStoredSecrets(ctx, db, box, testLogger(t))
+		done <- err
+	}()
+	waitFor(t, "secrets encrypt to wait for the rotating row", 10*time.Second, func() bool {
+		return queryInt(t, db, `
+			SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database()
+			  AND wait_event_type = 'Lock'`) == 1
+	})
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	secret, previous := storedSecrets(t, db, endpointSecretsQuery, id)
+	got, err := box.openAll(endpointSecretRow(id), [][]byte{secret, previous})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([][]byte{rotated, first}, got); diff != "" || !isSealed(previous) {
+		t.Errorf("secret and previous secret after the rotation and the command (-want +got), previous sealed %v:\n%s", isSealed(previous), diff)
 	}
 }
