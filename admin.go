@@ -45,6 +45,9 @@ type admin struct {
 	// private network that cannot hold secrets.
 	metricsPublic bool
 	logger        *slog.Logger
+	// box seals the secrets of endpoints and sources; nil without
+	// -secrets-key (secrets.go).
+	box *secretBox
 }
 
 // routes is every route of outboxd in one place.

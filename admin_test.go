@@ -37,6 +37,12 @@ func newTestAdmin(t *testing.T, db *sql.DB) *httptest.Server {
 // newTestServer serves the real routes over db with an endpoint policy.
 func newTestServer(t *testing.T, db *sql.DB, policy endpointPolicy) *httptest.Server {
 	t.Helper()
+	return newSealingTestServer(t, db, policy, nil)
+}
+
+// newSealingTestServer is newTestServer with secrets sealed by box.
+func newSealingTestServer(t *testing.T, db *sql.DB, policy endpointPolicy, box *secretBox) *httptest.Server {
+	t.Helper()
 	pnl, err := newPanel(testLogger(t))
 	if err != nil {
 		t.Fatal(err)
@@ -51,6 +57,7 @@ func newTestServer(t *testing.T, db *sql.DB, policy endpointPolicy) *httptest.Se
 		eventsRetention: 7 * 24 * time.Hour,
 		maxAttempts:     18,
 		logger:          testLogger(t),
+		box:             box,
 	}))
 	t.Cleanup(srv.Close)
 	return srv

@@ -171,7 +171,7 @@ func handleCreateEndpoint(a *admin) apiFunc {
 			return 0, nil, err
 		}
 		secret := newWebhookSecret()
-		e, err := createEndpoint(r.Context(), a.db, in, secret)
+		e, err := createEndpoint(r.Context(), a.db, a.box, in, secret)
 		return http.StatusCreated, endpointWithSecret{Endpoint: e, Secret: secret.Encode()}, err
 	}
 }
@@ -234,7 +234,7 @@ func handleDisableEndpoint(a *admin) apiFunc {
 func handleRotateEndpointSecret(a *admin) apiFunc {
 	return byID(func(ctx context.Context, id int64) (endpointWithSecret, error) {
 		secret := newWebhookSecret()
-		e, err := rotateEndpointSecret(ctx, a.db, id, secret, a.endpoints.RotationWindow)
+		e, err := rotateEndpointSecret(ctx, a.db, a.box, id, secret, a.endpoints.RotationWindow)
 		if err != nil {
 			return endpointWithSecret{}, err
 		}
@@ -293,7 +293,7 @@ func handleCreateSource(a *admin) apiFunc {
 		if err := decodeJSON(r, &in); err != nil {
 			return 0, nil, err
 		}
-		s, err := createSource(r.Context(), a.db, in)
+		s, err := createSource(r.Context(), a.db, a.box, in)
 		return http.StatusCreated, s, err
 	}
 }
@@ -322,7 +322,7 @@ func handleRotateSourceSecret(a *admin) apiFunc {
 		if err != nil {
 			return 0, nil, err
 		}
-		s, err := rotateSourceSecret(r.Context(), a.db, r.PathValue("name"), secret, a.endpoints.RotationWindow)
+		s, err := rotateSourceSecret(r.Context(), a.db, a.box, r.PathValue("name"), secret, a.endpoints.RotationWindow)
 		return http.StatusOK, inboxSourceWithSecret{InboxSource: s, Secret: secret.Encode()}, err
 	}
 }
@@ -412,7 +412,7 @@ func handleInbox(a *admin) apiFunc {
 	logger := a.logger.With("loop", "inbox")
 	return func(r *http.Request) (int, any, error) {
 		name := r.PathValue("source")
-		eventID, duplicate, err := receiveWebhook(r.Context(), a.db, name, r.Header, r.Body, time.Now())
+		eventID, duplicate, err := receiveWebhook(r.Context(), a.db, a.box, name, r.Header, r.Body, time.Now())
 		if err != nil {
 			if _, ok := errors.AsType[*unverifiedError](err); ok {
 				logger.Warn("inbox: webhook refused", "source", name, "err", err)

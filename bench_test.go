@@ -109,7 +109,7 @@ func BenchmarkWebhookDelivery(b *testing.B) {
 	defer srv.Close()
 	client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: 10 * time.Second})
 	quiet := slog.New(slog.DiscardHandler) // a test log line per attempt would cost more than the attempt
-	sender := newWebhookSender(nil, client, nil, nil, quiet)
+	sender := newWebhookSender(nil, nil, client, nil, nil, quiet)
 	wp := newWorkerPool(nil, defaultConfig().Workers, time.Minute, newSubscriberRegistry(), map[string]jobHandler{webhookJobKind: sender.deliver}, quiet)
 	job := Job{
 		ID: 1, Kind: webhookJobKind, Attempt: 1, MaxAttempts: 18, EndpointID: 1,

@@ -70,7 +70,7 @@ type Job struct {
 // deliveryEndpoint is an endpoint as one attempt sees it.
 type deliveryEndpoint struct {
 	URL            string
-	Secrets        [][]byte // current first; the previous one during a rotation
+	Secrets        [][]byte // as stored, sealed if a key is set (secrets.go); current first, then the previous during a rotation
 	DisabledReason *string
 }
 

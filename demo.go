@@ -52,6 +52,7 @@ const demoEndpointDescription = "outboxd -demo receiver"
 // /demo/hook of outboxd's own listener, so a first run shows every hop.
 type demo struct {
 	db      *sql.DB
+	box     *secretBox // seals the endpoint's secret, as the API would
 	hookURL string
 	logger  *slog.Logger
 	secret  atomic.Pointer[webhookSecret]
@@ -61,8 +62,8 @@ type demo struct {
 	requests  atomic.Int64
 }
 
-func newDemo(db *sql.DB, hookURL string, logger *slog.Logger) *demo {
-	return &demo{db: db, hookURL: hookURL, failEvery: 25, logger: logger.With("loop", "demo")}
+func newDemo(db *sql.DB, box *secretBox, hookURL string, logger *slog.Logger) *demo {
+	return &demo{db: db, box: box, hookURL: hookURL, failEvery: 25, logger: logger.With("loop", "demo")}
 }
 
 // Run creates the sample table and writes to it every demoInterval until
@@ -132,10 +133,10 @@ func (d *demo) ensureEndpoint(ctx context.Context) error {
 	in := endpointInput{URL: &url, Topics: &topics, Description: &desc}
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		_, err = createEndpoint(ctx, d.db, in, secret)
+		_, err = createEndpoint(ctx, d.db, d.box, in, secret)
 	case err == nil:
 		if _, err = updateEndpoint(ctx, d.db, id, in); err == nil {
-			_, err = rotateEndpointSecret(ctx, d.db, id, secret, 0)
+			_, err = rotateEndpointSecret(ctx, d.db, d.box, id, secret, 0)
 		}
 		if err == nil {
 			_, err = enableEndpoint(ctx, d.db, id)

@@ -171,13 +171,22 @@ func scanOneEndpoint(row *sql.Row, op string, id int64) (Endpoint, error) {
 	return e, nil
 }
 
+// nextEndpointIDSQL draws a new endpoint's id ahead of its insert: its
+// secret is sealed to its id (secrets.go), so the id comes first.
+const nextEndpointIDSQL = `
+SELECT nextval(pg_get_serial_sequence('outbox.endpoints', 'id'))`
+
+// createEndpointSQL inserts endpoint $1, with the id nextEndpointIDSQL drew
+// from the column's own sequence.
 const createEndpointSQL = `
-INSERT INTO outbox.endpoints (url, description, owner_email, topics, secret)
-VALUES ($1, $2, $3, $4, $5)
+INSERT INTO outbox.endpoints (id, url, description, owner_email, topics, secret)
+OVERRIDING SYSTEM VALUE
+VALUES ($1, $2, $3, $4, $5, $6)
 RETURNING` + endpointColumns
 
-// createEndpoint stores a validated endpoint with its first secret.
-func createEndpoint(ctx context.Context, db *sql.DB, in endpointInput, secret webhookSecret) (Endpoint, error) {
+// createEndpoint stores a validated endpoint with its first secret, sealed
+// by box.
+func createEndpoint(ctx context.Context, db *sql.DB, box *secretBox, in endpointInput, secret webhookSecret) (Endpoint, error) {
 	if in.URL == nil {
 		return Endpoint{}, fmt.Errorf("%w: url is required", errInvalid)
 	}
@@ -192,8 +201,12 @@ func createEndpoint(ctx context.Context, db *sql.DB, in endpointInput, secret we
 	if in.OwnerEmail != nil {
 		ownerEmail = *in.OwnerEmail
 	}
+	var id int64
+	if err := db.QueryRowContext(ctx, nextEndpointIDSQL).Scan(&id); err != nil {
+		return Endpoint{}, fmt.Errorf("create endpoint: draw id: %w", err)
+	}
 	e, err := scanEndpoint(db.QueryRowContext(ctx, createEndpointSQL,
-		*in.URL, description, ownerEmail, pq.Array(topics), []byte(secret)))
+		id, *in.URL, description, ownerEmail, pq.Array(topics), box.seal(endpointSecretRow(id), secret)))
 	if err != nil {
 		return e, fmt.Errorf("create endpoint: %w", err)
 	}
@@ -298,7 +311,8 @@ func disableEndpoint(ctx context.Context, db *sql.DB, id int64, reason string) (
 
 // rotateEndpointSecretSQL makes $2 the secret and keeps the current one
 // signing for $3 seconds more. A previous secret still in its window is
-// dropped: two secrets at most.
+// dropped: two secrets at most. The current one moves as it is stored,
+// sealed or not: it is sealed to the row, not to its column.
 const rotateEndpointSecretSQL = `
 UPDATE outbox.endpoints
 SET previous_secret = secret,
@@ -308,8 +322,9 @@ SET previous_secret = secret,
 WHERE id = $1
 RETURNING` + endpointColumns
 
-func rotateEndpointSecret(ctx context.Context, db *sql.DB, id int64, secret webhookSecret, window time.Duration) (Endpoint, error) {
-	return scanOneEndpoint(db.QueryRowContext(ctx, rotateEndpointSecretSQL, id, []byte(secret), window.Seconds()), "rotate secret of", id)
+// rotateEndpointSecret makes secret, sealed by box, the endpoint's secret.
+func rotateEndpointSecret(ctx context.Context, db *sql.DB, box *secretBox, id int64, secret webhookSecret, window time.Duration) (Endpoint, error) {
+	return scanOneEndpoint(db.QueryRowContext(ctx, rotateEndpointSecretSQL, id, box.seal(endpointSecretRow(id), secret), window.Seconds()), "rotate secret of", id)
 }
 
 // disableReason is an operator's reason for disabling, or the default one.

@@ -248,3 +248,31 @@ func TestEndpointAPIRefusesBadInput(t *testing.T) {
 		t.Errorf("the existing endpoint changed (-before +after):\n%s", diff)
 	}
 }
+
+// An endpoint's secrets are stored as they are without a key, as before
+// keys existed, and sealed to the endpoint with one; a rotation keeps the
+// old secret as the previous one either way.
+func TestEndpointSecretsStoredSealedOnlyWithAKey(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	for _, box := range []*secretBox{nil, testBox(t, testSecretsKey(1), "")} {
+		api := newSealingTestAPI(t, db, box)
+		created := api.createEndpoint("https://hooks.example.com/a")
+		status, body := api.do("POST", "/api/endpoints/"+itoa(created.ID)+"/rotate-secret", "")
+		var rotated endpointWithSecret
+		if err := json.Unmarshal(body, &rotated); status != http.StatusOK || err != nil {
+			t.Fatalf("rotate: %d %s", status, body)
+		}
+		secret, previous := storedSecrets(t, db, endpointSecretsQuery, created.ID)
+		if isSealed(secret) != (box != nil) || isSealed(previous) != (box != nil) {
+			t.Errorf("key %v: stored %d and %d bytes", box != nil, len(secret), len(previous))
+		}
+		got, err := box.openAll(endpointSecretRow(created.ID), [][]byte{secret, previous})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff([][]byte{secretOf(t, rotated), secretOf(t, created)}, got); diff != "" {
+			t.Errorf("key %v: secrets as stored (-want +got):\n%s", box != nil, diff)
+		}
+	}
+}

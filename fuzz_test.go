@@ -195,9 +195,7 @@ func TestTopicMatchesAgreesWithSQL(t *testing.T) {
 // -name=value per flag, so no value is mistaken for a flag.
 func configArgs(cfg Config) []string {
 	var args []string
-	if cfg.Command != "" {
-		args = append(args, cfg.Command)
-	}
+	args = append(args, strings.Fields(cfg.Command)...) // "secrets encrypt" is two words
 	flag := func(name string, v any) { args = append(args, fmt.Sprintf("-%s=%v", name, v)) }
 	flag("database-url", cfg.DatabaseURL)
 	flag("data-dir", cfg.DataDir)
@@ -239,6 +237,8 @@ func configArgs(cfg Config) []string {
 	flag("owner-notify-per-hour", cfg.Mail.OwnerNotifyPerHour)
 	flag("db-max-conns", cfg.DBMaxConns)
 	flag("shutdown-grace", cfg.ShutdownGrace)
+	flag("secrets-key", cfg.SecretsKey)
+	flag("secrets-old-key", cfg.SecretsOldKey)
 	return args
 }
 
@@ -276,6 +276,7 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add("-job-max-attempts=100", "")
 	f.Add("", "OUTBOXD_LOG_LEVEL=WARN-3\nOUTBOXD_DEMO=true\nOUTBOXD_DATA_DIR=")
 	f.Add("-database-url=host=/tmp port=5432 dbname=x", "")
+	f.Add("secrets\nrotate-key\n-secrets-key=AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=", "OUTBOXD_SECRETS_OLD_KEY=AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=")
 	f.Fuzz(func(t *testing.T, argText, envText string) {
 		var args []string
 		if argText != "" {

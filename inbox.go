@@ -91,7 +91,8 @@ INSERT INTO outbox.inbox_sources (name, secret, topic_prefix)
 VALUES ($1, $2, $3)
 RETURNING` + sourceColumns
 
-func createSource(ctx context.Context, db *sql.DB, in sourceInput) (inboxSourceWithSecret, error) {
+// createSource stores a source with its secret, sealed by box.
+func createSource(ctx context.Context, db *sql.DB, box *secretBox, in sourceInput) (inboxSourceWithSecret, error) {
 	if !namePattern.MatchString(in.Name) {
 		return inboxSourceWithSecret{}, fmt.Errorf("%w: name %q must be 1-50 of a-z 0-9 _ -", errInvalid, in.Name)
 	}
@@ -106,7 +107,7 @@ func createSource(ctx context.Context, db *sql.DB, in sourceInput) (inboxSourceW
 	if err != nil {
 		return inboxSourceWithSecret{}, err
 	}
-	s, err := scanSource(db.QueryRowContext(ctx, createSourceSQL, in.Name, []byte(secret), prefix))
+	s, err := scanSource(db.QueryRowContext(ctx, createSourceSQL, in.Name, box.seal(sourceSecretRow(in.Name), secret), prefix))
 	if pq.As(err, pqerror.UniqueViolation) != nil {
 		return inboxSourceWithSecret{}, fmt.Errorf("%w: source %q exists", errInvalid, in.Name)
 	}
@@ -148,7 +149,8 @@ func deleteSource(ctx context.Context, db *sql.DB, name string) error {
 }
 
 // rotateSourceSecretSQL makes $2 the secret and keeps the current one
-// verifying for $3 seconds more, as endpoints do.
+// verifying for $3 seconds more, as endpoints do (the current one moves as
+// it is stored, sealed or not).
 const rotateSourceSecretSQL = `
 UPDATE outbox.inbox_sources
 SET previous_secret = secret,
@@ -157,8 +159,9 @@ SET previous_secret = secret,
 WHERE name = $1
 RETURNING` + sourceColumns
 
-func rotateSourceSecret(ctx context.Context, db *sql.DB, name string, secret webhookSecret, window time.Duration) (InboxSource, error) {
-	s, err := scanSource(db.QueryRowContext(ctx, rotateSourceSecretSQL, name, []byte(secret), window.Seconds()))
+// rotateSourceSecret makes secret, sealed by box, the source's secret.
+func rotateSourceSecret(ctx context.Context, db *sql.DB, box *secretBox, name string, secret webhookSecret, window time.Duration) (InboxSource, error) {
+	s, err := scanSource(db.QueryRowContext(ctx, rotateSourceSecretSQL, name, box.seal(sourceSecretRow(name), secret), window.Seconds()))
 	if errors.Is(err, sql.ErrNoRows) {
 		return s, fmt.Errorf("source %q: %w", name, errNotFound)
 	}
@@ -176,6 +179,29 @@ SELECT secret,
        topic_prefix
 FROM outbox.inbox_sources
 WHERE name = $1`
+
+// sourceSecrets reads what verifying a delivery to source name needs: its
+// secrets, opened by box (the current one first, then the previous one
+// inside its rotation window), and its topic prefix. A secret that does
+// not open makes the source unreadable, as a failed read does.
+func sourceSecrets(ctx context.Context, db *sql.DB, box *secretBox, name string) (secrets [][]byte, prefix string, err error) {
+	var secret, previous []byte
+	err = db.QueryRowContext(ctx, sourceVerifySQL, name).Scan(&secret, &previous, &prefix)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, "", fmt.Errorf("%w %q", errUnknownSource, name)
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("%w %q: %w", errSourceUnreadable, name, err)
+	}
+	stored := [][]byte{secret}
+	if previous != nil {
+		stored = append(stored, previous)
+	}
+	if secrets, err = box.openAll(sourceSecretRow(name), stored); err != nil {
+		return nil, "", fmt.Errorf("%w %q: %w", errSourceUnreadable, name, err)
+	}
+	return secrets, prefix, nil
+}
 
 // receivedWebhook is the body of a Standard Webhooks delivery as outboxd
 // sends it; only type is required.
@@ -255,23 +281,14 @@ const maxWebhookIDLen = 256
 // webhook-id was recorded before. body is read only once the source is
 // known, so an unknown source is refused whatever it sent; the signature
 // is checked on the raw bytes before anything in them is believed.
-func receiveWebhook(ctx context.Context, db *sql.DB, name string, header http.Header, body io.Reader, now time.Time) (eventID int64, duplicate bool, err error) {
-	var secret, previous []byte
-	var prefix string
-	err = db.QueryRowContext(ctx, sourceVerifySQL, name).Scan(&secret, &previous, &prefix)
-	if errors.Is(err, sql.ErrNoRows) {
-		return 0, false, fmt.Errorf("%w %q", errUnknownSource, name)
-	}
+func receiveWebhook(ctx context.Context, db *sql.DB, box *secretBox, name string, header http.Header, body io.Reader, now time.Time) (eventID int64, duplicate bool, err error) {
+	secrets, prefix, err := sourceSecrets(ctx, db, box, name)
 	if err != nil {
-		return 0, false, fmt.Errorf("%w %q: %w", errSourceUnreadable, name, err)
+		return 0, false, err
 	}
 	raw, err := io.ReadAll(body)
 	if err != nil {
 		return 0, false, fmt.Errorf("%w: read body: %w", errInvalid, err)
-	}
-	secrets := [][]byte{secret}
-	if previous != nil {
-		secrets = append(secrets, previous)
 	}
 	if err := verifyWebhook(secrets, header, raw, now); err != nil {
 		return 0, false, &unverifiedError{err}

@@ -209,3 +209,36 @@ func TestInboxSourcesAPIAndRotation(t *testing.T) {
 		t.Errorf("%d events recorded, want 2", n)
 	}
 }
+
+// With a key a source's secrets are stored sealed and verify as before;
+// a replica without the key cannot read them and answers 503, recording
+// nothing, rather than verify with the sealed bytes.
+func TestInboxSourceSecretsSealedAtRest(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newSealingTestAPI(t, db, testBox(t, testSecretsKey(1), ""))
+	first := api.createSource("shop", "")
+	second := newWebhookSecret()
+	if status, resp := api.do("POST", "/api/sources/shop/rotate-secret", `{"secret": "`+second.Encode()+`"}`); status != http.StatusOK {
+		t.Fatalf("rotate: %d %s", status, resp)
+	}
+	secret, previous := storedSecrets(t, db, sourceSecretsQuery, "shop")
+	if !isSealed(secret) || !isSealed(previous) {
+		t.Errorf("stored %d and %d bytes, want both sealed", len(secret), len(previous))
+	}
+	url := api.srv.URL + "/webhooks/shop"
+	for i, key := range [][]byte{first, second} {
+		body := []byte(`{"type":"order.created","subject":"o-` + strconv.Itoa(i) + `"}`)
+		if status := postWebhook(t, url, key, "w-"+strconv.Itoa(i), time.Now(), body, nil); status != http.StatusOK {
+			t.Errorf("secret %d: %d, want 200", i, status)
+		}
+	}
+
+	withoutKey := newTestAPI(t, db, testPolicy)
+	if status := postWebhook(t, withoutKey.srv.URL+"/webhooks/shop", second, "w-2", time.Now(), []byte(`{"type":"t"}`), nil); status != http.StatusServiceUnavailable {
+		t.Errorf("without the key: %d, want 503", status)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.inbox`); n != 2 {
+		t.Errorf("%d webhooks recorded, want 2", n)
+	}
+}

@@ -148,7 +148,7 @@ func runMailWorkers(t *testing.T, db *sql.DB, m *mailer, perHour int, logger io.
 	cfg.PollInterval = 20 * time.Millisecond
 	cfg.Concurrency = 4
 	client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: 10 * time.Second})
-	sender := newWebhookSender(db, client, nil, m, log)
+	sender := newWebhookSender(db, nil, client, nil, m, log)
 	notifier := newOwnerNotifier(db, m, perHour, log)
 	wp := newWorkerPool(db, cfg, time.Minute, newSubscriberRegistry(), map[string]jobHandler{webhookJobKind: sender.deliver, ownerNotifyJobKind: notifier.notify}, log)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -12,6 +12,10 @@
 //	outboxd [flags]          run the service (no DATABASE_URL: a private
 //	                         PostgreSQL cluster under -data-dir)
 //	outboxd migrate [flags]  apply schema.sql and exit
+//	outboxd secrets encrypt [flags]
+//	                         seal every stored secret under -secrets-key
+//	outboxd secrets rotate-key [flags]
+//	                         the same, opening with -secrets-old-key too
 //	outboxd load [flags]     run a load test against a child outboxd
 //
 // Every flag has an environment fallback, named in -help.
@@ -54,7 +58,7 @@ func main() {
 // Config is every setting of outboxd, parsed once from flags and their
 // environment fallbacks by parseConfig and validated there.
 type Config struct {
-	Command string // "" (serve) or "migrate"
+	Command string // "" (serve), "migrate", secretsEncrypt or secretsRotateKey
 
 	DatabaseURL string // empty: start the embedded cluster under DataDir
 	DataDir     string
@@ -85,7 +89,23 @@ type Config struct {
 
 	DBMaxConns    int
 	ShutdownGrace time.Duration
+
+	// SecretsKey seals the secrets of endpoints and inbox sources at rest
+	// (secrets.go): 32 bytes in standard base64. Empty stores them as they
+	// are, and refuses a sealed one.
+	SecretsKey string
+	// SecretsOldKey opens what it sealed and seals nothing: the key being
+	// rotated out, for `secrets rotate-key` and for the replicas running
+	// meanwhile.
+	SecretsOldKey string
 }
+
+// The secrets commands (secrets.go): both seal every stored secret under
+// -secrets-key; rotate-key requires the old key to open what it sealed.
+const (
+	secretsEncrypt   = "secrets encrypt"
+	secretsRotateKey = "secrets rotate-key"
+)
 
 // defaultConfig is the configuration with every default; each number's
 // reason sits on its field. main_test.go pins them.
@@ -159,8 +179,11 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 	cfg := defaultConfig()
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		cfg.Command, args = args[0], args[1:]
-		if cfg.Command != "migrate" {
-			return cfg, fmt.Errorf("unknown command %q (want migrate, load, or flags only)", cfg.Command)
+		if cfg.Command == "secrets" && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+			cfg.Command, args = cfg.Command+" "+args[0], args[1:]
+		}
+		if cfg.Command != "migrate" && cfg.Command != secretsEncrypt && cfg.Command != secretsRotateKey {
+			return cfg, fmt.Errorf("unknown command %q (want migrate, %s, %s, load, or flags only)", cfg.Command, secretsEncrypt, secretsRotateKey)
 		}
 	}
 
@@ -232,8 +255,10 @@ func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
 	fs.IntVar(&cfg.Mail.OwnerNotifyPerHour, "owner-notify-per-hour", cfg.Mail.OwnerNotifyPerHour, "most mails per endpoint owner per hour about failing or disabled endpoints")
 	fs.IntVar(&cfg.DBMaxConns, "db-max-conns", cfg.DBMaxConns, "most open database connections of the pool")
 	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "time in-flight work gets to finish on SIGTERM")
+	fs.StringVar(&cfg.SecretsKey, "secrets-key", cfg.SecretsKey, "key that seals endpoint and source secrets at rest: 32 bytes in standard base64 (openssl rand -base64 32); empty stores them unsealed")
+	fs.StringVar(&cfg.SecretsOldKey, "secrets-old-key", cfg.SecretsOldKey, "the key being rotated out: opens the secrets it sealed, seals none (outboxd secrets rotate-key)")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: outboxd [migrate] [flags]\n\nEvery flag falls back to an environment variable:\n\n")
+		fmt.Fprintf(fs.Output(), "Usage: outboxd [migrate | secrets encrypt | secrets rotate-key] [flags]\n\nEvery flag falls back to an environment variable:\n\n")
 		fs.VisitAll(func(f *flag.Flag) {
 			fmt.Fprintf(fs.Output(), "  -%s  (%s, default %q)\n    \t%s\n", f.Name, envName(f.Name), f.DefValue, f.Usage)
 		})
@@ -343,7 +368,49 @@ func (c Config) validateService() error {
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		return fmt.Errorf("%s must be text or json, got %q", setting("log-format"), c.LogFormat)
 	}
+	return c.validateSecrets()
+}
+
+// validateSecrets checks the sealing keys and that a secrets command has
+// the keys it needs.
+func (c Config) validateSecrets() error {
+	if _, err := c.secretBox(); err != nil {
+		return err
+	}
+	switch {
+	case (c.Command == secretsEncrypt || c.Command == secretsRotateKey) && c.SecretsKey == "":
+		return fmt.Errorf("outboxd %s seals under %s, which is not set", c.Command, setting("secrets-key"))
+	case c.Command == secretsRotateKey && c.SecretsOldKey == "":
+		return fmt.Errorf("outboxd %s needs the key it rotates out in %s", c.Command, setting("secrets-old-key"))
+	}
 	return nil
+}
+
+// secretBox is the sealing -secrets-key and -secrets-old-key configure:
+// nil, and no error, without a key. Its errors name the setting and never
+// quote a key.
+func (c Config) secretBox() (*secretBox, error) {
+	if c.SecretsKey == "" {
+		if c.SecretsOldKey != "" {
+			return nil, fmt.Errorf("%s is set without %s", setting("secrets-old-key"), setting("secrets-key"))
+		}
+		return nil, nil
+	}
+	current, err := parseSecretsKey(c.SecretsKey)
+	if err != nil {
+		return nil, fmt.Errorf("%s %w", setting("secrets-key"), err)
+	}
+	var old *sealKey
+	if c.SecretsOldKey != "" {
+		if old, err = parseSecretsKey(c.SecretsOldKey); err != nil {
+			return nil, fmt.Errorf("%s %w", setting("secrets-old-key"), err)
+		}
+	}
+	box, err := newSecretBox(current, old)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", setting("secrets-old-key"), err)
+	}
+	return box, nil
 }
 
 // validateRetryHorizon refuses a retry schedule that can outlive the event
@@ -389,6 +456,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
+	box, err := cfg.secretBox()
+	if err != nil {
+		return err
+	}
 	logger := newLogger(cfg, stderr)
 
 	db, dsn, closeDB, err := connect(ctx, cfg, logger)
@@ -400,7 +471,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		logger.Info("schema applied")
 		return nil
 	}
+	if cfg.Command == secretsEncrypt || cfg.Command == secretsRotateKey {
+		_, err := sealStoredSecrets(ctx, db, box, logger)
+		return err
+	}
 	checkServerSettings(ctx, db, logger)
+	if box != nil {
+		logger.Info("endpoint and source secrets are sealed at rest", "keys", box)
+	}
 
 	// Listen before the loops start: a taken port fails the start at once,
 	// and the demo needs the address for its endpoint.
@@ -412,7 +490,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	var demoRun *demo
 	var demoAddrs []netip.AddrPort // the one internal address deliveries may reach
 	if cfg.Demo {
-		demoRun = newDemo(db, "http://"+ln.Addr().String()+"/demo/hook", logger)
+		demoRun = newDemo(db, box, "http://"+ln.Addr().String()+"/demo/hook", logger)
 		demoAddrs = append(demoAddrs, ln.Addr().(*net.TCPAddr).AddrPort())
 	}
 
@@ -433,12 +511,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			}
 		})
 	}
-	p := startPipeline(cfg, db, dsn, demoAddrs, start, logger)
+	p := startPipeline(cfg, db, box, dsn, demoAddrs, start, logger)
 	if demoRun != nil {
 		start("demo", demoRun.Run)
 	}
 
-	a, err := newAdmin(cfg, db, p, demoRun, logger)
+	a, err := newAdmin(cfg, db, box, p, demoRun, logger)
 	if err != nil {
 		return err
 	}
@@ -447,7 +525,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 // newAdmin is what the HTTP side needs of the configuration, the database
 // and the running pipeline.
-func newAdmin(cfg Config, db *sql.DB, p *pipeline, demoRun *demo, logger *slog.Logger) (*admin, error) {
+func newAdmin(cfg Config, db *sql.DB, box *secretBox, p *pipeline, demoRun *demo, logger *slog.Logger) (*admin, error) {
 	pnl, err := newPanel(logger)
 	if err != nil {
 		return nil, err
@@ -468,6 +546,7 @@ func newAdmin(cfg Config, db *sql.DB, p *pipeline, demoRun *demo, logger *slog.L
 		},
 		metricsPublic: cfg.MetricsPublic,
 		logger:        logger,
+		box:           box,
 	}, nil
 }
 
@@ -524,7 +603,7 @@ type pipeline struct {
 // startPipeline builds every loop in the order events move through them
 // and starts each with start, which owns its goroutine. Deliveries may
 // reach allowAddrs whatever the address guard says (-demo's receiver).
-func startPipeline(cfg Config, db *sql.DB, dsn string, allowAddrs []netip.AddrPort, start func(string, func(context.Context) error), logger *slog.Logger) *pipeline {
+func startPipeline(cfg Config, db *sql.DB, box *secretBox, dsn string, allowAddrs []netip.AddrPort, start func(string, func(context.Context) error), logger *slog.Logger) *pipeline {
 	var p pipeline
 	wake := newWakeups()
 	if !cfg.DisableListen {
@@ -545,7 +624,7 @@ func startPipeline(cfg Config, db *sql.DB, dsn string, allowAddrs []netip.AddrPo
 	p.deliveries = newDeliveryMetrics()
 	mail := newMailer(cfg.Mail)
 	logger.Info("mail settings", "smtp", mail, "from", cfg.Mail.From)
-	webhooks := newWebhookSender(db, webhookClient, p.deliveries, mail, logger)
+	webhooks := newWebhookSender(db, box, webhookClient, p.deliveries, mail, logger)
 	p.notifier = newOwnerNotifier(db, mail, cfg.Mail.OwnerNotifyPerHour, logger)
 	p.workers = newWorkerPool(db, cfg.Workers, cfg.ShutdownGrace, subscribers, map[string]jobHandler{
 		webhookJobKind:     webhooks.deliver,

@@ -311,7 +311,7 @@ func (p *panel) handleCreateEndpoint(a *admin) pageFunc {
 			return err
 		}
 		secret := newWebhookSecret()
-		ep, err := createEndpoint(r.Context(), a.db, in, secret)
+		ep, err := createEndpoint(r.Context(), a.db, a.box, in, secret)
 		if err != nil {
 			return err
 		}
@@ -419,7 +419,7 @@ func (c endpointClick) disable() (string, error) {
 func (c endpointClick) rotateSecret() (string, error) {
 	secret := newWebhookSecret()
 	window := c.a.endpoints.RotationWindow
-	if _, err := rotateEndpointSecret(c.r.Context(), c.a.db, c.id, secret, window); err != nil {
+	if _, err := rotateEndpointSecret(c.r.Context(), c.a.db, c.a.box, c.id, secret, window); err != nil {
 		return "", err
 	}
 	return "", c.p.renderEndpoint(c.w, c.r, c.a, c.id, fmt.Sprintf("Secret rotated; the old one still signs for %s.", window), secret.Encode())
@@ -525,7 +525,7 @@ func (p *panel) handleCreateSource(a *admin) pageFunc {
 		if prefix := strings.TrimSpace(r.PostFormValue("topic_prefix")); prefix != "" {
 			in.TopicPrefix = &prefix
 		}
-		created, err := createSource(r.Context(), a.db, in)
+		created, err := createSource(r.Context(), a.db, a.box, in)
 		if err != nil {
 			return err
 		}
@@ -541,7 +541,7 @@ func (p *panel) handleSourceAction(a *admin) pageFunc {
 		switch r.PathValue("action") {
 		case "rotate-secret":
 			secret := newWebhookSecret()
-			s, err := rotateSourceSecret(r.Context(), a.db, name, secret, a.endpoints.RotationWindow)
+			s, err := rotateSourceSecret(r.Context(), a.db, a.box, name, secret, a.endpoints.RotationWindow)
 			if err != nil {
 				return err
 			}

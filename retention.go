@@ -321,6 +321,9 @@ type cycleResult struct {
 	Skipped  bool             // another replica held the lock; nothing was done
 	Deleted  map[string]int64 // rows deleted, by sweep name; swept sweeps only
 	Disabled []int64          // endpoints disabled for failing too long
+	// SecretsCleared counts the rotated-out secrets cleared, of endpoints
+	// and sources.
+	SecretsCleared int64
 }
 
 // sweepOnce is one cycle: take the lock or skip, run every sweep in order
@@ -361,7 +364,10 @@ func (s *sweeper) sweepOnce(ctx context.Context) (res cycleResult, err error) {
 			return res, err
 		}
 	}
-	res.Disabled, err = s.disableFailingEndpoints(ctx, conn)
+	if res.Disabled, err = s.disableFailingEndpoints(ctx, conn); err != nil {
+		return res, err
+	}
+	res.SecretsCleared, err = s.clearRotatedOutSecrets(ctx, conn)
 	return res, err
 }
 
@@ -396,6 +402,59 @@ func (s *sweeper) disableFailingEndpoints(ctx context.Context, conn *sql.Conn) (
 		s.logger.Warn("endpoint disabled: failing for too long; its owner can re-enable it", "endpoint_id", id, "after", s.cfg.EndpointDisableAfter)
 	}
 	return ids, nil
+}
+
+// clearEndpointSecretsSQL and clearSourceSecretsSQL forget, in at most $1
+// rows, a previous secret whose rotation window has ended: nothing signs or
+// verifies with it any more (every read stops at
+// previous_secret_expires_at), so keeping it only keeps a secret. SKIP
+// LOCKED leaves a row being rotated to its rotation, which rewrites both
+// columns anyway. Neither table has an index for this: both hold rows
+// people create by hand.
+const clearEndpointSecretsSQL = `
+UPDATE outbox.endpoints
+SET previous_secret = NULL,
+    previous_secret_expires_at = NULL
+WHERE id IN (
+  SELECT id
+  FROM outbox.endpoints
+  WHERE previous_secret_expires_at <= now()
+  LIMIT $1
+  FOR NO KEY UPDATE SKIP LOCKED
+)`
+
+const clearSourceSecretsSQL = `
+UPDATE outbox.inbox_sources
+SET previous_secret = NULL,
+    previous_secret_expires_at = NULL
+WHERE name IN (
+  SELECT name
+  FROM outbox.inbox_sources
+  WHERE previous_secret_expires_at <= now()
+  LIMIT $1
+  FOR NO KEY UPDATE SKIP LOCKED
+)`
+
+// clearRotatedOutSecrets clears, on the lock's connection, at most one
+// batch of rotated-out secrets per table a cycle; any left over wait for
+// the next cycle, harmlessly, since none of them is read.
+func (s *sweeper) clearRotatedOutSecrets(ctx context.Context, conn *sql.Conn) (int64, error) {
+	var cleared int64
+	for _, query := range []string{clearEndpointSecretsSQL, clearSourceSecretsSQL} {
+		r, err := conn.ExecContext(ctx, query, s.cfg.BatchSize)
+		if err != nil {
+			return cleared, fmt.Errorf("retention: clear rotated-out secrets: %w", err)
+		}
+		n, err := r.RowsAffected()
+		if err != nil {
+			return cleared, fmt.Errorf("retention: clear rotated-out secrets: %w", err)
+		}
+		cleared += n
+	}
+	if cleared > 0 {
+		s.logger.Info("rotated-out secrets cleared: their rotation windows have ended", "secrets", cleared)
+	}
+	return cleared, nil
 }
 
 // runSweep deletes sw's expired rows in batches on conn. swept is false when

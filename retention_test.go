@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -777,5 +778,51 @@ func TestEndpointFailingTooLongIsDisabled(t *testing.T) {
 	cfg.EndpointDisableAfter = 0
 	if res, err := newTestSweeper(t, db, cfg).sweepOnce(ctx); err != nil || len(res.Disabled) != 0 {
 		t.Errorf("with -endpoint-disable-after 0: disabled %v, err %v", res.Disabled, err)
+	}
+}
+
+// A rotated-out secret, of an endpoint or a source, is cleared by the
+// retention cycle once its window has ended, at most a batch a table a
+// cycle; one still in its window is kept.
+func TestRetentionClearsRotatedOutSecrets(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	ctx := context.Background()
+	mustExec(t, db, `
+		INSERT INTO outbox.endpoints (url, secret, previous_secret, previous_secret_expires_at)
+		VALUES ('https://hooks.example/ended-1', decode(repeat('ab', 32), 'hex'), decode(repeat('cd', 32), 'hex'), now() - interval '1 second'),
+		       ('https://hooks.example/ended-2', decode(repeat('ab', 32), 'hex'), decode(repeat('cd', 32), 'hex'), now() - interval '1 day'),
+		       ('https://hooks.example/open', decode(repeat('ab', 32), 'hex'), decode(repeat('cd', 32), 'hex'), now() + interval '1 hour'),
+		       ('https://hooks.example/none', decode(repeat('ab', 32), 'hex'), NULL, NULL)`)
+	mustExec(t, db, `
+		INSERT INTO outbox.inbox_sources (name, secret, previous_secret, previous_secret_expires_at, topic_prefix)
+		VALUES ('ended', '\x01', '\x02', now() - interval '1 second', ''),
+		       ('open', '\x01', '\x02', now() + interval '1 hour', '')`)
+	previousSecrets := func() []string {
+		rows, err := queryAll(ctx, db, func(row rowScanner) (s string, err error) { return s, row.Scan(&s) }, `
+			SELECT url FROM outbox.endpoints WHERE previous_secret IS NOT NULL OR previous_secret_expires_at IS NOT NULL
+			UNION ALL
+			SELECT name FROM outbox.inbox_sources WHERE previous_secret IS NOT NULL OR previous_secret_expires_at IS NOT NULL`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rows
+	}
+
+	cfg := defaultConfig().Retention
+	cfg.BatchSize = 1
+	s := newTestSweeper(t, db, cfg)
+	for i, want := range []struct {
+		cleared int64
+		left    int // rows with a previous secret; the two still open among them
+	}{{2, 3}, {1, 2}, {0, 2}} {
+		res, err := s.sweepOnce(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		left := previousSecrets()
+		if res.SecretsCleared != want.cleared || len(left) != want.left || !slices.Contains(left, "open") || !slices.Contains(left, "https://hooks.example/open") {
+			t.Errorf("cycle %d cleared %d, left %q; want %d cleared and %d left, the open ones among them", i+1, res.SecretsCleared, left, want.cleared, want.left)
+		}
 	}
 }

@@ -792,3 +792,26 @@ CREATE TABLE IF NOT EXISTS outbox.retention_last_cycle (
   CONSTRAINT retention_last_cycle_one_row CHECK (singleton),
   CONSTRAINT retention_last_cycle_error_length CHECK (length(error) <= 2100)
 );
+
+--------------------------------------------------------------------------------
+-- Secrets at rest
+--------------------------------------------------------------------------------
+
+-- With -secrets-key, outboxd stores every secret sealed (secrets.go):
+-- exactly 98 bytes, starting with the format's version byte 1, whatever
+-- the secret's length. The length CHECKs above allow plaintext secrets
+-- only; these replace them, allowing either. Plaintext rows stay as they
+-- are: `outboxd secrets encrypt` seals them, never a migration.
+ALTER TABLE outbox.endpoints
+  DROP CONSTRAINT IF EXISTS endpoints_secret_length,
+  ADD CONSTRAINT endpoints_secret_length CHECK (
+    length(secret) BETWEEN 24 AND 64
+    OR (length(secret) = 98 AND get_byte(secret, 0) = 1)
+  );
+
+ALTER TABLE outbox.inbox_sources
+  DROP CONSTRAINT IF EXISTS inbox_sources_secret_length,
+  ADD CONSTRAINT inbox_sources_secret_length CHECK (
+    length(secret) BETWEEN 1 AND 64
+    OR (length(secret) = 98 AND get_byte(secret, 0) = 1)
+  );

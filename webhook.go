@@ -75,16 +75,20 @@ type webhookSender struct {
 	// deliveries complete with a log line (mail.go).
 	mail   *mailer
 	logger *slog.Logger
+	// box opens the endpoint's secrets, which the claim reads as stored
+	// (secrets.go).
+	box *secretBox
 }
 
 // mail is nil when no SMTP server is configured: mailto: jobs then
 // complete and log.
-func newWebhookSender(db *sql.DB, client *http.Client, metrics *deliveryMetrics, mail *mailer, logger *slog.Logger) *webhookSender {
+func newWebhookSender(db *sql.DB, box *secretBox, client *http.Client, metrics *deliveryMetrics, mail *mailer, logger *slog.Logger) *webhookSender {
 	if metrics == nil {
 		metrics = newDeliveryMetrics()
 	}
 	return &webhookSender{
 		db:        db,
+		box:       box,
 		client:    client,
 		userAgent: "outboxd/" + version,
 		metrics:   metrics,
@@ -202,9 +206,17 @@ func (s *webhookSender) deliver(ctx context.Context, job Job) error {
 	if err != nil {
 		return permanentError{err}
 	}
+	signing := *ep
+	if signing.Secrets, err = s.box.openAll(endpointSecretRow(job.EndpointID), ep.Secrets); err != nil {
+		// A key this process lacks: retried, so that a replica given the
+		// key (or this one, restarted with it) delivers it.
+		err = fmt.Errorf("%w; not sent", err)
+		job.recordAttempt(deliveryAttempt{Error: err.Error()}, endpointUnchanged)
+		return err
+	}
 
 	start := time.Now()
-	status, retryAfter, excerpt, sendErr := s.post(ctx, *ep, job.Event.ID, body)
+	status, retryAfter, excerpt, sendErr := s.post(ctx, signing, job.Event.ID, body)
 	attempt := deliveryAttempt{Duration: time.Since(start), StatusCode: status, ResponseExcerpt: excerpt}
 	change, outcome := classifyWebhookResponse(status, retryAfter, sendErr, time.Now())
 	if outcome != nil && excerpt != "" {

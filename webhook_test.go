@@ -69,7 +69,7 @@ func runWebhookWorkers(t *testing.T, db *sql.DB, timeout time.Duration) {
 	cfg.PollInterval = 20 * time.Millisecond
 	cfg.Concurrency = 8
 	client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: timeout})
-	wp := newWorkerPool(db, cfg, time.Minute, newSubscriberRegistry(), map[string]jobHandler{webhookJobKind: newWebhookSender(db, client, nil, nil, testLogger(t)).deliver}, testLogger(t))
+	wp := newWorkerPool(db, cfg, time.Minute, newSubscriberRegistry(), map[string]jobHandler{webhookJobKind: newWebhookSender(db, nil, client, nil, nil, testLogger(t)).deliver}, testLogger(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- wp.Run(ctx, nil) }()
@@ -335,7 +335,7 @@ func TestCommitToFirst2xxIsObservedPerEndpoint(t *testing.T) {
 
 	metrics := newDeliveryMetrics()
 	client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: 10 * time.Second})
-	sender := newWebhookSender(db, client, metrics, nil, testLogger(t))
+	sender := newWebhookSender(db, nil, client, metrics, nil, testLogger(t))
 	wp := newWorkerPool(db, defaultConfig().Workers, time.Minute, newSubscriberRegistry(), map[string]jobHandler{webhookJobKind: sender.deliver}, testLogger(t))
 	count := func() uint64 { return metrics.commitTo2xx.With(itoa(ep.ID)).count.Load() }
 
@@ -549,6 +549,20 @@ func TestEndpointStateFollowsDeliveries(t *testing.T) {
 	}
 }
 
+// firstAttemptOf is a job's first error and its first recorded attempt's
+// error and status.
+func firstAttemptOf(t *testing.T, db *sql.DB, job int64) (jobErr, deliveryErr string, status sql.NullInt64) {
+	t.Helper()
+	if err := db.QueryRow(`
+		SELECT j.errors->0->>'error', d.error, d.status_code
+		FROM outbox.jobs j JOIN outbox.deliveries d ON d.job_id = j.id
+		WHERE j.id = $1
+		  AND d.attempt = 1`, job).Scan(&jobErr, &deliveryErr, &status); err != nil {
+		t.Fatal(err)
+	}
+	return jobErr, deliveryErr, status
+}
+
 // Deliveries queued for an endpoint that is then disabled or deleted end
 // discarded without a request, and say why.
 func TestDeliveryToDisabledOrDeletedEndpointEndsWithoutRequest(t *testing.T) {
@@ -576,14 +590,7 @@ func TestDeliveryToDisabledOrDeletedEndpointEndsWithoutRequest(t *testing.T) {
 		t.Errorf("receiver got %d requests, want none", n)
 	}
 	for job, want := range map[int64]string{disabledJob: "is disabled (maintenance); not sent", deletedJob: "deleted; not sent"} {
-		var jobErr, deliveryErr string
-		var status sql.NullInt64
-		if err := db.QueryRow(`
-			SELECT j.errors->0->>'error', d.error, d.status_code
-			FROM outbox.jobs j JOIN outbox.deliveries d ON d.job_id = j.id
-			WHERE j.id = $1`, job).Scan(&jobErr, &deliveryErr, &status); err != nil {
-			t.Fatal(err)
-		}
+		jobErr, deliveryErr, status := firstAttemptOf(t, db, job)
 		if !strings.Contains(jobErr, want) || !strings.Contains(deliveryErr, want) || status.Valid {
 			t.Errorf("job %d: error %q, delivery %q (status %v); want %q and no status", job, jobErr, deliveryErr, status, want)
 		}
@@ -738,5 +745,67 @@ func TestRotateSecretSignsWithBothUntilWindowEnds(t *testing.T) {
 	}
 	if e := api.endpoint(ep.ID); e.PreviousSecretExpiresAt != nil {
 		t.Errorf("after the window the API still shows it open until %v", e.PreviousSecretExpiresAt)
+	}
+}
+
+// A delivery opens its endpoint's sealed secrets and signs with both of a
+// rotation. A worker without the key sends nothing: the attempt fails,
+// says why, and is retried, and the endpoint is not marked failing.
+func TestSealedEndpointSecretsSignAndFailVisiblyWithoutTheKey(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	ctx := context.Background()
+	box := testBox(t, testSecretsKey(1), "")
+	api := newSealingTestAPI(t, db, box)
+	rc := newReceiver(t, nil)
+	ep := api.createEndpoint(rc.srv.URL)
+	status, body := api.do("POST", "/api/endpoints/"+itoa(ep.ID)+"/rotate-secret", "")
+	var rotated endpointWithSecret
+	if err := json.Unmarshal(body, &rotated); status != http.StatusOK || err != nil {
+		t.Fatalf("rotate: %d %s", status, body)
+	}
+	work := func(box *secretBox) {
+		t.Helper()
+		client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: 10 * time.Second})
+		sender := newWebhookSender(db, box, client, nil, nil, testLogger(t))
+		wp := newWorkerPool(db, defaultConfig().Workers, time.Minute, newSubscriberRegistry(), map[string]jobHandler{webhookJobKind: sender.deliver}, testLogger(t))
+		if _, err := wp.workOnce(ctx, 10); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	signed := record(t, db, "t", "signed")
+	relayAll(t, db)
+	work(box)
+	reqs := rc.requests()
+	if len(reqs) != 1 {
+		t.Fatalf("%d requests, want 1", len(reqs))
+	}
+	for _, secret := range [][]byte{secretOf(t, ep), secretOf(t, rotated)} {
+		if err := verifyWebhook([][]byte{secret}, reqs[0].Header, reqs[0].Body, time.Now()); err != nil {
+			t.Errorf("a secret of the rotation does not verify: %v", err)
+		}
+	}
+	if s := readJob(t, db, webhookJob(t, db, signed, ep.ID)).State; s != "completed" {
+		t.Errorf("delivery with the key: %s, want completed", s)
+	}
+
+	unsent := record(t, db, "t", "unsent")
+	relayAll(t, db)
+	work(nil)
+	job := webhookJob(t, db, unsent, ep.ID)
+	want := fmt.Sprintf("secret of endpoint %d is sealed under key fca31f12, and -secrets-key (OUTBOXD_SECRETS_KEY) is not set; not sent", ep.ID)
+	jobErr, deliveryErr, statusCode := firstAttemptOf(t, db, job)
+	if jobErr != want || deliveryErr != want || statusCode.Valid {
+		t.Errorf("without the key: job error %q, delivery %q (status %v); want %q and no status", jobErr, deliveryErr, statusCode, want)
+	}
+	if s := readJob(t, db, job).State; s != "retryable" {
+		t.Errorf("without the key: %s, want retryable", s)
+	}
+	if n := len(rc.requests()); n != 1 {
+		t.Errorf("%d requests, want only the first", n)
+	}
+	if s := api.endpoint(ep.ID).State; s != "enabled" {
+		t.Errorf("endpoint %s, want enabled: its receiver did not fail", s)
 	}
 }
