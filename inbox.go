@@ -256,6 +256,13 @@ const maxWebhookIDLen = 256
 // known, so an unknown source is refused whatever it sent; the signature
 // is checked on the raw bytes before anything in them is believed.
 func receiveWebhook(ctx context.Context, db *sql.DB, name string, header http.Header, body io.Reader, now time.Time) (eventID int64, duplicate bool, err error) {
+	// A name outside namePattern cannot be a source's (createSource and
+	// schema.sql's inbox_sources_name_format refuse it). It is not sent to
+	// the database either: one that is not UTF-8, or holds a NUL, would
+	// fail the query (SQLSTATE 22021) as if the database were at fault.
+	if !namePattern.MatchString(name) {
+		return 0, false, fmt.Errorf("%w %q", errUnknownSource, name)
+	}
 	var secret, previous []byte
 	var prefix string
 	err = db.QueryRowContext(ctx, sourceVerifySQL, name).Scan(&secret, &previous, &prefix)

@@ -7,7 +7,9 @@ import (
 	"bytes"
 	"database/sql"
 	"encoding/json"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -207,5 +209,38 @@ func TestInboxSourcesAPIAndRotation(t *testing.T) {
 	}
 	if n := queryInt(t, db, `SELECT count(*) FROM outbox.events`); n != 2 {
 		t.Errorf("%d events recorded, want 2", n)
+	}
+}
+
+// A source name no source can have (invalid UTF-8, which PostgreSQL
+// refuses with SQLSTATE 22021, or a NUL) is an unknown source: 404 with
+// a JSON error, and nothing logged, as for any other unknown name.
+func TestInboxAnswersImpossibleSourceNamesNotFound(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	var logs syncBuffer
+	pnl, err := newPanel(testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(routes(&admin{
+		db: db, token: testToken, alerts: defaultConfig().Alerts, panel: pnl, endpoints: testPolicy,
+		logger: slog.New(slog.NewTextHandler(&logs, nil)),
+	}))
+	t.Cleanup(srv.Close)
+	for _, path := range []string{"/webhooks/%ff", "/webhooks/%00", "/webhooks/a%00b", "/webhooks/" + strings.Repeat("a", 51)} {
+		resp, err := http.Post(srv.URL+path, "application/json", strings.NewReader(`{"type":"t"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var answer map[string]string
+		decodeErr := json.NewDecoder(resp.Body).Decode(&answer)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound || decodeErr != nil || answer["error"] == "" {
+			t.Errorf("POST %s: %d %v (%v), want 404 with an error", path, resp.StatusCode, answer, decodeErr)
+		}
+	}
+	if logs.String() != "" {
+		t.Errorf("log after posts to impossible sources:\n%s\nwant nothing", logs.String())
 	}
 }
