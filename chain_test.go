@@ -1,12 +1,17 @@
-// chain_test.go: two outboxd setups chained, A's endpoint being B's inbox,
-// through a receiver that fails at random: every event of A is recorded in
-// B exactly once, through A's retries and a replay.
+// chain_test.go: two outboxd setups chained, A's endpoint being B's inbox:
+// every event of A is recorded in B exactly once, through a receiver that
+// fails at random, A's retries and a replay; and through a replay at the
+// edge of A's events window that retries through an outage of B for the
+// whole retry horizon, with both sides' sweeps running.
 
 package main
 
 import (
+	"context"
 	"database/sql"
 	"encoding/json"
+	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -117,6 +122,145 @@ func TestChainAToBExactlyOnceThroughFlakyReceiver(t *testing.T) {
 		t.Errorf("the replay reached B %d times, want at least 10", proxy.forwarded.Load()-seen)
 	}
 	check("after the replay")
+}
+
+// outageProxy forwards to target, or, while down, answers 503 with
+// Retry-After: 3600, as a receiver's load balancer in an outage might:
+// every retry then waits the longest the schedule allows (retryHorizon
+// counts a Retry-After at its hour).
+type outageProxy struct {
+	srv  *httptest.Server
+	down atomic.Bool
+}
+
+func newOutageProxy(t *testing.T, target string) *outageProxy {
+	t.Helper()
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forward := httputil.NewSingleHostReverseProxy(u)
+	p := &outageProxy{}
+	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p.down.Load() {
+			w.Header().Set("Retry-After", "3600")
+			http.Error(w, "outage", http.StatusServiceUnavailable)
+			return
+		}
+		forward.ServeHTTP(w, r)
+	}))
+	t.Cleanup(p.srv.Close)
+	return p
+}
+
+// ageDatabase moves every timestamp of outboxd's rows in db back by d: as
+// if they were written d earlier, which is how these tests let days pass.
+func ageDatabase(t *testing.T, db *sql.DB, d time.Duration) {
+	t.Helper()
+	by := fmt.Sprintf("%d microseconds", d.Microseconds())
+	mustExec(t, db, `UPDATE outbox.events SET created_at = created_at - $1::interval, fanned_out_at = fanned_out_at - $1::interval`, by)
+	mustExec(t, db, `UPDATE outbox.jobs SET created_at = created_at - $1::interval, scheduled_at = scheduled_at - $1::interval,
+		attempted_at = attempted_at - $1::interval, finalized_at = finalized_at - $1::interval`, by)
+	mustExec(t, db, `UPDATE outbox.inbox SET received_at = received_at - $1::interval`, by)
+}
+
+// chainWorkers is A's worker pool, driven one turn at a time (workOnce).
+func chainWorkers(t *testing.T, db *sql.DB, cfg WorkerConfig) *workerPool {
+	t.Helper()
+	client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: 10 * time.Second})
+	return newWorkerPool(db, cfg, time.Minute, newSubscriberRegistry(),
+		map[string]jobHandler{webhookJobKind: newWebhookSender(db, client, nil, nil, testLogger(t)).deliver}, testLogger(t))
+}
+
+// The issue's duplicate at its boundary. Both sides run the default
+// configuration. A's event reached B; later, with the event a minute short
+// of A's events window (its completed job long cleaned away), an operator
+// replays A's endpoint from a month ago. B is down, and A retries for the
+// whole retry horizon, each retry waiting what B's Retry-After asks; B's
+// clock moves on with A's schedule and B's retention sweeps run. When B is
+// back, A's last attempt must find B's dedup record: B has the event once.
+func TestChainReplayAtTheEdgeOfTheWindowReachesBOnce(t *testing.T) {
+	t.Parallel()
+	cfg, err := parseConfig(nil, envFrom(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	dbA, _ := newTestDB(t)
+	dbB, _ := newTestDB(t)
+	apiA := newTestAPI(t, dbA, testPolicy)
+	apiB := newTestAPI(t, dbB, testPolicy)
+	proxy := newOutageProxy(t, apiB.srv.URL)
+	ep := apiA.createEndpoint(proxy.srv.URL + "/webhooks/a")
+	body, _ := json.Marshal(map[string]string{"name": "a", "secret": ep.Secret})
+	if status, resp := apiB.do("POST", "/api/sources", string(body)); status != http.StatusCreated {
+		t.Fatalf("create source in B: %d %s", status, resp)
+	}
+	sweepA := newSweeper(dbA, cfg.Retention, "a:1", testLogger(t))
+	sweepB := newSweeper(dbB, cfg.Retention, "b:1", testLogger(t))
+	workers := chainWorkers(t, dbA, cfg.Workers)
+	workOnce := func() {
+		t.Helper()
+		if _, err := workers.workOnce(ctx, 10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inB := func() int { return queryInt(t, dbB, `SELECT count(*) FROM outbox.events WHERE topic = 'a.order.paid'`) }
+
+	eventID := record(t, dbA, "order.paid", "o-1")
+	relayAll(t, dbA)
+	workOnce()
+	if n := inB(); n != 1 {
+		t.Fatalf("after the first delivery B has the event %d times, want 1", n)
+	}
+
+	// Both sides a minute short of A's events window later. A's sweep
+	// removes the completed job (a day's window) and keeps the event.
+	edge := cfg.Retention.Events - time.Minute
+	ageDatabase(t, dbA, edge)
+	ageDatabase(t, dbB, edge)
+	if _, err := sweepA.sweepOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := queryInt(t, dbA, `SELECT count(*) FROM outbox.jobs WHERE kind = 'webhook'`); n != 0 {
+		t.Fatalf("A's job cleaner left %d webhook jobs, want 0", n)
+	}
+	since := time.Now().Add(-30 * 24 * time.Hour).UTC().Format(time.RFC3339)
+	status, resp := apiA.do("POST", fmt.Sprintf("/api/endpoints/%d/replay", ep.ID), `{"since":"`+since+`"}`)
+	var replay ReplayResult
+	if err := json.Unmarshal(resp, &replay); status != http.StatusOK || err != nil || replay.Jobs != 1 {
+		t.Fatalf("replay: %d %s, want 200 with the event replayed", status, resp)
+	}
+
+	// B's outage: each failed attempt waits what it scheduled, on both
+	// clocks, and B sweeps after each wait.
+	proxy.down.Store(true)
+	elapsed := time.Duration(0)
+	for attempt := 1; attempt < cfg.Workers.MaxAttempts; attempt++ {
+		workOnce()
+		var wait time.Duration
+		if err := dbA.QueryRow(`SELECT (extract(epoch FROM scheduled_at - attempted_at) * 1e6)::bigint * 1000
+			FROM outbox.jobs WHERE event_id = $1 AND state = 'retryable' AND attempt = $2`, eventID, attempt).Scan(&wait); err != nil {
+			t.Fatalf("attempt %d: %v", attempt, err)
+		}
+		elapsed += wait
+		ageDatabase(t, dbA, wait)
+		ageDatabase(t, dbB, wait)
+		mustExec(t, dbA, `UPDATE outbox.jobs SET scheduled_at = now() WHERE state = 'retryable'`)
+		if _, err := sweepB.sweepOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proxy.down.Store(false)
+	workOnce()
+	if state := queryStrings(t, dbA, `SELECT state::text || ' ' || attempt FROM outbox.jobs WHERE event_id = `+itoa(eventID)); !cmp.Equal(state, []string{"completed 18"}) {
+		t.Fatalf("A's replayed job: %v, want completed at its 18th attempt", state)
+	}
+	t.Logf("the last attempt reached B %s after the first delivery (%s after the replay)", (edge + elapsed).Round(time.Minute), elapsed.Round(time.Minute))
+	if n := inB(); n != 1 {
+		t.Errorf("B recorded A's event %d times, want once: its dedup record (window %s) was gone %s after the first delivery",
+			n, cfg.Retention.Inbox, (edge + elapsed).Round(time.Minute))
+	}
 }
 
 // queryStrings runs a query of one text column, on a pool or in a

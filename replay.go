@@ -11,6 +11,72 @@ import (
 	"time"
 )
 
+// The dedup rule (issue 15). A receiver recognises a second delivery of a
+// webhook only while it keeps the record of the first, which it made no
+// earlier than the event was recorded. So every delivery of an event must
+// reach the receiver within the receiver's dedup window, counted from the
+// event's recording. The deliveries of an event, and how late each can be:
+//
+//   - The first delivery and its retries run from fan-out for at most the
+//     retry horizon (retryHorizon: every delay at its longest, every
+//     Retry-After at its hour). A record, if the receiver made one, dates
+//     from the first of these attempts, so they all end within a horizon
+//     of it.
+//   - A replay resends events recorded within events retention
+//     (replayEndpoint clamps to it by created_at), so it starts at most
+//     events retention after the event.
+//   - A retry by hand of a discarded job: retention.go keeps an event while
+//     any job of it is not completed, so a discarded job keeps its event
+//     for -discarded-jobs-retention after the discard, which comes up to a
+//     horizon after fan-out, and the job cleaner may run an interval late.
+//     Unclamped, such a retry could start 11.4 days after the event at the
+//     defaults. So retries by hand are clamped to events retention too
+//     (retryJob, retryDiscarded).
+//   - A resend, once started, retries for a whole horizon: a replayed
+//     event whose completed job the job cleaner removed (a day after it
+//     finished) gets a new job, at attempt 0.
+//
+// A sender's resend horizon is therefore its events retention plus the
+// retry horizon of its attempts (resendHorizon), and a receiver's window
+// must be longer. Nothing in it waits for a sweep: the clamps count from
+// created_at, and a late sweep only keeps rows longer. What the horizon
+// does not count is the time an attempt starts after its schedule (a busy
+// pool, the rescuer) and a difference between the two databases' clocks;
+// an outboxd inbox keeps one retention interval for them, advertising its
+// retention less the interval (advertisedWindow). Together, the rule an
+// outboxd checks for itself at start is
+//
+//	inbox retention > events retention + retry horizon + retention interval
+//
+// (11.4 days at the defaults), as if its senders were configured like it.
+
+// resendHorizon is how long after an event was recorded a sender with this
+// events retention and these attempts may still deliver it. bounded is
+// false when events are kept forever: a replay may then resend any of them.
+func resendHorizon(eventsRetention time.Duration, maxAttempts int) (horizon time.Duration, bounded bool) {
+	if eventsRetention <= 0 {
+		return 0, false
+	}
+	return eventsRetention + retryHorizon(maxAttempts), true
+}
+
+// advertisedWindow is the dedup window an outboxd inbox promises: its
+// retention less one retention interval of margin. 0 (retention off,
+// records kept forever) promises no bound, and nothing is advertised.
+func advertisedWindow(inboxRetention, interval time.Duration) time.Duration {
+	if inboxRetention <= 0 {
+		return 0
+	}
+	return max(inboxRetention-interval, 0)
+}
+
+// windowCovers is the rule: a receiver's dedup window covers a sender when
+// it is longer than the sender's resend horizon.
+func windowCovers(window, eventsRetention time.Duration, maxAttempts int) bool {
+	horizon, bounded := resendHorizon(eventsRetention, maxAttempts)
+	return bounded && window > horizon
+}
+
 // ReplayResult says what a replay did, and whether it had to start later
 // than asked because older events are gone.
 type ReplayResult struct {

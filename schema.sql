@@ -705,9 +705,9 @@ CREATE TABLE IF NOT EXISTS outbox.inbox_sources (
 -- its 2xx only after that commit.
 --
 -- Inbox retention (retention.go) deletes rows older than the inbox window,
--- which is longer than events retention plus its sweep cadence, so a
--- sender's retries (at most the retry horizon, under events retention) all
--- meet the row. event_id has no foreign key on purpose: events are pruned
+-- which is longer than events retention plus the retry horizon plus the
+-- sweep cadence (the dedup rule, replay.go), so every resend of a sender
+-- configured alike meets the row. event_id has no foreign key on purpose: events are pruned
 -- first, and the dedup record outliving its event is the safe direction.
 CREATE TABLE IF NOT EXISTS outbox.inbox (
   source      text        NOT NULL,
