@@ -129,7 +129,7 @@ func handleListJobs(a *admin) apiFunc {
 // answered as it is after the retry.
 func handleRetryJob(a *admin) apiFunc {
 	return byID(func(ctx context.Context, id int64) (JobView, error) {
-		if err := retryJob(ctx, a.db, id); err != nil {
+		if err := retryJob(ctx, a.db, id, a.eventsRetention); err != nil {
 			return JobView{}, err
 		}
 		jobs, err := listJobs(ctx, a.db, JobFilter{Before: id + 1, Limit: 1})
@@ -257,11 +257,11 @@ func handleReplayEndpoint(a *admin) apiFunc {
 }
 
 // handleRetryDiscarded is POST /api/endpoints/{id}/retry-discarded:
-// {"jobs": n}, the discarded deliveries that run again.
+// {"jobs": n, "skipped": m, "message"}, the discarded deliveries that run
+// again and those too old to.
 func handleRetryDiscarded(a *admin) apiFunc {
-	return byID(func(ctx context.Context, id int64) (map[string]int64, error) {
-		n, err := retryDiscarded(ctx, a.db, id)
-		return map[string]int64{"jobs": n}, err
+	return byID(func(ctx context.Context, id int64) (RetryResult, error) {
+		return retryDiscarded(ctx, a.db, id, a.eventsRetention)
 	})
 }
 

@@ -77,6 +77,26 @@ func windowCovers(window, eventsRetention time.Duration, maxAttempts int) bool {
 	return bounded && window > horizon
 }
 
+// resendCutoff bounds a resend an operator starts (a replay, a retry by
+// hand) at now: only events recorded at or after from may be resent, at
+// most events retention old, which is what the dedup rule lets a sender
+// resend. bounded is false with events kept forever; why says what bounds
+// it, for the operator.
+func resendCutoff(now time.Time, eventsRetention time.Duration) (from time.Time, why string, bounded bool) {
+	if eventsRetention <= 0 {
+		return time.Time{}, "", false
+	}
+	return now.Add(-eventsRetention), fmt.Sprintf("events older than the retention window (%s) may already be deleted, and a receiver's dedup record with them", eventsRetention), true
+}
+
+// databaseNow is the database's clock, the one that stamps created_at,
+// which every resend cutoff is compared with.
+func databaseNow(ctx context.Context, db *sql.DB) (time.Time, error) {
+	var now time.Time
+	err := db.QueryRowContext(ctx, `SELECT now()`).Scan(&now)
+	return now, err
+}
+
 // ReplayResult says what a replay did, and whether it had to start later
 // than asked because older events are gone.
 type ReplayResult struct {
@@ -124,26 +144,26 @@ SELECT (SELECT count(*) FROM candidates),
        (SELECT count(*) FROM enqueued)`
 
 // replayEndpoint replays to endpoint id every event recorded since since,
-// clamped to the events retention window: older events may already be
-// pruned, and a replay that silently skipped some would mislead. Batches
-// run in their own transactions, so a replay of a week holds no long lock.
+// clamped by resendCutoff: older events may already be pruned, and a
+// receiver's dedup record of them too, and a replay that silently skipped
+// some would mislead. Batches run in their own transactions, so a replay
+// of a week holds no long lock.
 func replayEndpoint(ctx context.Context, db *sql.DB, id int64, since time.Time, retention time.Duration, maxAttempts int) (ReplayResult, error) {
 	res := ReplayResult{Requested: since, From: since}
-	var now time.Time
-	if err := db.QueryRowContext(ctx, `SELECT now()`).Scan(&now); err != nil {
+	now, err := databaseNow(ctx, db)
+	if err != nil {
 		return res, fmt.Errorf("replay endpoint %d: %w", id, err)
 	}
 	if since.After(now) {
 		return res, fmt.Errorf("%w: replay from %s is in the future", errInvalid, since.Format(time.RFC3339))
 	}
-	if oldest := now.Add(-retention); retention > 0 && since.Before(oldest) {
-		res.From, res.Clamped = oldest, true
-		res.Message = fmt.Sprintf("replay starts at %s, not %s: events older than the retention window (%s) may already be deleted",
-			oldest.Format(time.RFC3339), since.Format(time.RFC3339), retention)
-	}
 	ep, err := getEndpoint(ctx, db, id)
 	if err != nil {
 		return res, err
+	}
+	if oldest, why, bounded := resendCutoff(now, retention); bounded && since.Before(oldest) {
+		res.From, res.Clamped = oldest, true
+		res.Message = fmt.Sprintf("replay starts at %s, not %s: %s", oldest.Format(time.RFC3339), since.Format(time.RFC3339), why)
 	}
 	if ep.State == endpointDisabled {
 		return res, fmt.Errorf("%w: endpoint %d is disabled; enable it before replaying", errInvalid, id)
