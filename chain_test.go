@@ -17,6 +17,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -172,6 +173,13 @@ func chainWorkers(t *testing.T, db *sql.DB, cfg WorkerConfig) *workerPool {
 		map[string]jobHandler{webhookJobKind: newWebhookSender(db, client, nil, nil, testLogger(t)).deliver}, testLogger(t))
 }
 
+// chainPolicy is an endpoint policy that advertises an inbox window.
+func chainPolicy(inboxWindow time.Duration) endpointPolicy {
+	p := testPolicy
+	p.InboxWindow = inboxWindow
+	return p
+}
+
 // The issue's duplicate at its boundary. Both sides run the default
 // configuration. A's event reached B; later, with the event a minute short
 // of A's events window (its completed job long cleaned away), an operator
@@ -189,7 +197,7 @@ func TestChainReplayAtTheEdgeOfTheWindowReachesBOnce(t *testing.T) {
 	dbA, _ := newTestDB(t)
 	dbB, _ := newTestDB(t)
 	apiA := newTestAPI(t, dbA, testPolicy)
-	apiB := newTestAPI(t, dbB, testPolicy)
+	apiB := newTestAPI(t, dbB, chainPolicy(advertisedWindow(cfg.Retention.Inbox, cfg.Retention.Interval)))
 	proxy := newOutageProxy(t, apiB.srv.URL)
 	ep := apiA.createEndpoint(proxy.srv.URL + "/webhooks/a")
 	body, _ := json.Marshal(map[string]string{"name": "a", "secret": ep.Secret})
@@ -213,6 +221,11 @@ func TestChainReplayAtTheEdgeOfTheWindowReachesBOnce(t *testing.T) {
 	if n := inB(); n != 1 {
 		t.Fatalf("after the first delivery B has the event %d times, want 1", n)
 	}
+	// A learned B's window (288h less the interval), which covers it: the
+	// replay below is bounded by A's own events retention alone.
+	if got := endpointWindow(t, apiA, ep.ID); got != 287*3600 {
+		t.Fatalf("A recorded B's dedup window as %d s, want 1033200", got)
+	}
 
 	// Both sides a minute short of A's events window later. A's sweep
 	// removes the completed job (a day's window) and keeps the event.
@@ -228,8 +241,8 @@ func TestChainReplayAtTheEdgeOfTheWindowReachesBOnce(t *testing.T) {
 	since := time.Now().Add(-30 * 24 * time.Hour).UTC().Format(time.RFC3339)
 	status, resp := apiA.do("POST", fmt.Sprintf("/api/endpoints/%d/replay", ep.ID), `{"since":"`+since+`"}`)
 	var replay ReplayResult
-	if err := json.Unmarshal(resp, &replay); status != http.StatusOK || err != nil || replay.Jobs != 1 {
-		t.Fatalf("replay: %d %s, want 200 with the event replayed", status, resp)
+	if err := json.Unmarshal(resp, &replay); status != http.StatusOK || err != nil || replay.Jobs != 1 || !strings.Contains(replay.Message, "retention window") {
+		t.Fatalf("replay: %d %s, want 200 with the event replayed, clamped to events retention", status, resp)
 	}
 
 	// B's outage: each failed attempt waits what it scheduled, on both
@@ -260,6 +273,121 @@ func TestChainReplayAtTheEdgeOfTheWindowReachesBOnce(t *testing.T) {
 	if n := inB(); n != 1 {
 		t.Errorf("B recorded A's event %d times, want once: its dedup record (window %s) was gone %s after the first delivery",
 			n, cfg.Retention.Inbox, (edge + elapsed).Round(time.Minute))
+	}
+}
+
+// endpointWindow is the dedup window A's API shows for an endpoint, in
+// seconds; 0 when none was advertised.
+func endpointWindow(t *testing.T, api *testAPI, id int64) int64 {
+	t.Helper()
+	status, resp := api.do("GET", fmt.Sprintf("/api/endpoints/%d", id), "")
+	var ep Endpoint
+	if err := json.Unmarshal(resp, &ep); status != http.StatusOK || err != nil {
+		t.Fatalf("get endpoint %d: %d %s", id, status, resp)
+	}
+	if ep.DedupWindowSeconds == nil {
+		return 0
+	}
+	if ep.DedupWindowSeenAt == nil {
+		t.Errorf("endpoint %d: a window without the time it was seen", id)
+	}
+	return *ep.DedupWindowSeconds
+}
+
+// A receiver whose window does not cover A, through real deliveries: B
+// advertises 191h (an outboxd at the old default inbox retention of 192h),
+// shorter than A's resend horizon of 272h4m49.2s. A records it from B's
+// 2xx, its overview raises receiver_window_short, and a replay and a retry
+// by hand resend only events younger than B's window less A's retry
+// horizon (86h55m10.8s): an event of 4 days stays unsent, while B, which
+// has it once, would have forgotten it before a resend's last attempt.
+func TestChainShortReceiverWindowClampsResendsAndAlerts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbA, _ := newTestDB(t)
+	dbB, _ := newTestDB(t)
+	apiA := newTestAPI(t, dbA, testPolicy)
+	apiB := newTestAPI(t, dbB, chainPolicy(191*time.Hour))
+	ep := apiA.createEndpoint(apiB.srv.URL + "/webhooks/a")
+	body, _ := json.Marshal(map[string]string{"name": "a", "secret": ep.Secret})
+	if status, resp := apiB.do("POST", "/api/sources", string(body)); status != http.StatusCreated {
+		t.Fatalf("create source in B: %d %s", status, resp)
+	}
+	workers := chainWorkers(t, dbA, defaultConfig().Workers)
+	deliver := func() {
+		t.Helper()
+		relayAll(t, dbA)
+		if _, err := workers.workOnce(ctx, 10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inB := func() []string {
+		return queryStrings(t, dbB, `SELECT subject FROM outbox.events WHERE topic = 'a.order.paid' ORDER BY subject`)
+	}
+
+	if got := endpointWindow(t, apiA, ep.ID); got != 0 {
+		t.Fatalf("a window of %d s before any answer", got)
+	}
+	old := record(t, dbA, "order.paid", "old")
+	deliver()
+	if got := endpointWindow(t, apiA, ep.ID); got != 687_600 {
+		t.Fatalf("A recorded B's dedup window as %d s, want 687600 (191h)", got)
+	}
+	var o Overview
+	if status, resp := apiA.do("GET", "/api/overview", ""); status != http.StatusOK || json.Unmarshal(resp, &o) != nil {
+		t.Fatalf("overview: %d %s", status, resp)
+	}
+	if names := alertNamesOf(o.Alerts); !cmp.Equal(names, []string{"receiver_window_short"}) ||
+		!strings.Contains(o.Alerts[0].Message, fmt.Sprintf("endpoint %d (191h0m0s)", ep.ID)) {
+		t.Errorf("A's alerts %v, want receiver_window_short naming endpoint %d: %+v", names, ep.ID, o.Alerts)
+	}
+
+	// Four days on, a new event; the old one's job is discarded, as if
+	// its delivery had failed for good.
+	ageDatabase(t, dbA, 4*24*time.Hour)
+	ageDatabase(t, dbB, 4*24*time.Hour)
+	record(t, dbA, "order.paid", "new")
+	deliver()
+	mustExec(t, dbA, `UPDATE outbox.jobs SET state = 'discarded' WHERE event_id = $1`, old)
+	if diff := cmp.Diff([]string{"new", "old"}, inB()); diff != "" {
+		t.Fatalf("B's events (-want +got):\n%s", diff)
+	}
+
+	var retried RetryResult
+	status, resp := apiA.do("POST", fmt.Sprintf("/api/endpoints/%d/retry-discarded", ep.ID), "")
+	if err := json.Unmarshal(resp, &retried); status != http.StatusOK || err != nil || retried.Jobs != 0 || retried.Skipped != 1 ||
+		!strings.Contains(retried.Message, "webhook-dedup-window") {
+		t.Errorf("retry-discarded: %d %s, want the old event's delivery skipped because of B's window", status, resp)
+	}
+	job := webhookJob(t, dbA, old, ep.ID)
+	if status, resp := apiA.do("POST", fmt.Sprintf("/api/jobs/%d/retry", job), ""); status != http.StatusBadRequest {
+		t.Errorf("retry of the old event's delivery: %d %s, want 400", status, resp)
+	}
+	since := time.Now().Add(-30 * 24 * time.Hour).UTC().Format(time.RFC3339)
+	status, resp = apiA.do("POST", fmt.Sprintf("/api/endpoints/%d/replay", ep.ID), `{"since":"`+since+`"}`)
+	var replay ReplayResult
+	if err := json.Unmarshal(resp, &replay); status != http.StatusOK || err != nil || replay.Jobs != 1 || !replay.Clamped ||
+		!strings.Contains(replay.Message, "191h0m0s") {
+		t.Fatalf("replay: %d %s, want only the new event, clamped to B's window", status, resp)
+	}
+	if from := time.Since(replay.From); from < 86*time.Hour || from > 87*time.Hour {
+		t.Errorf("replay from %s ago, want 86h55m10.8s (191h less the retry horizon)", from)
+	}
+	deliver()
+	if diff := cmp.Diff([]string{"new", "old"}, inB()); diff != "" {
+		t.Errorf("B's events after the replay (-want +got):\n%s", diff)
+	}
+	if state := queryStrings(t, dbA, `SELECT state::text FROM outbox.jobs WHERE id = `+itoa(job)); !cmp.Equal(state, []string{"discarded"}) {
+		t.Errorf("the old event's delivery is %v, want it still discarded", state)
+	}
+
+	// The window is the receiver's: an edit keeps it, a new URL drops it.
+	path := fmt.Sprintf("/api/endpoints/%d", ep.ID)
+	if status, resp := apiA.do("PATCH", path, `{"description": "B"}`); status != http.StatusOK || endpointWindow(t, apiA, ep.ID) != 687_600 {
+		t.Errorf("after a new description: %d %s, want the window kept", status, resp)
+	}
+	if status, resp := apiA.do("PATCH", path, `{"url": "`+apiB.srv.URL+`/webhooks/elsewhere"}`); status != http.StatusOK || endpointWindow(t, apiA, ep.ID) != 0 {
+		t.Errorf("after a new URL: %d %s, want no window", status, resp)
 	}
 }
 

@@ -25,6 +25,14 @@ import (
 	"github.com/lib/pq/pqerror"
 )
 
+// headerDedupWindow is outboxd's own response header, not part of
+// Standard Webhooks: the inbox's dedup window in whole seconds
+// (advertisedWindow, replay.go), how long after a first delivery it still
+// recognises a second one. An outboxd sender records it from 2xx answers
+// per endpoint, clamps its resends to it and alerts when it is shorter
+// than its own resend horizon (README, "The inbox").
+const headerDedupWindow = "webhook-dedup-window"
+
 // InboxSource is one row of outbox.inbox_sources as the API shows it; the
 // secret only in the answers to create and rotate-secret.
 type InboxSource struct {

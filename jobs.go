@@ -110,11 +110,15 @@ WHERE id = $1
        OR event_id IN (SELECT id FROM outbox.events WHERE created_at >= $2))
 RETURNING id`
 
-// jobResendSQL reads what bounds a retry of one job by hand.
+// jobResendSQL reads what bounds a retry of one job by hand: its state,
+// whether it has an endpoint and the window that endpoint's receiver
+// advertised, and its event's age.
 const jobResendSQL = `
-SELECT j.state::text, j.endpoint_id IS NOT NULL, e.created_at, now()
+SELECT j.state::text, j.endpoint_id IS NOT NULL, coalesce(ep.dedup_window_seconds, 0),
+       e.created_at, now()
 FROM outbox.jobs AS j
 JOIN outbox.events AS e ON e.id = j.event_id
+LEFT JOIN outbox.endpoints AS ep ON ep.id = j.endpoint_id
 WHERE j.id = $1`
 
 // retryJob retries one job by hand and wakes the workers. A discarded
@@ -123,11 +127,12 @@ WHERE j.id = $1`
 // gone (the dedup rule, replay.go). A retryable or available job is still
 // in a run of attempts the rule covers; retrying it only brings its next
 // attempt forward. Jobs without an endpoint reach no receiver.
-func retryJob(ctx context.Context, db *sql.DB, id int64, eventsRetention time.Duration) error {
+func retryJob(ctx context.Context, db *sql.DB, id int64, eventsRetention time.Duration, maxAttempts int) error {
 	var state string
 	var delivery bool
+	var windowSeconds int64
 	var created, now time.Time
-	err := db.QueryRowContext(ctx, jobResendSQL, id).Scan(&state, &delivery, &created, &now)
+	err := db.QueryRowContext(ctx, jobResendSQL, id).Scan(&state, &delivery, &windowSeconds, &created, &now)
 	if errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("retry job %d: %w", id, errNotFound)
 	}
@@ -135,7 +140,8 @@ func retryJob(ctx context.Context, db *sql.DB, id int64, eventsRetention time.Du
 		return fmt.Errorf("retry job %d: %w", id, err)
 	}
 	var cutoff *time.Time
-	if from, why, bounded := resendCutoff(now, eventsRetention); delivery && bounded {
+	window := time.Duration(windowSeconds) * time.Second
+	if from, why, bounded := resendCutoff(now, eventsRetention, maxAttempts, window); delivery && bounded {
 		if jobState(state) == jobDiscarded && created.Before(from) {
 			return fmt.Errorf("%w: job %d stays discarded: its event was recorded at %s, before %s, and %s",
 				errInvalid, id, created.Format(time.RFC3339), from.Format(time.RFC3339), why)
@@ -192,9 +198,10 @@ WHERE j.endpoint_id = $1
 // retryDiscarded retries the discarded deliveries of an endpoint, in
 // batches of manualBatch, and wakes the workers. Like a replay, it resends
 // only events resendCutoff allows, and says how many it left.
-func retryDiscarded(ctx context.Context, db *sql.DB, endpointID int64, eventsRetention time.Duration) (RetryResult, error) {
+func retryDiscarded(ctx context.Context, db *sql.DB, endpointID int64, eventsRetention time.Duration, maxAttempts int) (RetryResult, error) {
 	var res RetryResult
-	if _, err := getEndpoint(ctx, db, endpointID); err != nil {
+	ep, err := getEndpoint(ctx, db, endpointID)
+	if err != nil {
 		return res, err
 	}
 	now, err := databaseNow(ctx, db)
@@ -202,7 +209,7 @@ func retryDiscarded(ctx context.Context, db *sql.DB, endpointID int64, eventsRet
 		return res, fmt.Errorf("retry discarded jobs of endpoint %d: %w", endpointID, err)
 	}
 	var cutoff *time.Time
-	from, why, bounded := resendCutoff(now, eventsRetention)
+	from, why, bounded := resendCutoff(now, eventsRetention, maxAttempts, ep.dedupWindow())
 	if bounded {
 		cutoff = &from
 	}

@@ -135,8 +135,18 @@ func defaultConfig() Config {
 		DBMaxConns:    20,
 		ShutdownGrace: 30 * time.Second,
 	}
-	c.Retention.Inbox = c.defaultInboxRetention()
+	c.derive(false)
 	return c
+}
+
+// derive sets the settings that follow from others: the inbox window,
+// unless it was given, and the resend horizon the receiver_window_short
+// alert holds receivers' windows against.
+func (c *Config) derive(inboxGiven bool) {
+	if !inboxGiven {
+		c.Retention.Inbox = c.defaultInboxRetention()
+	}
+	c.Alerts.ResendHorizon = resendHorizon(c.Retention.Events, c.Workers.MaxAttempts)
 }
 
 // inboxRetentionMargin is the least an inbox keeps its records beyond
@@ -151,8 +161,8 @@ const inboxRetentionMargin = 24 * time.Hour
 // forever keep their dedup records forever (0).
 func (c Config) defaultInboxRetention() time.Duration {
 	r := c.Retention
-	horizon, bounded := resendHorizon(r.Events, c.Workers.MaxAttempts)
-	if !bounded {
+	horizon := resendHorizon(r.Events, c.Workers.MaxAttempts)
+	if horizon == 0 {
 		return 0
 	}
 	const day = 24 * time.Hour
@@ -192,9 +202,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 	if err != nil {
 		return cfg, err
 	}
-	if !given["inbox-retention"] {
-		cfg.Retention.Inbox = cfg.defaultInboxRetention()
-	}
+	cfg.derive(given["inbox-retention"])
 	return cfg, cfg.validate()
 }
 
@@ -391,7 +399,7 @@ func (c Config) validateInboxRetention() error {
 	case r.Events == 0:
 		return fmt.Errorf("%s = %s bounds the inbox, but %s = 0 keeps events, and lets a replay resend them, forever: set %s to 0 too, or bound events retention",
 			setting("inbox-retention"), r.Inbox, setting("events-retention"), setting("inbox-retention"))
-	case windowCovers(advertisedWindow(r.Inbox, r.Interval), r.Events, c.Workers.MaxAttempts) && r.Inbox >= r.Events+inboxRetentionMargin:
+	case windowCovers(advertisedWindow(r.Inbox, r.Interval), resendHorizon(r.Events, c.Workers.MaxAttempts)) && r.Inbox >= r.Events+inboxRetentionMargin:
 		return nil
 	}
 	h := retryHorizon(c.Workers.MaxAttempts)
@@ -480,6 +488,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		endpoints: endpointPolicy{
 			AllowPrivate:   cfg.AllowPrivateEndpoints,
 			RotationWindow: cfg.Webhooks.SecretRotationWindow,
+			InboxWindow:    advertisedWindow(cfg.Retention.Inbox, cfg.Retention.Interval),
 		},
 		metricsPublic: cfg.MetricsPublic,
 		logger:        logger,

@@ -264,7 +264,7 @@ func (p *panel) handleRetry(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		id, err := pathID(r)
 		if err == nil {
-			err = retryJob(r.Context(), a.db, id, a.eventsRetention)
+			err = retryJob(r.Context(), a.db, id, a.eventsRetention, a.maxAttempts)
 		}
 		if err != nil {
 			return err
@@ -426,7 +426,7 @@ func (c endpointClick) rotateSecret() (string, error) {
 }
 
 func (c endpointClick) retryDiscarded() (string, error) {
-	res, err := retryDiscarded(c.r.Context(), c.a.db, c.id, c.a.eventsRetention)
+	res, err := retryDiscarded(c.r.Context(), c.a.db, c.id, c.a.eventsRetention, c.a.maxAttempts)
 	done := fmt.Sprintf("%d discarded deliveries will run now.", res.Jobs)
 	if res.Message != "" {
 		done += " " + res.Message

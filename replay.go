@@ -51,13 +51,13 @@ import (
 // (11.4 days at the defaults), as if its senders were configured like it.
 
 // resendHorizon is how long after an event was recorded a sender with this
-// events retention and these attempts may still deliver it. bounded is
-// false when events are kept forever: a replay may then resend any of them.
-func resendHorizon(eventsRetention time.Duration, maxAttempts int) (horizon time.Duration, bounded bool) {
+// events retention and these attempts may still deliver it. 0 means
+// unbounded: with events kept forever a replay may resend any of them.
+func resendHorizon(eventsRetention time.Duration, maxAttempts int) time.Duration {
 	if eventsRetention <= 0 {
-		return 0, false
+		return 0
 	}
-	return eventsRetention + retryHorizon(maxAttempts), true
+	return eventsRetention + retryHorizon(maxAttempts)
 }
 
 // advertisedWindow is the dedup window an outboxd inbox promises: its
@@ -71,22 +71,35 @@ func advertisedWindow(inboxRetention, interval time.Duration) time.Duration {
 }
 
 // windowCovers is the rule: a receiver's dedup window covers a sender when
-// it is longer than the sender's resend horizon.
-func windowCovers(window, eventsRetention time.Duration, maxAttempts int) bool {
-	horizon, bounded := resendHorizon(eventsRetention, maxAttempts)
-	return bounded && window > horizon
+// it is longer than the sender's resend horizon (0: unbounded, which no
+// window covers).
+func windowCovers(window, horizon time.Duration) bool {
+	return horizon > 0 && window > horizon
 }
 
 // resendCutoff bounds a resend an operator starts (a replay, a retry by
-// hand) at now: only events recorded at or after from may be resent, at
-// most events retention old, which is what the dedup rule lets a sender
-// resend. bounded is false with events kept forever; why says what bounds
-// it, for the operator.
-func resendCutoff(now time.Time, eventsRetention time.Duration) (from time.Time, why string, bounded bool) {
-	if eventsRetention <= 0 {
-		return time.Time{}, "", false
+// hand) at now: only events recorded at or after from may be resent. It
+// is the dedup rule turned around. An event may be at most events
+// retention old, which is what this sender promises receivers configured
+// like it; and, toward a receiver that advertised its window (0: none),
+// at most that window less the retry horizon old, so the resend's last
+// attempt still finds the record. A window shorter than the horizon
+// leaves nothing to resend (from is now). bounded is false when neither
+// applies; why says what bounds it, for the operator.
+func resendCutoff(now time.Time, eventsRetention time.Duration, maxAttempts int, window time.Duration) (from time.Time, why string, bounded bool) {
+	if eventsRetention > 0 {
+		from, bounded = now.Add(-eventsRetention), true
+		why = fmt.Sprintf("events older than the retention window (%s) may already be deleted, and a receiver's dedup record with them", eventsRetention)
 	}
-	return now.Add(-eventsRetention), fmt.Sprintf("events older than the retention window (%s) may already be deleted, and a receiver's dedup record with them", eventsRetention), true
+	if window > 0 {
+		h := retryHorizon(maxAttempts)
+		if oldest := now.Add(-max(window-h, 0)); !bounded || oldest.After(from) {
+			from, bounded = oldest, true
+			why = fmt.Sprintf("the receiver recognises a redelivery for %s (its %s), and a resend may retry for %s, so an older event could be recorded twice",
+				window, headerDedupWindow, h.Round(time.Second))
+		}
+	}
+	return from, why, bounded
 }
 
 // databaseNow is the database's clock, the one that stamps created_at,
@@ -161,7 +174,7 @@ func replayEndpoint(ctx context.Context, db *sql.DB, id int64, since time.Time, 
 	if err != nil {
 		return res, err
 	}
-	if oldest, why, bounded := resendCutoff(now, retention); bounded && since.Before(oldest) {
+	if oldest, why, bounded := resendCutoff(now, retention, maxAttempts, ep.dedupWindow()); bounded && since.Before(oldest) {
 		res.From, res.Clamped = oldest, true
 		res.Message = fmt.Sprintf("replay starts at %s, not %s: %s", oldest.Format(time.RFC3339), since.Format(time.RFC3339), why)
 	}
