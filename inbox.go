@@ -7,7 +7,9 @@
 //   - The dedup row (source, webhook-id) and the local event commit in one
 //     transaction; the sender gets its 2xx only after that commit. A second
 //     delivery of the same webhook-id answers 2xx and changes nothing, for
-//     as long as inbox retention keeps the row (longer than any retry).
+//     as long as inbox retention keeps the row: longer than every resend
+//     of a sender configured alike (the dedup rule, replay.go), and told
+//     to every sender in headerDedupWindow.
 
 package main
 

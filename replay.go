@@ -1,5 +1,6 @@
 // replay.go: sending an endpoint the events it has seen (or missed) again,
-// from a point in time, and retrying its discarded deliveries by hand.
+// from a point in time, and the dedup rule that bounds every resend, by
+// replay or by hand (jobs.go), and the inbox's retention (main.go).
 
 package main
 
@@ -11,11 +12,13 @@ import (
 	"time"
 )
 
-// The dedup rule (issue 15). A receiver recognises a second delivery of a
-// webhook only while it keeps the record of the first, which it made no
-// earlier than the event was recorded. So every delivery of an event must
-// reach the receiver within the receiver's dedup window, counted from the
-// event's recording. The deliveries of an event, and how late each can be:
+// The dedup rule (README, "The inbox"; its boundary is
+// TestChainReplayAtTheEdgeOfTheWindowReachesBOnce). A receiver recognises
+// a second delivery of a webhook only while it keeps the record of the
+// first, which it made no earlier than the event was recorded. So every
+// delivery of an event must reach the receiver within the receiver's
+// dedup window, counted from the event's recording. The deliveries of an
+// event, and how late each can be:
 //
 //   - The first delivery and its retries run from fan-out for at most the
 //     retry horizon (retryHorizon: every delay at its longest, every
@@ -29,9 +32,10 @@ import (
 //     any job of it is not completed, so a discarded job keeps its event
 //     for -discarded-jobs-retention after the discard, which comes up to a
 //     horizon after fan-out, and the job cleaner may run an interval late.
-//     Unclamped, such a retry could start 11.4 days after the event at the
-//     defaults. So retries by hand are clamped to events retention too
-//     (retryJob, retryDiscarded).
+//     Unclamped, such a retry could start 4.3 + 7 days and an hour after
+//     the event at the defaults, and retry for 4.3 days more. So retries
+//     by hand are clamped to events retention too (retryJob,
+//     retryDiscarded).
 //   - A resend, once started, retries for a whole horizon: a replayed
 //     event whose completed job the job cleaner removed (a day after it
 //     finished) gets a new job, at attempt 0.
