@@ -91,7 +91,7 @@ func routes(a *admin) http.Handler {
 	}
 	// The inbox authenticates each request by its source's signature, not
 	// by the admin token: senders hold no token.
-	mux.Handle("POST /webhooks/{source}", a.serveJSON(handleInbox(a)))
+	mux.Handle("POST /webhooks/{source}", advertiseDedupWindow(a.endpoints.InboxWindow, a.serveJSON(handleInbox(a))))
 	if a.demo != nil {
 		mux.Handle("POST /demo/hook", a.demo.receiver()) // signed, like any webhook
 	}

@@ -63,6 +63,23 @@ func newSealingTestServer(t *testing.T, db *sql.DB, policy endpointPolicy, box *
 	return srv
 }
 
+// newLoggingTestServer serves the real routes over db, as the minimal
+// admin of a process, logging to the buffer it returns.
+func newLoggingTestServer(t *testing.T, db *sql.DB) (*httptest.Server, *syncBuffer) {
+	t.Helper()
+	var logs syncBuffer
+	pnl, err := newPanel(testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(routes(&admin{
+		db: db, token: testToken, alerts: defaultConfig().Alerts, panel: pnl, endpoints: testPolicy,
+		logger: slog.New(slog.NewTextHandler(&logs, nil)),
+	}))
+	t.Cleanup(srv.Close)
+	return srv, &logs
+}
+
 // apiCall sends a request with the admin token and decodes a JSON answer.
 func apiCall(t *testing.T, srv *httptest.Server, method, path, body string, out any) int {
 	t.Helper()
@@ -557,16 +574,7 @@ func TestEndpointActionsChangeWhatTheySay(t *testing.T) {
 func TestServerErrorsAreLoggedOnce(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
-	var logs syncBuffer
-	pnl, err := newPanel(testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(routes(&admin{
-		db: db, token: testToken, alerts: defaultConfig().Alerts, panel: pnl, endpoints: testPolicy,
-		logger: slog.New(slog.NewTextHandler(&logs, nil)),
-	}))
-	t.Cleanup(srv.Close)
+	srv, logs := newLoggingTestServer(t, db)
 	mustExec(t, db, `DROP TABLE outbox.subjects`) // every read of the index now fails
 
 	var answer map[string]string

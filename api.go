@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"strconv"
 	"time"
 )
 
@@ -129,7 +130,7 @@ func handleListJobs(a *admin) apiFunc {
 // answered as it is after the retry.
 func handleRetryJob(a *admin) apiFunc {
 	return byID(func(ctx context.Context, id int64) (JobView, error) {
-		if err := retryJob(ctx, a.db, id); err != nil {
+		if err := retryJob(ctx, a.db, id, a.eventsRetention, a.maxAttempts); err != nil {
 			return JobView{}, err
 		}
 		jobs, err := listJobs(ctx, a.db, JobFilter{Before: id + 1, Limit: 1})
@@ -257,11 +258,11 @@ func handleReplayEndpoint(a *admin) apiFunc {
 }
 
 // handleRetryDiscarded is POST /api/endpoints/{id}/retry-discarded:
-// {"jobs": n}, the discarded deliveries that run again.
+// {"jobs": n, "skipped": m, "message"}, the discarded deliveries that run
+// again and those too old to.
 func handleRetryDiscarded(a *admin) apiFunc {
-	return byID(func(ctx context.Context, id int64) (map[string]int64, error) {
-		n, err := retryDiscarded(ctx, a.db, id)
-		return map[string]int64{"jobs": n}, err
+	return byID(func(ctx context.Context, id int64) (RetryResult, error) {
+		return retryDiscarded(ctx, a.db, id, a.eventsRetention, a.maxAttempts)
 	})
 }
 
@@ -425,6 +426,23 @@ func handleInbox(a *admin) apiFunc {
 		}
 		return http.StatusOK, map[string]any{"event_id": eventID}, nil
 	}
+}
+
+// advertiseDedupWindow puts the inbox's dedup window on its answers, in
+// webhook-dedup-window (whole seconds; none for 0). It is set on every
+// answer, before the handler writes one: a sender reads it from 2xx
+// answers only (webhook.go), and wrapping the ResponseWriter to set it on
+// those alone would hide the writer's own methods (the 413's connection
+// close) from http.MaxBytesReader.
+func advertiseDedupWindow(window time.Duration, next http.Handler) http.Handler {
+	if window <= 0 {
+		return next
+	}
+	value := strconv.FormatInt(int64(window/time.Second), 10)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(headerDedupWindow, value)
+		next.ServeHTTP(w, r)
+	})
 }
 
 // inboxError is the answer the inbox gives a delivery it did not record

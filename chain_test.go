@@ -1,17 +1,23 @@
-// chain_test.go: two outboxd setups chained, A's endpoint being B's inbox,
-// through a receiver that fails at random: every event of A is recorded in
-// B exactly once, through A's retries and a replay.
+// chain_test.go: two outboxd setups chained, A's endpoint being B's inbox:
+// every event of A is recorded in B exactly once, through a receiver that
+// fails at random, A's retries and a replay; and through a replay at the
+// edge of A's events window that retries through an outage of B for the
+// whole retry horizon, with both sides' sweeps running.
 
 package main
 
 import (
+	"context"
 	"database/sql"
 	"encoding/json"
+	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -117,6 +123,272 @@ func TestChainAToBExactlyOnceThroughFlakyReceiver(t *testing.T) {
 		t.Errorf("the replay reached B %d times, want at least 10", proxy.forwarded.Load()-seen)
 	}
 	check("after the replay")
+}
+
+// outageProxy forwards to target, or, while down, answers 503 with
+// Retry-After: 3600, as a receiver's load balancer in an outage might:
+// every retry then waits the longest the schedule allows (retryHorizon
+// counts a Retry-After at its hour).
+type outageProxy struct {
+	srv  *httptest.Server
+	down atomic.Bool
+}
+
+func newOutageProxy(t *testing.T, target string) *outageProxy {
+	t.Helper()
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forward := httputil.NewSingleHostReverseProxy(u)
+	p := &outageProxy{}
+	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p.down.Load() {
+			w.Header().Set("Retry-After", "3600")
+			http.Error(w, "outage", http.StatusServiceUnavailable)
+			return
+		}
+		forward.ServeHTTP(w, r)
+	}))
+	t.Cleanup(p.srv.Close)
+	return p
+}
+
+// ageDatabase moves every timestamp of outboxd's rows in db back by d: as
+// if they were written d earlier, which is how these tests let days pass.
+func ageDatabase(t *testing.T, db *sql.DB, d time.Duration) {
+	t.Helper()
+	by := fmt.Sprintf("%d microseconds", d.Microseconds())
+	mustExec(t, db, `UPDATE outbox.events SET created_at = created_at - $1::interval, fanned_out_at = fanned_out_at - $1::interval`, by)
+	mustExec(t, db, `UPDATE outbox.jobs SET created_at = created_at - $1::interval, scheduled_at = scheduled_at - $1::interval,
+		attempted_at = attempted_at - $1::interval, finalized_at = finalized_at - $1::interval`, by)
+	mustExec(t, db, `UPDATE outbox.inbox SET received_at = received_at - $1::interval`, by)
+}
+
+// chainWorkers is A's worker pool, driven one turn at a time (workOnce).
+func chainWorkers(t *testing.T, db *sql.DB, cfg WorkerConfig) *workerPool {
+	t.Helper()
+	client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: 10 * time.Second})
+	return newWorkerPool(db, cfg, time.Minute, newSubscriberRegistry(),
+		map[string]jobHandler{webhookJobKind: newWebhookSender(db, nil, client, nil, nil, testLogger(t)).deliver}, testLogger(t))
+}
+
+// chainPolicy is an endpoint policy that advertises an inbox window.
+func chainPolicy(inboxWindow time.Duration) endpointPolicy {
+	p := testPolicy
+	p.InboxWindow = inboxWindow
+	return p
+}
+
+// The issue's duplicate at its boundary. Both sides run the default
+// configuration. A's event reached B; later, with the event a minute short
+// of A's events window (its completed job long cleaned away), an operator
+// replays A's endpoint from a month ago. B is down, and A retries for the
+// whole retry horizon, each retry waiting what B's Retry-After asks; B's
+// clock moves on with A's schedule and B's retention sweeps run. When B is
+// back, A's last attempt must find B's dedup record: B has the event once.
+func TestChainReplayAtTheEdgeOfTheWindowReachesBOnce(t *testing.T) {
+	t.Parallel()
+	cfg, err := parseConfig(nil, envFrom(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	dbA, _ := newTestDB(t)
+	dbB, _ := newTestDB(t)
+	apiA := newTestAPI(t, dbA, testPolicy)
+	apiB := newTestAPI(t, dbB, chainPolicy(advertisedWindow(cfg.Retention.Inbox, cfg.Retention.Interval)))
+	proxy := newOutageProxy(t, apiB.srv.URL)
+	ep := apiA.createEndpoint(proxy.srv.URL + "/webhooks/a")
+	body, _ := json.Marshal(map[string]string{"name": "a", "secret": ep.Secret})
+	if status, resp := apiB.do("POST", "/api/sources", string(body)); status != http.StatusCreated {
+		t.Fatalf("create source in B: %d %s", status, resp)
+	}
+	sweepA := newSweeper(dbA, cfg.Retention, "a:1", testLogger(t))
+	sweepB := newSweeper(dbB, cfg.Retention, "b:1", testLogger(t))
+	workers := chainWorkers(t, dbA, cfg.Workers)
+	workOnce := func() {
+		t.Helper()
+		if _, err := workers.workOnce(ctx, 10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inB := func() int { return queryInt(t, dbB, `SELECT count(*) FROM outbox.events WHERE topic = 'a.order.paid'`) }
+
+	eventID := record(t, dbA, "order.paid", "o-1")
+	relayAll(t, dbA)
+	workOnce()
+	if n := inB(); n != 1 {
+		t.Fatalf("after the first delivery B has the event %d times, want 1", n)
+	}
+	// A learned B's window (288h less the interval), which covers it: the
+	// replay below is bounded by A's own events retention alone.
+	if got := endpointWindow(t, apiA, ep.ID); got != 287*3600 {
+		t.Fatalf("A recorded B's dedup window as %d s, want 1033200", got)
+	}
+
+	// Both sides a minute short of A's events window later. A's sweep
+	// removes the completed job (a day's window) and keeps the event.
+	edge := cfg.Retention.Events - time.Minute
+	ageDatabase(t, dbA, edge)
+	ageDatabase(t, dbB, edge)
+	if _, err := sweepA.sweepOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := queryInt(t, dbA, `SELECT count(*) FROM outbox.jobs WHERE kind = 'webhook'`); n != 0 {
+		t.Fatalf("A's job cleaner left %d webhook jobs, want 0", n)
+	}
+	since := time.Now().Add(-30 * 24 * time.Hour).UTC().Format(time.RFC3339)
+	status, resp := apiA.do("POST", fmt.Sprintf("/api/endpoints/%d/replay", ep.ID), `{"since":"`+since+`"}`)
+	var replay ReplayResult
+	if err := json.Unmarshal(resp, &replay); status != http.StatusOK || err != nil || replay.Jobs != 1 || !strings.Contains(replay.Message, "retention window") {
+		t.Fatalf("replay: %d %s, want 200 with the event replayed, clamped to events retention", status, resp)
+	}
+
+	// B's outage: each failed attempt waits what it scheduled, on both
+	// clocks, and B sweeps after each wait.
+	proxy.down.Store(true)
+	elapsed := time.Duration(0)
+	for attempt := 1; attempt < cfg.Workers.MaxAttempts; attempt++ {
+		workOnce()
+		var wait time.Duration
+		if err := dbA.QueryRow(`SELECT (extract(epoch FROM scheduled_at - attempted_at) * 1e6)::bigint * 1000
+			FROM outbox.jobs WHERE event_id = $1 AND state = 'retryable' AND attempt = $2`, eventID, attempt).Scan(&wait); err != nil {
+			t.Fatalf("attempt %d: %v", attempt, err)
+		}
+		elapsed += wait
+		ageDatabase(t, dbA, wait)
+		ageDatabase(t, dbB, wait)
+		mustExec(t, dbA, `UPDATE outbox.jobs SET scheduled_at = now() WHERE state = 'retryable'`)
+		if _, err := sweepB.sweepOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proxy.down.Store(false)
+	workOnce()
+	if state := queryStrings(t, dbA, `SELECT state::text || ' ' || attempt FROM outbox.jobs WHERE event_id = `+itoa(eventID)); !cmp.Equal(state, []string{"completed 18"}) {
+		t.Fatalf("A's replayed job: %v, want completed at its 18th attempt", state)
+	}
+	t.Logf("the last attempt reached B %s after the first delivery (%s after the replay)", (edge + elapsed).Round(time.Minute), elapsed.Round(time.Minute))
+	if n := inB(); n != 1 {
+		t.Errorf("B recorded A's event %d times, want once: its dedup record (window %s) was gone %s after the first delivery",
+			n, cfg.Retention.Inbox, (edge + elapsed).Round(time.Minute))
+	}
+}
+
+// endpointWindow is the dedup window A's API shows for an endpoint, in
+// seconds; 0 when none was advertised.
+func endpointWindow(t *testing.T, api *testAPI, id int64) int64 {
+	t.Helper()
+	status, resp := api.do("GET", fmt.Sprintf("/api/endpoints/%d", id), "")
+	var ep Endpoint
+	if err := json.Unmarshal(resp, &ep); status != http.StatusOK || err != nil {
+		t.Fatalf("get endpoint %d: %d %s", id, status, resp)
+	}
+	if ep.DedupWindowSeconds == nil {
+		return 0
+	}
+	if ep.DedupWindowSeenAt == nil {
+		t.Errorf("endpoint %d: a window without the time it was seen", id)
+	}
+	return *ep.DedupWindowSeconds
+}
+
+// A receiver whose window does not cover A, through real deliveries: B
+// advertises 191h (an outboxd at the old default inbox retention of 192h),
+// shorter than A's resend horizon of 272h4m49.2s. A records it from B's
+// 2xx, its overview raises receiver_window_short, and a replay and a retry
+// by hand resend only events younger than B's window less A's retry
+// horizon (86h55m10.8s): an event of 4 days stays unsent, while B, which
+// has it once, would have forgotten it before a resend's last attempt.
+func TestChainShortReceiverWindowClampsResendsAndAlerts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbA, _ := newTestDB(t)
+	dbB, _ := newTestDB(t)
+	apiA := newTestAPI(t, dbA, testPolicy)
+	apiB := newTestAPI(t, dbB, chainPolicy(191*time.Hour))
+	ep := apiA.createEndpoint(apiB.srv.URL + "/webhooks/a")
+	body, _ := json.Marshal(map[string]string{"name": "a", "secret": ep.Secret})
+	if status, resp := apiB.do("POST", "/api/sources", string(body)); status != http.StatusCreated {
+		t.Fatalf("create source in B: %d %s", status, resp)
+	}
+	workers := chainWorkers(t, dbA, defaultConfig().Workers)
+	deliver := func() {
+		t.Helper()
+		relayAll(t, dbA)
+		if _, err := workers.workOnce(ctx, 10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inB := func() []string {
+		return queryStrings(t, dbB, `SELECT subject FROM outbox.events WHERE topic = 'a.order.paid' ORDER BY subject`)
+	}
+
+	if got := endpointWindow(t, apiA, ep.ID); got != 0 {
+		t.Fatalf("a window of %d s before any answer", got)
+	}
+	old := record(t, dbA, "order.paid", "old")
+	deliver()
+	if got := endpointWindow(t, apiA, ep.ID); got != 687_600 {
+		t.Fatalf("A recorded B's dedup window as %d s, want 687600 (191h)", got)
+	}
+	var o Overview
+	if status, resp := apiA.do("GET", "/api/overview", ""); status != http.StatusOK || json.Unmarshal(resp, &o) != nil {
+		t.Fatalf("overview: %d %s", status, resp)
+	}
+	if names := alertNamesOf(o.Alerts); !cmp.Equal(names, []string{"receiver_window_short"}) ||
+		!strings.Contains(o.Alerts[0].Message, fmt.Sprintf("endpoint %d (191h0m0s)", ep.ID)) {
+		t.Errorf("A's alerts %v, want receiver_window_short naming endpoint %d: %+v", names, ep.ID, o.Alerts)
+	}
+
+	// Four days on, a new event; the old one's job is discarded, as if
+	// its delivery had failed for good.
+	ageDatabase(t, dbA, 4*24*time.Hour)
+	ageDatabase(t, dbB, 4*24*time.Hour)
+	record(t, dbA, "order.paid", "new")
+	deliver()
+	mustExec(t, dbA, `UPDATE outbox.jobs SET state = 'discarded' WHERE event_id = $1`, old)
+	if diff := cmp.Diff([]string{"new", "old"}, inB()); diff != "" {
+		t.Fatalf("B's events (-want +got):\n%s", diff)
+	}
+
+	var retried RetryResult
+	status, resp := apiA.do("POST", fmt.Sprintf("/api/endpoints/%d/retry-discarded", ep.ID), "")
+	if err := json.Unmarshal(resp, &retried); status != http.StatusOK || err != nil || retried.Jobs != 0 || retried.Skipped != 1 ||
+		!strings.Contains(retried.Message, "webhook-dedup-window") {
+		t.Errorf("retry-discarded: %d %s, want the old event's delivery skipped because of B's window", status, resp)
+	}
+	job := webhookJob(t, dbA, old, ep.ID)
+	if status, resp := apiA.do("POST", fmt.Sprintf("/api/jobs/%d/retry", job), ""); status != http.StatusBadRequest {
+		t.Errorf("retry of the old event's delivery: %d %s, want 400", status, resp)
+	}
+	since := time.Now().Add(-30 * 24 * time.Hour).UTC().Format(time.RFC3339)
+	status, resp = apiA.do("POST", fmt.Sprintf("/api/endpoints/%d/replay", ep.ID), `{"since":"`+since+`"}`)
+	var replay ReplayResult
+	if err := json.Unmarshal(resp, &replay); status != http.StatusOK || err != nil || replay.Jobs != 1 || !replay.Clamped ||
+		!strings.Contains(replay.Message, "191h0m0s") {
+		t.Fatalf("replay: %d %s, want only the new event, clamped to B's window", status, resp)
+	}
+	if from := time.Since(replay.From); from < 86*time.Hour || from > 87*time.Hour {
+		t.Errorf("replay from %s ago, want 86h55m10.8s (191h less the retry horizon)", from)
+	}
+	deliver()
+	if diff := cmp.Diff([]string{"new", "old"}, inB()); diff != "" {
+		t.Errorf("B's events after the replay (-want +got):\n%s", diff)
+	}
+	if state := queryStrings(t, dbA, `SELECT state::text FROM outbox.jobs WHERE id = `+itoa(job)); !cmp.Equal(state, []string{"discarded"}) {
+		t.Errorf("the old event's delivery is %v, want it still discarded", state)
+	}
+
+	// The window is the receiver's: an edit keeps it, a new URL drops it.
+	path := fmt.Sprintf("/api/endpoints/%d", ep.ID)
+	if status, resp := apiA.do("PATCH", path, `{"description": "B"}`); status != http.StatusOK || endpointWindow(t, apiA, ep.ID) != 687_600 {
+		t.Errorf("after a new description: %d %s, want the window kept", status, resp)
+	}
+	if status, resp := apiA.do("PATCH", path, `{"url": "`+apiB.srv.URL+`/webhooks/elsewhere"}`); status != http.StatusOK || endpointWindow(t, apiA, ep.ID) != 0 {
+		t.Errorf("after a new URL: %d %s, want no window", status, resp)
+	}
 }
 
 // queryStrings runs a query of one text column, on a pool or in a

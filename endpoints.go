@@ -30,8 +30,22 @@ type Endpoint struct {
 	// PreviousSecretExpiresAt is the end of a rotation window, while one
 	// is open: until then deliveries carry both signatures.
 	PreviousSecretExpiresAt *time.Time `json:"previous_secret_expires_at"`
-	CreatedAt               time.Time  `json:"created_at"`
-	UpdatedAt               time.Time  `json:"updated_at"`
+	// DedupWindowSeconds is the receiver's dedup window as a 2xx answer
+	// last advertised it (webhook-dedup-window), and DedupWindowSeenAt
+	// when an answer last said so (refreshed hourly); nil: never
+	// advertised. Resends to the endpoint are clamped to it (replay.go).
+	DedupWindowSeconds *int64     `json:"dedup_window_seconds"`
+	DedupWindowSeenAt  *time.Time `json:"dedup_window_seen_at"`
+	CreatedAt          time.Time  `json:"created_at"`
+	UpdatedAt          time.Time  `json:"updated_at"`
+}
+
+// dedupWindow is the receiver's advertised dedup window; 0: none.
+func (e Endpoint) dedupWindow() time.Duration {
+	if e.DedupWindowSeconds == nil {
+		return 0
+	}
+	return time.Duration(*e.DedupWindowSeconds) * time.Second
 }
 
 // The derived states of an endpoint.
@@ -47,10 +61,14 @@ type endpointWithSecret struct {
 	Secret string `json:"secret"` // whsec_...
 }
 
-// endpointPolicy is what the endpoint API takes from the configuration.
+// endpointPolicy is what the endpoint API, and the inbox beside it, take
+// from the configuration.
 type endpointPolicy struct {
 	AllowPrivate   bool          // -allow-private-endpoints
 	RotationWindow time.Duration // -webhook-secret-rotation-window
+	// InboxWindow is the dedup window the inbox advertises to senders
+	// (advertisedWindow, replay.go); 0 advertises none.
+	InboxWindow time.Duration
 }
 
 // Bounds on what an endpoint holds; schema.sql's CHECKs repeat them.
@@ -135,13 +153,14 @@ const endpointColumns = `
   id, url, description, owner_email, topics,
   failing_since, disabled_at, disabled_reason,
   CASE WHEN previous_secret_expires_at > now() THEN previous_secret_expires_at END,
+  dedup_window_seconds, dedup_window_seen_at,
   created_at, updated_at`
 
 func scanEndpoint(row rowScanner) (Endpoint, error) {
 	var e Endpoint
 	err := row.Scan(&e.ID, &e.URL, &e.Description, &e.OwnerEmail, pq.Array(&e.Topics),
 		&e.FailingSince, &e.DisabledAt, &e.DisabledReason, &e.PreviousSecretExpiresAt,
-		&e.CreatedAt, &e.UpdatedAt)
+		&e.DedupWindowSeconds, &e.DedupWindowSeenAt, &e.CreatedAt, &e.UpdatedAt)
 	if err != nil {
 		return e, err
 	}
@@ -242,10 +261,13 @@ func listEndpoints(ctx context.Context, db *sql.DB, afterID int64, limit int) ([
 }
 
 // updateEndpointSQL changes the given fields; a NULL parameter keeps the
-// column as it is.
+// column as it is. A new URL may be another receiver: the window the old
+// one advertised goes (on the right of SET, url is the old value).
 const updateEndpointSQL = `
 UPDATE outbox.endpoints
 SET url = coalesce($2, url),
+    dedup_window_seconds = CASE WHEN coalesce($2, url) = url THEN dedup_window_seconds END,
+    dedup_window_seen_at = CASE WHEN coalesce($2, url) = url THEN dedup_window_seen_at END,
     description = coalesce($3, description),
     owner_email = coalesce($4, owner_email),
     topics = coalesce($5::text[], topics),

@@ -7,7 +7,9 @@
 //   - The dedup row (source, webhook-id) and the local event commit in one
 //     transaction; the sender gets its 2xx only after that commit. A second
 //     delivery of the same webhook-id answers 2xx and changes nothing, for
-//     as long as inbox retention keeps the row (longer than any retry).
+//     as long as inbox retention keeps the row: longer than every resend
+//     of a sender configured alike (the dedup rule, replay.go), and told
+//     to every sender in headerDedupWindow.
 
 package main
 
@@ -24,6 +26,14 @@ import (
 	"github.com/lib/pq"
 	"github.com/lib/pq/pqerror"
 )
+
+// headerDedupWindow is outboxd's own response header, not part of
+// Standard Webhooks: the inbox's dedup window in whole seconds
+// (advertisedWindow, replay.go), how long after a first delivery it still
+// recognises a second one. An outboxd sender records it from 2xx answers
+// per endpoint, clamps its resends to it and alerts when it is shorter
+// than its own resend horizon (README, "The inbox").
+const headerDedupWindow = "webhook-dedup-window"
 
 // InboxSource is one row of outbox.inbox_sources as the API shows it; the
 // secret only in the answers to create and rotate-secret.
@@ -282,6 +292,13 @@ const maxWebhookIDLen = 256
 // known, so an unknown source is refused whatever it sent; the signature
 // is checked on the raw bytes before anything in them is believed.
 func receiveWebhook(ctx context.Context, db *sql.DB, box *secretBox, name string, header http.Header, body io.Reader, now time.Time) (eventID int64, duplicate bool, err error) {
+	// A name outside namePattern cannot be a source's (createSource and
+	// schema.sql's inbox_sources_name_format refuse it). It is not sent to
+	// the database either: one that is not UTF-8, or holds a NUL, would
+	// fail the query (SQLSTATE 22021) as if the database were at fault.
+	if !namePattern.MatchString(name) {
+		return 0, false, fmt.Errorf("%w %q", errUnknownSource, name)
+	}
 	secrets, prefix, err := sourceSecrets(ctx, db, box, name)
 	if err != nil {
 		return 0, false, err

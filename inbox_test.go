@@ -242,3 +242,66 @@ func TestInboxSourceSecretsSealedAtRest(t *testing.T) {
 		t.Errorf("%d webhooks recorded, want 2", n)
 	}
 }
+
+// A source name no source can have (invalid UTF-8, which PostgreSQL
+// refuses with SQLSTATE 22021, or a NUL) is an unknown source: 404 with
+// a JSON error, and nothing logged, as for any other unknown name.
+func TestInboxAnswersImpossibleSourceNamesNotFound(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	srv, logs := newLoggingTestServer(t, db)
+	for _, path := range []string{"/webhooks/%ff", "/webhooks/%00", "/webhooks/a%00b", "/webhooks/" + strings.Repeat("a", 51)} {
+		resp, err := http.Post(srv.URL+path, "application/json", strings.NewReader(`{"type":"t"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var answer map[string]string
+		decodeErr := json.NewDecoder(resp.Body).Decode(&answer)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound || decodeErr != nil || answer["error"] == "" {
+			t.Errorf("POST %s: %d %v (%v), want 404 with an error", path, resp.StatusCode, answer, decodeErr)
+		}
+	}
+	if logs.String() != "" {
+		t.Errorf("log after posts to impossible sources:\n%s\nwant nothing", logs.String())
+	}
+}
+
+// The inbox advertises its dedup window on its answers, in whole seconds;
+// an inbox that keeps its records forever advertises none.
+func TestInboxAdvertisesItsDedupWindow(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	cfg := defaultConfig()
+	if got := advertisedWindow(cfg.Retention.Inbox, cfg.Retention.Interval); got != 287*time.Hour {
+		t.Fatalf("advertised window at the defaults %s, want 287h (288h less the 1h interval)", got)
+	}
+	policy := testPolicy
+	policy.InboxWindow = 287 * time.Hour
+	api := newTestAPI(t, db, policy)
+	secret := api.createSource("billing", "")
+	post := func(srv string, id string) (int, string) {
+		t.Helper()
+		body := []byte(`{"type":"invoice.paid","data":{}}`)
+		req, err := http.NewRequest("POST", srv+"/webhooks/billing", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		setWebhookHeaders(req.Header, [][]byte{secret}, id, time.Now(), body)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header.Get("Webhook-Dedup-Window")
+	}
+	for _, id := range []string{"1", "1"} { // recorded, then a duplicate
+		if status, window := post(api.srv.URL, id); status != http.StatusOK || window != "1033200" {
+			t.Errorf("webhook %s: %d with webhook-dedup-window %q, want 200 with 1033200", id, status, window)
+		}
+	}
+	forever := newTestAPI(t, db, testPolicy) // InboxWindow 0: records kept
+	if status, window := post(forever.srv.URL, "2"); status != http.StatusOK || window != "" {
+		t.Errorf("inbox keeping its records: %d with webhook-dedup-window %q, want 200 without it", status, window)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -95,16 +96,59 @@ SET state = 'available',
     finalized_at = NULL,
     max_attempts = greatest(outbox.jobs.max_attempts, outbox.jobs.attempt + 1)`
 
-// retryJobSQL retries one job that is not running or completed.
+// retryJobSQL retries one job that is not running or completed; a
+// discarded delivery only if its event was recorded at or after $2 (NULL:
+// any), the cutoff retryJob checked, so that a job discarded since the
+// check is not resent unchecked.
 const retryJobSQL = `
 UPDATE outbox.jobs` + retrySetSQL + `
 WHERE id = $1
   AND state IN ('discarded', 'retryable', 'available')
+  AND (state <> 'discarded'
+       OR endpoint_id IS NULL
+       OR $2::timestamptz IS NULL
+       OR event_id IN (SELECT id FROM outbox.events WHERE created_at >= $2))
 RETURNING id`
 
-// retryJob retries one job by hand and wakes the workers.
-func retryJob(ctx context.Context, db *sql.DB, id int64) error {
-	found, err := updateOneAndNotify(ctx, db, jobsChannel, retryJobSQL, id)
+// jobResendSQL reads what bounds a retry of one job by hand: its state,
+// whether it has an endpoint and the window that endpoint's receiver
+// advertised, and its event's age.
+const jobResendSQL = `
+SELECT j.state::text, j.endpoint_id IS NOT NULL, coalesce(ep.dedup_window_seconds, 0),
+       e.created_at, now()
+FROM outbox.jobs AS j
+JOIN outbox.events AS e ON e.id = j.event_id
+LEFT JOIN outbox.endpoints AS ep ON ep.id = j.endpoint_id
+WHERE j.id = $1`
+
+// retryJob retries one job by hand and wakes the workers. A discarded
+// delivery of an event older than resendCutoff allows is refused: sent
+// again, it could reach its receiver after the receiver's dedup record is
+// gone (the dedup rule, replay.go). A retryable or available job is still
+// in a run of attempts the rule covers; retrying it only brings its next
+// attempt forward. Jobs without an endpoint reach no receiver.
+func retryJob(ctx context.Context, db *sql.DB, id int64, eventsRetention time.Duration, maxAttempts int) error {
+	var state string
+	var delivery bool
+	var windowSeconds int64
+	var created, now time.Time
+	err := db.QueryRowContext(ctx, jobResendSQL, id).Scan(&state, &delivery, &windowSeconds, &created, &now)
+	if errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("retry job %d: %w", id, errNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("retry job %d: %w", id, err)
+	}
+	var cutoff *time.Time
+	window := time.Duration(windowSeconds) * time.Second
+	if from, why, bounded := resendCutoff(now, eventsRetention, maxAttempts, window); delivery && bounded {
+		if jobState(state) == jobDiscarded && created.Before(from) {
+			return fmt.Errorf("%w: job %d stays discarded: its event was recorded at %s, before %s, and %s",
+				errInvalid, id, created.Format(time.RFC3339), from.Format(time.RFC3339), why)
+		}
+		cutoff = &from
+	}
+	found, err := updateOneAndNotify(ctx, db, jobsChannel, retryJobSQL, id, cutoff)
 	if err != nil {
 		return fmt.Errorf("retry job %d: %w", id, err)
 	}
@@ -114,41 +158,83 @@ func retryJob(ctx context.Context, db *sql.DB, id int64) error {
 	return nil
 }
 
-// retryDiscardedSQL retries up to $2 of an endpoint's discarded jobs.
+// RetryResult says what a retry of an endpoint's discarded deliveries did,
+// and how many it left discarded because their events are older than a
+// resend may be for (resendCutoff).
+type RetryResult struct {
+	Jobs    int64  `json:"jobs"`
+	Skipped int64  `json:"skipped"`
+	Message string `json:"message,omitempty"`
+}
+
+// retryDiscardedSQL retries up to $2 of an endpoint's discarded jobs whose
+// events were recorded at or after $3 (NULL: any).
 const retryDiscardedSQL = `
 WITH discarded AS (
-  SELECT id
-  FROM outbox.jobs
-  WHERE endpoint_id = $1
-    AND state = 'discarded'
-  ORDER BY id
+  SELECT j.id
+  FROM outbox.jobs AS j
+  JOIN outbox.events AS e ON e.id = j.event_id
+  WHERE j.endpoint_id = $1
+    AND j.state = 'discarded'
+    AND ($3::timestamptz IS NULL OR e.created_at >= $3)
+  ORDER BY j.id
   LIMIT $2
-  FOR UPDATE SKIP LOCKED
+  FOR UPDATE OF j SKIP LOCKED
 )
 UPDATE outbox.jobs` + retrySetSQL + `
 FROM discarded
 WHERE outbox.jobs.id = discarded.id`
 
-// retryDiscarded retries every discarded delivery of an endpoint, in
-// batches of manualBatch, and wakes the workers.
-func retryDiscarded(ctx context.Context, db *sql.DB, endpointID int64) (int64, error) {
-	if _, err := getEndpoint(ctx, db, endpointID); err != nil {
-		return 0, err
+// tooOldDiscardedSQL counts an endpoint's discarded jobs whose events were
+// recorded before $2: the ones retryDiscarded leaves.
+const tooOldDiscardedSQL = `
+SELECT count(*)
+FROM outbox.jobs AS j
+JOIN outbox.events AS e ON e.id = j.event_id
+WHERE j.endpoint_id = $1
+  AND j.state = 'discarded'
+  AND e.created_at < $2`
+
+// retryDiscarded retries the discarded deliveries of an endpoint, in
+// batches of manualBatch, and wakes the workers. Like a replay, it resends
+// only events resendCutoff allows, and says how many it left.
+func retryDiscarded(ctx context.Context, db *sql.DB, endpointID int64, eventsRetention time.Duration, maxAttempts int) (RetryResult, error) {
+	var res RetryResult
+	ep, err := getEndpoint(ctx, db, endpointID)
+	if err != nil {
+		return res, err
 	}
-	var total int64
+	now, err := databaseNow(ctx, db)
+	if err != nil {
+		return res, fmt.Errorf("retry discarded jobs of endpoint %d: %w", endpointID, err)
+	}
+	var cutoff *time.Time
+	from, why, bounded := resendCutoff(now, eventsRetention, maxAttempts, ep.dedupWindow())
+	if bounded {
+		cutoff = &from
+	}
 	for {
-		res, err := db.ExecContext(ctx, retryDiscardedSQL, endpointID, manualBatch)
+		r, err := db.ExecContext(ctx, retryDiscardedSQL, endpointID, manualBatch, cutoff)
 		if err != nil {
-			return total, fmt.Errorf("retry discarded jobs of endpoint %d: %w", endpointID, err)
+			return res, fmt.Errorf("retry discarded jobs of endpoint %d: %w", endpointID, err)
 		}
-		n, _ := res.RowsAffected()
-		total += n
+		n, _ := r.RowsAffected()
+		res.Jobs += n
 		if n < manualBatch {
 			break
 		}
 	}
-	if err := notify(ctx, db, jobsChannel); err != nil {
-		return total, fmt.Errorf("retry discarded jobs of endpoint %d: %w", endpointID, err)
+	if bounded {
+		if err := db.QueryRowContext(ctx, tooOldDiscardedSQL, endpointID, from).Scan(&res.Skipped); err != nil {
+			return res, fmt.Errorf("retry discarded jobs of endpoint %d: %w", endpointID, err)
+		}
 	}
-	return total, nil
+	if res.Skipped > 0 {
+		res.Message = fmt.Sprintf("%d discarded deliveries stay discarded: their events were recorded before %s, and %s",
+			res.Skipped, from.Format(time.RFC3339), why)
+	}
+	if err := notify(ctx, db, jobsChannel); err != nil {
+		return res, fmt.Errorf("retry discarded jobs of endpoint %d: %w", endpointID, err)
+	}
+	return res, nil
 }

@@ -110,7 +110,7 @@ const (
 // defaultConfig is the configuration with every default; each number's
 // reason sits on its field. main_test.go pins them.
 func defaultConfig() Config {
-	return Config{
+	c := Config{
 		DataDir:   "outboxd-data",
 		Addr:      "127.0.0.1:8080",
 		LogFormat: "text",
@@ -143,8 +143,8 @@ func defaultConfig() Config {
 			XactAge:     time.Hour,
 		},
 		Retention: RetentionConfig{
-			Events:        7 * 24 * time.Hour,
-			Inbox:         7*24*time.Hour + inboxRetentionMargin,
+			Events: 7 * 24 * time.Hour,
+			// Inbox: defaultInboxRetention, from the settings it must cover.
 			CompletedJobs: 24 * time.Hour,
 			DiscardedJobs: 7 * 24 * time.Hour,
 			Interval:      time.Hour,
@@ -156,12 +156,40 @@ func defaultConfig() Config {
 		DBMaxConns:    20,
 		ShutdownGrace: 30 * time.Second,
 	}
+	c.derive(false)
+	return c
 }
 
-// inboxRetentionMargin is how much longer than events retention the inbox
-// keeps its records unless -inbox-retention says otherwise: a day covers the
-// sweep cadence and any clock skew between databases.
+// derive sets the settings that follow from others: the inbox window,
+// unless it was given, and the resend horizon the receiver_window_short
+// alert holds receivers' windows against.
+func (c *Config) derive(inboxGiven bool) {
+	if !inboxGiven {
+		c.Retention.Inbox = c.defaultInboxRetention()
+	}
+	c.Alerts.ResendHorizon = resendHorizon(c.Retention.Events, c.Workers.MaxAttempts)
+}
+
+// inboxRetentionMargin is the least an inbox keeps its records beyond
+// events retention, whatever the dedup rule asks (replay.go): the seed's
+// floor, a day.
 const inboxRetentionMargin = 24 * time.Hour
+
+// defaultInboxRetention is the inbox window when -inbox-retention is not
+// given: the first whole number of days the dedup rule accepts (replay.go;
+// 12 days at the defaults), so that an operator who keeps events longer,
+// or retries more, keeps their dedup records longer too. Events kept
+// forever keep their dedup records forever (0).
+func (c Config) defaultInboxRetention() time.Duration {
+	r := c.Retention
+	horizon := resendHorizon(r.Events, c.Workers.MaxAttempts)
+	if horizon == 0 {
+		return 0
+	}
+	const day = 24 * time.Hour
+	// The rule wants inbox - interval > horizon.
+	return max((horizon+r.Interval)/day*day+day, r.Events+inboxRetentionMargin)
+}
 
 // envName is the environment fallback of a flag: DATABASE_URL for
 // -database-url, OUTBOXD_RELAY_BATCH for -relay-batch.
@@ -198,14 +226,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 	if err != nil {
 		return cfg, err
 	}
-	// The inbox window follows events retention unless it was set: an
-	// operator who keeps events longer keeps their dedup records longer too.
-	if !given["inbox-retention"] {
-		cfg.Retention.Inbox = 0
-		if cfg.Retention.Events > 0 {
-			cfg.Retention.Inbox = cfg.Retention.Events + inboxRetentionMargin
-		}
-	}
+	cfg.derive(given["inbox-retention"])
 	return cfg, cfg.validate()
 }
 
@@ -242,7 +263,7 @@ func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&cfg.Webhooks.Timeout, "webhook-timeout", cfg.Webhooks.Timeout, "time limit of one webhook request, reading the answer included")
 	fs.DurationVar(&cfg.Webhooks.SecretRotationWindow, "webhook-secret-rotation-window", cfg.Webhooks.SecretRotationWindow, "how long a rotated-out endpoint secret still signs deliveries")
 	fs.DurationVar(&cfg.Retention.Events, "events-retention", cfg.Retention.Events, "delete fanned events this long after fan-out once their jobs are completed; 0 keeps them")
-	fs.DurationVar(&cfg.Retention.Inbox, "inbox-retention", cfg.Retention.Inbox, "delete inbox records this long after receipt; must exceed -events-retention plus -retention-interval; default -events-retention + 24h; 0 keeps them")
+	fs.DurationVar(&cfg.Retention.Inbox, "inbox-retention", cfg.Retention.Inbox, "delete inbox records this long after receipt; must exceed -events-retention + the retry horizon of -job-max-attempts + -retention-interval, and -events-retention by a day; default the first whole day that does (288h); 0 keeps them")
 	fs.DurationVar(&cfg.Retention.CompletedJobs, "completed-jobs-retention", cfg.Retention.CompletedJobs, "delete completed jobs this long after they finished; 0 keeps them")
 	fs.DurationVar(&cfg.Retention.DiscardedJobs, "discarded-jobs-retention", cfg.Retention.DiscardedJobs, "delete discarded jobs this long after they finished; 0 keeps them")
 	fs.DurationVar(&cfg.Retention.Interval, "retention-interval", cfg.Retention.Interval, "cadence of the retention sweeps")
@@ -431,18 +452,29 @@ func validateRetryHorizon(maxAttempts int, eventsRetention time.Duration) error 
 // larger value is a typo.
 const maxRetention = 10 * 365 * 24 * time.Hour
 
-// validateInboxRetention refuses an inbox window that does not outlive
-// events retention by more than a sweep cadence: the events sweep may run
-// up to one interval late, and until it has run, an event can be replayed
-// and must still find its dedup record. 0 on either side disables the
-// sweep, and the rule with it.
+// validateInboxRetention refuses an inbox window that a sender configured
+// like this outboxd could outlive (the dedup rule, replay.go): a resend
+// after the record is gone is recorded twice. An inbox that keeps its
+// records (0) is always safe. Events kept forever (0) with a bounded inbox
+// are refused: a replay may resend an event of any age, and the inbox
+// would have forgotten it. (An outboxd sender clamps its replays to the
+// window a receiver advertises, but other senders do not.)
 func (c Config) validateInboxRetention() error {
 	r := c.Retention
-	if r.Events == 0 || r.Inbox == 0 || r.Inbox > r.Events+r.Interval {
+	switch {
+	case r.Inbox == 0:
+		return nil
+	case r.Events == 0:
+		return fmt.Errorf("%s = %s bounds the inbox, but %s = 0 keeps events, and lets a replay resend them, forever: set %s to 0 too, or bound events retention",
+			setting("inbox-retention"), r.Inbox, setting("events-retention"), setting("inbox-retention"))
+	case windowCovers(advertisedWindow(r.Inbox, r.Interval), resendHorizon(r.Events, c.Workers.MaxAttempts)) && r.Inbox >= r.Events+inboxRetentionMargin:
 		return nil
 	}
-	return fmt.Errorf("%s = %s must be longer than %s = %s plus %s = %s, so that an inbox record outlives its event",
-		setting("inbox-retention"), r.Inbox, setting("events-retention"), r.Events, setting("retention-interval"), r.Interval)
+	h := retryHorizon(c.Workers.MaxAttempts)
+	return fmt.Errorf("%s = %s must be longer than %s = %s + the retry horizon of %s = %d (%s) + %s = %s = %s, and a day longer than events retention, "+
+		"so that an inbox record outlives every resend of its event (left unset it is %s)",
+		setting("inbox-retention"), r.Inbox, setting("events-retention"), r.Events, setting("job-max-attempts"), c.Workers.MaxAttempts, h,
+		setting("retention-interval"), r.Interval, r.Events+h+r.Interval, c.defaultInboxRetention())
 }
 
 // run is outboxd: it parses the configuration, connects (starting the
@@ -543,6 +575,7 @@ func newAdmin(cfg Config, db *sql.DB, box *secretBox, p *pipeline, demoRun *demo
 		endpoints: endpointPolicy{
 			AllowPrivate:   cfg.AllowPrivateEndpoints,
 			RotationWindow: cfg.Webhooks.SecretRotationWindow,
+			InboxWindow:    advertisedWindow(cfg.Retention.Inbox, cfg.Retention.Interval),
 		},
 		metricsPublic: cfg.MetricsPublic,
 		logger:        logger,

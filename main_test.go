@@ -78,6 +78,7 @@ func TestDefaultsAreTheStatedNumbers(t *testing.T) {
 		{"attempt timeout", c.Workers.AttemptTimeout, 30 * time.Second},
 		{"rescue margin", c.Workers.RescueMargin, time.Minute},
 		{"events retention", c.Retention.Events, 7 * day},
+		{"inbox retention", c.Retention.Inbox, 12 * day},
 		{"completed jobs retention", c.Retention.CompletedJobs, day},
 		{"discarded jobs retention", c.Retention.DiscardedJobs, 7 * day},
 		{"retention interval", c.Retention.Interval, time.Hour},

@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -151,12 +152,16 @@ func (p *workerPool) outcome(job Job, err error, start time.Time) jobResult {
 	return res
 }
 
-// deliveryAttempt is what one attempt leaves for the panel.
+// deliveryAttempt is what one attempt leaves for the panel, and what its
+// answer said of the receiver.
 type deliveryAttempt struct {
 	Duration        time.Duration
 	StatusCode      int // 0: no answer
 	Error           string
 	ResponseExcerpt string
+	// DedupWindow is the receiver's dedup window a 2xx answer advertised
+	// (webhook-dedup-window); 0: none, and the endpoint's stays as it is.
+	DedupWindow time.Duration
 }
 
 // completeBatchMax bounds one outcome statement.
@@ -327,6 +332,18 @@ WHERE id = ANY($1::bigint[])
   AND disabled_at IS NULL`
 )
 
+// endpointDedupWindowSQL keeps the dedup window each endpoint's receiver
+// last advertised. A window unchanged is written at most hourly, to say
+// it is still advertised without rewriting the row on every delivery.
+const endpointDedupWindowSQL = `
+UPDATE outbox.endpoints AS ep
+SET dedup_window_seconds = w.seconds,
+    dedup_window_seen_at = now()
+FROM unnest($1::bigint[], $2::bigint[]) AS w(id, seconds)
+WHERE ep.id = w.id
+  AND (ep.dedup_window_seconds IS DISTINCT FROM w.seconds
+       OR ep.dedup_window_seen_at < now() - interval '1 hour')`
+
 // attemptRecord is what one attempt leaves behind: its row in
 // outbox.deliveries and its effect on the endpoint. The handler fills it
 // in; the completer writes it in the transaction that records the job's
@@ -356,6 +373,7 @@ func writeAttemptRecords(ctx context.Context, tx *sql.Tx, batch []jobResult) err
 	var attempts, durations, statuses []int64
 	var errs, excerpts []string
 	last := map[int64]endpointChange{} // batch order is completion order
+	windows := map[int64]time.Duration{}
 	for _, r := range batch {
 		rec := r.record
 		if rec == nil {
@@ -370,6 +388,9 @@ func writeAttemptRecords(ctx context.Context, tx *sql.Tx, batch []jobResult) err
 		excerpts = append(excerpts, rec.ResponseExcerpt)
 		if rec.EndpointID != 0 && rec.Change != endpointUnchanged {
 			last[rec.EndpointID] = rec.Change
+		}
+		if rec.EndpointID != 0 && rec.DedupWindow > 0 {
+			windows[rec.EndpointID] = rec.DedupWindow
 		}
 	}
 	if len(jobIDs) == 0 {
@@ -395,6 +416,23 @@ func writeAttemptRecords(ctx context.Context, tx *sql.Tx, batch []jobResult) err
 		if _, err := tx.ExecContext(ctx, step.query, pq.Array(ids)); err != nil {
 			return fmt.Errorf("record webhook attempts: endpoint state: %w", err)
 		}
+	}
+	return writeDedupWindows(ctx, tx, windows)
+}
+
+// writeDedupWindows keeps the dedup windows a batch's 2xx answers
+// advertised, the last one per endpoint.
+func writeDedupWindows(ctx context.Context, tx *sql.Tx, windows map[int64]time.Duration) error {
+	if len(windows) == 0 {
+		return nil
+	}
+	ids := slices.Sorted(maps.Keys(windows))
+	seconds := make([]int64, len(ids))
+	for i, id := range ids {
+		seconds[i] = int64(windows[id] / time.Second)
+	}
+	if _, err := tx.ExecContext(ctx, endpointDedupWindowSQL, pq.Array(ids), pq.Array(seconds)); err != nil {
+		return fmt.Errorf("record webhook attempts: receivers' dedup windows: %w", err)
 	}
 	return nil
 }

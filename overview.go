@@ -8,6 +8,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -28,6 +29,11 @@ type AlertConfig struct {
 	// removing any row deleted since it began, in every table; the
 	// queue tables bloat for as long as it stays open.
 	XactAge time.Duration
+	// ResendHorizon is this sender's resend horizon (resendHorizon,
+	// replay.go; 0: unbounded), derived from events retention and the
+	// attempts, not a setting of its own: receiver_window_short fires for
+	// an endpoint whose receiver advertises a dedup window it outlasts.
+	ResendHorizon time.Duration
 }
 
 // bloatMinDeadRows is the least dead rows a table_bloat alert is raised
@@ -52,10 +58,24 @@ type Overview struct {
 	NotifyQueueUsage float64 `json:"notify_queue_usage"`
 	// RetentionLastCycle is the last retention cycle any replica ran; nil
 	// before the first.
-	RetentionLastCycle *RetentionCycle  `json:"retention_last_cycle"`
-	Alerts             []Alert          `json:"alerts"`
-	Pruned             map[string]int64 `json:"pruned"`
+	RetentionLastCycle *RetentionCycle `json:"retention_last_cycle"`
+	// ReceiverWindows are the dedup windows the receivers of enabled
+	// endpoints advertised, shortest first, at most maxReceiverWindows.
+	ReceiverWindows []ReceiverWindow `json:"receiver_windows"`
+	Alerts          []Alert          `json:"alerts"`
+	Pruned          map[string]int64 `json:"pruned"`
 }
+
+// ReceiverWindow is the dedup window an endpoint's receiver advertised.
+type ReceiverWindow struct {
+	EndpointID int64 `json:"endpoint_id"`
+	Seconds    int64 `json:"seconds"`
+}
+
+// maxReceiverWindows bounds the overview's list of receivers' windows;
+// read shortest first, it holds every short one unless more endpoints
+// than that are short.
+const maxReceiverWindows = 100
 
 // JobCounts is the number of jobs in each state.
 type JobCounts struct {
@@ -124,6 +144,16 @@ SELECT count(*) FILTER (WHERE disabled_at IS NULL AND failing_since IS NULL),
        min(disabled_at)
 FROM outbox.endpoints`
 
+// overviewReceiverWindowsSQL reads the shortest dedup windows receivers
+// advertised, of endpoints that still get deliveries.
+const overviewReceiverWindowsSQL = `
+SELECT id, dedup_window_seconds
+FROM outbox.endpoints
+WHERE dedup_window_seconds IS NOT NULL
+  AND disabled_at IS NULL
+ORDER BY dedup_window_seconds, id
+LIMIT $1`
+
 const overviewJobsSQL = `
 SELECT state::text, count(*), min(finalized_at)
 FROM outbox.jobs
@@ -177,6 +207,9 @@ func readOverview(ctx context.Context, db *sql.DB, alerts AlertConfig) (Overview
 		&o.Endpoints.Enabled, &o.Endpoints.Failing, &o.Endpoints.Disabled, &starts.FirstDisabled); err != nil {
 		return o, fmt.Errorf("overview: endpoints: %w", err)
 	}
+	if o.ReceiverWindows, err = queryAll(ctx, tx, scanReceiverWindow, overviewReceiverWindowsSQL, maxReceiverWindows); err != nil {
+		return o, fmt.Errorf("overview: receivers' windows: %w", err)
+	}
 	if o.Jobs, starts.FirstDiscarded, err = readJobCounts(ctx, tx); err != nil {
 		return o, err
 	}
@@ -209,6 +242,12 @@ func readOverview(ctx context.Context, db *sql.DB, alerts AlertConfig) (Overview
 	}
 	o.Alerts = evaluateAlerts(alerts, o, starts)
 	return o, nil
+}
+
+func scanReceiverWindow(row rowScanner) (ReceiverWindow, error) {
+	var w ReceiverWindow
+	err := row.Scan(&w.EndpointID, &w.Seconds)
+	return w, err
 }
 
 // readJobCounts counts jobs by state, and finds when the oldest discarded
@@ -274,6 +313,19 @@ type alertStarts struct {
 	FirstDisabled  sql.NullTime
 }
 
+// shortReceiverWindows names the endpoints whose receivers' windows do not
+// cover a sender's resend horizon (windowCovers, replay.go).
+func shortReceiverWindows(windows []ReceiverWindow, horizon time.Duration) []string {
+	var short []string
+	for _, w := range windows {
+		window := time.Duration(w.Seconds) * time.Second
+		if !windowCovers(window, horizon) {
+			short = append(short, fmt.Sprintf("endpoint %d (%s)", w.EndpointID, window))
+		}
+	}
+	return short
+}
+
 // notifyQueueAlertShare: half full leaves hours to act at any sane rate,
 // and a healthy queue is near 0.
 const notifyQueueAlertShare = 0.5
@@ -314,6 +366,19 @@ func evaluateAlerts(cfg AlertConfig, o Overview, at alertStarts) []Alert {
 		})
 	}
 	alerts = append(alerts, healthAlerts(cfg, o)...)
+	if short := shortReceiverWindows(o.ReceiverWindows, cfg.ResendHorizon); len(short) > 0 {
+		horizon := "unbounded (events are kept forever)"
+		if cfg.ResendHorizon > 0 {
+			horizon = cfg.ResendHorizon.Round(time.Second).String() + " (events retention + retry horizon)"
+		}
+		alerts = append(alerts, Alert{
+			Name: "receiver_window_short",
+			Message: fmt.Sprintf("%d endpoints' receivers advertise a dedup window no longer than this sender may resend an event, %s: %s. "+
+				"Replays and retries by hand to them are clamped to their windows, and retries that run longer can be recorded twice; "+
+				"raise their inbox retention, or lower events retention or -job-max-attempts here", len(short), horizon, strings.Join(short, ", ")),
+			Since: time.Now(),
+		})
+	}
 	if o.Endpoints.Disabled > 0 {
 		alerts = append(alerts, Alert{
 			Name:    "endpoint_disabled",

@@ -42,6 +42,51 @@ func TestEvaluateHealthAlertThresholds(t *testing.T) {
 	}
 }
 
+// receiver_window_short at its threshold: a receiver's window must be
+// longer than this sender's resend horizon, 272h4m49.2s at the defaults
+// (7 days + the 18-attempt retry horizon); with events kept forever no
+// window is long enough.
+func TestReceiverWindowAlertThreshold(t *testing.T) {
+	t.Parallel()
+	defaults := defaultConfig().Alerts
+	if defaults.ResendHorizon != 272*time.Hour+4*time.Minute+49200*time.Millisecond {
+		t.Fatalf("default resend horizon %s, want 272h4m49.2s", defaults.ResendHorizon)
+	}
+	window := func(seconds ...int64) Overview {
+		var o Overview
+		for i, s := range seconds {
+			o.ReceiverWindows = append(o.ReceiverWindows, ReceiverWindow{EndpointID: int64(i + 1), Seconds: s})
+		}
+		return o
+	}
+	for _, tc := range []struct {
+		name    string
+		horizon time.Duration
+		o       Overview
+		want    []string
+	}{
+		{"no receiver advertised a window", defaults.ResendHorizon, Overview{}, []string{}},
+		{"a window a second longer", defaults.ResendHorizon, window(979_490), []string{}},
+		{"a window shorter by a fraction of a second", defaults.ResendHorizon, window(979_489), []string{"receiver_window_short"}},
+		{"an outboxd inbox at the defaults (288h less the interval)", defaults.ResendHorizon, window(1_033_200), []string{}},
+		{"an outboxd inbox at the old default (192h less the interval)", defaults.ResendHorizon, window(687_600), []string{"receiver_window_short"}},
+		{"one short among long ones", defaults.ResendHorizon, window(3_600, 1_033_200), []string{"receiver_window_short"}},
+		{"events kept forever", 0, window(315_360_000), []string{"receiver_window_short"}},
+	} {
+		cfg := defaults
+		cfg.ResendHorizon = tc.horizon
+		got := alertNamesOf(evaluateAlerts(cfg, tc.o, alertStarts{}))
+		if diff := cmp.Diff(tc.want, got); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", tc.name, diff)
+		}
+	}
+	alerts := evaluateAlerts(defaults, window(3_600, 1_033_200, 687_600), alertStarts{})
+	if len(alerts) != 1 || !strings.Contains(alerts[0].Message, "2 endpoints' receivers") ||
+		!strings.Contains(alerts[0].Message, "endpoint 1 (1h0m0s), endpoint 3 (191h0m0s)") || !strings.Contains(alerts[0].Message, "272h4m49s") {
+		t.Errorf("alerts %+v, want one naming endpoints 1 and 3 and the horizon", alerts)
+	}
+}
+
 // The overview reads the dead rows vacuum has not removed yet, and the age
 // of a transaction that holds a snapshot, from the database itself.
 func TestOverviewReadsTableHealthAndOldTransactions(t *testing.T) {

@@ -264,7 +264,7 @@ func (p *panel) handleRetry(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		id, err := pathID(r)
 		if err == nil {
-			err = retryJob(r.Context(), a.db, id)
+			err = retryJob(r.Context(), a.db, id, a.eventsRetention, a.maxAttempts)
 		}
 		if err != nil {
 			return err
@@ -426,8 +426,12 @@ func (c endpointClick) rotateSecret() (string, error) {
 }
 
 func (c endpointClick) retryDiscarded() (string, error) {
-	n, err := retryDiscarded(c.r.Context(), c.a.db, c.id)
-	return fmt.Sprintf("%d discarded deliveries will run now.", n), err
+	res, err := retryDiscarded(c.r.Context(), c.a.db, c.id, c.a.eventsRetention, c.a.maxAttempts)
+	done := fmt.Sprintf("%d discarded deliveries will run now.", res.Jobs)
+	if res.Message != "" {
+		done += " " + res.Message
+	}
+	return done, err
 }
 
 // replay takes its start from the form's datetime-local field, which a

@@ -30,8 +30,9 @@ type RetentionConfig struct {
 	// once every job that references them is completed.
 	Events time.Duration
 	// Inbox: inbox records are deleted this long after they were received.
-	// It must be longer than Events plus Interval (validated at start): the
-	// record that dedupes an event must outlive every replay of it.
+	// It must be longer than Events plus the retry horizon plus Interval
+	// (the dedup rule, replay.go; validated at start): the record that
+	// dedupes an event must outlive every resend of it.
 	Inbox time.Duration
 	// CompletedJobs and DiscardedJobs: finished jobs are deleted this long
 	// after they finished. Discarded ones stay longer, to be looked at and

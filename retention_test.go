@@ -317,18 +317,18 @@ func TestJobCleanerDeletesOldFinishedJobs(t *testing.T) {
 func TestInboxRetentionDeletesOldRecords(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
-	s := newTestSweeper(t, db, defaultConfig().Retention) // inbox: 8 days
+	s := newTestSweeper(t, db, defaultConfig().Retention) // inbox: 12 days
 	mustExec(t, db, `
 		INSERT INTO outbox.inbox (source, webhook_id, received_at)
-		VALUES ('a', '1', now() - interval '9 days'),
-		       ('a', '2', now() - interval '7 days'),
+		VALUES ('a', '1', now() - interval '13 days'),
+		       ('a', '2', now() - interval '11 days'),
 		       ('b', '1', now())`)
 	res := sweepOnce(t, s)
 	if got := res.Deleted["inbox"]; got != 1 {
 		t.Errorf("inbox deleted %d, want 1", got)
 	}
 	if n := queryInt(t, db, `SELECT count(*) FROM outbox.inbox`); n != 2 {
-		t.Errorf("%d inbox rows left, want the 2 younger than 8 days", n)
+		t.Errorf("%d inbox rows left, want the 2 younger than 12 days", n)
 	}
 }
 
@@ -658,6 +658,10 @@ func TestSweeperLoopSurvivesErrorsAndStops(t *testing.T) {
 	waitFor(t, "no advisory lock after Run stopped", 10*time.Second, func() bool { return advisoryLocks(t, db) == 0 })
 }
 
+// The inbox window follows the dedup rule (replay.go): by default the first
+// whole day above events retention + retry horizon + retention interval
+// (and a day above events retention); given, it must be longer than that,
+// to the second; with events kept forever, it must keep its records too.
 func TestParseConfigRetention(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -665,12 +669,17 @@ func TestParseConfigRetention(t *testing.T) {
 		env       map[string]string
 		wantInbox time.Duration
 	}{
-		{nil, nil, 8 * day},
-		{[]string{"-events-retention", "240h"}, nil, 264 * time.Hour}, // the inbox follows
-		{nil, map[string]string{"OUTBOXD_EVENTS_RETENTION": "0"}, 0},  // events kept, so their dedup records too
-		{[]string{"-inbox-retention", "169h1s"}, nil, 169*time.Hour + time.Second},
-		{[]string{"-events-retention", "0", "-inbox-retention", "1h"}, nil, time.Hour},
+		{nil, nil, 12 * day}, // 168h + 104h4m49.2s + 1h = 273h4m49.2s
+		{[]string{"-events-retention", "240h"}, nil, 15 * day},                         // 345h4m49.2s: the inbox follows
+		{[]string{"-job-max-attempts", "20"}, nil, 14 * day},                           // 321h4m49.2s
+		{[]string{"-retention-interval", "24h"}, nil, 13 * day},                        // 296h4m49.2s
+		{[]string{"-job-max-attempts", "1"}, nil, 8 * day},                             // 169h, and the day's floor: 192h
+		{[]string{"-job-max-attempts", "5", "-events-retention", "24h"}, nil, 2 * day}, // 29h, floor 48h
+		{nil, map[string]string{"OUTBOXD_EVENTS_RETENTION": "0"}, 0},                   // events kept, so their dedup records too
+		{[]string{"-inbox-retention", "273h4m50s"}, nil, 273*time.Hour + 4*time.Minute + 50*time.Second},
+		{[]string{"-job-max-attempts", "1", "-inbox-retention", "192h"}, nil, 192 * time.Hour},
 		{nil, map[string]string{"OUTBOXD_INBOX_RETENTION": "0"}, 0},
+		{[]string{"-events-retention", "0", "-inbox-retention", "0"}, nil, 0},
 	} {
 		cfg, err := parseConfig(tc.args, envFrom(tc.env), io.Discard)
 		if err != nil {
@@ -687,12 +696,18 @@ func TestParseConfigRetention(t *testing.T) {
 		env  map[string]string
 		want string
 	}{
-		{[]string{"-events-retention", "168h", "-inbox-retention", "169h"}, nil,
-			"-inbox-retention (OUTBOXD_INBOX_RETENTION) = 169h0m0s must be longer than -events-retention (OUTBOXD_EVENTS_RETENTION) = 168h0m0s plus -retention-interval (OUTBOXD_RETENTION_INTERVAL) = 1h0m0s"},
-		{nil, map[string]string{"OUTBOXD_INBOX_RETENTION": "100h"},
-			"-inbox-retention (OUTBOXD_INBOX_RETENTION) = 100h0m0s must be longer than -events-retention (OUTBOXD_EVENTS_RETENTION) = 168h0m0s"},
-		{[]string{"-inbox-retention", "190h", "-retention-interval", "24h"}, nil,
-			"= 190h0m0s must be longer than -events-retention (OUTBOXD_EVENTS_RETENTION) = 168h0m0s plus -retention-interval (OUTBOXD_RETENTION_INTERVAL) = 24h0m0s"},
+		{[]string{"-inbox-retention", "273h4m49s"}, nil,
+			"-inbox-retention (OUTBOXD_INBOX_RETENTION) = 273h4m49s must be longer than -events-retention (OUTBOXD_EVENTS_RETENTION) = 168h0m0s" +
+				" + the retry horizon of -job-max-attempts (OUTBOXD_JOB_MAX_ATTEMPTS) = 18 (104h4m49.2s) + -retention-interval (OUTBOXD_RETENTION_INTERVAL) = 1h0m0s" +
+				" = 273h4m49.2s, and a day longer than events retention, so that an inbox record outlives every resend of its event (left unset it is 288h0m0s)"},
+		{nil, map[string]string{"OUTBOXD_INBOX_RETENTION": "192h"}, "-inbox-retention (OUTBOXD_INBOX_RETENTION) = 192h0m0s must be longer than"},
+		{[]string{"-inbox-retention", "288h", "-retention-interval", "24h"}, nil,
+			"-retention-interval (OUTBOXD_RETENTION_INTERVAL) = 24h0m0s = 296h4m49.2s"},
+		{[]string{"-inbox-retention", "300h", "-job-max-attempts", "20"}, nil,
+			"-job-max-attempts (OUTBOXD_JOB_MAX_ATTEMPTS) = 20 (152h4m49.2s)"},
+		{[]string{"-job-max-attempts", "1", "-inbox-retention", "191h59m59s"}, nil, "a day longer than events retention"},
+		{[]string{"-events-retention", "0", "-inbox-retention", "8760h"}, nil,
+			"-inbox-retention (OUTBOXD_INBOX_RETENTION) = 8760h0m0s bounds the inbox, but -events-retention (OUTBOXD_EVENTS_RETENTION) = 0 keeps events, and lets a replay resend them, forever"},
 		{[]string{"-events-retention", "-1h"}, nil, "-events-retention (OUTBOXD_EVENTS_RETENTION) must be between"},
 		{nil, map[string]string{"OUTBOXD_RETENTION_BATCH": "5001"}, "-retention-batch (OUTBOXD_RETENTION_BATCH) must be between 1 and 5000, got 5001"},
 		{[]string{"-retention-anomaly-cap", "0"}, nil, "-retention-anomaly-cap (OUTBOXD_RETENTION_ANOMALY_CAP)"},

@@ -351,8 +351,8 @@ $$;
 -- An endpoint is a URL that receives every event whose topic its patterns
 -- select (outbox.topic_matches; an empty list selects all), as a signed
 -- webhook. Rows are written through the API (endpoints.go); the workers
--- change only failing_since and, on a 410, disabled_at. Its state is derived,
--- never stored:
+-- change only failing_since, the receiver's dedup window (below) and, on a
+-- 410, disabled_at. Its state is derived, never stored:
 --
 --   enabled   (disabled_at IS NULL, failing_since IS NULL)
 --   failing   (disabled_at IS NULL, failing_since IS NOT NULL): a delivery
@@ -414,6 +414,31 @@ BEGIN
     ALTER TABLE outbox.endpoints
       ADD CONSTRAINT endpoints_url_scheme CHECK (url ~ '^(https?://|mailto:)' AND length(url) <= 2048);
   END IF;
+END
+$$;
+
+-- The receiver's dedup window, as a 2xx answer last advertised it in
+-- webhook-dedup-window (outboxd's own header, webhook.go): how long after a
+-- first delivery the receiver still recognises a second one, in seconds,
+-- and when an answer last said so. The completer writes it with the
+-- attempt (outcome.go), on a change and at most hourly otherwise; an answer
+-- without the header leaves it, and a new URL clears it. NULL: never
+-- advertised. Replays and retries by hand to the endpoint are clamped to it
+-- (replay.go), and the overview alerts while it is shorter than this
+-- sender's resend horizon.
+ALTER TABLE outbox.endpoints
+  ADD COLUMN IF NOT EXISTS dedup_window_seconds bigint,
+  ADD COLUMN IF NOT EXISTS dedup_window_seen_at timestamptz;
+
+DO $$
+BEGIN
+  ALTER TABLE outbox.endpoints
+    ADD CONSTRAINT endpoints_dedup_window CHECK (
+      (dedup_window_seconds IS NULL) = (dedup_window_seen_at IS NULL)
+      AND dedup_window_seconds > 0
+    );
+EXCEPTION WHEN duplicate_object THEN
+  NULL;
 END
 $$;
 
@@ -734,9 +759,9 @@ CREATE TABLE IF NOT EXISTS outbox.inbox_sources (
 -- its 2xx only after that commit.
 --
 -- Inbox retention (retention.go) deletes rows older than the inbox window,
--- which is longer than events retention plus its sweep cadence, so a
--- sender's retries (at most the retry horizon, under events retention) all
--- meet the row. event_id has no foreign key on purpose: events are pruned
+-- which is longer than events retention plus the retry horizon plus the
+-- sweep cadence (the dedup rule, replay.go), so every resend of a sender
+-- configured alike meets the row. event_id has no foreign key on purpose: events are pruned
 -- first, and the dedup record outliving its event is the safe direction.
 CREATE TABLE IF NOT EXISTS outbox.inbox (
   source      text        NOT NULL,

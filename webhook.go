@@ -216,14 +216,19 @@ func (s *webhookSender) deliver(ctx context.Context, job Job) error {
 	}
 
 	start := time.Now()
-	status, retryAfter, excerpt, sendErr := s.post(ctx, signing, job.Event.ID, body)
-	attempt := deliveryAttempt{Duration: time.Since(start), StatusCode: status, ResponseExcerpt: excerpt}
-	change, outcome := classifyWebhookResponse(status, retryAfter, sendErr, time.Now())
-	if outcome != nil && excerpt != "" {
-		outcome = fmt.Errorf("%w: %q", outcome, truncate(excerpt, webhookErrorExcerptLen))
+	ans, sendErr := s.post(ctx, signing, job.Event.ID, body)
+	attempt := deliveryAttempt{Duration: time.Since(start), StatusCode: ans.status, ResponseExcerpt: ans.excerpt}
+	change, outcome := classifyWebhookResponse(ans.status, ans.retryAfter, sendErr, time.Now())
+	if outcome != nil && ans.excerpt != "" {
+		outcome = fmt.Errorf("%w: %q", outcome, truncate(ans.excerpt, webhookErrorExcerptLen))
 	}
 	if outcome != nil {
 		attempt.Error = truncate(outcome.Error(), maxErrorLen)
+	}
+	if change == endpointSucceeded {
+		// Only an answer that accepted the webhook speaks for the
+		// receiver's dedup: an error page may come from a proxy.
+		attempt.DedupWindow = parseDedupWindow(ans.dedupWindow)
 	}
 	s.observe(job, attempt, change, sendErr)
 	job.recordAttempt(attempt, change)
@@ -248,24 +253,49 @@ func (s *webhookSender) observe(job Job, a deliveryAttempt, change endpointChang
 	s.metrics.latency.Observe(a.Duration.Seconds())
 }
 
+// webhookAnswer is what a delivery reads of the receiver's answer.
+type webhookAnswer struct {
+	status      int
+	retryAfter  string // Retry-After
+	dedupWindow string // webhook-dedup-window
+	excerpt     string // the start of the body, as text
+}
+
 // post sends one signed request and reads a bounded part of the answer.
-func (s *webhookSender) post(ctx context.Context, ep deliveryEndpoint, eventID int64, body []byte) (status int, retryAfter, excerpt string, err error) {
+func (s *webhookSender) post(ctx context.Context, ep deliveryEndpoint, eventID int64, body []byte) (webhookAnswer, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.URL, bytes.NewReader(body))
 	if err != nil {
-		return 0, "", "", err
+		return webhookAnswer{}, err
 	}
 	setWebhookHeaders(req.Header, ep.Secrets, strconv.FormatInt(eventID, 10), time.Now(), body)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", s.userAgent)
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return 0, "", "", err
+		return webhookAnswer{}, err
 	}
 	defer resp.Body.Close()
 	// A read error after the status line changes nothing: the receiver
 	// has answered, and its status is the outcome.
-	answer, _, _ := readLimited(resp.Body, webhookMaxResponseRead)
-	return resp.StatusCode, resp.Header.Get("Retry-After"), textExcerpt(answer, webhookExcerptLen), nil
+	text, _, _ := readLimited(resp.Body, webhookMaxResponseRead)
+	return webhookAnswer{
+		status:      resp.StatusCode,
+		retryAfter:  resp.Header.Get("Retry-After"),
+		dedupWindow: resp.Header.Get(headerDedupWindow),
+		excerpt:     textExcerpt(text, webhookExcerptLen),
+	}, nil
+}
+
+// parseDedupWindow reads a webhook-dedup-window value: whole seconds,
+// above 0, at most maxRetention (ten years is "kept"). Anything else
+// advertises nothing (0): a window the sender cannot read is not one it
+// may rely on.
+func parseDedupWindow(v string) time.Duration {
+	secs, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	if err != nil || secs <= 0 {
+		return 0
+	}
+	return time.Duration(min(secs, int64(maxRetention/time.Second))) * time.Second
 }
 
 // textExcerpt is the start of b as text PostgreSQL will store: valid UTF-8,

@@ -133,6 +133,27 @@ func TestEncodeWebhookBody(t *testing.T) {
 	}
 }
 
+// webhook-dedup-window is whole seconds above 0; anything else advertises
+// nothing, and ten years is the most it says.
+func TestParseDedupWindow(t *testing.T) {
+	t.Parallel()
+	for v, want := range map[string]time.Duration{
+		"1033200":              287 * time.Hour,
+		" 60 ":                 time.Minute,
+		"":                     0,
+		"0":                    0,
+		"-5":                   0,
+		"1.5":                  0,
+		"12d":                  0,
+		"99999999999999999999": 0, // not an int64
+		"9223372036854775807":  maxRetention,
+	} {
+		if got := parseDedupWindow(v); got != want {
+			t.Errorf("parseDedupWindow(%q) = %s, want %s", v, got, want)
+		}
+	}
+}
+
 // The outcome rules of the issue, one row each: what an answer does to the
 // endpoint and, through decideOutcome, to the job.
 func TestClassifyWebhookResponse(t *testing.T) {
