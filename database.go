@@ -61,6 +61,33 @@ func openDB(ctx context.Context, dsn string, maxConns int) (*sql.DB, error) {
 	return db, nil
 }
 
+// connectPauseMax caps the pause between two tries of openDBWaiting: a
+// database that comes back is found within seconds, and a log line every
+// few seconds says what outboxd waits for.
+const connectPauseMax = 5 * time.Second
+
+// openDBWaiting is openDB tried again, with a growing pause, until it
+// works or wait has passed: a VM that boots outboxd before its database,
+// or a PostgreSQL restarting, should delay the start, not fail it. Each
+// failed try is logged; wait 0 tries once.
+func openDBWaiting(ctx context.Context, dsn string, maxConns int, wait time.Duration, logger *slog.Logger) (*sql.DB, error) {
+	deadline := time.Now().Add(wait)
+	pause := 250 * time.Millisecond
+	for try := 1; ; try++ {
+		db, err := openDB(ctx, dsn, maxConns)
+		if err == nil || wait <= 0 || time.Now().Add(pause).After(deadline) {
+			return db, err
+		}
+		logger.Warn("database not reachable; trying again", "try", try, "in", pause, "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, connectPauseMax)
+	}
+}
+
 // newDBPool opens a pool on dsn whose connections send a statement and its
 // parameters in one round trip (lib/pq's binary_parameters), not two: by
 // default lib/pq first prepares every statement that has parameters, waits

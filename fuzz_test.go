@@ -236,6 +236,7 @@ func configArgs(cfg Config) []string {
 	flag("smtp-message-id-host", cfg.Mail.MessageIDHost)
 	flag("owner-notify-per-hour", cfg.Mail.OwnerNotifyPerHour)
 	flag("db-max-conns", cfg.DBMaxConns)
+	flag("database-wait", cfg.DatabaseWait)
 	flag("shutdown-grace", cfg.ShutdownGrace)
 	flag("secrets-key", cfg.SecretsKey)
 	flag("secrets-old-key", cfg.SecretsOldKey)

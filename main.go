@@ -47,10 +47,11 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintf(os.Stderr, "outboxd: %v\n", err)
-		}
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	switch {
+	case errors.Is(err, flag.ErrHelp): // -h: the usage is printed, and asking is no failure
+	case err != nil:
+		fmt.Fprintf(os.Stderr, "outboxd: %v\n", err)
 		os.Exit(1)
 	}
 }
@@ -87,7 +88,11 @@ type Config struct {
 	// MetricsPublic serves /metrics without the admin token.
 	MetricsPublic bool
 
-	DBMaxConns    int
+	DBMaxConns int
+	// DatabaseWait is how long a start waits for an unreachable database,
+	// trying again with a growing pause; a minute covers a PostgreSQL on
+	// the same VM starting after outboxd, or restarting.
+	DatabaseWait  time.Duration
 	ShutdownGrace time.Duration
 
 	// SecretsKey seals the secrets of endpoints and inbox sources at rest
@@ -154,6 +159,7 @@ func defaultConfig() Config {
 			EndpointDisableAfter: 5 * 24 * time.Hour,
 		},
 		DBMaxConns:    20,
+		DatabaseWait:  time.Minute,
 		ShutdownGrace: 30 * time.Second,
 	}
 	c.derive(false)
@@ -191,6 +197,16 @@ func (c Config) defaultInboxRetention() time.Duration {
 	return max((horizon+r.Interval)/day*day+day, r.Events+inboxRetentionMargin)
 }
 
+// commands are outboxd's subcommands, as -h lists them.
+var commands = []struct{ name, summary string }{
+	{"serve", "run the service, the default: relay, workers, sweeps and the HTTP listener"},
+	{"migrate", "apply schema.sql to the database and exit"},
+	{"load", "drive a child outboxd with producers and a receiver; report rates, latency, memory"},
+	{secretsEncrypt, "seal every stored secret under -secrets-key"},
+	{secretsRotateKey, "seal every stored secret again, from -secrets-old-key to -secrets-key"},
+	{"version", "print the release, module version, VCS revision and Go version"},
+}
+
 // envName is the environment fallback of a flag: DATABASE_URL for
 // -database-url, OUTBOXD_RELAY_BATCH for -relay-batch.
 func envName(flagName string) string {
@@ -210,8 +226,12 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 		if cfg.Command == "secrets" && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 			cfg.Command, args = cfg.Command+" "+args[0], args[1:]
 		}
-		if cfg.Command != "migrate" && cfg.Command != secretsEncrypt && cfg.Command != secretsRotateKey {
-			return cfg, fmt.Errorf("unknown command %q (want migrate, %s, %s, load, or flags only)", cfg.Command, secretsEncrypt, secretsRotateKey)
+		switch cfg.Command {
+		case "serve":
+			cfg.Command = ""
+		case "migrate", secretsEncrypt, secretsRotateKey:
+		default:
+			return cfg, fmt.Errorf("unknown command %q; outboxd -h lists them", cfg.Command)
 		}
 	}
 
@@ -275,11 +295,20 @@ func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&cfg.Mail.MessageIDHost, "smtp-message-id-host", cfg.Mail.MessageIDHost, "host part of Message-ID <event id@host>; empty: the domain of -smtp-from")
 	fs.IntVar(&cfg.Mail.OwnerNotifyPerHour, "owner-notify-per-hour", cfg.Mail.OwnerNotifyPerHour, "most mails per endpoint owner per hour about failing or disabled endpoints")
 	fs.IntVar(&cfg.DBMaxConns, "db-max-conns", cfg.DBMaxConns, "most open database connections of the pool")
+	fs.DurationVar(&cfg.DatabaseWait, "database-wait", cfg.DatabaseWait, "how long a start waits for an unreachable database, trying again; 0 fails at once")
 	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "time in-flight work gets to finish on SIGTERM")
 	fs.StringVar(&cfg.SecretsKey, "secrets-key", cfg.SecretsKey, "key that seals endpoint and source secrets at rest: 32 bytes in standard base64 (openssl rand -base64 32); empty stores them unsealed")
 	fs.StringVar(&cfg.SecretsOldKey, "secrets-old-key", cfg.SecretsOldKey, "the key being rotated out: opens the secrets it sealed, seals none (outboxd secrets rotate-key)")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: outboxd [migrate | secrets encrypt | secrets rotate-key] [flags]\n\nEvery flag falls back to an environment variable:\n\n")
+		command := cfg.Command
+		if command == "" {
+			command = "[command]"
+		}
+		fmt.Fprintf(fs.Output(), "Usage: outboxd %s [flags]\n\nCommands:\n", command)
+		for _, c := range commands {
+			fmt.Fprintf(fs.Output(), "  %-20s %s\n", c.name, c.summary)
+		}
+		fmt.Fprintf(fs.Output(), "\nFlags of serve, migrate and secrets (load -h lists its own); every flag falls back to an environment variable:\n\n")
 		fs.VisitAll(func(f *flag.Flag) {
 			fmt.Fprintf(fs.Output(), "  -%s  (%s, default %q)\n    \t%s\n", f.Name, envName(f.Name), f.DefValue, f.Usage)
 		})
@@ -353,6 +382,7 @@ func (c Config) validate() error {
 		c.Mail.validate(setting),
 		intIn("owner-notify-per-hour", c.Mail.OwnerNotifyPerHour, 1, 1_000),
 		intIn("db-max-conns", c.DBMaxConns, 4, 1_000),
+		durationIn("database-wait", c.DatabaseWait, 0, time.Hour),
 		durationIn("shutdown-grace", c.ShutdownGrace, 0, time.Hour),
 		durationIn("events-retention", c.Retention.Events, 0, maxRetention),
 		durationIn("inbox-retention", c.Retention.Inbox, 0, maxRetention),
@@ -484,6 +514,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if len(args) > 0 && args[0] == "load" {
 		return runLoad(ctx, args[1:], getenv, stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "version" {
+		fs := flag.NewFlagSet("outboxd version", flag.ContinueOnError)
+		fs.SetOutput(stderr)
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout, readBuildInfo())
+		return nil
+	}
 	cfg, err := parseConfig(args, getenv, stderr)
 	if err != nil {
 		return err
@@ -595,7 +634,7 @@ func connect(ctx context.Context, cfg Config, logger *slog.Logger) (db *sql.DB, 
 		}
 		stopCluster, dsn = cluster.Stop, cluster.DSN("outboxd")
 	}
-	db, err = openDB(ctx, dsn, cfg.DBMaxConns)
+	db, err = openDBWaiting(ctx, dsn, cfg.DBMaxConns, cfg.DatabaseWait, logger)
 	if err == nil {
 		err = migrate(ctx, db)
 		if err != nil {
@@ -697,7 +736,7 @@ func serve(ctx context.Context, ln net.Listener, handler http.Handler, grace tim
 	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
-	logger.Info("outboxd started", "version", version, "addr", ln.Addr().String())
+	logger.Info("outboxd started", "version", readBuildInfo().String(), "addr", ln.Addr().String())
 	fmt.Fprintf(stdout, "outboxd listening on http://%s\n", ln.Addr())
 
 	var err error

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -90,6 +91,7 @@ func TestDefaultsAreTheStatedNumbers(t *testing.T) {
 		{"dead-row alert ratio", c.Alerts.DeadRatio, 0.2},
 		{"old-transaction alert age", c.Alerts.XactAge, time.Hour},
 		{"owner notifications an hour", c.Mail.OwnerNotifyPerHour, 5},
+		{"database wait at start", c.DatabaseWait, time.Minute},
 	} {
 		if n.got != n.want {
 			t.Errorf("default %s = %v, want %v", n.name, n.got, n.want)
@@ -379,5 +381,81 @@ func TestMigrateAgainTakesNoTableLocks(t *testing.T) {
 	}
 	if n := queryInt(t, db, `SELECT count(*) FROM outbox.schema_applied WHERE checksum = $1`, schemaChecksum()); n != 1 {
 		t.Errorf("checksum rows after re-apply: %d, want 1", n)
+	}
+}
+
+// outboxd -h and each command's -h exit 0 and list what they take; -h
+// lists every command.
+func TestHelpListsEveryCommandAndExitsZero(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"-h"}, {"serve", "-h"}, {"migrate", "-h"}, {"secrets", "encrypt", "-h"}, {"load", "-h"}, {"version", "-h"}} {
+		cmd := exec.Command(os.Args[0], args...)
+		cmd.Env = append(os.Environ(), "OUTBOXD_TEST_RUN_MAIN=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Errorf("outboxd %s: %v, want exit 0\n%s", strings.Join(args, " "), err, out)
+			continue
+		}
+		if len(args) == 1 {
+			for _, c := range []string{"serve", "migrate", "load", "secrets encrypt", "secrets rotate-key", "version"} {
+				if !strings.Contains(string(out), "\n  "+c+" ") {
+					t.Errorf("outboxd -h does not list %q:\n%s", c, out)
+				}
+			}
+		}
+		if args[0] == "migrate" && !strings.Contains(string(out), "-database-url") {
+			t.Errorf("outboxd migrate -h lists no -database-url:\n%s", out)
+		}
+	}
+	cmd := exec.Command(os.Args[0], "frobnicate")
+	cmd.Env = append(os.Environ(), "OUTBOXD_TEST_RUN_MAIN=1")
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), `unknown command "frobnicate"`) {
+		t.Errorf("outboxd frobnicate: %v, %s; want exit 1 naming the command", err, out)
+	}
+}
+
+// outboxd version prints the release and what the build recorded.
+func TestVersionPrintsTheBuild(t *testing.T) {
+	t.Parallel()
+	var out strings.Builder
+	if err := run(context.Background(), []string{"version"}, func(string) string { return "" }, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	want := readBuildInfo()
+	if !strings.HasPrefix(out.String(), "outboxd 0.1.0") || !strings.Contains(out.String(), want.GoVersion) {
+		t.Errorf("outboxd version printed %q, want the release 0.1.0 and %s", out.String(), want.GoVersion)
+	}
+}
+
+// A start waits for a database that is not there yet, saying so, and
+// goes on when it appears; with -database-wait 0 it fails at once.
+func TestStartWaitsForTheDatabase(t *testing.T) {
+	t.Parallel()
+	admin := harnessAdmin(t)
+	name := fmt.Sprintf("outboxd_late_%d_%d", os.Getpid(), harness.seq.Add(1))
+	t.Cleanup(func() { admin.Exec(`DROP DATABASE IF EXISTS ` + name + ` WITH (FORCE)`) })
+	dsn := dsnWithDB(harness.adminDSN, name)
+
+	var logs syncBuffer
+	if err := run(context.Background(), []string{"migrate", "-database-url", dsn, "-database-wait", "0"},
+		func(string) string { return "" }, io.Discard, &logs); err == nil || strings.Contains(logs.String(), "trying again") {
+		t.Fatalf("-database-wait 0 with no database: %v, log:\n%s\nwant a failure at the first try", err, logs.String())
+	}
+
+	logs = syncBuffer{}
+	done := make(chan error, 1)
+	go func() {
+		done <- run(context.Background(), []string{"migrate", "-database-url", dsn, "-database-wait", "1m"},
+			func(string) string { return "" }, io.Discard, &logs)
+	}()
+	waitFor(t, "a logged try", 30*time.Second, func() bool { return strings.Contains(logs.String(), "database not reachable; trying again") })
+	mustExec(t, admin, `CREATE DATABASE `+name)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("migrate once the database appeared: %v\n%s", err, logs.String())
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("migrate did not go on once the database appeared")
 	}
 }
