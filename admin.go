@@ -24,6 +24,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // admin is what the HTTP handlers need, built once in run.
@@ -356,6 +357,24 @@ func byIDWithBody[In, Out any](decode func(*http.Request, any) error, do func(ct
 	}
 }
 
+// pathText is the path value key, a name of something stored as text. A
+// value PostgreSQL cannot hold as text (isText) names nothing that can
+// exist: not found, without asking the database, which would refuse it.
+func pathText(r *http.Request, key string) (string, error) {
+	v := r.PathValue(key)
+	if !isText(v) {
+		return "", fmt.Errorf("%s %q: %w", key, v, errNotFound)
+	}
+	return v, nil
+}
+
+// isText reports whether PostgreSQL can hold s as text: valid UTF-8
+// without NUL. It refuses anything else (SQLSTATE 22021), which would
+// answer the client's mistake as the server's 500.
+func isText(s string) bool {
+	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
+}
+
 func pathID(r *http.Request) (int64, error) {
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
 	if err != nil || id <= 0 {
@@ -393,9 +412,10 @@ func decodeOptionalJSON(r *http.Request, v any) error {
 }
 
 // query reads a request's query parameters, for the API and the panel
-// alike. A reader that meets a bad value keeps the first such error in err
-// and returns the parameter's default, so a handler reads every parameter
-// it takes and then checks err once.
+// alike, or a panel form's fields (formOf). A reader that meets a bad
+// value keeps the first such error in err and returns the parameter's
+// default, so a handler reads every parameter it takes and then checks err
+// once.
 type query struct {
 	values url.Values
 	err    error
@@ -403,8 +423,37 @@ type query struct {
 
 func queryOf(r *http.Request) *query { return &query{values: r.URL.Query()} }
 
-// text is a parameter as given; absent, "".
-func (q *query) text(name string) string { return q.values.Get(name) }
+// formOf reads the fields of a panel form, a body of at most limit bytes.
+func formOf(w http.ResponseWriter, r *http.Request, limit int64) *query {
+	r.Body = http.MaxBytesReader(w, r.Body, limit)
+	q := &query{}
+	if err := r.ParseForm(); err != nil {
+		if _, tooBig := errors.AsType[*http.MaxBytesError](err); tooBig {
+			q.err = fmt.Errorf("form larger than %d bytes: %w", limit, err)
+		} else {
+			q.err = fmt.Errorf("%w: form: %v", errInvalid, err)
+		}
+	}
+	q.values = r.PostForm
+	return q
+}
+
+// fail keeps err unless an earlier reader failed first.
+func (q *query) fail(err error) {
+	if q.err == nil {
+		q.err = err
+	}
+}
+
+// text is a parameter as given; absent, or not text (isText), "".
+func (q *query) text(name string) string {
+	s := q.values.Get(name)
+	if !isText(s) {
+		q.fail(fmt.Errorf("%w: %s is not UTF-8 text without NUL", errInvalid, name))
+		return ""
+	}
+	return s
+}
 
 // natural is an optional non-negative integer: an id to page from or to
 // filter by, or a page size that the list then bounds. Absent, 0.
@@ -426,9 +475,7 @@ func (q *query) integer(name string, def, lo, hi int64, bad string) int64 {
 	}
 	n, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || n < lo || n > hi {
-		if q.err == nil {
-			q.err = fmt.Errorf("%w: "+bad, errInvalid, s)
-		}
+		q.fail(fmt.Errorf("%w: "+bad, errInvalid, s))
 		return def
 	}
 	return n

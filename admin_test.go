@@ -37,6 +37,13 @@ func newTestAdmin(t *testing.T, db *sql.DB) *httptest.Server {
 // newTestServer serves the real routes over db with an endpoint policy.
 func newTestServer(t *testing.T, db *sql.DB, policy endpointPolicy) *httptest.Server {
 	t.Helper()
+	return newTestServerLogging(t, db, policy, testLogger(t))
+}
+
+// newTestServerLogging is newTestServer whose handlers log to logger, for
+// a test that reads what they log.
+func newTestServerLogging(t *testing.T, db *sql.DB, policy endpointPolicy, logger *slog.Logger) *httptest.Server {
+	t.Helper()
 	pnl, err := newPanel(testLogger(t))
 	if err != nil {
 		t.Fatal(err)
@@ -50,7 +57,7 @@ func newTestServer(t *testing.T, db *sql.DB, policy endpointPolicy) *httptest.Se
 		endpoints:       policy,
 		eventsRetention: 7 * 24 * time.Hour,
 		maxAttempts:     18,
-		logger:          testLogger(t),
+		logger:          logger,
 	}))
 	t.Cleanup(srv.Close)
 	return srv
@@ -551,15 +558,7 @@ func TestServerErrorsAreLoggedOnce(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
 	var logs syncBuffer
-	pnl, err := newPanel(testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(routes(&admin{
-		db: db, token: testToken, alerts: defaultConfig().Alerts, panel: pnl, endpoints: testPolicy,
-		logger: slog.New(slog.NewTextHandler(&logs, nil)),
-	}))
-	t.Cleanup(srv.Close)
+	srv := newTestServerLogging(t, db, testPolicy, slog.New(slog.NewTextHandler(&logs, nil)))
 	mustExec(t, db, `DROP TABLE outbox.subjects`) // every read of the index now fails
 
 	var answer map[string]string

@@ -301,7 +301,11 @@ func handleCreateSource(a *admin) apiFunc {
 // handleDeleteSource is DELETE /api/sources/{name}, answered 204.
 func handleDeleteSource(a *admin) apiFunc {
 	return func(r *http.Request) (int, any, error) {
-		return http.StatusNoContent, nil, deleteSource(r.Context(), a.db, r.PathValue("name"))
+		name, err := pathText(r, "name")
+		if err != nil {
+			return 0, nil, err
+		}
+		return http.StatusNoContent, nil, deleteSource(r.Context(), a.db, name)
 	}
 }
 
@@ -314,6 +318,10 @@ func handleRotateSourceSecret(a *admin) apiFunc {
 		Secret string `json:"secret"`
 	}
 	return func(r *http.Request) (int, any, error) {
+		name, err := pathText(r, "name")
+		if err != nil {
+			return 0, nil, err
+		}
 		var req request
 		if err := decodeOptionalJSON(r, &req); err != nil {
 			return 0, nil, err
@@ -322,7 +330,7 @@ func handleRotateSourceSecret(a *admin) apiFunc {
 		if err != nil {
 			return 0, nil, err
 		}
-		s, err := rotateSourceSecret(r.Context(), a.db, r.PathValue("name"), secret, a.endpoints.RotationWindow)
+		s, err := rotateSourceSecret(r.Context(), a.db, name, secret, a.endpoints.RotationWindow)
 		return http.StatusOK, inboxSourceWithSecret{InboxSource: s, Secret: secret.Encode()}, err
 	}
 }
@@ -332,11 +340,11 @@ func handleRotateSourceSecret(a *admin) apiFunc {
 func handleListSubjects(a *admin) apiFunc {
 	return func(r *http.Request) (int, any, error) {
 		q := queryOf(r)
-		limit := q.limit(maxSubjectPage)
+		prefix, after, limit := q.text("prefix"), q.text("after"), q.limit(maxSubjectPage)
 		if q.err != nil {
 			return 0, nil, q.err
 		}
-		entries, err := listSubjects(r.Context(), a.db, q.text("prefix"), q.text("after"), limit)
+		entries, err := listSubjects(r.Context(), a.db, prefix, after, limit)
 		if err != nil {
 			return 0, nil, err
 		}

@@ -1,0 +1,149 @@
+// http_test.go: the HTTP surface's own promises, route by route: bad text
+// refused cleanly, request ids, caching, sessions, and the server's
+// timeouts and TLS.
+
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+)
+
+// noRedirect is a client that answers with the first response, so a test
+// sees a redirect as the redirect.
+func noRedirect(jar http.CookieJar) *http.Client {
+	return &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+}
+
+// signIn signs a browser in through the panel's form; its jar holds the
+// session cookie.
+func signIn(t *testing.T, srv *httptest.Server) *http.Client {
+	t.Helper()
+	jar, _ := cookiejar.New(nil)
+	browser := noRedirect(jar)
+	resp, err := browser.PostForm(srv.URL+"/login", url.Values{"token": {testToken}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("sign-in = %d, want 303", resp.StatusCode)
+	}
+	return browser
+}
+
+// request is one request of a route table: the API's with the token, the
+// panel's with a signed-in browser's cookie. A form is sent as a POST
+// body.
+type request struct {
+	method, path string
+	form         string
+}
+
+// send sends req and returns the answer with its body read.
+func (req request) send(t *testing.T, srv *httptest.Server, browser *http.Client) (*http.Response, []byte) {
+	t.Helper()
+	var body io.Reader
+	if req.form != "" {
+		body = strings.NewReader(req.form)
+	}
+	r, err := http.NewRequest(req.method, srv.URL+req.path, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := browser
+	if strings.HasPrefix(req.path, "/api/") {
+		r.Header.Set("Authorization", "Bearer "+testToken)
+		client = noRedirect(nil)
+	}
+	if req.form != "" {
+		r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
+	resp, err := client.Do(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, b
+}
+
+// Text PostgreSQL cannot hold (invalid UTF-8, NUL) in a query parameter,
+// a path value or a form field is the client's mistake: a 400, or a 404
+// for a path naming what cannot exist, answered as every refusal is, and
+// not logged as the server's error.
+func TestBadTextIsRefusedNotFailed(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	var logs syncBuffer
+	srv := newTestServerLogging(t, db, testPolicy, slog.New(slog.NewTextHandler(&logs, nil)))
+	id := createTestEndpoint(t, srv, "http://127.0.0.1:1/hook")
+	if code := apiCall(t, srv, "POST", "/api/sources", `{"name": "shop"}`, nil); code != http.StatusCreated {
+		t.Fatalf("create source: %d", code)
+	}
+	browser := signIn(t, srv)
+	endpoint := fmt.Sprintf("/endpoints/%d", id)
+	goodEndpoint := "url=http%3A%2F%2F127.0.0.1%3A1%2Fhook&topics=t"
+
+	for _, tc := range []struct {
+		request
+		want int
+	}{
+		{request{"GET", "/api/events?subject=%ff", ""}, 400},
+		{request{"GET", "/api/events?subject=a%00b", ""}, 400},
+		{request{"GET", "/api/events?topic=%ff", ""}, 400},
+		{request{"GET", "/api/events?state=%ff", ""}, 400},
+		{request{"GET", "/api/jobs?state=%ff", ""}, 400},
+		{request{"GET", "/api/subjects?prefix=%ff", ""}, 400},
+		{request{"GET", "/api/subjects?after=%ff", ""}, 400},
+		{request{"GET", "/api/subjects?after=a%00", ""}, 400},
+		{request{"DELETE", "/api/sources/%ff", ""}, 404},
+		{request{"DELETE", "/api/sources/%00", ""}, 404},
+		{request{"POST", "/api/sources/%ff/rotate-secret", ""}, 404},
+		{request{"GET", "/events?subject=%ff", ""}, 400},
+		{request{"GET", "/events?topic=a%00", ""}, 400},
+		{request{"GET", "/jobs?state=%ff", ""}, 400},
+		{request{"GET", "/subjects?prefix=%ff", ""}, 400},
+		{request{"GET", "/subjects?after=%00", ""}, 400},
+		{request{"POST", "/endpoints", goodEndpoint + "&description=%ff"}, 400},
+		{request{"POST", "/endpoints", goodEndpoint + "&owner_email=a%00%40example.com"}, 400},
+		{request{"POST", endpoint + "/edit", goodEndpoint + "&description=a%00b"}, 400},
+		{request{"POST", endpoint + "/disable", "reason=%ff"}, 400},
+		{request{"POST", endpoint + "/replay", "since=%ff"}, 400},
+		{request{"POST", "/sources", "name=billing&topic_prefix=%ff"}, 400},
+		{request{"POST", "/sources", "name=billing&secret=whsec_%00"}, 400},
+		{request{"POST", "/sources/%ff/delete", ""}, 404},
+		{request{"POST", "/sources/%00/rotate-secret", ""}, 404},
+	} {
+		resp, body := tc.send(t, srv, browser)
+		if resp.StatusCode != tc.want {
+			t.Errorf("%s %s %s = %d, want %d: %s", tc.method, tc.path, tc.form, resp.StatusCode, tc.want, body)
+			continue
+		}
+		if strings.HasPrefix(tc.path, "/api/") {
+			var answer struct{ Error string }
+			if err := json.Unmarshal(body, &answer); err != nil || answer.Error == "" {
+				t.Errorf("%s %s: answer %q, want {\"error\": ...}", tc.method, tc.path, body)
+			}
+		} else if !strings.Contains(string(body), "<title>Error · outboxd</title>") {
+			t.Errorf("%s %s %s: not the panel's error page:\n%s", tc.method, tc.path, tc.form, body)
+		}
+	}
+	if strings.Contains(logs.String(), "level=ERROR") {
+		t.Errorf("refusals logged as the server's errors:\n%s", logs.String())
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.endpoints`); n != 1 {
+		t.Errorf("%d endpoints after refused forms, want the 1 created", n)
+	}
+}
