@@ -7,6 +7,7 @@ package main
 import (
 	"context"
 	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	"database/sql"
@@ -21,6 +22,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -119,7 +121,39 @@ func routes(a *admin) http.Handler {
 
 	// Browsers may not make state-changing requests across origins; API
 	// clients without Origin or Sec-Fetch-Site headers are unaffected.
-	return securityHeaders(http.NewCrossOriginProtection().Handler(mux))
+	return withRequestID(securityHeaders(http.NewCrossOriginProtection().Handler(mux)))
+}
+
+// requestIDHeader carries a request's id, answered on every response and
+// logged with every 5xx, so that the failure a client reports can be found
+// in the log.
+const requestIDHeader = "X-Request-Id"
+
+// saneRequestID is an id a client or a proxy in front may choose, so one
+// request can be followed through both logs: short, and without anything
+// that could forge a log field or a header.
+var saneRequestID = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,64}$`)
+
+// requestIDKey keys the request's id in its context.
+type requestIDKey struct{}
+
+// withRequestID gives each request an id: the incoming X-Request-Id if it
+// is sane, otherwise a random one.
+func withRequestID(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get(requestIDHeader)
+		if !saneRequestID.MatchString(id) {
+			id = rand.Text()
+		}
+		w.Header().Set(requestIDHeader, id)
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestIDKey{}, id)))
+	})
+}
+
+// requestID is the id withRequestID gave r.
+func requestID(r *http.Request) string {
+	id, _ := r.Context().Value(requestIDKey{}).(string)
+	return id
 }
 
 // securityHeaders: no framing, no sniffing, no inline script anywhere (the
@@ -254,7 +288,8 @@ func (a *admin) servePage(h pageFunc) http.Handler {
 func (a *admin) failed(r *http.Request, err error) int {
 	status := statusOf(err)
 	if status >= 500 {
-		a.logger.Error("request failed", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
+		a.logger.Error("request failed", "method", r.Method, "path", r.URL.Path, "status", status,
+			"request_id", requestID(r), "err", err)
 	}
 	return status
 }

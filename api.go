@@ -396,8 +396,7 @@ func handleMetrics(a *admin) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		o, err := readOverview(r.Context(), a.db, a.alerts)
 		if err != nil {
-			a.logger.Error("metrics: read overview", "err", err)
-			http.Error(w, "read overview failed", http.StatusInternalServerError)
+			http.Error(w, "read overview failed", a.failed(r, fmt.Errorf("metrics: read overview: %w", err)))
 			return
 		}
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")

@@ -147,3 +147,51 @@ func TestBadTextIsRefusedNotFailed(t *testing.T) {
 		t.Errorf("%d endpoints after refused forms, want the 1 created", n)
 	}
 }
+
+// Every answer carries a request id, a sane one the client sent or one made
+// here, and the log line of a 5xx names it, so an operator finds the
+// failure a client reports.
+func TestRequestIDIsAnsweredAndLoggedWithA5xx(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	var logs syncBuffer
+	srv := newTestServerLogging(t, db, testPolicy, slog.New(slog.NewTextHandler(&logs, nil)))
+	mustExec(t, db, `DROP TABLE outbox.subjects`) // every read of the index now fails
+
+	get := func(path, id string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", srv.URL+path, nil)
+		req.Header.Set("Authorization", "Bearer "+testToken)
+		if id != "" {
+			req.Header.Set("X-Request-Id", id)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header.Get("X-Request-Id")
+	}
+
+	if status, id := get("/api/subjects", "trace-7f3a.9:b_c"); status != 500 || id != "trace-7f3a.9:b_c" {
+		t.Errorf("a sane incoming id: %d with id %q, want 500 with the id sent", status, id)
+	}
+	if !strings.Contains(logs.String(), "request_id=trace-7f3a.9:b_c") {
+		t.Errorf("the 500's log line does not name its request id:\n%s", logs.String())
+	}
+	for _, insane := range []string{strings.Repeat("a", 65), "two words", `quote"d`, "line\tbreak"} {
+		status, id := get("/api/subjects", insane)
+		if status != 500 || id == "" || id == insane {
+			t.Errorf("incoming id %q: %d with id %q, want 500 with an id made here", insane, status, id)
+			continue
+		}
+		if !strings.Contains(logs.String(), "request_id="+id+" ") {
+			t.Errorf("the 500 answered with id %q is not logged with it:\n%s", id, logs.String())
+		}
+	}
+	_, first := get("/healthz", "")
+	_, second := get("/healthz", "")
+	if first == "" || first == second {
+		t.Errorf("ids made for two requests: %q and %q, want two different ids", first, second)
+	}
+}
