@@ -99,7 +99,13 @@ func routes(a *admin) http.Handler {
 	// The panel: HTML pages for a browser, signed in by a session cookie.
 	p := a.panel
 	static, _ := fs.Sub(staticFS, "static")
-	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	staticFiles := http.StripPrefix("/static/", http.FileServerFS(static))
+	mux.Handle("GET /static/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The stylesheet changes only with a release: an hour's caching
+		// bounds how long a browser shows the old one after an upgrade.
+		w.Header().Set("Cache-Control", "max-age=3600")
+		staticFiles.ServeHTTP(w, r)
+	}))
 	mux.Handle("GET /login", a.servePage(p.handleLoginForm()))
 	mux.Handle("POST /login", a.servePage(p.handleLogin(a)))
 	mux.Handle("POST /logout", a.servePage(p.handleLogout()))
@@ -157,10 +163,14 @@ func requestID(r *http.Request) string {
 }
 
 // securityHeaders: no framing, no sniffing, no inline script anywhere (the
-// panel has none), no referrer leaking a URL.
+// panel has none), no referrer leaking a URL, and no answer kept by a
+// browser or a proxy (pages and answers show secrets, whsec_ ones among
+// them, and state that is stale a second later); the static assets
+// alone say otherwise.
 func securityHeaders(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
+		h.Set("Cache-Control", "no-store")
 		h.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 		h.Set("X-Frame-Options", "DENY")
 		h.Set("X-Content-Type-Options", "nosniff")

@@ -41,21 +41,17 @@ func signIn(t *testing.T, srv *httptest.Server) *http.Client {
 }
 
 // request is one request of a route table: the API's with the token, the
-// panel's with a signed-in browser's cookie. A form is sent as a POST
-// body.
+// panel's with a signed-in browser's cookie. body is the API's JSON or the
+// panel's form.
 type request struct {
 	method, path string
-	form         string
+	body         string
 }
 
 // send sends req and returns the answer with its body read.
 func (req request) send(t *testing.T, srv *httptest.Server, browser *http.Client) (*http.Response, []byte) {
 	t.Helper()
-	var body io.Reader
-	if req.form != "" {
-		body = strings.NewReader(req.form)
-	}
-	r, err := http.NewRequest(req.method, srv.URL+req.path, body)
+	r, err := http.NewRequest(req.method, srv.URL+req.path, strings.NewReader(req.body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,8 +59,7 @@ func (req request) send(t *testing.T, srv *httptest.Server, browser *http.Client
 	if strings.HasPrefix(req.path, "/api/") {
 		r.Header.Set("Authorization", "Bearer "+testToken)
 		client = noRedirect(nil)
-	}
-	if req.form != "" {
+	} else if req.body != "" {
 		r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	}
 	resp, err := client.Do(r)
@@ -128,7 +123,7 @@ func TestBadTextIsRefusedNotFailed(t *testing.T) {
 	} {
 		resp, body := tc.send(t, srv, browser)
 		if resp.StatusCode != tc.want {
-			t.Errorf("%s %s %s = %d, want %d: %s", tc.method, tc.path, tc.form, resp.StatusCode, tc.want, body)
+			t.Errorf("%s %s %s = %d, want %d: %s", tc.method, tc.path, tc.body, resp.StatusCode, tc.want, body)
 			continue
 		}
 		if strings.HasPrefix(tc.path, "/api/") {
@@ -137,7 +132,7 @@ func TestBadTextIsRefusedNotFailed(t *testing.T) {
 				t.Errorf("%s %s: answer %q, want {\"error\": ...}", tc.method, tc.path, body)
 			}
 		} else if !strings.Contains(string(body), "<title>Error · outboxd</title>") {
-			t.Errorf("%s %s %s: not the panel's error page:\n%s", tc.method, tc.path, tc.form, body)
+			t.Errorf("%s %s %s: not the panel's error page:\n%s", tc.method, tc.path, tc.body, body)
 		}
 	}
 	if strings.Contains(logs.String(), "level=ERROR") {
@@ -193,5 +188,61 @@ func TestRequestIDIsAnsweredAndLoggedWithA5xx(t *testing.T) {
 	_, second := get("/healthz", "")
 	if first == "" || first == second {
 		t.Errorf("ids made for two requests: %q and %q, want two different ids", first, second)
+	}
+}
+
+// No panel page and no API answer is kept by a browser or a proxy, above
+// all those that show a secret; the static assets may be.
+func TestAnswersAreNotStoredButAssetsMayBe(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	srv := newTestAdmin(t, db)
+	id := createTestEndpoint(t, srv, "http://127.0.0.1:1/hook")
+	mustExec(t, db, `INSERT INTO outbox.events (topic) VALUES ('t')`)
+	browser := signIn(t, srv)
+	endpoint := fmt.Sprintf("/endpoints/%d", id)
+
+	for _, req := range []request{
+		{"GET", "/", ""},
+		{"GET", "/login", ""},
+		{"GET", "/events", ""},
+		{"GET", "/events/1", ""},
+		{"GET", "/endpoints", ""},
+		{"GET", endpoint, ""},
+		{"POST", "/endpoints", "url=http%3A%2F%2F127.0.0.1%3A2%2Fhook"}, // shows the new secret
+		{"POST", endpoint + "/rotate-secret", ""},                       // shows the new secret
+		{"POST", endpoint + "/enable", ""},                              // a redirect
+		{"GET", "/jobs", ""},
+		{"GET", "/subjects", ""},
+		{"GET", "/sources", ""},
+		{"POST", "/sources", "name=billing"}, // shows the new secret
+		{"GET", "/events/999", ""},           // the error page
+		{"GET", "/api/overview", ""},
+		{"GET", "/api/events", ""},
+		{"GET", "/api/events/1", ""},
+		{"GET", "/api/endpoints", ""},
+		{"GET", "/api" + endpoint, ""},
+		{"POST", "/api/endpoints", `{"url": "http://127.0.0.1:3/hook"}`}, // the new secret
+		{"POST", "/api" + endpoint + "/rotate-secret", ""},               // the new secret
+		{"POST", "/api/sources", `{"name": "shop"}`},                     // the new secret
+		{"POST", "/api/sources/shop/rotate-secret", ""},                  // the new secret
+		{"GET", "/api/sources", ""},
+		{"GET", "/api/subjects", ""},
+		{"GET", "/api/no-such-route", ""},
+		{"GET", "/metrics", ""},
+		{"GET", "/healthz", ""},
+	} {
+		resp, _ := req.send(t, srv, browser)
+		if got := resp.Header.Get("Cache-Control"); got != "no-store" {
+			t.Errorf("%s %s: %d with Cache-Control %q, want no-store", req.method, req.path, resp.StatusCode, got)
+		}
+	}
+	resp, err := http.Get(srv.URL + "/static/style.css")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if got := resp.Header.Get("Cache-Control"); resp.StatusCode != 200 || got != "max-age=3600" {
+		t.Errorf("GET /static/style.css: %d with Cache-Control %q, want 200 with max-age=3600", resp.StatusCode, got)
 	}
 }
