@@ -127,7 +127,24 @@ func routes(a *admin) http.Handler {
 
 	// Browsers may not make state-changing requests across origins; API
 	// clients without Origin or Sec-Fetch-Site headers are unaffected.
-	return withRequestID(securityHeaders(http.NewCrossOriginProtection().Handler(mux)))
+	return withRequestID(withDeadline(securityHeaders(http.NewCrossOriginProtection().Handler(mux))))
+}
+
+// requestTimeout bounds every request: its context ends then, which
+// cancels its queries, and it answers 503 (failed). The longest handlers
+// are an endpoint's replay and retry of its discarded deliveries, 5,000
+// jobs a statement (manualBatch); a minute is tens of such statements. The
+// server's write timeout (newHTTPServer) is set above it, so that the 503
+// is still written rather than the connection cut.
+const requestTimeout = time.Minute
+
+// withDeadline ends every request's context after requestTimeout.
+func withDeadline(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), requestTimeout)
+		defer cancel()
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
 }
 
 // requestIDHeader carries a request's id, answered on every response and
@@ -266,7 +283,8 @@ func (a *admin) serveJSON(h apiFunc) http.Handler {
 		status, body, err := h(r)
 		switch {
 		case err != nil:
-			writeError(w, a.failed(r, err), err)
+			status, err := a.failed(r, err)
+			writeError(w, status, err)
 		case status == http.StatusNoContent:
 			w.WriteHeader(status)
 		default:
@@ -287,21 +305,27 @@ type pageFunc func(w http.ResponseWriter, r *http.Request) error
 func (a *admin) servePage(h pageFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := h(w, r); err != nil {
-			a.panel.renderError(w, a.failed(r, err), err)
+			status, err := a.failed(r, err)
+			a.panel.renderError(w, status, err)
 		}
 	})
 }
 
-// failed is the status a failed request answers, and the one place that
-// logs it: a 5xx is the server's fault, which the operator must see once;
-// a 4xx is the client's, and its answer says all there is.
-func (a *admin) failed(r *http.Request, err error) int {
+// failed is the status a failed request answers and the error it tells,
+// and the one place that logs it: a 5xx is the server's fault, which the
+// operator must see once; a 4xx is the client's, and its answer says all
+// there is. A request that outran requestTimeout failed for that, whatever
+// its cancelled query said.
+func (a *admin) failed(r *http.Request, err error) (int, error) {
+	if errors.Is(r.Context().Err(), context.DeadlineExceeded) {
+		err = &httpError{status: http.StatusServiceUnavailable, text: fmt.Sprintf("request took longer than %s", requestTimeout), err: err}
+	}
 	status := statusOf(err)
 	if status >= 500 {
 		a.logger.Error("request failed", "method", r.Method, "path", r.URL.Path, "status", status,
 			"request_id", requestID(r), "err", err)
 	}
-	return status
+	return status, err
 }
 
 // statusOf maps an error to its HTTP status: the one place that does.

@@ -44,11 +44,19 @@ func newTestServer(t *testing.T, db *sql.DB, policy endpointPolicy) *httptest.Se
 // a test that reads what they log.
 func newTestServerLogging(t *testing.T, db *sql.DB, policy endpointPolicy, logger *slog.Logger) *httptest.Server {
 	t.Helper()
+	srv := httptest.NewServer(testRoutes(t, db, policy, logger))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// testRoutes is the real routes over db, for a test to serve.
+func testRoutes(t *testing.T, db *sql.DB, policy endpointPolicy, logger *slog.Logger) http.Handler {
+	t.Helper()
 	pnl, err := newPanel(testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(routes(&admin{
+	return routes(&admin{
 		db:              db,
 		token:           testToken,
 		alerts:          defaultConfig().Alerts,
@@ -58,9 +66,7 @@ func newTestServerLogging(t *testing.T, db *sql.DB, policy endpointPolicy, logge
 		eventsRetention: 7 * 24 * time.Hour,
 		maxAttempts:     18,
 		logger:          logger,
-	}))
-	t.Cleanup(srv.Close)
-	return srv
+	})
 }
 
 // apiCall sends a request with the admin token and decodes a JSON answer.

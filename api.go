@@ -396,7 +396,8 @@ func handleMetrics(a *admin) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		o, err := readOverview(r.Context(), a.db, a.alerts)
 		if err != nil {
-			http.Error(w, "read overview failed", a.failed(r, fmt.Errorf("metrics: read overview: %w", err)))
+			status, _ := a.failed(r, fmt.Errorf("metrics: read overview: %w", err))
+			http.Error(w, "read overview failed", status)
 			return
 		}
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")

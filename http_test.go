@@ -5,16 +5,22 @@
 package main
 
 import (
+	"bufio"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // noRedirect is a client that answers with the first response, so a test
@@ -244,5 +250,174 @@ func TestAnswersAreNotStoredButAssetsMayBe(t *testing.T) {
 	resp.Body.Close()
 	if got := resp.Header.Get("Cache-Control"); resp.StatusCode != 200 || got != "max-age=3600" {
 		t.Errorf("GET /static/style.css: %d with Cache-Control %q, want 200 with max-age=3600", resp.StatusCode, got)
+	}
+}
+
+// serveForTest runs serve, as run does, on a loopback port until t ends,
+// and returns the address.
+func serveForTest(t *testing.T, handler http.Handler) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- serve(ctx, ln, handler, time.Second, testLogger(t), io.Discard) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	return ln.Addr().String()
+}
+
+// trickleUntilCut sends head, then piece every 100 ms, as a slow-loris
+// client does, and returns once the server has closed the connection. It
+// fails the test if the server keeps it open for longer than within, a
+// bound far above the server's own.
+func trickleUntilCut(t *testing.T, addr, head, piece string, within time.Duration) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	cut := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(io.Discard, conn) // until the server closes it: EOF (nil) or a reset
+		cut <- err
+	}()
+	if _, err := io.WriteString(conn, head); err != nil {
+		t.Fatal(err)
+	}
+	pace := time.NewTicker(100 * time.Millisecond) // the trickle's pace, not a wait for anything
+	defer pace.Stop()
+	giveUp := time.After(within)
+	for {
+		select {
+		case err := <-cut:
+			if err != nil && !errors.Is(err, syscall.ECONNRESET) {
+				t.Fatalf("reading the connection: %v, want it closed by the server", err)
+			}
+			return
+		case <-pace.C:
+			io.WriteString(conn, piece) // fails once the server has closed it; cut says so
+		case <-giveUp:
+			t.Fatalf("the server kept a trickling connection open for %s", within)
+		}
+	}
+}
+
+// A client that trickles its headers or its body is cut by the server
+// serve runs, with the production settings (newHTTPServer), and an
+// oversized header block is refused.
+func TestSlowClientsAreCut(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	addr := serveForTest(t, testRoutes(t, db, testPolicy, testLogger(t)))
+	req, _ := http.NewRequest("POST", "http://"+addr+"/api/sources", strings.NewReader(`{"name": "shop"}`))
+	req.Header.Set("Authorization", "Bearer "+testToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("create source: %d", resp.StatusCode)
+	}
+
+	t.Run("headers trickled", func(t *testing.T) {
+		t.Parallel()
+		trickleUntilCut(t, addr, "GET /healthz HTTP/1.1\r\nHost: outboxd\r\n", "X-Trickle: 1\r\n", 2*time.Minute)
+	})
+	t.Run("body trickled", func(t *testing.T) {
+		t.Parallel()
+		trickleUntilCut(t, addr, "POST /webhooks/shop HTTP/1.1\r\nHost: outboxd\r\nContent-Type: application/json\r\n"+
+			"Content-Length: 100000\r\n\r\n{", " ", 2*time.Minute)
+	})
+	t.Run("headers too large", func(t *testing.T) {
+		t.Parallel()
+		req, _ := http.NewRequest("GET", "http://"+addr+"/healthz", nil)
+		req.Header.Set("X-Large", strings.Repeat("a", 100<<10))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+			t.Errorf("100 KiB of headers: %d, want 431", resp.StatusCode)
+		}
+	})
+}
+
+// A connection kept alive and left idle is closed by the server.
+func TestIdleConnectionIsClosed(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("waits out the 2-minute idle timeout; go test without -short runs it")
+	}
+	db, _ := newTestDB(t)
+	addr := serveForTest(t, testRoutes(t, db, testPolicy, testLogger(t)))
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "GET /healthz HTTP/1.1\r\nHost: outboxd\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(r, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Close {
+		t.Fatalf("GET /healthz: %d, closing %v; want 200 on a kept-alive connection", resp.StatusCode, resp.Close)
+	}
+	conn.SetReadDeadline(time.Now().Add(5 * time.Minute)) // far above the server's bound
+	if n, err := r.Read(make([]byte, 1)); n != 0 || (err != io.EOF && !errors.Is(err, syscall.ECONNRESET)) {
+		t.Errorf("reading an idle kept-alive connection: %d bytes, %v; want it closed by the server", n, err)
+	}
+}
+
+// A handler that outruns the request deadline is stopped and answers 503,
+// logged once with its request id, so the answer is written before the
+// server's write timeout cuts the connection.
+func TestRequestOutrunningItsDeadlineAnswers503(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	var logs syncBuffer
+	addr := serveForTest(t, testRoutes(t, db, testPolicy, slog.New(slog.NewTextHandler(&logs, nil))))
+	mustExec(t, db, `INSERT INTO outbox.endpoints (url, secret) VALUES ('https://hooks.example/x', decode(repeat('ab', 32), 'hex'))`)
+	// The PATCH waits for this row lock until its deadline ends it.
+	tx, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.Exec(`SELECT 1 FROM outbox.endpoints FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+
+	req, _ := http.NewRequest("PATCH", "http://"+addr+"/api/endpoints/1", strings.NewReader(`{"description": "waits"}`))
+	req.Header.Set("Authorization", "Bearer "+testToken)
+	req.Header.Set("X-Request-Id", "slow-patch")
+	client := &http.Client{Timeout: 5 * time.Minute} // far above the server's bound
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "request took longer than 1m0s") {
+		t.Errorf("PATCH held by a row lock: %d %s, want 503 saying the request took too long", resp.StatusCode, body)
+	}
+	if lines := strings.Split(strings.TrimSpace(logs.String()), "\n"); len(lines) != 1 ||
+		!strings.Contains(lines[0], "level=ERROR") || !strings.Contains(lines[0], "request_id=slow-patch") || !strings.Contains(lines[0], "status=503") {
+		t.Errorf("log after the 503:\n%s\nwant one ERROR line with its request id", logs.String())
 	}
 }

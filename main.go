@@ -568,11 +568,7 @@ func (p *pipeline) counters() *processCounters {
 // serve answers HTTP on ln until ctx ends or the server fails, then shuts
 // it down, giving requests in flight up to grace.
 func serve(ctx context.Context, ln net.Listener, handler http.Handler, grace time.Duration, logger *slog.Logger, stdout io.Writer) error {
-	srv := &http.Server{
-		Handler:           handler,
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
-	}
+	srv := newHTTPServer(handler, logger)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	logger.Info("outboxd started", "version", version, "addr", ln.Addr().String())
@@ -593,6 +589,38 @@ func serve(ctx context.Context, ln net.Listener, handler http.Handler, grace tim
 		err = fmt.Errorf("http shutdown: %w", shutdownErr)
 	}
 	return err
+}
+
+// newHTTPServer is the server serve runs, with a bound on everything a
+// client could otherwise hold open for ever; the tests build theirs with
+// it, so they meet these very settings.
+func newHTTPServer(handler http.Handler, logger *slog.Logger) *http.Server {
+	return &http.Server{
+		Handler: handler,
+		// A client trickling its headers (slow loris) holds a connection
+		// no longer than this.
+		ReadHeaderTimeout: 10 * time.Second,
+		// The whole request, body included: the largest body there is
+		// (maxRequestBody, 1 MiB) in 30 s is 35 KiB/s, slower than any
+		// sender that means to deliver it, and a trickled body is cut.
+		ReadTimeout: 30 * time.Second,
+		// Counted from the end of the headers: every handler has ended by
+		// requestTimeout (admin.go), and the rest is for writing its
+		// answer, at most a few hundred KiB (/metrics, a page of
+		// endpoints), to a client too slow to read it is cut.
+		WriteTimeout: requestTimeout + 15*time.Second,
+		// An idle kept-alive connection is closed after 2 minutes: longer
+		// than the minute a load balancer in front commonly keeps one, so
+		// that it is the balancer that closes it, never this end under a
+		// request the balancer just sent; short enough that idle clients
+		// do not pile up.
+		IdleTimeout: 2 * time.Minute,
+		// A bearer token, a session cookie and a webhook's signature
+		// headers need a few KiB; the default would buffer 1 MiB a
+		// request.
+		MaxHeaderBytes: 64 << 10,
+		ErrorLog:       slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
 }
 
 // defaultSubscribers is the registry run() starts with: every in-process
