@@ -239,6 +239,9 @@ func configArgs(cfg Config) []string {
 	flag("owner-notify-per-hour", cfg.Mail.OwnerNotifyPerHour)
 	flag("db-max-conns", cfg.DBMaxConns)
 	flag("shutdown-grace", cfg.ShutdownGrace)
+	flag("tls-cert", cfg.TLSCert)
+	flag("tls-key", cfg.TLSKey)
+	flag("insecure-http", cfg.InsecureHTTP)
 	return args
 }
 

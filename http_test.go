@@ -7,16 +7,26 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"math/big"
 	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -257,13 +267,19 @@ func TestAnswersAreNotStoredButAssetsMayBe(t *testing.T) {
 // and returns the address.
 func serveForTest(t *testing.T, handler http.Handler) string {
 	t.Helper()
+	return serveForTestWith(t, handler, Config{ShutdownGrace: time.Second})
+}
+
+// serveForTestWith is serveForTest with cfg's HTTP settings.
+func serveForTestWith(t *testing.T, handler http.Handler, cfg Config) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
-	go func() { served <- serve(ctx, ln, handler, time.Second, testLogger(t), io.Discard) }()
+	go func() { served <- serve(ctx, ln, handler, cfg, testLogger(t), io.Discard) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-served; err != nil {
@@ -419,5 +435,149 @@ func TestRequestOutrunningItsDeadlineAnswers503(t *testing.T) {
 	if lines := strings.Split(strings.TrimSpace(logs.String()), "\n"); len(lines) != 1 ||
 		!strings.Contains(lines[0], "level=ERROR") || !strings.Contains(lines[0], "request_id=slow-patch") || !strings.Contains(lines[0], "status=503") {
 		t.Errorf("log after the 503:\n%s\nwant one ERROR line with its request id", logs.String())
+	}
+}
+
+// On an address beyond loopback outboxd serves HTTPS or is told it may
+// not (a proxy in front terminates TLS), and never with a token it made up
+// and logged; each refusal names the settings.
+func TestParseConfigGuardsPublicAddresses(t *testing.T) {
+	t.Parallel()
+	token := "OUTBOXD_ADMIN_TOKEN=" + testToken
+	for _, tc := range []struct {
+		env  []string
+		want string // in the error; "" accepts
+	}{
+		{[]string{"OUTBOXD_TLS_CERT=cert.pem"}, "-tls-cert (OUTBOXD_TLS_CERT) and -tls-key (OUTBOXD_TLS_KEY) go together"},
+		{[]string{"OUTBOXD_TLS_KEY=key.pem"}, "-tls-cert (OUTBOXD_TLS_CERT) and -tls-key (OUTBOXD_TLS_KEY) go together"},
+		{[]string{"OUTBOXD_ADDR=0.0.0.0:8080", token}, "-addr (OUTBOXD_ADDR) 0.0.0.0:8080 is not a loopback address: " +
+			"serve HTTPS with -tls-cert (OUTBOXD_TLS_CERT) and -tls-key (OUTBOXD_TLS_KEY), or give -insecure-http (OUTBOXD_INSECURE_HTTP)"},
+		{[]string{"OUTBOXD_ADDR=:8080", token}, "-addr (OUTBOXD_ADDR) :8080 is not a loopback address"},
+		{[]string{"OUTBOXD_ADDR=outboxd.internal:8080", token}, "-addr (OUTBOXD_ADDR) outboxd.internal:8080 is not a loopback address"},
+		{[]string{"OUTBOXD_ADDR=[::]:8080", token}, "-addr (OUTBOXD_ADDR) [::]:8080 is not a loopback address"},
+		{[]string{"OUTBOXD_ADDR=10.0.0.5:8080", "OUTBOXD_INSECURE_HTTP=1"}, "-addr (OUTBOXD_ADDR) 10.0.0.5:8080 is not a loopback address: " +
+			"set -admin-token (OUTBOXD_ADMIN_TOKEN)"},
+		{[]string{"OUTBOXD_ADDR=10.0.0.5:8080", "OUTBOXD_TLS_CERT=cert.pem", "OUTBOXD_TLS_KEY=key.pem"}, "set -admin-token (OUTBOXD_ADMIN_TOKEN)"},
+		{[]string{"OUTBOXD_ADDR=0.0.0.0:8080", token, "OUTBOXD_INSECURE_HTTP=1"}, ""},
+		{[]string{"OUTBOXD_ADDR=0.0.0.0:8080", token, "OUTBOXD_TLS_CERT=cert.pem", "OUTBOXD_TLS_KEY=key.pem"}, ""},
+		{[]string{"OUTBOXD_ADDR=127.0.0.1:8080"}, ""},
+		{[]string{"OUTBOXD_ADDR=localhost:8080"}, ""},
+		{[]string{"OUTBOXD_ADDR=[::1]:8080"}, ""},
+		{[]string{"OUTBOXD_ADDR=127.0.0.1:8443", "OUTBOXD_TLS_CERT=cert.pem", "OUTBOXD_TLS_KEY=key.pem"}, ""},
+	} {
+		env := map[string]string{}
+		for _, kv := range tc.env {
+			k, v, _ := strings.Cut(kv, "=")
+			env[k] = v
+		}
+		_, err := parseConfig(nil, envFrom(env), io.Discard)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%v refused: %v", tc.env, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%v: %v, want an error containing %q", tc.env, err, tc.want)
+		}
+	}
+	cfg, err := parseConfig([]string{"-addr", "0.0.0.0:8443", "-admin-token", testToken, "-tls-cert", "c.pem", "-tls-key", "k.pem"}, envFrom(nil), io.Discard)
+	if err != nil || cfg.TLSCert != "c.pem" || cfg.TLSKey != "k.pem" || cfg.InsecureHTTP {
+		t.Errorf("TLS by flags: %+v, %v", cfg, err)
+	}
+}
+
+// selfSignedCert writes a certificate for 127.0.0.1 and its key to files
+// in dir, and returns their paths and the pool that trusts it.
+func selfSignedCert(t *testing.T, dir string) (certFile, keyFile string, roots *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "outboxd test"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	roots = x509.NewCertPool()
+	roots.AddCert(cert)
+	return certFile, keyFile, roots
+}
+
+// With -tls-cert and -tls-key, serve answers HTTPS with that certificate,
+// and the session cookie it sets is Secure.
+func TestServeTLS(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	certFile, keyFile, roots := selfSignedCert(t, t.TempDir())
+	addr := serveForTestWith(t, testRoutes(t, db, testPolicy, testLogger(t)),
+		Config{ShutdownGrace: time.Second, TLSCert: certFile, TLSKey: keyFile})
+	client := &http.Client{
+		Transport:     &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	t.Cleanup(client.CloseIdleConnections)
+
+	resp, err := client.Get("https://" + addr + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.TLS == nil || len(resp.TLS.PeerCertificates) != 1 ||
+		resp.TLS.PeerCertificates[0].Subject.CommonName != "outboxd test" {
+		t.Errorf("GET https://%s/healthz: %d, TLS %v; want 200 with the configured certificate", addr, resp.StatusCode, resp.TLS)
+	}
+	resp, err = client.PostForm("https://"+addr+"/login", url.Values{"token": {testToken}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if cookies := resp.Cookies(); len(cookies) != 1 || !cookies[0].Secure {
+		t.Errorf("session cookie over TLS: %v, want one Secure cookie", cookies)
+	}
+	resp, err = http.Get("http://" + addr + "/healthz")
+	if err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			t.Error("plain HTTP is answered 200 on the TLS port")
+		}
+	}
+}
+
+// A certificate that cannot be loaded stops serve at once, naming the
+// settings.
+func TestServeRefusesUnreadableCertificate(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	dir := t.TempDir()
+	cfg := Config{ShutdownGrace: time.Second, TLSCert: filepath.Join(dir, "missing.pem"), TLSKey: filepath.Join(dir, "missing-key.pem")}
+	err = serve(context.Background(), ln, http.NotFoundHandler(), cfg, testLogger(t), io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "-tls-cert (OUTBOXD_TLS_CERT), -tls-key (OUTBOXD_TLS_KEY)") {
+		t.Errorf("serve with a missing certificate: %v, want an error naming the settings", err)
 	}
 }

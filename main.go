@@ -20,6 +20,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"database/sql"
 	"encoding/hex"
 	"errors"
@@ -84,6 +85,14 @@ type Config struct {
 
 	DBMaxConns    int
 	ShutdownGrace time.Duration
+
+	// TLSCert and TLSKey, PEM files given both or neither, serve HTTPS.
+	// InsecureHTTP serves plain HTTP on an address beyond loopback, for a
+	// proxy in front that terminates TLS; without one of the two, such an
+	// address is refused (validateService).
+	TLSCert      string
+	TLSKey       string
+	InsecureHTTP bool
 }
 
 // defaultConfig is the configuration with every default; each number's
@@ -231,6 +240,9 @@ func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
 	fs.IntVar(&cfg.Mail.OwnerNotifyPerHour, "owner-notify-per-hour", cfg.Mail.OwnerNotifyPerHour, "most mails per endpoint owner per hour about failing or disabled endpoints")
 	fs.IntVar(&cfg.DBMaxConns, "db-max-conns", cfg.DBMaxConns, "most open database connections of the pool")
 	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "time in-flight work gets to finish on SIGTERM")
+	fs.StringVar(&cfg.TLSCert, "tls-cert", cfg.TLSCert, "PEM certificate (chain) file; with -tls-key, serve HTTPS")
+	fs.StringVar(&cfg.TLSKey, "tls-key", cfg.TLSKey, "PEM private key file of -tls-cert")
+	fs.BoolVar(&cfg.InsecureHTTP, "insecure-http", cfg.InsecureHTTP, "serve plain HTTP on an address other than loopback (behind a proxy that terminates TLS)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: outboxd [migrate] [flags]\n\nEvery flag falls back to an environment variable:\n\n")
 		fs.VisitAll(func(f *flag.Flag) {
@@ -341,6 +353,23 @@ func (c Config) validateService() error {
 	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		return fmt.Errorf("%s must be text or json, got %q", setting("log-format"), c.LogFormat)
+	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		return fmt.Errorf("%s and %s go together: give both or neither", setting("tls-cert"), setting("tls-key"))
+	}
+	// Beyond loopback, the admin token and the panel's session cross a
+	// network: in the clear only if the operator says a proxy encrypts
+	// them, and never a token made up at start, which is in the log and
+	// changes with every restart.
+	if !isLoopbackHost(c.Addr) {
+		if c.AdminToken == "" {
+			return fmt.Errorf("%s %s is not a loopback address: set %s rather than have one generated and logged",
+				setting("addr"), c.Addr, setting("admin-token"))
+		}
+		if c.TLSCert == "" && !c.InsecureHTTP {
+			return fmt.Errorf("%s %s is not a loopback address: serve HTTPS with %s and %s, or give %s if a proxy in front terminates TLS",
+				setting("addr"), c.Addr, setting("tls-cert"), setting("tls-key"), setting("insecure-http"))
+		}
 	}
 	return nil
 }
@@ -460,7 +489,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		metricsPublic: cfg.MetricsPublic,
 		logger:        logger,
 	})
-	return serve(ctx, ln, handler, cfg.ShutdownGrace, logger, stdout)
+	return serve(ctx, ln, handler, cfg, logger, stdout)
 }
 
 // connect opens the database, first starting the embedded cluster when no
@@ -497,7 +526,7 @@ func adminToken(cfg Config, logger *slog.Logger) string {
 	}
 	token := randomToken()
 	logger.Info("admin token generated; set -admin-token to keep one across restarts",
-		"panel_url", "http://"+cfg.Addr+"/?token="+token)
+		"panel_url", httpScheme(cfg)+"://"+cfg.Addr+"/?token="+token)
 	return token
 }
 
@@ -565,14 +594,30 @@ func (p *pipeline) counters() *processCounters {
 	}
 }
 
-// serve answers HTTP on ln until ctx ends or the server fails, then shuts
-// it down, giving requests in flight up to grace.
-func serve(ctx context.Context, ln net.Listener, handler http.Handler, grace time.Duration, logger *slog.Logger, stdout io.Writer) error {
+// serve answers HTTP on ln, or HTTPS with cfg's certificate, until ctx
+// ends or the server fails, then shuts it down, giving requests in flight
+// up to cfg.ShutdownGrace.
+func serve(ctx context.Context, ln net.Listener, handler http.Handler, cfg Config, logger *slog.Logger, stdout io.Writer) error {
 	srv := newHTTPServer(handler, logger)
+	if cfg.TLSCert != "" {
+		// Loaded here, not by ServeTLS in its goroutine, so a bad file
+		// stops the start before it is announced.
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+		if err != nil {
+			return fmt.Errorf("%s, %s: %w", setting("tls-cert"), setting("tls-key"), err)
+		}
+		srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}}
+	}
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
-	logger.Info("outboxd started", "version", version, "addr", ln.Addr().String())
-	fmt.Fprintf(stdout, "outboxd listening on http://%s\n", ln.Addr())
+	go func() {
+		if cfg.TLSCert != "" {
+			serveErr <- srv.ServeTLS(ln, "", "")
+		} else {
+			serveErr <- srv.Serve(ln)
+		}
+	}()
+	logger.Info("outboxd started", "version", version, "addr", ln.Addr().String(), "tls", cfg.TLSCert != "")
+	fmt.Fprintf(stdout, "outboxd listening on %s://%s\n", httpScheme(cfg), ln.Addr())
 
 	var err error
 	select {
@@ -580,15 +625,24 @@ func serve(ctx context.Context, ln net.Listener, handler http.Handler, grace tim
 	case err = <-serveErr:
 		err = fmt.Errorf("http server: %w", err)
 	}
-	logger.Info("shutting down", "grace", grace)
+	logger.Info("shutting down", "grace", cfg.ShutdownGrace)
 	// A fresh context: ctx is already cancelled, and Shutdown given a
 	// cancelled context returns at once without waiting for handlers.
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), grace)
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
 	defer cancel()
 	if shutdownErr := srv.Shutdown(shutdownCtx); shutdownErr != nil && err == nil {
 		err = fmt.Errorf("http shutdown: %w", shutdownErr)
 	}
 	return err
+}
+
+// httpScheme is how clients reach this process: https with a
+// certificate, http without.
+func httpScheme(cfg Config) string {
+	if cfg.TLSCert != "" {
+		return "https"
+	}
+	return "http"
 }
 
 // newHTTPServer is the server serve runs, with a bound on everything a
