@@ -81,13 +81,13 @@ func routes(a *admin) http.Handler {
 	apiRoute("/api/", handleNoRoute())
 
 	mux := http.NewServeMux()
-	mux.Handle("/api/", requireToken(a.token, api))
+	mux.Handle("/api/", a.requireToken(api))
 	mux.Handle("GET /healthz", a.serveJSON(handleHealthz()))
 	mux.Handle("GET /readyz", a.serveJSON(handleReadyz(a)))
 	if a.metricsPublic {
 		mux.Handle("GET /metrics", handleMetrics(a))
 	} else {
-		mux.Handle("GET /metrics", requireToken(a.token, handleMetrics(a)))
+		mux.Handle("GET /metrics", a.requireToken(handleMetrics(a)))
 	}
 	// The inbox authenticates each request by its source's signature, not
 	// by the admin token: senders hold no token.
@@ -108,8 +108,8 @@ func routes(a *admin) http.Handler {
 	}))
 	mux.Handle("GET /login", a.servePage(p.handleLoginForm()))
 	mux.Handle("POST /login", a.servePage(p.handleLogin(a)))
-	mux.Handle("POST /logout", a.servePage(p.handleLogout()))
-	pageRoute := func(pattern string, h pageFunc) { mux.Handle(pattern, p.requireSession(a.token, a.servePage(h))) }
+	mux.Handle("POST /logout", a.servePage(p.handleLogout(a)))
+	pageRoute := func(pattern string, h pageFunc) { mux.Handle(pattern, p.requireSession(a, a.servePage(h))) }
 	pageRoute("GET /{$}", p.handleOverview(a))
 	pageRoute("GET /events", p.handleEvents(a))
 	pageRoute("GET /events/{id}", p.handleEvent(a))
@@ -197,15 +197,23 @@ func securityHeaders(next http.Handler) http.Handler {
 }
 
 // requireToken lets a request through with "Authorization: Bearer <token>"
-// or the panel's session cookie, compared in constant time.
-func requireToken(token string, next http.Handler) http.Handler {
+// (compared in constant time) or a live panel session.
+func (a *admin) requireToken(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !bearerValid(token, r) && !sessionValid(token, r) {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="outboxd"`)
-			writeError(w, http.StatusUnauthorized, errors.New("missing or wrong admin token"))
+		if bearerValid(a.token, r) {
+			next.ServeHTTP(w, r)
 			return
 		}
-		next.ServeHTTP(w, r)
+		ok, err := a.hasSession(r)
+		switch {
+		case err != nil:
+			a.answerFailure(w, r, err)
+		case !ok:
+			w.Header().Set("WWW-Authenticate", `Bearer realm="outboxd"`)
+			writeError(w, http.StatusUnauthorized, errors.New("missing or wrong admin token"))
+		default:
+			next.ServeHTTP(w, r)
+		}
 	})
 }
 
@@ -220,38 +228,132 @@ func tokenEqual(got, want string) bool {
 	return subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
 }
 
-// sessionCookie is the panel's session. Its value is derived from the
-// token, so the token itself never sits in a browser, and changing the
-// token signs every session out.
+// sessionCookie is the panel's session: a random id of sessionIDBytes,
+// hex-encoded. The database knows it only by its HMAC under the token
+// (outbox.panel_sessions in schema.sql), so neither the token nor a usable
+// cookie sits in a table, and changing the token signs every session out.
 const sessionCookie = "outboxd_session"
 
-func sessionValue(token string) string {
-	mac := hmac.New(sha256.New, []byte(token))
-	mac.Write([]byte("outboxd panel session v1"))
-	return hex.EncodeToString(mac.Sum(nil))
+const (
+	sessionIDBytes = 32
+	// sessionLifetime is how long a sign-in lasts, on the server as in
+	// the cookie.
+	sessionLifetime = 12 * time.Hour
+	// maxSessions bounds the sessions table: a sign-in past it signs the
+	// oldest session out. An operator team signs in a few times a day.
+	maxSessions = 1000
+	// sessionSweep is the most expired sessions one sign-in deletes: more
+	// than the one it adds, so that expired rows cannot pile up.
+	sessionSweep = 100
+)
+
+// startSessionSQL records session $1 for $2 seconds, first deleting up to
+// $3 expired sessions, oldest first, and up to $3 live ones beyond the
+// newest $4.
+const startSessionSQL = `
+WITH swept AS (
+  DELETE FROM outbox.panel_sessions
+  WHERE id_hash IN (
+    (SELECT id_hash
+     FROM outbox.panel_sessions
+     WHERE expires_at <= now()
+     ORDER BY expires_at
+     LIMIT $3)
+    UNION ALL
+    (SELECT id_hash
+     FROM outbox.panel_sessions
+     WHERE expires_at > now()
+     ORDER BY expires_at DESC
+     OFFSET $4
+     LIMIT $3)
+  )
+)
+INSERT INTO outbox.panel_sessions (id_hash, expires_at)
+VALUES ($1, now() + make_interval(secs => $2))`
+
+const sessionLiveSQL = `
+SELECT EXISTS (
+  SELECT 1
+  FROM outbox.panel_sessions
+  WHERE id_hash = $1
+    AND expires_at > now()
+)`
+
+const endSessionSQL = `
+DELETE FROM outbox.panel_sessions
+WHERE id_hash = $1`
+
+// sessionHash is what the database keeps of session id: its HMAC under
+// the token.
+func (a *admin) sessionHash(id []byte) []byte {
+	mac := hmac.New(sha256.New, []byte(a.token))
+	mac.Write(id)
+	return mac.Sum(nil)
 }
 
-func sessionValid(token string, r *http.Request) bool {
+// sessionID is the id r's session cookie holds, or nil if it has none
+// that could be one.
+func sessionID(r *http.Request) []byte {
 	c, err := r.Cookie(sessionCookie)
-	return err == nil && tokenEqual(c.Value, sessionValue(token))
+	if err != nil {
+		return nil
+	}
+	id, err := hex.DecodeString(c.Value)
+	if err != nil || len(id) != sessionIDBytes {
+		return nil
+	}
+	return id
 }
 
-// setSession signs the browser in. Secure is set wherever browsers keep a
-// Secure cookie: over TLS and on loopback.
-func setSession(w http.ResponseWriter, r *http.Request, token string) {
+// hasSession reports whether r carries a session that is signed in and
+// not expired: one row lookup, which every replica answers alike.
+func (a *admin) hasSession(r *http.Request) (bool, error) {
+	id := sessionID(r)
+	if id == nil {
+		return false, nil
+	}
+	var live bool
+	if err := a.db.QueryRowContext(r.Context(), sessionLiveSQL, a.sessionHash(id)).Scan(&live); err != nil {
+		return false, fmt.Errorf("read session: %w", err)
+	}
+	return live, nil
+}
+
+// startSession signs the browser in: a new session, and its cookie.
+// Secure is set wherever browsers keep a Secure cookie: over TLS and on
+// loopback.
+func (a *admin) startSession(w http.ResponseWriter, r *http.Request) error {
+	id := make([]byte, sessionIDBytes)
+	rand.Read(id)
+	if _, err := a.db.ExecContext(r.Context(), startSessionSQL,
+		a.sessionHash(id), sessionLifetime.Seconds(), sessionSweep, maxSessions-1); err != nil {
+		return fmt.Errorf("start session: %w", err)
+	}
 	http.SetCookie(w, &http.Cookie{
 		Name:     sessionCookie,
-		Value:    sessionValue(token),
+		Value:    hex.EncodeToString(id),
 		Path:     "/",
-		MaxAge:   int((12 * time.Hour).Seconds()),
+		MaxAge:   int(sessionLifetime.Seconds()),
 		HttpOnly: true,
 		Secure:   r.TLS != nil || isLoopbackHost(r.Host),
 		SameSite: http.SameSiteStrictMode,
 	})
+	return nil
 }
 
-func clearSession(w http.ResponseWriter) {
+// endSession signs the browser out: its session is deleted, so that every
+// replica refuses the cookie from now on, wherever a copy of it is, and
+// the browser is told to forget it. If the delete fails the cookie is
+// kept, and the error shown: the operator must not believe a session ended
+// that did not.
+func (a *admin) endSession(w http.ResponseWriter, r *http.Request) error {
+	if id := sessionID(r); id != nil {
+		if _, err := a.db.ExecContext(r.Context(), endSessionSQL, a.sessionHash(id)); err != nil {
+			return fmt.Errorf("end session: %w", err)
+		}
+	}
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	return nil
 }
 
 func isLoopbackHost(hostport string) bool {
@@ -283,8 +385,7 @@ func (a *admin) serveJSON(h apiFunc) http.Handler {
 		status, body, err := h(r)
 		switch {
 		case err != nil:
-			status, err := a.failed(r, err)
-			writeError(w, status, err)
+			a.answerFailure(w, r, err)
 		case status == http.StatusNoContent:
 			w.WriteHeader(status)
 		default:
@@ -293,6 +394,13 @@ func (a *admin) serveJSON(h apiFunc) http.Handler {
 			}
 		}
 	})
+}
+
+// answerFailure answers a JSON request that failed with err, as failed
+// says.
+func (a *admin) answerFailure(w http.ResponseWriter, r *http.Request, err error) {
+	status, err := a.failed(r, err)
+	writeError(w, status, err)
 }
 
 // pageFunc is a panel handler, the one shape of them all: it renders a

@@ -581,3 +581,126 @@ func TestServeRefusesUnreadableCertificate(t *testing.T) {
 		t.Errorf("serve with a missing certificate: %v, want an error naming the settings", err)
 	}
 }
+
+// copyOfCookie is a request client carrying only the session cookie jar
+// holds for srv: a copy of it, taken elsewhere.
+func copyOfCookie(t *testing.T, browser *http.Client, srv *httptest.Server) string {
+	t.Helper()
+	u, _ := url.Parse(srv.URL)
+	for _, c := range browser.Jar.Cookies(u) {
+		if c.Name == "outboxd_session" {
+			return c.Value
+		}
+	}
+	t.Fatal("no session cookie after sign-in")
+	return ""
+}
+
+// withCookie sends a GET with the session cookie only and returns the
+// status.
+func withCookie(t *testing.T, srv *httptest.Server, path, cookie string) int {
+	t.Helper()
+	req, _ := http.NewRequest("GET", srv.URL+path, nil)
+	req.AddCookie(&http.Cookie{Name: "outboxd_session", Value: cookie})
+	resp, err := noRedirect(nil).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// A panel session lives in the database: every replica honours it, and
+// once signed out or expired, no replica does, a copy of the cookie
+// included.
+func TestSessionsAreRevocableOnEveryReplica(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	one, other := newTestAdmin(t, db), newTestAdmin(t, db) // two replicas
+	browser := signIn(t, one)
+	cookie := copyOfCookie(t, browser, one)
+	if strings.Contains(cookie, testToken) {
+		t.Fatal("the session cookie holds the token")
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.panel_sessions WHERE id_hash <> decode($1, 'hex')`, cookie); n != 1 {
+		t.Errorf("%d session rows not holding the cookie's id, want 1", n)
+	}
+	for _, srv := range []*httptest.Server{one, other} {
+		if got := withCookie(t, srv, "/", cookie); got != http.StatusOK {
+			t.Errorf("a copy of the cookie before sign-out, GET /: %d, want 200", got)
+		}
+		if got := withCookie(t, srv, "/api/overview", cookie); got != http.StatusOK {
+			t.Errorf("a copy of the cookie before sign-out, GET /api/overview: %d, want 200", got)
+		}
+	}
+
+	resp, err := browser.PostForm(one.URL+"/logout", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/login" {
+		t.Errorf("sign-out: %d to %q, want 303 to /login", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	for _, srv := range []*httptest.Server{one, other} {
+		if got := withCookie(t, srv, "/", cookie); got != http.StatusSeeOther {
+			t.Errorf("a copy of the cookie after sign-out, GET /: %d, want 303 to sign in", got)
+		}
+		if got := withCookie(t, srv, "/api/overview", cookie); got != http.StatusUnauthorized {
+			t.Errorf("a copy of the cookie after sign-out, GET /api/overview: %d, want 401", got)
+		}
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.panel_sessions`); n != 0 {
+		t.Errorf("%d session rows after sign-out, want 0", n)
+	}
+
+	// An expired session is refused, though the browser still sends it.
+	browser = signIn(t, other)
+	again := copyOfCookie(t, browser, other)
+	if again == cookie {
+		t.Error("two sign-ins got the same session id")
+	}
+	if got := withCookie(t, one, "/", again); got != http.StatusOK {
+		t.Fatalf("a fresh session: %d, want 200", got)
+	}
+	mustExec(t, db, `UPDATE outbox.panel_sessions SET expires_at = now() - interval '1 second'`)
+	if got := withCookie(t, one, "/", again); got != http.StatusSeeOther {
+		t.Errorf("an expired session, GET /: %d, want 303 to sign in", got)
+	}
+	if got := withCookie(t, one, "/api/overview", again); got != http.StatusUnauthorized {
+		t.Errorf("an expired session, GET /api/overview: %d, want 401", got)
+	}
+}
+
+// A session lasts 12 hours, and the sessions table stays bounded without a
+// sweep: each sign-in deletes up to 100 expired sessions, oldest first,
+// and the oldest live ones beyond 1,000.
+func TestSignInKeepsSessionsBounded(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	srv := newTestAdmin(t, db)
+	mustExec(t, db, `INSERT INTO outbox.panel_sessions (id_hash, expires_at)
+		SELECT sha256(('expired ' || i)::bytea), now() - i * interval '1 minute' FROM generate_series(1, 150) AS i`)
+	mustExec(t, db, `INSERT INTO outbox.panel_sessions (id_hash, expires_at)
+		SELECT sha256(('live ' || i)::bytea), now() + i * interval '1 second' FROM generate_series(1, 1000) AS i`)
+
+	signIn(t, srv)
+	count := func(where string) int {
+		return queryInt(t, db, `SELECT count(*) FROM outbox.panel_sessions WHERE `+where)
+	}
+	if got := count(`expires_at <= now()`); got != 50 {
+		t.Errorf("%d expired sessions after a sign-in among 150, want 50", got)
+	}
+	if got := count(`expires_at <= now() - interval '51 minutes'`); got != 0 {
+		t.Errorf("%d of the 100 oldest expired sessions (51 to 150 minutes) left, want 0", got)
+	}
+	if got := count(`expires_at > now()`); got != 1000 {
+		t.Errorf("%d live sessions after a sign-in among 1000, want 1000", got)
+	}
+	if got := count(`id_hash = sha256('live 1'::bytea)`); got != 0 {
+		t.Error("the oldest live session outlived a sign-in past 1,000")
+	}
+	if got := count(`expires_at BETWEEN now() + interval '11 hours 59 minutes' AND now() + interval '12 hours'`); got != 1 { // the others end within 17 minutes
+		t.Errorf("%d sessions expiring in 12 hours, want the new one", got)
+	}
+}

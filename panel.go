@@ -95,30 +95,35 @@ func flash(r *http.Request) string { return queryOf(r).text("done") }
 // requireSession sends a browser without a session to the sign-in form.
 // The URL outboxd logs at start carries ?token=: it signs in and redirects
 // to the same page without the token, so it leaves the address bar.
-func (p *panel) requireSession(token string, next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+func (p *panel) requireSession(a *admin, next http.Handler) http.Handler {
+	return a.servePage(func(w http.ResponseWriter, r *http.Request) error {
 		if t := queryOf(r).text("token"); t != "" && r.Method == http.MethodGet {
-			if !tokenEqual(t, token) {
+			if !tokenEqual(t, a.token) {
 				p.render(w, http.StatusUnauthorized, "login", page{Title: "Sign in", Data: "That token is not right."})
-				return
+				return nil
 			}
-			setSession(w, r, token)
+			if err := a.startSession(w, r); err != nil {
+				return err
+			}
 			u := *r.URL
 			q := u.Query()
 			q.Del("token")
 			u.RawQuery = q.Encode()
 			http.Redirect(w, r, u.RequestURI(), http.StatusSeeOther)
-			return
+			return nil
 		}
-		if !sessionValid(token, r) {
-			if r.Method != http.MethodGet {
-				http.Error(w, "sign in first", http.StatusUnauthorized)
-				return
-			}
+		signedIn, err := a.hasSession(r)
+		switch {
+		case err != nil:
+			return err
+		case !signedIn && r.Method != http.MethodGet:
+			http.Error(w, "sign in first", http.StatusUnauthorized)
+		case !signedIn:
 			http.Redirect(w, r, "/login", http.StatusSeeOther)
-			return
+		default:
+			next.ServeHTTP(w, r)
 		}
-		next.ServeHTTP(w, r)
+		return nil
 	})
 }
 
@@ -142,16 +147,20 @@ func (p *panel) handleLogin(a *admin) pageFunc {
 			p.render(w, http.StatusUnauthorized, "login", page{Title: "Sign in", Data: "That token is not right."})
 			return nil
 		}
-		setSession(w, r, a.token)
+		if err := a.startSession(w, r); err != nil {
+			return err
+		}
 		http.Redirect(w, r, "/", http.StatusSeeOther)
 		return nil
 	}
 }
 
-// handleLogout is POST /logout.
-func (p *panel) handleLogout() pageFunc {
+// handleLogout is POST /logout: the session ends on every replica.
+func (p *panel) handleLogout(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		clearSession(w)
+		if err := a.endSession(w, r); err != nil {
+			return err
+		}
 		http.Redirect(w, r, "/login", http.StatusSeeOther)
 		return nil
 	}
