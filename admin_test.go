@@ -558,14 +558,23 @@ func TestEndpointActionsChangeWhatTheySay(t *testing.T) {
 	}
 }
 
-// A server error is logged once, with its route, and answered as JSON; a
-// client's error is answered and not logged.
-func TestServerErrorsAreLoggedOnce(t *testing.T) {
-	t.Parallel()
+// newFailingTestServer serves the real routes over a database without its
+// subject index, so that GET /api/subjects fails as the server's fault,
+// and returns what the server logs.
+func newFailingTestServer(t *testing.T) (*httptest.Server, *syncBuffer) {
+	t.Helper()
 	db, _ := newTestDB(t)
 	var logs syncBuffer
 	srv := newTestServerLogging(t, db, testPolicy, slog.New(slog.NewTextHandler(&logs, nil)))
 	mustExec(t, db, `DROP TABLE outbox.subjects`) // every read of the index now fails
+	return srv, &logs
+}
+
+// A server error is logged once, with its route, and answered as JSON; a
+// client's error is answered and not logged.
+func TestServerErrorsAreLoggedOnce(t *testing.T) {
+	t.Parallel()
+	srv, logs := newFailingTestServer(t)
 
 	var answer map[string]string
 	if status := apiCall(t, srv, "GET", "/api/subjects", "", &answer); status != http.StatusInternalServerError || answer["error"] == "" {
