@@ -18,7 +18,12 @@ FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/outboxd /usr/local/bin/outboxd
 USER nonroot:nonroot
 # Listen on every interface of the container's own network namespace; the
-# port is published (or not) by whoever runs it.
-ENV OUTBOXD_ADDR=0.0.0.0:8080
+# port is published (or not) by whoever runs it. Beyond loopback outboxd
+# wants TLS or the word that something in front terminates it: a
+# container is reached through its platform's proxy or port mapping, so
+# the image says so; mount a certificate and set OUTBOXD_TLS_CERT and
+# OUTBOXD_TLS_KEY to serve HTTPS itself. OUTBOXD_ADMIN_TOKEN must be set.
+ENV OUTBOXD_ADDR=0.0.0.0:8080 \
+    OUTBOXD_INSECURE_HTTP=1
 EXPOSE 8080
 ENTRYPOINT ["/usr/local/bin/outboxd"]

@@ -7,6 +7,7 @@ package main
 import (
 	"context"
 	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	"database/sql"
@@ -21,9 +22,11 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // admin is what the HTTP handlers need, built once in run.
@@ -81,13 +84,13 @@ func routes(a *admin) http.Handler {
 	apiRoute("/api/", handleNoRoute())
 
 	mux := http.NewServeMux()
-	mux.Handle("/api/", requireToken(a.token, api))
+	mux.Handle("/api/", a.requireToken(api))
 	mux.Handle("GET /healthz", a.serveJSON(handleHealthz()))
 	mux.Handle("GET /readyz", a.serveJSON(handleReadyz(a)))
 	if a.metricsPublic {
 		mux.Handle("GET /metrics", handleMetrics(a))
 	} else {
-		mux.Handle("GET /metrics", requireToken(a.token, handleMetrics(a)))
+		mux.Handle("GET /metrics", a.requireToken(handleMetrics(a)))
 	}
 	// The inbox authenticates each request by its source's signature, not
 	// by the admin token: senders hold no token.
@@ -99,11 +102,17 @@ func routes(a *admin) http.Handler {
 	// The panel: HTML pages for a browser, signed in by a session cookie.
 	p := a.panel
 	static, _ := fs.Sub(staticFS, "static")
-	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	staticFiles := http.StripPrefix("/static/", http.FileServerFS(static))
+	mux.Handle("GET /static/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The stylesheet changes only with a release: an hour's caching
+		// bounds how long a browser shows the old one after an upgrade.
+		w.Header().Set("Cache-Control", "max-age=3600")
+		staticFiles.ServeHTTP(w, r)
+	}))
 	mux.Handle("GET /login", a.servePage(p.handleLoginForm()))
 	mux.Handle("POST /login", a.servePage(p.handleLogin(a)))
-	mux.Handle("POST /logout", a.servePage(p.handleLogout()))
-	pageRoute := func(pattern string, h pageFunc) { mux.Handle(pattern, p.requireSession(a.token, a.servePage(h))) }
+	mux.Handle("POST /logout", a.servePage(p.handleLogout(a)))
+	pageRoute := func(pattern string, h pageFunc) { mux.Handle(pattern, p.requireSession(a, a.servePage(h))) }
 	pageRoute("GET /{$}", p.handleOverview(a))
 	pageRoute("GET /events", p.handleEvents(a))
 	pageRoute("GET /events/{id}", p.handleEvent(a))
@@ -121,14 +130,67 @@ func routes(a *admin) http.Handler {
 
 	// Browsers may not make state-changing requests across origins; API
 	// clients without Origin or Sec-Fetch-Site headers are unaffected.
-	return securityHeaders(http.NewCrossOriginProtection().Handler(mux))
+	return withRequestID(withDeadline(securityHeaders(http.NewCrossOriginProtection().Handler(mux))))
+}
+
+// requestTimeout bounds every request: its context ends then, which
+// cancels its queries, and it answers 503 (failed). The longest handlers
+// are an endpoint's replay and retry of its discarded deliveries, 5,000
+// jobs a statement (manualBatch); a minute is tens of such statements. The
+// server's write timeout (newHTTPServer) is set above it, so that the 503
+// is still written rather than the connection cut.
+const requestTimeout = time.Minute
+
+// withDeadline ends every request's context after requestTimeout.
+func withDeadline(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), requestTimeout)
+		defer cancel()
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+// requestIDHeader carries a request's id, answered on every response and
+// logged with every 5xx, so that the failure a client reports can be found
+// in the log.
+const requestIDHeader = "X-Request-Id"
+
+// saneRequestID is an id a client or a proxy in front may choose, so one
+// request can be followed through both logs: short, and without anything
+// that could forge a log field or a header.
+var saneRequestID = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,64}$`)
+
+// requestIDKey keys the request's id in its context.
+type requestIDKey struct{}
+
+// withRequestID gives each request an id: the incoming X-Request-Id if it
+// is sane, otherwise a random one.
+func withRequestID(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get(requestIDHeader)
+		if !saneRequestID.MatchString(id) {
+			id = rand.Text()
+		}
+		w.Header().Set(requestIDHeader, id)
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestIDKey{}, id)))
+	})
+}
+
+// requestID is the id withRequestID gave r.
+func requestID(r *http.Request) string {
+	id, _ := r.Context().Value(requestIDKey{}).(string)
+	return id
 }
 
 // securityHeaders: no framing, no sniffing, no inline script anywhere (the
-// panel has none), no referrer leaking a URL.
+// panel has none), no referrer leaking a URL, and no answer kept by a
+// browser or a proxy (pages and answers show secrets, whsec_ ones among
+// them, and state that is stale a second later); the static assets
+// alone say otherwise.
 func securityHeaders(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
+		h.Set("Cache-Control", "no-store")
 		h.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 		h.Set("X-Frame-Options", "DENY")
 		h.Set("X-Content-Type-Options", "nosniff")
@@ -138,15 +200,23 @@ func securityHeaders(next http.Handler) http.Handler {
 }
 
 // requireToken lets a request through with "Authorization: Bearer <token>"
-// or the panel's session cookie, compared in constant time.
-func requireToken(token string, next http.Handler) http.Handler {
+// (compared in constant time) or a live panel session.
+func (a *admin) requireToken(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !bearerValid(token, r) && !sessionValid(token, r) {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="outboxd"`)
-			writeError(w, http.StatusUnauthorized, errors.New("missing or wrong admin token"))
+		if bearerValid(a.token, r) {
+			next.ServeHTTP(w, r)
 			return
 		}
-		next.ServeHTTP(w, r)
+		ok, err := a.hasSession(r)
+		switch {
+		case err != nil:
+			a.answerFailure(w, r, err)
+		case !ok:
+			w.Header().Set("WWW-Authenticate", `Bearer realm="outboxd"`)
+			writeError(w, http.StatusUnauthorized, errors.New("missing or wrong admin token"))
+		default:
+			next.ServeHTTP(w, r)
+		}
 	})
 }
 
@@ -161,38 +231,132 @@ func tokenEqual(got, want string) bool {
 	return subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
 }
 
-// sessionCookie is the panel's session. Its value is derived from the
-// token, so the token itself never sits in a browser, and changing the
-// token signs every session out.
+// sessionCookie is the panel's session: a random id of sessionIDBytes,
+// hex-encoded. The database knows it only by its HMAC under the token
+// (outbox.panel_sessions in schema.sql), so neither the token nor a usable
+// cookie sits in a table, and changing the token signs every session out.
 const sessionCookie = "outboxd_session"
 
-func sessionValue(token string) string {
-	mac := hmac.New(sha256.New, []byte(token))
-	mac.Write([]byte("outboxd panel session v1"))
-	return hex.EncodeToString(mac.Sum(nil))
+const (
+	sessionIDBytes = 32
+	// sessionLifetime is how long a sign-in lasts, on the server as in
+	// the cookie.
+	sessionLifetime = 12 * time.Hour
+	// maxSessions bounds the sessions table: a sign-in past it signs the
+	// oldest session out. An operator team signs in a few times a day.
+	maxSessions = 1000
+	// sessionSweep is the most expired sessions one sign-in deletes: more
+	// than the one it adds, so that expired rows cannot pile up.
+	sessionSweep = 100
+)
+
+// startSessionSQL records session $1 for $2 seconds, first deleting up to
+// $3 expired sessions, oldest first, and up to $3 live ones beyond the
+// newest $4.
+const startSessionSQL = `
+WITH swept AS (
+  DELETE FROM outbox.panel_sessions
+  WHERE id_hash IN (
+    (SELECT id_hash
+     FROM outbox.panel_sessions
+     WHERE expires_at <= now()
+     ORDER BY expires_at
+     LIMIT $3)
+    UNION ALL
+    (SELECT id_hash
+     FROM outbox.panel_sessions
+     WHERE expires_at > now()
+     ORDER BY expires_at DESC
+     OFFSET $4
+     LIMIT $3)
+  )
+)
+INSERT INTO outbox.panel_sessions (id_hash, expires_at)
+VALUES ($1, now() + make_interval(secs => $2))`
+
+const sessionLiveSQL = `
+SELECT EXISTS (
+  SELECT 1
+  FROM outbox.panel_sessions
+  WHERE id_hash = $1
+    AND expires_at > now()
+)`
+
+const endSessionSQL = `
+DELETE FROM outbox.panel_sessions
+WHERE id_hash = $1`
+
+// sessionHash is what the database keeps of session id: its HMAC under
+// the token.
+func (a *admin) sessionHash(id []byte) []byte {
+	mac := hmac.New(sha256.New, []byte(a.token))
+	mac.Write(id)
+	return mac.Sum(nil)
 }
 
-func sessionValid(token string, r *http.Request) bool {
+// sessionID is the id r's session cookie holds, or nil if it has none
+// that could be one.
+func sessionID(r *http.Request) []byte {
 	c, err := r.Cookie(sessionCookie)
-	return err == nil && tokenEqual(c.Value, sessionValue(token))
+	if err != nil {
+		return nil
+	}
+	id, err := hex.DecodeString(c.Value)
+	if err != nil || len(id) != sessionIDBytes {
+		return nil
+	}
+	return id
 }
 
-// setSession signs the browser in. Secure is set wherever browsers keep a
-// Secure cookie: over TLS and on loopback.
-func setSession(w http.ResponseWriter, r *http.Request, token string) {
+// hasSession reports whether r carries a session that is signed in and
+// not expired: one row lookup, which every replica answers alike.
+func (a *admin) hasSession(r *http.Request) (bool, error) {
+	id := sessionID(r)
+	if id == nil {
+		return false, nil
+	}
+	var live bool
+	if err := a.db.QueryRowContext(r.Context(), sessionLiveSQL, a.sessionHash(id)).Scan(&live); err != nil {
+		return false, fmt.Errorf("read session: %w", err)
+	}
+	return live, nil
+}
+
+// startSession signs the browser in: a new session, and its cookie.
+// Secure is set wherever browsers keep a Secure cookie: over TLS and on
+// loopback.
+func (a *admin) startSession(w http.ResponseWriter, r *http.Request) error {
+	id := make([]byte, sessionIDBytes)
+	rand.Read(id)
+	if _, err := a.db.ExecContext(r.Context(), startSessionSQL,
+		a.sessionHash(id), sessionLifetime.Seconds(), sessionSweep, maxSessions-1); err != nil {
+		return fmt.Errorf("start session: %w", err)
+	}
 	http.SetCookie(w, &http.Cookie{
 		Name:     sessionCookie,
-		Value:    sessionValue(token),
+		Value:    hex.EncodeToString(id),
 		Path:     "/",
-		MaxAge:   int((12 * time.Hour).Seconds()),
+		MaxAge:   int(sessionLifetime.Seconds()),
 		HttpOnly: true,
 		Secure:   r.TLS != nil || isLoopbackHost(r.Host),
 		SameSite: http.SameSiteStrictMode,
 	})
+	return nil
 }
 
-func clearSession(w http.ResponseWriter) {
+// endSession signs the browser out: its session is deleted, so that every
+// replica refuses the cookie from now on, wherever a copy of it is, and
+// the browser is told to forget it. If the delete fails the cookie is
+// kept, and the error shown: the operator must not believe a session ended
+// that did not.
+func (a *admin) endSession(w http.ResponseWriter, r *http.Request) error {
+	if id := sessionID(r); id != nil {
+		if _, err := a.db.ExecContext(r.Context(), endSessionSQL, a.sessionHash(id)); err != nil {
+			return fmt.Errorf("end session: %w", err)
+		}
+	}
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	return nil
 }
 
 func isLoopbackHost(hostport string) bool {
@@ -224,7 +388,7 @@ func (a *admin) serveJSON(h apiFunc) http.Handler {
 		status, body, err := h(r)
 		switch {
 		case err != nil:
-			writeError(w, a.failed(r, err), err)
+			a.answerFailure(w, r, err)
 		case status == http.StatusNoContent:
 			w.WriteHeader(status)
 		default:
@@ -233,6 +397,13 @@ func (a *admin) serveJSON(h apiFunc) http.Handler {
 			}
 		}
 	})
+}
+
+// answerFailure answers a JSON request that failed with err, as failed
+// says.
+func (a *admin) answerFailure(w http.ResponseWriter, r *http.Request, err error) {
+	status, err := a.failed(r, err)
+	writeError(w, status, err)
 }
 
 // pageFunc is a panel handler, the one shape of them all: it renders a
@@ -245,20 +416,27 @@ type pageFunc func(w http.ResponseWriter, r *http.Request) error
 func (a *admin) servePage(h pageFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := h(w, r); err != nil {
-			a.panel.renderError(w, a.failed(r, err), err)
+			status, err := a.failed(r, err)
+			a.panel.renderError(w, status, err)
 		}
 	})
 }
 
-// failed is the status a failed request answers, and the one place that
-// logs it: a 5xx is the server's fault, which the operator must see once;
-// a 4xx is the client's, and its answer says all there is.
-func (a *admin) failed(r *http.Request, err error) int {
+// failed is the status a failed request answers and the error it tells,
+// and the one place that logs it: a 5xx is the server's fault, which the
+// operator must see once; a 4xx is the client's, and its answer says all
+// there is. A request that outran requestTimeout failed for that, whatever
+// its cancelled query said.
+func (a *admin) failed(r *http.Request, err error) (int, error) {
+	if errors.Is(r.Context().Err(), context.DeadlineExceeded) {
+		err = &httpError{status: http.StatusServiceUnavailable, text: fmt.Sprintf("request took longer than %s", requestTimeout), err: err}
+	}
 	status := statusOf(err)
 	if status >= 500 {
-		a.logger.Error("request failed", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
+		a.logger.Error("request failed", "method", r.Method, "path", r.URL.Path, "status", status,
+			"request_id", requestID(r), "err", err)
 	}
-	return status
+	return status, err
 }
 
 // statusOf maps an error to its HTTP status: the one place that does.
@@ -359,6 +537,24 @@ func byIDWithBody[In, Out any](decode func(*http.Request, any) error, do func(ct
 	}
 }
 
+// pathText is the path value key, a name of something stored as text. A
+// value PostgreSQL cannot hold as text (isText) names nothing that can
+// exist: not found, without asking the database, which would refuse it.
+func pathText(r *http.Request, key string) (string, error) {
+	v := r.PathValue(key)
+	if !isText(v) {
+		return "", fmt.Errorf("%s %q: %w", key, v, errNotFound)
+	}
+	return v, nil
+}
+
+// isText reports whether PostgreSQL can hold s as text: valid UTF-8
+// without NUL. It refuses anything else (SQLSTATE 22021), which would
+// answer the client's mistake as the server's 500.
+func isText(s string) bool {
+	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
+}
+
 func pathID(r *http.Request) (int64, error) {
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
 	if err != nil || id <= 0 {
@@ -396,9 +592,10 @@ func decodeOptionalJSON(r *http.Request, v any) error {
 }
 
 // query reads a request's query parameters, for the API and the panel
-// alike. A reader that meets a bad value keeps the first such error in err
-// and returns the parameter's default, so a handler reads every parameter
-// it takes and then checks err once.
+// alike, or a panel form's fields (formOf). A reader that meets a bad
+// value keeps the first such error in err and returns the parameter's
+// default, so a handler reads every parameter it takes and then checks err
+// once.
 type query struct {
 	values url.Values
 	err    error
@@ -406,8 +603,37 @@ type query struct {
 
 func queryOf(r *http.Request) *query { return &query{values: r.URL.Query()} }
 
-// text is a parameter as given; absent, "".
-func (q *query) text(name string) string { return q.values.Get(name) }
+// formOf reads the fields of a panel form, a body of at most limit bytes.
+func formOf(w http.ResponseWriter, r *http.Request, limit int64) *query {
+	r.Body = http.MaxBytesReader(w, r.Body, limit)
+	q := &query{}
+	if err := r.ParseForm(); err != nil {
+		if _, tooBig := errors.AsType[*http.MaxBytesError](err); tooBig {
+			q.err = fmt.Errorf("form larger than %d bytes: %w", limit, err)
+		} else {
+			q.err = fmt.Errorf("%w: form: %v", errInvalid, err)
+		}
+	}
+	q.values = r.PostForm
+	return q
+}
+
+// fail keeps err unless an earlier reader failed first.
+func (q *query) fail(err error) {
+	if q.err == nil {
+		q.err = err
+	}
+}
+
+// text is a parameter as given; absent, or not text (isText), "".
+func (q *query) text(name string) string {
+	s := q.values.Get(name)
+	if !isText(s) {
+		q.fail(fmt.Errorf("%w: %s is not UTF-8 text without NUL", errInvalid, name))
+		return ""
+	}
+	return s
+}
 
 // natural is an optional non-negative integer: an id to page from or to
 // filter by, or a page size that the list then bounds. Absent, 0.
@@ -429,9 +655,7 @@ func (q *query) integer(name string, def, lo, hi int64, bad string) int64 {
 	}
 	n, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || n < lo || n > hi {
-		if q.err == nil {
-			q.err = fmt.Errorf("%w: "+bad, errInvalid, s)
-		}
+		q.fail(fmt.Errorf("%w: "+bad, errInvalid, s))
 		return def
 	}
 	return n

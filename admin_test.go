@@ -37,17 +37,35 @@ func newTestAdmin(t *testing.T, db *sql.DB) *httptest.Server {
 // newTestServer serves the real routes over db with an endpoint policy.
 func newTestServer(t *testing.T, db *sql.DB, policy endpointPolicy) *httptest.Server {
 	t.Helper()
-	return newSealingTestServer(t, db, policy, nil)
+	return newTestServerLogging(t, db, policy, testLogger(t))
 }
 
 // newSealingTestServer is newTestServer with secrets sealed by box.
 func newSealingTestServer(t *testing.T, db *sql.DB, policy endpointPolicy, box *secretBox) *httptest.Server {
 	t.Helper()
+	srv := httptest.NewServer(testRoutes(t, db, policy, testLogger(t), box))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// newTestServerLogging is newTestServer whose handlers log to logger, for
+// a test that reads what they log.
+func newTestServerLogging(t *testing.T, db *sql.DB, policy endpointPolicy, logger *slog.Logger) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(testRoutes(t, db, policy, logger, nil))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// testRoutes is the real routes over db, for a test to serve; box seals
+// secrets (nil: none).
+func testRoutes(t *testing.T, db *sql.DB, policy endpointPolicy, logger *slog.Logger, box *secretBox) http.Handler {
+	t.Helper()
 	pnl, err := newPanel(testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(routes(&admin{
+	return routes(&admin{
 		db:              db,
 		token:           testToken,
 		alerts:          defaultConfig().Alerts,
@@ -56,11 +74,9 @@ func newSealingTestServer(t *testing.T, db *sql.DB, policy endpointPolicy, box *
 		endpoints:       policy,
 		eventsRetention: 7 * 24 * time.Hour,
 		maxAttempts:     18,
-		logger:          testLogger(t),
+		logger:          logger,
 		box:             box,
-	}))
-	t.Cleanup(srv.Close)
-	return srv
+	})
 }
 
 // newLoggingTestServer serves the real routes over db, as the minimal
@@ -68,16 +84,7 @@ func newSealingTestServer(t *testing.T, db *sql.DB, policy endpointPolicy, box *
 func newLoggingTestServer(t *testing.T, db *sql.DB) (*httptest.Server, *syncBuffer) {
 	t.Helper()
 	var logs syncBuffer
-	pnl, err := newPanel(testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(routes(&admin{
-		db: db, token: testToken, alerts: defaultConfig().Alerts, panel: pnl, endpoints: testPolicy,
-		logger: slog.New(slog.NewTextHandler(&logs, nil)),
-	}))
-	t.Cleanup(srv.Close)
-	return srv, &logs
+	return newTestServerLogging(t, db, testPolicy, slog.New(slog.NewTextHandler(&logs, nil))), &logs
 }
 
 // apiCall sends a request with the admin token and decodes a JSON answer.
@@ -569,13 +576,22 @@ func TestEndpointActionsChangeWhatTheySay(t *testing.T) {
 	}
 }
 
+// newFailingTestServer serves the real routes over a database without its
+// subject index, so that GET /api/subjects fails as the server's fault,
+// and returns what the server logs.
+func newFailingTestServer(t *testing.T) (*httptest.Server, *syncBuffer) {
+	t.Helper()
+	db, _ := newTestDB(t)
+	srv, logs := newLoggingTestServer(t, db)
+	mustExec(t, db, `DROP TABLE outbox.subjects`) // every read of the index now fails
+	return srv, logs
+}
+
 // A server error is logged once, with its route, and answered as JSON; a
 // client's error is answered and not logged.
 func TestServerErrorsAreLoggedOnce(t *testing.T) {
 	t.Parallel()
-	db, _ := newTestDB(t)
-	srv, logs := newLoggingTestServer(t, db)
-	mustExec(t, db, `DROP TABLE outbox.subjects`) // every read of the index now fails
+	srv, logs := newFailingTestServer(t)
 
 	var answer map[string]string
 	if status := apiCall(t, srv, "GET", "/api/subjects", "", &answer); status != http.StatusInternalServerError || answer["error"] == "" {

@@ -302,7 +302,11 @@ func handleCreateSource(a *admin) apiFunc {
 // handleDeleteSource is DELETE /api/sources/{name}, answered 204.
 func handleDeleteSource(a *admin) apiFunc {
 	return func(r *http.Request) (int, any, error) {
-		return http.StatusNoContent, nil, deleteSource(r.Context(), a.db, r.PathValue("name"))
+		name, err := pathText(r, "name")
+		if err != nil {
+			return 0, nil, err
+		}
+		return http.StatusNoContent, nil, deleteSource(r.Context(), a.db, name)
 	}
 }
 
@@ -315,6 +319,10 @@ func handleRotateSourceSecret(a *admin) apiFunc {
 		Secret string `json:"secret"`
 	}
 	return func(r *http.Request) (int, any, error) {
+		name, err := pathText(r, "name")
+		if err != nil {
+			return 0, nil, err
+		}
 		var req request
 		if err := decodeOptionalJSON(r, &req); err != nil {
 			return 0, nil, err
@@ -323,7 +331,7 @@ func handleRotateSourceSecret(a *admin) apiFunc {
 		if err != nil {
 			return 0, nil, err
 		}
-		s, err := rotateSourceSecret(r.Context(), a.db, a.box, r.PathValue("name"), secret, a.endpoints.RotationWindow)
+		s, err := rotateSourceSecret(r.Context(), a.db, a.box, name, secret, a.endpoints.RotationWindow)
 		return http.StatusOK, inboxSourceWithSecret{InboxSource: s, Secret: secret.Encode()}, err
 	}
 }
@@ -333,11 +341,11 @@ func handleRotateSourceSecret(a *admin) apiFunc {
 func handleListSubjects(a *admin) apiFunc {
 	return func(r *http.Request) (int, any, error) {
 		q := queryOf(r)
-		limit := q.limit(maxSubjectPage)
+		prefix, after, limit := q.text("prefix"), q.text("after"), q.limit(maxSubjectPage)
 		if q.err != nil {
 			return 0, nil, q.err
 		}
-		entries, err := listSubjects(r.Context(), a.db, q.text("prefix"), q.text("after"), limit)
+		entries, err := listSubjects(r.Context(), a.db, prefix, after, limit)
 		if err != nil {
 			return 0, nil, err
 		}
@@ -389,8 +397,8 @@ func handleMetrics(a *admin) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		o, err := readOverview(r.Context(), a.db, a.alerts)
 		if err != nil {
-			a.logger.Error("metrics: read overview", "err", err)
-			http.Error(w, "read overview failed", http.StatusInternalServerError)
+			status, _ := a.failed(r, fmt.Errorf("metrics: read overview: %w", err))
+			http.Error(w, "read overview failed", status)
 			return
 		}
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")

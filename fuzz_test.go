@@ -240,6 +240,9 @@ func configArgs(cfg Config) []string {
 	flag("shutdown-grace", cfg.ShutdownGrace)
 	flag("secrets-key", cfg.SecretsKey)
 	flag("secrets-old-key", cfg.SecretsOldKey)
+	flag("tls-cert", cfg.TLSCert)
+	flag("tls-key", cfg.TLSKey)
+	flag("insecure-http", cfg.InsecureHTTP)
 	return args
 }
 

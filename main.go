@@ -24,6 +24,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"database/sql"
 	"encoding/hex"
 	"errors"
@@ -103,6 +104,13 @@ type Config struct {
 	// rotated out, for `secrets rotate-key` and for the replicas running
 	// meanwhile.
 	SecretsOldKey string
+	// TLSCert and TLSKey, PEM files given both or neither, serve HTTPS.
+	// InsecureHTTP serves plain HTTP on an address beyond loopback, for a
+	// proxy in front that terminates TLS; without one of the two, such an
+	// address is refused (validateService).
+	TLSCert      string
+	TLSKey       string
+	InsecureHTTP bool
 }
 
 // The secrets commands (secrets.go): both seal every stored secret under
@@ -299,6 +307,9 @@ func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "time in-flight work gets to finish on SIGTERM")
 	fs.StringVar(&cfg.SecretsKey, "secrets-key", cfg.SecretsKey, "key that seals endpoint and source secrets at rest: 32 bytes in standard base64 (openssl rand -base64 32); empty stores them unsealed")
 	fs.StringVar(&cfg.SecretsOldKey, "secrets-old-key", cfg.SecretsOldKey, "the key being rotated out: opens the secrets it sealed, seals none (outboxd secrets rotate-key)")
+	fs.StringVar(&cfg.TLSCert, "tls-cert", cfg.TLSCert, "PEM certificate (chain) file; with -tls-key, serve HTTPS")
+	fs.StringVar(&cfg.TLSKey, "tls-key", cfg.TLSKey, "PEM private key file of -tls-cert")
+	fs.BoolVar(&cfg.InsecureHTTP, "insecure-http", cfg.InsecureHTTP, "serve plain HTTP on an address other than loopback (behind a proxy that terminates TLS)")
 	fs.Usage = func() {
 		command := cfg.Command
 		if command == "" {
@@ -418,6 +429,23 @@ func (c Config) validateService() error {
 	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		return fmt.Errorf("%s must be text or json, got %q", setting("log-format"), c.LogFormat)
+	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		return fmt.Errorf("%s and %s go together: give both or neither", setting("tls-cert"), setting("tls-key"))
+	}
+	// Beyond loopback, the admin token and the panel's session cross a
+	// network: in the clear only if the operator says a proxy encrypts
+	// them, and never a token made up at start, which is in the log and
+	// changes with every restart.
+	if !isLoopbackHost(c.Addr) {
+		if c.AdminToken == "" {
+			return fmt.Errorf("%s %s is not a loopback address: set %s rather than have one generated and logged",
+				setting("addr"), c.Addr, setting("admin-token"))
+		}
+		if c.TLSCert == "" && !c.InsecureHTTP {
+			return fmt.Errorf("%s %s is not a loopback address: serve HTTPS with %s and %s, or give %s if a proxy in front terminates TLS",
+				setting("addr"), c.Addr, setting("tls-cert"), setting("tls-key"), setting("insecure-http"))
+		}
 	}
 	return c.validateSecrets()
 }
@@ -591,7 +619,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	return serve(ctx, ln, routes(a), cfg.ShutdownGrace, logger, stdout)
+	return serve(ctx, ln, routes(a), cfg, logger, stdout)
 }
 
 // newAdmin is what the HTTP side needs of the configuration, the database
@@ -656,7 +684,7 @@ func adminToken(cfg Config, logger *slog.Logger) string {
 	}
 	token := randomToken()
 	logger.Info("admin token generated; set -admin-token to keep one across restarts",
-		"panel_url", "http://"+cfg.Addr+"/?token="+token)
+		"panel_url", httpScheme(cfg)+"://"+cfg.Addr+"/?token="+token)
 	return token
 }
 
@@ -726,18 +754,30 @@ func (p *pipeline) counters() *processCounters {
 	}
 }
 
-// serve answers HTTP on ln until ctx ends or the server fails, then shuts
-// it down, giving requests in flight up to grace.
-func serve(ctx context.Context, ln net.Listener, handler http.Handler, grace time.Duration, logger *slog.Logger, stdout io.Writer) error {
-	srv := &http.Server{
-		Handler:           handler,
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+// serve answers HTTP on ln, or HTTPS with cfg's certificate, until ctx
+// ends or the server fails, then shuts it down, giving requests in flight
+// up to cfg.ShutdownGrace.
+func serve(ctx context.Context, ln net.Listener, handler http.Handler, cfg Config, logger *slog.Logger, stdout io.Writer) error {
+	srv := newHTTPServer(handler, logger)
+	if cfg.TLSCert != "" {
+		// Loaded here, not by ServeTLS in its goroutine, so a bad file
+		// stops the start before it is announced.
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+		if err != nil {
+			return fmt.Errorf("%s, %s: %w", setting("tls-cert"), setting("tls-key"), err)
+		}
+		srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}}
 	}
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
-	logger.Info("outboxd started", "version", readBuildInfo().String(), "addr", ln.Addr().String())
-	fmt.Fprintf(stdout, "outboxd listening on http://%s\n", ln.Addr())
+	go func() {
+		if cfg.TLSCert != "" {
+			serveErr <- srv.ServeTLS(ln, "", "")
+		} else {
+			serveErr <- srv.Serve(ln)
+		}
+	}()
+	logger.Info("outboxd started", "version", readBuildInfo().String(), "addr", ln.Addr().String(), "tls", cfg.TLSCert != "")
+	fmt.Fprintf(stdout, "outboxd listening on %s://%s\n", httpScheme(cfg), ln.Addr())
 
 	var err error
 	select {
@@ -745,15 +785,56 @@ func serve(ctx context.Context, ln net.Listener, handler http.Handler, grace tim
 	case err = <-serveErr:
 		err = fmt.Errorf("http server: %w", err)
 	}
-	logger.Info("shutting down", "grace", grace)
+	logger.Info("shutting down", "grace", cfg.ShutdownGrace)
 	// A fresh context: ctx is already cancelled, and Shutdown given a
 	// cancelled context returns at once without waiting for handlers.
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), grace)
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
 	defer cancel()
 	if shutdownErr := srv.Shutdown(shutdownCtx); shutdownErr != nil && err == nil {
 		err = fmt.Errorf("http shutdown: %w", shutdownErr)
 	}
 	return err
+}
+
+// httpScheme is how clients reach this process: https with a
+// certificate, http without.
+func httpScheme(cfg Config) string {
+	if cfg.TLSCert != "" {
+		return "https"
+	}
+	return "http"
+}
+
+// newHTTPServer is the server serve runs, with a bound on everything a
+// client could otherwise hold open for ever; the tests build theirs with
+// it, so they meet these very settings.
+func newHTTPServer(handler http.Handler, logger *slog.Logger) *http.Server {
+	return &http.Server{
+		Handler: handler,
+		// A client trickling its headers (slow loris) holds a connection
+		// no longer than this.
+		ReadHeaderTimeout: 10 * time.Second,
+		// The whole request, body included: the largest body there is
+		// (maxRequestBody, 1 MiB) in 30 s is 35 KiB/s, slower than any
+		// sender that means to deliver it, and a trickled body is cut.
+		ReadTimeout: 30 * time.Second,
+		// Counted from the end of the headers: every handler has ended by
+		// requestTimeout (admin.go), and the rest is for writing its
+		// answer, at most a few hundred KiB (/metrics, a page of
+		// endpoints), to a client too slow to read it is cut.
+		WriteTimeout: requestTimeout + 15*time.Second,
+		// An idle kept-alive connection is closed after 2 minutes: longer
+		// than the minute a load balancer in front commonly keeps one, so
+		// that it is the balancer that closes it, never this end under a
+		// request the balancer just sent; short enough that idle clients
+		// do not pile up.
+		IdleTimeout: 2 * time.Minute,
+		// A bearer token, a session cookie and a webhook's signature
+		// headers need a few KiB; the default would buffer 1 MiB a
+		// request.
+		MaxHeaderBytes: 64 << 10,
+		ErrorLog:       slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
 }
 
 // defaultSubscribers is the registry run() starts with: every in-process

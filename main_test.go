@@ -43,6 +43,8 @@ func TestParseConfigDefaultsAndFallbacks(t *testing.T) {
 			"DATABASE_URL":                    "postgres://u@db.example:5432/app",
 			"OUTBOXD_RELAY_BATCH":             "70", // the flag wins
 			"OUTBOXD_ADDR":                    "0.0.0.0:9000",
+			"OUTBOXD_ADMIN_TOKEN":             "an-admin-token-0123456789",
+			"OUTBOXD_INSECURE_HTTP":           "1",
 			"OUTBOXD_ALLOW_PRIVATE_ENDPOINTS": "1",
 			"OUTBOXD_JOB_TIMEOUT":             "10s",
 		}), io.Discard)
@@ -53,6 +55,8 @@ func TestParseConfigDefaultsAndFallbacks(t *testing.T) {
 	want.DatabaseURL = "postgres://u@db.example:5432/app"
 	want.Relay.BatchSize = 50
 	want.Addr = "0.0.0.0:9000"
+	want.AdminToken = "an-admin-token-0123456789"
+	want.InsecureHTTP = true
 	want.AllowPrivateEndpoints = true
 	want.Workers.AttemptTimeout = 10 * time.Second
 	if diff := cmp.Diff(want, cfg); diff != "" {

@@ -95,30 +95,35 @@ func flash(r *http.Request) string { return queryOf(r).text("done") }
 // requireSession sends a browser without a session to the sign-in form.
 // The URL outboxd logs at start carries ?token=: it signs in and redirects
 // to the same page without the token, so it leaves the address bar.
-func (p *panel) requireSession(token string, next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+func (p *panel) requireSession(a *admin, next http.Handler) http.Handler {
+	return a.servePage(func(w http.ResponseWriter, r *http.Request) error {
 		if t := queryOf(r).text("token"); t != "" && r.Method == http.MethodGet {
-			if !tokenEqual(t, token) {
+			if !tokenEqual(t, a.token) {
 				p.render(w, http.StatusUnauthorized, "login", page{Title: "Sign in", Data: "That token is not right."})
-				return
+				return nil
 			}
-			setSession(w, r, token)
+			if err := a.startSession(w, r); err != nil {
+				return err
+			}
 			u := *r.URL
 			q := u.Query()
 			q.Del("token")
 			u.RawQuery = q.Encode()
 			http.Redirect(w, r, u.RequestURI(), http.StatusSeeOther)
-			return
+			return nil
 		}
-		if !sessionValid(token, r) {
-			if r.Method != http.MethodGet {
-				http.Error(w, "sign in first", http.StatusUnauthorized)
-				return
-			}
+		signedIn, err := a.hasSession(r)
+		switch {
+		case err != nil:
+			return err
+		case !signedIn && r.Method != http.MethodGet:
+			http.Error(w, "sign in first", http.StatusUnauthorized)
+		case !signedIn:
 			http.Redirect(w, r, "/login", http.StatusSeeOther)
-			return
+		default:
+			next.ServeHTTP(w, r)
 		}
-		next.ServeHTTP(w, r)
+		return nil
 	})
 }
 
@@ -133,21 +138,29 @@ func (p *panel) handleLoginForm() pageFunc {
 // handleLogin is POST /login: the token typed in signs the browser in.
 func (p *panel) handleLogin(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		r.Body = http.MaxBytesReader(w, r.Body, 4096)
-		if !tokenEqual(r.PostFormValue("token"), a.token) {
+		f := formOf(w, r, 4096)
+		token := f.text("token")
+		if f.err != nil {
+			return f.err
+		}
+		if !tokenEqual(token, a.token) {
 			p.render(w, http.StatusUnauthorized, "login", page{Title: "Sign in", Data: "That token is not right."})
 			return nil
 		}
-		setSession(w, r, a.token)
+		if err := a.startSession(w, r); err != nil {
+			return err
+		}
 		http.Redirect(w, r, "/", http.StatusSeeOther)
 		return nil
 	}
 }
 
-// handleLogout is POST /logout.
-func (p *panel) handleLogout() pageFunc {
+// handleLogout is POST /logout: the session ends on every replica.
+func (p *panel) handleLogout(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		clearSession(w)
+		if err := a.endSession(w, r); err != nil {
+			return err
+		}
 		http.Redirect(w, r, "/login", http.StatusSeeOther)
 		return nil
 	}
@@ -288,25 +301,30 @@ func (p *panel) handleEndpoints(a *admin) pageFunc {
 	}
 }
 
+// maxEndpointForm bounds the body of every form on the endpoint pages.
+const maxEndpointForm = 64 << 10
+
 // endpointForm reads the endpoint form; topics are separated by spaces or
 // commas.
-func endpointForm(w http.ResponseWriter, r *http.Request) endpointInput {
-	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
-	url := strings.TrimSpace(r.PostFormValue("url"))
-	topics := strings.FieldsFunc(r.PostFormValue("topics"), func(c rune) bool { return c == ' ' || c == ',' })
+func endpointForm(f *query) (endpointInput, error) {
+	url := strings.TrimSpace(f.text("url"))
+	topics := strings.FieldsFunc(f.text("topics"), func(c rune) bool { return c == ' ' || c == ',' })
 	if topics == nil {
 		topics = []string{}
 	}
-	desc := strings.TrimSpace(r.PostFormValue("description"))
-	owner := strings.TrimSpace(r.PostFormValue("owner_email"))
-	return endpointInput{URL: &url, Topics: &topics, Description: &desc, OwnerEmail: &owner}
+	desc := strings.TrimSpace(f.text("description"))
+	owner := strings.TrimSpace(f.text("owner_email"))
+	return endpointInput{URL: &url, Topics: &topics, Description: &desc, OwnerEmail: &owner}, f.err
 }
 
 // handleCreateEndpoint is POST /endpoints: the new endpoint's page, with
 // its secret.
 func (p *panel) handleCreateEndpoint(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		in := endpointForm(w, r)
+		in, err := endpointForm(formOf(w, r, maxEndpointForm))
+		if err != nil {
+			return err
+		}
 		if err := in.validate(a.endpoints.AllowPrivate); err != nil {
 			return err
 		}
@@ -370,7 +388,7 @@ func (p *panel) handleEndpointAction(a *admin) pageFunc {
 		if !ok {
 			return fmt.Errorf("%w: no action %q", errNotFound, r.PathValue("action"))
 		}
-		done, err := action(endpointClick{p: p, a: a, w: w, r: r, id: id})
+		done, err := action(endpointClick{p: p, a: a, w: w, r: r, form: formOf(w, r, maxEndpointForm), id: id})
 		if err != nil || done == "" {
 			return err
 		}
@@ -379,13 +397,15 @@ func (p *panel) handleEndpointAction(a *admin) pageFunc {
 	}
 }
 
-// endpointClick is a press of one of endpoint id's buttons.
+// endpointClick is a press of one of endpoint id's buttons, with its
+// form's fields.
 type endpointClick struct {
-	p  *panel
-	a  *admin
-	w  http.ResponseWriter
-	r  *http.Request
-	id int64
+	p    *panel
+	a    *admin
+	w    http.ResponseWriter
+	r    *http.Request
+	form *query
+	id   int64
 }
 
 // endpointActions are the endpoint page's buttons by name. Each does its
@@ -408,7 +428,11 @@ func (c endpointClick) enable() (string, error) {
 }
 
 func (c endpointClick) disable() (string, error) {
-	reason, err := disableReason(c.r.PostFormValue("reason"))
+	field := c.form.text("reason")
+	if c.form.err != nil {
+		return "", c.form.err
+	}
+	reason, err := disableReason(field)
 	if err != nil {
 		return "", err
 	}
@@ -437,7 +461,10 @@ func (c endpointClick) retryDiscarded() (string, error) {
 // replay takes its start from the form's datetime-local field, which a
 // browser sends with seconds or without.
 func (c endpointClick) replay() (string, error) {
-	field := c.r.PostFormValue("since")
+	field := c.form.text("since")
+	if c.form.err != nil {
+		return "", c.form.err
+	}
 	since, err := time.Parse("2006-01-02T15:04:05", field)
 	if err != nil {
 		since, err = time.Parse("2006-01-02T15:04", field)
@@ -457,11 +484,14 @@ func (c endpointClick) replay() (string, error) {
 }
 
 func (c endpointClick) edit() (string, error) {
-	in := endpointForm(c.w, c.r)
+	in, err := endpointForm(c.form)
+	if err != nil {
+		return "", err
+	}
 	if err := in.validate(c.a.endpoints.AllowPrivate); err != nil {
 		return "", err
 	}
-	_, err := updateEndpoint(c.r.Context(), c.a.db, c.id, in)
+	_, err = updateEndpoint(c.r.Context(), c.a.db, c.id, in)
 	return "Saved.", err
 }
 
@@ -479,6 +509,9 @@ func (p *panel) handleSubjects(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		q := queryOf(r)
 		prefix, after := q.text("prefix"), q.text("after")
+		if q.err != nil {
+			return q.err
+		}
 		subjects, err := listSubjects(r.Context(), a.db, prefix, after, defaultPageSize)
 		if err != nil {
 			return err
@@ -524,10 +557,13 @@ func (p *panel) handleSources(a *admin) pageFunc {
 // source's secret.
 func (p *panel) handleCreateSource(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
-		in := sourceInput{Name: strings.TrimSpace(r.PostFormValue("name")), Secret: strings.TrimSpace(r.PostFormValue("secret"))}
-		if prefix := strings.TrimSpace(r.PostFormValue("topic_prefix")); prefix != "" {
+		f := formOf(w, r, 16<<10)
+		in := sourceInput{Name: strings.TrimSpace(f.text("name")), Secret: strings.TrimSpace(f.text("secret"))}
+		if prefix := strings.TrimSpace(f.text("topic_prefix")); prefix != "" {
 			in.TopicPrefix = &prefix
+		}
+		if f.err != nil {
+			return f.err
 		}
 		created, err := createSource(r.Context(), a.db, a.box, in)
 		if err != nil {
@@ -541,7 +577,10 @@ func (p *panel) handleCreateSource(a *admin) pageFunc {
 // buttons: rotate-secret shows the new secret, delete leaves for the list.
 func (p *panel) handleSourceAction(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		name := r.PathValue("name")
+		name, err := pathText(r, "name")
+		if err != nil {
+			return err
+		}
 		switch r.PathValue("action") {
 		case "rotate-secret":
 			secret := newWebhookSecret()

@@ -840,3 +840,27 @@ ALTER TABLE outbox.inbox_sources
     length(secret) BETWEEN 1 AND 64
     OR (length(secret) = 98 AND get_byte(secret, 0) = 1)
   );
+
+--------------------------------------------------------------------------------
+-- Panel sessions: revocable, and the same on every replica
+--------------------------------------------------------------------------------
+
+-- One row per browser signed in to the panel (admin.go). The cookie holds
+-- a random id; the row holds only its HMAC under the admin token, so the
+-- table gives away no cookie, and a new token signs every session out.
+-- Sign-in inserts the row, valid for 12 hours; sign-out deletes it, so a
+-- copy of the cookie is refused by every replica from then on, as is an
+-- expired one. The table is bounded without a sweep: each sign-in deletes
+-- up to 100 expired rows, oldest first, and the oldest live ones beyond
+-- the newest 1,000 (those browsers must sign in again).
+CREATE TABLE IF NOT EXISTS outbox.panel_sessions (
+  id_hash    bytea       PRIMARY KEY,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  expires_at timestamptz NOT NULL,
+  CONSTRAINT panel_sessions_id_hash_length CHECK (length(id_hash) = 32)
+);
+
+-- Serves the sign-in's deletions: the expired rows oldest first, the live
+-- ones newest first past the 1,000th.
+CREATE INDEX IF NOT EXISTS panel_sessions_by_expires_at
+  ON outbox.panel_sessions (expires_at);
