@@ -47,7 +47,10 @@ type admin struct {
 	// metricsPublic serves /metrics without the token, for a scraper on a
 	// private network that cannot hold secrets.
 	metricsPublic bool
-	logger        *slog.Logger
+	// requestTimeout, when set, replaces the package's requestTimeout:
+	// for a test that must see a request outrun it.
+	requestTimeout time.Duration
+	logger         *slog.Logger
 	// box seals the secrets of endpoints and sources; nil without
 	// -secrets-key (secrets.go).
 	box *secretBox
@@ -130,7 +133,7 @@ func routes(a *admin) http.Handler {
 
 	// Browsers may not make state-changing requests across origins; API
 	// clients without Origin or Sec-Fetch-Site headers are unaffected.
-	return withRequestID(withDeadline(securityHeaders(http.NewCrossOriginProtection().Handler(mux))))
+	return withRequestID(withDeadline(a.deadline(), securityHeaders(http.NewCrossOriginProtection().Handler(mux))))
 }
 
 // requestTimeout bounds every request: its context ends then, which
@@ -141,10 +144,19 @@ func routes(a *admin) http.Handler {
 // is still written rather than the connection cut.
 const requestTimeout = time.Minute
 
-// withDeadline ends every request's context after requestTimeout.
-func withDeadline(next http.Handler) http.Handler {
+// deadline is how long a request may run: requestTimeout, unless a test
+// set a shorter one.
+func (a *admin) deadline() time.Duration {
+	if a.requestTimeout > 0 {
+		return a.requestTimeout
+	}
+	return requestTimeout
+}
+
+// withDeadline ends every request's context after d.
+func withDeadline(d time.Duration, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), requestTimeout)
+		ctx, cancel := context.WithTimeout(r.Context(), d)
 		defer cancel()
 		next.ServeHTTP(w, r.WithContext(ctx))
 	})
@@ -429,7 +441,7 @@ func (a *admin) servePage(h pageFunc) http.Handler {
 // its cancelled query said.
 func (a *admin) failed(r *http.Request, err error) (int, error) {
 	if errors.Is(r.Context().Err(), context.DeadlineExceeded) {
-		err = &httpError{status: http.StatusServiceUnavailable, text: fmt.Sprintf("request took longer than %s", requestTimeout), err: err}
+		err = &httpError{status: http.StatusServiceUnavailable, text: fmt.Sprintf("request took longer than %s", a.deadline()), err: err}
 	}
 	status := statusOf(err)
 	if status >= 500 {

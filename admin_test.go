@@ -61,11 +61,17 @@ func newTestServerLogging(t *testing.T, db *sql.DB, policy endpointPolicy, logge
 // secrets (nil: none).
 func testRoutes(t *testing.T, db *sql.DB, policy endpointPolicy, logger *slog.Logger, box *secretBox) http.Handler {
 	t.Helper()
+	return routes(testAdmin(t, db, policy, logger, box))
+}
+
+// testAdmin is the admin a process would build, over db.
+func testAdmin(t *testing.T, db *sql.DB, policy endpointPolicy, logger *slog.Logger, box *secretBox) *admin {
+	t.Helper()
 	pnl, err := newPanel(testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return routes(&admin{
+	return &admin{
 		db:              db,
 		token:           testToken,
 		alerts:          defaultConfig().Alerts,
@@ -76,7 +82,7 @@ func testRoutes(t *testing.T, db *sql.DB, policy endpointPolicy, logger *slog.Lo
 		maxAttempts:     18,
 		logger:          logger,
 		box:             box,
-	})
+	}
 }
 
 // newLoggingTestServer serves the real routes over db, as the minimal

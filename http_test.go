@@ -264,11 +264,22 @@ func TestAnswersAreNotStoredButAssetsMayBe(t *testing.T) {
 // and returns the address.
 func serveForTest(t *testing.T, handler http.Handler) string {
 	t.Helper()
-	return serveForTestWith(t, handler, Config{ShutdownGrace: time.Second})
+	return serveForTestWith(t, newHTTPServer(handler, testLogger(t)), Config{ShutdownGrace: time.Second})
 }
 
-// serveForTestWith is serveForTest with cfg's HTTP settings.
-func serveForTestWith(t *testing.T, handler http.Handler, cfg Config) string {
+// serveShortLimitsForTest serves handler through the production server
+// with its time limits cut to fractions of a second, so that a test sees
+// each one enforced without waiting minutes; TestHTTPServerLimits pins
+// the production values.
+func serveShortLimitsForTest(t *testing.T, handler http.Handler) string {
+	t.Helper()
+	srv := newHTTPServer(handler, testLogger(t))
+	srv.ReadHeaderTimeout, srv.ReadTimeout, srv.IdleTimeout = 300*time.Millisecond, 600*time.Millisecond, 300*time.Millisecond
+	return serveForTestWith(t, srv, Config{ShutdownGrace: time.Second})
+}
+
+// serveForTestWith serves srv with cfg's HTTP settings.
+func serveForTestWith(t *testing.T, srv *http.Server, cfg Config) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -276,7 +287,7 @@ func serveForTestWith(t *testing.T, handler http.Handler, cfg Config) string {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
-	go func() { served <- serve(ctx, ln, handler, cfg, testLogger(t), io.Discard) }()
+	go func() { served <- serve(ctx, ln, srv, cfg, testLogger(t), io.Discard) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-served; err != nil {
@@ -323,23 +334,47 @@ func trickleUntilCut(t *testing.T, addr, head, piece string, within time.Duratio
 	}
 }
 
+// The limits of the server outboxd runs, as literals: every test below
+// runs the same server with shorter ones.
+func TestHTTPServerLimits(t *testing.T) {
+	t.Parallel()
+	srv := newHTTPServer(http.NotFoundHandler(), testLogger(t))
+	for _, l := range []struct {
+		name      string
+		got, want any
+	}{
+		{"read header timeout", srv.ReadHeaderTimeout, 10 * time.Second},
+		{"read timeout", srv.ReadTimeout, 30 * time.Second},
+		{"write timeout", srv.WriteTimeout, 75 * time.Second},
+		{"idle timeout", srv.IdleTimeout, 2 * time.Minute},
+		{"header bytes", srv.MaxHeaderBytes, 64 << 10},
+		{"request deadline", requestTimeout, time.Minute},
+	} {
+		if l.got != l.want {
+			t.Errorf("%s %v, want %v", l.name, l.got, l.want)
+		}
+	}
+	if srv.WriteTimeout <= requestTimeout {
+		t.Errorf("write timeout %s is not above the request deadline %s: a 503 for an overrun would be cut", srv.WriteTimeout, requestTimeout)
+	}
+}
+
 // A client that trickles its headers or its body is cut by the server
-// serve runs, with the production settings (newHTTPServer), and an
-// oversized header block is refused.
+// serve runs, and an oversized header block is refused.
 func TestSlowClientsAreCut(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
-	addr := serveForTest(t, testRoutes(t, db, testPolicy, testLogger(t), nil))
+	addr := serveShortLimitsForTest(t, testRoutes(t, db, testPolicy, testLogger(t), nil))
 	mustExec(t, db, `INSERT INTO outbox.inbox_sources (name, secret, topic_prefix) VALUES ('shop', '\x01', 'shop.')`)
 
 	t.Run("headers trickled", func(t *testing.T) {
 		t.Parallel()
-		trickleUntilCut(t, addr, "GET /healthz HTTP/1.1\r\nHost: outboxd\r\n", "X-Trickle: 1\r\n", 2*time.Minute)
+		trickleUntilCut(t, addr, "GET /healthz HTTP/1.1\r\nHost: outboxd\r\n", "X-Trickle: 1\r\n", 30*time.Second)
 	})
 	t.Run("body trickled", func(t *testing.T) {
 		t.Parallel()
 		trickleUntilCut(t, addr, "POST /webhooks/shop HTTP/1.1\r\nHost: outboxd\r\nContent-Type: application/json\r\n"+
-			"Content-Length: 100000\r\n\r\n{", " ", 2*time.Minute)
+			"Content-Length: 100000\r\n\r\n{", " ", 30*time.Second)
 	})
 	t.Run("headers too large", func(t *testing.T) {
 		t.Parallel()
@@ -359,11 +394,8 @@ func TestSlowClientsAreCut(t *testing.T) {
 // A connection kept alive and left idle is closed by the server.
 func TestIdleConnectionIsClosed(t *testing.T) {
 	t.Parallel()
-	if testing.Short() {
-		t.Skip("waits out the 2-minute idle timeout; go test without -short runs it")
-	}
 	db, _ := newTestDB(t)
-	addr := serveForTest(t, testRoutes(t, db, testPolicy, testLogger(t), nil))
+	addr := serveShortLimitsForTest(t, testRoutes(t, db, testPolicy, testLogger(t), nil))
 	conn, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -382,7 +414,7 @@ func TestIdleConnectionIsClosed(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || resp.Close {
 		t.Fatalf("GET /healthz: %d, closing %v; want 200 on a kept-alive connection", resp.StatusCode, resp.Close)
 	}
-	conn.SetReadDeadline(time.Now().Add(5 * time.Minute)) // far above the server's bound
+	conn.SetReadDeadline(time.Now().Add(30 * time.Second)) // far above the server's bound
 	if n, err := r.Read(make([]byte, 1)); n != 0 || (err != io.EOF && !errors.Is(err, syscall.ECONNRESET)) {
 		t.Errorf("reading an idle kept-alive connection: %d bytes, %v; want it closed by the server", n, err)
 	}
@@ -395,7 +427,9 @@ func TestRequestOutrunningItsDeadlineAnswers503(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
 	var logs syncBuffer
-	addr := serveForTest(t, testRoutes(t, db, testPolicy, slog.New(slog.NewTextHandler(&logs, nil)), nil))
+	a := testAdmin(t, db, testPolicy, slog.New(slog.NewTextHandler(&logs, nil)), nil)
+	a.requestTimeout = 500 * time.Millisecond
+	addr := serveForTest(t, routes(a))
 	mustExec(t, db, `INSERT INTO outbox.endpoints (url, secret) VALUES ('https://hooks.example/x', decode(repeat('ab', 32), 'hex'))`)
 	// The PATCH waits for this row lock until its deadline ends it.
 	tx, err := db.Begin()
@@ -410,14 +444,14 @@ func TestRequestOutrunningItsDeadlineAnswers503(t *testing.T) {
 	req, _ := http.NewRequest("PATCH", "http://"+addr+"/api/endpoints/1", strings.NewReader(`{"description": "waits"}`))
 	req.Header.Set("Authorization", "Bearer "+testToken)
 	req.Header.Set("X-Request-Id", "slow-patch")
-	client := &http.Client{Timeout: 5 * time.Minute} // far above the server's bound
+	client := &http.Client{Timeout: 30 * time.Second} // far above the server's bound
 	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "request took longer than 1m0s") {
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "request took longer than 500ms") {
 		t.Errorf("PATCH held by a row lock: %d %s, want 503 saying the request took too long", resp.StatusCode, body)
 	}
 	if lines := strings.Split(strings.TrimSpace(logs.String()), "\n"); len(lines) != 1 ||
@@ -519,7 +553,7 @@ func TestServeTLS(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
 	certFile, keyFile, roots := selfSignedCert(t, t.TempDir())
-	addr := serveForTestWith(t, testRoutes(t, db, testPolicy, testLogger(t), nil),
+	addr := serveForTestWith(t, newHTTPServer(testRoutes(t, db, testPolicy, testLogger(t), nil), testLogger(t)),
 		Config{ShutdownGrace: time.Second, TLSCert: certFile, TLSKey: keyFile})
 	client := &http.Client{
 		Transport:     &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}},
@@ -564,7 +598,7 @@ func TestServeRefusesUnreadableCertificate(t *testing.T) {
 	defer ln.Close()
 	dir := t.TempDir()
 	cfg := Config{ShutdownGrace: time.Second, TLSCert: filepath.Join(dir, "missing.pem"), TLSKey: filepath.Join(dir, "missing-key.pem")}
-	err = serve(context.Background(), ln, http.NotFoundHandler(), cfg, testLogger(t), io.Discard)
+	err = serve(context.Background(), ln, newHTTPServer(http.NotFoundHandler(), testLogger(t)), cfg, testLogger(t), io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "-tls-cert (OUTBOXD_TLS_CERT), -tls-key (OUTBOXD_TLS_KEY)") {
 		t.Errorf("serve with a missing certificate: %v, want an error naming the settings", err)
 	}

@@ -619,7 +619,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	return serve(ctx, ln, routes(a), cfg, logger, stdout)
+	return serve(ctx, ln, newHTTPServer(routes(a), logger), cfg, logger, stdout)
 }
 
 // newAdmin is what the HTTP side needs of the configuration, the database
@@ -757,8 +757,7 @@ func (p *pipeline) counters() *processCounters {
 // serve answers HTTP on ln, or HTTPS with cfg's certificate, until ctx
 // ends or the server fails, then shuts it down, giving requests in flight
 // up to cfg.ShutdownGrace.
-func serve(ctx context.Context, ln net.Listener, handler http.Handler, cfg Config, logger *slog.Logger, stdout io.Writer) error {
-	srv := newHTTPServer(handler, logger)
+func serve(ctx context.Context, ln net.Listener, srv *http.Server, cfg Config, logger *slog.Logger, stdout io.Writer) error {
 	if cfg.TLSCert != "" {
 		// Loaded here, not by ServeTLS in its goroutine, so a bad file
 		// stops the start before it is announced.
