@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"html"
 	"io"
 	"net"
 	"net/http"
@@ -461,5 +462,22 @@ func TestStartWaitsForTheDatabase(t *testing.T) {
 		}
 	case <-time.After(time.Minute):
 		t.Fatal("migrate did not go on once the database appeared")
+	}
+}
+
+// The panel shows the build it runs, as outboxd version prints it.
+func TestPanelShowsTheBuild(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	srv := newTestServer(t, db, testPolicy)
+	browser := signIn(t, srv)
+	resp, err := browser.Get(srv.URL + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if want := html.EscapeString(readBuildInfo().String()); !strings.Contains(string(page), want) {
+		t.Errorf("the overview page does not show %q", want)
 	}
 }

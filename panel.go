@@ -50,6 +50,7 @@ func newPanel(logger *slog.Logger) (*panel, error) {
 		"percent":   func(f float64) string { return strconv.FormatFloat(100*f, 'f', 1, 64) + "%" },
 		"jobErrors": decodeJobErrors,
 		"join":      strings.Join,
+		"build":     readBuildInfo().String, // the same line as outboxd version
 	}
 	p := &panel{pages: map[string]*template.Template{}, logger: logger}
 	for _, name := range pageNames {
