@@ -336,12 +336,14 @@ func handleRotateSourceSecret(a *admin) apiFunc {
 	}
 }
 
-// handleListSubjects is GET /api/subjects?prefix=&after=&limit=: the
-// subject index by prefix, {"subjects": [...], "next_after"}.
+// handleListSubjects is GET /api/subjects?prefix=&after=&after_topic=&limit=:
+// the subject index by prefix, {"subjects": [...], "next_after",
+// "next_after_topic"}, in (subject, topic) order.
 func handleListSubjects(a *admin) apiFunc {
 	return func(r *http.Request) (int, any, error) {
 		q := queryOf(r)
-		prefix, after, limit := q.text("prefix"), q.text("after"), q.limit(maxSubjectPage)
+		prefix, limit := q.text("prefix"), q.limit(maxSubjectPage)
+		after := subjectCursor{Subject: q.text("after"), Topic: q.text("after_topic")}
 		if q.err != nil {
 			return 0, nil, q.err
 		}
@@ -351,7 +353,8 @@ func handleListSubjects(a *admin) apiFunc {
 		}
 		resp := map[string]any{"subjects": entries}
 		if len(entries) == limit {
-			resp["next_after"] = entries[len(entries)-1].Subject
+			next := cursorAfter(entries)
+			resp["next_after"], resp["next_after_topic"] = next.Subject, next.Topic
 		}
 		return http.StatusOK, resp, nil
 	}

@@ -509,7 +509,8 @@ func (c endpointClick) delete() (string, error) {
 func (p *panel) handleSubjects(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		q := queryOf(r)
-		prefix, after := q.text("prefix"), q.text("after")
+		prefix := q.text("prefix")
+		after := subjectCursor{Subject: q.text("after"), Topic: q.text("after_topic")}
 		if q.err != nil {
 			return q.err
 		}
@@ -519,7 +520,8 @@ func (p *panel) handleSubjects(a *admin) pageFunc {
 		}
 		var next string
 		if len(subjects) == defaultPageSize {
-			next = "/subjects?" + url.Values{"prefix": {prefix}, "after": {subjects[len(subjects)-1].Subject}}.Encode()
+			c := cursorAfter(subjects)
+			next = "/subjects?" + url.Values{"prefix": {prefix}, "after": {c.Subject}, "after_topic": {c.Topic}}.Encode()
 		}
 		p.render(w, http.StatusOK, "subjects", page{Title: "Subjects", Nav: "subjects", SignedIn: true,
 			Data: struct {

@@ -218,9 +218,9 @@ marked AS (
 // matched once per distinct topic of the batch, not once per event: a
 // batch holds a handful of topics, and outbox.topic_matches is not cheap.
 //
-// A coalescing subscriber gets one job per subject of the batch, for its
-// highest event id (DISTINCT ON keeps the first row of each (kind,
-// subject) in the ORDER BY, id descending). Webhooks are never coalesced:
+// A coalescing subscriber gets one job per topic and subject of the batch,
+// for its highest event id (DISTINCT ON keeps the first row of each (kind,
+// topic, subject) in the ORDER BY, id descending). Webhooks are never coalesced:
 // each event is a fact. Inserts go in id order, so the job table's indexes
 // grow at their right edge.
 func fanOutSQL(markSQL string) string {
@@ -252,10 +252,10 @@ coalesced AS (
   INSERT INTO outbox.jobs (kind, event_id, max_attempts)
   SELECT latest.kind, latest.id, $3
   FROM (
-    SELECT DISTINCT ON (s.kind, m.subject) s.kind, m.id
+    SELECT DISTINCT ON (s.kind, m.topic, m.subject) s.kind, m.id
     FROM marked AS m
     JOIN subscriptions AS s ON s.topic = m.topic AND s.per_subject
-    ORDER BY s.kind, m.subject, m.id DESC
+    ORDER BY s.kind, m.topic, m.subject, m.id DESC
   ) AS latest
   ORDER BY latest.id
   RETURNING 1

@@ -783,18 +783,38 @@ CREATE INDEX IF NOT EXISTS inbox_by_received_at
 --------------------------------------------------------------------------------
 
 -- Kept by the built-in subscriber "subjects" (subjects.go): for every
--- subject, the latest event recorded for it, by event id. Its upsert never
--- moves backwards (an older event delivered late changes nothing), which
--- also makes a second delivery of the same event a no-op. Its jobs are
--- coalesced per subject within one relay pass. Rows live as long as their
--- subject; a search by prefix serves the panel and GET /api/subjects.
+-- subject of every topic, the latest event recorded for it, by event id.
+-- The topic is part of the key because a subject means something only
+-- within its topic: outbox.watch makes the watched row's primary key the
+-- subject, so orders and accounts watched as order.changed and
+-- account.changed both have a subject '42', two rows that must not
+-- overwrite each other. Its upsert never moves backwards (an older event
+-- delivered late changes nothing), which also makes a second delivery of
+-- the same event a no-op. Its jobs are coalesced per topic and subject
+-- within one relay pass. Rows live as long as their subject; a search by
+-- prefix serves the panel and GET /api/subjects.
 CREATE TABLE IF NOT EXISTS outbox.subjects (
-  subject       text        PRIMARY KEY,
+  subject       text        NOT NULL,
   topic         text        NOT NULL,
   last_event_id bigint      NOT NULL,
   payload       jsonb       NOT NULL,
-  updated_at    timestamptz NOT NULL DEFAULT now()
+  updated_at    timestamptz NOT NULL DEFAULT now(),
+  CONSTRAINT subjects_pkey PRIMARY KEY (subject, topic)
 );
+
+-- An index made before the topic joined the key was keyed by subject
+-- alone; its rows are unique by (subject, topic) too, so the new key is
+-- built over them as they are.
+DO $$
+BEGIN
+  IF (SELECT array_length(conkey, 1) FROM pg_constraint
+      WHERE conname = 'subjects_pkey' AND conrelid = 'outbox.subjects'::regclass) = 1 THEN
+    ALTER TABLE outbox.subjects
+      DROP CONSTRAINT subjects_pkey,
+      ADD CONSTRAINT subjects_pkey PRIMARY KEY (subject, topic);
+  END IF;
+END
+$$;
 
 -- Serves the search by subject prefix (LIKE 'prefix%'), whatever the
 -- database's collation.

@@ -14,22 +14,21 @@ import (
 	"github.com/lib/pq"
 )
 
-// upsertSubjectsSQL keeps the latest event of each subject of a batch of
-// events ($1, their ids), read from the events table. The WHERE on the
-// conflict makes it monotonic: an event with a lower id than the one kept
-// (delivered late, or the same event delivered again) changes nothing. Of
-// several events of one subject in the batch, the highest id is the one
-// written, as if each had been upserted in turn.
+// upsertSubjectsSQL keeps the latest event of each topic and subject of a
+// batch of events ($1, their ids), read from the events table. The WHERE
+// on the conflict makes it monotonic: an event with a lower id than the
+// one kept (delivered late, or the same event delivered again) changes
+// nothing. Of several events of one topic and subject in the batch, the
+// highest id is the one written, as if each had been upserted in turn.
 const upsertSubjectsSQL = `
 INSERT INTO outbox.subjects (subject, topic, last_event_id, payload, updated_at)
-SELECT DISTINCT ON (e.subject) e.subject, e.topic, e.id, e.payload, now()
+SELECT DISTINCT ON (e.subject, e.topic) e.subject, e.topic, e.id, e.payload, now()
 FROM outbox.events AS e
 WHERE e.id = ANY($1::bigint[])
   AND e.subject <> ''
-ORDER BY e.subject, e.id DESC
-ON CONFLICT (subject) DO UPDATE
-SET topic = EXCLUDED.topic,
-    last_event_id = EXCLUDED.last_event_id,
+ORDER BY e.subject, e.topic, e.id DESC
+ON CONFLICT (subject, topic) DO UPDATE
+SET last_event_id = EXCLUDED.last_event_id,
     payload = EXCLUDED.payload,
     updated_at = EXCLUDED.updated_at
 WHERE subjects.last_event_id < EXCLUDED.last_event_id`
@@ -73,15 +72,28 @@ type SubjectEntry struct {
 // maxSubjectPage bounds one page of the subject search.
 const maxSubjectPage = 200
 
-// listSubjectsSQL is a page of subjects starting with a prefix, in subject
-// order, after $2. The prefix arrives with LIKE's wildcards escaped.
+// listSubjectsSQL is a page of subjects starting with a prefix, in
+// (subject, topic) order, after ($2, $3). The prefix arrives with LIKE's
+// wildcards escaped.
 const listSubjectsSQL = `
 SELECT subject, topic, last_event_id, payload, updated_at
 FROM outbox.subjects
 WHERE subject LIKE $1
-  AND subject > $2
-ORDER BY subject
-LIMIT $3`
+  AND (subject, topic) > ($2, $3)
+ORDER BY subject, topic
+LIMIT $4`
+
+// subjectCursor is where a page of the subject index starts: after this
+// subject of this topic. The zero cursor is the first page.
+type subjectCursor struct {
+	Subject, Topic string
+}
+
+// cursorAfter is the cursor of the page after entries.
+func cursorAfter(entries []SubjectEntry) subjectCursor {
+	last := entries[len(entries)-1]
+	return subjectCursor{Subject: last.Subject, Topic: last.Topic}
+}
 
 // likePrefix is a LIKE pattern matching every text that starts with p.
 func likePrefix(p string) string {
@@ -89,15 +101,15 @@ func likePrefix(p string) string {
 }
 
 // listSubjects reads up to limit subjects starting with prefix, after the
-// subject after ("" from the first).
-func listSubjects(ctx context.Context, db *sql.DB, prefix, after string, limit int) ([]SubjectEntry, error) {
+// cursor after (the zero cursor from the first).
+func listSubjects(ctx context.Context, db *sql.DB, prefix string, after subjectCursor, limit int) ([]SubjectEntry, error) {
 	if len(prefix) > maxSubjectLen {
 		return nil, fmt.Errorf("%w: prefix is %d bytes, at most %d", errInvalid, len(prefix), maxSubjectLen)
 	}
 	if limit <= 0 || limit > maxSubjectPage {
 		limit = maxSubjectPage
 	}
-	entries, err := queryAll(ctx, db, scanSubjectEntry, listSubjectsSQL, likePrefix(prefix), after, limit)
+	entries, err := queryAll(ctx, db, scanSubjectEntry, listSubjectsSQL, likePrefix(prefix), after.Subject, after.Topic, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list subjects: %w", err)
 	}

@@ -21,10 +21,12 @@ import (
 type Subscriber struct {
 	Name   string   // unique; letters, digits, _ and -
 	Topics []string // topic patterns (see topicPatternValid); empty: all
-	// Coalesce makes the relay enqueue one job per subject within one
-	// pass, for the pass's latest (highest id) event of that subject, and
-	// none for the others. Only for a subscriber whose effect is "the
-	// latest state of the subject", which a later event replaces whole.
+	// Coalesce makes the relay enqueue one job per topic and subject
+	// within one pass, for the pass's latest (highest id) event of them,
+	// and none for the others. Only for a subscriber whose effect is "the
+	// latest state of the subject in its topic", which a later event
+	// replaces whole. (A subject is the producer's key within a topic:
+	// outbox.watch makes it a row's primary key, which two tables share.)
 	Coalesce bool
 	Handle   func(ctx context.Context, tx *sql.Tx, ev Event) error
 	// HandleBatch, if set, handles the events of one claimed batch in one

@@ -155,8 +155,9 @@ func TestEveryRegisteredSubscriberIsIdempotent(t *testing.T) {
 }
 
 // The subject index's HandleBatch leaves the index as Handle does, event
-// by event in the batch's order: for each subject the highest id, whatever
-// order the events come in, and nothing for events without a subject.
+// by event in the batch's order: for each topic and subject the highest
+// id, whatever order the events come in, and nothing for events without a
+// subject.
 func TestSubjectIndexBatchEqualsOneByOne(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
@@ -166,7 +167,11 @@ func TestSubjectIndexBatchEqualsOneByOne(t *testing.T) {
 		VALUES ('kept', 'old.topic', 1000000, '{"newer": true}', now())`)
 	var events []Event
 	for i, subject := range []string{"a", "b", "a", "", "kept", "c", "b", "a"} {
-		events = append(events, recordedEvent(t, db, fmt.Sprintf("t.%d", i), subject, fmt.Sprintf(`{"n": %d}`, i)))
+		topic := "t"
+		if subject == "kept" {
+			topic = "old.topic" // the index holds a later event of it
+		}
+		events = append(events, recordedEvent(t, db, topic, subject, fmt.Sprintf(`{"n": %d}`, i)))
 	}
 	events[0], events[len(events)-1] = events[len(events)-1], events[0] // the latest "a" comes first
 
@@ -180,7 +185,7 @@ func TestSubjectIndexBatchEqualsOneByOne(t *testing.T) {
 		if err := handle(tx); err != nil {
 			t.Fatal(err)
 		}
-		return queryStrings(t, tx, `SELECT subject || ' ' || topic || ' ' || last_event_id || ' ' || payload::text FROM outbox.subjects ORDER BY subject`)
+		return queryStrings(t, tx, `SELECT subject || ' ' || topic || ' ' || last_event_id || ' ' || payload::text FROM outbox.subjects ORDER BY subject, topic`)
 	}
 	oneByOne := index(func(tx *sql.Tx) error {
 		for _, ev := range events {
@@ -327,5 +332,72 @@ func TestSubjectIndexCoalescesAndNeverMovesBack(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(html), "<td>order-1</td>") || strings.Contains(string(html), "<td>order-2</td>") {
 		t.Errorf("panel /subjects?prefix=order-1: %d\n%s", resp.StatusCode, html)
+	}
+}
+
+// Rows of two watched tables that share a primary key value have the same
+// subject; each keeps its own entry in the subject index, one relay pass
+// coalescing per topic and subject, and the index pages through both.
+func TestSubjectIndexKeepsWatchedTablesApart(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	ctx := context.Background()
+	for _, q := range []string{
+		`CREATE TABLE orders (id bigint PRIMARY KEY, status text NOT NULL)`,
+		`CREATE TABLE accounts (id bigint PRIMARY KEY, name text NOT NULL)`,
+		`SELECT outbox.watch('orders', 'order.changed', NULL)`,
+		`SELECT outbox.watch('accounts', 'account.changed', NULL)`,
+		`INSERT INTO orders VALUES (42, 'new')`,
+		`UPDATE orders SET status = 'paid' WHERE id = 42`,
+		`INSERT INTO accounts VALUES (42, 'Ada')`,
+	} {
+		mustExec(t, db, q)
+	}
+	logger := testLogger(t)
+	subs := defaultSubscribers(false, logger)
+	res, err := newRelay(db, defaultConfig().Relay, 18, fanOutTargets(subs), logger).relayOnce(ctx)
+	if err != nil || res.Fanned != 3 {
+		t.Fatalf("relay: %+v, %v; want 3 events fanned out", res, err)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE kind = 'sub:subjects'`); n != 2 {
+		t.Errorf("%d subject-index jobs for 3 events of 2 topics and one subject, want 2 (one per topic and subject)", n)
+	}
+	if _, err := newWorkerPool(db, defaultConfig().Workers, 0, subs, nil, logger).workOnce(ctx, 10); err != nil {
+		t.Fatal(err)
+	}
+	got := queryStrings(t, db, `SELECT subject || ' ' || topic || ' ' || (payload->'new'->>'id') FROM outbox.subjects ORDER BY subject, topic`)
+	if diff := cmp.Diff([]string{"42 account.changed 42", "42 order.changed 42"}, got); diff != "" {
+		t.Errorf("subject index (-want +got):\n%s", diff)
+	}
+	if s := queryStrings(t, db, `SELECT payload->'new'->>'status' FROM outbox.subjects WHERE topic = 'order.changed'`); len(s) != 1 || s[0] != "paid" {
+		t.Errorf("the order's entry holds %q, want its latest status paid", s)
+	}
+
+	first, err := listSubjects(ctx, db, "4", subjectCursor{}, 1)
+	if err != nil || len(first) != 1 {
+		t.Fatalf("first page: %v, %v", first, err)
+	}
+	second, err := listSubjects(ctx, db, "4", cursorAfter(first), 1)
+	if err != nil || len(second) != 1 || second[0].Topic == first[0].Topic {
+		t.Errorf("pages of one: %v then %v (%v); want each topic's entry once", first, second, err)
+	}
+}
+
+// An index made when subjects alone were the key takes the new key when
+// schema.sql is applied again, its rows kept.
+func TestSubjectIndexKeyMigratesInPlace(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	mustExec(t, db, `ALTER TABLE outbox.subjects DROP CONSTRAINT subjects_pkey, ADD CONSTRAINT subjects_pkey PRIMARY KEY (subject)`)
+	mustExec(t, db, `INSERT INTO outbox.subjects (subject, topic, last_event_id, payload) VALUES ('42', 'order.changed', 7, '{}')`)
+	mustExec(t, db, schemaSQL)
+	key := queryStrings(t, db, `SELECT a.attname FROM pg_constraint AS c
+		JOIN pg_attribute AS a ON a.attrelid = c.conrelid AND a.attnum = ANY (c.conkey)
+		WHERE c.conname = 'subjects_pkey' AND c.conrelid = 'outbox.subjects'::regclass ORDER BY a.attnum`)
+	if diff := cmp.Diff([]string{"subject", "topic"}, key); diff != "" {
+		t.Errorf("the subject index's key after migrating (-want +got):\n%s", diff)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.subjects`); n != 1 {
+		t.Errorf("%d rows after migrating, want the 1 kept", n)
 	}
 }
