@@ -73,6 +73,7 @@ func TestSystemdUnitSandboxesTheService(t *testing.T) {
 		}
 	}
 	for key, want := range map[string]string{
+		"Type":            "notify",
 		"Restart":         "on-failure",
 		"DynamicUser":     "yes",
 		"NoNewPrivileges": "yes",

@@ -726,3 +726,46 @@ func TestSignInKeepsSessionsBounded(t *testing.T) {
 		t.Errorf("%d sessions expiring in 12 hours, want the new one", got)
 	}
 }
+
+// Run by systemd as Type=notify, serve says READY=1 once it accepts and
+// STOPPING=1 when it begins to shut down, on the socket it is given.
+func TestServeTellsSystemdReadyAndStopping(t *testing.T) {
+	t.Parallel()
+	socket := filepath.Join(t.TempDir(), "notify")
+	manager, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: socket, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer manager.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	cfg := Config{ShutdownGrace: time.Second, NotifySocket: socket}
+	go func() {
+		served <- serve(ctx, ln, newHTTPServer(http.NotFoundHandler(), testLogger(t)), cfg, testLogger(t), io.Discard)
+	}()
+
+	read := func() string {
+		t.Helper()
+		manager.SetReadDeadline(time.Now().Add(30 * time.Second))
+		buf := make([]byte, 64)
+		n, err := manager.Read(buf)
+		if err != nil {
+			t.Fatalf("read the notify socket: %v", err)
+		}
+		return string(buf[:n])
+	}
+	if got := read(); got != "READY=1" {
+		t.Errorf("first notification %q, want READY=1", got)
+	}
+	cancel()
+	if got := read(); got != "STOPPING=1" {
+		t.Errorf("second notification %q, want STOPPING=1", got)
+	}
+	if err := <-served; err != nil {
+		t.Errorf("serve: %v", err)
+	}
+}

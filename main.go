@@ -90,6 +90,9 @@ type Config struct {
 	MetricsPublic bool
 
 	DBMaxConns int
+	// NotifySocket is $NOTIFY_SOCKET, where systemd (Type=notify) waits to
+	// hear that the service is ready; not a flag: systemd sets it.
+	NotifySocket string
 	// DatabaseWait is how long a start waits for an unreachable database,
 	// trying again with a growing pause; a minute covers a PostgreSQL on
 	// the same VM starting after outboxd, or restarting.
@@ -255,6 +258,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 		return cfg, err
 	}
 	cfg.derive(given["inbox-retention"])
+	cfg.NotifySocket = getenv("NOTIFY_SOCKET")
 	return cfg, cfg.validate()
 }
 
@@ -776,6 +780,11 @@ func serve(ctx context.Context, ln net.Listener, srv *http.Server, cfg Config, l
 		}
 	}()
 	logger.Info("outboxd started", "version", readBuildInfo().String(), "addr", ln.Addr().String(), "tls", cfg.TLSCert != "")
+	// Ready once the schema is applied, the loops run and the listener
+	// accepts: what a unit's dependents may rely on.
+	if err := notifySystemd(cfg.NotifySocket, "READY=1"); err != nil {
+		logger.Warn("tell systemd we are ready", "err", err)
+	}
 	fmt.Fprintf(stdout, "outboxd listening on %s://%s\n", httpScheme(cfg), ln.Addr())
 
 	var err error
@@ -785,6 +794,9 @@ func serve(ctx context.Context, ln net.Listener, srv *http.Server, cfg Config, l
 		err = fmt.Errorf("http server: %w", err)
 	}
 	logger.Info("shutting down", "grace", cfg.ShutdownGrace)
+	if err := notifySystemd(cfg.NotifySocket, "STOPPING=1"); err != nil {
+		logger.Warn("tell systemd we are stopping", "err", err)
+	}
 	// A fresh context: ctx is already cancelled, and Shutdown given a
 	// cancelled context returns at once without waiting for handlers.
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
@@ -834,6 +846,29 @@ func newHTTPServer(handler http.Handler, logger *slog.Logger) *http.Server {
 		MaxHeaderBytes: 64 << 10,
 		ErrorLog:       slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
+}
+
+// notifySystemd sends state ("READY=1", "STOPPING=1") to the service
+// manager's socket, the sd_notify protocol: one datagram on a Unix socket
+// whose path, or abstract name after '@', systemd gives in NOTIFY_SOCKET.
+// Without a socket (not run by systemd, or not Type=notify) it does
+// nothing.
+func notifySystemd(socket, state string) error {
+	if socket == "" {
+		return nil
+	}
+	if strings.HasPrefix(socket, "@") {
+		socket = "\x00" + socket[1:]
+	}
+	conn, err := net.DialUnix("unixgram", nil, &net.UnixAddr{Name: socket, Net: "unixgram"})
+	if err != nil {
+		return fmt.Errorf("notify systemd: %w", err)
+	}
+	defer conn.Close()
+	if _, err := conn.Write([]byte(state)); err != nil {
+		return fmt.Errorf("notify systemd: %w", err)
+	}
+	return nil
 }
 
 // defaultSubscribers is the registry run() starts with: every in-process
