@@ -440,6 +440,12 @@ func (a *admin) servePage(h pageFunc) http.Handler {
 // there is. A request that outran requestTimeout failed for that, whatever
 // its cancelled query said.
 func (a *admin) failed(r *http.Request, err error) (int, error) {
+	if errors.Is(r.Context().Err(), context.Canceled) {
+		// The client went away and its cancelled query failed: nobody
+		// reads this answer, and it is not the server's fault.
+		a.logger.Debug("request abandoned by its client", "method", r.Method, "path", r.URL.Path, "request_id", requestID(r))
+		return statusClientClosedRequest, err
+	}
 	if errors.Is(r.Context().Err(), context.DeadlineExceeded) {
 		err = &httpError{status: http.StatusServiceUnavailable, text: fmt.Sprintf("request took longer than %s", a.deadline()), err: err}
 	}
@@ -450,6 +456,10 @@ func (a *admin) failed(r *http.Request, err error) (int, error) {
 	}
 	return status, err
 }
+
+// statusClientClosedRequest is the status of a request whose client left
+// before its answer (nginx's 499): written to no one, but not a 5xx.
+const statusClientClosedRequest = 499
 
 // statusOf maps an error to its HTTP status: the one place that does.
 func statusOf(err error) int {

@@ -611,3 +611,37 @@ func TestServerErrorsAreLoggedOnce(t *testing.T) {
 		t.Errorf("log after a 500 and a 400:\n%s\nwant one ERROR line for the 500", logs.String())
 	}
 }
+
+// A signed-in browser's error page says what went wrong, with the way back,
+// not a sign-in form.
+func TestPanelErrorPageIsNotTheSignInForm(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	srv := newTestServer(t, db, testPolicy)
+	browser := signIn(t, srv)
+	resp, err := browser.Get(srv.URL + "/events/999")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound || strings.Contains(string(page), "Sign in</h1>") ||
+		!strings.Contains(string(page), "event 999") || !strings.Contains(string(page), `href="/"`) {
+		t.Errorf("GET /events/999: %d\n%s\nwant a 404 page naming the event, without the sign-in form", resp.StatusCode, page)
+	}
+}
+
+// A request whose client went away fails with its cancelled query; that is
+// not the server's fault, and no ERROR is logged for it.
+func TestAbandonedRequestIsNotAServerError(t *testing.T) {
+	t.Parallel()
+	var logs syncBuffer
+	a := &admin{logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	r := httptest.NewRequest("GET", "/api/events", nil).WithContext(ctx)
+	status, _ := a.failed(r, fmt.Errorf("list events: %w", context.Canceled))
+	if status != 499 || strings.Contains(logs.String(), "level=ERROR") {
+		t.Errorf("abandoned request: status %d, log %q; want 499 and no ERROR", status, logs.String())
+	}
+}

@@ -90,8 +90,8 @@ func parseSourceSecret(text string) (webhookSecret, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: secret: %v", errInvalid, err)
 	}
-	if len(s) > 64 {
-		return nil, fmt.Errorf("%w: secret is %d bytes, at most 64", errInvalid, len(s))
+	if len(s) > maxSecretLen {
+		return nil, fmt.Errorf("%w: secret is %d bytes, at most %d", errInvalid, len(s), maxSecretLen)
 	}
 	return s, nil
 }

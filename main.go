@@ -581,6 +581,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	checkServerSettings(ctx, db, logger)
 	if box != nil {
 		logger.Info("endpoint and source secrets are sealed at rest", "keys", box)
+	} else {
+		warnSealedWithoutKey(ctx, db, logger)
 	}
 
 	// Listen before the loops start: a taken port fails the start at once,

@@ -33,7 +33,7 @@ type panel struct {
 
 // pageNames are the templates that are pages; each is parsed with the
 // layout and the shared job table.
-var pageNames = []string{"login", "overview", "events", "event", "jobs", "endpoints", "endpoint", "subjects", "sources"}
+var pageNames = []string{"login", "error", "overview", "events", "event", "jobs", "endpoints", "endpoint", "subjects", "sources"}
 
 func newPanel(logger *slog.Logger) (*panel, error) {
 	funcs := template.FuncMap{
@@ -87,7 +87,7 @@ func (p *panel) render(w http.ResponseWriter, status int, name string, pg page) 
 
 // renderError shows an error on a page of its own, keeping the layout.
 func (p *panel) renderError(w http.ResponseWriter, status int, err error) {
-	p.render(w, status, "login", page{Title: "Error", SignedIn: true, Data: err.Error()})
+	p.render(w, status, "error", page{Title: "Error", SignedIn: true, Data: err.Error()})
 }
 
 // flash is the message an action left for the page it redirected to.

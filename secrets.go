@@ -360,3 +360,25 @@ func sealSecretsPage(ctx context.Context, db *sql.DB, box *secretBox, t secretTa
 	}
 	return last, rewritten, len(rows) == sealBatch, nil
 }
+
+// countSealedSQL counts the rows whose secret is sealed: longer than $1,
+// maxSecretLen, as isSealed tells them.
+const countSealedSQL = `
+SELECT (SELECT count(*) FROM outbox.endpoints WHERE length(secret) > $1)
+     + (SELECT count(*) FROM outbox.inbox_sources WHERE length(secret) > $1)`
+
+// warnSealedWithoutKey says at start, rather than at the first delivery,
+// that secrets are sealed and this process has no key to open them: its
+// deliveries to those endpoints and its inbox for those sources fail
+// until it has one.
+func warnSealedWithoutKey(ctx context.Context, db *sql.DB, logger *slog.Logger) {
+	var n int64
+	if err := db.QueryRowContext(ctx, countSealedSQL, maxSecretLen).Scan(&n); err != nil {
+		logger.Warn("count sealed secrets", "err", err)
+		return
+	}
+	if n > 0 {
+		logger.Warn("secrets are sealed but -secrets-key is not set: deliveries to their endpoints and webhooks from their sources fail until it is",
+			"sealed_rows", n)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"flag"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -392,5 +393,24 @@ func TestSecretsEncryptKeepsAConcurrentRotation(t *testing.T) {
 	}
 	if diff := cmp.Diff([][]byte{rotated, first}, got); diff != "" || !isSealed(previous) {
 		t.Errorf("secret and previous secret after the rotation and the command (-want +got), previous sealed %v:\n%s", isSealed(previous), diff)
+	}
+}
+
+// A process started without the key that sealed its secrets says so at
+// start, naming how many rows it cannot open; with none sealed it is quiet.
+func TestStartWarnsOfSealedSecretsWithoutAKey(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	warned := func() bool {
+		var logs syncBuffer
+		warnSealedWithoutKey(context.Background(), db, slog.New(slog.NewTextHandler(&logs, nil)))
+		return strings.Contains(logs.String(), "sealed_rows=1")
+	}
+	if warned() {
+		t.Error("warned with no sealed secret")
+	}
+	newSealingTestAPI(t, db, testBox(t, testSecretsKey(1), "")).createSource("shop", "")
+	if !warned() {
+		t.Error("no warning with one sealed secret and no key")
 	}
 }
