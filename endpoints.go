@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/lib/pq"
+	"github.com/lib/pq/pqerror"
 )
 
 // Endpoint is one row of outbox.endpoints as the API shows it. The secret
@@ -289,8 +290,23 @@ const deleteEndpointSQL = `
 DELETE FROM outbox.endpoints
 WHERE id = $1`
 
+// deleteEndpointTries bounds deleteEndpoint's tries after a deadlock.
+const deleteEndpointTries = 3
+
+// deleteEndpoint deletes endpoint id. It locks the endpoint, then (setting
+// their endpoint_id to NULL) its jobs; the completer locks a batch's jobs,
+// then their endpoints. The two can deadlock, and PostgreSQL then aborts
+// the one that has waited longer, mostly the delete: it tries again, and
+// meets the completer's transaction done or waits for it.
 func deleteEndpoint(ctx context.Context, db *sql.DB, id int64) error {
-	res, err := db.ExecContext(ctx, deleteEndpointSQL, id)
+	var res sql.Result
+	var err error
+	for try := 1; try <= deleteEndpointTries; try++ {
+		res, err = db.ExecContext(ctx, deleteEndpointSQL, id)
+		if pq.As(err, pqerror.TRDeadlockDetected) == nil {
+			break
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("delete endpoint %d: %w", id, err)
 	}

@@ -4,6 +4,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"database/sql"
 	"encoding/json"
 	"io"
@@ -274,5 +275,47 @@ func TestEndpointSecretsStoredSealedOnlyWithAKey(t *testing.T) {
 		if diff := cmp.Diff([][]byte{secretOf(t, rotated), secretOf(t, created)}, got); diff != "" {
 			t.Errorf("key %v: secrets as stored (-want +got):\n%s", box != nil, diff)
 		}
+	}
+}
+
+// A delete that deadlocks with the completer (which locks a job, then its
+// endpoint, as the delete does the other way round) is tried again, and
+// the endpoint is gone.
+func TestDeleteEndpointOutlivesADeadlockWithTheCompleter(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	ep := api.createEndpoint("https://hooks.example/x")
+	ev := record(t, db, "order.paid", "o-1")
+	relayAll(t, db)
+	job := webhookJob(t, db, ev, ep.ID)
+
+	completer, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer completer.Rollback()
+	if _, err := completer.Exec(`UPDATE outbox.jobs SET errors = errors WHERE id = $1`, job); err != nil {
+		t.Fatal(err)
+	}
+	deleted := make(chan error, 1)
+	go func() { deleted <- deleteEndpoint(context.Background(), db, ep.ID) }()
+	waitFor(t, "the delete waiting for the job's lock", 30*time.Second, func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%DELETE FROM outbox.endpoints%'`) == 1
+	})
+	// The completer now wants the endpoint the delete holds: a deadlock,
+	// which the delete (waiting longer) detects and loses.
+	if _, err := completer.Exec(`UPDATE outbox.endpoints SET failing_since = now() WHERE id = $1`, ep.ID); err != nil {
+		t.Fatalf("the completer's side of the deadlock: %v", err)
+	}
+	if err := completer.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-deleted; err != nil {
+		t.Fatalf("delete after a deadlock: %v", err)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.endpoints`); n != 0 {
+		t.Errorf("%d endpoints after the delete, want 0", n)
 	}
 }
