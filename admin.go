@@ -691,8 +691,8 @@ func eventFilterFrom(q *query) EventFilter {
 
 // jobFilterFrom reads the job list's filter from the query.
 func jobFilterFrom(q *query) JobFilter {
-	return JobFilter{State: q.text("state"),
-		Before: q.natural("before"), EventID: q.natural("event_id"), Limit: int(q.natural("limit"))}
+	return JobFilter{State: q.text("state"), Before: q.natural("before"), EventID: q.natural("event_id"),
+		EndpointID: q.natural("endpoint_id"), Limit: int(q.natural("limit"))}
 }
 
 // idPage is one page of a list read newest first and paged by id, the

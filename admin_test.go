@@ -645,3 +645,44 @@ func TestAbandonedRequestIsNotAServerError(t *testing.T) {
 		t.Errorf("abandoned request: status %d, log %q; want 499 and no ERROR", status, logs.String())
 	}
 }
+
+// The job list names each delivery's endpoint and filters by it, in the
+// API and on the panel.
+func TestJobsFilterByEndpoint(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	a := api.createEndpoint("https://a.example/hook")
+	b := api.createEndpoint("https://b.example/hook")
+	record(t, db, "order.paid", "o-1")
+	record(t, db, "order.paid", "o-2")
+	relayAll(t, db)
+
+	var page struct {
+		Jobs []JobView `json:"jobs"`
+	}
+	if status := apiCall(t, api.srv, "GET", "/api/jobs?endpoint_id="+itoa(a.ID), "", &page); status != http.StatusOK {
+		t.Fatalf("GET /api/jobs?endpoint_id=: %d", status)
+	}
+	if len(page.Jobs) != 2 {
+		t.Fatalf("%d jobs of endpoint %d, want 2", len(page.Jobs), a.ID)
+	}
+	for _, j := range page.Jobs {
+		if j.EndpointID == nil || *j.EndpointID != a.ID {
+			t.Errorf("job %d of endpoint %v in endpoint %d's list", j.ID, j.EndpointID, a.ID)
+		}
+	}
+	browser := signIn(t, api.srv)
+	resp, err := browser.Get(api.srv.URL + "/jobs?endpoint_id=" + itoa(b.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	html, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if n := strings.Count(string(html), `<a href="/endpoints/`+itoa(b.ID)+`">`); n != 3 { // the heading and two rows
+		t.Errorf("panel jobs of endpoint %d link it %d times, want 3:\n%s", b.ID, n, html)
+	}
+	if strings.Contains(string(html), `<a href="/endpoints/`+itoa(a.ID)+`">`) {
+		t.Errorf("panel jobs of endpoint %d show endpoint %d's", b.ID, a.ID)
+	}
+}

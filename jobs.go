@@ -17,6 +17,7 @@ type JobView struct {
 	ID          int64           `json:"id"`
 	Kind        string          `json:"kind"`
 	EventID     int64           `json:"event_id"`
+	EndpointID  *int64          `json:"endpoint_id"` // a delivery's endpoint; null for other kinds, or once it was deleted
 	State       string          `json:"state"`
 	Attempt     int             `json:"attempt"`
 	MaxAttempts int             `json:"max_attempts"`
@@ -29,10 +30,11 @@ type JobView struct {
 
 // JobFilter selects jobs, newest first, paged by id.
 type JobFilter struct {
-	State   string // "" or a job state
-	EventID int64  // 0: any
-	Before  int64
-	Limit   int
+	State      string // "" or a job state
+	EventID    int64  // 0: any
+	EndpointID int64  // 0: any
+	Before     int64
+	Limit      int
 }
 
 func (f *JobFilter) validate() error {
@@ -49,12 +51,13 @@ func (f *JobFilter) validate() error {
 }
 
 const listJobsSQL = `
-SELECT id, kind, event_id, state::text, attempt, max_attempts,
+SELECT id, kind, event_id, endpoint_id, state::text, attempt, max_attempts,
        created_at, scheduled_at, attempted_at, finalized_at, errors
 FROM outbox.jobs
 WHERE ($1::bigint = 0 OR id < $1::bigint)
   AND ($2 = '' OR state = $2::outbox.job_state)
   AND ($3::bigint = 0 OR event_id = $3::bigint)
+  AND ($5::bigint = 0 OR endpoint_id = $5::bigint)
 ORDER BY id DESC
 LIMIT $4`
 
@@ -63,7 +66,7 @@ func listJobs(ctx context.Context, db *sql.DB, f JobFilter) ([]JobView, error) {
 	if err := f.validate(); err != nil {
 		return nil, err
 	}
-	jobs, err := queryAll(ctx, db, scanJobView, listJobsSQL, f.Before, f.State, f.EventID, f.Limit)
+	jobs, err := queryAll(ctx, db, scanJobView, listJobsSQL, f.Before, f.State, f.EventID, f.Limit, f.EndpointID)
 	if err != nil {
 		return nil, fmt.Errorf("list jobs: %w", err)
 	}
@@ -73,7 +76,7 @@ func listJobs(ctx context.Context, db *sql.DB, f JobFilter) ([]JobView, error) {
 func scanJobView(row rowScanner) (JobView, error) {
 	var j JobView
 	var errs []byte
-	err := row.Scan(&j.ID, &j.Kind, &j.EventID, &j.State, &j.Attempt, &j.MaxAttempts,
+	err := row.Scan(&j.ID, &j.Kind, &j.EventID, &j.EndpointID, &j.State, &j.Attempt, &j.MaxAttempts,
 		&j.CreatedAt, &j.ScheduledAt, &j.AttemptedAt, &j.FinalizedAt, &errs)
 	j.Errors = errs
 	return j, err
