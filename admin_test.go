@@ -147,7 +147,7 @@ func TestOverviewMatchesDatabaseAndAlertsFireAndClear(t *testing.T) {
 	if o.OldestUnfannedAgeSeconds < 590 || o.OldestUnfannedAgeSeconds > 900 {
 		t.Errorf("oldest un-fanned age %.0f s, want about 600", o.OldestUnfannedAgeSeconds)
 	}
-	if diff := cmp.Diff(JobCounts{Available: 1, Running: 2, Retryable: 1, Completed: 3, Discarded: 1}, o.Jobs); diff != "" {
+	if diff := cmp.Diff(JobCounts{Available: 1, Running: 2, Retryable: 1, Completed: 3, Discarded: 1, DueNow: 2}, o.Jobs); diff != "" {
 		t.Errorf("jobs by state (-want +got):\n%s", diff)
 	}
 	if o.TableBytes.Events <= 0 || o.TableBytes.Jobs <= 0 {

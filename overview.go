@@ -84,6 +84,12 @@ type JobCounts struct {
 	Retryable int64 `json:"retryable"`
 	Completed int64 `json:"completed"`
 	Discarded int64 `json:"discarded"`
+	// DueNow and ScheduledLater split the jobs waiting to run (available
+	// and retryable) by whether they may run now: a failing endpoint's new
+	// deliveries and every backoff wait in ScheduledLater, so a large
+	// "available" with nothing running is not taken for a stall.
+	DueNow         int64 `json:"due_now"`
+	ScheduledLater int64 `json:"scheduled_later"`
 }
 
 // EndpointCounts is the number of endpoints in each state.
@@ -155,7 +161,7 @@ ORDER BY dedup_window_seconds, id
 LIMIT $1`
 
 const overviewJobsSQL = `
-SELECT state::text, count(*), min(finalized_at)
+SELECT state::text, count(*), count(*) FILTER (WHERE scheduled_at > now()), min(finalized_at)
 FROM outbox.jobs
 GROUP BY state`
 
@@ -260,10 +266,14 @@ func readJobCounts(ctx context.Context, tx *sql.Tx) (c JobCounts, firstDiscarded
 	defer rows.Close()
 	for rows.Next() {
 		var state string
-		var n int64
+		var n, later int64
 		var firstFinal sql.NullTime
-		if err := rows.Scan(&state, &n, &firstFinal); err != nil {
+		if err := rows.Scan(&state, &n, &later, &firstFinal); err != nil {
 			return c, firstDiscarded, fmt.Errorf("overview: jobs: %w", err)
+		}
+		if s := jobState(state); s == jobAvailable || s == jobRetryable {
+			c.DueNow += n - later
+			c.ScheduledLater += later
 		}
 		switch jobState(state) {
 		case jobAvailable:

@@ -195,3 +195,29 @@ func TestRetentionFailureAlertsUntilACycleSucceeds(t *testing.T) {
 		t.Errorf("alerts after a good cycle: %v", alertNamesOf(o.Alerts))
 	}
 }
+
+// Jobs waiting to run are split into those due now and those scheduled
+// later (a backoff, a failing endpoint's delay), so that many available
+// jobs with none running read as waiting, not stuck.
+func TestOverviewSplitsWaitingJobsIntoDueAndLater(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	mustExec(t, db, `SELECT outbox.record('t', 's', '{}')`)
+	mustExec(t, db, `
+		INSERT INTO outbox.jobs (kind, event_id, max_attempts, state, attempt, attempted_at, scheduled_at)
+		SELECT 'sub:x', (SELECT max(id) FROM outbox.events), 18, w.state::outbox.job_state,
+		       CASE WHEN w.state = 'available' THEN 0 ELSE 1 END,
+		       CASE WHEN w.state = 'available' THEN NULL ELSE now() END,
+		       now() + w.due_in
+		FROM (VALUES ('available', interval '-1 second'), ('available', interval '0'), ('available', interval '5 minutes'),
+		             ('retryable', interval '-1 minute'), ('retryable', interval '1 hour'), ('retryable', interval '2 hours'),
+		             ('running', interval '-1 minute')) AS w(state, due_in)`)
+	o, err := readOverview(context.Background(), db, defaultConfig().Alerts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := [2]int64{o.Jobs.DueNow, o.Jobs.ScheduledLater}
+	if got != [2]int64{3, 3} || o.Jobs.Available != 3 || o.Jobs.Retryable != 3 || o.Jobs.Running != 1 {
+		t.Errorf("jobs %+v; want 3 due now and 3 scheduled later of 3 available and 3 retryable, 1 running", o.Jobs)
+	}
+}
