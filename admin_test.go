@@ -686,3 +686,36 @@ func TestJobsFilterByEndpoint(t *testing.T) {
 		t.Errorf("panel jobs of endpoint %d show endpoint %d's", b.ID, a.ID)
 	}
 }
+
+// The job list filtered to an endpoint's discarded deliveries offers to
+// retry them all, and the button retries every one.
+func TestJobsRetryTheFilteredDiscarded(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	ep := api.createEndpoint("https://a.example/hook")
+	record(t, db, "order.paid", "o-1")
+	record(t, db, "order.paid", "o-2")
+	relayAll(t, db)
+	mustExec(t, db, `UPDATE outbox.jobs SET state = 'discarded', attempt = 1, attempted_at = now(), finalized_at = now() WHERE endpoint_id = $1`, ep.ID)
+
+	browser := signIn(t, api.srv)
+	resp, err := browser.Get(api.srv.URL + "/jobs?endpoint_id=" + itoa(ep.ID) + "&state=discarded")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	action := `action="/endpoints/` + itoa(ep.ID) + `/retry-discarded"`
+	if !strings.Contains(string(page), action) {
+		t.Fatalf("the filtered discarded list has no retry-all button:\n%s", page)
+	}
+	resp, err = browser.PostForm(api.srv.URL+"/endpoints/"+itoa(ep.ID)+"/retry-discarded", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'available'`, ep.ID); n != 2 {
+		t.Errorf("%d of the endpoint's 2 discarded deliveries available again", n)
+	}
+}
