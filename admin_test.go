@@ -617,17 +617,10 @@ func TestServerErrorsAreLoggedOnce(t *testing.T) {
 func TestPanelErrorPageIsNotTheSignInForm(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
-	srv := newTestServer(t, db, testPolicy)
-	browser := signIn(t, srv)
-	resp, err := browser.Get(srv.URL + "/events/999")
-	if err != nil {
-		t.Fatal(err)
-	}
-	page, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusNotFound || strings.Contains(string(page), "Sign in</h1>") ||
-		!strings.Contains(string(page), "event 999") || !strings.Contains(string(page), `href="/"`) {
-		t.Errorf("GET /events/999: %d\n%s\nwant a 404 page naming the event, without the sign-in form", resp.StatusCode, page)
+	status, page := panelPage(t, newTestServer(t, db, testPolicy), "/events/999")
+	if status != http.StatusNotFound || strings.Contains(page, "Sign in</h1>") ||
+		!strings.Contains(page, "event 999") || !strings.Contains(page, `href="/"`) {
+		t.Errorf("GET /events/999: %d\n%s\nwant a 404 page naming the event, without the sign-in form", status, page)
 	}
 }
 
@@ -672,17 +665,11 @@ func TestJobsFilterByEndpoint(t *testing.T) {
 			t.Errorf("job %d of endpoint %v in endpoint %d's list", j.ID, j.EndpointID, a.ID)
 		}
 	}
-	browser := signIn(t, api.srv)
-	resp, err := browser.Get(api.srv.URL + "/jobs?endpoint_id=" + itoa(b.ID))
-	if err != nil {
-		t.Fatal(err)
-	}
-	html, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if n := strings.Count(string(html), `<a href="/endpoints/`+itoa(b.ID)+`">`); n != 3 { // the heading and two rows
+	_, html := panelPage(t, api.srv, "/jobs?endpoint_id="+itoa(b.ID))
+	if n := strings.Count(html, `<a href="/endpoints/`+itoa(b.ID)+`">`); n != 3 { // the heading and two rows
 		t.Errorf("panel jobs of endpoint %d link it %d times, want 3:\n%s", b.ID, n, html)
 	}
-	if strings.Contains(string(html), `<a href="/endpoints/`+itoa(a.ID)+`">`) {
+	if strings.Contains(html, `<a href="/endpoints/`+itoa(a.ID)+`">`) {
 		t.Errorf("panel jobs of endpoint %d show endpoint %d's", b.ID, a.ID)
 	}
 }
@@ -699,18 +686,11 @@ func TestJobsRetryTheFilteredDiscarded(t *testing.T) {
 	relayAll(t, db)
 	mustExec(t, db, `UPDATE outbox.jobs SET state = 'discarded', attempt = 1, attempted_at = now(), finalized_at = now() WHERE endpoint_id = $1`, ep.ID)
 
-	browser := signIn(t, api.srv)
-	resp, err := browser.Get(api.srv.URL + "/jobs?endpoint_id=" + itoa(ep.ID) + "&state=discarded")
-	if err != nil {
-		t.Fatal(err)
-	}
-	page, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	action := `action="/endpoints/` + itoa(ep.ID) + `/retry-discarded"`
-	if !strings.Contains(string(page), action) {
+	_, page := panelPage(t, api.srv, "/jobs?endpoint_id="+itoa(ep.ID)+"&state=discarded")
+	if action := `action="/endpoints/` + itoa(ep.ID) + `/retry-discarded"`; !strings.Contains(page, action) {
 		t.Fatalf("the filtered discarded list has no retry-all button:\n%s", page)
 	}
-	resp, err = browser.PostForm(api.srv.URL+"/endpoints/"+itoa(ep.ID)+"/retry-discarded", nil)
+	resp, err := signIn(t, api.srv).PostForm(api.srv.URL+"/endpoints/"+itoa(ep.ID)+"/retry-discarded", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -56,6 +56,22 @@ func signIn(t *testing.T, srv *httptest.Server) *http.Client {
 	return browser
 }
 
+// panelPage signs a browser in and reads one panel page: its status and
+// its HTML.
+func panelPage(t *testing.T, srv *httptest.Server, path string) (int, string) {
+	t.Helper()
+	resp, err := signIn(t, srv).Get(srv.URL + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	page, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(page)
+}
+
 // request is one request of a route table: the API's with the token, the
 // panel's with a signed-in browser's cookie. body is the API's JSON or the
 // panel's form.

@@ -469,15 +469,8 @@ func TestStartWaitsForTheDatabase(t *testing.T) {
 func TestPanelShowsTheBuild(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
-	srv := newTestServer(t, db, testPolicy)
-	browser := signIn(t, srv)
-	resp, err := browser.Get(srv.URL + "/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	page, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if want := html.EscapeString(readBuildInfo().String()); !strings.Contains(string(page), want) {
+	_, page := panelPage(t, newTestServer(t, db, testPolicy), "/")
+	if want := html.EscapeString(readBuildInfo().String()); !strings.Contains(page, want) {
 		t.Errorf("the overview page does not show %q", want)
 	}
 }
