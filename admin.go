@@ -727,7 +727,11 @@ func readIDPage[F, T any](r *http.Request, db *sql.DB, filterFrom func(*query) F
 
 // readEventPage reads a page of the stream.
 func readEventPage(r *http.Request, db *sql.DB) (idPage[EventFilter, Event], error) {
-	return readIDPage(r, db, eventFilterFrom, listEvents, func(e Event) int64 { return e.ID })
+	pg, err := readIDPage(r, db, eventFilterFrom, listEvents, func(e Event) int64 { return e.ID })
+	if err == nil {
+		err = addEventOutcomes(r.Context(), db, pg.rows)
+	}
+	return pg, err
 }
 
 // readJobPage reads a page of the job list.

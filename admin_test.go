@@ -699,3 +699,33 @@ func TestJobsRetryTheFilteredDiscarded(t *testing.T) {
 		t.Errorf("%d of the endpoint's 2 discarded deliveries available again", n)
 	}
 }
+
+// The stream says where each event went: of its jobs, how many completed,
+// were discarded or still wait, in the API and on the panel.
+func TestEventsShowWhereTheyWent(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	a := api.createEndpoint("https://a.example/hook")
+	b := api.createEndpoint("https://b.example/hook")
+	api.createEndpoint("https://c.example/hook")
+	ev := record(t, db, "order.paid", "o-1")
+	relayAll(t, db) // three deliveries
+	for state, endpoint := range map[string]int64{"discarded": a.ID, "completed": b.ID} {
+		mustExec(t, db, `UPDATE outbox.jobs SET state = $1::outbox.job_state, attempt = 1, attempted_at = now(), finalized_at = now()
+			WHERE endpoint_id = $2`, state, endpoint)
+	}
+
+	var page struct {
+		Events []Event `json:"events"`
+	}
+	if status := apiCall(t, api.srv, "GET", "/api/events", "", &page); status != http.StatusOK || len(page.Events) != 1 {
+		t.Fatalf("GET /api/events: %d, %d events", status, len(page.Events))
+	}
+	if diff := cmp.Diff(&EventOutcome{Jobs: 3, Completed: 1, Discarded: 1, Pending: 1}, page.Events[0].Outcome); diff != "" {
+		t.Errorf("event %d's outcome (-want +got):\n%s", ev, diff)
+	}
+	if _, html := panelPage(t, api.srv, "/events"); !strings.Contains(html, "1 of 3 done") || !strings.Contains(html, "1 discarded") || !strings.Contains(html, "1 pending") {
+		t.Errorf("the panel's stream does not say where the event went:\n%s", html)
+	}
+}

@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/lib/pq"
 )
 
 // JobView is a job as the API and the panel show it.
@@ -240,4 +242,56 @@ func retryDiscarded(ctx context.Context, db *sql.DB, endpointID int64, eventsRet
 		return res, fmt.Errorf("retry discarded jobs of endpoint %d: %w", endpointID, err)
 	}
 	return res, nil
+}
+
+// EventOutcome is where an event went: its jobs that completed, that were
+// discarded, and that still wait or run. The job cleaner deletes finished
+// jobs (completed after a day, discarded after a week), so an old event
+// may count none: its jobs finished and are gone.
+type EventOutcome struct {
+	Jobs      int `json:"jobs"`
+	Completed int `json:"completed"`
+	Discarded int `json:"discarded"`
+	Pending   int `json:"pending"` // available, running or retryable
+}
+
+// eventOutcomesSQL counts the jobs of a page of events ($1), through
+// jobs_by_event_id.
+const eventOutcomesSQL = `
+SELECT event_id,
+       count(*),
+       count(*) FILTER (WHERE state = 'completed'),
+       count(*) FILTER (WHERE state = 'discarded')
+FROM outbox.jobs
+WHERE event_id = ANY($1::bigint[])
+GROUP BY event_id`
+
+// addEventOutcomes sets the Outcome of every event of a page.
+func addEventOutcomes(ctx context.Context, db *sql.DB, events []Event) error {
+	ids := make([]int64, len(events))
+	for i, e := range events {
+		ids[i] = e.ID
+	}
+	type counted struct {
+		eventID int64
+		EventOutcome
+	}
+	rows, err := queryAll(ctx, db, func(row rowScanner) (counted, error) {
+		var c counted
+		err := row.Scan(&c.eventID, &c.Jobs, &c.Completed, &c.Discarded)
+		c.Pending = c.Jobs - c.Completed - c.Discarded
+		return c, err
+	}, eventOutcomesSQL, pq.Array(ids))
+	if err != nil {
+		return fmt.Errorf("event outcomes: %w", err)
+	}
+	byEvent := make(map[int64]EventOutcome, len(rows))
+	for _, c := range rows {
+		byEvent[c.eventID] = c.EventOutcome
+	}
+	for i := range events {
+		o := byEvent[events[i].ID]
+		events[i].Outcome = &o
+	}
+	return nil
 }

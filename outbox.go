@@ -28,6 +28,9 @@ type Event struct {
 	RelayAttempts int             `json:"relay_attempts"`
 	RelayError    *string         `json:"relay_error"`
 	PoisonedAt    *time.Time      `json:"poisoned_at"`
+	// Outcome is where the event's jobs stand, in lists that show it
+	// (the stream); nil elsewhere.
+	Outcome *EventOutcome `json:"outcome,omitempty"`
 }
 
 // topicPattern is the topic format that schema.sql's events_topic_format
