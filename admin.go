@@ -62,6 +62,7 @@ func routes(a *admin) http.Handler {
 	api := http.NewServeMux()
 	apiRoute := func(pattern string, h apiFunc) { api.Handle(pattern, a.serveJSON(h)) }
 	apiRoute("GET /api/overview", handleOverview(a))
+	apiRoute("POST /api/alerts/{name}/acknowledge", handleAcknowledgeAlert(a))
 	apiRoute("GET /api/events", handleListEvents(a))
 	apiRoute("POST /api/events", handleRecordEvent(a))
 	apiRoute("GET /api/events/{id}", handleGetEvent(a))
@@ -130,6 +131,7 @@ func routes(a *admin) http.Handler {
 	pageRoute("GET /jobs", p.handleJobs(a))
 	pageRoute("POST /jobs/{id}/retry", p.handleRetry(a))
 	pageRoute("GET /subjects", p.handleSubjects(a))
+	pageRoute("POST /alerts/{name}/acknowledge", p.handleAcknowledgeAlert(a))
 
 	// Browsers may not make state-changing requests across origins; API
 	// clients without Origin or Sec-Fetch-Site headers are unaffected.

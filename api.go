@@ -37,6 +37,20 @@ func handleOverview(a *admin) apiFunc {
 	}
 }
 
+// handleAcknowledgeAlert is POST /api/alerts/{name}/acknowledge: the
+// alert, firing now, is acknowledged at its level and answered; 404 when
+// it is not firing.
+func handleAcknowledgeAlert(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		name, err := pathText(r, "name")
+		if err != nil {
+			return 0, nil, err
+		}
+		alert, err := acknowledgeAlert(r.Context(), a.db, a.alerts, name)
+		return http.StatusOK, alert, err
+	}
+}
+
 // handleListEvents is GET /api/events: a page of the stream, newest first,
 // with next_before to ask for the page after it.
 func handleListEvents(a *admin) apiFunc {

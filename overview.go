@@ -130,6 +130,20 @@ type Alert struct {
 	Name    string    `json:"name"`
 	Message string    `json:"message"`
 	Since   time.Time `json:"since"`
+	// Level is how bad the condition is, in the alert's own unit (events
+	// waiting, jobs discarded, dead rows ...): it rises when the
+	// condition gets worse. An acknowledgement holds up to the level it
+	// was given at.
+	Level int64 `json:"level"`
+	// Acknowledged says an operator has seen this alert at this level or
+	// worse, in this episode of it; it stays listed, and fires again when
+	// the level rises or a new episode begins.
+	Acknowledged   bool       `json:"acknowledged"`
+	AcknowledgedAt *time.Time `json:"acknowledged_at,omitempty"`
+	// startKnown says Since is when the condition began, so an episode
+	// that begins after an acknowledgement is a new one; alerts that know
+	// no start (their Since is now) are acknowledged by level alone.
+	startKnown bool
 }
 
 // overviewEventsSQL reads the backlog through the claim's partial index and
@@ -247,6 +261,11 @@ func readOverview(ctx context.Context, db *sql.DB, alerts AlertConfig) (Overview
 		return o, fmt.Errorf("overview: retention: %w", err)
 	}
 	o.Alerts = evaluateAlerts(alerts, o, starts)
+	acks, err := queryAll(ctx, tx, scanAlertAck, alertAcksSQL)
+	if err != nil {
+		return o, fmt.Errorf("overview: acknowledgements: %w", err)
+	}
+	applyAcks(o.Alerts, acks)
 	return o, nil
 }
 
@@ -350,21 +369,21 @@ func evaluateAlerts(cfg AlertConfig, o Overview, at alertStarts) []Alert {
 			Name: "events_backlog",
 			Message: fmt.Sprintf("%d events wait for the relay (threshold %d), the oldest for %s (threshold %s)",
 				o.Backlog, cfg.BacklogRows, oldestAge.Round(time.Second), cfg.BacklogAge),
-			Since: at.OldestUnfanned.Time,
+			Since: at.OldestUnfanned.Time, Level: o.Backlog, startKnown: true,
 		})
 	}
 	if o.Poisoned > 0 {
 		alerts = append(alerts, Alert{
 			Name:    "events_poisoned",
 			Message: fmt.Sprintf("%d events are poisoned: the relay failed on them repeatedly; fix the cause, then requeue them", o.Poisoned),
-			Since:   at.FirstPoisoned.Time,
+			Since:   at.FirstPoisoned.Time, Level: o.Poisoned, startKnown: true,
 		})
 	}
 	if o.Jobs.Discarded > 0 {
 		alerts = append(alerts, Alert{
 			Name:    "jobs_discarded",
 			Message: fmt.Sprintf("%d jobs were discarded after failing; inspect their errors and retry them", o.Jobs.Discarded),
-			Since:   at.FirstDiscarded.Time,
+			Since:   at.FirstDiscarded.Time, Level: o.Jobs.Discarded, startKnown: true,
 		})
 	}
 	if o.NotifyQueueUsage >= notifyQueueAlertShare {
@@ -372,7 +391,7 @@ func evaluateAlerts(cfg AlertConfig, o Overview, at alertStarts) []Alert {
 			Name: "notify_queue",
 			Message: fmt.Sprintf("PostgreSQL's NOTIFY queue is %.0f%% full; when it is full, every outbox.record fails at COMMIT. "+
 				"Find the listening session that stopped reading (idle in transaction) and end it", 100*o.NotifyQueueUsage),
-			Since: time.Now(),
+			Since: time.Now(), Level: int64(1000 * o.NotifyQueueUsage),
 		})
 	}
 	alerts = append(alerts, healthAlerts(cfg, o)...)
@@ -386,14 +405,14 @@ func evaluateAlerts(cfg AlertConfig, o Overview, at alertStarts) []Alert {
 			Message: fmt.Sprintf("%d endpoints' receivers advertise a dedup window no longer than this sender may resend an event, %s: %s. "+
 				"Replays and retries by hand to them are clamped to their windows, and retries that run longer can be recorded twice; "+
 				"raise their inbox retention, or lower events retention or -job-max-attempts here", len(short), horizon, strings.Join(short, ", ")),
-			Since: time.Now(),
+			Since: time.Now(), Level: int64(len(short)),
 		})
 	}
 	if o.Endpoints.Disabled > 0 {
 		alerts = append(alerts, Alert{
 			Name:    "endpoint_disabled",
 			Message: fmt.Sprintf("%d endpoints are disabled and receive no new deliveries; fix them, re-enable them and replay what they missed", o.Endpoints.Disabled),
-			Since:   at.FirstDisabled.Time,
+			Since:   at.FirstDisabled.Time, Level: o.Endpoints.Disabled, startKnown: true,
 		})
 	}
 	return alerts
@@ -409,7 +428,7 @@ func healthAlerts(cfg AlertConfig, o Overview) []Alert {
 				Name: "table_bloat",
 				Message: fmt.Sprintf("outbox.%s is %.0f%% dead rows (%d; threshold %.0f%%): vacuum is not keeping up. "+
 					"Check that autovacuum is on and that no old transaction holds it back", h.Name, 100*h.DeadRatio, h.DeadRows, 100*cfg.DeadRatio),
-				Since: time.Now(),
+				Since: time.Now(), Level: h.DeadRows,
 			})
 		}
 	}
@@ -418,15 +437,88 @@ func healthAlerts(cfg AlertConfig, o Overview) []Alert {
 			Name: "old_transaction",
 			Message: fmt.Sprintf("a transaction in this database has held its snapshot for %s (threshold %s): vacuum can remove no row deleted since. "+
 				"Find it in pg_stat_activity (oldest xact_start) and end it", xactAge.Round(time.Second), cfg.XactAge),
-			Since: time.Now().Add(-xactAge),
+			Since: time.Now().Add(-xactAge), startKnown: true,
 		})
 	}
 	if c := o.RetentionLastCycle; c != nil && c.Error != "" {
 		alerts = append(alerts, Alert{
 			Name:    "retention_failed",
 			Message: "the last retention cycle failed, so storage bounds are not being enforced until one succeeds: " + c.Error,
-			Since:   c.FinishedAt,
+			Since:   c.FinishedAt, startKnown: true,
 		})
 	}
 	return alerts
+}
+
+// alertAck is an operator's acknowledgement of an alert at a level.
+type alertAck struct {
+	Name           string
+	Level          int64
+	AcknowledgedAt time.Time
+}
+
+const alertAcksSQL = `
+SELECT name, level, acknowledged_at
+FROM outbox.alert_acks`
+
+func scanAlertAck(row rowScanner) (alertAck, error) {
+	var a alertAck
+	err := row.Scan(&a.Name, &a.Level, &a.AcknowledgedAt)
+	return a, err
+}
+
+// applyAcks marks the alerts an acknowledgement still covers: one at a
+// level no higher than it was acknowledged at, in the episode that was
+// acknowledged (it began before the acknowledgement). A new discard, a
+// growing backlog, or a backlog that cleared and came back fires again.
+func applyAcks(alerts []Alert, acks []alertAck) {
+	for i := range alerts {
+		for _, ack := range acks {
+			a := &alerts[i]
+			if ack.Name != a.Name || a.Level > ack.Level || (a.startKnown && a.Since.After(ack.AcknowledgedAt)) {
+				continue
+			}
+			at := ack.AcknowledgedAt
+			a.Acknowledged, a.AcknowledgedAt = true, &at
+		}
+	}
+}
+
+// ackAlertSQL records an acknowledgement, one row per alert: the table
+// holds at most one row for every alert name.
+const ackAlertSQL = `
+INSERT INTO outbox.alert_acks (name, level, acknowledged_at)
+VALUES ($1, $2, now())
+ON CONFLICT (name) DO UPDATE
+SET level = EXCLUDED.level,
+    acknowledged_at = EXCLUDED.acknowledged_at`
+
+// acknowledgeAlert acknowledges the alert name as it fires now, at its
+// highest level, and answers it as the overview now shows it.
+func acknowledgeAlert(ctx context.Context, db *sql.DB, cfg AlertConfig, name string) (Alert, error) {
+	o, err := readOverview(ctx, db, cfg)
+	if err != nil {
+		return Alert{}, err
+	}
+	level, firing := int64(0), false
+	for _, a := range o.Alerts {
+		if a.Name == name {
+			level, firing = max(level, a.Level), true
+		}
+	}
+	if !firing {
+		return Alert{}, fmt.Errorf("alert %q: %w (it is not firing)", name, errNotFound)
+	}
+	if _, err := db.ExecContext(ctx, ackAlertSQL, name, level); err != nil {
+		return Alert{}, fmt.Errorf("acknowledge alert %q: %w", name, err)
+	}
+	if o, err = readOverview(ctx, db, cfg); err != nil {
+		return Alert{}, err
+	}
+	for _, a := range o.Alerts {
+		if a.Name == name {
+			return a, nil
+		}
+	}
+	return Alert{}, fmt.Errorf("alert %q: %w (it stopped firing)", name, errNotFound)
 }

@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -219,5 +220,87 @@ func TestOverviewSplitsWaitingJobsIntoDueAndLater(t *testing.T) {
 	got := [2]int64{o.Jobs.DueNow, o.Jobs.ScheduledLater}
 	if got != [2]int64{3, 3} || o.Jobs.Available != 3 || o.Jobs.Retryable != 3 || o.Jobs.Running != 1 {
 		t.Errorf("jobs %+v; want 3 due now and 3 scheduled later of 3 available and 3 retryable, 1 running", o.Jobs)
+	}
+}
+
+// An acknowledgement holds while the alert stays at or below its level in
+// the episode acknowledged; a worse level, or an episode that begins after
+// it, fires again; an alert without a known start goes by level alone.
+func TestApplyAcks(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	acks := []alertAck{{Name: "jobs_discarded", Level: 5, AcknowledgedAt: at}, {Name: "table_bloat", Level: 20_000, AcknowledgedAt: at}}
+	for _, tc := range []struct {
+		name  string
+		alert Alert
+		want  bool
+	}{
+		{"as acknowledged", Alert{Name: "jobs_discarded", Level: 5, Since: at.Add(-time.Hour), startKnown: true}, true},
+		{"better since", Alert{Name: "jobs_discarded", Level: 3, Since: at.Add(-time.Hour), startKnown: true}, true},
+		{"worse: new discards", Alert{Name: "jobs_discarded", Level: 6, Since: at.Add(-time.Hour), startKnown: true}, false},
+		{"a new episode", Alert{Name: "jobs_discarded", Level: 1, Since: at.Add(time.Minute), startKnown: true}, false},
+		{"another alert", Alert{Name: "events_poisoned", Level: 1, Since: at.Add(-time.Hour), startKnown: true}, false},
+		{"no known start, same level", Alert{Name: "table_bloat", Level: 20_000, Since: at.Add(time.Hour)}, true},
+		{"no known start, worse", Alert{Name: "table_bloat", Level: 20_001, Since: at.Add(time.Hour)}, false},
+	} {
+		alerts := []Alert{tc.alert}
+		applyAcks(alerts, acks)
+		if alerts[0].Acknowledged != tc.want {
+			t.Errorf("%s: acknowledged %t, want %t", tc.name, alerts[0].Acknowledged, tc.want)
+		}
+	}
+}
+
+// Acknowledged through the API, a discarded-jobs alert stays listed as
+// acknowledged, fires again at a new discard, and answers 404 when it is
+// not firing.
+func TestAcknowledgeAnAlertUntilItGetsWorse(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	discard := func() {
+		mustExec(t, db, `SELECT outbox.record('t', 's', '{}')`)
+		mustExec(t, db, `INSERT INTO outbox.jobs (kind, event_id, max_attempts, state, attempt, attempted_at, finalized_at)
+			VALUES ('sub:x', (SELECT max(id) FROM outbox.events), 18, 'discarded', 1, now(), now())`)
+	}
+	var alert Alert
+	if status := apiCall(t, api.srv, "POST", "/api/alerts/jobs_discarded/acknowledge", "", &alert); status != http.StatusNotFound {
+		t.Errorf("acknowledging an alert that does not fire: %d, want 404", status)
+	}
+	discard()
+	if status := apiCall(t, api.srv, "POST", "/api/alerts/jobs_discarded/acknowledge", "", &alert); status != http.StatusOK || !alert.Acknowledged || alert.Level != 1 {
+		t.Fatalf("acknowledge: %d %+v, want 200 with the alert acknowledged at level 1", status, alert)
+	}
+	firing := func() Alert {
+		t.Helper()
+		o, err := readOverview(context.Background(), db, defaultConfig().Alerts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range o.Alerts {
+			if a.Name == "jobs_discarded" {
+				return a
+			}
+		}
+		t.Fatal("jobs_discarded is not listed")
+		return Alert{}
+	}
+	if a := firing(); !a.Acknowledged {
+		t.Errorf("after acknowledging: %+v, want acknowledged", a)
+	}
+	discard()
+	if a := firing(); a.Acknowledged || a.Level != 2 {
+		t.Errorf("after a new discard: %+v, want level 2 and not acknowledged", a)
+	}
+	if _, html := panelPage(t, api.srv, "/"); !strings.Contains(html, `action="/alerts/jobs_discarded/acknowledge"`) {
+		t.Errorf("the overview offers no button to acknowledge the alert again")
+	}
+	resp, err := signIn(t, api.srv).PostForm(api.srv.URL+"/alerts/jobs_discarded/acknowledge", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if a := firing(); resp.StatusCode != http.StatusSeeOther || !a.Acknowledged || a.Level != 2 {
+		t.Errorf("the panel's button: %d, then %+v; want 303 and the alert acknowledged at level 2", resp.StatusCode, a)
 	}
 }

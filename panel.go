@@ -254,6 +254,22 @@ func (p *panel) handleRequeue(a *admin) pageFunc {
 	}
 }
 
+// handleAcknowledgeAlert is POST /alerts/{name}/acknowledge: the button
+// beside a firing alert on the overview.
+func (p *panel) handleAcknowledgeAlert(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		name, err := pathText(r, "name")
+		if err == nil {
+			_, err = acknowledgeAlert(r.Context(), a.db, a.alerts, name)
+		}
+		if err != nil {
+			return err
+		}
+		http.Redirect(w, r, "/?done="+url.QueryEscape(fmt.Sprintf("Alert %s acknowledged: it fires again if it gets worse.", name)), http.StatusSeeOther)
+		return nil
+	}
+}
+
 // handleJobs is GET /jobs: jobs by state, a page at a time.
 func (p *panel) handleJobs(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {

@@ -884,3 +884,19 @@ CREATE TABLE IF NOT EXISTS outbox.panel_sessions (
 -- ones newest first past the 1,000th.
 CREATE INDEX IF NOT EXISTS panel_sessions_by_expires_at
   ON outbox.panel_sessions (expires_at);
+
+--------------------------------------------------------------------------------
+-- Alert acknowledgements: seen by an operator, on every replica's panel
+--------------------------------------------------------------------------------
+
+-- One row per alert name an operator acknowledged (overview.go): the level
+-- the alert was at, and when. The overview shows the alert as acknowledged
+-- while it stays at or below that level in the episode that was
+-- acknowledged, and fires it again when it gets worse. At most one row for
+-- every alert outboxd has: bounded.
+CREATE TABLE IF NOT EXISTS outbox.alert_acks (
+  name            text        PRIMARY KEY,
+  level           bigint      NOT NULL,
+  acknowledged_at timestamptz NOT NULL,
+  CONSTRAINT alert_acks_name_length CHECK (length(name) BETWEEN 1 AND 100)
+);
