@@ -86,7 +86,9 @@ func handleRecordEvent(a *admin) apiFunc {
 		if err := decodeJSON(r, &req); err != nil {
 			return 0, nil, err
 		}
-		id, err := recordEvent(r.Context(), a.db, req.Topic, req.Subject, req.Payload)
+		// A caller inside a trace passes it on, as its request's headers.
+		tc := traceContext{Traceparent: r.Header.Get("traceparent"), Tracestate: r.Header.Get("tracestate")}
+		id, err := recordEventTraced(r.Context(), a.db, tc, req.Topic, req.Subject, req.Payload)
 		return http.StatusCreated, map[string]int64{"id": id}, err
 	}
 }

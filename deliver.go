@@ -219,6 +219,7 @@ func (p *workerPool) workOnce(ctx context.Context, n int) (int, error) {
 const claimJobsSQL = `
 SELECT id, kind, attempt, max_attempts, endpoint_id,
        event_id, topic, subject, payload, created_at,
+       traceparent, tracestate,
        url, secret, previous_secret, disabled_reason
 FROM outbox.claim_jobs($1)`
 
@@ -241,6 +242,7 @@ func scanClaimedJob(row rowScanner) (Job, error) {
 	var disabledReason *string
 	if err := row.Scan(&j.ID, &j.Kind, &j.Attempt, &j.MaxAttempts, &endpointID,
 		&j.Event.ID, &j.Event.Topic, &j.Event.Subject, &payload, &j.Event.CreatedAt,
+		&j.Event.Traceparent, &j.Event.Tracestate,
 		&url, &secret, &previous, &disabledReason); err != nil {
 		return j, err
 	}

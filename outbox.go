@@ -28,6 +28,10 @@ type Event struct {
 	RelayAttempts int             `json:"relay_attempts"`
 	RelayError    *string         `json:"relay_error"`
 	PoisonedAt    *time.Time      `json:"poisoned_at"`
+	// Traceparent and Tracestate are the W3C trace context the producer's
+	// transaction set (outbox.traceparent), sent on every delivery.
+	Traceparent *string `json:"traceparent,omitempty"`
+	Tracestate  *string `json:"tracestate,omitempty"`
 	// Outcome is where the event's jobs stand, in lists that show it
 	// (the stream); nil elsewhere.
 	Outcome *EventOutcome `json:"outcome,omitempty"`
@@ -87,6 +91,43 @@ func recordEvent(ctx context.Context, q queryer, topic, subject string, payload 
 	return id, nil
 }
 
+// traceContext is a W3C trace context to record an event under; empty
+// values record none.
+type traceContext struct {
+	Traceparent, Tracestate string
+}
+
+// recordEventTraced is recordEvent in a transaction of its own that
+// carries tc the way a producer's transaction does: in the settings
+// outbox.traceparent and outbox.tracestate, which outbox.record stores. A
+// malformed value is the caller's input: schema.sql refuses it.
+func recordEventTraced(ctx context.Context, db *sql.DB, tc traceContext, topic, subject string, payload json.RawMessage) (int64, error) {
+	if tc.Traceparent == "" {
+		return recordEvent(ctx, db, topic, subject, payload)
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("record event: %w", err)
+	}
+	defer tx.Rollback()
+	_, err = tx.ExecContext(ctx, `SELECT set_config('outbox.traceparent', $1, true), set_config('outbox.tracestate', $2, true)`,
+		tc.Traceparent, tc.Tracestate)
+	if pqErr := pq.As(err); pqErr != nil && pqErr.Code.Class() == "22" {
+		return 0, fmt.Errorf("%w: trace context: %w", errInvalid, err) // not text PostgreSQL can hold
+	}
+	if err != nil {
+		return 0, fmt.Errorf("record event: trace context: %w", err)
+	}
+	id, err := recordEvent(ctx, tx, topic, subject, payload)
+	if err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("record event: %w", err)
+	}
+	return id, nil
+}
+
 const requeueEventSQL = `
 UPDATE outbox.events
 SET poisoned_at = NULL,
@@ -114,7 +155,8 @@ func requeueEvent(ctx context.Context, db *sql.DB, id int64) error {
 
 const getEventSQL = `
 SELECT id, topic, subject, payload, created_at,
-       fanned_out_at, relay_attempts, relay_error, poisoned_at
+       fanned_out_at, relay_attempts, relay_error, poisoned_at,
+       traceparent, tracestate
 FROM outbox.events
 WHERE id = $1`
 
@@ -136,7 +178,8 @@ func scanEvent(row rowScanner) (Event, error) {
 	var e Event
 	var payload []byte
 	err := row.Scan(&e.ID, &e.Topic, &e.Subject, &payload, &e.CreatedAt,
-		&e.FannedOutAt, &e.RelayAttempts, &e.RelayError, &e.PoisonedAt)
+		&e.FannedOutAt, &e.RelayAttempts, &e.RelayError, &e.PoisonedAt,
+		&e.Traceparent, &e.Tracestate)
 	e.Payload = payload
 	return e, err
 }
@@ -180,7 +223,8 @@ func (f *EventFilter) validate() error {
 // parameter is empty; the primary key serves the order and the page bound.
 const listEventsSQL = `
 SELECT id, topic, subject, payload, created_at,
-       fanned_out_at, relay_attempts, relay_error, poisoned_at
+       fanned_out_at, relay_attempts, relay_error, poisoned_at,
+       traceparent, tracestate
 FROM outbox.events
 WHERE ($1::bigint = 0 OR id < $1::bigint)
   AND ($2 = '' OR topic = $2 OR (right($2, 2) = '.*' AND starts_with(topic, left($2, -1))))

@@ -216,7 +216,7 @@ func (s *webhookSender) deliver(ctx context.Context, job Job) error {
 	}
 
 	start := time.Now()
-	ans, sendErr := s.post(ctx, signing, job.Event.ID, body)
+	ans, sendErr := s.post(ctx, signing, job.Event, body)
 	attempt := deliveryAttempt{Duration: time.Since(start), StatusCode: ans.status, ResponseExcerpt: ans.excerpt}
 	change, outcome := classifyWebhookResponse(ans.status, ans.retryAfter, sendErr, time.Now())
 	if outcome != nil && ans.excerpt != "" {
@@ -262,12 +262,20 @@ type webhookAnswer struct {
 }
 
 // post sends one signed request and reads a bounded part of the answer.
-func (s *webhookSender) post(ctx context.Context, ep deliveryEndpoint, eventID int64, body []byte) (webhookAnswer, error) {
+func (s *webhookSender) post(ctx context.Context, ep deliveryEndpoint, ev Event, body []byte) (webhookAnswer, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.URL, bytes.NewReader(body))
 	if err != nil {
 		return webhookAnswer{}, err
 	}
-	setWebhookHeaders(req.Header, ep.Secrets, strconv.FormatInt(eventID, 10), time.Now(), body)
+	setWebhookHeaders(req.Header, ep.Secrets, strconv.FormatInt(ev.ID, 10), time.Now(), body)
+	// The producer's trace continues at the receiver (W3C Trace Context);
+	// schema.sql stored only well-formed values.
+	if ev.Traceparent != nil {
+		req.Header.Set("traceparent", *ev.Traceparent)
+		if ev.Tracestate != nil {
+			req.Header.Set("tracestate", *ev.Tracestate)
+		}
+	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", s.userAgent)
 	resp, err := s.client.Do(req)
