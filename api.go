@@ -22,8 +22,8 @@ func (a *admin) overview(ctx context.Context) (Overview, error) {
 	if err != nil {
 		return o, err
 	}
-	if a.counters != nil && a.counters.pruned != nil {
-		o.Pruned = a.counters.pruned()
+	if a.counters != nil && a.counters.retention != nil {
+		o.Pruned = a.counters.retention.PrunedByTable()
 	}
 	return o, nil
 }

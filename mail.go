@@ -43,8 +43,8 @@ type MailConfig struct {
 	OwnerNotifyPerHour int
 }
 
-// validate checks the mail settings; setting names a flag for messages.
-func (c MailConfig) validate(setting func(string) string) error {
+// validate checks the mail settings; its errors name the flags (setting).
+func (c MailConfig) validate() error {
 	if c.From != "" {
 		if err := validateBareAddress(c.From); err != nil {
 			return fmt.Errorf("%s: %w", setting("smtp-from"), err)

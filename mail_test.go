@@ -161,7 +161,7 @@ func runMailWorkers(t *testing.T, db *sql.DB, m *mailer, perHour int, logger io.
 func testMailer(t *testing.T, peer *smtpPeer) *mailer {
 	t.Helper()
 	cfg := MailConfig{SMTPURL: peer.url(), From: "outboxd@mail.example.org", OwnerNotifyPerHour: 5}
-	if err := cfg.validate(func(s string) string { return s }); err != nil {
+	if err := cfg.validate(); err != nil {
 		t.Fatal(err)
 	}
 	return newMailer(cfg)

@@ -394,7 +394,7 @@ func (c Config) validate() error {
 		durationIn("webhook-timeout", c.Webhooks.Timeout, 10*time.Millisecond, 10*time.Minute),
 		durationIn("webhook-secret-rotation-window", c.Webhooks.SecretRotationWindow, 0, 30*24*time.Hour),
 		validateRetryHorizon(c.Workers.MaxAttempts, c.Retention.Events),
-		c.Mail.validate(setting),
+		c.Mail.validate(),
 		intIn("owner-notify-per-hour", c.Mail.OwnerNotifyPerHour, 1, 1_000),
 		intIn("db-max-conns", c.DBMaxConns, 4, 1_000),
 		durationIn("database-wait", c.DatabaseWait, 0, time.Hour),
@@ -504,8 +504,8 @@ func validateRetryHorizon(maxAttempts int, eventsRetention time.Duration) error 
 		return nil
 	}
 	if h := retryHorizon(maxAttempts); h >= eventsRetention {
-		return fmt.Errorf("-job-max-attempts (%s) %d retries for up to %s, which is not shorter than the events retention of %s: lower the attempts or raise the retention",
-			envName("job-max-attempts"), maxAttempts, h.Round(time.Minute), eventsRetention)
+		return fmt.Errorf("%s %d retries for up to %s, which is not shorter than the events retention of %s: lower the attempts or raise the retention",
+			setting("job-max-attempts"), maxAttempts, h.Round(time.Minute), eventsRetention)
 	}
 	return nil
 }
@@ -755,7 +755,6 @@ func (p *pipeline) counters() *processCounters {
 		rescuer:    p.rescuer,
 		deliveries: p.deliveries,
 		notifier:   p.notifier,
-		pruned:     p.retention.PrunedByTable,
 		retention:  p.retention,
 	}
 }

@@ -248,8 +248,7 @@ type processCounters struct {
 	rescuer    *rescuer
 	deliveries *deliveryMetrics
 	notifier   *ownerNotifier
-	pruned     func() map[string]int64 // rows pruned by table; nil until retention runs
-	retention  *sweeper                // its cycles and anomaly-cap stops
+	retention  *sweeper // its cycles, anomaly-cap stops and rows pruned; nil without one
 }
 
 func (c *processCounters) write(p *promWriter) {
@@ -301,10 +300,8 @@ func (c *processCounters) write(p *promWriter) {
 		for _, st := range s.Stats() {
 			p.sample("outboxd_retention_anomaly_cap_stops_total", `sweep="`+labelValue(st.Sweep)+`"`, float64(st.CapHits))
 		}
-	}
-	if c.pruned != nil {
 		p.family("outboxd_rows_pruned_total", "counter", "Rows deleted by the retention sweeps, by table.")
-		pruned := c.pruned()
+		pruned := s.PrunedByTable()
 		for _, table := range sortedKeys(pruned) {
 			p.sample("outboxd_rows_pruned_total", `table="`+labelValue(table)+`"`, float64(pruned[table]))
 		}

@@ -491,7 +491,8 @@ INSERT INTO outbox.alert_acks (name, level, acknowledged_at)
 VALUES ($1, $2, now())
 ON CONFLICT (name) DO UPDATE
 SET level = EXCLUDED.level,
-    acknowledged_at = EXCLUDED.acknowledged_at`
+    acknowledged_at = EXCLUDED.acknowledged_at
+RETURNING acknowledged_at`
 
 // acknowledgeAlert acknowledges the alert name as it fires now, at its
 // highest level, and answers it as the overview now shows it.
@@ -500,25 +501,20 @@ func acknowledgeAlert(ctx context.Context, db *sql.DB, cfg AlertConfig, name str
 	if err != nil {
 		return Alert{}, err
 	}
-	level, firing := int64(0), false
-	for _, a := range o.Alerts {
-		if a.Name == name {
-			level, firing = max(level, a.Level), true
+	worst := -1 // an alert may fire more than once (table_bloat, per table)
+	for i, a := range o.Alerts {
+		if a.Name == name && (worst < 0 || a.Level > o.Alerts[worst].Level) {
+			worst = i
 		}
 	}
-	if !firing {
+	if worst < 0 {
 		return Alert{}, fmt.Errorf("alert %q: %w (it is not firing)", name, errNotFound)
 	}
-	if _, err := db.ExecContext(ctx, ackAlertSQL, name, level); err != nil {
+	ack := alertAck{Name: name, Level: o.Alerts[worst].Level}
+	if err := db.QueryRowContext(ctx, ackAlertSQL, name, ack.Level).Scan(&ack.AcknowledgedAt); err != nil {
 		return Alert{}, fmt.Errorf("acknowledge alert %q: %w", name, err)
 	}
-	if o, err = readOverview(ctx, db, cfg); err != nil {
-		return Alert{}, err
-	}
-	for _, a := range o.Alerts {
-		if a.Name == name {
-			return a, nil
-		}
-	}
-	return Alert{}, fmt.Errorf("alert %q: %w (it stopped firing)", name, errNotFound)
+	// The overview just read is the one acknowledged: no second read.
+	applyAcks(o.Alerts, []alertAck{ack})
+	return o.Alerts[worst], nil
 }
