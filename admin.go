@@ -75,6 +75,8 @@ func routes(a *admin) http.Handler {
 	apiRoute("PATCH /api/endpoints/{id}", handleUpdateEndpoint(a))
 	apiRoute("DELETE /api/endpoints/{id}", handleDeleteEndpoint(a))
 	apiRoute("POST /api/endpoints/{id}/enable", handleEnableEndpoint(a))
+	apiRoute("POST /api/endpoints/{id}/pause", handlePauseEndpoint(a))
+	apiRoute("POST /api/endpoints/{id}/resume", handleResumeEndpoint(a))
 	apiRoute("POST /api/endpoints/{id}/disable", handleDisableEndpoint(a))
 	apiRoute("POST /api/endpoints/{id}/rotate-secret", handleRotateEndpointSecret(a))
 	apiRoute("POST /api/endpoints/{id}/replay", handleReplayEndpoint(a))

@@ -230,6 +230,22 @@ func handleEnableEndpoint(a *admin) apiFunc {
 	})
 }
 
+// handlePauseEndpoint is POST /api/endpoints/{id}/pause: its deliveries
+// are held, none discarded, and new events still queue for it.
+func handlePauseEndpoint(a *admin) apiFunc {
+	return byID(func(ctx context.Context, id int64) (Endpoint, error) {
+		return pauseEndpoint(ctx, a.db, id)
+	})
+}
+
+// handleResumeEndpoint is POST /api/endpoints/{id}/resume: its deliveries
+// flow again.
+func handleResumeEndpoint(a *admin) apiFunc {
+	return byID(func(ctx context.Context, id int64) (Endpoint, error) {
+		return resumeEndpoint(ctx, a.db, id)
+	})
+}
+
 // handleDisableEndpoint is POST /api/endpoints/{id}/disable, with an
 // optional body {"reason": "..."}.
 func handleDisableEndpoint(a *admin) apiFunc {

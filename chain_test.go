@@ -163,6 +163,7 @@ func ageDatabase(t *testing.T, db *sql.DB, d time.Duration) {
 	mustExec(t, db, `UPDATE outbox.jobs SET created_at = created_at - $1::interval, scheduled_at = scheduled_at - $1::interval,
 		attempted_at = attempted_at - $1::interval, finalized_at = finalized_at - $1::interval`, by)
 	mustExec(t, db, `UPDATE outbox.inbox SET received_at = received_at - $1::interval`, by)
+	mustExec(t, db, `UPDATE outbox.endpoints SET held_until = held_until - $1::interval, rate_next_at = rate_next_at - $1::interval`, by)
 }
 
 // chainWorkers is A's worker pool, driven one turn at a time (workOnce).

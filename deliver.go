@@ -46,6 +46,14 @@ type WorkerConfig struct {
 	PollInterval time.Duration
 	// RescueInterval is how often the rescuer looks for stuck jobs.
 	RescueInterval time.Duration
+	// BreakerThreshold is how many attempts to one endpoint must fail in a
+	// row, with no success between them, to open its circuit breaker:
+	// then one attempt at a time, and new deliveries scheduled
+	// FailingEndpointDelay out, until a success closes it. One failure is
+	// too few: a receiver failing one request in ten was treated as dead
+	// (36% of its deliveries took over a minute, README "Endpoint
+	// isolation"); 1 restores that rule.
+	BreakerThreshold int
 }
 
 // Job is one claimed attempt of a job, with the event it delivers.
@@ -64,6 +72,9 @@ type Job struct {
 	// the handler leaves what its attempt did; it is written in the same
 	// transaction as the job's outcome.
 	attempt *attemptRecord
+	// startIn is how long the job must wait before it starts: its place in
+	// its endpoint's rate limit, as the claim set it.
+	startIn time.Duration
 	Event   Event
 }
 
@@ -87,9 +98,11 @@ type workerPool struct {
 	handlers map[string]jobHandler
 	logger   *slog.Logger
 
-	slots     chan struct{} // one token per running job
-	slotFreed chan struct{} // poked when a job finishes
-	results   chan jobResult
+	slots   chan struct{} // one token per running job
+	results chan jobResult
+	// recorded is poked when the completer has committed outcomes: the
+	// running jobs the claim counts against endpoints' caps went down.
+	recorded chan struct{}
 
 	// Counters for /metrics, only ever incremented.
 	completed atomic.Int64
@@ -110,8 +123,8 @@ func newWorkerPool(db *sql.DB, cfg WorkerConfig, grace time.Duration, subs *subs
 		handlers:    handlers,
 		logger:      logger.With("loop", "workers"),
 		slots:       make(chan struct{}, cfg.Concurrency),
-		slotFreed:   make(chan struct{}, 1),
 		results:     make(chan jobResult, cfg.Concurrency),
+		recorded:    make(chan struct{}, 1),
 	}
 }
 
@@ -141,36 +154,34 @@ func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 
 	poll := time.NewTicker(p.cfg.PollInterval)
 	defer poll.Stop()
-	moreDue := true // a claim filled every free slot: more may be waiting
-	// Under load, wait for a quarter of the slots to free up before the next
-	// claim, so one claim statement fetches several jobs instead of one.
-	claimAtFree := max(1, cap(p.slots)/4)
+	// A claim is worth making when slots are free and something may be
+	// due: at a wake-up (new jobs), at the poll (retries come due without
+	// one), and when the completer has recorded outcomes. That last one is
+	// when jobs leave the running state the claim counts against
+	// endpoints' caps, so a capped endpoint's next jobs are claimed as
+	// soon as its last ones are recorded, and claims come no more often
+	// than the completer commits: each one takes many jobs under load.
 	for ctx.Err() == nil {
-		if free := cap(p.slots) - len(p.slots); free >= claimAtFree || (free > 0 && !moreDue) {
+		if free := cap(p.slots) - len(p.slots); free > 0 {
 			jobs, err := p.claim(ctx, min(free, claimBatchMax))
 			if err != nil && ctx.Err() == nil {
 				p.logger.Error("claim jobs failed", "err", err)
 			}
-			moreDue = len(jobs) == min(free, claimBatchMax)
 			for _, batch := range p.batches(jobs) {
 				p.slots <- struct{}{}
 				running.Go(func() {
-					defer func() { <-p.slots; poke(p.slotFreed) }()
+					defer func() { <-p.slots }()
 					for _, res := range p.runBatch(jobCtx, batch) {
 						p.results <- res
 					}
 				})
 			}
 		}
-		freed := p.slotFreed
-		if !moreDue {
-			freed = nil // nothing waits for a slot: don't claim on every finish
-		}
 		select {
 		case <-ctx.Done():
 		case <-wake:
 		case <-poll.C:
-		case <-freed:
+		case <-p.recorded:
 		}
 	}
 	p.stop(&running, cancelJobs)
@@ -220,7 +231,8 @@ const claimJobsSQL = `
 SELECT id, kind, attempt, max_attempts, endpoint_id,
        event_id, topic, subject, payload, created_at,
        traceparent, tracestate,
-       url, secret, previous_secret, disabled_reason
+       url, secret, previous_secret, disabled_reason,
+       start_in_ms
 FROM outbox.claim_jobs($1)`
 
 // claim takes up to n due jobs in one statement.
@@ -240,12 +252,14 @@ func scanClaimedJob(row rowScanner) (Job, error) {
 	var url sql.NullString
 	var secret, previous []byte
 	var disabledReason *string
+	var startInMS int64
 	if err := row.Scan(&j.ID, &j.Kind, &j.Attempt, &j.MaxAttempts, &endpointID,
 		&j.Event.ID, &j.Event.Topic, &j.Event.Subject, &payload, &j.Event.CreatedAt,
 		&j.Event.Traceparent, &j.Event.Tracestate,
-		&url, &secret, &previous, &disabledReason); err != nil {
+		&url, &secret, &previous, &disabledReason, &startInMS); err != nil {
 		return j, err
 	}
+	j.startIn = time.Duration(startInMS) * time.Millisecond
 	j.Event.Payload = payload
 	j.EndpointID = endpointID.Int64
 	if url.Valid {
@@ -290,9 +304,20 @@ func (p *workerPool) runBatch(ctx context.Context, batch []Job) []jobResult {
 	return []jobResult{p.runJob(ctx, batch[0])}
 }
 
-// runJob runs one attempt of job within AttemptTimeout and decides its
-// outcome. A panic is a failed attempt, not a dead process.
+// runJob runs one attempt of job within AttemptTimeout, after its place in
+// its endpoint's rate limit has come, and decides its outcome. A panic is
+// a failed attempt, not a dead process.
 func (p *workerPool) runJob(ctx context.Context, job Job) jobResult {
+	if job.startIn > 0 {
+		// At most a second (outbox.claim_jobs); a shutdown that cancels
+		// the jobs cancels the wait, and the attempt fails as cancelled.
+		wait := time.NewTimer(job.startIn)
+		select {
+		case <-ctx.Done():
+		case <-wait.C:
+		}
+		wait.Stop()
+	}
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.AttemptTimeout)
 	defer cancel()
 	start := time.Now()

@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -22,12 +23,23 @@ type Endpoint struct {
 	Description string   `json:"description"`
 	OwnerEmail  string   `json:"owner_email"`
 	Topics      []string `json:"topics"`
-	// State is derived: "disabled" if DisabledAt is set, else "failing"
-	// if FailingSince is, else "enabled".
+	// State is derived: "disabled" if DisabledAt is set, else "paused" if
+	// PausedAt is, else "failing" if FailingSince is, else "enabled".
 	State          string     `json:"state"`
 	FailingSince   *time.Time `json:"failing_since"`
 	DisabledAt     *time.Time `json:"disabled_at"`
 	DisabledReason *string    `json:"disabled_reason"`
+	PausedAt       *time.Time `json:"paused_at"`
+	// MaxInFlight caps the endpoint's deliveries running at once, over
+	// every replica; RateLimitPerSecond, if set, spaces its requests.
+	MaxInFlight        int      `json:"max_in_flight"`
+	RateLimitPerSecond *float64 `json:"rate_limit_per_second"`
+	// InFlight is how many of its deliveries run now.
+	InFlight int64   `json:"in_flight"`
+	Breaker  breaker `json:"breaker"`
+	// HeldUntil is set while a receiver's Retry-After (on a 429 or 503)
+	// holds every delivery to the endpoint.
+	HeldUntil *time.Time `json:"held_until"`
 	// PreviousSecretExpiresAt is the end of a rotation window, while one
 	// is open: until then deliveries carry both signatures.
 	PreviousSecretExpiresAt *time.Time `json:"previous_secret_expires_at"`
@@ -41,6 +53,34 @@ type Endpoint struct {
 	UpdatedAt          time.Time  `json:"updated_at"`
 }
 
+// breaker is an endpoint's circuit breaker as the API shows it: "open"
+// after -breaker-threshold attempts failed in a row (one attempt at a
+// time then), "closed" otherwise.
+type breaker struct {
+	State               string     `json:"state"`
+	ConsecutiveFailures int        `json:"consecutive_failures"`
+	OpenedAt            *time.Time `json:"opened_at"`
+}
+
+// defaultMaxInFlight is an endpoint's cap unless it says otherwise: a
+// receiver that hangs holds 16 of the 64 default workers, and the other
+// 48 serve everyone else (README, "Endpoint isolation"). schema.sql's
+// column default repeats it.
+const defaultMaxInFlight = 16
+
+// Bounds of the delivery settings; schema.sql's CHECKs repeat them.
+const (
+	maxMaxInFlight = 1000
+	minRateLimit   = 0.01
+	maxRateLimit   = 10_000
+)
+
+// The states of an endpoint's circuit breaker.
+const (
+	breakerOpen   = "open"
+	breakerClosed = "closed"
+)
+
 // dedupWindow is the receiver's advertised dedup window; 0: none.
 func (e Endpoint) dedupWindow() time.Duration {
 	if e.DedupWindowSeconds == nil {
@@ -53,6 +93,7 @@ func (e Endpoint) dedupWindow() time.Duration {
 const (
 	endpointEnabled  = "enabled"
 	endpointFailing  = "failing"
+	endpointPaused   = "paused"
 	endpointDisabled = "disabled"
 )
 
@@ -87,6 +128,27 @@ type endpointInput struct {
 	Topics      *[]string `json:"topics"`
 	Description *string   `json:"description"`
 	OwnerEmail  *string   `json:"owner_email"`
+	MaxInFlight *int      `json:"max_in_flight"`
+	// RateLimitPerSecond given as null removes the limit.
+	RateLimitPerSecond nullable[float64] `json:"rate_limit_per_second"`
+}
+
+// nullable is a JSON field that tells absent (Set false) from null (Set,
+// Value nil) from a value: PATCH {"rate_limit_per_second": null} removes a
+// limit, and a PATCH without the field keeps it.
+type nullable[T any] struct {
+	Set   bool
+	Value *T
+}
+
+func (n *nullable[T]) UnmarshalJSON(b []byte) error {
+	n.Set = true
+	if string(b) == "null" {
+		n.Value = nil
+		return nil
+	}
+	n.Value = new(T)
+	return json.Unmarshal(b, n.Value)
 }
 
 // validate checks every given field and normalises the URL. Errors wrap
@@ -131,6 +193,13 @@ func (in *endpointInput) validate(allowPrivate bool) error {
 			return err
 		}
 	}
+	if in.MaxInFlight != nil && (*in.MaxInFlight < 1 || *in.MaxInFlight > maxMaxInFlight) {
+		return fmt.Errorf("%w: max_in_flight must be between 1 and %d, got %d", errInvalid, maxMaxInFlight, *in.MaxInFlight)
+	}
+	if r := in.RateLimitPerSecond.Value; r != nil && !(*r >= minRateLimit && *r <= maxRateLimit) {
+		return fmt.Errorf("%w: rate_limit_per_second must be between %g and %g requests a second, or null for none, got %g",
+			errInvalid, minRateLimit, float64(maxRateLimit), *r)
+	}
 	return nil
 }
 
@@ -150,18 +219,28 @@ func validateOwnerEmail(s string) error {
 // endpointColumns is the column list every query below returns, in
 // scanEndpoint's order. The previous secret's expiry shows only while the
 // window is open.
+// A hold that has passed shows as none, and the running count comes from
+// the index the claim counts with (schema.sql, jobs_running_by_endpoint).
 const endpointColumns = `
   id, url, description, owner_email, topics,
-  failing_since, disabled_at, disabled_reason,
+  failing_since, disabled_at, disabled_reason, paused_at,
   CASE WHEN previous_secret_expires_at > now() THEN previous_secret_expires_at END,
   dedup_window_seconds, dedup_window_seen_at,
+  max_in_flight, rate_limit_per_second,
+  (SELECT count(*) FROM outbox.jobs AS j
+   WHERE j.endpoint_id = endpoints.id AND j.state = 'running'),
+  consecutive_failures, breaker_opened_at,
+  CASE WHEN held_until > now() THEN held_until END,
   created_at, updated_at`
 
 func scanEndpoint(row rowScanner) (Endpoint, error) {
 	var e Endpoint
 	err := row.Scan(&e.ID, &e.URL, &e.Description, &e.OwnerEmail, pq.Array(&e.Topics),
-		&e.FailingSince, &e.DisabledAt, &e.DisabledReason, &e.PreviousSecretExpiresAt,
-		&e.DedupWindowSeconds, &e.DedupWindowSeenAt, &e.CreatedAt, &e.UpdatedAt)
+		&e.FailingSince, &e.DisabledAt, &e.DisabledReason, &e.PausedAt, &e.PreviousSecretExpiresAt,
+		&e.DedupWindowSeconds, &e.DedupWindowSeenAt,
+		&e.MaxInFlight, &e.RateLimitPerSecond, &e.InFlight,
+		&e.Breaker.ConsecutiveFailures, &e.Breaker.OpenedAt, &e.HeldUntil,
+		&e.CreatedAt, &e.UpdatedAt)
 	if err != nil {
 		return e, err
 	}
@@ -171,10 +250,16 @@ func scanEndpoint(row rowScanner) (Endpoint, error) {
 	switch {
 	case e.DisabledAt != nil:
 		e.State = endpointDisabled
+	case e.PausedAt != nil:
+		e.State = endpointPaused
 	case e.FailingSince != nil:
 		e.State = endpointFailing
 	default:
 		e.State = endpointEnabled
+	}
+	e.Breaker.State = breakerClosed
+	if e.Breaker.OpenedAt != nil {
+		e.Breaker.State = breakerOpen
 	}
 	return e, nil
 }
@@ -199,9 +284,10 @@ SELECT nextval(pg_get_serial_sequence('outbox.endpoints', 'id'))`
 // createEndpointSQL inserts endpoint $1, with the id nextEndpointIDSQL drew
 // from the column's own sequence.
 const createEndpointSQL = `
-INSERT INTO outbox.endpoints (id, url, description, owner_email, topics, secret)
+INSERT INTO outbox.endpoints (id, url, description, owner_email, topics, secret,
+                              max_in_flight, rate_limit_per_second)
 OVERRIDING SYSTEM VALUE
-VALUES ($1, $2, $3, $4, $5, $6)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 RETURNING` + endpointColumns
 
 // createEndpoint stores a validated endpoint with its first secret, sealed
@@ -221,12 +307,17 @@ func createEndpoint(ctx context.Context, db *sql.DB, box *secretBox, in endpoint
 	if in.OwnerEmail != nil {
 		ownerEmail = *in.OwnerEmail
 	}
+	maxInFlight := defaultMaxInFlight
+	if in.MaxInFlight != nil {
+		maxInFlight = *in.MaxInFlight
+	}
 	var id int64
 	if err := db.QueryRowContext(ctx, nextEndpointIDSQL).Scan(&id); err != nil {
 		return Endpoint{}, fmt.Errorf("create endpoint: draw id: %w", err)
 	}
 	e, err := scanEndpoint(db.QueryRowContext(ctx, createEndpointSQL,
-		id, *in.URL, description, ownerEmail, pq.Array(topics), box.seal(endpointSecretRow(id), secret)))
+		id, *in.URL, description, ownerEmail, pq.Array(topics), box.seal(endpointSecretRow(id), secret),
+		maxInFlight, in.RateLimitPerSecond.Value))
 	if err != nil {
 		return e, fmt.Errorf("create endpoint: %w", err)
 	}
@@ -272,6 +363,8 @@ SET url = coalesce($2, url),
     description = coalesce($3, description),
     owner_email = coalesce($4, owner_email),
     topics = coalesce($5::text[], topics),
+    max_in_flight = coalesce($6, max_in_flight),
+    rate_limit_per_second = CASE WHEN $7 THEN $8 ELSE rate_limit_per_second END,
     updated_at = now()
 WHERE id = $1
 RETURNING` + endpointColumns
@@ -281,7 +374,8 @@ func updateEndpoint(ctx context.Context, db *sql.DB, id int64, in endpointInput)
 	if in.Topics != nil {
 		topics = pq.Array(append([]string{}, *in.Topics...))
 	}
-	return scanOneEndpoint(db.QueryRowContext(ctx, updateEndpointSQL, id, in.URL, in.Description, in.OwnerEmail, topics), "update", id)
+	return scanOneEndpoint(db.QueryRowContext(ctx, updateEndpointSQL, id, in.URL, in.Description, in.OwnerEmail, topics,
+		in.MaxInFlight, in.RateLimitPerSecond.Set, in.RateLimitPerSecond.Value), "update", id)
 }
 
 // deleteEndpointSQL removes an endpoint. Its jobs stay, with endpoint_id
@@ -323,6 +417,8 @@ func deleteEndpoint(ctx context.Context, db *sql.DB, id int64) error {
 const enableEndpointSQL = `
 UPDATE outbox.endpoints
 SET failing_since = CASE WHEN disabled_at IS NOT NULL THEN NULL ELSE failing_since END,
+    consecutive_failures = CASE WHEN disabled_at IS NOT NULL THEN 0 ELSE consecutive_failures END,
+    breaker_opened_at = CASE WHEN disabled_at IS NOT NULL THEN NULL ELSE breaker_opened_at END,
     disabled_at = NULL,
     disabled_reason = NULL,
     updated_at = now()
@@ -345,6 +441,37 @@ RETURNING` + endpointColumns
 
 func disableEndpoint(ctx context.Context, db *sql.DB, id int64, reason string) (Endpoint, error) {
 	return scanOneEndpoint(db.QueryRowContext(ctx, disableEndpointSQL, id, reason), "disable", id)
+}
+
+// pauseEndpointSQL holds an endpoint's deliveries: the claim takes none of
+// them until resumeEndpointSQL, fan-out still queues new ones, and nothing
+// is discarded. Pausing a paused endpoint keeps its first pause time.
+const pauseEndpointSQL = `
+UPDATE outbox.endpoints
+SET paused_at = coalesce(paused_at, now()),
+    updated_at = now()
+WHERE id = $1
+RETURNING` + endpointColumns
+
+const resumeEndpointSQL = `
+UPDATE outbox.endpoints
+SET paused_at = NULL,
+    updated_at = now()
+WHERE id = $1
+RETURNING` + endpointColumns
+
+func pauseEndpoint(ctx context.Context, db *sql.DB, id int64) (Endpoint, error) {
+	return scanOneEndpoint(db.QueryRowContext(ctx, pauseEndpointSQL, id), "pause", id)
+}
+
+// resumeEndpoint lets a paused endpoint's deliveries flow; the workers are
+// woken (the wake-up of new jobs), so they need not wait for the poll.
+func resumeEndpoint(ctx context.Context, db *sql.DB, id int64) (Endpoint, error) {
+	e, err := scanOneEndpoint(db.QueryRowContext(ctx, resumeEndpointSQL, id), "resume", id)
+	if err == nil {
+		err = notify(ctx, db, jobsChannel)
+	}
+	return e, err
 }
 
 // rotateEndpointSecretSQL makes $2 the secret and keeps the current one

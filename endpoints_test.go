@@ -105,7 +105,8 @@ func TestEndpointAPILifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, key := range []string{"id", "url", "topics", "state", "secret", "description", "owner_email",
-		"failing_since", "disabled_at", "disabled_reason", "created_at"} {
+		"failing_since", "disabled_at", "disabled_reason", "created_at",
+		"max_in_flight", "rate_limit_per_second", "in_flight", "breaker", "held_until", "paused_at"} {
 		if _, ok := created[key]; !ok {
 			t.Errorf("create answer has no %q: %s", key, body)
 		}
@@ -118,6 +119,7 @@ func TestEndpointAPILifecycle(t *testing.T) {
 	want := Endpoint{
 		ID: id, URL: "https://hooks.example.com/outboxd", Description: "billing", OwnerEmail: "ops@example.com",
 		Topics: []string{"order.*", "user.created"}, State: "enabled",
+		MaxInFlight: 16, Breaker: breaker{State: "closed"},
 	}
 	ignoreTimes := cmp.FilterPath(func(p cmp.Path) bool {
 		switch p.Last().String() {

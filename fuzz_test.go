@@ -212,6 +212,7 @@ func configArgs(cfg Config) []string {
 	flag("failing-endpoint-delay", cfg.Relay.FailingEndpointDelay)
 	flag("workers", cfg.Workers.Concurrency)
 	flag("job-max-attempts", cfg.Workers.MaxAttempts)
+	flag("breaker-threshold", cfg.Workers.BreakerThreshold)
 	flag("job-timeout", cfg.Workers.AttemptTimeout)
 	flag("job-rescue-margin", cfg.Workers.RescueMargin)
 	flag("job-poll", cfg.Workers.PollInterval)

@@ -144,6 +144,8 @@ func defaultConfig() Config {
 			RescueMargin:   time.Minute,
 			PollInterval:   time.Second,
 			RescueInterval: 30 * time.Second,
+			// BreakerThreshold: see WorkerConfig.
+			BreakerThreshold: 5,
 		},
 		Webhooks: WebhookConfig{
 			Timeout:              30 * time.Second,
@@ -280,7 +282,8 @@ func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
 	fs.IntVar(&cfg.Relay.BatchSize, "relay-batch", cfg.Relay.BatchSize, "most events claimed by one relay transaction")
 	fs.IntVar(&cfg.Relay.MaxFailures, "relay-max-failures", cfg.Relay.MaxFailures, "failed relay attempts after which an event is poisoned")
 	fs.DurationVar(&cfg.Relay.SweepInterval, "relay-sweep", cfg.Relay.SweepInterval, "relay pass interval without a notification")
-	fs.DurationVar(&cfg.Relay.FailingEndpointDelay, "failing-endpoint-delay", cfg.Relay.FailingEndpointDelay, "how far out a failing endpoint's new deliveries are scheduled")
+	fs.DurationVar(&cfg.Relay.FailingEndpointDelay, "failing-endpoint-delay", cfg.Relay.FailingEndpointDelay, "how far out new deliveries are scheduled while an endpoint's circuit breaker is open")
+	fs.IntVar(&cfg.Workers.BreakerThreshold, "breaker-threshold", cfg.Workers.BreakerThreshold, "failed attempts in a row that open an endpoint's circuit breaker (one attempt at a time, new deliveries -failing-endpoint-delay out); 1 opens it at the first failure")
 	fs.IntVar(&cfg.Workers.Concurrency, "workers", cfg.Workers.Concurrency, "jobs run at once by this process")
 	fs.IntVar(&cfg.Workers.MaxAttempts, "job-max-attempts", cfg.Workers.MaxAttempts, "attempts before a failing job is discarded")
 	fs.DurationVar(&cfg.Workers.AttemptTimeout, "job-timeout", cfg.Workers.AttemptTimeout, "time limit of one job attempt")
@@ -383,6 +386,7 @@ func (c Config) validate() error {
 		durationIn("failing-endpoint-delay", c.Relay.FailingEndpointDelay, 0, 24*time.Hour),
 		intIn("workers", c.Workers.Concurrency, 1, 1_000),
 		intIn("job-max-attempts", c.Workers.MaxAttempts, 1, 100),
+		intIn("breaker-threshold", c.Workers.BreakerThreshold, 1, 1_000),
 		durationIn("job-timeout", c.Workers.AttemptTimeout, 10*time.Millisecond, time.Hour),
 		durationIn("job-rescue-margin", c.Workers.RescueMargin, 0, 24*time.Hour),
 		durationIn("job-poll", c.Workers.PollInterval, 10*time.Millisecond, time.Hour),

@@ -80,6 +80,7 @@ func TestDefaultsAreTheStatedNumbers(t *testing.T) {
 		{"poison after failures", c.Relay.MaxFailures, 5},
 		{"relay sweep", c.Relay.SweepInterval, time.Minute},
 		{"failing endpoint delay", c.Relay.FailingEndpointDelay, 5 * time.Minute},
+		{"breaker threshold", c.Workers.BreakerThreshold, 5},
 		{"job attempts", c.Workers.MaxAttempts, 18},
 		{"attempt timeout", c.Workers.AttemptTimeout, 30 * time.Second},
 		{"rescue margin", c.Workers.RescueMargin, time.Minute},

@@ -162,6 +162,9 @@ type deliveryAttempt struct {
 	// DedupWindow is the receiver's dedup window a 2xx answer advertised
 	// (webhook-dedup-window); 0: none, and the endpoint's stays as it is.
 	DedupWindow time.Duration
+	// Hold is how long the answer asked the whole endpoint to wait (a 429
+	// or 503 with Retry-After); 0: no hold.
+	Hold time.Duration
 }
 
 // completeBatchMax bounds one outcome statement.
@@ -188,7 +191,9 @@ func (p *workerPool) completeLoop() {
 			// The jobs stay running; the rescuer retries them. A duplicate
 			// run is the price, never a lost job.
 			p.logger.Error("record job outcomes failed; the rescuer will retry these jobs", "jobs", len(batch), "err", err)
+			continue
 		}
+		poke(p.recorded)
 	}
 }
 
@@ -285,7 +290,7 @@ func (p *workerPool) recordOutcomes(ctx context.Context, batch []jobResult) erro
 			return fmt.Errorf("record %d job outcomes: %w", len(ids), err)
 		}
 	}
-	if err := writeAttemptRecords(ctx, tx, batch); err != nil {
+	if err := writeAttemptRecords(ctx, tx, batch, p.cfg.BreakerThreshold); err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {
@@ -299,38 +304,71 @@ type endpointChange int
 
 const (
 	endpointUnchanged endpointChange = iota // no request was made
-	endpointSucceeded                       // clears failing_since
-	endpointFailed                          // sets failing_since if unset
+	endpointSucceeded                       // clears failing_since and the failure count
+	endpointFailed                          // sets failing_since if unset, counts a failure
 	endpointGone                            // 410: disables the endpoint
 )
 
 // endpointGoneReason is disabled_reason after a receiver answered 410 Gone.
 const endpointGoneReason = "the receiver answered 410 Gone"
 
-// The endpoint's state after an attempt; each skips the write when there
-// is nothing to change, so a healthy endpoint's row is not rewritten on
-// every delivery.
-const (
-	endpointSucceededSQL = `
-UPDATE outbox.endpoints
-SET failing_since = NULL
-WHERE id = ANY($1::bigint[])
-  AND failing_since IS NOT NULL`
-
-	endpointFailedSQL = `
-UPDATE outbox.endpoints
-SET failing_since = now()
-WHERE id = ANY($1::bigint[])
-  AND failing_since IS NULL`
-
-	endpointGoneSQL = `
+// endpointGoneSQL disables the endpoints whose receiver answered 410.
+const endpointGoneSQL = `
 UPDATE outbox.endpoints
 SET disabled_at = now(),
     disabled_reason = '` + endpointGoneReason + `',
     failing_since = coalesce(failing_since, now())
 WHERE id = ANY($1::bigint[])
   AND disabled_at IS NULL`
-)
+
+// endpointHealthSQL moves each endpoint by what a batch's attempts to it
+// did: $2 says whether one of them succeeded, $3 how many failed after the
+// last success (or at all, without one), $4 the longest hold an answer
+// asked for, in milliseconds. A success restarts the count of consecutive
+// failures; the count reaching $5, the breaker threshold, opens the
+// breaker, and a success closes it. failing_since is set by the first
+// failure after a success and cleared by a success. A hold only ever
+// extends held_until. The WHERE skips the write when nothing changes, so a
+// healthy endpoint's row is not rewritten on every delivery.
+const endpointHealthSQL = `
+UPDATE outbox.endpoints AS ep
+SET consecutive_failures = h.failures + CASE WHEN h.succeeded THEN 0 ELSE ep.consecutive_failures END,
+    breaker_opened_at = CASE
+      WHEN h.failures + CASE WHEN h.succeeded THEN 0 ELSE ep.consecutive_failures END >= $5
+      THEN coalesce(ep.breaker_opened_at, now())
+    END,
+    failing_since = CASE
+      WHEN h.failures = 0 THEN NULL
+      WHEN h.succeeded THEN now()
+      ELSE coalesce(ep.failing_since, now())
+    END,
+    held_until = CASE
+      WHEN h.hold_ms > 0 THEN greatest(ep.held_until, now() + h.hold_ms * interval '1 millisecond')
+      ELSE ep.held_until
+    END
+FROM unnest($1::bigint[], $2::boolean[], $3::integer[], $4::bigint[]) AS h(id, succeeded, failures, hold_ms)
+WHERE ep.id = h.id
+  AND (h.failures > 0 OR h.hold_ms > 0
+       OR ep.consecutive_failures > 0 OR ep.failing_since IS NOT NULL OR ep.breaker_opened_at IS NOT NULL)`
+
+// endpointHealth is what a batch's attempts did to one endpoint, in
+// completion order: endpointHealthSQL's row.
+type endpointHealth struct {
+	succeeded bool          // an attempt succeeded
+	failures  int           // attempts failed after the last success (or at all)
+	hold      time.Duration // the longest hold asked for
+}
+
+// add counts one attempt's change.
+func (h *endpointHealth) add(change endpointChange, hold time.Duration) {
+	switch change {
+	case endpointSucceeded:
+		h.succeeded, h.failures = true, 0
+	case endpointFailed, endpointGone:
+		h.failures++
+	}
+	h.hold = max(h.hold, hold)
+}
 
 // endpointDedupWindowSQL keeps the dedup window each endpoint's receiver
 // last advertised. A window unchanged is written at most hourly, to say
@@ -367,12 +405,13 @@ FROM unnest($1::bigint[], $2::integer[], $3::bigint[], $4::integer[], $5::intege
 ON CONFLICT (job_id, attempt) DO NOTHING`
 
 // writeAttemptRecords writes a batch's attempts and moves each endpoint to
-// the state its last attempt in the batch left it in.
-func writeAttemptRecords(ctx context.Context, tx *sql.Tx, batch []jobResult) error {
+// the state its attempts in the batch left it in.
+func writeAttemptRecords(ctx context.Context, tx *sql.Tx, batch []jobResult, breakerThreshold int) error {
 	var jobIDs, endpointIDs []int64
 	var attempts, durations, statuses []int64
 	var errs, excerpts []string
-	last := map[int64]endpointChange{} // batch order is completion order
+	health := map[int64]*endpointHealth{} // batch order is completion order
+	var gone []int64
 	windows := map[int64]time.Duration{}
 	for _, r := range batch {
 		rec := r.record
@@ -386,8 +425,16 @@ func writeAttemptRecords(ctx context.Context, tx *sql.Tx, batch []jobResult) err
 		statuses = append(statuses, int64(rec.StatusCode))
 		errs = append(errs, rec.Error)
 		excerpts = append(excerpts, rec.ResponseExcerpt)
-		if rec.EndpointID != 0 && rec.Change != endpointUnchanged {
-			last[rec.EndpointID] = rec.Change
+		if rec.EndpointID != 0 && (rec.Change != endpointUnchanged || rec.Hold > 0) {
+			h := health[rec.EndpointID]
+			if h == nil {
+				h = new(endpointHealth)
+				health[rec.EndpointID] = h
+			}
+			h.add(rec.Change, rec.Hold)
+		}
+		if rec.EndpointID != 0 && rec.Change == endpointGone {
+			gone = append(gone, rec.EndpointID)
 		}
 		if rec.EndpointID != 0 && rec.DedupWindow > 0 {
 			windows[rec.EndpointID] = rec.DedupWindow
@@ -400,24 +447,41 @@ func writeAttemptRecords(ctx context.Context, tx *sql.Tx, batch []jobResult) err
 		pq.Array(durations), pq.Array(statuses), pq.Array(errs), pq.Array(excerpts)); err != nil {
 		return fmt.Errorf("record webhook attempts: %w", err)
 	}
-	byChange := map[endpointChange][]int64{}
-	for id, change := range last {
-		byChange[change] = append(byChange[change], id)
+	for _, id := range gone {
+		// Disabled below, with failing_since, in one change: one
+		// "disabled" notification, not a "failing" one first.
+		delete(health, id)
 	}
-	for _, step := range []struct {
-		change endpointChange
-		query  string
-	}{{endpointGone, endpointGoneSQL}, {endpointFailed, endpointFailedSQL}, {endpointSucceeded, endpointSucceededSQL}} {
-		ids := byChange[step.change]
-		if len(ids) == 0 {
-			continue
-		}
-		slices.Sort(ids) // one lock order for every replica's completer
-		if _, err := tx.ExecContext(ctx, step.query, pq.Array(ids)); err != nil {
-			return fmt.Errorf("record webhook attempts: endpoint state: %w", err)
+	if err := writeEndpointHealth(ctx, tx, health, breakerThreshold); err != nil {
+		return err
+	}
+	if len(gone) > 0 {
+		slices.Sort(gone)
+		if _, err := tx.ExecContext(ctx, endpointGoneSQL, pq.Array(gone)); err != nil {
+			return fmt.Errorf("record webhook attempts: disable gone endpoints: %w", err)
 		}
 	}
 	return writeDedupWindows(ctx, tx, windows)
+}
+
+// writeEndpointHealth moves each endpoint by what its attempts did, in
+// endpoint id order: one lock order for every replica's completer.
+func writeEndpointHealth(ctx context.Context, tx *sql.Tx, health map[int64]*endpointHealth, breakerThreshold int) error {
+	if len(health) == 0 {
+		return nil
+	}
+	ids := slices.Sorted(maps.Keys(health))
+	succeeded := make([]bool, len(ids))
+	failures := make([]int64, len(ids))
+	holds := make([]int64, len(ids))
+	for i, id := range ids {
+		h := health[id]
+		succeeded[i], failures[i], holds[i] = h.succeeded, int64(h.failures), h.hold.Milliseconds()
+	}
+	if _, err := tx.ExecContext(ctx, endpointHealthSQL, pq.Array(ids), pq.Array(succeeded), pq.Array(failures), pq.Array(holds), breakerThreshold); err != nil {
+		return fmt.Errorf("record webhook attempts: endpoint state: %w", err)
+	}
+	return nil
 }
 
 // writeDedupWindows keeps the dedup windows a batch's 2xx answers

@@ -40,9 +40,10 @@ type RelayConfig struct {
 	// SweepInterval is how often the relay runs without a notification. A
 	// lost NOTIFY costs at most this much latency, never an event.
 	SweepInterval time.Duration
-	// FailingEndpointDelay is how far out a failing endpoint's new
-	// deliveries are scheduled: a receiver that is down gets one attempt
-	// per event every few minutes instead of a burst of doomed ones, and
+	// FailingEndpointDelay is how far out new deliveries are scheduled to
+	// an endpoint whose circuit breaker is open (WorkerConfig's
+	// BreakerThreshold): a receiver that is down gets one attempt per
+	// event every few minutes instead of a burst of doomed ones, and
 	// recovers at its own pace.
 	FailingEndpointDelay time.Duration
 }
@@ -210,8 +211,8 @@ marked AS (
 // events with markSQL, then enqueue one job per (event, matching
 // subscriber) and one webhook job per (event, enabled endpoint whose
 // topics match). $2 is the subscribers as JSON ([{"kind", "topics",
-// "per_subject"}]), $3 the jobs' max attempts, $4 how far out (seconds) a
-// failing endpoint's new jobs are scheduled.
+// "per_subject"}]), $3 the jobs' max attempts, $4 how far out (seconds) an
+// endpoint's new jobs are scheduled while its circuit breaker is open.
 //
 // One statement is one transaction and one round trip, and every part
 // reads the claimed rows once, from what the UPDATE returned. Topics are
@@ -235,7 +236,7 @@ subscriptions AS (
   JOIN topics AS t ON outbox.topic_matches(s.topics, t.topic)
 ),
 endpoint_subscriptions AS (
-  SELECT ep.id AS endpoint_id, ep.failing_since, t.topic
+  SELECT ep.id AS endpoint_id, ep.breaker_opened_at, t.topic
   FROM outbox.endpoints AS ep
   JOIN topics AS t ON outbox.topic_matches(ep.topics, t.topic)
   WHERE ep.disabled_at IS NULL
@@ -263,7 +264,7 @@ coalesced AS (
 webhooks AS (
   INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, scheduled_at)
   SELECT 'webhook', m.id, es.endpoint_id, $3,
-         CASE WHEN es.failing_since IS NULL THEN now()
+         CASE WHEN es.breaker_opened_at IS NULL THEN now()
               ELSE now() + make_interval(secs => $4) END
   FROM marked AS m
   JOIN endpoint_subscriptions AS es ON es.topic = m.topic

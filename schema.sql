@@ -388,9 +388,14 @@ $$;
 --
 --   enabled   (disabled_at IS NULL, failing_since IS NULL)
 --   failing   (disabled_at IS NULL, failing_since IS NOT NULL): a delivery
---             failed and none has succeeded since. Fan-out still enqueues
---             for it, scheduled FailingEndpointDelay (5 min) out, so a dead
---             receiver does not take a burst of doomed attempts.
+--             failed and none has succeeded since. Deliveries go on; once
+--             the circuit breaker is open (below), fan-out schedules the
+--             new ones FailingEndpointDelay (5 min) out and the claim lets
+--             one attempt at a time through, so a dead receiver does not
+--             take a burst of doomed attempts.
+--   paused    (disabled_at IS NULL, paused_at IS NOT NULL): held by an
+--             operator. Fan-out still enqueues for it; the claim takes
+--             nothing of it until it is resumed. Nothing is discarded.
 --   disabled  (disabled_at IS NOT NULL): by its owner, by a 410 Gone from
 --             the receiver, or after 5 days of continuous failure;
 --             disabled_reason says which. Fan-out enqueues nothing for it,
@@ -469,6 +474,47 @@ BEGIN
       (dedup_window_seconds IS NULL) = (dedup_window_seen_at IS NULL)
       AND dedup_window_seconds > 0
     );
+EXCEPTION WHEN duplicate_object THEN
+  NULL;
+END
+$$;
+
+-- An endpoint is a lane of its own (outbox.claim_jobs): its trouble holds
+-- up its own deliveries and nobody else's. The columns the claim reads:
+--
+--   max_in_flight         at most this many of its deliveries run at once,
+--                         counted over every replica (16 by default: a
+--                         receiver that hangs holds a quarter of the 64
+--                         default workers, never all of them).
+--   rate_limit_per_second NULL: none. Else the claim spaces its requests
+--                         1/rate apart across every replica.
+--   rate_next_at          when the next request may start under the rate
+--                         limit; the claim advances it by 1/rate for every
+--                         job it takes (GCRA's theoretical arrival time).
+--   consecutive_failures  attempts failed since the last success; the
+--                         completer counts them (outcome.go).
+--   breaker_opened_at     set by the completer when consecutive_failures
+--                         reaches -breaker-threshold (5), cleared by the
+--                         next success. While open: one attempt at a time,
+--                         and fan-out schedules new deliveries 5 min out.
+--   held_until            a 429 or 503 with Retry-After holds the whole
+--                         endpoint until then, not just the one job.
+--   paused_at             an operator's pause (POST .../pause).
+ALTER TABLE outbox.endpoints
+  ADD COLUMN IF NOT EXISTS max_in_flight integer NOT NULL DEFAULT 16,
+  ADD COLUMN IF NOT EXISTS rate_limit_per_second double precision,
+  ADD COLUMN IF NOT EXISTS rate_next_at timestamptz,
+  ADD COLUMN IF NOT EXISTS consecutive_failures integer NOT NULL DEFAULT 0,
+  ADD COLUMN IF NOT EXISTS breaker_opened_at timestamptz,
+  ADD COLUMN IF NOT EXISTS held_until timestamptz,
+  ADD COLUMN IF NOT EXISTS paused_at timestamptz;
+
+DO $$
+BEGIN
+  ALTER TABLE outbox.endpoints
+    ADD CONSTRAINT endpoints_max_in_flight_range CHECK (max_in_flight BETWEEN 1 AND 1000),
+    ADD CONSTRAINT endpoints_rate_limit_range CHECK (rate_limit_per_second BETWEEN 0.01 AND 10000),
+    ADD CONSTRAINT endpoints_consecutive_failures_nonnegative CHECK (consecutive_failures >= 0);
 EXCEPTION WHEN duplicate_object THEN
   NULL;
 END
@@ -558,49 +604,168 @@ EXCEPTION WHEN duplicate_object THEN
 END
 $$;
 
--- Serves the workers' claim: due jobs, soonest first. Partial, so it holds
--- only the jobs waiting to run, however many finished ones the table keeps.
-CREATE INDEX IF NOT EXISTS jobs_due_by_scheduled_at
+-- Serve the workers' claim (outbox.claim_jobs), one lane at a time:
+-- an endpoint's waiting jobs, soonest first, and the jobs of no endpoint
+-- (in-process subscribers, owner notifications, deliveries of a deleted
+-- endpoint), soonest first. Partial, so they hold only the jobs waiting to
+-- run, however many finished ones the table keeps. They replace one index
+-- of every waiting job by due time, in which a hung endpoint's backlog sat
+-- in front of everyone else's jobs.
+DROP INDEX IF EXISTS outbox.jobs_due_by_scheduled_at;
+CREATE INDEX IF NOT EXISTS jobs_waiting_by_endpoint
+  ON outbox.jobs (endpoint_id, scheduled_at, id)
+  WHERE state IN ('available', 'retryable') AND endpoint_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS jobs_waiting_without_endpoint
   ON outbox.jobs (scheduled_at, id)
-  WHERE state IN ('available', 'retryable');
+  WHERE state IN ('available', 'retryable') AND endpoint_id IS NULL;
 
--- claim_jobs is the workers' claim (deliver.go): it locks up to batch due
--- jobs, soonest first, marks them running with their next attempt number,
--- and returns each with its event and, for a delivery, its endpoint as it
--- is at the claim, so an attempt costs no second query. Its settings pin
--- the plan as mark_fanned_out's do: enable_sort = off walks
--- jobs_due_by_scheduled_at in order and stops after one batch, and
--- enable_seqscan = off fetches the claimed rows and their events by key.
--- Without them, a planner that underestimates the due jobs (a table not
--- analyzed since a bulk fan-out) reads every due job and sorts them on
--- every claim, which then slows down as the queue grows.
+-- Serves the claim's count of an endpoint's deliveries in flight, which
+-- it holds below the endpoint's cap: at most max_in_flight entries each.
+CREATE INDEX IF NOT EXISTS jobs_running_by_endpoint
+  ON outbox.jobs (endpoint_id)
+  WHERE state = 'running' AND endpoint_id IS NOT NULL;
+
+-- claim_jobs is the workers' claim (deliver.go). It takes up to batch due
+-- jobs, marks them running with their next attempt number, and returns
+-- each with its event and, for a delivery, its endpoint as it is at the
+-- claim, so an attempt costs no second query.
 --
--- Claim, update and the reads of events and endpoints are one statement,
--- so one snapshot: a job it can see was fanned out by a committed
--- transaction, whose event it can see too. (The first version read events
--- in the caller's statement, whose snapshot could predate a job this
--- function claimed; that job was marked running, never returned, and
--- waited for the rescuer.)
+-- Every endpoint is a lane, and so are the jobs of no endpoint (in-process
+-- subscribers and outboxd's own, which have no receiver to protect).
+-- Workers are shared between the lanes that have due work, round robin:
+-- every lane gets its first job before any gets a second, and lanes whose
+-- oldest due job has waited longest come first. An endpoint's lane takes
+-- at most its room:
+--
+--   room = its cap (max_in_flight; 1 while its breaker is open)
+--          - its deliveries running now, on any replica
+--   and, under a rate limit, no more requests than fit before now + 1 s
+--   at 1/rate apart (start_in_ms says when each one may start).
+--
+-- A paused or held endpoint has no room. A disabled one (whose jobs end
+-- without a request) has no cap: nothing is sent. Replicas respect one cap
+-- because the claim of an endpoint's jobs is serialised on its row: the
+-- first statement locks the lanes it will serve (FOR NO KEY UPDATE, which
+-- lets fan-out's inserts of new jobs through; SKIP LOCKED, so a lane
+-- another replica is claiming is left to it). The second statement counts
+-- the running jobs in a snapshot taken after those locks were granted, so
+-- it sees every job the previous holder claimed.
+--
+-- Cost: one index probe per endpoint with waiting jobs (a loose scan of
+-- jobs_waiting_by_endpoint), then at most room jobs per lane, however many
+-- are waiting. enable_sort = off keeps every lane's read in index order,
+-- stopping after its room; enable_seqscan = off fetches claimed rows and
+-- their events by key. Without them a planner that underestimates the due
+-- jobs (a table not analyzed since a bulk fan-out) reads every due job and
+-- sorts them on every claim. The few sorts left (of lanes, not of jobs)
+-- then look as costly as the settings make them, and jit = off keeps that
+-- cost from compiling the statement: 700 ms a claim, measured.
+--
+-- Claim, update and the reads of events and endpoints in the second
+-- statement share its snapshot: a job it can see was fanned out by a
+-- committed transaction, whose event it can see too.
 --
 -- Its columns are named in the caller's SELECT, so a column added here
--- (traceparent, tracestate) leaves a replica still running the previous
--- release working; a change of its result type needs the DROP, which
--- CREATE OR REPLACE cannot do.
+-- leaves a replica still running the previous release working (it calls
+-- claim_jobs(batch), and ignores start_in_ms); a change of its result type
+-- needs the DROP, which CREATE OR REPLACE cannot do.
 DROP FUNCTION IF EXISTS outbox.claim_jobs(integer);
+DROP FUNCTION IF EXISTS outbox.claim_jobs(integer, integer);
 CREATE FUNCTION outbox.claim_jobs(batch integer)
 RETURNS TABLE (id bigint, kind text, attempt integer, max_attempts integer,
                endpoint_id bigint,
                event_id bigint, topic text, subject text, payload jsonb, created_at timestamptz,
                traceparent text, tracestate text,
-               url text, secret bytea, previous_secret bytea, disabled_reason text)
+               url text, secret bytea, previous_secret bytea, disabled_reason text,
+               start_in_ms integer)
 LANGUAGE plpgsql VOLATILE
 ROWS 100
 SET enable_sort = off
 SET enable_seqscan = off
+SET jit = off
 AS $$
+DECLARE
+  -- The endpoints this claim serves, locked, oldest due job first.
+  lanes bigint[];
 BEGIN
+  lanes := ARRAY(
+    WITH RECURSIVE waiting AS (
+      (SELECT w.endpoint_id, w.scheduled_at
+       FROM outbox.jobs AS w
+       WHERE w.state IN ('available', 'retryable') AND w.endpoint_id IS NOT NULL
+       ORDER BY w.endpoint_id, w.scheduled_at, w.id
+       LIMIT 1)
+      UNION ALL
+      SELECT n.endpoint_id, n.scheduled_at
+      FROM waiting AS prev
+      CROSS JOIN LATERAL (
+        SELECT w.endpoint_id, w.scheduled_at
+        FROM outbox.jobs AS w
+        WHERE w.state IN ('available', 'retryable') AND w.endpoint_id IS NOT NULL
+          AND w.endpoint_id > prev.endpoint_id
+        ORDER BY w.endpoint_id, w.scheduled_at, w.id
+        LIMIT 1
+      ) AS n
+    )
+    SELECT ep.id
+    FROM waiting AS w
+    JOIN outbox.endpoints AS ep ON ep.id = w.endpoint_id
+    WHERE w.scheduled_at <= now()
+      AND (ep.disabled_at IS NOT NULL OR (
+            ep.paused_at IS NULL
+        AND (ep.held_until IS NULL OR ep.held_until <= now())
+        AND (ep.rate_limit_per_second IS NULL OR ep.rate_next_at IS NULL
+             OR ep.rate_next_at <= now() + interval '1 second')
+        AND (SELECT count(*) FROM outbox.jobs AS r
+             WHERE r.endpoint_id = ep.id AND r.state = 'running')
+            < CASE WHEN ep.breaker_opened_at IS NULL THEN ep.max_in_flight ELSE 1 END))
+    ORDER BY w.scheduled_at, ep.id
+    LIMIT batch
+    FOR NO KEY UPDATE OF ep SKIP LOCKED
+  );
+
   RETURN QUERY
-  WITH claimed AS (
+  WITH lane AS (
+    SELECT ep.id, l.lane_order, ep.rate_limit_per_second AS rate,
+           greatest(now(), ep.rate_next_at) AS rate_base,
+           CASE WHEN ep.disabled_at IS NOT NULL THEN batch
+                ELSE least(
+                  CASE WHEN ep.breaker_opened_at IS NULL THEN ep.max_in_flight ELSE 1 END
+                    - (SELECT count(*) FROM outbox.jobs AS r
+                       WHERE r.endpoint_id = ep.id AND r.state = 'running')::integer,
+                  CASE WHEN ep.rate_limit_per_second IS NULL THEN batch
+                       ELSE 1 + floor(ep.rate_limit_per_second * extract(epoch FROM
+                              now() + interval '1 second' - greatest(now(), ep.rate_next_at)))::integer
+                  END)
+           END AS room
+    FROM unnest(lanes) WITH ORDINALITY AS l(id, lane_order)
+    JOIN outbox.endpoints AS ep ON ep.id = l.id
+  ),
+  candidate AS (
+    SELECT c.id, c.lane_rank, l.lane_order
+    FROM lane AS l
+    CROSS JOIN LATERAL unnest(ARRAY(
+      SELECT w.id
+      FROM outbox.jobs AS w
+      WHERE w.endpoint_id = l.id
+        AND w.state IN ('available', 'retryable')
+        AND w.scheduled_at <= now()
+      ORDER BY w.scheduled_at, w.id
+      LIMIT greatest(least(l.room, batch), 0)
+    )) WITH ORDINALITY AS c(id, lane_rank)
+    UNION ALL
+    SELECT c.id, c.lane_rank, 0
+    FROM unnest(ARRAY(
+      SELECT w.id
+      FROM outbox.jobs AS w
+      WHERE w.endpoint_id IS NULL
+        AND w.state IN ('available', 'retryable')
+        AND w.scheduled_at <= now()
+      ORDER BY w.scheduled_at, w.id
+      LIMIT batch
+    )) WITH ORDINALITY AS c(id, lane_rank)
+  ),
+  claimed AS (
     UPDATE outbox.jobs AS j
     SET state = 'running',
         attempt = j.attempt + 1,
@@ -608,23 +773,44 @@ BEGIN
     WHERE j.id = ANY (ARRAY(
       SELECT due.id
       FROM outbox.jobs AS due
-      WHERE due.state IN ('available', 'retryable')
-        AND due.scheduled_at <= now()
-      ORDER BY due.scheduled_at, due.id
-      LIMIT batch
+      WHERE due.id = ANY (ARRAY(
+              SELECT c.id FROM candidate AS c
+              ORDER BY c.lane_rank, c.lane_order
+              LIMIT batch))
+        AND due.state IN ('available', 'retryable')
       FOR UPDATE SKIP LOCKED
     ))
     RETURNING j.id, j.kind, j.attempt, j.max_attempts, j.endpoint_id, j.event_id
+  ),
+  -- Under a rate limit, the claimed jobs of a lane start 1/rate apart
+  -- from rate_base, and the lane's next request after them.
+  paced AS (
+    SELECT c.id,
+           l.rate_base + (row_number() OVER (PARTITION BY l.id ORDER BY c.id) - 1)
+                         * make_interval(secs => 1 / l.rate) AS start_at
+    FROM claimed AS c
+    JOIN lane AS l ON l.id = c.endpoint_id
+    WHERE l.rate IS NOT NULL
+  ),
+  paced_lanes AS (
+    UPDATE outbox.endpoints AS ep
+    SET rate_next_at = l.rate_base + n.claimed * make_interval(secs => 1 / l.rate)
+    FROM (SELECT c.endpoint_id, count(*) AS claimed FROM claimed AS c GROUP BY c.endpoint_id) AS n
+    JOIN lane AS l ON l.id = n.endpoint_id
+    WHERE ep.id = n.endpoint_id
+      AND l.rate IS NOT NULL
   )
   SELECT c.id, c.kind, c.attempt, c.max_attempts, c.endpoint_id,
          e.id, e.topic, e.subject, e.payload, e.created_at,
          e.traceparent, e.tracestate,
          ep.url, ep.secret,
          CASE WHEN ep.previous_secret_expires_at > now() THEN ep.previous_secret END,
-         ep.disabled_reason
+         ep.disabled_reason,
+         coalesce(greatest(0, ceil(extract(epoch FROM p.start_at - now()) * 1000)), 0)::integer
   FROM claimed AS c
   JOIN outbox.events AS e ON e.id = c.event_id
-  LEFT JOIN outbox.endpoints AS ep ON ep.id = c.endpoint_id;
+  LEFT JOIN outbox.endpoints AS ep ON ep.id = c.endpoint_id
+  LEFT JOIN paced AS p ON p.id = c.id;
 END
 $$;
 

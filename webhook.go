@@ -137,7 +137,8 @@ func encodeWebhookBody(ev Event) ([]byte, error) {
 //
 //	2xx                      success; clears failing_since
 //	410 Gone                 discarded; disables the endpoint
-//	408, 429, 5xx            retried; Retry-After honoured up to an hour
+//	408, 429, 5xx            retried; Retry-After honoured up to an hour,
+//	                         and on a 429 or 503 by the whole endpoint
 //	no answer (timeout, refused connection or address)
 //	                         retried
 //	any other status (3xx: redirects are not followed; other 4xx: a
@@ -161,6 +162,19 @@ func classifyWebhookResponse(status int, retryAfter string, err error, now time.
 		}
 	}
 	return endpointFailed, failure
+}
+
+// endpointHold is how long an answer holds the whole endpoint: a 429 Too
+// Many Requests or 503 Service Unavailable with Retry-After speaks for the
+// receiver, not for one request, so none of its deliveries is sent before
+// then (capped, as the job's own retry is, at maxRetryAfter). Other
+// answers hold nothing.
+func endpointHold(status int, outcome error) time.Duration {
+	var after retryAfterError
+	if (status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable) && errors.As(outcome, &after) {
+		return after.delay
+	}
+	return 0
 }
 
 // parseRetryAfter reads a Retry-After value, delay-seconds or an HTTP date,
@@ -230,6 +244,7 @@ func (s *webhookSender) deliver(ctx context.Context, job Job) error {
 		// receiver's dedup: an error page may come from a proxy.
 		attempt.DedupWindow = parseDedupWindow(ans.dedupWindow)
 	}
+	attempt.Hold = endpointHold(ans.status, outcome)
 	s.observe(job, attempt, change, sendErr)
 	job.recordAttempt(attempt, change)
 	return outcome
