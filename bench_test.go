@@ -69,32 +69,55 @@ func BenchmarkRelayPass(b *testing.B) {
 }
 
 // BenchmarkClaimAndComplete times the job table alone: claim a batch of
-// 100 due jobs and record their completion, one statement each.
+// 100 due jobs and record their completion, one statement each. The jobs
+// are in-process subscribers' (one lane, no endpoint), one endpoint's, or
+// spread over ten endpoints (ten lanes the claim shares the batch among),
+// with caps that leave the batch whole.
 func BenchmarkClaimAndComplete(b *testing.B) {
-	db, _ := newTestDB(b)
-	wp := newWorkerPool(db, defaultConfig().Workers, time.Minute, newSubscriberRegistry(), nil, testLogger(b))
-	ctx := context.Background()
-	mustExec(b, db, `SELECT outbox.record('bench.jobs', '', '{}')`)
-	var jobs int
-	for b.Loop() {
-		b.StopTimer()
-		mustExec(b, db, `INSERT INTO outbox.jobs (kind, event_id, max_attempts)
-			SELECT 'sub:noop', (SELECT max(id) FROM outbox.events), 18 FROM generate_series(1, 100)`)
-		b.StartTimer()
-		claimed, err := wp.claim(ctx, 100)
-		if err != nil || len(claimed) != 100 {
-			b.Fatalf("claimed %d: %v", len(claimed), err)
-		}
-		results := make([]jobResult, len(claimed))
-		for i, j := range claimed {
-			results[i] = jobResult{ID: j.ID, Attempt: j.Attempt, jobOutcome: jobOutcome{State: jobCompleted}}
-		}
-		if err := wp.recordOutcomes(ctx, results); err != nil {
-			b.Fatal(err)
-		}
-		jobs += len(claimed)
+	for _, lanes := range []struct {
+		name      string
+		endpoints int
+	}{{"subscribers", 0}, {"one endpoint", 1}, {"ten endpoints", 10}} {
+		b.Run(lanes.name, func(b *testing.B) {
+			db, _ := newTestDB(b)
+			wp := newWorkerPool(db, defaultConfig().Workers, time.Minute, newSubscriberRegistry(), nil, testLogger(b))
+			ctx := context.Background()
+			mustExec(b, db, `INSERT INTO outbox.endpoints (url, secret, max_in_flight)
+				SELECT 'https://hooks.example.com/' || i, decode(repeat('ab', 32), 'hex'), 1000
+				FROM generate_series(1, $1) AS i`, lanes.endpoints)
+			enqueue := `INSERT INTO outbox.jobs (kind, event_id, max_attempts)
+				SELECT 'sub:noop', e.id, 18
+				FROM generate_series(1, 100), LATERAL (SELECT outbox.record('bench.jobs', '', '{}')) AS e(id)`
+			if lanes.endpoints > 0 {
+				enqueue = `INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts)
+					SELECT 'webhook', e.id, (SELECT min(id) FROM outbox.endpoints) + i % $1, 18
+					FROM generate_series(1, 100) AS i, LATERAL (SELECT outbox.record('bench.jobs', i::text, '{}')) AS e(id)`
+			}
+			var jobs int
+			for b.Loop() {
+				b.StopTimer()
+				if lanes.endpoints > 0 {
+					mustExec(b, db, enqueue, lanes.endpoints)
+				} else {
+					mustExec(b, db, enqueue)
+				}
+				b.StartTimer()
+				claimed, err := wp.claim(ctx, 100)
+				if err != nil || len(claimed) != 100 {
+					b.Fatalf("claimed %d: %v", len(claimed), err)
+				}
+				results := make([]jobResult, len(claimed))
+				for i, j := range claimed {
+					results[i] = jobResult{ID: j.ID, Attempt: j.Attempt, jobOutcome: jobOutcome{State: jobCompleted}}
+				}
+				if err := wp.recordOutcomes(ctx, results); err != nil {
+					b.Fatal(err)
+				}
+				jobs += len(claimed)
+			}
+			b.ReportMetric(float64(jobs)/b.Elapsed().Seconds(), "jobs/s")
+		})
 	}
-	b.ReportMetric(float64(jobs)/b.Elapsed().Seconds(), "jobs/s")
 }
 
 // BenchmarkWebhookDelivery times one webhook attempt as a worker runs it:

@@ -98,8 +98,9 @@ type workerPool struct {
 	handlers map[string]jobHandler
 	logger   *slog.Logger
 
-	slots   chan struct{} // one token per running job
-	results chan jobResult
+	slots     chan struct{} // one token per running job
+	slotFreed chan struct{} // poked when a job finishes
+	results   chan jobResult
 	// recorded is poked when the completer has committed outcomes: the
 	// running jobs the claim counts against endpoints' caps went down.
 	recorded chan struct{}
@@ -123,6 +124,7 @@ func newWorkerPool(db *sql.DB, cfg WorkerConfig, grace time.Duration, subs *subs
 		handlers:    handlers,
 		logger:      logger.With("loop", "workers"),
 		slots:       make(chan struct{}, cfg.Concurrency),
+		slotFreed:   make(chan struct{}, 1),
 		results:     make(chan jobResult, cfg.Concurrency),
 		recorded:    make(chan struct{}, 1),
 	}
@@ -154,34 +156,45 @@ func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 
 	poll := time.NewTicker(p.cfg.PollInterval)
 	defer poll.Stop()
-	// A claim is worth making when slots are free and something may be
-	// due: at a wake-up (new jobs), at the poll (retries come due without
-	// one), and when the completer has recorded outcomes. That last one is
-	// when jobs leave the running state the claim counts against
-	// endpoints' caps, so a capped endpoint's next jobs are claimed as
-	// soon as its last ones are recorded, and claims come no more often
-	// than the completer commits: each one takes many jobs under load.
+	moreDue := true // a claim filled every free slot: more may be waiting
+	// Under load, wait for a quarter of the slots to free up before the next
+	// claim, so one claim statement fetches several jobs instead of one.
+	claimAtFree := max(1, cap(p.slots)/4)
+	recorded := false
 	for ctx.Err() == nil {
-		if free := cap(p.slots) - len(p.slots); free > 0 {
+		// Claim when enough slots are free, or any are and the last claim
+		// left nothing due behind, or the completer has just recorded
+		// outcomes: jobs leaving the running state that the claim counts
+		// against endpoints' caps, so a capped endpoint's next jobs go as
+		// soon as its last ones are recorded.
+		if free := cap(p.slots) - len(p.slots); free >= claimAtFree || (free > 0 && (!moreDue || recorded)) {
 			jobs, err := p.claim(ctx, min(free, claimBatchMax))
 			if err != nil && ctx.Err() == nil {
 				p.logger.Error("claim jobs failed", "err", err)
 			}
+			moreDue = len(jobs) == min(free, claimBatchMax)
 			for _, batch := range p.batches(jobs) {
 				p.slots <- struct{}{}
 				running.Go(func() {
-					defer func() { <-p.slots }()
+					defer func() { <-p.slots; poke(p.slotFreed) }()
 					for _, res := range p.runBatch(jobCtx, batch) {
 						p.results <- res
 					}
 				})
 			}
 		}
+		freed := p.slotFreed
+		if !moreDue {
+			freed = nil // nothing waits for a slot: don't claim on every finish
+		}
+		recorded = false
 		select {
 		case <-ctx.Done():
 		case <-wake:
 		case <-poll.C:
+		case <-freed:
 		case <-p.recorded:
+			recorded = true
 		}
 	}
 	p.stop(&running, cancelJobs)
