@@ -227,6 +227,24 @@ func TestPanelInBrowser(t *testing.T) {
 		t.Error("clicking Enable did not enable the endpoint")
 	}
 
+	// Pause it, and resume it.
+	b.click("#pause")
+	b.find("#resume") // waits for the page after pause
+	if got := b.text("#state"); got != "paused" {
+		t.Errorf("endpoint state on the page after pause: %q", got)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.endpoints WHERE id = $1 AND paused_at IS NOT NULL`, epID); n != 1 {
+		t.Error("clicking Pause did not pause the endpoint")
+	}
+	b.click("#resume")
+	b.find("#pause") // waits for the page after resume
+	if got := b.text("#state"); got != "enabled" {
+		t.Errorf("endpoint state on the page after resume: %q", got)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.endpoints WHERE id = $1 AND paused_at IS NULL`, epID); n != 1 {
+		t.Error("clicking Resume did not resume the endpoint")
+	}
+
 	// Configure an inbox source on the panel; its secret is shown once.
 	b.open(srv.URL + "/sources")
 	b.typeInto("input[name=name]", "billing")

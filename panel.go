@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"embed"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"html/template"
 	"log/slog"
@@ -307,42 +308,122 @@ func (p *panel) handleRetry(a *admin) pageFunc {
 // handleEndpoints is GET /endpoints, with the form for a new one.
 func (p *panel) handleEndpoints(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		eps, err := listEndpoints(r.Context(), a.db, 0, maxEndpointPage)
-		if err != nil {
-			return err
-		}
-		p.render(w, http.StatusOK, "endpoints", page{Title: "Endpoints", Nav: "endpoints", SignedIn: true,
-			Flash: flash(r),
-			Data:  struct{ Endpoints []Endpoint }{eps}})
-		return nil
+		return p.renderEndpoints(w, r, a, http.StatusOK, flash(r), endpointFields{}, "")
 	}
+}
+
+// renderEndpoints lists the endpoints above the form for a new one, which
+// shows form as typed and, after a refusal, why (formError).
+func (p *panel) renderEndpoints(w http.ResponseWriter, r *http.Request, a *admin, status int, flash string, form endpointFields, formError string) error {
+	eps, err := listEndpoints(r.Context(), a.db, 0, maxEndpointPage)
+	if err != nil {
+		return err
+	}
+	p.render(w, status, "endpoints", page{Title: "Endpoints", Nav: "endpoints", SignedIn: true,
+		Flash: flash,
+		Data: struct {
+			Endpoints []Endpoint
+			Form      endpointFields
+			FormError string
+			Bounds    deliveryBounds
+		}{eps, form, formError, endpointBounds()}})
+	return nil
 }
 
 // maxEndpointForm bounds the body of every form on the endpoint pages.
 const maxEndpointForm = 64 << 10
 
-// endpointForm reads the endpoint form; topics are separated by spaces or
-// commas.
-func endpointForm(f *query) (endpointInput, error) {
-	url := strings.TrimSpace(f.text("url"))
-	topics := strings.FieldsFunc(f.text("topics"), func(c rune) bool { return c == ' ' || c == ',' })
+// endpointFields are the endpoint form's fields as typed: read from the
+// form, or an endpoint's own for its edit form. A refused form is shown
+// again with them, so nothing typed is lost.
+type endpointFields struct {
+	URL, Topics, Description, OwnerEmail string
+	// MaxInFlight empty is the default on create and no change on edit;
+	// RateLimitPerSecond empty is no limit, and on edit removes one.
+	MaxInFlight, RateLimitPerSecond string
+}
+
+// deliveryBounds are the bounds the forms' number fields carry, so that a
+// browser refuses what validate would; the server checks them regardless.
+type deliveryBounds struct {
+	DefaultMaxInFlight, MaxMaxInFlight int
+	MinRate, MaxRate                   float64
+}
+
+func endpointBounds() deliveryBounds {
+	return deliveryBounds{defaultMaxInFlight, maxMaxInFlight, minRateLimit, maxRateLimit}
+}
+
+// readEndpointFields reads the endpoint form. Its error is the form's
+// (too large, not text), which the error page shows; what the fields say
+// is checked by input.
+func readEndpointFields(f *query) (endpointFields, error) {
+	fs := endpointFields{
+		URL:                strings.TrimSpace(f.text("url")),
+		Topics:             f.text("topics"),
+		Description:        strings.TrimSpace(f.text("description")),
+		OwnerEmail:         strings.TrimSpace(f.text("owner_email")),
+		MaxInFlight:        strings.TrimSpace(f.text("max_in_flight")),
+		RateLimitPerSecond: strings.TrimSpace(f.text("rate_limit_per_second")),
+	}
+	return fs, f.err
+}
+
+// fieldsOf is endpoint e as its edit form shows it.
+func fieldsOf(e Endpoint) endpointFields {
+	fs := endpointFields{URL: e.URL, Topics: strings.Join(e.Topics, " "), Description: e.Description,
+		OwnerEmail: e.OwnerEmail, MaxInFlight: strconv.Itoa(e.MaxInFlight)}
+	if e.RateLimitPerSecond != nil {
+		fs.RateLimitPerSecond = strconv.FormatFloat(*e.RateLimitPerSecond, 'f', -1, 64)
+	}
+	return fs
+}
+
+// input is the form as the API's input, validated: topics are separated
+// by spaces or commas. An error wraps errInvalid and says what is wrong,
+// for the form to show.
+func (fs endpointFields) input(allowPrivate bool) (endpointInput, error) {
+	topics := strings.FieldsFunc(fs.Topics, func(c rune) bool { return c == ' ' || c == ',' })
 	if topics == nil {
 		topics = []string{}
 	}
-	desc := strings.TrimSpace(f.text("description"))
-	owner := strings.TrimSpace(f.text("owner_email"))
-	return endpointInput{URL: &url, Topics: &topics, Description: &desc, OwnerEmail: &owner}, f.err
+	in := endpointInput{URL: &fs.URL, Topics: &topics, Description: &fs.Description, OwnerEmail: &fs.OwnerEmail,
+		RateLimitPerSecond: nullable[float64]{Set: true}}
+	if fs.MaxInFlight != "" {
+		n, err := strconv.Atoi(fs.MaxInFlight)
+		if err != nil {
+			return in, fmt.Errorf("%w: max_in_flight must be a whole number between 1 and %d, got %q", errInvalid, maxMaxInFlight, fs.MaxInFlight)
+		}
+		in.MaxInFlight = &n
+	}
+	if fs.RateLimitPerSecond != "" {
+		rate, err := strconv.ParseFloat(fs.RateLimitPerSecond, 64)
+		if err != nil {
+			return in, fmt.Errorf("%w: rate_limit_per_second must be a number of requests a second, or empty for none, got %q", errInvalid, fs.RateLimitPerSecond)
+		}
+		in.RateLimitPerSecond.Value = &rate
+	}
+	return in, in.validate(allowPrivate)
+}
+
+// refusal is what a refused form shows: err's text without the errInvalid
+// prefix, as the API's {"error": ...} says it.
+func refusal(err error) string {
+	return strings.TrimPrefix(err.Error(), errInvalid.Error()+": ")
 }
 
 // handleCreateEndpoint is POST /endpoints: the new endpoint's page, with
-// its secret.
+// its secret, or the form again with why it was refused.
 func (p *panel) handleCreateEndpoint(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		in, err := endpointForm(formOf(w, r, maxEndpointForm))
+		fs, err := readEndpointFields(formOf(w, r, maxEndpointForm))
 		if err != nil {
 			return err
 		}
-		if err := in.validate(a.endpoints.AllowPrivate); err != nil {
+		in, err := fs.input(a.endpoints.AllowPrivate)
+		if errors.Is(err, errInvalid) {
+			return p.renderEndpoints(w, r, a, http.StatusBadRequest, "", fs, refusal(err))
+		} else if err != nil {
 			return err
 		}
 		secret := newWebhookSecret()
@@ -350,7 +431,9 @@ func (p *panel) handleCreateEndpoint(a *admin) pageFunc {
 		if err != nil {
 			return err
 		}
-		return p.renderEndpoint(w, r, a, ep.ID, "Endpoint created. Copy its secret now: it is not shown again.", secret.Encode())
+		return p.renderEndpoint(w, r, a, ep.ID, endpointView{
+			flash:  "Endpoint created. Copy its secret now: it is not shown again.",
+			secret: secret.Encode()})
 	}
 }
 
@@ -362,7 +445,7 @@ func (p *panel) handleEndpoint(a *admin) pageFunc {
 		if err != nil {
 			return err
 		}
-		return p.renderEndpoint(w, r, a, id, flash(r), "")
+		return p.renderEndpoint(w, r, a, id, endpointView{flash: flash(r)})
 	}
 }
 
@@ -371,9 +454,18 @@ func (p *panel) handleEndpoint(a *admin) pageFunc {
 // defaultPageSize.
 const recentDeliveries = 20
 
-// renderEndpoint shows one endpoint, with its secret right after create
-// or rotate (never in a URL: the page is rendered, not redirected to).
-func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin, id int64, flash, secret string) error {
+// endpointView is what one showing of an endpoint's page adds to the
+// endpoint: a message, the secret right after create or rotate (never in
+// a URL: the page is rendered, not redirected to), or an edit that was
+// refused, shown as typed with why (the page then answers 400).
+type endpointView struct {
+	flash, secret string
+	refused       *endpointFields
+	refusal       string
+}
+
+// renderEndpoint shows one endpoint as view says.
+func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin, id int64, view endpointView) error {
 	ep, err := getEndpoint(r.Context(), a.db, id)
 	if err != nil {
 		return err
@@ -382,13 +474,20 @@ func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin,
 	if err != nil {
 		return err
 	}
-	p.render(w, http.StatusOK, "endpoint", page{Title: fmt.Sprintf("Endpoint %d", id), Nav: "endpoints", SignedIn: true,
-		Flash: flash,
+	status, form := http.StatusOK, fieldsOf(ep)
+	if view.refused != nil {
+		status, form = http.StatusBadRequest, *view.refused
+	}
+	p.render(w, status, "endpoint", page{Title: fmt.Sprintf("Endpoint %d", id), Nav: "endpoints", SignedIn: true,
+		Flash: view.flash,
 		Data: struct {
-			Endpoint Endpoint
-			Stats    EndpointStats
-			Secret   string
-		}{ep, st, secret}})
+			Endpoint  Endpoint
+			Stats     EndpointStats
+			Secret    string
+			Form      endpointFields
+			FormError string
+			Bounds    deliveryBounds
+		}{ep, st, view.secret, form, view.refusal, endpointBounds()}})
 	return nil
 }
 
@@ -427,11 +526,14 @@ type endpointClick struct {
 
 // endpointActions are the endpoint page's buttons by name. Each does its
 // work and says what happened, for the page to show after a redirect; the
-// two that answer by themselves say "": rotate-secret shows the new secret
-// (never in a URL), delete leaves for the list.
+// ones that answer by themselves say "": rotate-secret shows the new
+// secret (never in a URL), edit a refused form, delete leaves for the
+// list.
 var endpointActions = map[string]func(endpointClick) (done string, err error){
 	"enable":          endpointClick.enable,
 	"disable":         endpointClick.disable,
+	"pause":           endpointClick.pause,
+	"resume":          endpointClick.resume,
 	"rotate-secret":   endpointClick.rotateSecret,
 	"retry-discarded": endpointClick.retryDiscarded,
 	"replay":          endpointClick.replay,
@@ -457,13 +559,25 @@ func (c endpointClick) disable() (string, error) {
 	return "Disabled: no new deliveries until it is enabled.", err
 }
 
+func (c endpointClick) pause() (string, error) {
+	_, err := pauseEndpoint(c.r.Context(), c.a.db, c.id)
+	return "Paused: nothing is delivered to it until it is resumed; new events still queue for it.", err
+}
+
+func (c endpointClick) resume() (string, error) {
+	_, err := resumeEndpoint(c.r.Context(), c.a.db, c.id)
+	return "Resumed: its queued deliveries flow again.", err
+}
+
 func (c endpointClick) rotateSecret() (string, error) {
 	secret := newWebhookSecret()
 	window := c.a.endpoints.RotationWindow
 	if _, err := rotateEndpointSecret(c.r.Context(), c.a.db, c.a.box, c.id, secret, window); err != nil {
 		return "", err
 	}
-	return "", c.p.renderEndpoint(c.w, c.r, c.a, c.id, fmt.Sprintf("Secret rotated; the old one still signs for %s.", window), secret.Encode())
+	return "", c.p.renderEndpoint(c.w, c.r, c.a, c.id, endpointView{
+		flash:  fmt.Sprintf("Secret rotated; the old one still signs for %s.", window),
+		secret: secret.Encode()})
 }
 
 func (c endpointClick) retryDiscarded() (string, error) {
@@ -500,12 +614,16 @@ func (c endpointClick) replay() (string, error) {
 	return done, nil
 }
 
+// edit saves the form; a refused one is shown again as typed, with why.
 func (c endpointClick) edit() (string, error) {
-	in, err := endpointForm(c.form)
+	fs, err := readEndpointFields(c.form)
 	if err != nil {
 		return "", err
 	}
-	if err := in.validate(c.a.endpoints.AllowPrivate); err != nil {
+	in, err := fs.input(c.a.endpoints.AllowPrivate)
+	if errors.Is(err, errInvalid) {
+		return "", c.p.renderEndpoint(c.w, c.r, c.a, c.id, endpointView{refused: &fs, refusal: refusal(err)})
+	} else if err != nil {
 		return "", err
 	}
 	_, err = updateEndpoint(c.r.Context(), c.a.db, c.id, in)
