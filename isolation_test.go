@@ -1,0 +1,445 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// Endpoint isolation (README, "Endpoint isolation"): every endpoint is a
+// lane of outbox.claim_jobs, and its trouble stays its own.
+
+// runWebhookPool runs a worker pool that sends webhooks until the test
+// ends, with the default worker settings changed by tune; it returns a
+// function that stops it and waits.
+func runWebhookPool(t *testing.T, db *sql.DB, tune func(*WorkerConfig)) (stop func()) {
+	t.Helper()
+	cfg := defaultConfig().Workers
+	cfg.PollInterval = 20 * time.Millisecond
+	cfg.Concurrency = 8
+	if tune != nil {
+		tune(&cfg)
+	}
+	client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: 30 * time.Second})
+	wp := newWorkerPool(db, cfg, time.Minute, newSubscriberRegistry(),
+		map[string]jobHandler{webhookJobKind: newWebhookSender(db, nil, client, nil, nil, testLogger(t)).deliver}, testLogger(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- wp.Run(ctx, nil) }()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return stop
+}
+
+// concurrency counts the requests a handler is serving at once, and the
+// most it ever served at once.
+type concurrency struct {
+	now, peak atomic.Int64
+}
+
+func (c *concurrency) enter() {
+	n := c.now.Add(1)
+	for {
+		p := c.peak.Load()
+		if n <= p || c.peak.CompareAndSwap(p, n) {
+			return
+		}
+	}
+}
+
+func (c *concurrency) leave() { c.now.Add(-1) }
+
+// createTunedEndpoint creates an endpoint for url with the delivery
+// settings given as JSON fields (`"max_in_flight": 2`).
+func createTunedEndpoint(t *testing.T, api *testAPI, url, settings string) Endpoint {
+	t.Helper()
+	// Each endpoint subscribes to its own topics, named after its
+	// receiver's address, so that recordFor reaches one endpoint.
+	body := fmt.Sprintf(`{"url": %q, "topics": [%q], %s}`, url, topicFor(url)+".*", settings)
+	status, resp := api.do("POST", "/api/endpoints", body)
+	if status != http.StatusCreated {
+		t.Fatalf("create endpoint: %d %s", status, resp)
+	}
+	var e Endpoint
+	if err := json.Unmarshal(resp, &e); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// topicFor is the topic prefix of the events meant for the endpoint at url.
+func topicFor(url string) string {
+	return "to_" + strings.NewReplacer("http://", "", ":", "_", ".", "_").Replace(url)
+}
+
+// recordFor records n events for the endpoint at url and fans them out.
+func recordFor(t *testing.T, db *sql.DB, url string, n int) {
+	t.Helper()
+	mustExec(t, db, `SELECT outbox.record($1, i::text, '{}') FROM generate_series(1, $2) AS i`, topicFor(url)+".e", n)
+	relayAll(t, db)
+}
+
+// A receiver that hangs holds only its own cap of workers: the healthy
+// endpoint beside it gets every delivery while the hanging one has 40
+// queued, and the hanging receiver never sees more requests at once than
+// its cap. (Before endpoints were lanes, the 40 took all 8 workers.)
+func TestHangingReceiverHoldsOnlyItsCap(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	release := make(chan struct{})
+	var hung concurrency
+	bad := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		hung.enter()
+		defer hung.leave()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		w.WriteHeader(http.StatusInternalServerError)
+	})
+	good := newReceiver(t, nil)
+	createTunedEndpoint(t, api, bad.srv.URL, `"max_in_flight": 2`)
+	createTunedEndpoint(t, api, good.srv.URL, `"max_in_flight": 2`)
+	runWebhookPool(t, db, nil)
+	defer close(release) // deferred calls run before cleanups: the pool's jobs end, then it stops
+
+	recordFor(t, db, bad.srv.URL, 40)
+	waitFor(t, "the hanging receiver to hold its cap", 10*time.Second, func() bool { return hung.now.Load() == 2 })
+	recordFor(t, db, good.srv.URL, 10)
+	waitFor(t, "the healthy endpoint's 10 deliveries", 10*time.Second, func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'completed'`) == 10
+	})
+	if peak := hung.peak.Load(); peak != 2 {
+		t.Errorf("the hanging receiver saw %d requests at once, want its cap, 2", peak)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'running'`); n != 2 {
+		t.Errorf("%d jobs running, want the hanging endpoint's 2", n)
+	}
+}
+
+// The claim shares a batch between lanes round robin: an endpoint with a
+// long backlog of older jobs takes no more than its turn, and subscribers'
+// jobs keep theirs.
+func TestClaimSharesTheBatchBetweenLanes(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	mustExec(t, db, `INSERT INTO outbox.endpoints (url, secret, max_in_flight)
+		VALUES ('https://busy.example.com/', decode(repeat('ab', 32), 'hex'), 1000),
+		       ('https://quiet.example.com/', decode(repeat('ab', 32), 'hex'), 1000)`)
+	enqueue := func(url string, n int, age string) {
+		mustExec(t, db, `
+			INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, scheduled_at)
+			SELECT 'webhook', outbox.record('t', i::text, '{}'),
+			       (SELECT id FROM outbox.endpoints WHERE url = $1), 18, now() - $3::interval
+			FROM generate_series(1, $2) AS i`, url, n, age)
+	}
+	enqueue("https://busy.example.com/", 500, "1 hour")
+	enqueue("https://quiet.example.com/", 5, "1 minute")
+	mustExec(t, db, `INSERT INTO outbox.jobs (kind, event_id, max_attempts)
+		SELECT 'sub:x', outbox.record('t', i::text, '{}'), 18 FROM generate_series(1, 5) AS i`)
+
+	got := map[string]int{}
+	rows := queryStrings(t, db, `SELECT coalesce(ep.url, c.kind) FROM outbox.claim_jobs(20) AS c
+		LEFT JOIN outbox.endpoints AS ep ON ep.id = c.endpoint_id`)
+	for _, lane := range rows {
+		got[lane]++
+	}
+	want := map[string]int{"https://busy.example.com/": 10, "https://quiet.example.com/": 5, "sub:x": 5}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("a claim of 20 per lane (-want +got):\n%s", diff)
+	}
+}
+
+// Two replicas, each with 8 workers, respect one endpoint's cap of 3
+// together: the cap is counted in the database, not in a process.
+func TestTwoReplicasRespectOneCap(t *testing.T) {
+	t.Parallel()
+	db, dsn := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	var inFlight concurrency
+	slow := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		inFlight.enter()
+		defer inFlight.leave()
+		time.Sleep(20 * time.Millisecond) // the receiver's work, so requests overlap
+	})
+	createTunedEndpoint(t, api, slow.srv.URL, `"max_in_flight": 3`)
+	recordFor(t, db, slow.srv.URL, 60)
+	for range 2 {
+		replica, err := openDB(context.Background(), dsn, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { replica.Close() })
+		runWebhookPool(t, replica, nil)
+	}
+	waitFor(t, "60 deliveries", 30*time.Second, func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'completed'`) == 60
+	})
+	if peak := inFlight.peak.Load(); peak > 3 || peak < 2 {
+		t.Errorf("the receiver saw %d requests at once from two replicas, want at most the cap, 3 (and more than 1: they ran side by side)", peak)
+	}
+}
+
+// Under a rate limit, the claims of two replicas together space the
+// endpoint's requests 1/rate apart: the start times they hand out never
+// come closer than that, whoever claims.
+func TestRateLimitSpacesRequestsAcrossReplicas(t *testing.T) {
+	t.Parallel()
+	db, dsn := newTestDB(t)
+	mustExec(t, db, `INSERT INTO outbox.endpoints (url, secret, max_in_flight, rate_limit_per_second)
+		VALUES ('https://limited.example.com/', decode(repeat('ab', 32), 'hex'), 1000, 20)`)
+	mustExec(t, db, `INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts)
+		SELECT 'webhook', outbox.record('t', i::text, '{}'), (SELECT id FROM outbox.endpoints), 18
+		FROM generate_series(1, 200) AS i`)
+	var mu sync.Mutex
+	var starts []time.Time
+	claimAll := func(db *sql.DB) error {
+		for range 10 {
+			rows, err := db.Query(`SELECT now() + start_in_ms * interval '1 millisecond' FROM outbox.claim_jobs(100)`)
+			if err != nil {
+				return err
+			}
+			for rows.Next() {
+				var at time.Time
+				if err := rows.Scan(&at); err != nil {
+					return err
+				}
+				mu.Lock()
+				starts = append(starts, at)
+				mu.Unlock()
+			}
+			if err := rows.Close(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	replica, err := openDB(context.Background(), dsn, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer replica.Close()
+	errs := make(chan error, 2)
+	go func() { errs <- claimAll(db) }()
+	go func() { errs <- claimAll(replica) }()
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 20 a second, one second ahead at most: each claim hands out at most
+	// 21 start times, and the 20 claims here run within a second or two.
+	if len(starts) < 21 {
+		t.Fatalf("the replicas claimed %d jobs, want more than one second's worth (21)", len(starts))
+	}
+	slices.SortFunc(starts, time.Time.Compare)
+	for i := 1; i < len(starts); i++ {
+		// 1/20 s apart, less a millisecond: start_in_ms is rounded up to
+		// whole milliseconds from each claim's own now().
+		if gap := starts[i].Sub(starts[i-1]); gap < 49*time.Millisecond {
+			t.Fatalf("requests %d and %d start %s apart, want at least 50ms (20 a second)", i-1, i, gap)
+		}
+	}
+}
+
+// A 429 with Retry-After holds the whole endpoint, not just the job: none
+// of its other deliveries is claimed before then, while another
+// endpoint's are.
+func TestRetryAfterHoldsTheWholeEndpoint(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	busy := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "120")
+		w.WriteHeader(http.StatusTooManyRequests)
+	})
+	other := newReceiver(t, nil)
+	held := createTunedEndpoint(t, api, busy.srv.URL, `"max_in_flight": 1`)
+	createTunedEndpoint(t, api, other.srv.URL, `"max_in_flight": 1`)
+	recordFor(t, db, busy.srv.URL, 5)
+	recordFor(t, db, other.srv.URL, 5)
+	runWebhookPool(t, db, nil)
+	waitFor(t, "the other endpoint's deliveries", 10*time.Second, func() bool { return len(other.requests()) == 5 })
+	if n := len(busy.requests()); n != 1 {
+		t.Errorf("the receiver that asked to wait 120 s got %d requests, want 1", n)
+	}
+	e := api.endpoint(held.ID)
+	if e.HeldUntil == nil || time.Until(*e.HeldUntil) < 100*time.Second {
+		t.Errorf("held_until %v, want about 120 s from now", e.HeldUntil)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'available'`, held.ID); n != 4 {
+		t.Errorf("%d of the held endpoint's deliveries still wait, want 4", n)
+	}
+}
+
+// Pause holds deliveries and loses none, across a restart of the workers;
+// resume sends them all.
+func TestPauseHoldsDeliveriesAcrossARestart(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	rc := newReceiver(t, nil)
+	ep := createTunedEndpoint(t, api, rc.srv.URL, `"max_in_flight": 4`)
+	status, body := api.do("POST", "/api/endpoints/"+itoa(ep.ID)+"/pause", "")
+	var paused Endpoint
+	if err := json.Unmarshal(body, &paused); err != nil {
+		t.Fatal(err)
+	}
+	if status != http.StatusOK || paused.State != "paused" || paused.PausedAt == nil {
+		t.Fatalf("pause: %d %s, want 200 with state paused", status, body)
+	}
+	recordFor(t, db, rc.srv.URL, 10)
+
+	wp := newWorkerPool(db, defaultConfig().Workers, time.Minute, newSubscriberRegistry(), nil, testLogger(t))
+	for restart := range 2 {
+		if n, err := wp.workOnce(context.Background(), 100); err != nil || n != 0 {
+			t.Fatalf("workers' turn %d while paused claimed %d jobs (%v), want 0", restart, n, err)
+		}
+		wp = newWorkerPool(db, defaultConfig().Workers, time.Minute, newSubscriberRegistry(), nil, testLogger(t))
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'available'`, ep.ID); n != 10 {
+		t.Fatalf("%d deliveries wait while paused, want all 10", n)
+	}
+
+	status, body = api.do("POST", "/api/endpoints/"+itoa(ep.ID)+"/resume", "")
+	var resumed Endpoint
+	if err := json.Unmarshal(body, &resumed); err != nil {
+		t.Fatal(err)
+	}
+	if status != http.StatusOK || resumed.State != "enabled" || resumed.PausedAt != nil {
+		t.Fatalf("resume: %d %s, want 200 with state enabled", status, body)
+	}
+	runWebhookPool(t, db, nil)
+	waitFor(t, "the 10 held deliveries", 10*time.Second, func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'completed'`, ep.ID) == 10
+	})
+	if n := len(rc.requests()); n != 10 {
+		t.Errorf("the receiver got %d requests, want 10: each held delivery once", n)
+	}
+}
+
+// A receiver that fails one request in ten never opens the breaker (5 in
+// a row): every delivery goes at once and succeeds on its retry, and none
+// is deferred 5 minutes. One failure used to defer every new delivery.
+func TestFlakyReceiverKeepsItsBreakerClosed(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	flaky := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if n%10 == 0 {
+			w.WriteHeader(http.StatusInternalServerError)
+		}
+	})
+	ep := createTunedEndpoint(t, api, flaky.srv.URL, `"max_in_flight": 4`)
+	runWebhookPool(t, db, nil)
+	for range 5 {
+		recordFor(t, db, flaky.srv.URL, 20)
+	}
+	// A first retry waits 1 s (attempt⁴ seconds).
+	waitFor(t, "100 deliveries", 20*time.Second, func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'completed'`, ep.ID) == 100
+	})
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE endpoint_id = $1 AND status_code = 500`, ep.ID); n < 5 {
+		t.Fatalf("the receiver failed %d requests, want one in ten of at least 100", n)
+	}
+	if e := api.endpoint(ep.ID); e.Breaker.State != "closed" || e.Breaker.OpenedAt != nil {
+		t.Errorf("breaker %+v after one failure in ten, want closed", e.Breaker)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND scheduled_at > created_at + interval '1 minute'`, ep.ID); n != 0 {
+		t.Errorf("%d deliveries were deferred, want none", n)
+	}
+}
+
+// A dead receiver opens the breaker at the 5th failure in a row: then one
+// attempt at a time, and new deliveries are scheduled 5 minutes out. The
+// first success closes it. With -breaker-threshold 1 the first failure
+// opens it: the rule before breakers.
+func TestBreakerOpensAtTheThresholdAndASuccessClosesIt(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		threshold, failures int
+	}{{5, 5}, {1, 1}} {
+		t.Run(fmt.Sprintf("threshold %d", tc.threshold), func(t *testing.T) {
+			t.Parallel()
+			db, _ := newTestDB(t)
+			api := newTestAPI(t, db, testPolicy)
+			var up atomic.Bool
+			rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+				if !up.Load() {
+					w.WriteHeader(http.StatusInternalServerError)
+				}
+			})
+			ep := createTunedEndpoint(t, api, rc.srv.URL, `"max_in_flight": 1`)
+			cfg := defaultConfig().Workers
+			cfg.BreakerThreshold = tc.threshold
+			wp := newWorkerPool(db, cfg, time.Minute, newSubscriberRegistry(),
+				map[string]jobHandler{webhookJobKind: newWebhookSender(db, nil,
+					newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: 10 * time.Second}), nil, nil, testLogger(t)).deliver},
+				testLogger(t))
+			recordFor(t, db, rc.srv.URL, 20)
+			// turn is one turn of the workers, counting the endpoint's jobs
+			// it claimed: the owner notifications of the endpoint's state
+			// changes (jobs of no endpoint) are not this test's.
+			turn := func() int {
+				t.Helper()
+				mustExec(t, db, `DELETE FROM outbox.jobs WHERE endpoint_id IS NULL`)
+				n, err := wp.workOnce(context.Background(), 100)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+			for i := 1; i <= tc.failures; i++ {
+				if e := api.endpoint(ep.ID); e.Breaker.State != "closed" || e.Breaker.ConsecutiveFailures != i-1 {
+					t.Fatalf("before failure %d: breaker %+v, want closed with %d failures", i, e.Breaker, i-1)
+				}
+				mustExec(t, db, `UPDATE outbox.jobs SET scheduled_at = now() WHERE state = 'retryable'`)
+				if n := turn(); n != 1 {
+					t.Fatalf("turn %d claimed %d, want the cap, 1", i, n)
+				}
+			}
+			e := api.endpoint(ep.ID)
+			if e.Breaker.State != "open" || e.Breaker.OpenedAt == nil || e.Breaker.ConsecutiveFailures != tc.failures {
+				t.Fatalf("after %d failures: breaker %+v, want open", tc.failures, e.Breaker)
+			}
+			// Open: new deliveries 5 minutes out.
+			recordFor(t, db, rc.srv.URL, 1)
+			if due := queryInt(t, db, `SELECT extract(epoch FROM max(scheduled_at) - now())::int FROM outbox.jobs WHERE endpoint_id = $1 AND attempt = 0`, ep.ID); due < 290 || due > 300 {
+				t.Errorf("a new delivery while open is due in %d s, want 300", due)
+			}
+			// A cap of 1000 gives way to one attempt at a time while open.
+			mustExec(t, db, `UPDATE outbox.endpoints SET max_in_flight = 1000`)
+			mustExec(t, db, `UPDATE outbox.jobs SET scheduled_at = now() WHERE state IN ('available', 'retryable')`)
+			if n := turn(); n != 1 {
+				t.Fatalf("a turn while open claimed %d, want one probe", n)
+			}
+			if e := api.endpoint(ep.ID); e.Breaker.ConsecutiveFailures != tc.failures+1 {
+				t.Errorf("after a failed probe: %+v, want %d failures in a row", e.Breaker, tc.failures+1)
+			}
+			up.Store(true)
+			mustExec(t, db, `UPDATE outbox.jobs SET scheduled_at = now() WHERE state IN ('available', 'retryable')`)
+			if n := turn(); n != 1 {
+				t.Fatalf("the probe turn claimed %d, want 1", n)
+			}
+			e = api.endpoint(ep.ID)
+			if e.Breaker.State != "closed" || e.Breaker.ConsecutiveFailures != 0 || e.State != "enabled" {
+				t.Errorf("after a success: state %s, breaker %+v; want enabled and closed", e.State, e.Breaker)
+			}
+			if n := turn(); n != 20 {
+				t.Errorf("a turn once closed claimed %d, want the other 20", n)
+			}
+		})
+	}
+}
