@@ -51,6 +51,25 @@ type Endpoint struct {
 	DedupWindowSeenAt  *time.Time `json:"dedup_window_seen_at"`
 	CreatedAt          time.Time  `json:"created_at"`
 	UpdatedAt          time.Time  `json:"updated_at"`
+	// DisabledCause is who disabled it: "operator", "gone" (a 410) or
+	// "failure" (the 5-day sweep); nil while enabled, and for an endpoint
+	// disabled before causes were recorded.
+	DisabledCause *string `json:"disabled_cause"`
+	// RecoveryProbes lets the prober (probe.go) probe the endpoint once it
+	// is disabled for failure, and re-enable it at the first 2xx.
+	RecoveryProbes bool     `json:"recovery_probes"`
+	Recovery       recovery `json:"recovery"`
+}
+
+// recovery is what the prober did to an endpoint, as the API shows it:
+// NextProbeAt is set while a probe is scheduled; RecoveredAt and
+// RecoveredReason tell the last time a probe re-enabled it, and why.
+type recovery struct {
+	NextProbeAt     *time.Time `json:"next_probe_at"`
+	LastProbeAt     *time.Time `json:"last_probe_at"`
+	LastProbeError  *string    `json:"last_probe_error"`
+	RecoveredAt     *time.Time `json:"recovered_at"`
+	RecoveredReason *string    `json:"recovered_reason"`
 }
 
 // breaker is an endpoint's circuit breaker as the API shows it: "open"
@@ -131,6 +150,8 @@ type endpointInput struct {
 	MaxInFlight *int      `json:"max_in_flight"`
 	// RateLimitPerSecond given as null removes the limit.
 	RateLimitPerSecond nullable[float64] `json:"rate_limit_per_second"`
+	// RecoveryProbes is true unless given false (probe.go).
+	RecoveryProbes *bool `json:"recovery_probes"`
 }
 
 // nullable is a JSON field that tells absent (Set false) from null (Set,
@@ -231,7 +252,10 @@ const endpointColumns = `
    WHERE j.endpoint_id = endpoints.id AND j.state = 'running'),
   consecutive_failures, breaker_opened_at,
   CASE WHEN held_until > now() THEN held_until END,
-  created_at, updated_at`
+  created_at, updated_at,
+  disabled_cause, recovery_probes,
+  outbox.probe_due_at(disabled_cause, recovery_probes, url, disabled_at, next_probe_at),
+  last_probe_at, last_probe_error, recovered_at, recovered_reason`
 
 func scanEndpoint(row rowScanner) (Endpoint, error) {
 	var e Endpoint
@@ -240,7 +264,10 @@ func scanEndpoint(row rowScanner) (Endpoint, error) {
 		&e.DedupWindowSeconds, &e.DedupWindowSeenAt,
 		&e.MaxInFlight, &e.RateLimitPerSecond, &e.InFlight,
 		&e.Breaker.ConsecutiveFailures, &e.Breaker.OpenedAt, &e.HeldUntil,
-		&e.CreatedAt, &e.UpdatedAt)
+		&e.CreatedAt, &e.UpdatedAt,
+		&e.DisabledCause, &e.RecoveryProbes,
+		&e.Recovery.NextProbeAt, &e.Recovery.LastProbeAt, &e.Recovery.LastProbeError,
+		&e.Recovery.RecoveredAt, &e.Recovery.RecoveredReason)
 	if err != nil {
 		return e, err
 	}
@@ -285,9 +312,9 @@ SELECT nextval(pg_get_serial_sequence('outbox.endpoints', 'id'))`
 // from the column's own sequence.
 const createEndpointSQL = `
 INSERT INTO outbox.endpoints (id, url, description, owner_email, topics, secret,
-                              max_in_flight, rate_limit_per_second)
+                              max_in_flight, rate_limit_per_second, recovery_probes)
 OVERRIDING SYSTEM VALUE
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, coalesce($9, true))
 RETURNING` + endpointColumns
 
 // createEndpoint stores a validated endpoint with its first secret, sealed
@@ -317,7 +344,7 @@ func createEndpoint(ctx context.Context, db *sql.DB, box *secretBox, in endpoint
 	}
 	e, err := scanEndpoint(db.QueryRowContext(ctx, createEndpointSQL,
 		id, *in.URL, description, ownerEmail, pq.Array(topics), box.seal(endpointSecretRow(id), secret),
-		maxInFlight, in.RateLimitPerSecond.Value))
+		maxInFlight, in.RateLimitPerSecond.Value, in.RecoveryProbes))
 	if err != nil {
 		return e, fmt.Errorf("create endpoint: %w", err)
 	}
@@ -365,6 +392,7 @@ SET url = coalesce($2, url),
     topics = coalesce($5::text[], topics),
     max_in_flight = coalesce($6, max_in_flight),
     rate_limit_per_second = CASE WHEN $7 THEN $8 ELSE rate_limit_per_second END,
+    recovery_probes = coalesce($9, recovery_probes),
     updated_at = now()
 WHERE id = $1
 RETURNING` + endpointColumns
@@ -375,7 +403,7 @@ func updateEndpoint(ctx context.Context, db *sql.DB, id int64, in endpointInput)
 		topics = pq.Array(append([]string{}, *in.Topics...))
 	}
 	return scanOneEndpoint(db.QueryRowContext(ctx, updateEndpointSQL, id, in.URL, in.Description, in.OwnerEmail, topics,
-		in.MaxInFlight, in.RateLimitPerSecond.Set, in.RateLimitPerSecond.Value), "update", id)
+		in.MaxInFlight, in.RateLimitPerSecond.Set, in.RateLimitPerSecond.Value, in.RecoveryProbes), "update", id)
 }
 
 // deleteEndpointSQL removes an endpoint. Its jobs stay, with endpoint_id
@@ -421,6 +449,7 @@ SET failing_since = CASE WHEN disabled_at IS NOT NULL THEN NULL ELSE failing_sin
     breaker_opened_at = CASE WHEN disabled_at IS NOT NULL THEN NULL ELSE breaker_opened_at END,
     disabled_at = NULL,
     disabled_reason = NULL,
+    disabled_cause = NULL,
     updated_at = now()
 WHERE id = $1
 RETURNING` + endpointColumns
@@ -430,11 +459,13 @@ func enableEndpoint(ctx context.Context, db *sql.DB, id int64) (Endpoint, error)
 }
 
 // disableEndpointSQL disables an endpoint with a reason; disabling a
-// disabled endpoint keeps its first reason and time.
+// disabled endpoint keeps its first reason and time, and makes the
+// operator its cause, so no recovery probe re-enables it (probe.go).
 const disableEndpointSQL = `
 UPDATE outbox.endpoints
 SET disabled_at = coalesce(disabled_at, now()),
     disabled_reason = coalesce(disabled_reason, $2),
+    disabled_cause = 'operator',
     updated_at = now()
 WHERE id = $1
 RETURNING` + endpointColumns

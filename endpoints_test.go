@@ -119,7 +119,7 @@ func TestEndpointAPILifecycle(t *testing.T) {
 	want := Endpoint{
 		ID: id, URL: "https://hooks.example.com/outboxd", Description: "billing", OwnerEmail: "ops@example.com",
 		Topics: []string{"order.*", "user.created"}, State: "enabled",
-		MaxInFlight: 16, Breaker: breaker{State: "closed"},
+		MaxInFlight: 16, Breaker: breaker{State: "closed"}, RecoveryProbes: true,
 	}
 	ignoreTimes := cmp.FilterPath(func(p cmp.Path) bool {
 		switch p.Last().String() {

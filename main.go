@@ -704,6 +704,7 @@ type pipeline struct {
 	relay      *relay
 	workers    *workerPool
 	rescuer    *rescuer
+	prober     *prober
 	deliveries *deliveryMetrics
 	notifier   *ownerNotifier
 	samples    *sampler
@@ -743,6 +744,8 @@ func startPipeline(cfg Config, db *sql.DB, box *secretBox, dsn string, allowAddr
 	start("workers", func(ctx context.Context) error { return p.workers.Run(ctx, wake.jobs) })
 	p.rescuer = newRescuer(db, cfg.Workers, logger)
 	start("rescuer", p.rescuer.Run)
+	p.prober = newProber(db, box, webhookClient, cfg.Retention.Events, cfg.Workers.MaxAttempts, logger)
+	start("prober", p.prober.Run)
 
 	p.samples = newSampler(db, sampleInterval, logger)
 	start("sampler", p.samples.Run)

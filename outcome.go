@@ -317,6 +317,7 @@ const endpointGoneSQL = `
 UPDATE outbox.endpoints
 SET disabled_at = now(),
     disabled_reason = '` + endpointGoneReason + `',
+    disabled_cause = 'gone',
     failing_since = coalesce(failing_since, now())
 WHERE id = ANY($1::bigint[])
   AND disabled_at IS NULL`

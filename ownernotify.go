@@ -1,10 +1,10 @@
 // ownernotify.go: the job kind "owner-notify", which mails an endpoint's
-// owner when the endpoint becomes failing or is disabled, at most
-// OwnerNotifyPerHour mails per owner per hour.
+// owner when the endpoint becomes failing, is disabled, or is re-enabled
+// by a recovery probe, at most OwnerNotifyPerHour mails per owner per hour.
 //
 // The state change records an event in its own transaction (schema.sql's
-// endpoints_state_event trigger); the relay fans it out to one job of this
-// kind. Over the cap the mail is a deliberate drop: logged, counted in
+// endpoints_state_event trigger; the prober, probe.go, for a recovery);
+// the relay fans it out to one job of this kind. Over the cap the mail is a deliberate drop: logged, counted in
 // outboxd_owner_notifications_dropped_total, and the job completes with
 // the reason as a note, so the panel shows it beside its event. A slot is
 // keyed by the job, so a retried notification keeps the slot it took.
@@ -26,11 +26,13 @@ const (
 	ownerNotifyJobKind    = "owner-notify"
 	endpointFailingTopic  = internalTopicPrefix + "endpoint.failing"
 	endpointDisabledTopic = internalTopicPrefix + "endpoint.disabled"
+	// endpointRecoveredTopic: a recovery probe's 2xx re-enabled it.
+	endpointRecoveredTopic = internalTopicPrefix + "endpoint.recovered"
 )
 
 // ownerNotifyTarget is how the relay fans out to owner-notify jobs: one
 // for every state-change event of an endpoint.
-var ownerNotifyTarget = jobTarget{Kind: ownerNotifyJobKind, Topics: []string{endpointFailingTopic, endpointDisabledTopic}}
+var ownerNotifyTarget = jobTarget{Kind: ownerNotifyJobKind, Topics: []string{endpointFailingTopic, endpointDisabledTopic, endpointRecoveredTopic}}
 
 // ownerNotifier runs owner-notify jobs.
 type ownerNotifier struct {
@@ -48,7 +50,9 @@ func newOwnerNotifier(db *sql.DB, mail *mailer, perHour int, logger *slog.Logger
 	return &ownerNotifier{db: db, mail: mail, perHour: perHour, logger: logger.With("loop", "owner-notify")}
 }
 
-// endpointStatePayload is the payload endpoints_state_event records.
+// endpointStatePayload is the payload endpoints_state_event records, and
+// the prober's recovery event (with State "recovered" and the recovery's
+// fields).
 type endpointStatePayload struct {
 	EndpointID     int64      `json:"endpoint_id"`
 	URL            string     `json:"url"`
@@ -57,6 +61,10 @@ type endpointStatePayload struct {
 	FailingSince   *time.Time `json:"failing_since"`
 	DisabledReason *string    `json:"disabled_reason"`
 	LastError      *string    `json:"last_error"`
+
+	DisabledAt      *time.Time `json:"disabled_at,omitempty"`
+	RecoveredAt     *time.Time `json:"recovered_at,omitempty"`
+	RecoveredReason *string    `json:"recovered_reason,omitempty"`
 }
 
 // notify runs one attempt: no owner or no SMTP completes at once; else it
@@ -177,6 +185,16 @@ func ownerMail(p endpointStatePayload, eventID int64) mailMessage {
 	var b strings.Builder
 	var subject string
 	switch p.State {
+	case endpointRecovered:
+		subject = fmt.Sprintf("[outboxd] endpoint %d is enabled again", p.EndpointID)
+		fmt.Fprintf(&b, "Your endpoint %d (%s) answered a recovery probe and is enabled again", p.EndpointID, p.URL)
+		if p.RecoveredReason != nil {
+			fmt.Fprintf(&b, ": %s", *p.RecoveredReason)
+		}
+		b.WriteString(".\n")
+		if p.DisabledReason != nil {
+			fmt.Fprintf(&b, "\nIt had been disabled: %s.\n", *p.DisabledReason)
+		}
 	case "disabled":
 		subject = fmt.Sprintf("[outboxd] endpoint %d is disabled", p.EndpointID)
 		fmt.Fprintf(&b, "Your endpoint %d (%s) is disabled", p.EndpointID, p.URL)

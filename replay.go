@@ -25,9 +25,10 @@ type ReplayResult struct {
 // replaySQL enqueues the endpoint's delivery of up to $4 fanned events with
 // ids above $3, recorded at or after $2, that its topics select. The
 // (endpoint, event) pair is unique, so a pair that was delivered before is
-// reset to run again; one still waiting or running is left as it is. The
-// job keeps its attempt count and errors, and gets one more attempt if it
-// had used them all.
+// reset to run again if $6 says so; one still waiting or running is left
+// as it is. The job keeps its attempt count and errors, and gets one more
+// attempt if it had used them all. With $6 false only the events the
+// endpoint has no job for are enqueued: what it missed, never twice.
 const replaySQL = `
 WITH endpoint AS (
   SELECT id, topics
@@ -52,6 +53,7 @@ enqueued AS (
   ON CONFLICT (endpoint_id, event_id) WHERE endpoint_id IS NOT NULL
   DO UPDATE` + retrySetSQL + `
   WHERE outbox.jobs.state IN ('completed', 'discarded')
+    AND $6
   RETURNING 1
 )
 SELECT (SELECT count(*) FROM candidates),
@@ -83,21 +85,29 @@ func replayEndpoint(ctx context.Context, db *sql.DB, id int64, since time.Time, 
 	if ep.State == endpointDisabled {
 		return res, fmt.Errorf("%w: endpoint %d is disabled; enable it before replaying", errInvalid, id)
 	}
-	var after int64
+	res.Jobs, err = replayBatches(ctx, db, id, res.From, maxAttempts, true)
+	return res, err
+}
+
+// replayBatches runs replaySQL from the start over every event recorded
+// since from, and wakes the workers. resendDelivered is replaySQL's $6;
+// false enqueues only what the endpoint missed (a recovery, probe.go).
+func replayBatches(ctx context.Context, db *sql.DB, id int64, from time.Time, maxAttempts int, resendDelivered bool) (int64, error) {
+	var after, total int64
 	for {
 		var candidates, jobs int64
-		if err := db.QueryRowContext(ctx, replaySQL, id, res.From, after, manualBatch, maxAttempts).Scan(&candidates, &after, &jobs); err != nil {
-			return res, fmt.Errorf("replay endpoint %d: %w", id, err)
+		if err := db.QueryRowContext(ctx, replaySQL, id, from, after, manualBatch, maxAttempts, resendDelivered).Scan(&candidates, &after, &jobs); err != nil {
+			return total, fmt.Errorf("replay endpoint %d: %w", id, err)
 		}
-		res.Jobs += jobs
+		total += jobs
 		if candidates < manualBatch {
 			break
 		}
 	}
 	if err := notify(ctx, db, jobsChannel); err != nil {
-		return res, fmt.Errorf("replay endpoint %d: %w", id, err)
+		return total, fmt.Errorf("replay endpoint %d: %w", id, err)
 	}
-	return res, nil
+	return total, nil
 }
 
 // DeliveryView is one attempt as the panel shows it.

@@ -382,6 +382,7 @@ SET disabled_at = now(),
     disabled_reason = 'failing continuously since '
                       || to_char(failing_since AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS "UTC"')
                       || ' (longer than ' || justify_interval(make_interval(secs => $1))::text || ')',
+    disabled_cause = 'failure',
     updated_at = now()
 WHERE disabled_at IS NULL
   AND failing_since < now() - make_interval(secs => $1)
@@ -389,7 +390,8 @@ RETURNING id`
 
 // disableFailingEndpoints is the endpoint bound: deliveries to a receiver
 // that has been failing for EndpointDisableAfter stop being enqueued (the
-// relay skips disabled endpoints) until its owner re-enables it. It runs
+// relay skips disabled endpoints) until its owner re-enables it, or a
+// recovery probe's 2xx does (probe.go). It runs
 // on the lock's connection, so one replica does it.
 func (s *sweeper) disableFailingEndpoints(ctx context.Context, conn *sql.Conn) ([]int64, error) {
 	if s.cfg.EndpointDisableAfter <= 0 {

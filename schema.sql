@@ -1131,3 +1131,80 @@ CREATE TABLE IF NOT EXISTS outbox.alert_acks (
   acknowledged_at timestamptz NOT NULL,
   CONSTRAINT alert_acks_name_length CHECK (length(name) BETWEEN 1 AND 100)
 );
+
+--------------------------------------------------------------------------------
+-- Recovery probes: an endpoint disabled for failing comes back by itself
+--------------------------------------------------------------------------------
+
+-- disabled_cause says who disabled an endpoint, beside the reason text:
+--
+--   operator  POST .../disable (endpoints.go). An operator's disable of an
+--             endpoint already disabled keeps its first reason and time,
+--             and becomes the cause: the endpoint stays off until enabled.
+--   gone      the receiver answered 410 Gone (outcome.go), to a delivery or
+--             to a probe.
+--   failure   failing continuously for -endpoint-disable-after (5 days;
+--             retention.go).
+--
+-- NULL while enabled, and on endpoints disabled before this column
+-- existed, which are never probed: their cause is unknown.
+--
+-- An endpoint disabled for failure, with recovery_probes on (the default;
+-- PATCH {"recovery_probes": false} opts out) and an http(s) URL, gets a
+-- signed probe (probe.go) on the schedule of outbox.probe_interval. The
+-- prober writes next_probe_at and last_probe_at when it claims a probe,
+-- before it sends it, and last_probe_error with the answer. A 2xx
+-- re-enables the endpoint with recovered_at and recovered_reason, and
+-- recovery_replay_from, the start of the replay of what it missed, which
+-- stays set until the replay's last catch-up pass has run. Probes add no
+-- rows: each one updates its endpoint's row.
+ALTER TABLE outbox.endpoints
+  ADD COLUMN IF NOT EXISTS disabled_cause text,
+  ADD COLUMN IF NOT EXISTS recovery_probes boolean NOT NULL DEFAULT true,
+  ADD COLUMN IF NOT EXISTS next_probe_at timestamptz,
+  ADD COLUMN IF NOT EXISTS last_probe_at timestamptz,
+  ADD COLUMN IF NOT EXISTS last_probe_error text,
+  ADD COLUMN IF NOT EXISTS recovered_at timestamptz,
+  ADD COLUMN IF NOT EXISTS recovered_reason text,
+  ADD COLUMN IF NOT EXISTS recovery_replay_from timestamptz;
+
+DO $$
+BEGIN
+  ALTER TABLE outbox.endpoints
+    ADD CONSTRAINT endpoints_disabled_cause CHECK (
+      disabled_cause IS NULL
+      OR (disabled_cause IN ('operator', 'gone', 'failure') AND disabled_at IS NOT NULL)
+    ),
+    ADD CONSTRAINT endpoints_last_probe_error_length CHECK (length(last_probe_error) <= 2100),
+    ADD CONSTRAINT endpoints_recovered_reason_length CHECK (length(recovered_reason) <= 1000);
+EXCEPTION WHEN duplicate_object THEN
+  NULL;
+END
+$$;
+
+-- probe_interval is the schedule: how long after a probe made at "at" the
+-- next one is due, for an endpoint disabled at disabled_at. Hourly through
+-- the first day (a receiver back after an outage is found within the
+-- hour), then every 6 hours, for as long as it stays disabled: 24 probes
+-- the first day, 4 a day after. The first probe is due an hour after the
+-- disable.
+CREATE OR REPLACE FUNCTION outbox.probe_interval(disabled_at timestamptz, at timestamptz)
+RETURNS interval
+LANGUAGE sql STABLE
+AS $$
+  SELECT CASE WHEN at < disabled_at + interval '24 hours' THEN interval '1 hour'
+              ELSE interval '6 hours' END
+$$;
+
+-- probe_due_at is when an endpoint's next probe is due, NULL if it gets
+-- none. next_probe_at is left as it is by enabling and disabling; one from
+-- an earlier disable lies before this one's first probe, which greatest()
+-- then takes.
+CREATE OR REPLACE FUNCTION outbox.probe_due_at(disabled_cause text, recovery_probes boolean, url text,
+                                               disabled_at timestamptz, next_probe_at timestamptz)
+RETURNS timestamptz
+LANGUAGE sql STABLE
+AS $$
+  SELECT CASE WHEN disabled_cause = 'failure' AND recovery_probes AND url !~ '^mailto:'
+              THEN greatest(next_probe_at, disabled_at + outbox.probe_interval(disabled_at, disabled_at)) END
+$$;
