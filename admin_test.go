@@ -195,6 +195,7 @@ func TestEvaluateAlertThresholds(t *testing.T) {
 		{"any discarded", Overview{Jobs: JobCounts{Discarded: 1}}, []string{"jobs_discarded"}},
 		{"any endpoint disabled", Overview{Endpoints: EndpointCounts{Failing: 3, Disabled: 1}}, []string{"endpoint_disabled"}},
 		{"failing endpoints alone", Overview{Endpoints: EndpointCounts{Failing: 3}}, []string{}},
+		{"any endpoint paused", Overview{Endpoints: EndpointCounts{Paused: 1, PausedQueued: 40}}, []string{"endpoint_paused"}},
 		{"NOTIFY queue half full", Overview{NotifyQueueUsage: 0.5}, []string{"notify_queue"}},
 		{"NOTIFY queue in normal use", Overview{NotifyQueueUsage: 0.01}, []string{}},
 	} {

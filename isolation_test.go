@@ -312,6 +312,14 @@ func TestPauseHoldsDeliveriesAcrossARestart(t *testing.T) {
 	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'available'`, ep.ID); n != 10 {
 		t.Fatalf("%d deliveries wait while paused, want all 10", n)
 	}
+	// A pause has no end of its own: the overview says what it holds.
+	o, err := readOverview(context.Background(), db, defaultConfig().Alerts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(alertNamesOf(o.Alerts), "endpoint_paused") || o.Endpoints.Paused != 1 || o.Endpoints.PausedQueued != 10 {
+		t.Errorf("overview while paused: %+v, alerts %v; want 1 paused holding 10, and endpoint_paused", o.Endpoints, alertNamesOf(o.Alerts))
+	}
 
 	status, body = api.do("POST", "/api/endpoints/"+itoa(ep.ID)+"/resume", "")
 	var resumed Endpoint

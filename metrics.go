@@ -222,7 +222,7 @@ func writeMetrics(w io.Writer, o Overview, c *processCounters) error {
 }
 
 // alertNames lists every alert, so /metrics shows the cleared ones as 0.
-var alertNames = []string{"events_backlog", "events_poisoned", "jobs_discarded", "endpoint_disabled", "notify_queue",
+var alertNames = []string{"events_backlog", "events_poisoned", "jobs_discarded", "endpoint_disabled", "endpoint_paused", "notify_queue",
 	"table_bloat", "old_transaction", "retention_failed", "receiver_window_short"}
 
 // deliveryMetrics are observed by the webhook sender.

@@ -96,7 +96,10 @@ type JobCounts struct {
 type EndpointCounts struct {
 	Enabled  int64 `json:"enabled"`
 	Failing  int64 `json:"failing"`
+	Paused   int64 `json:"paused"`
 	Disabled int64 `json:"disabled"`
+	// PausedQueued is how many deliveries the paused endpoints hold.
+	PausedQueued int64 `json:"paused_queued"`
 }
 
 // TableBytes is each table's total size on disk: heap, indexes and TOAST.
@@ -157,12 +160,19 @@ SELECT (SELECT count(*) FROM outbox.events
        (SELECT min(poisoned_at) FROM outbox.events WHERE poisoned_at IS NOT NULL),
        now()`
 
+// The states are counted as scanEndpoint derives them; the deliveries a
+// paused endpoint holds are counted through its lane's index.
 const overviewEndpointsSQL = `
-SELECT count(*) FILTER (WHERE disabled_at IS NULL AND failing_since IS NULL),
-       count(*) FILTER (WHERE disabled_at IS NULL AND failing_since IS NOT NULL),
+SELECT count(*) FILTER (WHERE disabled_at IS NULL AND paused_at IS NULL AND failing_since IS NULL),
+       count(*) FILTER (WHERE disabled_at IS NULL AND paused_at IS NULL AND failing_since IS NOT NULL),
+       count(*) FILTER (WHERE disabled_at IS NULL AND paused_at IS NOT NULL),
        count(*) FILTER (WHERE disabled_at IS NOT NULL),
-       min(disabled_at)
-FROM outbox.endpoints`
+       min(disabled_at),
+       min(paused_at) FILTER (WHERE disabled_at IS NULL),
+       coalesce(sum((SELECT count(*) FROM outbox.jobs AS j
+                     WHERE j.endpoint_id = ep.id AND j.state IN ('available', 'retryable')))
+                FILTER (WHERE disabled_at IS NULL AND paused_at IS NOT NULL), 0)
+FROM outbox.endpoints AS ep`
 
 // overviewReceiverWindowsSQL reads the shortest dedup windows receivers
 // advertised, of endpoints that still get deliveries.
@@ -224,7 +234,8 @@ func readOverview(ctx context.Context, db *sql.DB, alerts AlertConfig) (Overview
 		o.OldestUnfannedAgeSeconds = max(now.Sub(starts.OldestUnfanned.Time).Seconds(), 0)
 	}
 	if err := tx.QueryRowContext(ctx, overviewEndpointsSQL).Scan(
-		&o.Endpoints.Enabled, &o.Endpoints.Failing, &o.Endpoints.Disabled, &starts.FirstDisabled); err != nil {
+		&o.Endpoints.Enabled, &o.Endpoints.Failing, &o.Endpoints.Paused, &o.Endpoints.Disabled,
+		&starts.FirstDisabled, &starts.FirstPaused, &o.Endpoints.PausedQueued); err != nil {
 		return o, fmt.Errorf("overview: endpoints: %w", err)
 	}
 	if o.ReceiverWindows, err = queryAll(ctx, tx, scanReceiverWindow, overviewReceiverWindowsSQL, maxReceiverWindows); err != nil {
@@ -340,6 +351,7 @@ type alertStarts struct {
 	FirstPoisoned  sql.NullTime
 	FirstDiscarded sql.NullTime
 	FirstDisabled  sql.NullTime
+	FirstPaused    sql.NullTime
 }
 
 // shortReceiverWindows names the endpoints whose receivers' windows do not
@@ -413,6 +425,16 @@ func evaluateAlerts(cfg AlertConfig, o Overview, at alertStarts) []Alert {
 			Name:    "endpoint_disabled",
 			Message: fmt.Sprintf("%d endpoints are disabled and receive no new deliveries; fix them, re-enable them and replay what they missed", o.Endpoints.Disabled),
 			Since:   at.FirstDisabled.Time, Level: o.Endpoints.Disabled, startKnown: true,
+		})
+	}
+	if o.Endpoints.Paused > 0 {
+		// A pause has no end of its own: the deliveries it holds, and the
+		// events retention keeps for them, grow until someone resumes.
+		alerts = append(alerts, Alert{
+			Name: "endpoint_paused",
+			Message: fmt.Sprintf("%d endpoints are paused, holding %d deliveries (and their events, which retention keeps until they are delivered); "+
+				"resume them, or disable them to end what they hold", o.Endpoints.Paused, o.Endpoints.PausedQueued),
+			Since: at.FirstPaused.Time, Level: o.Endpoints.Paused, startKnown: true,
 		})
 	}
 	return alerts
