@@ -383,8 +383,10 @@ $$;
 -- An endpoint is a URL that receives every event whose topic its patterns
 -- select (outbox.topic_matches; an empty list selects all), as a signed
 -- webhook. Rows are written through the API (endpoints.go); the workers
--- change only failing_since, the receiver's dedup window (below) and, on a
--- 410, disabled_at. Its state is derived, never stored:
+-- change only failing_since, the lane's state (below: the failure count,
+-- the breaker, a hold, the rate limit's next start), the receiver's dedup
+-- window (below) and, on a 410, disabled_at; the prober, what its section
+-- at the end of this file says. Its state is derived, never stored:
 --
 --   enabled   (disabled_at IS NULL, failing_since IS NULL)
 --   failing   (disabled_at IS NULL, failing_since IS NOT NULL): a delivery
