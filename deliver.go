@@ -160,14 +160,8 @@ func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 	// Under load, wait for a quarter of the slots to free up before the next
 	// claim, so one claim statement fetches several jobs instead of one.
 	claimAtFree := max(1, cap(p.slots)/4)
-	recorded := false
 	for ctx.Err() == nil {
-		// Claim when enough slots are free, or any are and the last claim
-		// left nothing due behind, or the completer has just recorded
-		// outcomes: jobs leaving the running state that the claim counts
-		// against endpoints' caps, so a capped endpoint's next jobs go as
-		// soon as its last ones are recorded.
-		if free := cap(p.slots) - len(p.slots); free >= claimAtFree || (free > 0 && (!moreDue || recorded)) {
+		if free := cap(p.slots) - len(p.slots); free >= claimAtFree || (free > 0 && !moreDue) {
 			jobs, err := p.claim(ctx, min(free, claimBatchMax))
 			if err != nil && ctx.Err() == nil {
 				p.logger.Error("claim jobs failed", "err", err)
@@ -183,18 +177,23 @@ func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 				})
 			}
 		}
-		freed := p.slotFreed
-		if !moreDue {
+		// A claim that filled the free slots claims again as slots free
+		// up. One that came back short waits for a reason to look again:
+		// new jobs, the poll, or the completer having recorded outcomes,
+		// which is when an endpoint held at its cap (the claim counts its
+		// running jobs) may take more.
+		freed, recorded := p.slotFreed, p.recorded
+		if moreDue {
+			recorded = nil
+		} else {
 			freed = nil // nothing waits for a slot: don't claim on every finish
 		}
-		recorded = false
 		select {
 		case <-ctx.Done():
 		case <-wake:
 		case <-poll.C:
 		case <-freed:
-		case <-p.recorded:
-			recorded = true
+		case <-recorded:
 		}
 	}
 	p.stop(&running, cancelJobs)
