@@ -34,6 +34,9 @@ type Endpoint struct {
 	// every replica; RateLimitPerSecond, if set, spaces its requests.
 	MaxInFlight        int      `json:"max_in_flight"`
 	RateLimitPerSecond *float64 `json:"rate_limit_per_second"`
+	// Ordering is "subject" (each subject's deliveries one at a time, in
+	// fan-out order) or "none".
+	Ordering string `json:"ordering"`
 	// InFlight is how many of its deliveries run now.
 	InFlight int64   `json:"in_flight"`
 	Breaker  breaker `json:"breaker"`
@@ -94,6 +97,12 @@ const (
 	maxRateLimit   = 10_000
 )
 
+// An endpoint's ordering: none, or one delivery at a time per subject.
+const (
+	orderingNone    = "none"
+	orderingSubject = "subject"
+)
+
 // The states of an endpoint's circuit breaker.
 const (
 	breakerOpen   = "open"
@@ -148,6 +157,7 @@ type endpointInput struct {
 	Description *string   `json:"description"`
 	OwnerEmail  *string   `json:"owner_email"`
 	MaxInFlight *int      `json:"max_in_flight"`
+	Ordering    *string   `json:"ordering"`
 	// RateLimitPerSecond given as null removes the limit.
 	RateLimitPerSecond nullable[float64] `json:"rate_limit_per_second"`
 	// RecoveryProbes is true unless given false (probe.go).
@@ -214,6 +224,9 @@ func (in *endpointInput) validate(allowPrivate bool) error {
 			return err
 		}
 	}
+	if in.Ordering != nil && *in.Ordering != orderingNone && *in.Ordering != orderingSubject {
+		return fmt.Errorf("%w: ordering must be %q or %q, got %q", errInvalid, orderingNone, orderingSubject, *in.Ordering)
+	}
 	if in.MaxInFlight != nil && (*in.MaxInFlight < 1 || *in.MaxInFlight > maxMaxInFlight) {
 		return fmt.Errorf("%w: max_in_flight must be between 1 and %d, got %d", errInvalid, maxMaxInFlight, *in.MaxInFlight)
 	}
@@ -247,7 +260,7 @@ const endpointColumns = `
   failing_since, disabled_at, disabled_reason, paused_at,
   CASE WHEN previous_secret_expires_at > now() THEN previous_secret_expires_at END,
   dedup_window_seconds, dedup_window_seen_at,
-  max_in_flight, rate_limit_per_second,
+  max_in_flight, rate_limit_per_second, ordering,
   (SELECT count(*) FROM outbox.jobs AS j
    WHERE j.endpoint_id = endpoints.id AND j.state = 'running'),
   consecutive_failures, breaker_opened_at,
@@ -262,7 +275,7 @@ func scanEndpoint(row rowScanner) (Endpoint, error) {
 	err := row.Scan(&e.ID, &e.URL, &e.Description, &e.OwnerEmail, pq.Array(&e.Topics),
 		&e.FailingSince, &e.DisabledAt, &e.DisabledReason, &e.PausedAt, &e.PreviousSecretExpiresAt,
 		&e.DedupWindowSeconds, &e.DedupWindowSeenAt,
-		&e.MaxInFlight, &e.RateLimitPerSecond, &e.InFlight,
+		&e.MaxInFlight, &e.RateLimitPerSecond, &e.Ordering, &e.InFlight,
 		&e.Breaker.ConsecutiveFailures, &e.Breaker.OpenedAt, &e.HeldUntil,
 		&e.CreatedAt, &e.UpdatedAt,
 		&e.DisabledCause, &e.RecoveryProbes,
@@ -312,9 +325,9 @@ SELECT nextval(pg_get_serial_sequence('outbox.endpoints', 'id'))`
 // from the column's own sequence.
 const createEndpointSQL = `
 INSERT INTO outbox.endpoints (id, url, description, owner_email, topics, secret,
-                              max_in_flight, rate_limit_per_second, recovery_probes)
+                              max_in_flight, rate_limit_per_second, recovery_probes, ordering)
 OVERRIDING SYSTEM VALUE
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, coalesce($9, true))
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, coalesce($9, true), coalesce($10, 'none'))
 RETURNING` + endpointColumns
 
 // createEndpoint stores a validated endpoint with its first secret, sealed
@@ -344,7 +357,7 @@ func createEndpoint(ctx context.Context, db *sql.DB, box *secretBox, in endpoint
 	}
 	e, err := scanEndpoint(db.QueryRowContext(ctx, createEndpointSQL,
 		id, *in.URL, description, ownerEmail, pq.Array(topics), box.seal(endpointSecretRow(id), secret),
-		maxInFlight, in.RateLimitPerSecond.Value, in.RecoveryProbes))
+		maxInFlight, in.RateLimitPerSecond.Value, in.RecoveryProbes, in.Ordering))
 	if err != nil {
 		return e, fmt.Errorf("create endpoint: %w", err)
 	}
@@ -393,22 +406,56 @@ SET url = coalesce($2, url),
     max_in_flight = coalesce($6, max_in_flight),
     rate_limit_per_second = CASE WHEN $7 THEN $8 ELSE rate_limit_per_second END,
     recovery_probes = coalesce($9, recovery_probes),
+    ordering = coalesce($10, ordering),
     updated_at = now()
 WHERE id = $1
 RETURNING` + endpointColumns
+
+// releaseLanesSQL lets the deliveries of an endpoint's ordered lanes go
+// unordered, held ones due now: what an endpoint that no longer orders
+// (PATCH ordering "none") or no longer exists (its jobs then end without
+// a request) does with them. The caller locks the endpoint first.
+const releaseLanesSQL = `
+UPDATE outbox.jobs
+SET lane_key = NULL,
+    scheduled_at = CASE WHEN scheduled_at = 'infinity' THEN now() ELSE scheduled_at END
+WHERE endpoint_id = $1
+  AND lane_key IS NOT NULL
+  AND state IN ('available', 'retryable', 'running')`
 
 func updateEndpoint(ctx context.Context, db *sql.DB, id int64, in endpointInput) (Endpoint, error) {
 	var topics any // NULL unless given; an empty list is given and means all
 	if in.Topics != nil {
 		topics = pq.Array(append([]string{}, *in.Topics...))
 	}
-	return scanOneEndpoint(db.QueryRowContext(ctx, updateEndpointSQL, id, in.URL, in.Description, in.OwnerEmail, topics,
-		in.MaxInFlight, in.RateLimitPerSecond.Set, in.RateLimitPerSecond.Value, in.RecoveryProbes), "update", id)
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return Endpoint{}, fmt.Errorf("update endpoint %d: %w", id, err)
+	}
+	defer tx.Rollback()
+	e, err := scanOneEndpoint(tx.QueryRowContext(ctx, updateEndpointSQL, id, in.URL, in.Description, in.OwnerEmail, topics,
+		in.MaxInFlight, in.RateLimitPerSecond.Set, in.RateLimitPerSecond.Value, in.RecoveryProbes, in.Ordering), "update", id)
+	if err != nil {
+		return e, err
+	}
+	if e.Ordering == orderingNone {
+		// The row is locked by the update: no lane advances meanwhile.
+		if _, err := tx.ExecContext(ctx, releaseLanesSQL, id); err != nil {
+			return e, fmt.Errorf("update endpoint %d: release its ordered lanes: %w", id, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return e, fmt.Errorf("update endpoint %d: %w", id, err)
+	}
+	return e, nil
 }
 
 // deleteEndpointSQL removes an endpoint. Its jobs stay, with endpoint_id
 // set to NULL (schema.sql), and end without a request when they run.
+// Its ordered lanes are released first (releaseLanesSQL): a held delivery
+// of no endpoint would never be due.
 const deleteEndpointSQL = `
+WITH released AS (` + releaseLanesSQL + `)
 DELETE FROM outbox.endpoints
 WHERE id = $1`
 

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strconv"
 	"strings"
 	"testing"
@@ -106,7 +107,7 @@ func TestEndpointAPILifecycle(t *testing.T) {
 	}
 	for _, key := range []string{"id", "url", "topics", "state", "secret", "description", "owner_email",
 		"failing_since", "disabled_at", "disabled_reason", "created_at",
-		"max_in_flight", "rate_limit_per_second", "in_flight", "breaker", "held_until", "paused_at"} {
+		"max_in_flight", "rate_limit_per_second", "ordering", "in_flight", "breaker", "held_until", "paused_at"} {
 		if _, ok := created[key]; !ok {
 			t.Errorf("create answer has no %q: %s", key, body)
 		}
@@ -119,7 +120,7 @@ func TestEndpointAPILifecycle(t *testing.T) {
 	want := Endpoint{
 		ID: id, URL: "https://hooks.example.com/outboxd", Description: "billing", OwnerEmail: "ops@example.com",
 		Topics: []string{"order.*", "user.created"}, State: "enabled",
-		MaxInFlight: 16, Breaker: breaker{State: "closed"}, RecoveryProbes: true,
+		MaxInFlight: 16, Ordering: "none", Breaker: breaker{State: "closed"}, RecoveryProbes: true,
 	}
 	ignoreTimes := cmp.FilterPath(func(p cmp.Path) bool {
 		switch p.Last().String() {
@@ -285,7 +286,7 @@ func TestEndpointSecretsStoredSealedOnlyWithAKey(t *testing.T) {
 // the endpoint is gone.
 func TestDeleteEndpointOutlivesADeadlockWithTheCompleter(t *testing.T) {
 	t.Parallel()
-	db, _ := newTestDB(t)
+	db, dsn := newTestDB(t)
 	api := newTestAPI(t, db, testPolicy)
 	ep := api.createEndpoint("https://hooks.example/x")
 	ev := record(t, db, "order.paid", "o-1")
@@ -297,11 +298,32 @@ func TestDeleteEndpointOutlivesADeadlockWithTheCompleter(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer completer.Rollback()
+	// PostgreSQL looks for a deadlock once, deadlock_timeout after a wait
+	// begins, and aborts whoever looks first and finds one. The delete
+	// looks 5 s into its wait, the completer 60 s into its own, which
+	// begins as soon as the delete is seen waiting: the delete loses, as
+	// it would with equal timeouts, without depending on how soon this
+	// test sees it wait.
+	if _, err := completer.Exec(`SET LOCAL deadlock_timeout = '60s'`); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := completer.Exec(`UPDATE outbox.jobs SET errors = errors WHERE id = $1`, job); err != nil {
 		t.Fatal(err)
 	}
+	deleterDSN := dsn + " deadlock_timeout=5s" // a run-time parameter, in either of lib/pq's forms
+	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" {
+		q := u.Query()
+		q.Set("deadlock_timeout", "5s")
+		u.RawQuery = q.Encode()
+		deleterDSN = u.String()
+	}
+	deleter, err := openDB(context.Background(), deleterDSN, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer deleter.Close()
 	deleted := make(chan error, 1)
-	go func() { deleted <- deleteEndpoint(context.Background(), db, ep.ID) }()
+	go func() { deleted <- deleteEndpoint(context.Background(), deleter, ep.ID) }()
 	waitFor(t, "the delete waiting for the job's lock", 30*time.Second, func() bool {
 		return queryInt(t, db, `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%DELETE FROM outbox.endpoints%'`) == 1

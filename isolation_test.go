@@ -345,8 +345,15 @@ func TestFlakyReceiverKeepsItsBreakerClosed(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
 	api := newTestAPI(t, db, testPolicy)
+	// Every 10th request fails, but never the same event's twice, so each
+	// failed delivery succeeds on its first retry (1 s later).
+	var mu sync.Mutex
+	failed := map[string]bool{}
 	flaky := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
-		if n%10 == 0 {
+		mu.Lock()
+		defer mu.Unlock()
+		if id := r.Header.Get("webhook-id"); n%10 == 0 && !failed[id] {
+			failed[id] = true
 			w.WriteHeader(http.StatusInternalServerError)
 		}
 	})

@@ -91,13 +91,15 @@ func scanJobView(row rowScanner) (JobView, error) {
 const manualBatch = 5000
 
 // retrySetSQL is how a job is put back in the queue, by hand or by a
-// replay: due now and not finished, with its error history kept. A job
-// that used all its attempts gets one more, so the claim's attempt + 1
-// stays within max_attempts. The statements that use it update
-// outbox.jobs without an alias.
+// replay: due now and not finished, with its error history kept; a
+// delivery in an ordered lane is put back held, and takes its turn by
+// fan-out order (putBack advances its lane). A job that used all its
+// attempts gets one more, so the claim's attempt + 1 stays within
+// max_attempts. The statements that use it update outbox.jobs without an
+// alias, and return its endpoint_id and lane_key for putBack.
 const retrySetSQL = `
 SET state = 'available',
-    scheduled_at = now(),
+    scheduled_at = CASE WHEN outbox.jobs.lane_key IS NULL THEN now() ELSE 'infinity' END,
     finalized_at = NULL,
     max_attempts = greatest(outbox.jobs.max_attempts, outbox.jobs.attempt + 1)`
 
@@ -113,7 +115,7 @@ WHERE id = $1
        OR endpoint_id IS NULL
        OR $2::timestamptz IS NULL
        OR event_id IN (SELECT id FROM outbox.events WHERE created_at >= $2))
-RETURNING id`
+RETURNING endpoint_id, lane_key, true`
 
 // jobResendSQL reads what bounds a retry of one job by hand: its state,
 // whether it has an endpoint and the window that endpoint's receiver
@@ -153,14 +155,39 @@ func retryJob(ctx context.Context, db *sql.DB, id int64, eventsRetention time.Du
 		}
 		cutoff = &from
 	}
-	found, err := updateOneAndNotify(ctx, db, jobsChannel, retryJobSQL, id, cutoff)
+	n, err := putBack(ctx, db, retryJobSQL, id, cutoff)
 	if err != nil {
 		return fmt.Errorf("retry job %d: %w", id, err)
 	}
-	if !found {
+	if n == 0 {
 		return fmt.Errorf("retry job %d: %w (or running, or completed)", id, errNotFound)
 	}
 	return nil
+}
+
+// putBack runs query, a statement that puts jobs back in the queue and
+// returns each one's endpoint_id, lane_key and true; advances the ordered
+// lanes they joined, and wakes the workers, in one transaction. It
+// reports how many jobs it put back.
+func putBack(ctx context.Context, db *sql.DB, query string, args ...any) (int64, error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback()
+	rows, err := queryAll(ctx, tx, scanFinishedLane, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	if err := advanceLanes(ctx, tx, finishedLanes(rows)); err != nil {
+		return 0, err
+	}
+	if len(rows) > 0 {
+		if err := notify(ctx, tx, jobsChannel); err != nil {
+			return 0, err
+		}
+	}
+	return int64(len(rows)), tx.Commit()
 }
 
 // RetryResult says what a retry of an endpoint's discarded deliveries did,
@@ -188,7 +215,8 @@ WITH discarded AS (
 )
 UPDATE outbox.jobs` + retrySetSQL + `
 FROM discarded
-WHERE outbox.jobs.id = discarded.id`
+WHERE outbox.jobs.id = discarded.id
+RETURNING outbox.jobs.endpoint_id, outbox.jobs.lane_key, true`
 
 // tooOldDiscardedSQL counts an endpoint's discarded jobs whose events were
 // recorded before $2: the ones retryDiscarded leaves.
@@ -219,11 +247,10 @@ func retryDiscarded(ctx context.Context, db *sql.DB, endpointID int64, eventsRet
 		cutoff = &from
 	}
 	for {
-		r, err := db.ExecContext(ctx, retryDiscardedSQL, endpointID, manualBatch, cutoff)
+		n, err := putBack(ctx, db, retryDiscardedSQL, endpointID, manualBatch, cutoff)
 		if err != nil {
 			return res, fmt.Errorf("retry discarded jobs of endpoint %d: %w", endpointID, err)
 		}
-		n, _ := r.RowsAffected()
 		res.Jobs += n
 		if n < manualBatch {
 			break

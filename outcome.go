@@ -14,6 +14,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -23,6 +24,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/lib/pq"
@@ -258,7 +260,8 @@ FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::bigint[], $5::text[])
      AS o(id, attempt, state, delay_ms, error)
 WHERE j.id = o.id
   AND j.attempt = o.attempt
-  AND j.state = 'running'`
+  AND j.state = 'running'
+RETURNING j.endpoint_id, j.lane_key, j.state IN ('completed', 'discarded')`
 
 // recordOutcomes writes a batch of outcomes, with the attempts they record
 // and their endpoints' new states, in one transaction: one commit for the
@@ -285,8 +288,15 @@ func (p *workerPool) recordOutcomes(ctx context.Context, batch []jobResult) erro
 	}
 	defer tx.Rollback()
 	if len(ids) > 0 {
-		if _, err := tx.ExecContext(ctx, recordOutcomesSQL,
-			pq.Array(ids), pq.Array(attempts), pq.Array(states), pq.Array(delays), pq.Array(errs)); err != nil {
+		finished, err := queryAll(ctx, tx, scanFinishedLane, recordOutcomesSQL,
+			pq.Array(ids), pq.Array(attempts), pq.Array(states), pq.Array(delays), pq.Array(errs))
+		if err != nil {
+			return fmt.Errorf("record %d job outcomes: %w", len(ids), err)
+		}
+		// An ordered lane whose active delivery finished lets its next one
+		// go, in this transaction: never a moment with the lane held and
+		// nothing running.
+		if err := advanceLanes(ctx, tx, finishedLanes(finished)); err != nil {
 			return fmt.Errorf("record %d job outcomes: %w", len(ids), err)
 		}
 	}
@@ -297,6 +307,48 @@ func (p *workerPool) recordOutcomes(ctx context.Context, batch []jobResult) erro
 		return fmt.Errorf("record %d job outcomes: %w", len(ids), err)
 	}
 	return nil
+}
+
+// finishedLane is one row of recordOutcomesSQL: the lane of a job whose
+// outcome was written, and whether the job is now finished.
+type finishedLane struct {
+	endpointID sql.NullInt64
+	key        sql.NullString
+	finished   bool
+}
+
+func scanFinishedLane(row rowScanner) (finishedLane, error) {
+	var l finishedLane
+	err := row.Scan(&l.endpointID, &l.key, &l.finished)
+	return l, err
+}
+
+// finishedLanes are the ordered lanes of the finished jobs, each once, in
+// endpoint id order.
+func finishedLanes(rows []finishedLane) laneKeys {
+	type lane struct {
+		endpointID int64
+		key        string
+	}
+	seen := map[lane]bool{}
+	var lanes []lane
+	for _, r := range rows {
+		l := lane{r.endpointID.Int64, r.key.String}
+		if !r.finished || !r.endpointID.Valid || !r.key.Valid || seen[l] {
+			continue
+		}
+		seen[l] = true
+		lanes = append(lanes, l)
+	}
+	slices.SortFunc(lanes, func(a, b lane) int {
+		return cmp.Or(cmp.Compare(a.endpointID, b.endpointID), strings.Compare(a.key, b.key))
+	})
+	var out laneKeys
+	for _, l := range lanes {
+		out.endpointIDs = append(out.endpointIDs, l.endpointID)
+		out.keys = append(out.keys, l.key)
+	}
+	return out
 }
 
 // endpointChange is what an attempt's answer does to its endpoint.

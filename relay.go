@@ -26,6 +26,8 @@ import (
 	"log/slog"
 	"sync/atomic"
 	"time"
+
+	"github.com/lib/pq"
 )
 
 // RelayConfig holds the relay's numbers.
@@ -236,7 +238,7 @@ subscriptions AS (
   JOIN topics AS t ON outbox.topic_matches(s.topics, t.topic)
 ),
 endpoint_subscriptions AS (
-  SELECT ep.id AS endpoint_id, ep.breaker_opened_at, t.topic
+  SELECT ep.id AS endpoint_id, ep.breaker_opened_at, ep.ordering, t.topic
   FROM outbox.endpoints AS ep
   JOIN topics AS t ON outbox.topic_matches(ep.topics, t.topic)
   WHERE ep.disabled_at IS NULL
@@ -262,29 +264,70 @@ coalesced AS (
   RETURNING 1
 ),
 webhooks AS (
-  INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, scheduled_at)
+  INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, scheduled_at, lane_key)
   SELECT 'webhook', m.id, es.endpoint_id, $3,
-         CASE WHEN es.breaker_opened_at IS NULL THEN now()
-              ELSE now() + make_interval(secs => $4) END
+         CASE WHEN es.ordering = 'subject' THEN 'infinity'
+              WHEN es.breaker_opened_at IS NULL THEN now()
+              ELSE now() + make_interval(secs => $4) END,
+         CASE WHEN es.ordering = 'subject' THEN m.subject END
   FROM marked AS m
   JOIN endpoint_subscriptions AS es ON es.topic = m.topic
   ORDER BY m.id, es.endpoint_id
-  RETURNING 1
+  RETURNING endpoint_id, lane_key
+),
+lanes AS (
+  SELECT DISTINCT endpoint_id, lane_key FROM webhooks WHERE lane_key IS NOT NULL
 )
 SELECT (SELECT count(*) FROM marked),
-       (SELECT count(*) FROM enqueued) + (SELECT count(*) FROM coalesced) + (SELECT count(*) FROM webhooks)`
+       (SELECT count(*) FROM enqueued) + (SELECT count(*) FROM coalesced) + (SELECT count(*) FROM webhooks),
+       (SELECT coalesce(array_agg(endpoint_id ORDER BY endpoint_id, lane_key), '{}') FROM lanes),
+       (SELECT coalesce(array_agg(lane_key ORDER BY endpoint_id, lane_key), '{}') FROM lanes)`
 }
 
 // fanOut runs one relay statement (relayBatchSQL or relayRowSQL, with its
 // claim argument) and reports how many events it fanned out into how many
-// jobs.
+// jobs. Deliveries to ordered endpoints are inserted held; the lanes they
+// joined advance in the same transaction (advanceLanes), so a delivery is
+// never held behind nothing.
 func (r *relay) fanOut(ctx context.Context, relaySQL string, claimArg any) (fanned, jobs int, err error) {
-	err = r.db.QueryRowContext(ctx, relaySQL, claimArg, r.targets, r.jobMaxAttempts,
-		r.cfg.FailingEndpointDelay.Seconds()).Scan(&fanned, &jobs)
+	tx, err := r.db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, 0, fmt.Errorf("relay: fan out: %w", err)
 	}
+	defer tx.Rollback()
+	var lanes laneKeys
+	err = tx.QueryRowContext(ctx, relaySQL, claimArg, r.targets, r.jobMaxAttempts,
+		r.cfg.FailingEndpointDelay.Seconds()).Scan(&fanned, &jobs, pq.Array(&lanes.endpointIDs), pq.Array(&lanes.keys))
+	if err != nil {
+		return 0, 0, fmt.Errorf("relay: fan out: %w", err)
+	}
+	if err := advanceLanes(ctx, tx, lanes); err != nil {
+		return 0, 0, fmt.Errorf("relay: fan out: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, 0, fmt.Errorf("relay: fan out: commit: %w", err)
+	}
 	return fanned, jobs, nil
+}
+
+// laneKeys names ordered lanes: endpointIDs[i] with keys[i], sorted by
+// endpoint id (the order advance_lanes locks them in).
+type laneKeys struct {
+	endpointIDs []int64
+	keys        []string
+}
+
+// advanceLanes makes the next held delivery of each lane due where the
+// lane has none active (schema.sql, outbox.advance_lanes).
+func advanceLanes(ctx context.Context, tx *sql.Tx, lanes laneKeys) error {
+	if len(lanes.endpointIDs) == 0 {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, `SELECT outbox.advance_lanes($1, $2)`,
+		pq.Array(lanes.endpointIDs), pq.Array(lanes.keys)); err != nil {
+		return fmt.Errorf("advance ordered lanes: %w", err)
+	}
+	return nil
 }
 
 // unfanned lists the events a batch would claim now, for the row-by-row

@@ -522,6 +522,21 @@ EXCEPTION WHEN duplicate_object THEN
 END
 $$;
 
+-- ordering 'subject' makes every subject an ordered lane of the endpoint
+-- (outbox.advance_lanes, below): its deliveries run one at a time, in
+-- fan-out order. 'none' (the default): no order.
+ALTER TABLE outbox.endpoints
+  ADD COLUMN IF NOT EXISTS ordering text NOT NULL DEFAULT 'none';
+
+DO $$
+BEGIN
+  ALTER TABLE outbox.endpoints
+    ADD CONSTRAINT endpoints_ordering_known CHECK (ordering IN ('none', 'subject'));
+EXCEPTION WHEN duplicate_object THEN
+  NULL;
+END
+$$;
+
 -- Serves the fan-out: the enabled endpoints, read for every relay pass.
 CREATE INDEX IF NOT EXISTS endpoints_enabled_by_id
   ON outbox.endpoints (id)
@@ -818,6 +833,97 @@ BEGIN
   JOIN outbox.events AS e ON e.id = c.event_id
   LEFT JOIN outbox.endpoints AS ep ON ep.id = c.endpoint_id
   LEFT JOIN paced AS p ON p.id = c.id;
+END
+$$;
+
+--------------------------------------------------------------------------------
+-- Ordered lanes: one delivery at a time per (endpoint, subject)
+--------------------------------------------------------------------------------
+
+-- A delivery to an endpoint with ordering 'subject' carries its event's
+-- subject as lane_key. Of the unfinished deliveries of one lane, at most
+-- one is active (available, retryable or running, with a real due time);
+-- the others are held: 'available' with scheduled_at 'infinity', which no
+-- claim ever finds due and which sits at the end of the endpoint's lane in
+-- jobs_waiting_by_endpoint, so a lane's backlog costs the claim nothing.
+-- When the active delivery finishes (completed or discarded), the held
+-- one with the lowest id, the first fanned out, becomes due: advance_lanes.
+-- Fan-out, retries by hand and replays insert or put back lane deliveries
+-- held, and call advance_lanes too.
+ALTER TABLE outbox.jobs
+  ADD COLUMN IF NOT EXISTS lane_key text;
+
+-- Serves advance_lanes: a lane's unfinished deliveries, the active one
+-- (a real due time) first, then the held ones in fan-out order.
+CREATE INDEX IF NOT EXISTS jobs_unfinished_by_lane
+  ON outbox.jobs (endpoint_id, lane_key, scheduled_at, id)
+  WHERE lane_key IS NOT NULL AND state IN ('available', 'retryable', 'running');
+
+-- The guarantee itself, whatever a statement elsewhere does: a second
+-- active delivery in a lane is refused by the database.
+CREATE UNIQUE INDEX IF NOT EXISTS jobs_one_active_per_lane
+  ON outbox.jobs (endpoint_id, lane_key)
+  WHERE lane_key IS NOT NULL
+    AND state IN ('available', 'retryable', 'running')
+    AND scheduled_at < 'infinity';
+
+-- advance_lanes makes the next held delivery of each given lane due, if
+-- the lane has no active one. Two callers can race: the relay inserting a
+-- held delivery and the completer finishing the active one, each unable
+-- to see the other's uncommitted row, would both leave the lane held
+-- forever. So both lock the lanes' endpoint rows first (in id order, the
+-- order every caller uses), and decide in a second statement, whose
+-- snapshot sees whatever the previous holder committed. Returns how many
+-- deliveries it made due.
+CREATE OR REPLACE FUNCTION outbox.advance_lanes(endpoint_ids bigint[], lane_keys text[])
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET enable_seqscan = off
+AS $$
+DECLARE
+  advanced integer;
+BEGIN
+  PERFORM 1
+  FROM outbox.endpoints AS ep
+  WHERE ep.id = ANY (endpoint_ids)
+  ORDER BY ep.id
+  FOR NO KEY UPDATE;
+
+  WITH lane AS (
+    SELECT DISTINCT l.endpoint_id, l.lane_key
+    FROM unnest(endpoint_ids, lane_keys) AS l(endpoint_id, lane_key)
+    WHERE l.lane_key IS NOT NULL
+  ),
+  next AS (
+    SELECT n.id
+    FROM lane AS l
+    CROSS JOIN LATERAL (
+      SELECT j.id, j.scheduled_at
+      FROM outbox.jobs AS j
+      WHERE j.endpoint_id = l.endpoint_id
+        AND j.lane_key = l.lane_key
+        AND j.state IN ('available', 'retryable', 'running')
+      ORDER BY j.scheduled_at, j.id
+      LIMIT 1
+    ) AS first
+    CROSS JOIN LATERAL (
+      SELECT j.id
+      FROM outbox.jobs AS j
+      WHERE j.endpoint_id = l.endpoint_id
+        AND j.lane_key = l.lane_key
+        AND j.state IN ('available', 'retryable', 'running')
+        AND j.scheduled_at = 'infinity'
+      ORDER BY j.scheduled_at, j.id
+      LIMIT 1
+    ) AS n
+    WHERE first.scheduled_at = 'infinity'
+  )
+  UPDATE outbox.jobs AS j
+  SET scheduled_at = now()
+  FROM next
+  WHERE j.id = next.id;
+  GET DIAGNOSTICS advanced = ROW_COUNT;
+  RETURN advanced;
 END
 $$;
 
