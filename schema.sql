@@ -847,16 +847,17 @@ $$;
 -- claim ever finds due and which sits at the end of the endpoint's lane in
 -- jobs_waiting_by_endpoint, so a lane's backlog costs the claim nothing.
 -- When the active delivery finishes (completed or discarded), the held
--- one with the lowest id, the first fanned out, becomes due: advance_lanes.
--- Fan-out, retries by hand and replays insert or put back lane deliveries
--- held, and call advance_lanes too.
+-- one of the lowest event id becomes due: advance_lanes. Fan-out, retries
+-- by hand and replays insert or put back lane deliveries held, and call
+-- advance_lanes too.
 ALTER TABLE outbox.jobs
   ADD COLUMN IF NOT EXISTS lane_key text;
 
 -- Serves advance_lanes: a lane's unfinished deliveries, the active one
--- (a real due time) first, then the held ones in fan-out order.
-CREATE INDEX IF NOT EXISTS jobs_unfinished_by_lane
-  ON outbox.jobs (endpoint_id, lane_key, scheduled_at, id)
+-- (a real due time) first, then the held ones by event id.
+DROP INDEX IF EXISTS outbox.jobs_unfinished_by_lane;
+CREATE INDEX IF NOT EXISTS jobs_unfinished_by_lane_event
+  ON outbox.jobs (endpoint_id, lane_key, scheduled_at, event_id)
   WHERE lane_key IS NOT NULL AND state IN ('available', 'retryable', 'running');
 
 -- The guarantee itself, whatever a statement elsewhere does: a second
@@ -867,14 +868,21 @@ CREATE UNIQUE INDEX IF NOT EXISTS jobs_one_active_per_lane
     AND state IN ('available', 'retryable', 'running')
     AND scheduled_at < 'infinity';
 
--- advance_lanes makes the next held delivery of each given lane due, if
--- the lane has no active one. Two callers can race: the relay inserting a
--- held delivery and the completer finishing the active one, each unable
--- to see the other's uncommitted row, would both leave the lane held
--- forever. So both lock the lanes' endpoint rows first (in id order, the
--- order every caller uses), and decide in a second statement, whose
--- snapshot sees whatever the previous holder committed. Returns how many
--- deliveries it made due.
+-- advance_lanes makes the next held delivery of each given lane due: the
+-- one of the lowest event id, if the lane has no active delivery and no
+-- earlier event of its subject that the endpoint's topics select is still
+-- waiting to be fanned out. That last rule is what makes fan-out order
+-- commit order: two relays can fan out a subject's events 2 and 3 at
+-- once, and 3's transaction commit first; 3 then waits for 2, whose
+-- relay's own call advances the lane. (The walk is over un-fanned events
+-- below the held one's id: in steady state, the other relays' batches.)
+--
+-- Two callers can race: the relay inserting a held delivery and the
+-- completer finishing the active one, each unable to see the other's
+-- uncommitted row, would both leave the lane held. So every caller locks
+-- the lanes' endpoint rows first (in id order), and decides in a second
+-- statement, whose snapshot sees whatever the previous holder committed.
+-- Returns how many deliveries it made due.
 CREATE OR REPLACE FUNCTION outbox.advance_lanes(endpoint_ids bigint[], lane_keys text[])
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
@@ -890,33 +898,43 @@ BEGIN
   FOR NO KEY UPDATE;
 
   WITH lane AS (
-    SELECT DISTINCT l.endpoint_id, l.lane_key
+    SELECT DISTINCT l.endpoint_id, l.lane_key, ep.topics
     FROM unnest(endpoint_ids, lane_keys) AS l(endpoint_id, lane_key)
+    JOIN outbox.endpoints AS ep ON ep.id = l.endpoint_id
     WHERE l.lane_key IS NOT NULL
   ),
   next AS (
     SELECT n.id
     FROM lane AS l
     CROSS JOIN LATERAL (
-      SELECT j.id, j.scheduled_at
+      SELECT j.scheduled_at
       FROM outbox.jobs AS j
       WHERE j.endpoint_id = l.endpoint_id
         AND j.lane_key = l.lane_key
         AND j.state IN ('available', 'retryable', 'running')
-      ORDER BY j.scheduled_at, j.id
+      ORDER BY j.scheduled_at, j.event_id
       LIMIT 1
     ) AS first
     CROSS JOIN LATERAL (
-      SELECT j.id
+      SELECT j.id, j.event_id
       FROM outbox.jobs AS j
       WHERE j.endpoint_id = l.endpoint_id
         AND j.lane_key = l.lane_key
         AND j.state IN ('available', 'retryable', 'running')
         AND j.scheduled_at = 'infinity'
-      ORDER BY j.scheduled_at, j.id
+      ORDER BY j.scheduled_at, j.event_id
       LIMIT 1
     ) AS n
     WHERE first.scheduled_at = 'infinity'
+      AND NOT EXISTS (
+        SELECT 1
+        FROM outbox.events AS e
+        WHERE e.fanned_out_at IS NULL
+          AND e.poisoned_at IS NULL
+          AND e.id < n.event_id
+          AND e.subject = l.lane_key
+          AND outbox.topic_matches(l.topics, e.topic)
+      )
   )
   UPDATE outbox.jobs AS j
   SET scheduled_at = now()

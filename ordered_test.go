@@ -1,0 +1,266 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Ordered lanes (README, "Ordered delivery"): with ordering "subject", an
+// endpoint gets each subject's deliveries one at a time, in fan-out order.
+
+// orderedReceiver checks, per subject, that no request for the subject's
+// event n+1 arrives before its event n was accepted. Events carry n, the
+// subject's business counter, in their data.
+type orderedReceiver struct {
+	*receiver
+	mu       sync.Mutex
+	accepted map[string]int   // subject → the highest n answered 2xx
+	failed   map[string]bool  // webhook-id → failed once already
+	early    []string         // violations
+	fail     func(n int) bool // whether to fail this event's first attempt
+	stuck    map[string]bool  // subjects whose every request fails
+	inFlight map[string]int   // subject → requests being served
+}
+
+func newOrderedReceiver(t *testing.T, fail func(n int) bool, stuck ...string) *orderedReceiver {
+	or := &orderedReceiver{accepted: map[string]int{}, failed: map[string]bool{}, stuck: map[string]bool{},
+		inFlight: map[string]int{}, fail: fail}
+	for _, s := range stuck {
+		or.stuck[s] = true
+	}
+	or.receiver = newReceiver(t, func(_ int, w http.ResponseWriter, r *http.Request) {
+		var body struct {
+			Subject string `json:"subject"`
+			Data    struct {
+				N int `json:"n"`
+			} `json:"data"`
+		}
+		reqs := or.requests()
+		if err := json.Unmarshal(reqs[len(reqs)-1].Body, &body); err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		id := r.Header.Get("webhook-id")
+		or.mu.Lock()
+		subject, n := body.Subject, body.Data.N
+		if n > or.accepted[subject]+1 {
+			or.early = append(or.early, fmt.Sprintf("subject %s: event n=%d arrived while n=%d was the last accepted", subject, n, or.accepted[subject]))
+		}
+		or.inFlight[subject]++
+		if or.inFlight[subject] > 1 {
+			or.early = append(or.early, fmt.Sprintf("subject %s: %d requests at once", subject, or.inFlight[subject]))
+		}
+		failNow := or.stuck[subject] || (!or.failed[id] && or.fail != nil && or.fail(n))
+		if failNow {
+			or.failed[id] = true
+		} else if n > or.accepted[subject] {
+			or.accepted[subject] = n
+		}
+		or.mu.Unlock()
+		time.Sleep(time.Millisecond) // overlapping requests, if the lanes allowed them
+		or.mu.Lock()
+		or.inFlight[subject]--
+		or.mu.Unlock()
+		if failNow {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	})
+	return or
+}
+
+func (or *orderedReceiver) violations() []string {
+	or.mu.Lock()
+	defer or.mu.Unlock()
+	return append([]string(nil), or.early...)
+}
+
+func (or *orderedReceiver) acceptedUpTo(subject string) int {
+	or.mu.Lock()
+	defer or.mu.Unlock()
+	return or.accepted[subject]
+}
+
+// produceSerialized records events for subjects from several producers at
+// once, each transaction bumping its subject's business row and recording
+// the new count: transactions on one subject serialize on its row, so
+// its events' n follows their commit order.
+func produceSerialized(t *testing.T, db *sql.DB, topic string, subjects []string, perSubject, producers int) {
+	t.Helper()
+	mustExec(t, db, `CREATE TABLE IF NOT EXISTS counters (subject text PRIMARY KEY, n integer NOT NULL)`)
+	for _, s := range subjects {
+		mustExec(t, db, `INSERT INTO counters VALUES ($1, 0) ON CONFLICT DO NOTHING`, s)
+	}
+	work := make(chan string)
+	var wg sync.WaitGroup
+	errs := make(chan error, producers)
+	for range producers {
+		wg.Go(func() {
+			for subject := range work {
+				err := func() error {
+					tx, err := db.Begin()
+					if err != nil {
+						return err
+					}
+					defer tx.Rollback()
+					var n int
+					if err := tx.QueryRow(`UPDATE counters SET n = n + 1 WHERE subject = $1 RETURNING n`, subject).Scan(&n); err != nil {
+						return err
+					}
+					if _, err := tx.Exec(`SELECT outbox.record($1, $2, jsonb_build_object('n', $3::int))`, topic, subject, n); err != nil {
+						return err
+					}
+					return tx.Commit()
+				}()
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	for i := range perSubject * len(subjects) {
+		work <- subjects[i%len(subjects)]
+	}
+	close(work)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+// Producers serialize on each subject's row; two relays fan out and two
+// replicas deliver, and the receiver fails the first attempt of every 7th
+// event. Still no request for a subject's event n+1 arrives before its
+// event n was accepted, and no subject ever has two requests at once.
+func TestOrderedLaneDeliversEachSubjectInCommitOrder(t *testing.T) {
+	t.Parallel()
+	db, dsn := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	rc := newOrderedReceiver(t, func(n int) bool { return n%7 == 0 })
+	ep := createTunedEndpoint(t, api, rc.srv.URL, `"max_in_flight": 16, "ordering": "subject"`)
+	if ep.Ordering != "subject" {
+		t.Fatalf("endpoint ordering %q, want subject", ep.Ordering)
+	}
+	subjects := []string{"a", "b", "c", "d", "e"}
+	const perSubject = 30
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var relays sync.WaitGroup
+	for i := range 2 {
+		replica, err := openDB(context.Background(), dsn, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { replica.Close() })
+		cfg := defaultConfig().Relay
+		cfg.SweepInterval = 20 * time.Millisecond
+		r := newRelay(replica, cfg, 18, []jobTarget{}, testLogger(t).With("relay", i))
+		relays.Go(func() { r.Run(ctx, nil, nil) })
+		runWebhookPool(t, replica, nil)
+	}
+	produceSerialized(t, db, topicFor(rc.srv.URL)+".e", subjects, perSubject, 8)
+	defer func() {
+		if t.Failed() {
+			rc.mu.Lock()
+			t.Logf("accepted: %v", rc.accepted)
+			rc.mu.Unlock()
+			rows := queryStrings(t, db, `SELECT lane_key || ' ' || state || ' ' || attempt || ' ' || coalesce(to_char(scheduled_at, 'HH24:MI:SS'), 'inf') || ' ' || event_id FROM outbox.jobs WHERE endpoint_id = `+itoa(ep.ID)+` AND state <> 'completed' ORDER BY lane_key, id`)
+			t.Logf("unfinished jobs:\n%s", strings.Join(rows, "\n"))
+			t.Logf("unfanned: %d", queryInt(t, db, `SELECT count(*) FROM outbox.events WHERE fanned_out_at IS NULL`))
+		}
+	}()
+	waitFor(t, "every subject's events accepted", 60*time.Second, func() bool {
+		for _, s := range subjects {
+			if rc.acceptedUpTo(s) != perSubject {
+				return false
+			}
+		}
+		return true
+	})
+	cancel()
+	relays.Wait()
+	for _, v := range rc.violations() {
+		t.Error(v)
+	}
+	retried := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND attempt > 1`, ep.ID)
+	if retried < len(subjects) {
+		t.Errorf("%d deliveries were retried, want at least one a subject: the forced failures missed", retried)
+	}
+}
+
+// A subject whose receiver keeps failing holds up only itself: the other
+// subjects of the same endpoint are all delivered while its first event
+// waits for its retry, and its later events wait behind it, held.
+func TestStuckSubjectDoesNotBlockOthers(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	rc := newOrderedReceiver(t, nil, "stuck")
+	ep := createTunedEndpoint(t, api, rc.srv.URL, `"max_in_flight": 4, "ordering": "subject"`)
+	runWebhookPool(t, db, nil)
+	produceSerialized(t, db, topicFor(rc.srv.URL)+".e", []string{"stuck", "x", "y"}, 10, 4)
+	relayAll(t, db)
+	waitFor(t, "subjects x and y", 20*time.Second, func() bool {
+		return rc.acceptedUpTo("x") == 10 && rc.acceptedUpTo("y") == 10
+	})
+	for _, v := range rc.violations() {
+		t.Error(v)
+	}
+	var held, active int
+	if err := db.QueryRow(`
+		SELECT count(*) FILTER (WHERE scheduled_at = 'infinity'), count(*) FILTER (WHERE scheduled_at < 'infinity')
+		FROM outbox.jobs WHERE endpoint_id = $1 AND lane_key = 'stuck' AND state IN ('available', 'retryable', 'running')`,
+		ep.ID).Scan(&held, &active); err != nil {
+		t.Fatal(err)
+	}
+	if held != 9 || active != 1 {
+		t.Errorf("the stuck subject has %d held and %d active deliveries, want 9 and 1", held, active)
+	}
+	if n := rc.acceptedUpTo("stuck"); n != 0 {
+		t.Errorf("the stuck subject has n=%d accepted, want none", n)
+	}
+}
+
+// Releasing an endpoint's lanes (PATCH ordering "none") lets every held
+// delivery go; deleting an ordered endpoint ends them all without a
+// request, none left held.
+func TestReleasingOrderedLanes(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	rc := newOrderedReceiver(t, nil, "stuck")
+	ep := createTunedEndpoint(t, api, rc.srv.URL, `"ordering": "subject"`)
+	produceSerialized(t, db, topicFor(rc.srv.URL)+".e", []string{"stuck"}, 5, 1)
+	relayAll(t, db)
+	held := func() int {
+		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND scheduled_at = 'infinity'`, ep.ID)
+	}
+	if n := held(); n != 4 {
+		t.Fatalf("%d deliveries held behind the lane's first, want 4", n)
+	}
+	if status, body := api.do("PATCH", "/api/endpoints/"+itoa(ep.ID), `{"ordering": "none"}`); status != http.StatusOK {
+		t.Fatalf("patch ordering none: %d %s", status, body)
+	}
+	if n := held(); n != 0 {
+		t.Errorf("%d deliveries still held after ordering none, want 0", n)
+	}
+
+	ordered := createTunedEndpoint(t, api, rc.srv.URL+"/again", `"ordering": "subject"`)
+	produceSerialized(t, db, topicFor(rc.srv.URL+"/again")+".e", []string{"gone"}, 3, 1)
+	relayAll(t, db)
+	if status, body := api.do("DELETE", "/api/endpoints/"+itoa(ordered.ID), ""); status != http.StatusNoContent {
+		t.Fatalf("delete: %d %s", status, body)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id IS NULL AND kind = 'webhook' AND scheduled_at = 'infinity'`); n != 0 {
+		t.Errorf("%d deliveries of the deleted endpoint held forever, want 0", n)
+	}
+}
