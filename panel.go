@@ -603,7 +603,7 @@ func (c endpointClick) replay() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%w: replay from %q is not a date and time", errInvalid, field)
 	}
-	res, err := replayEndpoint(c.r.Context(), c.a.db, c.id, since, c.a.eventsRetention, c.a.maxAttempts)
+	res, err := replayEndpoint(c.r.Context(), c.a.db, c.id, ReplayRequest{Since: since}, c.a.eventsRetention, c.a.maxAttempts)
 	if err != nil {
 		return "", err
 	}
