@@ -1,7 +1,7 @@
 // replay_dryrun_test.go: a replay's filters (until, topics) and its dry
 // run: the dry run counts exactly what the replay then enqueues, enqueues
-// nothing itself, estimates as README's "Replays" says, and refuses bad
-// input as the replay does.
+// nothing itself, estimates as README's "Replays" says, refuses bad input
+// as the replay does, and the panel shows it before a replay is confirmed.
 
 package main
 
@@ -10,6 +10,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -348,5 +350,82 @@ func TestReplayRefusesBadFilters(t *testing.T) {
 	var res ReplayResult
 	if code := apiCall(t, srv, "POST", path, `{"since": "`+since+`", "topics": ["order.*"]}`, &res); code != http.StatusOK || res.Jobs != 1 {
 		t.Errorf("the good replay = %d %+v, want 1 job", code, res)
+	}
+}
+
+// The panel's replay form shows the dry run first, enqueuing nothing; its
+// Confirm button posts the same request without dry_run, which enqueues
+// what the preview counted. A form it cannot read answers 400.
+func TestPanelReplayPreviewsBeforeItEnqueues(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	srv := newTestAdmin(t, db)
+	id := createTestEndpoint(t, srv, "http://127.0.0.1:1/hook", "order.*", "user.created")
+	other := createTestEndpoint(t, srv, "http://127.0.0.1:1/other")
+	seedReplayWindow(t, db, id, other)
+	browser := signIn(t, srv)
+	path := fmt.Sprintf("/endpoints/%d/replay", id)
+	const field = "2006-01-02T15:04:05" // datetime-local, as a browser sends it
+	since := time.Now().Add(-3 * 24 * time.Hour).UTC().Format(field)
+	until := time.Now().Add(-24 * time.Hour).UTC().Format(field)
+
+	_, page := panelPage(t, srv, fmt.Sprintf("/endpoints/%d", id))
+	mustContain(t, "the endpoint's page", page, `name="until" type="datetime-local"`, `name="topics"`, `name="dry_run" value="1"`, "Preview replay")
+	mustLack(t, "the endpoint's page", page, `id="replay-preview"`)
+
+	code, page, _ := postPanelForm(t, browser, srv, path, url.Values{"dry_run": {"1"}, "since": {since}, "until": {until}, "topics": {"order.*, billing.*"}})
+	if code != http.StatusOK {
+		t.Fatalf("preview = %d, want 200:\n%s", code, page)
+	}
+	mustContain(t, "the preview", page, `id="replay-preview"`, `<strong id="preview-events">6005</strong>`,
+		`<td><code>order.bulk</code></td><td>6000</td>`, `<td><code>order.created</code></td><td>2</td>`, `<td><code>order.paid</code></td><td>3</td>`,
+		`<span id="preview-from">`+since+`Z</span>`, `<span id="preview-to">`+until+`Z</span>`,
+		`<span id="preview-estimate">10m1s</span>`, // 6005 at 10 a second: no attempts yet
+		`of the topics <code>order.* billing.*</code>`, `Confirm: replay 6005 events`)
+	mustLack(t, "the preview", page, `id="preview-clamped"`)
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs`); n != 6 {
+		t.Errorf("%d jobs after the preview, want the 6 seeded", n)
+	}
+
+	confirm := url.Values{}
+	form := regexp.MustCompile(`(?s)<form method="post" action="` + path + `">(.*?)</form>`).FindStringSubmatch(page)
+	if form == nil {
+		t.Fatalf("the preview has no Confirm form:\n%s", page)
+	}
+	for _, m := range regexp.MustCompile(`<input type="hidden" name="(\w+)" value="([^"]*)">`).FindAllStringSubmatch(form[1], -1) {
+		confirm.Set(m[1], m[2])
+	}
+	if confirm.Has("dry_run") || confirm.Get("topics") != "order.* billing.*" || !strings.HasPrefix(confirm.Get("until"), until) {
+		t.Errorf("the Confirm form posts %v, want the request without dry_run", confirm)
+	}
+	code, _, location := postPanelForm(t, browser, srv, path, confirm)
+	if code != http.StatusSeeOther || !strings.Contains(location, url.QueryEscape("Replaying 6005 events")) {
+		t.Errorf("confirm = %d to %q, want 303 saying it replays 6005 events", code, location)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'available'`, id); n != 6006 {
+		t.Errorf("%d of the endpoint's jobs available after the confirm, want 6006 (6005 enqueued, 1 waiting before)", n)
+	}
+
+	// A start before events retention: the preview says it is clamped.
+	old := time.Now().Add(-30 * 24 * time.Hour).UTC().Format(field)
+	code, page, _ = postPanelForm(t, browser, srv, path, url.Values{"dry_run": {"1"}, "since": {old}})
+	if code != http.StatusOK {
+		t.Fatalf("preview from 30 days ago = %d", code)
+	}
+	mustContain(t, "the clamped preview", page, `id="preview-clamped"`, "retention window (168h0m0s)")
+
+	for _, bad := range []url.Values{
+		{"dry_run": {"1"}, "since": {since}, "until": {"tomorrow"}},
+		{"dry_run": {"1"}, "since": {since}, "until": {old}},
+		{"dry_run": {"1"}, "since": {since}, "topics": {"order.*.paid"}},
+		{"since": {since}, "until": {old}},
+	} {
+		before := queryInt(t, db, `SELECT count(*) FROM outbox.jobs`)
+		if code, page, _ := postPanelForm(t, browser, srv, path, bad); code != http.StatusBadRequest {
+			t.Errorf("replay form %v = %d, want 400:\n%s", bad, code, page)
+		}
+		if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs`); n != before {
+			t.Errorf("replay form %v changed the jobs: %d, then %d", bad, before, n)
+		}
 	}
 }
