@@ -275,17 +275,36 @@ func handleRotateEndpointSecret(a *admin) apiFunc {
 	})
 }
 
-// handleReplayEndpoint is POST /api/endpoints/{id}/replay {"since": ...}:
-// the endpoint's events since then, sent again.
+// handleReplayEndpoint is POST /api/endpoints/{id}/replay {"since",
+// "until", "topics", "dry_run"}: the endpoint's events in that window, of
+// those topics, sent again; or, with "dry_run": true, what would be sent,
+// enqueuing nothing (README, "Replays").
 func handleReplayEndpoint(a *admin) apiFunc {
 	type request struct {
-		Since time.Time `json:"since"`
+		Since  *string  `json:"since"`
+		Until  *string  `json:"until"`
+		Topics []string `json:"topics"`
+		DryRun bool     `json:"dry_run"`
 	}
-	return byIDWithBody(decodeJSON, func(ctx context.Context, id int64, req request) (ReplayResult, error) {
-		if req.Since.IsZero() {
-			return ReplayResult{}, fmt.Errorf(`%w: "since" (an RFC 3339 time) is required`, errInvalid)
+	return byIDWithBody(decodeJSON, func(ctx context.Context, id int64, in request) (any, error) {
+		var req ReplayRequest
+		var err error
+		if in.Since == nil {
+			return nil, fmt.Errorf(`%w: "since" (an RFC 3339 time) is required`, errInvalid)
 		}
-		return replayEndpoint(ctx, a.db, id, req.Since, a.eventsRetention, a.maxAttempts)
+		if req.Since, err = parseReplayTime("since", *in.Since); err != nil {
+			return nil, err
+		}
+		if in.Until != nil {
+			if req.Until, err = parseReplayTime("until", *in.Until); err != nil {
+				return nil, err
+			}
+		}
+		req.Topics = in.Topics
+		if in.DryRun {
+			return previewReplay(ctx, a.db, id, req, a.eventsRetention, a.maxAttempts)
+		}
+		return replayEndpoint(ctx, a.db, id, req, a.eventsRetention, a.maxAttempts)
 	})
 }
 

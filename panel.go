@@ -462,6 +462,7 @@ type endpointView struct {
 	flash, secret string
 	refused       *endpointFields
 	refusal       string
+	preview       *replayPreviewView
 }
 
 // renderEndpoint shows one endpoint as view says.
@@ -487,7 +488,8 @@ func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin,
 			Form      endpointFields
 			FormError string
 			Bounds    deliveryBounds
-		}{ep, st, view.secret, form, view.refusal, endpointBounds()}})
+			Preview   *replayPreviewView
+		}{ep, st, view.secret, form, view.refusal, endpointBounds(), view.preview}})
 	return nil
 }
 
@@ -589,29 +591,82 @@ func (c endpointClick) retryDiscarded() (string, error) {
 	return done, err
 }
 
-// replay takes its start from the form's datetime-local field, which a
-// browser sends with seconds or without.
+// replayPreviewView is a replay's dry run as the endpoint's page shows it,
+// with the fields its Confirm button posts: the same request, its end
+// fixed at the preview's, so that the replay sends what the preview
+// counted and not what was recorded since.
+type replayPreviewView struct {
+	ReplayPreview
+	Since, Until, Topics string
+}
+
+// Estimate is EstimatedSeconds as a duration ("2m30s").
+func (v replayPreviewView) Estimate() string {
+	return (time.Duration(v.EstimatedSeconds) * time.Second).String()
+}
+
+// replay is the replay form: with dry_run (the form's first submit) it
+// shows on the endpoint's page what the replay would send, with a Confirm
+// button; without (Confirm), it enqueues.
 func (c endpointClick) replay() (string, error) {
-	field := c.form.text("since")
-	if c.form.err != nil {
-		return "", c.form.err
-	}
-	since, err := time.Parse("2006-01-02T15:04:05", field)
-	if err != nil {
-		since, err = time.Parse("2006-01-02T15:04", field)
-	}
-	if err != nil {
-		return "", fmt.Errorf("%w: replay from %q is not a date and time", errInvalid, field)
-	}
-	res, err := replayEndpoint(c.r.Context(), c.a.db, c.id, since, c.a.eventsRetention, c.a.maxAttempts)
+	dryRun := c.form.text("dry_run") != ""
+	req, topics, err := readReplayForm(c.form)
 	if err != nil {
 		return "", err
 	}
-	done := fmt.Sprintf("Replaying %d events from %s.", res.Jobs, res.From.UTC().Format(time.RFC3339))
+	if dryRun {
+		pv, err := previewReplay(c.r.Context(), c.a.db, c.id, req, c.a.eventsRetention, c.a.maxAttempts)
+		if err != nil {
+			return "", err
+		}
+		return "", c.p.renderEndpoint(c.w, c.r, c.a, c.id, endpointView{preview: &replayPreviewView{ReplayPreview: pv,
+			Since: req.Since.UTC().Format(time.RFC3339Nano), Until: pv.To.UTC().Format(time.RFC3339Nano), Topics: topics}})
+	}
+	res, err := replayEndpoint(c.r.Context(), c.a.db, c.id, req, c.a.eventsRetention, c.a.maxAttempts)
+	if err != nil {
+		return "", err
+	}
+	done := fmt.Sprintf("Replaying %d events recorded from %s to %s.", res.Jobs, res.From.UTC().Format(time.RFC3339), res.To.UTC().Format(time.RFC3339))
 	if res.Clamped {
 		done += " " + res.Message
 	}
 	return done, nil
+}
+
+// readReplayForm reads the replay form: since and until as a browser's
+// datetime-local field sends them (UTC, with seconds or without) or as
+// the Confirm button posts them (RFC 3339), until optional; topics as the
+// edit form takes them, separated by spaces or commas, returned as typed
+// too.
+func readReplayForm(f *query) (ReplayRequest, string, error) {
+	sinceField, untilField, topics := f.text("since"), f.text("until"), f.text("topics")
+	if f.err != nil {
+		return ReplayRequest{}, "", f.err
+	}
+	var req ReplayRequest
+	var err error
+	if req.Since, err = parseFormTime(sinceField); err != nil {
+		return req, "", fmt.Errorf("%w: replay from %q is not a date and time", errInvalid, sinceField)
+	}
+	if untilField != "" {
+		if req.Until, err = parseFormTime(untilField); err != nil {
+			return req, "", fmt.Errorf("%w: replay until %q is not a date and time", errInvalid, untilField)
+		}
+	}
+	req.Topics = strings.FieldsFunc(topics, func(c rune) bool { return c == ' ' || c == ',' })
+	return req, strings.Join(req.Topics, " "), nil
+}
+
+// parseFormTime reads a time field of the panel, in UTC.
+func parseFormTime(field string) (time.Time, error) {
+	var err error
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05", "2006-01-02T15:04"} {
+		var t time.Time
+		if t, err = time.Parse(layout, field); err == nil {
+			return t, nil
+		}
+	}
+	return time.Time{}, err
 }
 
 // edit saves the form; a refused one is shown again as typed, with why.
