@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -262,5 +264,73 @@ func TestReleasingOrderedLanes(t *testing.T) {
 	}
 	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id IS NULL AND kind = 'webhook' AND scheduled_at = 'infinity'`); n != 0 {
 		t.Errorf("%d deliveries of the deleted endpoint held forever, want 0", n)
+	}
+}
+
+// A replay into an ordered lane takes its turn like fan-out: its
+// deliveries are held and go one at a time, by event id.
+func TestReplayIntoAnOrderedLaneKeepsOrder(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	rc := newOrderedReceiver(t, nil)
+	ep := createTunedEndpoint(t, api, rc.srv.URL, `"max_in_flight": 8, "ordering": "subject"`)
+	start := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)
+	produceSerialized(t, db, topicFor(rc.srv.URL)+".e", []string{"s"}, 5, 1)
+	relayAll(t, db)
+	runWebhookPool(t, db, nil)
+	waitFor(t, "the first deliveries", 10*time.Second, func() bool { return rc.acceptedUpTo("s") == 5 })
+	waitFor(t, "their outcomes", 10*time.Second, func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'completed'`, ep.ID) == 5
+	})
+	if status, body := api.do("POST", "/api/endpoints/"+itoa(ep.ID)+"/replay", `{"since": "`+start+`"}`); status != http.StatusOK {
+		t.Fatalf("replay: %d %s", status, body)
+	}
+	waitFor(t, "the replay's 5 deliveries", 10*time.Second, func() bool { return len(rc.requests()) == 10 })
+	var replayed []int
+	for _, r := range rc.requests()[5:] {
+		var body struct {
+			Data struct {
+				N int `json:"n"`
+			} `json:"data"`
+		}
+		if err := json.Unmarshal(r.Body, &body); err != nil {
+			t.Fatal(err)
+		}
+		replayed = append(replayed, body.Data.N)
+	}
+	if !slices.Equal(replayed, []int{1, 2, 3, 4, 5}) {
+		t.Errorf("the replay arrived as %v, want 1 to 5 in order", replayed)
+	}
+	for _, v := range rc.violations() {
+		t.Error(v)
+	}
+}
+
+// The panel's endpoint forms set the ordering, its page says it, and a
+// value the API refuses is refused there too.
+func TestPanelSetsOrdering(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	srv := newTestAdmin(t, db)
+	browser := signIn(t, srv)
+	ordering := func(id int64) string {
+		return queryStrings(t, db, `SELECT ordering FROM outbox.endpoints WHERE id = `+itoa(id))[0]
+	}
+	status, page, _ := postPanelForm(t, browser, srv, "/endpoints", url.Values{
+		"url": {"https://a.example/hook"}, "ordering": {"subject"}})
+	id := int64(queryInt(t, db, `SELECT max(id) FROM outbox.endpoints`))
+	if status != http.StatusOK || ordering(id) != "subject" {
+		t.Fatalf("create with ordering subject: %d, the row holds %q", status, ordering(id))
+	}
+	mustContain(t, "the ordered endpoint's page", page, `<dd id="ordering">per subject: one delivery at a time, in order</dd>`)
+	edit := "/endpoints/" + itoa(id) + "/edit"
+	postPanelForm(t, browser, srv, edit, url.Values{"url": {"https://a.example/hook"}, "max_in_flight": {"16"}, "ordering": {"none"}})
+	if got := ordering(id); got != "none" {
+		t.Errorf("edited to none: the row holds %q", got)
+	}
+	status, page, _ = postPanelForm(t, browser, srv, edit, url.Values{"url": {"https://a.example/hook"}, "max_in_flight": {"16"}, "ordering": {"random"}})
+	if status != http.StatusBadRequest || !strings.Contains(page, `ordering must be &#34;none&#34; or &#34;subject&#34;`) || ordering(id) != "none" {
+		t.Errorf("ordering random: %d, the row holds %q; want 400 with the reason and no change\n%s", status, ordering(id), page)
 	}
 }

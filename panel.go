@@ -341,6 +341,9 @@ type endpointFields struct {
 	// MaxInFlight empty is the default on create and no change on edit;
 	// RateLimitPerSecond empty is no limit, and on edit removes one.
 	MaxInFlight, RateLimitPerSecond string
+	// Ordering is "subject" or "none"; empty (a form without it) is none
+	// on create and no change on edit.
+	Ordering string
 }
 
 // deliveryBounds are the bounds the forms' number fields carry, so that a
@@ -365,6 +368,7 @@ func readEndpointFields(f *query) (endpointFields, error) {
 		OwnerEmail:         strings.TrimSpace(f.text("owner_email")),
 		MaxInFlight:        strings.TrimSpace(f.text("max_in_flight")),
 		RateLimitPerSecond: strings.TrimSpace(f.text("rate_limit_per_second")),
+		Ordering:           strings.TrimSpace(f.text("ordering")),
 	}
 	return fs, f.err
 }
@@ -372,7 +376,7 @@ func readEndpointFields(f *query) (endpointFields, error) {
 // fieldsOf is endpoint e as its edit form shows it.
 func fieldsOf(e Endpoint) endpointFields {
 	fs := endpointFields{URL: e.URL, Topics: strings.Join(e.Topics, " "), Description: e.Description,
-		OwnerEmail: e.OwnerEmail, MaxInFlight: strconv.Itoa(e.MaxInFlight)}
+		OwnerEmail: e.OwnerEmail, MaxInFlight: strconv.Itoa(e.MaxInFlight), Ordering: e.Ordering}
 	if e.RateLimitPerSecond != nil {
 		fs.RateLimitPerSecond = strconv.FormatFloat(*e.RateLimitPerSecond, 'f', -1, 64)
 	}
@@ -395,6 +399,9 @@ func (fs endpointFields) input(allowPrivate bool) (endpointInput, error) {
 			return in, fmt.Errorf("%w: max_in_flight must be a whole number between 1 and %d, got %q", errInvalid, maxMaxInFlight, fs.MaxInFlight)
 		}
 		in.MaxInFlight = &n
+	}
+	if fs.Ordering != "" {
+		in.Ordering = &fs.Ordering
 	}
 	if fs.RateLimitPerSecond != "" {
 		rate, err := strconv.ParseFloat(fs.RateLimitPerSecond, 64)

@@ -118,13 +118,13 @@ func (r replayRange) args() (sql.NullTime, any) {
 // (TestReplayDryRunCountsWhatTheReplayEnqueues).
 const replayCandidatesSQL = `
 WITH endpoint AS (
-  SELECT id, topics
+  SELECT id, topics, ordering
   FROM outbox.endpoints
   WHERE id = $1
     AND disabled_at IS NULL
 ),
 candidates AS (
-  SELECT e.id, e.topic
+  SELECT e.id, e.topic, e.subject, endpoint.ordering
   FROM outbox.events AS e, endpoint
   WHERE e.fanned_out_at IS NOT NULL
     AND e.created_at >= $2
@@ -151,18 +151,25 @@ const replayRerunStatesSQL = `('completed', 'discarded')`
 // for are enqueued: what it missed, never twice.
 const replaySQL = replayCandidatesSQL + `,
 enqueued AS (
-  INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts)
-  SELECT 'webhook', c.id, $1, $7
+  INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, scheduled_at, lane_key)
+  SELECT 'webhook', c.id, $1, $7,
+         CASE WHEN c.ordering = 'subject' THEN 'infinity'::timestamptz ELSE now() END,
+         CASE WHEN c.ordering = 'subject' THEN c.subject END
   FROM candidates AS c
   ON CONFLICT (endpoint_id, event_id) WHERE endpoint_id IS NOT NULL
   DO UPDATE` + retrySetSQL + `
   WHERE outbox.jobs.state IN ` + replayRerunStatesSQL + `
     AND $8
-  RETURNING 1
+  RETURNING endpoint_id, lane_key
+),
+lanes AS (
+  SELECT DISTINCT endpoint_id, lane_key FROM enqueued WHERE lane_key IS NOT NULL
 )
 SELECT (SELECT count(*) FROM candidates),
        coalesce((SELECT max(id) FROM candidates), 0),
-       (SELECT count(*) FROM enqueued)`
+       (SELECT count(*) FROM enqueued),
+       (SELECT coalesce(array_agg(endpoint_id ORDER BY lane_key), '{}') FROM lanes),
+       (SELECT coalesce(array_agg(lane_key ORDER BY lane_key), '{}') FROM lanes)`
 
 // replayCountSQL is replaySQL with $8 true, counting instead of writing:
 // of the same candidates, those it would enqueue (the endpoint has no job
@@ -335,8 +342,8 @@ func enqueueReplay(ctx context.Context, db *sql.DB, id int64, r replayRange, max
 	until, topics := r.args()
 	var after, total int64
 	for {
-		var candidates, jobs int64
-		if err := db.QueryRowContext(ctx, replaySQL, id, r.from, after, manualBatch, until, topics, maxAttempts, resendDelivered).Scan(&candidates, &after, &jobs); err != nil {
+		candidates, jobs, err := replayBatch(ctx, db, id, r, &after, until, topics, maxAttempts, resendDelivered)
+		if err != nil {
 			return total, fmt.Errorf("replay endpoint %d: %w", id, err)
 		}
 		total += jobs
@@ -348,6 +355,26 @@ func enqueueReplay(ctx context.Context, db *sql.DB, id int64, r replayRange, max
 		return total, fmt.Errorf("replay endpoint %d: %w", id, err)
 	}
 	return total, nil
+}
+
+// replayBatch runs one batch of replaySQL after event *after, moving it
+// on, and advances the ordered lanes the batch's deliveries joined (held,
+// as fan-out holds them), in one transaction.
+func replayBatch(ctx context.Context, db *sql.DB, id int64, r replayRange, after *int64, until, topics any, maxAttempts int, resendDelivered bool) (candidates, jobs int64, err error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer tx.Rollback()
+	var lanes laneKeys
+	if err := tx.QueryRowContext(ctx, replaySQL, id, r.from, *after, manualBatch, until, topics, maxAttempts, resendDelivered).Scan(
+		&candidates, after, &jobs, pq.Array(&lanes.endpointIDs), pq.Array(&lanes.keys)); err != nil {
+		return 0, 0, err
+	}
+	if err := advanceLanes(ctx, tx, lanes); err != nil {
+		return 0, 0, err
+	}
+	return candidates, jobs, tx.Commit()
 }
 
 // DeliveryView is one attempt as the panel shows it.
