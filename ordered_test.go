@@ -334,3 +334,51 @@ func TestPanelSetsOrdering(t *testing.T) {
 		t.Errorf("ordering random: %d, the row holds %q; want 400 with the reason and no change\n%s", status, ordering(id), page)
 	}
 }
+
+// An event the relay cannot fan out holds its subject's later events in
+// an ordered lane only until it is poisoned: set aside, it no longer
+// does, and the next is made due.
+func TestPoisonedEventReleasesItsLane(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	ctx := context.Background()
+	api := newTestAPI(t, db, testPolicy)
+	ep := createTunedEndpoint(t, api, "http://192.0.2.1:9", `"ordering": "subject"`)
+	topic := topicFor("http://192.0.2.1:9") + ".e"
+	bad, err := recordEvent(ctx, db, topic, "s", json.RawMessage(`{"poison": true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, `
+		CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+		  IF (SELECT payload ? 'poison' FROM outbox.events WHERE id = NEW.id) THEN
+		    RAISE EXCEPTION 'cannot fan out event %', NEW.id;
+		  END IF;
+		  RETURN NEW;
+		END $$`)
+	mustExec(t, db, `CREATE TRIGGER refuse_poison BEFORE UPDATE ON outbox.events FOR EACH ROW
+		WHEN (OLD.fanned_out_at IS NULL AND NEW.fanned_out_at IS NOT NULL) EXECUTE FUNCTION refuse_poison()`)
+	later := record(t, db, topic, "s")
+	cfg := defaultConfig().Relay
+	r := newRelay(db, cfg, 18, []jobTarget{}, testLogger(t))
+	due := func() int {
+		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE event_id = $1 AND scheduled_at < 'infinity'`, later)
+	}
+	for pass := 1; pass <= cfg.MaxFailures; pass++ {
+		if pass == 2 {
+			if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE event_id = $1 AND endpoint_id = $2`, later, ep.ID); n != 1 || due() != 0 {
+				t.Fatalf("after the first pass: %d jobs for the later event, %d of them due; want 1, held behind the failing event", n, due())
+			}
+		}
+		if _, err := r.relayOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.events WHERE id = $1 AND poisoned_at IS NOT NULL`, bad); n != 1 {
+		t.Fatalf("the failing event is not poisoned after %d passes", cfg.MaxFailures)
+	}
+	if due() != 1 {
+		t.Errorf("the later event's delivery is still held after the earlier event was poisoned")
+	}
+}

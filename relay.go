@@ -363,5 +363,22 @@ func (r *relay) recordFailure(ctx context.Context, id int64, cause error) (poiso
 	if err != nil {
 		return false, fmt.Errorf("relay: record failure of event %d: %w", id, err)
 	}
+	if poisoned {
+		// Its subject's later events may be held behind it in ordered
+		// lanes (outbox.advance_lanes waits for an earlier event still to
+		// be fanned out); set aside, it holds them up no longer.
+		if _, err := r.db.ExecContext(ctx, advanceLanesOfEventSQL, id); err != nil {
+			return true, fmt.Errorf("relay: event %d poisoned; advance its subject's ordered lanes: %w", id, err)
+		}
+	}
 	return poisoned, nil
 }
+
+// advanceLanesOfEventSQL advances the ordered lanes event $1's subject has
+// at every endpoint that orders by subject and selects its topic.
+const advanceLanesOfEventSQL = `
+SELECT outbox.advance_lanes(coalesce(array_agg(ep.id ORDER BY ep.id), '{}'),
+                            coalesce(array_agg(e.subject ORDER BY ep.id), '{}'))
+FROM outbox.events AS e
+JOIN outbox.endpoints AS ep ON ep.ordering = 'subject' AND outbox.topic_matches(ep.topics, e.topic)
+WHERE e.id = $1`
