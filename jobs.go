@@ -16,18 +16,21 @@ import (
 
 // JobView is a job as the API and the panel show it.
 type JobView struct {
-	ID          int64           `json:"id"`
-	Kind        string          `json:"kind"`
-	EventID     int64           `json:"event_id"`
-	EndpointID  *int64          `json:"endpoint_id"` // a delivery's endpoint; null for other kinds, or once it was deleted
-	State       string          `json:"state"`
-	Attempt     int             `json:"attempt"`
-	MaxAttempts int             `json:"max_attempts"`
-	CreatedAt   time.Time       `json:"created_at"`
-	ScheduledAt time.Time       `json:"scheduled_at"`
-	AttemptedAt *time.Time      `json:"attempted_at"`
-	FinalizedAt *time.Time      `json:"finalized_at"`
-	Errors      json.RawMessage `json:"errors"`
+	ID          int64     `json:"id"`
+	Kind        string    `json:"kind"`
+	EventID     int64     `json:"event_id"`
+	EndpointID  *int64    `json:"endpoint_id"` // a delivery's endpoint; null for other kinds, or once it was deleted
+	State       string    `json:"state"`
+	Attempt     int       `json:"attempt"`
+	MaxAttempts int       `json:"max_attempts"`
+	CreatedAt   time.Time `json:"created_at"`
+	// ScheduledAt is when it may run; null while it waits for its turn
+	// in an ordered lane (WaitingForTurn).
+	ScheduledAt    *time.Time      `json:"scheduled_at"`
+	WaitingForTurn bool            `json:"waiting_for_turn"`
+	AttemptedAt    *time.Time      `json:"attempted_at"`
+	FinalizedAt    *time.Time      `json:"finalized_at"`
+	Errors         json.RawMessage `json:"errors"`
 }
 
 // JobFilter selects jobs, newest first, paged by id.
@@ -54,7 +57,8 @@ func (f *JobFilter) validate() error {
 
 const listJobsSQL = `
 SELECT id, kind, event_id, endpoint_id, state::text, attempt, max_attempts,
-       created_at, scheduled_at, attempted_at, finalized_at, errors
+       created_at, nullif(scheduled_at, 'infinity'), scheduled_at = 'infinity',
+       attempted_at, finalized_at, errors
 FROM outbox.jobs
 WHERE ($1::bigint = 0 OR id < $1::bigint)
   AND ($2 = '' OR state = $2::outbox.job_state)
@@ -79,7 +83,7 @@ func scanJobView(row rowScanner) (JobView, error) {
 	var j JobView
 	var errs []byte
 	err := row.Scan(&j.ID, &j.Kind, &j.EventID, &j.EndpointID, &j.State, &j.Attempt, &j.MaxAttempts,
-		&j.CreatedAt, &j.ScheduledAt, &j.AttemptedAt, &j.FinalizedAt, &errs)
+		&j.CreatedAt, &j.ScheduledAt, &j.WaitingForTurn, &j.AttemptedAt, &j.FinalizedAt, &errs)
 	j.Errors = errs
 	return j, err
 }

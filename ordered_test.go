@@ -382,3 +382,26 @@ func TestPoisonedEventReleasesItsLane(t *testing.T) {
 		t.Errorf("the later event's delivery is still held after the earlier event was poisoned")
 	}
 }
+
+// A delivery waiting for its turn shows as such in the jobs API: no due
+// time, waiting_for_turn true.
+func TestWaitingDeliveriesShowTheirTurn(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	ep := createTunedEndpoint(t, api, "http://192.0.2.1:9", `"ordering": "subject"`)
+	produceSerialized(t, db, topicFor("http://192.0.2.1:9")+".e", []string{"s"}, 2, 1)
+	relayAll(t, db)
+	status, body := api.do("GET", "/api/jobs?endpoint_id="+itoa(ep.ID), "")
+	var page struct {
+		Jobs []JobView `json:"jobs"`
+	}
+	if err := json.Unmarshal(body, &page); status != http.StatusOK || err != nil || len(page.Jobs) != 2 {
+		t.Fatalf("jobs of the ordered endpoint: %d %s", status, body)
+	}
+	newest, oldest := page.Jobs[0], page.Jobs[1]
+	if !newest.WaitingForTurn || newest.ScheduledAt != nil || oldest.WaitingForTurn || oldest.ScheduledAt == nil {
+		t.Errorf("the second delivery: waiting %v at %v; the first: waiting %v at %v; want the second waiting with no time, the first due",
+			newest.WaitingForTurn, newest.ScheduledAt, oldest.WaitingForTurn, oldest.ScheduledAt)
+	}
+}
