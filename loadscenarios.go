@@ -42,16 +42,20 @@ type scenarioConfig struct {
 	FailRatio    float64       // flaky: share of requests answered 500
 	AcceptWithin time.Duration // flaky: every event's bound from commit to first 2xx
 	RateLimit    float64       // ratelimit: the endpoint's rate_limit_per_second
+	MaxInFlight  int           // ratelimit: the endpoint's max_in_flight; 0: the server's default
+	Rounds       int           // isolation: baseline and beside phases, alternating
 	Replicas     int           // ratelimit: outboxd processes against the database
 }
 
 func (c *scenarioConfig) flags(fs *flag.FlagSet) {
-	c.FailRatio, c.AcceptWithin, c.RateLimit, c.Replicas = 0.1, 2*time.Minute, 20, 2
+	c.FailRatio, c.AcceptWithin, c.RateLimit, c.Replicas, c.Rounds = 0.1, 2*time.Minute, 20, 2, 1
 	fs.DurationVar(&c.FailAfter, "fail-after", c.FailAfter, "how long the bad receiver waits before answering 500 (isolation: 5s, dead: 1s)")
 	fs.Float64Var(&c.FailRatio, "fail-ratio", c.FailRatio, "share of requests the flaky receiver answers 500, at random")
 	fs.DurationVar(&c.AcceptWithin, "accept-within", c.AcceptWithin, "flaky: the bound on every event's commit to first 2xx")
 	fs.Float64Var(&c.RateLimit, "rate-limit", c.RateLimit, "ratelimit: the endpoint's rate_limit_per_second")
 	fs.IntVar(&c.Replicas, "replicas", c.Replicas, "ratelimit: outboxd processes delivering from the one database")
+	fs.IntVar(&c.Rounds, "rounds", c.Rounds, "isolation: rounds of a baseline phase and a phase beside the bad endpoint (paused for the later baselines)")
+	fs.IntVar(&c.MaxInFlight, "max-in-flight", c.MaxInFlight, "ratelimit: the endpoint's max_in_flight; 0 leaves the server's default")
 }
 
 func (c scenarioConfig) validate() error {
@@ -66,6 +70,10 @@ func (c scenarioConfig) validate() error {
 		return fmt.Errorf("-rate-limit must be between %v and %v, got %g", minRateLimit, maxRateLimit, c.RateLimit)
 	case c.Replicas < 1 || c.Replicas > 16:
 		return fmt.Errorf("-replicas must be between 1 and 16, got %d", c.Replicas)
+	case c.Rounds < 1 || c.Rounds > 100:
+		return fmt.Errorf("-rounds must be between 1 and 100, got %d", c.Rounds)
+	case c.MaxInFlight < 0 || c.MaxInFlight > maxMaxInFlight:
+		return fmt.Errorf("-max-in-flight must be between 0 (the server's default) and %d, got %d", maxMaxInFlight, c.MaxInFlight)
 	}
 	return nil
 }
@@ -409,29 +417,36 @@ func writeSummary(w io.Writer, summary any) error {
 	return err
 }
 
-// isolationSummary is -mode isolation's result.
+// isolationSummary is -mode isolation's result; the latencies are over
+// every round, and the ...ByRound lists give each round's.
 type isolationSummary struct {
-	Mode            string  `json:"mode"`
-	Rate            float64 `json:"rate"`
-	PhaseSeconds    float64 `json:"phase_seconds"`
-	BaselineEvents  int     `json:"baseline_events"`
-	BaselineP50MS   float64 `json:"baseline_p50_ms"`
-	BaselineP99MS   float64 `json:"baseline_p99_ms"`
-	BesideEvents    int     `json:"beside_events"`
-	BesideP50MS     float64 `json:"beside_p50_ms"`
-	BesideP99MS     float64 `json:"beside_p99_ms"`
-	P99Ratio        float64 `json:"p99_ratio"`
-	P99RatioMet     bool    `json:"p99_ratio_met"` // ≤ 2
-	BadQueued       int     `json:"bad_queued"`
-	BadRequests     int     `json:"bad_requests"`
-	BadMaxInFlight  int     `json:"bad_max_in_flight"`
-	BadCap          int     `json:"bad_cap"`
-	BadCapMet       bool    `json:"bad_cap_met"`
-	BadBreakerState string  `json:"bad_breaker_state"`
+	Mode                 string    `json:"mode"`
+	Rate                 float64   `json:"rate"`
+	PhaseSeconds         float64   `json:"phase_seconds"`
+	Rounds               int       `json:"rounds"`
+	BaselineEvents       int       `json:"baseline_events"`
+	BaselineP50MS        float64   `json:"baseline_p50_ms"`
+	BaselineP99MS        float64   `json:"baseline_p99_ms"`
+	BesideEvents         int       `json:"beside_events"`
+	BesideP50MS          float64   `json:"beside_p50_ms"`
+	BesideP99MS          float64   `json:"beside_p99_ms"`
+	P99Ratio             float64   `json:"p99_ratio"`
+	P99RatioMet          bool      `json:"p99_ratio_met"` // ≤ 2
+	BaselineP99MSByRound []float64 `json:"baseline_p99_ms_by_round"`
+	BesideP99MSByRound   []float64 `json:"beside_p99_ms_by_round"`
+	BadQueued            int       `json:"bad_queued"`
+	BadRequests          int       `json:"bad_requests"`
+	BadMaxInFlight       int       `json:"bad_max_in_flight"`
+	BadCap               int       `json:"bad_cap"`
+	BadCapMet            bool      `json:"bad_cap_met"`
+	BadBreakerState      string    `json:"bad_breaker_state"`
 }
 
 // loadIsolation measures the healthy endpoint's latency alone (the
 // baseline), then beside a hanging endpoint with a backlog, in one run.
+// Later rounds (-rounds) pause the bad endpoint for their baseline, once
+// its receiver has no request open, and resume it for the phase beside
+// it: background load that drifts over minutes then weighs on both sides.
 func loadIsolation(ctx context.Context, cfg loadConfig, run loadRun) error {
 	g := newScenarioRig(cfg, run)
 	defer g.Close(ctx)
@@ -446,36 +461,71 @@ func loadIsolation(ctx context.Context, cfg loadConfig, run loadRun) error {
 	if _, err := g.endpoint(ctx, healthy, loadEndpoint{Topics: []string{"load.healthy"}}); err != nil {
 		return err
 	}
-	baseCommitted, _ := produce(ctx, run.db, "load.healthy", "base", cfg.Producers, cfg.Rate, cfg.Duration)
-	if err := healthy.AwaitUnique(ctx, baseCommitted, 10*time.Minute); err != nil {
+	// phase runs the healthy producers for d and returns the latencies of
+	// what they committed.
+	var delivered int64
+	phase := func(name string, d time.Duration) ([]time.Duration, error) {
+		committed, _ := produce(ctx, run.db, "load.healthy", name, cfg.Producers, cfg.Rate, d)
+		if err := healthy.AwaitUnique(ctx, delivered+committed, 10*time.Minute); err != nil {
+			return nil, err
+		}
+		lat := healthy.Latencies(int(delivered))
+		delivered += committed
+		slices.Sort(lat)
+		return lat, nil
+	}
+	// The first seconds after the child's start are not its steady state:
+	// its pool opens connections, and each new session plans the claim
+	// functions anew (README, "Performance"). A warm-up, not counted,
+	// keeps them out of the baseline.
+	if _, err := phase("warm-", min(isolationWarmUp, cfg.Duration)); err != nil {
 		return err
 	}
-	base := healthy.Latencies(0)
-
-	// The bad endpoint's backlog is queued, fanned out into its jobs,
-	// before the healthy endpoint's second phase starts: what is measured
-	// is the workers' isolation, not the relay's pass over 1,000 events.
-	bad, err := g.receiver(func(string) requestAnswer {
-		return requestAnswer{Wait: cfg.FailAfter, Status: http.StatusInternalServerError}
-	})
-	if err != nil {
-		return err
+	var bad *loadReceiver
+	var badEP Endpoint
+	var base, beside, baseP99, besideP99 []time.Duration
+	for round := 1; round <= cfg.Rounds; round++ {
+		if round > 1 {
+			if err := child.pause(ctx, badEP.ID, "pause"); err != nil {
+				return err
+			}
+			if err := bad.AwaitIdle(ctx, cfg.FailAfter+10*time.Second); err != nil {
+				return err
+			}
+		}
+		lat, err := phase(fmt.Sprintf("base%d-", round), cfg.Duration)
+		if err != nil {
+			return err
+		}
+		base, baseP99 = append(base, lat...), append(baseP99, quantile(lat, 0.99))
+		if round == 1 {
+			// The bad endpoint's backlog is queued, fanned out into its
+			// jobs, before the phase beside it starts: what is measured is
+			// the workers' isolation, not the relay's pass over 1,000
+			// events.
+			bad, err = g.receiver(func(string) requestAnswer {
+				return requestAnswer{Wait: cfg.FailAfter, Status: http.StatusInternalServerError}
+			})
+			if err != nil {
+				return err
+			}
+			if badEP, err = g.endpoint(ctx, bad, loadEndpoint{Topics: []string{"load.bad"}}); err != nil {
+				return err
+			}
+			if err := recordBulk(ctx, run.db, "load.bad", cfg.Events); err != nil {
+				return err
+			}
+			if err := awaitFannedOut(ctx, run.db, "load.bad"); err != nil {
+				return err
+			}
+		} else if err := child.pause(ctx, badEP.ID, "resume"); err != nil {
+			return err
+		}
+		if lat, err = phase(fmt.Sprintf("beside%d-", round), cfg.Duration); err != nil {
+			return err
+		}
+		beside, besideP99 = append(beside, lat...), append(besideP99, quantile(lat, 0.99))
 	}
-	badEP, err := g.endpoint(ctx, bad, loadEndpoint{Topics: []string{"load.bad"}})
-	if err != nil {
-		return err
-	}
-	if err := recordBulk(ctx, run.db, "load.bad", cfg.Events); err != nil {
-		return err
-	}
-	if err := awaitFannedOut(ctx, run.db, "load.bad"); err != nil {
-		return err
-	}
-	besideCommitted, _ := produce(ctx, run.db, "load.healthy", "beside", cfg.Producers, cfg.Rate, cfg.Duration)
-	if err := healthy.AwaitUnique(ctx, baseCommitted+besideCommitted, 10*time.Minute); err != nil {
-		return err
-	}
-	beside := healthy.Latencies(len(base))
 	badState, err := child.Endpoint(ctx, badEP.ID)
 	if err != nil {
 		return err
@@ -487,19 +537,28 @@ func loadIsolation(ctx context.Context, cfg loadConfig, run loadRun) error {
 
 	slices.Sort(base)
 	slices.Sort(beside)
-	s := isolationSummary{Mode: "isolation", Rate: cfg.Rate, PhaseSeconds: cfg.Duration.Seconds(),
+	s := isolationSummary{Mode: "isolation", Rate: cfg.Rate, PhaseSeconds: cfg.Duration.Seconds(), Rounds: cfg.Rounds,
 		BaselineEvents: len(base), BaselineP50MS: ms(quantile(base, 0.5)), BaselineP99MS: ms(quantile(base, 0.99)),
 		BesideEvents: len(beside), BesideP50MS: ms(quantile(beside, 0.5)), BesideP99MS: ms(quantile(beside, 0.99)),
 		BadQueued: cfg.Events, BadRequests: len(bad.Spans()), BadMaxInFlight: bad.MaxOpen(), BadCap: badEP.MaxInFlight,
 		BadBreakerState: badState.Breaker.State}
+	for i := range baseP99 {
+		s.BaselineP99MSByRound = append(s.BaselineP99MSByRound, ms(baseP99[i]))
+		s.BesideP99MSByRound = append(s.BesideP99MSByRound, ms(besideP99[i]))
+	}
 	if s.BaselineP99MS > 0 {
 		s.P99Ratio = s.BesideP99MS / s.BaselineP99MS
 	}
 	s.P99RatioMet = s.P99Ratio > 0 && s.P99Ratio <= 2
 	s.BadCapMet = s.BadMaxInFlight <= s.BadCap
 	out := run.stdout
-	fmt.Fprintf(out, "mode isolation: a healthy endpoint at %g events/s for %s alone, then for %s beside a bad endpoint\n", cfg.Rate, cfg.Duration, cfg.Duration)
-	fmt.Fprintf(out, "  (%d deliveries queued, its receiver answering 500 after %s, max_in_flight %d)\n", cfg.Events, cfg.FailAfter, badEP.MaxInFlight)
+	fmt.Fprintf(out, "mode isolation: a healthy endpoint at %g events/s, warmed up %s, then %d round(s) of %s alone and %s beside a bad endpoint\n",
+		cfg.Rate, min(isolationWarmUp, cfg.Duration), cfg.Rounds, cfg.Duration, cfg.Duration)
+	fmt.Fprintf(out, "  (%d deliveries queued, its receiver answering 500 after %s, max_in_flight %d; paused for the baselines after the first)\n",
+		cfg.Events, cfg.FailAfter, badEP.MaxInFlight)
+	for i := range baseP99 {
+		fmt.Fprintf(out, "round %d: healthy p99 alone %s, beside the bad %s\n", i+1, baseP99[i], besideP99[i])
+	}
 	fmt.Fprintf(out, "healthy alone:           %4d events, commit->2xx p50 %s p99 %s max %s\n",
 		len(base), quantile(base, 0.5), quantile(base, 0.99), quantile(base, 1))
 	fmt.Fprintf(out, "healthy beside the bad:  %4d events, commit->2xx p50 %s p99 %s max %s\n",
@@ -508,6 +567,25 @@ func loadIsolation(ctx context.Context, cfg loadConfig, run loadRun) error {
 	fmt.Fprintf(out, "bad endpoint: %d requests, at most %d in flight at once as its receiver saw them (cap %d): %s; breaker at the end %s\n",
 		s.BadRequests, s.BadMaxInFlight, s.BadCap, verdict(s.BadCapMet), s.BadBreakerState)
 	return writeSummary(out, s)
+}
+
+// isolationWarmUp is how long the healthy endpoint runs, not measured,
+// before the first baseline.
+const isolationWarmUp = 5 * time.Second
+
+// pause pauses (action "pause") or resumes ("resume") endpoint id.
+func (c *loadChild) pause(ctx context.Context, id int64, action string) error {
+	var answer struct {
+		Error string `json:"error"`
+	}
+	status, err := c.call(ctx, "POST", fmt.Sprintf("/api/endpoints/%d/%s", id, action), nil, &answer)
+	if err == nil && status != http.StatusOK {
+		err = fmt.Errorf("status %d %s", status, answer.Error)
+	}
+	if err != nil {
+		return fmt.Errorf("load: %s endpoint %d: %w", action, id, err)
+	}
+	return nil
 }
 
 // flakySummary is -mode flaky's result.
@@ -807,6 +885,7 @@ type rateLimitSummary struct {
 	Mode          string  `json:"mode"`
 	Replicas      int     `json:"replicas"`
 	Limit         float64 `json:"rate_limit_per_second"`
+	MaxInFlight   int     `json:"max_in_flight"`
 	Queued        int     `json:"queued"`
 	Seconds       float64 `json:"seconds"`
 	Requests      int     `json:"requests"`
@@ -830,7 +909,12 @@ func loadRateLimit(ctx context.Context, cfg loadConfig, run loadRun) error {
 	if err != nil {
 		return err
 	}
-	if _, err := g.endpoint(ctx, recv, loadEndpoint{Topics: []string{"load.*"}, RateLimitPerSecond: cfg.RateLimit}); err != nil {
+	// With the default cap, the replica that claims first keeps the
+	// lane: its workers hold the cap's jobs, each waiting its turn under
+	// the limit, and claim again as soon as their outcomes commit, before
+	// the other replica's poll. A larger -max-in-flight lets both deliver.
+	ep, err := g.endpoint(ctx, recv, loadEndpoint{Topics: []string{"load.*"}, RateLimitPerSecond: cfg.RateLimit, MaxInFlight: cfg.MaxInFlight})
+	if err != nil {
 		return err
 	}
 	// The backlog is recorded with no outboxd running, so that every
@@ -846,7 +930,7 @@ func loadRateLimit(ctx context.Context, cfg loadConfig, run loadRun) error {
 	if err := sleepCtx(ctx, cfg.Duration-time.Since(start)); err != nil {
 		return err
 	}
-	s := rateLimitSummary{Mode: "ratelimit", Replicas: cfg.Replicas, Limit: cfg.RateLimit, Queued: cfg.Events,
+	s := rateLimitSummary{Mode: "ratelimit", Replicas: cfg.Replicas, Limit: cfg.RateLimit, MaxInFlight: ep.MaxInFlight, Queued: cfg.Events,
 		Seconds: time.Since(start).Seconds(), Allowed5s: cfg.RateLimit * rateWindow.Seconds()}
 	for _, c := range g.children {
 		n, err := c.DeliveryAttempts(ctx)
@@ -872,8 +956,8 @@ func loadRateLimit(ctx context.Context, cfg loadConfig, run loadRun) error {
 	s.Ratio = float64(s.MaxIn5s) / s.Allowed5s
 	s.Met = s.Ratio <= 1.10
 	out := run.stdout
-	fmt.Fprintf(out, "mode ratelimit: %d replicas, rate_limit_per_second %g, %d deliveries queued, delivering for %s\n",
-		cfg.Replicas, cfg.RateLimit, cfg.Events, time.Duration(s.Seconds*float64(time.Second)).Round(time.Millisecond))
+	fmt.Fprintf(out, "mode ratelimit: %d replicas, rate_limit_per_second %g, max_in_flight %d, %d deliveries queued, delivering for %s\n",
+		cfg.Replicas, cfg.RateLimit, ep.MaxInFlight, cfg.Events, time.Duration(s.Seconds*float64(time.Second)).Round(time.Millisecond))
 	fmt.Fprintf(out, "the receiver saw %d requests, %.2f/s from first to last; webhook attempts by replica %v\n", s.Requests, s.MeanPerSecond, s.PerReplica)
 	fmt.Fprintf(out, "busiest %s window: %d requests; limit x %s = %g: %.3f of it (target <= 1.10): %s\n",
 		rateWindow, s.MaxIn5s, rateWindow, s.Allowed5s, s.Ratio, verdict(s.Met))

@@ -192,28 +192,30 @@ func TestLoadScenarioDefaults(t *testing.T) {
 		AcceptWithin time.Duration
 		RateLimit    float64
 		Replicas     int
+		MaxInFlight  int
+		Rounds       int
 	}
 	for _, tc := range []struct {
 		args []string
 		want numbers
 	}{
-		{[]string{"-mode", "keepup"}, numbers{60 * time.Second, 0, 100_000, 0, 0.1, 2 * time.Minute, 20, 2}},
-		{[]string{"-mode", "drain"}, numbers{60 * time.Second, 0, 100_000, 0, 0.1, 2 * time.Minute, 20, 2}},
-		{[]string{"-mode", "isolation"}, numbers{30 * time.Second, 20, 1000, 5 * time.Second, 0.1, 2 * time.Minute, 20, 2}},
-		{[]string{"-mode", "flaky"}, numbers{30 * time.Second, 50, 100_000, 0, 0.1, 2 * time.Minute, 20, 2}},
-		{[]string{"-mode", "dead"}, numbers{30 * time.Second, 20, 100_000, time.Second, 0.1, 2 * time.Minute, 20, 2}},
-		{[]string{"-mode", "ratelimit"}, numbers{30 * time.Second, 0, 1000, 0, 0.1, 2 * time.Minute, 20, 2}},
-		{[]string{"-mode", "isolation", "-duration", "5s", "-rate", "7", "-events", "40", "-fail-after", "1s"},
-			numbers{5 * time.Second, 7, 40, time.Second, 0.1, 2 * time.Minute, 20, 2}},
-		{[]string{"-mode", "ratelimit", "-rate-limit", "5", "-replicas", "3"},
-			numbers{30 * time.Second, 0, 1000, 0, 0.1, 2 * time.Minute, 5, 3}},
+		{[]string{"-mode", "keepup"}, numbers{60 * time.Second, 0, 100_000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 1}},
+		{[]string{"-mode", "drain"}, numbers{60 * time.Second, 0, 100_000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 1}},
+		{[]string{"-mode", "isolation"}, numbers{30 * time.Second, 20, 1000, 5 * time.Second, 0.1, 2 * time.Minute, 20, 2, 0, 1}},
+		{[]string{"-mode", "flaky"}, numbers{30 * time.Second, 50, 100_000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 1}},
+		{[]string{"-mode", "dead"}, numbers{30 * time.Second, 20, 100_000, time.Second, 0.1, 2 * time.Minute, 20, 2, 0, 1}},
+		{[]string{"-mode", "ratelimit"}, numbers{30 * time.Second, 0, 1000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 1}},
+		{[]string{"-mode", "isolation", "-duration", "5s", "-rate", "7", "-events", "40", "-fail-after", "1s", "-rounds", "3"},
+			numbers{5 * time.Second, 7, 40, time.Second, 0.1, 2 * time.Minute, 20, 2, 0, 3}},
+		{[]string{"-mode", "ratelimit", "-rate-limit", "5", "-replicas", "3", "-max-in-flight", "100"},
+			numbers{30 * time.Second, 0, 1000, 0, 0.1, 2 * time.Minute, 5, 3, 100, 1}},
 	} {
 		cfg, err := parseLoadConfig(tc.args, func(string) string { return "" }, io.Discard)
 		if err != nil {
 			t.Errorf("%v: %v", tc.args, err)
 			continue
 		}
-		got := numbers{cfg.Duration, cfg.Rate, cfg.Events, cfg.FailAfter, cfg.FailRatio, cfg.AcceptWithin, cfg.RateLimit, cfg.Replicas}
+		got := numbers{cfg.Duration, cfg.Rate, cfg.Events, cfg.FailAfter, cfg.FailRatio, cfg.AcceptWithin, cfg.RateLimit, cfg.Replicas, cfg.MaxInFlight, cfg.Rounds}
 		if diff := cmp.Diff(tc.want, got); diff != "" {
 			t.Errorf("%v (-want +got):\n%s", tc.args, diff)
 		}
@@ -223,6 +225,8 @@ func TestLoadScenarioDefaults(t *testing.T) {
 		{"-mode", "flaky", "-fail-ratio", "1.5"},
 		{"-mode", "ratelimit", "-rate-limit", "0"},
 		{"-mode", "ratelimit", "-replicas", "0"},
+		{"-mode", "ratelimit", "-max-in-flight", "1001"},
+		{"-mode", "isolation", "-rounds", "0"},
 		{"-mode", "dead", "-fail-after", "-1s"},
 	} {
 		if _, err := parseLoadConfig(args, func(string) string { return "" }, io.Discard); err == nil {
@@ -288,7 +292,7 @@ func TestLoadDeadScenarioOpensTheBreaker(t *testing.T) {
 func TestLoadIsolationScenarioHoldsTheCap(t *testing.T) {
 	t.Parallel()
 	var s isolationSummary
-	runScenario(t, &s, "-mode", "isolation", "-duration", "2s", "-producers", "2", "-rate", "10", "-events", "40", "-fail-after", "1s",
+	runScenario(t, &s, "-mode", "isolation", "-duration", "2s", "-producers", "2", "-rate", "10", "-events", "40", "-fail-after", "1s", "-rounds", "2",
 		"-serve-flags", "-breaker-threshold 1000")
 	if s.BadCap != defaultMaxInFlight {
 		t.Errorf("bad endpoint's cap %d, want the default %d", s.BadCap, defaultMaxInFlight)
@@ -296,8 +300,9 @@ func TestLoadIsolationScenarioHoldsTheCap(t *testing.T) {
 	if s.BadMaxInFlight != s.BadCap {
 		t.Errorf("bad receiver saw at most %d requests at once, want exactly its cap %d (40 queued)", s.BadMaxInFlight, s.BadCap)
 	}
-	if s.BaselineEvents == 0 || s.BesideEvents == 0 {
-		t.Errorf("healthy endpoint got %d events alone and %d beside the bad one, want some in both", s.BaselineEvents, s.BesideEvents)
+	if s.BaselineEvents == 0 || s.BesideEvents == 0 || len(s.BaselineP99MSByRound) != 2 || len(s.BesideP99MSByRound) != 2 {
+		t.Errorf("healthy endpoint got %d events alone and %d beside the bad one, p99s by round %v and %v; want some in both phases of 2 rounds",
+			s.BaselineEvents, s.BesideEvents, s.BaselineP99MSByRound, s.BesideP99MSByRound)
 	}
 	if s.BadBreakerState != breakerClosed {
 		t.Errorf("bad endpoint's breaker %q, want closed under -breaker-threshold 1000", s.BadBreakerState)
