@@ -1,12 +1,14 @@
 // load.go: `outboxd load`, a load generator that runs a real outboxd as a
 // child process, drives producer transactions into its database, receives
 // and verifies its webhooks on loopback, and reports rates, latency, the
-// backlog and outboxd's memory.
+// backlog and outboxd's memory. The endpoint isolation scenarios (issue
+// 16's targets) are in loadscenarios.go.
 
 package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -33,13 +35,17 @@ import (
 type loadConfig struct {
 	DatabaseURL string
 	DataDir     string
-	Mode        string // keepup, drain or jobs
+	Mode        string // keepup, drain, jobs, or a scenario of loadscenarios.go
 	Producers   int
 	Duration    time.Duration
 	Rate        float64 // events/s over all producers; 0: as fast as the database commits
-	Events      int     // drain and jobs modes
+	Events      int     // drain and jobs modes; the queued deliveries of isolation and ratelimit
 	ServeFlags  string  // extra flags for the outboxd under test
+	scenarioConfig
 }
+
+// loadModes are -mode's values.
+var loadModes = []string{"keepup", "drain", "jobs", "isolation", "flaky", "dead", "ratelimit"}
 
 func parseLoadConfig(args []string, getenv func(string) string, stderr io.Writer) (loadConfig, error) {
 	cfg := loadConfig{DatabaseURL: getenv("DATABASE_URL"), DataDir: "outboxd-data", Mode: "keepup",
@@ -48,18 +54,23 @@ func parseLoadConfig(args []string, getenv func(string) string, stderr io.Writer
 	fs.SetOutput(stderr)
 	fs.StringVar(&cfg.DatabaseURL, "database-url", cfg.DatabaseURL, "database of the outboxd under test; empty starts the private cluster")
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "folder of the private cluster")
-	fs.StringVar(&cfg.Mode, "mode", cfg.Mode, "keepup: producers for -duration; drain: record -events, then deliver; jobs: -events no-op jobs, no HTTP")
+	fs.StringVar(&cfg.Mode, "mode", cfg.Mode, "keepup: producers for -duration; drain: record -events, then deliver; jobs: -events no-op jobs, no HTTP; "+
+		"isolation, flaky, dead, ratelimit: issue 16's endpoint scenarios, each with its own defaults (README, \"Endpoint isolation\")")
 	fs.IntVar(&cfg.Producers, "producers", cfg.Producers, "producer connections, each committing single-event transactions")
-	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long the producers run (keepup)")
-	fs.Float64Var(&cfg.Rate, "rate", cfg.Rate, "events per second over all producers; 0 is as fast as possible")
-	fs.IntVar(&cfg.Events, "events", cfg.Events, "events recorded before delivery starts (drain), or no-op jobs (jobs)")
+	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long the producers run (keepup; a scenario's phase: 30s)")
+	fs.Float64Var(&cfg.Rate, "rate", cfg.Rate, "events per second over all producers; 0 is as fast as possible (isolation and dead: 20, flaky: 50)")
+	fs.IntVar(&cfg.Events, "events", cfg.Events, "events recorded before delivery starts (drain), or no-op jobs (jobs); deliveries queued for the hanging endpoint (isolation) or the limited one (ratelimit): 1000")
 	fs.StringVar(&cfg.ServeFlags, "serve-flags", cfg.ServeFlags, "extra flags for the outboxd under test, space-separated")
+	cfg.scenarioConfig.flags(fs)
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	cfg.applyScenarioDefaults(set)
 	switch {
-	case cfg.Mode != "keepup" && cfg.Mode != "drain" && cfg.Mode != "jobs":
-		return cfg, fmt.Errorf("-mode must be keepup, drain or jobs, got %q", cfg.Mode)
+	case !slices.Contains(loadModes, cfg.Mode):
+		return cfg, fmt.Errorf("-mode must be one of %s, got %q", strings.Join(loadModes, ", "), cfg.Mode)
 	case cfg.Producers < 1 || cfg.Producers > 1000:
 		return cfg, fmt.Errorf("-producers must be between 1 and 1000, got %d", cfg.Producers)
 	case cfg.Events < 1:
@@ -67,7 +78,7 @@ func parseLoadConfig(args []string, getenv func(string) string, stderr io.Writer
 	case cfg.Duration <= 0:
 		return cfg, fmt.Errorf("-duration must be positive, got %s", cfg.Duration)
 	}
-	return cfg, nil
+	return cfg, cfg.scenarioConfig.validate()
 }
 
 // runLoad is `outboxd load`.
@@ -94,6 +105,9 @@ func runLoad(ctx context.Context, args []string, getenv func(string) string, std
 	if err := migrate(ctx, db); err != nil {
 		return err
 	}
+	if run := loadScenario(cfg.Mode); run != nil {
+		return run(ctx, cfg, loadRun{db: db, dsn: dsn, stdout: stdout, stderr: stderr, logger: logger})
+	}
 
 	recv, err := startLoadReceiver()
 	if err != nil {
@@ -110,7 +124,14 @@ func runLoad(ctx context.Context, args []string, getenv func(string) string, std
 	if cfg.Mode == "jobs" {
 		return loadJobs(ctx, cfg, db, child, stdout)
 	}
-	id, err := child.CreateEndpoint(ctx, recv)
+	// The endpoint may run as many deliveries at once as the child has
+	// workers: drain and keep-up measure the pipeline, not the
+	// per-endpoint cap (max_in_flight, 16 by default), which would
+	// otherwise hold one endpoint to a quarter of the default 64 workers.
+	// The child inherits this process's environment, so OUTBOXD_WORKERS
+	// counts as it does for the child.
+	id, err := child.CreateEndpoint(ctx, recv, loadEndpoint{Topics: []string{"load.*"},
+		MaxInFlight: childWorkers(child.extra, os.Getenv)})
 	if err != nil {
 		return err
 	}
@@ -134,23 +155,49 @@ func runLoad(ctx context.Context, args []string, getenv func(string) string, std
 // loadKeepUp runs the producers for the duration, then waits for the
 // backlog to drain.
 func loadKeepUp(ctx context.Context, cfg loadConfig, db *sql.DB, recv *loadReceiver, child *loadChild, stdout io.Writer) error {
+	committed, elapsed := produce(ctx, db, "load.event", "p", cfg.Producers, cfg.Rate, cfg.Duration)
+	deliveredDuring := recv.Unique()
+	backlog, err := loadBacklog(ctx, db)
+	if err != nil {
+		return err
+	}
+	drainStart := time.Now()
+	if err := recv.AwaitUnique(ctx, committed, 10*time.Minute); err != nil {
+		return err
+	}
+	drain := time.Since(drainStart)
+	p := recv.Percentiles()
+	fmt.Fprintf(stdout, "mode keepup: producers %d, duration %s\n", cfg.Producers, elapsed.Round(time.Millisecond))
+	fmt.Fprintf(stdout, "committed %.0f events/s, delivered %.0f events/s during the run\n",
+		float64(committed)/elapsed.Seconds(), float64(deliveredDuring)/elapsed.Seconds())
+	fmt.Fprintf(stdout, "commit->2xx latency p50 %s p95 %s p99 %s max %s\n", p[0], p[1], p[2], p[3])
+	fmt.Fprintf(stdout, "backlog at end %d (events + jobs), drained in %s; duplicates %d\n", backlog, drain.Round(time.Millisecond), recv.Duplicates())
+	fmt.Fprintf(stdout, "outboxd peak RSS %s\n", child.PeakRSS())
+	return nil
+}
+
+// produce commits single-event transactions of topic on producers
+// connections for d, at rate events/s over all of them (0: as fast as the
+// database commits), and returns how many committed and how long it took.
+// Subjects are prefix, the producer's number, a dash and a sequence.
+func produce(ctx context.Context, db *sql.DB, topic, prefix string, producers int, rate float64, d time.Duration) (int64, time.Duration) {
 	var committed atomic.Int64
-	runCtx, stop := context.WithTimeout(ctx, cfg.Duration)
+	runCtx, stop := context.WithTimeout(ctx, d)
 	defer stop()
 	var interval time.Duration
-	if cfg.Rate > 0 {
-		interval = time.Duration(float64(cfg.Producers) / cfg.Rate * float64(time.Second))
+	if rate > 0 {
+		interval = time.Duration(float64(producers) / rate * float64(time.Second))
 	}
 	start := time.Now()
 	var wg sync.WaitGroup
-	for p := range cfg.Producers {
+	for p := range producers {
 		wg.Go(func() {
 			var tick <-chan time.Time
 			if interval > 0 {
 				select {
 				case <-runCtx.Done():
 					return
-				case <-time.After(producerPhase(p, cfg.Producers, interval)):
+				case <-time.After(producerPhase(p, producers, interval)):
 				}
 				t := time.NewTicker(interval)
 				defer t.Stop()
@@ -164,7 +211,7 @@ func loadKeepUp(ctx context.Context, cfg loadConfig, db *sql.DB, recv *loadRecei
 					case <-tick:
 					}
 				}
-				_, err := db.ExecContext(runCtx, `SELECT outbox.record('load.event', $1, '{"load": true}')`, fmt.Sprintf("p%d-%d", p, i))
+				_, err := db.ExecContext(runCtx, `SELECT outbox.record($1, $2, '{"load": true}')`, topic, fmt.Sprintf("%s%d-%d", prefix, p, i))
 				if err == nil {
 					committed.Add(1)
 				}
@@ -172,25 +219,7 @@ func loadKeepUp(ctx context.Context, cfg loadConfig, db *sql.DB, recv *loadRecei
 		})
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
-	deliveredDuring := recv.Unique()
-	backlog, err := loadBacklog(ctx, db)
-	if err != nil {
-		return err
-	}
-	drainStart := time.Now()
-	if err := recv.AwaitUnique(ctx, committed.Load(), 10*time.Minute); err != nil {
-		return err
-	}
-	drain := time.Since(drainStart)
-	p := recv.Percentiles()
-	fmt.Fprintf(stdout, "mode keepup: producers %d, duration %s\n", cfg.Producers, elapsed.Round(time.Millisecond))
-	fmt.Fprintf(stdout, "committed %.0f events/s, delivered %.0f events/s during the run\n",
-		float64(committed.Load())/elapsed.Seconds(), float64(deliveredDuring)/elapsed.Seconds())
-	fmt.Fprintf(stdout, "commit->2xx latency p50 %s p95 %s p99 %s max %s\n", p[0], p[1], p[2], p[3])
-	fmt.Fprintf(stdout, "backlog at end %d (events + jobs), drained in %s; duplicates %d\n", backlog, drain.Round(time.Millisecond), recv.Duplicates())
-	fmt.Fprintf(stdout, "outboxd peak RSS %s\n", child.PeakRSS())
-	return nil
+	return committed.Load(), time.Since(start)
 }
 
 // producerPhase is how long producer p of n waits before its first tick
@@ -206,7 +235,7 @@ func producerPhase(p, n int, interval time.Duration) time.Duration {
 // their delivery.
 func loadDrain(ctx context.Context, cfg loadConfig, db *sql.DB, recv *loadReceiver, child *loadChild, stdout io.Writer) error {
 	child.Stop()
-	if err := recordBulk(ctx, db, cfg.Events); err != nil {
+	if err := recordBulk(ctx, db, "load.event", cfg.Events); err != nil {
 		return err
 	}
 	start := time.Now()
@@ -226,7 +255,7 @@ func loadDrain(ctx context.Context, cfg loadConfig, db *sql.DB, recv *loadReceiv
 // loadJobs times the job table alone: no-op jobs, no HTTP.
 func loadJobs(ctx context.Context, cfg loadConfig, db *sql.DB, child *loadChild, stdout io.Writer) error {
 	child.Stop()
-	if err := recordBulk(ctx, db, 1); err != nil {
+	if err := recordBulk(ctx, db, "load.event", 1); err != nil {
 		return err
 	}
 	var before int64
@@ -263,11 +292,11 @@ func loadJobs(ctx context.Context, cfg loadConfig, db *sql.DB, child *loadChild,
 	return nil
 }
 
-// recordBulk records n events in transactions of 10,000.
-func recordBulk(ctx context.Context, db *sql.DB, n int) error {
+// recordBulk records n events of topic in transactions of 10,000.
+func recordBulk(ctx context.Context, db *sql.DB, topic string, n int) error {
 	for done := 0; done < n; done += 10_000 {
-		if _, err := db.ExecContext(ctx, `SELECT outbox.record('load.event', 'bulk-' || i, '{"load": true}') FROM generate_series($1::int, $2::int) AS i`,
-			done, min(done+10_000, n)-1); err != nil {
+		if _, err := db.ExecContext(ctx, `SELECT outbox.record($3, 'bulk-' || i, '{"load": true}') FROM generate_series($1::int, $2::int) AS i`,
+			done, min(done+10_000, n)-1, topic); err != nil {
 			return fmt.Errorf("load: record events: %w", err)
 		}
 	}
@@ -288,39 +317,103 @@ func loadBacklog(ctx context.Context, db *sql.DB) (int64, error) {
 
 // loadReceiver is the webhook receiver on loopback: it verifies every
 // signature, dedupes on webhook-id and keeps each first delivery's latency.
+// A scenario's receiver may answer otherwise (answer) and keep every
+// request's span (keepSpans).
 type loadReceiver struct {
 	srv    *http.Server
 	url    string
 	secret atomic.Pointer[webhookSecret]
+	// answer, if set, says how to answer a request whose signature holds.
+	answer    func(webhookID string) requestAnswer
+	keepSpans bool
+	closed    chan struct{} // closed by Close: waiting answers end
 
 	mu        sync.Mutex // protects the fields below
 	seen      map[string]bool
 	latencies []time.Duration
+	spans     []requestSpan // with keepSpans, in the order answers were written
+	open      int           // with keepSpans: requests arrived and not answered yet
+	maxOpen   int           // the most open at once
 	dups      int64
 	bad       int64
 	changed   chan struct{} // closed and replaced on every new delivery
 }
 
+// requestSpan is one request as the receiver saw it: when it arrived,
+// when the answer was written, and the answer's status.
+type requestSpan struct {
+	Start, End time.Time
+	Status     int
+	Claimed    time.Time // requestAnswer.Claimed
+}
+
+// requestAnswer is how a scenario's receiver answers one request: after
+// Wait, with Status (0 or 2xx: accepted; otherwise a refusal, and the event
+// stays undelivered). Claimed is when outboxd claimed the attempt, if the
+// scenario looked it up (zero if not).
+type requestAnswer struct {
+	Wait    time.Duration
+	Status  int
+	Claimed time.Time
+}
+
 func startLoadReceiver() (*loadReceiver, error) {
+	return startAnsweringReceiver(nil, false)
+}
+
+// startAnsweringReceiver starts a receiver that answers as answer says
+// (nil: 204 at once) and, with keepSpans, keeps every request's span.
+func startAnsweringReceiver(answer func(webhookID string) requestAnswer, keepSpans bool) (*loadReceiver, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("load: receiver: %w", err)
 	}
-	r := &loadReceiver{url: "http://" + ln.Addr().String() + "/hook", seen: map[string]bool{}, changed: make(chan struct{})}
+	r := &loadReceiver{url: "http://" + ln.Addr().String() + "/hook", seen: map[string]bool{}, changed: make(chan struct{}),
+		answer: answer, keepSpans: keepSpans, closed: make(chan struct{})}
 	r.srv = &http.Server{Handler: http.HandlerFunc(r.serve), ReadHeaderTimeout: 5 * time.Second}
 	go r.srv.Serve(ln)
 	return r, nil
 }
 
 func (r *loadReceiver) serve(w http.ResponseWriter, req *http.Request) {
+	arrived := time.Now()
+	if r.keepSpans {
+		r.mu.Lock()
+		r.open++
+		r.maxOpen = max(r.maxOpen, r.open)
+		r.mu.Unlock()
+	}
 	body, err := io.ReadAll(io.LimitReader(req.Body, 2<<20))
 	secret := r.secret.Load()
 	if err != nil || secret == nil || verifyWebhook([][]byte{*secret}, req.Header, body, time.Now()) != nil {
 		r.mu.Lock()
 		r.bad++
+		r.keepSpan(requestSpan{Start: arrived, Status: http.StatusUnauthorized})
 		r.mu.Unlock()
 		http.Error(w, "bad signature", http.StatusUnauthorized)
 		return
+	}
+	var claimed time.Time
+	if r.answer != nil {
+		a := r.answer(req.Header.Get("webhook-id"))
+		claimed = a.Claimed
+		if a.Wait > 0 {
+			t := time.NewTimer(a.Wait)
+			select {
+			case <-t.C:
+			case <-req.Context().Done():
+				t.Stop()
+			case <-r.closed:
+				t.Stop()
+			}
+		}
+		if a.Status != 0 && a.Status/100 != 2 {
+			r.mu.Lock()
+			r.keepSpan(requestSpan{Start: arrived, Status: a.Status, Claimed: claimed})
+			r.mu.Unlock()
+			w.WriteHeader(a.Status)
+			return
+		}
 	}
 	var msg struct {
 		Timestamp time.Time `json:"timestamp"`
@@ -336,8 +429,61 @@ func (r *loadReceiver) serve(w http.ResponseWriter, req *http.Request) {
 		close(r.changed)
 		r.changed = make(chan struct{})
 	}
+	r.keepSpan(requestSpan{Start: arrived, Status: http.StatusNoContent, Claimed: claimed})
 	r.mu.Unlock()
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// keepSpan notes a request answered now. r.mu must be held.
+func (r *loadReceiver) keepSpan(sp requestSpan) {
+	if r.keepSpans {
+		sp.End = time.Now()
+		r.spans = append(r.spans, sp)
+		r.open--
+	}
+}
+
+// MaxOpen is the most requests the receiver had open at once (keepSpans).
+func (r *loadReceiver) MaxOpen() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.maxOpen
+}
+
+// AwaitIdle waits until no request is open (keepSpans), so that Spans
+// holds every request made so far.
+func (r *loadReceiver) AwaitIdle(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		r.mu.Lock()
+		open := r.open
+		r.mu.Unlock()
+		if open == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("load: %d requests still open after %s", open, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Spans are the requests answered so far, in answer order.
+func (r *loadReceiver) Spans() []requestSpan {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.spans)
+}
+
+// Latencies are the first-2xx latencies from the n-th delivered event on.
+func (r *loadReceiver) Latencies(from int) []time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.latencies[min(from, len(r.latencies)):])
 }
 
 func (r *loadReceiver) Unique() int64 {
@@ -374,19 +520,25 @@ func (r *loadReceiver) AwaitUnique(ctx context.Context, n int64, timeout time.Du
 
 // Percentiles are p50, p95, p99 and max of commit-to-first-2xx latency.
 func (r *loadReceiver) Percentiles() [4]time.Duration {
-	r.mu.Lock()
-	l := slices.Clone(r.latencies)
-	r.mu.Unlock()
-	var p [4]time.Duration
-	if len(l) == 0 {
-		return p
-	}
+	l := r.Latencies(0)
 	slices.Sort(l)
-	at := func(q float64) time.Duration { return l[min(len(l)-1, int(math.Ceil(q*float64(len(l))))-1)] }
-	return [4]time.Duration{at(0.50), at(0.95), at(0.99), l[len(l)-1]}
+	return [4]time.Duration{quantile(l, 0.50), quantile(l, 0.95), quantile(l, 0.99), quantile(l, 1)}
 }
 
-func (r *loadReceiver) Close() { r.srv.Close() }
+// quantile is the q-quantile (0 < q <= 1) of sorted by the nearest-rank
+// method: the smallest value that at least q of the values do not exceed.
+// It is 0 for no values.
+func quantile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	return sorted[min(len(sorted)-1, max(0, int(math.Ceil(q*float64(len(sorted))))-1))]
+}
+
+func (r *loadReceiver) Close() {
+	close(r.closed)
+	r.srv.Close()
+}
 
 // loadChild is the outboxd under test, this same binary in serve mode.
 type loadChild struct {
@@ -477,26 +629,33 @@ func readVmHWM(pid int) int64 {
 	return 0
 }
 
+// loadEndpoint is what a run registers for a receiver: its topic
+// patterns and delivery settings (zero: the server's default).
+type loadEndpoint struct {
+	Topics             []string `json:"topics"`
+	MaxInFlight        int      `json:"max_in_flight,omitempty"`
+	RateLimitPerSecond float64  `json:"rate_limit_per_second,omitempty"`
+}
+
 // CreateEndpoint registers the receiver through the API, hands it the
 // endpoint's secret and returns the endpoint's id.
-func (c *loadChild) CreateEndpoint(ctx context.Context, r *loadReceiver) (int64, error) {
-	body := fmt.Sprintf(`{"url": %q, "topics": ["load.*"], "description": "outboxd load"}`, r.url)
-	req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+c.addr+"/api/endpoints", strings.NewReader(body))
-	req.Header.Set("Authorization", "Bearer "+c.token)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, fmt.Errorf("load: create endpoint: %w", err)
-	}
-	defer resp.Body.Close()
+func (c *loadChild) CreateEndpoint(ctx context.Context, r *loadReceiver, settings loadEndpoint) (int64, error) {
+	body := struct {
+		URL         string `json:"url"`
+		Description string `json:"description"`
+		loadEndpoint
+	}{r.url, "outboxd load", settings}
 	var ep struct {
 		ID     int64  `json:"id"`
 		Secret string `json:"secret"`
 		Error  string `json:"error"`
 	}
-	json.NewDecoder(resp.Body).Decode(&ep)
-	if resp.StatusCode != http.StatusCreated {
-		return 0, fmt.Errorf("load: create endpoint: %d %s", resp.StatusCode, ep.Error)
+	status, err := c.call(ctx, "POST", "/api/endpoints", body, &ep)
+	if err != nil {
+		return 0, fmt.Errorf("load: create endpoint: %w", err)
+	}
+	if status != http.StatusCreated {
+		return 0, fmt.Errorf("load: create endpoint: %d %s", status, ep.Error)
 	}
 	secret, err := parseWebhookSecret(ep.Secret)
 	if err != nil {
@@ -504,4 +663,74 @@ func (c *loadChild) CreateEndpoint(ctx context.Context, r *loadReceiver) (int64,
 	}
 	r.secret.Store(&secret)
 	return ep.ID, nil
+}
+
+// call makes one API request to the child, with body as JSON (nil: none),
+// decodes the answer into out and returns its status.
+func (c *loadChild) call(ctx context.Context, method, path string, body, out any) (int, error) {
+	var in io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return 0, err
+		}
+		in = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://"+c.addr+path, in)
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if out != nil {
+		if err := json.NewDecoder(resp.Body).Decode(out); err != nil && resp.StatusCode/100 == 2 {
+			return resp.StatusCode, fmt.Errorf("decode the answer: %w", err)
+		}
+	}
+	return resp.StatusCode, nil
+}
+
+// childSetting is the integer setting name of a child started with the
+// flags extra, as the child reads it: the flag (-name or --name, with = or
+// a separate value) if given, else its environment fallback (the child
+// inherits this process's environment), else def. A value that is not a
+// positive number gives def here; the child then refuses to start and
+// names the setting.
+func childSetting(extra []string, getenv func(string) string, name string, def int) int {
+	if n, err := strconv.Atoi(getenv(envName(name))); err == nil && n >= 1 {
+		def = n
+	}
+	return serveFlagInt(extra, name, def)
+}
+
+// childWorkers is a child's -workers, 64 by default.
+func childWorkers(extra []string, getenv func(string) string) int {
+	return childSetting(extra, getenv, "workers", defaultConfig().Workers.Concurrency)
+}
+
+// serveFlagInt is the integer flag name among a child's flags, the last
+// one given winning as in package flag; def if absent or not a number.
+func serveFlagInt(extra []string, name string, def int) int {
+	v := def
+	for i, a := range extra {
+		a = strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-")
+		var val string
+		switch {
+		case a == name && i+1 < len(extra):
+			val = extra[i+1]
+		case strings.HasPrefix(a, name+"="):
+			val = strings.TrimPrefix(a, name+"=")
+		default:
+			continue
+		}
+		if n, err := strconv.Atoi(val); err == nil && n >= 1 {
+			v = n
+		}
+	}
+	return v
 }

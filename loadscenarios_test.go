@@ -1,0 +1,310 @@
+// loadscenarios_test.go: the load scenarios' arithmetic (percentiles,
+// windows, overlaps), their defaults, and two scenarios run end to end
+// against a real child outboxd.
+
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestQuantileIsNearestRank(t *testing.T) {
+	t.Parallel()
+	ten := []time.Duration{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	for _, tc := range []struct {
+		values []time.Duration
+		q      float64
+		want   time.Duration
+	}{
+		{nil, 0.5, 0},
+		{[]time.Duration{7}, 0.99, 7},
+		{ten, 0.5, 5},
+		{ten, 0.9, 9},
+		{ten, 0.91, 10},
+		{ten, 0.99, 10},
+		{ten, 1, 10},
+		{ten, 0.01, 1},
+	} {
+		if got := quantile(tc.values, tc.q); got != tc.want {
+			t.Errorf("quantile(%v, %g) = %d, want %d", tc.values, tc.q, got, tc.want)
+		}
+	}
+}
+
+func TestMaxInWindowSlidesOverEveryStart(t *testing.T) {
+	t.Parallel()
+	at := func(ms ...int) []time.Time {
+		base := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+		var out []time.Time
+		for _, m := range ms {
+			out = append(out, base.Add(time.Duration(m)*time.Millisecond))
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name  string
+		times []time.Time
+		want  int
+	}{
+		{"none", nil, 0},
+		{"one", at(0), 1},
+		{"evenly spaced, 10/s in 1 s", at(0, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1100), 10},
+		{"the window is half-open: 1000 ms apart is outside", at(0, 1000), 1},
+		{"a burst in the middle", at(0, 900, 1500, 1510, 1520, 1530, 2400, 2499, 2500, 3000), 6},
+		{"unsorted input", at(1530, 2500, 0, 1510, 2400, 1500, 2499, 900, 1520, 3000), 6},
+	} {
+		if got := maxInWindow(tc.times, time.Second); got != tc.want {
+			t.Errorf("%s: maxInWindow = %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestMaxConcurrentCountsOverlaps(t *testing.T) {
+	t.Parallel()
+	base := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	span := func(from, to int) requestSpan {
+		return requestSpan{Start: base.Add(time.Duration(from) * time.Second), End: base.Add(time.Duration(to) * time.Second)}
+	}
+	for _, tc := range []struct {
+		name  string
+		spans []requestSpan
+		want  int
+	}{
+		{"none", nil, 0},
+		{"one", []requestSpan{span(0, 5)}, 1},
+		{"one after another, touching", []requestSpan{span(0, 1), span(1, 2), span(2, 3)}, 1},
+		{"three overlapping at 2..3", []requestSpan{span(0, 3), span(1, 4), span(2, 5), span(6, 7)}, 3},
+		{"nested", []requestSpan{span(0, 10), span(1, 2), span(3, 4), span(3, 5)}, 3},
+	} {
+		if got := maxConcurrent(tc.spans); got != tc.want {
+			t.Errorf("%s: maxConcurrent = %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestMaxConcurrentDuringCountsOnlyWhileOneOfThemIsOpen(t *testing.T) {
+	t.Parallel()
+	base := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	span := func(from, to int) requestSpan {
+		return requestSpan{Start: base.Add(time.Duration(from) * time.Second), End: base.Add(time.Duration(to) * time.Second)}
+	}
+	// Three overlap at 1..2, before the probes; the probes run alone,
+	// except the second, which an earlier request still overlaps.
+	early := []requestSpan{span(0, 3), span(1, 4), span(1, 2)}
+	probes := []requestSpan{span(5, 6), span(3, 5)}
+	all := append(append([]requestSpan{}, early...), probes...)
+	if got := maxConcurrentDuring(all, probes[:1]); got != 1 {
+		t.Errorf("during a lone probe: %d at once, want 1", got)
+	}
+	if got := maxConcurrentDuring(all, probes); got != 2 {
+		t.Errorf("during both probes: %d at once, want 2", got)
+	}
+	if got := maxConcurrentDuring(all, nil); got != 0 {
+		t.Errorf("during no probe: %d, want 0", got)
+	}
+}
+
+func TestLongestFailureRunInArrivalOrder(t *testing.T) {
+	t.Parallel()
+	base := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	var spans []requestSpan
+	// Answer order differs from arrival order: the run is counted by arrival.
+	for i, status := range []int{204, 500, 500, 204, 500, 500, 500, 204, 500} {
+		spans = append(spans, requestSpan{Start: base.Add(time.Duration(i) * time.Second), Status: status})
+	}
+	spans[0], spans[8] = spans[8], spans[0]
+	if got := longestFailureRun(spans); got != 3 {
+		t.Errorf("longestFailureRun = %d, want 3", got)
+	}
+	if got := longestFailureRun(nil); got != 0 {
+		t.Errorf("longestFailureRun(nil) = %d, want 0", got)
+	}
+}
+
+func TestSortedCountAtMostAndPadding(t *testing.T) {
+	t.Parallel()
+	sorted := []time.Duration{1, 2, 2, 3, 5}
+	for _, tc := range []struct {
+		d    time.Duration
+		want int
+	}{{0, 0}, {1, 1}, {2, 3}, {4, 4}, {5, 5}, {9, 5}} {
+		if got := sortedCountAtMost(sorted, tc.d); got != tc.want {
+			t.Errorf("sortedCountAtMost(%d) = %d, want %d", tc.d, got, tc.want)
+		}
+	}
+	if diff := cmp.Diff([]time.Duration{1, 2, 2, 3, 4, 4, 5}, padded(sorted, 7, 4)); diff != "" {
+		t.Errorf("padded (-want +got):\n%s", diff)
+	}
+}
+
+func TestChildSettingReadsFlagsLikeTheChild(t *testing.T) {
+	t.Parallel()
+	noEnv := func(string) string { return "" }
+	workersEnv := func(name string) string {
+		if name == "OUTBOXD_WORKERS" {
+			return "24"
+		}
+		return ""
+	}
+	for _, tc := range []struct {
+		name   string
+		extra  string
+		getenv func(string) string
+		want   int
+	}{
+		{"default", "", noEnv, 64},
+		{"other flags only", "-disable-listen -relay-sweep 10s", noEnv, 64},
+		{"separate value", "-workers 8", noEnv, 8},
+		{"with =", "-workers=12", noEnv, 12},
+		{"two dashes", "--workers 16", noEnv, 16},
+		{"the last one wins", "-workers 8 -workers=32", noEnv, 32},
+		{"not a number: the default (the child refuses it)", "-workers x", noEnv, 64},
+		{"a longer flag's prefix is not it", "-workers-extra 9", noEnv, 64},
+		{"the environment", "", workersEnv, 24},
+		{"a flag over the environment", "-workers 4", workersEnv, 4},
+	} {
+		if got := childWorkers(strings.Fields(tc.extra), tc.getenv); got != tc.want {
+			t.Errorf("%s: childWorkers(%q) = %d, want %d", tc.name, tc.extra, got, tc.want)
+		}
+	}
+	if got := childSetting([]string{"-breaker-threshold=1"}, noEnv, "breaker-threshold", 5); got != 1 {
+		t.Errorf("breaker-threshold = %d, want 1", got)
+	}
+}
+
+// Each scenario runs with issue 16's numbers unless a flag says otherwise;
+// the other modes keep theirs.
+func TestLoadScenarioDefaults(t *testing.T) {
+	t.Parallel()
+	type numbers struct {
+		Duration     time.Duration
+		Rate         float64
+		Events       int
+		FailAfter    time.Duration
+		FailRatio    float64
+		AcceptWithin time.Duration
+		RateLimit    float64
+		Replicas     int
+		MaxInFlight  int
+		Rounds       int
+	}
+	for _, tc := range []struct {
+		args []string
+		want numbers
+	}{
+		{[]string{"-mode", "keepup"}, numbers{60 * time.Second, 0, 100_000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 1}},
+		{[]string{"-mode", "drain"}, numbers{60 * time.Second, 0, 100_000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 1}},
+		{[]string{"-mode", "isolation"}, numbers{30 * time.Second, 20, 1000, 5 * time.Second, 0.1, 2 * time.Minute, 20, 2, 0, 1}},
+		{[]string{"-mode", "flaky"}, numbers{30 * time.Second, 50, 100_000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 1}},
+		{[]string{"-mode", "dead"}, numbers{30 * time.Second, 20, 100_000, time.Second, 0.1, 2 * time.Minute, 20, 2, 0, 1}},
+		{[]string{"-mode", "ratelimit"}, numbers{30 * time.Second, 0, 1000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 1}},
+		{[]string{"-mode", "isolation", "-duration", "5s", "-rate", "7", "-events", "40", "-fail-after", "1s", "-rounds", "3"},
+			numbers{5 * time.Second, 7, 40, time.Second, 0.1, 2 * time.Minute, 20, 2, 0, 3}},
+		{[]string{"-mode", "ratelimit", "-rate-limit", "5", "-replicas", "3", "-max-in-flight", "100"},
+			numbers{30 * time.Second, 0, 1000, 0, 0.1, 2 * time.Minute, 5, 3, 100, 1}},
+	} {
+		cfg, err := parseLoadConfig(tc.args, func(string) string { return "" }, io.Discard)
+		if err != nil {
+			t.Errorf("%v: %v", tc.args, err)
+			continue
+		}
+		got := numbers{cfg.Duration, cfg.Rate, cfg.Events, cfg.FailAfter, cfg.FailRatio, cfg.AcceptWithin, cfg.RateLimit, cfg.Replicas, cfg.MaxInFlight, cfg.Rounds}
+		if diff := cmp.Diff(tc.want, got); diff != "" {
+			t.Errorf("%v (-want +got):\n%s", tc.args, diff)
+		}
+	}
+	for _, args := range [][]string{
+		{"-mode", "chaos"},
+		{"-mode", "flaky", "-fail-ratio", "1.5"},
+		{"-mode", "ratelimit", "-rate-limit", "0"},
+		{"-mode", "ratelimit", "-replicas", "0"},
+		{"-mode", "ratelimit", "-max-in-flight", "1001"},
+		{"-mode", "isolation", "-rounds", "0"},
+		{"-mode", "dead", "-fail-after", "-1s"},
+	} {
+		if _, err := parseLoadConfig(args, func(string) string { return "" }, io.Discard); err == nil {
+			t.Errorf("%v: no error", args)
+		}
+	}
+}
+
+// runScenario runs `outboxd load` with args against a fresh database and
+// returns its summary line, decoded into summary.
+func runScenario(t *testing.T, summary any, args ...string) {
+	t.Helper()
+	db, dsn := newTestDB(t)
+	var out, errs syncBuffer
+	err := run(context.Background(), append([]string{"load", "-database-url", dsn}, args...),
+		func(string) string { return "" }, &out, &errs)
+	if err != nil {
+		t.Fatalf("load %v: %v\n%s", args, err, errs.String())
+	}
+	t.Logf("load %v:\n%s", args, out.String())
+	var line string
+	for l := range strings.Lines(out.String()) {
+		if rest, ok := strings.CutPrefix(l, "summary "); ok {
+			line = rest
+		}
+	}
+	if err := json.Unmarshal([]byte(line), summary); err != nil {
+		t.Fatalf("summary line %q: %v", line, err)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.endpoints`); n != 0 {
+		t.Errorf("%d endpoints left after the run, want 0", n)
+	}
+}
+
+// A receiver that refuses everything opens the breaker, and from then on
+// it receives one request at a time.
+func TestLoadDeadScenarioOpensTheBreaker(t *testing.T) {
+	t.Parallel()
+	var s deadSummary
+	// Retries come due 1 s after a first failed attempt: 5 s leaves them
+	// time to reach the receiver while the breaker is open.
+	runScenario(t, &s, "-mode", "dead", "-duration", "5s", "-producers", "2", "-rate", "10", "-fail-after", "200ms")
+	if s.Requests == 0 || s.AnsweredBeforeOpen < s.BreakerThreshold {
+		t.Fatalf("the receiver saw %d requests, answered %d before the breaker opened; want at least the threshold %d", s.Requests, s.AnsweredBeforeOpen, s.BreakerThreshold)
+	}
+	if !s.BreakerOpened || s.BreakerStateAtEnd != breakerOpen {
+		t.Errorf("breaker opened %v, at the end %q; want opened and open", s.BreakerOpened, s.BreakerStateAtEnd)
+	}
+	if s.FailuresAtOpen < s.BreakerThreshold {
+		t.Errorf("breaker seen open at %d consecutive failures, under the threshold %d", s.FailuresAtOpen, s.BreakerThreshold)
+	}
+	if s.ClaimUnknown != 0 {
+		t.Errorf("%d requests whose claim the receiver did not find, want 0", s.ClaimUnknown)
+	}
+	if s.ClaimedAfterOpen == 0 || s.MaxConcurrentAfter != 1 {
+		t.Errorf("after the breaker opened: %d requests claimed, at most %d open at once while one was; want some, one at a time", s.ClaimedAfterOpen, s.MaxConcurrentAfter)
+	}
+}
+
+// A hanging receiver with a backlog gets at most its endpoint's cap of
+// requests at once, and the healthy endpoint beside it gets every event.
+// The breaker is kept shut (threshold 1000), so the cap alone bounds it.
+func TestLoadIsolationScenarioHoldsTheCap(t *testing.T) {
+	t.Parallel()
+	var s isolationSummary
+	runScenario(t, &s, "-mode", "isolation", "-duration", "2s", "-producers", "2", "-rate", "10", "-events", "40", "-fail-after", "1s", "-rounds", "2",
+		"-serve-flags", "-breaker-threshold 1000")
+	if s.BadCap != defaultMaxInFlight {
+		t.Errorf("bad endpoint's cap %d, want the default %d", s.BadCap, defaultMaxInFlight)
+	}
+	if s.BadMaxInFlight != s.BadCap {
+		t.Errorf("bad receiver saw at most %d requests at once, want exactly its cap %d (40 queued)", s.BadMaxInFlight, s.BadCap)
+	}
+	if s.BaselineEvents == 0 || s.BesideEvents == 0 || len(s.BaselineP99MSByRound) != 2 || len(s.BesideP99MSByRound) != 2 {
+		t.Errorf("healthy endpoint got %d events alone and %d beside the bad one, p99s by round %v and %v; want some in both phases of 2 rounds",
+			s.BaselineEvents, s.BesideEvents, s.BaselineP99MSByRound, s.BesideP99MSByRound)
+	}
+	if s.BadBreakerState != breakerClosed {
+		t.Errorf("bad endpoint's breaker %q, want closed under -breaker-threshold 1000", s.BadBreakerState)
+	}
+}
