@@ -72,9 +72,11 @@ type Job struct {
 	// the handler leaves what its attempt did; it is written in the same
 	// transaction as the job's outcome.
 	attempt *attemptRecord
-	// startIn is how long the job must wait before it starts: its place in
-	// its endpoint's rate limit, as the claim set it.
+	// startIn is how long after the claim began the job may start: its
+	// place in its endpoint's rate limit (start_in_ms). startAt is that
+	// moment by this process's clock; zero for no wait.
 	startIn time.Duration
+	startAt time.Time
 	Event   Event
 }
 
@@ -249,9 +251,18 @@ FROM outbox.claim_jobs($1)`
 
 // claim takes up to n due jobs in one statement.
 func (p *workerPool) claim(ctx context.Context, n int) ([]Job, error) {
+	// A rate-limited job's start_in_ms counts from the claim's now(), the
+	// moment the statement began; counted from its arrival instead, a slow
+	// claim would start its batch late and squeeze it against the next.
+	sent := time.Now()
 	jobs, err := queryAll(ctx, p.db, scanClaimedJob, claimJobsSQL, n)
 	if err != nil {
 		return nil, fmt.Errorf("claim jobs: %w", err)
+	}
+	for i := range jobs {
+		if jobs[i].startIn > 0 {
+			jobs[i].startAt = sent.Add(jobs[i].startIn)
+		}
 	}
 	return jobs, nil
 }
@@ -320,15 +331,15 @@ func (p *workerPool) runBatch(ctx context.Context, batch []Job) []jobResult {
 // its endpoint's rate limit has come, and decides its outcome. A panic is
 // a failed attempt, not a dead process.
 func (p *workerPool) runJob(ctx context.Context, job Job) jobResult {
-	if job.startIn > 0 {
+	if wait := time.Until(job.startAt); !job.startAt.IsZero() && wait > 0 {
 		// At most a second (outbox.claim_jobs); a shutdown that cancels
 		// the jobs cancels the wait, and the attempt fails as cancelled.
-		wait := time.NewTimer(job.startIn)
+		timer := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
-		case <-wait.C:
+		case <-timer.C:
 		}
-		wait.Stop()
+		timer.Stop()
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.AttemptTimeout)
 	defer cancel()
