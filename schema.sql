@@ -661,12 +661,16 @@ CREATE INDEX IF NOT EXISTS jobs_running_by_endpoint
 --
 -- A paused or held endpoint has no room. A disabled one (whose jobs end
 -- without a request) has no cap: nothing is sent. Replicas respect one cap
--- because the claim of an endpoint's jobs is serialised on its row: the
--- first statement locks the lanes it will serve (FOR NO KEY UPDATE, which
--- lets fan-out's inserts of new jobs through; SKIP LOCKED, so a lane
--- another replica is claiming is left to it). The second statement counts
--- the running jobs in a snapshot taken after those locks were granted, so
--- it sees every job the previous holder claimed.
+-- because the claims of an endpoint's jobs take turns: the first statement
+-- takes a transaction-scoped advisory lock per lane it will serve, and
+-- skips a lane another replica holds (pg_try_advisory_xact_lock: released
+-- at commit, so safe on pooled connections; the key pair's class keeps it
+-- apart from outboxd's other, single-key locks). The second statement
+-- counts the running jobs in a snapshot taken after those locks were
+-- granted, so it sees every job the previous holder claimed. (A first
+-- version locked the endpoint row FOR NO KEY UPDATE instead: a row lock on
+-- every claim, written to the table and shared with fan-out's foreign-key
+-- locks of the same row as a multixact.)
 --
 -- Cost: one index probe per endpoint with waiting jobs (a loose scan of
 -- jobs_waiting_by_endpoint), then at most room jobs per lane, however many
@@ -728,7 +732,9 @@ BEGIN
         LIMIT 1
       ) AS n
     )
-    SELECT ep.id
+    SELECT open.id
+    FROM (
+    SELECT ep.id, w.scheduled_at
     FROM waiting AS w
     JOIN outbox.endpoints AS ep ON ep.id = w.endpoint_id
     WHERE w.scheduled_at <= now()
@@ -742,7 +748,10 @@ BEGIN
             < CASE WHEN ep.breaker_opened_at IS NULL THEN ep.max_in_flight ELSE 1 END))
     ORDER BY w.scheduled_at, ep.id
     LIMIT batch
-    FOR NO KEY UPDATE OF ep SKIP LOCKED
+    ) AS open
+    -- After the LIMIT, so that only the lanes served are locked.
+    WHERE pg_try_advisory_xact_lock(hashtext('outbox.claim_jobs'), (open.id % 2147483647)::integer)
+    ORDER BY open.scheduled_at, open.id
   );
 
   RETURN QUERY
