@@ -277,8 +277,9 @@ func handleRotateEndpointSecret(a *admin) apiFunc {
 
 // handleReplayEndpoint is POST /api/endpoints/{id}/replay {"since",
 // "until", "topics", "dry_run"}: the endpoint's events in that window, of
-// those topics, sent again; or, with "dry_run": true, what would be sent,
-// enqueuing nothing (README, "Replays").
+// those topics, sent again, answered with the replay's id; or, with
+// "dry_run": true, what would be sent, enqueuing nothing (README,
+// "Replays").
 func handleReplayEndpoint(a *admin) apiFunc {
 	type request struct {
 		Since  *string  `json:"since"`
@@ -309,12 +310,41 @@ func handleReplayEndpoint(a *admin) apiFunc {
 }
 
 // handleRetryDiscarded is POST /api/endpoints/{id}/retry-discarded:
-// {"jobs": n, "skipped": m, "message"}, the discarded deliveries that run
-// again and those too old to.
+// {"jobs": n, "skipped": m, "message", "replay_id"}, the discarded
+// deliveries that run again and those too old to, and the replay they
+// run in.
 func handleRetryDiscarded(a *admin) apiFunc {
 	return byID(func(ctx context.Context, id int64) (RetryResult, error) {
 		return retryDiscarded(ctx, a.db, id, a.eventsRetention, a.maxAttempts)
 	})
+}
+
+// handleListReplays is GET /api/endpoints/{id}/replays: the endpoint's
+// replays and retries of its discarded deliveries, newest first, each
+// with its progress (README, "Replays").
+func handleListReplays(a *admin) apiFunc {
+	return byID(func(ctx context.Context, id int64) (map[string][]ReplayView, error) {
+		replays, err := listReplays(ctx, a.db, id)
+		return map[string][]ReplayView{"replays": replays}, err
+	})
+}
+
+// handleCancelReplay is POST /api/endpoints/{id}/replays/{replay_id}/cancel:
+// the replay's waiting jobs end discarded without a request, and the
+// replay is answered; 404 when the endpoint has no such replay.
+func handleCancelReplay(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		id, err := pathID(r)
+		if err != nil {
+			return 0, nil, err
+		}
+		replayID, err := strconv.ParseInt(r.PathValue("replay_id"), 10, 64)
+		if err != nil || replayID <= 0 {
+			return 0, nil, fmt.Errorf("%w: replay_id %q is not a positive integer", errInvalid, r.PathValue("replay_id"))
+		}
+		v, err := cancelReplay(r.Context(), a.db, id, replayID)
+		return http.StatusOK, v, err
+	}
 }
 
 // handleEndpointDeliveries is GET /api/endpoints/{id}/deliveries: the

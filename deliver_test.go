@@ -161,8 +161,10 @@ func TestWorkOnceRunsOneClaimToItsOutcomes(t *testing.T) {
 // the table was nearly empty had every claim read all due jobs and sort
 // them. Here the statistics are taken the same way, and a high
 // random_page_cost makes reading the whole table look cheaper than
-// fetching the claimed rows by key. Both kinds of lane are tried: jobs of
-// no endpoint (subscribers) and one endpoint's deliveries.
+// fetching the claimed rows by key. Every kind of lane is tried: jobs of
+// no endpoint (subscribers), one endpoint's deliveries, and its replay
+// lane (a share of 250 of its cap of 1,000, so that the batch, not the
+// share, bounds the claim).
 func TestJobClaimReadsOneBatchWhateverTheEstimates(t *testing.T) {
 	t.Parallel()
 	const batch, due = 100, 5000
@@ -172,9 +174,14 @@ func TestJobClaimReadsOneBatchWhateverTheEstimates(t *testing.T) {
 		{"subscriber", "outbox.jobs_waiting_without_endpoint", `
 			INSERT INTO outbox.jobs (kind, event_id, max_attempts)
 			SELECT 'sub:plan', (SELECT max(id) FROM outbox.events), 18 FROM generate_series(1, $1)`},
-		{"endpoint", "outbox.jobs_waiting_by_endpoint", `
+		{"endpoint", "outbox.jobs_waiting_live_by_endpoint", `
 			INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts)
 			SELECT 'webhook', e.id, (SELECT max(id) FROM outbox.endpoints), 18
+			FROM generate_series(1, $1) AS g,
+			LATERAL (SELECT outbox.record('claim.plan', g::text, '{}')) AS e(id)`},
+		{"replay", "outbox.jobs_waiting_replay_by_endpoint", `
+			INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, replay_id)
+			SELECT 'webhook', e.id, (SELECT max(id) FROM outbox.endpoints), 18, (SELECT max(id) FROM outbox.replays)
 			FROM generate_series(1, $1) AS g,
 			LATERAL (SELECT outbox.record('claim.plan', g::text, '{}')) AS e(id)`},
 	} {
@@ -184,6 +191,7 @@ func TestJobClaimReadsOneBatchWhateverTheEstimates(t *testing.T) {
 			mustExec(t, db, `SELECT outbox.record('claim.plan', '', '{}')`)
 			mustExec(t, db, `INSERT INTO outbox.endpoints (url, secret, max_in_flight)
 				VALUES ('https://hooks.example.com/plan', decode(repeat('ab', 32), 'hex'), 1000)`)
+			mustExec(t, db, `INSERT INTO outbox.replays (endpoint_id, kind) SELECT max(id), 'replay' FROM outbox.endpoints`)
 			mustExec(t, db, lane.enqueue, 1)
 			mustExec(t, db, `ANALYZE outbox.jobs`)
 			mustExec(t, db, lane.enqueue, due-1)
@@ -200,7 +208,7 @@ func TestJobClaimReadsOneBatchWhateverTheEstimates(t *testing.T) {
 				}
 				return rows.Err()
 			})
-			// The endpoint's lane also reads its first entry to find the
+			// An endpoint's lane also reads its first entry to find the
 			// endpoint (the loose scan), and one more to learn it is the last.
 			if claimed != batch || scanned != 0 || indexEntries > batch+2 {
 				t.Errorf("claimed %d of %d due jobs, scanning %d table rows and reading %d index entries; want %d claimed, 0 scanned, at most %d entries",

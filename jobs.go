@@ -16,10 +16,13 @@ import (
 
 // JobView is a job as the API and the panel show it.
 type JobView struct {
-	ID          int64     `json:"id"`
-	Kind        string    `json:"kind"`
-	EventID     int64     `json:"event_id"`
-	EndpointID  *int64    `json:"endpoint_id"` // a delivery's endpoint; null for other kinds, or once it was deleted
+	ID         int64  `json:"id"`
+	Kind       string `json:"kind"`
+	EventID    int64  `json:"event_id"`
+	EndpointID *int64 `json:"endpoint_id"` // a delivery's endpoint; null for other kinds, or once it was deleted
+	// ReplayID is the replay (or retry of discarded deliveries) the job
+	// runs for, in its endpoint's replay lane; null for a live delivery.
+	ReplayID    *int64    `json:"replay_id"`
 	State       string    `json:"state"`
 	Attempt     int       `json:"attempt"`
 	MaxAttempts int       `json:"max_attempts"`
@@ -56,7 +59,7 @@ func (f *JobFilter) validate() error {
 }
 
 const listJobsSQL = `
-SELECT id, kind, event_id, endpoint_id, state::text, attempt, max_attempts,
+SELECT id, kind, event_id, endpoint_id, replay_id, state::text, attempt, max_attempts,
        created_at, nullif(scheduled_at, 'infinity'), scheduled_at = 'infinity',
        attempted_at, finalized_at, errors
 FROM outbox.jobs
@@ -82,7 +85,7 @@ func listJobs(ctx context.Context, db *sql.DB, f JobFilter) ([]JobView, error) {
 func scanJobView(row rowScanner) (JobView, error) {
 	var j JobView
 	var errs []byte
-	err := row.Scan(&j.ID, &j.Kind, &j.EventID, &j.EndpointID, &j.State, &j.Attempt, &j.MaxAttempts,
+	err := row.Scan(&j.ID, &j.Kind, &j.EventID, &j.EndpointID, &j.ReplayID, &j.State, &j.Attempt, &j.MaxAttempts,
 		&j.CreatedAt, &j.ScheduledAt, &j.WaitingForTurn, &j.AttemptedAt, &j.FinalizedAt, &errs)
 	j.Errors = errs
 	return j, err
@@ -110,9 +113,13 @@ SET state = 'available',
 // retryJobSQL retries one job that is not running or completed; a
 // discarded delivery only if its event was recorded at or after $2 (NULL:
 // any), the cutoff retryJob checked, so that a job discarded since the
-// check is not resent unchecked.
+// check is not resent unchecked. A discarded job of a replay leaves it
+// and runs live: one job retried by hand is an operator's, not the
+// replay's. A waiting one stays in its replay: the retry only brings its
+// next attempt forward.
 const retryJobSQL = `
-UPDATE outbox.jobs` + retrySetSQL + `
+UPDATE outbox.jobs` + retrySetSQL + `,
+    replay_id = CASE WHEN state = 'discarded' THEN NULL ELSE replay_id END
 WHERE id = $1
   AND state IN ('discarded', 'retryable', 'available')
   AND (state <> 'discarded'
@@ -159,7 +166,7 @@ func retryJob(ctx context.Context, db *sql.DB, id int64, eventsRetention time.Du
 		}
 		cutoff = &from
 	}
-	n, err := putBack(ctx, db, retryJobSQL, id, cutoff)
+	n, err := putBack(ctx, db, 0, retryJobSQL, id, cutoff)
 	if err != nil {
 		return fmt.Errorf("retry job %d: %w", id, err)
 	}
@@ -171,19 +178,26 @@ func retryJob(ctx context.Context, db *sql.DB, id int64, eventsRetention time.Du
 
 // putBack runs query, a statement that puts jobs back in the queue and
 // returns each one's endpoint_id, lane_key and true; advances the ordered
-// lanes they joined, and wakes the workers, in one transaction. It
-// reports how many jobs it put back.
-func putBack(ctx context.Context, db *sql.DB, query string, args ...any) (int64, error) {
+// lanes they joined, and wakes the workers, in one transaction; one of
+// replay replayID (joinReplay, replay.go), whose jobs they join, unless
+// that is 0. It reports how many jobs it put back.
+func putBack(ctx context.Context, db *sql.DB, replayID int64, query string, args ...any) (int64, error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, err
 	}
 	defer tx.Rollback()
+	if err := joinReplay(ctx, tx, replayID); err != nil {
+		return 0, err
+	}
 	rows, err := queryAll(ctx, tx, scanFinishedLane, query, args...)
 	if err != nil {
 		return 0, err
 	}
 	if err := advanceLanes(ctx, tx, finishedLanes(rows)); err != nil {
+		return 0, err
+	}
+	if err := countReplayJobs(ctx, tx, replayID, int64(len(rows))); err != nil {
 		return 0, err
 	}
 	if len(rows) > 0 {
@@ -196,15 +210,17 @@ func putBack(ctx context.Context, db *sql.DB, query string, args ...any) (int64,
 
 // RetryResult says what a retry of an endpoint's discarded deliveries did,
 // and how many it left discarded because their events are older than a
-// resend may be for (resendCutoff).
+// resend may be for (resendCutoff). The retry is a replay (ReplayID),
+// whose jobs run in the endpoint's replay lane.
 type RetryResult struct {
-	Jobs    int64  `json:"jobs"`
-	Skipped int64  `json:"skipped"`
-	Message string `json:"message,omitempty"`
+	Jobs     int64  `json:"jobs"`
+	Skipped  int64  `json:"skipped"`
+	Message  string `json:"message,omitempty"`
+	ReplayID int64  `json:"replay_id"`
 }
 
 // retryDiscardedSQL retries up to $2 of an endpoint's discarded jobs whose
-// events were recorded at or after $3 (NULL: any).
+// events were recorded at or after $3 (NULL: any), as jobs of replay $4.
 const retryDiscardedSQL = `
 WITH discarded AS (
   SELECT j.id
@@ -217,7 +233,8 @@ WITH discarded AS (
   LIMIT $2
   FOR UPDATE OF j SKIP LOCKED
 )
-UPDATE outbox.jobs` + retrySetSQL + `
+UPDATE outbox.jobs` + retrySetSQL + `,
+    replay_id = $4
 FROM discarded
 WHERE outbox.jobs.id = discarded.id
 RETURNING outbox.jobs.endpoint_id, outbox.jobs.lane_key, true`
@@ -234,9 +251,10 @@ WHERE j.endpoint_id = $1
 
 // retryDiscarded retries the discarded deliveries of an endpoint, in
 // batches of manualBatch, and wakes the workers. Like a replay, it resends
-// only events resendCutoff allows, and says how many it left.
-func retryDiscarded(ctx context.Context, db *sql.DB, endpointID int64, eventsRetention time.Duration, maxAttempts int) (RetryResult, error) {
-	var res RetryResult
+// only events resendCutoff allows, and says how many it left; and like a
+// replay's, its jobs join a replay of their own (kind retry_discarded),
+// which runs in the endpoint's replay lane and can be cancelled.
+func retryDiscarded(ctx context.Context, db *sql.DB, endpointID int64, eventsRetention time.Duration, maxAttempts int) (res RetryResult, err error) {
 	ep, err := getEndpoint(ctx, db, endpointID)
 	if err != nil {
 		return res, err
@@ -250,8 +268,15 @@ func retryDiscarded(ctx context.Context, db *sql.DB, endpointID int64, eventsRet
 	if bounded {
 		cutoff = &from
 	}
+	if res.ReplayID, err = createReplay(ctx, db, endpointID, replayKindRetryDiscarded, nil, nil); err != nil {
+		return res, err
+	}
+	defer func() { err = errors.Join(err, endEnqueue(ctx, db, res.ReplayID)) }()
 	for {
-		n, err := putBack(ctx, db, retryDiscardedSQL, endpointID, manualBatch, cutoff)
+		n, err := putBack(ctx, db, res.ReplayID, retryDiscardedSQL, endpointID, manualBatch, cutoff, res.ReplayID)
+		if errors.Is(err, errReplayCancelled) {
+			break
+		}
 		if err != nil {
 			return res, fmt.Errorf("retry discarded jobs of endpoint %d: %w", endpointID, err)
 		}

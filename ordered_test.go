@@ -37,15 +37,16 @@ func newOrderedReceiver(t *testing.T, fail func(n int) bool, stuck ...string) *o
 	for _, s := range stuck {
 		or.stuck[s] = true
 	}
-	or.receiver = newReceiver(t, func(_ int, w http.ResponseWriter, r *http.Request) {
+	or.receiver = newReceiver(t, func(nth int, w http.ResponseWriter, r *http.Request) {
 		var body struct {
 			Subject string `json:"subject"`
 			Data    struct {
 				N int `json:"n"`
 			} `json:"data"`
 		}
-		reqs := or.requests()
-		if err := json.Unmarshal(reqs[len(reqs)-1].Body, &body); err != nil {
+		// This request's body is the nth recorded, not the last: another
+		// request may have been recorded since.
+		if err := json.Unmarshal(or.requests()[nth-1].Body, &body); err != nil {
 			w.WriteHeader(http.StatusBadRequest)
 			return
 		}

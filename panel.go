@@ -482,6 +482,10 @@ func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin,
 	if err != nil {
 		return err
 	}
+	replays, err := listReplays(r.Context(), a.db, id)
+	if err != nil {
+		return err
+	}
 	status, form := http.StatusOK, fieldsOf(ep)
 	if view.refused != nil {
 		status, form = http.StatusBadRequest, *view.refused
@@ -489,14 +493,16 @@ func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin,
 	p.render(w, status, "endpoint", page{Title: fmt.Sprintf("Endpoint %d", id), Nav: "endpoints", SignedIn: true,
 		Flash: view.flash,
 		Data: struct {
-			Endpoint  Endpoint
-			Stats     EndpointStats
-			Secret    string
-			Form      endpointFields
-			FormError string
-			Bounds    deliveryBounds
-			Preview   *replayPreviewView
-		}{ep, st, view.secret, form, view.refusal, endpointBounds(), view.preview}})
+			Endpoint    Endpoint
+			Stats       EndpointStats
+			Secret      string
+			Form        endpointFields
+			FormError   string
+			Bounds      deliveryBounds
+			Preview     *replayPreviewView
+			Replays     []ReplayView
+			ReplayShare int
+		}{ep, st, view.secret, form, view.refusal, endpointBounds(), view.preview, replays, replayShare(ep.MaxInFlight)}})
 	return nil
 }
 
@@ -546,6 +552,7 @@ var endpointActions = map[string]func(endpointClick) (done string, err error){
 	"rotate-secret":   endpointClick.rotateSecret,
 	"retry-discarded": endpointClick.retryDiscarded,
 	"replay":          endpointClick.replay,
+	"cancel-replay":   endpointClick.cancelReplay,
 	"edit":            endpointClick.edit,
 	"delete":          endpointClick.delete,
 }
@@ -638,6 +645,20 @@ func (c endpointClick) replay() (string, error) {
 		done += " " + res.Message
 	}
 	return done, nil
+}
+
+// cancelReplay is a running replay's Cancel button: its waiting jobs end
+// discarded, without a request.
+func (c endpointClick) cancelReplay() (string, error) {
+	replayID := c.form.natural("replay_id")
+	if c.form.err != nil {
+		return "", c.form.err
+	}
+	v, err := cancelReplay(c.r.Context(), c.a.db, c.id, replayID)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("Replay %d cancelled: its waiting deliveries were discarded without a request; %d already running will finish.", v.ID, v.Running), nil
 }
 
 // readReplayForm reads the replay form: since and until as a browser's

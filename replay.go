@@ -1,8 +1,9 @@
 // replay.go: sending an endpoint the events it has seen (or missed) again,
 // over a window of time (its start clamped by resend.go's rule) and
 // optionally a narrower set of topics; the dry run that says what such a
-// replay would send without enqueuing it; and an endpoint's recent
-// attempts.
+// replay would send without enqueuing it; the record of each replay
+// (outbox.replays), whose jobs run in the endpoint's replay lane, with
+// its progress and its cancel; and an endpoint's recent attempts.
 
 package main
 
@@ -73,11 +74,13 @@ type ReplayWindow struct {
 	Message   string    `json:"message,omitempty"`
 }
 
-// ReplayResult says what a replay did: its window, and the jobs it
-// enqueued (new ones, and finished ones set to run again).
+// ReplayResult says what a replay did: its window, the jobs it enqueued
+// (new ones, and finished ones set to run again), and its id, under which
+// GET /api/endpoints/{id}/replays shows its progress.
 type ReplayResult struct {
 	ReplayWindow
-	Jobs int64 `json:"jobs"`
+	Jobs     int64 `json:"jobs"`
+	ReplayID int64 `json:"replay_id"`
 }
 
 // ReplayPreview is a dry run's answer: what a replay with the same
@@ -148,16 +151,19 @@ const replayRerunStatesSQL = `('completed', 'discarded')`
 // or running is left as it is. The job keeps its attempt count and
 // errors, and gets one more attempt if it had used them all; $7 is a new
 // job's attempts. With $8 false only the events the endpoint has no job
-// for are enqueued: what it missed, never twice.
+// for are enqueued: what it missed, never twice. Every job it enqueues
+// joins replay $9 (NULL: none, a live delivery).
 const replaySQL = replayCandidatesSQL + `,
 enqueued AS (
-  INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, scheduled_at, lane_key)
+  INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, scheduled_at, lane_key, replay_id)
   SELECT 'webhook', c.id, $1, $7,
          CASE WHEN c.ordering = 'subject' THEN 'infinity'::timestamptz ELSE now() END,
-         CASE WHEN c.ordering = 'subject' THEN c.subject END
+         CASE WHEN c.ordering = 'subject' THEN c.subject END,
+         $9
   FROM candidates AS c
   ON CONFLICT (endpoint_id, event_id) WHERE endpoint_id IS NOT NULL
-  DO UPDATE` + retrySetSQL + `
+  DO UPDATE` + retrySetSQL + `,
+    replay_id = $9
   WHERE outbox.jobs.state IN ` + replayRerunStatesSQL + `
     AND $8
   RETURNING endpoint_id, lane_key
@@ -231,14 +237,19 @@ func planReplay(ctx context.Context, db *sql.DB, id int64, req ReplayRequest, re
 
 // replayEndpoint replays to endpoint id the events req selects, in
 // batches of their own transactions, so a replay of a week holds no long
-// lock.
+// lock. Its jobs join a replay of their own (outbox.replays), which runs
+// in the endpoint's replay lane.
 func replayEndpoint(ctx context.Context, db *sql.DB, id int64, req ReplayRequest, retention time.Duration, maxAttempts int) (ReplayResult, error) {
 	w, _, err := planReplay(ctx, db, id, req, retention, maxAttempts)
 	res := ReplayResult{ReplayWindow: w}
 	if err != nil {
 		return res, err
 	}
-	res.Jobs, err = enqueueReplay(ctx, db, id, replayRange{from: w.From, until: w.To, topics: req.Topics}, maxAttempts, true)
+	res.ReplayID, err = createReplay(ctx, db, id, replayKindReplay, &w, req.Topics)
+	if err != nil {
+		return res, err
+	}
+	res.Jobs, err = enqueueReplay(ctx, db, id, res.ReplayID, replayRange{from: w.From, until: w.To, topics: req.Topics}, maxAttempts, true)
 	return res, err
 }
 
@@ -265,6 +276,13 @@ func previewReplay(ctx context.Context, db *sql.DB, id int64, req ReplayRequest,
 	}
 	pv.EstimatedSeconds = estimateReplaySeconds(pv.Events, ep.MaxInFlight, ep.RateLimitPerSecond, attempts, meanMS)
 	return pv, nil
+}
+
+// replayShare is how many of an endpoint's deliveries its replay lane
+// runs at once: a quarter of its cap, at least 1. schema.sql's
+// outbox.replay_share, which the claim enforces, is the same rule.
+func replayShare(maxInFlight int) int {
+	return max(1, maxInFlight/4)
 }
 
 // countReplay runs replayCountSQL over r from its start, batch by batch
@@ -307,19 +325,20 @@ WHERE endpoint_id = $1
 
 // estimateReplaySeconds is how long sending events once each should take,
 // rounded up to a second. A replay is a backlog, and a backlog drains at
-// the endpoint's capacity, not at the pace of its recent traffic: its cap
-// on deliveries at once (maxInFlight) over the mean duration of its
-// attempts in the last hour (meanMS of attempts), or replayDefaultRate
-// without any; and never faster than its rate limit. It assumes the
-// receiver keeps answering as fast and as well, and workers to spare: it
-// counts no retries, no live traffic beside the replay, no pause.
+// the capacity of the lane it runs in, not at the pace of the endpoint's
+// recent traffic: the replay lane's share of the endpoint's cap
+// (replayShare of maxInFlight) over the mean duration of its attempts in
+// the last hour (meanMS of attempts), or replayDefaultRate without any;
+// and never faster than its rate limit. It assumes the receiver keeps
+// answering as fast and as well, and workers to spare: it counts no
+// retries, no live traffic taking the replay's room, no pause.
 func estimateReplaySeconds(events int64, maxInFlight int, rateLimit *float64, attempts int64, meanMS float64) int64 {
 	if events <= 0 {
 		return 0
 	}
 	rate := replayDefaultRate
 	if attempts > 0 {
-		rate = float64(max(maxInFlight, 1)) * 1000 / max(meanMS, 1)
+		rate = float64(replayShare(maxInFlight)) * 1000 / max(meanMS, 1)
 	}
 	if rateLimit != nil && *rateLimit > 0 && *rateLimit < rate {
 		rate = *rateLimit
@@ -330,19 +349,29 @@ func estimateReplaySeconds(events int64, maxInFlight int, rateLimit *float64, at
 // replayBatches runs replaySQL over every event recorded since from (no
 // end, every topic the endpoint takes) and wakes the workers: a
 // recovery's replay (probe.go), whose last pass must also see events
-// fanned out after it began. resendDelivered is replaySQL's $8; false
-// enqueues only what the endpoint missed.
+// fanned out after it began. Its jobs are live deliveries, of no replay.
+// resendDelivered is replaySQL's $8; false enqueues only what the
+// endpoint missed.
 func replayBatches(ctx context.Context, db *sql.DB, id int64, from time.Time, maxAttempts int, resendDelivered bool) (int64, error) {
-	return enqueueReplay(ctx, db, id, replayRange{from: from}, maxAttempts, resendDelivered)
+	return enqueueReplay(ctx, db, id, 0, replayRange{from: from}, maxAttempts, resendDelivered)
 }
 
-// enqueueReplay runs replaySQL over r from its start, batch by batch, and
-// wakes the workers.
-func enqueueReplay(ctx context.Context, db *sql.DB, id int64, r replayRange, maxAttempts int, resendDelivered bool) (int64, error) {
+// enqueueReplay runs replaySQL over r from its start, batch by batch, its
+// jobs joining replay replayID (0: none), and wakes the workers. A batch
+// that finds the replay cancelled ends it, without an error: the cancel
+// is the operator's. Whatever ends it, the replay is then marked
+// enqueued, so that it can be found finished.
+func enqueueReplay(ctx context.Context, db *sql.DB, id, replayID int64, r replayRange, maxAttempts int, resendDelivered bool) (total int64, err error) {
+	if replayID != 0 {
+		defer func() { err = errors.Join(err, endEnqueue(ctx, db, replayID)) }()
+	}
 	until, topics := r.args()
-	var after, total int64
+	var after int64
 	for {
-		candidates, jobs, err := replayBatch(ctx, db, id, r, &after, until, topics, maxAttempts, resendDelivered)
+		candidates, jobs, err := replayBatch(ctx, db, id, replayID, r, &after, until, topics, maxAttempts, resendDelivered)
+		if errors.Is(err, errReplayCancelled) {
+			break
+		}
 		if err != nil {
 			return total, fmt.Errorf("replay endpoint %d: %w", id, err)
 		}
@@ -359,22 +388,385 @@ func enqueueReplay(ctx context.Context, db *sql.DB, id int64, r replayRange, max
 
 // replayBatch runs one batch of replaySQL after event *after, moving it
 // on, and advances the ordered lanes the batch's deliveries joined (held,
-// as fan-out holds them), in one transaction.
-func replayBatch(ctx context.Context, db *sql.DB, id int64, r replayRange, after *int64, until, topics any, maxAttempts int, resendDelivered bool) (candidates, jobs int64, err error) {
+// as fan-out holds them), in one transaction; one of replay replayID
+// (joinReplay), unless that is 0.
+func replayBatch(ctx context.Context, db *sql.DB, id, replayID int64, r replayRange, after *int64, until, topics any, maxAttempts int, resendDelivered bool) (candidates, jobs int64, err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer tx.Rollback()
+	if err := joinReplay(ctx, tx, replayID); err != nil {
+		return 0, 0, err
+	}
 	var lanes laneKeys
-	if err := tx.QueryRowContext(ctx, replaySQL, id, r.from, *after, manualBatch, until, topics, maxAttempts, resendDelivered).Scan(
+	if err := tx.QueryRowContext(ctx, replaySQL, id, r.from, *after, manualBatch, until, topics, maxAttempts, resendDelivered,
+		sql.NullInt64{Int64: replayID, Valid: replayID != 0}).Scan(
 		&candidates, after, &jobs, pq.Array(&lanes.endpointIDs), pq.Array(&lanes.keys)); err != nil {
 		return 0, 0, err
 	}
 	if err := advanceLanes(ctx, tx, lanes); err != nil {
 		return 0, 0, err
 	}
+	if err := countReplayJobs(ctx, tx, replayID, jobs); err != nil {
+		return 0, 0, err
+	}
 	return candidates, jobs, tx.Commit()
+}
+
+// Replay kinds: a replay of a window of events, and a retry of an
+// endpoint's discarded deliveries (jobs.go), which runs in the same lane.
+const (
+	replayKindReplay         = "replay"
+	replayKindRetryDiscarded = "retry_discarded"
+)
+
+// replayHistory is how many finished replays of an endpoint are kept:
+// every new one deletes the older ones (schema.sql, outbox.replays).
+const replayHistory = 20
+
+// createReplaySQL records a replay of endpoint $1, of kind $2 (for a
+// 'replay', its window $3 to $4 and topics $5), to which its jobs are
+// then added batch by batch.
+const createReplaySQL = `
+INSERT INTO outbox.replays (endpoint_id, kind, window_from, window_to, topics)
+VALUES ($1, $2, $3, $4, $5)
+RETURNING id`
+
+// pruneReplaysSQL deletes endpoint $1's finished replays beyond the
+// newest $2. A deleted replay's jobs are finished ones, and lose its id
+// (ON DELETE SET NULL).
+const pruneReplaysSQL = `
+DELETE FROM outbox.replays
+WHERE endpoint_id = $1
+  AND finished_at IS NOT NULL
+  AND id < coalesce((SELECT min(k.id)
+                     FROM (SELECT r.id FROM outbox.replays AS r
+                           WHERE r.endpoint_id = $1 AND r.finished_at IS NOT NULL
+                           ORDER BY r.id DESC
+                           LIMIT $2) AS k), 0)`
+
+// createReplay records a new replay of endpoint id, after settling and
+// pruning the endpoint's earlier ones, and returns its id. window and
+// topics are those of a replay of events; nil for a retry of discarded
+// deliveries.
+func createReplay(ctx context.Context, db *sql.DB, id int64, kind string, window *ReplayWindow, topics []string) (int64, error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("record replay of endpoint %d: %w", id, err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, settleReplaysSQL, id); err != nil {
+		return 0, fmt.Errorf("record replay of endpoint %d: settle earlier ones: %w", id, err)
+	}
+	if _, err := tx.ExecContext(ctx, pruneReplaysSQL, id, replayHistory); err != nil {
+		return 0, fmt.Errorf("record replay of endpoint %d: prune earlier ones: %w", id, err)
+	}
+	var from, to sql.NullTime
+	var patterns any
+	if window != nil {
+		from, to = sql.NullTime{Time: window.From, Valid: true}, sql.NullTime{Time: window.To, Valid: true}
+		patterns = pq.Array(append([]string{}, topics...))
+	}
+	var replayID int64
+	if err := tx.QueryRowContext(ctx, createReplaySQL, id, kind, from, to, patterns).Scan(&replayID); err != nil {
+		return 0, fmt.Errorf("record replay of endpoint %d: %w", id, err)
+	}
+	return replayID, tx.Commit()
+}
+
+// errReplayCancelled says that a replay was cancelled: its enqueue stops.
+var errReplayCancelled = errors.New("replay cancelled")
+
+// joinReplay locks replay id's row for a batch of its jobs, in the
+// batch's transaction, or answers errReplayCancelled. The lock orders
+// batches and the cancel: a cancel waits for a batch in flight, and its
+// discard then sees the batch's jobs; a batch after a cancel finds it.
+// A replay id of 0 is none: nothing to lock.
+func joinReplay(ctx context.Context, tx *sql.Tx, id int64) error {
+	if id == 0 {
+		return nil
+	}
+	var cancelled bool
+	err := tx.QueryRowContext(ctx, `SELECT cancelled_at IS NOT NULL FROM outbox.replays WHERE id = $1 FOR NO KEY UPDATE`, id).Scan(&cancelled)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		// Its endpoint was deleted, which ends it as surely.
+		return errReplayCancelled
+	case err != nil:
+		return fmt.Errorf("replay %d: %w", id, err)
+	case cancelled:
+		return errReplayCancelled
+	}
+	return nil
+}
+
+// countReplayJobs adds n jobs to replay id's total, in the transaction
+// that enqueued them. A replay id of 0 is none.
+func countReplayJobs(ctx context.Context, tx *sql.Tx, id, n int64) error {
+	if id == 0 || n == 0 {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE outbox.replays SET jobs_total = jobs_total + $2 WHERE id = $1`, id, n); err != nil {
+		return fmt.Errorf("replay %d: count its jobs: %w", id, err)
+	}
+	return nil
+}
+
+// endEnqueueTimeout bounds endEnqueue's write, which runs even when the
+// enqueue ended because its request did.
+const endEnqueueTimeout = 5 * time.Second
+
+// endEnqueue marks replay id enqueued: no batch adds to it any more, and
+// it is finished once its jobs are. It runs after the enqueue, however
+// that ended (a failed batch, the request's end), so it has a context of
+// its own. A replay left unmarked by a crash is taken as enqueued an hour
+// after it began (settleReplaysSQL).
+func endEnqueue(ctx context.Context, db *sql.DB, id int64) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), endEnqueueTimeout)
+	defer cancel()
+	if _, err := db.ExecContext(ctx, `UPDATE outbox.replays SET enqueued_at = coalesce(enqueued_at, now()) WHERE id = $1`, id); err != nil {
+		return fmt.Errorf("replay %d: mark it enqueued: %w", id, err)
+	}
+	return nil
+}
+
+// replayPendingStatesSQL are the states of a replay's jobs still to be
+// done: waiting or running.
+const replayPendingStatesSQL = `('available', 'retryable', 'running')`
+
+// settleReplaysSQL writes finished_at on endpoint $1's replays whose jobs
+// are all finished, once they are enqueued: the time their last job
+// finished (at least when the replay was enqueued, or cancelled). A
+// replay whose enqueue was cut off by a crash, and so never marked, is
+// taken as enqueued an hour after it began: longer than any request runs
+// (requestTimeout, admin.go). Reads of an endpoint's replays run it
+// first, so a replay is found finished by its first read after its end.
+const settleReplaysSQL = `
+UPDATE outbox.replays AS r
+SET enqueued_at = coalesce(r.enqueued_at, now()),
+    finished_at = greatest(r.created_at, r.enqueued_at, r.cancelled_at,
+                           (SELECT max(j.finalized_at)
+                            FROM outbox.jobs AS j
+                            WHERE j.replay_id = r.id
+                              AND j.state IN ('completed', 'discarded')))
+WHERE r.endpoint_id = $1
+  AND r.finished_at IS NULL
+  AND (r.enqueued_at IS NOT NULL OR r.created_at < now() - interval '1 hour')
+  AND NOT EXISTS (SELECT 1
+                  FROM outbox.jobs AS j
+                  WHERE j.replay_id = r.id
+                    AND j.state IN ` + replayPendingStatesSQL + `)`
+
+// ReplayView is a replay as the API and the panel show it. Done counts
+// its jobs finished (completed, or discarded: by failing, or by a
+// cancel) as Total less Pending, so that finished jobs the job cleaner
+// removed still count. Rate is jobs done a second over the last minute
+// (since it began, in its first minute; over its whole run, once
+// finished); ExpectedFinish is when Pending runs out at that rate, null
+// when it has no rate or nothing pending.
+type ReplayView struct {
+	ID         int64      `json:"id"`
+	EndpointID int64      `json:"endpoint_id"`
+	Kind       string     `json:"kind"`
+	State      string     `json:"state"` // running, cancelled or finished
+	From       *time.Time `json:"from"`  // a replay's window; null for retry_discarded
+	To         *time.Time `json:"to"`
+	Topics     []string   `json:"topics"`
+	Total      int64      `json:"total"`
+	Done       int64      `json:"done"`
+	Pending    int64      `json:"pending"` // waiting or running
+	Running    int64      `json:"running"`
+	Rate       float64    `json:"rate"`
+	// ExpectedFinish assumes the rate holds: the replay lane's pace,
+	// with live traffic as it was in the last minute.
+	ExpectedFinish *time.Time `json:"expected_finish"`
+	CreatedAt      time.Time  `json:"created_at"`
+	EnqueuedAt     *time.Time `json:"enqueued_at"` // null while its batches are still enqueued
+	CancelledAt    *time.Time `json:"cancelled_at"`
+	FinishedAt     *time.Time `json:"finished_at"`
+}
+
+// Replay states, as ReplayView.State says them.
+const (
+	replayRunning   = "running"
+	replayCancelled = "cancelled"
+	replayFinished  = "finished"
+)
+
+// Cancellable says whether a cancel would change the replay: it runs.
+func (v ReplayView) Cancellable() bool { return v.State == replayRunning }
+
+// replayRateWindow is how far back a running replay's rate looks.
+const replayRateWindow = time.Minute
+
+// listReplaysSQL reads endpoint $1's newest $2 replays with, for the
+// unfinished ones, their jobs waiting and running and those finished in
+// the last minute (jobs_by_replay_state); and the database's now.
+const listReplaysSQL = `
+SELECT r.id, r.endpoint_id, r.kind, r.window_from, r.window_to, r.topics, r.jobs_total,
+       r.created_at, r.enqueued_at, r.cancelled_at, r.finished_at, now(),
+       coalesce(p.pending, 0), coalesce(p.running, 0), coalesce(m.recent, 0)
+FROM outbox.replays AS r
+LEFT JOIN LATERAL (
+  SELECT count(*) AS pending, count(*) FILTER (WHERE j.state = 'running') AS running
+  FROM outbox.jobs AS j
+  WHERE r.finished_at IS NULL
+    AND j.replay_id = r.id
+    AND j.state IN ` + replayPendingStatesSQL + `
+) AS p ON true
+LEFT JOIN LATERAL (
+  SELECT count(*) AS recent
+  FROM outbox.jobs AS j
+  WHERE r.finished_at IS NULL
+    AND j.replay_id = r.id
+    AND j.state IN ('completed', 'discarded')
+    AND j.finalized_at > now() - make_interval(secs => $3)
+) AS m ON true
+WHERE r.endpoint_id = $1
+  AND ($4::bigint = 0 OR r.id = $4)
+ORDER BY r.id DESC
+LIMIT $2`
+
+// scanReplayView reads one row of listReplaysSQL and works out its
+// progress.
+func scanReplayView(row rowScanner) (ReplayView, error) {
+	var v ReplayView
+	var now time.Time
+	var recent int64
+	err := row.Scan(&v.ID, &v.EndpointID, &v.Kind, &v.From, &v.To, pq.Array(&v.Topics), &v.Total,
+		&v.CreatedAt, &v.EnqueuedAt, &v.CancelledAt, &v.FinishedAt, &now,
+		&v.Pending, &v.Running, &recent)
+	if err != nil {
+		return v, err
+	}
+	v.Done = max(v.Total-v.Pending, 0)
+	switch {
+	case v.CancelledAt != nil:
+		v.State = replayCancelled
+	case v.FinishedAt != nil:
+		v.State = replayFinished
+	default:
+		v.State = replayRunning
+	}
+	v.Rate = replayRate(v, now, recent)
+	if v.FinishedAt == nil && v.Pending > 0 && v.Rate > 0 {
+		at := now.Add(time.Duration(float64(v.Pending) / v.Rate * float64(time.Second)))
+		v.ExpectedFinish = &at
+	}
+	return v, nil
+}
+
+// replayRate is v's jobs done a second, as ReplayView says: over its
+// whole run once finished, since it began in its first replayRateWindow,
+// over that window after (recent jobs finished in it).
+func replayRate(v ReplayView, now time.Time, recent int64) float64 {
+	if v.FinishedAt != nil {
+		if took := v.FinishedAt.Sub(v.CreatedAt).Seconds(); took > 0 {
+			return float64(v.Total) / took
+		}
+		return 0
+	}
+	if since := now.Sub(v.CreatedAt); since < replayRateWindow {
+		if since <= 0 {
+			return 0
+		}
+		return float64(v.Done) / since.Seconds()
+	}
+	return float64(recent) / replayRateWindow.Seconds()
+}
+
+// listReplays reads endpoint id's replays, newest first, after settling
+// the finished ones (settleReplaysSQL). An unknown endpoint is not found.
+func listReplays(ctx context.Context, db *sql.DB, id int64) ([]ReplayView, error) {
+	if _, err := getEndpoint(ctx, db, id); err != nil {
+		return nil, err
+	}
+	if _, err := db.ExecContext(ctx, settleReplaysSQL, id); err != nil {
+		return nil, fmt.Errorf("replays of endpoint %d: settle finished ones: %w", id, err)
+	}
+	replays, err := queryAll(ctx, db, scanReplayView, listReplaysSQL, id, replayHistory+maxUnfinishedReplaysShown, replayRateWindow.Seconds(), 0)
+	if err != nil {
+		return nil, fmt.Errorf("replays of endpoint %d: %w", id, err)
+	}
+	return replays, nil
+}
+
+// maxUnfinishedReplaysShown bounds, beside the replayHistory finished
+// ones, how many replays listReplays reads: an endpoint's unfinished
+// replays are bounded only by its jobs.
+const maxUnfinishedReplaysShown = 80
+
+// replayCancelledError is the error a cancelled replay's waiting jobs are
+// discarded with.
+const replayCancelledError = "replay cancelled by an operator"
+
+// cancelReplaySQL marks replay $2 of endpoint $1 cancelled, unless it was
+// already, or had finished; a cancel also ends its enqueue.
+const cancelReplaySQL = `
+UPDATE outbox.replays
+SET cancelled_at = now(),
+    enqueued_at = coalesce(enqueued_at, now())
+WHERE id = $2
+  AND endpoint_id = $1
+  AND cancelled_at IS NULL
+  AND finished_at IS NULL
+RETURNING id`
+
+// discardReplayJobsSQL ends replay $1's waiting jobs, held ones of
+// ordered lanes included, without a request: discarded with $2 as their
+// last error. A held one loses its 'infinity' (it no longer waits for a
+// turn). Running ones are left to finish. It returns each one's lane for
+// advanceLanes.
+const discardReplayJobsSQL = `
+UPDATE outbox.jobs AS j
+SET state = 'discarded',
+    finalized_at = now(),
+    scheduled_at = least(j.scheduled_at, now()),
+    errors = j.errors || jsonb_build_array(jsonb_build_object(
+               'attempt', j.attempt, 'at', now(), 'error', $2::text))
+WHERE j.replay_id = $1
+  AND j.state IN ('available', 'retryable')
+RETURNING j.endpoint_id, j.lane_key, true`
+
+// cancelReplay cancels replay replayID of endpoint id, and answers it as
+// it is then. In one transaction: the replay is marked (which waits for
+// a batch of its enqueue in flight, and stops the next), its waiting jobs
+// are discarded without a request, and the ordered lanes whose head was
+// one of them advance. Its running jobs finish as they would. A replay
+// already cancelled or finished is answered as it is. An unknown replay,
+// or another endpoint's, is not found.
+func cancelReplay(ctx context.Context, db *sql.DB, id, replayID int64) (ReplayView, error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return ReplayView{}, fmt.Errorf("cancel replay %d: %w", replayID, err)
+	}
+	defer tx.Rollback()
+	var marked int64
+	err = tx.QueryRowContext(ctx, cancelReplaySQL, id, replayID).Scan(&marked)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return ReplayView{}, fmt.Errorf("cancel replay %d: %w", replayID, err)
+	}
+	if err == nil {
+		rows, err := queryAll(ctx, tx, scanFinishedLane, discardReplayJobsSQL, replayID, replayCancelledError)
+		if err != nil {
+			return ReplayView{}, fmt.Errorf("cancel replay %d: discard its waiting jobs: %w", replayID, err)
+		}
+		if err := advanceLanes(ctx, tx, finishedLanes(rows)); err != nil {
+			return ReplayView{}, fmt.Errorf("cancel replay %d: %w", replayID, err)
+		}
+	}
+	if _, err := tx.ExecContext(ctx, settleReplaysSQL, id); err != nil {
+		return ReplayView{}, fmt.Errorf("cancel replay %d: %w", replayID, err)
+	}
+	views, err := queryAll(ctx, tx, scanReplayView, listReplaysSQL, id, 1, replayRateWindow.Seconds(), replayID)
+	if err != nil {
+		return ReplayView{}, fmt.Errorf("cancel replay %d: %w", replayID, err)
+	}
+	if len(views) == 0 {
+		return ReplayView{}, fmt.Errorf("replay %d of endpoint %d: %w", replayID, id, errNotFound)
+	}
+	return views[0], tx.Commit()
 }
 
 // DeliveryView is one attempt as the panel shows it.

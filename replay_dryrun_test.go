@@ -231,8 +231,9 @@ func TestReplayDryRunClampsAsTheReplayDoes(t *testing.T) {
 }
 
 // The estimate's numbers: 10 events a second without an attempt in the
-// last hour, the cap over the mean attempt's duration with them, and
-// never faster than the rate limit; rounded up to a second.
+// last hour, the replay lane's share of the cap (a quarter, at least 1)
+// over the mean attempt's duration with them, and never faster than the
+// rate limit; rounded up to a second.
 func TestReplayEstimateNumbers(t *testing.T) {
 	t.Parallel()
 	two, thousand := 2.0, 1000.0
@@ -249,10 +250,11 @@ func TestReplayEstimateNumbers(t *testing.T) {
 		{"no history: 10 a second", 25, 16, nil, 0, 0, 3},
 		{"no history, limited to 2 a second", 25, 16, &two, 0, 0, 13},
 		{"no history, a limit above the default", 25, 16, &thousand, 0, 0, 3},
-		{"4 at once, 500 ms each: 8 a second", 25, 4, nil, 10, 500, 4},
-		{"16 at once, 100 ms each: 160 a second", 1600, 16, nil, 10, 100, 10},
-		{"160 a second, limited to 2", 1600, 16, &two, 10, 100, 800},
-		{"attempts of 0 ms count as 1 ms", 16000, 16, nil, 10, 0, 1},
+		{"a cap of 4 replays 1 at once; 500 ms each: 2 a second", 25, 4, nil, 10, 500, 13},
+		{"a cap of 2 still replays 1 at once", 25, 2, nil, 10, 500, 13},
+		{"a cap of 16 replays 4 at once; 100 ms each: 40 a second", 1600, 16, nil, 10, 100, 40},
+		{"40 a second, limited to 2", 1600, 16, &two, 10, 100, 800},
+		{"attempts of 0 ms count as 1 ms: 4,000 a second", 16000, 16, nil, 10, 0, 4},
 	} {
 		if got := estimateReplaySeconds(tc.events, tc.maxInFlight, tc.rateLimit, tc.attempts, tc.meanMS); got != tc.want {
 			t.Errorf("%s: %d s, want %d", tc.name, got, tc.want)
@@ -287,8 +289,9 @@ func TestReplayDryRunEstimatesFromTheLastHour(t *testing.T) {
 	if got := estimate(); got != 3 {
 		t.Errorf("estimate with no attempt in the last hour = %d s, want 3 (25 at 10 a second)", got)
 	}
-	// In the last hour: 500 ms an attempt, 4 at once: 8 a second.
-	mustExec(t, db, `UPDATE outbox.endpoints SET max_in_flight = 4 WHERE id = $1`, id)
+	// In the last hour: 500 ms an attempt, 4 at once (the replay lane's
+	// share of a cap of 16): 8 a second.
+	mustExec(t, db, `UPDATE outbox.endpoints SET max_in_flight = 16 WHERE id = $1`, id)
 	mustExec(t, db, `INSERT INTO outbox.deliveries (job_id, attempt, endpoint_id, finished_at, duration_ms, status_code)
 		SELECT id, 1, $1, now() - interval '10 minutes', 500, 200 FROM outbox.jobs ORDER BY id DESC LIMIT 1`, id)
 	if got := estimate(); got != 4 {

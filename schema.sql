@@ -621,26 +621,114 @@ EXCEPTION WHEN duplicate_object THEN
 END
 $$;
 
+-- A replay is an operator's request to send an endpoint deliveries again:
+-- the events of a window (kind 'replay', replay.go) or its discarded
+-- deliveries (kind 'retry_discarded', jobs.go). The jobs it enqueues or
+-- sets to run again carry its id (jobs.replay_id) and run in the
+-- endpoint's replay lane (outbox.claim_jobs): behind its live deliveries,
+-- and at most replay_share(max_in_flight) at once. Its columns:
+--
+--   window_from, window_to, topics  what a 'replay' selected (the window
+--                   after the clamp); NULL for 'retry_discarded'.
+--   jobs_total      the jobs it enqueued, added batch by batch.
+--   enqueued_at     when its last batch was enqueued; NULL while it still
+--                   enqueues, so that it is not taken for finished between
+--                   two batches.
+--   cancelled_at    an operator's cancel: its waiting jobs were discarded
+--                   then, and no batch enqueues after it.
+--   finished_at     when its last job finished, written by the first read
+--                   that finds none left (replay.go, settleReplaysSQL).
+--
+-- Bounded: every new replay of an endpoint deletes its finished replays
+-- beyond the newest 20; an unfinished one has jobs waiting or running,
+-- which the job table bounds. An endpoint's delete deletes its replays.
+CREATE TABLE IF NOT EXISTS outbox.replays (
+  id           bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  endpoint_id  bigint      NOT NULL REFERENCES outbox.endpoints (id) ON DELETE CASCADE,
+  kind         text        NOT NULL,
+  window_from  timestamptz,
+  window_to    timestamptz,
+  topics       text[],
+  jobs_total   bigint      NOT NULL DEFAULT 0,
+  created_at   timestamptz NOT NULL DEFAULT now(),
+  enqueued_at  timestamptz,
+  cancelled_at timestamptz,
+  finished_at  timestamptz,
+
+  CONSTRAINT replays_kind_known CHECK (kind IN ('replay', 'retry_discarded')),
+  CONSTRAINT replays_jobs_total_nonnegative CHECK (jobs_total >= 0),
+  CONSTRAINT replays_finished_once_enqueued CHECK (finished_at IS NULL OR enqueued_at IS NOT NULL)
+);
+
+-- Serves an endpoint's replays, newest first, and the cascade from
+-- endpoints.
+CREATE INDEX IF NOT EXISTS replays_by_endpoint
+  ON outbox.replays (endpoint_id, id);
+
+-- A replay's jobs. SET NULL when its row goes: only a finished replay's
+-- row is deleted, so only finished jobs lose it (a retry by hand of one
+-- then runs live).
+ALTER TABLE outbox.jobs
+  ADD COLUMN IF NOT EXISTS replay_id bigint REFERENCES outbox.replays (id) ON DELETE SET NULL;
+
+DO $$
+BEGIN
+  ALTER TABLE outbox.jobs
+    ADD CONSTRAINT jobs_replay_only_for_webhooks CHECK (replay_id IS NULL OR kind = 'webhook');
+EXCEPTION WHEN duplicate_object THEN
+  NULL;
+END
+$$;
+
+-- Serves a replay's progress (replay.go): its jobs waiting or running,
+-- and those finished in the last minute, by state; and the SET NULL when
+-- a replay's row is deleted.
+CREATE INDEX IF NOT EXISTS jobs_by_replay_state
+  ON outbox.jobs (replay_id, state, finalized_at)
+  WHERE replay_id IS NOT NULL;
+
+-- replay_share is how many of an endpoint's deliveries its replay lane
+-- may run at once: a quarter of its cap, at least 1. replayShare in
+-- replay.go is the same rule, for the dry run's estimate
+-- (TestReplayShareNumbers).
+CREATE OR REPLACE FUNCTION outbox.replay_share(max_in_flight integer)
+RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+  SELECT greatest(1, max_in_flight / 4)
+$$;
+
 -- Serve the workers' claim (outbox.claim_jobs), one lane at a time:
--- an endpoint's waiting jobs, soonest first, and the jobs of no endpoint
--- (in-process subscribers, owner notifications, deliveries of a deleted
--- endpoint), soonest first. Partial, so they hold only the jobs waiting to
--- run, however many finished ones the table keeps. They replace one index
--- of every waiting job by due time, in which a hung endpoint's backlog sat
--- in front of everyone else's jobs.
+-- an endpoint's live waiting jobs, soonest first; its replayed ones, the
+-- same way; and the jobs of no endpoint (in-process subscribers, owner
+-- notifications, deliveries of a deleted endpoint), soonest first.
+-- Partial, so they hold only the jobs waiting to run, however many
+-- finished ones the table keeps. They replace one index of every waiting
+-- job by due time, in which a hung endpoint's backlog sat in front of
+-- everyone else's jobs; and one of an endpoint's waiting jobs, live and
+-- replayed together, in which a replay's backlog sat in front of the live
+-- deliveries behind it.
 DROP INDEX IF EXISTS outbox.jobs_due_by_scheduled_at;
-CREATE INDEX IF NOT EXISTS jobs_waiting_by_endpoint
+DROP INDEX IF EXISTS outbox.jobs_waiting_by_endpoint;
+CREATE INDEX IF NOT EXISTS jobs_waiting_live_by_endpoint
   ON outbox.jobs (endpoint_id, scheduled_at, id)
-  WHERE state IN ('available', 'retryable') AND endpoint_id IS NOT NULL;
+  WHERE state IN ('available', 'retryable') AND endpoint_id IS NOT NULL AND replay_id IS NULL;
+CREATE INDEX IF NOT EXISTS jobs_waiting_replay_by_endpoint
+  ON outbox.jobs (endpoint_id, scheduled_at, id)
+  WHERE state IN ('available', 'retryable') AND endpoint_id IS NOT NULL AND replay_id IS NOT NULL;
 CREATE INDEX IF NOT EXISTS jobs_waiting_without_endpoint
   ON outbox.jobs (scheduled_at, id)
   WHERE state IN ('available', 'retryable') AND endpoint_id IS NULL;
 
--- Serves the claim's count of an endpoint's deliveries in flight, which
--- it holds below the endpoint's cap: at most max_in_flight entries each.
+-- Serve the claim's counts of an endpoint's deliveries in flight, which
+-- it holds below the endpoint's cap, and of its replayed ones, which it
+-- holds below the replay share: at most max_in_flight entries each.
 CREATE INDEX IF NOT EXISTS jobs_running_by_endpoint
   ON outbox.jobs (endpoint_id)
   WHERE state = 'running' AND endpoint_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS jobs_running_replay_by_endpoint
+  ON outbox.jobs (endpoint_id)
+  WHERE state = 'running' AND endpoint_id IS NOT NULL AND replay_id IS NOT NULL;
 
 -- claim_jobs is the workers' claim (deliver.go). It takes up to batch due
 -- jobs, marks them running with their next attempt number, and returns
@@ -659,6 +747,17 @@ CREATE INDEX IF NOT EXISTS jobs_running_by_endpoint
 --   and, under a rate limit, no more requests than fit before now + 1 s
 --   at 1/rate apart (start_in_ms says when each one may start).
 --
+-- Inside an endpoint's lane, replayed deliveries (replay_id set) are a
+-- lane of their own, behind the live ones: a lane takes its live due jobs
+-- first, and replayed ones only with the room they leave, and never more
+-- than replay_share(max_in_flight) replayed ones running at once. Behind
+-- every endpoint's live ones too: endpoints with live work due are served
+-- before those with replayed work alone, however long that has waited,
+-- and of the jobs the lanes lock, the claim takes every live one before
+-- any replayed one. A replay alone runs at its share, not at the
+-- endpoint's cap: live deliveries arriving meanwhile find the rest of the
+-- cap free, without waiting for replayed requests to end.
+--
 -- A paused or held endpoint has no room. A disabled one (whose jobs end
 -- without a request) has no cap: nothing is sent. Replicas respect one cap
 -- because the claims of an endpoint's jobs take turns: the first statement
@@ -672,18 +771,20 @@ CREATE INDEX IF NOT EXISTS jobs_running_by_endpoint
 -- every claim, written to the table and shared with fan-out's foreign-key
 -- locks of the same row as a multixact.)
 --
--- Cost: one index probe per endpoint with waiting jobs (a loose scan of
--- jobs_waiting_by_endpoint), then at most room jobs per lane, however many
--- are waiting. enable_sort = off keeps every lane's read in index order,
--- stopping after its room; enable_seqscan = off fetches claimed rows and
--- their events by key. Without them a planner that underestimates the due
--- jobs (a table not analyzed since a bulk fan-out) reads every due job and
--- sorts them on every claim. The few sorts left (of lanes, not of jobs)
--- then look as costly as the settings make them, and jit = off keeps that
--- cost from compiling the statement: 700 ms a claim, measured. The plan is
--- made once per session (force_generic_plan): the shape these settings
--- leave does not depend on the batch or the lanes, and planning the second
--- statement anew for every claim doubled its cost.
+-- Cost: two index probes per endpoint with waiting jobs (a loose scan of
+-- jobs_waiting_live_by_endpoint and one of jobs_waiting_replay_by_endpoint),
+-- then at most room jobs per lane, however many are waiting.
+-- enable_sort = off keeps every lane's read in index order, stopping after
+-- its room; enable_seqscan = off fetches claimed rows and their events by
+-- key. Without them a planner that underestimates the due jobs (a table
+-- not analyzed since a bulk fan-out) reads every due job and sorts them on
+-- every claim. The few sorts left (of lanes and of the jobs locked, not of
+-- the jobs waiting) then look as costly as the settings make them, and
+-- jit = off keeps that cost from compiling the statement: 700 ms a claim,
+-- measured. The plan is made once per session (force_generic_plan): the
+-- shape these settings leave does not depend on the batch or the lanes,
+-- and planning the second statement anew for every claim doubled its
+-- cost.
 --
 -- Claim, update and the reads of events and endpoints in the second
 -- statement share its snapshot: a job it can see was fanned out by a
@@ -710,86 +811,156 @@ SET jit = off
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-  -- The endpoints this claim serves, locked, oldest due job first.
+  -- The endpoints this claim serves, locked: those with live work
+  -- first, oldest due live job first; then those with replayed work
+  -- alone, oldest first.
   lanes bigint[];
 BEGIN
   lanes := ARRAY(
-    WITH RECURSIVE waiting AS (
+    WITH RECURSIVE live AS (
       (SELECT w.endpoint_id, w.scheduled_at
        FROM outbox.jobs AS w
-       WHERE w.state IN ('available', 'retryable') AND w.endpoint_id IS NOT NULL
+       WHERE w.state IN ('available', 'retryable') AND w.endpoint_id IS NOT NULL AND w.replay_id IS NULL
        ORDER BY w.endpoint_id, w.scheduled_at, w.id
        LIMIT 1)
       UNION ALL
       SELECT n.endpoint_id, n.scheduled_at
-      FROM waiting AS prev
+      FROM live AS prev
       CROSS JOIN LATERAL (
         SELECT w.endpoint_id, w.scheduled_at
         FROM outbox.jobs AS w
-        WHERE w.state IN ('available', 'retryable') AND w.endpoint_id IS NOT NULL
+        WHERE w.state IN ('available', 'retryable') AND w.endpoint_id IS NOT NULL AND w.replay_id IS NULL
           AND w.endpoint_id > prev.endpoint_id
         ORDER BY w.endpoint_id, w.scheduled_at, w.id
         LIMIT 1
       ) AS n
+    ),
+    replayed AS (
+      (SELECT w.endpoint_id, w.scheduled_at
+       FROM outbox.jobs AS w
+       WHERE w.state IN ('available', 'retryable') AND w.endpoint_id IS NOT NULL AND w.replay_id IS NOT NULL
+       ORDER BY w.endpoint_id, w.scheduled_at, w.id
+       LIMIT 1)
+      UNION ALL
+      SELECT n.endpoint_id, n.scheduled_at
+      FROM replayed AS prev
+      CROSS JOIN LATERAL (
+        SELECT w.endpoint_id, w.scheduled_at
+        FROM outbox.jobs AS w
+        WHERE w.state IN ('available', 'retryable') AND w.endpoint_id IS NOT NULL AND w.replay_id IS NOT NULL
+          AND w.endpoint_id > prev.endpoint_id
+        ORDER BY w.endpoint_id, w.scheduled_at, w.id
+        LIMIT 1
+      ) AS n
+    ),
+    -- Each endpoint with due work: its oldest due live job and its
+    -- oldest due replayed one (NULL: none).
+    due AS (
+      SELECT d.endpoint_id,
+             min(d.scheduled_at) FILTER (WHERE d.live) AS live_at,
+             min(d.scheduled_at) FILTER (WHERE NOT d.live) AS replay_at
+      FROM (SELECT l.endpoint_id, l.scheduled_at, true AS live FROM live AS l WHERE l.scheduled_at <= now()
+            UNION ALL
+            SELECT r.endpoint_id, r.scheduled_at, false FROM replayed AS r WHERE r.scheduled_at <= now()) AS d
+      GROUP BY d.endpoint_id
     )
     SELECT open.id
     FROM (
-    SELECT ep.id, w.scheduled_at
-    FROM waiting AS w
+    SELECT ep.id, w.live_at, w.replay_at
+    FROM due AS w
     JOIN outbox.endpoints AS ep ON ep.id = w.endpoint_id
-    WHERE w.scheduled_at <= now()
-      AND (ep.disabled_at IS NOT NULL OR (
+    WHERE ep.disabled_at IS NOT NULL OR (
             ep.paused_at IS NULL
         AND (ep.held_until IS NULL OR ep.held_until <= now())
         AND (ep.rate_limit_per_second IS NULL OR ep.rate_next_at IS NULL
              OR ep.rate_next_at <= now() + interval '1 second')
         AND (SELECT count(*) FROM outbox.jobs AS r
              WHERE r.endpoint_id = ep.id AND r.state = 'running')
-            < CASE WHEN ep.breaker_opened_at IS NULL THEN ep.max_in_flight ELSE 1 END))
-    ORDER BY w.scheduled_at, ep.id
+            < CASE WHEN ep.breaker_opened_at IS NULL THEN ep.max_in_flight ELSE 1 END
+        AND (w.live_at IS NOT NULL
+             OR (SELECT count(*) FROM outbox.jobs AS r
+                 WHERE r.endpoint_id = ep.id AND r.state = 'running' AND r.replay_id IS NOT NULL)
+                < outbox.replay_share(ep.max_in_flight)))
+    ORDER BY w.live_at NULLS LAST, w.replay_at, ep.id
     LIMIT batch
     ) AS open
     -- After the LIMIT, so that only the lanes served are locked.
     WHERE pg_try_advisory_xact_lock(hashtext('outbox.claim_jobs'), (open.id % 2147483647)::integer)
-    ORDER BY open.scheduled_at, open.id
+    ORDER BY open.live_at NULLS LAST, open.replay_at, open.id
   );
 
   RETURN QUERY
   WITH lane AS (
     SELECT ep.id, l.lane_order, ep.rate_limit_per_second AS rate,
            greatest(now(), ep.rate_next_at) AS rate_base,
+           -- What the lane may lock: its room, and no more than twice
+           -- its fair share of the batch: enough for lanes with more work
+           -- to take what lanes with less leave, without locking a batch
+           -- per lane.
+           greatest(least(
+             CASE WHEN ep.disabled_at IS NOT NULL THEN batch
+                  ELSE least(
+                    CASE WHEN ep.breaker_opened_at IS NULL THEN ep.max_in_flight ELSE 1 END
+                      - (SELECT count(*) FROM outbox.jobs AS r
+                         WHERE r.endpoint_id = ep.id AND r.state = 'running')::integer,
+                    CASE WHEN ep.rate_limit_per_second IS NULL THEN batch
+                         ELSE 1 + floor(ep.rate_limit_per_second * extract(epoch FROM
+                                now() + interval '1 second' - greatest(now(), ep.rate_next_at)))::integer
+                    END)
+             END,
+             batch, 2 * batch / (cardinality(lanes) + 1) + 1), 0) AS room,
            CASE WHEN ep.disabled_at IS NOT NULL THEN batch
-                ELSE least(
-                  CASE WHEN ep.breaker_opened_at IS NULL THEN ep.max_in_flight ELSE 1 END
-                    - (SELECT count(*) FROM outbox.jobs AS r
-                       WHERE r.endpoint_id = ep.id AND r.state = 'running')::integer,
-                  CASE WHEN ep.rate_limit_per_second IS NULL THEN batch
-                       ELSE 1 + floor(ep.rate_limit_per_second * extract(epoch FROM
-                              now() + interval '1 second' - greatest(now(), ep.rate_next_at)))::integer
-                  END)
-           END AS room
+                ELSE outbox.replay_share(ep.max_in_flight)
+                       - (SELECT count(*) FROM outbox.jobs AS r
+                          WHERE r.endpoint_id = ep.id AND r.state = 'running'
+                            AND r.replay_id IS NOT NULL)::integer
+           END AS replay_room
     FROM unnest(lanes) WITH ORDINALITY AS l(id, lane_order)
     JOIN outbox.endpoints AS ep ON ep.id = l.id
   ),
-  -- Each lane's due jobs, locked, numbered in due order. A lane locks at
-  -- most twice its fair share of the batch: enough for lanes with more
-  -- work to take what lanes with less leave, without locking a batch per
-  -- lane.
-  candidate AS (
-    SELECT c.id, c.lane_rank, l.lane_order
-    FROM lane AS l
-    CROSS JOIN LATERAL unnest(ARRAY(
+  -- Each lane's due jobs, locked, in due order: the live ones first, up
+  -- to its room; then the replayed ones, in the room the live ones left
+  -- and the replay lane's. Two steps, each materialized: the replayed
+  -- ones' limit reads how many live ones were locked, which must not read
+  -- them a second time.
+  live_jobs AS MATERIALIZED (
+    SELECT l.id, l.lane_order, l.room, l.replay_room, ARRAY(
       SELECT w.id
       FROM outbox.jobs AS w
       WHERE w.endpoint_id = l.id
         AND w.state IN ('available', 'retryable')
+        AND w.replay_id IS NULL
         AND w.scheduled_at <= now()
       ORDER BY w.scheduled_at, w.id
-      LIMIT greatest(least(l.room, batch, 2 * batch / (cardinality(lanes) + 1) + 1), 0)
+      LIMIT l.room
       FOR UPDATE SKIP LOCKED
-    )) WITH ORDINALITY AS c(id, lane_rank)
+    ) AS ids
+    FROM lane AS l
+  ),
+  lane_jobs AS MATERIALIZED (
+    SELECT lj.lane_order, lj.ids AS live_ids, ARRAY(
+      SELECT w.id
+      FROM outbox.jobs AS w
+      WHERE w.endpoint_id = lj.id
+        AND w.state IN ('available', 'retryable')
+        AND w.replay_id IS NOT NULL
+        AND w.scheduled_at <= now()
+      ORDER BY w.scheduled_at, w.id
+      LIMIT greatest(least(lj.room - cardinality(lj.ids), lj.replay_room), 0)
+      FOR UPDATE SKIP LOCKED
+    ) AS replay_ids
+    FROM live_jobs AS lj
+  ),
+  candidate AS (
+    SELECT c.id, false AS replayed, c.lane_rank, lj.lane_order
+    FROM lane_jobs AS lj
+    CROSS JOIN LATERAL unnest(lj.live_ids) WITH ORDINALITY AS c(id, lane_rank)
     UNION ALL
-    SELECT c.id, c.lane_rank, 0
+    SELECT c.id, true, c.lane_rank, lj.lane_order
+    FROM lane_jobs AS lj
+    CROSS JOIN LATERAL unnest(lj.replay_ids) WITH ORDINALITY AS c(id, lane_rank)
+    UNION ALL
+    SELECT c.id, false, c.lane_rank, 0
     FROM unnest(ARRAY(
       SELECT w.id
       FROM outbox.jobs AS w
@@ -808,7 +979,7 @@ BEGIN
         attempted_at = now()
     WHERE j.id = ANY (ARRAY(
       SELECT c.id FROM candidate AS c
-      ORDER BY c.lane_rank, c.lane_order
+      ORDER BY c.replayed, c.lane_rank, c.lane_order
       LIMIT batch
     ))
     RETURNING j.id, j.kind, j.attempt, j.max_attempts, j.endpoint_id, j.event_id
@@ -854,11 +1025,18 @@ $$;
 -- one is active (available, retryable or running, with a real due time);
 -- the others are held: 'available' with scheduled_at 'infinity', which no
 -- claim ever finds due and which sits at the end of the endpoint's lane in
--- jobs_waiting_by_endpoint, so a lane's backlog costs the claim nothing.
--- When the active delivery finishes (completed or discarded), the held
--- one of the lowest event id becomes due: advance_lanes. Fan-out, retries
--- by hand and replays insert or put back lane deliveries held, and call
--- advance_lanes too.
+-- jobs_waiting_live_by_endpoint (or jobs_waiting_replay_by_endpoint), so a
+-- lane's backlog costs the claim nothing. When the active delivery
+-- finishes (completed or discarded), the held one of the lowest event id
+-- becomes due: advance_lanes. Fan-out, retries by hand and replays insert
+-- or put back lane deliveries held, and call advance_lanes too.
+--
+-- A replayed delivery is its subject's delivery like any other: its turn
+-- comes by event id, and while it is its lane's active one it holds the
+-- lane, waiting for and then running in the endpoint's replay lane (so it
+-- counts against the replay share, and the subject's later live events
+-- wait for it, as they would for any earlier event of their subject).
+-- Cancelling its replay discards it and advances the lane.
 ALTER TABLE outbox.jobs
   ADD COLUMN IF NOT EXISTS lane_key text;
 
