@@ -458,3 +458,68 @@ func TestBreakerOpensAtTheThresholdAndASuccessClosesIt(t *testing.T) {
 		})
 	}
 }
+
+// The breaker's transitions, as the completer writes them: a batch's
+// attempts to one endpoint, in completion order, move its count of
+// failures in a row, open the breaker at the threshold (5) and close it
+// at a success; failing_since follows the first failure after a success.
+func TestBreakerTransitions(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	const threshold = 5
+	ok, fail := endpointSucceeded, endpointFailed
+	for _, tc := range []struct {
+		name        string
+		before      int  // failures in a row before the batch
+		open        bool // breaker open before the batch
+		batch       []endpointChange
+		after       int
+		wantOpen    bool
+		wantFailing bool
+	}{
+		{"a failure starts the count", 0, false, []endpointChange{fail}, 1, false, true},
+		{"four more reach the threshold", 1, false, []endpointChange{fail, fail, fail, fail}, 5, true, true},
+		{"one short of it stays closed", 3, false, []endpointChange{fail}, 4, false, true},
+		{"a success restarts the count", 4, false, []endpointChange{fail, ok}, 0, false, false},
+		{"failures after a success count from it", 4, false, []endpointChange{ok, fail, fail}, 2, false, true},
+		{"a success closes an open breaker", 9, true, []endpointChange{ok}, 0, false, false},
+		{"a failed probe keeps it open", 9, true, []endpointChange{fail}, 10, true, true},
+		{"a 410 counts as a failure", 4, false, []endpointChange{endpointGone}, 5, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var id int64
+			if err := db.QueryRow(`INSERT INTO outbox.endpoints (url, secret, consecutive_failures, breaker_opened_at, failing_since)
+				VALUES ('https://hooks.example.com/', decode(repeat('ab', 32), 'hex'), $1,
+				        CASE WHEN $2 THEN now() - interval '1 minute' END,
+				        CASE WHEN $1 > 0 THEN now() - interval '1 minute' END)
+				RETURNING id`, tc.before, tc.open).Scan(&id); err != nil {
+				t.Fatal(err)
+			}
+			h := new(endpointHealth)
+			for _, c := range tc.batch {
+				h.add(c, 0)
+			}
+			tx, err := db.Begin()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback()
+			if err := writeEndpointHealth(context.Background(), tx, map[int64]*endpointHealth{id: h}, threshold); err != nil {
+				t.Fatal(err)
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			var after int
+			var open, failing bool
+			if err := db.QueryRow(`SELECT consecutive_failures, breaker_opened_at IS NOT NULL, failing_since IS NOT NULL
+				FROM outbox.endpoints WHERE id = $1`, id).Scan(&after, &open, &failing); err != nil {
+				t.Fatal(err)
+			}
+			if after != tc.after || open != tc.wantOpen || failing != tc.wantFailing {
+				t.Errorf("after %d failures in a row (open %v), batch %v: %d in a row, open %v, failing %v; want %d, %v, %v",
+					tc.before, tc.open, tc.batch, after, open, failing, tc.after, tc.wantOpen, tc.wantFailing)
+			}
+		})
+	}
+}
