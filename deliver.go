@@ -72,10 +72,8 @@ type Job struct {
 	// the handler leaves what its attempt did; it is written in the same
 	// transaction as the job's outcome.
 	attempt *attemptRecord
-	// startIn is how long after the claim began the job may start: its
-	// place in its endpoint's rate limit (start_in_ms). startAt is that
-	// moment by this process's clock; zero for no wait.
-	startIn time.Duration
+	// startAt is when the job may start, by this process's clock: its
+	// place in its endpoint's rate limit; zero for no wait.
 	startAt time.Time
 	Event   Event
 }
@@ -255,20 +253,16 @@ func (p *workerPool) claim(ctx context.Context, n int) ([]Job, error) {
 	// moment the statement began; counted from its arrival instead, a slow
 	// claim would start its batch late and squeeze it against the next.
 	sent := time.Now()
-	jobs, err := queryAll(ctx, p.db, scanClaimedJob, claimJobsSQL, n)
+	scan := func(row rowScanner) (Job, error) { return scanClaimedJob(row, sent) }
+	jobs, err := queryAll(ctx, p.db, scan, claimJobsSQL, n)
 	if err != nil {
 		return nil, fmt.Errorf("claim jobs: %w", err)
-	}
-	for i := range jobs {
-		if jobs[i].startIn > 0 {
-			jobs[i].startAt = sent.Add(jobs[i].startIn)
-		}
 	}
 	return jobs, nil
 }
 
-// scanClaimedJob reads one row of claimJobsSQL.
-func scanClaimedJob(row rowScanner) (Job, error) {
+// scanClaimedJob reads one row of claimJobsSQL, a claim sent at sent.
+func scanClaimedJob(row rowScanner, sent time.Time) (Job, error) {
 	var j Job
 	var payload []byte
 	var endpointID sql.NullInt64
@@ -282,7 +276,9 @@ func scanClaimedJob(row rowScanner) (Job, error) {
 		&url, &secret, &previous, &disabledReason, &startInMS); err != nil {
 		return j, err
 	}
-	j.startIn = time.Duration(startInMS) * time.Millisecond
+	if startInMS > 0 {
+		j.startAt = sent.Add(time.Duration(startInMS) * time.Millisecond)
+	}
 	j.Event.Payload = payload
 	j.EndpointID = endpointID.Int64
 	if url.Valid {
@@ -331,7 +327,7 @@ func (p *workerPool) runBatch(ctx context.Context, batch []Job) []jobResult {
 // its endpoint's rate limit has come, and decides its outcome. A panic is
 // a failed attempt, not a dead process.
 func (p *workerPool) runJob(ctx context.Context, job Job) jobResult {
-	if wait := time.Until(job.startAt); !job.startAt.IsZero() && wait > 0 {
+	if wait := time.Until(job.startAt); wait > 0 {
 		// At most a second (outbox.claim_jobs); a shutdown that cancels
 		// the jobs cancels the wait, and the attempt fails as cancelled.
 		timer := time.NewTimer(wait)

@@ -438,8 +438,10 @@ func updateEndpoint(ctx context.Context, db *sql.DB, id int64, in endpointInput)
 	if err != nil {
 		return e, err
 	}
-	if e.Ordering == orderingNone {
-		// The row is locked by the update: no lane advances meanwhile.
+	if in.Ordering != nil && *in.Ordering == orderingNone {
+		// Lanes exist only while an endpoint orders: a PATCH that leaves
+		// the ordering as it was has none to release. The row is locked
+		// by the update: no lane advances meanwhile.
 		if _, err := tx.ExecContext(ctx, releaseLanesSQL, id); err != nil {
 			return e, fmt.Errorf("update endpoint %d: release its ordered lanes: %w", id, err)
 		}

@@ -19,29 +19,6 @@ import (
 // Endpoint isolation (README, "Endpoint isolation"): every endpoint is a
 // lane of outbox.claim_jobs, and its trouble stays its own.
 
-// runWebhookPool runs a worker pool that sends webhooks until the test
-// ends, with the default worker settings changed by tune; it returns a
-// function that stops it and waits.
-func runWebhookPool(t *testing.T, db *sql.DB, tune func(*WorkerConfig)) (stop func()) {
-	t.Helper()
-	cfg := defaultConfig().Workers
-	cfg.PollInterval = 20 * time.Millisecond
-	cfg.Concurrency = 8
-	if tune != nil {
-		tune(&cfg)
-	}
-	client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: 30 * time.Second})
-	wp := newWorkerPool(db, cfg, time.Minute, newSubscriberRegistry(),
-		map[string]jobHandler{webhookJobKind: newWebhookSender(db, nil, client, nil, nil, testLogger(t)).deliver}, testLogger(t))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- wp.Run(ctx, nil) }()
-	var once sync.Once
-	stop = func() { once.Do(func() { cancel(); <-done }) }
-	t.Cleanup(stop)
-	return stop
-}
-
 // concurrency counts the requests a handler is serving at once, and the
 // most it ever served at once.
 type concurrency struct {
@@ -112,7 +89,7 @@ func TestHangingReceiverHoldsOnlyItsCap(t *testing.T) {
 	good := newReceiver(t, nil)
 	createTunedEndpoint(t, api, bad.srv.URL, `"max_in_flight": 2`)
 	createTunedEndpoint(t, api, good.srv.URL, `"max_in_flight": 2`)
-	runWebhookPool(t, db, nil)
+	runWebhookWorkers(t, db, 30*time.Second)
 	defer close(release) // deferred calls run before cleanups: the pool's jobs end, then it stops
 
 	recordFor(t, db, bad.srv.URL, 40)
@@ -182,7 +159,7 @@ func TestTwoReplicasRespectOneCap(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { replica.Close() })
-		runWebhookPool(t, replica, nil)
+		runWebhookWorkers(t, replica, 30*time.Second)
 	}
 	waitFor(t, "60 deliveries", 30*time.Second, func() bool {
 		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'completed'`) == 60
@@ -270,7 +247,7 @@ func TestRetryAfterHoldsTheWholeEndpoint(t *testing.T) {
 	createTunedEndpoint(t, api, other.srv.URL, `"max_in_flight": 1`)
 	recordFor(t, db, busy.srv.URL, 5)
 	recordFor(t, db, other.srv.URL, 5)
-	runWebhookPool(t, db, nil)
+	runWebhookWorkers(t, db, 30*time.Second)
 	waitFor(t, "the other endpoint's deliveries", 10*time.Second, func() bool { return len(other.requests()) == 5 })
 	if n := len(busy.requests()); n != 1 {
 		t.Errorf("the receiver that asked to wait 120 s got %d requests, want 1", n)
@@ -329,7 +306,7 @@ func TestPauseHoldsDeliveriesAcrossARestart(t *testing.T) {
 	if status != http.StatusOK || resumed.State != "enabled" || resumed.PausedAt != nil {
 		t.Fatalf("resume: %d %s, want 200 with state enabled", status, body)
 	}
-	runWebhookPool(t, db, nil)
+	runWebhookWorkers(t, db, 30*time.Second)
 	waitFor(t, "the 10 held deliveries", 10*time.Second, func() bool {
 		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'completed'`, ep.ID) == 10
 	})
@@ -358,7 +335,7 @@ func TestFlakyReceiverKeepsItsBreakerClosed(t *testing.T) {
 		}
 	})
 	ep := createTunedEndpoint(t, api, flaky.srv.URL, `"max_in_flight": 4`)
-	runWebhookPool(t, db, nil)
+	runWebhookWorkers(t, db, 30*time.Second)
 	for range 5 {
 		recordFor(t, db, flaky.srv.URL, 20)
 	}

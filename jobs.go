@@ -126,7 +126,7 @@ WHERE id = $1
        OR endpoint_id IS NULL
        OR $2::timestamptz IS NULL
        OR event_id IN (SELECT id FROM outbox.events WHERE created_at >= $2))
-RETURNING endpoint_id, lane_key, true`
+RETURNING endpoint_id, lane_key`
 
 // jobResendSQL reads what bounds a retry of one job by hand: its state,
 // whether it has an endpoint and the window that endpoint's receiver
@@ -177,7 +177,7 @@ func retryJob(ctx context.Context, db *sql.DB, id int64, eventsRetention time.Du
 }
 
 // putBack runs query, a statement that puts jobs back in the queue and
-// returns each one's endpoint_id, lane_key and true; advances the ordered
+// returns each one's endpoint_id and lane_key; advances the ordered
 // lanes they joined, and wakes the workers, in one transaction; one of
 // replay replayID (joinReplay, replay.go), whose jobs they join, unless
 // that is 0. It reports how many jobs it put back.
@@ -237,7 +237,7 @@ UPDATE outbox.jobs` + retrySetSQL + `,
     replay_id = $4
 FROM discarded
 WHERE outbox.jobs.id = discarded.id
-RETURNING outbox.jobs.endpoint_id, outbox.jobs.lane_key, true`
+RETURNING outbox.jobs.endpoint_id, outbox.jobs.lane_key`
 
 // tooOldDiscardedSQL counts an endpoint's discarded jobs whose events were
 // recorded before $2: the ones retryDiscarded leaves.

@@ -168,7 +168,7 @@ func TestOrderedLaneDeliversEachSubjectInCommitOrder(t *testing.T) {
 		cfg.SweepInterval = 20 * time.Millisecond
 		r := newRelay(replica, cfg, 18, []jobTarget{}, testLogger(t).With("relay", i))
 		relays.Go(func() { r.Run(ctx, nil, nil) })
-		runWebhookPool(t, replica, nil)
+		runWebhookWorkers(t, replica, 30*time.Second)
 	}
 	produceSerialized(t, db, topicFor(rc.srv.URL)+".e", subjects, perSubject, 8)
 	defer func() {
@@ -209,7 +209,7 @@ func TestStuckSubjectDoesNotBlockOthers(t *testing.T) {
 	api := newTestAPI(t, db, testPolicy)
 	rc := newOrderedReceiver(t, nil, "stuck")
 	ep := createTunedEndpoint(t, api, rc.srv.URL, `"max_in_flight": 4, "ordering": "subject"`)
-	runWebhookPool(t, db, nil)
+	runWebhookWorkers(t, db, 30*time.Second)
 	produceSerialized(t, db, topicFor(rc.srv.URL)+".e", []string{"stuck", "x", "y"}, 10, 4)
 	relayAll(t, db)
 	waitFor(t, "subjects x and y", 20*time.Second, func() bool {
@@ -279,7 +279,7 @@ func TestReplayIntoAnOrderedLaneKeepsOrder(t *testing.T) {
 	start := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)
 	produceSerialized(t, db, topicFor(rc.srv.URL)+".e", []string{"s"}, 5, 1)
 	relayAll(t, db)
-	runWebhookPool(t, db, nil)
+	runWebhookWorkers(t, db, 30*time.Second)
 	waitFor(t, "the first deliveries", 10*time.Second, func() bool { return rc.acceptedUpTo("s") == 5 })
 	waitFor(t, "their outcomes", 10*time.Second, func() bool {
 		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'completed'`, ep.ID) == 5

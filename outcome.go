@@ -244,8 +244,10 @@ func (p *workerPool) recordOutcomesRetrying(batch []jobResult) error {
 
 // recordOutcomesSQL writes a batch of outcomes in one statement. Each row
 // is fenced on (id, attempt, running): an outcome of an attempt that is no
-// longer the job's current one changes nothing.
+// longer the job's current one changes nothing. It returns the ordered
+// lanes whose delivery finished, each once: none, for unordered endpoints.
 const recordOutcomesSQL = `
+WITH recorded AS (
 UPDATE outbox.jobs AS j
 SET state = o.state::outbox.job_state,
     scheduled_at = CASE WHEN o.state = 'retryable'
@@ -261,7 +263,12 @@ FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::bigint[], $5::text[])
 WHERE j.id = o.id
   AND j.attempt = o.attempt
   AND j.state = 'running'
-RETURNING j.endpoint_id, j.lane_key, j.state IN ('completed', 'discarded')`
+RETURNING j.endpoint_id, j.lane_key, j.state
+)
+SELECT DISTINCT endpoint_id, lane_key
+FROM recorded
+WHERE lane_key IS NOT NULL
+  AND state IN ('completed', 'discarded')`
 
 // recordOutcomes writes a batch of outcomes, with the attempts they record
 // and their endpoints' new states, in one transaction: one commit for the
@@ -309,22 +316,22 @@ func (p *workerPool) recordOutcomes(ctx context.Context, batch []jobResult) erro
 	return nil
 }
 
-// finishedLane is one row of recordOutcomesSQL: the lane of a job whose
-// outcome was written, and whether the job is now finished.
+// finishedLane is the lane of a job that left it, finished or put back:
+// a row of recordOutcomesSQL, or of the statements putBack and a replay's
+// cancel run. Both are NULL for a job of no ordered lane.
 type finishedLane struct {
 	endpointID sql.NullInt64
 	key        sql.NullString
-	finished   bool
 }
 
 func scanFinishedLane(row rowScanner) (finishedLane, error) {
 	var l finishedLane
-	err := row.Scan(&l.endpointID, &l.key, &l.finished)
+	err := row.Scan(&l.endpointID, &l.key)
 	return l, err
 }
 
-// finishedLanes are the ordered lanes of the finished jobs, each once, in
-// endpoint id order.
+// finishedLanes are the ordered lanes of the rows, each once, in endpoint
+// id order.
 func finishedLanes(rows []finishedLane) laneKeys {
 	type lane struct {
 		endpointID int64
@@ -334,7 +341,7 @@ func finishedLanes(rows []finishedLane) laneKeys {
 	var lanes []lane
 	for _, r := range rows {
 		l := lane{r.endpointID.Int64, r.key.String}
-		if !r.finished || !r.endpointID.Valid || !r.key.Valid || seen[l] {
+		if !r.endpointID.Valid || !r.key.Valid || seen[l] {
 			continue
 		}
 		seen[l] = true

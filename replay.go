@@ -727,7 +727,7 @@ SET state = 'discarded',
                'attempt', j.attempt, 'at', now(), 'error', $2::text))
 WHERE j.replay_id = $1
   AND j.state IN ('available', 'retryable')
-RETURNING j.endpoint_id, j.lane_key, true`
+RETURNING j.endpoint_id, j.lane_key`
 
 // cancelReplay cancels replay replayID of endpoint id, and answers it as
 // it is then. In one transaction: the replay is marked (which waits for

@@ -220,7 +220,7 @@ func TestReplayLaneHoldsItsShareWhileLiveFlows(t *testing.T) {
 	ep := createTunedEndpoint(t, api, rc.srv.URL, `"max_in_flight": 8`)
 	seedFanned(t, db, rc.srv.URL, "old", 20)
 	rc.replayedUpTo = int64(queryInt(t, db, `SELECT max(id) FROM outbox.events`))
-	runWebhookPool(t, db, nil) // 8 workers
+	runWebhookWorkers(t, db, 30*time.Second) // 8 workers
 
 	res := replayFor(t, api, ep.ID)
 	if res.Jobs != 20 {

@@ -488,7 +488,7 @@ func TestWebhookRetriesKeepWebhookIDAndBackOff(t *testing.T) {
 
 // An endpoint's state follows its deliveries: a failure sets
 // failing_since, new deliveries still go at once (the breaker is closed:
-// breaker_test.go), a success clears it, 410 disables it, a disabled
+// isolation_test.go), a success clears it, 410 disables it, a disabled
 // endpoint gets no jobs, re-enabling resumes.
 func TestEndpointStateFollowsDeliveries(t *testing.T) {
 	t.Parallel()
