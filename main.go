@@ -738,8 +738,9 @@ func startPipeline(cfg Config, db *sql.DB, box *secretBox, dsn string, allowAddr
 	webhooks := newWebhookSender(db, box, webhookClient, p.deliveries, mail, logger)
 	p.notifier = newOwnerNotifier(db, mail, cfg.Mail.OwnerNotifyPerHour, logger)
 	p.workers = newWorkerPool(db, cfg.Workers, cfg.ShutdownGrace, subscribers, map[string]jobHandler{
-		webhookJobKind:     webhooks.deliver,
-		ownerNotifyJobKind: p.notifier.notify,
+		webhookJobKind:            webhooks.deliver,
+		ownerNotifyJobKind:        p.notifier.notify,
+		legacySubjectIndexJobKind: indexLegacySubjectJob(db),
 	}, logger)
 	start("workers", func(ctx context.Context) error { return p.workers.Run(ctx, wake.jobs) })
 	p.rescuer = newRescuer(db, cfg.Workers, logger)
@@ -884,7 +885,6 @@ func notifySystemd(socket, state string) error {
 // a subscriber registered here is checked for one effect per event.
 func defaultSubscribers(demo bool, logger *slog.Logger) *subscriberRegistry {
 	subs := newSubscriberRegistry()
-	subs.Register(subjectIndexSubscriber())
 	if demo {
 		subs.Register(logSubscriber(logger))
 	}

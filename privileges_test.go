@@ -99,9 +99,12 @@ func TestOutboxdRunsAsARoleThatOwnsOnlyItsSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	logger := testLogger(t)
-	subs := defaultSubscribers(false, logger)
+	subs := defaultSubscribers(true, logger) // -demo's log subscriber: a job for the workers
 	if _, err := newRelay(db, defaultConfig().Relay, 18, fanOutTargets(subs), logger).relayOnce(ctx); err != nil {
 		t.Fatalf("relay as %s: %v", role, err)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.subjects WHERE subject = 'o-1'`); n != 1 {
+		t.Fatalf("relay as %s indexed %d entries of subject o-1, want 1", role, n)
 	}
 	n, err := newWorkerPool(db, defaultConfig().Workers, 0, subs, nil, logger).workOnce(ctx, 10)
 	if err != nil || n != 1 {

@@ -185,11 +185,12 @@ func (r *relay) count(res passResult) {
 // ($1 the batch size; schema.sql's outbox.mark_fanned_out, which pins its
 // plan) or one row for the row-by-row retry ($1 its id; another relay may
 // have relayed it in between, and then it claims nothing). Each claim
-// marks its rows fanned out and returns them as marked(id, topic, subject).
+// marks its rows fanned out and returns them as marked(id, topic, subject,
+// payload).
 var (
 	relayBatchSQL = fanOutSQL(`
 marked AS (
-  SELECT id, topic, subject
+  SELECT id, topic, subject, payload
   FROM outbox.mark_fanned_out($1)
 )`)
 	relayRowSQL = fanOutSQL(`
@@ -205,7 +206,7 @@ marked AS (
   UPDATE outbox.events
   SET fanned_out_at = now()
   WHERE id IN (SELECT id FROM claimed)
-  RETURNING id, topic, subject
+  RETURNING id, topic, subject, payload
 )`)
 )
 
@@ -226,6 +227,11 @@ marked AS (
 // topic, subject) in the ORDER BY, id descending). Webhooks are never coalesced:
 // each event is a fact. Inserts go in id order, so the job table's indexes
 // grow at their right edge.
+//
+// The subject index (outbox.subjects, upsertSubjectsSQL) is kept here, in
+// the transaction that marks the events fanned out, not by a job per
+// subject: that job cost an insert, a claim and a completion, each a new
+// row version in every index of the job table (README, "Performance").
 func fanOutSQL(markSQL string) string {
 	return `
 WITH ` + markSQL + `,
@@ -277,6 +283,8 @@ webhooks AS (
 ),
 lanes AS (
   SELECT DISTINCT endpoint_id, lane_key FROM webhooks WHERE lane_key IS NOT NULL
+),
+indexed AS (` + upsertSubjectsSQL(`SELECT id, topic, subject, payload FROM marked`) + `
 )
 SELECT (SELECT count(*) FROM marked),
        (SELECT count(*) FROM enqueued) + (SELECT count(*) FROM coalesced) + (SELECT count(*) FROM webhooks),

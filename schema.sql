@@ -191,8 +191,14 @@ $$;
 -- sees every row the claim locked. (The other way round, a claim made by a
 -- function called from the UPDATE runs later than the UPDATE's snapshot
 -- and can lock a row that the UPDATE does not see.)
-CREATE OR REPLACE FUNCTION outbox.mark_fanned_out(batch integer)
-RETURNS TABLE (id bigint, topic text, subject text)
+--
+-- It returns the payload for the subject index, which the relay keeps in
+-- the same statement. Callers name the columns they read, so a relay of the
+-- previous release, which reads three, keeps working; adding the column
+-- needs the DROP, which CREATE OR REPLACE cannot do.
+DROP FUNCTION IF EXISTS outbox.mark_fanned_out(integer);
+CREATE FUNCTION outbox.mark_fanned_out(batch integer)
+RETURNS TABLE (id bigint, topic text, subject text, payload jsonb)
 LANGUAGE plpgsql VOLATILE
 SET enable_seqscan = off
 AS $$
@@ -203,7 +209,7 @@ BEGIN
   UPDATE outbox.events AS e
   SET fanned_out_at = now()
   WHERE e.id = ANY (claimed)
-  RETURNING e.id, e.topic, e.subject;
+  RETURNING e.id, e.topic, e.subject, e.payload;
 END
 $$;
 

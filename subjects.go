@@ -1,5 +1,5 @@
-// subjects.go: the subject index, the one built-in in-process subscriber,
-// which keeps the latest event of every subject, and its search.
+// subjects.go: the subject index, the latest event of every subject and
+// topic, which the relay keeps in its fan-out, and its search.
 
 package main
 
@@ -10,53 +10,47 @@ import (
 	"fmt"
 	"strings"
 	"time"
-
-	"github.com/lib/pq"
 )
 
-// upsertSubjectsSQL keeps the latest event of each topic and subject of a
-// batch of events ($1, their ids), read from the events table. The WHERE
-// on the conflict makes it monotonic: an event with a lower id than the
-// one kept (delivered late, or the same event delivered again) changes
-// nothing. Of several events of one topic and subject in the batch, the
-// highest id is the one written, as if each had been upserted in turn.
-const upsertSubjectsSQL = `
-INSERT INTO outbox.subjects (subject, topic, last_event_id, payload, updated_at)
-SELECT DISTINCT ON (e.subject, e.topic) e.subject, e.topic, e.id, e.payload, now()
-FROM outbox.events AS e
-WHERE e.id = ANY($1::bigint[])
-  AND e.subject <> ''
-ORDER BY e.subject, e.topic, e.id DESC
+// upsertSubjectsSQL keeps the latest event of each subject and topic
+// among the events rows yields (id, topic, subject, payload): the relay's
+// fan-out (relay.go) passes the events it marks. The WHERE on the conflict
+// makes it monotonic: an event with a lower id than the one kept (relayed
+// late, or a legacy job run again) changes nothing. Of several events of
+// one topic and subject, the highest id is the one written, as if each had
+// been upserted in turn. Rows go in (subject, topic) order, the one lock
+// order for every relay.
+func upsertSubjectsSQL(rows string) string {
+	return `
+INSERT INTO outbox.subjects AS s (subject, topic, last_event_id, payload, updated_at)
+SELECT DISTINCT ON (r.subject, r.topic) r.subject, r.topic, r.id, r.payload, now()
+FROM (` + rows + `) AS r
+WHERE r.subject <> ''
+ORDER BY r.subject, r.topic, r.id DESC
 ON CONFLICT (subject, topic) DO UPDATE
 SET last_event_id = EXCLUDED.last_event_id,
     payload = EXCLUDED.payload,
     updated_at = EXCLUDED.updated_at
-WHERE subjects.last_event_id < EXCLUDED.last_event_id`
-
-// indexSubjects upserts the subjects of evs; events without a subject are
-// not indexed.
-func indexSubjects(ctx context.Context, tx *sql.Tx, evs []Event) error {
-	ids := make([]int64, len(evs))
-	for i, ev := range evs {
-		ids[i] = ev.ID
-	}
-	if _, err := tx.ExecContext(ctx, upsertSubjectsSQL, pq.Array(ids)); err != nil {
-		return fmt.Errorf("index subjects: %w", err)
-	}
-	return nil
+WHERE s.last_event_id < EXCLUDED.last_event_id`
 }
 
-// subjectIndexSubscriber indexes every event with a subject. It coalesces:
-// of the events one relay pass claims for a subject, only the latest is
-// delivered, since it would overwrite the others anyway.
-func subjectIndexSubscriber() Subscriber {
-	return Subscriber{
-		Name:     "subjects",
-		Coalesce: true,
-		Handle: func(ctx context.Context, tx *sql.Tx, ev Event) error {
-			return indexSubjects(ctx, tx, []Event{ev})
-		},
-		HandleBatch: indexSubjects,
+// legacySubjectIndexJobKind is the job through which releases before the
+// relay kept the subject index enqueued each subject of a pass. During a
+// rolling upgrade a replica of such a release still enqueues them, and an
+// upgraded database may hold some waiting: this release runs them, so
+// they complete instead of retrying for days without a handler.
+const legacySubjectIndexJobKind = "sub:subjects"
+
+// indexLegacySubjectJob is the handler of legacySubjectIndexJobKind: the
+// upsert of its one event. Outside a transaction with the completion: the
+// upsert is monotonic, so running it again changes nothing.
+func indexLegacySubjectJob(db *sql.DB) jobHandler {
+	query := upsertSubjectsSQL(`SELECT id, topic, subject, payload FROM outbox.events WHERE id = $1`)
+	return func(ctx context.Context, job Job) error {
+		if _, err := db.ExecContext(ctx, query, job.Event.ID); err != nil {
+			return fmt.Errorf("index subject of event %d: %w", job.Event.ID, err)
+		}
+		return nil
 	}
 }
 

@@ -14,7 +14,6 @@ import (
 	"net/url"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/lib/pq"
@@ -154,53 +153,78 @@ func TestEveryRegisteredSubscriberIsIdempotent(t *testing.T) {
 	}
 }
 
-// The subject index's HandleBatch leaves the index as Handle does, event
-// by event in the batch's order: for each topic and subject the highest
-// id, whatever order the events come in, and nothing for events without a
-// subject.
-func TestSubjectIndexBatchEqualsOneByOne(t *testing.T) {
+// The relay's index of a batch equals the index of its events relayed one
+// at a time, in any order: for each topic and subject the highest id, and
+// nothing for events without a subject; an entry already newer than the
+// batch stays.
+func TestSubjectIndexOfABatchEqualsOneByOne(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
 	ctx := context.Background()
-	sub := subjectIndexSubscriber()
-	mustExec(t, db, `INSERT INTO outbox.subjects (subject, topic, last_event_id, payload, updated_at)
-		VALUES ('kept', 'old.topic', 1000000, '{"newer": true}', now())`)
-	var events []Event
+	relay := newTestRelay(t, db, defaultConfig().Relay)
+	var ids []int64
 	for i, subject := range []string{"a", "b", "a", "", "kept", "c", "b", "a"} {
 		topic := "t"
 		if subject == "kept" {
 			topic = "old.topic" // the index holds a later event of it
 		}
-		events = append(events, recordedEvent(t, db, topic, subject, fmt.Sprintf(`{"n": %d}`, i)))
+		ids = append(ids, recordedEvent(t, db, topic, subject, fmt.Sprintf(`{"n": %d}`, i)).ID)
 	}
-	events[0], events[len(events)-1] = events[len(events)-1], events[0] // the latest "a" comes first
-
-	index := func(handle func(tx *sql.Tx) error) []string {
+	index := func(relayAll func()) []string {
 		t.Helper()
-		tx, err := db.BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Rollback() // each way starts from the same index
-		if err := handle(tx); err != nil {
-			t.Fatal(err)
-		}
-		return queryStrings(t, tx, `SELECT subject || ' ' || topic || ' ' || last_event_id || ' ' || payload::text FROM outbox.subjects ORDER BY subject, topic`)
+		mustExec(t, db, `DELETE FROM outbox.subjects`)
+		mustExec(t, db, `INSERT INTO outbox.subjects (subject, topic, last_event_id, payload, updated_at)
+			VALUES ('kept', 'old.topic', 1000000, '{"newer": true}', now())`)
+		mustExec(t, db, `UPDATE outbox.events SET fanned_out_at = NULL`)
+		relayAll()
+		return queryStrings(t, db, `SELECT subject || ' ' || topic || ' ' || last_event_id || ' ' || payload::text FROM outbox.subjects ORDER BY subject, topic`)
 	}
-	oneByOne := index(func(tx *sql.Tx) error {
-		for _, ev := range events {
-			if err := sub.Handle(ctx, tx, ev); err != nil {
-				return err
+	batch := index(func() {
+		if res, err := relay.relayOnce(ctx); err != nil || res.Fanned != len(ids) {
+			t.Fatalf("relay pass: %+v, %v; want %d events", res, err, len(ids))
+		}
+	})
+	oneByOne := index(func() {
+		for _, i := range []int{7, 0, 3, 5, 1, 4, 6, 2} { // the latest "a" first
+			if fanned, _, err := relay.fanOut(ctx, relayRowSQL, ids[i]); err != nil || fanned != 1 {
+				t.Fatalf("relay event %d alone: %d fanned, %v", ids[i], fanned, err)
 			}
 		}
-		return nil
 	})
-	batch := index(func(tx *sql.Tx) error { return sub.HandleBatch(ctx, tx, events) })
-	if len(oneByOne) != 4 {
-		t.Fatalf("one by one indexed %q, want 4 subjects", oneByOne)
+	if len(batch) != 4 {
+		t.Fatalf("the batch indexed %q, want 4 subjects", batch)
 	}
-	if diff := cmp.Diff(oneByOne, batch); diff != "" {
-		t.Errorf("batch differs from one by one (-one by one +batch):\n%s", diff)
+	if !strings.HasPrefix(batch[0], fmt.Sprintf(`a t %d {"n": 7}`, ids[7])) || batch[3] != `kept old.topic 1000000 {"newer": true}` {
+		t.Errorf("the batch indexed %q, want a's latest event and the newer entry of kept left alone", batch)
+	}
+	if diff := cmp.Diff(batch, oneByOne); diff != "" {
+		t.Errorf("one by one differs from the batch (-batch +one by one):\n%s", diff)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs`); n != 0 {
+		t.Errorf("%d jobs for events no one subscribes to, want 0: the relay keeps the index itself", n)
+	}
+}
+
+// A subject-index job of an earlier release, enqueued before an upgrade or
+// by a replica not yet upgraded, still runs: its event is indexed and the
+// job completes, instead of retrying for days without a handler.
+func TestLegacySubjectIndexJobStillRuns(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	ctx := context.Background()
+	ev := recordedEvent(t, db, "order.updated", "order-7", `{"v": 7}`)
+	mustExec(t, db, `UPDATE outbox.events SET fanned_out_at = now()`)
+	mustExec(t, db, `INSERT INTO outbox.jobs (kind, event_id, max_attempts) VALUES ('sub:subjects', $1, 18)`, ev.ID)
+	pool := newWorkerPool(db, defaultConfig().Workers, 0, newSubscriberRegistry(),
+		map[string]jobHandler{legacySubjectIndexJobKind: indexLegacySubjectJob(db)}, testLogger(t))
+	if n, err := pool.workOnce(ctx, 10); err != nil || n != 1 {
+		t.Fatalf("workers: %d jobs, %v; want the legacy job", n, err)
+	}
+	if got, want := subjectsRow(t, db, "order-7"), fmt.Sprintf(`order.updated %d {"v": 7}`, ev.ID); got != want {
+		t.Errorf("order-7 indexed as %q, want %q", got, want)
+	}
+	if s := queryStrings(t, db, `SELECT state::text FROM outbox.jobs`); len(s) != 1 || s[0] != "completed" {
+		t.Errorf("the legacy job is %q, want completed", s)
 	}
 }
 
@@ -219,51 +243,28 @@ func subjectsRow(t *testing.T, db *sql.DB, subject string) string {
 	return fmt.Sprintf("%s %d %s", topic, eventID, payload)
 }
 
-// Ten events for one subject in one relay batch make one subject-index
-// job, for the latest, whose payload wins. An older event (a lower id)
-// that commits later goes through the relay too, and changes nothing.
-// Webhooks in the same batch are not coalesced.
+// Ten events for one subject in one relay batch index the latest, whose
+// payload wins. An older event (a lower id) that commits later goes
+// through the relay too, and changes nothing. Webhooks in the same batch
+// are not coalesced.
 func TestSubjectIndexCoalescesAndNeverMovesBack(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
 	api := newTestAPI(t, db, testPolicy)
 	rc := newReceiver(t, nil)
 	api.createEndpoint(rc.srv.URL, "order.*")
-	relay := newTestRelay(t, db, defaultConfig().Relay, subjectIndexSubscriber())
-	cfg := defaultConfig().Workers
-	cfg.PollInterval = 20 * time.Millisecond
-	runPool(t, db, cfg, subjectIndexSubscriber())
+	relay := newTestRelay(t, db, defaultConfig().Relay)
 	ctx := context.Background()
 
 	mustExec(t, db, `SELECT outbox.record('order.updated', 'order-1', jsonb_build_object('v', i)) FROM generate_series(1, 10) AS i`)
 	mustExec(t, db, `SELECT outbox.record('order.updated', 'order-2', '{"v": 1}')`)
-	if res, err := relay.relayOnce(ctx); err != nil || res.Claimed != 11 {
-		t.Fatalf("relay pass: %+v, %v; want 11 events in one batch", res, err)
+	if res, err := relay.relayOnce(ctx); err != nil || res.Claimed != 11 || res.Jobs != 11 {
+		t.Fatalf("relay pass: %+v, %v; want 11 events in one batch, and 11 jobs, the webhooks", res, err)
 	}
 	latest := queryInt(t, db, `SELECT max(id) FROM outbox.events WHERE subject = 'order-1'`)
-	var jobEvents []int
-	rows, err := db.Query(`SELECT e.subject, j.event_id FROM outbox.jobs j JOIN outbox.events e ON e.id = j.event_id WHERE j.kind = 'sub:subjects' ORDER BY e.subject`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var subject string
-		var id int
-		if err := rows.Scan(&subject, &id); err != nil {
-			t.Fatal(err)
-		}
-		jobEvents = append(jobEvents, id)
-	}
-	rows.Close()
-	if len(jobEvents) != 2 || jobEvents[0] != latest {
-		t.Fatalf("subject-index jobs for events %v, want one for order-1's latest (%d) and one for order-2", jobEvents, latest)
-	}
 	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE kind = 'webhook'`); n != 11 {
 		t.Errorf("%d webhook jobs, want 11: webhooks never coalesce", n)
 	}
-	waitFor(t, "the index jobs", 10*time.Second, func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE kind = 'sub:subjects' AND state = 'completed'`) == 2
-	})
 	want := fmt.Sprintf(`order.updated %d {"v": 10}`, latest)
 	if got := subjectsRow(t, db, "order-1"); got != want {
 		t.Fatalf("order-1 indexed as %q, want %q", got, want)
@@ -280,21 +281,18 @@ func TestSubjectIndexCoalescesAndNeverMovesBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	newerID, _ := recordEvent(ctx, db, "order.updated", "order-1", json.RawMessage(`{"v": "newer"}`))
-	if _, err := relay.relayOnce(ctx); err != nil {
-		t.Fatal(err)
+	if res, err := relay.relayOnce(ctx); err != nil || res.Fanned != 1 {
+		t.Fatalf("relay pass over the newer event: %+v, %v", res, err)
 	}
-	waitFor(t, "the newer event indexed", 10*time.Second, func() bool {
-		return strings.HasPrefix(subjectsRow(t, db, "order-1"), fmt.Sprintf("order.updated %d ", newerID))
-	})
+	if got := subjectsRow(t, db, "order-1"); !strings.HasPrefix(got, fmt.Sprintf("order.updated %d ", newerID)) {
+		t.Fatalf("order-1 indexed as %q, want the newer event %d", got, newerID)
+	}
 	if err := older.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := relay.relayOnce(ctx); err != nil {
-		t.Fatal(err)
+	if res, err := relay.relayOnce(ctx); err != nil || res.Fanned != 1 {
+		t.Fatalf("relay pass over the older event %d: %+v, %v", olderID, res, err)
 	}
-	waitFor(t, "the older event's job", 10*time.Second, func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE kind = 'sub:subjects' AND event_id = $1 AND state = 'completed'`, olderID) == 1
-	})
 	want = fmt.Sprintf(`order.updated %d {"v": "newer"}`, newerID)
 	if got := subjectsRow(t, db, "order-1"); got != want {
 		t.Errorf("after the older event: order-1 indexed as %q, want %q", got, want)
@@ -337,7 +335,7 @@ func TestSubjectIndexCoalescesAndNeverMovesBack(t *testing.T) {
 
 // Rows of two watched tables that share a primary key value have the same
 // subject; each keeps its own entry in the subject index, one relay pass
-// coalescing per topic and subject, and the index pages through both.
+// indexing per topic and subject, and the index pages through both.
 func TestSubjectIndexKeepsWatchedTablesApart(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
@@ -359,11 +357,8 @@ func TestSubjectIndexKeepsWatchedTablesApart(t *testing.T) {
 	if err != nil || res.Fanned != 3 {
 		t.Fatalf("relay: %+v, %v; want 3 events fanned out", res, err)
 	}
-	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE kind = 'sub:subjects'`); n != 2 {
-		t.Errorf("%d subject-index jobs for 3 events of 2 topics and one subject, want 2 (one per topic and subject)", n)
-	}
-	if _, err := newWorkerPool(db, defaultConfig().Workers, 0, subs, nil, logger).workOnce(ctx, 10); err != nil {
-		t.Fatal(err)
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs`); n != 0 {
+		t.Errorf("%d jobs for 3 events no one subscribes to, want 0", n)
 	}
 	got := queryStrings(t, db, `SELECT subject || ' ' || topic || ' ' || (payload->'new'->>'id') FROM outbox.subjects ORDER BY subject, topic`)
 	if diff := cmp.Diff([]string{"42 account.changed 42", "42 order.changed 42"}, got); diff != "" {
