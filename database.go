@@ -110,6 +110,31 @@ func newDBPool(dsn string) (*sql.DB, error) {
 	return sql.OpenDB(connector), nil
 }
 
+// beginPipelineTx begins a transaction of the pipeline's own bookkeeping:
+// a relay pass, a batch of job outcomes, a subscriber's batch. Its commit
+// does not wait for the WAL to reach the disk (synchronous_commit = off,
+// for this transaction only). A crash of the database can lose such a
+// commit, at most the last few hundred milliseconds of them, but never out
+// of order (the WAL is a sequence, and every later durable commit flushes
+// it), and what a lost one leaves is a state the pipeline already
+// recovers from: events not yet fanned out are fanned out again, jobs not
+// yet marked running or finished run again. That costs a repeated
+// delivery, which the at-least-once contract and webhook-id (the event
+// id) already cover, never an event. Writes that anyone was told are
+// durable (outbox.record, every API and panel write) keep the durable
+// commit; README, "Guarantees, hop by hop", the database crashing.
+func beginPipelineTx(ctx context.Context, db *sql.DB) (*sql.Tx, error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := tx.ExecContext(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
+		tx.Rollback()
+		return nil, err
+	}
+	return tx, nil
+}
+
 //go:embed schema.sql
 var schemaSQL string
 

@@ -5,9 +5,12 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"log/slog"
 	"strings"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 // A database that acknowledges commits before they are durable is named at
@@ -47,5 +50,45 @@ func TestRedactDSN(t *testing.T) {
 		if got := redactDSN(tc.text, tc.dsn); got != tc.want {
 			t.Errorf("redactDSN(%q, %q) = %q, want %q", tc.text, tc.dsn, got, tc.want)
 		}
+	}
+}
+
+// The pipeline's own transactions, the claim's included, commit without
+// waiting for the disk, and only they: the setting ends with the
+// transaction, so the next user of the pooled connection, and every write
+// a client is told is durable (outbox.record first), commits durably.
+func TestOnlyThePipelinesCommitsSkipTheFlush(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	db.SetMaxOpenConns(1) // one session: a setting that leaked would show
+	ctx := context.Background()
+	commitSetting := func(what string, begin func() (*sql.Tx, error), work string) string {
+		t.Helper()
+		tx, err := begin()
+		if err != nil {
+			t.Fatalf("%s: begin: %v", what, err)
+		}
+		defer tx.Rollback()
+		if work != "" {
+			if _, err := tx.ExecContext(ctx, work); err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+		}
+		var setting string
+		if err := tx.QueryRowContext(ctx, `SHOW synchronous_commit`).Scan(&setting); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		return setting
+	}
+	pipeline := func() (*sql.Tx, error) { return beginPipelineTx(ctx, db) }
+	plain := func() (*sql.Tx, error) { return db.BeginTx(ctx, nil) }
+	got := []string{
+		commitSetting("a pipeline transaction", pipeline, ""),
+		commitSetting("the next transaction on its connection", plain, ""),
+		commitSetting("a claim", plain, `SELECT * FROM outbox.claim_jobs(1)`),
+		commitSetting("a record", plain, `SELECT outbox.record('order.paid', 'o-1', '{}')`),
+	}
+	if diff := cmp.Diff([]string{"off", "on", "off", "on"}, got); diff != "" {
+		t.Errorf("synchronous_commit at commit (-want +got):\n%s", diff)
 	}
 }

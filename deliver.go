@@ -439,7 +439,7 @@ var errHandlerFailed = errors.New("a handler failed")
 // outcomes of the jobs that failed (with savepoints), or an error that
 // fails the whole batch.
 func (p *workerPool) subscriberTx(ctx context.Context, sub Subscriber, jobs []Job, start time.Time, savepoints bool) ([]jobResult, error) {
-	tx, err := p.db.BeginTx(ctx, nil)
+	tx, err := beginPipelineTx(ctx, p.db)
 	if err != nil {
 		return nil, fmt.Errorf("begin: %w", err)
 	}

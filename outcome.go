@@ -289,7 +289,7 @@ func (p *workerPool) recordOutcomes(ctx context.Context, batch []jobResult) erro
 		delays = append(delays, r.Delay.Milliseconds())
 		errs = append(errs, r.Error)
 	}
-	tx, err := p.db.BeginTx(ctx, nil)
+	tx, err := beginPipelineTx(ctx, p.db)
 	if err != nil {
 		return fmt.Errorf("record %d job outcomes: %w", len(ids), err)
 	}

@@ -298,7 +298,7 @@ SELECT (SELECT count(*) FROM marked),
 // joined advance in the same transaction (advanceLanes), so a delivery is
 // never held behind nothing.
 func (r *relay) fanOut(ctx context.Context, relaySQL string, claimArg any) (fanned, jobs int, err error) {
-	tx, err := r.db.BeginTx(ctx, nil)
+	tx, err := beginPipelineTx(ctx, r.db)
 	if err != nil {
 		return 0, 0, fmt.Errorf("relay: fan out: %w", err)
 	}

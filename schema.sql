@@ -822,6 +822,12 @@ DECLARE
   -- alone, oldest first.
   lanes bigint[];
 BEGIN
+  -- The claim is the pipeline's bookkeeping: lost in a crash, its jobs
+  -- are claimed again. Its commit need not wait for the disk, like the
+  -- other pipeline transactions (database.go, beginPipelineTx). Set for
+  -- the caller's transaction, not for this call: a SET clause of the
+  -- function would be undone before the commit.
+  PERFORM set_config('synchronous_commit', 'off', true);
   lanes := ARRAY(
     WITH RECURSIVE live AS (
       (SELECT w.endpoint_id, w.scheduled_at
