@@ -53,7 +53,7 @@ var compareWorks = []string{"jobs", "drain", "keepup", "latency", "producer"}
 func parseCompareConfig(args []string, getenv func(string) string, stderr io.Writer) (compareConfig, error) {
 	cfg := compareConfig{DatabaseURL: "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
 		Runs: 3, Jobs: 200_000, Events: 100_000, Producers: 16, Duration: 30 * time.Second, Rate: 600,
-		PgbenchTime: 10 * time.Second, JobsWorkers: 2_000, Workers: 2_000, Lock: getenv("BENCH_LOCK")}
+		PgbenchTime: 10 * time.Second, JobsWorkers: 2_000, Workers: 1_000, Lock: getenv("BENCH_LOCK")}
 	works := strings.Join(compareWorks, ",")
 	fs := flag.NewFlagSet("riverbench compare", flag.ContinueOnError)
 	fs.SetOutput(stderr)
