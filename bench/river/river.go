@@ -159,10 +159,13 @@ func runWork(ctx context.Context, cfg loadConfig, getenv func(string) string, st
 		defer unsubscribe()
 	}
 
-	start := time.Now()
-	if err := client.Start(ctx); err != nil {
+	// Not ctx: a cancelled start context stops River hard, and SIGTERM
+	// should reach Stop below instead.
+	if err := client.Start(context.WithoutCancel(ctx)); err != nil {
 		return fmt.Errorf("start river client: %w", err)
 	}
+	// river bench starts its clock once Start has returned.
+	start := time.Now()
 	fmt.Fprintln(stdout, "ready")
 	if cfg.Kind == "noop" {
 		var last time.Time
