@@ -314,9 +314,10 @@ func TestIdleRelayIsWokenByARecord(t *testing.T) {
 	})
 }
 
-// Producers committing faster than the relay sleeps turn it busy: it
-// publishes busy and keeps claiming; when they stop, it publishes idle
-// again, and every event was relayed.
+// Producers committing faster than the relays sleep turn them busy: they
+// publish busy and keep claiming; when the producers stop, the flag is
+// idle again, and every event was relayed. Two relays, each with its own
+// listener, share the one flag.
 func TestRelayIsBusyUnderLoadAndIdleAfter(t *testing.T) {
 	t.Parallel()
 	db, dsn := newTestDB(t)
@@ -333,12 +334,14 @@ func TestRelayIsBusyUnderLoadAndIdleAfter(t *testing.T) {
 		running = append(running, done)
 		go func() { done <- run(ctx) }()
 	}
-	wake := newWakeups()
-	goRun(newListener(dsn, wake, testLogger(t)).Run)
 	cfg := defaultConfig().Relay
 	cfg.SweepInterval = time.Hour
-	r := newTestRelay(t, db, cfg, noopSubscriber("all"))
-	goRun(func(ctx context.Context) error { return r.Run(ctx, wake.events, nil) })
+	for range 2 {
+		wake := newWakeups()
+		goRun(newListener(dsn, wake, testLogger(t)).Run)
+		r := newTestRelay(t, db, cfg, noopSubscriber("all"))
+		goRun(func(ctx context.Context) error { return r.Run(ctx, wake.events, nil) })
+	}
 
 	const producers = 4
 	loadCtx, stopLoad := context.WithCancel(ctx)

@@ -102,7 +102,7 @@ func (r *relay) Run(ctx context.Context, wake <-chan struct{}, jobsWake chan str
 	defer sweep.Stop()
 	barrier := newRecorderBarrier(r.db, r.logger)
 	defer barrier.stop()
-	busy := false // this relay published busy and has not re-checked since
+	busy := false // the flag says busy, and this relay claims without waiting
 	for {
 		claimed, clean := r.drain(ctx, jobsWake)
 		if ctx.Err() != nil {
@@ -110,12 +110,12 @@ func (r *relay) Run(ctx context.Context, wake <-chan struct{}, jobsWake chan str
 		}
 		if wake != nil && clean && claimed > 0 && (busy || woken(wake)) {
 			if !busy {
-				busy = r.publish(ctx, false)
+				busy = r.publishBusy(ctx)
 			}
 			continue
 		}
-		if wake != nil && r.publish(ctx, true) {
-			busy = false
+		busy = false
+		if wake != nil && r.publishIdle(ctx) {
 			barrier.start(ctx)
 		}
 		select {
@@ -138,15 +138,28 @@ func woken(wake <-chan struct{}) bool {
 	}
 }
 
-// publish sets outbox.relay_state and reports whether it changed it. A
-// failure is logged and reads as no change: a relay that could not publish
-// busy is notified as before, and one that could not publish idle is woken
-// by its sweep and tries again before its next sleep.
-func (r *relay) publish(ctx context.Context, idle bool) bool {
-	changed, err := publishRelayState(ctx, r.db, idle)
+// publishBusy sets outbox.relay_state busy and reports whether it says so
+// now, set by this relay or another. A failure is logged, and the relay
+// goes on being notified.
+func (r *relay) publishBusy(ctx context.Context) bool {
+	if _, err := publishRelayState(ctx, r.db, false); err != nil {
+		if ctx.Err() == nil {
+			r.logger.Error("relay state busy not published", "err", err)
+		}
+		return false
+	}
+	return true
+}
+
+// publishIdle sets outbox.relay_state idle and reports whether this call
+// changed it, which obliges this relay to wait out the producers that read
+// busy and look again. A failure is logged: a flag left busy is set idle
+// before a later sleep, and its sweep wakes the relay meanwhile.
+func (r *relay) publishIdle(ctx context.Context) bool {
+	changed, err := publishRelayState(ctx, r.db, true)
 	if err != nil {
 		if ctx.Err() == nil {
-			r.logger.Error("relay state not published", "err", err)
+			r.logger.Error("relay state idle not published", "err", err)
 		}
 		return false
 	}
