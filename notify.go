@@ -6,11 +6,17 @@
 // event. That is why nothing here queues notifications: a wake-up channel
 // holds at most one pending poke, and any number of notifications while a
 // pass runs fold into one more pass.
+//
+// Producers notify the relays only while one may be asleep: the relays
+// publish that in outbox.relay_state, and one that goes to sleep first
+// waits out every producer that may have read "busy" (recorderBarrier),
+// then looks once more (schema.sql, outbox.notify_events, has the argument).
 
 package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -173,4 +179,117 @@ func (d keepAliveDialer) Dial(network, address string) (net.Conn, error) {
 
 func (d keepAliveDialer) DialTimeout(network, address string, timeout time.Duration) (net.Conn, error) {
 	return d.dialer(timeout).Dial(network, address)
+}
+
+// recordingLockClass is the first key of the recording locks: the shared
+// advisory lock (recordingLockClass, its backend pid) that outbox.record's
+// trigger takes, held to commit, before it reads relay_state (schema.sql,
+// outbox.notify_events, where it is written out as 1868722290). "obpr".
+const recordingLockClass = 0x6f627072
+
+// publishRelayStateSQL sets relay_state.idle to $1 and says whether that
+// changed it: the statement writes nothing when it already is, so a relay
+// may run it before every sleep.
+const publishRelayStateSQL = `
+UPDATE outbox.relay_state
+SET idle = $1,
+    changed_at = now()
+WHERE idle <> $1`
+
+// publishRelayState tells producers whether to notify (idle) or not
+// (busy), and reports whether the flag changed.
+func publishRelayState(ctx context.Context, db *sql.DB, idle bool) (changed bool, err error) {
+	res, err := db.ExecContext(ctx, publishRelayStateSQL, idle)
+	if err != nil {
+		return false, fmt.Errorf("publish relay state idle=%t: %w", idle, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("publish relay state idle=%t: %w", idle, err)
+	}
+	return n == 1, nil
+}
+
+// recordersSQL lists the backends that hold a recording lock now: those
+// inside a transaction that recorded an event. A prepared transaction's
+// lock keeps the pid it was taken by in its key, so it is listed too.
+const recordersSQL = `
+SELECT l.objid::bigint
+FROM pg_locks AS l
+WHERE l.locktype = 'advisory'
+  AND l.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
+  AND l.classid = $1
+  AND l.objsubid = 2
+  AND l.granted`
+
+// awaitRecorderSQL waits until backend $2's recording lock is free, that
+// is, until the transaction holding it ended. Run outside a transaction,
+// its lock is released when the statement ends: at once, and on whatever
+// pooled connection ran it, so a cancelled wait leaks nothing.
+const awaitRecorderSQL = `SELECT pg_advisory_xact_lock($1, $2)`
+
+// awaitRecorders returns once every transaction that held a recording lock
+// when it was called has ended. It waits for one backend at a time, so no
+// backend's next transaction waits on the wait for another.
+func awaitRecorders(ctx context.Context, db *sql.DB) error {
+	pids, err := queryAll(ctx, db, scanID, recordersSQL, recordingLockClass)
+	if err != nil {
+		return fmt.Errorf("await recorders: list: %w", err)
+	}
+	for _, pid := range pids {
+		if _, err := db.ExecContext(ctx, awaitRecorderSQL, recordingLockClass, pid); err != nil {
+			return fmt.Errorf("await recorder %d: %w", pid, err)
+		}
+	}
+	return nil
+}
+
+// recorderBarrier runs awaitRecorders beside the relay's loop, so that a
+// producer that keeps its transaction open holds up the relay's sleep,
+// never its passes: notifications keep waking it meanwhile. At most one
+// wait is in flight; its owner calls stop before it returns.
+type recorderBarrier struct {
+	db     *sql.DB
+	logger *slog.Logger
+	// passed is poked when a wait is over: time for the re-check.
+	passed chan struct{}
+	cancel context.CancelFunc // ends the wait in flight; nil if none
+	exited chan struct{}      // closed when the wait in flight returned
+}
+
+func newRecorderBarrier(db *sql.DB, logger *slog.Logger) *recorderBarrier {
+	return &recorderBarrier{db: db, logger: logger, passed: make(chan struct{}, 1)}
+}
+
+// start begins a wait for the transactions recording now, ending any
+// wait in flight: that one listed recorders from before, and those that
+// read "busy" since must be waited for too.
+func (b *recorderBarrier) start(ctx context.Context) {
+	b.stop()
+	waitCtx, cancel := context.WithCancel(ctx)
+	exited := make(chan struct{})
+	b.cancel, b.exited = cancel, exited
+	go func() {
+		defer close(exited)
+		err := awaitRecorders(waitCtx, b.db)
+		if waitCtx.Err() != nil {
+			return
+		}
+		if err != nil {
+			// The re-check still runs; an event it misses waits for the
+			// next wake-up or sweep.
+			b.logger.Warn("waiting for recording transactions failed", "err", err)
+		}
+		poke(b.passed)
+	}()
+}
+
+// stop ends the wait in flight, if any, and returns once it has.
+func (b *recorderBarrier) stop() {
+	if b.cancel == nil {
+		return
+	}
+	b.cancel()
+	<-b.exited
+	b.cancel, b.exited = nil, nil
 }

@@ -86,26 +86,94 @@ func newRelay(db *sql.DB, cfg RelayConfig, jobMaxAttempts int, targets []jobTarg
 // nil), this process's own workers: they start on the jobs at once instead
 // of when the NOTIFY comes back through the listener, which under load is
 // milliseconds later. Other replicas still hear the NOTIFY.
+//
+// With wake-ups (wake not nil) it also tells producers whether to notify
+// (outbox.relay_state). When notifications came in while it drained events,
+// producers are committing faster than it sleeps: it publishes busy, so
+// their commits skip the NOTIFY and its serializing lock, and keeps
+// claiming pass after pass without waiting for one. A pass that finds
+// nothing ends that: it publishes idle, waits for every transaction that
+// may have read busy to end (recorderBarrier), and passes once more before
+// it sleeps. It publishes idle before every sleep, which writes nothing
+// when the flag already says so and resets a flag left busy by a relay
+// that died.
 func (r *relay) Run(ctx context.Context, wake <-chan struct{}, jobsWake chan struct{}) error {
 	sweep := time.NewTicker(r.cfg.SweepInterval)
 	defer sweep.Stop()
+	barrier := newRecorderBarrier(r.db, r.logger)
+	defer barrier.stop()
+	busy := false // the flag says busy, and this relay claims without waiting
 	for {
-		r.drain(ctx, jobsWake)
+		claimed, clean := r.drain(ctx, jobsWake)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if wake != nil && clean && claimed > 0 && (busy || woken(wake)) {
+			if !busy {
+				busy = r.publishBusy(ctx)
+			}
+			continue
+		}
+		busy = false
+		if wake != nil && r.publishIdle(ctx) {
+			barrier.start(ctx)
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-wake:
 		case <-sweep.C:
+		case <-barrier.passed:
 		}
 	}
 }
 
-// drain runs passes while they come back full. It stops after a pass in
+// woken takes a pending wake-up, if there is one.
+func woken(wake <-chan struct{}) bool {
+	select {
+	case <-wake:
+		return true
+	default:
+		return false
+	}
+}
+
+// publishBusy sets outbox.relay_state busy and reports whether it says so
+// now, set by this relay or another. A failure is logged, and the relay
+// goes on being notified.
+func (r *relay) publishBusy(ctx context.Context) bool {
+	if _, err := publishRelayState(ctx, r.db, false); err != nil {
+		if ctx.Err() == nil {
+			r.logger.Error("relay state busy not published", "err", err)
+		}
+		return false
+	}
+	return true
+}
+
+// publishIdle sets outbox.relay_state idle and reports whether this call
+// changed it, which obliges this relay to wait out the producers that read
+// busy and look again. A failure is logged: a flag left busy is set idle
+// before a later sleep, and its sweep wakes the relay meanwhile.
+func (r *relay) publishIdle(ctx context.Context) bool {
+	changed, err := publishRelayState(ctx, r.db, true)
+	if err != nil {
+		if ctx.Err() == nil {
+			r.logger.Error("relay state idle not published", "err", err)
+		}
+		return false
+	}
+	return changed
+}
+
+// drain runs passes while they come back full, and reports how many events
+// they claimed and whether every pass succeeded. It stops after a pass in
 // which a row failed, so a failing row is tried once per wake-up, not five
 // times in a burst that would poison it for a passing fault.
-func (r *relay) drain(ctx context.Context, jobsWake chan struct{}) {
+func (r *relay) drain(ctx context.Context, jobsWake chan struct{}) (claimed int, clean bool) {
 	for ctx.Err() == nil {
 		res, err := r.relayOnce(ctx)
+		claimed += res.Claimed
 		if res.Jobs > 0 && jobsWake != nil {
 			poke(jobsWake)
 		}
@@ -113,12 +181,16 @@ func (r *relay) drain(ctx context.Context, jobsWake chan struct{}) {
 			if ctx.Err() == nil {
 				r.logger.Error("relay pass failed", "err", err)
 			}
-			return
+			return claimed, false
 		}
-		if res.Claimed < r.cfg.BatchSize || res.Failed > 0 {
-			return
+		if res.Failed > 0 {
+			return claimed, false
+		}
+		if res.Claimed < r.cfg.BatchSize {
+			return claimed, true
 		}
 	}
+	return claimed, false
 }
 
 // passResult is what one relay pass did.

@@ -226,13 +226,82 @@ CREATE INDEX IF NOT EXISTS events_fanned_by_fanned_out_at
   ON outbox.events (fanned_out_at)
   WHERE fanned_out_at IS NOT NULL;
 
+-- relay_state is one row: whether a relay may be asleep waiting for a
+-- notification (idle) or every relay that is awake keeps claiming without
+-- one (busy). Producers notify only while it says idle. A NOTIFY is not
+-- free: a transaction that sent one takes a single cluster-wide lock at
+-- commit and holds it until the commit is done, so notifying commits are
+-- serialized one behind another; at 16 concurrent single-row producers
+-- that was most of outbox.record's cost (README, "Producer cost"). A
+-- relay that is claiming pass after pass needs no wake-up; only one about
+-- to sleep does.
+--
+-- Relays write it (relay.go, Run; notify.go): busy when notifications come
+-- in while a pass runs and the pass found events, idle before sleeping.
+-- It starts idle, and a missing row reads as idle: when in doubt, notify.
+CREATE TABLE IF NOT EXISTS outbox.relay_state (
+  singleton  boolean     PRIMARY KEY DEFAULT true,
+  idle       boolean     NOT NULL DEFAULT true,
+  changed_at timestamptz NOT NULL DEFAULT now(),
+
+  CONSTRAINT relay_state_one_row CHECK (singleton)
+);
+
+INSERT INTO outbox.relay_state DEFAULT VALUES ON CONFLICT DO NOTHING;
+
 -- Wake the relays: one NOTIFY per statement, and PostgreSQL folds identical
 -- notifications within a transaction into one, so a transaction that records
 -- 2,000 events sends a single wake-up. The payload is empty on purpose: the
 -- notification is a hint, the relay claims whatever is un-fanned.
+--
+-- No NOTIFY while relay_state says busy. Why no event then waits for the
+-- sweep (a sleeping relay with the event un-fanned):
+--
+--   Producer P, in its trigger: (1) takes its recording lock, the shared
+--   advisory lock (1868722290, its own backend pid), held to its commit;
+--   (2) reads the flag, in a statement of its own, so with a snapshot
+--   taken after (1); (3) notifies if idle; commits.
+--   A relay going to sleep: (a) commits idle; (b) lists the backends
+--   holding a recording lock (pg_locks) and waits for each in turn, taking
+--   and at once releasing that backend's lock exclusively (notify.go,
+--   awaitRecorders); (c) re-checks: a relay pass; then sleeps.
+--
+--   If P read busy, (2)'s snapshot predates (a)'s commit, so (1) came
+--   before (a) and P's lock is in pg_locks at (b) unless P already ended;
+--   either way P has committed (or rolled back) before (c), whose pass
+--   sees its event. If P read idle, it notifies; a notification sent by a
+--   commit after the relay's LISTEN reaches it, and one before reaches
+--   nobody but is followed by the listener's "look now" once it listens
+--   (notify.go). Several relays, one flag: whichever relay commits idle
+--   runs (b) and (c) for every producer that read busy before it; a relay
+--   that set busy keeps claiming until it goes through (a) to (c) itself;
+--   a stale idle costs a NOTIFY, nothing more. A relay that dies while
+--   busy leaves the flag busy: events then wait for another relay's sweep,
+--   which sets it idle again; latency, never an event.
+--
+-- The lock is per backend, not one key for all: a relay waiting for a
+-- producer that keeps its transaction open (a slow business transaction
+-- after its record) queues behind that one backend, while every other
+-- producer's shared request on a single key would queue behind the
+-- relay's exclusive one until that slow transaction ended.
+--
+-- Only READ COMMITTED gives (2) a snapshot after (1). A REPEATABLE READ or
+-- SERIALIZABLE transaction reads with the snapshot of its first statement,
+-- which may predate (a) whatever the lock says, so it always notifies.
+--
+-- 1868722290 is 0x6f627072, "obpr", notify.go's recordingLockClass. It is
+-- the only two-key advisory lock with that first key: claim_jobs' lane
+-- locks use hashtext('outbox.claim_jobs'), and outboxd's one-key locks
+-- (schema, retention, owner mail) live in another key space.
 CREATE OR REPLACE FUNCTION outbox.notify_events() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
+  IF current_setting('transaction_isolation') = 'read committed' THEN
+    PERFORM pg_advisory_xact_lock_shared(1868722290, pg_backend_pid());
+    IF NOT (SELECT s.idle FROM outbox.relay_state AS s) THEN
+      RETURN NULL;
+    END IF;
+  END IF;
   PERFORM pg_notify('outbox_events', '');
   RETURN NULL;
 END
