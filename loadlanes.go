@@ -429,7 +429,12 @@ type stuckSummary struct {
 // loadStuck runs an ordered endpoint at a steady rate over many subjects,
 // in rounds of a phase where every subject is served and one where the
 // first subject's requests are answered 500 for -fail-for, and compares
-// the other subjects' latency in the two.
+// the other subjects' latency in the two. Rounds alternate which phase
+// goes first (none failing, failing, failing, none failing, ...), so that
+// whatever weighs on one place in a round weighs on both phases alike:
+// with the same order in every round, one phase was the slower in every
+// round of a run in two runs of three, the baseline in one and the
+// failing phase in the other.
 func loadStuck(ctx context.Context, cfg loadConfig, run loadRun) error {
 	if cfg.Subjects < 2 {
 		return fmt.Errorf("-subjects must be at least 2 for -mode stuck (one fails, the others are measured), got %d", cfg.Subjects)
@@ -507,8 +512,12 @@ func loadStuck(ctx context.Context, cfg loadConfig, run loadRun) error {
 			return e.Subject != 0 && !t.Created.Before(p.failFrom) && t.Created.Before(p.end)
 		}
 	}
-	for range cfg.Rounds {
-		for _, failPhase := range []bool{false, true} {
+	for round := range cfg.Rounds {
+		order := []bool{false, true}
+		if round%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, failPhase := range order {
 			p, err := phase(cfg.Duration, failPhase)
 			if err != nil {
 				return err
@@ -574,31 +583,33 @@ func loadStuck(ctx context.Context, cfg loadConfig, run loadRun) error {
 }
 
 // replaySummary is -mode replay's result: the live events' latency
-// without a replay and while one runs, over every round, and the
-// replays'.
+// without a replay (before each replay and after the last) and while one
+// runs, over every round, and the replays'.
 type replaySummary struct {
-	Mode                 string         `json:"mode"`
-	Rate                 float64        `json:"rate"`
-	MaxInFlight          int            `json:"max_in_flight"`
-	ReplayShare          int            `json:"replay_share"`
-	BaselineSeconds      float64        `json:"baseline_seconds"`
-	Rounds               int            `json:"rounds"`
-	Baseline             latencyFigures `json:"baseline"`
-	During               latencyFigures `json:"during"`
-	P99Ratio             float64        `json:"p99_ratio"`
-	P99RatioMet          bool           `json:"p99_ratio_met"` // ≤ 1.5
-	BaselineP99ByRound   []float64      `json:"baseline_p99_ms_by_round"`
-	DuringP99ByRound     []float64      `json:"during_p99_ms_by_round"`
-	ReplayEvents         int            `json:"replay_events"`           // in the window, per replay
-	ReplayJobs           []int64        `json:"replay_jobs"`             // what each POST answered
-	EstimatedSeconds     []int64        `json:"estimated_seconds"`       // each dry run's
-	EnqueueSeconds       []float64      `json:"enqueue_seconds"`         // each POST's answer time
-	ReplaySeconds        []float64      `json:"replay_seconds"`          // POST to the last replayed 2xx
-	ReplayRate           []float64      `json:"replay_rate"`             // jobs / ReplaySeconds
-	ReplayAPIRate        []float64      `json:"replay_api_rate"`         // the API's rate once finished
-	ReplayState          []string       `json:"replay_state"`            // the API's, at the end
-	LiveEventsPerSecond  []float64      `json:"live_events_per_second"`  // committed during each replay
-	LiveCommittedByRound []int          `json:"live_committed_by_round"` // during each replay
+	Mode                    string         `json:"mode"`
+	Rate                    float64        `json:"rate"`
+	MaxInFlight             int            `json:"max_in_flight"`
+	ReplayShare             int            `json:"replay_share"`
+	BaselineSeconds         float64        `json:"baseline_seconds"`
+	Rounds                  int            `json:"rounds"`
+	Baseline                latencyFigures `json:"baseline"`
+	During                  latencyFigures `json:"during"`
+	P99Ratio                float64        `json:"p99_ratio"`
+	P99RatioMet             bool           `json:"p99_ratio_met"`            // ≤ 1.5
+	BaselineP99ByPhase      []float64      `json:"baseline_p99_ms_by_phase"` // rounds + 1: one before each replay, one after the last
+	DuringP99ByRound        []float64      `json:"during_p99_ms_by_round"`
+	DuringP99ByMinute       []float64      `json:"during_p99_ms_by_minute"`    // of the live events committed in each minute from a POST, every replay's in turn
+	ReplayEvents            int            `json:"replay_events"`              // in the window, per replay
+	ReplayJobs              []int64        `json:"replay_jobs"`                // what each POST answered
+	EstimatedSeconds        []int64        `json:"estimated_seconds"`          // each dry run's
+	EnqueueSeconds          []float64      `json:"enqueue_seconds"`            // each POST's answer time
+	ReplaySeconds           []float64      `json:"replay_seconds"`             // POST to the last replayed 2xx
+	ReplayRate              []float64      `json:"replay_rate"`                // jobs / ReplaySeconds
+	ReplayAPIRate           []float64      `json:"replay_api_rate"`            // the API's rate once finished
+	ReplayState             []string       `json:"replay_state"`               // the API's, at the end
+	BaselineEventsPerSecond []float64      `json:"baseline_events_per_second"` // live, committed in each phase alone
+	LiveEventsPerSecond     []float64      `json:"live_events_per_second"`     // committed during each replay
+	LiveCommittedByRound    []int          `json:"live_committed_by_round"`    // during each replay
 }
 
 // replayTopic and liveTopic are replay's two kinds of event: those
@@ -612,7 +623,8 @@ const (
 // loadReplay records -events events before the endpoint exists, then runs
 // live producers to it at -rate, in rounds of a phase alone (-duration)
 // and one during a replay of those events, started through the API and
-// lasting until the receiver has accepted all of them.
+// lasting until the receiver has accepted all of them; and a last phase
+// alone.
 func loadReplay(ctx context.Context, cfg loadConfig, run loadRun) error {
 	g := newScenarioRig(cfg, run)
 	defer g.Close(ctx)
@@ -650,37 +662,42 @@ func loadReplay(ctx context.Context, cfg loadConfig, run loadRun) error {
 		return err
 	}
 	producer := laneProducer{db: run.db, topic: liveTopic, producers: cfg.Producers, rate: cfg.Rate}
-	live := func(events []laneEvent) ([]time.Duration, error) {
+	live := func(events []laneEvent) (map[int64]laneTiming, error) {
 		if err := log.await(ctx, events, 10*time.Minute); err != nil {
 			return nil, err
 		}
-		t, err := timings(ctx, run.db, events, log.of(events))
-		if err != nil {
-			return nil, err
-		}
-		return sortedLatencies(events, t, nil), nil
+		return timings(ctx, run.db, events, log.of(events))
 	}
-	runFor := func(d time.Duration) []laneEvent {
-		runCtx, stop := context.WithTimeout(ctx, d)
-		defer stop()
-		events, _ := producer.run(ctx, runCtx)
-		return events
-	}
-	if _, err := live(runFor(min(isolationWarmUp, cfg.Duration))); err != nil { // the warm-up, as in isolation
-		return err
-	}
+	var base, during []time.Duration
 	s := replaySummary{Mode: "replay", Rate: cfg.Rate, MaxInFlight: ep.MaxInFlight, ReplayShare: replayShare(ep.MaxInFlight),
 		BaselineSeconds: cfg.Duration.Seconds(), Rounds: cfg.Rounds, ReplayEvents: cfg.Events}
-	req := map[string]any{"since": since.Format(time.RFC3339Nano), "topics": []string{replayTopic}}
-	var base, during []time.Duration
-	for range cfg.Rounds {
-		lat, err := live(runFor(cfg.Duration))
-		if err != nil {
+	// baseline runs the live producers alone for d; counted, unless it is
+	// the warm-up, with the baselines.
+	baseline := func(d time.Duration, counted bool) error {
+		runCtx, stop := context.WithTimeout(ctx, d)
+		defer stop()
+		events, took := producer.run(ctx, runCtx)
+		t, err := live(events)
+		if err != nil || !counted {
 			return err
 		}
+		lat := sortedLatencies(events, t, nil)
 		base = append(base, lat...)
-		s.BaselineP99ByRound = append(s.BaselineP99ByRound, ms(quantile(lat, 0.99)))
-
+		s.BaselineEventsPerSecond = append(s.BaselineEventsPerSecond, float64(len(events))/took.Seconds())
+		s.BaselineP99ByPhase = append(s.BaselineP99ByPhase, ms(quantile(lat, 0.99)))
+		return nil
+	}
+	if err := baseline(min(isolationWarmUp, cfg.Duration), false); err != nil { // the warm-up, as in isolation
+		return err
+	}
+	req := map[string]any{"since": since.Format(time.RFC3339Nano), "topics": []string{replayTopic}}
+	for range cfg.Rounds {
+		// Every replay phase has a baseline before and after it: a
+		// replay runs for many minutes, and what drifts over them weighs
+		// on both sides.
+		if err := baseline(cfg.Duration, true); err != nil {
+			return err
+		}
 		var preview ReplayPreview
 		if err := child.replay(ctx, ep.ID, map[string]any{"since": req["since"], "topics": req["topics"], "dry_run": true}, &preview); err != nil {
 			return err
@@ -701,18 +718,26 @@ func loadReplay(ctx context.Context, cfg loadConfig, run loadRun) error {
 			err = errors.New("load: the replay enqueued nothing")
 		}
 		if err == nil {
-			last, err = log.awaitReplayed(ctx, int(res.Jobs), 30*time.Minute)
+			last, err = log.awaitReplayed(ctx, int(res.Jobs), 2*time.Hour)
 		}
 		stop()
 		wg.Wait()
 		if err != nil {
 			return err
 		}
-		if lat, err = live(events); err != nil {
+		t, err := live(events)
+		if err != nil {
 			return err
 		}
+		lat := sortedLatencies(events, t, nil)
 		during = append(during, lat...)
 		s.DuringP99ByRound = append(s.DuringP99ByRound, ms(quantile(lat, 0.99)))
+		for from := started; from.Before(last); from = from.Add(time.Minute) {
+			minute := sortedLatencies(events, t, func(_ laneEvent, lt laneTiming) bool {
+				return !lt.Created.Before(from) && lt.Created.Before(from.Add(time.Minute))
+			})
+			s.DuringP99ByMinute = append(s.DuringP99ByMinute, ms(quantile(minute, 0.99)))
+		}
 		took := last.Sub(started)
 		s.ReplayJobs = append(s.ReplayJobs, res.Jobs)
 		s.EnqueueSeconds = append(s.EnqueueSeconds, enqueued.Seconds())
@@ -726,20 +751,24 @@ func loadReplay(ctx context.Context, cfg loadConfig, run loadRun) error {
 		}
 		s.ReplayAPIRate, s.ReplayState = append(s.ReplayAPIRate, view.Rate), append(s.ReplayState, view.State)
 	}
+	if err := baseline(cfg.Duration, true); err != nil {
+		return err
+	}
 	slices.Sort(base)
 	slices.Sort(during)
 	s.Baseline, s.During = figures(base), figures(during)
 	s.P99Ratio, s.P99RatioMet = p99Ratio(base, during)
 
 	out := run.stdout
-	fmt.Fprintf(out, "mode replay: live events at %g events/s to an endpoint (max_in_flight %d, replay share %d), warmed up %s, then %d round(s) of %s alone and the length of a %d-event replay beside it\n",
-		cfg.Rate, ep.MaxInFlight, s.ReplayShare, min(isolationWarmUp, cfg.Duration), cfg.Rounds, cfg.Duration, cfg.Events)
+	fmt.Fprintf(out, "mode replay: live events at %g events/s to an endpoint (max_in_flight %d, replay share %d), warmed up %s, then %d round(s) of %s alone and the length of a %d-event replay beside it, and %s alone\n",
+		cfg.Rate, ep.MaxInFlight, s.ReplayShare, min(isolationWarmUp, cfg.Duration), cfg.Rounds, cfg.Duration, cfg.Events, cfg.Duration)
 	for i := range s.ReplaySeconds {
-		fmt.Fprintf(out, "round %d: live p99 alone %.1f ms, during the replay %.1f ms; the replay: %d jobs (dry run's estimate %d s), enqueued in %.1f s, "+
+		fmt.Fprintf(out, "round %d: live p99 alone %.1f ms, during the replay %.1f ms, alone %.1f ms; the replay: %d jobs (dry run's estimate %d s), enqueued in %.1f s, "+
 			"all accepted %.1f s after its POST: %.0f events/s (the API's rate %.0f/s, %s); live meanwhile %.0f events/s\n",
-			i+1, s.BaselineP99ByRound[i], s.DuringP99ByRound[i], s.ReplayJobs[i], s.EstimatedSeconds[i], s.EnqueueSeconds[i],
+			i+1, s.BaselineP99ByPhase[i], s.DuringP99ByRound[i], s.BaselineP99ByPhase[i+1], s.ReplayJobs[i], s.EstimatedSeconds[i], s.EnqueueSeconds[i],
 			s.ReplaySeconds[i], s.ReplayRate[i], s.ReplayAPIRate[i], s.ReplayState[i], s.LiveEventsPerSecond[i])
 	}
+	fmt.Fprintf(out, "live p99 by minute of the replays, ms: %v; live events/s committed in the phases alone: %.0f\n", s.DuringP99ByMinute, s.BaselineEventsPerSecond)
 	fmt.Fprintf(out, "live, alone:             %s\n", s.Baseline)
 	fmt.Fprintf(out, "live, during the replay: %s\n", s.During)
 	fmt.Fprintf(out, "p99 during / p99 alone: %.2f (target <= %g): %s\n", s.P99Ratio, lanesP99Bound, verdict(s.P99RatioMet))

@@ -453,6 +453,10 @@ func TestLoadReplayScenarioMeasuresLiveBesideTheReplay(t *testing.T) {
 	if s.Baseline.Events == 0 || s.During.Events == 0 {
 		t.Fatalf("live events alone %d, during the replays %d; want some in both", s.Baseline.Events, s.During.Events)
 	}
+	if len(s.BaselineP99ByPhase) != 3 || len(s.DuringP99ByRound) != 2 || len(s.DuringP99ByMinute) < 2 {
+		t.Errorf("p99s alone %v, during each replay %v, by minute of the replays %v; want 3 phases alone (before each replay, after the last), 2 replays, a minute or more of each",
+			s.BaselineP99ByPhase, s.DuringP99ByRound, s.DuringP99ByMinute)
+	}
 	if want := s.During.P99MS / s.Baseline.P99MS; !near(s.P99Ratio, want, 1e-3) || s.P99RatioMet != (s.P99Ratio <= 1.5) {
 		t.Errorf("p99 ratio %g (met %v) from p99s %g and %g ms, want %g, met iff <= 1.5", s.P99Ratio, s.P99RatioMet, s.Baseline.P99MS, s.During.P99MS, want)
 	}
