@@ -48,6 +48,7 @@ type scenarioConfig struct {
 	MaxInFlight  int           // ratelimit, stuck, replay, ordered: the endpoint's max_in_flight; 0: the server's default (ordered: the child's workers)
 	Rounds       int           // isolation, stuck, replay, ordered: baseline and scenario phases, alternating
 	Replicas     int           // ratelimit: outboxd processes against the database
+	VacuumEvery  time.Duration // replay: how often the queue tables are vacuumed during the phases; 0: only before each
 }
 
 func (c *scenarioConfig) flags(fs *flag.FlagSet) {
@@ -61,6 +62,7 @@ func (c *scenarioConfig) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxInFlight, "max-in-flight", c.MaxInFlight, "ratelimit, stuck, replay, ordered: the endpoint's max_in_flight; 0 leaves the server's default (ordered: the child's workers, as drain)")
 	fs.DurationVar(&c.FailFor, "fail-for", c.FailFor, "stuck: how long the failing subject's requests are answered 500 (10s)")
 	fs.IntVar(&c.Subjects, "subjects", c.Subjects, "stuck and ordered: distinct subjects the events take in turn (stuck: 100, ordered: 1000)")
+	fs.DurationVar(&c.VacuumEvery, "vacuum-every", c.VacuumEvery, "replay: vacuum the queue tables this often during the phases, a stand-in for autovacuum where it is off; 0: only before each phase")
 }
 
 func (c scenarioConfig) validate() error {
@@ -79,6 +81,8 @@ func (c scenarioConfig) validate() error {
 		return fmt.Errorf("-rounds must be between 1 and 100, got %d", c.Rounds)
 	case c.MaxInFlight < 0 || c.MaxInFlight > maxMaxInFlight:
 		return fmt.Errorf("-max-in-flight must be between 0 (the server's default) and %d, got %d", maxMaxInFlight, c.MaxInFlight)
+	case c.VacuumEvery < 0:
+		return fmt.Errorf("-vacuum-every must not be negative, got %s", c.VacuumEvery)
 	case c.FailFor < 0:
 		return fmt.Errorf("-fail-for must not be negative, got %s", c.FailFor)
 	case c.Subjects < 0 || c.Subjects > 1_000_000:

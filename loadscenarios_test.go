@@ -243,6 +243,7 @@ func TestLoadScenarioDefaults(t *testing.T) {
 		{"-mode", "dead", "-fail-after", "-1s"},
 		{"-mode", "stuck", "-fail-for", "-1s"},
 		{"-mode", "ordered", "-subjects", "-1"},
+		{"-mode", "replay", "-vacuum-every", "-1s"},
 	} {
 		if _, err := parseLoadConfig(args, func(string) string { return "" }, io.Discard); err == nil {
 			t.Errorf("%v: no error", args)
@@ -432,12 +433,16 @@ func TestLoadStuckScenarioHoldsOnlyTheFailingSubject(t *testing.T) {
 func TestLoadReplayScenarioMeasuresLiveBesideTheReplay(t *testing.T) {
 	t.Parallel()
 	var s replaySummary
-	runScenario(t, &s, "-mode", "replay", "-duration", "2s", "-producers", "2", "-rate", "20", "-events", "2000", "-rounds", "2")
+	runScenario(t, &s, "-mode", "replay", "-duration", "2s", "-producers", "2", "-rate", "20", "-events", "2000", "-rounds", "2", "-vacuum-every", "1s")
 	if diff := cmp.Diff([]int64{2000, 2000}, s.ReplayJobs); diff != "" {
 		t.Errorf("replays' jobs (-want +got):\n%s", diff)
 	}
 	if diff := cmp.Diff([]string{replayFinished, replayFinished}, s.ReplayState); diff != "" {
 		t.Errorf("replays' states at the end (-want +got):\n%s", diff)
+	}
+	// Three phases of 2 s and two replays: at least 6 s of phases.
+	if s.VacuumEverySeconds != 1 || s.Vacuums < 4 {
+		t.Errorf("vacuumed %d times every %gs during the phases, want at least 4 every 1s", s.Vacuums, s.VacuumEverySeconds)
 	}
 	if s.MaxInFlight != defaultMaxInFlight || s.ReplayShare != 4 {
 		t.Errorf("max_in_flight %d, replay share %d; want the default %d and a quarter of it, 4", s.MaxInFlight, s.ReplayShare, defaultMaxInFlight)
