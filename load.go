@@ -2,7 +2,8 @@
 // child process, drives producer transactions into its database, receives
 // and verifies its webhooks on loopback, and reports rates, latency, the
 // backlog and outboxd's memory. The endpoint isolation scenarios (issue
-// 16's targets) are in loadscenarios.go.
+// 16's targets) are in loadscenarios.go, the delivery lane scenarios
+// (issue 17's) in loadlanes.go.
 
 package main
 
@@ -45,7 +46,7 @@ type loadConfig struct {
 }
 
 // loadModes are -mode's values.
-var loadModes = []string{"keepup", "drain", "jobs", "isolation", "flaky", "dead", "ratelimit"}
+var loadModes = []string{"keepup", "drain", "jobs", "isolation", "flaky", "dead", "ratelimit", "stuck", "replay", "ordered"}
 
 func parseLoadConfig(args []string, getenv func(string) string, stderr io.Writer) (loadConfig, error) {
 	cfg := loadConfig{DatabaseURL: getenv("DATABASE_URL"), DataDir: "outboxd-data", Mode: "keepup",
@@ -55,11 +56,11 @@ func parseLoadConfig(args []string, getenv func(string) string, stderr io.Writer
 	fs.StringVar(&cfg.DatabaseURL, "database-url", cfg.DatabaseURL, "database of the outboxd under test; empty starts the private cluster")
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "folder of the private cluster")
 	fs.StringVar(&cfg.Mode, "mode", cfg.Mode, "keepup: producers for -duration; drain: record -events, then deliver; jobs: -events no-op jobs, no HTTP; "+
-		"isolation, flaky, dead, ratelimit: issue 16's endpoint scenarios, each with its own defaults (README, \"Endpoint isolation\")")
+		"isolation, flaky, dead, ratelimit: issue 16's endpoint scenarios; stuck, replay, ordered: issue 17's lane scenarios; each with its own defaults (README, \"Endpoint isolation under load\")")
 	fs.IntVar(&cfg.Producers, "producers", cfg.Producers, "producer connections, each committing single-event transactions")
-	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long the producers run (keepup; a scenario's phase: 30s)")
-	fs.Float64Var(&cfg.Rate, "rate", cfg.Rate, "events per second over all producers; 0 is as fast as possible (isolation and dead: 20, flaky: 50)")
-	fs.IntVar(&cfg.Events, "events", cfg.Events, "events recorded before delivery starts (drain), or no-op jobs (jobs); deliveries queued for the hanging endpoint (isolation) or the limited one (ratelimit): 1000")
+	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long the producers run (keepup; a scenario's phase: 30s; replay's phase without the replay: 60s)")
+	fs.Float64Var(&cfg.Rate, "rate", cfg.Rate, "events per second over all producers; 0 is as fast as possible (isolation and dead: 20, flaky and stuck: 50, replay's live events: 320)")
+	fs.IntVar(&cfg.Events, "events", cfg.Events, "events recorded before delivery starts (drain), or no-op jobs (jobs); deliveries queued for the hanging endpoint (isolation) or the limited one (ratelimit): 1000; events replayed (replay): 100000; events of each drain (ordered): 20000")
 	fs.StringVar(&cfg.ServeFlags, "serve-flags", cfg.ServeFlags, "extra flags for the outboxd under test, space-separated")
 	cfg.scenarioConfig.flags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -635,6 +636,7 @@ type loadEndpoint struct {
 	Topics             []string `json:"topics"`
 	MaxInFlight        int      `json:"max_in_flight,omitempty"`
 	RateLimitPerSecond float64  `json:"rate_limit_per_second,omitempty"`
+	Ordering           string   `json:"ordering,omitempty"`
 }
 
 // CreateEndpoint registers the receiver through the API, hands it the

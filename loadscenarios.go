@@ -11,7 +11,8 @@
 //   - ratelimit: an endpoint limited to 20 requests/s with a larger
 //     backlog, delivered by two replicas.
 //
-// Each prints a report and, last, one line "summary {...}" in JSON.
+// Each prints a report and, last, one line "summary {...}" in JSON. Issue
+// 17's lane scenarios (stuck, replay, ordered) are in loadlanes.go.
 
 package main
 
@@ -38,13 +39,16 @@ import (
 
 // scenarioConfig is the scenarios' own flags.
 type scenarioConfig struct {
-	FailAfter    time.Duration // isolation and dead: the bad receiver's wait before its 500
+	FailAfter    time.Duration // isolation, dead and stuck: the bad receiver's wait before its 500
+	FailFor      time.Duration // stuck: how long the failing subject's requests are refused
+	Subjects     int           // stuck and ordered: the subjects the events take in turn
 	FailRatio    float64       // flaky: share of requests answered 500
 	AcceptWithin time.Duration // flaky: every event's bound from commit to first 2xx
 	RateLimit    float64       // ratelimit: the endpoint's rate_limit_per_second
-	MaxInFlight  int           // ratelimit: the endpoint's max_in_flight; 0: the server's default
-	Rounds       int           // isolation: baseline and beside phases, alternating
+	MaxInFlight  int           // ratelimit, stuck, replay, ordered: the endpoint's max_in_flight; 0: the server's default (ordered: the child's workers)
+	Rounds       int           // isolation, stuck, replay, ordered: baseline and scenario phases, alternating
 	Replicas     int           // ratelimit: outboxd processes against the database
+	VacuumEvery  time.Duration // replay: how often the queue tables are vacuumed during the phases; 0: only before each
 }
 
 func (c *scenarioConfig) flags(fs *flag.FlagSet) {
@@ -55,7 +59,10 @@ func (c *scenarioConfig) flags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.RateLimit, "rate-limit", c.RateLimit, "ratelimit: the endpoint's rate_limit_per_second")
 	fs.IntVar(&c.Replicas, "replicas", c.Replicas, "ratelimit: outboxd processes delivering from the one database")
 	fs.IntVar(&c.Rounds, "rounds", c.Rounds, "isolation: rounds of a baseline phase and a phase beside the bad endpoint (paused for the later baselines)")
-	fs.IntVar(&c.MaxInFlight, "max-in-flight", c.MaxInFlight, "ratelimit: the endpoint's max_in_flight; 0 leaves the server's default")
+	fs.IntVar(&c.MaxInFlight, "max-in-flight", c.MaxInFlight, "ratelimit, stuck, replay, ordered: the endpoint's max_in_flight; 0 leaves the server's default (ordered: the child's workers, as drain)")
+	fs.DurationVar(&c.FailFor, "fail-for", c.FailFor, "stuck: how long the failing subject's requests are answered 500 (10s)")
+	fs.IntVar(&c.Subjects, "subjects", c.Subjects, "stuck and ordered: distinct subjects the events take in turn (stuck: 100, ordered: 1000)")
+	fs.DurationVar(&c.VacuumEvery, "vacuum-every", c.VacuumEvery, "replay: vacuum the queue tables this often during the phases, a stand-in for autovacuum where it is off; 0: only before each phase")
 }
 
 func (c scenarioConfig) validate() error {
@@ -74,17 +81,26 @@ func (c scenarioConfig) validate() error {
 		return fmt.Errorf("-rounds must be between 1 and 100, got %d", c.Rounds)
 	case c.MaxInFlight < 0 || c.MaxInFlight > maxMaxInFlight:
 		return fmt.Errorf("-max-in-flight must be between 0 (the server's default) and %d, got %d", maxMaxInFlight, c.MaxInFlight)
+	case c.VacuumEvery < 0:
+		return fmt.Errorf("-vacuum-every must not be negative, got %s", c.VacuumEvery)
+	case c.FailFor < 0:
+		return fmt.Errorf("-fail-for must not be negative, got %s", c.FailFor)
+	case c.Subjects < 0 || c.Subjects > 1_000_000:
+		return fmt.Errorf("-subjects must be between 0 (each event a subject of its own) and 1000000, got %d", c.Subjects)
 	}
 	return nil
 }
 
 // scenarioDefault is a scenario's number for each flag it reads that the
-// command line leaves unset: issue 16's figures.
+// command line leaves unset: issue 16's and issue 17's figures.
 type scenarioDefault struct {
 	duration  time.Duration
 	rate      float64
 	events    int
 	failAfter time.Duration
+	failFor   time.Duration
+	subjects  int
+	rounds    int
 }
 
 func scenarioDefaults(mode string) (scenarioDefault, bool) {
@@ -97,6 +113,12 @@ func scenarioDefaults(mode string) (scenarioDefault, bool) {
 		return scenarioDefault{duration: 30 * time.Second, rate: 20, failAfter: time.Second}, true
 	case "ratelimit":
 		return scenarioDefault{duration: 30 * time.Second, events: 1000}, true
+	case "stuck":
+		return scenarioDefault{duration: 30 * time.Second, rate: 50, failFor: 10 * time.Second, subjects: 100, rounds: 3}, true
+	case "replay":
+		return scenarioDefault{duration: 60 * time.Second, rate: replayLiveRate, events: 100_000}, true
+	case "ordered":
+		return scenarioDefault{duration: 30 * time.Second, events: 20_000, subjects: 1000, rounds: 2}, true
 	}
 	return scenarioDefault{}, false
 }
@@ -120,6 +142,15 @@ func (cfg *loadConfig) applyScenarioDefaults(set map[string]bool) {
 	if !set["fail-after"] {
 		cfg.FailAfter = d.failAfter
 	}
+	if !set["fail-for"] {
+		cfg.FailFor = d.failFor
+	}
+	if !set["subjects"] {
+		cfg.Subjects = d.subjects
+	}
+	if !set["rounds"] && d.rounds > 0 {
+		cfg.Rounds = d.rounds
+	}
 }
 
 // loadRun is what runLoad hands a scenario: the database it migrated.
@@ -141,6 +172,12 @@ func loadScenario(mode string) func(context.Context, loadConfig, loadRun) error 
 		return loadDead
 	case "ratelimit":
 		return loadRateLimit
+	case "stuck":
+		return loadStuck
+	case "replay":
+		return loadReplay
+	case "ordered":
+		return loadOrdered
 	}
 	return nil
 }

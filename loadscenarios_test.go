@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -194,28 +195,40 @@ func TestLoadScenarioDefaults(t *testing.T) {
 		Replicas     int
 		MaxInFlight  int
 		Rounds       int
+		FailFor      time.Duration
+		Subjects     int
 	}
 	for _, tc := range []struct {
 		args []string
 		want numbers
 	}{
-		{[]string{"-mode", "keepup"}, numbers{60 * time.Second, 0, 100_000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 1}},
-		{[]string{"-mode", "drain"}, numbers{60 * time.Second, 0, 100_000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 1}},
-		{[]string{"-mode", "isolation"}, numbers{30 * time.Second, 20, 1000, 5 * time.Second, 0.1, 2 * time.Minute, 20, 2, 0, 1}},
-		{[]string{"-mode", "flaky"}, numbers{30 * time.Second, 50, 100_000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 1}},
-		{[]string{"-mode", "dead"}, numbers{30 * time.Second, 20, 100_000, time.Second, 0.1, 2 * time.Minute, 20, 2, 0, 1}},
-		{[]string{"-mode", "ratelimit"}, numbers{30 * time.Second, 0, 1000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 1}},
+		{[]string{"-mode", "keepup"}, numbers{60 * time.Second, 0, 100_000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 1, 0, 0}},
+		{[]string{"-mode", "drain"}, numbers{60 * time.Second, 0, 100_000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 1, 0, 0}},
+		{[]string{"-mode", "isolation"}, numbers{30 * time.Second, 20, 1000, 5 * time.Second, 0.1, 2 * time.Minute, 20, 2, 0, 1, 0, 0}},
+		{[]string{"-mode", "flaky"}, numbers{30 * time.Second, 50, 100_000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 1, 0, 0}},
+		{[]string{"-mode", "dead"}, numbers{30 * time.Second, 20, 100_000, time.Second, 0.1, 2 * time.Minute, 20, 2, 0, 1, 0, 0}},
+		{[]string{"-mode", "ratelimit"}, numbers{30 * time.Second, 0, 1000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 1, 0, 0}},
 		{[]string{"-mode", "isolation", "-duration", "5s", "-rate", "7", "-events", "40", "-fail-after", "1s", "-rounds", "3"},
-			numbers{5 * time.Second, 7, 40, time.Second, 0.1, 2 * time.Minute, 20, 2, 0, 3}},
+			numbers{5 * time.Second, 7, 40, time.Second, 0.1, 2 * time.Minute, 20, 2, 0, 3, 0, 0}},
 		{[]string{"-mode", "ratelimit", "-rate-limit", "5", "-replicas", "3", "-max-in-flight", "100"},
-			numbers{30 * time.Second, 0, 1000, 0, 0.1, 2 * time.Minute, 5, 3, 100, 1}},
+			numbers{30 * time.Second, 0, 1000, 0, 0.1, 2 * time.Minute, 5, 3, 100, 1, 0, 0}},
+		// Issue 17's: a subject failing for 10 s among 100 at 50 events/s,
+		// three rounds; a 100,000-event replay beside live events at 320
+		// events/s (half the keep-up rate measured); drains of 20,000
+		// events over 1,000 subjects, two rounds.
+		{[]string{"-mode", "stuck"}, numbers{30 * time.Second, 50, 100_000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 3, 10 * time.Second, 100}},
+		{[]string{"-mode", "replay"}, numbers{60 * time.Second, 320, 100_000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 1, 0, 0}},
+		{[]string{"-mode", "ordered"}, numbers{30 * time.Second, 0, 20_000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 2, 0, 1000}},
+		{[]string{"-mode", "stuck", "-fail-for", "2s", "-subjects", "5", "-rounds", "1", "-max-in-flight", "4"},
+			numbers{30 * time.Second, 50, 100_000, 0, 0.1, 2 * time.Minute, 20, 2, 4, 1, 2 * time.Second, 5}},
 	} {
 		cfg, err := parseLoadConfig(tc.args, func(string) string { return "" }, io.Discard)
 		if err != nil {
 			t.Errorf("%v: %v", tc.args, err)
 			continue
 		}
-		got := numbers{cfg.Duration, cfg.Rate, cfg.Events, cfg.FailAfter, cfg.FailRatio, cfg.AcceptWithin, cfg.RateLimit, cfg.Replicas, cfg.MaxInFlight, cfg.Rounds}
+		got := numbers{cfg.Duration, cfg.Rate, cfg.Events, cfg.FailAfter, cfg.FailRatio, cfg.AcceptWithin, cfg.RateLimit, cfg.Replicas, cfg.MaxInFlight, cfg.Rounds,
+			cfg.FailFor, cfg.Subjects}
 		if diff := cmp.Diff(tc.want, got); diff != "" {
 			t.Errorf("%v (-want +got):\n%s", tc.args, diff)
 		}
@@ -228,6 +241,9 @@ func TestLoadScenarioDefaults(t *testing.T) {
 		{"-mode", "ratelimit", "-max-in-flight", "1001"},
 		{"-mode", "isolation", "-rounds", "0"},
 		{"-mode", "dead", "-fail-after", "-1s"},
+		{"-mode", "stuck", "-fail-for", "-1s"},
+		{"-mode", "ordered", "-subjects", "-1"},
+		{"-mode", "replay", "-vacuum-every", "-1s"},
 	} {
 		if _, err := parseLoadConfig(args, func(string) string { return "" }, io.Discard); err == nil {
 			t.Errorf("%v: no error", args)
@@ -308,3 +324,176 @@ func TestLoadIsolationScenarioHoldsTheCap(t *testing.T) {
 		t.Errorf("bad endpoint's breaker %q, want closed under -breaker-threshold 1000", s.BadBreakerState)
 	}
 }
+
+// Issue 17's bounds: a p99 at most 1.5 times the one without the stuck
+// subject or the replay, an ordered drain at least 80% of the unordered.
+func TestLaneVerdicts(t *testing.T) {
+	t.Parallel()
+	ms := func(values ...int) []time.Duration {
+		var out []time.Duration
+		for _, v := range values {
+			out = append(out, time.Duration(v)*time.Millisecond)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name          string
+		without, with []time.Duration
+		ratio         float64
+		met           bool
+	}{
+		{"the same", ms(10, 20), ms(10, 20), 1, true},
+		{"exactly 1.5 times", ms(10, 20), ms(10, 30), 1.5, true},
+		{"just over", ms(10, 20), ms(10, 31), 1.55, false},
+		{"faster", ms(10, 40), ms(10, 20), 0.5, true},
+		{"nothing without", nil, ms(10), 0, false},
+		{"nothing with", ms(10), nil, 0, false},
+	} {
+		ratio, met := p99Ratio(tc.without, tc.with)
+		if ratio != tc.ratio || met != tc.met {
+			t.Errorf("%s: p99Ratio = %g, %v; want %g, %v", tc.name, ratio, met, tc.ratio, tc.met)
+		}
+	}
+	if lanesP99Bound != 1.5 {
+		t.Errorf("lanesP99Bound = %g, want 1.5", lanesP99Bound)
+	}
+	for _, tc := range []struct {
+		unordered, ordered float64
+		ratio              float64
+		met                bool
+	}{
+		{1000, 800, 0.8, true},
+		{1000, 799, 0.799, false},
+		{1000, 1200, 1.2, true},
+		{0, 800, 0, false},
+		{1000, 0, 0, false},
+	} {
+		ratio, met := drainShare(tc.unordered, tc.ordered)
+		if ratio != tc.ratio || met != tc.met {
+			t.Errorf("drainShare(%g, %g) = %g, %v; want %g, %v", tc.unordered, tc.ordered, ratio, met, tc.ratio, tc.met)
+		}
+	}
+}
+
+func TestOrderViolationsCountsEachSubjectApart(t *testing.T) {
+	t.Parallel()
+	// Subject 1's events 1, 3, 5 in order; subject 2's 2, 4, 6 with 6
+	// before 4; subject 3's 8 accepted while 7 never was.
+	events := []laneEvent{{1, 1}, {2, 2}, {3, 1}, {4, 2}, {5, 1}, {6, 2}, {7, 3}, {8, 3}}
+	accepted := map[int64]acceptance{1: {Seq: 1}, 2: {Seq: 2}, 3: {Seq: 3}, 6: {Seq: 4}, 4: {Seq: 5}, 5: {Seq: 6}, 8: {Seq: 7}}
+	if got := orderViolations(events, accepted); got != 2 {
+		t.Errorf("orderViolations = %d, want 2", got)
+	}
+	if got := orderViolations(events[:2], accepted); got != 0 {
+		t.Errorf("orderViolations of one event a subject = %d, want 0", got)
+	}
+}
+
+// One subject refused for a while on an ordered endpoint: its head is
+// retried and its events wait, in order; every event is accepted, and the
+// verdict is the bound applied to the figures the run reports.
+func TestLoadStuckScenarioHoldsOnlyTheFailingSubject(t *testing.T) {
+	t.Parallel()
+	var s stuckSummary
+	// 5 subjects at 20 events/s: lane-0 gets 4 a second, so one arrives
+	// within the 500 ms of refusals that start 0.75 s into each 3 s phase;
+	// its retry, 1 s later, finds the receiver answering again.
+	runScenario(t, &s, "-mode", "stuck", "-duration", "3s", "-producers", "2", "-rate", "20", "-subjects", "5",
+		"-fail-for", "500ms", "-rounds", "2")
+	if s.Rounds != 2 || len(s.BaselineP99ByRound) != 2 || len(s.FailingP99ByRound) != 2 {
+		t.Fatalf("rounds %d, p99s by round %v and %v; want 2 of each", s.Rounds, s.BaselineP99ByRound, s.FailingP99ByRound)
+	}
+	if s.FailForSeconds != 0.5 || s.FailStartSeconds != 0.75 {
+		t.Errorf("refusals from %gs for %gs, want from 0.75s (a quarter of the phase) for 0.5s", s.FailStartSeconds, s.FailForSeconds)
+	}
+	if s.Baseline.Events == 0 || s.Failing.Events == 0 || s.StuckEvents == 0 {
+		t.Fatalf("other subjects' events %d and %d, lane-0's %d; want some of each", s.Baseline.Events, s.Failing.Events, s.StuckEvents)
+	}
+	if s.StuckRefused == 0 {
+		t.Errorf("no request of lane-0 answered 500")
+	}
+	if s.OrderViolations != 0 || s.Unaccepted != 0 {
+		t.Errorf("%d events accepted before their subject's previous one, %d never accepted; want none", s.OrderViolations, s.Unaccepted)
+	}
+	// lane-0's refused head waits for its retry, 1 s on the schedule.
+	if s.StuckMaxMS < 900 {
+		t.Errorf("lane-0's slowest event took %.1f ms, want at least its retry's 1 s less 10%%", s.StuckMaxMS)
+	}
+	if want := s.Failing.P99MS / s.Baseline.P99MS; !near(s.P99Ratio, want, 1e-3) || s.P99RatioMet != (s.P99Ratio <= 1.5) {
+		t.Errorf("p99 ratio %g (met %v) from p99s %g and %g ms, want %g, met iff <= 1.5", s.P99Ratio, s.P99RatioMet, s.Baseline.P99MS, s.Failing.P99MS, want)
+	}
+	if s.Baseline.P50MS > s.Baseline.P99MS || s.Baseline.P99MS > s.Baseline.MaxMS {
+		t.Errorf("baseline p50 %g, p99 %g, max %g ms: not in order", s.Baseline.P50MS, s.Baseline.P99MS, s.Baseline.MaxMS)
+	}
+}
+
+// A replay of 2,000 events beside live ones: each replay's jobs are the
+// events recorded before the endpoint, every one accepted, and live
+// events are measured alone and during it.
+func TestLoadReplayScenarioMeasuresLiveBesideTheReplay(t *testing.T) {
+	t.Parallel()
+	var s replaySummary
+	runScenario(t, &s, "-mode", "replay", "-duration", "2s", "-producers", "2", "-rate", "20", "-events", "2000", "-rounds", "2", "-vacuum-every", "1s")
+	if diff := cmp.Diff([]int64{2000, 2000}, s.ReplayJobs); diff != "" {
+		t.Errorf("replays' jobs (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{replayFinished, replayFinished}, s.ReplayState); diff != "" {
+		t.Errorf("replays' states at the end (-want +got):\n%s", diff)
+	}
+	// Three phases of 2 s and two replays: at least 6 s of phases.
+	if s.VacuumEverySeconds != 1 || s.Vacuums < 4 {
+		t.Errorf("vacuumed %d times every %gs during the phases, want at least 4 every 1s", s.Vacuums, s.VacuumEverySeconds)
+	}
+	if s.MaxInFlight != defaultMaxInFlight || s.ReplayShare != 4 {
+		t.Errorf("max_in_flight %d, replay share %d; want the default %d and a quarter of it, 4", s.MaxInFlight, s.ReplayShare, defaultMaxInFlight)
+	}
+	for i := range 2 {
+		if s.ReplaySeconds[i] <= 0 || !near(s.ReplayRate[i], 2000/s.ReplaySeconds[i], 1e-9) || s.ReplayAPIRate[i] <= 0 {
+			t.Errorf("round %d: replay took %gs at %g events/s (the API's %g); want a positive time and 2000 over it", i+1, s.ReplaySeconds[i], s.ReplayRate[i], s.ReplayAPIRate[i])
+		}
+		if s.EnqueueSeconds[i] > s.ReplaySeconds[i] || s.EstimatedSeconds[i] < 1 {
+			t.Errorf("round %d: enqueued in %gs of %gs, estimated %d s", i+1, s.EnqueueSeconds[i], s.ReplaySeconds[i], s.EstimatedSeconds[i])
+		}
+	}
+	if s.Baseline.Events == 0 || s.During.Events == 0 {
+		t.Fatalf("live events alone %d, during the replays %d; want some in both", s.Baseline.Events, s.During.Events)
+	}
+	if len(s.BaselineP99ByPhase) != 3 || len(s.DuringP99ByRound) != 2 || len(s.DuringP99ByMinute) < 2 {
+		t.Errorf("p99s alone %v, during each replay %v, by minute of the replays %v; want 3 phases alone (before each replay, after the last), 2 replays, a minute or more of each",
+			s.BaselineP99ByPhase, s.DuringP99ByRound, s.DuringP99ByMinute)
+	}
+	if want := s.During.P99MS / s.Baseline.P99MS; !near(s.P99Ratio, want, 1e-3) || s.P99RatioMet != (s.P99Ratio <= 1.5) {
+		t.Errorf("p99 ratio %g (met %v) from p99s %g and %g ms, want %g, met iff <= 1.5", s.P99Ratio, s.P99RatioMet, s.Baseline.P99MS, s.During.P99MS, want)
+	}
+}
+
+// Drains of one endpoint unordered and ordered: each delivers every
+// event, the ordered ones each subject in order, and the verdict is 80%
+// applied to the rates the run reports.
+func TestLoadOrderedScenarioComparesDrains(t *testing.T) {
+	t.Parallel()
+	var s orderedSummary
+	runScenario(t, &s, "-mode", "ordered", "-events", "600", "-subjects", "50", "-rounds", "2")
+	if len(s.UnorderedSeconds) != 2 || len(s.OrderedSeconds) != 2 {
+		t.Fatalf("drains %v unordered and %v ordered, want 2 of each", s.UnorderedSeconds, s.OrderedSeconds)
+	}
+	if s.MaxInFlight != 64 {
+		t.Errorf("max_in_flight %d, want the child's 64 workers", s.MaxInFlight)
+	}
+	wantUnordered := 1200 / (s.UnorderedSeconds[0] + s.UnorderedSeconds[1])
+	wantOrdered := 1200 / (s.OrderedSeconds[0] + s.OrderedSeconds[1])
+	if !near(s.UnorderedRate, wantUnordered, 1e-9) || !near(s.OrderedRate, wantOrdered, 1e-9) {
+		t.Errorf("rates %g and %g events/s, want %g and %g from the drains' seconds", s.UnorderedRate, s.OrderedRate, wantUnordered, wantOrdered)
+	}
+	if want := s.OrderedRate / s.UnorderedRate; !near(s.Ratio, want, 1e-9) || s.Met != (s.Ratio >= 0.8) {
+		t.Errorf("ratio %g (met %v), want %g, met iff >= 0.8", s.Ratio, s.Met, want)
+	}
+	if s.OrderViolations != 0 {
+		t.Errorf("%d events of the ordered drains accepted before their subject's previous one", s.OrderViolations)
+	}
+}
+
+// near says whether a and b agree within a share rel of b: a figure
+// recomputed from others the summary rounded (milliseconds to the
+// microsecond) or summed in another order.
+func near(a, b, rel float64) bool { return math.Abs(a-b) <= rel*math.Abs(b) }
