@@ -59,7 +59,19 @@ func TestRedactDSN(t *testing.T) {
 // a client is told is durable (outbox.record first), commits durably.
 func TestOnlyThePipelinesCommitsSkipTheFlush(t *testing.T) {
 	t.Parallel()
-	db, _ := newTestDB(t)
+	admin, dsn := newTestDB(t)
+	var name string
+	if err := admin.QueryRow(`SELECT current_database()`).Scan(&name); err != nil {
+		t.Fatal(err)
+	}
+	// Durable by default, whatever the test server runs with (a throwaway
+	// cluster may run without the flush).
+	mustExec(t, admin, `ALTER DATABASE `+name+` SET synchronous_commit = on`)
+	db, err := newDBPool(dsn) // a new session reads the database's setting
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
 	db.SetMaxOpenConns(1) // one session: a setting that leaked would show
 	ctx := context.Background()
 	commitSetting := func(what string, begin func() (*sql.Tx, error), work string) string {
