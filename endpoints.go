@@ -423,7 +423,25 @@ WHERE endpoint_id = $1
   AND lane_key IS NOT NULL
   AND state IN ('available', 'retryable', 'running')`
 
+// updateEndpoint changes endpoint id's settings. A PATCH to ordering
+// "none" locks the endpoint, then (releasing them) its ordered lanes'
+// jobs; the completer locks a batch's jobs, then their endpoints. The two
+// can deadlock, like a delete (deleteEndpoint), and the update is tried
+// again the same way: the whole transaction, at most deleteEndpointTries
+// times.
 func updateEndpoint(ctx context.Context, db *sql.DB, id int64, in endpointInput) (Endpoint, error) {
+	var e Endpoint
+	var err error
+	for try := 1; try <= deleteEndpointTries; try++ {
+		e, err = updateEndpointOnce(ctx, db, id, in)
+		if pq.As(err, pqerror.TRDeadlockDetected) == nil {
+			break
+		}
+	}
+	return e, err
+}
+
+func updateEndpointOnce(ctx context.Context, db *sql.DB, id int64, in endpointInput) (Endpoint, error) {
 	var topics any // NULL unless given; an empty list is given and means all
 	if in.Topics != nil {
 		topics = pq.Array(append([]string{}, *in.Topics...))
@@ -461,7 +479,8 @@ WITH released AS (` + releaseLanesSQL + `)
 DELETE FROM outbox.endpoints
 WHERE id = $1`
 
-// deleteEndpointTries bounds deleteEndpoint's tries after a deadlock.
+// deleteEndpointTries bounds deleteEndpoint's and updateEndpoint's tries
+// after a deadlock.
 const deleteEndpointTries = 3
 
 // deleteEndpoint deletes endpoint id. It locks the endpoint, then (setting
