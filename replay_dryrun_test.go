@@ -232,7 +232,7 @@ func TestReplayDryRunClampsAsTheReplayDoes(t *testing.T) {
 
 // The estimate's numbers: 10 events a second without an attempt in the
 // last hour, the replay lane's share of the cap (a quarter, at least 1)
-// over the mean attempt's duration with them, and never faster than the
+// over the mean time an attempt held its place with them, and never faster than the
 // rate limit; rounded up to a second.
 func TestReplayEstimateNumbers(t *testing.T) {
 	t.Parallel()
@@ -243,7 +243,7 @@ func TestReplayEstimateNumbers(t *testing.T) {
 		maxInFlight int
 		rateLimit   *float64
 		attempts    int64
-		meanMS      float64
+		slotMS      float64
 		want        int64
 	}{
 		{"nothing to send", 0, 16, nil, 0, 0, 0},
@@ -256,14 +256,15 @@ func TestReplayEstimateNumbers(t *testing.T) {
 		{"40 a second, limited to 2", 1600, 16, &two, 10, 100, 800},
 		{"attempts of 0 ms count as 1 ms: 4,000 a second", 16000, 16, nil, 10, 0, 4},
 	} {
-		if got := estimateReplaySeconds(tc.events, tc.maxInFlight, tc.rateLimit, tc.attempts, tc.meanMS); got != tc.want {
+		if got := estimateReplaySeconds(tc.events, tc.maxInFlight, tc.rateLimit, tc.attempts, tc.slotMS); got != tc.want {
 			t.Errorf("%s: %d s, want %d", tc.name, got, tc.want)
 		}
 	}
 }
 
 // Through the API, the estimate reads the endpoint's attempts of the last
-// hour (older ones do not count) and its settings.
+// hour (older ones do not count), how long each held its place from its
+// claim to its recorded outcome (not the request alone), and its settings.
 func TestReplayDryRunEstimatesFromTheLastHour(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
@@ -281,19 +282,28 @@ func TestReplayDryRunEstimatesFromTheLastHour(t *testing.T) {
 		}
 		return pv.EstimatedSeconds
 	}
-	// Two hours ago it took 10 s an attempt: not recent, the default.
+	// Two hours ago an attempt held its place 10 s: not recent, the default.
 	mustExec(t, db, `INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, state, attempt, attempted_at, finalized_at)
-		SELECT 'webhook', id, $1, 18, 'completed', 1, now(), now() FROM outbox.events ORDER BY id LIMIT 2`, id)
+		SELECT 'webhook', id, $1, 18, 'completed', 1, now() - interval '2 hours 10 seconds', now() - interval '2 hours'
+		FROM outbox.events ORDER BY id LIMIT 2`, id)
 	mustExec(t, db, `INSERT INTO outbox.deliveries (job_id, attempt, endpoint_id, finished_at, duration_ms, status_code)
 		SELECT id, 1, $1, now() - interval '2 hours', 10000, 200 FROM outbox.jobs ORDER BY id LIMIT 1`, id)
 	if got := estimate(); got != 3 {
 		t.Errorf("estimate with no attempt in the last hour = %d s, want 3 (25 at 10 a second)", got)
 	}
-	// In the last hour: 500 ms an attempt, 4 at once (the replay lane's
-	// share of a cap of 16): 8 a second.
+	// In the last hour: a job's second attempt, a request of 100 ms
+	// recorded 500 ms after its claim; 4 at once (the replay lane's share
+	// of a cap of 16): 8 a second, where the request's 100 ms alone would
+	// say 40 (1 s). Its first attempt, 20 minutes ago, has no claim time
+	// left to pair with (the job keeps its last attempt's): it does not
+	// count, or the mean would be 250 ms (2 s).
 	mustExec(t, db, `UPDATE outbox.endpoints SET max_in_flight = 16 WHERE id = $1`, id)
+	mustExec(t, db, `UPDATE outbox.jobs SET attempt = 2, attempted_at = now() - interval '10 minutes 500 milliseconds',
+		finalized_at = now() - interval '10 minutes' WHERE id = (SELECT max(id) FROM outbox.jobs)`)
 	mustExec(t, db, `INSERT INTO outbox.deliveries (job_id, attempt, endpoint_id, finished_at, duration_ms, status_code)
-		SELECT id, 1, $1, now() - interval '10 minutes', 500, 200 FROM outbox.jobs ORDER BY id DESC LIMIT 1`, id)
+		SELECT id, a.attempt, $1, now() - a.ago, a.ms, a.status
+		FROM outbox.jobs, (VALUES (1, interval '20 minutes', 1, 500), (2, interval '10 minutes', 100, 200)) AS a(attempt, ago, ms, status)
+		WHERE id = (SELECT max(id) FROM outbox.jobs)`, id)
 	if got := estimate(); got != 4 {
 		t.Errorf("estimate at 8 a second = %d s, want 4", got)
 	}
