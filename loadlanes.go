@@ -593,6 +593,7 @@ type replaySummary struct {
 	ReplayShare             int            `json:"replay_share"`
 	BaselineSeconds         float64        `json:"baseline_seconds"`
 	VacuumEverySeconds      float64        `json:"vacuum_every_seconds"` // 0: only before each phase
+	AnswerAfterSeconds      float64        `json:"answer_after_seconds"` // the receiver's wait before each 2xx
 	Vacuums                 int            `json:"vacuums"`              // -vacuum-every's, during the phases
 	Rounds                  int            `json:"rounds"`
 	Baseline                latencyFigures `json:"baseline"`
@@ -636,8 +637,8 @@ func loadReplay(ctx context.Context, cfg loadConfig, run loadRun) error {
 	}
 	child := g.children[0]
 	// Recorded with no endpoint to send them to, they are fanned out into
-	// nothing but the subject index's jobs, which are done before the
-	// live phases: the replay enqueues a new job for each.
+	// no job at all (the relay keeps the subject index itself): the
+	// replay enqueues a new job for each.
 	if err := recordBulk(ctx, run.db, replayTopic, cfg.Events); err != nil {
 		return err
 	}
@@ -655,7 +656,7 @@ func loadReplay(ctx context.Context, cfg loadConfig, run loadRun) error {
 	log := newAcceptLog()
 	recv, err := g.receiver(func(webhookID string) requestAnswer {
 		log.accept(webhookID)
-		return requestAnswer{}
+		return requestAnswer{Wait: cfg.AnswerAfter}
 	})
 	if err != nil {
 		return err
@@ -673,7 +674,7 @@ func loadReplay(ctx context.Context, cfg loadConfig, run loadRun) error {
 	}
 	var base, during []time.Duration
 	s := replaySummary{Mode: "replay", Rate: cfg.Rate, MaxInFlight: ep.MaxInFlight, ReplayShare: replayShare(ep.MaxInFlight),
-		BaselineSeconds: cfg.Duration.Seconds(), Rounds: cfg.Rounds, ReplayEvents: cfg.Events, VacuumEverySeconds: cfg.VacuumEvery.Seconds()}
+		BaselineSeconds: cfg.Duration.Seconds(), Rounds: cfg.Rounds, ReplayEvents: cfg.Events, VacuumEverySeconds: cfg.VacuumEvery.Seconds(), AnswerAfterSeconds: cfg.AnswerAfter.Seconds()}
 	// baseline runs the live producers alone for d; counted, unless it is
 	// the warm-up, with the baselines.
 	baseline := func(d time.Duration, counted bool) error {
@@ -772,8 +773,8 @@ func loadReplay(ctx context.Context, cfg loadConfig, run loadRun) error {
 	s.P99Ratio, s.P99RatioMet = p99Ratio(base, during)
 
 	out := run.stdout
-	fmt.Fprintf(out, "mode replay: live events at %g events/s to an endpoint (max_in_flight %d, replay share %d), warmed up %s, then %d round(s) of %s alone and the length of a %d-event replay beside it, and %s alone\n",
-		cfg.Rate, ep.MaxInFlight, s.ReplayShare, min(isolationWarmUp, cfg.Duration), cfg.Rounds, cfg.Duration, cfg.Events, cfg.Duration)
+	fmt.Fprintf(out, "mode replay: live events at %g events/s to an endpoint (max_in_flight %d, replay share %d, its receiver answering after %s), warmed up %s, then %d round(s) of %s alone and the length of a %d-event replay beside it, and %s alone\n",
+		cfg.Rate, ep.MaxInFlight, s.ReplayShare, cfg.AnswerAfter, min(isolationWarmUp, cfg.Duration), cfg.Rounds, cfg.Duration, cfg.Events, cfg.Duration)
 	for i := range s.ReplaySeconds {
 		fmt.Fprintf(out, "round %d: live p99 alone %.1f ms, during the replay %.1f ms, alone %.1f ms; the replay: %d jobs (dry run's estimate %d s), enqueued in %.1f s, "+
 			"all accepted %.1f s after its POST: %.0f events/s (the API's rate %.0f/s, %s); live meanwhile %.0f events/s\n",
@@ -790,7 +791,7 @@ func loadReplay(ctx context.Context, cfg loadConfig, run loadRun) error {
 
 // vacuumQueues vacuums the queue tables. A phase that starts after it
 // does not claim past the dead rows of the phases before, nor of the
-// setup's subject index jobs, where autovacuum is off (README,
+// setup's fan-out, where autovacuum is off (README,
 // "Performance"): in one run without it, the baseline after a replay was
 // as slow as the replay phase (p99 442 and 443 ms, 209 ms before).
 func vacuumQueues(ctx context.Context, db *sql.DB) error {

@@ -49,6 +49,7 @@ type scenarioConfig struct {
 	Rounds       int           // isolation, stuck, replay, ordered: baseline and scenario phases, alternating
 	Replicas     int           // ratelimit: outboxd processes against the database
 	VacuumEvery  time.Duration // replay: how often the queue tables are vacuumed during the phases; 0: only before each
+	AnswerAfter  time.Duration // replay: the receiver's wait before each 2xx; 0: at once
 }
 
 func (c *scenarioConfig) flags(fs *flag.FlagSet) {
@@ -62,6 +63,7 @@ func (c *scenarioConfig) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxInFlight, "max-in-flight", c.MaxInFlight, "ratelimit, stuck, replay, ordered: the endpoint's max_in_flight; 0 leaves the server's default (ordered: the child's workers, as drain)")
 	fs.DurationVar(&c.FailFor, "fail-for", c.FailFor, "stuck: how long the failing subject's requests are answered 500 (10s)")
 	fs.IntVar(&c.Subjects, "subjects", c.Subjects, "stuck and ordered: distinct subjects the events take in turn (stuck: 100, ordered: 1000)")
+	fs.DurationVar(&c.AnswerAfter, "answer-after", c.AnswerAfter, "replay: how long the receiver takes to answer each request 200, a stand-in for a receiver farther than loopback; 0: at once")
 	fs.DurationVar(&c.VacuumEvery, "vacuum-every", c.VacuumEvery, "replay: vacuum the queue tables this often during the phases, a stand-in for autovacuum where it is off; 0: only before each phase")
 }
 
@@ -69,6 +71,8 @@ func (c scenarioConfig) validate() error {
 	switch {
 	case c.FailAfter < 0:
 		return fmt.Errorf("-fail-after must not be negative, got %s", c.FailAfter)
+	case c.AnswerAfter < 0:
+		return fmt.Errorf("-answer-after must not be negative, got %s", c.AnswerAfter)
 	case !(c.FailRatio >= 0 && c.FailRatio <= 1):
 		return fmt.Errorf("-fail-ratio must be between 0 and 1, got %g", c.FailRatio)
 	case c.AcceptWithin <= 0:

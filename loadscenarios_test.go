@@ -244,6 +244,7 @@ func TestLoadScenarioDefaults(t *testing.T) {
 		{"-mode", "stuck", "-fail-for", "-1s"},
 		{"-mode", "ordered", "-subjects", "-1"},
 		{"-mode", "replay", "-vacuum-every", "-1s"},
+		{"-mode", "replay", "-answer-after", "-1ms"},
 	} {
 		if _, err := parseLoadConfig(args, func(string) string { return "" }, io.Discard); err == nil {
 			t.Errorf("%v: no error", args)
@@ -433,7 +434,7 @@ func TestLoadStuckScenarioHoldsOnlyTheFailingSubject(t *testing.T) {
 func TestLoadReplayScenarioMeasuresLiveBesideTheReplay(t *testing.T) {
 	t.Parallel()
 	var s replaySummary
-	runScenario(t, &s, "-mode", "replay", "-duration", "2s", "-producers", "2", "-rate", "20", "-events", "2000", "-rounds", "2", "-vacuum-every", "1s")
+	runScenario(t, &s, "-mode", "replay", "-duration", "2s", "-producers", "2", "-rate", "20", "-events", "2000", "-rounds", "2", "-vacuum-every", "1s", "-answer-after", "1ms")
 	if diff := cmp.Diff([]int64{2000, 2000}, s.ReplayJobs); diff != "" {
 		t.Errorf("replays' jobs (-want +got):\n%s", diff)
 	}
@@ -443,6 +444,9 @@ func TestLoadReplayScenarioMeasuresLiveBesideTheReplay(t *testing.T) {
 	// Three phases of 2 s and two replays: at least 6 s of phases.
 	if s.VacuumEverySeconds != 1 || s.Vacuums < 4 {
 		t.Errorf("vacuumed %d times every %gs during the phases, want at least 4 every 1s", s.Vacuums, s.VacuumEverySeconds)
+	}
+	if s.AnswerAfterSeconds != 0.001 {
+		t.Errorf("the receiver answered after %gs, want -answer-after's 0.001", s.AnswerAfterSeconds)
 	}
 	if s.MaxInFlight != defaultMaxInFlight || s.ReplayShare != 4 {
 		t.Errorf("max_in_flight %d, replay share %d; want the default %d and a quarter of it, 4", s.MaxInFlight, s.ReplayShare, defaultMaxInFlight)
