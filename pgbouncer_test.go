@@ -533,6 +533,12 @@ func TestPgBouncerPipelineDeliversAndSweeps(t *testing.T) {
 		if failed != 0 {
 			t.Errorf("replica %s: %v retention cycles failed, want 0", addr, failed)
 		}
+		// A cycle skips only when it meets the other replica's batch;
+		// with the session lock, the lock a lost unlock leaves behind on
+		// some server session makes most cycles skip.
+		if skipped >= s {
+			t.Errorf("replica %s: retention skipped %v cycles and swept %v: it mostly skips", addr, skipped, s)
+		}
 		t.Logf("replica %s: retention swept %v cycles, skipped %v", addr, s, skipped)
 	}
 	if a := readSweepAudit(t, direct); a.deletes == 0 || a.unlocked != 0 || a.shared != 0 {
