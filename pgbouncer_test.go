@@ -223,6 +223,39 @@ func TestPgBouncerMovesAClientBetweenSessions(t *testing.T) {
 	}
 }
 
+// outboxd's pool sends a statement with parameters as one Parse, Bind,
+// Execute and Sync (newDBPool, binary_parameters), so it runs outside a
+// transaction through the bouncer; lib/pq's default syncs between the
+// Parse and the Bind, the bouncer lends the Bind another server session,
+// and the unnamed statement is not there. The control shows the bouncer
+// does move such a client, so the first half proves something.
+func TestPgBouncerRunsParameterizedStatementsOutsideTransactions(t *testing.T) {
+	t.Parallel()
+	_, dsn := newTestDB(t)
+	b := startPgBouncer(t, dsn, 4)
+	count := func(db *sql.DB) (failed int) {
+		fillPool(t, db, 4)
+		for i := range 20 {
+			var n int
+			if err := db.QueryRow(`SELECT $1::integer + 1`, i).Scan(&n); err != nil || n != i+1 {
+				failed++
+			}
+		}
+		return failed
+	}
+	if failed := count(b.openThrough(t, dsn)); failed != 0 {
+		t.Errorf("outboxd's pool: %d of 20 statements with a parameter failed through pgbouncer, want 0", failed)
+	}
+	plain, err := sql.Open("postgres", b.DSN(dsn))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	if failed := count(plain); failed == 0 {
+		t.Error("lib/pq's default protocol: all 20 statements ran through pgbouncer; the bouncer is not moving the client between Parse and Bind")
+	}
+}
+
 // -pool-mode transaction sets what it changes, and a bad value refuses to
 // start naming the setting.
 func TestPoolModeTransactionSettings(t *testing.T) {
