@@ -75,8 +75,8 @@ type Config struct {
 	Demo                  bool
 
 	// DisableListen turns LISTEN/NOTIFY off and leaves the sweeps to do all
-	// the waking, for connection poolers in transaction mode (PgBouncer),
-	// which silently swallow notifications.
+	// the waking. PoolMode transaction implies it: poolers in transaction
+	// mode (PgBouncer) silently swallow notifications.
 	DisableListen bool
 	// PoolMode is how the connections reach PostgreSQL: poolModeSession
 	// (directly, or a pooler in session mode) or poolModeTransaction (a

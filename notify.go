@@ -53,10 +53,13 @@ import (
 // Bind, and a transaction pooler may move the Bind to another session),
 // no statement is prepared by name, no temporary table is made, every SET
 // is SET LOCAL, set_config(..., true) or a function's own SET clause, and
-// every other advisory lock is transaction-scoped. Producers are unaffected either way: the recording
-// lock in outbox.record's trigger is transaction-scoped and keyed by the
-// server session's pid (correct through a pooler, which holds one server
-// session for the whole transaction), and a NOTIFY is sent at commit.
+// every other advisory lock is transaction-scoped
+// (pgbouncer_test.go tests both modes behind PgBouncer).
+//
+// Producers are unaffected either way: the recording lock in
+// outbox.record's trigger is transaction-scoped and keyed by the server
+// session's pid, which a pooler lends for the whole transaction, and a
+// NOTIFY is sent at commit.
 const (
 	poolModeSession     = "session"
 	poolModeTransaction = "transaction"
