@@ -362,8 +362,8 @@ func (s *sweeper) sweepOnce(ctx context.Context) (cycleResult, error) {
 		s.skipped.Add(1)
 		return cycleResult{Skipped: true}, nil
 	case errors.Is(err, errSweepTaken):
-		// Another replica took the lock between two batches: its cycle
-		// began later and runs every sweep, so it does the rest.
+		// Another replica took the lock between two batches and is
+		// sweeping; what this cycle leaves stays expired for the next.
 		res.HandedOver, err = true, nil
 	}
 	s.cycles.Add(1)
@@ -415,8 +415,9 @@ type sweepQuerier interface {
 // the transaction, so it is correct through any pooler, and no two
 // replicas ever run a batch at once. A cycle that finds the lock taken at
 // its first batch skips; one that finds it taken later hands over
-// (cycleResult.HandedOver): the other replica took it in a pause between
-// two batches, its cycle began later, and it runs every sweep.
+// (cycleResult.HandedOver): another replica took it in a pause between two
+// batches and is sweeping, and any row this cycle leaves stays expired for
+// the next cycle, of either replica.
 type sweepHold struct {
 	conn *sql.Conn // the session that holds the session lock; nil per batch
 	db   *sql.DB   // per batch: where each batch's transaction begins
