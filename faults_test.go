@@ -8,6 +8,8 @@
 // connection or is down, and notifications suppressed at the source. Then
 // faults_checker_test.go judges the run from the business table and the
 // receiver's log.
+// TestFaultSuiteBehindPgBouncer runs the same suite with the replicas and
+// the producers behind PgBouncer in transaction pooling mode.
 //
 // Default: 600 events and 9 faults, seed 1. Longer:
 //
@@ -137,13 +139,20 @@ func faultReplicaArgs(dsn string) []string {
 }
 
 // TestFaultSuiteLosesNothing is the suite; see the file comment.
-func TestFaultSuiteLosesNothing(t *testing.T) {
+func TestFaultSuiteLosesNothing(t *testing.T) { faultSuite(t, false) }
+
+// TestFaultSuiteBehindPgBouncer is the suite with the replicas (in -pool-mode
+// transaction) and the producers behind PgBouncer in transaction pooling
+// mode (pgbouncer_test.go); the faults still hit the server directly.
+func TestFaultSuiteBehindPgBouncer(t *testing.T) { faultSuite(t, true) }
+
+func faultSuite(t *testing.T, viaPgBouncer bool) {
 	if testing.Short() {
 		t.Skip("the fault suite takes about a minute; go test -short skips it, .ci/run and go test ./... run it")
 	}
 	t.Parallel()
 	cfg := faultRunConfigFromEnv(t)
-	h := newFaultHarness(t, cfg)
+	h := newFaultHarness(t, cfg, viaPgBouncer)
 	h.registerEndpoints()
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -169,6 +178,7 @@ type faultHarness struct {
 
 	clusterMu sync.Mutex // protects cluster
 	cluster   *cluster
+	bouncer   *pgBouncer // in front of the cluster for replicas and producers; nil: none
 
 	admin    *sql.DB // the test's own connections: application_name faults-admin
 	recv     *faultReceiver
@@ -184,7 +194,7 @@ type faultHarness struct {
 	faults []injectedFault
 }
 
-func newFaultHarness(t *testing.T, cfg faultRunConfig) *faultHarness {
+func newFaultHarness(t *testing.T, cfg faultRunConfig, viaPgBouncer bool) *faultHarness {
 	h := &faultHarness{
 		t:      t,
 		cfg:    cfg,
@@ -208,6 +218,11 @@ func newFaultHarness(t *testing.T, cfg faultRunConfig) *faultHarness {
 		h.cluster.Stop()
 	})
 
+	if viaPgBouncer {
+		// 10 server connections for two replicas of 8 and 4 producers.
+		h.bouncer = startPgBouncer(t, h.cluster.DSN("outboxd"), 10)
+	}
+
 	h.admin, err = sql.Open("postgres", h.dsn("faults-admin"))
 	if err != nil {
 		t.Fatal(err)
@@ -225,7 +240,11 @@ func newFaultHarness(t *testing.T, cfg faultRunConfig) *faultHarness {
 	h.recv = newFaultReceiver(t)
 	h.replicas = map[string]*faultReplica{}
 	for _, name := range []string{"a", "b"} {
-		r := &faultReplica{t: t, name: name, args: faultReplicaArgs(h.dsn("outboxd-" + name)),
+		args := faultReplicaArgs(h.clientDSN("outboxd-" + name))
+		if viaPgBouncer {
+			args = append(args, "-pool-mode", "transaction")
+		}
+		r := &faultReplica{t: t, name: name, args: args,
 			logPath: filepath.Join(t.TempDir(), "outboxd-"+name+".log")}
 		h.replicas[name] = r
 		r.start()
@@ -245,6 +264,16 @@ func newFaultHarness(t *testing.T, cfg faultRunConfig) *faultHarness {
 // test can tell whose backend is whose in pg_stat_activity.
 func (h *faultHarness) dsn(app string) string {
 	return h.cluster.DSN("outboxd") + " application_name=" + app
+}
+
+// clientDSN is dsn(app) through the bouncer, if there is one: for the
+// replicas and the producers. PgBouncer sets each client's
+// application_name on the server connection it lends it.
+func (h *faultHarness) clientDSN(app string) string {
+	if h.bouncer == nil {
+		return h.dsn(app)
+	}
+	return h.bouncer.DSN(h.dsn(app))
 }
 
 // api calls a live replica's JSON API.
@@ -293,7 +322,7 @@ func (h *faultHarness) registerEndpoints() {
 // rolls back on purpose. The ledger keeps what did not commit, and what
 // may or may not have (a COMMIT cut by a fault).
 func (h *faultHarness) produce(ctx context.Context) {
-	db, err := sql.Open("postgres", h.dsn("faults-producer"))
+	db, err := sql.Open("postgres", h.clientDSN("faults-producer"))
 	if err != nil {
 		h.t.Error(err)
 		return

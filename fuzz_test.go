@@ -206,6 +206,7 @@ func configArgs(cfg Config) []string {
 	flag("allow-private-endpoints", cfg.AllowPrivateEndpoints)
 	flag("demo", cfg.Demo)
 	flag("disable-listen", cfg.DisableListen)
+	flag("pool-mode", cfg.PoolMode)
 	flag("relay-batch", cfg.Relay.BatchSize)
 	flag("relay-max-failures", cfg.Relay.MaxFailures)
 	flag("relay-sweep", cfg.Relay.SweepInterval)

@@ -75,9 +75,14 @@ type Config struct {
 	Demo                  bool
 
 	// DisableListen turns LISTEN/NOTIFY off and leaves the sweeps to do all
-	// the waking, for connection poolers in transaction mode (PgBouncer),
-	// which silently swallow notifications.
+	// the waking. PoolMode transaction implies it: poolers in transaction
+	// mode (PgBouncer) silently swallow notifications.
 	DisableListen bool
+	// PoolMode is how the connections reach PostgreSQL: poolModeSession
+	// (directly, or a pooler in session mode) or poolModeTransaction (a
+	// pooler in transaction mode): no LISTEN, a shorter relay sweep, and
+	// no session state across transactions (notify.go).
+	PoolMode string
 
 	Relay     RelayConfig
 	Workers   WorkerConfig
@@ -131,6 +136,7 @@ func defaultConfig() Config {
 		Addr:      "127.0.0.1:8080",
 		LogFormat: "text",
 		LogLevel:  slog.LevelInfo,
+		PoolMode:  poolModeSession,
 		Relay: RelayConfig{
 			BatchSize:            200,
 			MaxFailures:          5,
@@ -260,6 +266,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 		return cfg, err
 	}
 	cfg.derive(given["inbox-retention"])
+	cfg.derivePoolMode(given["relay-sweep"])
 	cfg.NotifySocket = getenv("NOTIFY_SOCKET")
 	return cfg, cfg.validate()
 }
@@ -278,7 +285,8 @@ func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
 	fs.TextVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log level: debug, info, warn or error")
 	fs.BoolVar(&cfg.AllowPrivateEndpoints, "allow-private-endpoints", cfg.AllowPrivateEndpoints, "deliver to loopback and private addresses (development and tests only)")
 	fs.BoolVar(&cfg.Demo, "demo", cfg.Demo, "create a watched sample table and write to it, to show events flowing")
-	fs.BoolVar(&cfg.DisableListen, "disable-listen", cfg.DisableListen, "do not LISTEN; rely on the sweeps alone (for PgBouncer in transaction mode)")
+	fs.BoolVar(&cfg.DisableListen, "disable-listen", cfg.DisableListen, "do not LISTEN; rely on the sweeps alone (-pool-mode transaction implies it)")
+	fs.StringVar(&cfg.PoolMode, "pool-mode", cfg.PoolMode, "session, or transaction behind a pooler in transaction mode (PgBouncer): no LISTEN, -relay-sweep 1s unless given, retention locks per batch")
 	fs.IntVar(&cfg.Relay.BatchSize, "relay-batch", cfg.Relay.BatchSize, "most events claimed by one relay transaction")
 	fs.IntVar(&cfg.Relay.MaxFailures, "relay-max-failures", cfg.Relay.MaxFailures, "failed relay attempts after which an event is poisoned")
 	fs.DurationVar(&cfg.Relay.SweepInterval, "relay-sweep", cfg.Relay.SweepInterval, "relay pass interval without a notification")
@@ -437,6 +445,9 @@ func (c Config) validateService() error {
 	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		return fmt.Errorf("%s must be text or json, got %q", setting("log-format"), c.LogFormat)
+	}
+	if c.PoolMode != poolModeSession && c.PoolMode != poolModeTransaction {
+		return fmt.Errorf("%s must be %s or %s, got %q", setting("pool-mode"), poolModeSession, poolModeTransaction, c.PoolMode)
 	}
 	if (c.TLSCert == "") != (c.TLSKey == "") {
 		return fmt.Errorf("%s and %s go together: give both or neither", setting("tls-cert"), setting("tls-key"))
@@ -717,12 +728,21 @@ type pipeline struct {
 func startPipeline(cfg Config, db *sql.DB, box *secretBox, dsn string, allowAddrs []netip.AddrPort, start func(string, func(context.Context) error), logger *slog.Logger) *pipeline {
 	var p pipeline
 	wake := newWakeups()
-	if !cfg.DisableListen {
+	relayWake := wake.events
+	switch {
+	case cfg.PoolMode == poolModeTransaction:
+		relayWake = nil // nothing wakes it: it sweeps (notify.go, poolModeTransaction)
+	case !cfg.DisableListen:
 		start("listener", newListener(dsn, wake, logger).Run)
 	}
 	subscribers := defaultSubscribers(cfg.Demo, logger)
 	p.relay = newRelay(db, cfg.Relay, cfg.Workers.MaxAttempts, fanOutTargets(subscribers), logger)
-	start("relay", func(ctx context.Context) error { return p.relay.Run(ctx, wake.events, wake.jobs) })
+	start("relay", func(ctx context.Context) error {
+		if cfg.PoolMode == poolModeTransaction {
+			quietProducers(ctx, db, logger)
+		}
+		return p.relay.Run(ctx, relayWake, wake.jobs)
+	})
 
 	// One client for every delivery: its pool keeps connections alive per
 	// host, and its dialer refuses internal addresses (safehttp.go).

@@ -124,6 +124,7 @@ func TestParseConfigRefusesBadSettings(t *testing.T) {
 		{[]string{"-no-such-flag"}, nil, "flag provided but not defined: -no-such-flag"},
 		{[]string{"frobnicate"}, nil, `unknown command "frobnicate"`},
 		{[]string{"-workers", "0", "-relay-max-failures", "0"}, nil, "-relay-max-failures (OUTBOXD_RELAY_MAX_FAILURES)"},
+		{nil, map[string]string{"OUTBOXD_POOL_MODE": "statement"}, `-pool-mode (OUTBOXD_POOL_MODE) must be session or transaction, got "statement"`},
 	} {
 		_, err := parseConfig(tc.args, envFrom(tc.env), io.Discard)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

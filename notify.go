@@ -26,6 +26,76 @@ import (
 	"github.com/lib/pq"
 )
 
+// The pool modes (-pool-mode): how outboxd's connections reach PostgreSQL.
+//
+// poolModeSession: each connection is one PostgreSQL session for its whole
+// life, directly or through a pooler in session mode. One connection of
+// its own LISTENs (listener), and the retention sweeper holds a session
+// advisory lock for a cycle (retention.go, sweepHold).
+//
+// poolModeTransaction: behind a pooler in transaction mode (PgBouncer's
+// pool_mode = transaction), where consecutive transactions of one client
+// connection may run on different server sessions, so nothing may rely on
+// session state outliving a transaction:
+//   - No LISTEN: a LISTEN registers on whichever server session ran it, and
+//     its notifications reach nobody. The relay runs on its sweep, every
+//     transactionModeRelaySweep unless -relay-sweep is given; the workers
+//     on their poll (-job-poll) and on the relay's poke after a pass that
+//     enqueued jobs.
+//   - The relay publishes busy once at start (quietProducers), so that
+//     producers skip a NOTIFY nobody hears, and never publishes idle.
+//   - Retention takes a transaction-scoped lock per batch
+//     (RetentionConfig.XactLocks).
+//
+// Neither mode relies on anything else per session: every statement with
+// parameters goes as one unnamed Parse/Bind/Execute/Sync (newDBPool's
+// binary_parameters; lib/pq otherwise syncs between the Parse and the
+// Bind, and a transaction pooler may move the Bind to another session),
+// no statement is prepared by name, no temporary table is made, every SET
+// is SET LOCAL, set_config(..., true) or a function's own SET clause, and
+// every other advisory lock is transaction-scoped
+// (pgbouncer_test.go tests both modes behind PgBouncer).
+//
+// Producers are unaffected either way: the recording lock in
+// outbox.record's trigger is transaction-scoped and keyed by the server
+// session's pid, which a pooler lends for the whole transaction, and a
+// NOTIFY is sent at commit.
+const (
+	poolModeSession     = "session"
+	poolModeTransaction = "transaction"
+)
+
+// transactionModeRelaySweep is the relay's sweep without -relay-sweep in
+// transaction mode, where no notification wakes it: an event waits for the
+// relay at most a second, where a NOTIFY would take milliseconds, and an
+// idle relay costs one claim a second, an index probe of an empty partial
+// index (events_unfanned_by_id).
+const transactionModeRelaySweep = time.Second
+
+// derivePoolMode sets what transaction mode changes: the relay's sweep,
+// unless -relay-sweep was given, and the retention lock's scope.
+func (c *Config) derivePoolMode(relaySweepGiven bool) {
+	if c.PoolMode != poolModeTransaction {
+		return
+	}
+	if !relaySweepGiven {
+		c.Relay.SweepInterval = transactionModeRelaySweep
+	}
+	c.Retention.XactLocks = true
+}
+
+// quietProducers publishes relay_state busy, for a relay that no
+// notification can wake (transaction mode): producers then skip the NOTIFY
+// and its serializing lock at commit (schema.sql, outbox.relay_state). A
+// relay of another replica that listens sets it idle again before it
+// sleeps, which costs NOTIFYs, never an event. A failure costs the same,
+// so it is logged, not returned.
+func quietProducers(ctx context.Context, db *sql.DB, logger *slog.Logger) {
+	if _, err := publishRelayState(ctx, db, false); err != nil && ctx.Err() == nil {
+		logger.Warn("relay state busy not published; producers keep notifying", "err", err)
+	}
+}
+
 // wakeups are the pokes for the relay (events) and the workers (jobs).
 type wakeups struct {
 	events chan struct{}

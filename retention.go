@@ -2,9 +2,11 @@
 //
 // One mechanism serves every table. A sweep is a name, a window (rows older
 // than it go; 0 disables it) and a DELETE of at most one batch of rows; the
-// sweeper runs the sweeps in order, once a cycle, on one connection that
-// holds a session advisory lock, so that among any number of replicas one
-// sweeps a cycle and the others skip it. Each sweep deletes in batches of at
+// sweeper runs the sweeps in order, once a cycle, under an advisory lock,
+// so that no two replicas ever sweep at once: a session lock held by one
+// connection for the whole cycle, or, behind a transaction pooler
+// (-pool-mode transaction), a transaction-scoped lock taken by every batch
+// (sweepHold). Each sweep deletes in batches of at
 // most BatchSize rows, pausing between batches, and stops the cycle with
 // errAnomalyCap when it has deleted AnomalyCap rows: a jumped clock must not
 // be trusted to empty a table. Rows deleted, cycles swept, skipped and
@@ -49,6 +51,10 @@ type RetentionConfig struct {
 	// it stops the cycle with a warning instead of trusting a clock that may
 	// have jumped, or a window that was set by mistake.
 	AnomalyCap int
+	// XactLocks takes the retention lock per batch, transaction-scoped,
+	// instead of per cycle on one session (sweepHold): set by -pool-mode
+	// transaction, where no session outlives a transaction.
+	XactLocks bool
 	// EndpointDisableAfter: an endpoint failing continuously this long is
 	// disabled, so a receiver that is gone for good stops collecting
 	// deliveries that can only be discarded. Five days outlasts a long
@@ -78,8 +84,8 @@ func sweepPause(batchTook time.Duration) time.Duration {
 	return max(sweepBatchPause, batchTook)
 }
 
-// retentionLockKey is the session advisory lock that makes one replica the
-// sweeper of a cycle. It differs from schemaLockKey, which shares the key
+// retentionLockKey is the advisory lock that makes one replica at a time
+// the sweeper, held per cycle or per batch (sweepHold). It differs from schemaLockKey, which shares the key
 // space.
 const retentionLockKey = 0x6f7574626f7873 // "outboxs"
 
@@ -91,9 +97,10 @@ var (
 	// errAnomalyCap ends a cycle in which one sweep deleted AnomalyCap rows.
 	errAnomalyCap = errors.New("anomaly cap reached; check the clock and the window before raising -retention-anomaly-cap")
 	// errLockLost says the sweeper's session no longer held its lock at the
-	// end of a cycle (the session was reset): another replica may have swept
+	// end of a cycle (the session was reset, or a transaction pooler ran the
+	// unlock on another server connection): another replica may have swept
 	// at the same time. The deletes are idempotent, so nothing is lost.
-	errLockLost = errors.New("retention lock lost during the cycle")
+	errLockLost = errors.New("retention lock lost during the cycle (behind a transaction pooler such as PgBouncer, set -pool-mode transaction)")
 )
 
 // sweep is one periodic bound: a table, its window and its delete.
@@ -281,6 +288,8 @@ func (s *sweeper) cycle(ctx context.Context) {
 		s.logger.Error("retention cycle failed", "deleted", res.Deleted, "err", err)
 	case res.Skipped:
 		s.logger.Debug("retention cycle skipped: another replica is sweeping")
+	case res.HandedOver:
+		s.logger.Info("retention cycle handed over: another replica took the lock between two batches", "deleted", res.Deleted)
 	case err == nil:
 		var total int64
 		for _, n := range res.Deleted {
@@ -319,45 +328,57 @@ func (s *sweeper) recordCycle(cycleErr error) error {
 
 // cycleResult is what one cycle did.
 type cycleResult struct {
-	Skipped  bool             // another replica held the lock; nothing was done
-	Deleted  map[string]int64 // rows deleted, by sweep name; swept sweeps only
-	Disabled []int64          // endpoints disabled for failing too long
+	Skipped bool // another replica held the lock; nothing was done
+	// HandedOver: per-batch locks only, another replica took the lock
+	// between two batches and sweeps the rest (sweepHold).
+	HandedOver bool
+	Deleted    map[string]int64 // rows deleted, by sweep name; swept sweeps only
+	Disabled   []int64          // endpoints disabled for failing too long
 	// SecretsCleared counts the rotated-out secrets cleared, of endpoints
 	// and sources.
 	SecretsCleared int64
 }
 
 // sweepOnce is one cycle: take the lock or skip, run every sweep in order
-// on the lock's connection, release the lock. It stops at the first error:
-// a failed statement on the lock's connection may mean the lock is gone.
-func (s *sweeper) sweepOnce(ctx context.Context) (res cycleResult, err error) {
-	conn, err := s.db.Conn(ctx)
+// under it, release it. It stops at the first error: a failed statement may
+// mean the lock is gone.
+func (s *sweeper) sweepOnce(ctx context.Context) (cycleResult, error) {
+	hold, locked, err := s.lock(ctx)
 	if err != nil {
-		return res, fmt.Errorf("retention: connect: %w", err)
-	}
-	var locked bool
-	if err := conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1)`, retentionLockKey).Scan(&locked); err != nil {
-		discardConn(conn) // the lock may have been granted before the error
-		return res, fmt.Errorf("retention: try lock: %w", err)
+		return cycleResult{}, err
 	}
 	if !locked {
 		s.skipped.Add(1)
-		conn.Close() // holds no lock: back to the pool
 		return cycleResult{Skipped: true}, nil
 	}
+	res, err := s.sweepAll(ctx, hold)
+	if unlockErr := hold.release(ctx); unlockErr != nil {
+		err = errors.Join(err, unlockErr)
+	}
+	switch {
+	case errors.Is(err, errSweepTaken) && hold.batches == 0:
+		// Per-batch locks: another replica held the lock at this cycle's
+		// first batch, so it sweeps and this one did nothing.
+		s.skipped.Add(1)
+		return cycleResult{Skipped: true}, nil
+	case errors.Is(err, errSweepTaken):
+		// Another replica took the lock between two batches and is
+		// sweeping; what this cycle leaves stays expired for the next.
+		res.HandedOver, err = true, nil
+	}
 	s.cycles.Add(1)
-	defer func() {
-		if unlockErr := releaseLock(ctx, conn); unlockErr != nil {
-			err = errors.Join(err, unlockErr)
-		}
-		if err != nil {
-			s.failed.Add(1)
-		}
-	}()
+	if err != nil {
+		s.failed.Add(1)
+	}
+	return res, err
+}
 
+// sweepAll runs every sweep in order, then the endpoint and secret bounds,
+// each statement under hold.
+func (s *sweeper) sweepAll(ctx context.Context, hold *sweepHold) (res cycleResult, err error) {
 	res.Deleted = map[string]int64{}
 	for _, sw := range s.sweeps {
-		n, swept, err := s.runSweep(ctx, conn, sw)
+		n, swept, err := s.runSweep(ctx, hold, sw)
 		if swept {
 			res.Deleted[sw.name] = n
 		}
@@ -365,11 +386,111 @@ func (s *sweeper) sweepOnce(ctx context.Context) (res cycleResult, err error) {
 			return res, err
 		}
 	}
-	if res.Disabled, err = s.disableFailingEndpoints(ctx, conn); err != nil {
+	if res.Disabled, err = s.disableFailingEndpoints(ctx, hold); err != nil {
 		return res, err
 	}
-	res.SecretsCleared, err = s.clearRotatedOutSecrets(ctx, conn)
+	res.SecretsCleared, err = s.clearRotatedOutSecrets(ctx, hold)
 	return res, err
+}
+
+// sweepQuerier is what a batch's statements run on: the session that holds
+// the session lock (*sql.Conn), or the batch's own transaction (*sql.Tx).
+type sweepQuerier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// sweepHold is a cycle's hold on the retention lock, in one of two forms.
+//
+// Session (conn set): one connection holds the session advisory lock for
+// the whole cycle and runs every statement, so among any number of
+// replicas exactly one sweeps a cycle. It needs a session that lasts the
+// cycle, which a transaction pooler (PgBouncer, pool_mode = transaction)
+// does not give: there the lock stays on whichever server connection ran
+// the try-lock, the unlock runs on another, and cycles mostly skip.
+//
+// Per batch (conn nil, RetentionConfig.XactLocks): every batch is its own
+// transaction, which first takes the transaction-scoped lock
+// (pg_try_advisory_xact_lock) and holds it to its commit. Nothing outlives
+// the transaction, so it is correct through any pooler, and no two
+// replicas ever run a batch at once. A cycle that finds the lock taken at
+// its first batch skips; one that finds it taken later hands over
+// (cycleResult.HandedOver): another replica took it in a pause between two
+// batches and is sweeping, and any row this cycle leaves stays expired for
+// the next cycle, of either replica.
+type sweepHold struct {
+	conn *sql.Conn // the session that holds the session lock; nil per batch
+	db   *sql.DB   // per batch: where each batch's transaction begins
+	// batches is how many batches took the per-batch lock.
+	batches int
+}
+
+// errSweepTaken says a batch's transaction found the per-batch lock held by
+// another replica.
+var errSweepTaken = errors.New("retention lock held by another replica")
+
+// lock begins a cycle's hold. Session: it takes the session lock on a
+// connection of its own and reports whether it got it. Per batch: each
+// batch takes the lock, so this takes nothing.
+func (s *sweeper) lock(ctx context.Context) (hold *sweepHold, locked bool, err error) {
+	if s.cfg.XactLocks {
+		return &sweepHold{db: s.db}, true, nil
+	}
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return nil, false, fmt.Errorf("retention: connect: %w", err)
+	}
+	if err := conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1)`, retentionLockKey).Scan(&locked); err != nil {
+		discardConn(conn) // the lock may have been granted before the error
+		return nil, false, fmt.Errorf("retention: try lock: %w", err)
+	}
+	if !locked {
+		conn.Close() // holds no lock: back to the pool
+		return nil, false, nil
+	}
+	return &sweepHold{conn: conn}, true, nil
+}
+
+// tryXactLockSQL takes the per-batch lock, released at the transaction's
+// end; it answers false at once when another transaction holds it.
+const tryXactLockSQL = `SELECT pg_try_advisory_xact_lock($1)`
+
+// run runs one batch's statements under the lock: on the session, or in a
+// transaction of its own that takes the lock first and commits after
+// batch, or returns errSweepTaken without running it.
+func (h *sweepHold) run(ctx context.Context, batch func(q sweepQuerier) error) error {
+	if h.conn != nil {
+		return batch(h.conn)
+	}
+	tx, err := h.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("retention: begin batch: %w", err)
+	}
+	defer tx.Rollback()
+	var locked bool
+	if err := tx.QueryRowContext(ctx, tryXactLockSQL, retentionLockKey).Scan(&locked); err != nil {
+		return fmt.Errorf("retention: try lock: %w", err)
+	}
+	if !locked {
+		return errSweepTaken
+	}
+	h.batches++
+	if err := batch(tx); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("retention: commit batch: %w", err)
+	}
+	return nil
+}
+
+// release ends the hold: the session lock's unlock (releaseLock); nothing
+// per batch, whose locks ended with their transactions.
+func (h *sweepHold) release(ctx context.Context) error {
+	if h.conn == nil {
+		return nil
+	}
+	return releaseLock(ctx, h.conn)
 }
 
 // disableFailingEndpointsSQL disables endpoints failing for longer than $1
@@ -392,12 +513,16 @@ RETURNING id`
 // that has been failing for EndpointDisableAfter stop being enqueued (the
 // relay skips disabled endpoints) until its owner re-enables it, or a
 // recovery probe's 2xx does (probe.go). It runs
-// on the lock's connection, so one replica does it.
-func (s *sweeper) disableFailingEndpoints(ctx context.Context, conn *sql.Conn) ([]int64, error) {
+// under the lock, so one replica does it.
+func (s *sweeper) disableFailingEndpoints(ctx context.Context, hold *sweepHold) ([]int64, error) {
 	if s.cfg.EndpointDisableAfter <= 0 {
 		return nil, nil
 	}
-	ids, err := queryAll(ctx, conn, scanID, disableFailingEndpointsSQL, s.cfg.EndpointDisableAfter.Seconds())
+	var ids []int64
+	err := hold.run(ctx, func(q sweepQuerier) (err error) {
+		ids, err = queryAll(ctx, q, scanID, disableFailingEndpointsSQL, s.cfg.EndpointDisableAfter.Seconds())
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("retention: disable failing endpoints: %w", err)
 	}
@@ -438,21 +563,27 @@ WHERE name IN (
   FOR NO KEY UPDATE SKIP LOCKED
 )`
 
-// clearRotatedOutSecrets clears, on the lock's connection, at most one
-// batch of rotated-out secrets per table a cycle; any left over wait for
-// the next cycle, harmlessly, since none of them is read.
-func (s *sweeper) clearRotatedOutSecrets(ctx context.Context, conn *sql.Conn) (int64, error) {
+// clearRotatedOutSecrets clears, under the lock, at most one batch of
+// rotated-out secrets per table a cycle; any left over wait for the next
+// cycle, harmlessly, since none of them is read.
+func (s *sweeper) clearRotatedOutSecrets(ctx context.Context, hold *sweepHold) (int64, error) {
 	var cleared int64
-	for _, query := range []string{clearEndpointSecretsSQL, clearSourceSecretsSQL} {
-		r, err := conn.ExecContext(ctx, query, s.cfg.BatchSize)
-		if err != nil {
-			return cleared, fmt.Errorf("retention: clear rotated-out secrets: %w", err)
+	err := hold.run(ctx, func(q sweepQuerier) error {
+		for _, query := range []string{clearEndpointSecretsSQL, clearSourceSecretsSQL} {
+			r, err := q.ExecContext(ctx, query, s.cfg.BatchSize)
+			if err != nil {
+				return fmt.Errorf("retention: clear rotated-out secrets: %w", err)
+			}
+			n, err := r.RowsAffected()
+			if err != nil {
+				return fmt.Errorf("retention: clear rotated-out secrets: %w", err)
+			}
+			cleared += n
 		}
-		n, err := r.RowsAffected()
-		if err != nil {
-			return cleared, fmt.Errorf("retention: clear rotated-out secrets: %w", err)
-		}
-		cleared += n
+		return nil
+	})
+	if err != nil {
+		return 0, err
 	}
 	if cleared > 0 {
 		s.logger.Info("rotated-out secrets cleared: their rotation windows have ended", "secrets", cleared)
@@ -460,9 +591,9 @@ func (s *sweeper) clearRotatedOutSecrets(ctx context.Context, conn *sql.Conn) (i
 	return cleared, nil
 }
 
-// runSweep deletes sw's expired rows in batches on conn. swept is false when
-// the sweep is disabled.
-func (s *sweeper) runSweep(ctx context.Context, conn *sql.Conn, sw *sweep) (deleted int64, swept bool, err error) {
+// runSweep deletes sw's expired rows in batches under hold. swept is false
+// when the sweep is disabled.
+func (s *sweeper) runSweep(ctx context.Context, hold *sweepHold, sw *sweep) (deleted int64, swept bool, err error) {
 	if sw.window <= 0 {
 		return 0, false, nil
 	}
@@ -470,11 +601,15 @@ func (s *sweeper) runSweep(ctx context.Context, conn *sql.Conn, sw *sweep) (dele
 	for {
 		limit := min(int64(s.cfg.BatchSize), capacity-deleted)
 		start := time.Now()
-		r, err := conn.ExecContext(ctx, sw.deleteSQL, sw.window.Seconds(), limit)
-		if err != nil {
-			return deleted, true, fmt.Errorf("retention: sweep %s: %w", sw.name, err)
-		}
-		n, err := r.RowsAffected()
+		var n int64
+		err := hold.run(ctx, func(q sweepQuerier) error {
+			r, err := q.ExecContext(ctx, sw.deleteSQL, sw.window.Seconds(), limit)
+			if err != nil {
+				return err
+			}
+			n, err = r.RowsAffected()
+			return err
+		})
 		if err != nil {
 			return deleted, true, fmt.Errorf("retention: sweep %s: %w", sw.name, err)
 		}

@@ -841,3 +841,74 @@ func TestRetentionClearsRotatedOutSecrets(t *testing.T) {
 		}
 	}
 }
+
+// Per-batch locks (-pool-mode transaction): a cycle that finds the lock
+// held at its first batch skips, having deleted nothing; one whose lock
+// is taken in a pause between two batches hands the rest over without an
+// error; and the next cycle, the lock free, finishes the job.
+func TestXactLockSweepSkipsAndHandsOver(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	cfg := defaultConfig().Retention
+	cfg.XactLocks = true
+	cfg.BatchSize = 2
+	s := newTestSweeper(t, db, cfg)
+	addOldEvents(t, db, 5)
+
+	hold, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hold.Exec(`SELECT pg_advisory_xact_lock($1)`, retentionLockKey); err != nil {
+		t.Fatal(err)
+	}
+	if res := sweepOnce(t, s); !res.Skipped || s.skipped.Load() != 1 || s.cycles.Load() != 0 {
+		t.Fatalf("cycle while another transaction holds the lock: %+v, skipped %d, swept %d; want skipped", res, s.skipped.Load(), s.cycles.Load())
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.events`); n != 5 {
+		t.Fatalf("%d events left after a skipped cycle, want 5", n)
+	}
+	if err := hold.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Each row's delete takes 100 ms, so a batch takes 200 ms and the
+	// pause after it as long (sweepPause): time to take the lock in it.
+	mustExec(t, db, `CREATE FUNCTION slow_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+		  PERFORM pg_sleep(0.1);
+		  RETURN OLD;
+		END $$`)
+	mustExec(t, db, `CREATE TRIGGER slow_delete BEFORE DELETE ON outbox.events FOR EACH ROW EXECUTE FUNCTION slow_delete()`)
+	type outcome struct {
+		res cycleResult
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := s.sweepOnce(context.Background())
+		done <- outcome{res, err}
+	}()
+	waitFor(t, "the first batch to commit", 10*time.Second, func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM outbox.events`) == 3
+	})
+	hold, err = db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Rollback()
+	var locked bool
+	if err := hold.QueryRow(`SELECT pg_try_advisory_xact_lock($1)`, retentionLockKey).Scan(&locked); err != nil || !locked {
+		t.Fatalf("take the lock in the sweeper's pause: %t, %v; want it taken (the pause was missed)", locked, err)
+	}
+	got := <-done
+	if got.err != nil || !got.res.HandedOver || got.res.Deleted["events"] != 2 || s.cycles.Load() != 1 || s.failed.Load() != 0 {
+		t.Errorf("cycle whose lock was taken between batches: %+v, %v, swept %d, failed %d; want handed over after 2 events", got.res, got.err, s.cycles.Load(), s.failed.Load())
+	}
+	if err := hold.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if res := sweepOnce(t, s); res.Skipped || res.HandedOver || res.Deleted["events"] != 3 {
+		t.Errorf("next cycle: %+v; want the other 3 events deleted", res)
+	}
+}
