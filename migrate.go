@@ -239,6 +239,31 @@ func (m migration) applySchema(ctx context.Context, conn *sql.Conn) error {
 	}, m.lockWait)
 }
 
+// schemaTablesQuery lists the tables of schema outbox in the order a
+// migration locks them, before its first statement: a statement that
+// waits for one table's lock while the transaction holds another can meet
+// a pipeline transaction that holds the one and waits for the other, a
+// deadlock that costs the try its whole lock wait and, as the pipeline
+// keeps making them, every try after it. Locking every table first makes
+// that window a few round trips instead of the whole file, and the order
+// is the pipeline's own: its statements lock the tables they name (jobs,
+// endpoints, subjects ...) when planned, and outbox.events after, inside
+// the claim functions; a producer locks events, then reads relay_state in
+// its trigger. So events and relay_state come last, in that order.
+const schemaTablesQuery = `
+SELECT c.relname
+FROM pg_class AS c
+WHERE c.relnamespace = to_regnamespace('outbox')
+  AND c.relkind IN ('r', 'p')
+ORDER BY c.relname IN ('events', 'relay_state'), c.relname = 'relay_state', c.relname`
+
+// scanString reads a row of one text, for queryAll.
+func scanString(row rowScanner) (string, error) {
+	var s string
+	err := row.Scan(&s)
+	return s, err
+}
+
 // applySchemaOnce is one try of applySchema. It returns the statement that
 // failed, for the error and the log.
 func (m migration) applySchemaOnce(ctx context.Context, conn *sql.Conn, stmts []sqlStatement) (string, error) {
@@ -248,6 +273,17 @@ func (m migration) applySchemaOnce(ctx context.Context, conn *sql.Conn, stmts []
 	}
 	defer tx.Rollback()
 	began := time.Now()
+	tables, err := queryAll(ctx, tx, scanString, schemaTablesQuery)
+	if err != nil {
+		return "list the tables of schema outbox", err
+	}
+	for _, table := range tables {
+		wait := max(m.lockWait-time.Since(began), time.Millisecond)
+		q := fmt.Sprintf("SET LOCAL lock_timeout = %d; LOCK TABLE outbox.%s IN ACCESS EXCLUSIVE MODE", wait.Milliseconds(), pq.QuoteIdentifier(table))
+		if _, err := tx.ExecContext(ctx, q); err != nil {
+			return "schema.sql: lock table outbox." + table, err
+		}
+	}
 	for _, s := range stmts {
 		wait := max(m.lockWait-time.Since(began), time.Millisecond)
 		// One round trip: the simple query protocol (no parameters) runs
