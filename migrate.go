@@ -38,8 +38,9 @@ const schemaLockKey = 0x6f7574626f78 // "outbox"
 
 const (
 	// migrateLockWait bounds what one try of schema.sql's transaction
-	// waits for locks, all its statements together: each runs with a
-	// lock_timeout of what is left of it (at least 1 ms). A statement
+	// waits for locks, all its statements together (the LOCK TABLE of
+	// every outbox table it begins with, then the file's): each runs with
+	// a lock_timeout of what is left of it (at least 1 ms). A statement
 	// waiting for a hot table's lock queues every producer of that table
 	// behind it, and once it holds the lock they wait for the commit: so a
 	// producer waits about this long at most, plus the few milliseconds
@@ -229,9 +230,9 @@ func unlockSchema(ctx context.Context, conn *sql.Conn) error {
 	return nil
 }
 
-// applySchema runs schema.sql in one transaction, tried again while its
-// lock waits run out (or it is a deadlock's victim), at most m.attempts
-// times.
+// applySchema runs schema.sql in one transaction that first locks every
+// table of schema outbox, tried again while its lock waits run out (or it
+// is a deadlock's victim), at most m.attempts times.
 func (m migration) applySchema(ctx context.Context, conn *sql.Conn) error {
 	stmts := splitSQL(m.schema)
 	return m.retry(ctx, func() (string, error) {
