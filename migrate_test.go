@@ -193,8 +193,11 @@ func TestMigrationWaitsOutAHeldLockInTries(t *testing.T) {
 }
 
 // A lock never released: the migration gives up after its attempts,
-// with an error that names the statement and the file's line, and keeps
-// the lock timeout's code for a caller to test.
+// with an error that names the statement (here the LOCK TABLE of
+// outbox.jobs its transaction begins with; a statement of the file is
+// named by its line, as TestIndexBuildWaitingOnAnOldTransactionFailsNamedThenRecovers
+// shows for schema_indexes.sql), and keeps the lock timeout's code for a
+// caller to test.
 func TestMigrationNamesTheStatementWhenALockIsNeverReleased(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
@@ -212,7 +215,7 @@ func TestMigrationNamesTheStatementWhenALockIsNeverReleased(t *testing.T) {
 	if pq.As(err, pqerror.LockNotAvailable) == nil {
 		t.Errorf("error %v is not the lock timeout", err)
 	}
-	for _, want := range []string{"migrate: schema.sql:", "outbox.jobs", "gave up after 3 attempts", "at most 100ms for locks"} {
+	for _, want := range []string{"migrate: schema.sql: lock table outbox.jobs: gave up after 3 attempts, each waiting at most 100ms for locks"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not say %q", err, want)
 		}
