@@ -2,9 +2,10 @@
 -- event moves through them. outboxd applies this file at start (and on
 -- `outboxd migrate`) inside one transaction, under an advisory lock that
 -- lets one replica at a time migrate, so every statement here must be
--- idempotent. Each statement runs with a lock_timeout and the transaction
--- is retried when one runs out (database.go, migrate): a statement that
--- locks a hot table never queues the producers behind it for long.
+-- idempotent. The transaction locks every table of outbox first, and its
+-- lock waits together are bounded (lock_timeout); a try that runs out is
+-- rolled back and retried (migrate.go): a statement that locks a hot table
+-- never queues the producers behind it for long.
 --
 -- The indexes of the queue tables are not here: schema_indexes.sql builds
 -- them CONCURRENTLY once this file has committed, outside any transaction.
