@@ -1,15 +1,12 @@
-// database.go: the database every stage shares: the pool, schema.sql
-// applied at start, the server settings outboxd depends on, and the small
-// helpers every stage uses to talk to it.
+// database.go: the database every stage shares: the pool, the server
+// settings outboxd depends on, and the small helpers every stage uses to
+// talk to it. The schema is applied at start by migrate.go.
 
 package main
 
 import (
 	"context"
-	"crypto/sha256"
 	"database/sql"
-	_ "embed"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,7 +15,6 @@ import (
 	"time"
 
 	"github.com/lib/pq"
-	"github.com/lib/pq/pqerror"
 )
 
 // dsnPassword finds the password in a connection string of either form:
@@ -133,97 +129,6 @@ func beginPipelineTx(ctx context.Context, db *sql.DB) (*sql.Tx, error) {
 		return nil, err
 	}
 	return tx, nil
-}
-
-//go:embed schema.sql
-var schemaSQL string
-
-// schemaLockKey is the transaction-scoped advisory lock that serialises
-// schema application among replicas starting at once: CREATE ... IF NOT
-// EXISTS is not safe against a concurrent CREATE of the same object.
-const schemaLockKey = 0x6f7574626f78 // "outbox"
-
-// schemaChecksum identifies this binary's schema.sql.
-func schemaChecksum() string {
-	sum := sha256.Sum256([]byte(schemaSQL))
-	return hex.EncodeToString(sum[:])
-}
-
-// migrateAttempts bounds migrate's retries of a deadlock: a replica that
-// starts with a new schema.sql while others serve traffic can be chosen as
-// the victim (its DDL locks events, then jobs; the relay holds jobs and
-// waits for events), and must try again, not exit.
-const migrateAttempts = 5
-
-// migrate applies schema.sql in one transaction, unless this exact file
-// was applied before. The check matters: schema.sql's ALTER TABLE and
-// CREATE OR REPLACE TRIGGER take locks on the hot tables that queue every
-// application INSERT behind them, so a replica restarting under load must
-// not run them when there is nothing to change.
-func migrate(ctx context.Context, db *sql.DB) error {
-	checksum := schemaChecksum()
-	if applied, err := schemaApplied(ctx, db, checksum); err == nil && applied {
-		return nil
-	}
-	for attempt := 1; ; attempt++ {
-		err := migrateOnce(ctx, db, checksum)
-		if attempt == migrateAttempts || pq.As(err, pqerror.TRDeadlockDetected, pqerror.TRSerializationFailure) == nil {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
-		}
-	}
-}
-
-func migrateOnce(ctx context.Context, db *sql.DB, checksum string) error {
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("migrate: %w", err)
-	}
-	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, schemaLockKey); err != nil {
-		return fmt.Errorf("migrate: lock: %w", err)
-	}
-	// Another replica may have applied it while this one waited.
-	if applied, err := schemaApplied(ctx, tx, checksum); err != nil {
-		return err
-	} else if applied {
-		return nil
-	}
-	// The simple query protocol (no parameters) runs the whole file as one
-	// multi-statement string.
-	if _, err := tx.ExecContext(ctx, schemaSQL); err != nil {
-		return fmt.Errorf("migrate: apply schema.sql: %w", err)
-	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO outbox.schema_applied (checksum) VALUES ($1) ON CONFLICT DO NOTHING`, checksum); err != nil {
-		return fmt.Errorf("migrate: record checksum: %w", err)
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("migrate: commit: %w", err)
-	}
-	return nil
-}
-
-// schemaApplied reports whether schema.sql with this checksum was applied.
-func schemaApplied(ctx context.Context, q interface {
-	QueryRowContext(context.Context, string, ...any) *sql.Row
-}, checksum string) (bool, error) {
-	var exists bool
-	if err := q.QueryRowContext(ctx, `SELECT to_regclass('outbox.schema_applied') IS NOT NULL`).Scan(&exists); err != nil {
-		return false, fmt.Errorf("migrate: %w", err)
-	}
-	if !exists {
-		return false, nil
-	}
-	var applied bool
-	err := q.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM outbox.schema_applied WHERE checksum = $1)`, checksum).Scan(&applied)
-	if err != nil {
-		return false, fmt.Errorf("migrate: %w", err)
-	}
-	return applied, nil
 }
 
 // serverSettingRisks are the server settings that, when off, break what

@@ -685,7 +685,7 @@ func connect(ctx context.Context, cfg Config, logger *slog.Logger) (db *sql.DB, 
 	}
 	db, err = openDBWaiting(ctx, dsn, cfg.DBMaxConns, cfg.DatabaseWait, logger)
 	if err == nil {
-		err = migrate(ctx, db)
+		err = migrateLogged(ctx, db, logger)
 		if err != nil {
 			db.Close()
 		}

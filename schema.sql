@@ -1,8 +1,16 @@
 -- schema.sql: every table, index and SQL function of outboxd, in the order an
--- event moves through them. outboxd applies this file at every start (and on
--- `outboxd migrate`) inside one transaction that holds a transaction-scoped
--- advisory lock, so every statement here must be idempotent and two replicas
--- starting at once apply it one after the other.
+-- event moves through them. outboxd applies this file at start (and on
+-- `outboxd migrate`) inside one transaction, under an advisory lock that
+-- lets one replica at a time migrate, so every statement here must be
+-- idempotent. The transaction locks every table of outbox first, and its
+-- lock waits together are bounded (lock_timeout); a try that runs out is
+-- rolled back and retried (migrate.go): a statement that locks a hot table
+-- never queues the producers behind it for long.
+--
+-- The indexes of the queue tables are not here: schema_indexes.sql builds
+-- them CONCURRENTLY once this file has committed, outside any transaction.
+-- This file keeps the indexes of the small tables (endpoints, replays,
+-- owner notifications, panel sessions), which build in milliseconds.
 
 -- Created only when missing: CREATE SCHEMA IF NOT EXISTS wants the right
 -- to create schemas even when there is nothing to create, which a role
@@ -145,11 +153,7 @@ ALTER TABLE outbox.events SET (
   autovacuum_analyze_scale_factor = 0.02
 );
 
--- Serves the relay's claim (outbox.claim_unfanned): "un-fanned, not
--- poisoned, oldest first". The predicate is exactly the claim's WHERE.
-CREATE INDEX IF NOT EXISTS events_unfanned_by_id
-  ON outbox.events (id)
-  WHERE fanned_out_at IS NULL AND poisoned_at IS NULL;
+-- Index events_unfanned_by_id: schema_indexes.sql.
 
 -- claim_unfanned locks up to batch un-fanned events, oldest first, for the
 -- caller's transaction: mark_fanned_out's claim, and the relay's list of
@@ -213,18 +217,8 @@ BEGIN
 END
 $$;
 
--- Serves the poisoned count and list on the overview.
-CREATE INDEX IF NOT EXISTS events_poisoned_by_id
-  ON outbox.events (id)
-  WHERE poisoned_at IS NOT NULL;
-
--- Serves events retention (retention.go): "fanned out before the cutoff,
--- oldest first". Un-fanned and poisoned rows, which retention never deletes,
--- stay out of it, so the hourly delete walks only rows it may remove instead
--- of scanning the whole table.
-CREATE INDEX IF NOT EXISTS events_fanned_by_fanned_out_at
-  ON outbox.events (fanned_out_at)
-  WHERE fanned_out_at IS NOT NULL;
+-- Indexes events_poisoned_by_id, events_fanned_by_fanned_out_at:
+-- schema_indexes.sql.
 
 -- relay_state is one row: whether a relay may be asleep waiting for a
 -- notification (idle) or every relay that is awake keeps claiming without
@@ -755,12 +749,7 @@ EXCEPTION WHEN duplicate_object THEN
 END
 $$;
 
--- Serves a replay's progress (replay.go): its jobs waiting or running,
--- and those finished in the last minute, by state; and the SET NULL when
--- a replay's row is deleted.
-CREATE INDEX IF NOT EXISTS jobs_by_replay_state
-  ON outbox.jobs (replay_id, state, finalized_at)
-  WHERE replay_id IS NOT NULL;
+-- Index jobs_by_replay_state: schema_indexes.sql.
 
 -- replay_share is how many of an endpoint's deliveries its replay lane
 -- may run at once: a quarter of its cap, at least 1. replayShare in
@@ -773,37 +762,9 @@ AS $$
   SELECT greatest(1, max_in_flight / 4)
 $$;
 
--- Serve the workers' claim (outbox.claim_jobs), one lane at a time:
--- an endpoint's live waiting jobs, soonest first; its replayed ones, the
--- same way; and the jobs of no endpoint (in-process subscribers, owner
--- notifications, deliveries of a deleted endpoint), soonest first.
--- Partial, so they hold only the jobs waiting to run, however many
--- finished ones the table keeps. They replace one index of every waiting
--- job by due time, in which a hung endpoint's backlog sat in front of
--- everyone else's jobs; and one of an endpoint's waiting jobs, live and
--- replayed together, in which a replay's backlog sat in front of the live
--- deliveries behind it.
-DROP INDEX IF EXISTS outbox.jobs_due_by_scheduled_at;
-DROP INDEX IF EXISTS outbox.jobs_waiting_by_endpoint;
-CREATE INDEX IF NOT EXISTS jobs_waiting_live_by_endpoint
-  ON outbox.jobs (endpoint_id, scheduled_at, id)
-  WHERE state IN ('available', 'retryable') AND endpoint_id IS NOT NULL AND replay_id IS NULL;
-CREATE INDEX IF NOT EXISTS jobs_waiting_replay_by_endpoint
-  ON outbox.jobs (endpoint_id, scheduled_at, id)
-  WHERE state IN ('available', 'retryable') AND endpoint_id IS NOT NULL AND replay_id IS NOT NULL;
-CREATE INDEX IF NOT EXISTS jobs_waiting_without_endpoint
-  ON outbox.jobs (scheduled_at, id)
-  WHERE state IN ('available', 'retryable') AND endpoint_id IS NULL;
-
--- Serve the claim's counts of an endpoint's deliveries in flight, which
--- it holds below the endpoint's cap, and of its replayed ones, which it
--- holds below the replay share: at most max_in_flight entries each.
-CREATE INDEX IF NOT EXISTS jobs_running_by_endpoint
-  ON outbox.jobs (endpoint_id)
-  WHERE state = 'running' AND endpoint_id IS NOT NULL;
-CREATE INDEX IF NOT EXISTS jobs_running_replay_by_endpoint
-  ON outbox.jobs (endpoint_id)
-  WHERE state = 'running' AND endpoint_id IS NOT NULL AND replay_id IS NOT NULL;
+-- Indexes jobs_waiting_live_by_endpoint, jobs_waiting_replay_by_endpoint,
+-- jobs_waiting_without_endpoint, jobs_running_by_endpoint,
+-- jobs_running_replay_by_endpoint: schema_indexes.sql.
 
 -- claim_jobs is the workers' claim (deliver.go). It takes up to batch due
 -- jobs, marks them running with their next attempt number, and returns
@@ -1121,20 +1082,8 @@ $$;
 ALTER TABLE outbox.jobs
   ADD COLUMN IF NOT EXISTS lane_key text;
 
--- Serves advance_lanes: a lane's unfinished deliveries, the active one
--- (a real due time) first, then the held ones by event id.
-DROP INDEX IF EXISTS outbox.jobs_unfinished_by_lane;
-CREATE INDEX IF NOT EXISTS jobs_unfinished_by_lane_event
-  ON outbox.jobs (endpoint_id, lane_key, scheduled_at, event_id)
-  WHERE lane_key IS NOT NULL AND state IN ('available', 'retryable', 'running');
-
--- The guarantee itself, whatever a statement elsewhere does: a second
--- active delivery in a lane is refused by the database.
-CREATE UNIQUE INDEX IF NOT EXISTS jobs_one_active_per_lane
-  ON outbox.jobs (endpoint_id, lane_key)
-  WHERE lane_key IS NOT NULL
-    AND state IN ('available', 'retryable', 'running')
-    AND scheduled_at < 'infinity';
+-- Indexes jobs_unfinished_by_lane_event, jobs_one_active_per_lane:
+-- schema_indexes.sql.
 
 -- advance_lanes makes the next held delivery of each given lane due: the
 -- one of the lowest event id, if the lane has no active delivery and no
@@ -1213,31 +1162,9 @@ BEGIN
 END
 $$;
 
--- Serves the rescuer: jobs running for longer than the rescue horizon.
-CREATE INDEX IF NOT EXISTS jobs_running_by_attempted_at
-  ON outbox.jobs (attempted_at)
-  WHERE state = 'running';
-
--- Serves the event's job list, the ON DELETE CASCADE from events, and
--- retention's check that no unfinished job still needs an event.
-CREATE INDEX IF NOT EXISTS jobs_by_event_id
-  ON outbox.jobs (event_id);
-
--- Serves the job cleaner and the count of recent completions. Partial, so
--- that only a job's last change, to completed or discarded, writes an entry:
--- the first index of this name held every job and took an entry at every
--- state change, three per job.
-DROP INDEX IF EXISTS outbox.jobs_by_state_finalized_at;
-CREATE INDEX IF NOT EXISTS jobs_finished_by_state_finalized_at
-  ON outbox.jobs (state, finalized_at)
-  WHERE state IN ('completed', 'discarded');
-
--- One delivery job per (event, endpoint): a second fan-out of an event to
--- the same endpoint is refused by the database, not delivered twice. Also
--- serves an endpoint's delivery list and the SET NULL on endpoint delete.
-CREATE UNIQUE INDEX IF NOT EXISTS jobs_one_per_event_endpoint
-  ON outbox.jobs (endpoint_id, event_id)
-  WHERE endpoint_id IS NOT NULL;
+-- Indexes jobs_running_by_attempted_at, jobs_by_event_id,
+-- jobs_finished_by_state_finalized_at, jobs_one_per_event_endpoint:
+-- schema_indexes.sql.
 
 -- Wake the workers when jobs are inserted, the same way events wake the relay.
 CREATE OR REPLACE FUNCTION outbox.notify_jobs() RETURNS trigger
@@ -1279,9 +1206,7 @@ CREATE TABLE IF NOT EXISTS outbox.deliveries (
   CONSTRAINT deliveries_response_excerpt_length CHECK (length(response_excerpt) <= 1100)
 );
 
--- Serves an endpoint's recent attempts on the panel.
-CREATE INDEX IF NOT EXISTS deliveries_by_endpoint_finished_at
-  ON outbox.deliveries (endpoint_id, finished_at);
+-- Index deliveries_by_endpoint_finished_at: schema_indexes.sql.
 
 --------------------------------------------------------------------------------
 -- Owner notifications: an endpoint's owner hears when it fails
@@ -1398,10 +1323,7 @@ CREATE TABLE IF NOT EXISTS outbox.inbox (
   CONSTRAINT inbox_webhook_id_length CHECK (length(webhook_id) BETWEEN 1 AND 256)
 );
 
--- Serves inbox retention: DELETE FROM outbox.inbox ... WHERE received_at <
--- cutoff, in batches.
-CREATE INDEX IF NOT EXISTS inbox_by_received_at
-  ON outbox.inbox (received_at);
+-- Index inbox_by_received_at: schema_indexes.sql.
 
 --------------------------------------------------------------------------------
 -- Subject index: the latest event per subject (an in-process subscriber)
@@ -1441,10 +1363,7 @@ BEGIN
 END
 $$;
 
--- Serves the search by subject prefix (LIKE 'prefix%'), whatever the
--- database's collation.
-CREATE INDEX IF NOT EXISTS subjects_by_subject_prefix
-  ON outbox.subjects (subject text_pattern_ops);
+-- Index subjects_by_subject_prefix: schema_indexes.sql.
 
 --------------------------------------------------------------------------------
 -- Retention's last cycle: what every replica's overview alerts on

@@ -1,0 +1,665 @@
+// migrate_test.go: the schema applied online: what the two files may hold,
+// the bounded and retried lock waits, the rebuild of an invalid index, one
+// replica at a time, and producers kept writing while an index builds.
+
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/lib/pq"
+	"github.com/lib/pq/pqerror"
+)
+
+// The bounds migrate runs under, as migrate.go's comments and the README
+// state them.
+func TestMigrationBoundsAreTheDocumentedOnes(t *testing.T) {
+	t.Parallel()
+	m := newMigration(nil)
+	got := []any{m.lockWait, m.indexLockWait, m.attempts, m.backoff, m.backoffMax}
+	want := []any{500 * time.Millisecond, time.Minute, 10, 250 * time.Millisecond, 5 * time.Second}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("lock wait, index lock wait, attempts, first pause, longest pause (-want +got):\n%s", diff)
+	}
+	// The pauses between the 10 tries: 27.75 s in all, so a lock held
+	// for about half a minute is waited out.
+	var total time.Duration
+	pause := m.backoff
+	for range m.attempts - 1 {
+		total += pause
+		pause = min(2*pause, m.backoffMax)
+	}
+	if total != 27750*time.Millisecond {
+		t.Errorf("pauses add up to %s, want 27.75s", total)
+	}
+}
+
+func TestSplitSQL(t *testing.T) {
+	t.Parallel()
+	src := "-- a comment; not a statement\n" +
+		"CREATE TABLE a (x text DEFAULT 'semi;colon''s');\n" +
+		"\n" +
+		"/* block; comment */ SELECT \"odd;name\" FROM a;\n" +
+		"DO $$ BEGIN PERFORM 1; END $$;\n" +
+		"CREATE FUNCTION f() RETURNS int LANGUAGE sql AS $body$ SELECT 1; $body$;\n" +
+		"SELECT $1::int -- trailing; comment\n" +
+		"  + 2;\n" +
+		"SELECT 'no semicolon at the end'"
+	var got []string
+	for _, s := range splitSQL(src) {
+		got = append(got, fmt.Sprintf("%d: %s", s.line, s.text))
+	}
+	want := []string{
+		"2: CREATE TABLE a (x text DEFAULT 'semi;colon''s')",
+		"4: SELECT \"odd;name\" FROM a",
+		"5: DO $$ BEGIN PERFORM 1; END $$",
+		"6: CREATE FUNCTION f() RETURNS int LANGUAGE sql AS $body$ SELECT 1; $body$",
+		"7: SELECT $1::int -- trailing; comment\n  + 2",
+		"9: SELECT 'no semicolon at the end'",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("statements (-want +got):\n%s", diff)
+	}
+}
+
+// queueTables are the tables that grow with the traffic: an index built on
+// one of them inside the migration's transaction blocks its writers for
+// the whole build.
+var queueTables = []string{"events", "jobs", "deliveries", "inbox", "subjects"}
+
+// Every index of a queue table is built CONCURRENTLY from
+// schema_indexes.sql, none in schema.sql's transaction; and that file
+// holds only the two forms migrate accepts. A new index written into
+// schema.sql out of habit fails here, named.
+func TestSchemaBuildsNoQueueTableIndexInItsTransaction(t *testing.T) {
+	t.Parallel()
+	onQueueTable := regexp.MustCompile(`(?is)^(CREATE\s+(UNIQUE\s+)?INDEX\b.*\bON\s+(ONLY\s+)?outbox\.(` + strings.Join(queueTables, "|") + `)\b|DROP\s+INDEX\b.*\boutbox\.(` + strings.Join(queueTables, "|") + `)_|REINDEX\b)`)
+	stmts := splitSQL(schemaSQL)
+	if len(stmts) < 50 {
+		t.Fatalf("schema.sql split into %d statements; the splitter is broken", len(stmts))
+	}
+	for _, s := range stmts {
+		if onQueueTable.MatchString(s.text) {
+			t.Errorf("%s: an index of a queue table belongs in schema_indexes.sql, built CONCURRENTLY", s.label("schema.sql"))
+		}
+	}
+	indexes, err := parseIndexStatements(schemaIndexesSQL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var creates, drops int
+	for _, ix := range indexes {
+		if ix.drop {
+			drops++
+		} else {
+			creates++
+		}
+	}
+	if creates != 18 || drops != 4 {
+		t.Errorf("schema_indexes.sql: %d builds and %d drops, want 18 and 4", creates, drops)
+	}
+}
+
+func TestSchemaIndexesRefuseAnyOtherStatement(t *testing.T) {
+	t.Parallel()
+	for _, bad := range []string{
+		"CREATE INDEX IF NOT EXISTS jobs_x ON outbox.jobs (id)",              // would block writers
+		"CREATE INDEX CONCURRENTLY jobs_x ON outbox.jobs (id)",               // not idempotent
+		"DROP INDEX IF EXISTS outbox.jobs_x",                                 // would block writers
+		"ALTER TABLE outbox.jobs ADD COLUMN x text",                          // not an index
+		"CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_x ON public.jobs (id)", // not outbox's
+	} {
+		_, err := parseIndexStatements("-- header\n\n" + bad + ";\n")
+		if err == nil || !strings.Contains(err.Error(), "schema_indexes.sql:3 "+bad[:20]) {
+			t.Errorf("%q: error %v, want one naming schema_indexes.sql:3 and the statement", bad, err)
+		}
+	}
+}
+
+// shortMigration is this binary's migration with bounds a test can wait
+// out, logging into logs.
+func shortMigration(logs *syncBuffer, attempts int) migration {
+	m := newMigration(slog.New(slog.NewTextHandler(logs, nil)))
+	m.lockWait = 100 * time.Millisecond
+	m.indexLockWait = 200 * time.Millisecond
+	m.attempts = attempts
+	m.backoff = 20 * time.Millisecond
+	m.backoffMax = 40 * time.Millisecond
+	return m
+}
+
+// holdTableLock begins a transaction that reads table, which holds a lock
+// every ALTER TABLE of it waits for, until the returned rollback.
+func holdTableLock(t *testing.T, db *sql.DB, table string) (rollback func()) {
+	t.Helper()
+	tx, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(`SELECT count(*) FROM ` + table); err != nil {
+		t.Fatal(err)
+	}
+	return func() { tx.Rollback() }
+}
+
+// A session holding a lock that schema.sql's statement needs makes the
+// migration give up that try after its lock wait and try again, logging
+// the statement, and the migration succeeds once the lock is released.
+func TestMigrationWaitsOutAHeldLockInTries(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	ctx := context.Background()
+	mustExec(t, db, `DELETE FROM outbox.schema_applied`) // a new release's schema
+	release := holdTableLock(t, db, "outbox.jobs")
+	defer release()
+
+	var logs syncBuffer
+	done := make(chan error, 1)
+	go func() { done <- shortMigration(&logs, 1000).run(ctx, db) }()
+	waitFor(t, "a second try", 20*time.Second, func() bool {
+		return strings.Contains(logs.String(), "attempt=2 ")
+	})
+	select {
+	case err := <-done:
+		t.Fatalf("migration ended while the lock was held: %v", err)
+	default:
+	}
+	if !strings.Contains(logs.String(), "outbox.jobs") {
+		t.Errorf("the retry's log does not name the statement on outbox.jobs:\n%s", logs.String())
+	}
+	release()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("migration after the lock was released: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("migration still running 20 s after the lock was released")
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.schema_applied WHERE checksum = $1`, schemaChecksum()); n != 1 {
+		t.Errorf("checksum rows: %d, want 1", n)
+	}
+}
+
+// A lock never released: the migration gives up after its attempts,
+// with an error that names the statement (here the LOCK TABLE of
+// outbox.jobs its transaction begins with; a statement of the file is
+// named by its line, as TestIndexBuildWaitingOnAnOldTransactionFailsNamedThenRecovers
+// shows for schema_indexes.sql), and keeps the lock timeout's code for a
+// caller to test.
+func TestMigrationNamesTheStatementWhenALockIsNeverReleased(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	mustExec(t, db, `DELETE FROM outbox.schema_applied`)
+	release := holdTableLock(t, db, "outbox.jobs")
+	defer release()
+
+	var logs syncBuffer
+	began := time.Now()
+	err := shortMigration(&logs, 3).run(context.Background(), db)
+	took := time.Since(began)
+	if err == nil {
+		t.Fatal("migration succeeded while a lock it needs was held")
+	}
+	if pq.As(err, pqerror.LockNotAvailable) == nil {
+		t.Errorf("error %v is not the lock timeout", err)
+	}
+	for _, want := range []string{"migrate: schema.sql: lock table outbox.jobs: gave up after 3 attempts, each waiting at most 100ms for locks"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	// Three tries: two retries logged, two pauses (20 ms, 40 ms) and at
+	// most three lock waits of 100 ms.
+	if n := strings.Count(logs.String(), "trying again"); n != 2 {
+		t.Errorf("%d retries logged, want 2:\n%s", n, logs.String())
+	}
+	if took < 60*time.Millisecond || took > 10*time.Second {
+		t.Errorf("gave up after %s, want between the pauses' 60ms and 10s", took)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.schema_applied`); n != 0 {
+		t.Errorf("%d checksums recorded by a migration that failed", n)
+	}
+}
+
+// indexState is what pg_index says of outbox.name: "valid", "invalid" or
+// "absent"; and its definition.
+func indexState(t *testing.T, db *sql.DB, name string) (state, def string) {
+	t.Helper()
+	var valid bool
+	err := db.QueryRow(`SELECT indisvalid, pg_get_indexdef(indexrelid) FROM pg_index WHERE indexrelid = to_regclass('outbox.' || $1)`, name).Scan(&valid, &def)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return "absent", ""
+	case err != nil:
+		t.Fatal(err)
+	case valid:
+		return "valid", def
+	}
+	return "invalid", def
+}
+
+// An index a concurrent build left INVALID (here: a unique build refused
+// by duplicates, as a crash or a cancel would leave it) exists by name, so
+// IF NOT EXISTS alone would keep it: unusable by every query, maintained
+// by every write. The migration drops it and builds it as written.
+func TestMigrationRebuildsAnIndexLeftInvalid(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	_, wantDef := indexState(t, db, "jobs_by_event_id")
+	mustExec(t, db, `SELECT outbox.record('t', 's', '{}')`)
+	mustExec(t, db, `INSERT INTO outbox.jobs (kind, event_id, max_attempts)
+		SELECT 'test', id, 1 FROM outbox.events CROSS JOIN generate_series(1, 2)`)
+	mustExec(t, db, `DROP INDEX outbox.jobs_by_event_id`)
+	if _, err := db.Exec(`CREATE UNIQUE INDEX CONCURRENTLY jobs_by_event_id ON outbox.jobs (event_id)`); pq.As(err, pqerror.UniqueViolation) == nil {
+		t.Fatalf("the unique build over duplicates: %v, want a unique violation", err)
+	}
+	if state, _ := indexState(t, db, "jobs_by_event_id"); state != "invalid" {
+		t.Fatalf("after the failed build the index is %s, want invalid", state)
+	}
+	mustExec(t, db, `DELETE FROM outbox.schema_applied`)
+	var logs syncBuffer
+	if err := shortMigration(&logs, 3).run(context.Background(), db); err != nil {
+		t.Fatal(err)
+	}
+	state, def := indexState(t, db, "jobs_by_event_id")
+	if state != "valid" || def != wantDef {
+		t.Errorf("after migrating: %s %q, want valid %q", state, def, wantDef)
+	}
+	if !strings.Contains(logs.String(), `msg="index left invalid by a build that did not finish; building it again" index=jobs_by_event_id`) {
+		t.Errorf("the rebuild is not logged:\n%s", logs.String())
+	}
+}
+
+// A build that cannot finish within its lock wait (it waits for every
+// older transaction, and one is left open) is retried, then fails naming
+// the index statement; what it leaves invalid is rebuilt by the next
+// migration, once that transaction has ended.
+func TestIndexBuildWaitingOnAnOldTransactionFailsNamedThenRecovers(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	mustExec(t, db, `DROP INDEX outbox.jobs_by_event_id`)
+	mustExec(t, db, `DELETE FROM outbox.schema_applied`)
+	// An old snapshot on a table the migration never locks: schema.sql's
+	// transaction goes through, the concurrent build waits.
+	mustExec(t, db, `CREATE TABLE elsewhere (x int)`)
+	tx, err := db.BeginTx(context.Background(), &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.Exec(`SELECT count(*) FROM elsewhere`); err != nil {
+		t.Fatal(err)
+	}
+
+	var logs syncBuffer
+	err = shortMigration(&logs, 2).run(context.Background(), db)
+	if err == nil || !regexp.MustCompile(`migrate: schema_indexes\.sql:\d+ CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_by_event_id .*gave up after 2 attempts, each waiting at most 200ms`).MatchString(err.Error()) {
+		t.Fatalf("migration with an old transaction open: %v; want the build of jobs_by_event_id named", err)
+	}
+	if state, _ := indexState(t, db, "jobs_by_event_id"); state != "invalid" {
+		t.Fatalf("the interrupted build left the index %s, want invalid (what this test recovers from)", state)
+	}
+	tx.Rollback()
+	if err := shortMigration(&logs, 2).run(context.Background(), db); err != nil {
+		t.Fatal(err)
+	}
+	if state, _ := indexState(t, db, "jobs_by_event_id"); state != "valid" {
+		t.Errorf("after the next migration the index is %s, want valid", state)
+	}
+}
+
+// Two replicas starting at once with a pending index change: one builds
+// it, the other waits for it and then finds nothing to do.
+func TestTwoReplicasMigratingAtOnceBuildOnce(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	mustExec(t, db, `DROP INDEX outbox.jobs_by_event_id`)
+	mustExec(t, db, `DELETE FROM outbox.schema_applied`)
+	var logs [2]syncBuffer
+	var wg sync.WaitGroup
+	var errs [2]error
+	for i := range 2 {
+		wg.Go(func() { errs[i] = shortMigration(&logs[i], 10).run(context.Background(), db) })
+	}
+	wg.Wait()
+	if errs[0] != nil || errs[1] != nil {
+		t.Fatalf("migrations: %v, %v", errs[0], errs[1])
+	}
+	all := logs[0].String() + logs[1].String()
+	if n := strings.Count(all, "index built concurrently"); n != 1 {
+		t.Errorf("%d builds logged, want 1:\n%s", n, all)
+	}
+	if state, _ := indexState(t, db, "jobs_by_event_id"); state != "valid" {
+		t.Errorf("the index is %s, want valid", state)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM pg_locks
+		WHERE locktype = 'advisory' AND classid = $1 AND objid = $2 AND objsubid = 1
+		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
+		schemaLockKey>>32, schemaLockKey&0xffffffff); n != 0 {
+		t.Errorf("%d advisory locks of the schema left after both migrations", n)
+	}
+}
+
+// stallProbe runs producers, each writing in a loop, and keeps how long
+// every write took.
+type stallProbe struct {
+	stop   atomic.Bool
+	wg     sync.WaitGroup
+	mu     sync.Mutex // protects writes
+	writes []stallWrite
+}
+
+type stallWrite struct {
+	began time.Time
+	took  time.Duration
+}
+
+// startStallProbe starts n producers, the i-th calling write(i) until
+// stopped.
+func startStallProbe(t *testing.T, n int, write func(i int) error) *stallProbe {
+	p := &stallProbe{}
+	for i := range n {
+		p.wg.Go(func() {
+			for !p.stop.Load() {
+				began := time.Now()
+				if err := write(i); err != nil {
+					t.Errorf("producer: %v", err)
+					return
+				}
+				p.mu.Lock()
+				p.writes = append(p.writes, stallWrite{began, time.Since(began)})
+				p.mu.Unlock()
+			}
+		})
+	}
+	t.Cleanup(p.stopAndWait)
+	return p
+}
+
+// stopAndWait lets every producer finish the write it is in, so a write
+// held up by a lock is measured once the lock goes, and waits for them.
+func (p *stallProbe) stopAndWait() {
+	p.stop.Store(true)
+	p.wg.Wait()
+}
+
+// longestDuring is the longest write, among those that ran at some point
+// between from and to, and how many there were. Call it after stopAndWait.
+func (p *stallProbe) longestDuring(from, to time.Time) (longest time.Duration, writes int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, w := range p.writes {
+		if w.began.Before(to) && w.began.Add(w.took).After(from) {
+			longest = max(longest, w.took)
+			writes++
+		}
+	}
+	return longest, writes
+}
+
+// Issue 19: a migration under write load stalls producers for at most
+// 1 s. Four producers write while a migration with a pending index on
+// outbox.jobs runs; the longest single write stays under 1 s. The same
+// build as the migration used to run it, inside a transaction, is the
+// control: it stalls them for longer, so the bound means something here.
+//
+// The build is made slow by its key (1 ms a row, PARALLEL UNSAFE, so one
+// process builds it: the 1,000 'old' rows take about 2 s) rather than by
+// millions of rows, which would take this test minutes to insert; what is
+// measured is who waits for the build, not how fast it is. The producers'
+// rows stay out of the partial index, so the build takes as long however
+// fast they write.
+func TestMigrationUnderWriteLoadStallsProducersBriefly(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	db.SetMaxOpenConns(10)
+	ctx := context.Background()
+	mustExec(t, db, `CREATE FUNCTION public.slow_key(id bigint) RETURNS bigint
+		LANGUAGE plpgsql IMMUTABLE PARALLEL UNSAFE AS $$
+		BEGIN
+		  PERFORM pg_sleep(0.001);
+		  RETURN id;
+		END $$`)
+	var eventID int64
+	if err := db.QueryRow(`SELECT outbox.record('t', 's', '{}')`).Scan(&eventID); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, `INSERT INTO outbox.jobs (kind, event_id, max_attempts, state, finalized_at)
+		SELECT 'old', $1, 1, 'completed', now() FROM generate_series(1, 1000)`, eventID)
+	mustExec(t, db, `ANALYZE outbox.jobs`)
+	const pending = `CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_by_slow_key ON outbox.jobs (public.slow_key(id)) WHERE kind = 'old'`
+
+	// Two producers record events, two insert jobs, one row a transaction
+	// each, as an application's INSERTs.
+	produce := func(i int) error {
+		if i%2 == 0 {
+			_, err := db.ExecContext(ctx, `SELECT outbox.record('load', 's', '{}')`)
+			return err
+		}
+		_, err := db.ExecContext(ctx, `INSERT INTO outbox.jobs (kind, event_id, max_attempts) VALUES ('load', $1, 1)`, eventID)
+		return err
+	}
+	probe := startStallProbe(t, 4, produce)
+	waitFor(t, "producers writing", 10*time.Second, func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE kind = 'load'`) > 10
+	})
+
+	// The migration a new release brings: schema.sql changed (not yet
+	// recorded) and an index to build.
+	var logs syncBuffer
+	m := newMigration(slog.New(slog.NewTextHandler(&logs, nil)))
+	m.indexes += "\n" + pending + ";\n"
+	from := time.Now()
+	err := m.run(ctx, db)
+	to := time.Now()
+	probe.stopAndWait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stall, writes := probe.longestDuring(from, to)
+	t.Logf("migration took %s: longest producer write %s, %d writes meanwhile; its log:\n%s", to.Sub(from), stall, writes, logs.String())
+	built := regexp.MustCompile(`msg="index built concurrently" index=jobs_by_slow_key took=(\S+)`).FindStringSubmatch(logs.String())
+	if built == nil {
+		t.Fatalf("the pending index was not built:\n%s", logs.String())
+	}
+	if took, _ := time.ParseDuration(built[1]); took < time.Second {
+		t.Errorf("the build took %s; the test needs one longer than the bound to mean anything", took)
+	}
+	if stall > time.Second {
+		t.Errorf("a producer's write took %s during the migration, want at most 1s", stall)
+	}
+	if writes < 100 {
+		t.Errorf("%d writes during the migration: the producers were not writing through it", writes)
+	}
+	if state, _ := indexState(t, db, "jobs_by_slow_key"); state != "valid" {
+		t.Errorf("the index built under load is %s, want valid", state)
+	}
+
+	// The control: the same build in a transaction, as schema.sql's
+	// CREATE INDEX IF NOT EXISTS used to run it.
+	mustExec(t, db, `DROP INDEX outbox.jobs_by_slow_key`)
+	probe = startStallProbe(t, 4, produce)
+	waitFor(t, "producers writing again", 10*time.Second, func() bool {
+		_, n := probe.longestDuring(time.Now().Add(-time.Hour), time.Now())
+		return n > 10
+	})
+	from = time.Now()
+	_, err = db.Exec(`BEGIN; CREATE INDEX IF NOT EXISTS jobs_by_slow_key ON outbox.jobs (public.slow_key(id)) WHERE kind = 'old'; COMMIT`)
+	to = time.Now()
+	probe.stopAndWait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	controlStall, controlWrites := probe.longestDuring(from, to)
+	t.Logf("control, the build in a transaction, took %s: longest producer write %s, %d writes meanwhile", to.Sub(from), controlStall, controlWrites)
+	if controlStall <= time.Second {
+		t.Errorf("the build in a transaction stalled producers %s, not more than the 1s bound: the table is too small for the test to tell", controlStall)
+	}
+}
+
+// The next release, as far as the schema goes: a column and an index on
+// outbox.jobs that this release knows nothing of.
+func nextReleaseMigration(logger *slog.Logger) migration {
+	m := newMigration(logger)
+	m.schema += "\nALTER TABLE outbox.jobs ADD COLUMN IF NOT EXISTS upgrade_note text;\n"
+	m.indexes += "\nCREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_by_upgrade_note ON outbox.jobs (upgrade_note) WHERE upgrade_note IS NOT NULL;\n"
+	return m
+}
+
+// testReplica is one replica's pipeline in this process: its own pool, a
+// relay and a worker pool, whose subscriber writes down which replica ran
+// each event.
+type testReplica struct {
+	name   string
+	db     *sql.DB
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func startTestReplica(t *testing.T, dsn, name string) *testReplica {
+	t.Helper()
+	db, err := openDB(context.Background(), dsn, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := newSubscriberRegistry()
+	reg.Register(Subscriber{Name: "effects", Handle: func(ctx context.Context, tx *sql.Tx, ev Event) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO effects VALUES ($1, $2)`, ev.ID, name)
+		return err
+	}})
+	relayCfg := defaultConfig().Relay
+	relayCfg.SweepInterval = 20 * time.Millisecond
+	workerCfg := defaultConfig().Workers
+	workerCfg.PollInterval = 20 * time.Millisecond
+	workerCfg.Concurrency = 4
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &testReplica{name: name, db: db, cancel: cancel}
+	rl := newRelay(db, relayCfg, 18, fanOutTargets(reg), testLogger(t).With("replica", name))
+	wp := newWorkerPool(db, workerCfg, 10*time.Second, reg, nil, testLogger(t).With("replica", name))
+	r.wg.Go(func() { rl.Run(ctx, nil, nil) })
+	r.wg.Go(func() { wp.Run(ctx, nil) })
+	t.Cleanup(r.stop)
+	return r
+}
+
+// stop shuts the replica down as SIGTERM does: its loops end, running
+// jobs finish, then its pool closes.
+func (r *testReplica) stop() {
+	r.cancel()
+	r.wg.Wait()
+	r.db.Close()
+}
+
+// Issue 19's rolling upgrade: two replicas of this release deliver while
+// producers record; one is replaced by the next release, which migrates
+// (a column and an index on outbox.jobs) under that load, then the other.
+// The replica still on this release delivers after the schema change it
+// does not know, the next release delivers, and no event is lost.
+// (The next release is this code plus a schema change: what the test
+// exercises is the migration's effect on a running pipeline.)
+func TestRollingUpgradeWithASchemaChangeLosesNothing(t *testing.T) {
+	t.Parallel()
+	db, dsn := newTestDB(t)
+	mustExec(t, db, `CREATE TABLE effects (event_id bigint NOT NULL, replica text NOT NULL)`) // no unique key: duplicates must show
+	effectsBy := func(replica string, afterEvent int64) int {
+		return queryInt(t, db, `SELECT count(*) FROM effects WHERE replica = $1 AND event_id > $2`, replica, afterEvent)
+	}
+
+	var stop atomic.Bool
+	var producers sync.WaitGroup
+	for p := range 4 {
+		producers.Go(func() {
+			for i := 0; !stop.Load(); i++ {
+				if _, err := recordEvent(context.Background(), db, "t", fmt.Sprintf("%d-%d", p, i), nil); err != nil {
+					t.Errorf("producer: %v", err)
+					return
+				}
+			}
+		})
+	}
+	defer func() { stop.Store(true); producers.Wait() }()
+
+	a := startTestReplica(t, dsn, "a (this release)")
+	b := startTestReplica(t, dsn, "b (this release)")
+	waitFor(t, "both replicas delivering", 30*time.Second, func() bool {
+		return effectsBy(a.name, 0) > 0 && effectsBy(b.name, 0) > 0
+	})
+
+	// a is replaced: stopped, then the next release starts and migrates
+	// while b delivers and the producers record.
+	a.stop()
+	var logs syncBuffer
+	next := nextReleaseMigration(slog.New(slog.NewTextHandler(&logs, nil)))
+	if err := next.run(context.Background(), db); err != nil {
+		t.Fatalf("the next release's migration under load: %v", err)
+	}
+	if !strings.Contains(logs.String(), `msg="index built concurrently" index=jobs_by_upgrade_note`) {
+		t.Fatalf("the next release's index was not built:\n%s", logs.String())
+	}
+	var migrated int64
+	if err := db.QueryRow(`SELECT max(id) FROM outbox.events`).Scan(&migrated); err != nil {
+		t.Fatal(err)
+	}
+	a2 := startTestReplica(t, dsn, "a (next release)")
+	waitFor(t, "both releases delivering events recorded after the schema change", 30*time.Second, func() bool {
+		return effectsBy(a2.name, migrated) >= 20 && effectsBy(b.name, migrated) >= 20
+	})
+
+	// Then b: the schema is in place, so its migration changes nothing.
+	b.stop()
+	logs = syncBuffer{}
+	if err := nextReleaseMigration(slog.New(slog.NewTextHandler(&logs, nil))).run(context.Background(), db); err != nil {
+		t.Fatal(err)
+	}
+	if logs.String() != "" {
+		t.Errorf("the second replica of the next release migrated again:\n%s", logs.String())
+	}
+	b2 := startTestReplica(t, dsn, "b (next release)")
+	waitFor(t, "the second replica of the next release delivering", 30*time.Second, func() bool {
+		return effectsBy(b2.name, migrated) >= 20
+	})
+
+	stop.Store(true)
+	producers.Wait()
+	total := queryInt(t, db, `SELECT count(*) FROM outbox.events`)
+	// A replica stopped just as its claim statement committed leaves the
+	// jobs it claimed running, unseen by its workers, until the rescuer's
+	// horizon (attempt timeout plus margin, 90 s by default) returns them
+	// to the queue; here a rescuer with a 2 s horizon, which no job of this
+	// test's subscriber runs for, stands in for it.
+	rescueCfg := defaultConfig().Workers
+	rescueCfg.AttemptTimeout, rescueCfg.RescueMargin = time.Second, time.Second
+	rescuer := newRescuer(db, rescueCfg, testLogger(t))
+	var rescued int64
+	waitFor(t, "every recorded event delivered", 60*time.Second, func() bool {
+		n, err := rescuer.rescueOnce(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		rescued += n
+		return queryInt(t, db, `SELECT count(DISTINCT event_id) FROM effects`) == total
+	})
+	lost := queryInt(t, db, `SELECT count(*) FROM outbox.events AS e WHERE NOT EXISTS (SELECT 1 FROM effects AS f WHERE f.event_id = e.id)`)
+	dups := queryInt(t, db, `SELECT count(*) - count(DISTINCT event_id) FROM effects`)
+	t.Logf("%d events recorded through the roll: %d lost, %d delivered twice, %d jobs rescued", total, lost, dups, rescued)
+	if lost != 0 {
+		t.Errorf("%d events lost in the rolling upgrade", lost)
+	}
+	// Every replica stopped as SIGTERM stops one, finishing what it ran:
+	// nothing runs twice.
+	if dups != 0 {
+		t.Errorf("%d events delivered twice", dups)
+	}
+}
