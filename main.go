@@ -685,7 +685,11 @@ func connect(ctx context.Context, cfg Config, logger *slog.Logger) (db *sql.DB, 
 	}
 	db, err = openDBWaiting(ctx, dsn, cfg.DBMaxConns, cfg.DatabaseWait, logger)
 	if err == nil {
-		err = migrateLogged(ctx, db, logger)
+		if cfg.PoolMode == poolModeTransaction {
+			err = requireMigrated(ctx, db)
+		} else {
+			err = migrateLogged(ctx, db, logger)
+		}
 		if err != nil {
 			db.Close()
 		}

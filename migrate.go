@@ -12,6 +12,7 @@ import (
 	"database/sql/driver"
 	_ "embed"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"regexp"
@@ -118,6 +119,28 @@ func migrate(ctx context.Context, db *sql.DB) error {
 // every index built.
 func migrateLogged(ctx context.Context, db *sql.DB, logger *slog.Logger) error {
 	return newMigration(logger).run(ctx, db)
+}
+
+// errMigrateThroughPooler is why a replica behind a pooler in transaction
+// mode (-pool-mode transaction) does not migrate: the migration's lock is
+// a session's, which such a pooler hands to another client between
+// transactions, and its index builds run outside any transaction.
+var errMigrateThroughPooler = errors.New("the schema of this release is not applied, and a migration cannot run through a pooler in transaction mode " +
+	"(it holds a session advisory lock): run `outboxd migrate` once with a -database-url that reaches PostgreSQL directly " +
+	"(or through a session-mode pool) and -pool-mode session, then start again")
+
+// requireMigrated is migrate's stand-in behind a pooler in transaction
+// mode: it applies nothing and fails unless this binary's schema was
+// applied (README, "Behind PgBouncer").
+func requireMigrated(ctx context.Context, db *sql.DB) error {
+	applied, err := schemaApplied(ctx, db, schemaChecksum())
+	if err != nil {
+		return err
+	}
+	if !applied {
+		return fmt.Errorf("migrate: %w", errMigrateThroughPooler)
+	}
+	return nil
 }
 
 // schemaChecksum identifies this binary's schema files.

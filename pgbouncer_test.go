@@ -8,6 +8,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -588,5 +589,44 @@ func TestPgBouncerPipelineDeliversAndSweeps(t *testing.T) {
 	var discarded int
 	if err := direct.QueryRow(`SELECT count(*) FROM outbox.events WHERE fanned_out_at IS NULL OR poisoned_at IS NOT NULL`).Scan(&discarded); err != nil || discarded != 0 {
 		t.Errorf("%d events not fanned or poisoned (%v), want 0", discarded, err)
+	}
+}
+
+// Behind a pooler in transaction mode a replica does not migrate: the
+// migration's session lock would not hold. Where this release's schema is
+// not applied, it refuses to start and says how to migrate; after
+// `outboxd migrate` over a direct connection it starts.
+func TestPoolModeTransactionRefusesToMigrateThroughThePooler(t *testing.T) {
+	t.Parallel()
+	direct, dsn := newTestDB(t)
+	b := startPgBouncer(t, dsn, 2)
+	mustExec(t, direct, `DELETE FROM outbox.schema_applied`)
+	applied := func() int {
+		t.Helper()
+		var n int
+		if err := direct.QueryRow(`SELECT count(*) FROM outbox.schema_applied WHERE checksum = $1`, schemaChecksum()).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	migrateVia := func(args ...string) error {
+		return run(context.Background(), append([]string{"migrate", "-database-wait", "0"}, args...), envFrom(nil), io.Discard, testWriter{t})
+	}
+
+	err := migrateVia("-database-url", b.DSN(dsn), "-pool-mode", "transaction")
+	if !errors.Is(err, errMigrateThroughPooler) || !strings.Contains(err.Error(), "outboxd migrate") {
+		t.Errorf("through the pooler, unmigrated: %v; want errMigrateThroughPooler, naming `outboxd migrate`", err)
+	}
+	if n := applied(); n != 0 {
+		t.Fatalf("the refused start recorded the schema (%d rows)", n)
+	}
+	if err := migrateVia("-database-url", dsn); err != nil {
+		t.Fatalf("migrate over the direct connection: %v", err)
+	}
+	if n := applied(); n != 1 {
+		t.Fatalf("after the direct migrate, %d rows of this schema recorded, want 1", n)
+	}
+	if err := migrateVia("-database-url", b.DSN(dsn), "-pool-mode", "transaction"); err != nil {
+		t.Errorf("through the pooler, migrated: %v", err)
 	}
 }
