@@ -6,6 +6,8 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"database/sql"
 	"embed"
 	"encoding/json"
 	"errors"
@@ -49,6 +51,7 @@ func newPanel(logger *slog.Logger) (*panel, error) {
 		"seconds":   func(s float64) string { return (time.Duration(s) * time.Second).String() },
 		"bytes":     formatBytes,
 		"percent":   func(f float64) string { return strconv.FormatFloat(100*f, 'f', 1, 64) + "%" },
+		"latency":   formatLatencyMS,
 		"jobErrors": decodeJobErrors,
 		"join":      strings.Join,
 		"build":     readBuildInfo().String, // the same line as outboxd version
@@ -486,6 +489,10 @@ func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin,
 	if err != nil {
 		return err
 	}
+	windows, err := readStatsWindows(r.Context(), a.db, id)
+	if err != nil {
+		return err
+	}
 	status, form := http.StatusOK, fieldsOf(ep)
 	if view.refused != nil {
 		status, form = http.StatusBadRequest, *view.refused
@@ -502,8 +509,32 @@ func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin,
 			Preview     *replayPreviewView
 			Replays     []ReplayView
 			ReplayShare int
-		}{ep, st, view.secret, form, view.refusal, endpointBounds(), view.preview, replays, replayShare(ep.MaxInFlight)}})
+			Windows     []statsWindowView
+		}{ep, st, view.secret, form, view.refusal, endpointBounds(), view.preview, replays, replayShare(ep.MaxInFlight), windows}})
 	return nil
+}
+
+// statsWindowView is one window of an endpoint's delivery statistics as
+// its page shows them: the numbers and the chart of its minutes.
+type statsWindowView struct {
+	Title string
+	DeliveryStats
+	Chart template.HTML
+}
+
+// readStatsWindows reads endpoint id's statistics over the last hour and
+// the last day (0: every endpoint's), with their charts.
+func readStatsWindows(ctx context.Context, db *sql.DB, id int64) ([]statsWindowView, error) {
+	var views []statsWindowView
+	for _, w := range []struct{ window, title string }{{"1h", "Last hour"}, {"24h", "Last 24 hours"}} {
+		st, err := readDeliveryStats(ctx, db, id, w.window)
+		if err != nil {
+			return nil, err
+		}
+		views = append(views, statsWindowView{Title: w.title, DeliveryStats: st,
+			Chart: deliveryChartSVG(st.Series, "deliveries and failures per minute, "+strings.ToLower(w.title))})
+	}
+	return views, nil
 }
 
 // handleEndpointAction is POST /endpoints/{id}/{action}, one of an

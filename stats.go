@@ -10,6 +10,7 @@ import (
 	"database/sql"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/lib/pq"
@@ -309,3 +310,17 @@ WHERE ctid = ANY(ARRAY(
   LIMIT $2
   FOR UPDATE SKIP LOCKED
 ))`
+
+// formatLatencyMS writes a percentile read from the buckets as the panel
+// shows it: "≤ 50 ms", "≤ 2.5 s", "≤ 60 min"; "—" without one.
+func formatLatencyMS(ms *float64) string {
+	switch {
+	case ms == nil:
+		return "—"
+	case *ms < 1000:
+		return "≤ " + strconv.FormatFloat(*ms, 'g', -1, 64) + " ms"
+	case *ms < 60_000:
+		return "≤ " + strconv.FormatFloat(*ms/1000, 'g', -1, 64) + " s"
+	}
+	return "≤ " + strconv.FormatFloat(*ms/60_000, 'g', -1, 64) + " min"
+}

@@ -516,6 +516,64 @@ func TestDeliveryStatsAcrossTwoMinutesAndTwoEndpoints(t *testing.T) {
 		SuccessRate:     ptr(6.0 / 13), LatencyP50MS: ptr(5.0), LatencyP99MS: ptr(2500.0)}, all); diff != "" {
 		t.Errorf("all endpoints' stats (-want +got):\n%s", diff)
 	}
+
+	// The endpoint's page shows the same numbers for both windows, and
+	// charts them with axes, units and a legend, without a script.
+	code, page := panelPage(t, srv, "/endpoints/"+itoa(a))
+	if code != http.StatusOK {
+		t.Fatalf("endpoint page: %d", code)
+	}
+	for _, window := range []string{"1h", "24h"} {
+		row := between(page, `<tr id="stats-`+window+`">`, `</tr>`)
+		cells := strings.NewReplacer("\n", "", " ", "").Replace(stripTags(row))
+		title := map[string]string{"1h": "Lasthour", "24h": "Last24hours"}[window]
+		// attempts, delivered, rate, timeout, 4xx, 5xx, connection, other, p50, p99
+		if want := title + "|9|5|55.6%|1|1|1|1|0|≤5ms|≤50ms|"; cells != want {
+			t.Errorf("stats row %s = %q, want %q", window, cells, want)
+		}
+		chart := between(page, `<figure id="chart-`+window+`">`, `</figure>`)
+		for _, want := range []string{`<svg class="dchart"`, "per minute", "time (UTC)", "delivered (2xx): 5", "failed attempts: 4",
+			`<polyline class="delivered"`, `<polyline class="failed"`, `class="xlabel"`, `class="ylabel"`} {
+			if !strings.Contains(chart, want) {
+				t.Errorf("chart %s lacks %q", window, want)
+			}
+		}
+	}
+	if strings.Contains(page, "<script") {
+		t.Error("the endpoint page has a script")
+	}
+}
+
+// between is the text of s from the end of start to the next end, failing
+// nothing: "" when start is missing.
+func between(s, start, end string) string {
+	i := strings.Index(s, start)
+	if i < 0 {
+		return ""
+	}
+	s = s[i+len(start):]
+	if j := strings.Index(s, end); j >= 0 {
+		return s[:j]
+	}
+	return s
+}
+
+// stripTags turns a table row's cells into text separated by |.
+func stripTags(row string) string {
+	row = strings.ReplaceAll(row, "</td>", "|")
+	var b strings.Builder
+	in := false
+	for _, r := range row {
+		switch {
+		case r == '<':
+			in = true
+		case r == '>':
+			in = false
+		case !in:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }
 
 // Two completers (two replicas' workers) add to the same endpoint-minute
@@ -672,5 +730,20 @@ func TestStatsRefusesBadWindow(t *testing.T) {
 	}
 	if st := getStats(t, srv, "/api/endpoints/"+itoa(a)+"/stats"); len(st.Series) != 60 || st.SuccessRate != nil || st.LatencyP50MS != nil {
 		t.Errorf("default window of an idle endpoint: %d points, rate %v, p50 %v; want 60, null, null", len(st.Series), st.SuccessRate, st.LatencyP50MS)
+	}
+}
+
+func TestNiceAxis(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		v     float64
+		top   float64
+		steps int
+	}{
+		{0, 5, 5}, {1, 5, 5}, {5, 5, 5}, {6, 10, 5}, {11, 20, 4}, {20, 20, 4}, {21, 50, 5}, {499, 500, 5}, {501, 1000, 5}, {1999, 2000, 4},
+	} {
+		if top, steps := niceAxis(c.v); top != c.top || steps != c.steps {
+			t.Errorf("niceAxis(%v) = %v, %d; want %v, %d", c.v, top, steps, c.top, c.steps)
+		}
 	}
 }
