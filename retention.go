@@ -39,8 +39,8 @@ type RetentionConfig struct {
 	// retried by hand.
 	CompletedJobs time.Duration
 	DiscardedJobs time.Duration
-	// DeliveryStats: rows of outbox.delivery_stats are deleted this long
-	// after their minute (stats.go, deleteDeliveryStatsSQL).
+	// DeliveryStats: rows of outbox.delivery_stats and fanout_stats are
+	// deleted this long after their minute (stats.go).
 	DeliveryStats time.Duration
 	// Interval is the cadence of the sweep cycle, offset per process by a
 	// deterministic jitter.
@@ -204,6 +204,7 @@ func newSweeps(cfg RetentionConfig) []*sweep {
 		{name: "events", table: "outbox.events", window: cfg.Events, deleteSQL: deleteEventsSQL},
 		{name: "inbox", table: "outbox.inbox", window: cfg.Inbox, deleteSQL: deleteInboxSQL},
 		{name: "delivery_stats", table: "outbox.delivery_stats", window: cfg.DeliveryStats, deleteSQL: deleteDeliveryStatsSQL},
+		{name: "fanout_stats", table: "outbox.fanout_stats", window: cfg.DeliveryStats, deleteSQL: deleteFanoutStatsSQL},
 	}
 }
 

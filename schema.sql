@@ -1340,6 +1340,27 @@ CREATE TABLE IF NOT EXISTS outbox.delivery_stats (
 CREATE INDEX IF NOT EXISTS delivery_stats_by_minute
   ON outbox.delivery_stats (minute);
 
+-- One row per endpoint and minute in which the relay fanned deliveries out
+-- to it: how many (a replay's and a retry by hand's are not counted: they
+-- send again what was produced before). The relay's fan-out statement
+-- (relay.go, fanOutSQL) adds to it in the transaction that enqueues them,
+-- by the database's clock. A table of its own, not a column of
+-- delivery_stats, so that relays and completers never wait on each
+-- other's rows. Read and deleted with delivery_stats (stats.go), by the
+-- same retention window.
+CREATE TABLE IF NOT EXISTS outbox.fanout_stats (
+  endpoint_id bigint      NOT NULL,
+  minute      timestamptz NOT NULL,
+  deliveries  bigint      NOT NULL,
+
+  PRIMARY KEY (endpoint_id, minute)
+);
+
+-- Serves the all-endpoints window and the retention sweep, as
+-- delivery_stats_by_minute does.
+CREATE INDEX IF NOT EXISTS fanout_stats_by_minute
+  ON outbox.fanout_stats (minute);
+
 --------------------------------------------------------------------------------
 -- Owner notifications: an endpoint's owner hears when it fails
 --------------------------------------------------------------------------------

@@ -104,6 +104,9 @@ type DeliveryStats struct {
 	Window     string    `json:"window"`
 	From       time.Time `json:"from"` // the start of the window's first minute
 	To         time.Time `json:"to"`   // the end of its last (the current) minute
+	// Produced is the deliveries the relay fanned out in the window
+	// (outbox.fanout_stats).
+	Produced int64 `json:"produced"`
 	statsCounts
 	// SuccessRate is successes / attempts; null without attempts.
 	SuccessRate *float64 `json:"success_rate"`
@@ -156,11 +159,13 @@ type latencyBucketView struct {
 	Count int64    `json:"count"`
 }
 
-// statsMinute is one point of the series: what was delivered (a 2xx) and
-// what failed (an attempt that did not succeed) in that minute, with the
-// minute's p50 and p99 commit→first-2xx latency (null without a success).
+// statsMinute is one point of the series: the deliveries the relay fanned
+// out (produced), what was delivered (a 2xx) and what failed (an attempt
+// that did not succeed) in that minute, with the minute's p50 and p99
+// commit→first-2xx latency (null without a success).
 type statsMinute struct {
 	Minute       time.Time `json:"minute"`
+	Produced     int64     `json:"produced"`
 	Delivered    int64     `json:"delivered"`
 	Failed       int64     `json:"failed"`
 	LatencyP50MS *float64  `json:"latency_p50_ms"`
@@ -210,6 +215,26 @@ FROM counts AS c
 JOIN latency AS l ON l.minute = c.minute
 ORDER BY c.minute`
 
+// producedByMinuteSQL sums outbox.fanout_stats by minute from $1 on, of
+// endpoint $2, or of every endpoint with $2 = 0.
+const producedByMinuteSQL = `
+SELECT minute, sum(deliveries)::bigint
+FROM outbox.fanout_stats
+WHERE minute >= $1
+  AND ($2 = 0 OR endpoint_id = $2)
+GROUP BY minute`
+
+type producedMinute struct {
+	minute time.Time
+	n      int64
+}
+
+func scanProducedMinute(row rowScanner) (producedMinute, error) {
+	var p producedMinute
+	err := row.Scan(&p.minute, &p.n)
+	return p, err
+}
+
 // readDeliveryStats reads endpoint id's statistics (0: every endpoint's)
 // over the window named by window, which parseStatsWindow accepted.
 func readDeliveryStats(ctx context.Context, db *sql.DB, id int64, window string) (DeliveryStats, error) {
@@ -228,17 +253,26 @@ func readDeliveryStats(ctx context.Context, db *sql.DB, id int64, window string)
 	if err != nil {
 		return st, fmt.Errorf("read delivery stats: %w", err)
 	}
+	produced, err := queryAll(ctx, db, scanProducedMinute, producedByMinuteSQL, st.From, id)
+	if err != nil {
+		return st, fmt.Errorf("read delivery stats: %w", err)
+	}
 	byMinute := make(map[int64]statsRow, len(rows))
 	for _, r := range rows {
 		byMinute[r.minute.Unix()] = r
 		st.add(r.statsCounts)
 		st.latency.add(&r.latency)
 	}
+	producedAt := make(map[int64]int64, len(produced))
+	for _, p := range produced {
+		producedAt[p.minute.Unix()] = p.n
+		st.Produced += p.n
+	}
 	st.Series = make([]statsMinute, minutes)
 	for i := range st.Series {
 		m := st.From.Add(time.Duration(i) * time.Minute)
 		r := byMinute[m.Unix()]
-		st.Series[i] = statsMinute{Minute: m, Delivered: r.Successes, Failed: r.Failures,
+		st.Series[i] = statsMinute{Minute: m, Produced: producedAt[m.Unix()], Delivered: r.Successes, Failed: r.Failures,
 			LatencyP50MS: quantileMS(&r.latency, 0.5), LatencyP99MS: quantileMS(&r.latency, 0.99)}
 	}
 	if st.Attempts > 0 {
@@ -295,21 +329,29 @@ func durationMS(d time.Duration) *float64 {
 	return &ms
 }
 
-// deleteDeliveryStatsSQL is the retention sweep of outbox.delivery_stats
-// (retention.go): at most $2 rows whose minute is older than $1 seconds,
-// oldest first, by delivery_stats_by_minute. A row being added to by a
-// completer is skipped, not waited for: a row that old is written only by
-// a batch that ended as its minute did, and goes next cycle.
-const deleteDeliveryStatsSQL = `
-DELETE FROM outbox.delivery_stats
+// deleteDeliveryStatsSQL and deleteFanoutStatsSQL are the retention
+// sweeps of outbox.delivery_stats and outbox.fanout_stats (retention.go):
+// at most $2 rows whose minute is older than $1 seconds, oldest first, by
+// the tables' minute indexes. A row being added to is skipped, not waited
+// for: a row that old is written only by a batch that ended as its minute
+// did, and goes next cycle.
+var (
+	deleteDeliveryStatsSQL = deleteStatsSQL("outbox.delivery_stats")
+	deleteFanoutStatsSQL   = deleteStatsSQL("outbox.fanout_stats")
+)
+
+func deleteStatsSQL(table string) string {
+	return `
+DELETE FROM ` + table + `
 WHERE ctid = ANY(ARRAY(
   SELECT ctid
-  FROM outbox.delivery_stats
+  FROM ` + table + `
   WHERE minute < now() - make_interval(secs => $1)
   ORDER BY minute
   LIMIT $2
   FOR UPDATE SKIP LOCKED
 ))`
+}
 
 // formatLatencyMS writes a percentile read from the buckets as the panel
 // shows it: "≤ 50 ms", "≤ 2.5 s", "≤ 60 min"; "—" without one.

@@ -115,6 +115,7 @@ func (timeoutError) Timeout() bool { return true }
 
 // statsAnswer is the part of a stats answer the tests compare.
 type statsAnswer struct {
+	Produced        int64          `json:"produced"`
 	Attempts        int64          `json:"attempts"`
 	Successes       int64          `json:"successes"`
 	Failures        int64          `json:"failures"`
@@ -299,12 +300,12 @@ func TestDeliveryStatsCountRealDeliveries(t *testing.T) {
 
 	// The API, for each endpoint and for all of them.
 	want := map[string]statsAnswer{
-		"/api/endpoints/" + itoa(a) + "/stats?window=1h": {Attempts: 7, Successes: 3, Failures: 4,
+		"/api/endpoints/" + itoa(a) + "/stats?window=1h": {Produced: 7, Attempts: 7, Successes: 3, Failures: 4,
 			FailuresByClass: failureClasses{Timeout: 1, Status4xx: 1, Status5xx: 1, Other: 1},
 			SuccessRate:     ptr(3.0 / 7), LatencyP50MS: ptr(10000.0), LatencyP99MS: ptr(60000.0)},
-		"/api/endpoints/" + itoa(b) + "/stats?window=24h": {Attempts: 2, Failures: 2,
+		"/api/endpoints/" + itoa(b) + "/stats?window=24h": {Produced: 2, Attempts: 2, Failures: 2,
 			FailuresByClass: failureClasses{Connection: 2}, SuccessRate: ptr(0.0)},
-		"/api/stats": {Attempts: 9, Successes: 3, Failures: 6,
+		"/api/stats": {Produced: 9, Attempts: 9, Successes: 3, Failures: 6,
 			FailuresByClass: failureClasses{Timeout: 1, Status4xx: 1, Status5xx: 1, Connection: 2, Other: 1},
 			SuccessRate:     ptr(3.0 / 9), LatencyP50MS: ptr(10000.0), LatencyP99MS: ptr(60000.0)},
 	}
@@ -313,10 +314,10 @@ func TestDeliveryStatsCountRealDeliveries(t *testing.T) {
 		"/api/endpoints/" + itoa(b) + "/stats?window=24h": nil,
 		"/api/stats": {"2500:1", "10000:1", "60000:1"},
 	}
-	wantSeries := map[string]struct{ points, delivered, failed int64 }{
-		"/api/endpoints/" + itoa(a) + "/stats?window=1h":  {60, 3, 4},
-		"/api/endpoints/" + itoa(b) + "/stats?window=24h": {1440, 0, 2},
-		"/api/stats": {60, 3, 6},
+	wantSeries := map[string]struct{ points, produced, delivered, failed int64 }{
+		"/api/endpoints/" + itoa(a) + "/stats?window=1h":  {60, 7, 3, 4},
+		"/api/endpoints/" + itoa(b) + "/stats?window=24h": {1440, 2, 0, 2},
+		"/api/stats": {60, 9, 3, 6},
 	}
 	check := func(srv *httptest.Server) map[string][]string {
 		active := map[string][]string{}
@@ -328,15 +329,16 @@ func TestDeliveryStatsCountRealDeliveries(t *testing.T) {
 			if len(got.Latency) != 19 {
 				t.Errorf("%s: %d buckets, want 19", path, len(got.Latency))
 			}
-			var delivered, failed int64
+			var produced, delivered, failed int64
 			for _, m := range got.Series {
+				produced += m.Produced
 				delivered += m.Delivered
 				failed += m.Failed
 			}
 			ws := wantSeries[path]
-			if int64(len(got.Series)) != ws.points || delivered != ws.delivered || failed != ws.failed {
-				t.Errorf("%s: series of %d points, %d delivered, %d failed; want %d, %d, %d",
-					path, len(got.Series), delivered, failed, ws.points, ws.delivered, ws.failed)
+			if int64(len(got.Series)) != ws.points || produced != ws.produced || delivered != ws.delivered || failed != ws.failed {
+				t.Errorf("%s: series of %d points, %d produced, %d delivered, %d failed; want %d, %d, %d, %d",
+					path, len(got.Series), produced, delivered, failed, ws.points, ws.produced, ws.delivered, ws.failed)
 			}
 			active[path] = activeMinutes(got.Series)
 			got.Latency, got.Series = nil, nil
@@ -661,7 +663,7 @@ func TestDeliveryStatsTwoCompletersSumIntoOneRow(t *testing.T) {
 }
 
 // The retention sweep deletes the rows whose minute is older than
-// -delivery-stats-retention, in batches, and only those.
+// -delivery-stats-retention, of both tables, in batches, and only those.
 func TestDeliveryStatsRetentionDeletesOnlyOldRows(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
@@ -672,6 +674,9 @@ func TestDeliveryStatsRetentionDeletesOnlyOldRows(t *testing.T) {
 		FROM unnest(ARRAY[1, 1, 2, 1, 2, 1]::bigint[],
 		            ARRAY['30 days', '8 days', '7 days 2 minutes', '6 days 23 hours 58 minutes', '1 hour', '0']::interval[])
 		     AS s(ep, age)`)
+	mustExec(t, db, `
+		INSERT INTO outbox.fanout_stats (endpoint_id, minute, deliveries)
+		SELECT endpoint_id, minute, 1 FROM outbox.delivery_stats`)
 	cfg := defaultConfig().Retention
 	if cfg.DeliveryStats != 7*24*time.Hour {
 		t.Fatalf("default -delivery-stats-retention = %v, want 168h", cfg.DeliveryStats)
@@ -682,30 +687,32 @@ func TestDeliveryStatsRetentionDeletesOnlyOldRows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := res.Deleted["delivery_stats"]; got != 3 {
-		t.Errorf("deleted %d rows, want 3", got)
-	}
-	if got := sw.PrunedByTable()["outbox.delivery_stats"]; got != 3 {
-		t.Errorf("pruned counter %d, want 3", got)
-	}
-	var left []string
-	rows, err := db.Query(`
-		SELECT endpoint_id || ' ' || justify_interval(date_trunc('minute', now()) - minute)::text
-		FROM outbox.delivery_stats
-		ORDER BY minute`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
+	for _, table := range []string{"delivery_stats", "fanout_stats"} {
+		if got := res.Deleted[table]; got != 3 {
+			t.Errorf("%s: deleted %d rows, want 3", table, got)
+		}
+		if got := sw.PrunedByTable()["outbox."+table]; got != 3 {
+			t.Errorf("%s: pruned counter %d, want 3", table, got)
+		}
+		var left []string
+		rows, err := db.Query(`
+			SELECT endpoint_id || ' ' || justify_interval(date_trunc('minute', now()) - minute)::text
+			FROM outbox.` + table + `
+			ORDER BY minute`)
+		if err != nil {
 			t.Fatal(err)
 		}
-		left = append(left, s)
-	}
-	if diff := cmp.Diff([]string{"1 6 days 23:58:00", "2 01:00:00", "1 00:00:00"}, left); diff != "" {
-		t.Errorf("rows left, by age (-want +got):\n%s", diff)
+		for rows.Next() {
+			var s string
+			if err := rows.Scan(&s); err != nil {
+				t.Fatal(err)
+			}
+			left = append(left, s)
+		}
+		rows.Close()
+		if diff := cmp.Diff([]string{"1 6 days 23:58:00", "2 01:00:00", "1 00:00:00"}, left); diff != "" {
+			t.Errorf("%s: rows left, by age (-want +got):\n%s", table, diff)
+		}
 	}
 }
 
