@@ -170,11 +170,11 @@ func timeTickEvery(minutes int) time.Duration {
 	}
 }
 
-// deliveryChartSVG draws a series of per-minute delivered and failed
-// counts: one line each over a time axis (UTC) and a y axis in deliveries
-// per minute, with gridlines at round numbers and a legend that gives each
-// line's total over the window. The last point is the current minute,
-// still filling.
+// deliveryChartSVG draws a series of per-minute produced, delivered and
+// failed counts: one line each over a time axis (UTC) and a y axis in
+// deliveries per minute, with gridlines at round numbers and a legend that
+// gives each line's total over the window. The last point is the current
+// minute, still filling.
 func deliveryChartSVG(series []statsMinute, label string) template.HTML {
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg class="dchart" viewBox="0 0 %.0f %.0f" role="img" aria-label="%s">`, dchartW, dchartH, template.HTMLEscapeString(label))
@@ -183,9 +183,10 @@ func deliveryChartSVG(series []statsMinute, label string) template.HTML {
 		return template.HTML(b.String()) // constant text and numbers only
 	}
 	var top float64 = 1
-	var delivered, failed int64
+	var produced, delivered, failed int64
 	for _, m := range series {
-		top = max(top, float64(m.Delivered), float64(m.Failed))
+		top = max(top, float64(m.Produced), float64(m.Delivered), float64(m.Failed))
+		produced += m.Produced
 		delivered += m.Delivered
 		failed += m.Failed
 	}
@@ -200,21 +201,7 @@ func deliveryChartSVG(series []statsMinute, label string) template.HTML {
 		fmt.Fprintf(&b, `<text class="ylabel" x="%.1f" y="%.1f" text-anchor="end">%s</text>`, dchartLeft-6, y(v)+4, formatCount(v))
 	}
 	fmt.Fprintf(&b, `<text class="unit" x="%.1f" y="%.1f">per minute</text>`, 4.0, dchartTop-8)
-
-	// The x axis: a tick at each whole step of UTC time, and its unit.
-	first, last := series[0].Minute, series[len(series)-1].Minute
-	step := timeTickEvery(len(series))
-	fmt.Fprintf(&b, `<line class="axis" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>`, dchartLeft, y(0), dchartW-dchartRight, y(0))
-	for t := first.Truncate(step); !t.After(last); t = t.Add(step) {
-		if t.Before(first) {
-			continue
-		}
-		i := int(t.Sub(first) / time.Minute)
-		fmt.Fprintf(&b, `<line class="tick" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>`, x(i), y(0), x(i), y(0)+5)
-		fmt.Fprintf(&b, `<text class="xlabel" x="%.1f" y="%.1f" text-anchor="middle">%s</text>`, x(i), y(0)+18, t.UTC().Format("15:04"))
-	}
-	fmt.Fprintf(&b, `<text class="unit" x="%.1f" y="%.1f" text-anchor="end">time (UTC), one point a minute; the last is the current minute</text>`,
-		dchartW-dchartRight, dchartH-6)
+	timeAxis(&b, series, x, y(0))
 
 	line := func(class string, value func(statsMinute) int64) {
 		fmt.Fprintf(&b, `<polyline class="%s" points="`, class)
@@ -223,20 +210,15 @@ func deliveryChartSVG(series []statsMinute, label string) template.HTML {
 		}
 		b.WriteString(`"/>`)
 	}
+	line("produced", func(m statsMinute) int64 { return m.Produced })
 	line("delivered", func(m statsMinute) int64 { return m.Delivered })
 	line("failed", func(m statsMinute) int64 { return m.Failed })
 
-	// The legend: a swatch and the total of each line.
-	for i, l := range []struct {
-		class, text string
-	}{
+	legend(&b, []legendEntry{
+		{"produced", fmt.Sprintf("produced: %d", produced)},
 		{"delivered", fmt.Sprintf("delivered (2xx): %d", delivered)},
 		{"failed", fmt.Sprintf("failed attempts: %d", failed)},
-	} {
-		lx := dchartLeft + float64(i)*dchartLegendGap
-		fmt.Fprintf(&b, `<line class="%s" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>`, l.class, lx, dchartLegendY-4, lx+18, dchartLegendY-4)
-		fmt.Fprintf(&b, `<text class="legend" x="%.1f" y="%.1f">%s</text>`, lx+24, dchartLegendY, l.text)
-	}
+	})
 	b.WriteString(`</svg>`)
 	return template.HTML(b.String()) // numbers, times, constant text and the escaped label only
 }
@@ -248,4 +230,92 @@ func formatCount(v float64) string {
 		return strconv.FormatFloat(v, 'f', 0, 64)
 	}
 	return strconv.FormatFloat(v, 'f', 1, 64)
+}
+
+// timeAxis draws the x axis of a per-minute series at height y0: a tick
+// at each whole step of UTC time, and its unit.
+func timeAxis(b *strings.Builder, series []statsMinute, x func(int) float64, y0 float64) {
+	first, last := series[0].Minute, series[len(series)-1].Minute
+	step := timeTickEvery(len(series))
+	fmt.Fprintf(b, `<line class="axis" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>`, dchartLeft, y0, dchartW-dchartRight, y0)
+	for t := first.Truncate(step); !t.After(last); t = t.Add(step) {
+		if t.Before(first) {
+			continue
+		}
+		i := int(t.Sub(first) / time.Minute)
+		fmt.Fprintf(b, `<line class="tick" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>`, x(i), y0, x(i), y0+5)
+		fmt.Fprintf(b, `<text class="xlabel" x="%.1f" y="%.1f" text-anchor="middle">%s</text>`, x(i), y0+18, t.UTC().Format("15:04"))
+	}
+	fmt.Fprintf(b, `<text class="unit" x="%.1f" y="%.1f" text-anchor="end">time (UTC), one point a minute; the last is the current minute</text>`,
+		dchartW-dchartRight, dchartH-6)
+}
+
+// legendEntry is one line of a chart's legend: its class (the line's
+// colour) and its text.
+type legendEntry struct{ class, text string }
+
+// legend draws a swatch and a text for each entry, in a row above the plot.
+func legend(b *strings.Builder, entries []legendEntry) {
+	for i, l := range entries {
+		lx := dchartLeft + float64(i)*dchartLegendGap
+		fmt.Fprintf(b, `<line class="%s" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>`, l.class, lx, dchartLegendY-4, lx+18, dchartLegendY-4)
+		fmt.Fprintf(b, `<text class="legend" x="%.1f" y="%.1f">%s</text>`, lx+24, dchartLegendY, l.text)
+	}
+}
+
+// latencyTicks label the latency chart's logarithmic axis.
+var latencyTicks = []struct {
+	ms    float64
+	label string
+}{{1, "1 ms"}, {10, "10 ms"}, {100, "100 ms"}, {1000, "1 s"}, {10_000, "10 s"}, {60_000, "1 min"}, {600_000, "10 min"}, {3_600_000, "1 h"}}
+
+// latencyChartSVG draws the per-minute p50 and p99 commit→first-2xx
+// latency of a series on a logarithmic axis from 1 ms to 1 h. A value is
+// the bound of the bucket the percentile fell in (stats.go), so the lines
+// step between bounds; a minute without a success has no point, and the
+// line breaks there.
+func latencyChartSVG(series []statsMinute, label string) template.HTML {
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg class="dchart" viewBox="0 0 %.0f %.0f" role="img" aria-label="%s">`, dchartW, dchartH, template.HTMLEscapeString(label))
+	if len(series) < 2 {
+		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f">no minutes to draw</text></svg>`, dchartLeft, dchartH/2)
+		return template.HTML(b.String()) // constant text and numbers only
+	}
+	lo, hi := math.Log10(1), math.Log10(3_600_000)
+	x := func(i int) float64 { return dchartLeft + dchartPlotW*float64(i)/float64(len(series)-1) }
+	y := func(ms float64) float64 {
+		v := math.Log10(min(max(ms, 1), 3_600_000))
+		return dchartTop + dchartPlotH*(1-(v-lo)/(hi-lo))
+	}
+	for _, t := range latencyTicks {
+		fmt.Fprintf(&b, `<line class="grid" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>`, dchartLeft, y(t.ms), dchartW-dchartRight, y(t.ms))
+		fmt.Fprintf(&b, `<text class="ylabel" x="%.1f" y="%.1f" text-anchor="end">%s</text>`, dchartLeft-6, y(t.ms)+4, t.label)
+	}
+	fmt.Fprintf(&b, `<text class="unit" x="%.1f" y="%.1f">commit → first 2xx (log)</text>`, 4.0, dchartTop-8)
+	timeAxis(&b, series, x, y(1))
+	path := func(class string, value func(statsMinute) *float64) {
+		fmt.Fprintf(&b, `<path class="%s" d="`, class)
+		move := true
+		for i, m := range series {
+			v := value(m)
+			if v == nil {
+				move = true
+				continue
+			}
+			if move {
+				// A point with no neighbour still shows: a round cap
+				// draws the zero-length segment as a dot.
+				fmt.Fprintf(&b, "M%.1f,%.1f l0,0 ", x(i), y(*v))
+				move = false
+				continue
+			}
+			fmt.Fprintf(&b, "L%.1f,%.1f ", x(i), y(*v))
+		}
+		b.WriteString(`"/>`)
+	}
+	path("p99", func(m statsMinute) *float64 { return m.LatencyP99MS })
+	path("p50", func(m statsMinute) *float64 { return m.LatencyP50MS })
+	legend(&b, []legendEntry{{"p50", "p50 (median)"}, {"p99", "p99"}})
+	b.WriteString(`</svg>`)
+	return template.HTML(b.String()) // numbers, times, constant text and the escaped label only
 }

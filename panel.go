@@ -59,7 +59,7 @@ func newPanel(logger *slog.Logger) (*panel, error) {
 	p := &panel{pages: map[string]*template.Template{}, logger: logger}
 	for _, name := range pageNames {
 		t, err := template.New(name).Funcs(funcs).ParseFS(templateFS,
-			"templates/layout.html", "templates/jobs.html", "templates/"+name+".html")
+			"templates/layout.html", "templates/jobs.html", "templates/stats.html", "templates/"+name+".html")
 		if err != nil {
 			return nil, fmt.Errorf("parse panel template %s: %w", name, err)
 		}
@@ -172,7 +172,7 @@ func (p *panel) handleLogout(a *admin) pageFunc {
 }
 
 // handleOverview is GET /: the overview, with the chart of the samples
-// this process took.
+// this process took, and every endpoint's delivery statistics.
 func (p *panel) handleOverview(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		o, err := a.overview(r.Context())
@@ -184,12 +184,17 @@ func (p *panel) handleOverview(a *admin) pageFunc {
 		if a.samples != nil {
 			samples, interval = a.samples.snapshot(), a.samples.interval
 		}
+		deliveries, err := readStatsWindows(r.Context(), a.db, 0)
+		if err != nil {
+			return err
+		}
 		p.render(w, http.StatusOK, "overview", page{Title: "Overview", Nav: "overview", SignedIn: true,
 			Flash: flash(r),
 			Data: struct {
-				Overview Overview
-				Chart    template.HTML
-			}{o, chartSVG(samples, interval)}})
+				Overview   Overview
+				Chart      template.HTML
+				Deliveries []statsWindowView
+			}{o, chartSVG(samples, interval), deliveries}})
 		return nil
 	}
 }
@@ -519,7 +524,7 @@ func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin,
 type statsWindowView struct {
 	Title string
 	DeliveryStats
-	Chart template.HTML
+	Chart, LatencyChart template.HTML
 }
 
 // readStatsWindows reads endpoint id's statistics over the last hour and
@@ -532,7 +537,8 @@ func readStatsWindows(ctx context.Context, db *sql.DB, id int64) ([]statsWindowV
 			return nil, err
 		}
 		views = append(views, statsWindowView{Title: w.title, DeliveryStats: st,
-			Chart: deliveryChartSVG(st.Series, "deliveries and failures per minute, "+strings.ToLower(w.title))})
+			Chart:        deliveryChartSVG(st.Series, "deliveries produced, delivered and failed per minute, "+strings.ToLower(w.title)),
+			LatencyChart: latencyChartSVG(st.Series, "commit to first 2xx latency, p50 and p99 per minute, "+strings.ToLower(w.title))})
 	}
 	return views, nil
 }

@@ -529,20 +529,49 @@ func TestDeliveryStatsAcrossTwoMinutesAndTwoEndpoints(t *testing.T) {
 		row := between(page, `<tr id="stats-`+window+`">`, `</tr>`)
 		cells := strings.NewReplacer("\n", "", " ", "").Replace(stripTags(row))
 		title := map[string]string{"1h": "Lasthour", "24h": "Last24hours"}[window]
-		// attempts, delivered, rate, timeout, 4xx, 5xx, connection, other, p50, p99
-		if want := title + "|9|5|55.6%|1|1|1|1|0|≤5ms|≤50ms|"; cells != want {
+		// produced (none: the jobs were not fanned out by the relay),
+		// attempts, delivered, rate, timeout, 4xx, 5xx, connection,
+		// other, p50, p99
+		if want := title + "|0|9|5|55.6%|1|1|1|1|0|≤5ms|≤50ms|"; cells != want {
 			t.Errorf("stats row %s = %q, want %q", window, cells, want)
 		}
 		chart := between(page, `<figure id="chart-`+window+`">`, `</figure>`)
-		for _, want := range []string{`<svg class="dchart"`, "per minute", "time (UTC)", "delivered (2xx): 5", "failed attempts: 4",
+		for _, want := range []string{`<svg class="dchart"`, "per minute", "time (UTC)", "produced: 0", "delivered (2xx): 5", "failed attempts: 4",
 			`<polyline class="delivered"`, `<polyline class="failed"`, `class="xlabel"`, `class="ylabel"`} {
 			if !strings.Contains(chart, want) {
 				t.Errorf("chart %s lacks %q", window, want)
 			}
 		}
+		// The latency chart: a's two minutes, p50 at 5 and 1 ms, p99 at
+		// 50 and 10 ms, each line one segment between them.
+		latency := between(page, `<figure id="latency-`+window+`">`, `</figure>`)
+		for _, want := range []string{"commit → first 2xx (log)", ">1 ms<", ">1 h<", "p50 (median)", `<path class="p50" d="M`, `<path class="p99" d="M`} {
+			if !strings.Contains(latency, want) {
+				t.Errorf("latency chart %s lacks %q", window, want)
+			}
+		}
+		for _, class := range []string{"p50", "p99"} {
+			d := between(latency, `<path class="`+class+`" d="`, `"`)
+			if strings.Count(d, "M") != 1 || strings.Count(d, "L") != 1 {
+				t.Errorf("latency chart %s: %s path %q, want one point and one line to the next minute", window, class, d)
+			}
+		}
 	}
 	if strings.Contains(page, "<script") {
 		t.Error("the endpoint page has a script")
+	}
+
+	// The overview shows every endpoint's.
+	code, page = panelPage(t, srv, "/")
+	if code != http.StatusOK {
+		t.Fatalf("overview: %d", code)
+	}
+	row := strings.NewReplacer("\n", "", " ", "").Replace(stripTags(between(page, `<tr id="stats-1h">`, `</tr>`)))
+	if want := "Lasthour|0|13|6|46.2%|1|1|3|1|1|≤5ms|≤2.5s|"; row != want {
+		t.Errorf("overview's stats row = %q, want %q", row, want)
+	}
+	if !strings.Contains(between(page, `<figure id="chart-24h">`, `</figure>`), "delivered (2xx): 6") {
+		t.Error("overview's 24-hour chart lacks its 6 deliveries")
 	}
 }
 
