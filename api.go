@@ -518,8 +518,18 @@ func handleMetrics(a *admin) http.Handler {
 			http.Error(w, "read overview failed", status)
 			return
 		}
+		st, err := readDeliveryStats(r.Context(), a.db, 0, "1h")
+		if err != nil {
+			status, _ := a.failed(r, fmt.Errorf("metrics: %w", err))
+			http.Error(w, "read delivery stats failed", status)
+			return
+		}
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 		if err := writeMetrics(w, o, a.counters); err != nil {
+			a.logger.Warn("metrics: write", "err", err)
+			return
+		}
+		if err := writeDeliveryStatsMetrics(w, st); err != nil {
 			a.logger.Warn("metrics: write", "err", err)
 		}
 	})

@@ -519,6 +519,31 @@ func TestDeliveryStatsAcrossTwoMinutesAndTwoEndpoints(t *testing.T) {
 		t.Errorf("all endpoints' stats (-want +got):\n%s", diff)
 	}
 
+	// /metrics has the last hour of every endpoint, from the table.
+	req, _ := http.NewRequest("GET", srv.URL+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+testToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics := parseMetrics(t, resp.Body)
+	resp.Body.Close()
+	for name, want := range map[string]float64{
+		"outboxd_delivery_stats_last_hour_produced":                                     0,
+		`outboxd_delivery_stats_last_hour_attempts{outcome="success"}`:                  6,
+		`outboxd_delivery_stats_last_hour_attempts{outcome="timeout"}`:                  1,
+		`outboxd_delivery_stats_last_hour_attempts{outcome="4xx"}`:                      1,
+		`outboxd_delivery_stats_last_hour_attempts{outcome="5xx"}`:                      3,
+		`outboxd_delivery_stats_last_hour_attempts{outcome="connection"}`:               1,
+		`outboxd_delivery_stats_last_hour_attempts{outcome="other"}`:                    1,
+		`outboxd_delivery_stats_last_hour_commit_to_first_2xx_seconds{quantile="0.5"}`:  0.005,
+		`outboxd_delivery_stats_last_hour_commit_to_first_2xx_seconds{quantile="0.99"}`: 2.5,
+	} {
+		if got, ok := metrics[name]; !ok || got != want {
+			t.Errorf("/metrics %s = %v (present: %v), want %v", name, got, ok, want)
+		}
+	}
+
 	// The endpoint's page shows the same numbers for both windows, and
 	// charts them with axes, units and a legend, without a script.
 	code, page := panelPage(t, srv, "/endpoints/"+itoa(a))
