@@ -84,6 +84,8 @@ func routes(a *admin) http.Handler {
 	apiRoute("GET /api/endpoints/{id}/replays", handleListReplays(a))
 	apiRoute("POST /api/endpoints/{id}/replays/{replay_id}/cancel", handleCancelReplay(a))
 	apiRoute("GET /api/endpoints/{id}/deliveries", handleEndpointDeliveries(a))
+	apiRoute("GET /api/endpoints/{id}/stats", handleEndpointStatsWindow(a))
+	apiRoute("GET /api/stats", handleStats(a))
 	apiRoute("GET /api/sources", handleListSources(a))
 	apiRoute("POST /api/sources", handleCreateSource(a))
 	apiRoute("DELETE /api/sources/{name}", handleDeleteSource(a))

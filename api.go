@@ -358,6 +358,39 @@ func handleEndpointDeliveries(a *admin) apiFunc {
 	})
 }
 
+// handleEndpointStatsWindow is GET /api/endpoints/{id}/stats?window=1h|24h:
+// the endpoint's delivery statistics over the window (stats.go).
+func handleEndpointStatsWindow(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		id, err := pathID(r)
+		if err != nil {
+			return 0, nil, err
+		}
+		window, _, err := parseStatsWindow(r.URL.Query().Get("window"))
+		if err != nil {
+			return 0, nil, err
+		}
+		if _, err := getEndpoint(r.Context(), a.db, id); err != nil {
+			return 0, nil, err
+		}
+		st, err := readDeliveryStats(r.Context(), a.db, id, window)
+		return http.StatusOK, st, err
+	}
+}
+
+// handleStats is GET /api/stats?window=1h|24h: every endpoint's delivery
+// statistics over the window, summed (stats.go).
+func handleStats(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		window, _, err := parseStatsWindow(r.URL.Query().Get("window"))
+		if err != nil {
+			return 0, nil, err
+		}
+		st, err := readDeliveryStats(r.Context(), a.db, 0, window)
+		return http.StatusOK, st, err
+	}
+}
+
 // handleListSources is GET /api/sources: every inbox source, without its
 // secret.
 func handleListSources(a *admin) apiFunc {
@@ -485,8 +518,18 @@ func handleMetrics(a *admin) http.Handler {
 			http.Error(w, "read overview failed", status)
 			return
 		}
+		st, err := readDeliveryStats(r.Context(), a.db, 0, "1h")
+		if err != nil {
+			status, _ := a.failed(r, fmt.Errorf("metrics: %w", err))
+			http.Error(w, "read delivery stats failed", status)
+			return
+		}
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 		if err := writeMetrics(w, o, a.counters); err != nil {
+			a.logger.Warn("metrics: write", "err", err)
+			return
+		}
+		if err := writeDeliveryStatsMetrics(w, st); err != nil {
 			a.logger.Warn("metrics: write", "err", err)
 		}
 	})

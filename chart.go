@@ -1,5 +1,6 @@
-// chart.go: the last hour of backlog and delivery rate, sampled by this
-// process and drawn as inline SVG on the overview.
+// chart.go: the charts of the panel, drawn as inline SVG: the last hour
+// of backlog and delivery rate, sampled by this process, on the overview;
+// and the delivery statistics' per-minute series, read from the database.
 
 package main
 
@@ -9,6 +10,8 @@ import (
 	"fmt"
 	"html/template"
 	"log/slog"
+	"math"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -115,4 +118,204 @@ func chartSVG(samples []sample, interval time.Duration) template.HTML {
 	fmt.Fprintf(&b, `<text class="rate" x="%.0f" y="%.0f">deliveries/s (max %.1f)</text>`, w/2, h+16, maxRate)
 	b.WriteString(`</svg>`)
 	return template.HTML(b.String()) // built from numbers and constant text only
+}
+
+// The delivery chart: outbox.delivery_stats' series (stats.go), drawn as
+// inline SVG with axes, units and a legend, the same on every replica and
+// after a restart. The numbers come from the database as integers and the
+// labels are constant text or formatted numbers and times: nothing in it
+// needs escaping.
+
+// Geometry of the delivery chart, in SVG units: the viewBox scales it to
+// the page's width (at most the 1,200-px main column, so 1 unit ≈ 1 px at
+// 1,280 px), leaving 64 units on the left for the y labels, room under the
+// plot for the time labels and above it for the legend.
+const (
+	dchartW, dchartH               = 1120.0, 280.0
+	dchartLeft, dchartRight        = 64.0, 16.0
+	dchartTop, dchartBottom        = 34.0, 44.0
+	dchartPlotW                    = dchartW - dchartLeft - dchartRight
+	dchartPlotH                    = dchartH - dchartTop - dchartBottom
+	dchartLegendY, dchartLegendGap = 16.0, 200.0
+)
+
+// niceAxis is the top of a y axis for values up to v: the smallest of 1,
+// 2 or 5 × 10ⁿ at or above it, and at least 5 (deliveries are whole), with
+// the number of steps that divides it into round numbers: 1 and 5 × 10ⁿ
+// into 5, 2 × 10ⁿ into 4.
+func niceAxis(v float64) (top float64, steps int) {
+	v = max(v, 5)
+	p := math.Pow(10, math.Floor(math.Log10(v)))
+	for _, m := range []float64{1, 2, 5, 10} {
+		if m*p >= v {
+			if m == 2 {
+				return m * p, 4
+			}
+			return m * p, 5
+		}
+	}
+	return 10 * p, 5 // unreachable: 10 × p > v
+}
+
+// timeTickEvery is the spacing of the time axis' ticks for a window of
+// this many minutes: about six ticks.
+func timeTickEvery(minutes int) time.Duration {
+	switch {
+	case minutes <= 60:
+		return 10 * time.Minute
+	case minutes <= 6*60:
+		return time.Hour
+	default:
+		return 4 * time.Hour
+	}
+}
+
+// deliveryChartSVG draws a series of per-minute produced, delivered and
+// failed counts: one line each over a time axis (UTC) and a y axis in
+// deliveries per minute, with gridlines at round numbers and a legend that
+// gives each line's total over the window. The last point is the current
+// minute, still filling.
+func deliveryChartSVG(series []statsMinute, label string) template.HTML {
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg class="dchart" viewBox="0 0 %.0f %.0f" role="img" aria-label="%s">`, dchartW, dchartH, template.HTMLEscapeString(label))
+	if len(series) < 2 {
+		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f">no minutes to draw</text></svg>`, dchartLeft, dchartH/2)
+		return template.HTML(b.String()) // constant text and numbers only
+	}
+	var top float64 = 1
+	var produced, delivered, failed int64
+	for _, m := range series {
+		top = max(top, float64(m.Produced), float64(m.Delivered), float64(m.Failed))
+		produced += m.Produced
+		delivered += m.Delivered
+		failed += m.Failed
+	}
+	top, steps := niceAxis(top)
+	x := func(i int) float64 { return dchartLeft + dchartPlotW*float64(i)/float64(len(series)-1) }
+	y := func(v float64) float64 { return dchartTop + dchartPlotH*(1-v/top) }
+
+	// The y axis: gridlines and labels at round numbers, and its unit.
+	for i := 0; i <= steps; i++ {
+		v := top * float64(i) / float64(steps)
+		fmt.Fprintf(&b, `<line class="grid" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>`, dchartLeft, y(v), dchartW-dchartRight, y(v))
+		fmt.Fprintf(&b, `<text class="ylabel" x="%.1f" y="%.1f" text-anchor="end">%s</text>`, dchartLeft-6, y(v)+4, formatCount(v))
+	}
+	fmt.Fprintf(&b, `<text class="unit" x="%.1f" y="%.1f">per minute</text>`, 4.0, dchartTop-8)
+	timeAxis(&b, series, x, y(0))
+
+	line := func(class string, value func(statsMinute) int64) {
+		fmt.Fprintf(&b, `<polyline class="%s" points="`, class)
+		for i, m := range series {
+			fmt.Fprintf(&b, "%.1f,%.1f ", x(i), y(float64(value(m))))
+		}
+		b.WriteString(`"/>`)
+	}
+	line("produced", func(m statsMinute) int64 { return m.Produced })
+	line("delivered", func(m statsMinute) int64 { return m.Delivered })
+	line("failed", func(m statsMinute) int64 { return m.Failed })
+
+	legend(&b, []legendEntry{
+		{"produced", fmt.Sprintf("produced: %d", produced)},
+		{"delivered", fmt.Sprintf("delivered (2xx): %d", delivered)},
+		{"failed", fmt.Sprintf("failed attempts: %d", failed)},
+	})
+	b.WriteString(`</svg>`)
+	return template.HTML(b.String()) // numbers, times, constant text and the escaped label only
+}
+
+// formatCount writes an axis value: whole numbers as such, others with
+// one decimal.
+func formatCount(v float64) string {
+	if v == math.Trunc(v) {
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	}
+	return strconv.FormatFloat(v, 'f', 1, 64)
+}
+
+// timeAxis draws the x axis of a per-minute series at height y0: a tick
+// at each whole step of UTC time, and its unit.
+func timeAxis(b *strings.Builder, series []statsMinute, x func(int) float64, y0 float64) {
+	first, last := series[0].Minute, series[len(series)-1].Minute
+	step := timeTickEvery(len(series))
+	fmt.Fprintf(b, `<line class="axis" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>`, dchartLeft, y0, dchartW-dchartRight, y0)
+	for t := first.Truncate(step); !t.After(last); t = t.Add(step) {
+		if t.Before(first) {
+			continue
+		}
+		i := int(t.Sub(first) / time.Minute)
+		fmt.Fprintf(b, `<line class="tick" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>`, x(i), y0, x(i), y0+5)
+		fmt.Fprintf(b, `<text class="xlabel" x="%.1f" y="%.1f" text-anchor="middle">%s</text>`, x(i), y0+18, t.UTC().Format("15:04"))
+	}
+	fmt.Fprintf(b, `<text class="unit" x="%.1f" y="%.1f" text-anchor="end">time (UTC), one point a minute; the last is the current minute</text>`,
+		dchartW-dchartRight, dchartH-6)
+}
+
+// legendEntry is one line of a chart's legend: its class (the line's
+// colour) and its text.
+type legendEntry struct{ class, text string }
+
+// legend draws a swatch and a text for each entry, in a row above the plot.
+func legend(b *strings.Builder, entries []legendEntry) {
+	for i, l := range entries {
+		lx := dchartLeft + float64(i)*dchartLegendGap
+		fmt.Fprintf(b, `<line class="%s" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>`, l.class, lx, dchartLegendY-4, lx+18, dchartLegendY-4)
+		fmt.Fprintf(b, `<text class="legend" x="%.1f" y="%.1f">%s</text>`, lx+24, dchartLegendY, l.text)
+	}
+}
+
+// latencyTicks label the latency chart's logarithmic axis.
+var latencyTicks = []struct {
+	ms    float64
+	label string
+}{{1, "1 ms"}, {10, "10 ms"}, {100, "100 ms"}, {1000, "1 s"}, {10_000, "10 s"}, {60_000, "1 min"}, {600_000, "10 min"}, {3_600_000, "1 h"}}
+
+// latencyChartSVG draws the per-minute p50 and p99 commit→first-2xx
+// latency of a series on a logarithmic axis from 1 ms to 1 h. A value is
+// the bound of the bucket the percentile fell in (stats.go), so the lines
+// step between bounds; a minute without a success has no point, and the
+// line breaks there.
+func latencyChartSVG(series []statsMinute, label string) template.HTML {
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg class="dchart" viewBox="0 0 %.0f %.0f" role="img" aria-label="%s">`, dchartW, dchartH, template.HTMLEscapeString(label))
+	if len(series) < 2 {
+		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f">no minutes to draw</text></svg>`, dchartLeft, dchartH/2)
+		return template.HTML(b.String()) // constant text and numbers only
+	}
+	lo, hi := math.Log10(1), math.Log10(3_600_000)
+	x := func(i int) float64 { return dchartLeft + dchartPlotW*float64(i)/float64(len(series)-1) }
+	y := func(ms float64) float64 {
+		v := math.Log10(min(max(ms, 1), 3_600_000))
+		return dchartTop + dchartPlotH*(1-(v-lo)/(hi-lo))
+	}
+	for _, t := range latencyTicks {
+		fmt.Fprintf(&b, `<line class="grid" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>`, dchartLeft, y(t.ms), dchartW-dchartRight, y(t.ms))
+		fmt.Fprintf(&b, `<text class="ylabel" x="%.1f" y="%.1f" text-anchor="end">%s</text>`, dchartLeft-6, y(t.ms)+4, t.label)
+	}
+	fmt.Fprintf(&b, `<text class="unit" x="%.1f" y="%.1f">commit → first 2xx (log)</text>`, 4.0, dchartTop-8)
+	timeAxis(&b, series, x, y(1))
+	path := func(class string, value func(statsMinute) *float64) {
+		fmt.Fprintf(&b, `<path class="%s" d="`, class)
+		move := true
+		for i, m := range series {
+			v := value(m)
+			if v == nil {
+				move = true
+				continue
+			}
+			if move {
+				// A point with no neighbour still shows: a round cap
+				// draws the zero-length segment as a dot.
+				fmt.Fprintf(&b, "M%.1f,%.1f l0,0 ", x(i), y(*v))
+				move = false
+				continue
+			}
+			fmt.Fprintf(&b, "L%.1f,%.1f ", x(i), y(*v))
+		}
+		b.WriteString(`"/>`)
+	}
+	path("p99", func(m statsMinute) *float64 { return m.LatencyP99MS })
+	path("p50", func(m statsMinute) *float64 { return m.LatencyP50MS })
+	legend(&b, []legendEntry{{"p50", "p50 (median)"}, {"p99", "p99"}})
+	b.WriteString(`</svg>`)
+	return template.HTML(b.String()) // numbers, times, constant text and the escaped label only
 }

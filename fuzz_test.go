@@ -229,6 +229,7 @@ func configArgs(cfg Config) []string {
 	flag("inbox-retention", cfg.Retention.Inbox)
 	flag("completed-jobs-retention", cfg.Retention.CompletedJobs)
 	flag("discarded-jobs-retention", cfg.Retention.DiscardedJobs)
+	flag("delivery-stats-retention", cfg.Retention.DeliveryStats)
 	flag("retention-interval", cfg.Retention.Interval)
 	flag("retention-batch", cfg.Retention.BatchSize)
 	flag("endpoint-disable-after", cfg.Retention.EndpointDisableAfter)

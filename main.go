@@ -171,6 +171,9 @@ func defaultConfig() Config {
 			// Inbox: defaultInboxRetention, from the settings it must cover.
 			CompletedJobs: 24 * time.Hour,
 			DiscardedJobs: 7 * 24 * time.Hour,
+			// DeliveryStats: a week, to compare today with the same day
+			// last week; 10,080 rows an endpoint at most.
+			DeliveryStats: 7 * 24 * time.Hour,
 			Interval:      time.Hour,
 			BatchSize:     retentionBatchMax,
 			AnomalyCap:    1_000_000,
@@ -309,6 +312,7 @@ func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&cfg.Retention.Inbox, "inbox-retention", cfg.Retention.Inbox, "delete inbox records this long after receipt; must exceed -events-retention + the retry horizon of -job-max-attempts + -retention-interval, and -events-retention by a day; default the first whole day that does (288h); 0 keeps them")
 	fs.DurationVar(&cfg.Retention.CompletedJobs, "completed-jobs-retention", cfg.Retention.CompletedJobs, "delete completed jobs this long after they finished; 0 keeps them")
 	fs.DurationVar(&cfg.Retention.DiscardedJobs, "discarded-jobs-retention", cfg.Retention.DiscardedJobs, "delete discarded jobs this long after they finished; 0 keeps them")
+	fs.DurationVar(&cfg.Retention.DeliveryStats, "delivery-stats-retention", cfg.Retention.DeliveryStats, "delete per-minute delivery statistics this long after their minute; 0 keeps them")
 	fs.DurationVar(&cfg.Retention.Interval, "retention-interval", cfg.Retention.Interval, "cadence of the retention sweeps")
 	fs.IntVar(&cfg.Retention.BatchSize, "retention-batch", cfg.Retention.BatchSize, "most rows one retention DELETE removes")
 	fs.DurationVar(&cfg.Retention.EndpointDisableAfter, "endpoint-disable-after", cfg.Retention.EndpointDisableAfter, "disable an endpoint failing continuously this long; 0 never does")
@@ -415,6 +419,7 @@ func (c Config) validate() error {
 		durationIn("inbox-retention", c.Retention.Inbox, 0, maxRetention),
 		durationIn("completed-jobs-retention", c.Retention.CompletedJobs, 0, maxRetention),
 		durationIn("discarded-jobs-retention", c.Retention.DiscardedJobs, 0, maxRetention),
+		durationIn("delivery-stats-retention", c.Retention.DeliveryStats, 0, maxRetention),
 		durationIn("retention-interval", c.Retention.Interval, time.Second, 24*time.Hour),
 		intIn("retention-batch", c.Retention.BatchSize, 1, retentionBatchMax),
 		durationIn("endpoint-disable-after", c.Retention.EndpointDisableAfter, 0, maxRetention),

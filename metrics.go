@@ -316,3 +316,40 @@ func sortedKeys(m map[string]int64) []string {
 	sort.Strings(keys)
 	return keys
 }
+
+// writeDeliveryStatsMetrics writes every endpoint's delivery statistics
+// over the last hour (stats.go, outbox.delivery_stats): gauges, not
+// counters, as retention deletes old minutes, and the same on every
+// replica, which reads them from the database (aggregate them with max,
+// not sum). The histogram above counts this process's deliveries since it
+// started; these count every replica's, and survive restarts.
+func writeDeliveryStatsMetrics(w io.Writer, st DeliveryStats) error {
+	p := &promWriter{w: bufio.NewWriter(w)}
+	p.family("outboxd_delivery_stats_last_hour_produced", "gauge", "Deliveries fanned out in the last 60 minutes, the current one included; every replica's.")
+	p.sample("outboxd_delivery_stats_last_hour_produced", "", float64(st.Produced))
+	p.family("outboxd_delivery_stats_last_hour_attempts", "gauge", "Delivery attempts in the last 60 minutes, the current one included, by outcome; every replica's.")
+	c := st.FailuresByClass
+	for _, o := range []struct {
+		outcome string
+		n       int64
+	}{
+		{"success", st.Successes}, {"timeout", c.Timeout}, {"4xx", c.Status4xx}, {"5xx", c.Status5xx},
+		{"connection", c.Connection}, {"other", c.Other},
+	} {
+		p.sample("outboxd_delivery_stats_last_hour_attempts", `outcome="`+o.outcome+`"`, float64(o.n))
+	}
+	p.family("outboxd_delivery_stats_last_hour_commit_to_first_2xx_seconds", "gauge",
+		"Commit to first 2xx over the last 60 minutes: the upper bound of the bucket holding the quantile; absent without a success.")
+	for _, q := range []struct {
+		label string
+		ms    *float64
+	}{{"0.5", st.LatencyP50MS}, {"0.99", st.LatencyP99MS}} {
+		if q.ms != nil {
+			p.sample("outboxd_delivery_stats_last_hour_commit_to_first_2xx_seconds", `quantile="`+q.label+`"`, *q.ms/1000)
+		}
+	}
+	if p.err == nil {
+		p.err = p.w.Flush()
+	}
+	return p.err
+}

@@ -167,6 +167,48 @@ type deliveryAttempt struct {
 	// Hold is how long the answer asked the whole endpoint to wait (a 429
 	// or 503 with Retry-After); 0: no hold.
 	Hold time.Duration
+	// Class is what the attempt counts as in outbox.delivery_stats;
+	// classNone (no request was made) counts nothing.
+	Class attemptClass
+	// CommitTo2xx is, for a success, the time from the event's commit to
+	// this answer: its first 2xx, as a job succeeds once.
+	CommitTo2xx time.Duration
+}
+
+// attemptClass is what one attempt counts as in outbox.delivery_stats
+// (schema.sql lists the classes).
+type attemptClass uint8
+
+const (
+	classNone       attemptClass = iota // no request was made: not counted
+	classSuccess                        // a 2xx, or a mail sent
+	classTimeout                        // no answer in time
+	class4xx                            // a 4xx answer
+	class5xx                            // a 5xx answer
+	classConnection                     // refused, reset, DNS, TLS, the SSRF guard: no answer
+	classOther                          // a 1xx or 3xx answer
+)
+
+// classifyAttempt is the class of an attempt that was made: status is
+// the answer's status code (0: none came), err the transport's error.
+func classifyAttempt(status int, err error) attemptClass {
+	switch {
+	case status >= 200 && status <= 299:
+		return classSuccess
+	case status >= 400 && status <= 499:
+		return class4xx
+	case status >= 500 && status <= 599:
+		return class5xx
+	case status != 0:
+		return classOther
+	case err == nil:
+		return classSuccess // no status and no error: a mail sent
+	}
+	var netErr interface{ Timeout() bool }
+	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &netErr) && netErr.Timeout()) {
+		return classTimeout
+	}
+	return classConnection
 }
 
 // completeBatchMax bounds one outcome statement.
@@ -244,8 +286,9 @@ func (p *workerPool) recordOutcomesRetrying(batch []jobResult) error {
 
 // recordOutcomesSQL writes a batch of outcomes in one statement. Each row
 // is fenced on (id, attempt, running): an outcome of an attempt that is no
-// longer the job's current one changes nothing. It returns the ordered
-// lanes whose delivery finished, each once: none, for unordered endpoints.
+// longer the job's current one changes nothing. It returns a row for every
+// job it wrote, with the ordered lane whose delivery finished, if any
+// (NULLs otherwise: for unordered endpoints, and for retries).
 const recordOutcomesSQL = `
 WITH recorded AS (
 UPDATE outbox.jobs AS j
@@ -263,12 +306,12 @@ FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::bigint[], $5::text[])
 WHERE j.id = o.id
   AND j.attempt = o.attempt
   AND j.state = 'running'
-RETURNING j.endpoint_id, j.lane_key, j.state
+RETURNING j.id, j.attempt, j.endpoint_id, j.lane_key, j.state
 )
-SELECT DISTINCT endpoint_id, lane_key
-FROM recorded
-WHERE lane_key IS NOT NULL
-  AND state IN ('completed', 'discarded')`
+SELECT id, attempt,
+       CASE WHEN lane_key IS NOT NULL AND state IN ('completed', 'discarded') THEN endpoint_id END,
+       CASE WHEN state IN ('completed', 'discarded') THEN lane_key END
+FROM recorded`
 
 // recordOutcomes writes a batch of outcomes, with the attempts they record
 // and their endpoints' new states, in one transaction: one commit for the
@@ -295,15 +338,25 @@ func (p *workerPool) recordOutcomes(ctx context.Context, batch []jobResult) erro
 	}
 	defer tx.Rollback()
 	if len(ids) > 0 {
-		finished, err := queryAll(ctx, tx, scanFinishedLane, recordOutcomesSQL,
+		recorded, err := queryAll(ctx, tx, scanRecordedOutcome, recordOutcomesSQL,
 			pq.Array(ids), pq.Array(attempts), pq.Array(states), pq.Array(delays), pq.Array(errs))
 		if err != nil {
 			return fmt.Errorf("record %d job outcomes: %w", len(ids), err)
+		}
+		finished := make([]finishedLane, len(recorded))
+		written := make(map[jobAttempt]bool, len(recorded))
+		for i, r := range recorded {
+			finished[i], written[r.jobAttempt] = r.lane, true
 		}
 		// An ordered lane whose active delivery finished lets its next one
 		// go, in this transaction: never a moment with the lane held and
 		// nothing running.
 		if err := advanceLanes(ctx, tx, finishedLanes(finished)); err != nil {
+			return fmt.Errorf("record %d job outcomes: %w", len(ids), err)
+		}
+		// Before the endpoints' rows (writeAttemptRecords): every
+		// completer locks statistics rows, then endpoint rows.
+		if err := writeDeliveryStats(ctx, tx, batch, written); err != nil {
 			return fmt.Errorf("record %d job outcomes: %w", len(ids), err)
 		}
 	}
@@ -328,6 +381,25 @@ func scanFinishedLane(row rowScanner) (finishedLane, error) {
 	var l finishedLane
 	err := row.Scan(&l.endpointID, &l.key)
 	return l, err
+}
+
+// recordedOutcome is a row of recordOutcomesSQL: a job whose outcome was
+// written, and the lane it finished, if any.
+type recordedOutcome struct {
+	jobAttempt
+	lane finishedLane
+}
+
+// jobAttempt names one attempt of one job.
+type jobAttempt struct {
+	id      int64
+	attempt int
+}
+
+func scanRecordedOutcome(row rowScanner) (recordedOutcome, error) {
+	var r recordedOutcome
+	err := row.Scan(&r.id, &r.attempt, &r.lane.endpointID, &r.lane.key)
+	return r, err
 }
 
 // finishedLanes are the ordered lanes of the rows, each once, in endpoint
@@ -452,7 +524,11 @@ type attemptRecord struct {
 	deliveryAttempt
 	EndpointID int64
 	Change     endpointChange
-	set        bool
+	// At is when the attempt ended: its minute in outbox.delivery_stats.
+	// It is this process's clock, as CommitTo2xx is; outboxd reads
+	// minutes, so replicas' clocks need agree only to seconds.
+	At  time.Time
+	set bool
 }
 
 // insertDeliveriesSQL keeps a batch of attempts. An attempt is recorded
@@ -524,6 +600,112 @@ func writeAttemptRecords(ctx context.Context, tx *sql.Tx, batch []jobResult, bre
 	return writeDedupWindows(ctx, tx, windows)
 }
 
+// deliveryStatsSQL adds a batch's attempts to outbox.delivery_stats: one
+// row per endpoint and minute ($1 the endpoint ids, $2 the minutes as Unix
+// seconds, $3..$9 the counters, $10 the rows' latency_buckets arrays end to
+// end, $11 (statsBuckets) apiece). The rows go in (endpoint, minute) order, the
+// order the completer sorted them in, so two completers adding to the same
+// rows lock them in the same order and wait rather than deadlock.
+const deliveryStatsSQL = `
+INSERT INTO outbox.delivery_stats AS s (endpoint_id, minute, attempts, successes, failed_timeout,
+                                        failed_4xx, failed_5xx, failed_connection, failed_other, latency_buckets)
+SELECT r.endpoint_id, to_timestamp(r.minute), r.attempts, r.successes, r.failed_timeout,
+       r.failed_4xx, r.failed_5xx, r.failed_connection, r.failed_other,
+       ($10::bigint[])[(r.n - 1) * $11 + 1 : r.n * $11]
+FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[],
+            $8::bigint[], $9::bigint[])
+     WITH ORDINALITY AS r(endpoint_id, minute, attempts, successes, failed_timeout,
+                          failed_4xx, failed_5xx, failed_connection, failed_other, n)
+ORDER BY r.endpoint_id, r.minute
+ON CONFLICT (endpoint_id, minute) DO UPDATE
+SET attempts = s.attempts + EXCLUDED.attempts,
+    successes = s.successes + EXCLUDED.successes,
+    failed_timeout = s.failed_timeout + EXCLUDED.failed_timeout,
+    failed_4xx = s.failed_4xx + EXCLUDED.failed_4xx,
+    failed_5xx = s.failed_5xx + EXCLUDED.failed_5xx,
+    failed_connection = s.failed_connection + EXCLUDED.failed_connection,
+    failed_other = s.failed_other + EXCLUDED.failed_other,
+    latency_buckets = ARRAY(
+      SELECT a + b
+      FROM unnest(s.latency_buckets, EXCLUDED.latency_buckets) WITH ORDINALITY AS t(a, b, i)
+      ORDER BY i
+    )`
+
+// statsKey is a row of outbox.delivery_stats: an endpoint and a minute
+// (Unix seconds of its start).
+type statsKey struct {
+	endpointID int64
+	minute     int64
+}
+
+// writeDeliveryStats adds the attempts of a batch whose outcomes were
+// written (written: the recordOutcomesSQL rows) to their endpoints' rows
+// of outbox.delivery_stats, in one statement. An attempt whose outcome
+// the fence refused (a worker that lost its job to the rescuer, or this
+// batch written again after its commit's answer was lost) counts nothing:
+// each attempt counts once, with the outcome its job kept.
+func writeDeliveryStats(ctx context.Context, tx *sql.Tx, batch []jobResult, written map[jobAttempt]bool) error {
+	type row struct {
+		statsCounts
+		latency latencyCounts
+	}
+	rows := map[statsKey]*row{}
+	for _, r := range batch {
+		rec := r.record
+		if rec == nil || rec.EndpointID == 0 || rec.Class == classNone || !written[jobAttempt{r.ID, r.Attempt}] {
+			continue
+		}
+		k := statsKey{rec.EndpointID, rec.At.Truncate(time.Minute).Unix()}
+		w := rows[k]
+		if w == nil {
+			w = new(row)
+			rows[k] = w
+		}
+		w.Attempts++
+		c := &w.FailuresByClass
+		switch rec.Class {
+		case classSuccess:
+			w.Successes++
+			w.latency[latencyBucket(rec.CommitTo2xx)]++
+		case classTimeout:
+			c.Timeout++
+		case class4xx:
+			c.Status4xx++
+		case class5xx:
+			c.Status5xx++
+		case classConnection:
+			c.Connection++
+		default:
+			c.Other++
+		}
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	keys := slices.SortedFunc(maps.Keys(rows), func(a, b statsKey) int {
+		return cmp.Or(cmp.Compare(a.endpointID, b.endpointID), cmp.Compare(a.minute, b.minute))
+	})
+	n := len(keys)
+	ids, minutes := make([]int64, n), make([]int64, n)
+	attempts, successes := make([]int64, n), make([]int64, n)
+	timeouts, s4xx, s5xx, conns, others := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
+	latency := make([]int64, 0, n*statsBuckets)
+	for i, k := range keys {
+		w := rows[k]
+		ids[i], minutes[i] = k.endpointID, k.minute
+		attempts[i], successes[i] = w.Attempts, w.Successes
+		c := w.FailuresByClass
+		timeouts[i], s4xx[i], s5xx[i], conns[i], others[i] = c.Timeout, c.Status4xx, c.Status5xx, c.Connection, c.Other
+		latency = append(latency, w.latency[:]...)
+	}
+	if _, err := tx.ExecContext(ctx, deliveryStatsSQL, pq.Array(ids), pq.Array(minutes), pq.Array(attempts),
+		pq.Array(successes), pq.Array(timeouts), pq.Array(s4xx), pq.Array(s5xx), pq.Array(conns), pq.Array(others),
+		pq.Array(latency), statsBuckets); err != nil {
+		return fmt.Errorf("record delivery stats: %w", err)
+	}
+	return nil
+}
+
 // writeEndpointHealth moves each endpoint by what its attempts did, in
 // endpoint id order: one lock order for every replica's completer.
 func writeEndpointHealth(ctx context.Context, tx *sql.Tx, health map[int64]*endpointHealth, breakerThreshold int) error {
@@ -567,5 +749,5 @@ func (j Job) recordAttempt(a deliveryAttempt, change endpointChange) {
 	if j.attempt == nil {
 		return // not run by a worker pool: nobody would write it
 	}
-	*j.attempt = attemptRecord{deliveryAttempt: a, EndpointID: j.EndpointID, Change: change, set: true}
+	*j.attempt = attemptRecord{deliveryAttempt: a, EndpointID: j.EndpointID, Change: change, At: time.Now(), set: true}
 }

@@ -6,6 +6,8 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"database/sql"
 	"embed"
 	"encoding/json"
 	"errors"
@@ -49,6 +51,7 @@ func newPanel(logger *slog.Logger) (*panel, error) {
 		"seconds":   func(s float64) string { return (time.Duration(s) * time.Second).String() },
 		"bytes":     formatBytes,
 		"percent":   func(f float64) string { return strconv.FormatFloat(100*f, 'f', 1, 64) + "%" },
+		"latency":   formatLatencyMS,
 		"jobErrors": decodeJobErrors,
 		"join":      strings.Join,
 		"build":     readBuildInfo().String, // the same line as outboxd version
@@ -56,7 +59,7 @@ func newPanel(logger *slog.Logger) (*panel, error) {
 	p := &panel{pages: map[string]*template.Template{}, logger: logger}
 	for _, name := range pageNames {
 		t, err := template.New(name).Funcs(funcs).ParseFS(templateFS,
-			"templates/layout.html", "templates/jobs.html", "templates/"+name+".html")
+			"templates/layout.html", "templates/jobs.html", "templates/stats.html", "templates/"+name+".html")
 		if err != nil {
 			return nil, fmt.Errorf("parse panel template %s: %w", name, err)
 		}
@@ -169,7 +172,7 @@ func (p *panel) handleLogout(a *admin) pageFunc {
 }
 
 // handleOverview is GET /: the overview, with the chart of the samples
-// this process took.
+// this process took, and every endpoint's delivery statistics.
 func (p *panel) handleOverview(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		o, err := a.overview(r.Context())
@@ -181,12 +184,17 @@ func (p *panel) handleOverview(a *admin) pageFunc {
 		if a.samples != nil {
 			samples, interval = a.samples.snapshot(), a.samples.interval
 		}
+		deliveries, err := readStatsWindows(r.Context(), a.db, 0)
+		if err != nil {
+			return err
+		}
 		p.render(w, http.StatusOK, "overview", page{Title: "Overview", Nav: "overview", SignedIn: true,
 			Flash: flash(r),
 			Data: struct {
-				Overview Overview
-				Chart    template.HTML
-			}{o, chartSVG(samples, interval)}})
+				Overview   Overview
+				Chart      template.HTML
+				Deliveries []statsWindowView
+			}{o, chartSVG(samples, interval), deliveries}})
 		return nil
 	}
 }
@@ -486,6 +494,10 @@ func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin,
 	if err != nil {
 		return err
 	}
+	windows, err := readStatsWindows(r.Context(), a.db, id)
+	if err != nil {
+		return err
+	}
 	status, form := http.StatusOK, fieldsOf(ep)
 	if view.refused != nil {
 		status, form = http.StatusBadRequest, *view.refused
@@ -502,8 +514,33 @@ func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin,
 			Preview     *replayPreviewView
 			Replays     []ReplayView
 			ReplayShare int
-		}{ep, st, view.secret, form, view.refusal, endpointBounds(), view.preview, replays, replayShare(ep.MaxInFlight)}})
+			Windows     []statsWindowView
+		}{ep, st, view.secret, form, view.refusal, endpointBounds(), view.preview, replays, replayShare(ep.MaxInFlight), windows}})
 	return nil
+}
+
+// statsWindowView is one window of an endpoint's delivery statistics as
+// its page shows them: the numbers and the chart of its minutes.
+type statsWindowView struct {
+	Title string
+	DeliveryStats
+	Chart, LatencyChart template.HTML
+}
+
+// readStatsWindows reads endpoint id's statistics over the last hour and
+// the last day (0: every endpoint's), with their charts.
+func readStatsWindows(ctx context.Context, db *sql.DB, id int64) ([]statsWindowView, error) {
+	var views []statsWindowView
+	for _, w := range []struct{ window, title string }{{"1h", "Last hour"}, {"24h", "Last 24 hours"}} {
+		st, err := readDeliveryStats(ctx, db, id, w.window)
+		if err != nil {
+			return nil, err
+		}
+		views = append(views, statsWindowView{Title: w.title, DeliveryStats: st,
+			Chart:        deliveryChartSVG(st.Series, "deliveries produced, delivered and failed per minute, "+strings.ToLower(w.title)),
+			LatencyChart: latencyChartSVG(st.Series, "commit to first 2xx latency, p50 and p99 per minute, "+strings.ToLower(w.title))})
+	}
+	return views, nil
 }
 
 // handleEndpointAction is POST /endpoints/{id}/{action}, one of an

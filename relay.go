@@ -300,6 +300,10 @@ marked AS (
 // each event is a fact. Inserts go in id order, so the job table's indexes
 // grow at their right edge.
 //
+// Each endpoint's deliveries are counted for its statistics
+// (outbox.fanout_stats, stats.go) in endpoint order: relays adding to the
+// same minute's rows lock them in one order.
+//
 // The subject index (outbox.subjects, upsertSubjectsSQL) is kept here, in
 // the transaction that marks the events fanned out, not by a job per
 // subject: that job cost an insert, a claim and a completion, each a new
@@ -355,6 +359,15 @@ webhooks AS (
 ),
 lanes AS (
   SELECT DISTINCT endpoint_id, lane_key FROM webhooks WHERE lane_key IS NOT NULL
+),
+produced AS (
+  INSERT INTO outbox.fanout_stats AS f (endpoint_id, minute, deliveries)
+  SELECT endpoint_id, date_trunc('minute', now()), count(*)
+  FROM webhooks
+  GROUP BY endpoint_id
+  ORDER BY endpoint_id
+  ON CONFLICT (endpoint_id, minute) DO UPDATE
+  SET deliveries = f.deliveries + EXCLUDED.deliveries
 ),
 indexed AS (` + upsertSubjectsSQL(`SELECT id, topic, subject, payload FROM marked`) + `
 )

@@ -41,6 +41,9 @@ type RetentionConfig struct {
 	// retried by hand.
 	CompletedJobs time.Duration
 	DiscardedJobs time.Duration
+	// DeliveryStats: rows of outbox.delivery_stats and fanout_stats are
+	// deleted this long after their minute (stats.go).
+	DeliveryStats time.Duration
 	// Interval is the cadence of the sweep cycle, offset per process by a
 	// deterministic jitter.
 	Interval time.Duration
@@ -207,6 +210,8 @@ func newSweeps(cfg RetentionConfig) []*sweep {
 		{name: "jobs_discarded", table: "outbox.jobs", window: cfg.DiscardedJobs, deleteSQL: deleteFinishedJobsSQL(jobDiscarded)},
 		{name: "events", table: "outbox.events", window: cfg.Events, deleteSQL: deleteEventsSQL},
 		{name: "inbox", table: "outbox.inbox", window: cfg.Inbox, deleteSQL: deleteInboxSQL},
+		{name: "delivery_stats", table: "outbox.delivery_stats", window: cfg.DeliveryStats, deleteSQL: deleteDeliveryStatsSQL},
+		{name: "fanout_stats", table: "outbox.fanout_stats", window: cfg.DeliveryStats, deleteSQL: deleteFanoutStatsSQL},
 	}
 }
 

@@ -238,6 +238,8 @@ func TestSweepStopsCycleAtAnomalyCap(t *testing.T) {
 		{Sweep: "jobs_discarded", Table: "outbox.jobs"},
 		{Sweep: "events", Table: "outbox.events"},
 		{Sweep: "inbox", Table: "outbox.inbox"},
+		{Sweep: "delivery_stats", Table: "outbox.delivery_stats"},
+		{Sweep: "fanout_stats", Table: "outbox.fanout_stats"},
 	}
 	if diff := cmp.Diff(want, s.Stats()); diff != "" {
 		t.Errorf("stats (-want +got):\n%s", diff)
@@ -270,7 +272,7 @@ func TestRetentionWindowZeroLeavesTablesUntouched(t *testing.T) {
 	addJob(t, db, addEvent(t, db, "fanned", 400*day), jobDiscarded, 400*day)
 
 	cfg := defaultConfig().Retention
-	cfg.Events, cfg.CompletedJobs, cfg.DiscardedJobs, cfg.Inbox = 0, 0, 0, 0
+	cfg.Events, cfg.CompletedJobs, cfg.DiscardedJobs, cfg.Inbox, cfg.DeliveryStats = 0, 0, 0, 0, 0
 	res := sweepOnce(t, newTestSweeper(t, db, cfg))
 	if diff := cmp.Diff(map[string]int64{}, res.Deleted); diff != "" {
 		t.Errorf("all windows 0: deleted (-want +got):\n%s", diff)
@@ -282,7 +284,7 @@ func TestRetentionWindowZeroLeavesTablesUntouched(t *testing.T) {
 	cfg = defaultConfig().Retention
 	cfg.Events = 0
 	res = sweepOnce(t, newTestSweeper(t, db, cfg))
-	if diff := cmp.Diff(map[string]int64{"jobs_completed": 1, "jobs_discarded": 1, "inbox": 0}, res.Deleted); diff != "" {
+	if diff := cmp.Diff(map[string]int64{"jobs_completed": 1, "jobs_discarded": 1, "inbox": 0, "delivery_stats": 0, "fanout_stats": 0}, res.Deleted); diff != "" {
 		t.Errorf("events window 0: deleted (-want +got):\n%s", diff)
 	}
 	if n := queryInt(t, db, `SELECT count(*) FROM outbox.events`); n != 3 {

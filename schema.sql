@@ -1209,6 +1209,84 @@ CREATE TABLE IF NOT EXISTS outbox.deliveries (
 -- Index deliveries_by_endpoint_finished_at: schema_indexes.sql.
 
 --------------------------------------------------------------------------------
+-- Delivery statistics: per endpoint and minute, shared by every replica
+--------------------------------------------------------------------------------
+
+-- One row per endpoint and minute in which a request was made to it: the
+-- attempts, their outcomes by class, and the time from each delivered
+-- event's commit to its first 2xx, counted into fixed buckets. The
+-- completers write it (outcome.go, writeDeliveryStats) in the transaction
+-- that records the attempts' outcomes, with one INSERT ... ON CONFLICT DO
+-- UPDATE per batch that adds to the row of each endpoint and minute, so
+-- every replica's workers add to the same rows and the numbers survive a
+-- restart. The panel, GET /api/stats and GET /api/endpoints/{id}/stats read
+-- it (stats.go). Deleted by the retention sweep once minute is older than
+-- -delivery-stats-retention (7 days): at most one row per endpoint and
+-- minute of that window, whatever the delivery rate.
+--
+-- Classes (outcome.go, attemptClass): a success is a 2xx (or a mail
+-- sent); a failure is a timeout (no answer within -webhook-timeout), a 4xx,
+-- a 5xx, a connection failure (refused, reset, DNS, TLS, an address the
+-- SSRF guard refused) or other (a 1xx or 3xx answer). attempts is always
+-- their sum (the CHECK).
+--
+-- latency_buckets holds 19 counts: commit→first-2xx latencies of at most
+-- 1, 2.5, 5, 10, 25, 50, 100, 250, 500 ms, 1, 2.5, 5, 10, 30, 60 s,
+-- 5, 30, 60 min, and above 60 min (the last). The bounds are the ones
+-- /metrics uses for the in-process histogram (metrics.go, latencyBuckets),
+-- from a loopback delivery to a retry hours later; p50 and p99 are read
+-- from them as the bound of the bucket holding the rank (stats.go).
+--
+-- No foreign key to outbox.endpoints, as in outbox.deliveries: an
+-- endpoint's statistics outlive its deletion until retention takes them,
+-- and the completers' upsert takes no lock on the endpoint row.
+CREATE TABLE IF NOT EXISTS outbox.delivery_stats (
+  endpoint_id       bigint      NOT NULL,
+  minute            timestamptz NOT NULL, -- the start of the minute the answers came in
+  attempts          bigint      NOT NULL,
+  successes         bigint      NOT NULL,
+  failed_timeout    bigint      NOT NULL,
+  failed_4xx        bigint      NOT NULL,
+  failed_5xx        bigint      NOT NULL,
+  failed_connection bigint      NOT NULL,
+  failed_other      bigint      NOT NULL,
+  latency_buckets   bigint[]    NOT NULL,
+
+  PRIMARY KEY (endpoint_id, minute),
+  CONSTRAINT delivery_stats_attempts_sum CHECK (
+    attempts = successes + failed_timeout + failed_4xx + failed_5xx + failed_connection + failed_other),
+  CONSTRAINT delivery_stats_latency_buckets_19 CHECK (
+    array_ndims(latency_buckets) = 1 AND cardinality(latency_buckets) = 19)
+);
+
+-- Serves the all-endpoints window (GET /api/stats, the overview) and the
+-- retention sweep's oldest-first delete; an endpoint's window reads the
+-- primary key.
+CREATE INDEX IF NOT EXISTS delivery_stats_by_minute
+  ON outbox.delivery_stats (minute);
+
+-- One row per endpoint and minute in which the relay fanned deliveries out
+-- to it: how many (a replay's and a retry by hand's are not counted: they
+-- send again what was produced before). The relay's fan-out statement
+-- (relay.go, fanOutSQL) adds to it in the transaction that enqueues them,
+-- by the database's clock. A table of its own, not a column of
+-- delivery_stats, so that relays and completers never wait on each
+-- other's rows. Read and deleted with delivery_stats (stats.go), by the
+-- same retention window.
+CREATE TABLE IF NOT EXISTS outbox.fanout_stats (
+  endpoint_id bigint      NOT NULL,
+  minute      timestamptz NOT NULL,
+  deliveries  bigint      NOT NULL,
+
+  PRIMARY KEY (endpoint_id, minute)
+);
+
+-- Serves the all-endpoints window and the retention sweep, as
+-- delivery_stats_by_minute does.
+CREATE INDEX IF NOT EXISTS fanout_stats_by_minute
+  ON outbox.fanout_stats (minute);
+
+--------------------------------------------------------------------------------
 -- Owner notifications: an endpoint's owner hears when it fails
 --------------------------------------------------------------------------------
 

@@ -231,7 +231,8 @@ func (s *webhookSender) deliver(ctx context.Context, job Job) error {
 
 	start := time.Now()
 	ans, sendErr := s.post(ctx, signing, job.Event, body)
-	attempt := deliveryAttempt{Duration: time.Since(start), StatusCode: ans.status, ResponseExcerpt: ans.excerpt}
+	attempt := deliveryAttempt{Duration: time.Since(start), StatusCode: ans.status, ResponseExcerpt: ans.excerpt,
+		Class: classifyAttempt(ans.status, sendErr)}
 	change, outcome := classifyWebhookResponse(ans.status, ans.retryAfter, sendErr, time.Now())
 	if outcome != nil && ans.excerpt != "" {
 		outcome = fmt.Errorf("%w: %q", outcome, truncate(ans.excerpt, webhookErrorExcerptLen))
@@ -243,6 +244,7 @@ func (s *webhookSender) deliver(ctx context.Context, job Job) error {
 		// Only an answer that accepted the webhook speaks for the
 		// receiver's dedup: an error page may come from a proxy.
 		attempt.DedupWindow = parseDedupWindow(ans.dedupWindow)
+		attempt.CommitTo2xx = time.Since(job.Event.CreatedAt)
 	}
 	attempt.Hold = endpointHold(ans.status, outcome)
 	s.observe(job, attempt, change, sendErr)
@@ -260,7 +262,7 @@ func (s *webhookSender) observe(job Job, a deliveryAttempt, change endpointChang
 		outcome = "no_answer"
 	case change == endpointSucceeded:
 		outcome = "success"
-		s.metrics.commitTo2xx.With(strconv.FormatInt(job.EndpointID, 10)).Observe(time.Since(job.Event.CreatedAt).Seconds())
+		s.metrics.commitTo2xx.With(strconv.FormatInt(job.EndpointID, 10)).Observe(a.CommitTo2xx.Seconds())
 	case change == endpointGone:
 		outcome = "gone"
 	}
@@ -370,9 +372,11 @@ func (s *webhookSender) deliverMail(ctx context.Context, job Job, ep deliveryEnd
 	}
 	start := time.Now()
 	err := s.mail.send(ctx, eventMail(to, job.Event))
-	attempt := deliveryAttempt{Duration: time.Since(start)}
+	attempt := deliveryAttempt{Duration: time.Since(start), Class: classifyAttempt(0, err)}
 	change := endpointSucceeded
-	if err != nil {
+	if err == nil {
+		attempt.CommitTo2xx = time.Since(job.Event.CreatedAt)
+	} else {
 		change = endpointFailed
 		err = fmt.Errorf("mail: %w", err)
 		attempt.Error = truncate(err.Error(), maxErrorLen)
