@@ -90,6 +90,7 @@ type replicaRegistry struct {
 	sweeps func() int64
 
 	id        atomic.Int64  // this process's row; 0 while it has none
+	lostID    atomic.Int64  // the id it last found gone, for the log
 	lostRow   chan struct{} // poked when a claim found the row gone
 	sweepSeen int64         // sweeps() at the last heartbeat; Run's alone
 
@@ -115,6 +116,7 @@ func (r *replicaRegistry) ID() int64 { return r.id.Load() }
 // workers stop claiming at once; Run registers again.
 func (r *replicaRegistry) lost(id int64) {
 	if r.id.CompareAndSwap(id, 0) {
+		r.lostID.Store(id)
 		poke(r.lostRow)
 	}
 }
@@ -166,7 +168,9 @@ func (r *replicaRegistry) heartbeat(ctx context.Context) error {
 	}
 	r.sweepSeen = sweeps
 	if n, _ := res.RowsAffected(); n == 0 {
-		r.id.CompareAndSwap(id, 0)
+		if r.id.CompareAndSwap(id, 0) {
+			r.lostID.Store(id)
+		}
 		return errRegistrationLost
 	}
 	return nil
@@ -186,9 +190,8 @@ func (r *replicaRegistry) Run(ctx context.Context) error {
 		case <-tick.C:
 		case <-r.lostRow:
 		}
-		old := r.ID()
 		err := errRegistrationLost
-		if old != 0 {
+		if r.ID() != 0 {
 			err = r.heartbeat(ctx)
 		}
 		switch {
@@ -202,7 +205,7 @@ func (r *replicaRegistry) Run(ctx context.Context) error {
 			r.reregistered.Add(1)
 			r.logger.Warn("this replica was declared dead (no heartbeat for longer than its dead_after) and its running jobs rescued; "+
 				"registered again under a new id: the outcomes of the jobs it was running are fenced out",
-				"old_id", old, "id", r.ID(), "dead_after", r.cfg.DeadAfter)
+				"old_id", r.lostID.Load(), "id", r.ID(), "dead_after", r.cfg.DeadAfter)
 		case err != nil && ctx.Err() == nil:
 			r.logger.Error("heartbeat failed", "err", err)
 		}
