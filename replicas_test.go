@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"path/filepath"
 	"strings"
@@ -571,4 +572,67 @@ func TestKilledReplicaJobsAreRescuedByHeartbeat(t *testing.T) {
 	}
 	t.Logf("kill -9 of one of two replicas with %d requests in flight: all %d events delivered %s after the kill (dead_after %s, heartbeat %s)",
 		held, p.events, took.Round(100*time.Millisecond), defaultConfig().Replicas.DeadAfter, defaultConfig().Replicas.Heartbeat)
+}
+
+// /api/overview and the panel list the live replicas, mark the one that
+// answered and the sweeper, and flag mixed versions; the panel stays
+// without JavaScript.
+func TestOverviewListsReplicasAndFlagsMixedVersions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, _ := newTestDB(t)
+	cfg := defaultConfig().Replicas
+	a := newReplicaRegistry(db, cfg, testReplica("0.1.0", 301), testLogger(t))
+	b := newReplicaRegistry(db, cfg, testReplica("0.2.0", 302), testLogger(t))
+	b.sweeps = func() int64 { return 1 }
+	for _, r := range []*replicaRegistry{a, b} {
+		if err := r.register(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.heartbeat(ctx); err != nil { // after a sweep: swept_at
+		t.Fatal(err)
+	}
+	adm := testAdmin(t, db, testPolicy, testLogger(t), nil)
+	adm.counters.registry = a
+	srv := httptest.NewServer(routes(adm))
+	t.Cleanup(srv.Close)
+
+	var o struct {
+		Replicas []struct {
+			ID      int64  `json:"id"`
+			Version string `json:"version"`
+			Workers int    `json:"workers"`
+			Self    bool   `json:"self"`
+			Sweeper bool   `json:"sweeper"`
+		} `json:"replicas"`
+		MixedVersions bool `json:"mixed_versions"`
+	}
+	if status := apiCall(t, srv, "GET", "/api/overview", "", &o); status != http.StatusOK {
+		t.Fatalf("GET /api/overview: %d", status)
+	}
+	type row struct {
+		ID            int64
+		Version       string
+		Workers       int
+		Self, Sweeper bool
+	}
+	var got []row
+	for _, r := range o.Replicas {
+		got = append(got, row{r.ID, r.Version, r.Workers, r.Self, r.Sweeper})
+	}
+	want := []row{{a.ID(), "0.1.0", 8, true, false}, {b.ID(), "0.2.0", 8, false, true}}
+	if diff := cmp.Diff(want, got); diff != "" || !o.MixedVersions {
+		t.Errorf("overview replicas (-want +got):\n%s\nmixed_versions %t, want true", diff, o.MixedVersions)
+	}
+
+	status, page := panelPage(t, srv, "/")
+	for _, s := range []string{`id="mixed-versions"`, fmt.Sprintf(`id="replica-%d"`, a.ID()), fmt.Sprintf(`id="replica-%d"`, b.ID()), "(this one)", "0.2.0", "sweeper"} {
+		if !strings.Contains(page, s) {
+			t.Errorf("the panel's overview lacks %q", s)
+		}
+	}
+	if status != http.StatusOK || strings.Contains(strings.ToLower(page), "<script") {
+		t.Errorf("panel overview: status %d, <script> present: %t; want 200 and none", status, strings.Contains(strings.ToLower(page), "<script"))
+	}
 }
