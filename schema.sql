@@ -873,8 +873,11 @@ CREATE INDEX IF NOT EXISTS jobs_running_replay_by_endpoint
 -- its jobs rescued, and it must not claim under that id again. The lock
 -- makes the declaration (which deletes the row) wait for a claim in
 -- flight, so no claim commits behind the rescue of its replica's jobs.
--- NULL, as the previous release calls it: the jobs are held by no one
--- known, and only the horizon rescues them.
+-- NULL: the jobs are held by no one known, and only the horizon rescues
+-- them. claim_jobs(batch), below, is the previous release's call, kept as
+-- a function of its own rather than a default of replica, so that a
+-- previous release applying its own schema.sql replaces that one and
+-- leaves no two functions matching claim_jobs(batch).
 --
 -- Its columns are named in the caller's SELECT, so a column added here
 -- leaves a replica still running the previous release working (it calls
@@ -883,7 +886,7 @@ CREATE INDEX IF NOT EXISTS jobs_running_replay_by_endpoint
 DROP FUNCTION IF EXISTS outbox.claim_jobs(integer);
 DROP FUNCTION IF EXISTS outbox.claim_jobs(integer, integer);
 DROP FUNCTION IF EXISTS outbox.claim_jobs(integer, bigint);
-CREATE FUNCTION outbox.claim_jobs(batch integer, replica bigint DEFAULT NULL)
+CREATE FUNCTION outbox.claim_jobs(batch integer, replica bigint)
 RETURNS TABLE (id bigint, kind text, attempt integer, max_attempts integer,
                endpoint_id bigint,
                event_id bigint, topic text, subject text, payload jsonb, created_at timestamptz,
@@ -1115,6 +1118,21 @@ BEGIN
   LEFT JOIN outbox.endpoints AS ep ON ep.id = c.endpoint_id
   LEFT JOIN paced AS p ON p.id = c.id;
 END
+$$;
+
+-- claim_jobs(batch) is a claim held by no replica: the previous release's
+-- call, for replicas still running it during an upgrade.
+CREATE FUNCTION outbox.claim_jobs(batch integer)
+RETURNS TABLE (id bigint, kind text, attempt integer, max_attempts integer,
+               endpoint_id bigint,
+               event_id bigint, topic text, subject text, payload jsonb, created_at timestamptz,
+               traceparent text, tracestate text,
+               url text, secret bytea, previous_secret bytea, disabled_reason text,
+               start_in_ms integer)
+LANGUAGE sql VOLATILE
+ROWS 100
+AS $$
+  SELECT * FROM outbox.claim_jobs(batch, NULL::bigint)
 $$;
 
 --------------------------------------------------------------------------------
