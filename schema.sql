@@ -645,7 +645,9 @@ $$;
 --   running    → discarded  it failed permanently or ran out of attempts
 --                           (finalized_at); errors keeps every attempt's error
 --   running    → retryable  the rescuer found it running past the attempt
---                           timeout plus a margin: its worker is gone
+--                           timeout plus a margin, or held by a replica
+--                           declared dead (held_by, outbox.replicas): its
+--                           worker is gone
 --   retryable  → running    claimed again once scheduled_at has come
 --   discarded  → available  retried by hand
 --
