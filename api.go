@@ -25,6 +25,12 @@ func (a *admin) overview(ctx context.Context) (Overview, error) {
 	if a.counters != nil && a.counters.retention != nil {
 		o.Pruned = a.counters.retention.PrunedByTable()
 	}
+	if a.counters != nil && a.counters.registry != nil {
+		self := a.counters.registry.ID()
+		for i := range o.Replicas {
+			o.Replicas[i].Self = o.Replicas[i].ID == self
+		}
+	}
 	return o, nil
 }
 

@@ -96,7 +96,10 @@ type workerPool struct {
 	// handlers run every other kind of job. A kind without one is left
 	// to a process that has it (it retries meanwhile, visibly).
 	handlers map[string]jobHandler
-	logger   *slog.Logger
+	// replica, if set, is the registry whose id every claim records
+	// (replicas.go); nil claims under no id, rescued by the horizon alone.
+	replica *replicaRegistry
+	logger  *slog.Logger
 
 	slots     chan struct{} // one token per running job
 	slotFreed chan struct{} // poked when a job finishes
@@ -236,8 +239,8 @@ func (p *workerPool) workOnce(ctx context.Context, n int) (int, error) {
 }
 
 // claimJobsSQL takes up to $1 due jobs, soonest first, marks them running
-// with their next attempt number, and returns each with its event and, for
-// a delivery, its endpoint. The statement is schema.sql's outbox.claim_jobs,
+// with their next attempt number, held by replica $2 (NULL: none), and
+// returns each with its event and, for a delivery, its endpoint. The statement is schema.sql's outbox.claim_jobs,
 // which pins its plan and reads everything in one snapshot.
 const claimJobsSQL = `
 SELECT id, kind, attempt, max_attempts, endpoint_id,
@@ -245,17 +248,30 @@ SELECT id, kind, attempt, max_attempts, endpoint_id,
        traceparent, tracestate,
        url, secret, previous_secret, disabled_reason,
        start_in_ms
-FROM outbox.claim_jobs($1)`
+FROM outbox.claim_jobs($1, $2)`
 
-// claim takes up to n due jobs in one statement.
+// claim takes up to n due jobs in one statement, under this process's
+// replica id. Without one (declared dead, not registered again yet) it
+// claims nothing.
 func (p *workerPool) claim(ctx context.Context, n int) ([]Job, error) {
+	var replica *int64
+	if p.replica != nil {
+		id := p.replica.ID()
+		if id == 0 {
+			return nil, nil
+		}
+		replica = &id
+	}
 	// A rate-limited job's start_in_ms counts from the claim's now(), the
 	// moment the statement began; counted from its arrival instead, a slow
 	// claim would start its batch late and squeeze it against the next.
 	sent := time.Now()
 	scan := func(row rowScanner) (Job, error) { return scanClaimedJob(row, sent) }
-	jobs, err := queryAll(ctx, p.db, scan, claimJobsSQL, n)
+	jobs, err := queryAll(ctx, p.db, scan, claimJobsSQL, n, replica)
 	if err != nil {
+		if replica != nil && pq.As(err, errReplicaNotRegistered) != nil {
+			p.replica.lost(*replica) // declared dead: claim nothing until registered again
+		}
 		return nil, fmt.Errorf("claim jobs: %w", err)
 	}
 	return jobs, nil

@@ -198,7 +198,7 @@ func TestJobClaimReadsOneBatchWhateverTheEstimates(t *testing.T) {
 
 			claimed := 0
 			scanned, indexEntries := statementReads(t, db, "outbox.jobs", lane.index, func(tx *sql.Tx) error {
-				rows, err := tx.Query(claimJobsSQL, batch)
+				rows, err := tx.Query(claimJobsSQL, batch, nil)
 				if err != nil {
 					return err
 				}
@@ -431,7 +431,7 @@ func TestRescuerRetriesJobOfDeadWorker(t *testing.T) {
 	mustExec(t, db, `UPDATE outbox.jobs SET state = 'running', attempt = 1, attempted_at = now() - interval '91 seconds' WHERE id IN ($1, $2)`, stuck, lastTry)
 	mustExec(t, db, `UPDATE outbox.jobs SET state = 'running', attempt = 1, attempted_at = now() - interval '89 seconds' WHERE id = $1`, alive)
 
-	n, err := newRescuer(db, cfg, testLogger(t)).rescueOnce(ctx)
+	n, err := newRescuer(db, cfg, defaultConfig().Replicas, testLogger(t)).rescueOnce(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

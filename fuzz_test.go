@@ -218,6 +218,8 @@ func configArgs(cfg Config) []string {
 	flag("job-rescue-margin", cfg.Workers.RescueMargin)
 	flag("job-poll", cfg.Workers.PollInterval)
 	flag("job-rescue-interval", cfg.Workers.RescueInterval)
+	flag("replica-heartbeat", cfg.Replicas.Heartbeat)
+	flag("replica-dead-after", cfg.Replicas.DeadAfter)
 	flag("alert-backlog", cfg.Alerts.BacklogRows)
 	flag("alert-backlog-age", cfg.Alerts.BacklogAge)
 	flag("alert-dead-ratio", cfg.Alerts.DeadRatio)

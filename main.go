@@ -86,6 +86,7 @@ type Config struct {
 
 	Relay     RelayConfig
 	Workers   WorkerConfig
+	Replicas  ReplicaConfig
 	Webhooks  WebhookConfig
 	Mail      MailConfig
 	Retention RetentionConfig
@@ -152,6 +153,11 @@ func defaultConfig() Config {
 			RescueInterval: 30 * time.Second,
 			// BreakerThreshold: see WorkerConfig.
 			BreakerThreshold: 5,
+		},
+		// See ReplicaConfig.
+		Replicas: ReplicaConfig{
+			Heartbeat: 3 * time.Second,
+			DeadAfter: 15 * time.Second,
 		},
 		Webhooks: WebhookConfig{
 			Timeout:              30 * time.Second,
@@ -301,6 +307,8 @@ func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&cfg.Workers.RescueMargin, "job-rescue-margin", cfg.Workers.RescueMargin, "added to -job-timeout before a running job is rescued")
 	fs.DurationVar(&cfg.Workers.PollInterval, "job-poll", cfg.Workers.PollInterval, "interval at which workers look for due jobs without a notification")
 	fs.DurationVar(&cfg.Workers.RescueInterval, "job-rescue-interval", cfg.Workers.RescueInterval, "interval at which the rescuer looks for stuck jobs")
+	fs.DurationVar(&cfg.Replicas.Heartbeat, "replica-heartbeat", cfg.Replicas.Heartbeat, "interval at which this replica stamps its row in outbox.replicas, and looks for replicas that stopped")
+	fs.DurationVar(&cfg.Replicas.DeadAfter, "replica-dead-after", cfg.Replicas.DeadAfter, "a replica without a heartbeat for this long is declared dead and its running jobs are rescued; at least 3 heartbeats")
 	fs.IntVar(&cfg.Alerts.BacklogRows, "alert-backlog", cfg.Alerts.BacklogRows, "un-fanned events above which events_backlog fires")
 	fs.DurationVar(&cfg.Alerts.BacklogAge, "alert-backlog-age", cfg.Alerts.BacklogAge, "age of the oldest un-fanned event above which events_backlog fires")
 	fs.Float64Var(&cfg.Alerts.DeadRatio, "alert-dead-ratio", cfg.Alerts.DeadRatio, "share of dead rows in outbox.events or outbox.jobs above which table_bloat fires")
@@ -403,6 +411,9 @@ func (c Config) validate() error {
 		durationIn("job-rescue-margin", c.Workers.RescueMargin, 0, 24*time.Hour),
 		durationIn("job-poll", c.Workers.PollInterval, 10*time.Millisecond, time.Hour),
 		durationIn("job-rescue-interval", c.Workers.RescueInterval, 10*time.Millisecond, time.Hour),
+		durationIn("replica-heartbeat", c.Replicas.Heartbeat, 10*time.Millisecond, time.Minute),
+		durationIn("replica-dead-after", c.Replicas.DeadAfter, time.Second, time.Hour),
+		c.validateReplicas(),
 		intIn("alert-backlog", c.Alerts.BacklogRows, 0, 100_000_000),
 		durationIn("alert-backlog-age", c.Alerts.BacklogAge, time.Second, 7*24*time.Hour),
 		durationIn("alert-xact-age", c.Alerts.XactAge, time.Second, 7*24*time.Hour),
@@ -426,6 +437,18 @@ func (c Config) validate() error {
 		intIn("retention-anomaly-cap", c.Retention.AnomalyCap, 1, 1_000_000_000),
 		c.validateInboxRetention(),
 	)
+}
+
+// validateReplicas refuses a dead_after that a few late heartbeats could
+// reach: a live replica would be declared dead, and its jobs run twice.
+func (c Config) validateReplicas() error {
+	r := c.Replicas
+	if r.Heartbeat > 0 && r.DeadAfter < minBeatsPerDeadAfter*r.Heartbeat {
+		return fmt.Errorf("%s = %s must be at least %d × %s = %s (%s), so that a replica missing one heartbeat is not declared dead",
+			setting("replica-dead-after"), r.DeadAfter, minBeatsPerDeadAfter, setting("replica-heartbeat"), r.Heartbeat,
+			minBeatsPerDeadAfter*r.Heartbeat)
+	}
+	return nil
 }
 
 // setting names a flag and its environment variable, for messages.
@@ -619,14 +642,30 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		demoAddrs = append(demoAddrs, ln.Addr().(*net.TCPAddr).AddrPort())
 	}
 
+	// This process's row in outbox.replicas, before any claim: every job
+	// it claims records the id (replicas.go).
+	registry := newReplicaRegistry(db, cfg.Replicas, currentReplica(cfg), logger)
+	if err := registry.register(ctx); err != nil {
+		return err
+	}
+	logger.Info("registered as a replica", "replica", registry.ID(), "heartbeat", cfg.Replicas.Heartbeat, "dead_after", cfg.Replicas.DeadAfter)
+
 	// Every loop runs under loopCtx and is waited for before run returns.
 	// It ends with ctx (SIGTERM), or when run returns early on an error;
-	// the workers then give in-flight jobs the grace period.
+	// the workers then give in-flight jobs the grace period. The heartbeat
+	// goes on until they have stopped, so that no other replica declares
+	// this one dead while it finishes its jobs; then the row is deleted.
 	loopCtx, stopLoops := context.WithCancel(ctx)
+	heartbeatCtx, stopHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
+	heartbeatDone := make(chan struct{})
+	var p *pipeline
 	defer func() {
 		stopLoops()
 		wg.Wait()
+		stopHeartbeat()
+		<-heartbeatDone
+		leave(registry, p, logger)
 		logger.Info("stopped")
 	}()
 	start := func(name string, loop func(context.Context) error) {
@@ -636,7 +675,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			}
 		})
 	}
-	p := startPipeline(cfg, db, box, dsn, demoAddrs, start, logger)
+	p = startPipeline(cfg, db, box, dsn, demoAddrs, registry, start, logger)
+	// The heartbeat stamps swept_at after a cycle of this process's sweeper.
+	registry.sweeps = p.retention.cycles.Load
+	go func() {
+		defer close(heartbeatDone)
+		if err := registry.Run(heartbeatCtx); err != nil && !errors.Is(err, context.Canceled) {
+			logger.Error("loop stopped", "loop", "replicas", "err", err)
+		}
+	}()
 	if demoRun != nil {
 		start("demo", demoRun.Run)
 	}
@@ -718,6 +765,27 @@ func adminToken(cfg Config, logger *slog.Logger) string {
 	return token
 }
 
+// leaveTimeout bounds the deregistration at shutdown.
+const leaveTimeout = 5 * time.Second
+
+// leave deletes this process's row on a clean shutdown, once its workers
+// have stopped, and rescues at once any job it still held (an outcome its
+// completer could not write), rather than leaving it to the horizon.
+func leave(registry *replicaRegistry, p *pipeline, logger *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
+	defer cancel()
+	if err := registry.deregister(ctx); err != nil {
+		logger.Warn("leave the replica registry; other replicas will declare this one dead", "err", err)
+		return
+	}
+	if p == nil {
+		return
+	}
+	if _, err := p.rescuer.rescueDeadReplicas(ctx); err != nil {
+		logger.Warn("rescue the jobs this replica still held", "err", err)
+	}
+}
+
 // pipeline is the loops of one process, from LISTEN to retention. The HTTP
 // side reads their counters.
 type pipeline struct {
@@ -729,13 +797,14 @@ type pipeline struct {
 	notifier   *ownerNotifier
 	samples    *sampler
 	retention  *sweeper
+	registry   *replicaRegistry
 }
 
 // startPipeline builds every loop in the order events move through them
 // and starts each with start, which owns its goroutine. Deliveries may
 // reach allowAddrs whatever the address guard says (-demo's receiver).
-func startPipeline(cfg Config, db *sql.DB, box *secretBox, dsn string, allowAddrs []netip.AddrPort, start func(string, func(context.Context) error), logger *slog.Logger) *pipeline {
-	var p pipeline
+func startPipeline(cfg Config, db *sql.DB, box *secretBox, dsn string, allowAddrs []netip.AddrPort, registry *replicaRegistry, start func(string, func(context.Context) error), logger *slog.Logger) *pipeline {
+	p := pipeline{registry: registry}
 	wake := newWakeups()
 	relayWake := wake.events
 	switch {
@@ -771,8 +840,9 @@ func startPipeline(cfg Config, db *sql.DB, box *secretBox, dsn string, allowAddr
 		ownerNotifyJobKind:        p.notifier.notify,
 		legacySubjectIndexJobKind: indexLegacySubjectJob(db),
 	}, logger)
+	p.workers.replica = registry
 	start("workers", func(ctx context.Context) error { return p.workers.Run(ctx, wake.jobs) })
-	p.rescuer = newRescuer(db, cfg.Workers, logger)
+	p.rescuer = newRescuer(db, cfg.Workers, cfg.Replicas, logger)
 	start("rescuer", p.rescuer.Run)
 	p.prober = newProber(db, box, webhookClient, cfg.Retention.Events, cfg.Workers.MaxAttempts, logger)
 	start("prober", p.prober.Run)
@@ -793,6 +863,7 @@ func (p *pipeline) counters() *processCounters {
 		deliveries: p.deliveries,
 		notifier:   p.notifier,
 		retention:  p.retention,
+		registry:   p.registry,
 	}
 }
 

@@ -249,6 +249,7 @@ type processCounters struct {
 	deliveries *deliveryMetrics
 	notifier   *ownerNotifier
 	retention  *sweeper // its cycles, anomaly-cap stops and rows pruned; nil without one
+	registry   *replicaRegistry
 }
 
 func (c *processCounters) write(p *promWriter) {
@@ -271,6 +272,14 @@ func (c *processCounters) write(p *promWriter) {
 	if c.rescuer != nil {
 		p.family("outboxd_jobs_rescued_total", "counter", "Jobs found running past the rescue horizon.")
 		p.sample("outboxd_jobs_rescued_total", "", float64(c.rescuer.rescued.Load()))
+		p.family("outboxd_jobs_rescued_from_dead_replicas_total", "counter", "Running jobs of replicas declared dead (no heartbeat), rescued by this process.")
+		p.sample("outboxd_jobs_rescued_from_dead_replicas_total", "", float64(c.rescuer.rescuedOfDead.Load()))
+		p.family("outboxd_replicas_declared_dead_total", "counter", "Replicas this process declared dead: no heartbeat within their dead_after.")
+		p.sample("outboxd_replicas_declared_dead_total", "", float64(c.rescuer.declaredDead.Load()))
+	}
+	if c.registry != nil {
+		p.family("outboxd_replica_reregistered_total", "counter", "Times this process found itself declared dead and registered again under a new id.")
+		p.sample("outboxd_replica_reregistered_total", "", float64(c.registry.reregistered.Load()))
 	}
 	if d := c.deliveries; d != nil {
 		p.family("outboxd_deliveries_total", "counter", "Webhook delivery attempts by outcome.")

@@ -1,5 +1,6 @@
 // overview.go: what the operator must see, read from the database: backlog,
-// poison, job states, table sizes and health, and the alerts they raise.
+// poison, job states, the live replicas, table sizes and health, and the
+// alerts they raise.
 
 package main
 
@@ -62,8 +63,13 @@ type Overview struct {
 	// ReceiverWindows are the dedup windows the receivers of enabled
 	// endpoints advertised, shortest first, at most maxReceiverWindows.
 	ReceiverWindows []ReceiverWindow `json:"receiver_windows"`
-	Alerts          []Alert          `json:"alerts"`
-	Pruned          map[string]int64 `json:"pruned"`
+	// Replicas are the live replicas (replicas.go), oldest first, with
+	// what each runs; MixedVersions says they run more than one release
+	// (a rolling upgrade in progress, or one left halfway).
+	Replicas      []Replica        `json:"replicas"`
+	MixedVersions bool             `json:"mixed_versions"`
+	Alerts        []Alert          `json:"alerts"`
+	Pruned        map[string]int64 `json:"pruned"`
 }
 
 // ReceiverWindow is the dedup window an endpoint's receiver advertised.
@@ -240,6 +246,9 @@ func readOverview(ctx context.Context, db *sql.DB, alerts AlertConfig) (Overview
 	}
 	if o.ReceiverWindows, err = queryAll(ctx, tx, scanReceiverWindow, overviewReceiverWindowsSQL, maxReceiverWindows); err != nil {
 		return o, fmt.Errorf("overview: receivers' windows: %w", err)
+	}
+	if o.Replicas, o.MixedVersions, err = readReplicas(ctx, tx); err != nil {
+		return o, fmt.Errorf("overview: %w", err)
 	}
 	if o.Jobs, starts.FirstDiscarded, err = readJobCounts(ctx, tx); err != nil {
 		return o, err

@@ -1,7 +1,17 @@
 // rescue.go: the rescuer, which returns to the queue the jobs whose worker
-// died: a job still running past the attempt timeout plus a margin is one
-// no live worker can still hold. A late outcome from such a worker changes
-// nothing (deliver.go fences outcomes on the attempt number).
+// died. Two ways to know it died:
+//
+//   - its replica stopped heartbeating (replicas.go): a replica not seen
+//     within its dead_after (15 s) is declared dead, its row deleted, and
+//     every job still running under its id is rescued, within seconds;
+//   - the horizon, the fallback for jobs of no known replica (claimed by a
+//     previous release, or before this process registered): a job still
+//     running past the attempt timeout plus a margin is one no live worker
+//     can still hold.
+//
+// Either way a late outcome from that worker changes nothing (outcome.go
+// fences outcomes on the attempt number), and a replica declared dead
+// claims nothing more under its id (outbox.claim_jobs).
 
 package main
 
@@ -16,30 +26,49 @@ import (
 
 // rescuer returns jobs whose worker died to the queue.
 type rescuer struct {
-	db      *sql.DB
-	cfg     WorkerConfig
-	logger  *slog.Logger
-	rescued atomic.Int64
+	db       *sql.DB
+	cfg      WorkerConfig
+	replicas ReplicaConfig
+	logger   *slog.Logger
+
+	// Counters for /metrics, only ever incremented.
+	rescued       atomic.Int64 // jobs rescued past the horizon
+	rescuedOfDead atomic.Int64 // jobs rescued from replicas declared dead
+	declaredDead  atomic.Int64 // replicas this process declared dead
 }
 
-func newRescuer(db *sql.DB, cfg WorkerConfig, logger *slog.Logger) *rescuer {
-	return &rescuer{db: db, cfg: cfg, logger: logger.With("loop", "rescuer")}
+func newRescuer(db *sql.DB, cfg WorkerConfig, replicas ReplicaConfig, logger *slog.Logger) *rescuer {
+	return &rescuer{db: db, cfg: cfg, replicas: replicas, logger: logger.With("loop", "rescuer")}
 }
 
-// Run rescues stuck jobs once at start, then every RescueInterval.
+// Run rescues once at start, then the jobs of dead replicas every
+// heartbeat and stuck jobs every RescueInterval.
 func (r *rescuer) Run(ctx context.Context) error {
-	tick := time.NewTicker(r.cfg.RescueInterval)
-	defer tick.Stop()
+	horizon := time.NewTicker(r.cfg.RescueInterval)
+	defer horizon.Stop()
+	dead := time.NewTicker(r.replicas.Heartbeat)
+	defer dead.Stop()
+	byHorizon, byHeartbeat := true, true
 	for {
-		if n, err := r.rescueOnce(ctx); err != nil && ctx.Err() == nil {
-			r.logger.Error("rescue failed", "err", err)
-		} else if n > 0 {
-			r.logger.Warn("rescued jobs whose worker stopped answering", "jobs", n)
+		if byHeartbeat {
+			if _, err := r.rescueDeadReplicas(ctx); err != nil && ctx.Err() == nil {
+				r.logger.Error("rescue of dead replicas' jobs failed", "err", err)
+			}
+		}
+		if byHorizon {
+			if n, err := r.rescueOnce(ctx); err != nil && ctx.Err() == nil {
+				r.logger.Error("rescue failed", "err", err)
+			} else if n > 0 {
+				r.logger.Warn("rescued jobs whose worker stopped answering", "jobs", n)
+			}
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-tick.C:
+		case <-horizon.C:
+			byHorizon, byHeartbeat = true, false
+		case <-dead.C:
+			byHorizon, byHeartbeat = false, true
 		}
 	}
 }
@@ -88,4 +117,89 @@ func (r *rescuer) rescueOnce(ctx context.Context) (int64, error) {
 			return total, nil
 		}
 	}
+}
+
+// declareDeadReplicasSQL deletes the rows of the replicas not seen within
+// their own dead_after: they are declared dead. Deleting a row waits for
+// a claim of that replica in flight (outbox.claim_jobs locks its row), so
+// the statement after it sees every job the dead replica claimed, and no
+// claim under its id succeeds after.
+const declareDeadReplicasSQL = `
+DELETE FROM outbox.replicas
+WHERE last_seen < now() - dead_after
+RETURNING id, host, pid, extract(epoch FROM now() - last_seen)::float8`
+
+// rescueOrphanedJobsSQL rescues up to $1 running jobs whose replica is no
+// longer registered (declared dead, or stopped without finishing them),
+// like rescueJobsSQL does past the horizon. A replica's id is never used
+// again, so a job held by a missing id is one no live worker holds. Jobs
+// locked by a paused replica's transaction are skipped, and found by a
+// later pass. Read through jobs_running_by_attempted_at: the running jobs
+// are at most the replicas' worker slots.
+const rescueOrphanedJobsSQL = `
+WITH orphaned AS (
+  SELECT j.id
+  FROM outbox.jobs AS j
+  WHERE j.state = 'running'
+    AND j.held_by IS NOT NULL
+    AND NOT EXISTS (SELECT 1 FROM outbox.replicas AS r WHERE r.id = j.held_by)
+  ORDER BY j.attempted_at
+  LIMIT $1
+  FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE outbox.jobs AS j
+SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'discarded'
+                 ELSE 'retryable' END::outbox.job_state,
+    scheduled_at = now(),
+    finalized_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
+    errors = j.errors || jsonb_build_array(jsonb_build_object(
+               'attempt', j.attempt, 'at', now(),
+               'error', 'rescued: replica ' || j.held_by || ' running it stopped heartbeating'))
+FROM orphaned
+WHERE j.id = orphaned.id`
+
+// deadReplica is a replica declared dead.
+type deadReplica struct {
+	ID         int64
+	Host       string
+	PID        int
+	SilentSecs float64 // since its last heartbeat
+}
+
+func scanDeadReplica(row rowScanner) (deadReplica, error) {
+	var d deadReplica
+	err := row.Scan(&d.ID, &d.Host, &d.PID, &d.SilentSecs)
+	return d, err
+}
+
+// rescueDeadReplicas declares dead the replicas that stopped heartbeating,
+// then rescues every running job of a replica no longer registered. It
+// returns how many jobs it rescued.
+func (r *rescuer) rescueDeadReplicas(ctx context.Context) (int64, error) {
+	dead, err := queryAll(ctx, r.db, scanDeadReplica, declareDeadReplicasSQL)
+	if err != nil {
+		return 0, fmt.Errorf("declare dead replicas: %w", err)
+	}
+	for _, d := range dead {
+		r.declaredDead.Add(1)
+		r.logger.Warn("replica declared dead: no heartbeat within its dead_after; rescuing its running jobs",
+			"replica", d.ID, "host", d.Host, "pid", d.PID, "silent", time.Duration(d.SilentSecs*float64(time.Second)).Round(time.Millisecond))
+	}
+	var total int64
+	for {
+		res, err := r.db.ExecContext(ctx, rescueOrphanedJobsSQL, rescueBatch)
+		if err != nil {
+			return total, fmt.Errorf("rescue jobs of dead replicas: %w", err)
+		}
+		n, _ := res.RowsAffected()
+		total += n
+		r.rescuedOfDead.Add(n)
+		if n < rescueBatch {
+			break
+		}
+	}
+	if total > 0 {
+		r.logger.Warn("rescued the running jobs of replicas no longer registered", "jobs", total)
+	}
+	return total, nil
 }

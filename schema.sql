@@ -639,7 +639,9 @@ $$;
 --   running    → discarded  it failed permanently or ran out of attempts
 --                           (finalized_at); errors keeps every attempt's error
 --   running    → retryable  the rescuer found it running past the attempt
---                           timeout plus a margin: its worker is gone
+--                           timeout plus a margin, or held by a replica
+--                           declared dead (held_by, outbox.replicas): its
+--                           worker is gone
 --   retryable  → running    claimed again once scheduled_at has come
 --   discarded  → available  retried by hand
 --
@@ -826,13 +828,28 @@ $$;
 -- statement share its snapshot: a job it can see was fanned out by a
 -- committed transaction, whose event it can see too.
 --
+-- replica is the claiming process's row in outbox.replicas (replicas.go):
+-- every job claimed records it in held_by, so that when that replica stops
+-- heartbeating its jobs are rescued at once rather than after the rescue
+-- horizon (rescue.go). The claim first locks that row FOR KEY SHARE and
+-- fails with SQLSTATE OXR01 if it is gone: the replica was declared dead,
+-- its jobs rescued, and it must not claim under that id again. The lock
+-- makes the declaration (which deletes the row) wait for a claim in
+-- flight, so no claim commits behind the rescue of its replica's jobs.
+-- NULL: the jobs are held by no one known, and only the horizon rescues
+-- them. claim_jobs(batch), below, is the previous release's call, kept as
+-- a function of its own rather than a default of replica, so that a
+-- previous release applying its own schema.sql replaces that one and
+-- leaves no two functions matching claim_jobs(batch).
+--
 -- Its columns are named in the caller's SELECT, so a column added here
 -- leaves a replica still running the previous release working (it calls
 -- claim_jobs(batch), and ignores start_in_ms); a change of its result type
 -- needs the DROP, which CREATE OR REPLACE cannot do.
 DROP FUNCTION IF EXISTS outbox.claim_jobs(integer);
 DROP FUNCTION IF EXISTS outbox.claim_jobs(integer, integer);
-CREATE FUNCTION outbox.claim_jobs(batch integer)
+DROP FUNCTION IF EXISTS outbox.claim_jobs(integer, bigint);
+CREATE FUNCTION outbox.claim_jobs(batch integer, replica bigint)
 RETURNS TABLE (id bigint, kind text, attempt integer, max_attempts integer,
                endpoint_id bigint,
                event_id bigint, topic text, subject text, payload jsonb, created_at timestamptz,
@@ -858,6 +875,13 @@ BEGIN
   -- the caller's transaction, not for this call: a SET clause of the
   -- function would be undone before the commit.
   PERFORM set_config('synchronous_commit', 'off', true);
+  IF replica IS NOT NULL THEN
+    PERFORM 1 FROM outbox.replicas AS r WHERE r.id = replica FOR KEY SHARE;
+    IF NOT FOUND THEN
+      RAISE EXCEPTION 'replica % is not registered: it was declared dead', replica
+        USING ERRCODE = 'OXR01';
+    END IF;
+  END IF;
   lanes := ARRAY(
     WITH RECURSIVE live AS (
       (SELECT w.endpoint_id, w.scheduled_at
@@ -1018,7 +1042,8 @@ BEGIN
     UPDATE outbox.jobs AS j
     SET state = 'running',
         attempt = j.attempt + 1,
-        attempted_at = now()
+        attempted_at = now(),
+        held_by = replica
     WHERE j.id = ANY (ARRAY(
       SELECT c.id FROM candidate AS c
       ORDER BY c.replayed, c.lane_rank, c.lane_order
@@ -1056,6 +1081,21 @@ BEGIN
   LEFT JOIN outbox.endpoints AS ep ON ep.id = c.endpoint_id
   LEFT JOIN paced AS p ON p.id = c.id;
 END
+$$;
+
+-- claim_jobs(batch) is a claim held by no replica: the previous release's
+-- call, for replicas still running it during an upgrade.
+CREATE FUNCTION outbox.claim_jobs(batch integer)
+RETURNS TABLE (id bigint, kind text, attempt integer, max_attempts integer,
+               endpoint_id bigint,
+               event_id bigint, topic text, subject text, payload jsonb, created_at timestamptz,
+               traceparent text, tracestate text,
+               url text, secret bytea, previous_secret bytea, disabled_reason text,
+               start_in_ms integer)
+LANGUAGE sql VOLATILE
+ROWS 100
+AS $$
+  SELECT * FROM outbox.claim_jobs(batch, NULL::bigint)
 $$;
 
 --------------------------------------------------------------------------------
@@ -1599,3 +1639,62 @@ AS $$
   SELECT CASE WHEN disabled_cause = 'failure' AND recovery_probes AND url !~ '^mailto:'
               THEN greatest(next_probe_at, disabled_at + outbox.probe_interval(disabled_at, disabled_at)) END
 $$;
+
+--------------------------------------------------------------------------------
+-- Replicas: the outboxd processes that share this database
+--------------------------------------------------------------------------------
+
+-- One row per running outboxd process (replicas.go), so that replicas know
+-- of each other: the overview lists them, and the jobs of one that died
+-- are rescued within seconds instead of the rescue horizon. Its life:
+--
+--   register    at start, a new row and a new id: a restart, or a process
+--               that finds itself declared dead and registers again, is a
+--               new replica, and never claims under an id it lost.
+--   heartbeat   last_seen = now() every -replica-heartbeat (3 s), with
+--               what it does (swept_at: its retention sweeper's last
+--               cycle, if it ran one).
+--   dead        last_seen older than its own dead_after (-replica-dead-after,
+--               15 s, which the process states when it registers, so that
+--               replicas configured differently judge each one by its own
+--               promise): any live replica deletes the row and rescues the
+--               jobs it held in the same transaction (rescue.go).
+--   clean stop  the process deletes its row after its workers have
+--               stopped, rescuing whatever it still held the same way.
+--
+-- Every time is the database's clock, never a process's. Bounded: one row
+-- per running process, plus rows of processes dead for less than their
+-- dead_after and a heartbeat; dead rows left when no replica runs are
+-- deleted by the first one that starts.
+CREATE TABLE IF NOT EXISTS outbox.replicas (
+  id         bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  host       text        NOT NULL,
+  pid        integer     NOT NULL,
+  -- The release (version.go) and the VCS revision it was built from
+  -- ('' when unknown): the overview flags replicas of different releases.
+  version    text        NOT NULL,
+  revision   text        NOT NULL DEFAULT '',
+  -- What it runs: every replica relays, runs workers and may sweep; these
+  -- say how many job slots (-workers), whether it LISTENs (off with
+  -- -disable-listen) and when its sweeper last held the retention lock.
+  workers    integer     NOT NULL,
+  listens    boolean     NOT NULL,
+  swept_at   timestamptz,
+  dead_after interval    NOT NULL,
+  started_at timestamptz NOT NULL DEFAULT now(),
+  last_seen  timestamptz NOT NULL DEFAULT now(),
+
+  CONSTRAINT replicas_host_length CHECK (length(host) <= 255),
+  CONSTRAINT replicas_version_length CHECK (length(version) BETWEEN 1 AND 100 AND length(revision) <= 100),
+  CONSTRAINT replicas_workers_nonnegative CHECK (workers >= 0),
+  CONSTRAINT replicas_dead_after_positive CHECK (dead_after > interval '0')
+);
+
+-- held_by is the replica whose claim last marked the job running
+-- (outbox.claim_jobs), meaningful while it runs: the dead-replica rescue
+-- finds a dead replica's jobs by it, among the running ones
+-- (jobs_running_by_attempted_at: no index of its own, since running jobs
+-- are at most the replicas' worker slots). No foreign key: the row goes
+-- when its replica is declared dead, and the jobs' history keeps the id.
+ALTER TABLE outbox.jobs
+  ADD COLUMN IF NOT EXISTS held_by bigint;
