@@ -518,17 +518,17 @@ func nextReleaseMigration(logger *slog.Logger) migration {
 	return m
 }
 
-// testReplica is one replica's pipeline in this process: its own pool, a
+// rollingReplica is one replica's pipeline in this process: its own pool, a
 // relay and a worker pool, whose subscriber writes down which replica ran
 // each event.
-type testReplica struct {
+type rollingReplica struct {
 	name   string
 	db     *sql.DB
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
 
-func startTestReplica(t *testing.T, dsn, name string) *testReplica {
+func startRollingReplica(t *testing.T, dsn, name string) *rollingReplica {
 	t.Helper()
 	db, err := openDB(context.Background(), dsn, 10)
 	if err != nil {
@@ -545,7 +545,7 @@ func startTestReplica(t *testing.T, dsn, name string) *testReplica {
 	workerCfg.PollInterval = 20 * time.Millisecond
 	workerCfg.Concurrency = 4
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &testReplica{name: name, db: db, cancel: cancel}
+	r := &rollingReplica{name: name, db: db, cancel: cancel}
 	rl := newRelay(db, relayCfg, 18, fanOutTargets(reg), testLogger(t).With("replica", name))
 	wp := newWorkerPool(db, workerCfg, 10*time.Second, reg, nil, testLogger(t).With("replica", name))
 	r.wg.Go(func() { rl.Run(ctx, nil, nil) })
@@ -556,7 +556,7 @@ func startTestReplica(t *testing.T, dsn, name string) *testReplica {
 
 // stop shuts the replica down as SIGTERM does: its loops end, running
 // jobs finish, then its pool closes.
-func (r *testReplica) stop() {
+func (r *rollingReplica) stop() {
 	r.cancel()
 	r.wg.Wait()
 	r.db.Close()
@@ -591,8 +591,8 @@ func TestRollingUpgradeWithASchemaChangeLosesNothing(t *testing.T) {
 	}
 	defer func() { stop.Store(true); producers.Wait() }()
 
-	a := startTestReplica(t, dsn, "a (this release)")
-	b := startTestReplica(t, dsn, "b (this release)")
+	a := startRollingReplica(t, dsn, "a (this release)")
+	b := startRollingReplica(t, dsn, "b (this release)")
 	waitFor(t, "both replicas delivering", 30*time.Second, func() bool {
 		return effectsBy(a.name, 0) > 0 && effectsBy(b.name, 0) > 0
 	})
@@ -612,7 +612,7 @@ func TestRollingUpgradeWithASchemaChangeLosesNothing(t *testing.T) {
 	if err := db.QueryRow(`SELECT max(id) FROM outbox.events`).Scan(&migrated); err != nil {
 		t.Fatal(err)
 	}
-	a2 := startTestReplica(t, dsn, "a (next release)")
+	a2 := startRollingReplica(t, dsn, "a (next release)")
 	waitFor(t, "both releases delivering events recorded after the schema change", 30*time.Second, func() bool {
 		return effectsBy(a2.name, migrated) >= 20 && effectsBy(b.name, migrated) >= 20
 	})
@@ -626,7 +626,7 @@ func TestRollingUpgradeWithASchemaChangeLosesNothing(t *testing.T) {
 	if logs.String() != "" {
 		t.Errorf("the second replica of the next release migrated again:\n%s", logs.String())
 	}
-	b2 := startTestReplica(t, dsn, "b (next release)")
+	b2 := startRollingReplica(t, dsn, "b (next release)")
 	waitFor(t, "the second replica of the next release delivering", 30*time.Second, func() bool {
 		return effectsBy(b2.name, migrated) >= 20
 	})
@@ -641,7 +641,7 @@ func TestRollingUpgradeWithASchemaChangeLosesNothing(t *testing.T) {
 	// test's subscriber runs for, stands in for it.
 	rescueCfg := defaultConfig().Workers
 	rescueCfg.AttemptTimeout, rescueCfg.RescueMargin = time.Second, time.Second
-	rescuer := newRescuer(db, rescueCfg, testLogger(t))
+	rescuer := newRescuer(db, rescueCfg, defaultConfig().Replicas, testLogger(t))
 	var rescued int64
 	waitFor(t, "every recorded event delivered", 60*time.Second, func() bool {
 		n, err := rescuer.rescueOnce(context.Background())
