@@ -165,8 +165,14 @@ func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 	claimAtFree := max(1, cap(p.slots)/4)
 	for ctx.Err() == nil {
 		if free := cap(p.slots) - len(p.slots); free >= claimAtFree || (free > 0 && !moreDue) {
-			jobs, err := p.claim(ctx, min(free, claimBatchMax))
-			if err != nil && ctx.Err() == nil {
+			// A claim in flight runs to its end when shutdown begins:
+			// cancelled after its statement committed, its jobs would be
+			// running, held by no worker here, until a rescue returned
+			// them. Claimed, they run within the grace period like any.
+			claimCtx, cancelClaim := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
+			jobs, err := p.claim(claimCtx, min(free, claimBatchMax))
+			cancelClaim()
+			if err != nil {
 				p.logger.Error("claim jobs failed", "err", err)
 			}
 			moreDue = len(jobs) == min(free, claimBatchMax)
@@ -237,6 +243,9 @@ func (p *workerPool) workOnce(ctx context.Context, n int) (int, error) {
 	}
 	return len(jobs), p.recordOutcomesRetrying(results)
 }
+
+// claimTimeout bounds a claim, which shutdown does not cancel (Run).
+const claimTimeout = 10 * time.Second
 
 // claimJobsSQL takes up to $1 due jobs, soonest first, marks them running
 // with their next attempt number, held by replica $2 (NULL: none), and

@@ -496,3 +496,47 @@ func TestWorkerShutdownFinishesInFlightJob(t *testing.T) {
 		t.Errorf("job state after shutdown = %s, want completed", s)
 	}
 }
+
+// A claim in flight when shutdown begins runs to its end, and the jobs it
+// claimed run before the pool stops, rather than being left running with
+// no worker until a rescue. The claim is held behind a table lock until
+// after the cancel.
+func TestWorkerShutdownFinishesAClaimInFlight(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	var ran atomic.Int64
+	quick := Subscriber{Name: "quick", Handle: func(context.Context, *sql.Tx, Event) error {
+		ran.Add(1)
+		return nil
+	}}
+	reg := newSubscriberRegistry()
+	reg.Register(quick)
+	id := enqueueJob(t, db, quick.jobKind(), 18)
+
+	lock, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Rollback()
+	if _, err := lock.Exec(`LOCK TABLE outbox.jobs IN SHARE ROW EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	cfg := defaultConfig().Workers
+	cfg.PollInterval = 20 * time.Millisecond
+	wp := newWorkerPool(db, cfg, time.Minute, reg, nil, testLogger(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- wp.Run(ctx, nil) }()
+	waitFor(t, "the claim waiting for the table lock", 10*time.Second, func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%claim_jobs%'`) == 1
+	})
+	cancel() // SIGTERM while the claim waits
+	if err := lock.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if r := readJob(t, db, id); r.State != "completed" || r.Attempt != 1 || ran.Load() != 1 {
+		t.Errorf("after shutdown: job %s on attempt %d, run %d times; want completed on attempt 1, run once", r.State, r.Attempt, ran.Load())
+	}
+}

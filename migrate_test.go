@@ -634,11 +634,11 @@ func TestRollingUpgradeWithASchemaChangeLosesNothing(t *testing.T) {
 	stop.Store(true)
 	producers.Wait()
 	total := queryInt(t, db, `SELECT count(*) FROM outbox.events`)
-	// A replica stopped just as its claim statement committed leaves the
-	// jobs it claimed running, unseen by its workers, until the rescuer's
-	// horizon (attempt timeout plus margin, 90 s by default) returns them
-	// to the queue; here a rescuer with a 2 s horizon, which no job of this
-	// test's subscriber runs for, stands in for it.
+	// A replica stopped as SIGTERM stops one finishes the claim it has in
+	// flight and the jobs it claimed (TestWorkerShutdownFinishesAClaimInFlight),
+	// so nothing should be left running for a rescuer. One with a 2 s
+	// horizon, which no job of this test's subscriber runs for, looks: a
+	// job it returns to the queue was abandoned by a stopped replica.
 	rescueCfg := defaultConfig().Workers
 	rescueCfg.AttemptTimeout, rescueCfg.RescueMargin = time.Second, time.Second
 	rescuer := newRescuer(db, rescueCfg, defaultConfig().Replicas, testLogger(t))
@@ -656,6 +656,9 @@ func TestRollingUpgradeWithASchemaChangeLosesNothing(t *testing.T) {
 	t.Logf("%d events recorded through the roll: %d lost, %d delivered twice, %d jobs rescued", total, lost, dups, rescued)
 	if lost != 0 {
 		t.Errorf("%d events lost in the rolling upgrade", lost)
+	}
+	if rescued != 0 {
+		t.Errorf("%d jobs left running by a stopped replica, returned by the rescuer", rescued)
 	}
 	// Every replica stopped as SIGTERM stops one, finishing what it ran:
 	// nothing runs twice.
