@@ -69,6 +69,9 @@ func parseLoadConfig(args []string, getenv func(string) string, stderr io.Writer
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	cfg.applyScenarioDefaults(set)
+	if (cfg.Mode == "drain" || cfg.Mode == "jobs") && !set["replicas"] {
+		cfg.Replicas = 1
+	}
 	switch {
 	case !slices.Contains(loadModes, cfg.Mode):
 		return cfg, fmt.Errorf("-mode must be one of %s, got %q", strings.Join(loadModes, ", "), cfg.Mode)
@@ -240,17 +243,53 @@ func loadDrain(ctx context.Context, cfg loadConfig, db *sql.DB, recv *loadReceiv
 		return err
 	}
 	start := time.Now()
-	if err := child.Start(ctx); err != nil {
+	replicas, err := startReplicas(ctx, child, cfg.Replicas)
+	defer stopReplicas(replicas)
+	if err != nil {
 		return err
 	}
 	if err := recv.AwaitUnique(ctx, int64(cfg.Events), 30*time.Minute); err != nil {
 		return err
 	}
 	elapsed := time.Since(start)
-	fmt.Fprintf(stdout, "mode drain: %d events delivered in %s: %.0f events/s; duplicates %d\n",
-		cfg.Events, elapsed.Round(time.Millisecond), float64(cfg.Events)/elapsed.Seconds(), recv.Duplicates())
+	fmt.Fprintf(stdout, "mode drain: %d events delivered in %s: %.0f events/s; duplicates %d%s\n",
+		cfg.Events, elapsed.Round(time.Millisecond), float64(cfg.Events)/elapsed.Seconds(), recv.Duplicates(), replicasNote(cfg.Replicas))
 	fmt.Fprintf(stdout, "outboxd peak RSS %s\n", child.PeakRSS())
 	return nil
+}
+
+// startReplicas starts child and n-1 more outboxd processes like it on the
+// same database (-replicas), at once, so that they share the work from
+// its start. The extra ones are returned to be stopped; on an error, those
+// started so far.
+func startReplicas(ctx context.Context, child *loadChild, n int) ([]*loadChild, error) {
+	all := []*loadChild{child}
+	for range n - 1 {
+		all = append(all, &loadChild{dsn: child.dsn, token: child.token, extra: child.extra, stderr: child.stderr})
+	}
+	errs := make([]error, len(all))
+	var wg sync.WaitGroup
+	for i, c := range all {
+		wg.Go(func() { errs[i] = c.Start(ctx) })
+	}
+	wg.Wait()
+	return all[1:], errors.Join(errs...)
+}
+
+// stopReplicas stops the processes startReplicas added.
+func stopReplicas(extra []*loadChild) {
+	for _, c := range extra {
+		c.Stop()
+	}
+}
+
+// replicasNote names how many outboxd processes did the work, if more
+// than one; the peak RSS printed after it is the first one's.
+func replicasNote(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return fmt.Sprintf(", by %d outboxd processes (peak RSS: the first's)", n)
 }
 
 // loadJobs times the job table alone: no-op jobs, no HTTP.
@@ -270,7 +309,9 @@ func loadJobs(ctx context.Context, cfg loadConfig, db *sql.DB, child *loadChild,
 		}
 	}
 	start := time.Now()
-	if err := child.Start(ctx); err != nil {
+	replicas, err := startReplicas(ctx, child, cfg.Replicas)
+	defer stopReplicas(replicas)
+	if err != nil {
 		return err
 	}
 	for {
@@ -288,7 +329,7 @@ func loadJobs(ctx context.Context, cfg loadConfig, db *sql.DB, child *loadChild,
 		}
 	}
 	elapsed := time.Since(start)
-	fmt.Fprintf(stdout, "mode jobs: %d no-op jobs completed in %s: %.0f jobs/s\n", cfg.Events, elapsed.Round(time.Millisecond), float64(cfg.Events)/elapsed.Seconds())
+	fmt.Fprintf(stdout, "mode jobs: %d no-op jobs completed in %s: %.0f jobs/s%s\n", cfg.Events, elapsed.Round(time.Millisecond), float64(cfg.Events)/elapsed.Seconds(), replicasNote(cfg.Replicas))
 	fmt.Fprintf(stdout, "outboxd peak RSS %s\n", child.PeakRSS())
 	return nil
 }

@@ -47,3 +47,26 @@ func TestLoadRunRemovesItsEndpoint(t *testing.T) {
 		t.Errorf("%d endpoints left after the run, want 0; stderr:\n%s", n, errs.String())
 	}
 }
+
+// -replicas 2 drains with two outboxd processes on one database: both
+// claim deliveries (each job records its replica), every event arrives
+// once, and each is fanned out once.
+func TestLoadDrainWithTwoReplicasSharesTheWork(t *testing.T) {
+	t.Parallel()
+	db, dsn := newTestDB(t)
+	var out, errs syncBuffer
+	err := run(context.Background(), []string{"load", "-mode", "drain", "-events", "2000", "-replicas", "2", "-database-url", dsn},
+		func(string) string { return "" }, &out, &errs)
+	if err != nil {
+		t.Fatalf("load: %v\n%s", err, errs.String())
+	}
+	if !strings.Contains(out.String(), "duplicates 0, by 2 outboxd processes") {
+		t.Errorf("drain report does not say 0 duplicates by 2 processes:\n%s", out.String())
+	}
+	if n := queryInt(t, db, `SELECT count(DISTINCT held_by) FROM outbox.jobs WHERE kind = 'webhook' AND state = 'completed'`); n != 2 {
+		t.Errorf("deliveries claimed by %d replicas, want 2", n)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM (SELECT event_id FROM outbox.jobs WHERE kind = 'webhook' GROUP BY event_id HAVING count(*) > 1) AS twice`); n != 0 {
+		t.Errorf("%d events fanned out twice", n)
+	}
+}

@@ -47,7 +47,7 @@ type scenarioConfig struct {
 	RateLimit    float64       // ratelimit: the endpoint's rate_limit_per_second
 	MaxInFlight  int           // ratelimit, stuck, replay, ordered: the endpoint's max_in_flight; 0: the server's default (ordered: the child's workers)
 	Rounds       int           // isolation, stuck, replay, ordered: baseline and scenario phases, alternating
-	Replicas     int           // ratelimit: outboxd processes against the database
+	Replicas     int           // ratelimit, drain, jobs: outboxd processes against the database
 	VacuumEvery  time.Duration // replay: how often the queue tables are vacuumed during the phases; 0: only before each
 	AnswerAfter  time.Duration // replay: the receiver's wait before each 2xx; 0: at once
 }
@@ -58,7 +58,7 @@ func (c *scenarioConfig) flags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.FailRatio, "fail-ratio", c.FailRatio, "share of requests the flaky receiver answers 500, at random")
 	fs.DurationVar(&c.AcceptWithin, "accept-within", c.AcceptWithin, "flaky: the bound on every event's commit to first 2xx")
 	fs.Float64Var(&c.RateLimit, "rate-limit", c.RateLimit, "ratelimit: the endpoint's rate_limit_per_second")
-	fs.IntVar(&c.Replicas, "replicas", c.Replicas, "ratelimit: outboxd processes delivering from the one database")
+	fs.IntVar(&c.Replicas, "replicas", c.Replicas, "ratelimit, drain, jobs: outboxd processes delivering from the one database (ratelimit: 2, drain and jobs: 1)")
 	fs.IntVar(&c.Rounds, "rounds", c.Rounds, "isolation: rounds of a baseline phase and a phase beside the bad endpoint (paused for the later baselines)")
 	fs.IntVar(&c.MaxInFlight, "max-in-flight", c.MaxInFlight, "ratelimit, stuck, replay, ordered: the endpoint's max_in_flight; 0 leaves the server's default (ordered: the child's workers, as drain)")
 	fs.DurationVar(&c.FailFor, "fail-for", c.FailFor, "stuck: how long the failing subject's requests are answered 500 (10s)")

@@ -203,7 +203,10 @@ func TestLoadScenarioDefaults(t *testing.T) {
 		want numbers
 	}{
 		{[]string{"-mode", "keepup"}, numbers{60 * time.Second, 0, 100_000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 1, 0, 0}},
-		{[]string{"-mode", "drain"}, numbers{60 * time.Second, 0, 100_000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 1, 0, 0}},
+		// drain and jobs: one outboxd unless -replicas says more.
+		{[]string{"-mode", "drain"}, numbers{60 * time.Second, 0, 100_000, 0, 0.1, 2 * time.Minute, 20, 1, 0, 1, 0, 0}},
+		{[]string{"-mode", "jobs"}, numbers{60 * time.Second, 0, 100_000, 0, 0.1, 2 * time.Minute, 20, 1, 0, 1, 0, 0}},
+		{[]string{"-mode", "drain", "-replicas", "2"}, numbers{60 * time.Second, 0, 100_000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 1, 0, 0}},
 		{[]string{"-mode", "isolation"}, numbers{30 * time.Second, 20, 1000, 5 * time.Second, 0.1, 2 * time.Minute, 20, 2, 0, 1, 0, 0}},
 		{[]string{"-mode", "flaky"}, numbers{30 * time.Second, 50, 100_000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 1, 0, 0}},
 		{[]string{"-mode", "dead"}, numbers{30 * time.Second, 20, 100_000, time.Second, 0.1, 2 * time.Minute, 20, 2, 0, 1, 0, 0}},
