@@ -221,6 +221,18 @@ func newFaultHarness(t *testing.T, cfg faultRunConfig, viaPgBouncer bool) *fault
 	if viaPgBouncer {
 		// 10 server connections for two replicas of 8 and 4 producers.
 		h.bouncer = startPgBouncer(t, h.cluster.DSN("outboxd"), 10)
+		// Replicas behind a pooler in transaction mode migrate nothing
+		// (migrate.go, requireMigrated): migrate over the direct
+		// connection first, as the README says an operator does.
+		db, err := openDB(context.Background(), h.dsn("faults-migrate"), 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = migrate(context.Background(), db)
+		db.Close()
+		if err != nil {
+			t.Fatalf("migrate before the replicas behind the pooler: %v", err)
+		}
 	}
 
 	h.admin, err = sql.Open("postgres", h.dsn("faults-admin"))
