@@ -10,7 +10,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -522,13 +524,15 @@ func nextReleaseMigration(logger *slog.Logger) migration {
 // relay and a worker pool, whose subscriber writes down which replica ran
 // each event.
 type rollingReplica struct {
-	name   string
-	db     *sql.DB
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	t        *testing.T
+	name     string
+	db       *sql.DB
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	registry *replicaRegistry
 }
 
-func startRollingReplica(t *testing.T, dsn, name string) *rollingReplica {
+func startRollingReplica(t *testing.T, dsn, name, version string) *rollingReplica {
 	t.Helper()
 	db, err := openDB(context.Background(), dsn, 10)
 	if err != nil {
@@ -545,21 +549,47 @@ func startRollingReplica(t *testing.T, dsn, name string) *rollingReplica {
 	workerCfg.PollInterval = 20 * time.Millisecond
 	workerCfg.Concurrency = 4
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &rollingReplica{name: name, db: db, cancel: cancel}
+	registry := newReplicaRegistry(db, defaultConfig().Replicas,
+		replicaSelf{Host: "rolling-test", PID: os.Getpid(), Version: version, Workers: workerCfg.Concurrency}, testLogger(t))
+	if err := registry.register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := &rollingReplica{t: t, name: name, db: db, cancel: cancel, registry: registry}
 	rl := newRelay(db, relayCfg, 18, fanOutTargets(reg), testLogger(t).With("replica", name))
 	wp := newWorkerPool(db, workerCfg, 10*time.Second, reg, nil, testLogger(t).With("replica", name))
+	wp.replica = registry
 	r.wg.Go(func() { rl.Run(ctx, nil, nil) })
 	r.wg.Go(func() { wp.Run(ctx, nil) })
+	r.wg.Go(func() { registry.Run(ctx) })
 	t.Cleanup(r.stop)
 	return r
 }
 
 // stop shuts the replica down as SIGTERM does: its loops end, running
-// jobs finish, then its pool closes.
+// jobs finish, it leaves the registry, then its pool closes.
 func (r *rollingReplica) stop() {
 	r.cancel()
 	r.wg.Wait()
+	if err := r.registry.deregister(context.Background()); err != nil {
+		r.t.Errorf("%s: %v", r.name, err)
+	}
 	r.db.Close()
+}
+
+// versionsListed is the releases the overview lists, and whether it
+// flags them mixed.
+func versionsListed(t *testing.T, db *sql.DB) ([]string, bool) {
+	t.Helper()
+	o, err := readOverview(context.Background(), db, defaultConfig().Alerts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var versions []string
+	for _, r := range o.Replicas {
+		versions = append(versions, r.Version)
+	}
+	slices.Sort(versions)
+	return versions, o.MixedVersions
 }
 
 // Issue 19's rolling upgrade: two replicas of this release deliver while
@@ -591,8 +621,8 @@ func TestRollingUpgradeWithASchemaChangeLosesNothing(t *testing.T) {
 	}
 	defer func() { stop.Store(true); producers.Wait() }()
 
-	a := startRollingReplica(t, dsn, "a (this release)")
-	b := startRollingReplica(t, dsn, "b (this release)")
+	a := startRollingReplica(t, dsn, "a (this release)", "N")
+	b := startRollingReplica(t, dsn, "b (this release)", "N")
 	waitFor(t, "both replicas delivering", 30*time.Second, func() bool {
 		return effectsBy(a.name, 0) > 0 && effectsBy(b.name, 0) > 0
 	})
@@ -612,10 +642,15 @@ func TestRollingUpgradeWithASchemaChangeLosesNothing(t *testing.T) {
 	if err := db.QueryRow(`SELECT max(id) FROM outbox.events`).Scan(&migrated); err != nil {
 		t.Fatal(err)
 	}
-	a2 := startRollingReplica(t, dsn, "a (next release)")
+	a2 := startRollingReplica(t, dsn, "a (next release)", "N+1")
 	waitFor(t, "both releases delivering events recorded after the schema change", 30*time.Second, func() bool {
 		return effectsBy(a2.name, migrated) >= 20 && effectsBy(b.name, migrated) >= 20
 	})
+
+	// Halfway, the overview lists both releases and flags the mix.
+	if versions, mixed := versionsListed(t, db); !slices.Equal(versions, []string{"N", "N+1"}) || !mixed {
+		t.Errorf("halfway through the roll the overview lists %v, mixed %t; want [N N+1], mixed", versions, mixed)
+	}
 
 	// Then b: the schema is in place, so its migration changes nothing.
 	b.stop()
@@ -626,10 +661,14 @@ func TestRollingUpgradeWithASchemaChangeLosesNothing(t *testing.T) {
 	if logs.String() != "" {
 		t.Errorf("the second replica of the next release migrated again:\n%s", logs.String())
 	}
-	b2 := startRollingReplica(t, dsn, "b (next release)")
+	b2 := startRollingReplica(t, dsn, "b (next release)", "N+1")
 	waitFor(t, "the second replica of the next release delivering", 30*time.Second, func() bool {
 		return effectsBy(b2.name, migrated) >= 20
 	})
+
+	if versions, mixed := versionsListed(t, db); !slices.Equal(versions, []string{"N+1", "N+1"}) || mixed {
+		t.Errorf("after the roll the overview lists %v, mixed %t; want [N+1 N+1], not mixed", versions, mixed)
+	}
 
 	stop.Store(true)
 	producers.Wait()
