@@ -270,16 +270,18 @@ func (m migration) applySchema(ctx context.Context, conn *sql.Conn) error {
 // deadlock that costs the try its whole lock wait and, as the pipeline
 // keeps making them, every try after it. Locking every table first makes
 // that window a few round trips instead of the whole file, and the order
-// is the pipeline's own: its statements lock the tables they name (jobs,
-// endpoints, subjects ...) when planned, and outbox.events after, inside
-// the claim functions; a producer locks events, then reads relay_state in
-// its trigger. So events and relay_state come last, in that order.
+// is the pipeline's own: a claim locks its replica's row in
+// outbox.replicas before anything else (claim_jobs), so replicas comes
+// first; its statements lock the tables they name (jobs, endpoints,
+// subjects ...) when planned, and outbox.events after, inside the claim
+// functions; a producer locks events, then reads relay_state in its
+// trigger. So events and relay_state come last, in that order.
 const schemaTablesQuery = `
 SELECT c.relname
 FROM pg_class AS c
 WHERE c.relnamespace = to_regnamespace('outbox')
   AND c.relkind IN ('r', 'p')
-ORDER BY c.relname IN ('events', 'relay_state'), c.relname = 'relay_state', c.relname`
+ORDER BY c.relname <> 'replicas', c.relname IN ('events', 'relay_state'), c.relname = 'relay_state', c.relname`
 
 // scanString reads a row of one text, for queryAll.
 func scanString(row rowScanner) (string, error) {
