@@ -55,7 +55,9 @@ func TestLoadDrainWithTwoReplicasSharesTheWork(t *testing.T) {
 	t.Parallel()
 	db, dsn := newTestDB(t)
 	var out, errs syncBuffer
-	err := run(context.Background(), []string{"load", "-mode", "drain", "-events", "2000", "-replicas", "2", "-database-url", dsn},
+	// 4 workers each and 10,000 events: the drain outlasts the gap between
+	// the two processes' starts, even under the race detector.
+	err := run(context.Background(), []string{"load", "-mode", "drain", "-events", "10000", "-replicas", "2", "-serve-flags", "-workers 4", "-database-url", dsn},
 		func(string) string { return "" }, &out, &errs)
 	if err != nil {
 		t.Fatalf("load: %v\n%s", err, errs.String())
