@@ -76,11 +76,25 @@ func (r *rescuer) Run(ctx context.Context) error {
 // rescueBatch bounds one rescue statement.
 const rescueBatch = 1000
 
+// rescueSetSQL is what both rescues do to a job no worker holds: retryable
+// now, or discarded if that was its last attempt, with why (errorSQL, an
+// expression of the statement) appended to its errors. The attempt stays
+// spent: a late outcome of it is fenced out (deliver.go).
+func rescueSetSQL(errorSQL string) string {
+	return `SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'discarded'
+                 ELSE 'retryable' END::outbox.job_state,
+    scheduled_at = now(),
+    finalized_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
+    errors = j.errors || jsonb_build_array(jsonb_build_object(
+               'attempt', j.attempt, 'at', now(),
+               'error', ` + errorSQL + `))`
+}
+
 // rescueJobsSQL finds jobs running for longer than the horizon ($1 seconds:
 // the attempt timeout plus a margin, so no live worker can still hold one)
 // and makes them retryable now, or discarded if that was their last
 // attempt. now() is the database's clock, the one that stamped attempted_at.
-const rescueJobsSQL = `
+var rescueJobsSQL = `
 WITH stuck AS (
   SELECT id
   FROM outbox.jobs
@@ -91,13 +105,7 @@ WITH stuck AS (
   FOR UPDATE SKIP LOCKED
 )
 UPDATE outbox.jobs AS j
-SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'discarded'
-                 ELSE 'retryable' END::outbox.job_state,
-    scheduled_at = now(),
-    finalized_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
-    errors = j.errors || jsonb_build_array(jsonb_build_object(
-               'attempt', j.attempt, 'at', now(),
-               'error', 'rescued: still running after ' || $1 || ' s; its worker stopped'))
+` + rescueSetSQL(`'rescued: still running after ' || $1 || ' s; its worker stopped'`) + `
 FROM stuck
 WHERE j.id = stuck.id`
 
@@ -136,7 +144,7 @@ RETURNING id, host, pid, extract(epoch FROM now() - last_seen)::float8`
 // locked by a paused replica's transaction are skipped, and found by a
 // later pass. Read through jobs_running_by_attempted_at: the running jobs
 // are at most the replicas' worker slots.
-const rescueOrphanedJobsSQL = `
+var rescueOrphanedJobsSQL = `
 WITH orphaned AS (
   SELECT j.id
   FROM outbox.jobs AS j
@@ -148,13 +156,7 @@ WITH orphaned AS (
   FOR UPDATE OF j SKIP LOCKED
 )
 UPDATE outbox.jobs AS j
-SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'discarded'
-                 ELSE 'retryable' END::outbox.job_state,
-    scheduled_at = now(),
-    finalized_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
-    errors = j.errors || jsonb_build_array(jsonb_build_object(
-               'attempt', j.attempt, 'at', now(),
-               'error', 'rescued: replica ' || j.held_by || ' running it stopped heartbeating'))
+` + rescueSetSQL(`'rescued: replica ' || j.held_by || ' running it stopped heartbeating'`) + `
 FROM orphaned
 WHERE j.id = orphaned.id`
 
