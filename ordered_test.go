@@ -406,3 +406,49 @@ func TestWaitingDeliveriesShowTheirTurn(t *testing.T) {
 			newest.WaitingForTurn, newest.ScheduledAt, oldest.WaitingForTurn, oldest.ScheduledAt)
 	}
 }
+
+// A rescue that discards a delivery on its last attempt (its worker died
+// holding it) ends it as the completer would, and lets its subject's next
+// delivery go; by the horizon and by heartbeat alike. Without the lane's
+// advance the next delivery stayed held for good.
+func TestRescueOnTheLastAttemptAdvancesTheLane(t *testing.T) {
+	t.Parallel()
+	for _, by := range []string{"horizon", "heartbeat"} {
+		t.Run(by, func(t *testing.T) {
+			t.Parallel()
+			db, _ := newTestDB(t)
+			var ep int64
+			if err := db.QueryRow(`INSERT INTO outbox.endpoints (url, secret, ordering)
+				VALUES ('http://127.0.0.1:1/hook', decode(repeat('ab', 32), 'hex'), 'subject') RETURNING id`).Scan(&ep); err != nil {
+				t.Fatal(err)
+			}
+			mustExec(t, db, `INSERT INTO outbox.events (topic, subject, fanned_out_at) VALUES ('t', 's', now()), ('t', 's', now())`)
+			// The lane's head ran on its last attempt, an hour ago, by a
+			// replica that is gone (id 999 was never registered); the next
+			// delivery of its subject is held behind it.
+			mustExec(t, db, `INSERT INTO outbox.jobs (kind, event_id, endpoint_id, lane_key, max_attempts, attempt, state, attempted_at, scheduled_at, held_by)
+				SELECT 'webhook', min(id), $1, 's', 18, 18, 'running', now() - interval '1 hour', now() - interval '1 hour', 999 FROM outbox.events`, ep)
+			mustExec(t, db, `INSERT INTO outbox.jobs (kind, event_id, endpoint_id, lane_key, max_attempts, scheduled_at)
+				SELECT 'webhook', max(id), $1, 's', 18, 'infinity' FROM outbox.events`, ep)
+
+			r := newRescuer(db, defaultConfig().Workers, defaultConfig().Replicas, testLogger(t))
+			rescue := r.rescueOnce
+			if by == "heartbeat" {
+				rescue = r.rescueDeadReplicas
+			}
+			if n, err := rescue(context.Background()); err != nil || n != 1 {
+				t.Fatalf("rescued %d jobs, %v; want 1", n, err)
+			}
+			var head, next string
+			if err := db.QueryRow(`
+				SELECT (SELECT state::text FROM outbox.jobs ORDER BY event_id LIMIT 1),
+				       (SELECT CASE WHEN scheduled_at = 'infinity' THEN 'held' ELSE state::text END
+				        FROM outbox.jobs ORDER BY event_id DESC LIMIT 1)`).Scan(&head, &next); err != nil {
+				t.Fatal(err)
+			}
+			if head != "discarded" || next != "available" {
+				t.Errorf("after the rescue: head %s, next %s; want discarded, available (due)", head, next)
+			}
+		})
+	}
+}

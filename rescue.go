@@ -107,24 +107,47 @@ WITH stuck AS (
 UPDATE outbox.jobs AS j
 ` + rescueSetSQL(`'rescued: still running after ' || $1 || ' s; its worker stopped'`) + `
 FROM stuck
-WHERE j.id = stuck.id`
+WHERE j.id = stuck.id
+RETURNING j.endpoint_id, j.lane_key`
 
 // rescueOnce rescues every stuck job, in batches.
 func (r *rescuer) rescueOnce(ctx context.Context) (int64, error) {
 	horizon := (r.cfg.AttemptTimeout + r.cfg.RescueMargin).Seconds()
 	var total int64
 	for {
-		res, err := r.db.ExecContext(ctx, rescueJobsSQL, horizon, rescueBatch)
+		n, err := r.rescueBatchOf(ctx, rescueJobsSQL, horizon, rescueBatch)
 		if err != nil {
 			return total, fmt.Errorf("rescue jobs: %w", err)
 		}
-		n, _ := res.RowsAffected()
 		total += n
 		r.rescued.Add(n)
 		if n < rescueBatch {
 			return total, nil
 		}
 	}
+}
+
+// rescueBatchOf runs one batch of a rescue (rescueJobsSQL or
+// rescueOrphanedJobsSQL, which return each job's lane) and advances the
+// ordered lanes of the jobs it rescued, in one transaction, as the
+// completer does after an outcome: a job discarded on its last attempt
+// has left its lane, and its subject's next delivery may go. One made
+// retryable is still its lane's active delivery, and advances nothing
+// (schema.sql, outbox.advance_lanes). It reports how many it rescued.
+func (r *rescuer) rescueBatchOf(ctx context.Context, query string, args ...any) (int64, error) {
+	tx, err := r.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback()
+	rows, err := queryAll(ctx, tx, scanFinishedLane, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	if err := advanceLanes(ctx, tx, finishedLanes(rows)); err != nil {
+		return 0, err
+	}
+	return int64(len(rows)), tx.Commit()
 }
 
 // declareDeadReplicasSQL deletes the rows of the replicas not seen within
@@ -158,7 +181,8 @@ WITH orphaned AS (
 UPDATE outbox.jobs AS j
 ` + rescueSetSQL(`'rescued: replica ' || j.held_by || ' running it stopped heartbeating'`) + `
 FROM orphaned
-WHERE j.id = orphaned.id`
+WHERE j.id = orphaned.id
+RETURNING j.endpoint_id, j.lane_key`
 
 // deadReplica is a replica declared dead.
 type deadReplica struct {
@@ -189,11 +213,10 @@ func (r *rescuer) rescueDeadReplicas(ctx context.Context) (int64, error) {
 	}
 	var total int64
 	for {
-		res, err := r.db.ExecContext(ctx, rescueOrphanedJobsSQL, rescueBatch)
+		n, err := r.rescueBatchOf(ctx, rescueOrphanedJobsSQL, rescueBatch)
 		if err != nil {
 			return total, fmt.Errorf("rescue jobs of dead replicas: %w", err)
 		}
-		n, _ := res.RowsAffected()
 		total += n
 		r.rescuedOfDead.Add(n)
 		if n < rescueBatch {
