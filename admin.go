@@ -35,7 +35,6 @@ type admin struct {
 	token    string
 	alerts   AlertConfig
 	counters *processCounters
-	samples  *sampler
 	panel    *panel
 	// endpoints is what endpoint validation and rotation need.
 	endpoints endpointPolicy

@@ -707,7 +707,6 @@ func newAdmin(cfg Config, db *sql.DB, box *secretBox, p *pipeline, demoRun *demo
 		token:           adminToken(cfg, logger),
 		alerts:          cfg.Alerts,
 		counters:        p.counters(),
-		samples:         p.samples,
 		panel:           pnl,
 		eventsRetention: cfg.Retention.Events,
 		maxAttempts:     cfg.Workers.MaxAttempts,
@@ -795,7 +794,6 @@ type pipeline struct {
 	prober     *prober
 	deliveries *deliveryMetrics
 	notifier   *ownerNotifier
-	samples    *sampler
 	retention  *sweeper
 	registry   *replicaRegistry
 }
@@ -847,8 +845,6 @@ func startPipeline(cfg Config, db *sql.DB, box *secretBox, dsn string, allowAddr
 	p.prober = newProber(db, box, webhookClient, cfg.Retention.Events, cfg.Workers.MaxAttempts, logger)
 	start("prober", p.prober.Run)
 
-	p.samples = newSampler(db, sampleInterval, logger)
-	start("sampler", p.samples.Run)
 	host, _ := os.Hostname()
 	p.retention = newSweeper(db, cfg.Retention, fmt.Sprintf("%s:%d", host, os.Getpid()), logger)
 	start("retention", p.retention.Run)

@@ -171,18 +171,13 @@ func (p *panel) handleLogout(a *admin) pageFunc {
 	}
 }
 
-// handleOverview is GET /: the overview, with the chart of the samples
-// this process took, and every endpoint's delivery statistics.
+// handleOverview is GET /: the overview, and every endpoint's delivery
+// statistics with their charts.
 func (p *panel) handleOverview(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		o, err := a.overview(r.Context())
 		if err != nil {
 			return err
-		}
-		var samples []sample
-		interval := sampleInterval
-		if a.samples != nil {
-			samples, interval = a.samples.snapshot(), a.samples.interval
 		}
 		deliveries, err := readStatsWindows(r.Context(), a.db, 0)
 		if err != nil {
@@ -192,9 +187,8 @@ func (p *panel) handleOverview(a *admin) pageFunc {
 			Flash: flash(r),
 			Data: struct {
 				Overview   Overview
-				Chart      template.HTML
 				Deliveries []statsWindowView
-			}{o, chartSVG(samples, interval), deliveries}})
+			}{o, deliveries}})
 		return nil
 	}
 }
