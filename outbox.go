@@ -245,14 +245,23 @@ func (f *EventFilter) validate() error {
 }
 
 // listEventsSelectSQL is the stream and its filters, each off when its
-// parameter is empty (0, an empty string or NULL). The outcome looks up an
+// parameter is empty (0, an empty string or NULL). The outcome counts an
 // event's jobs through jobs_by_event_id, one event at a time as the id
-// order reaches it.
+// order reaches it, and only when asked for ($8); a LATERAL count rather
+// than EXISTS in the OR, which PostgreSQL may plan as a hash of every
+// job.
 const listEventsSelectSQL = `
 SELECT id, topic, subject, payload, created_at,
        fanned_out_at, relay_attempts, relay_error, poisoned_at,
        traceparent, tracestate
 FROM outbox.events e
+CROSS JOIN LATERAL (
+  SELECT count(*) AS jobs,
+         count(*) FILTER (WHERE j.state = 'completed') AS completed,
+         count(*) FILTER (WHERE j.state = 'discarded') AS discarded
+  FROM outbox.jobs j
+  WHERE $8 <> '' AND j.event_id = e.id
+) o
 WHERE ($1::bigint = 0 OR id < $1::bigint)
   AND ($2::bigint = 0 OR id > $2::bigint)
   AND ($3 = '' OR topic = $3 OR (right($3, 2) = '.*' AND starts_with(topic, left($3, -1))))
@@ -264,15 +273,10 @@ WHERE ($1::bigint = 0 OR id < $1::bigint)
   AND ($6::timestamptz IS NULL OR created_at >= $6::timestamptz)
   AND ($7::timestamptz IS NULL OR created_at < $7::timestamptz)
   AND ($8 = ''
-       OR ($8 = 'delivered'
-           AND EXISTS (SELECT FROM outbox.jobs j WHERE j.event_id = e.id)
-           AND NOT EXISTS (SELECT FROM outbox.jobs j WHERE j.event_id = e.id AND j.state <> 'completed'))
-       OR ($8 = 'failed'
-           AND EXISTS (SELECT FROM outbox.jobs j WHERE j.event_id = e.id AND j.state = 'discarded'))
+       OR ($8 = 'delivered' AND o.jobs > 0 AND o.completed = o.jobs)
+       OR ($8 = 'failed' AND o.discarded > 0)
        OR ($8 = 'pending'
-           AND ((fanned_out_at IS NULL AND poisoned_at IS NULL)
-                OR EXISTS (SELECT FROM outbox.jobs j
-                           WHERE j.event_id = e.id AND j.state IN ('available', 'running', 'retryable')))))`
+           AND ((fanned_out_at IS NULL AND poisoned_at IS NULL) OR o.completed + o.discarded < o.jobs)))`
 
 // listEventsOlderSQL reads the stream newest first from below $1; the
 // primary key serves the order and the page bound.
