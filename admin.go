@@ -690,10 +690,24 @@ func (q *query) integer(name string, def, lo, hi int64, bad string) int64 {
 	return n
 }
 
+// instant is an optional RFC 3339 time; absent, the zero time.
+func (q *query) instant(name string) time.Time {
+	s := q.values.Get(name)
+	if s == "" {
+		return time.Time{}
+	}
+	t, err := parseReplayTime(name, s)
+	if err != nil {
+		q.fail(err)
+	}
+	return t
+}
+
 // eventFilterFrom reads the stream's filter from the query.
 func eventFilterFrom(q *query) EventFilter {
 	return EventFilter{Topic: q.text("topic"), Subject: q.text("subject"), State: q.text("state"),
-		Before: q.natural("before"), Limit: int(q.natural("limit"))}
+		Outcome: q.text("outcome"), Since: q.instant("since"), Until: q.instant("until"),
+		Before: q.natural("before"), After: q.natural("after"), Limit: int(q.natural("limit"))}
 }
 
 // jobFilterFrom reads the job list's filter from the query.
@@ -710,6 +724,10 @@ type idPage[F, T any] struct {
 	// before is where the page after this one starts: below the last
 	// row's id, or 0 when this page is empty.
 	before int64
+	// after is where the page just newer than this one starts, for a list
+	// that pages both ways (the stream): above the first row's id, or 0
+	// when nothing newer matches.
+	after int64
 }
 
 // readIDPage reads the filter from the query, lists the page it selects
@@ -732,13 +750,34 @@ func readIDPage[F, T any](r *http.Request, db *sql.DB, filterFrom func(*query) F
 	return pg, nil
 }
 
-// readEventPage reads a page of the stream.
+// readEventPage reads a page of the stream, older than ?before= or just
+// newer than ?after=, with where the pages either side start when the
+// filter selects more events that way (before, after; 0 when none).
 func readEventPage(r *http.Request, db *sql.DB) (idPage[EventFilter, Event], error) {
-	pg, err := readIDPage(r, db, eventFilterFrom, listEvents, func(e Event) int64 { return e.ID })
-	if err == nil {
-		err = addEventOutcomes(r.Context(), db, pg.rows)
+	q := queryOf(r)
+	pg := idPage[EventFilter, Event]{filter: eventFilterFrom(q)}
+	if q.err != nil {
+		return pg, q.err
 	}
-	return pg, err
+	list, err := listEventPage(r.Context(), db, pg.filter)
+	if err != nil {
+		return pg, err
+	}
+	pg.rows = list.events
+	// An empty page has no edge rows: its neighbours start at its cursor.
+	switch {
+	case list.older && len(list.events) > 0:
+		pg.before = list.events[len(list.events)-1].ID
+	case list.older:
+		pg.before = pg.filter.After + 1
+	}
+	switch {
+	case list.newer && len(list.events) > 0:
+		pg.after = list.events[0].ID
+	case list.newer:
+		pg.after = pg.filter.Before - 1
+	}
+	return pg, addEventOutcomes(r.Context(), db, pg.rows)
 }
 
 // readJobPage reads a page of the job list.

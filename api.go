@@ -58,7 +58,8 @@ func handleAcknowledgeAlert(a *admin) apiFunc {
 }
 
 // handleListEvents is GET /api/events: a page of the stream, newest first,
-// with next_before to ask for the page after it.
+// with next_before and next_after to ask for the older and the newer page
+// when the filter selects more events that way.
 func handleListEvents(a *admin) apiFunc {
 	return func(r *http.Request) (int, any, error) {
 		pg, err := readEventPage(r, a.db)
@@ -69,12 +70,15 @@ func handleListEvents(a *admin) apiFunc {
 	}
 }
 
-// answer is a page as the API gives it, {name: [...], "next_before": id},
-// with next_before on a page that has rows.
+// answer is a page as the API gives it, {name: [...], "next_before": id,
+// "next_after": id}, each cursor when the page has one.
 func (pg idPage[F, T]) answer(name string) map[string]any {
 	resp := map[string]any{name: pg.rows}
 	if pg.before != 0 {
 		resp["next_before"] = pg.before
+	}
+	if pg.after != 0 {
+		resp["next_after"] = pg.after
 	}
 	return resp
 }

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -184,14 +185,26 @@ func scanEvent(row rowScanner) (Event, error) {
 	return e, err
 }
 
-// EventFilter selects events for the stream: newest first, paged by id.
+// EventFilter selects events for the stream: newest first, paged by id in
+// either direction.
 type EventFilter struct {
 	Topic   string // exact topic, or a pattern ending in ".*"
 	Subject string // exact
 	State   string // "", "unfanned", "fanned" or "poisoned"
-	Before  int64  // only ids below this; 0: from the newest
+	// Outcome is where the event's deliveries stand: "delivered" (it has
+	// jobs and every one completed), "failed" (a job was discarded),
+	// "pending" (a job is still to finish, or the event waits to be fanned
+	// out), or "" for any. An event can be both failed and pending.
+	Outcome string
+	Since   time.Time // recorded at or after; zero: no bound
+	Until   time.Time // recorded before; zero: no bound
+	Before  int64     // only ids below this; 0: from the newest
+	After   int64     // only ids above this, the page just newer; 0: none
 	Limit   int
 }
+
+// eventOutcomes are the values of EventFilter.Outcome, as a message names them.
+const eventOutcomes = "delivered, failed or pending"
 
 // maxEventPage bounds one page of the stream.
 const maxEventPage = 500
@@ -207,6 +220,18 @@ func (f *EventFilter) validate() error {
 	default:
 		return fmt.Errorf("%w: state %q must be unfanned, fanned or poisoned", errInvalid, f.State)
 	}
+	switch f.Outcome {
+	case "", "delivered", "failed", "pending":
+	default:
+		return fmt.Errorf("%w: outcome %q must be %s", errInvalid, f.Outcome, eventOutcomes)
+	}
+	if !f.Since.IsZero() && !f.Until.IsZero() && !f.Until.After(f.Since) {
+		return fmt.Errorf("%w: until %s must be after since %s", errInvalid,
+			f.Until.Format(time.RFC3339Nano), f.Since.Format(time.RFC3339Nano))
+	}
+	if f.Before != 0 && f.After != 0 {
+		return fmt.Errorf("%w: before and after page in opposite directions: give one", errInvalid)
+	}
 	if f.Topic != "" {
 		if err := topicPatternValid(f.Topic); err != nil {
 			return err
@@ -219,33 +244,129 @@ func (f *EventFilter) validate() error {
 	return nil
 }
 
-// listEventsSQL pages the stream by id. Each filter is off when its
-// parameter is empty; the primary key serves the order and the page bound.
-const listEventsSQL = `
+// listEventsSelectSQL is the stream and its filters, each off when its
+// parameter is empty (0, an empty string or NULL). The outcome counts an
+// event's jobs through jobs_by_event_id, one event at a time as the id
+// order reaches it, and only when asked for ($8); a LATERAL count rather
+// than EXISTS in the OR, which PostgreSQL may plan as a hash of every
+// job.
+const listEventsSelectSQL = `
 SELECT id, topic, subject, payload, created_at,
        fanned_out_at, relay_attempts, relay_error, poisoned_at,
        traceparent, tracestate
-FROM outbox.events
+FROM outbox.events e
+CROSS JOIN LATERAL (
+  SELECT count(*) AS jobs,
+         count(*) FILTER (WHERE j.state = 'completed') AS completed,
+         count(*) FILTER (WHERE j.state = 'discarded') AS discarded
+  FROM outbox.jobs j
+  WHERE $8 <> '' AND j.event_id = e.id
+) o
 WHERE ($1::bigint = 0 OR id < $1::bigint)
-  AND ($2 = '' OR topic = $2 OR (right($2, 2) = '.*' AND starts_with(topic, left($2, -1))))
-  AND ($3 = '' OR subject = $3)
-  AND ($4 = ''
-       OR ($4 = 'unfanned' AND fanned_out_at IS NULL AND poisoned_at IS NULL)
-       OR ($4 = 'fanned' AND fanned_out_at IS NOT NULL)
-       OR ($4 = 'poisoned' AND poisoned_at IS NOT NULL))
-ORDER BY id DESC
-LIMIT $5`
+  AND ($2::bigint = 0 OR id > $2::bigint)
+  AND ($3 = '' OR topic = $3 OR (right($3, 2) = '.*' AND starts_with(topic, left($3, -1))))
+  AND ($4 = '' OR subject = $4)
+  AND ($5 = ''
+       OR ($5 = 'unfanned' AND fanned_out_at IS NULL AND poisoned_at IS NULL)
+       OR ($5 = 'fanned' AND fanned_out_at IS NOT NULL)
+       OR ($5 = 'poisoned' AND poisoned_at IS NOT NULL))
+  AND ($6::timestamptz IS NULL OR created_at >= $6::timestamptz)
+  AND ($7::timestamptz IS NULL OR created_at < $7::timestamptz)
+  AND ($8 = ''
+       OR ($8 = 'delivered' AND o.jobs > 0 AND o.completed = o.jobs)
+       OR ($8 = 'failed' AND o.discarded > 0)
+       OR ($8 = 'pending'
+           AND ((fanned_out_at IS NULL AND poisoned_at IS NULL) OR o.completed + o.discarded < o.jobs)))`
 
-// listEvents reads one page of the stream, newest first.
-func listEvents(ctx context.Context, db *sql.DB, f EventFilter) ([]Event, error) {
+// listEventsOlderSQL reads the stream newest first from below $1; the
+// primary key serves the order and the page bound.
+const listEventsOlderSQL = listEventsSelectSQL + `
+ORDER BY id DESC
+LIMIT $9`
+
+// listEventsNewerSQL reads the stream oldest first from above $2: the page
+// just newer than $2, which listEventPage turns newest first.
+const listEventsNewerSQL = listEventsSelectSQL + `
+ORDER BY id ASC
+LIMIT $9`
+
+// eventPage is one page of the stream, newest first, and whether the
+// filter selects events older and newer than it.
+type eventPage struct {
+	events       []Event
+	older, newer bool
+}
+
+// listEventPage reads the page of the stream f selects: below f.Before
+// (or from the newest), or just above f.After. It reads one row past the
+// page to know whether more lie that way, and probes one row the other way.
+func listEventPage(ctx context.Context, db *sql.DB, f EventFilter) (eventPage, error) {
+	var pg eventPage
 	if err := f.validate(); err != nil {
-		return nil, err
+		return pg, err
 	}
-	events, err := queryAll(ctx, db, scanEvent, listEventsSQL, f.Before, f.Topic, f.Subject, f.State, f.Limit)
+	newer := f.After != 0
+	events, err := listEvents(ctx, db, f, f.Limit+1)
+	if err != nil {
+		return pg, err
+	}
+	more := len(events) > f.Limit
+	events = events[:min(len(events), f.Limit)]
+	if newer {
+		slices.Reverse(events)
+	}
+	pg.events = events
+
+	// The other way: beyond the page's far edge, or, on an empty page,
+	// beyond the cursor it was asked from.
+	probe := f
+	probe.Before, probe.After = 0, 0
+	switch {
+	case newer && len(events) > 0:
+		probe.Before = events[len(events)-1].ID
+	case newer:
+		probe.Before = f.After + 1
+	case f.Before == 0:
+		pg.older = more // the newest page: nothing is newer
+		return pg, nil
+	case len(events) > 0:
+		probe.After = events[0].ID
+	default:
+		probe.After = f.Before - 1
+	}
+	beyond, err := listEvents(ctx, db, probe, 1)
+	if err != nil {
+		return pg, err
+	}
+	if newer {
+		pg.newer, pg.older = more, len(beyond) > 0
+	} else {
+		pg.older, pg.newer = more, len(beyond) > 0
+	}
+	return pg, nil
+}
+
+// listEvents reads up to limit events f selects, newest first from
+// f.Before, or oldest first from f.After.
+func listEvents(ctx context.Context, db *sql.DB, f EventFilter, limit int) ([]Event, error) {
+	query := listEventsOlderSQL
+	if f.After != 0 {
+		query = listEventsNewerSQL
+	}
+	events, err := queryAll(ctx, db, scanEvent, query, f.Before, f.After, f.Topic, f.Subject, f.State,
+		nullTime(f.Since), nullTime(f.Until), f.Outcome, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list events: %w", err)
 	}
 	return events, nil
+}
+
+// nullTime is t as a query parameter: NULL when zero.
+func nullTime(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t
 }
 
 // topicPatternValid checks a subscription pattern: an exact topic, "*", or

@@ -203,13 +203,39 @@ func (p *panel) handleEvents(a *admin) pageFunc {
 		p.render(w, http.StatusOK, "events", page{Title: "Events", Nav: "events", SignedIn: true,
 			Flash: flash(r),
 			Data: struct {
-				Filter EventFilter
-				States []string
-				Events []Event
-				Next   string
-			}{pg.filter, []string{"", "unfanned", "fanned", "poisoned"}, pg.rows, pg.olderLink(r, pg.filter.Limit)}})
+				Filter       EventFilter
+				States       []string
+				Outcomes     []string
+				Events       []Event
+				Newer, Older string
+				Since, Until string
+			}{pg.filter, []string{"", "unfanned", "fanned", "poisoned"}, []string{"", "delivered", "failed", "pending"},
+				pg.rows, pageLink(r, "after", pg.after), pageLink(r, "before", pg.before),
+				formTime(pg.filter.Since), formTime(pg.filter.Until)}})
 		return nil
 	}
+}
+
+// pageLink is the panel's link to a neighbouring page of a list that pages
+// both ways: this page's query with cursor (before or after) set to id and
+// the other cursor dropped; "" when id is 0 (no such page).
+func pageLink(r *http.Request, cursor string, id int64) string {
+	if id == 0 {
+		return ""
+	}
+	q := r.URL.Query()
+	q.Del("before")
+	q.Del("after")
+	q.Set(cursor, strconv.FormatInt(id, 10))
+	return r.URL.Path + "?" + q.Encode()
+}
+
+// formTime is a time as a filter form shows it back, RFC 3339; "" when zero.
+func formTime(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.Format(time.RFC3339Nano)
 }
 
 // olderLink is the panel's link to the page after this one: this page's
