@@ -164,3 +164,49 @@ func TestInboxStatsRetentionDeletesOnlyOldMinutes(t *testing.T) {
 		t.Errorf("rows left, by age (-want +got):\n%s", diff)
 	}
 }
+
+// Deliveries at once add to their source's minute (the upsert loses none),
+// and the counts agree with the dedup: of 10 concurrent deliveries of one
+// webhook-id one is received and 9 are duplicates.
+func TestInboxStatsConcurrentDeliveriesAddUp(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	secret := api.createSource("billing", "")
+	url := api.srv.URL + "/webhooks/billing"
+	body := []byte(`{"type":"invoice.paid","data":{}}`)
+	ids := []string{"0", "1", "2", "3", "4", "5", "6", "7", "8", "9"}
+	for range 10 {
+		ids = append(ids, "same")
+	}
+	statuses := make(chan string, len(ids))
+	for _, id := range ids {
+		go func() {
+			req, err := http.NewRequest("POST", url, bytes.NewReader(body))
+			if err != nil {
+				statuses <- err.Error()
+				return
+			}
+			setWebhookHeaders(req.Header, [][]byte{secret}, id, time.Now(), body)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				statuses <- err.Error()
+				return
+			}
+			resp.Body.Close()
+			statuses <- resp.Status
+		}()
+	}
+	for range ids {
+		if s := <-statuses; s != "200 OK" {
+			t.Errorf("delivery: %s, want 200 OK", s)
+		}
+	}
+	// source received duplicates bad_signature stale_timestamp unknown_source too_large malformed
+	if diff := cmp.Diff([]string{"billing 11 9 0 0 0 0 0"}, queryStrings(t, db, inboxStatsSumsSQL)); diff != "" {
+		t.Errorf("outbox.inbox_stats (-want +got):\n%s", diff)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.events`); n != 11 {
+		t.Errorf("%d events, want 11", n)
+	}
+}
