@@ -138,19 +138,26 @@ ORDER BY name
 LIMIT 1000`
 
 func listSources(ctx context.Context, db *sql.DB) ([]InboxSource, error) {
+	sources, _, err := listSourcesWithStats(ctx, db)
+	return sources, err
+}
+
+// listSourcesWithStats lists the sources, each with its Stats, and gives
+// every source's numbers by name besides, unknownSourceBucket's included.
+func listSourcesWithStats(ctx context.Context, db *sql.DB) ([]InboxSource, map[string]InboxSourceStats, error) {
 	sources, err := queryAll(ctx, db, scanSource, listSourcesSQL)
 	if err != nil {
-		return nil, fmt.Errorf("list sources: %w", err)
+		return nil, nil, fmt.Errorf("list sources: %w", err)
 	}
 	stats, err := readInboxStats(ctx, db)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for i := range sources {
 		st := stats[sources[i].Name]
 		sources[i].Stats = &st
 	}
-	return sources, nil
+	return sources, stats, nil
 }
 
 // deleteSourceSQL removes a source; its inbox rows stay until retention,

@@ -791,16 +791,12 @@ func (p *panel) handleSubjects(a *admin) pageFunc {
 // create or a rotation (never in a URL: the page is rendered, not
 // redirected to).
 func (p *panel) renderSources(w http.ResponseWriter, r *http.Request, a *admin, flash string, created *inboxSourceWithSecret) error {
-	sources, err := listSources(r.Context(), a.db)
+	sources, stats, err := listSourcesWithStats(r.Context(), a.db)
 	if err != nil {
 		return err
 	}
 	// Webhooks sent to names no source has, counted under one bucket
 	// (inbox.go, unknownSourceBucket), last.
-	stats, err := readInboxStats(r.Context(), a.db)
-	if err != nil {
-		return err
-	}
 	views := make([]inboxStatsView, 0, len(sources)+1)
 	for _, s := range sources {
 		views = append(views, newInboxStatsView(s.Name, *s.Stats))
