@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/lib/pq"
@@ -43,6 +44,9 @@ type InboxSource struct {
 	PreviousSecretExpiresAt *time.Time `json:"previous_secret_expires_at"`
 	CreatedAt               time.Time  `json:"created_at"`
 	URLPath                 string     `json:"url_path"` // where the sender posts
+	// Stats is what the source sent in the last hour and the last 24
+	// hours (outbox.inbox_stats), in the list only.
+	Stats *InboxSourceStats `json:"stats,omitempty"`
 }
 
 type inboxSourceWithSecret struct {
@@ -134,11 +138,26 @@ ORDER BY name
 LIMIT 1000`
 
 func listSources(ctx context.Context, db *sql.DB) ([]InboxSource, error) {
+	sources, _, err := listSourcesWithStats(ctx, db)
+	return sources, err
+}
+
+// listSourcesWithStats lists the sources, each with its Stats, and gives
+// every source's numbers by name besides, unknownSourceBucket's included.
+func listSourcesWithStats(ctx context.Context, db *sql.DB) ([]InboxSource, map[string]InboxSourceStats, error) {
 	sources, err := queryAll(ctx, db, scanSource, listSourcesSQL)
 	if err != nil {
-		return nil, fmt.Errorf("list sources: %w", err)
+		return nil, nil, fmt.Errorf("list sources: %w", err)
 	}
-	return sources, nil
+	stats, err := readInboxStats(ctx, db)
+	if err != nil {
+		return nil, nil, err
+	}
+	for i := range sources {
+		st := stats[sources[i].Name]
+		sources[i].Stats = &st
+	}
+	return sources, stats, nil
 }
 
 // deleteSourceSQL removes a source; its inbox rows stay until retention,
@@ -245,22 +264,27 @@ func receive(ctx context.Context, db *sql.DB, source, webhookID, topic string, w
 	defer tx.Rollback()
 	var one int
 	err = tx.QueryRowContext(ctx, claimInboxSQL, source, webhookID).Scan(&one)
-	if errors.Is(err, sql.ErrNoRows) {
-		return 0, true, nil
-	}
-	if err != nil {
+	duplicate = errors.Is(err, sql.ErrNoRows)
+	if err != nil && !duplicate {
 		return 0, false, fmt.Errorf("receive webhook: dedup: %w", err)
 	}
-	if eventID, err = recordEvent(ctx, tx, topic, wh.Subject, wh.Data); err != nil {
-		return 0, false, err
+	if !duplicate {
+		if eventID, err = recordEvent(ctx, tx, topic, wh.Subject, wh.Data); err != nil {
+			return 0, false, err
+		}
+		if _, err := tx.ExecContext(ctx, setInboxEventSQL, source, webhookID, eventID); err != nil {
+			return 0, false, fmt.Errorf("receive webhook: %w", err)
+		}
 	}
-	if _, err := tx.ExecContext(ctx, setInboxEventSQL, source, webhookID, eventID); err != nil {
-		return 0, false, fmt.Errorf("receive webhook: %w", err)
+	// Last, so that the row lock its upsert takes is held only for the
+	// commit: concurrent deliveries of one source queue on it.
+	if _, err := tx.ExecContext(ctx, countReceivedSQL, source, !duplicate); err != nil {
+		return 0, false, fmt.Errorf("receive webhook: count: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
 		return 0, false, fmt.Errorf("receive webhook: commit: %w", err)
 	}
-	return eventID, false, nil
+	return eventID, duplicate, nil
 }
 
 // Why receiveWebhook records nothing, beside errInvalid (a delivery that
@@ -288,10 +312,25 @@ const maxWebhookIDLen = 256
 
 // receiveWebhook records a delivery to source name as a local event, once
 // per webhook-id, and returns the event's id, or duplicate when that
-// webhook-id was recorded before. body is read only once the source is
-// known, so an unknown source is refused whatever it sent; the signature
-// is checked on the raw bytes before anything in them is believed.
+// webhook-id was recorded before. Either is counted in outbox.inbox_stats
+// with the event; a refusal is counted there after it (countRefusal). A
+// refusal that could not be counted is answered as the database's failure
+// it is, so the sender tries again.
 func receiveWebhook(ctx context.Context, db *sql.DB, box *secretBox, name string, header http.Header, body io.Reader, now time.Time) (eventID int64, duplicate bool, err error) {
+	eventID, duplicate, err = verifyAndReceive(ctx, db, box, name, header, body, now)
+	if class := refusalClass(err); class != "" {
+		if countErr := countRefusal(ctx, db, name, class, err); countErr != nil {
+			return 0, false, countErr
+		}
+	}
+	return eventID, duplicate, err
+}
+
+// verifyAndReceive is receiveWebhook before counting. body is read only
+// once the source is known, so an unknown source is refused whatever it
+// sent; the signature is checked on the raw bytes before anything in them
+// is believed.
+func verifyAndReceive(ctx context.Context, db *sql.DB, box *secretBox, name string, header http.Header, body io.Reader, now time.Time) (eventID int64, duplicate bool, err error) {
 	// A name outside namePattern cannot be a source's (createSource and
 	// schema.sql's inbox_sources_name_format refuse it). It is not sent to
 	// the database either: one that is not UTF-8, or holds a NUL, would
@@ -320,3 +359,188 @@ func receiveWebhook(ctx context.Context, db *sql.DB, box *secretBox, name string
 	}
 	return receive(ctx, db, name, webhookID, prefix+wh.Type, wh)
 }
+
+// Refusal classes, the columns of outbox.inbox_stats that count them
+// (schema.sql). refusalClass decides which a refusal is.
+const (
+	refusedBadSignature   = "bad_signature"   // 401: no signature matches
+	refusedStaleTimestamp = "stale_timestamp" // 401: more than 5 minutes old or ahead
+	refusedUnknownSource  = "unknown_source"  // 404: no source has the name
+	refusedTooLarge       = "too_large"       // 413: the body past maxInboxBody
+	refusedMalformed      = "malformed"       // 400: a header, the webhook-id or the body
+)
+
+// unknownSourceBucket is the source every webhook sent to a name no source
+// has is counted under: one row a minute however many names a flood makes
+// up, and no name that is not a source's ever stored as one. The name sent
+// to stays in the refusal's reason, quoted and truncated.
+const unknownSourceBucket = "(unknown)"
+
+// maxRefusalReasonLen bounds last_refusal_reason, in characters, as
+// schema.sql's inbox_stats_last_refusal_reason_length does.
+const maxRefusalReasonLen = 200
+
+// refusalClass is the class of a delivery verifyAndReceive did not record
+// for a reason of the request's (the status inboxError gives it), or ""
+// for none: success, a source that could not be read, the database's
+// failure. Those are not the sender's doing, and are not counted.
+func refusalClass(err error) string {
+	if err == nil {
+		return ""
+	}
+	_, tooBig := errors.AsType[*http.MaxBytesError](err)
+	_, unverified := errors.AsType[*unverifiedError](err)
+	switch {
+	case errors.Is(err, errUnknownSource):
+		return refusedUnknownSource
+	case errors.Is(err, errSourceUnreadable):
+		return ""
+	case tooBig:
+		return refusedTooLarge
+	case errors.Is(err, errWebhookTooOld), errors.Is(err, errWebhookTooNew):
+		return refusedStaleTimestamp
+	case errors.Is(err, errWebhookMissingHeader), errors.Is(err, errWebhookBadTimestamp):
+		return refusedMalformed
+	case unverified:
+		return refusedBadSignature
+	case errors.Is(err, errInvalid):
+		return refusedMalformed
+	}
+	return ""
+}
+
+// refusalReason is err's text as last_refusal_reason stores it: valid
+// UTF-8 without NULs (PostgreSQL's text takes neither), at most
+// maxRefusalReasonLen characters.
+func refusalReason(err error) string {
+	text := strings.ReplaceAll(strings.ToValidUTF8(err.Error(), "\uFFFD"), "\x00", "")
+	if r := []rune(text); len(r) > maxRefusalReasonLen {
+		text = string(r[:maxRefusalReasonLen-1]) + "…"
+	}
+	return text
+}
+
+// countReceivedSQL adds a delivery accepted in the receiving transaction
+// to its source's minute: $2 true for a new one, false for a duplicate.
+const countReceivedSQL = `
+INSERT INTO outbox.inbox_stats AS s (minute, source, received, duplicates)
+VALUES (date_trunc('minute', now()), $1, $2::boolean::int, (NOT $2::boolean)::int)
+ON CONFLICT (minute, source) DO UPDATE
+SET received = s.received + excluded.received,
+    duplicates = s.duplicates + excluded.duplicates`
+
+// countRefusedSQL adds one refusal of class $2 to source $1's minute and
+// makes $3 the minute's last reason.
+const countRefusedSQL = `
+INSERT INTO outbox.inbox_stats AS s (minute, source, bad_signature, stale_timestamp, unknown_source,
+                                     too_large, malformed, last_refusal_reason, last_refused_at)
+VALUES (date_trunc('minute', now()), $1,
+        ($2::text = 'bad_signature')::int,
+        ($2::text = 'stale_timestamp')::int,
+        ($2::text = 'unknown_source')::int,
+        ($2::text = 'too_large')::int,
+        ($2::text = 'malformed')::int,
+        $3, now())
+ON CONFLICT (minute, source) DO UPDATE
+SET bad_signature = s.bad_signature + excluded.bad_signature,
+    stale_timestamp = s.stale_timestamp + excluded.stale_timestamp,
+    unknown_source = s.unknown_source + excluded.unknown_source,
+    too_large = s.too_large + excluded.too_large,
+    malformed = s.malformed + excluded.malformed,
+    last_refusal_reason = excluded.last_refusal_reason,
+    last_refused_at = excluded.last_refused_at`
+
+// countRefusal counts a refusal of class for source name with one
+// statement of its own (there is no transaction to join: nothing else is
+// written). Only the reason is kept, never the request.
+func countRefusal(ctx context.Context, db *sql.DB, name, class string, refusal error) error {
+	source := name
+	if class == refusedUnknownSource {
+		source = unknownSourceBucket
+	}
+	if _, err := db.ExecContext(ctx, countRefusedSQL, source, class, refusalReason(refusal)); err != nil {
+		return fmt.Errorf("count refused webhook: %w", err)
+	}
+	return nil
+}
+
+// InboxSourceStats is one source's numbers over the last hour and the
+// last 24 hours.
+type InboxSourceStats struct {
+	LastHour InboxStats `json:"last_hour"`
+	LastDay  InboxStats `json:"last_24h"`
+}
+
+// InboxStats is what a source sent over a window of whole minutes ending
+// with the current one: accepted (received new, duplicates) and refused,
+// by class, with the window's last refusal.
+type InboxStats struct {
+	Received          int64      `json:"received"`
+	Duplicates        int64      `json:"duplicates"`
+	Refused           int64      `json:"refused"` // the sum of the classes
+	BadSignature      int64      `json:"bad_signature"`
+	StaleTimestamp    int64      `json:"stale_timestamp"`
+	UnknownSource     int64      `json:"unknown_source"`
+	TooLarge          int64      `json:"too_large"`
+	Malformed         int64      `json:"malformed"`
+	LastRefusalReason string     `json:"last_refusal_reason,omitempty"`
+	LastRefusedAt     *time.Time `json:"last_refused_at"`
+}
+
+// inboxStatsSQL sums every source's minutes from the first of the last
+// $1 (the current one included, as the delivery statistics' windows do,
+// stats.go) with the last reason among them; by the primary key.
+const inboxStatsSQL = `
+SELECT source,
+       sum(received), sum(duplicates),
+       sum(bad_signature), sum(stale_timestamp), sum(unknown_source), sum(too_large), sum(malformed),
+       (array_agg(last_refusal_reason ORDER BY last_refused_at DESC NULLS LAST))[1],
+       max(last_refused_at)
+FROM outbox.inbox_stats
+WHERE minute >= date_trunc('minute', now()) - make_interval(mins => $1 - 1)
+GROUP BY source`
+
+type sourceWindowStats struct {
+	source string
+	InboxStats
+}
+
+func scanInboxStats(row rowScanner) (sourceWindowStats, error) {
+	var s sourceWindowStats
+	var reason sql.NullString
+	err := row.Scan(&s.source, &s.Received, &s.Duplicates, &s.BadSignature, &s.StaleTimestamp,
+		&s.UnknownSource, &s.TooLarge, &s.Malformed, &reason, &s.LastRefusedAt)
+	s.LastRefusalReason = reason.String
+	s.Refused = s.BadSignature + s.StaleTimestamp + s.UnknownSource + s.TooLarge + s.Malformed
+	return s, err
+}
+
+// readInboxStats reads every source's last hour and last 24 hours,
+// unknownSourceBucket's included, by source name. A source that sent
+// nothing is absent: its zero value is its numbers.
+func readInboxStats(ctx context.Context, db *sql.DB) (map[string]InboxSourceStats, error) {
+	byName := map[string]InboxSourceStats{}
+	for _, w := range []struct {
+		minutes int
+		set     func(*InboxSourceStats, InboxStats)
+	}{
+		{statsWindows["1h"], func(s *InboxSourceStats, st InboxStats) { s.LastHour = st }},
+		{statsWindows["24h"], func(s *InboxSourceStats, st InboxStats) { s.LastDay = st }},
+	} {
+		rows, err := queryAll(ctx, db, scanInboxStats, inboxStatsSQL, w.minutes)
+		if err != nil {
+			return nil, fmt.Errorf("read inbox stats: %w", err)
+		}
+		for _, r := range rows {
+			st := byName[r.source]
+			w.set(&st, r.InboxStats)
+			byName[r.source] = st
+		}
+	}
+	return byName, nil
+}
+
+// deleteInboxStatsSQL is the retention sweep of outbox.inbox_stats
+// (retention.go), after the delivery statistics' window and as theirs is
+// (stats.go, deleteStatsSQL): oldest minutes first, by the primary key.
+var deleteInboxStatsSQL = deleteStatsSQL("outbox.inbox_stats")

@@ -811,16 +811,40 @@ func (p *panel) handleSubjects(a *admin) pageFunc {
 // create or a rotation (never in a URL: the page is rendered, not
 // redirected to).
 func (p *panel) renderSources(w http.ResponseWriter, r *http.Request, a *admin, flash string, created *inboxSourceWithSecret) error {
-	sources, err := listSources(r.Context(), a.db)
+	sources, stats, err := listSourcesWithStats(r.Context(), a.db)
 	if err != nil {
 		return err
 	}
+	// Webhooks sent to names no source has, counted under one bucket
+	// (inbox.go, unknownSourceBucket), last.
+	views := make([]inboxStatsView, 0, len(sources)+1)
+	for _, s := range sources {
+		views = append(views, newInboxStatsView(s.Name, *s.Stats))
+	}
+	views = append(views, newInboxStatsView("unknown source", stats[unknownSourceBucket]))
 	p.render(w, http.StatusOK, "sources", page{Title: "Inbox sources", Nav: "sources", SignedIn: true, Flash: flash,
 		Data: struct {
 			Sources []InboxSource
+			Stats   []inboxStatsView
 			Created *inboxSourceWithSecret
-		}{sources, created}})
+		}{sources, views, created}})
 	return nil
+}
+
+// inboxStatsView is a source's rows on the Inbox page: its last hour and
+// its last 24 hours.
+type inboxStatsView struct {
+	Name    string
+	Windows []titledInboxStats
+}
+
+type titledInboxStats struct {
+	Title string
+	InboxStats
+}
+
+func newInboxStatsView(name string, st InboxSourceStats) inboxStatsView {
+	return inboxStatsView{Name: name, Windows: []titledInboxStats{{"last hour", st.LastHour}, {"last 24 h", st.LastDay}}}
 }
 
 // handleSources is GET /sources, with the form for a new one.

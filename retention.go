@@ -42,7 +42,8 @@ type RetentionConfig struct {
 	CompletedJobs time.Duration
 	DiscardedJobs time.Duration
 	// DeliveryStats: rows of outbox.delivery_stats and fanout_stats are
-	// deleted this long after their minute (stats.go).
+	// deleted this long after their minute (stats.go), and so are rows
+	// of outbox.inbox_stats (inbox.go).
 	DeliveryStats time.Duration
 	// Interval is the cadence of the sweep cycle, offset per process by a
 	// deterministic jitter.
@@ -212,6 +213,7 @@ func newSweeps(cfg RetentionConfig) []*sweep {
 		{name: "inbox", table: "outbox.inbox", window: cfg.Inbox, deleteSQL: deleteInboxSQL},
 		{name: "delivery_stats", table: "outbox.delivery_stats", window: cfg.DeliveryStats, deleteSQL: deleteDeliveryStatsSQL},
 		{name: "fanout_stats", table: "outbox.fanout_stats", window: cfg.DeliveryStats, deleteSQL: deleteFanoutStatsSQL},
+		{name: "inbox_stats", table: "outbox.inbox_stats", window: cfg.DeliveryStats, deleteSQL: deleteInboxStatsSQL},
 	}
 }
 

@@ -1443,6 +1443,47 @@ CREATE TABLE IF NOT EXISTS outbox.inbox (
 
 -- Index inbox_by_received_at: schema_indexes.sql.
 
+-- One row per inbox source and minute: how many webhooks it received (new,
+-- recorded as an event), how many were duplicates (accepted, the webhook-id
+-- seen before) and how many were refused, by class, with the last refusal's
+-- reason (truncated to 200 characters) and time. Refusals are counted,
+-- never stored whole. The inbox (inbox.go) adds to the row: received and
+-- duplicates in the transaction that records the webhook, a refusal with
+-- one statement of its own. The panel's Inbox page and
+-- GET /api/sources/{name}/stats read it.
+--
+-- Classes (inbox.go, refusalClass): bad_signature (no signature matches, 401),
+-- stale_timestamp (more than 5 minutes old or ahead, 401), unknown_source
+-- (no such source, 404), too_large (the body past its bound, 413),
+-- malformed (a missing or malformed header, a webhook-id too long, a body
+-- that is not a webhook, 400). A webhook for a source that does not exist
+-- is counted under the one source '(unknown)', whatever name it was sent
+-- to, so a flood of made-up names adds one row a minute, not one a name.
+--
+-- Deleted by the retention sweep once minute is older than
+-- -delivery-stats-retention (7 days): at most one row per source, and one
+-- for '(unknown)', per minute of that window. No foreign key to
+-- outbox.inbox_sources: a source's numbers outlive its deletion until
+-- retention takes them. The primary key leads with minute: it serves the
+-- sweep's oldest-first delete and the pages' window of every source.
+CREATE TABLE IF NOT EXISTS outbox.inbox_stats (
+  minute              timestamptz NOT NULL, -- the start of the minute the request came in
+  source              text        NOT NULL,
+  received            bigint      NOT NULL DEFAULT 0,
+  duplicates          bigint      NOT NULL DEFAULT 0,
+  bad_signature       bigint      NOT NULL DEFAULT 0,
+  stale_timestamp     bigint      NOT NULL DEFAULT 0,
+  unknown_source      bigint      NOT NULL DEFAULT 0,
+  too_large           bigint      NOT NULL DEFAULT 0,
+  malformed           bigint      NOT NULL DEFAULT 0,
+  last_refusal_reason text,
+  last_refused_at     timestamptz,
+
+  PRIMARY KEY (minute, source),
+  CONSTRAINT inbox_stats_last_refusal_reason_length CHECK (length(last_refusal_reason) <= 200),
+  CONSTRAINT inbox_stats_last_refusal CHECK ((last_refusal_reason IS NULL) = (last_refused_at IS NULL))
+);
+
 --------------------------------------------------------------------------------
 -- Subject index: the latest event per subject (an in-process subscriber)
 --------------------------------------------------------------------------------
