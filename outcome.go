@@ -337,6 +337,7 @@ func (p *workerPool) recordOutcomes(ctx context.Context, batch []jobResult) erro
 		return fmt.Errorf("record %d job outcomes: %w", len(ids), err)
 	}
 	defer tx.Rollback()
+	var stats []any // deliveryStatsArgs, written with the attempts
 	if len(ids) > 0 {
 		recorded, err := queryAll(ctx, tx, scanRecordedOutcome, recordOutcomesSQL,
 			pq.Array(ids), pq.Array(attempts), pq.Array(states), pq.Array(delays), pq.Array(errs))
@@ -354,13 +355,9 @@ func (p *workerPool) recordOutcomes(ctx context.Context, batch []jobResult) erro
 		if err := advanceLanes(ctx, tx, finishedLanes(finished)); err != nil {
 			return fmt.Errorf("record %d job outcomes: %w", len(ids), err)
 		}
-		// Before the endpoints' rows (writeAttemptRecords): every
-		// completer locks statistics rows, then endpoint rows.
-		if err := writeDeliveryStats(ctx, tx, batch, written); err != nil {
-			return fmt.Errorf("record %d job outcomes: %w", len(ids), err)
-		}
+		stats = deliveryStatsArgs(batch, written)
 	}
-	if err := writeAttemptRecords(ctx, tx, batch, p.cfg.BreakerThreshold); err != nil {
+	if err := writeAttemptRecords(ctx, tx, batch, stats, p.cfg.BreakerThreshold); err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {
@@ -540,9 +537,15 @@ FROM unnest($1::bigint[], $2::integer[], $3::bigint[], $4::integer[], $5::intege
      AS a(job_id, attempt, endpoint_id, duration_ms, status_code, error, excerpt)
 ON CONFLICT (job_id, attempt) DO NOTHING`
 
-// writeAttemptRecords writes a batch's attempts and moves each endpoint to
-// the state its attempts in the batch left it in.
-func writeAttemptRecords(ctx context.Context, tx *sql.Tx, batch []jobResult, breakerThreshold int) error {
+// writeAttemptRecords writes a batch's attempts, and its statistics (stats:
+// deliveryStatsArgs, nil for none) in the same statement, and moves each
+// endpoint to the state its attempts in the batch left it in. Statistics
+// rows before the endpoints' rows: every completer locks them in that
+// order. One statement for attempts and statistics, not two: the
+// completer's transaction is most of a delivery's bookkeeping, and under
+// load each round trip of it costs milliseconds that every job it records
+// waits for (README, "Against River").
+func writeAttemptRecords(ctx context.Context, tx *sql.Tx, batch []jobResult, stats []any, breakerThreshold int) error {
 	var jobIDs, endpointIDs []int64
 	var attempts, durations, statuses []int64
 	var errs, excerpts []string
@@ -579,8 +582,12 @@ func writeAttemptRecords(ctx context.Context, tx *sql.Tx, batch []jobResult, bre
 	if len(jobIDs) == 0 {
 		return nil
 	}
-	if _, err := tx.ExecContext(ctx, insertDeliveriesSQL, pq.Array(jobIDs), pq.Array(attempts), pq.Array(endpointIDs),
-		pq.Array(durations), pq.Array(statuses), pq.Array(errs), pq.Array(excerpts)); err != nil {
+	query, args := insertDeliveriesSQL, []any{pq.Array(jobIDs), pq.Array(attempts), pq.Array(endpointIDs),
+		pq.Array(durations), pq.Array(statuses), pq.Array(errs), pq.Array(excerpts)}
+	if stats != nil {
+		query, args = insertDeliveriesWithStatsSQL, append(args, stats...)
+	}
+	if _, err := tx.ExecContext(ctx, query, args...); err != nil {
 		return fmt.Errorf("record webhook attempts: %w", err)
 	}
 	for _, id := range gone {
@@ -600,20 +607,22 @@ func writeAttemptRecords(ctx context.Context, tx *sql.Tx, batch []jobResult, bre
 	return writeDedupWindows(ctx, tx, windows)
 }
 
-// deliveryStatsSQL adds a batch's attempts to outbox.delivery_stats: one
-// row per endpoint and minute ($1 the endpoint ids, $2 the minutes as Unix
-// seconds, $3..$9 the counters, $10 the rows' latency_buckets arrays end to
-// end, $11 (statsBuckets) apiece). The rows go in (endpoint, minute) order, the
+// deliveryStatsSQLFrom adds a batch's attempts to outbox.delivery_stats,
+// its parameters numbered from first: one row per endpoint and minute
+// (first: the endpoint ids, +1 the minutes as Unix seconds, +2..+8 the
+// counters, +9 the rows' latency_buckets arrays end to end, +10
+// (statsBuckets) apiece). The rows go in (endpoint, minute) order, the
 // order the completer sorted them in, so two completers adding to the same
 // rows lock them in the same order and wait rather than deadlock.
-const deliveryStatsSQL = `
+func deliveryStatsSQLFrom(first int) string {
+	return fmt.Sprintf(`
 INSERT INTO outbox.delivery_stats AS s (endpoint_id, minute, attempts, successes, failed_timeout,
                                         failed_4xx, failed_5xx, failed_connection, failed_other, latency_buckets)
 SELECT r.endpoint_id, to_timestamp(r.minute), r.attempts, r.successes, r.failed_timeout,
        r.failed_4xx, r.failed_5xx, r.failed_connection, r.failed_other,
-       ($10::bigint[])[(r.n - 1) * $11 + 1 : r.n * $11]
-FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[],
-            $8::bigint[], $9::bigint[])
+       ($%[10]d::bigint[])[(r.n - 1) * $%[11]d + 1 : r.n * $%[11]d]
+FROM unnest($%[1]d::bigint[], $%[2]d::bigint[], $%[3]d::bigint[], $%[4]d::bigint[], $%[5]d::bigint[], $%[6]d::bigint[], $%[7]d::bigint[],
+            $%[8]d::bigint[], $%[9]d::bigint[])
      WITH ORDINALITY AS r(endpoint_id, minute, attempts, successes, failed_timeout,
                           failed_4xx, failed_5xx, failed_connection, failed_other, n)
 ORDER BY r.endpoint_id, r.minute
@@ -629,7 +638,13 @@ SET attempts = s.attempts + EXCLUDED.attempts,
       SELECT a + b
       FROM unnest(s.latency_buckets, EXCLUDED.latency_buckets) WITH ORDINALITY AS t(a, b, i)
       ORDER BY i
-    )`
+    )`, first, first+1, first+2, first+3, first+4, first+5, first+6, first+7, first+8, first+9, first+10)
+}
+
+// insertDeliveriesWithStatsSQL is insertDeliveriesSQL ($1..$7) and the
+// statistics of the same attempts (deliveryStatsSQLFrom(8)) in one
+// statement: the attempts' insert a CTE of the statistics' upsert.
+var insertDeliveriesWithStatsSQL = "WITH kept AS (" + insertDeliveriesSQL + ")" + deliveryStatsSQLFrom(8)
 
 // statsKey is a row of outbox.delivery_stats: an endpoint and a minute
 // (Unix seconds of its start).
@@ -638,13 +653,14 @@ type statsKey struct {
 	minute     int64
 }
 
-// writeDeliveryStats adds the attempts of a batch whose outcomes were
-// written (written: the recordOutcomesSQL rows) to their endpoints' rows
-// of outbox.delivery_stats, in one statement. An attempt whose outcome
-// the fence refused (a worker that lost its job to the rescuer, or this
-// batch written again after its commit's answer was lost) counts nothing:
-// each attempt counts once, with the outcome its job kept.
-func writeDeliveryStats(ctx context.Context, tx *sql.Tx, batch []jobResult, written map[jobAttempt]bool) error {
+// deliveryStatsArgs are deliveryStatsSQLFrom's arguments for the attempts
+// of a batch whose outcomes were written (written: the recordOutcomesSQL
+// rows), nil if none counts: a row per endpoint and minute. An attempt
+// whose outcome the fence refused (a worker that lost its job to the
+// rescuer, or this batch written again after its commit's answer was
+// lost) counts nothing: each attempt counts once, with the outcome its
+// job kept.
+func deliveryStatsArgs(batch []jobResult, written map[jobAttempt]bool) []any {
 	type row struct {
 		statsCounts
 		latency latencyCounts
@@ -698,12 +714,9 @@ func writeDeliveryStats(ctx context.Context, tx *sql.Tx, batch []jobResult, writ
 		timeouts[i], s4xx[i], s5xx[i], conns[i], others[i] = c.Timeout, c.Status4xx, c.Status5xx, c.Connection, c.Other
 		latency = append(latency, w.latency[:]...)
 	}
-	if _, err := tx.ExecContext(ctx, deliveryStatsSQL, pq.Array(ids), pq.Array(minutes), pq.Array(attempts),
+	return []any{pq.Array(ids), pq.Array(minutes), pq.Array(attempts),
 		pq.Array(successes), pq.Array(timeouts), pq.Array(s4xx), pq.Array(s5xx), pq.Array(conns), pq.Array(others),
-		pq.Array(latency), statsBuckets); err != nil {
-		return fmt.Errorf("record delivery stats: %w", err)
-	}
-	return nil
+		pq.Array(latency), statsBuckets}
 }
 
 // writeEndpointHealth moves each endpoint by what its attempts did, in
