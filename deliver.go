@@ -249,8 +249,9 @@ const claimTimeout = 10 * time.Second
 
 // claimJobsSQL takes up to $1 due jobs, soonest first, marks them running
 // with their next attempt number, held by replica $2 (NULL: none), and
-// returns each with its event and, for a delivery, its endpoint. The statement is schema.sql's outbox.claim_jobs,
-// which pins its plan and reads everything in one snapshot.
+// returns each with its event and, for a delivery, its endpoint. The
+// statement is schema.sql's outbox.claim_jobs, which pins its plan and
+// reads everything in one snapshot.
 const claimJobsSQL = `
 SELECT id, kind, attempt, max_attempts, endpoint_id,
        event_id, topic, subject, payload, created_at,

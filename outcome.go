@@ -607,22 +607,24 @@ func writeAttemptRecords(ctx context.Context, tx *sql.Tx, batch []jobResult, sta
 	return writeDedupWindows(ctx, tx, windows)
 }
 
-// deliveryStatsSQLFrom adds a batch's attempts to outbox.delivery_stats,
-// its parameters numbered from first: one row per endpoint and minute
-// (first: the endpoint ids, +1 the minutes as Unix seconds, +2..+8 the
-// counters, +9 the rows' latency_buckets arrays end to end, +10
-// (statsBuckets) apiece). The rows go in (endpoint, minute) order, the
-// order the completer sorted them in, so two completers adding to the same
-// rows lock them in the same order and wait rather than deadlock.
-func deliveryStatsSQLFrom(first int) string {
-	return fmt.Sprintf(`
+// insertDeliveriesWithStatsSQL is insertDeliveriesSQL ($1..$7) with the
+// statistics of the same attempts added to outbox.delivery_stats in the
+// same statement: one row per endpoint and minute ($8 the endpoint ids,
+// $9 the minutes as Unix seconds, $10..$16 the counters, $17 the rows'
+// latency_buckets arrays end to end, $18 (statsBuckets) apiece). The rows
+// go in (endpoint, minute) order, the order the completer sorted them in,
+// so two completers adding to the same rows lock them in the same order
+// and wait rather than deadlock.
+const insertDeliveriesWithStatsSQL = `
+WITH kept AS (` + insertDeliveriesSQL + `
+)
 INSERT INTO outbox.delivery_stats AS s (endpoint_id, minute, attempts, successes, failed_timeout,
                                         failed_4xx, failed_5xx, failed_connection, failed_other, latency_buckets)
 SELECT r.endpoint_id, to_timestamp(r.minute), r.attempts, r.successes, r.failed_timeout,
        r.failed_4xx, r.failed_5xx, r.failed_connection, r.failed_other,
-       ($%[10]d::bigint[])[(r.n - 1) * $%[11]d + 1 : r.n * $%[11]d]
-FROM unnest($%[1]d::bigint[], $%[2]d::bigint[], $%[3]d::bigint[], $%[4]d::bigint[], $%[5]d::bigint[], $%[6]d::bigint[], $%[7]d::bigint[],
-            $%[8]d::bigint[], $%[9]d::bigint[])
+       ($17::bigint[])[(r.n - 1) * $18 + 1 : r.n * $18]
+FROM unnest($8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[],
+            $15::bigint[], $16::bigint[])
      WITH ORDINALITY AS r(endpoint_id, minute, attempts, successes, failed_timeout,
                           failed_4xx, failed_5xx, failed_connection, failed_other, n)
 ORDER BY r.endpoint_id, r.minute
@@ -638,13 +640,7 @@ SET attempts = s.attempts + EXCLUDED.attempts,
       SELECT a + b
       FROM unnest(s.latency_buckets, EXCLUDED.latency_buckets) WITH ORDINALITY AS t(a, b, i)
       ORDER BY i
-    )`, first, first+1, first+2, first+3, first+4, first+5, first+6, first+7, first+8, first+9, first+10)
-}
-
-// insertDeliveriesWithStatsSQL is insertDeliveriesSQL ($1..$7) and the
-// statistics of the same attempts (deliveryStatsSQLFrom(8)) in one
-// statement: the attempts' insert a CTE of the statistics' upsert.
-var insertDeliveriesWithStatsSQL = "WITH kept AS (" + insertDeliveriesSQL + ")" + deliveryStatsSQLFrom(8)
+    )`
 
 // statsKey is a row of outbox.delivery_stats: an endpoint and a minute
 // (Unix seconds of its start).
@@ -653,7 +649,7 @@ type statsKey struct {
 	minute     int64
 }
 
-// deliveryStatsArgs are deliveryStatsSQLFrom's arguments for the attempts
+// deliveryStatsArgs are insertDeliveriesWithStatsSQL's $8..$18 for the attempts
 // of a batch whose outcomes were written (written: the recordOutcomesSQL
 // rows), nil if none counts: a row per endpoint and minute. An attempt
 // whose outcome the fence refused (a worker that lost its job to the

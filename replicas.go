@@ -115,10 +115,19 @@ func (r *replicaRegistry) ID() int64 { return r.id.Load() }
 // lost tells the registry that a claim under id found its row gone. The
 // workers stop claiming at once; Run registers again.
 func (r *replicaRegistry) lost(id int64) {
-	if r.id.CompareAndSwap(id, 0) {
-		r.lostID.Store(id)
+	if r.forget(id) {
 		poke(r.lostRow)
 	}
+}
+
+// forget drops id, found gone, unless the registry has moved on from it
+// already; it reports whether it did.
+func (r *replicaRegistry) forget(id int64) bool {
+	if !r.id.CompareAndSwap(id, 0) {
+		return false
+	}
+	r.lostID.Store(id)
+	return true
 }
 
 // registerReplicaSQL inserts this process's row; the database stamps its
@@ -168,9 +177,7 @@ func (r *replicaRegistry) heartbeat(ctx context.Context) error {
 	}
 	r.sweepSeen = sweeps
 	if n, _ := res.RowsAffected(); n == 0 {
-		if r.id.CompareAndSwap(id, 0) {
-			r.lostID.Store(id)
-		}
+		r.forget(id)
 		return errRegistrationLost
 	}
 	return nil

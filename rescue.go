@@ -113,14 +113,24 @@ RETURNING j.endpoint_id, j.lane_key`
 // rescueOnce rescues every stuck job, in batches.
 func (r *rescuer) rescueOnce(ctx context.Context) (int64, error) {
 	horizon := (r.cfg.AttemptTimeout + r.cfg.RescueMargin).Seconds()
+	n, err := r.rescueAll(ctx, &r.rescued, rescueJobsSQL, horizon, rescueBatch)
+	if err != nil {
+		return n, fmt.Errorf("rescue jobs: %w", err)
+	}
+	return n, nil
+}
+
+// rescueAll runs a rescue batch by batch (rescueBatchOf) until one comes
+// back short, counting what it rescued in counted.
+func (r *rescuer) rescueAll(ctx context.Context, counted *atomic.Int64, query string, args ...any) (int64, error) {
 	var total int64
 	for {
-		n, err := r.rescueBatchOf(ctx, rescueJobsSQL, horizon, rescueBatch)
+		n, err := r.rescueBatchOf(ctx, query, args...)
 		if err != nil {
-			return total, fmt.Errorf("rescue jobs: %w", err)
+			return total, err
 		}
 		total += n
-		r.rescued.Add(n)
+		counted.Add(n)
 		if n < rescueBatch {
 			return total, nil
 		}
@@ -211,17 +221,9 @@ func (r *rescuer) rescueDeadReplicas(ctx context.Context) (int64, error) {
 		r.logger.Warn("replica declared dead: no heartbeat within its dead_after; rescuing its running jobs",
 			"replica", d.ID, "host", d.Host, "pid", d.PID, "silent", time.Duration(d.SilentSecs*float64(time.Second)).Round(time.Millisecond))
 	}
-	var total int64
-	for {
-		n, err := r.rescueBatchOf(ctx, rescueOrphanedJobsSQL, rescueBatch)
-		if err != nil {
-			return total, fmt.Errorf("rescue jobs of dead replicas: %w", err)
-		}
-		total += n
-		r.rescuedOfDead.Add(n)
-		if n < rescueBatch {
-			break
-		}
+	total, err := r.rescueAll(ctx, &r.rescuedOfDead, rescueOrphanedJobsSQL, rescueBatch)
+	if err != nil {
+		return total, fmt.Errorf("rescue jobs of dead replicas: %w", err)
 	}
 	if total > 0 {
 		r.logger.Warn("rescued the running jobs of replicas no longer registered", "jobs", total)
