@@ -376,7 +376,7 @@ func handleEndpointStatsWindow(a *admin) apiFunc {
 		if err != nil {
 			return 0, nil, err
 		}
-		window, _, err := parseStatsWindow(r.URL.Query().Get("window"))
+		window, err := parseStatsWindow(r.URL.Query().Get("window"))
 		if err != nil {
 			return 0, nil, err
 		}
@@ -392,7 +392,7 @@ func handleEndpointStatsWindow(a *admin) apiFunc {
 // statistics over the window, summed (stats.go).
 func handleStats(a *admin) apiFunc {
 	return func(r *http.Request) (int, any, error) {
-		window, _, err := parseStatsWindow(r.URL.Query().Get("window"))
+		window, err := parseStatsWindow(r.URL.Query().Get("window"))
 		if err != nil {
 			return 0, nil, err
 		}

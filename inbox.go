@@ -539,8 +539,3 @@ func readInboxStats(ctx context.Context, db *sql.DB) (map[string]InboxSourceStat
 	}
 	return byName, nil
 }
-
-// deleteInboxStatsSQL is the retention sweep of outbox.inbox_stats
-// (retention.go), after the delivery statistics' window and as theirs is
-// (stats.go, deleteStatsSQL): oldest minutes first, by the primary key.
-var deleteInboxStatsSQL = deleteStatsSQL("outbox.inbox_stats")

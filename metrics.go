@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // histogram is a Prometheus histogram with fixed buckets, safe for
@@ -25,8 +26,19 @@ type histogram struct {
 }
 
 // latencyBuckets (seconds) span a loopback delivery (1 ms) to a retry after
-// the attempt timeout: the two ends an operator needs to tell apart.
-var latencyBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600}
+// the attempt timeout: the two ends an operator needs to tell apart. They
+// are the delivery statistics' bounds (stats.go), so the in-process
+// histogram and the database's buckets read alike.
+var latencyBuckets = secondsOf(statsLatencyBounds[:])
+
+// secondsOf is ds in seconds, as Prometheus writes a histogram's bounds.
+func secondsOf(ds []time.Duration) []float64 {
+	s := make([]float64, len(ds))
+	for i, d := range ds {
+		s[i] = d.Seconds()
+	}
+	return s
+}
 
 func newHistogram(bounds []float64) *histogram {
 	return &histogram{bounds: bounds, counts: make([]atomic.Uint64, len(bounds))}

@@ -9,7 +9,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"database/sql"
-	"database/sql/driver"
 	_ "embed"
 	"encoding/hex"
 	"errors"
@@ -183,7 +182,7 @@ func (m migration) run(ctx context.Context, db *sql.DB) (err error) {
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
-	defer conn.Raw(func(any) error { return driver.ErrBadConn })
+	defer discardConn(conn)
 	if err := m.lock(ctx, conn); err != nil {
 		return err
 	}

@@ -72,8 +72,9 @@ const (
 // index (events_unfanned_by_id).
 const transactionModeRelaySweep = time.Second
 
-// derivePoolMode sets what transaction mode changes: the relay's sweep,
-// unless -relay-sweep was given, and the retention lock's scope.
+// derivePoolMode sets what transaction mode changes: no LISTEN, the
+// relay's sweep unless -relay-sweep was given, and the retention lock's
+// scope.
 func (c *Config) derivePoolMode(relaySweepGiven bool) {
 	if c.PoolMode != poolModeTransaction {
 		return
@@ -81,6 +82,7 @@ func (c *Config) derivePoolMode(relaySweepGiven bool) {
 	if !relaySweepGiven {
 		c.Relay.SweepInterval = transactionModeRelaySweep
 	}
+	c.DisableListen = true // a LISTEN through the pooler reaches nobody
 	c.Retention.XactLocks = true
 }
 

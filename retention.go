@@ -211,9 +211,9 @@ func newSweeps(cfg RetentionConfig) []*sweep {
 		{name: "jobs_discarded", table: "outbox.jobs", window: cfg.DiscardedJobs, deleteSQL: deleteFinishedJobsSQL(jobDiscarded)},
 		{name: "events", table: "outbox.events", window: cfg.Events, deleteSQL: deleteEventsSQL},
 		{name: "inbox", table: "outbox.inbox", window: cfg.Inbox, deleteSQL: deleteInboxSQL},
-		{name: "delivery_stats", table: "outbox.delivery_stats", window: cfg.DeliveryStats, deleteSQL: deleteDeliveryStatsSQL},
-		{name: "fanout_stats", table: "outbox.fanout_stats", window: cfg.DeliveryStats, deleteSQL: deleteFanoutStatsSQL},
-		{name: "inbox_stats", table: "outbox.inbox_stats", window: cfg.DeliveryStats, deleteSQL: deleteInboxStatsSQL},
+		{name: "delivery_stats", table: "outbox.delivery_stats", window: cfg.DeliveryStats, deleteSQL: deleteStatsSQL("outbox.delivery_stats")},
+		{name: "fanout_stats", table: "outbox.fanout_stats", window: cfg.DeliveryStats, deleteSQL: deleteStatsSQL("outbox.fanout_stats")},
+		{name: "inbox_stats", table: "outbox.inbox_stats", window: cfg.DeliveryStats, deleteSQL: deleteStatsSQL("outbox.inbox_stats")},
 	}
 }
 

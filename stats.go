@@ -85,15 +85,14 @@ func (c *latencyCounts) add(other *latencyCounts) {
 var statsWindows = map[string]int{"1h": 60, "24h": 1440}
 
 // parseStatsWindow reads ?window=; none is 1h.
-func parseStatsWindow(v string) (string, int, error) {
+func parseStatsWindow(v string) (string, error) {
 	if v == "" {
 		v = "1h"
 	}
-	minutes, ok := statsWindows[v]
-	if !ok {
-		return "", 0, fmt.Errorf("%w: window %q: want 1h or 24h", errInvalid, v)
+	if _, ok := statsWindows[v]; !ok {
+		return "", fmt.Errorf("%w: window %q: want 1h or 24h", errInvalid, v)
 	}
-	return v, minutes, nil
+	return v, nil
 }
 
 // DeliveryStats is what GET /api/stats and GET /api/endpoints/{id}/stats
@@ -329,17 +328,12 @@ func durationMS(d time.Duration) *float64 {
 	return &ms
 }
 
-// deleteDeliveryStatsSQL and deleteFanoutStatsSQL are the retention
-// sweeps of outbox.delivery_stats and outbox.fanout_stats (retention.go):
-// at most $2 rows whose minute is older than $1 seconds, oldest first, by
-// the tables' minute indexes. A row being added to is skipped, not waited
+// deleteStatsSQL is the retention sweep of a per-minute statistics table
+// (outbox.delivery_stats, fanout_stats, inbox_stats; retention.go): at
+// most $2 rows whose minute is older than $1 seconds, oldest first, by the
+// table's minute index or key. A row being added to is skipped, not waited
 // for: a row that old is written only by a batch that ended as its minute
 // did, and goes next cycle.
-var (
-	deleteDeliveryStatsSQL = deleteStatsSQL("outbox.delivery_stats")
-	deleteFanoutStatsSQL   = deleteStatsSQL("outbox.fanout_stats")
-)
-
 func deleteStatsSQL(table string) string {
 	return `
 DELETE FROM ` + table + `
