@@ -548,14 +548,16 @@ type statsWindowView struct {
 }
 
 // readStatsWindows reads endpoint id's statistics over the last hour and
-// the last day (0: every endpoint's), with their charts.
+// the last day (0: every endpoint's), with their charts: the day's rows
+// once, summed for both.
 func readStatsWindows(ctx context.Context, db *sql.DB, id int64) ([]statsWindowView, error) {
+	day, err := readStatsMinutes(ctx, db, id, statsWindows["24h"])
+	if err != nil {
+		return nil, err
+	}
 	var views []statsWindowView
 	for _, w := range []struct{ window, title string }{{"1h", "Last hour"}, {"24h", "Last 24 hours"}} {
-		st, err := readDeliveryStats(ctx, db, id, w.window)
-		if err != nil {
-			return nil, err
-		}
+		st := day.window(w.window)
 		views = append(views, statsWindowView{Title: w.title, DeliveryStats: st,
 			Chart:        deliveryChartSVG(st.Series, "deliveries produced, delivered and failed per minute, "+strings.ToLower(w.title)),
 			LatencyChart: latencyChartSVG(st.Series, "commit to first 2xx latency, p50 and p99 per minute, "+strings.ToLower(w.title))})

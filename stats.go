@@ -237,41 +237,73 @@ func scanProducedMinute(row rowScanner) (producedMinute, error) {
 // readDeliveryStats reads endpoint id's statistics (0: every endpoint's)
 // over the window named by window, which parseStatsWindow accepted.
 func readDeliveryStats(ctx context.Context, db *sql.DB, id int64, window string) (DeliveryStats, error) {
-	st := DeliveryStats{EndpointID: id, Window: window}
 	minutes, ok := statsWindows[window]
 	if !ok {
-		return st, fmt.Errorf("%w: window %q: want 1h or 24h", errInvalid, window)
+		return DeliveryStats{EndpointID: id, Window: window}, fmt.Errorf("%w: window %q: want 1h or 24h", errInvalid, window)
 	}
-	var now time.Time
-	if err := db.QueryRowContext(ctx, statsNowSQL).Scan(&now); err != nil {
-		return st, fmt.Errorf("read delivery stats: %w", err)
-	}
-	st.From = now.Add(-time.Duration(minutes-1) * time.Minute)
-	st.To = now.Add(time.Minute)
-	rows, err := queryAll(ctx, db, scanStatsRow, statsByMinuteSQL, st.From, id)
+	m, err := readStatsMinutes(ctx, db, id, minutes)
 	if err != nil {
-		return st, fmt.Errorf("read delivery stats: %w", err)
+		return DeliveryStats{EndpointID: id, Window: window}, err
 	}
-	produced, err := queryAll(ctx, db, scanProducedMinute, producedByMinuteSQL, st.From, id)
-	if err != nil {
-		return st, fmt.Errorf("read delivery stats: %w", err)
+	return m.window(window), nil
+}
+
+// statsMinutes is endpoint id's per-minute rows (0: every endpoint's)
+// from a start on, read once and summed over any window within them.
+type statsMinutes struct {
+	id       int64
+	now      time.Time // the current minute, by the database's clock
+	rows     []statsRow
+	produced []producedMinute
+}
+
+// readStatsMinutes reads the last minutes of endpoint id's statistics,
+// the current one included.
+func readStatsMinutes(ctx context.Context, db *sql.DB, id int64, minutes int) (statsMinutes, error) {
+	m := statsMinutes{id: id}
+	if err := db.QueryRowContext(ctx, statsNowSQL).Scan(&m.now); err != nil {
+		return m, fmt.Errorf("read delivery stats: %w", err)
 	}
-	byMinute := make(map[int64]statsRow, len(rows))
-	for _, r := range rows {
+	from := m.now.Add(-time.Duration(minutes-1) * time.Minute)
+	var err error
+	if m.rows, err = queryAll(ctx, db, scanStatsRow, statsByMinuteSQL, from, id); err != nil {
+		return m, fmt.Errorf("read delivery stats: %w", err)
+	}
+	if m.produced, err = queryAll(ctx, db, scanProducedMinute, producedByMinuteSQL, from, id); err != nil {
+		return m, fmt.Errorf("read delivery stats: %w", err)
+	}
+	return m, nil
+}
+
+// window sums the rows over the window named by window (a key of
+// statsWindows no longer than what was read).
+func (m statsMinutes) window(window string) DeliveryStats {
+	minutes := statsWindows[window]
+	st := DeliveryStats{EndpointID: m.id, Window: window}
+	st.From = m.now.Add(-time.Duration(minutes-1) * time.Minute)
+	st.To = m.now.Add(time.Minute)
+	byMinute := make(map[int64]statsRow, len(m.rows))
+	for _, r := range m.rows {
+		if r.minute.Before(st.From) {
+			continue
+		}
 		byMinute[r.minute.Unix()] = r
 		st.add(r.statsCounts)
 		st.latency.add(&r.latency)
 	}
-	producedAt := make(map[int64]int64, len(produced))
-	for _, p := range produced {
+	producedAt := make(map[int64]int64, len(m.produced))
+	for _, p := range m.produced {
+		if p.minute.Before(st.From) {
+			continue
+		}
 		producedAt[p.minute.Unix()] = p.n
 		st.Produced += p.n
 	}
 	st.Series = make([]statsMinute, minutes)
 	for i := range st.Series {
-		m := st.From.Add(time.Duration(i) * time.Minute)
-		r := byMinute[m.Unix()]
-		st.Series[i] = statsMinute{Minute: m, Produced: producedAt[m.Unix()], Delivered: r.Successes, Failed: r.Failures,
+		t := st.From.Add(time.Duration(i) * time.Minute)
+		r := byMinute[t.Unix()]
+		st.Series[i] = statsMinute{Minute: t, Produced: producedAt[t.Unix()], Delivered: r.Successes, Failed: r.Failures,
 			LatencyP50MS: quantileMS(&r.latency, 0.5), LatencyP99MS: quantileMS(&r.latency, 0.99)}
 	}
 	if st.Attempts > 0 {
@@ -287,7 +319,7 @@ func readDeliveryStats(ctx context.Context, db *sql.DB, id int64, window string)
 			st.Latency[i].LeMS = durationMS(statsLatencyBounds[i])
 		}
 	}
-	return st, nil
+	return st
 }
 
 // statsRow is one minute's sums.
