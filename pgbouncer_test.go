@@ -340,21 +340,31 @@ func addOldEvents(t testing.TB, db *sql.DB, n int) {
 		FROM generate_series(1, $1) AS g`, n)
 }
 
-// Behind the pooler with per-batch locks, retention sweeps every cycle:
-// never skipped, never failed, every old row deleted, and every DELETE run
-// by a session that holds the lock. Batches of 2 make many transactions,
-// each free to land on another server session.
-func TestPgBouncerSweepsEveryCycle(t *testing.T) {
-	t.Parallel()
+// bouncedSweeper is a sweeper of a fresh database through a bouncer in
+// transaction mode, its pool's 4 connections open (so that consecutive
+// transactions can land on different server sessions), with per-batch
+// locks or the session lock, batches of batch rows, and every DELETE of
+// outbox.events audited. It returns the direct connection beside it.
+func bouncedSweeper(t *testing.T, xactLocks bool, batch int) (*sql.DB, *sweeper) {
+	t.Helper()
 	direct, dsn := newTestDB(t)
 	b := startPgBouncer(t, dsn, 4)
 	db := b.openThrough(t, dsn)
 	fillPool(t, db, 4)
 	auditSweeps(t, direct, "outbox.events")
 	cfg := defaultConfig().Retention
-	cfg.XactLocks = true
-	cfg.BatchSize = 2
-	s := newSweeper(db, cfg, t.Name(), testLogger(t))
+	cfg.XactLocks = xactLocks
+	cfg.BatchSize = batch
+	return direct, newSweeper(db, cfg, t.Name(), testLogger(t))
+}
+
+// Behind the pooler with per-batch locks, retention sweeps every cycle:
+// never skipped, never failed, every old row deleted, and every DELETE run
+// by a session that holds the lock. Batches of 2 make many transactions,
+// each free to land on another server session.
+func TestPgBouncerSweepsEveryCycle(t *testing.T) {
+	t.Parallel()
+	direct, s := bouncedSweeper(t, true, 2)
 
 	const cycles, perCycle = 5, 5
 	for i := range cycles {
@@ -383,14 +393,7 @@ func TestPgBouncerSweepsEveryCycle(t *testing.T) {
 // would prove nothing.
 func TestPgBouncerBreaksTheSessionLock(t *testing.T) {
 	t.Parallel()
-	direct, dsn := newTestDB(t)
-	b := startPgBouncer(t, dsn, 4)
-	db := b.openThrough(t, dsn)
-	fillPool(t, db, 4)
-	auditSweeps(t, direct, "outbox.events")
-	cfg := defaultConfig().Retention
-	cfg.BatchSize = 2
-	s := newSweeper(db, cfg, t.Name(), testLogger(t))
+	direct, s := bouncedSweeper(t, false, 2)
 	addOldEvents(t, direct, 5)
 	res, err := s.sweepOnce(context.Background())
 	a := readSweepAudit(t, direct)
