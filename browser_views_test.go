@@ -54,6 +54,12 @@ func TestPanelOperatorViewsInBrowser(t *testing.T) {
 		t.Errorf("%d acknowledgements stored for jobs_discarded, want 1", n)
 	}
 
+	// The alert links to what it counts: the discarded jobs.
+	br.click("#alert-jobs_discarded strong a")
+	if got := br.text("h1"); !strings.Contains(got, "discarded") {
+		t.Errorf("the discarded-jobs alert's link leads to %q, want the discarded jobs", got)
+	}
+
 	// Jobs of endpoint b only: its discarded delivery, and the bulk retry.
 	br.open(fmt.Sprintf("%s/jobs?endpoint_id=%d", srv.URL, b))
 	if got := br.text("h1"); !strings.Contains(got, fmt.Sprintf("endpoint %d", b)) {

@@ -149,6 +149,9 @@ type Alert struct {
 	// the level rises or a new episode begins.
 	Acknowledged   bool       `json:"acknowledged"`
 	AcknowledgedAt *time.Time `json:"acknowledged_at,omitempty"`
+	// Link is the panel page that shows what the alert counts: the rows
+	// to act on, or the figures it was raised from.
+	Link string `json:"link"`
 	// startKnown says Since is when the condition began, so an episode
 	// that begins after an acknowledgement is a new one; alerts that know
 	// no start (their Since is now) are acknowledged by level alone.
@@ -446,7 +449,28 @@ func evaluateAlerts(cfg AlertConfig, o Overview, at alertStarts) []Alert {
 			Since: at.FirstPaused.Time, Level: o.Endpoints.Paused, startKnown: true,
 		})
 	}
+	for i := range alerts {
+		alerts[i].Link = alertLink(alerts[i].Name)
+	}
 	return alerts
+}
+
+// alertLink is the panel page that explains an alert: the events or jobs
+// it counts, the endpoints it names, or, for the database's own health,
+// the overview's table figures.
+func alertLink(name string) string {
+	switch name {
+	case "events_backlog":
+		return "/events?state=unfanned"
+	case "events_poisoned":
+		return "/events?state=poisoned"
+	case "jobs_discarded":
+		return "/jobs?state=discarded"
+	case "receiver_window_short", "endpoint_disabled", "endpoint_paused":
+		return "/endpoints"
+	default: // table_bloat, old_transaction, notify_queue, retention_failed
+		return "/#tables"
+	}
 }
 
 // healthAlerts are the alerts about the database's own health: bloat, an

@@ -304,3 +304,52 @@ func TestAcknowledgeAnAlertUntilItGetsWorse(t *testing.T) {
 		t.Errorf("the panel's button: %d, then %+v; want 303 and the alert acknowledged at level 2", resp.StatusCode, a)
 	}
 }
+
+// Every alert links to the panel page that explains it, and that page
+// answers: the rows it counts where it counts rows, the endpoints where it
+// names endpoints, the overview's table figures for the database's health.
+func TestEveryAlertLinksToItsPage(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	srv := newTestAdmin(t, db)
+	cfg := AlertConfig{BacklogRows: 1000, BacklogAge: 5 * time.Minute, DeadRatio: 0.2, XactAge: time.Hour, ResendHorizon: time.Hour}
+	everything := Overview{
+		Backlog: 1001, Poisoned: 1,
+		Jobs:                 JobCounts{Discarded: 1},
+		NotifyQueueUsage:     0.5,
+		Tables:               []TableHealth{{Name: "jobs", DeadRows: 20_000, DeadRatio: 0.5}},
+		OldestXactAgeSeconds: 3601,
+		RetentionLastCycle:   &RetentionCycle{Error: "anomaly cap reached"},
+		ReceiverWindows:      []ReceiverWindow{{EndpointID: 1, Seconds: 60}},
+		Endpoints:            EndpointCounts{Disabled: 1, Paused: 1},
+	}
+	got := map[string]string{}
+	for _, a := range evaluateAlerts(cfg, everything, alertStarts{}) {
+		got[a.Name] = a.Link
+	}
+	want := map[string]string{
+		"events_backlog":        "/events?state=unfanned",
+		"events_poisoned":       "/events?state=poisoned",
+		"jobs_discarded":        "/jobs?state=discarded",
+		"notify_queue":          "/#tables",
+		"table_bloat":           "/#tables",
+		"old_transaction":       "/#tables",
+		"retention_failed":      "/#tables",
+		"receiver_window_short": "/endpoints",
+		"endpoint_disabled":     "/endpoints",
+		"endpoint_paused":       "/endpoints",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("alert links (-want +got):\n%s", diff)
+	}
+	for name, link := range got {
+		path, anchor, _ := strings.Cut(link, "#")
+		status, page := panelPage(t, srv, path)
+		if status != http.StatusOK {
+			t.Errorf("%s links to %s, which answers %d", name, link, status)
+		}
+		if anchor != "" && !strings.Contains(page, `id="`+anchor+`"`) {
+			t.Errorf("%s links to %s, but the page has no element %q", name, link, anchor)
+		}
+	}
+}
