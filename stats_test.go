@@ -808,3 +808,31 @@ func TestNiceAxis(t *testing.T) {
 		}
 	}
 }
+
+// An endpoint's recent record (GET /api/endpoints/{id}/deliveries) counts
+// the hour's attempts from its statistics: the 60 newest minutes, not a
+// minute older, and no other endpoint's.
+func TestEndpointDeliveriesCountTheHourFromStatistics(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	srv := newTestAdmin(t, db)
+	id := createTestEndpoint(t, srv, "https://a.example/hook")
+	other := createTestEndpoint(t, srv, "https://b.example/hook")
+	seed := `INSERT INTO outbox.delivery_stats (endpoint_id, minute, attempts, successes, failed_timeout, failed_4xx, failed_5xx, failed_connection, failed_other, latency_buckets)
+		VALUES ($1, date_trunc('minute', now()) - $2::int * interval '1 minute', $3::int, $4::int, 0, 0, $3::int - $4::int, 0, 0, array_fill(0, ARRAY[19]))`
+	mustExec(t, db, seed, id, 0, 4, 3)    // this minute
+	mustExec(t, db, seed, id, 59, 6, 2)   // the hour's oldest minute
+	mustExec(t, db, seed, id, 60, 50, 50) // an hour ago: outside
+	mustExec(t, db, seed, other, 1, 7, 7) // another endpoint's
+	var got struct {
+		Attempts    int     `json:"attempts"`
+		Successes   int     `json:"successes"`
+		SuccessRate float64 `json:"success_rate"`
+	}
+	if code := apiCall(t, srv, "GET", "/api/endpoints/"+itoa(id)+"/deliveries", "", &got); code != 200 {
+		t.Fatalf("GET deliveries = %d", code)
+	}
+	if got.Attempts != 10 || got.Successes != 5 || got.SuccessRate != 0.5 {
+		t.Errorf("the hour's record = %+v, want 10 attempts, 5 successes, rate 0.5", got)
+	}
+}
