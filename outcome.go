@@ -127,6 +127,14 @@ type jobResult struct {
 	record *attemptRecord // nil, or the attempt as the panel shows it
 }
 
+// keptOnJob says the attempt completed its job without a note (a mail not
+// sent for want of a server has one): its status code and duration go on
+// the job, with its outcome (recordOutcomesSQL), and it has no row in
+// outbox.deliveries, provided the job took the outcome.
+func (r jobResult) keptOnJob() bool {
+	return r.record != nil && r.State == jobCompleted && r.record.Error == ""
+}
+
 // outcome decides what an attempt's error means for its job, counts it
 // and logs it.
 func (p *workerPool) outcome(job Job, err error, start time.Time) jobResult {
@@ -289,6 +297,11 @@ func (p *workerPool) recordOutcomesRetrying(batch []jobResult) error {
 // longer the job's current one changes nothing. It returns a row for every
 // job it wrote, with the ordered lane whose delivery finished, if any
 // (NULLs otherwise: for unordered endpoints, and for retries).
+//
+// A delivery that completes keeps its attempt's status code and duration
+// on the job ($6, $7; -1 for none: an attempt not kept on its job,
+// jobResult.keptOnJob, or a mail's status) instead of a row in
+// outbox.deliveries (schema.sql, outbox.jobs).
 const recordOutcomesSQL = `
 WITH recorded AS (
 UPDATE outbox.jobs AS j
@@ -300,9 +313,11 @@ SET state = o.state::outbox.job_state,
     errors = CASE WHEN o.error = '' THEN j.errors
                   ELSE j.errors || jsonb_build_array(jsonb_build_object(
                          'attempt', j.attempt, 'at', now(), 'error', o.error))
-             END
-FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::bigint[], $5::text[])
-     AS o(id, attempt, state, delay_ms, error)
+             END,
+    status_code = CASE WHEN o.state = 'completed' THEN nullif(o.status_code, -1) ELSE j.status_code END,
+    duration_ms = CASE WHEN o.state = 'completed' THEN nullif(o.duration_ms, -1) ELSE j.duration_ms END
+FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::bigint[], $5::text[], $6::integer[], $7::integer[])
+     AS o(id, attempt, state, delay_ms, error, status_code, duration_ms)
 WHERE j.id = o.id
   AND j.attempt = o.attempt
   AND j.state = 'running'
@@ -322,6 +337,8 @@ func (p *workerPool) recordOutcomes(ctx context.Context, batch []jobResult) erro
 	states := make([]string, 0, len(batch))
 	delays := make([]int64, 0, len(batch))
 	errs := make([]string, 0, len(batch))
+	statuses := make([]int64, 0, len(batch))
+	durations := make([]int64, 0, len(batch))
 	for _, r := range batch {
 		if r.State == "" {
 			continue
@@ -331,21 +348,32 @@ func (p *workerPool) recordOutcomes(ctx context.Context, batch []jobResult) erro
 		states = append(states, string(r.State))
 		delays = append(delays, r.Delay.Milliseconds())
 		errs = append(errs, r.Error)
+		status, duration := int64(-1), int64(-1)
+		if r.keptOnJob() {
+			duration = r.record.Duration.Milliseconds()
+			if r.record.StatusCode != 0 {
+				status = int64(r.record.StatusCode)
+			}
+		}
+		statuses = append(statuses, status)
+		durations = append(durations, duration)
 	}
 	tx, err := beginPipelineTx(ctx, p.db)
 	if err != nil {
 		return fmt.Errorf("record %d job outcomes: %w", len(ids), err)
 	}
 	defer tx.Rollback()
-	var stats []any // deliveryStatsArgs, written with the attempts
+	var stats []any                 // deliveryStatsArgs, written with the attempts
+	var written map[jobAttempt]bool // the attempts whose outcome the jobs took
 	if len(ids) > 0 {
 		recorded, err := queryAll(ctx, tx, scanRecordedOutcome, recordOutcomesSQL,
-			pq.Array(ids), pq.Array(attempts), pq.Array(states), pq.Array(delays), pq.Array(errs))
+			pq.Array(ids), pq.Array(attempts), pq.Array(states), pq.Array(delays), pq.Array(errs),
+			pq.Array(statuses), pq.Array(durations))
 		if err != nil {
 			return fmt.Errorf("record %d job outcomes: %w", len(ids), err)
 		}
 		finished := make([]finishedLane, len(recorded))
-		written := make(map[jobAttempt]bool, len(recorded))
+		written = make(map[jobAttempt]bool, len(recorded))
 		for i, r := range recorded {
 			finished[i], written[r.jobAttempt] = r.lane, true
 		}
@@ -357,7 +385,7 @@ func (p *workerPool) recordOutcomes(ctx context.Context, batch []jobResult) erro
 		}
 		stats = deliveryStatsArgs(batch, written)
 	}
-	if err := writeAttemptRecords(ctx, tx, batch, stats, p.cfg.BreakerThreshold); err != nil {
+	if err := writeAttemptRecords(ctx, tx, batch, written, stats, p.cfg.BreakerThreshold); err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {
@@ -539,13 +567,15 @@ ON CONFLICT (job_id, attempt) DO NOTHING`
 
 // writeAttemptRecords writes a batch's attempts, and its statistics (stats:
 // deliveryStatsArgs, nil for none) in the same statement, and moves each
-// endpoint to the state its attempts in the batch left it in. Statistics
+// endpoint to the state its attempts in the batch left it in. A success
+// whose outcome its job took (written) is on the job, not a row of its
+// own: only the other attempts are rows of outbox.deliveries. Statistics
 // rows before the endpoints' rows: every completer locks them in that
 // order. One statement for attempts and statistics, not two: the
 // completer's transaction is most of a delivery's bookkeeping, and under
 // load each round trip of it costs milliseconds that every job it records
 // waits for (README, "Against River").
-func writeAttemptRecords(ctx context.Context, tx *sql.Tx, batch []jobResult, stats []any, breakerThreshold int) error {
+func writeAttemptRecords(ctx context.Context, tx *sql.Tx, batch []jobResult, written map[jobAttempt]bool, stats []any, breakerThreshold int) error {
 	var jobIDs, endpointIDs []int64
 	var attempts, durations, statuses []int64
 	var errs, excerpts []string
@@ -557,13 +587,15 @@ func writeAttemptRecords(ctx context.Context, tx *sql.Tx, batch []jobResult, sta
 		if rec == nil {
 			continue
 		}
-		jobIDs = append(jobIDs, r.ID)
-		attempts = append(attempts, int64(r.Attempt))
-		endpointIDs = append(endpointIDs, rec.EndpointID)
-		durations = append(durations, rec.Duration.Milliseconds())
-		statuses = append(statuses, int64(rec.StatusCode))
-		errs = append(errs, rec.Error)
-		excerpts = append(excerpts, rec.ResponseExcerpt)
+		if !r.keptOnJob() || !written[jobAttempt{r.ID, r.Attempt}] {
+			jobIDs = append(jobIDs, r.ID)
+			attempts = append(attempts, int64(r.Attempt))
+			endpointIDs = append(endpointIDs, rec.EndpointID)
+			durations = append(durations, rec.Duration.Milliseconds())
+			statuses = append(statuses, int64(rec.StatusCode))
+			errs = append(errs, rec.Error)
+			excerpts = append(excerpts, rec.ResponseExcerpt)
+		}
 		if rec.EndpointID != 0 && (rec.Change != endpointUnchanged || rec.Hold > 0) {
 			h := health[rec.EndpointID]
 			if h == nil {
@@ -579,16 +611,15 @@ func writeAttemptRecords(ctx context.Context, tx *sql.Tx, batch []jobResult, sta
 			windows[rec.EndpointID] = rec.DedupWindow
 		}
 	}
-	if len(jobIDs) == 0 {
-		return nil
-	}
-	query, args := insertDeliveriesSQL, []any{pq.Array(jobIDs), pq.Array(attempts), pq.Array(endpointIDs),
-		pq.Array(durations), pq.Array(statuses), pq.Array(errs), pq.Array(excerpts)}
-	if stats != nil {
-		query, args = insertDeliveriesWithStatsSQL, append(args, stats...)
-	}
-	if _, err := tx.ExecContext(ctx, query, args...); err != nil {
-		return fmt.Errorf("record webhook attempts: %w", err)
+	if len(jobIDs) > 0 || stats != nil {
+		query, args := insertDeliveriesSQL, []any{pq.Array(jobIDs), pq.Array(attempts), pq.Array(endpointIDs),
+			pq.Array(durations), pq.Array(statuses), pq.Array(errs), pq.Array(excerpts)}
+		if stats != nil {
+			query, args = insertDeliveriesWithStatsSQL, append(args, stats...)
+		}
+		if _, err := tx.ExecContext(ctx, query, args...); err != nil {
+			return fmt.Errorf("record webhook attempts: %w", err)
+		}
 	}
 	for _, id := range gone {
 		// Disabled below, with failing_since, in one change: one

@@ -319,21 +319,39 @@ const replayDefaultRate = 10.0
 // the last hour (at most the last paceSample), and how long each of them
 // held its place under the cap, on average, in milliseconds (0 without
 // any): from its claim (the job's attempted_at) to the commit that
-// recorded its outcome (the delivery's finished_at). That is the time the
+// recorded its outcome (the delivery's finished_at, or the job's
+// finalized_at for the attempt that completed it). That is the time the
 // claim counts it as running, the request and everything around it: on a
 // loopback receiver the request was 0.1 ms of 2 to 3 ms. A job's
 // attempted_at is its last attempt's, so only last attempts pair up.
 const endpointPaceSQL = `
-SELECT count(*), coalesce(avg(greatest(extract(epoch FROM d.finished_at - j.attempted_at) * 1000, 0)), 0)::float8
+SELECT count(*), coalesce(avg(greatest(extract(epoch FROM a.finished_at - a.attempted_at) * 1000, 0)), 0)::float8
 FROM (
-  SELECT job_id, attempt, finished_at
-  FROM outbox.deliveries
-  WHERE endpoint_id = $1
-    AND finished_at > now() - interval '1 hour'
+  SELECT finished_at, attempted_at
+  FROM (
+    (SELECT d.finished_at, j.attempted_at
+     FROM (
+       SELECT job_id, attempt, finished_at
+       FROM outbox.deliveries
+       WHERE endpoint_id = $1
+         AND finished_at > now() - interval '1 hour'
+       ORDER BY finished_at DESC
+       LIMIT $2
+     ) AS d
+     JOIN outbox.jobs AS j ON j.id = d.job_id AND j.attempt = d.attempt)
+    UNION ALL
+    (SELECT finalized_at, attempted_at
+     FROM outbox.jobs
+     WHERE endpoint_id = $1
+       AND state = 'completed'
+       AND finalized_at > now() - interval '1 hour'
+       AND duration_ms IS NOT NULL
+     ORDER BY finalized_at DESC
+     LIMIT $2)
+  ) AS both_kinds
   ORDER BY finished_at DESC
   LIMIT $2
-) AS d
-JOIN outbox.jobs AS j ON j.id = d.job_id AND j.attempt = d.attempt`
+) AS a`
 
 // paceSample bounds the attempts endpointPaceSQL averages, so that a dry
 // run reads the same few rows however busy the endpoint was.
@@ -808,13 +826,30 @@ type EndpointStats struct {
 	Discarded   int            `json:"discarded"`    // jobs waiting for a hand
 }
 
+// recentDeliveriesSQL is the endpoint's last $2 attempts: the rows of
+// outbox.deliveries, and the attempts that completed their jobs, which are
+// on the jobs (schema.sql, outbox.jobs.status_code). Each side reads its
+// newest $2 by its own index.
 const recentDeliveriesSQL = `
-SELECT d.job_id, j.event_id, d.attempt, d.finished_at, d.duration_ms,
-       d.status_code, d.error, d.response_excerpt
-FROM outbox.deliveries AS d
-JOIN outbox.jobs AS j ON j.id = d.job_id
-WHERE d.endpoint_id = $1
-ORDER BY d.finished_at DESC
+SELECT job_id, event_id, attempt, finished_at, duration_ms, status_code, error, response_excerpt
+FROM (
+  (SELECT d.job_id, j.event_id, d.attempt, d.finished_at, d.duration_ms,
+          d.status_code, d.error, d.response_excerpt
+   FROM outbox.deliveries AS d
+   JOIN outbox.jobs AS j ON j.id = d.job_id
+   WHERE d.endpoint_id = $1
+   ORDER BY d.finished_at DESC
+   LIMIT $2)
+  UNION ALL
+  (SELECT id, event_id, attempt, finalized_at, duration_ms, status_code, '', ''
+   FROM outbox.jobs
+   WHERE endpoint_id = $1
+     AND state = 'completed'
+     AND duration_ms IS NOT NULL
+   ORDER BY finalized_at DESC
+   LIMIT $2)
+) AS attempts
+ORDER BY finished_at DESC
 LIMIT $2`
 
 // endpointRatesSQL reads the hour's attempts from the endpoint's 60

@@ -692,6 +692,20 @@ EXCEPTION WHEN duplicate_object THEN
 END
 $$;
 
+-- The attempt that completed a delivery, on its job: the answer's status
+-- code (NULL for a mail) and how long the request took, written with the
+-- completion itself. Such an attempt has no row in outbox.deliveries,
+-- which keeps every other: the failed ones, and a success that came after
+-- its job was taken from it (rescued, and run again). Nearly every
+-- delivery succeeds at once, so that is a row, two index entries and a
+-- foreign-key check fewer for nearly every delivery, and a deliveries
+-- table as large as the failures, not the traffic. Jobs completed by a
+-- release before these columns hold NULL (their success is a deliveries
+-- row); readers take a success from here only where duration_ms is set.
+ALTER TABLE outbox.jobs
+  ADD COLUMN IF NOT EXISTS status_code integer,
+  ADD COLUMN IF NOT EXISTS duration_ms integer;
+
 -- A replay is an operator's request to send an endpoint deliveries again:
 -- the events of a window (kind 'replay', replay.go) or its discarded
 -- deliveries (kind 'retry_discarded', jobs.go). The jobs it enqueues or
@@ -1223,9 +1237,11 @@ CREATE OR REPLACE TRIGGER jobs_notify_workers
 -- Deliveries: what each webhook attempt got back
 --------------------------------------------------------------------------------
 
--- One row per webhook attempt that reached its outcome, for the panel: the
--- status code (NULL when no response came: a timeout, a refused address),
--- how long it took, and the start of the answer. Bounded per job by
+-- One row per webhook attempt that reached its outcome, except the one
+-- that completed its job (whose status and duration are on the job,
+-- outbox.jobs.status_code), for the panel: the status code (NULL when no
+-- response came: a timeout, a refused address), how long it took, and the
+-- start of the answer. Bounded per job by
 -- max_attempts and per row by the CHECKs below, and deleted with its job
 -- (ON DELETE CASCADE), so the job cleaner and events retention bound it too.
 CREATE TABLE IF NOT EXISTS outbox.deliveries (

@@ -121,6 +121,13 @@ CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS jobs_one_per_event_endpoint
 CREATE INDEX CONCURRENTLY IF NOT EXISTS deliveries_by_endpoint_finished_at
   ON outbox.deliveries (endpoint_id, finished_at);
 
+-- Serves an endpoint's recent attempts beside the one above: those that
+-- completed their jobs, which have no deliveries row. Partial, so that only
+-- a delivery's completion writes an entry.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_completed_by_endpoint_finalized_at
+  ON outbox.jobs (endpoint_id, finalized_at)
+  WHERE state = 'completed' AND endpoint_id IS NOT NULL;
+
 -- Serves inbox retention: DELETE FROM outbox.inbox ... WHERE received_at <
 -- cutoff, in batches.
 CREATE INDEX CONCURRENTLY IF NOT EXISTS inbox_by_received_at

@@ -333,9 +333,13 @@ func TestWebhooksArriveOncePerSubscribingEndpoint(t *testing.T) {
 			t.Errorf("endpoint %d (topics %v): deliveries per event id (-want +got):\n%s", i, s.topics, diff)
 		}
 	}
-	// Each one was recorded for the panel.
-	if n := queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE status_code = 200 AND error = ''`); n != want {
+	// Each one was recorded for the panel, on its job: a success that
+	// completed its job has no row of its own.
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'completed' AND status_code = 200 AND duration_ms >= 0`); n != want {
 		t.Errorf("%d deliveries recorded as 200, want %d", n, want)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.deliveries`); n != 0 {
+		t.Errorf("%d rows in outbox.deliveries, want none: every attempt succeeded", n)
 	}
 }
 
@@ -467,22 +471,26 @@ func TestWebhookRetriesKeepWebhookIDAndBackOff(t *testing.T) {
 			t.Errorf("attempt %d: body %s differs from the first %s", i+1, r.Body, reqs[0].Body)
 		}
 	}
-	rows, err := db.Query(`SELECT attempt, status_code, response_excerpt FROM outbox.deliveries WHERE job_id = $1 ORDER BY attempt`, job)
+	// The endpoint's attempts as the panel lists them, newest first: the
+	// two failures are rows of outbox.deliveries, the success is on the
+	// job, and none is listed twice.
+	st, err := readEndpointStats(context.Background(), db, ep.ID, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rows.Close()
 	var got []string
-	for rows.Next() {
-		var attempt, status int
-		var excerpt string
-		if err := rows.Scan(&attempt, &status, &excerpt); err != nil {
-			t.Fatal(err)
+	for _, d := range st.Recent {
+		status := 0
+		if d.StatusCode != nil {
+			status = *d.StatusCode
 		}
-		got = append(got, fmt.Sprintf("%d %d %s", attempt, status, strings.TrimSpace(excerpt)))
+		got = append(got, fmt.Sprintf("%d %d %s", d.Attempt, status, strings.TrimSpace(d.Excerpt)))
 	}
-	if diff := cmp.Diff([]string{"1 500 try again", "2 500 try again", "3 200 "}, got); diff != "" {
+	if diff := cmp.Diff([]string{"3 200 ", "2 500 try again", "1 500 try again"}, got); diff != "" {
 		t.Errorf("recorded attempts (-want +got):\n%s", diff)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE job_id = $1`, job); n != 2 {
+		t.Errorf("%d rows in outbox.deliveries, want the 2 failed attempts", n)
 	}
 }
 
@@ -694,33 +702,42 @@ func TestWebhookSlowReceiverTimesOut(t *testing.T) {
 }
 
 // A receiver that streams an endless answer is cut at the bound: the
-// delivery completes long before the timeout, keeping a bounded excerpt.
+// attempt ends long before the timeout, a success completing its job
+// (whose duration it keeps), a failure keeping a bounded excerpt.
 func TestWebhookEndlessAnswerIsCut(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
 	api := newTestAPI(t, db, testPolicy)
-	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
-		w.WriteHeader(http.StatusOK)
-		chunk := []byte(strings.Repeat("x", 4096))
-		for r.Context().Err() == nil {
-			if _, err := w.Write(chunk); err != nil {
-				return
+	endless := func(status int) *receiver {
+		return newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(status)
+			chunk := []byte(strings.Repeat("x", 4096))
+			for r.Context().Err() == nil {
+				if _, err := w.Write(chunk); err != nil {
+					return
+				}
 			}
-		}
-	})
-	ep := api.createEndpoint(rc.srv.URL)
+		})
+	}
+	ok := api.createEndpoint(endless(http.StatusOK).srv.URL)
+	failing := api.createEndpoint(endless(http.StatusInternalServerError).srv.URL)
 	eventID := record(t, db, "t", "s")
 	relayAll(t, db)
-	job := webhookJob(t, db, eventID, ep.ID)
+	okJob, failedJob := webhookJob(t, db, eventID, ok.ID), webhookJob(t, db, eventID, failing.ID)
 	runWebhookWorkers(t, db, 30*time.Second)
 
-	waitFor(t, "the delivery to complete", 10*time.Second, func() bool { return readJob(t, db, job).State == "completed" })
+	waitFor(t, "one delivery to complete and the other to fail", 10*time.Second, func() bool {
+		return readJob(t, db, okJob).State == "completed" && readJob(t, db, failedJob).State == "retryable"
+	})
+	if ms := queryInt(t, db, `SELECT duration_ms FROM outbox.jobs WHERE id = $1`, okJob); ms > 5000 {
+		t.Errorf("the success took %d ms; want well under the timeout", ms)
+	}
 	var durationMS, excerptLen int
-	if err := db.QueryRow(`SELECT duration_ms, octet_length(response_excerpt) FROM outbox.deliveries WHERE job_id = $1`, job).Scan(&durationMS, &excerptLen); err != nil {
+	if err := db.QueryRow(`SELECT duration_ms, octet_length(response_excerpt) FROM outbox.deliveries WHERE job_id = $1`, failedJob).Scan(&durationMS, &excerptLen); err != nil {
 		t.Fatal(err)
 	}
-	if durationMS > 5000 || excerptLen > webhookExcerptLen+len("…") {
-		t.Errorf("attempt took %d ms and kept %d bytes; want well under the timeout and at most %d", durationMS, excerptLen, webhookExcerptLen)
+	if durationMS > 5000 || excerptLen > webhookExcerptLen+len("…") || excerptLen < webhookExcerptLen {
+		t.Errorf("the failure took %d ms and kept %d bytes; want well under the timeout and %d", durationMS, excerptLen, webhookExcerptLen)
 	}
 }
 
