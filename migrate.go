@@ -394,7 +394,6 @@ func (m migration) applyIndex(ctx context.Context, conn *sql.Conn, ix indexState
 // pausing between tries. try returns the statement it was at, which the
 // log and the error name.
 func (m migration) retry(ctx context.Context, try func() (string, error), lockWait time.Duration) error {
-	pause := m.backoff
 	for attempt := 1; ; attempt++ {
 		stmt, err := try()
 		if err == nil {
@@ -407,6 +406,7 @@ func (m migration) retry(ctx context.Context, try func() (string, error), lockWa
 			return fmt.Errorf("migrate: %s: gave up after %d attempts, each waiting at most %s for locks; look in pg_locks and pg_stat_activity for the session holding the lock: %w",
 				stmt, attempt, lockWait, err)
 		}
+		pause := m.pauseAfter(attempt)
 		m.logger.Warn("migration waited too long for a lock; trying again",
 			"statement", stmt, "attempt", attempt, "of", m.attempts, "in", pause, "err", err)
 		select {
@@ -414,8 +414,20 @@ func (m migration) retry(ctx context.Context, try func() (string, error), lockWa
 			return fmt.Errorf("migrate: %s: %w", stmt, err)
 		case <-time.After(pause):
 		}
-		pause = min(2*pause, m.backoffMax)
 	}
+}
+
+// pauseAfter is retry's pause after its try number attempt (from 1):
+// m.backoff, doubling each time, never more than m.backoffMax.
+func (m migration) pauseAfter(attempt int) time.Duration {
+	pause := m.backoff
+	for range attempt - 1 {
+		if pause >= m.backoffMax {
+			break
+		}
+		pause *= 2
+	}
+	return min(pause, m.backoffMax)
 }
 
 // schemaApplied reports whether the schema with this checksum was applied.

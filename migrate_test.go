@@ -34,16 +34,18 @@ func TestMigrationBoundsAreTheDocumentedOnes(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("lock wait, index lock wait, attempts, first pause, longest pause (-want +got):\n%s", diff)
 	}
-	// The pauses between the 10 tries: 27.75 s in all, so a lock held
-	// for about half a minute is waited out.
+	// The pauses between the 10 tries, as retry takes them: 27.75 s in
+	// all, so a lock held for about half a minute is waited out.
+	var pauses []time.Duration
 	var total time.Duration
-	pause := m.backoff
-	for range m.attempts - 1 {
-		total += pause
-		pause = min(2*pause, m.backoffMax)
+	for attempt := 1; attempt < 10; attempt++ {
+		pauses = append(pauses, m.pauseAfter(attempt))
+		total += m.pauseAfter(attempt)
 	}
-	if total != 27750*time.Millisecond {
-		t.Errorf("pauses add up to %s, want 27.75s", total)
+	wantPauses := []time.Duration{250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second,
+		4 * time.Second, 5 * time.Second, 5 * time.Second, 5 * time.Second, 5 * time.Second}
+	if diff := cmp.Diff(wantPauses, pauses); diff != "" || total != 27750*time.Millisecond {
+		t.Errorf("pauses add up to %s, want 27.75s (-want +got):\n%s", total, diff)
 	}
 }
 
