@@ -223,8 +223,8 @@ type sweeper struct {
 	cfg    RetentionConfig
 	sweeps []*sweep // fixed at construction
 	jitter time.Duration
-	// after is time.After, the wait for the jitter; a test sees and
-	// controls that wait through it.
+	// after is time.After, the wait for the jitter and the pause between
+	// two batches; a test sees and controls those waits through it.
 	after  func(time.Duration) <-chan time.Time
 	logger *slog.Logger
 
@@ -629,12 +629,10 @@ func (s *sweeper) runSweep(ctx context.Context, hold *sweepHold, sw *sweep) (del
 			sw.capHits.Add(1)
 			return deleted, true, fmt.Errorf("retention: sweep %s deleted %d rows in one cycle: %w", sw.name, deleted, errAnomalyCap)
 		}
-		pause := time.NewTimer(sweepPause(time.Since(start)))
 		select {
 		case <-ctx.Done():
-			pause.Stop()
 			return deleted, true, fmt.Errorf("retention: sweep %s: %w", sw.name, ctx.Err())
-		case <-pause.C:
+		case <-s.after(sweepPause(time.Since(start))):
 		}
 	}
 }

@@ -875,14 +875,29 @@ func TestXactLockSweepSkipsAndHandsOver(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Each row's delete takes 100 ms, so a batch takes 200 ms and the
-	// pause after it as long (sweepPause): time to take the lock in it.
-	mustExec(t, db, `CREATE FUNCTION slow_delete() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-		  PERFORM pg_sleep(0.1);
-		  RETURN OLD;
-		END $$`)
-	mustExec(t, db, `CREATE TRIGGER slow_delete BEFORE DELETE ON outbox.events FOR EACH ROW EXECUTE FUNCTION slow_delete()`)
+	// Another transaction takes the lock in the pause after the first
+	// batch: the sweeper's wait (after) is where it does.
+	hold, err = db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Rollback()
+	pauses := 0
+	s.after = func(d time.Duration) <-chan time.Time {
+		pauses++
+		if pauses == 1 {
+			if n := queryInt(t, db, `SELECT count(*) FROM outbox.events`); n != 3 {
+				t.Errorf("%d events left in the pause after the first batch, want 3", n)
+			}
+			var locked bool
+			if err := hold.QueryRow(`SELECT pg_try_advisory_xact_lock($1)`, retentionLockKey).Scan(&locked); err != nil || !locked {
+				t.Errorf("take the lock in the sweeper's pause: %t, %v; want it taken", locked, err)
+			}
+		}
+		ready := make(chan time.Time, 1)
+		ready <- time.Now()
+		return ready
+	}
 	type outcome struct {
 		res cycleResult
 		err error
@@ -892,21 +907,12 @@ func TestXactLockSweepSkipsAndHandsOver(t *testing.T) {
 		res, err := s.sweepOnce(context.Background())
 		done <- outcome{res, err}
 	}()
-	waitFor(t, "the first batch to commit", 10*time.Second, func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM outbox.events`) == 3
-	})
-	hold, err = db.Begin()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hold.Rollback()
-	var locked bool
-	if err := hold.QueryRow(`SELECT pg_try_advisory_xact_lock($1)`, retentionLockKey).Scan(&locked); err != nil || !locked {
-		t.Fatalf("take the lock in the sweeper's pause: %t, %v; want it taken (the pause was missed)", locked, err)
-	}
 	got := <-done
 	if got.err != nil || !got.res.HandedOver || got.res.Deleted["events"] != 2 || s.cycles.Load() != 1 || s.failed.Load() != 0 {
 		t.Errorf("cycle whose lock was taken between batches: %+v, %v, swept %d, failed %d; want handed over after 2 events", got.res, got.err, s.cycles.Load(), s.failed.Load())
+	}
+	if pauses != 1 {
+		t.Errorf("the sweeper paused %d times, want once: after its first batch, before it found the lock taken", pauses)
 	}
 	if err := hold.Rollback(); err != nil {
 		t.Fatal(err)
