@@ -243,17 +243,20 @@ func loadDrain(ctx context.Context, cfg loadConfig, db *sql.DB, recv *loadReceiv
 		return err
 	}
 	start := time.Now()
+	cpu := startCPUMeter(ctx, db)
 	replicas, err := startReplicas(ctx, child, cfg.Replicas)
 	defer stopReplicas(replicas)
 	if err != nil {
 		return err
 	}
+	measureProcesses(cpu, child, replicas)
 	if err := recv.AwaitUnique(ctx, int64(cfg.Events), 30*time.Minute); err != nil {
 		return err
 	}
 	elapsed := time.Since(start)
 	fmt.Fprintf(stdout, "mode drain: %d events delivered in %s: %.0f events/s; duplicates %d%s\n",
 		cfg.Events, elapsed.Round(time.Millisecond), float64(cfg.Events)/elapsed.Seconds(), recv.Duplicates(), replicasNote(cfg.Replicas))
+	fmt.Fprintln(stdout, cpu.Report(ctx, cfg.Events, "event"))
 	fmt.Fprintf(stdout, "outboxd peak RSS %s\n", child.PeakRSS())
 	return nil
 }
@@ -274,6 +277,15 @@ func startReplicas(ctx context.Context, child *loadChild, n int) ([]*loadChild, 
 	}
 	wg.Wait()
 	return all[1:], errors.Join(errs...)
+}
+
+// measureProcesses has cpu count the outboxd processes of a phase.
+func measureProcesses(cpu *cpuMeter, child *loadChild, replicas []*loadChild) {
+	for _, c := range append([]*loadChild{child}, replicas...) {
+		if c.cmd != nil && c.cmd.Process != nil {
+			cpu.addProcess(c.cmd.Process.Pid)
+		}
+	}
 }
 
 // stopReplicas stops the processes startReplicas added.
@@ -309,11 +321,13 @@ func loadJobs(ctx context.Context, cfg loadConfig, db *sql.DB, child *loadChild,
 		}
 	}
 	start := time.Now()
+	cpu := startCPUMeter(ctx, db)
 	replicas, err := startReplicas(ctx, child, cfg.Replicas)
 	defer stopReplicas(replicas)
 	if err != nil {
 		return err
 	}
+	measureProcesses(cpu, child, replicas)
 	for {
 		var completed int64
 		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM outbox.jobs WHERE kind = 'noop' AND state = 'completed'`).Scan(&completed); err != nil {
@@ -330,6 +344,7 @@ func loadJobs(ctx context.Context, cfg loadConfig, db *sql.DB, child *loadChild,
 	}
 	elapsed := time.Since(start)
 	fmt.Fprintf(stdout, "mode jobs: %d no-op jobs completed in %s: %.0f jobs/s%s\n", cfg.Events, elapsed.Round(time.Millisecond), float64(cfg.Events)/elapsed.Seconds(), replicasNote(cfg.Replicas))
+	fmt.Fprintln(stdout, cpu.Report(ctx, cfg.Events, "job"))
 	fmt.Fprintf(stdout, "outboxd peak RSS %s\n", child.PeakRSS())
 	return nil
 }
@@ -776,4 +791,157 @@ func serveFlagInt(extra []string, name string, def int) int {
 		}
 	}
 	return v
+}
+
+// cpuMeter adds up the CPU time one phase of a run costs: that of the
+// outboxd processes under test and of the PostgreSQL backends serving the
+// run's database, read from /proc. On a shared machine a rate moves with
+// whatever else runs; the CPU time a phase costs moves far less, so two
+// builds compare by it as well as by their rates (README, "Against
+// River"). It needs Linux and the server on this machine; elsewhere it
+// reports nothing.
+//
+// A backend's time counts from the phase's start (its time then is the
+// baseline) to its last sample: the meter samples every cpuSampleEvery,
+// so a connection the pool closes mid-phase keeps nearly all it spent.
+// The server's own processes (WAL writer, checkpointer) are not counted,
+// nor this process's: the load tool's queries during a phase are a few
+// counts.
+type cpuMeter struct {
+	db        *sql.DB
+	stop      chan struct{}
+	done      chan struct{}
+	mu        sync.Mutex
+	processes []int                 // outboxd's pids, added once started
+	base      map[int]time.Duration // backends' CPU time at the start
+	last      map[int]time.Duration // every pid's CPU time at its last sample
+	readable  bool                  // /proc answered for some backend
+}
+
+// cpuSampleEvery is how often the meter reads /proc.
+const cpuSampleEvery = 250 * time.Millisecond
+
+// backendPIDsSQL lists the client backends of the run's database.
+const backendPIDsSQL = `
+SELECT pid FROM pg_stat_activity
+WHERE datname = current_database()
+  AND backend_type = 'client backend'
+  AND pid <> pg_backend_pid()`
+
+// startCPUMeter takes the baseline and starts sampling.
+func startCPUMeter(ctx context.Context, db *sql.DB) *cpuMeter {
+	m := &cpuMeter{db: db, stop: make(chan struct{}), done: make(chan struct{}),
+		base: map[int]time.Duration{}, last: map[int]time.Duration{}}
+	pids, _ := queryAll(ctx, db, scanPID, backendPIDsSQL)
+	for _, pid := range pids {
+		if t, ok := readCPUTime(pid); ok {
+			m.base[pid], m.readable = t, true
+		}
+	}
+	go func() {
+		defer close(m.done)
+		tick := time.NewTicker(cpuSampleEvery)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-m.stop:
+				return
+			case <-tick.C:
+				m.sample(ctx)
+			}
+		}
+	}()
+	return m
+}
+
+func scanPID(row rowScanner) (int, error) {
+	var pid int
+	err := row.Scan(&pid)
+	return pid, err
+}
+
+// addProcess counts an outboxd process from now on.
+func (m *cpuMeter) addProcess(pid int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.processes = append(m.processes, pid)
+}
+
+func (m *cpuMeter) sample(ctx context.Context) {
+	pids, err := queryAll(ctx, m.db, scanPID, backendPIDsSQL)
+	if err != nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, pid := range append(pids, m.processes...) {
+		if t, ok := readCPUTime(pid); ok {
+			m.last[pid], m.readable = t, true
+		}
+	}
+}
+
+// Stop takes a last sample and reports the phase's CPU time: outboxd's
+// and the backends'; ok is false where /proc could not be read.
+func (m *cpuMeter) Stop(ctx context.Context) (outboxd, backends time.Duration, ok bool) {
+	close(m.stop)
+	<-m.done
+	m.sample(ctx)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for pid, t := range m.last {
+		if slices.Contains(m.processes, pid) {
+			outboxd += t
+		} else {
+			backends += t - m.base[pid]
+		}
+	}
+	return outboxd, backends, m.readable && outboxd > 0
+}
+
+// Report is the line a mode prints after its rate: the phase's CPU time
+// in all and per unit of work (an event, a job).
+func (m *cpuMeter) Report(ctx context.Context, units int, unit string) string {
+	outboxd, backends, ok := m.Stop(ctx)
+	if !ok {
+		return "CPU time: unknown (no /proc for outboxd or the server's backends)"
+	}
+	total := outboxd + backends
+	return fmt.Sprintf("CPU time: outboxd %.2f s, PostgreSQL backends %.2f s: %.3f ms per %s",
+		outboxd.Seconds(), backends.Seconds(), float64(total.Microseconds())/1000/float64(units), unit)
+}
+
+// clockTicksPerSecond is Linux's USER_HZ, the unit of /proc/PID/stat's
+// times: 100 on every architecture Go supports there.
+const clockTicksPerSecond = 100
+
+// readCPUTime is a process's user and system time so far, from
+// /proc/PID/stat; its fields 14 and 15, counted after the command name,
+// which is in parentheses and may hold spaces.
+func readCPUTime(pid int) (time.Duration, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	return parseCPUTime(string(b))
+}
+
+// parseCPUTime reads the user and system time of a /proc/PID/stat line.
+func parseCPUTime(stat string) (time.Duration, bool) {
+	end := strings.LastIndexByte(stat, ')')
+	if end < 0 {
+		return 0, false
+	}
+	fields := strings.Fields(stat[end+1:]) // from field 3, the state
+	if len(fields) < 13 {
+		return 0, false
+	}
+	utime, err1 := strconv.ParseInt(fields[11], 10, 64)
+	stime, err2 := strconv.ParseInt(fields[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, false
+	}
+	return time.Duration(utime+stime) * time.Second / clockTicksPerSecond, true
 }

@@ -72,3 +72,19 @@ func TestLoadDrainWithTwoReplicasSharesTheWork(t *testing.T) {
 		t.Errorf("%d events fanned out twice", n)
 	}
 }
+
+// A /proc/PID/stat line's user and system times (fields 14 and 15, in
+// clock ticks of 10 ms), after a command name that holds ") " itself.
+func TestParseCPUTime(t *testing.T) {
+	t.Parallel()
+	line := "4242 (post) gres: x) S 1 4242 4242 0 -1 4194560 500 0 0 0 250 130 0 0 20 0 1 0 100 2000000 500 18446744073709551615\n"
+	got, ok := parseCPUTime(line)
+	if !ok || got != 3800*time.Millisecond {
+		t.Errorf("parseCPUTime = %s, %t; want 3.8s (250 + 130 ticks)", got, ok)
+	}
+	for _, bad := range []string{"", "4242 (cut", "4242 (x) S 1 2 3"} {
+		if got, ok := parseCPUTime(bad); ok {
+			t.Errorf("parseCPUTime(%q) = %s, ok; want refused", bad, got)
+		}
+	}
+}
