@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -64,6 +65,12 @@ func TestLoadDrainWithTwoReplicasSharesTheWork(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "duplicates 0, by 2 outboxd processes") {
 		t.Errorf("drain report does not say 0 duplicates by 2 processes:\n%s", out.String())
+	}
+	// The CPU time the drain cost, of both processes and their backends
+	// (the server is on this machine in every run of the tests).
+	cpu := regexp.MustCompile(`CPU time: outboxd (\d+\.\d+) s, PostgreSQL backends (\d+\.\d+) s: (\d+\.\d+) ms per event`).FindStringSubmatch(out.String())
+	if cpu == nil || cpu[1] == "0.00" || cpu[2] == "0.00" || cpu[3] == "0.000" {
+		t.Errorf("drain report has no CPU time of outboxd and its backends:\n%s", out.String())
 	}
 	if n := queryInt(t, db, `SELECT count(DISTINCT held_by) FROM outbox.jobs WHERE kind = 'webhook' AND state = 'completed'`); n != 2 {
 		t.Errorf("deliveries claimed by %d replicas, want 2", n)
