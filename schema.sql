@@ -1124,7 +1124,7 @@ $$;
 ALTER TABLE outbox.jobs
   ADD COLUMN IF NOT EXISTS lane_key text;
 
--- Indexes jobs_unfinished_by_lane_event, jobs_one_active_per_lane:
+-- Indexes jobs_held_by_lane_event, jobs_one_active_per_lane:
 -- schema_indexes.sql.
 
 -- advance_lanes makes the next held delivery of each given lane due: the
@@ -1191,15 +1191,15 @@ BEGIN
       PERFORM pg_advisory_xact_lock_shared(hashtext('outbox.advance_lanes'), (r.endpoint_id % 2147483647)::integer);
     END IF;
   END LOOP;
-  FOR r IN
+  -- One statement for a lane lock each, taken in its subquery's order.
+  PERFORM pg_advisory_xact_lock(hashtext('outbox.advance_lanes/lane'), k.key)
+  FROM (
     SELECT DISTINCT hashtext(g.endpoint_id || '/' || g.lane_key) AS key
     FROM unnest(endpoint_ids, lane_keys) AS g(endpoint_id, lane_key)
     WHERE g.endpoint_id IS NOT NULL AND g.lane_key IS NOT NULL
       AND g.endpoint_id <> ALL (exclusive)
     ORDER BY 1
-  LOOP
-    PERFORM pg_advisory_xact_lock(hashtext('outbox.advance_lanes/lane'), r.key);
-  END LOOP;
+  ) AS k;
   IF hold THEN
     PERFORM 1
     FROM outbox.endpoints AS ep
@@ -1208,9 +1208,8 @@ BEGIN
     FOR SHARE;
   END IF;
 
-  -- A lane's head is its first unfinished delivery by (scheduled_at,
-  -- event_id): the active one if any (a real due time sorts first), else
-  -- the held one of the lowest event id. Only held heads may advance.
+  -- The head of a lane with no active delivery: its held one of the
+  -- lowest event id.
   WITH lane AS (
     SELECT DISTINCT g.endpoint_id, g.lane_key, ep.topics
     FROM unnest(endpoint_ids, lane_keys) AS g(endpoint_id, lane_key)
@@ -1221,15 +1220,23 @@ BEGIN
     SELECT h.id, h.event_id, l.lane_key, l.topics
     FROM lane AS l
     CROSS JOIN LATERAL (
-      SELECT j.id, j.event_id, j.scheduled_at
+      SELECT j.id, j.event_id
       FROM outbox.jobs AS j
       WHERE j.endpoint_id = l.endpoint_id
         AND j.lane_key = l.lane_key
         AND j.state IN ('available', 'retryable', 'running')
-      ORDER BY j.scheduled_at, j.event_id
+        AND j.scheduled_at = 'infinity'
+      ORDER BY j.event_id
       LIMIT 1
     ) AS h
-    WHERE h.scheduled_at = 'infinity'
+    WHERE NOT EXISTS (
+      SELECT 1
+      FROM outbox.jobs AS a
+      WHERE a.endpoint_id = l.endpoint_id
+        AND a.lane_key = l.lane_key
+        AND a.state IN ('available', 'retryable', 'running')
+        AND a.scheduled_at < 'infinity'
+    )
   ),
   unfanned AS MATERIALIZED (
     SELECT e.id, e.subject, e.topic
