@@ -414,14 +414,18 @@ RETURNING` + endpointColumns
 // releaseLanesSQL lets the deliveries of an endpoint's ordered lanes go
 // unordered, held ones due now: what an endpoint that no longer orders
 // (PATCH ordering "none") or no longer exists (its jobs then end without
-// a request) does with them. The caller locks the endpoint first.
+// a request) does with them. The caller locks the endpoint first. The
+// lanes' held and active deliveries are each an index of their own
+// (schema_indexes.sql): the last line, always true, lets it read those,
+// not every delivery the endpoint ever had.
 const releaseLanesSQL = `
 UPDATE outbox.jobs
 SET lane_key = NULL,
     scheduled_at = CASE WHEN scheduled_at = 'infinity' THEN now() ELSE scheduled_at END
 WHERE endpoint_id = $1
   AND lane_key IS NOT NULL
-  AND state IN ('available', 'retryable', 'running')`
+  AND state IN ('available', 'retryable', 'running')
+  AND (scheduled_at = 'infinity' OR scheduled_at < 'infinity')`
 
 // updateEndpoint changes endpoint id's settings. A PATCH to ordering
 // "none" locks the endpoint, then (releasing them) its ordered lanes'

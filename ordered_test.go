@@ -12,6 +12,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/lib/pq"
+	"github.com/lib/pq/pqerror"
 )
 
 // Ordered lanes (README, "Ordered delivery"): with ordering "subject", an
@@ -450,5 +453,229 @@ func TestRescueOnTheLastAttemptAdvancesTheLane(t *testing.T) {
 				t.Errorf("after the rescue: head %s, next %s; want discarded, available (due)", head, next)
 			}
 		})
+	}
+}
+
+// laneRig is an ordered endpoint with one lane, "s", whose head (event 1)
+// is running and whose next event (2) is fanned out with no delivery yet:
+// the state in which a relay inserting that delivery and the completer
+// finishing the head race (schema.sql, outbox.advance_lanes).
+type laneRig struct {
+	db         *sql.DB
+	endpoint   int64
+	head, next int64 // event ids
+}
+
+func newLaneRig(t *testing.T) laneRig {
+	t.Helper()
+	db, _ := newTestDB(t)
+	g := laneRig{db: db}
+	if err := db.QueryRow(`INSERT INTO outbox.endpoints (url, secret, ordering)
+		VALUES ('http://127.0.0.1:1/hook', decode(repeat('ab', 32), 'hex'), 'subject') RETURNING id`).Scan(&g.endpoint); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.QueryRow(`
+		WITH e AS (INSERT INTO outbox.events (topic, subject, fanned_out_at) VALUES ('t', 's', now()), ('t', 's', now()) RETURNING id)
+		SELECT min(id), max(id) FROM e`).Scan(&g.head, &g.next); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, `INSERT INTO outbox.jobs (kind, event_id, endpoint_id, lane_key, max_attempts, attempt, state, attempted_at, scheduled_at)
+		VALUES ('webhook', $1, $2, 's', 18, 1, 'running', now(), now())`, g.head, g.endpoint)
+	return g
+}
+
+// begin opens a transaction and returns it with its backend's pid.
+func (g laneRig) begin(t *testing.T) (*sql.Tx, int) {
+	t.Helper()
+	tx, err := g.db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback() })
+	var pid int
+	if err := tx.QueryRow(`SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	return tx, pid
+}
+
+// finishHead completes the head as the completer does: its outcome, then
+// its lane advanced without hold.
+func (g laneRig) finishHead(tx *sql.Tx) (int, error) {
+	if _, err := tx.Exec(`UPDATE outbox.jobs SET state = 'completed', finalized_at = now() WHERE event_id = $1`, g.head); err != nil {
+		return 0, err
+	}
+	return g.advance(tx, false, "s")
+}
+
+// insertNext inserts the next event's delivery held, as fan-out does.
+func (g laneRig) insertNext(tx *sql.Tx) error {
+	_, err := tx.Exec(`INSERT INTO outbox.jobs (kind, event_id, endpoint_id, lane_key, max_attempts, scheduled_at)
+		VALUES ('webhook', $1, $2, 's', 18, 'infinity')`, g.next, g.endpoint)
+	return err
+}
+
+// advance runs outbox.advance_lanes for lanes of the rig's endpoint.
+func (g laneRig) advance(tx *sql.Tx, hold bool, lanes ...string) (int, error) {
+	ids := make([]int64, len(lanes))
+	for i := range ids {
+		ids[i] = g.endpoint
+	}
+	var n int
+	err := tx.QueryRow(`SELECT outbox.advance_lanes($1, $2, $3)`, pq.Array(ids), pq.Array(lanes), hold).Scan(&n)
+	return n, err
+}
+
+// awaitLockWait waits until backend pid waits for a lock.
+func (g laneRig) awaitLockWait(t *testing.T, pid int, who string) {
+	t.Helper()
+	waitFor(t, who+" waiting for a lock", 30*time.Second, func() bool {
+		return queryInt(t, g.db, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'`, pid) == 1
+	})
+}
+
+// nextIsDue reports whether the next event's delivery is due (not held).
+func (g laneRig) nextIsDue(t *testing.T) bool {
+	return queryInt(t, g.db, `SELECT count(*) FROM outbox.jobs WHERE event_id = $1 AND scheduled_at < 'infinity'`, g.next) == 1
+}
+
+// The relay inserting a lane's next delivery held and the completer
+// finishing its head, at once: whichever advances the lane second waits
+// for the first to commit and then sees its row, so the next delivery is
+// made due, never left held behind nothing. Each side unable to see the
+// other's row would leave it held.
+func TestLaneRaceNeverLeavesALaneHeld(t *testing.T) {
+	t.Parallel()
+	for _, first := range []string{"completer", "relay"} {
+		t.Run(first+" first", func(t *testing.T) {
+			t.Parallel()
+			g := newLaneRig(t)
+			completer, _ := g.begin(t)
+			relay, relayPID := g.begin(t)
+			if err := g.insertNext(relay); err != nil {
+				t.Fatal(err)
+			}
+			var firstTx, secondTx *sql.Tx
+			var secondPID int
+			if first == "completer" {
+				if n, err := g.finishHead(completer); err != nil || n != 0 {
+					t.Fatalf("the completer advanced %d, %v; want 0: the next delivery is not committed", n, err)
+				}
+				firstTx, secondTx, secondPID = completer, relay, relayPID
+			} else {
+				if n, err := g.advance(relay, true, "s"); err != nil || n != 0 {
+					t.Fatalf("the relay advanced %d, %v; want 0: the head still runs", n, err)
+				}
+				firstTx, secondTx = relay, completer
+				if err := secondTx.QueryRow(`SELECT pg_backend_pid()`).Scan(&secondPID); err != nil {
+					t.Fatal(err)
+				}
+			}
+			advanced := make(chan error, 1)
+			go func() {
+				var n int
+				var err error
+				if first == "completer" {
+					n, err = g.advance(secondTx, true, "s")
+				} else {
+					n, err = g.finishHead(secondTx)
+				}
+				if err == nil && n != 1 {
+					err = fmt.Errorf("advanced %d, want 1", n)
+				}
+				advanced <- err
+			}()
+			g.awaitLockWait(t, secondPID, "the second to advance")
+			if err := firstTx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-advanced; err != nil {
+				t.Fatalf("the second to advance: %v", err)
+			}
+			if err := secondTx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			if !g.nextIsDue(t) {
+				t.Error("the lane is held with nothing running")
+			}
+		})
+	}
+}
+
+// Lanes lock one another out only within a lane: the completer advancing
+// one lane does not wait for a transaction that advanced another lane of
+// the same endpoint. A call with more than 64 lanes of one endpoint locks
+// the whole endpoint instead (the advisory locks one transaction may hold
+// are bounded), and then it does.
+func TestAdvancingALaneWaitsOnlyForItsOwn(t *testing.T) {
+	t.Parallel()
+	lanes := func(n int) []string {
+		keys := make([]string, n)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("other-%d", i)
+		}
+		return keys
+	}
+	for _, c := range []struct {
+		others int
+		waits  bool
+	}{{1, false}, {64, false}, {65, true}} {
+		t.Run(fmt.Sprintf("%d other lanes", c.others), func(t *testing.T) {
+			t.Parallel()
+			g := newLaneRig(t)
+			other, _ := g.begin(t)
+			if _, err := g.advance(other, true, lanes(c.others)...); err != nil {
+				t.Fatal(err)
+			}
+			completer, _ := g.begin(t)
+			if _, err := completer.Exec(`SET LOCAL lock_timeout = '2s'`); err != nil {
+				t.Fatal(err)
+			}
+			_, err := g.finishHead(completer)
+			if waited := pq.As(err, pqerror.LockNotAvailable) != nil; waited != c.waits || (err != nil && !waited) {
+				t.Errorf("the completer advancing lane s beside a call with %d other lanes: %v; want waiting %v", c.others, err, c.waits)
+			}
+		})
+	}
+}
+
+// A PATCH to ordering "none" releases the endpoint's lanes under its row
+// lock, and cannot see a delivery the relay inserted held meanwhile. The
+// relay's advance waits for the release and then makes its delivery due:
+// the lane's head it was held behind is no longer in the lane.
+func TestHeldDeliveryWaitsForAReleaseInFlight(t *testing.T) {
+	t.Parallel()
+	g := newLaneRig(t)
+	patch, _ := g.begin(t)
+	relay, relayPID := g.begin(t)
+	if err := g.insertNext(relay); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := patch.Exec(`UPDATE outbox.endpoints SET ordering = 'none' WHERE id = $1`, g.endpoint); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := patch.Exec(releaseLanesSQL, g.endpoint); err != nil {
+		t.Fatal(err)
+	}
+	advanced := make(chan error, 1)
+	go func() {
+		n, err := g.advance(relay, true, "s")
+		if err == nil && n != 1 {
+			err = fmt.Errorf("advanced %d, want 1", n)
+		}
+		advanced <- err
+	}()
+	g.awaitLockWait(t, relayPID, "the relay's advance")
+	if err := patch.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-advanced; err != nil {
+		t.Fatalf("the relay's advance: %v", err)
+	}
+	if err := relay.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if !g.nextIsDue(t) {
+		t.Error("the relay's delivery is held on an endpoint that no longer orders")
 	}
 }

@@ -380,7 +380,7 @@ func (p *workerPool) recordOutcomes(ctx context.Context, batch []jobResult) erro
 		// An ordered lane whose active delivery finished lets its next one
 		// go, in this transaction: never a moment with the lane held and
 		// nothing running.
-		if err := advanceLanes(ctx, tx, finishedLanes(finished)); err != nil {
+		if err := advanceLanesHolding(ctx, tx, finishedLanes(finished), false); err != nil {
 			return fmt.Errorf("record %d job outcomes: %w", len(ids), err)
 		}
 		stats = deliveryStatsArgs(batch, written)

@@ -285,8 +285,10 @@ INSERT INTO outbox.relay_state DEFAULT VALUES ON CONFLICT DO NOTHING;
 --
 -- 1868722290 is 0x6f627072, "obpr", notify.go's recordingLockClass. It is
 -- the only two-key advisory lock with that first key: claim_jobs' lane
--- locks use hashtext('outbox.claim_jobs'), and outboxd's one-key locks
--- (schema, retention, owner mail) live in another key space.
+-- locks use hashtext('outbox.claim_jobs'), advance_lanes' ones
+-- hashtext('outbox.advance_lanes') and hashtext('outbox.advance_lanes/lane'),
+-- and outboxd's one-key locks (schema, retention, owner mail) live in
+-- another key space.
 CREATE OR REPLACE FUNCTION outbox.notify_events() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -1136,7 +1138,7 @@ $$;
 ALTER TABLE outbox.jobs
   ADD COLUMN IF NOT EXISTS lane_key text;
 
--- Indexes jobs_unfinished_by_lane_event, jobs_one_active_per_lane:
+-- Indexes jobs_held_by_lane_event, jobs_one_active_per_lane:
 -- schema_indexes.sql.
 
 -- advance_lanes makes the next held delivery of each given lane due: the
@@ -1145,47 +1147,92 @@ ALTER TABLE outbox.jobs
 -- waiting to be fanned out. That last rule is what makes fan-out order
 -- commit order: two relays can fan out a subject's events 2 and 3 at
 -- once, and 3's transaction commit first; 3 then waits for 2, whose
--- relay's own call advances the lane. (The walk is over un-fanned events
--- below the held one's id: in steady state, the other relays' batches.)
+-- relay's own call advances the lane. The un-fanned events are read once
+-- per call, those below the highest held head only: in steady state, the
+-- other relays' batches. (Read for every lane, unbounded, they were most
+-- of the call's time: README, "Delivery lanes under load".)
 --
 -- Two callers can race: the relay inserting a held delivery and the
 -- completer finishing the active one, each unable to see the other's
--- uncommitted row, would both leave the lane held. So every caller locks
--- the lanes' endpoint rows first (in id order), and decides in a second
--- statement, whose snapshot sees whatever the previous holder committed.
+-- uncommitted row, would both leave the lane held. So every caller
+-- locks the lanes first and decides in a second statement, whose
+-- snapshot sees whatever the previous holder of a lane committed. The
+-- locks are transaction-scoped advisory locks, one per lane, so only
+-- callers of the same lane wait for each other (the endpoint's row, the
+-- lock before, made every completer and relay of an endpoint wait for
+-- each other): a shared lock on the endpoint (first key
+-- hashtext('outbox.advance_lanes'), endpoint ids in order), then the
+-- lanes' (hashtext('outbox.advance_lanes/lane'), in key order). A call
+-- with more than 64 lanes of one endpoint (a relay's or a replay's big
+-- batch) takes that endpoint's lock exclusively instead of one per lane,
+-- so that no transaction holds more advisory locks than the lock table
+-- allows for (max_locks_per_transaction, 64 by default). Endpoint locks
+-- all before lane locks, each in one order: no two callers wait for each
+-- other in a circle.
+--
+-- A PATCH to ordering 'none' and a delete release an endpoint's lanes
+-- (endpoints.go, releaseLanesSQL) under its row lock, and cannot see a
+-- held delivery inserted or put back meanwhile. So a caller that holds
+-- deliveries (fan-out, a replay, a retry by hand: hold true) also locks
+-- the endpoints' rows FOR SHARE, after the advisory locks, and decides
+-- after a release: the held delivery is its lane's first. The completer
+-- (hold false) only finishes deliveries, which a release's own row locks
+-- order, and skips it: FOR SHARE between its completions would have
+-- completers of two replicas wait for each other to update the endpoint
+-- (endpointHealthSQL).
 -- Returns how many deliveries it made due.
-CREATE OR REPLACE FUNCTION outbox.advance_lanes(endpoint_ids bigint[], lane_keys text[])
+CREATE OR REPLACE FUNCTION outbox.advance_lanes(endpoint_ids bigint[], lane_keys text[], hold boolean)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET enable_seqscan = off
 AS $$
 DECLARE
   advanced integer;
+  exclusive bigint[] := '{}';
+  r record;
 BEGIN
-  PERFORM 1
-  FROM outbox.endpoints AS ep
-  WHERE ep.id = ANY (endpoint_ids)
-  ORDER BY ep.id
-  FOR NO KEY UPDATE;
+  FOR r IN
+    SELECT g.endpoint_id, count(DISTINCT g.lane_key) > 64 AS many
+    FROM unnest(endpoint_ids, lane_keys) AS g(endpoint_id, lane_key)
+    WHERE g.endpoint_id IS NOT NULL AND g.lane_key IS NOT NULL
+    GROUP BY g.endpoint_id
+    ORDER BY g.endpoint_id
+  LOOP
+    IF r.many THEN
+      PERFORM pg_advisory_xact_lock(hashtext('outbox.advance_lanes'), (r.endpoint_id % 2147483647)::integer);
+      exclusive := exclusive || r.endpoint_id;
+    ELSE
+      PERFORM pg_advisory_xact_lock_shared(hashtext('outbox.advance_lanes'), (r.endpoint_id % 2147483647)::integer);
+    END IF;
+  END LOOP;
+  -- One statement for a lane lock each, taken in its subquery's order.
+  PERFORM pg_advisory_xact_lock(hashtext('outbox.advance_lanes/lane'), k.key)
+  FROM (
+    SELECT DISTINCT hashtext(g.endpoint_id || '/' || g.lane_key) AS key
+    FROM unnest(endpoint_ids, lane_keys) AS g(endpoint_id, lane_key)
+    WHERE g.endpoint_id IS NOT NULL AND g.lane_key IS NOT NULL
+      AND g.endpoint_id <> ALL (exclusive)
+    ORDER BY 1
+  ) AS k;
+  IF hold THEN
+    PERFORM 1
+    FROM outbox.endpoints AS ep
+    WHERE ep.id = ANY (endpoint_ids)
+    ORDER BY ep.id
+    FOR SHARE;
+  END IF;
 
+  -- The head of a lane with no active delivery: its held one of the
+  -- lowest event id.
   WITH lane AS (
-    SELECT DISTINCT l.endpoint_id, l.lane_key, ep.topics
-    FROM unnest(endpoint_ids, lane_keys) AS l(endpoint_id, lane_key)
-    JOIN outbox.endpoints AS ep ON ep.id = l.endpoint_id
-    WHERE l.lane_key IS NOT NULL
+    SELECT DISTINCT g.endpoint_id, g.lane_key, ep.topics
+    FROM unnest(endpoint_ids, lane_keys) AS g(endpoint_id, lane_key)
+    JOIN outbox.endpoints AS ep ON ep.id = g.endpoint_id
+    WHERE g.lane_key IS NOT NULL
   ),
-  next AS (
-    SELECT n.id
+  head AS MATERIALIZED (
+    SELECT h.id, h.event_id, l.lane_key, l.topics
     FROM lane AS l
-    CROSS JOIN LATERAL (
-      SELECT j.scheduled_at
-      FROM outbox.jobs AS j
-      WHERE j.endpoint_id = l.endpoint_id
-        AND j.lane_key = l.lane_key
-        AND j.state IN ('available', 'retryable', 'running')
-      ORDER BY j.scheduled_at, j.event_id
-      LIMIT 1
-    ) AS first
     CROSS JOIN LATERAL (
       SELECT j.id, j.event_id
       FROM outbox.jobs AS j
@@ -1193,27 +1240,49 @@ BEGIN
         AND j.lane_key = l.lane_key
         AND j.state IN ('available', 'retryable', 'running')
         AND j.scheduled_at = 'infinity'
-      ORDER BY j.scheduled_at, j.event_id
+      ORDER BY j.event_id
       LIMIT 1
-    ) AS n
-    WHERE first.scheduled_at = 'infinity'
-      AND NOT EXISTS (
-        SELECT 1
-        FROM outbox.events AS e
-        WHERE e.fanned_out_at IS NULL
-          AND e.poisoned_at IS NULL
-          AND e.id < n.event_id
-          AND e.subject = l.lane_key
-          AND outbox.topic_matches(l.topics, e.topic)
-      )
+    ) AS h
+    WHERE NOT EXISTS (
+      SELECT 1
+      FROM outbox.jobs AS a
+      WHERE a.endpoint_id = l.endpoint_id
+        AND a.lane_key = l.lane_key
+        AND a.state IN ('available', 'retryable', 'running')
+        AND a.scheduled_at < 'infinity'
+    )
+  ),
+  unfanned AS MATERIALIZED (
+    SELECT e.id, e.subject, e.topic
+    FROM outbox.events AS e
+    WHERE e.fanned_out_at IS NULL
+      AND e.poisoned_at IS NULL
+      AND e.id < (SELECT max(h.event_id) FROM head AS h)
   )
   UPDATE outbox.jobs AS j
   SET scheduled_at = now()
-  FROM next
-  WHERE j.id = next.id;
+  FROM head AS h
+  WHERE j.id = h.id
+    AND NOT EXISTS (
+      SELECT 1
+      FROM unfanned AS e
+      WHERE e.subject = h.lane_key
+        AND e.id < h.event_id
+        AND outbox.topic_matches(h.topics, e.topic)
+    );
   GET DIAGNOSTICS advanced = ROW_COUNT;
   RETURN advanced;
 END
+$$;
+
+-- The form without hold, which fan-out, replays, retries by hand and
+-- rescues call, as the binaries from before hold did (their completers
+-- too): hold true.
+CREATE OR REPLACE FUNCTION outbox.advance_lanes(endpoint_ids bigint[], lane_keys text[])
+RETURNS integer
+LANGUAGE sql VOLATILE
+AS $$
+  SELECT outbox.advance_lanes(endpoint_ids, lane_keys, true)
 $$;
 
 -- Indexes jobs_running_by_attempted_at, jobs_by_event_id,

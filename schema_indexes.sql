@@ -78,11 +78,17 @@ CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_running_replay_by_endpoint
   ON outbox.jobs (endpoint_id)
   WHERE state = 'running' AND endpoint_id IS NOT NULL AND replay_id IS NOT NULL;
 
--- Serves advance_lanes: a lane's unfinished deliveries, the active one
--- (a real due time) first, then the held ones by event id.
-CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_unfinished_by_lane_event
-  ON outbox.jobs (endpoint_id, lane_key, scheduled_at, event_id)
-  WHERE lane_key IS NOT NULL AND state IN ('available', 'retryable', 'running');
+-- Serves advance_lanes: a lane's held deliveries by event id, the first
+-- of which is its next; whether the lane has an active one is
+-- jobs_one_active_per_lane's to say. Held ones only: a delivery made due,
+-- then claimed, writes no entry here, where in jobs_unfinished_by_lane_event
+-- (every unfinished delivery, active first) each of those versions wrote
+-- one, on the ordered drain's every delivery.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_held_by_lane_event
+  ON outbox.jobs (endpoint_id, lane_key, event_id)
+  WHERE lane_key IS NOT NULL
+    AND state IN ('available', 'retryable', 'running')
+    AND scheduled_at = 'infinity';
 
 -- The guarantee itself, whatever a statement elsewhere does: a second
 -- active delivery in a lane is refused by the database.
@@ -141,9 +147,11 @@ CREATE INDEX CONCURRENTLY IF NOT EXISTS subjects_by_subject_prefix
 -- Indexes replaced by the ones above, dropped after their replacements
 -- exist, so no query goes without one: jobs_due_by_scheduled_at and
 -- jobs_waiting_by_endpoint by the claim's lanes, jobs_unfinished_by_lane by
--- jobs_unfinished_by_lane_event, jobs_by_state_finalized_at (every job, an
+-- jobs_unfinished_by_lane_event and that by jobs_held_by_lane_event with
+-- jobs_one_active_per_lane, jobs_by_state_finalized_at (every job, an
 -- entry at every state change) by jobs_finished_by_state_finalized_at.
 DROP INDEX CONCURRENTLY IF EXISTS outbox.jobs_due_by_scheduled_at;
 DROP INDEX CONCURRENTLY IF EXISTS outbox.jobs_waiting_by_endpoint;
 DROP INDEX CONCURRENTLY IF EXISTS outbox.jobs_unfinished_by_lane;
+DROP INDEX CONCURRENTLY IF EXISTS outbox.jobs_unfinished_by_lane_event;
 DROP INDEX CONCURRENTLY IF EXISTS outbox.jobs_by_state_finalized_at;
