@@ -701,7 +701,21 @@ $$;
 --
 --   window_from, window_to, topics  what a 'replay' selected (the window
 --                   after the clamp); NULL for 'retry_discarded'.
---   jobs_total      the jobs it enqueued, added batch by batch.
+--   jobs_total      the jobs it enqueues. A 'retry_discarded' adds them
+--                   batch by batch. A 'replay' counts them when it starts,
+--                   as its dry run counts (replay.go, replayCountSQL), and
+--                   is set to jobs_enqueued once its last batch is
+--                   enqueued, or it is cancelled: what the events and
+--                   their deliveries then were may differ from the count.
+--   jobs_enqueued   the jobs enqueued so far.
+--   enqueue_after   a 'replay''s cursor: the last event id its enqueue
+--                   has passed. A replay is enqueued lazily, a batch
+--                   at a time as its lane drains (replay.go, feedReplay),
+--                   not all at its start: 100,000 jobs inserted in its
+--                   first 28 s were the worst minute of live latency
+--                   beside it (README, "Delivery lanes under load"). NULL
+--                   for a 'retry_discarded', enqueued at once, and for a
+--                   replay until its count is written.
 --   enqueued_at     when its last batch was enqueued; NULL while it still
 --                   enqueues, so that it is not taken for finished between
 --                   two batches.
@@ -735,6 +749,16 @@ CREATE TABLE IF NOT EXISTS outbox.replays (
 -- endpoints.
 CREATE INDEX IF NOT EXISTS replays_by_endpoint
   ON outbox.replays (endpoint_id, id);
+
+ALTER TABLE outbox.replays
+  ADD COLUMN IF NOT EXISTS jobs_enqueued bigint NOT NULL DEFAULT 0,
+  ADD COLUMN IF NOT EXISTS enqueue_after bigint;
+
+-- Serves the workers' look for replays still to enqueue (replay.go,
+-- feedReplays), several times a second.
+CREATE INDEX IF NOT EXISTS replays_enqueuing
+  ON outbox.replays (id)
+  WHERE enqueued_at IS NULL AND enqueue_after IS NOT NULL;
 
 -- A replay's jobs. SET NULL when its row goes: only a finished replay's
 -- row is deleted, so only finished jobs lose it (a retry by hand of one
@@ -794,7 +818,9 @@ $$;
 -- and of the jobs the lanes lock, the claim takes every live one before
 -- any replayed one. A replay alone runs at its share, not at the
 -- endpoint's cap: live deliveries arriving meanwhile find the rest of the
--- cap free, without waiting for replayed requests to end.
+-- cap free, without waiting for replayed requests to end. replayed says
+-- which jobs are the replay lane's: the workers also pace that lane in
+-- time while live deliveries flow (deliver.go, replayMinHold).
 --
 -- A paused or held endpoint has no room. A disabled one (whose jobs end
 -- without a request) has no cap: nothing is sent. Replicas respect one cap
@@ -844,7 +870,7 @@ $$;
 --
 -- Its columns are named in the caller's SELECT, so a column added here
 -- leaves a replica still running the previous release working (it calls
--- claim_jobs(batch), and ignores start_in_ms); a change of its result type
+-- claim_jobs(batch), and ignores start_in_ms and replayed); a change of its result type
 -- needs the DROP, which CREATE OR REPLACE cannot do.
 DROP FUNCTION IF EXISTS outbox.claim_jobs(integer);
 DROP FUNCTION IF EXISTS outbox.claim_jobs(integer, integer);
@@ -855,7 +881,7 @@ RETURNS TABLE (id bigint, kind text, attempt integer, max_attempts integer,
                event_id bigint, topic text, subject text, payload jsonb, created_at timestamptz,
                traceparent text, tracestate text,
                url text, secret bytea, previous_secret bytea, disabled_reason text,
-               start_in_ms integer)
+               start_in_ms integer, replayed boolean)
 LANGUAGE plpgsql VOLATILE
 ROWS 100
 SET enable_sort = off
@@ -1049,7 +1075,8 @@ BEGIN
       ORDER BY c.replayed, c.lane_rank, c.lane_order
       LIMIT batch
     ))
-    RETURNING j.id, j.kind, j.attempt, j.max_attempts, j.endpoint_id, j.event_id
+    RETURNING j.id, j.kind, j.attempt, j.max_attempts, j.endpoint_id, j.event_id,
+              j.replay_id IS NOT NULL AS replayed
   ),
   -- Under a rate limit, the claimed jobs of a lane start 1/rate apart
   -- from rate_base, and the lane's next request after them.
@@ -1075,7 +1102,8 @@ BEGIN
          ep.url, ep.secret,
          CASE WHEN ep.previous_secret_expires_at > now() THEN ep.previous_secret END,
          ep.disabled_reason,
-         coalesce(greatest(0, ceil(extract(epoch FROM p.start_at - now()) * 1000)), 0)::integer
+         coalesce(greatest(0, ceil(extract(epoch FROM p.start_at - now()) * 1000)), 0)::integer,
+         c.replayed
   FROM claimed AS c
   JOIN outbox.events AS e ON e.id = c.event_id
   LEFT JOIN outbox.endpoints AS ep ON ep.id = c.endpoint_id
@@ -1091,7 +1119,7 @@ RETURNS TABLE (id bigint, kind text, attempt integer, max_attempts integer,
                event_id bigint, topic text, subject text, payload jsonb, created_at timestamptz,
                traceparent text, tracestate text,
                url text, secret bytea, previous_secret bytea, disabled_reason text,
-               start_in_ms integer)
+               start_in_ms integer, replayed boolean)
 LANGUAGE sql VOLATILE
 ROWS 100
 AS $$
