@@ -75,14 +75,7 @@ type Job struct {
 	// startAt is when the job may start, by this process's clock: its
 	// place in its endpoint's rate limit; zero for no wait.
 	startAt time.Time
-	// replayed says the job is a delivery of its endpoint's replay lane
-	// (outbox.claim_jobs).
-	replayed bool
-	// holdUntil, for a replayed job claimed while its endpoint's live
-	// deliveries flow, is the earliest its outcome is recorded
-	// (paceReplays); zero for no hold.
-	holdUntil time.Time
-	Event     Event
+	Event   Event
 }
 
 // deliveryEndpoint is an endpoint as one attempt sees it.
@@ -114,10 +107,6 @@ type workerPool struct {
 	// recorded is poked when the completer has committed outcomes: the
 	// running jobs the claim counts against endpoints' caps went down.
 	recorded chan struct{}
-	// liveSeen is when this pool last claimed a live delivery of each
-	// endpoint, in the last liveFlowWindow: whose replay lane paceReplays
-	// paces. Only Run's fetch loop touches it.
-	liveSeen map[int64]time.Time
 
 	// Counters for /metrics, only ever incremented.
 	completed atomic.Int64
@@ -141,7 +130,6 @@ func newWorkerPool(db *sql.DB, cfg WorkerConfig, grace time.Duration, subs *subs
 		slotFreed:   make(chan struct{}, 1),
 		results:     make(chan jobResult, cfg.Concurrency),
 		recorded:    make(chan struct{}, 1),
-		liveSeen:    map[int64]time.Time{},
 	}
 }
 
@@ -193,27 +181,11 @@ func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 				p.logger.Error("claim jobs failed", "err", err)
 			}
 			moreDue = len(jobs) == min(free, claimBatchMax)
-			p.paceReplays(jobs, time.Now())
 			for _, batch := range p.batches(jobs) {
 				p.slots <- struct{}{}
 				running.Go(func() {
-					freed := false
-					free := func() {
-						if !freed {
-							freed = true
-							<-p.slots
-							poke(p.slotFreed)
-						}
-					}
-					defer free()
-					results := p.runBatch(jobCtx, batch)
-					if wait := time.Until(batch[0].holdUntil); wait > 0 {
-						// The hold keeps the job running in the database,
-						// in its replay lane's share; it needs no worker.
-						free()
-						sleepCtx(jobCtx, wait)
-					}
-					for _, res := range results {
+					defer func() { <-p.slots; poke(p.slotFreed) }()
+					for _, res := range p.runBatch(jobCtx, batch) {
 						p.results <- res
 					}
 				})
@@ -259,50 +231,6 @@ func (p *workerPool) feedLoop(ctx context.Context) {
 		}
 		if err := feedReplays(ctx, p.db, p.cfg.MaxAttempts); err != nil && ctx.Err() == nil {
 			p.logger.Error("enqueue replays failed", "err", err)
-		}
-	}
-}
-
-// replayMinHold is how long, at the least, a replayed delivery holds its
-// place in its endpoint's replay lane (replay_share of max_in_flight, in
-// outbox.claim_jobs) while the endpoint's live deliveries flow: its
-// outcome is recorded no sooner, so that the claim counts it running
-// until then. The share alone bounds the lane in concurrency, not in
-// rate: against a receiver that answers at once, 4 replayed requests at a
-// time moved 435 to 673 a second, twice the live rate, and live
-// deliveries paid for it in CPU on a 2-core machine (README, "Delivery
-// lanes under load"). Held, the lane sends at most share/replayMinHold a
-// second (133 for the default cap of 16) beside live traffic, fewer as
-// the claim and the outcome's write add to each turn; a receiver slower
-// than the hold is not held at all.
-const replayMinHold = 30 * time.Millisecond
-
-// liveFlowWindow is how recently this pool must have claimed a live
-// delivery of an endpoint for its live deliveries to be flowing
-// (paceReplays).
-const liveFlowWindow = time.Second
-
-// paceReplays notes the endpoints of the live deliveries in jobs, claimed
-// at now, and holds each replayed one of an endpoint whose live
-// deliveries flow for replayMinHold from now. A replica knows only its
-// own claims; the claims of an endpoint's live and replayed deliveries
-// come together (outbox.claim_jobs takes both lanes of an endpoint in one
-// statement), so a replica that claims its replayed ones sees its live
-// ones too.
-func (p *workerPool) paceReplays(jobs []Job, now time.Time) {
-	for id, seen := range p.liveSeen {
-		if now.Sub(seen) >= liveFlowWindow {
-			delete(p.liveSeen, id)
-		}
-	}
-	for _, j := range jobs {
-		if j.EndpointID != 0 && !j.replayed {
-			p.liveSeen[j.EndpointID] = now
-		}
-	}
-	for i := range jobs {
-		if _, flowing := p.liveSeen[jobs[i].EndpointID]; jobs[i].replayed && flowing {
-			jobs[i].holdUntil = now.Add(replayMinHold)
 		}
 	}
 }
@@ -354,7 +282,7 @@ SELECT id, kind, attempt, max_attempts, endpoint_id,
        event_id, topic, subject, payload, created_at,
        traceparent, tracestate,
        url, secret, previous_secret, disabled_reason,
-       start_in_ms, replayed
+       start_in_ms
 FROM outbox.claim_jobs($1, $2)`
 
 // claim takes up to n due jobs in one statement, under this process's
@@ -396,7 +324,7 @@ func scanClaimedJob(row rowScanner, sent time.Time) (Job, error) {
 	if err := row.Scan(&j.ID, &j.Kind, &j.Attempt, &j.MaxAttempts, &endpointID,
 		&j.Event.ID, &j.Event.Topic, &j.Event.Subject, &payload, &j.Event.CreatedAt,
 		&j.Event.Traceparent, &j.Event.Tracestate,
-		&url, &secret, &previous, &disabledReason, &startInMS, &j.replayed); err != nil {
+		&url, &secret, &previous, &disabledReason, &startInMS); err != nil {
 		return j, err
 	}
 	if startInMS > 0 {

@@ -74,9 +74,10 @@ type ReplayWindow struct {
 	Message   string    `json:"message,omitempty"`
 }
 
-// ReplayResult says what a replay did: its window, the jobs it enqueued
-// (new ones, and finished ones set to run again), and its id, under which
-// GET /api/endpoints/{id}/replays shows its progress.
+// ReplayResult says what a replay does: its window, the jobs it enqueues
+// (new ones, and finished ones set to run again; replayEndpoint says how
+// they are counted), and its id, under which GET
+// /api/endpoints/{id}/replays shows its progress.
 type ReplayResult struct {
 	ReplayWindow
 	Jobs     int64 `json:"jobs"`
@@ -694,7 +695,8 @@ WHERE r.endpoint_id = $1
 
 // ReplayView is a replay as the API and the panel show it. Done counts
 // its jobs finished (completed, or discarded: by failing, or by a
-// cancel) as Total less Pending, so that finished jobs the job cleaner
+// cancel) as Total less Pending (which includes a replay's jobs not
+// enqueued yet), so that finished jobs the job cleaner
 // removed still count. Rate is jobs done a second over the last minute
 // (since it began, in its first minute; over its whole run, once
 // finished); ExpectedFinish is when Pending runs out at that rate, null
@@ -709,7 +711,7 @@ type ReplayView struct {
 	Topics     []string   `json:"topics"`
 	Total      int64      `json:"total"`
 	Done       int64      `json:"done"`
-	Pending    int64      `json:"pending"` // waiting or running
+	Pending    int64      `json:"pending"` // waiting or running, or not enqueued yet
 	Running    int64      `json:"running"`
 	Rate       float64    `json:"rate"`
 	// ExpectedFinish assumes the rate holds: the replay lane's pace,

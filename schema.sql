@@ -818,9 +818,7 @@ $$;
 -- and of the jobs the lanes lock, the claim takes every live one before
 -- any replayed one. A replay alone runs at its share, not at the
 -- endpoint's cap: live deliveries arriving meanwhile find the rest of the
--- cap free, without waiting for replayed requests to end. replayed says
--- which jobs are the replay lane's: the workers also pace that lane in
--- time while live deliveries flow (deliver.go, replayMinHold).
+-- cap free, without waiting for replayed requests to end.
 --
 -- A paused or held endpoint has no room. A disabled one (whose jobs end
 -- without a request) has no cap: nothing is sent. Replicas respect one cap
@@ -870,7 +868,7 @@ $$;
 --
 -- Its columns are named in the caller's SELECT, so a column added here
 -- leaves a replica still running the previous release working (it calls
--- claim_jobs(batch), and ignores start_in_ms and replayed); a change of its result type
+-- claim_jobs(batch), and ignores start_in_ms); a change of its result type
 -- needs the DROP, which CREATE OR REPLACE cannot do.
 DROP FUNCTION IF EXISTS outbox.claim_jobs(integer);
 DROP FUNCTION IF EXISTS outbox.claim_jobs(integer, integer);
@@ -881,7 +879,7 @@ RETURNS TABLE (id bigint, kind text, attempt integer, max_attempts integer,
                event_id bigint, topic text, subject text, payload jsonb, created_at timestamptz,
                traceparent text, tracestate text,
                url text, secret bytea, previous_secret bytea, disabled_reason text,
-               start_in_ms integer, replayed boolean)
+               start_in_ms integer)
 LANGUAGE plpgsql VOLATILE
 ROWS 100
 SET enable_sort = off
@@ -1075,8 +1073,7 @@ BEGIN
       ORDER BY c.replayed, c.lane_rank, c.lane_order
       LIMIT batch
     ))
-    RETURNING j.id, j.kind, j.attempt, j.max_attempts, j.endpoint_id, j.event_id,
-              j.replay_id IS NOT NULL AS replayed
+    RETURNING j.id, j.kind, j.attempt, j.max_attempts, j.endpoint_id, j.event_id
   ),
   -- Under a rate limit, the claimed jobs of a lane start 1/rate apart
   -- from rate_base, and the lane's next request after them.
@@ -1102,8 +1099,7 @@ BEGIN
          ep.url, ep.secret,
          CASE WHEN ep.previous_secret_expires_at > now() THEN ep.previous_secret END,
          ep.disabled_reason,
-         coalesce(greatest(0, ceil(extract(epoch FROM p.start_at - now()) * 1000)), 0)::integer,
-         c.replayed
+         coalesce(greatest(0, ceil(extract(epoch FROM p.start_at - now()) * 1000)), 0)::integer
   FROM claimed AS c
   JOIN outbox.events AS e ON e.id = c.event_id
   LEFT JOIN outbox.endpoints AS ep ON ep.id = c.endpoint_id
@@ -1119,7 +1115,7 @@ RETURNS TABLE (id bigint, kind text, attempt integer, max_attempts integer,
                event_id bigint, topic text, subject text, payload jsonb, created_at timestamptz,
                traceparent text, tracestate text,
                url text, secret bytea, previous_secret bytea, disabled_reason text,
-               start_in_ms integer, replayed boolean)
+               start_in_ms integer)
 LANGUAGE sql VOLATILE
 ROWS 100
 AS $$
