@@ -776,7 +776,7 @@ func loadReplay(ctx context.Context, cfg loadConfig, run loadRun) error {
 	fmt.Fprintf(out, "mode replay: live events at %g events/s to an endpoint (max_in_flight %d, replay share %d, its receiver answering after %s), warmed up %s, then %d round(s) of %s alone and the length of a %d-event replay beside it, and %s alone\n",
 		cfg.Rate, ep.MaxInFlight, s.ReplayShare, cfg.AnswerAfter, min(isolationWarmUp, cfg.Duration), cfg.Rounds, cfg.Duration, cfg.Events, cfg.Duration)
 	for i := range s.ReplaySeconds {
-		fmt.Fprintf(out, "round %d: live p99 alone %.1f ms, during the replay %.1f ms, alone %.1f ms; the replay: %d jobs (dry run's estimate %d s), enqueued in %.1f s, "+
+		fmt.Fprintf(out, "round %d: live p99 alone %.1f ms, during the replay %.1f ms, alone %.1f ms; the replay: %d jobs (dry run's estimate %d s), its POST answered in %.1f s, "+
 			"all accepted %.1f s after its POST: %.0f events/s (the API's rate %.0f/s, %s); live meanwhile %.0f events/s\n",
 			i+1, s.BaselineP99ByPhase[i], s.DuringP99ByRound[i], s.BaselineP99ByPhase[i+1], s.ReplayJobs[i], s.EstimatedSeconds[i], s.EnqueueSeconds[i],
 			s.ReplaySeconds[i], s.ReplayRate[i], s.ReplayAPIRate[i], s.ReplayState[i], s.LiveEventsPerSecond[i])

@@ -74,9 +74,10 @@ type ReplayWindow struct {
 	Message   string    `json:"message,omitempty"`
 }
 
-// ReplayResult says what a replay did: its window, the jobs it enqueued
-// (new ones, and finished ones set to run again), and its id, under which
-// GET /api/endpoints/{id}/replays shows its progress.
+// ReplayResult says what a replay does: its window, the jobs it enqueues
+// (new ones, and finished ones set to run again; replayEndpoint says how
+// they are counted), and its id, under which GET
+// /api/endpoints/{id}/replays shows its progress.
 type ReplayResult struct {
 	ReplayWindow
 	Jobs     int64 `json:"jobs"`
@@ -235,22 +236,146 @@ func planReplay(ctx context.Context, db *sql.DB, id int64, req ReplayRequest, re
 	return w, ep, nil
 }
 
-// replayEndpoint replays to endpoint id the events req selects, in
-// batches of their own transactions, so a replay of a week holds no long
-// lock. Its jobs join a replay of their own (outbox.replays), which runs
-// in the endpoint's replay lane.
+// replayEndpoint replays to endpoint id the events req selects. Its jobs
+// join a replay of their own (outbox.replays), which runs in the
+// endpoint's replay lane. It counts them first, as its dry run does,
+// and enqueues only the first batch (replayFeedBatch events); the
+// workers enqueue the others as the lane drains (feedReplays). Its
+// answer's Jobs is that count, or, when one batch held them all, the
+// jobs it enqueued.
 func replayEndpoint(ctx context.Context, db *sql.DB, id int64, req ReplayRequest, retention time.Duration, maxAttempts int) (ReplayResult, error) {
 	w, _, err := planReplay(ctx, db, id, req, retention, maxAttempts)
 	res := ReplayResult{ReplayWindow: w}
 	if err != nil {
 		return res, err
 	}
+	byTopic, err := countReplay(ctx, db, id, replayRange{from: w.From, until: w.To, topics: req.Topics})
+	if err != nil {
+		return res, fmt.Errorf("replay endpoint %d: %w", id, err)
+	}
+	var count int64
+	for _, n := range byTopic {
+		count += n
+	}
 	res.ReplayID, err = createReplay(ctx, db, id, replayKindReplay, &w, req.Topics)
 	if err != nil {
 		return res, err
 	}
-	res.Jobs, err = enqueueReplay(ctx, db, id, res.ReplayID, replayRange{from: w.From, until: w.To, topics: req.Topics}, maxAttempts, true)
-	return res, err
+	// Only now may the workers feed it: a batch fed before the count was
+	// written would be counted twice.
+	if _, err := db.ExecContext(ctx, `UPDATE outbox.replays SET jobs_total = $2, enqueue_after = 0 WHERE id = $1`, res.ReplayID, count); err != nil {
+		return res, fmt.Errorf("replay %d: write its count: %w", res.ReplayID, err)
+	}
+	if err := feedReplay(ctx, db, res.ReplayID, maxAttempts); err != nil {
+		return res, err
+	}
+	if err := notify(ctx, db, jobsChannel); err != nil {
+		return res, fmt.Errorf("replay endpoint %d: %w", id, err)
+	}
+	if err := db.QueryRowContext(ctx, `SELECT jobs_total FROM outbox.replays WHERE id = $1`, res.ReplayID).Scan(&res.Jobs); err != nil {
+		return res, fmt.Errorf("replay %d: read its total: %w", res.ReplayID, err)
+	}
+	return res, nil
+}
+
+// replayFeedBatch is how many events one batch of a replay's enqueue
+// covers, and how few of its jobs may wait before the workers enqueue
+// the next batch: at most twice as many wait at once. Enqueued all at
+// its start, a replay of 100,000 events inserted them in its first 28 s,
+// the worst minute of live latency beside it (README, "Delivery lanes
+// under load"); a batch at a time, its inserts are spread over its run.
+const replayFeedBatch = 500
+
+// replayFeedInterval is how often the workers look for a replay whose
+// lane is running short (feedReplays). The lane drains a batch in no
+// less than 0.7 s at its fastest measured rate (673 events/s, README).
+const replayFeedInterval = 250 * time.Millisecond
+
+// replaysToFeedSQL is the replays still being enqueued of which fewer
+// than $1 jobs wait.
+const replaysToFeedSQL = `
+SELECT r.id
+FROM outbox.replays AS r
+WHERE r.enqueued_at IS NULL
+  AND r.enqueue_after IS NOT NULL
+  AND (SELECT count(*)
+       FROM (SELECT 1
+             FROM outbox.jobs AS j
+             WHERE j.replay_id = r.id
+               AND j.state IN ('available', 'retryable')
+             LIMIT $1) AS waiting) < $1
+ORDER BY r.id`
+
+// feedReplays enqueues the next batch of every replay whose lane is
+// running short. The workers run it every replayFeedInterval.
+func feedReplays(ctx context.Context, db *sql.DB, maxAttempts int) error {
+	ids, err := queryAll(ctx, db, scanID, replaysToFeedSQL, replayFeedBatch)
+	if err != nil {
+		return fmt.Errorf("replays to enqueue: %w", err)
+	}
+	for _, id := range ids {
+		if err := feedReplay(ctx, db, id, maxAttempts); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// lockFeedSQL locks replay $1 for a batch of its enqueue, and reads where
+// the batch starts, unless it is enqueued (or cancelled, which ends its
+// enqueue) or another transaction holds it: a replica feeding it, or a
+// cancel. The lock orders batches and the cancel, as joinReplay does.
+const lockFeedSQL = `
+SELECT endpoint_id, window_from, window_to, coalesce(topics, '{}'), enqueue_after
+FROM outbox.replays
+WHERE id = $1
+  AND enqueued_at IS NULL
+  AND enqueue_after IS NOT NULL
+FOR NO KEY UPDATE SKIP LOCKED`
+
+// fedSQL moves replay $1's cursor to $2 past a batch of $3 jobs; $4 says
+// the batch was its last, which ends its enqueue and sets its total to
+// what it enqueued.
+const fedSQL = `
+UPDATE outbox.replays
+SET enqueue_after = greatest(enqueue_after, $2),
+    jobs_enqueued = jobs_enqueued + $3,
+    jobs_total = CASE WHEN $4 THEN jobs_enqueued + $3
+                      ELSE greatest(jobs_total, jobs_enqueued + $3) END,
+    enqueued_at = CASE WHEN $4 THEN now() END
+WHERE id = $1`
+
+// feedReplay enqueues the next batch of replay id, in one transaction,
+// unless it is enqueued, cancelled, or being fed elsewhere.
+func feedReplay(ctx context.Context, db *sql.DB, id int64, maxAttempts int) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("enqueue replay %d: %w", id, err)
+	}
+	defer tx.Rollback()
+	var endpointID, after int64
+	var r replayRange
+	var topics []string
+	err = tx.QueryRowContext(ctx, lockFeedSQL, id).Scan(&endpointID, &r.from, &r.until, pq.Array(&topics), &after)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("enqueue replay %d: %w", id, err)
+	}
+	r.topics = topics
+	until, patterns := r.args()
+	candidates, jobs, err := replayBatchTx(ctx, tx, endpointID, id, r, &after, replayFeedBatch, until, patterns, maxAttempts, true)
+	if err != nil {
+		return fmt.Errorf("enqueue replay %d: %w", id, err)
+	}
+	if _, err := tx.ExecContext(ctx, fedSQL, id, after, jobs, candidates < replayFeedBatch); err != nil {
+		return fmt.Errorf("enqueue replay %d: move its cursor: %w", id, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("enqueue replay %d: %w", id, err)
+	}
+	return nil
 }
 
 // previewReplay is replayEndpoint's dry run: the same window, counted by
@@ -383,31 +508,17 @@ func estimateReplaySeconds(events int64, maxInFlight int, rateLimit *float64, at
 }
 
 // replayBatches runs replaySQL over every event recorded since from (no
-// end, every topic the endpoint takes) and wakes the workers: a
-// recovery's replay (probe.go), whose last pass must also see events
-// fanned out after it began. Its jobs are live deliveries, of no replay.
-// resendDelivered is replaySQL's $8; false enqueues only what the
-// endpoint missed.
+// end, every topic the endpoint takes), batch by batch in transactions
+// of their own, and wakes the workers: a recovery's replay (probe.go),
+// whose last pass must also see events fanned out after it began. Its
+// jobs are live deliveries, of no replay. resendDelivered is replaySQL's
+// $8; false enqueues only what the endpoint missed.
 func replayBatches(ctx context.Context, db *sql.DB, id int64, from time.Time, maxAttempts int, resendDelivered bool) (int64, error) {
-	return enqueueReplay(ctx, db, id, 0, replayRange{from: from}, maxAttempts, resendDelivered)
-}
-
-// enqueueReplay runs replaySQL over r from its start, batch by batch, its
-// jobs joining replay replayID (0: none), and wakes the workers. A batch
-// that finds the replay cancelled ends it, without an error: the cancel
-// is the operator's. Whatever ends it, the replay is then marked
-// enqueued, so that it can be found finished.
-func enqueueReplay(ctx context.Context, db *sql.DB, id, replayID int64, r replayRange, maxAttempts int, resendDelivered bool) (total int64, err error) {
-	if replayID != 0 {
-		defer func() { err = errors.Join(err, endEnqueue(ctx, db, replayID)) }()
-	}
+	r := replayRange{from: from}
 	until, topics := r.args()
-	var after int64
+	var after, total int64
 	for {
-		candidates, jobs, err := replayBatch(ctx, db, id, replayID, r, &after, until, topics, maxAttempts, resendDelivered)
-		if errors.Is(err, errReplayCancelled) {
-			break
-		}
+		candidates, jobs, err := replayBatch(ctx, db, id, r, &after, until, topics, maxAttempts, resendDelivered)
 		if err != nil {
 			return total, fmt.Errorf("replay endpoint %d: %w", id, err)
 		}
@@ -422,21 +533,27 @@ func enqueueReplay(ctx context.Context, db *sql.DB, id, replayID int64, r replay
 	return total, nil
 }
 
-// replayBatch runs one batch of replaySQL after event *after, moving it
-// on, and advances the ordered lanes the batch's deliveries joined (held,
-// as fan-out holds them), in one transaction; one of replay replayID
-// (joinReplay), unless that is 0.
-func replayBatch(ctx context.Context, db *sql.DB, id, replayID int64, r replayRange, after *int64, until, topics any, maxAttempts int, resendDelivered bool) (candidates, jobs int64, err error) {
+// replayBatch runs one batch of manualBatch events of replayBatchTx, of
+// no replay, in a transaction of its own.
+func replayBatch(ctx context.Context, db *sql.DB, id int64, r replayRange, after *int64, until, topics any, maxAttempts int, resendDelivered bool) (candidates, jobs int64, err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer tx.Rollback()
-	if err := joinReplay(ctx, tx, replayID); err != nil {
+	if candidates, jobs, err = replayBatchTx(ctx, tx, id, 0, r, after, manualBatch, until, topics, maxAttempts, resendDelivered); err != nil {
 		return 0, 0, err
 	}
+	return candidates, jobs, tx.Commit()
+}
+
+// replayBatchTx runs one batch of replaySQL, of up to limit events after
+// event *after, moving it on, and advances the ordered lanes the batch's
+// deliveries joined (held, as fan-out holds them), in tx; its jobs join
+// replay replayID (0: none).
+func replayBatchTx(ctx context.Context, tx *sql.Tx, id, replayID int64, r replayRange, after *int64, limit int, until, topics any, maxAttempts int, resendDelivered bool) (candidates, jobs int64, err error) {
 	var lanes laneKeys
-	if err := tx.QueryRowContext(ctx, replaySQL, id, r.from, *after, manualBatch, until, topics, maxAttempts, resendDelivered,
+	if err := tx.QueryRowContext(ctx, replaySQL, id, r.from, *after, limit, until, topics, maxAttempts, resendDelivered,
 		sql.NullInt64{Int64: replayID, Valid: replayID != 0}).Scan(
 		&candidates, after, &jobs, pq.Array(&lanes.endpointIDs), pq.Array(&lanes.keys)); err != nil {
 		return 0, 0, err
@@ -444,10 +561,7 @@ func replayBatch(ctx context.Context, db *sql.DB, id, replayID int64, r replayRa
 	if err := advanceLanes(ctx, tx, lanes); err != nil {
 		return 0, 0, err
 	}
-	if err := countReplayJobs(ctx, tx, replayID, jobs); err != nil {
-		return 0, 0, err
-	}
-	return candidates, jobs, tx.Commit()
+	return candidates, jobs, nil
 }
 
 // Replay kinds: a replay of a window of events, and a retry of an
@@ -543,7 +657,7 @@ func countReplayJobs(ctx context.Context, tx *sql.Tx, id, n int64) error {
 	if id == 0 || n == 0 {
 		return nil
 	}
-	if _, err := tx.ExecContext(ctx, `UPDATE outbox.replays SET jobs_total = jobs_total + $2 WHERE id = $1`, id, n); err != nil {
+	if _, err := tx.ExecContext(ctx, `UPDATE outbox.replays SET jobs_total = jobs_total + $2, jobs_enqueued = jobs_enqueued + $2 WHERE id = $1`, id, n); err != nil {
 		return fmt.Errorf("replay %d: count its jobs: %w", id, err)
 	}
 	return nil
@@ -574,10 +688,12 @@ const replayPendingStatesSQL = `('available', 'retryable', 'running')`
 // settleReplaysSQL writes finished_at on endpoint $1's replays whose jobs
 // are all finished, once they are enqueued: the time their last job
 // finished (at least when the replay was enqueued, or cancelled). A
-// replay whose enqueue was cut off by a crash, and so never marked, is
-// taken as enqueued an hour after it began: longer than any request runs
-// (requestTimeout, admin.go). Reads of an endpoint's replays run it
-// first, so a replay is found finished by its first read after its end.
+// retry of discarded deliveries whose enqueue was cut off by a crash,
+// and so never marked, is taken as enqueued an hour after it began:
+// longer than any request runs (requestTimeout, admin.go). A replay's
+// enqueue is not cut off: the workers carry it on from its cursor
+// (feedReplays). Reads of an endpoint's replays run it first, so a
+// replay is found finished by its first read after its end.
 const settleReplaysSQL = `
 UPDATE outbox.replays AS r
 SET enqueued_at = coalesce(r.enqueued_at, now()),
@@ -588,7 +704,8 @@ SET enqueued_at = coalesce(r.enqueued_at, now()),
                               AND j.state IN ('completed', 'discarded')))
 WHERE r.endpoint_id = $1
   AND r.finished_at IS NULL
-  AND (r.enqueued_at IS NOT NULL OR r.created_at < now() - interval '1 hour')
+  AND (r.enqueued_at IS NOT NULL
+       OR (r.enqueue_after IS NULL AND r.created_at < now() - interval '1 hour'))
   AND NOT EXISTS (SELECT 1
                   FROM outbox.jobs AS j
                   WHERE j.replay_id = r.id
@@ -596,7 +713,8 @@ WHERE r.endpoint_id = $1
 
 // ReplayView is a replay as the API and the panel show it. Done counts
 // its jobs finished (completed, or discarded: by failing, or by a
-// cancel) as Total less Pending, so that finished jobs the job cleaner
+// cancel) as Total less Pending (which includes a replay's jobs not
+// enqueued yet), so that finished jobs the job cleaner
 // removed still count. Rate is jobs done a second over the last minute
 // (since it began, in its first minute; over its whole run, once
 // finished); ExpectedFinish is when Pending runs out at that rate, null
@@ -611,7 +729,7 @@ type ReplayView struct {
 	Topics     []string   `json:"topics"`
 	Total      int64      `json:"total"`
 	Done       int64      `json:"done"`
-	Pending    int64      `json:"pending"` // waiting or running
+	Pending    int64      `json:"pending"` // waiting or running, or not enqueued yet
 	Running    int64      `json:"running"`
 	Rate       float64    `json:"rate"`
 	// ExpectedFinish assumes the rate holds: the replay lane's pace,
@@ -637,12 +755,16 @@ func (v ReplayView) Cancellable() bool { return v.State == replayRunning }
 const replayRateWindow = time.Minute
 
 // listReplaysSQL reads endpoint $1's newest $2 replays with, for the
-// unfinished ones, their jobs waiting and running and those finished in
-// the last minute (jobs_by_replay_state); and the database's now.
+// unfinished ones, their jobs waiting and running, with those a replay
+// has still to enqueue, and those finished in the last minute
+// (jobs_by_replay_state); and the database's now.
 const listReplaysSQL = `
 SELECT r.id, r.endpoint_id, r.kind, r.window_from, r.window_to, r.topics, r.jobs_total,
        r.created_at, r.enqueued_at, r.cancelled_at, r.finished_at, now(),
-       coalesce(p.pending, 0), coalesce(p.running, 0), coalesce(m.recent, 0)
+       coalesce(p.pending, 0)
+         + CASE WHEN r.enqueued_at IS NULL AND r.enqueue_after IS NOT NULL
+                THEN greatest(r.jobs_total - r.jobs_enqueued, 0) ELSE 0 END,
+       coalesce(p.running, 0), coalesce(m.recent, 0)
 FROM outbox.replays AS r
 LEFT JOIN LATERAL (
   SELECT count(*) AS pending, count(*) FILTER (WHERE j.state = 'running') AS running
@@ -738,11 +860,15 @@ const maxUnfinishedReplaysShown = 80
 const replayCancelledError = "replay cancelled by an operator"
 
 // cancelReplaySQL marks replay $2 of endpoint $1 cancelled, unless it was
-// already, or had finished; a cancel also ends its enqueue.
+// already, or had finished; a cancel also ends its enqueue, and a
+// replay's total is then what it enqueued: the events its enqueue had not
+// reached are not sent, and have no job to discard.
 const cancelReplaySQL = `
 UPDATE outbox.replays
 SET cancelled_at = now(),
-    enqueued_at = coalesce(enqueued_at, now())
+    enqueued_at = coalesce(enqueued_at, now()),
+    jobs_total = CASE WHEN enqueued_at IS NULL AND enqueue_after IS NOT NULL
+                      THEN jobs_enqueued ELSE jobs_total END
 WHERE id = $2
   AND endpoint_id = $1
   AND cancelled_at IS NULL

@@ -6,6 +6,7 @@
 package main
 
 import (
+	"context"
 	"database/sql"
 	"encoding/json"
 	"fmt"
@@ -125,6 +126,7 @@ func TestReplayDryRunCountsWhatTheReplayEnqueues(t *testing.T) {
 	if res.Jobs != pv.Events {
 		t.Errorf("the replay enqueued %d jobs, its dry run counted %d events", res.Jobs, pv.Events)
 	}
+	enqueueWhole(t, db, res.ReplayID)
 	if !res.From.Equal(pv.From) || !res.To.Equal(pv.To) {
 		t.Errorf("the replay's window %s..%s, its dry run's %s..%s", res.From, res.To, pv.From, pv.To)
 	}
@@ -416,6 +418,7 @@ func TestPanelReplayPreviewsBeforeItEnqueues(t *testing.T) {
 	if code != http.StatusSeeOther || !strings.Contains(location, url.QueryEscape("Replaying 6005 events")) {
 		t.Errorf("confirm = %d to %q, want 303 saying it replays 6005 events", code, location)
 	}
+	enqueueWhole(t, db, int64(queryInt(t, db, `SELECT max(id) FROM outbox.replays`)))
 	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'available'`, id); n != 6006 {
 		t.Errorf("%d of the endpoint's jobs available after the confirm, want 6006 (6005 enqueued, 1 waiting before)", n)
 	}
@@ -442,4 +445,20 @@ func TestPanelReplayPreviewsBeforeItEnqueues(t *testing.T) {
 			t.Errorf("replay form %v changed the jobs: %d, then %d", bad, before, n)
 		}
 	}
+}
+
+// enqueueWhole enqueues the rest of replay id at once, batch after batch,
+// as the workers would as its lane drained (feedReplays): what a replay
+// enqueues does not depend on when.
+func enqueueWhole(t *testing.T, db *sql.DB, id int64) {
+	t.Helper()
+	for range 1000 {
+		if queryInt(t, db, `SELECT count(*) FROM outbox.replays WHERE id = $1 AND enqueued_at IS NULL`, id) == 0 {
+			return
+		}
+		if err := feedReplay(context.Background(), db, id, defaultConfig().Workers.MaxAttempts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Fatalf("replay %d still enqueuing after 1000 batches", id)
 }

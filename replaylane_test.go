@@ -6,6 +6,7 @@
 package main
 
 import (
+	"context"
 	"database/sql"
 	"encoding/json"
 	"net/http"
@@ -505,5 +506,126 @@ func TestPanelShowsAndCancelsAReplay(t *testing.T) {
 	status, _, _ = postPanelForm(t, browser, api.srv, pagePath+"/cancel-replay", url.Values{"replay_id": {"x"}})
 	if status != http.StatusBadRequest {
 		t.Errorf("cancel with replay_id x: %d, want 400", status)
+	}
+}
+
+// A replay counts its jobs when it starts and enqueues them a batch of
+// 500 events at a time, the next only once fewer than 500 of its jobs
+// wait: of 1,600 events, the POST enqueues 500 and answers the count;
+// progress counts the 1,100 not yet enqueued as pending; a replay still
+// enqueuing is not taken for finished, however old; and its last batch
+// (100 events, fewer than 500) ends its enqueue.
+func TestReplayEnqueuesABatchAtATime(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	const hook = "http://192.0.2.1:9"
+	ep := createTunedEndpoint(t, api, hook, `"max_in_flight": 8`)
+	seedFanned(t, db, hook, "s", 1600)
+	res := replayFor(t, api, ep.ID)
+	enqueued := func() int {
+		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE replay_id = $1`, res.ReplayID)
+	}
+	if res.Jobs != 1600 || enqueued() != 500 {
+		t.Fatalf("the POST answered %d jobs and enqueued %d, want the count, 1600, and one batch, 500", res.Jobs, enqueued())
+	}
+	// Older than the hour after which an unmarked enqueue is taken for
+	// cut off by a crash: a replay's is carried on instead.
+	mustExec(t, db, `UPDATE outbox.replays SET created_at = now() - interval '2 hours' WHERE id = $1`, res.ReplayID)
+	if r := replaysOf(t, api, ep.ID)[0]; r.Total != 1600 || r.Pending != 1600 || r.Done != 0 || r.State != "running" || r.EnqueuedAt != nil {
+		t.Errorf("progress after the first batch: %+v, want running, 0 of 1600 done, 1600 pending, not enqueued", r)
+	}
+	feed := func() {
+		t.Helper()
+		if err := feedReplays(context.Background(), db, 18); err != nil {
+			t.Fatal(err)
+		}
+	}
+	finish := func(n int) {
+		t.Helper()
+		mustExec(t, db, `UPDATE outbox.jobs SET state = 'completed', attempt = 1, attempted_at = now(), finalized_at = now()
+			WHERE id IN (SELECT id FROM outbox.jobs WHERE replay_id = $1 AND state = 'available' ORDER BY id LIMIT $2)`, res.ReplayID, n)
+	}
+	feed()
+	if n := enqueued(); n != 500 {
+		t.Errorf("with 500 waiting, a feed enqueued %d in all, want still 500", n)
+	}
+	finish(1)
+	feed()
+	if n := enqueued(); n != 1000 {
+		t.Errorf("with 499 waiting, a feed enqueued %d in all, want 1000", n)
+	}
+	if r := replaysOf(t, api, ep.ID)[0]; r.Total != 1600 || r.Pending != 1599 || r.Done != 1 || r.EnqueuedAt != nil {
+		t.Errorf("progress after the second batch: %+v, want 1 of 1600 done, 1599 pending, not enqueued", r)
+	}
+	finish(1000)
+	feed()
+	finish(1000)
+	feed()
+	if n := enqueued(); n != 1600 {
+		t.Errorf("after two more feeds %d enqueued, want 1600", n)
+	}
+	finish(1000)
+	r := replaysOf(t, api, ep.ID)[0]
+	if r.Total != 1600 || r.Done != 1600 || r.Pending != 0 || r.State != "finished" || r.EnqueuedAt == nil {
+		t.Errorf("progress once drained: %+v, want finished, 1600 of 1600 done", r)
+	}
+	var jobsEnqueued int
+	if err := db.QueryRow(`SELECT jobs_enqueued FROM outbox.replays WHERE id = $1`, res.ReplayID).Scan(&jobsEnqueued); err != nil || jobsEnqueued != 1600 {
+		t.Errorf("jobs_enqueued %d (%v), want 1600", jobsEnqueued, err)
+	}
+}
+
+// The count a replay starts with is what the events then were: an event
+// whose delivery to the endpoint is still pending when its batch comes is
+// left to it, and the last batch sets the total to the jobs enqueued
+// (1,000 of 1,010). A cancel between batches ends the enqueue: the total
+// is what was enqueued, and no feed adds to it.
+func TestReplayTotalIsWhatItEnqueued(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	const hook = "http://192.0.2.1:9"
+	ep := createTunedEndpoint(t, api, hook, `"max_in_flight": 8`)
+	seedFanned(t, db, hook, "s", 1010)
+	res := replayFor(t, api, ep.ID)
+	if res.Jobs != 1010 {
+		t.Fatalf("the POST answered %d jobs, want the count, 1010", res.Jobs)
+	}
+	// The last 10 events get a live delivery still waiting.
+	mustExec(t, db, `INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts)
+		SELECT 'webhook', id, $1, 18 FROM outbox.events ORDER BY id DESC LIMIT 10`, ep.ID)
+	for range 3 {
+		mustExec(t, db, `UPDATE outbox.jobs SET state = 'completed', attempt = 1, attempted_at = now(), finalized_at = now()
+			WHERE replay_id = $1 AND state = 'available'`, res.ReplayID)
+		if err := feedReplays(context.Background(), db, 18); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r := replaysOf(t, api, ep.ID)[0]; r.Total != 1000 || r.EnqueuedAt == nil ||
+		queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE replay_id = $1`, res.ReplayID) != 1000 {
+		t.Errorf("after the last batch: %+v, want a total of 1000, enqueued", r)
+	}
+
+	// The 1,000 delivered again and 1,200 new; the 10 still waiting are
+	// left to their live delivery.
+	seedFanned(t, db, hook, "t", 1200)
+	second := replayFor(t, api, ep.ID)
+	if second.Jobs != 2200 {
+		t.Fatalf("the second replay answered %d jobs, want 2200", second.Jobs)
+	}
+	status, body := api.do("POST", "/api/endpoints/"+itoa(ep.ID)+"/replays/"+itoa(second.ReplayID)+"/cancel", "")
+	var c ReplayView
+	if err := json.Unmarshal(body, &c); status != http.StatusOK || err != nil {
+		t.Fatalf("cancel: %d %s", status, body)
+	}
+	if c.State != "cancelled" || c.Total != 500 || c.Done != 500 || c.Pending != 0 {
+		t.Errorf("cancelled after its first batch: %+v, want a total of the 500 enqueued, all done (discarded)", c)
+	}
+	if err := feedReplays(context.Background(), db, 18); err != nil {
+		t.Fatal(err)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE replay_id = $1`, second.ReplayID); n != 500 {
+		t.Errorf("%d jobs in the cancelled replay after a feed, want the 500 enqueued before the cancel", n)
 	}
 }

@@ -717,7 +717,21 @@ ALTER TABLE outbox.jobs
 --
 --   window_from, window_to, topics  what a 'replay' selected (the window
 --                   after the clamp); NULL for 'retry_discarded'.
---   jobs_total      the jobs it enqueued, added batch by batch.
+--   jobs_total      the jobs it enqueues. A 'retry_discarded' adds them
+--                   batch by batch. A 'replay' counts them when it starts,
+--                   as its dry run counts (replay.go, replayCountSQL), and
+--                   is set to jobs_enqueued once its last batch is
+--                   enqueued, or it is cancelled: what the events and
+--                   their deliveries then were may differ from the count.
+--   jobs_enqueued   the jobs enqueued so far.
+--   enqueue_after   a 'replay''s cursor: the last event id its enqueue
+--                   has passed. A replay is enqueued lazily, a batch
+--                   at a time as its lane drains (replay.go, feedReplay),
+--                   not all at its start: 100,000 jobs inserted in its
+--                   first 28 s were the worst minute of live latency
+--                   beside it (README, "Delivery lanes under load"). NULL
+--                   for a 'retry_discarded', enqueued at once, and for a
+--                   replay until its count is written.
 --   enqueued_at     when its last batch was enqueued; NULL while it still
 --                   enqueues, so that it is not taken for finished between
 --                   two batches.
@@ -751,6 +765,16 @@ CREATE TABLE IF NOT EXISTS outbox.replays (
 -- endpoints.
 CREATE INDEX IF NOT EXISTS replays_by_endpoint
   ON outbox.replays (endpoint_id, id);
+
+ALTER TABLE outbox.replays
+  ADD COLUMN IF NOT EXISTS jobs_enqueued bigint NOT NULL DEFAULT 0,
+  ADD COLUMN IF NOT EXISTS enqueue_after bigint;
+
+-- Serves the workers' look for replays still to enqueue (replay.go,
+-- feedReplays), several times a second.
+CREATE INDEX IF NOT EXISTS replays_enqueuing
+  ON outbox.replays (id)
+  WHERE enqueued_at IS NULL AND enqueue_after IS NOT NULL;
 
 -- A replay's jobs. SET NULL when its row goes: only a finished replay's
 -- row is deleted, so only finished jobs lose it (a retry by hand of one
