@@ -435,13 +435,10 @@ WHERE endpoint_id = $1
 // times.
 func updateEndpoint(ctx context.Context, db *sql.DB, id int64, in endpointInput) (Endpoint, error) {
 	var e Endpoint
-	var err error
-	for try := 1; try <= deleteEndpointTries; try++ {
+	err := retryAfterDeadlock(ctx, func() (err error) {
 		e, err = updateEndpointOnce(ctx, db, id, in)
-		if pq.As(err, pqerror.TRDeadlockDetected) == nil {
-			break
-		}
-	}
+		return err
+	})
 	return e, err
 }
 
@@ -484,23 +481,47 @@ DELETE FROM outbox.endpoints
 WHERE id = $1`
 
 // deleteEndpointTries bounds deleteEndpoint's and updateEndpoint's tries
-// after a deadlock.
-const deleteEndpointTries = 3
+// after a deadlock, and deadlockBackoff is the pause before the second
+// (doubling after).
+const (
+	deleteEndpointTries = 3
+	deadlockBackoff     = 50 * time.Millisecond
+)
+
+// retryAfterDeadlock runs try until it ends other than in a deadlock, at
+// most deleteEndpointTries times. It pauses between tries: PostgreSQL
+// aborts one transaction of a deadlock and lets the other go on, which
+// then needs a moment to take the locks it waited for. Tried again at
+// once, the aborted one could take them first and meet the same deadlock
+// (it did, three times running, on a busy machine).
+func retryAfterDeadlock(ctx context.Context, try func() error) error {
+	pause := deadlockBackoff
+	for attempt := 1; ; attempt++ {
+		err := try()
+		if pq.As(err, pqerror.TRDeadlockDetected) == nil || attempt == deleteEndpointTries {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(pause):
+		}
+		pause *= 2
+	}
+}
 
 // deleteEndpoint deletes endpoint id. It locks the endpoint, then (setting
 // their endpoint_id to NULL) its jobs; the completer locks a batch's jobs,
 // then their endpoints. The two can deadlock, and PostgreSQL then aborts
-// the one that has waited longer, mostly the delete: it tries again, and
-// meets the completer's transaction done or waits for it.
+// the one that has waited longer, mostly the delete: it tries again
+// (retryAfterDeadlock), and meets the completer's transaction done or
+// waits for it.
 func deleteEndpoint(ctx context.Context, db *sql.DB, id int64) error {
 	var res sql.Result
-	var err error
-	for try := 1; try <= deleteEndpointTries; try++ {
+	err := retryAfterDeadlock(ctx, func() (err error) {
 		res, err = db.ExecContext(ctx, deleteEndpointSQL, id)
-		if pq.As(err, pqerror.TRDeadlockDetected) == nil {
-			break
-		}
-	}
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("delete endpoint %d: %w", id, err)
 	}
