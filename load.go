@@ -815,7 +815,6 @@ type cpuMeter struct {
 	processes []int                 // outboxd's pids, added once started
 	base      map[int]time.Duration // backends' CPU time at the start
 	last      map[int]time.Duration // every pid's CPU time at its last sample
-	readable  bool                  // /proc answered for some backend
 }
 
 // cpuSampleEvery is how often the meter reads /proc.
@@ -835,7 +834,7 @@ func startCPUMeter(ctx context.Context, db *sql.DB) *cpuMeter {
 	pids, _ := queryAll(ctx, db, scanPID, backendPIDsSQL)
 	for _, pid := range pids {
 		if t, ok := readCPUTime(pid); ok {
-			m.base[pid], m.readable = t, true
+			m.base[pid] = t
 		}
 	}
 	go func() {
@@ -878,13 +877,14 @@ func (m *cpuMeter) sample(ctx context.Context) {
 	defer m.mu.Unlock()
 	for _, pid := range append(pids, m.processes...) {
 		if t, ok := readCPUTime(pid); ok {
-			m.last[pid], m.readable = t, true
+			m.last[pid] = t
 		}
 	}
 }
 
 // Stop takes a last sample and reports the phase's CPU time: outboxd's
-// and the backends'; ok is false where /proc could not be read.
+// and the backends'; ok is false where /proc had neither (a server on
+// another machine leaves the backends' at zero).
 func (m *cpuMeter) Stop(ctx context.Context) (outboxd, backends time.Duration, ok bool) {
 	close(m.stop)
 	<-m.done
@@ -898,7 +898,7 @@ func (m *cpuMeter) Stop(ctx context.Context) (outboxd, backends time.Duration, o
 			backends += t - m.base[pid]
 		}
 	}
-	return outboxd, backends, m.readable && outboxd > 0
+	return outboxd, backends, outboxd > 0 && backends > 0
 }
 
 // Report is the line a mode prints after its rate: the phase's CPU time

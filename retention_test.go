@@ -882,17 +882,16 @@ func TestXactLockSweepSkipsAndHandsOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer hold.Rollback()
-	pauses := 0
+	// The hook runs on the sweeper's goroutine: it notes what it saw, and
+	// this one checks it once the cycle is done.
+	pauses, left := 0, 0
+	var locked bool
+	var leftErr, lockErr error
 	s.after = func(d time.Duration) <-chan time.Time {
 		pauses++
 		if pauses == 1 {
-			if n := queryInt(t, db, `SELECT count(*) FROM outbox.events`); n != 3 {
-				t.Errorf("%d events left in the pause after the first batch, want 3", n)
-			}
-			var locked bool
-			if err := hold.QueryRow(`SELECT pg_try_advisory_xact_lock($1)`, retentionLockKey).Scan(&locked); err != nil || !locked {
-				t.Errorf("take the lock in the sweeper's pause: %t, %v; want it taken", locked, err)
-			}
+			leftErr = db.QueryRow(`SELECT count(*) FROM outbox.events`).Scan(&left)
+			lockErr = hold.QueryRow(`SELECT pg_try_advisory_xact_lock($1)`, retentionLockKey).Scan(&locked)
 		}
 		ready := make(chan time.Time, 1)
 		ready <- time.Now()
@@ -908,6 +907,12 @@ func TestXactLockSweepSkipsAndHandsOver(t *testing.T) {
 		done <- outcome{res, err}
 	}()
 	got := <-done
+	if leftErr != nil || left != 3 {
+		t.Errorf("%d events left in the pause after the first batch (%v), want 3", left, leftErr)
+	}
+	if lockErr != nil || !locked {
+		t.Errorf("take the lock in the sweeper's pause: %t, %v; want it taken", locked, lockErr)
+	}
 	if got.err != nil || !got.res.HandedOver || got.res.Deleted["events"] != 2 || s.cycles.Load() != 1 || s.failed.Load() != 0 {
 		t.Errorf("cycle whose lock was taken between batches: %+v, %v, swept %d, failed %d; want handed over after 2 events", got.res, got.err, s.cycles.Load(), s.failed.Load())
 	}
