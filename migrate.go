@@ -269,18 +269,32 @@ func (m migration) applySchema(ctx context.Context, conn *sql.Conn) error {
 // deadlock that costs the try its whole lock wait and, as the pipeline
 // keeps making them, every try after it. Locking every table first makes
 // that window a few round trips instead of the whole file, and the order
-// is the pipeline's own: a claim locks its replica's row in
-// outbox.replicas before anything else (claim_jobs), so replicas comes
-// first; its statements lock the tables they name (jobs, endpoints,
-// subjects ...) when planned, and outbox.events after, inside the claim
-// functions; a producer locks events, then reads relay_state in its
-// trigger. So events and relay_state come last, in that order.
+// follows the pipeline's busiest transactions:
+//   - a claim locks its replica's row in outbox.replicas before anything
+//     else (claim_jobs), then outbox.jobs, and outbox.events last;
+//   - a completer updates outbox.jobs, then writes deliveries and
+//     delivery_stats;
+//   - a job inserted outside the relay (a replay, a retry) locks
+//     outbox.jobs, then the tables its foreign keys name (endpoints,
+//     replays, events), even when the key is NULL: PostgreSQL's check opens
+//     the referenced table before it looks at the key;
+//   - a producer locks outbox.events, then reads relay_state in its
+//     trigger.
+//
+// So replicas, then jobs, then the rest, then events and relay_state. No
+// order suits every transaction: the relay locks events before it inserts
+// jobs, and retention deletes events before their jobs; a try that meets
+// one of those mid-way waits out its lock wait and is tried again
+// (TestMigrationUnderWriteLoadStallsProducersBriefly has jobs inserted
+// through the migration, which with jobs locked after endpoints lost
+// nearly every try).
 const schemaTablesQuery = `
 SELECT c.relname
 FROM pg_class AS c
 WHERE c.relnamespace = to_regnamespace('outbox')
   AND c.relkind IN ('r', 'p')
-ORDER BY c.relname <> 'replicas', c.relname IN ('events', 'relay_state'), c.relname = 'relay_state', c.relname`
+ORDER BY c.relname <> 'replicas', c.relname <> 'jobs',
+         c.relname IN ('events', 'relay_state'), c.relname = 'relay_state', c.relname`
 
 // scanString reads a row of one text, for queryAll.
 func scanString(row rowScanner) (string, error) {

@@ -49,6 +49,49 @@ func TestMigrationBoundsAreTheDocumentedOnes(t *testing.T) {
 	}
 }
 
+// The order the migration locks the tables in (schemaTablesQuery): a claim
+// locks outbox.replicas first; outbox.jobs next, before the tables that a
+// job insert's foreign-key checks lock after it (PostgreSQL opens the
+// referenced table even for a NULL key) and the ones a completer writes
+// after it; outbox.events and relay_state last, as a producer takes them.
+// With jobs after endpoints, a job insert mid-way held jobs and waited for
+// endpoints while the migration held endpoints and waited for jobs.
+func TestMigrationLocksTablesInThePipelineOrder(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	ctx := context.Background()
+	order, err := queryAll(ctx, db, scanString, schemaTablesQuery)
+	if err != nil {
+		t.Fatal(err)
+	}
+	position := map[string]int{}
+	for i, table := range order {
+		position[table] = i
+	}
+	if len(order) < 4 || order[0] != "replicas" || order[1] != "jobs" ||
+		order[len(order)-2] != "events" || order[len(order)-1] != "relay_state" {
+		t.Fatalf("lock order %v: want replicas, jobs, ..., events, relay_state", order)
+	}
+	referenced, err := queryAll(ctx, db, scanString, `
+		SELECT DISTINCT c.confrelid::regclass::text
+		FROM pg_constraint AS c
+		WHERE c.conrelid = 'outbox.jobs'::regclass AND c.contype = 'f'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// endpoints, events and replays today; a new foreign key of jobs is
+	// checked by the same rule.
+	if len(referenced) < 3 {
+		t.Fatalf("outbox.jobs references %v, want at least endpoints, events and replays", referenced)
+	}
+	for _, name := range append(referenced, "outbox.deliveries", "outbox.delivery_stats") {
+		table := strings.TrimPrefix(name, "outbox.")
+		if pos, ok := position[table]; !ok || pos < position["jobs"] {
+			t.Errorf("%s is locked before outbox.jobs (order %v)", name, order)
+		}
+	}
+}
+
 func TestSplitSQL(t *testing.T) {
 	t.Parallel()
 	src := "-- a comment; not a statement\n" +
