@@ -112,6 +112,14 @@ type workerPool struct {
 	completed atomic.Int64
 	retried   atomic.Int64
 	discarded atomic.Int64
+	// What the claims and the outcome writes cost, for /metrics: how
+	// often each runs, how long it takes and how many jobs it carries
+	// say where a job's wait goes (`outboxd load -mode replay` reads
+	// them per phase).
+	claims         *histogram // one claim statement, seconds
+	claimedJobs    atomic.Int64
+	outcomeBatches *histogram // one batch of outcomes written, retries included, seconds
+	outcomeJobs    atomic.Int64
 }
 
 // jobHandler runs one attempt of a job. Its error, if any, is the outcome
@@ -130,6 +138,9 @@ func newWorkerPool(db *sql.DB, cfg WorkerConfig, grace time.Duration, subs *subs
 		slotFreed:   make(chan struct{}, 1),
 		results:     make(chan jobResult, cfg.Concurrency),
 		recorded:    make(chan struct{}, 1),
+
+		claims:         newHistogram(latencyBuckets),
+		outcomeBatches: newHistogram(latencyBuckets),
 	}
 }
 
@@ -303,6 +314,8 @@ func (p *workerPool) claim(ctx context.Context, n int) ([]Job, error) {
 	sent := time.Now()
 	scan := func(row rowScanner) (Job, error) { return scanClaimedJob(row, sent) }
 	jobs, err := queryAll(ctx, p.db, scan, claimJobsSQL, n, replica)
+	p.claims.Observe(time.Since(sent).Seconds())
+	p.claimedJobs.Add(int64(len(jobs)))
 	if err != nil {
 		if replica != nil && pq.As(err, errReplicaNotRegistered) != nil {
 			p.replica.lost(*replica) // declared dead: claim nothing until registered again

@@ -945,3 +945,30 @@ func parseCPUTime(stat string) (time.Duration, bool) {
 	}
 	return time.Duration(utime+stime) * time.Second / clockTicksPerSecond, true
 }
+
+// machineCPU reads the machine's CPU time from /proc/stat: the time every
+// CPU was busy and the time that passed on all of them together, in clock
+// ticks; ok false where there is no /proc. Two readings give the share of
+// the machine a phase kept busy, whoever kept it so.
+func machineCPU() (busy, total int64, ok bool) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0, false
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	fields := strings.Fields(line)
+	if len(fields) < 5 || fields[0] != "cpu" {
+		return 0, 0, false
+	}
+	for i, f := range fields[1:] {
+		n, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			return 0, 0, false
+		}
+		total += n
+		if i != 3 && i != 4 { // idle and iowait
+			busy += n
+		}
+	}
+	return busy, total, true
+}

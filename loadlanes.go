@@ -331,6 +331,162 @@ func sortedLatencies(events []laneEvent, t map[int64]laneTiming, keep func(laneE
 	return out
 }
 
+// stageSQL reads, for events' deliveries, when each stage of the way
+// began: the event's statement (created_at), the relay's insert of its job
+// (the job's created_at) and the claim of its last attempt (attempted_at).
+const stageSQL = `
+SELECT e.id, e.created_at, j.created_at, j.attempted_at
+FROM outbox.events AS e
+JOIN outbox.jobs AS j ON j.event_id = e.id
+WHERE e.id = ANY($1) AND j.attempted_at IS NOT NULL`
+
+// laneStages is where accepted events' commit->2xx went, stage by stage:
+// fan-out (event to job), the wait for a claim (job to claim) and the
+// claim to the receiver's 2xx (the worker's start, the request, the
+// answer). Each is sorted once filled.
+type laneStages struct {
+	FanOut, ClaimWait, ClaimTo2xx []time.Duration
+}
+
+// add reads the stages of events' deliveries from db.
+func (st *laneStages) add(ctx context.Context, db *sql.DB, events []laneEvent, accepted map[int64]acceptance) error {
+	ids := make([]int64, len(events))
+	for i, e := range events {
+		ids[i] = e.ID
+	}
+	rows, err := db.QueryContext(ctx, stageSQL, pq.Array(ids))
+	if err != nil {
+		return fmt.Errorf("load: read the deliveries' stages: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id int64
+		var created, enqueued, claimed time.Time
+		if err := rows.Scan(&id, &created, &enqueued, &claimed); err != nil {
+			return fmt.Errorf("load: read the deliveries' stages: %w", err)
+		}
+		if a, ok := accepted[id]; ok {
+			st.FanOut = append(st.FanOut, enqueued.Sub(created))
+			st.ClaimWait = append(st.ClaimWait, claimed.Sub(enqueued))
+			st.ClaimTo2xx = append(st.ClaimTo2xx, a.At.Sub(claimed))
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("load: read the deliveries' stages: %w", err)
+	}
+	return nil
+}
+
+// workerCost is what the child's claims and outcome writes did over some
+// phases, from its /metrics: added up phase by phase with add.
+type workerCost struct {
+	seconds float64
+	delta   map[string]float64
+}
+
+// machineBusy and machineTotal are pseudo-metrics workerCost adds to the
+// child's: the machine's busy and elapsed CPU ticks (machineCPU).
+const (
+	machineBusy  = "machine_cpu_busy_ticks"
+	machineTotal = "machine_cpu_ticks"
+)
+
+// costReading is the child's metrics with the machine's CPU ticks.
+func (c *loadChild) costReading(ctx context.Context) (map[string]float64, error) {
+	sums, err := c.metricSums(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if busy, total, ok := machineCPU(); ok {
+		sums[machineBusy], sums[machineTotal] = float64(busy), float64(total)
+	}
+	return sums, nil
+}
+
+// workerCostMetrics are the child's counters workerCost reads.
+var workerCostMetrics = []string{
+	"outboxd_job_claim_seconds_count", "outboxd_job_claim_seconds_sum", "outboxd_jobs_claimed_total",
+	"outboxd_job_outcome_batch_seconds_count", "outboxd_job_outcome_batch_seconds_sum", "outboxd_job_outcomes_written_total",
+	"outboxd_relay_passes_total", "outboxd_relay_pass_seconds_sum",
+	machineBusy, machineTotal,
+}
+
+// add counts the phase between two readings of the child's metrics.
+func (w *workerCost) add(before, after map[string]float64, took time.Duration) {
+	if w.delta == nil {
+		w.delta = map[string]float64{}
+	}
+	w.seconds += took.Seconds()
+	for _, name := range workerCostMetrics {
+		w.delta[name] += after[name] - before[name]
+	}
+}
+
+// workerFigures is workerCost per second and per call.
+type workerFigures struct {
+	ClaimsPerSecond   float64 `json:"claims_per_second"`
+	ClaimMS           float64 `json:"claim_ms"` // mean
+	JobsPerClaim      float64 `json:"jobs_per_claim"`
+	OutcomeBatchesPS  float64 `json:"outcome_batches_per_second"`
+	OutcomeBatchMS    float64 `json:"outcome_batch_ms"` // mean
+	JobsPerBatch      float64 `json:"jobs_per_outcome_batch"`
+	RelayPassesPerSec float64 `json:"relay_passes_per_second"`
+	RelayPassMS       float64 `json:"relay_pass_ms"` // mean
+	MachineBusy       float64 `json:"machine_busy"`  // the share of every CPU's time spent busy
+}
+
+func (w workerCost) figures() workerFigures {
+	d := w.delta
+	per := func(a, b float64) float64 {
+		if b == 0 {
+			return 0
+		}
+		return a / b
+	}
+	return workerFigures{
+		ClaimsPerSecond:   per(d["outboxd_job_claim_seconds_count"], w.seconds),
+		ClaimMS:           1000 * per(d["outboxd_job_claim_seconds_sum"], d["outboxd_job_claim_seconds_count"]),
+		JobsPerClaim:      per(d["outboxd_jobs_claimed_total"], d["outboxd_job_claim_seconds_count"]),
+		OutcomeBatchesPS:  per(d["outboxd_job_outcome_batch_seconds_count"], w.seconds),
+		OutcomeBatchMS:    1000 * per(d["outboxd_job_outcome_batch_seconds_sum"], d["outboxd_job_outcome_batch_seconds_count"]),
+		JobsPerBatch:      per(d["outboxd_job_outcomes_written_total"], d["outboxd_job_outcome_batch_seconds_count"]),
+		RelayPassesPerSec: per(d["outboxd_relay_passes_total"], w.seconds),
+		RelayPassMS:       1000 * per(d["outboxd_relay_pass_seconds_sum"], d["outboxd_relay_passes_total"]),
+		MachineBusy:       per(d[machineBusy], d[machineTotal]),
+	}
+}
+
+func (f workerFigures) String() string {
+	return fmt.Sprintf("%.0f claims/s of %.1f ms and %.1f jobs, %.0f outcome batches/s of %.1f ms and %.1f jobs, %.0f relay passes/s of %.1f ms; the machine's CPUs %.0f%% busy",
+		f.ClaimsPerSecond, f.ClaimMS, f.JobsPerClaim, f.OutcomeBatchesPS, f.OutcomeBatchMS, f.JobsPerBatch, f.RelayPassesPerSec, f.RelayPassMS, 100*f.MachineBusy)
+}
+
+// stageFigures is laneStages' p50 and p99 of each stage, in ms.
+type stageFigures struct {
+	FanOutP50MS     float64 `json:"fan_out_p50_ms"`
+	FanOutP99MS     float64 `json:"fan_out_p99_ms"`
+	ClaimWaitP50MS  float64 `json:"claim_wait_p50_ms"`
+	ClaimWaitP99MS  float64 `json:"claim_wait_p99_ms"`
+	ClaimTo2xxP50MS float64 `json:"claim_to_2xx_p50_ms"`
+	ClaimTo2xxP99MS float64 `json:"claim_to_2xx_p99_ms"`
+}
+
+func (st *laneStages) figures() stageFigures {
+	for _, d := range [][]time.Duration{st.FanOut, st.ClaimWait, st.ClaimTo2xx} {
+		slices.Sort(d)
+	}
+	return stageFigures{
+		FanOutP50MS: ms(quantile(st.FanOut, 0.5)), FanOutP99MS: ms(quantile(st.FanOut, 0.99)),
+		ClaimWaitP50MS: ms(quantile(st.ClaimWait, 0.5)), ClaimWaitP99MS: ms(quantile(st.ClaimWait, 0.99)),
+		ClaimTo2xxP50MS: ms(quantile(st.ClaimTo2xx, 0.5)), ClaimTo2xxP99MS: ms(quantile(st.ClaimTo2xx, 0.99)),
+	}
+}
+
+func (f stageFigures) String() string {
+	return fmt.Sprintf("fan-out p50 %.1f p99 %.1f ms, wait for a claim p50 %.1f p99 %.1f ms, claim->2xx p50 %.1f p99 %.1f ms",
+		f.FanOutP50MS, f.FanOutP99MS, f.ClaimWaitP50MS, f.ClaimWaitP99MS, f.ClaimTo2xxP50MS, f.ClaimTo2xxP99MS)
+}
+
 // orderViolations counts, over every subject, the events accepted before
 // the event of their subject just before them (by id), or accepted while
 // it never was.
@@ -614,6 +770,10 @@ type replaySummary struct {
 	BaselineEventsPerSecond []float64      `json:"baseline_events_per_second"` // live, committed in each phase alone
 	LiveEventsPerSecond     []float64      `json:"live_events_per_second"`     // committed during each replay
 	LiveCommittedByRound    []int          `json:"live_committed_by_round"`    // during each replay
+	BaselineStages          stageFigures   `json:"baseline_stages"`            // live, where commit->2xx went
+	DuringStages            stageFigures   `json:"during_stages"`
+	BaselineWorkers         workerFigures  `json:"baseline_workers"` // the child's claims and outcome writes
+	DuringWorkers           workerFigures  `json:"during_workers"`
 }
 
 // replayTopic and liveTopic are replay's two kinds of event: those
@@ -673,6 +833,8 @@ func loadReplay(ctx context.Context, cfg loadConfig, run loadRun) error {
 		return timings(ctx, run.db, events, log.of(events))
 	}
 	var base, during []time.Duration
+	var baseStages, duringStages laneStages
+	var baseCost, duringCost workerCost
 	s := replaySummary{Mode: "replay", Rate: cfg.Rate, MaxInFlight: ep.MaxInFlight, ReplayShare: replayShare(ep.MaxInFlight),
 		BaselineSeconds: cfg.Duration.Seconds(), Rounds: cfg.Rounds, ReplayEvents: cfg.Events, VacuumEverySeconds: cfg.VacuumEvery.Seconds(), AnswerAfterSeconds: cfg.AnswerAfter.Seconds()}
 	// baseline runs the live producers alone for d; counted, unless it is
@@ -681,11 +843,23 @@ func loadReplay(ctx context.Context, cfg loadConfig, run loadRun) error {
 		if err := vacuumQueues(ctx, run.db); err != nil {
 			return err
 		}
+		before, err := child.costReading(ctx)
+		if err != nil {
+			return err
+		}
 		runCtx, stop := context.WithTimeout(ctx, d)
 		defer stop()
 		events, took := producer.run(ctx, runCtx)
+		after, err := child.costReading(ctx)
+		if err != nil {
+			return err
+		}
 		t, err := live(events)
 		if err != nil || !counted {
+			return err
+		}
+		baseCost.add(before, after, took)
+		if err := baseStages.add(ctx, run.db, events, log.of(events)); err != nil {
 			return err
 		}
 		lat := sortedLatencies(events, t, nil)
@@ -715,6 +889,10 @@ func loadReplay(ctx context.Context, cfg loadConfig, run loadRun) error {
 			return err
 		}
 		s.EstimatedSeconds = append(s.EstimatedSeconds, preview.EstimatedSeconds)
+		before, err := child.costReading(ctx)
+		if err != nil {
+			return err
+		}
 		log.startReplay(upTo)
 		runCtx, stop := context.WithCancel(ctx)
 		var events []laneEvent
@@ -737,8 +915,16 @@ func loadReplay(ctx context.Context, cfg loadConfig, run loadRun) error {
 		if err != nil {
 			return err
 		}
+		after, err := child.costReading(ctx)
+		if err != nil {
+			return err
+		}
+		duringCost.add(before, after, time.Since(started))
 		t, err := live(events)
 		if err != nil {
+			return err
+		}
+		if err := duringStages.add(ctx, run.db, events, log.of(events)); err != nil {
 			return err
 		}
 		lat := sortedLatencies(events, t, nil)
@@ -771,6 +957,8 @@ func loadReplay(ctx context.Context, cfg loadConfig, run loadRun) error {
 	slices.Sort(during)
 	s.Baseline, s.During = figures(base), figures(during)
 	s.P99Ratio, s.P99RatioMet = p99Ratio(base, during)
+	s.BaselineStages, s.DuringStages = baseStages.figures(), duringStages.figures()
+	s.BaselineWorkers, s.DuringWorkers = baseCost.figures(), duringCost.figures()
 
 	out := run.stdout
 	fmt.Fprintf(out, "mode replay: live events at %g events/s to an endpoint (max_in_flight %d, replay share %d, its receiver answering after %s), warmed up %s, then %d round(s) of %s alone and the length of a %d-event replay beside it, and %s alone\n",
@@ -785,6 +973,10 @@ func loadReplay(ctx context.Context, cfg loadConfig, run loadRun) error {
 	fmt.Fprintf(out, "the queue tables vacuumed before each phase, and %d times during them (-vacuum-every %s)\n", s.Vacuums, cfg.VacuumEvery)
 	fmt.Fprintf(out, "live, alone:             %s\n", s.Baseline)
 	fmt.Fprintf(out, "live, during the replay: %s\n", s.During)
+	fmt.Fprintf(out, "live, alone, by stage:   %s\n", s.BaselineStages)
+	fmt.Fprintf(out, "live, during, by stage:  %s\n", s.DuringStages)
+	fmt.Fprintf(out, "the workers, alone:      %s\n", s.BaselineWorkers)
+	fmt.Fprintf(out, "the workers, during:     %s\n", s.DuringWorkers)
 	fmt.Fprintf(out, "p99 during / p99 alone: %.2f (target <= %g): %s\n", s.P99Ratio, lanesP99Bound, verdict(s.P99RatioMet))
 	return writeSummary(out, s)
 }

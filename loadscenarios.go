@@ -273,26 +273,44 @@ func (c *loadChild) Endpoint(ctx context.Context, id int64) (Endpoint, error) {
 // DeliveryAttempts is the child's outboxd_deliveries_total, every outcome
 // summed: the webhook requests this process made.
 func (c *loadChild) DeliveryAttempts(ctx context.Context) (int64, error) {
+	sums, err := c.metricSums(ctx)
+	return int64(sums["outboxd_deliveries_total"]), err
+}
+
+// metricSums reads the child's /metrics: each sample's value by its name
+// (a histogram's _count and _sum are names of their own), summed over
+// labels. Bucket samples are left out.
+func (c *loadChild) metricSums(ctx context.Context) (map[string]float64, error) {
 	req, err := http.NewRequestWithContext(ctx, "GET", "http://"+c.addr+"/metrics", nil)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+c.token)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, fmt.Errorf("load: read metrics: %w", err)
+		return nil, fmt.Errorf("load: read metrics: %w", err)
 	}
 	defer resp.Body.Close()
-	var total int64
+	sums := map[string]float64{}
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "outboxd_deliveries_total{"); ok {
-			_, value, _ := strings.Cut(rest, "} ")
-			n, _ := strconv.ParseFloat(value, 64)
-			total += int64(n)
+		line := sc.Text()
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		series, value, ok := strings.Cut(line, " ")
+		name, _, _ := strings.Cut(series, "{")
+		if !ok || strings.HasSuffix(name, "_bucket") {
+			continue
+		}
+		if n, err := strconv.ParseFloat(value, 64); err == nil {
+			sums[name] += n
 		}
 	}
-	return total, sc.Err()
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("load: read metrics: %w", err)
+	}
+	return sums, nil
 }
 
 // awaitFannedOut waits until the relay has fanned out every event of topic.

@@ -9,6 +9,9 @@ import (
 	"encoding/json"
 	"io"
 	"math"
+	"net/http"
+	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -504,3 +507,68 @@ func TestLoadOrderedScenarioComparesDrains(t *testing.T) {
 // recomputed from others the summary rounded (milliseconds to the
 // microsecond) or summed in another order.
 func near(a, b, rel float64) bool { return math.Abs(a-b) <= rel*math.Abs(b) }
+
+// The replay scenario reads the child's /metrics per phase: samples summed
+// by name over labels, buckets left out, and turned into rates and means.
+func TestWorkerCostFromMetrics(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer tok" {
+			http.Error(w, "no token", http.StatusUnauthorized)
+			return
+		}
+		io.WriteString(w, `# HELP outboxd_job_claim_seconds Duration of one claim statement.
+# TYPE outboxd_job_claim_seconds histogram
+outboxd_job_claim_seconds_bucket{le="0.001"} 7
+outboxd_job_claim_seconds_bucket{le="+Inf"} 40
+outboxd_job_claim_seconds_sum 0.12
+outboxd_job_claim_seconds_count 40
+outboxd_jobs_claimed_total 100
+outboxd_deliveries_total{outcome="2xx"} 90
+outboxd_deliveries_total{outcome="5xx"} 3
+`)
+	}))
+	defer srv.Close()
+	child := &loadChild{addr: strings.TrimPrefix(srv.URL, "http://"), token: "tok"}
+	after, err := child.metricSums(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]float64{
+		"outboxd_job_claim_seconds_sum": 0.12, "outboxd_job_claim_seconds_count": 40,
+		"outboxd_jobs_claimed_total": 100, "outboxd_deliveries_total": 93,
+	}
+	if diff := cmp.Diff(want, after); diff != "" {
+		t.Errorf("metric sums (-want +got):\n%s", diff)
+	}
+	if n, err := child.DeliveryAttempts(context.Background()); err != nil || n != 93 {
+		t.Errorf("delivery attempts %d, %v; want 93", n, err)
+	}
+
+	before := map[string]float64{"outboxd_job_claim_seconds_sum": 0.02, "outboxd_job_claim_seconds_count": 20,
+		"outboxd_jobs_claimed_total": 40, machineBusy: 100, machineTotal: 400}
+	after[machineBusy], after[machineTotal] = 400, 800
+	var cost workerCost
+	cost.add(before, after, 4*time.Second)
+	got := cost.figures()
+	// 20 claims in 4 s, 0.1 s of them: 5 a second of 5 ms, 3 jobs each;
+	// the machine busy 300 of 400 ticks.
+	if got.ClaimsPerSecond != 5 || math.Abs(got.ClaimMS-5) > 1e-9 || got.JobsPerClaim != 3 || got.MachineBusy != 0.75 {
+		t.Errorf("figures %+v: want 5 claims/s of 5 ms and 3 jobs, the machine 75%% busy", got)
+	}
+}
+
+// The machine's CPU time, as the replay scenario reads it per phase.
+func TestMachineCPUReadsProcStat(t *testing.T) {
+	t.Parallel()
+	busy, total, ok := machineCPU()
+	if !ok {
+		if _, err := os.Stat("/proc/stat"); err == nil {
+			t.Fatal("/proc/stat exists but was not read")
+		}
+		return // no /proc: nothing to read, and the report says nothing of it
+	}
+	if busy <= 0 || total <= busy {
+		t.Errorf("busy %d of %d ticks: want some busy time, and less than all of it", busy, total)
+	}
+}

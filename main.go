@@ -813,6 +813,9 @@ func startPipeline(cfg Config, db *sql.DB, box *secretBox, dsn string, allowAddr
 	}
 	subscribers := defaultSubscribers(cfg.Demo, logger)
 	p.relay = newRelay(db, cfg.Relay, cfg.Workers.MaxAttempts, fanOutTargets(subscribers), logger)
+	if relayWake != nil && !cfg.DisableListen {
+		p.relay.ownNotifies = wake.own // the listener skips what the relay pokes
+	}
 	start("relay", func(ctx context.Context) error {
 		if cfg.PoolMode == poolModeTransaction {
 			quietProducers(ctx, db, logger)

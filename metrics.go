@@ -268,6 +268,8 @@ func (c *processCounters) write(p *promWriter) {
 	if c.relay != nil {
 		p.family("outboxd_relay_passes_total", "counter", "Relay passes run.")
 		p.sample("outboxd_relay_passes_total", "", float64(c.relay.passes.Load()))
+		p.family("outboxd_relay_pass_seconds", "histogram", "Duration of one relay pass's fan-out statement.")
+		p.histogram("outboxd_relay_pass_seconds", "", c.relay.passTime)
 		p.family("outboxd_relay_events_total", "counter", "Events fanned out by the relay.")
 		p.sample("outboxd_relay_events_total", "", float64(c.relay.eventsFanned.Load()))
 		p.family("outboxd_relay_jobs_enqueued_total", "counter", "Jobs enqueued by the relay.")
@@ -280,6 +282,14 @@ func (c *processCounters) write(p *promWriter) {
 		p.sample("outboxd_job_attempts_total", `outcome="completed"`, float64(c.workers.completed.Load()))
 		p.sample("outboxd_job_attempts_total", `outcome="retryable"`, float64(c.workers.retried.Load()))
 		p.sample("outboxd_job_attempts_total", `outcome="discarded"`, float64(c.workers.discarded.Load()))
+		p.family("outboxd_job_claim_seconds", "histogram", "Duration of one claim statement (outbox.claim_jobs).")
+		p.histogram("outboxd_job_claim_seconds", "", c.workers.claims)
+		p.family("outboxd_jobs_claimed_total", "counter", "Jobs taken by the claims.")
+		p.sample("outboxd_jobs_claimed_total", "", float64(c.workers.claimedJobs.Load()))
+		p.family("outboxd_job_outcome_batch_seconds", "histogram", "Duration of writing one batch of job outcomes, retries included.")
+		p.histogram("outboxd_job_outcome_batch_seconds", "", c.workers.outcomeBatches)
+		p.family("outboxd_job_outcomes_written_total", "counter", "Job outcomes in the batches written.")
+		p.sample("outboxd_job_outcomes_written_total", "", float64(c.workers.outcomeJobs.Load()))
 	}
 	if c.rescuer != nil {
 		p.family("outboxd_jobs_rescued_total", "counter", "Jobs found running past the rescue horizon.")

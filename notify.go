@@ -21,6 +21,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/lib/pq"
@@ -102,10 +104,80 @@ func quietProducers(ctx context.Context, db *sql.DB, logger *slog.Logger) {
 type wakeups struct {
 	events chan struct{}
 	jobs   chan struct{}
+	// own are this process's relay transactions whose jobs NOTIFY the
+	// workers need not hear: the relay pokes them itself.
+	own *ownNotifies
+
+	// Counters, only ever incremented: jobs notifications that woke the
+	// workers, and those of this process's own relay, skipped.
+	jobsNotified atomic.Int64
+	ownSkipped   atomic.Int64
 }
 
 func newWakeups() *wakeups {
-	return &wakeups{events: make(chan struct{}, 1), jobs: make(chan struct{}, 1)}
+	return &wakeups{events: make(chan struct{}, 1), jobs: make(chan struct{}, 1), own: &ownNotifies{}}
+}
+
+// ownNotifies counts, by server backend pid, the relay transactions of
+// this process that are committing or committed and whose NOTIFY on
+// jobsChannel has not come back yet. Every relay transaction sends one
+// (jobs_notify_workers fires for each INSERT statement, even of no row,
+// and the notifications of one transaction fold into one), and the relay
+// pokes this process's workers itself after a pass that enqueued jobs:
+// woken a second time by its own NOTIFY, the workers ran a claim for
+// nothing, one for every relay pass (`outboxd load -mode replay` counted
+// about two claims per pass). A notification carries the pid of the
+// backend that sent it, and a backend's notifications arrive in commit
+// order, so the next one from a pid the relay expects is the relay's own.
+// Other replicas' relays, replays and retries still wake the workers.
+type ownNotifies struct {
+	mu      sync.Mutex
+	pending map[int]int // pid → notifications expected
+}
+
+// expect notes that the relay's transaction on backend pid is about to
+// commit. A nil receiver (no listener) notes nothing.
+func (o *ownNotifies) expect(pid int) {
+	if o == nil {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.pending == nil {
+		o.pending = map[int]int{}
+	}
+	o.pending[pid]++
+}
+
+// forget undoes expect for a transaction whose commit failed, which sent
+// no notification: the next one from that backend is someone else's.
+func (o *ownNotifies) forget(pid int) {
+	if o == nil {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.forgetLocked(pid)
+}
+
+func (o *ownNotifies) forgetLocked(pid int) {
+	if o.pending[pid] <= 1 {
+		delete(o.pending, pid)
+		return
+	}
+	o.pending[pid]--
+}
+
+// take reports whether a notification from backend pid is the relay's
+// own, and counts it off.
+func (o *ownNotifies) take(pid int) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.pending[pid] == 0 {
+		return false
+	}
+	o.forgetLocked(pid)
+	return true
 }
 
 // poke leaves one pending wake-up on ch without ever blocking.
@@ -205,7 +277,10 @@ func (l *listener) listen(ctx context.Context) error {
 				l.wake.all()
 			case n.Channel == eventsChannel:
 				poke(l.wake.events)
+			case n.Channel == jobsChannel && l.wake.own.take(n.BePid):
+				l.wake.ownSkipped.Add(1)
 			case n.Channel == jobsChannel:
+				l.wake.jobsNotified.Add(1)
 				poke(l.wake.jobs)
 			}
 		case <-ping.C:

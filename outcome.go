@@ -239,7 +239,11 @@ func (p *workerPool) completeLoop() {
 				break more
 			}
 		}
-		if err := p.recordOutcomesRetrying(batch); err != nil {
+		began := time.Now()
+		err := p.recordOutcomesRetrying(batch)
+		p.outcomeBatches.Observe(time.Since(began).Seconds())
+		p.outcomeJobs.Add(int64(len(batch)))
+		if err != nil {
 			// The jobs stay running; the rescuer retries them. A duplicate
 			// run is the price, never a lost job.
 			p.logger.Error("record job outcomes failed; the rescuer will retry these jobs", "jobs", len(batch), "err", err)

@@ -63,6 +63,11 @@ type relay struct {
 	eventsFanned atomic.Int64
 	jobsEnqueued atomic.Int64
 	rowFailures  atomic.Int64
+	passTime     *histogram // one pass's fan-out statement, seconds
+	// ownNotifies, when this process listens, hears of every relay
+	// transaction about to commit, so that the listener does not wake
+	// the workers a second time for it (notify.go); nil otherwise.
+	ownNotifies *ownNotifies
 }
 
 // newRelay builds the relay that fans events out to targets (the
@@ -72,6 +77,7 @@ func newRelay(db *sql.DB, cfg RelayConfig, jobMaxAttempts int, targets []jobTarg
 	// only: Marshal cannot fail.
 	encoded, _ := json.Marshal(targets)
 	return &relay{
+		passTime:       newHistogram(latencyBuckets),
 		db:             db,
 		cfg:            cfg,
 		jobMaxAttempts: jobMaxAttempts,
@@ -208,7 +214,9 @@ type passResult struct {
 // count a failure against each row that fails alone.
 func (r *relay) relayOnce(ctx context.Context) (passResult, error) {
 	r.passes.Add(1)
+	began := time.Now()
 	fanned, jobs, err := r.fanOut(ctx, relayBatchSQL, r.cfg.BatchSize)
+	r.passTime.Observe(time.Since(began).Seconds())
 	res := passResult{Claimed: fanned, Fanned: fanned, Jobs: jobs}
 	if err == nil || !isRowFault(err) {
 		r.count(res)
@@ -374,7 +382,8 @@ indexed AS (` + upsertSubjectsSQL(`SELECT id, topic, subject, payload FROM marke
 SELECT (SELECT count(*) FROM marked),
        (SELECT count(*) FROM enqueued) + (SELECT count(*) FROM coalesced) + (SELECT count(*) FROM webhooks),
        (SELECT coalesce(array_agg(endpoint_id ORDER BY endpoint_id, lane_key), '{}') FROM lanes),
-       (SELECT coalesce(array_agg(lane_key ORDER BY endpoint_id, lane_key), '{}') FROM lanes)`
+       (SELECT coalesce(array_agg(lane_key ORDER BY endpoint_id, lane_key), '{}') FROM lanes),
+       pg_backend_pid()`
 }
 
 // fanOut runs one relay statement (relayBatchSQL or relayRowSQL, with its
@@ -389,15 +398,20 @@ func (r *relay) fanOut(ctx context.Context, relaySQL string, claimArg any) (fann
 	}
 	defer tx.Rollback()
 	var lanes laneKeys
+	var pid int
 	err = tx.QueryRowContext(ctx, relaySQL, claimArg, r.targets, r.jobMaxAttempts,
-		r.cfg.FailingEndpointDelay.Seconds()).Scan(&fanned, &jobs, pq.Array(&lanes.endpointIDs), pq.Array(&lanes.keys))
+		r.cfg.FailingEndpointDelay.Seconds()).Scan(&fanned, &jobs, pq.Array(&lanes.endpointIDs), pq.Array(&lanes.keys), &pid)
 	if err != nil {
 		return 0, 0, fmt.Errorf("relay: fan out: %w", err)
 	}
 	if err := advanceLanes(ctx, tx, lanes); err != nil {
 		return 0, 0, fmt.Errorf("relay: fan out: %w", err)
 	}
+	// The commit sends jobs_notify_workers' NOTIFY; this process's workers
+	// hear of the jobs from drain's poke instead (ownNotifies).
+	r.ownNotifies.expect(pid)
 	if err := tx.Commit(); err != nil {
+		r.ownNotifies.forget(pid)
 		return 0, 0, fmt.Errorf("relay: fan out: commit: %w", err)
 	}
 	return fanned, jobs, nil

@@ -359,7 +359,8 @@ func TestRelayClaimReadsOneBatchWhateverTheEstimates(t *testing.T) {
 	var claimed, jobs int
 	scanned, indexEntries := statementReads(t, db, "outbox.events", "outbox.events_unfanned_by_id", func(tx *sql.Tx) error {
 		var laneEndpoints, laneKeys []byte // the ordered lanes joined: none here
-		return tx.QueryRow(relayBatchSQL, batch, `[]`, 18, 300.0).Scan(&claimed, &jobs, &laneEndpoints, &laneKeys)
+		var pid int
+		return tx.QueryRow(relayBatchSQL, batch, `[]`, 18, 300.0).Scan(&claimed, &jobs, &laneEndpoints, &laneKeys, &pid)
 	})
 	if claimed != batch || scanned != 0 || indexEntries > batch {
 		t.Errorf("claimed %d of a %d backlog, scanning %d table rows and reading %d index entries; want %d claimed, 0 scanned, at most %d entries",
@@ -459,6 +460,58 @@ func TestListenerWakesRelayOnRecord(t *testing.T) {
 	case <-wake.events:
 	case <-time.After(10 * time.Second):
 		t.Fatal("no wake-up for the relay after outbox.record")
+	}
+}
+
+// A relay pass's commit sends jobs_notify_workers' NOTIFY, and the relay
+// pokes its own process's workers itself: the listener must not wake them
+// a second time for the same pass, or every pass costs a claim for
+// nothing. A job inserted by anyone else still wakes them. Notifications
+// of one backend arrive in commit order, so once the other session's has
+// been heard, the relay's has been too. The control, a relay that does not
+// tell the listener, shows the doubled wake-up the test is about.
+func TestListenerSkipsTheOwnRelaysNotification(t *testing.T) {
+	t.Parallel()
+	for _, tell := range []bool{true, false} {
+		t.Run(fmt.Sprintf("relay tells the listener %t", tell), func(t *testing.T) {
+			t.Parallel()
+			db, dsn := newTestDB(t)
+			wake := newWakeups()
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- newListener(dsn, wake, testLogger(t)).Run(ctx) }()
+			defer func() { cancel(); <-done }()
+			select { // the listener pokes everyone once it listens
+			case <-wake.events:
+			case <-time.After(10 * time.Second):
+				t.Fatal("listener never started listening")
+			}
+			<-wake.jobs
+
+			r := newTestRelay(t, db, defaultConfig().Relay, noopSubscriber("all"))
+			if tell {
+				r.ownNotifies = wake.own
+			}
+			recordN(t, db, "t", 3)
+			res, err := r.relayOnce(context.Background())
+			if err != nil || res.Jobs != 3 {
+				t.Fatalf("relay pass: %+v, %v; want 3 jobs", res, err)
+			}
+			// Someone else's job: a replay, another replica's relay.
+			mustExec(t, db, `INSERT INTO outbox.jobs (kind, event_id, max_attempts)
+				SELECT 'other', min(id), 1 FROM outbox.events`)
+			waitFor(t, "the other session's notification", 10*time.Second, func() bool {
+				return wake.jobsNotified.Load()+wake.ownSkipped.Load() >= 2
+			})
+			got := []int64{wake.jobsNotified.Load(), wake.ownSkipped.Load()}
+			want := []int64{1, 1}
+			if !tell {
+				want = []int64{2, 0}
+			}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("jobs notifications that woke the workers, own skipped (-want +got):\n%s", diff)
+			}
+		})
 	}
 }
 
