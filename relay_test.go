@@ -436,23 +436,30 @@ func TestRelaySweepCoversLostNotifications(t *testing.T) {
 	waitFor(t, "the pass to wake the workers", 5*time.Second, func() bool { return len(jobsWake) == 1 })
 }
 
-// The LISTEN connection turns a NOTIFY from outbox.record into a wake-up.
-func TestListenerWakesRelayOnRecord(t *testing.T) {
-	t.Parallel()
-	db, dsn := newTestDB(t)
+// startTestListener runs a listener on dsn until the test ends and
+// returns its wake-ups once it listens, the poke it gives everyone then
+// taken.
+func startTestListener(t *testing.T, dsn string) *wakeups {
+	t.Helper()
 	wake := newWakeups()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- newListener(dsn, wake, testLogger(t)).Run(ctx) }()
-	defer func() { cancel(); <-done }()
-
-	// The listener pokes everyone once it listens; consume that first.
+	t.Cleanup(func() { cancel(); <-done })
 	select {
 	case <-wake.events:
 	case <-time.After(10 * time.Second):
 		t.Fatal("listener never started listening")
 	}
 	<-wake.jobs
+	return wake
+}
+
+// The LISTEN connection turns a NOTIFY from outbox.record into a wake-up.
+func TestListenerWakesRelayOnRecord(t *testing.T) {
+	t.Parallel()
+	db, dsn := newTestDB(t)
+	wake := startTestListener(t, dsn)
 	if _, err := recordEvent(context.Background(), db, "t", "s", nil); err != nil {
 		t.Fatal(err)
 	}
@@ -476,18 +483,7 @@ func TestListenerSkipsTheOwnRelaysNotification(t *testing.T) {
 		t.Run(fmt.Sprintf("relay tells the listener %t", tell), func(t *testing.T) {
 			t.Parallel()
 			db, dsn := newTestDB(t)
-			wake := newWakeups()
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- newListener(dsn, wake, testLogger(t)).Run(ctx) }()
-			defer func() { cancel(); <-done }()
-			select { // the listener pokes everyone once it listens
-			case <-wake.events:
-			case <-time.After(10 * time.Second):
-				t.Fatal("listener never started listening")
-			}
-			<-wake.jobs
-
+			wake := startTestListener(t, dsn)
 			r := newTestRelay(t, db, defaultConfig().Relay, noopSubscriber("all"))
 			if tell {
 				r.ownNotifies = wake.own
