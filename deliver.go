@@ -75,7 +75,12 @@ type Job struct {
 	// startAt is when the job may start, by this process's clock: its
 	// place in its endpoint's rate limit; zero for no wait.
 	startAt time.Time
-	Event   Event
+	// wakeOnOutcome, from the claim, says that recording this job's
+	// outcome may let due work be claimed at once: the claim filled its
+	// endpoint's room or replay share (or the subscribers' share of the
+	// batch), or it heads an ordered lane (outbox.claim_jobs).
+	wakeOnOutcome bool
+	Event         Event
 }
 
 // deliveryEndpoint is an endpoint as one attempt sees it.
@@ -204,9 +209,12 @@ func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 		}
 		// A claim that filled the free slots claims again as slots free
 		// up. One that came back short waits for a reason to look again:
-		// new jobs, the poll, or the completer having recorded outcomes,
-		// which is when an endpoint held at its cap (the claim counts its
-		// running jobs) may take more.
+		// new jobs, the poll, or the completer having recorded the outcome
+		// of a job claimed into a full place (Job.wakeOnOutcome), which is
+		// when an endpoint held at its cap (the claim counts its running
+		// jobs) may take more. Woken by every recorded batch, the workers
+		// ran a claim for nothing after each one while no endpoint was near
+		// its cap (README, "Endpoint isolation under load").
 		freed, recorded := p.slotFreed, p.recorded
 		if moreDue {
 			recorded = nil
@@ -293,7 +301,7 @@ SELECT id, kind, attempt, max_attempts, endpoint_id,
        event_id, topic, subject, payload, created_at,
        traceparent, tracestate,
        url, secret, previous_secret, disabled_reason,
-       start_in_ms
+       start_in_ms, wake_on_outcome
 FROM outbox.claim_jobs($1, $2)`
 
 // claim takes up to n due jobs in one statement, under this process's
@@ -337,7 +345,7 @@ func scanClaimedJob(row rowScanner, sent time.Time) (Job, error) {
 	if err := row.Scan(&j.ID, &j.Kind, &j.Attempt, &j.MaxAttempts, &endpointID,
 		&j.Event.ID, &j.Event.Topic, &j.Event.Subject, &payload, &j.Event.CreatedAt,
 		&j.Event.Traceparent, &j.Event.Tracestate,
-		&url, &secret, &previous, &disabledReason, &startInMS); err != nil {
+		&url, &secret, &previous, &disabledReason, &startInMS, &j.wakeOnOutcome); err != nil {
 		return j, err
 	}
 	if startInMS > 0 {

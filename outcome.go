@@ -125,6 +125,9 @@ type jobResult struct {
 	Attempt int
 	jobOutcome
 	record *attemptRecord // nil, or the attempt as the panel shows it
+	// wakeOnOutcome is the job's (Job.wakeOnOutcome): once this outcome
+	// is recorded, the workers claim again.
+	wakeOnOutcome bool
 }
 
 // keptOnJob says the attempt completed its job without a note (a mail not
@@ -138,7 +141,7 @@ func (r jobResult) keptOnJob() bool {
 // outcome decides what an attempt's error means for its job, counts it
 // and logs it.
 func (p *workerPool) outcome(job Job, err error, start time.Time) jobResult {
-	res := jobResult{ID: job.ID, Attempt: job.Attempt}
+	res := jobResult{ID: job.ID, Attempt: job.Attempt, wakeOnOutcome: job.wakeOnOutcome}
 	res.jobOutcome = decideOutcome(job.Attempt, job.MaxAttempts, err, rand.Float64())
 	// The attributes are built per call, not with logger.With: With copies
 	// them for every job, and most jobs complete at debug level, unlogged.
@@ -241,15 +244,16 @@ func (p *workerPool) completeLoop() {
 		}
 		began := time.Now()
 		err := p.recordOutcomesRetrying(batch)
-		p.outcomeBatches.Observe(time.Since(began).Seconds())
-		p.outcomeJobs.Add(int64(len(batch)))
 		if err != nil {
 			// The jobs stay running; the rescuer retries them. A duplicate
 			// run is the price, never a lost job.
 			p.logger.Error("record job outcomes failed; the rescuer will retry these jobs", "jobs", len(batch), "err", err)
-			continue
+		} else if slices.ContainsFunc(batch, func(r jobResult) bool { return r.wakeOnOutcome }) {
+			poke(p.recorded)
 		}
-		poke(p.recorded)
+		// Counted last: once a batch shows in them, its poke is done.
+		p.outcomeBatches.Observe(time.Since(began).Seconds())
+		p.outcomeJobs.Add(int64(len(batch)))
 	}
 }
 

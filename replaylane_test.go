@@ -15,6 +15,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 // The share is a quarter of the cap, at least 1, in Go (the dry run's
@@ -627,5 +629,73 @@ func TestReplayTotalIsWhatItEnqueued(t *testing.T) {
 	}
 	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE replay_id = $1`, second.ReplayID); n != 500 {
 		t.Errorf("%d jobs in the cancelled replay after a feed, want the 500 enqueued before the cancel", n)
+	}
+}
+
+// A claim says of each job whether its outcome frees a place that due
+// work may wait for (wake_on_outcome): the worker claims again when such
+// an outcome is recorded, and only then. Endpoint full (cap 2, 3 due):
+// both its jobs. Endpoint roomy (cap 16, 1 due): not its job, whose
+// outcome frees nothing a claim could use. Endpoint replaying (cap 16, so
+// a share of 4; 6 replayed due): the 4 it took filled the share. Before,
+// every recorded batch woke the workers, and with no endpoint near its
+// cap each of those claims found nothing (README, "Endpoint isolation
+// under load").
+func TestClaimSaysWhichOutcomesFreeAPlace(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	const full, roomy, replaying = "http://192.0.2.1:9", "http://192.0.2.2:9", "http://192.0.2.3:9"
+	createTunedEndpoint(t, api, full, `"max_in_flight": 2`)
+	createTunedEndpoint(t, api, roomy, `"max_in_flight": 16`)
+	r := createTunedEndpoint(t, api, replaying, `"max_in_flight": 16`)
+	seedFanned(t, db, replaying, "old", 6)
+	replayFor(t, api, r.ID)
+	recordFor(t, db, full, 3)
+	recordFor(t, db, roomy, 1)
+
+	got := queryStrings(t, db, `
+		SELECT ep.url || ' ' || (j.replay_id IS NOT NULL)::text || ' ' || c.wake_on_outcome::text
+		FROM outbox.claim_jobs(100, NULL::bigint) AS c
+		JOIN outbox.jobs AS j ON j.id = c.id
+		JOIN outbox.endpoints AS ep ON ep.id = c.endpoint_id
+		ORDER BY ep.url, j.id`)
+	want := []string{
+		full + " false true", full + " false true",
+		roomy + " false false",
+		replaying + " true true", replaying + " true true", replaying + " true true", replaying + " true true",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("claimed (endpoint, replayed, wake on outcome) (-want +got):\n%s", diff)
+	}
+}
+
+// The completer wakes the claim loop after a batch only when one of its
+// jobs was claimed into a full place.
+func TestCompleterWakesTheClaimOnlyForAFreedPlace(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	cfg := defaultConfig().Workers
+	p := newWorkerPool(db, cfg, time.Second, newSubscriberRegistry(), nil, testLogger(t))
+	done := make(chan struct{})
+	go func() { defer close(done); p.completeLoop() }()
+	defer func() { close(p.results); <-done }()
+
+	// No job of these exists: the batch writes nothing, and the poke
+	// depends on the flag alone.
+	p.results <- jobResult{ID: -1, Attempt: 1, wakeOnOutcome: false}
+	p.results <- jobResult{ID: -2, Attempt: 1, wakeOnOutcome: true}
+	waitFor(t, "the two outcomes written", 10*time.Second, func() bool { return p.outcomeJobs.Load() == 2 })
+	select {
+	case <-p.recorded:
+	default:
+		t.Fatal("a batch with a job claimed into a full place did not wake the claim loop")
+	}
+	p.results <- jobResult{ID: -3, Attempt: 1, wakeOnOutcome: false}
+	waitFor(t, "the third outcome written", 10*time.Second, func() bool { return p.outcomeJobs.Load() == 3 })
+	select {
+	case <-p.recorded:
+		t.Fatal("a batch that freed no full place woke the claim loop")
+	default:
 	}
 }

@@ -895,7 +895,7 @@ RETURNS TABLE (id bigint, kind text, attempt integer, max_attempts integer,
                event_id bigint, topic text, subject text, payload jsonb, created_at timestamptz,
                traceparent text, tracestate text,
                url text, secret bytea, previous_secret bytea, disabled_reason text,
-               start_in_ms integer)
+               start_in_ms integer, wake_on_outcome boolean)
 LANGUAGE plpgsql VOLATILE
 ROWS 100
 SET enable_sort = off
@@ -1044,7 +1044,7 @@ BEGIN
     FROM lane AS l
   ),
   lane_jobs AS MATERIALIZED (
-    SELECT lj.lane_order, lj.ids AS live_ids, ARRAY(
+    SELECT lj.id, lj.lane_order, lj.room, lj.replay_room, lj.ids AS live_ids, ARRAY(
       SELECT w.id
       FROM outbox.jobs AS w
       WHERE w.endpoint_id = lj.id
@@ -1089,7 +1089,25 @@ BEGIN
       ORDER BY c.replayed, c.lane_rank, c.lane_order
       LIMIT batch
     ))
-    RETURNING j.id, j.kind, j.attempt, j.max_attempts, j.endpoint_id, j.event_id
+    RETURNING j.id, j.kind, j.attempt, j.max_attempts, j.endpoint_id, j.event_id,
+              j.replay_id, j.lane_key
+  ),
+  -- Whether the claim filled what it could take: each endpoint's room
+  -- and replay room, and the subscribers' share of the batch. A job
+  -- claimed into a full place is wake_on_outcome: its outcome frees a
+  -- place that due work may be waiting for, so the worker claims again
+  -- when it is recorded; any other outcome frees nothing a claim could
+  -- use at once, and the worker waits for new jobs or its poll.
+  filled AS (
+    SELECT lj.id,
+           cardinality(lj.live_ids) + cardinality(lj.replay_ids) >= lj.room AS room_full,
+           cardinality(lj.replay_ids) >= lj.replay_room AS replay_full
+    FROM lane_jobs AS lj
+  ),
+  subscribers_filled AS (
+    SELECT count(*) >= least(batch, 2 * batch / (cardinality(lanes) + 1) + 1) AS full
+    FROM candidate AS sc
+    WHERE sc.lane_order = 0
   ),
   -- Under a rate limit, the claimed jobs of a lane start 1/rate apart
   -- from rate_base, and the lane's next request after them.
@@ -1115,11 +1133,19 @@ BEGIN
          ep.url, ep.secret,
          CASE WHEN ep.previous_secret_expires_at > now() THEN ep.previous_secret END,
          ep.disabled_reason,
-         coalesce(greatest(0, ceil(extract(epoch FROM p.start_at - now()) * 1000)), 0)::integer
+         coalesce(greatest(0, ceil(extract(epoch FROM p.start_at - now()) * 1000)), 0)::integer,
+         -- An ordered lane's delivery always: its outcome lets the lane's
+         -- next one go (advance_lanes).
+         c.lane_key IS NOT NULL
+           OR CASE WHEN c.endpoint_id IS NULL THEN sf.full
+                   ELSE coalesce(fl.room_full OR (c.replay_id IS NOT NULL AND fl.replay_full), true)
+              END
   FROM claimed AS c
   JOIN outbox.events AS e ON e.id = c.event_id
+  CROSS JOIN subscribers_filled AS sf
   LEFT JOIN outbox.endpoints AS ep ON ep.id = c.endpoint_id
-  LEFT JOIN paced AS p ON p.id = c.id;
+  LEFT JOIN paced AS p ON p.id = c.id
+  LEFT JOIN filled AS fl ON fl.id = c.endpoint_id;
 END
 $$;
 
@@ -1135,7 +1161,12 @@ RETURNS TABLE (id bigint, kind text, attempt integer, max_attempts integer,
 LANGUAGE sql VOLATILE
 ROWS 100
 AS $$
-  SELECT * FROM outbox.claim_jobs(batch, NULL::bigint)
+  SELECT c.id, c.kind, c.attempt, c.max_attempts, c.endpoint_id,
+         c.event_id, c.topic, c.subject, c.payload, c.created_at,
+         c.traceparent, c.tracestate,
+         c.url, c.secret, c.previous_secret, c.disabled_reason,
+         c.start_in_ms
+  FROM outbox.claim_jobs(batch, NULL::bigint) AS c
 $$;
 
 --------------------------------------------------------------------------------
