@@ -561,7 +561,7 @@ func TestPgBouncerPipelineDeliversAndSweeps(t *testing.T) {
 		s, _, _ := swept(addr)
 		before = append(before, s)
 	}
-	var sweptAll, skippedAll float64
+	mostlySkipping := 0
 	for i, addr := range replicas {
 		waitFor(t, "three more retention cycles of replica "+addr, 30*time.Second, func() bool {
 			s, _, _ := swept(addr)
@@ -571,17 +571,22 @@ func TestPgBouncerPipelineDeliversAndSweeps(t *testing.T) {
 		if failed != 0 {
 			t.Errorf("replica %s: %v retention cycles failed, want 0", addr, failed)
 		}
-		sweptAll, skippedAll = sweptAll+s, skippedAll+skipped
+		if skipped > s {
+			mostlySkipping++
+		}
 		t.Logf("replica %s: retention swept %v cycles, skipped %v", addr, s, skipped)
 	}
-	// A cycle skips only when it meets a cycle of the other replica, which
-	// sweeps: at most one skip for each sweep. (Both replicas of this
-	// process start their cycles at the same offset, their jitter seeds
-	// being one host and pid, so they meet often.) With the session lock,
-	// the lock a failed unlock leaves behind on some server session makes
-	// most cycles of both skip.
-	if skippedAll > sweptAll {
-		t.Errorf("retention skipped %v cycles and swept %v over both replicas: it mostly skips", skippedAll, sweptAll)
+	// A cycle skips only when it meets a batch of the other replica's
+	// cycle. (Both replicas of this process start their cycles at the same
+	// offset, their jitter seeds being one host and pid, so they meet
+	// often.) So one replica may skip most of its cycles, on a loaded
+	// machine even more than the other sweeps (runs of 2 December: 30
+	// swept and none skipped against 3 and 27; 6 and none against 3 and
+	// 11), while the other sweeps more than it skips. With the session
+	// lock, the lock a failed unlock leaves behind on some server session
+	// makes most cycles of both skip.
+	if mostlySkipping == len(replicas) {
+		t.Errorf("every replica skipped more retention cycles than it swept: the lock is held by no cycle")
 	}
 	if a := readSweepAudit(t, direct); a.deletes == 0 || a.unlocked != 0 || a.shared != 0 {
 		t.Errorf("job DELETEs: %+v; want some, every one by a session holding the lock alone", a)
