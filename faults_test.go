@@ -584,7 +584,8 @@ func (h *faultHarness) killMidRelay(victim *faultReplica) (string, bool) {
 				FROM pg_stat_activity
 				WHERE application_name = $1
 				  AND state <> 'idle'
-				  AND (query LIKE '%outbox.mark_fanned_out(%'
+				  AND (query LIKE '%outbox.fan_out(%'
+				       OR query LIKE '%outbox.mark_fanned_out(%'
 				       OR query LIKE '%outbox.claim_unfanned(%'
 				       OR (query LIKE '%FROM outbox.events%' AND query LIKE '%SKIP LOCKED%'))`,
 				"outboxd-"+victim.name).Scan(&n)
