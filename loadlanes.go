@@ -331,14 +331,14 @@ func sortedLatencies(events []laneEvent, t map[int64]laneTiming, keep func(laneE
 	return out
 }
 
-// stageSQL reads, for events' deliveries, when each stage of the way
-// began: the event's statement (created_at), the relay's insert of its job
-// (the job's created_at) and the claim of its last attempt (attempted_at).
+// stageSQL reads, for events' deliveries, when the relay inserted each
+// job (its created_at) and when its last attempt was claimed
+// (attempted_at): with the event's created_at and first 2xx (timings),
+// the bounds of each stage of the way.
 const stageSQL = `
-SELECT e.id, e.created_at, j.created_at, j.attempted_at
-FROM outbox.events AS e
-JOIN outbox.jobs AS j ON j.event_id = e.id
-WHERE e.id = ANY($1) AND j.attempted_at IS NOT NULL`
+SELECT j.event_id, j.created_at, j.attempted_at
+FROM outbox.jobs AS j
+WHERE j.event_id = ANY($1) AND j.attempted_at IS NOT NULL`
 
 // laneStages is where accepted events' commit->2xx went, stage by stage:
 // fan-out (event to job), the wait for a claim (job to claim) and the
@@ -348,11 +348,11 @@ type laneStages struct {
 	FanOut, ClaimWait, ClaimTo2xx []time.Duration
 }
 
-// add reads the stages of events' deliveries from db.
-func (st *laneStages) add(ctx context.Context, db *sql.DB, events []laneEvent, accepted map[int64]acceptance) error {
-	ids := make([]int64, len(events))
-	for i, e := range events {
-		ids[i] = e.ID
+// add reads the stages of the deliveries of the events timed in t.
+func (st *laneStages) add(ctx context.Context, db *sql.DB, t map[int64]laneTiming) error {
+	ids := make([]int64, 0, len(t))
+	for id := range t {
+		ids = append(ids, id)
 	}
 	rows, err := db.QueryContext(ctx, stageSQL, pq.Array(ids))
 	if err != nil {
@@ -361,15 +361,14 @@ func (st *laneStages) add(ctx context.Context, db *sql.DB, events []laneEvent, a
 	defer rows.Close()
 	for rows.Next() {
 		var id int64
-		var created, enqueued, claimed time.Time
-		if err := rows.Scan(&id, &created, &enqueued, &claimed); err != nil {
+		var enqueued, claimed time.Time
+		if err := rows.Scan(&id, &enqueued, &claimed); err != nil {
 			return fmt.Errorf("load: read the deliveries' stages: %w", err)
 		}
-		if a, ok := accepted[id]; ok {
-			st.FanOut = append(st.FanOut, enqueued.Sub(created))
-			st.ClaimWait = append(st.ClaimWait, claimed.Sub(enqueued))
-			st.ClaimTo2xx = append(st.ClaimTo2xx, a.At.Sub(claimed))
-		}
+		lt := t[id]
+		st.FanOut = append(st.FanOut, enqueued.Sub(lt.Created))
+		st.ClaimWait = append(st.ClaimWait, claimed.Sub(enqueued))
+		st.ClaimTo2xx = append(st.ClaimTo2xx, lt.Created.Add(lt.Latency).Sub(claimed))
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("load: read the deliveries' stages: %w", err)
@@ -859,7 +858,7 @@ func loadReplay(ctx context.Context, cfg loadConfig, run loadRun) error {
 			return err
 		}
 		baseCost.add(before, after, took)
-		if err := baseStages.add(ctx, run.db, events, log.of(events)); err != nil {
+		if err := baseStages.add(ctx, run.db, t); err != nil {
 			return err
 		}
 		lat := sortedLatencies(events, t, nil)
@@ -924,7 +923,7 @@ func loadReplay(ctx context.Context, cfg loadConfig, run loadRun) error {
 		if err != nil {
 			return err
 		}
-		if err := duringStages.add(ctx, run.db, events, log.of(events)); err != nil {
+		if err := duringStages.add(ctx, run.db, t); err != nil {
 			return err
 		}
 		lat := sortedLatencies(events, t, nil)

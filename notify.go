@@ -115,7 +115,7 @@ type wakeups struct {
 }
 
 func newWakeups() *wakeups {
-	return &wakeups{events: make(chan struct{}, 1), jobs: make(chan struct{}, 1), own: &ownNotifies{}}
+	return &wakeups{events: make(chan struct{}, 1), jobs: make(chan struct{}, 1), own: &ownNotifies{pending: map[int]int{}}}
 }
 
 // ownNotifies counts, by server backend pid, the relay transactions of
@@ -143,9 +143,6 @@ func (o *ownNotifies) expect(pid int) {
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.pending == nil {
-		o.pending = map[int]int{}
-	}
 	o.pending[pid]++
 }
 
