@@ -107,7 +107,9 @@ func newDBPool(dsn string) (*sql.DB, error) {
 }
 
 // beginPipelineTx begins a transaction of the pipeline's own bookkeeping:
-// a relay pass, a batch of job outcomes, a subscriber's batch. Its commit
+// a relay pass, a subscriber's batch (the claim and the completer are
+// single statements that set the same for themselves: outbox.claim_jobs,
+// outbox.record_outcomes). Its commit
 // does not wait for the WAL to reach the disk (synchronous_commit = off,
 // for this transaction only). A crash of the database can lose such a
 // commit, at most the last few hundred milliseconds of them, but never out

@@ -53,7 +53,8 @@ func TestRedactDSN(t *testing.T) {
 	}
 }
 
-// The pipeline's own transactions, the claim's included, commit without
+// The pipeline's own transactions, the claim's and the completer's
+// statements included, commit without
 // waiting for the disk, and only they: the setting ends with the
 // transaction, so the next user of the pooled connection, and every write
 // a client is told is durable (outbox.record first), commits durably.
@@ -74,7 +75,7 @@ func TestOnlyThePipelinesCommitsSkipTheFlush(t *testing.T) {
 	defer db.Close()
 	db.SetMaxOpenConns(1) // one session: a setting that leaked would show
 	ctx := context.Background()
-	commitSetting := func(what string, begin func() (*sql.Tx, error), work string) string {
+	commitSetting := func(what string, begin func() (*sql.Tx, error), work string, args ...any) string {
 		t.Helper()
 		tx, err := begin()
 		if err != nil {
@@ -82,7 +83,7 @@ func TestOnlyThePipelinesCommitsSkipTheFlush(t *testing.T) {
 		}
 		defer tx.Rollback()
 		if work != "" {
-			if _, err := tx.ExecContext(ctx, work); err != nil {
+			if _, err := tx.ExecContext(ctx, work, args...); err != nil {
 				t.Fatalf("%s: %v", what, err)
 			}
 		}
@@ -98,9 +99,10 @@ func TestOnlyThePipelinesCommitsSkipTheFlush(t *testing.T) {
 		commitSetting("a pipeline transaction", pipeline, ""),
 		commitSetting("the next transaction on its connection", plain, ""),
 		commitSetting("a claim", plain, `SELECT * FROM outbox.claim_jobs(1)`),
+		commitSetting("a batch of outcomes", plain, recordOutcomesSQL, recordOutcomesArgs(nil, 5)...),
 		commitSetting("a record", plain, `SELECT outbox.record('order.paid', 'o-1', '{}')`),
 	}
-	if diff := cmp.Diff([]string{"off", "on", "off", "on"}, got); diff != "" {
+	if diff := cmp.Diff([]string{"off", "on", "off", "off", "on"}, got); diff != "" {
 		t.Errorf("synchronous_commit at commit (-want +got):\n%s", diff)
 	}
 }

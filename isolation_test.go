@@ -440,6 +440,7 @@ func TestBreakerOpensAtTheThresholdAndASuccessClosesIt(t *testing.T) {
 // attempts to one endpoint, in completion order, move its count of
 // failures in a row, open the breaker at the threshold (5) and close it
 // at a success; failing_since follows the first failure after a success.
+// A 410 disables the endpoint instead of counting.
 func TestBreakerTransitions(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
@@ -461,7 +462,8 @@ func TestBreakerTransitions(t *testing.T) {
 		{"failures after a success count from it", 4, false, []endpointChange{ok, fail, fail}, 2, false, true},
 		{"a success closes an open breaker", 9, true, []endpointChange{ok}, 0, false, false},
 		{"a failed probe keeps it open", 9, true, []endpointChange{fail}, 10, true, true},
-		{"a 410 counts as a failure", 4, false, []endpointChange{endpointGone}, 5, true, true},
+		{"a 410 disables it, counting nothing more", 4, false, []endpointChange{endpointGone}, 4, false, true},
+		{"a 410 after a success still disables it", 4, false, []endpointChange{ok, endpointGone}, 4, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var id int64
@@ -472,30 +474,27 @@ func TestBreakerTransitions(t *testing.T) {
 				RETURNING id`, tc.before, tc.open).Scan(&id); err != nil {
 				t.Fatal(err)
 			}
-			h := new(endpointHealth)
+			// The batch's attempts, each of a running job of the endpoint,
+			// with no outcome: the jobs stay as they are.
+			var batch []jobResult
 			for _, c := range tc.batch {
-				h.add(c, 0)
+				batch = append(batch, jobResult{ID: statsJob(t, db, id, 1), Attempt: 1,
+					record: &attemptRecord{EndpointID: id, Change: c}})
 			}
-			tx, err := db.Begin()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback()
-			if err := writeEndpointHealth(context.Background(), tx, map[int64]*endpointHealth{id: h}, threshold); err != nil {
-				t.Fatal(err)
-			}
-			if err := tx.Commit(); err != nil {
+			if err := writeOutcomes(context.Background(), db, batch, threshold); err != nil {
 				t.Fatal(err)
 			}
 			var after int
-			var open, failing bool
-			if err := db.QueryRow(`SELECT consecutive_failures, breaker_opened_at IS NOT NULL, failing_since IS NOT NULL
-				FROM outbox.endpoints WHERE id = $1`, id).Scan(&after, &open, &failing); err != nil {
+			var open, failing, disabled bool
+			if err := db.QueryRow(`SELECT consecutive_failures, breaker_opened_at IS NOT NULL, failing_since IS NOT NULL,
+				       disabled_at IS NOT NULL
+				FROM outbox.endpoints WHERE id = $1`, id).Scan(&after, &open, &failing, &disabled); err != nil {
 				t.Fatal(err)
 			}
-			if after != tc.after || open != tc.wantOpen || failing != tc.wantFailing {
-				t.Errorf("after %d failures in a row (open %v), batch %v: %d in a row, open %v, failing %v; want %d, %v, %v",
-					tc.before, tc.open, tc.batch, after, open, failing, tc.after, tc.wantOpen, tc.wantFailing)
+			wantDisabled := slices.Contains(tc.batch, endpointGone)
+			if after != tc.after || open != tc.wantOpen || failing != tc.wantFailing || disabled != wantDisabled {
+				t.Errorf("after %d failures in a row (open %v), batch %v: %d in a row, open %v, failing %v, disabled %v; want %d, %v, %v, %v",
+					tc.before, tc.open, tc.batch, after, open, failing, disabled, tc.after, tc.wantOpen, tc.wantFailing, wantDisabled)
 			}
 		})
 	}

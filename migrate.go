@@ -96,7 +96,7 @@ func newMigration(logger *slog.Logger) migration {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	return migration{
-		schema:        schemaSQL + fanOutFunctionSQL,
+		schema:        schemaSQL + fanOutFunctionSQL + recordOutcomesFunctionSQL,
 		indexes:       schemaIndexesSQL,
 		lockWait:      migrateLockWait,
 		indexLockWait: migrateIndexLockWait,

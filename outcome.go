@@ -132,7 +132,7 @@ type jobResult struct {
 
 // keptOnJob says the attempt completed its job without a note (a mail not
 // sent for want of a server has one): its status code and duration go on
-// the job, with its outcome (recordOutcomesSQL), and it has no row in
+// the job, with its outcome (jobOutcomesSQL), and it has no row in
 // outbox.deliveries, provided the job took the outcome.
 func (r jobResult) keptOnJob() bool {
 	return r.record != nil && r.State == jobCompleted && r.record.Error == ""
@@ -199,6 +199,15 @@ const (
 	classConnection                     // refused, reset, DNS, TLS, the SSRF guard: no answer
 	classOther                          // a 1xx or 3xx answer
 )
+
+// attemptClassNames are the classes as outbox.record_outcomes counts them
+// (attemptsAndStatsSQL).
+var attemptClassNames = [...]string{
+	classNone: "none", classSuccess: "success", classTimeout: "timeout", class4xx: "4xx",
+	class5xx: "5xx", classConnection: "connection", classOther: "other",
+}
+
+func (c attemptClass) String() string { return attemptClassNames[c] }
 
 // classifyAttempt is the class of an attempt that was made: status is
 // the answer's status code (0: none came), err the transport's error.
@@ -300,111 +309,318 @@ func (p *workerPool) recordOutcomesRetrying(batch []jobResult) error {
 	}
 }
 
-// recordOutcomesSQL writes a batch of outcomes in one statement. Each row
-// is fenced on (id, attempt, running): an outcome of an attempt that is no
-// longer the job's current one changes nothing. It returns a row for every
-// job it wrote, with the ordered lane whose delivery finished, if any
-// (NULLs otherwise: for unordered endpoints, and for retries).
+// recordOutcomesSQL writes a batch of outcomes with everything they
+// record, in one statement: outbox.record_outcomes
+// (recordOutcomesFunctionSQL), whose arguments recordOutcomesArgs builds.
+// One statement is one round trip and one commit: the completer's
+// transaction is most of a delivery's bookkeeping, and under load each
+// round trip of it cost milliseconds that every job it records waited for
+// (README, "Against River"), six of them when it was a transaction of
+// statements.
+const recordOutcomesSQL = `SELECT outbox.record_outcomes(` +
+	`$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, ` +
+	`$19, $20, $21, $22, $23, $24, $25, $26, $27)`
+
+// recordOutcomesFunctionSQL defines outbox.record_outcomes, the
+// completer's transaction as one PL/pgSQL function, which keeps its
+// statements' plans for the session. It runs, in this order (every
+// completer locks rows in it, so two of them wait rather than deadlock):
+//
+//  1. jobOutcomesSQL: the jobs' outcomes, fenced on their attempts;
+//  2. outbox.advance_lanes for the ordered lanes whose delivery finished,
+//     in the same transaction: never a moment with a lane held and
+//     nothing running;
+//  3. attemptsAndStatsSQL: the attempts not kept on their jobs, and the
+//     statistics of those whose outcome the jobs took;
+//  4. endpointHealthSQL, endpointGoneSQL and endpointDedupWindowSQL: the
+//     endpoints, in id order.
+//
+// Its commit does not wait for the WAL to reach the disk, as every
+// pipeline transaction's (beginPipelineTx says why that loses nothing).
+// The migration applies it after schema.sql, in the same transaction
+// (newMigration). Its parameters are named in_*, its variables written_*
+// and lane_*, so that no name in a statement can be taken for one of
+// them.
+var recordOutcomesFunctionSQL = `
+DROP FUNCTION IF EXISTS outbox.record_outcomes(bigint[], integer[], text[], bigint[], text[], integer[], integer[],
+  bigint[], integer[], bigint[], integer[], integer[], text[], text[], boolean[], text[], bigint[], integer[], integer,
+  bigint[], boolean[], integer[], bigint[], integer, bigint[], bigint[], bigint[]);
+CREATE FUNCTION outbox.record_outcomes(
+  -- the outcomes, one per job: jobOutcomesSQL
+  in_ids bigint[], in_attempts integer[], in_states text[], in_delays bigint[], in_errors text[],
+  in_statuses integer[], in_durations integer[],
+  -- the attempts, one per attempt made: attemptsAndStatsSQL
+  in_attempt_job_ids bigint[], in_attempt_numbers integer[], in_attempt_endpoints bigint[],
+  in_attempt_durations integer[], in_attempt_statuses integer[], in_attempt_errors text[],
+  in_attempt_excerpts text[], in_attempt_kept boolean[], in_attempt_classes text[],
+  in_attempt_minutes bigint[], in_attempt_buckets integer[], in_buckets integer,
+  -- the endpoints: endpointHealthSQL, endpointGoneSQL, endpointDedupWindowSQL
+  in_health_ids bigint[], in_health_succeeded boolean[], in_health_failures integer[], in_health_holds bigint[],
+  in_breaker_threshold integer, in_gone_ids bigint[], in_window_ids bigint[], in_window_seconds bigint[])
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+AS $record_outcomes$
+DECLARE
+  written_ids bigint[];
+  written_attempts integer[];
+  lane_endpoints bigint[];
+  lane_keys text[];
+BEGIN
+  PERFORM set_config('synchronous_commit', 'off', true);
+` + jobOutcomesSQL + `;
+  IF lane_endpoints IS NOT NULL THEN
+    PERFORM outbox.advance_lanes(lane_endpoints, lane_keys, false);
+  END IF;
+` + attemptsAndStatsSQL + `;
+  IF cardinality(in_health_ids) > 0 THEN
+` + endpointHealthSQL + `;
+  END IF;
+  IF cardinality(in_gone_ids) > 0 THEN
+` + endpointGoneSQL + `;
+  END IF;
+  IF cardinality(in_window_ids) > 0 THEN
+` + endpointDedupWindowSQL + `;
+  END IF;
+END
+$record_outcomes$;
+`
+
+// jobOutcomesSQL writes the outcomes. Each row is fenced on (id, attempt,
+// running): an outcome of an attempt that is no longer the job's current
+// one changes nothing. It keeps the attempts it wrote (written_*), and the
+// ordered lanes whose delivery finished (lane_*, each once; NULL for none).
 //
 // A delivery that completes keeps its attempt's status code and duration
-// on the job ($6, $7; -1 for none: an attempt not kept on its job,
-// jobResult.keptOnJob, or a mail's status) instead of a row in
+// on the job (in_statuses, in_durations; -1 for none: an attempt not kept
+// on its job, jobResult.keptOnJob, or a mail's status) instead of a row in
 // outbox.deliveries (schema.sql, outbox.jobs).
-const recordOutcomesSQL = `
-WITH recorded AS (
-UPDATE outbox.jobs AS j
-SET state = o.state::outbox.job_state,
-    scheduled_at = CASE WHEN o.state = 'retryable'
-                        THEN now() + o.delay_ms * interval '1 millisecond'
-                        ELSE j.scheduled_at END,
-    finalized_at = CASE WHEN o.state IN ('completed', 'discarded') THEN now() END,
-    errors = CASE WHEN o.error = '' THEN j.errors
-                  ELSE j.errors || jsonb_build_array(jsonb_build_object(
-                         'attempt', j.attempt, 'at', now(), 'error', o.error))
-             END,
-    status_code = CASE WHEN o.state = 'completed' THEN nullif(o.status_code, -1) ELSE j.status_code END,
-    duration_ms = CASE WHEN o.state = 'completed' THEN nullif(o.duration_ms, -1) ELSE j.duration_ms END
-FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::bigint[], $5::text[], $6::integer[], $7::integer[])
-     AS o(id, attempt, state, delay_ms, error, status_code, duration_ms)
-WHERE j.id = o.id
-  AND j.attempt = o.attempt
-  AND j.state = 'running'
-RETURNING j.id, j.attempt, j.endpoint_id, j.lane_key, j.state
-)
-SELECT id, attempt,
-       CASE WHEN lane_key IS NOT NULL AND state IN ('completed', 'discarded') THEN endpoint_id END,
-       CASE WHEN state IN ('completed', 'discarded') THEN lane_key END
-FROM recorded`
+const jobOutcomesSQL = `
+  WITH recorded AS (
+    UPDATE outbox.jobs AS j
+    SET state = o.state::outbox.job_state,
+        scheduled_at = CASE WHEN o.state = 'retryable'
+                            THEN now() + o.delay_ms * interval '1 millisecond'
+                            ELSE j.scheduled_at END,
+        finalized_at = CASE WHEN o.state IN ('completed', 'discarded') THEN now() END,
+        errors = CASE WHEN o.error = '' THEN j.errors
+                      ELSE j.errors || jsonb_build_array(jsonb_build_object(
+                             'attempt', j.attempt, 'at', now(), 'error', o.error))
+                 END,
+        status_code = CASE WHEN o.state = 'completed' THEN nullif(o.status_code, -1) ELSE j.status_code END,
+        duration_ms = CASE WHEN o.state = 'completed' THEN nullif(o.duration_ms, -1) ELSE j.duration_ms END
+    FROM unnest(in_ids, in_attempts, in_states, in_delays, in_errors, in_statuses, in_durations)
+         AS o(id, attempt, state, delay_ms, error, status_code, duration_ms)
+    WHERE j.id = o.id
+      AND j.attempt = o.attempt
+      AND j.state = 'running'
+    RETURNING j.id, j.attempt, j.endpoint_id, j.lane_key, j.state
+  ),
+  finished AS (
+    SELECT DISTINCT r.endpoint_id, r.lane_key
+    FROM recorded AS r
+    WHERE r.lane_key IS NOT NULL
+      AND r.state IN ('completed', 'discarded')
+  )
+  SELECT (SELECT array_agg(r.id) FROM recorded AS r),
+         (SELECT array_agg(r.attempt) FROM recorded AS r),
+         (SELECT array_agg(f.endpoint_id ORDER BY f.endpoint_id, f.lane_key) FROM finished AS f),
+         (SELECT array_agg(f.lane_key ORDER BY f.endpoint_id, f.lane_key) FROM finished AS f)
+  INTO written_ids, written_attempts, lane_endpoints, lane_keys`
+
+// attemptsAndStatsSQL keeps a batch's attempts and counts them. An attempt
+// is a row of outbox.deliveries unless it is a success whose outcome its
+// job took (in_attempt_kept, and written): that one is on the job. An
+// attempt is recorded once; a rescued attempt's late worker records under
+// its own number.
+//
+// The statistics count each attempt whose outcome its job took, with that
+// outcome, in a row of outbox.delivery_stats per endpoint and minute
+// (in_attempt_minutes, Unix seconds of its start). An attempt the fence
+// refused (a worker that lost its job to the rescuer, or this batch
+// written again after its commit's answer was lost) counts nothing, and
+// one that made no request (class 'none') neither. A success adds one to
+// its latency bucket (in_attempt_buckets, 0-based, of in_buckets). The rows
+// go in (endpoint, minute) order, so two completers adding to the same rows
+// lock them in the same order.
+const attemptsAndStatsSQL = `
+  WITH attempt AS (
+    SELECT a.*, w.id IS NOT NULL AS written
+    FROM unnest(in_attempt_job_ids, in_attempt_numbers, in_attempt_endpoints, in_attempt_durations,
+                in_attempt_statuses, in_attempt_errors, in_attempt_excerpts, in_attempt_kept,
+                in_attempt_classes, in_attempt_minutes, in_attempt_buckets)
+         AS a(job_id, attempt, endpoint_id, duration_ms, status_code, error, excerpt, kept, class, minute, bucket)
+    LEFT JOIN unnest(written_ids, written_attempts) AS w(id, attempt)
+      ON w.id = a.job_id AND w.attempt = a.attempt
+  ),
+  kept AS (
+    INSERT INTO outbox.deliveries (job_id, attempt, endpoint_id, duration_ms, status_code, error, response_excerpt)
+    SELECT a.job_id, a.attempt, nullif(a.endpoint_id, 0), a.duration_ms, nullif(a.status_code, 0), a.error, a.excerpt
+    FROM attempt AS a
+    WHERE NOT (a.kept AND a.written)
+    ON CONFLICT (job_id, attempt) DO NOTHING
+  ),
+  counted AS (
+    SELECT a.endpoint_id, a.minute,
+           count(*) AS attempts,
+           count(*) FILTER (WHERE a.class = 'success') AS successes,
+           count(*) FILTER (WHERE a.class = 'timeout') AS failed_timeout,
+           count(*) FILTER (WHERE a.class = '4xx') AS failed_4xx,
+           count(*) FILTER (WHERE a.class = '5xx') AS failed_5xx,
+           count(*) FILTER (WHERE a.class = 'connection') AS failed_connection,
+           count(*) FILTER (WHERE a.class = 'other') AS failed_other,
+           array_agg(a.bucket) FILTER (WHERE a.class = 'success') AS buckets
+    FROM attempt AS a
+    WHERE a.written
+      AND a.endpoint_id <> 0
+      AND a.class <> 'none'
+    GROUP BY a.endpoint_id, a.minute
+  )
+  INSERT INTO outbox.delivery_stats AS s (endpoint_id, minute, attempts, successes, failed_timeout,
+                                          failed_4xx, failed_5xx, failed_connection, failed_other, latency_buckets)
+  SELECT c.endpoint_id, to_timestamp(c.minute), c.attempts, c.successes, c.failed_timeout,
+         c.failed_4xx, c.failed_5xx, c.failed_connection, c.failed_other,
+         ARRAY(
+           SELECT count(b.bucket)
+           FROM generate_series(0, in_buckets - 1) AS g(bucket)
+           LEFT JOIN unnest(c.buckets) AS b(bucket) ON b.bucket = g.bucket
+           GROUP BY g.bucket
+           ORDER BY g.bucket
+         )
+  FROM counted AS c
+  ORDER BY c.endpoint_id, c.minute
+  ON CONFLICT (endpoint_id, minute) DO UPDATE
+  SET attempts = s.attempts + EXCLUDED.attempts,
+      successes = s.successes + EXCLUDED.successes,
+      failed_timeout = s.failed_timeout + EXCLUDED.failed_timeout,
+      failed_4xx = s.failed_4xx + EXCLUDED.failed_4xx,
+      failed_5xx = s.failed_5xx + EXCLUDED.failed_5xx,
+      failed_connection = s.failed_connection + EXCLUDED.failed_connection,
+      failed_other = s.failed_other + EXCLUDED.failed_other,
+      latency_buckets = ARRAY(
+        SELECT a + b
+        FROM unnest(s.latency_buckets, EXCLUDED.latency_buckets) WITH ORDINALITY AS t(a, b, i)
+        ORDER BY i
+      )`
 
 // recordOutcomes writes a batch of outcomes, with the attempts they record
-// and their endpoints' new states, in one transaction: one commit for the
-// whole batch.
+// and their endpoints' new states, in one statement (recordOutcomesSQL).
 func (p *workerPool) recordOutcomes(ctx context.Context, batch []jobResult) error {
-	ids := make([]int64, 0, len(batch))
-	attempts := make([]int64, 0, len(batch))
-	states := make([]string, 0, len(batch))
-	delays := make([]int64, 0, len(batch))
-	errs := make([]string, 0, len(batch))
-	statuses := make([]int64, 0, len(batch))
-	durations := make([]int64, 0, len(batch))
-	for _, r := range batch {
-		if r.State == "" {
-			continue
-		}
-		ids = append(ids, r.ID)
-		attempts = append(attempts, int64(r.Attempt))
-		states = append(states, string(r.State))
-		delays = append(delays, r.Delay.Milliseconds())
-		errs = append(errs, r.Error)
-		status, duration := int64(-1), int64(-1)
-		if r.keptOnJob() {
-			duration = r.record.Duration.Milliseconds()
-			if r.record.StatusCode != 0 {
-				status = int64(r.record.StatusCode)
-			}
-		}
-		statuses = append(statuses, status)
-		durations = append(durations, duration)
-	}
-	tx, err := beginPipelineTx(ctx, p.db)
-	if err != nil {
-		return fmt.Errorf("record %d job outcomes: %w", len(ids), err)
-	}
-	defer tx.Rollback()
-	var stats []any                 // deliveryStatsArgs, written with the attempts
-	var written map[jobAttempt]bool // the attempts whose outcome the jobs took
-	if len(ids) > 0 {
-		recorded, err := queryAll(ctx, tx, scanRecordedOutcome, recordOutcomesSQL,
-			pq.Array(ids), pq.Array(attempts), pq.Array(states), pq.Array(delays), pq.Array(errs),
-			pq.Array(statuses), pq.Array(durations))
-		if err != nil {
-			return fmt.Errorf("record %d job outcomes: %w", len(ids), err)
-		}
-		finished := make([]finishedLane, len(recorded))
-		written = make(map[jobAttempt]bool, len(recorded))
-		for i, r := range recorded {
-			finished[i], written[r.jobAttempt] = r.lane, true
-		}
-		// An ordered lane whose active delivery finished lets its next one
-		// go, in this transaction: never a moment with the lane held and
-		// nothing running.
-		if err := advanceLanesHolding(ctx, tx, finishedLanes(finished), false); err != nil {
-			return fmt.Errorf("record %d job outcomes: %w", len(ids), err)
-		}
-		stats = deliveryStatsArgs(batch, written)
-	}
-	if err := writeAttemptRecords(ctx, tx, batch, written, stats, p.cfg.BreakerThreshold); err != nil {
-		return err
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("record %d job outcomes: %w", len(ids), err)
+	return writeOutcomes(ctx, p.db, batch, p.cfg.BreakerThreshold)
+}
+
+// writeOutcomes is recordOutcomes on a database with a breaker threshold.
+func writeOutcomes(ctx context.Context, db *sql.DB, batch []jobResult, breakerThreshold int) error {
+	if _, err := db.ExecContext(ctx, recordOutcomesSQL, recordOutcomesArgs(batch, breakerThreshold)...); err != nil {
+		return fmt.Errorf("record %d job outcomes: %w", len(batch), err)
 	}
 	return nil
 }
 
-// finishedLane is the lane of a job that left it, finished or put back:
-// a row of recordOutcomesSQL, or of the statements putBack and a replay's
-// cancel run. Both are NULL for a job of no ordered lane.
+// recordOutcomesArgs are outbox.record_outcomes' arguments for a batch,
+// in its parameters' order.
+func recordOutcomesArgs(batch []jobResult, breakerThreshold int) []any {
+	var (
+		ids, attempts, delays, statuses, durations []int64
+		states, errs                               []string
+
+		attemptJobIDs, attemptNumbers, attemptEndpoints, attemptDurations []int64
+		attemptStatuses, attemptMinutes, attemptBuckets                   []int64
+		attemptErrs, attemptExcerpts, attemptClasses                      []string
+		attemptKept                                                       []bool
+	)
+	health := map[int64]*endpointHealth{} // batch order is completion order
+	var gone []int64
+	windows := map[int64]time.Duration{}
+	for _, r := range batch {
+		if r.State != "" {
+			ids = append(ids, r.ID)
+			attempts = append(attempts, int64(r.Attempt))
+			states = append(states, string(r.State))
+			delays = append(delays, r.Delay.Milliseconds())
+			errs = append(errs, r.Error)
+			status, duration := int64(-1), int64(-1)
+			if r.keptOnJob() {
+				duration = r.record.Duration.Milliseconds()
+				if r.record.StatusCode != 0 {
+					status = int64(r.record.StatusCode)
+				}
+			}
+			statuses = append(statuses, status)
+			durations = append(durations, duration)
+		}
+		rec := r.record
+		if rec == nil {
+			continue
+		}
+		attemptJobIDs = append(attemptJobIDs, r.ID)
+		attemptNumbers = append(attemptNumbers, int64(r.Attempt))
+		attemptEndpoints = append(attemptEndpoints, rec.EndpointID)
+		attemptDurations = append(attemptDurations, rec.Duration.Milliseconds())
+		attemptStatuses = append(attemptStatuses, int64(rec.StatusCode))
+		attemptErrs = append(attemptErrs, rec.Error)
+		attemptExcerpts = append(attemptExcerpts, rec.ResponseExcerpt)
+		attemptKept = append(attemptKept, r.keptOnJob())
+		attemptClasses = append(attemptClasses, rec.Class.String())
+		attemptMinutes = append(attemptMinutes, rec.At.Truncate(time.Minute).Unix())
+		attemptBuckets = append(attemptBuckets, int64(latencyBucket(rec.CommitTo2xx)))
+		if rec.EndpointID == 0 {
+			continue
+		}
+		if rec.Change != endpointUnchanged || rec.Hold > 0 {
+			h := health[rec.EndpointID]
+			if h == nil {
+				h = new(endpointHealth)
+				health[rec.EndpointID] = h
+			}
+			h.add(rec.Change, rec.Hold)
+		}
+		if rec.Change == endpointGone {
+			gone = append(gone, rec.EndpointID)
+		}
+		if rec.DedupWindow > 0 {
+			windows[rec.EndpointID] = rec.DedupWindow
+		}
+	}
+	for _, id := range gone {
+		// Disabled by endpointGoneSQL, with failing_since, in one change:
+		// one "disabled" notification, not a "failing" one first.
+		delete(health, id)
+	}
+	slices.Sort(gone)
+	gone = slices.Compact(gone)
+
+	// Endpoints in id order: one lock order for every replica's completer.
+	healthIDs := slices.Sorted(maps.Keys(health))
+	succeeded := make([]bool, len(healthIDs))
+	failures := make([]int64, len(healthIDs))
+	holds := make([]int64, len(healthIDs))
+	for i, id := range healthIDs {
+		h := health[id]
+		succeeded[i], failures[i], holds[i] = h.succeeded, int64(h.failures), h.hold.Milliseconds()
+	}
+	windowIDs := slices.Sorted(maps.Keys(windows))
+	seconds := make([]int64, len(windowIDs))
+	for i, id := range windowIDs {
+		seconds[i] = int64(windows[id] / time.Second)
+	}
+
+	return []any{
+		pq.Array(ids), pq.Array(attempts), pq.Array(states), pq.Array(delays), pq.Array(errs),
+		pq.Array(statuses), pq.Array(durations),
+		pq.Array(attemptJobIDs), pq.Array(attemptNumbers), pq.Array(attemptEndpoints),
+		pq.Array(attemptDurations), pq.Array(attemptStatuses), pq.Array(attemptErrs),
+		pq.Array(attemptExcerpts), pq.Array(attemptKept), pq.Array(attemptClasses),
+		pq.Array(attemptMinutes), pq.Array(attemptBuckets), statsBuckets,
+		pq.Array(healthIDs), pq.Array(succeeded), pq.Array(failures), pq.Array(holds),
+		breakerThreshold, pq.Array(gone), pq.Array(windowIDs), pq.Array(seconds),
+	}
+}
+
+// finishedLane is the lane of a job that left it, put back, rescued or
+// cancelled: a row of the statements putBack, the rescues and a replay's
+// cancel run (the completer's finished lanes stay in its statement,
+// jobOutcomesSQL). Both are NULL for a job of no ordered lane.
 type finishedLane struct {
 	endpointID sql.NullInt64
 	key        sql.NullString
@@ -414,25 +630,6 @@ func scanFinishedLane(row rowScanner) (finishedLane, error) {
 	var l finishedLane
 	err := row.Scan(&l.endpointID, &l.key)
 	return l, err
-}
-
-// recordedOutcome is a row of recordOutcomesSQL: a job whose outcome was
-// written, and the lane it finished, if any.
-type recordedOutcome struct {
-	jobAttempt
-	lane finishedLane
-}
-
-// jobAttempt names one attempt of one job.
-type jobAttempt struct {
-	id      int64
-	attempt int
-}
-
-func scanRecordedOutcome(row rowScanner) (recordedOutcome, error) {
-	var r recordedOutcome
-	err := row.Scan(&r.id, &r.attempt, &r.lane.endpointID, &r.lane.key)
-	return r, err
 }
 
 // finishedLanes are the ordered lanes of the rows, each once, in endpoint
@@ -483,15 +680,15 @@ SET disabled_at = now(),
     disabled_reason = '` + endpointGoneReason + `',
     disabled_cause = 'gone',
     failing_since = coalesce(failing_since, now())
-WHERE id = ANY($1::bigint[])
+WHERE id = ANY (in_gone_ids)
   AND disabled_at IS NULL`
 
 // endpointHealthSQL moves each endpoint by what a batch's attempts to it
-// did: $2 says whether one of them succeeded, $3 how many failed after the
-// last success (or at all, without one), $4 the longest hold an answer
-// asked for, in milliseconds. A success restarts the count of consecutive
-// failures; the count reaching $5, the breaker threshold, opens the
-// breaker, and a success closes it. failing_since is set by the first
+// did (endpointHealth): in_health_succeeded says whether one of them
+// succeeded, in_health_failures how many failed after the last success (or
+// at all, without one), in_health_holds the longest hold an answer asked
+// for, in milliseconds. A success restarts the count of consecutive
+// failures; the count reaching in_breaker_threshold opens the breaker, and a success closes it. failing_since is set by the first
 // failure after a success and cleared by a success. A hold only ever
 // extends held_until. The WHERE skips the write when nothing changes, so a
 // healthy endpoint's row is not rewritten on every delivery.
@@ -499,7 +696,7 @@ const endpointHealthSQL = `
 UPDATE outbox.endpoints AS ep
 SET consecutive_failures = h.failures + CASE WHEN h.succeeded THEN 0 ELSE ep.consecutive_failures END,
     breaker_opened_at = CASE
-      WHEN h.failures + CASE WHEN h.succeeded THEN 0 ELSE ep.consecutive_failures END >= $5
+      WHEN h.failures + CASE WHEN h.succeeded THEN 0 ELSE ep.consecutive_failures END >= in_breaker_threshold
       THEN coalesce(ep.breaker_opened_at, now())
     END,
     failing_since = CASE
@@ -511,7 +708,7 @@ SET consecutive_failures = h.failures + CASE WHEN h.succeeded THEN 0 ELSE ep.con
       WHEN h.hold_ms > 0 THEN greatest(ep.held_until, now() + h.hold_ms * interval '1 millisecond')
       ELSE ep.held_until
     END
-FROM unnest($1::bigint[], $2::boolean[], $3::integer[], $4::bigint[]) AS h(id, succeeded, failures, hold_ms)
+FROM unnest(in_health_ids, in_health_succeeded, in_health_failures, in_health_holds) AS h(id, succeeded, failures, hold_ms)
 WHERE ep.id = h.id
   AND (h.failures > 0 OR h.hold_ms > 0
        OR ep.consecutive_failures > 0 OR ep.failing_since IS NOT NULL OR ep.breaker_opened_at IS NOT NULL)`
@@ -542,7 +739,7 @@ const endpointDedupWindowSQL = `
 UPDATE outbox.endpoints AS ep
 SET dedup_window_seconds = w.seconds,
     dedup_window_seen_at = now()
-FROM unnest($1::bigint[], $2::bigint[]) AS w(id, seconds)
+FROM unnest(in_window_ids, in_window_seconds) AS w(id, seconds)
 WHERE ep.id = w.id
   AND (ep.dedup_window_seconds IS DISTINCT FROM w.seconds
        OR ep.dedup_window_seen_at < now() - interval '1 hour')`
@@ -550,7 +747,7 @@ WHERE ep.id = w.id
 // attemptRecord is what one attempt leaves behind: its row in
 // outbox.deliveries and its effect on the endpoint. The handler fills it
 // in; the completer writes it in the transaction that records the job's
-// outcome (writeAttemptRecords), so a job's state, its attempt and its
+// outcome (outbox.record_outcomes), so a job's state, its attempt and its
 // endpoint's state are never seen apart, and a delivery costs no commit
 // of its own.
 type attemptRecord struct {
@@ -564,235 +761,8 @@ type attemptRecord struct {
 	set bool
 }
 
-// insertDeliveriesSQL keeps a batch of attempts. An attempt is recorded
-// once; a rescued attempt's late worker records under its own number.
-const insertDeliveriesSQL = `
-INSERT INTO outbox.deliveries (job_id, attempt, endpoint_id, duration_ms, status_code, error, response_excerpt)
-SELECT a.job_id, a.attempt, nullif(a.endpoint_id, 0), a.duration_ms, nullif(a.status_code, 0), a.error, a.excerpt
-FROM unnest($1::bigint[], $2::integer[], $3::bigint[], $4::integer[], $5::integer[], $6::text[], $7::text[])
-     AS a(job_id, attempt, endpoint_id, duration_ms, status_code, error, excerpt)
-ON CONFLICT (job_id, attempt) DO NOTHING`
-
-// writeAttemptRecords writes a batch's attempts, and its statistics (stats:
-// deliveryStatsArgs, nil for none) in the same statement, and moves each
-// endpoint to the state its attempts in the batch left it in. A success
-// whose outcome its job took (written) is on the job, not a row of its
-// own: only the other attempts are rows of outbox.deliveries. Statistics
-// rows before the endpoints' rows: every completer locks them in that
-// order. One statement for attempts and statistics, not two: the
-// completer's transaction is most of a delivery's bookkeeping, and under
-// load each round trip of it costs milliseconds that every job it records
-// waits for (README, "Against River").
-func writeAttemptRecords(ctx context.Context, tx *sql.Tx, batch []jobResult, written map[jobAttempt]bool, stats []any, breakerThreshold int) error {
-	var jobIDs, endpointIDs []int64
-	var attempts, durations, statuses []int64
-	var errs, excerpts []string
-	health := map[int64]*endpointHealth{} // batch order is completion order
-	var gone []int64
-	windows := map[int64]time.Duration{}
-	for _, r := range batch {
-		rec := r.record
-		if rec == nil {
-			continue
-		}
-		if !r.keptOnJob() || !written[jobAttempt{r.ID, r.Attempt}] {
-			jobIDs = append(jobIDs, r.ID)
-			attempts = append(attempts, int64(r.Attempt))
-			endpointIDs = append(endpointIDs, rec.EndpointID)
-			durations = append(durations, rec.Duration.Milliseconds())
-			statuses = append(statuses, int64(rec.StatusCode))
-			errs = append(errs, rec.Error)
-			excerpts = append(excerpts, rec.ResponseExcerpt)
-		}
-		if rec.EndpointID != 0 && (rec.Change != endpointUnchanged || rec.Hold > 0) {
-			h := health[rec.EndpointID]
-			if h == nil {
-				h = new(endpointHealth)
-				health[rec.EndpointID] = h
-			}
-			h.add(rec.Change, rec.Hold)
-		}
-		if rec.EndpointID != 0 && rec.Change == endpointGone {
-			gone = append(gone, rec.EndpointID)
-		}
-		if rec.EndpointID != 0 && rec.DedupWindow > 0 {
-			windows[rec.EndpointID] = rec.DedupWindow
-		}
-	}
-	if len(jobIDs) > 0 || stats != nil {
-		query, args := insertDeliveriesSQL, []any{pq.Array(jobIDs), pq.Array(attempts), pq.Array(endpointIDs),
-			pq.Array(durations), pq.Array(statuses), pq.Array(errs), pq.Array(excerpts)}
-		if stats != nil {
-			query, args = insertDeliveriesWithStatsSQL, append(args, stats...)
-		}
-		if _, err := tx.ExecContext(ctx, query, args...); err != nil {
-			return fmt.Errorf("record webhook attempts: %w", err)
-		}
-	}
-	for _, id := range gone {
-		// Disabled below, with failing_since, in one change: one
-		// "disabled" notification, not a "failing" one first.
-		delete(health, id)
-	}
-	if err := writeEndpointHealth(ctx, tx, health, breakerThreshold); err != nil {
-		return err
-	}
-	if len(gone) > 0 {
-		slices.Sort(gone)
-		if _, err := tx.ExecContext(ctx, endpointGoneSQL, pq.Array(gone)); err != nil {
-			return fmt.Errorf("record webhook attempts: disable gone endpoints: %w", err)
-		}
-	}
-	return writeDedupWindows(ctx, tx, windows)
-}
-
-// insertDeliveriesWithStatsSQL is insertDeliveriesSQL ($1..$7) with the
-// statistics of the same attempts added to outbox.delivery_stats in the
-// same statement: one row per endpoint and minute ($8 the endpoint ids,
-// $9 the minutes as Unix seconds, $10..$16 the counters, $17 the rows'
-// latency_buckets arrays end to end, $18 (statsBuckets) apiece). The rows
-// go in (endpoint, minute) order, the order the completer sorted them in,
-// so two completers adding to the same rows lock them in the same order
-// and wait rather than deadlock.
-const insertDeliveriesWithStatsSQL = `
-WITH kept AS (` + insertDeliveriesSQL + `
-)
-INSERT INTO outbox.delivery_stats AS s (endpoint_id, minute, attempts, successes, failed_timeout,
-                                        failed_4xx, failed_5xx, failed_connection, failed_other, latency_buckets)
-SELECT r.endpoint_id, to_timestamp(r.minute), r.attempts, r.successes, r.failed_timeout,
-       r.failed_4xx, r.failed_5xx, r.failed_connection, r.failed_other,
-       ($17::bigint[])[(r.n - 1) * $18 + 1 : r.n * $18]
-FROM unnest($8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[],
-            $15::bigint[], $16::bigint[])
-     WITH ORDINALITY AS r(endpoint_id, minute, attempts, successes, failed_timeout,
-                          failed_4xx, failed_5xx, failed_connection, failed_other, n)
-ORDER BY r.endpoint_id, r.minute
-ON CONFLICT (endpoint_id, minute) DO UPDATE
-SET attempts = s.attempts + EXCLUDED.attempts,
-    successes = s.successes + EXCLUDED.successes,
-    failed_timeout = s.failed_timeout + EXCLUDED.failed_timeout,
-    failed_4xx = s.failed_4xx + EXCLUDED.failed_4xx,
-    failed_5xx = s.failed_5xx + EXCLUDED.failed_5xx,
-    failed_connection = s.failed_connection + EXCLUDED.failed_connection,
-    failed_other = s.failed_other + EXCLUDED.failed_other,
-    latency_buckets = ARRAY(
-      SELECT a + b
-      FROM unnest(s.latency_buckets, EXCLUDED.latency_buckets) WITH ORDINALITY AS t(a, b, i)
-      ORDER BY i
-    )`
-
-// statsKey is a row of outbox.delivery_stats: an endpoint and a minute
-// (Unix seconds of its start).
-type statsKey struct {
-	endpointID int64
-	minute     int64
-}
-
-// deliveryStatsArgs are insertDeliveriesWithStatsSQL's $8..$18 for the attempts
-// of a batch whose outcomes were written (written: the recordOutcomesSQL
-// rows), nil if none counts: a row per endpoint and minute. An attempt
-// whose outcome the fence refused (a worker that lost its job to the
-// rescuer, or this batch written again after its commit's answer was
-// lost) counts nothing: each attempt counts once, with the outcome its
-// job kept.
-func deliveryStatsArgs(batch []jobResult, written map[jobAttempt]bool) []any {
-	type row struct {
-		statsCounts
-		latency latencyCounts
-	}
-	rows := map[statsKey]*row{}
-	for _, r := range batch {
-		rec := r.record
-		if rec == nil || rec.EndpointID == 0 || rec.Class == classNone || !written[jobAttempt{r.ID, r.Attempt}] {
-			continue
-		}
-		k := statsKey{rec.EndpointID, rec.At.Truncate(time.Minute).Unix()}
-		w := rows[k]
-		if w == nil {
-			w = new(row)
-			rows[k] = w
-		}
-		w.Attempts++
-		c := &w.FailuresByClass
-		switch rec.Class {
-		case classSuccess:
-			w.Successes++
-			w.latency[latencyBucket(rec.CommitTo2xx)]++
-		case classTimeout:
-			c.Timeout++
-		case class4xx:
-			c.Status4xx++
-		case class5xx:
-			c.Status5xx++
-		case classConnection:
-			c.Connection++
-		default:
-			c.Other++
-		}
-	}
-	if len(rows) == 0 {
-		return nil
-	}
-	keys := slices.SortedFunc(maps.Keys(rows), func(a, b statsKey) int {
-		return cmp.Or(cmp.Compare(a.endpointID, b.endpointID), cmp.Compare(a.minute, b.minute))
-	})
-	n := len(keys)
-	ids, minutes := make([]int64, n), make([]int64, n)
-	attempts, successes := make([]int64, n), make([]int64, n)
-	timeouts, s4xx, s5xx, conns, others := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
-	latency := make([]int64, 0, n*statsBuckets)
-	for i, k := range keys {
-		w := rows[k]
-		ids[i], minutes[i] = k.endpointID, k.minute
-		attempts[i], successes[i] = w.Attempts, w.Successes
-		c := w.FailuresByClass
-		timeouts[i], s4xx[i], s5xx[i], conns[i], others[i] = c.Timeout, c.Status4xx, c.Status5xx, c.Connection, c.Other
-		latency = append(latency, w.latency[:]...)
-	}
-	return []any{pq.Array(ids), pq.Array(minutes), pq.Array(attempts),
-		pq.Array(successes), pq.Array(timeouts), pq.Array(s4xx), pq.Array(s5xx), pq.Array(conns), pq.Array(others),
-		pq.Array(latency), statsBuckets}
-}
-
-// writeEndpointHealth moves each endpoint by what its attempts did, in
-// endpoint id order: one lock order for every replica's completer.
-func writeEndpointHealth(ctx context.Context, tx *sql.Tx, health map[int64]*endpointHealth, breakerThreshold int) error {
-	if len(health) == 0 {
-		return nil
-	}
-	ids := slices.Sorted(maps.Keys(health))
-	succeeded := make([]bool, len(ids))
-	failures := make([]int64, len(ids))
-	holds := make([]int64, len(ids))
-	for i, id := range ids {
-		h := health[id]
-		succeeded[i], failures[i], holds[i] = h.succeeded, int64(h.failures), h.hold.Milliseconds()
-	}
-	if _, err := tx.ExecContext(ctx, endpointHealthSQL, pq.Array(ids), pq.Array(succeeded), pq.Array(failures), pq.Array(holds), breakerThreshold); err != nil {
-		return fmt.Errorf("record webhook attempts: endpoint state: %w", err)
-	}
-	return nil
-}
-
-// writeDedupWindows keeps the dedup windows a batch's 2xx answers
-// advertised, the last one per endpoint.
-func writeDedupWindows(ctx context.Context, tx *sql.Tx, windows map[int64]time.Duration) error {
-	if len(windows) == 0 {
-		return nil
-	}
-	ids := slices.Sorted(maps.Keys(windows))
-	seconds := make([]int64, len(ids))
-	for i, id := range ids {
-		seconds[i] = int64(windows[id] / time.Second)
-	}
-	if _, err := tx.ExecContext(ctx, endpointDedupWindowSQL, pq.Array(ids), pq.Array(seconds)); err != nil {
-		return fmt.Errorf("record webhook attempts: receivers' dedup windows: %w", err)
-	}
-	return nil
-}
-
 // recordAttempt leaves what an attempt did on its job, for the completer
-// to write with the job's outcome (writeAttemptRecords).
+// to write with the job's outcome (recordOutcomes).
 func (j Job) recordAttempt(a deliveryAttempt, change endpointChange) {
 	if j.attempt == nil {
 		return // not run by a worker pool: nobody would write it

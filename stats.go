@@ -1,7 +1,7 @@
 // stats.go: the delivery statistics read back: an endpoint's, or every
 // endpoint's, attempts, outcomes and commit→first-2xx latency over the last
 // hour or day, from outbox.delivery_stats, which the completers write
-// (outcome.go, deliveryStatsArgs) and every replica shares.
+// (outcome.go, attemptsAndStatsSQL) and every replica shares.
 
 package main
 

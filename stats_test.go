@@ -694,7 +694,7 @@ func TestDeliveryStatsTwoCompletersSumIntoOneRow(t *testing.T) {
 			FROM pg_stat_activity
 			WHERE datname = current_database()
 			  AND wait_event_type = 'Lock'
-			  AND query LIKE '%INSERT INTO outbox.delivery_stats%'`) == 2
+			  AND query LIKE '%outbox.record_outcomes(%'`) == 2
 	})
 	if err := hold.Commit(); err != nil {
 		t.Fatal(err)
