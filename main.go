@@ -805,17 +805,17 @@ func startPipeline(cfg Config, db *sql.DB, box *secretBox, dsn string, allowAddr
 	p := pipeline{registry: registry}
 	wake := newWakeups()
 	relayWake := wake.events
-	var ownNotifies *ownNotifies // set where a listener hears the relay's NOTIFYs
+	notifyOrigin := "" // set where a listener hears the relay's NOTIFYs
 	switch {
 	case cfg.PoolMode == poolModeTransaction:
 		relayWake = nil // nothing wakes it: it sweeps (notify.go, poolModeTransaction)
 	case !cfg.DisableListen:
 		start("listener", newListener(dsn, wake, logger).Run)
-		ownNotifies = wake.own
+		notifyOrigin = wake.origin
 	}
 	subscribers := defaultSubscribers(cfg.Demo, logger)
 	p.relay = newRelay(db, cfg.Relay, cfg.Workers.MaxAttempts, fanOutTargets(subscribers), logger)
-	p.relay.ownNotifies = ownNotifies // the listener skips what the relay pokes
+	p.relay.notifyOrigin = notifyOrigin // the listener skips what the relay pokes
 	start("relay", func(ctx context.Context) error {
 		if cfg.PoolMode == poolModeTransaction {
 			quietProducers(ctx, db, logger)

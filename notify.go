@@ -16,12 +16,13 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -104,9 +105,16 @@ func quietProducers(ctx context.Context, db *sql.DB, logger *slog.Logger) {
 type wakeups struct {
 	events chan struct{}
 	jobs   chan struct{}
-	// own are this process's relay transactions whose jobs NOTIFY the
-	// workers need not hear: the relay pokes them itself.
-	own *ownNotifies
+	// origin names this process's relay in the payload of the workers'
+	// NOTIFY (relay.notifyOrigin, schema.sql's outbox.notify_jobs). Every
+	// relay transaction sends one (jobs_notify_workers fires for each
+	// INSERT statement, even of no row, and the notifications of one
+	// transaction fold into one), and the relay pokes this process's
+	// workers itself after a pass that enqueued jobs: woken a second time
+	// by its own NOTIFY, the workers ran a claim for nothing, one for every
+	// relay pass (`outboxd load -mode replay` counted about two claims per
+	// pass). Other replicas' relays, replays and retries still wake them.
+	origin string
 
 	// Counters, only ever incremented: jobs notifications that woke the
 	// workers, and those of this process's own relay, skipped.
@@ -115,66 +123,14 @@ type wakeups struct {
 }
 
 func newWakeups() *wakeups {
-	return &wakeups{events: make(chan struct{}, 1), jobs: make(chan struct{}, 1), own: &ownNotifies{pending: map[int]int{}}}
+	return &wakeups{events: make(chan struct{}, 1), jobs: make(chan struct{}, 1), origin: newNotifyOrigin()}
 }
 
-// ownNotifies counts, by server backend pid, the relay transactions of
-// this process that are committing or committed and whose NOTIFY on
-// jobsChannel has not come back yet. Every relay transaction sends one
-// (jobs_notify_workers fires for each INSERT statement, even of no row,
-// and the notifications of one transaction fold into one), and the relay
-// pokes this process's workers itself after a pass that enqueued jobs:
-// woken a second time by its own NOTIFY, the workers ran a claim for
-// nothing, one for every relay pass (`outboxd load -mode replay` counted
-// about two claims per pass). A notification carries the pid of the
-// backend that sent it, and a backend's notifications arrive in commit
-// order, so the next one from a pid the relay expects is the relay's own.
-// Other replicas' relays, replays and retries still wake the workers.
-type ownNotifies struct {
-	mu      sync.Mutex
-	pending map[int]int // pid → notifications expected
-}
-
-// expect notes that the relay's transaction on backend pid is about to
-// commit. A nil receiver (no listener) notes nothing.
-func (o *ownNotifies) expect(pid int) {
-	if o == nil {
-		return
-	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.pending[pid]++
-}
-
-// forget undoes expect for a transaction whose commit failed, which sent
-// no notification: the next one from that backend is someone else's.
-func (o *ownNotifies) forget(pid int) {
-	if o == nil {
-		return
-	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.forgetLocked(pid)
-}
-
-func (o *ownNotifies) forgetLocked(pid int) {
-	if o.pending[pid] <= 1 {
-		delete(o.pending, pid)
-		return
-	}
-	o.pending[pid]--
-}
-
-// take reports whether a notification from backend pid is the relay's
-// own, and counts it off.
-func (o *ownNotifies) take(pid int) bool {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.pending[pid] == 0 {
-		return false
-	}
-	o.forgetLocked(pid)
-	return true
+// newNotifyOrigin is a name no other process's relay has: 64 random bits.
+func newNotifyOrigin() string {
+	b := make([]byte, 8)
+	rand.Read(b) // never fails (crypto/rand)
+	return hex.EncodeToString(b)
 }
 
 // poke leaves one pending wake-up on ch without ever blocking.
@@ -274,7 +230,7 @@ func (l *listener) listen(ctx context.Context) error {
 				l.wake.all()
 			case n.Channel == eventsChannel:
 				poke(l.wake.events)
-			case n.Channel == jobsChannel && l.wake.own.take(n.BePid):
+			case n.Channel == jobsChannel && n.Extra == l.wake.origin:
 				l.wake.ownSkipped.Add(1)
 			case n.Channel == jobsChannel:
 				l.wake.jobsNotified.Add(1)

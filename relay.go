@@ -64,10 +64,11 @@ type relay struct {
 	jobsEnqueued atomic.Int64
 	rowFailures  atomic.Int64
 	passTime     *histogram // one pass's fan-out statement, seconds
-	// ownNotifies, when this process listens, hears of every relay
-	// transaction about to commit, so that the listener does not wake
-	// the workers a second time for it (notify.go); nil otherwise.
-	ownNotifies *ownNotifies
+	// notifyOrigin, when this process listens, names its relay's
+	// transactions in their NOTIFY to the workers, so that the listener
+	// does not wake them a second time for a pass the relay pokes them
+	// for itself (notify.go, wakeups.origin); "" otherwise.
+	notifyOrigin string
 }
 
 // newRelay builds the relay that fans events out to targets (the
@@ -262,14 +263,44 @@ func (r *relay) count(res passResult) {
 }
 
 // The relay's two statements differ only in what they claim: a batch
-// ($1 the batch size; outbox.fan_out, fanOutFunctionSQL, over schema.sql's
+// (outbox.fan_out, $1 the batch size, claimed by schema.sql's
 // outbox.mark_fanned_out, which pins its plan) or one row for the
-// row-by-row retry ($1 its id; another relay may have relayed it in
-// between, and then it claims nothing). Each claim marks its rows fanned
-// out and returns them as marked(id, topic, subject, payload).
-var (
-	relayBatchSQL = `SELECT * FROM outbox.fan_out($1, $2, $3, $4)`
-	relayRowSQL   = fanOutSQL(`
+// row-by-row retry (outbox.fan_out_event, $1 its id; another relay may
+// have relayed it in between, and then it claims nothing). Each is a
+// PL/pgSQL function (fanOutFunctionSQL): one statement, one round trip and
+// its own transaction, planned once per session.
+const (
+	relayBatchSQL = `SELECT out_fanned, out_jobs FROM outbox.fan_out($1, $2, $3, $4, $5)`
+	relayRowSQL   = `SELECT out_fanned, out_jobs FROM outbox.fan_out_event($1, $2, $3, $4, $5)`
+)
+
+// fanOutFunctionSQL defines the relay's two functions, outbox.fan_out and
+// outbox.fan_out_event, from one statement (fanOutSQL). The migration
+// applies it after schema.sql, in the same transaction (newMigration), so
+// the statement is written once, here.
+//
+// A function runs the relay's whole transaction: it sets the commit not
+// to wait for the WAL to reach the disk (beginPipelineTx says why that
+// loses nothing), names the process whose relay it is (origin, $5) for
+// the workers' NOTIFY (schema.sql, outbox.notify_jobs; empty for none), fans
+// the claimed events out, and lets the ordered lanes that got deliveries
+// advance (outbox.advance_lanes), so a delivery is never held behind
+// nothing. Sent as a transaction of statements it took four or five round
+// trips a pass, and its statement was planned at every pass, about 1 ms of
+// the 2.6 ms a pass of 3 events took in the database (README, "Endpoint
+// isolation under load").
+//
+// The parameters are unnamed, and the columns prefixed, so that no name in
+// the statement can be taken for one of them. out_lane_endpoints,
+// out_lane_keys and out_pid, which the relay no longer reads, are kept for
+// a previous release's relays during a rolling upgrade (README,
+// "Upgrading"): they call fan_out with four arguments (origin defaults to
+// empty) and advance the lanes again, which changes nothing.
+var fanOutFunctionSQL = fanOutFunction("fan_out", "integer", `
+marked AS (
+  SELECT id, topic, subject, payload
+  FROM outbox.mark_fanned_out($1)
+)`) + fanOutFunction("fan_out_event", "bigint", `
 claimed AS (
   SELECT id
   FROM outbox.events
@@ -284,33 +315,33 @@ marked AS (
   WHERE id IN (SELECT id FROM claimed)
   RETURNING id, topic, subject, payload
 )`)
-)
 
-// fanOutFunctionSQL defines outbox.fan_out, the relay's batch statement
-// (fanOutSQL over schema.sql's outbox.mark_fanned_out) as a PL/pgSQL
-// function, which keeps its plan for the session: sent as a statement, it
-// was planned at every pass, about 1 ms of the 2.6 ms a pass of 3 events
-// took in the database (README, "Endpoint isolation under load"). The
-// migration applies it after schema.sql, in the same transaction
-// (newMigration), so the statement is written once, here. Its parameters
-// are unnamed, and its columns prefixed, so that no name in the statement
-// can be taken for one of them.
-var fanOutFunctionSQL = `
-DROP FUNCTION IF EXISTS outbox.fan_out(integer, jsonb, integer, double precision);
-CREATE FUNCTION outbox.fan_out(integer, jsonb, integer, double precision)
+// fanOutFunction is one of fanOutFunctionSQL's functions: name, whose
+// claim ($1, of claimType) is markSQL.
+func fanOutFunction(name, claimType, markSQL string) string {
+	return `
+DROP FUNCTION IF EXISTS outbox.` + name + `(` + claimType + `, jsonb, integer, double precision);
+DROP FUNCTION IF EXISTS outbox.` + name + `(` + claimType + `, jsonb, integer, double precision, text);
+CREATE FUNCTION outbox.` + name + `(` + claimType + `, jsonb, integer, double precision, text DEFAULT '')
 RETURNS TABLE (out_fanned bigint, out_jobs bigint, out_lane_endpoints bigint[], out_lane_keys text[], out_pid integer)
 LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan
 AS $fan_out$
 BEGIN
-  RETURN QUERY` + fanOutSQL(`
-marked AS (
-  SELECT id, topic, subject, payload
-  FROM outbox.mark_fanned_out($1)
-)`) + `;
+  PERFORM set_config('synchronous_commit', 'off', true);
+  IF $5 <> '' THEN
+    PERFORM set_config('outbox.relay_origin', $5, true);
+  END IF;
+` + fanOutSQL(markSQL) + `
+  INTO out_fanned, out_jobs, out_lane_endpoints, out_lane_keys, out_pid;
+  IF cardinality(out_lane_endpoints) > 0 THEN
+    PERFORM outbox.advance_lanes(out_lane_endpoints, out_lane_keys, true);
+  END IF;
+  RETURN NEXT;
 END
 $fan_out$;
 `
+}
 
 // fanOutSQL is one relay transaction as one statement: claim and mark
 // events with markSQL, then enqueue one job per (event, matching
@@ -410,31 +441,12 @@ SELECT (SELECT count(*) FROM marked),
 
 // fanOut runs one relay statement (relayBatchSQL or relayRowSQL, with its
 // claim argument) and reports how many events it fanned out into how many
-// jobs. Deliveries to ordered endpoints are inserted held; the lanes they
-// joined advance in the same transaction (advanceLanes), so a delivery is
-// never held behind nothing.
+// jobs.
 func (r *relay) fanOut(ctx context.Context, relaySQL string, claimArg any) (fanned, jobs int, err error) {
-	tx, err := beginPipelineTx(ctx, r.db)
+	err = r.db.QueryRowContext(ctx, relaySQL, claimArg, r.targets, r.jobMaxAttempts,
+		r.cfg.FailingEndpointDelay.Seconds(), r.notifyOrigin).Scan(&fanned, &jobs)
 	if err != nil {
 		return 0, 0, fmt.Errorf("relay: fan out: %w", err)
-	}
-	defer tx.Rollback()
-	var lanes laneKeys
-	var pid int
-	err = tx.QueryRowContext(ctx, relaySQL, claimArg, r.targets, r.jobMaxAttempts,
-		r.cfg.FailingEndpointDelay.Seconds()).Scan(&fanned, &jobs, pq.Array(&lanes.endpointIDs), pq.Array(&lanes.keys), &pid)
-	if err != nil {
-		return 0, 0, fmt.Errorf("relay: fan out: %w", err)
-	}
-	if err := advanceLanes(ctx, tx, lanes); err != nil {
-		return 0, 0, fmt.Errorf("relay: fan out: %w", err)
-	}
-	// The commit sends jobs_notify_workers' NOTIFY; this process's workers
-	// hear of the jobs from drain's poke instead (ownNotifies).
-	r.ownNotifies.expect(pid)
-	if err := tx.Commit(); err != nil {
-		r.ownNotifies.forget(pid)
-		return 0, 0, fmt.Errorf("relay: fan out: commit: %w", err)
 	}
 	return fanned, jobs, nil
 }

@@ -358,9 +358,7 @@ func TestRelayClaimReadsOneBatchWhateverTheEstimates(t *testing.T) {
 	// the claimed rows by key too, not by scanning the backlog.
 	var claimed, jobs int
 	scanned, indexEntries := statementReads(t, db, "outbox.events", "outbox.events_unfanned_by_id", func(tx *sql.Tx) error {
-		var laneEndpoints, laneKeys []byte // the ordered lanes joined: none here
-		var pid int
-		return tx.QueryRow(relayBatchSQL, batch, `[]`, 18, 300.0).Scan(&claimed, &jobs, &laneEndpoints, &laneKeys, &pid)
+		return tx.QueryRow(relayBatchSQL, batch, `[]`, 18, 300.0, "").Scan(&claimed, &jobs)
 	})
 	if claimed != batch || scanned != 0 || indexEntries > batch {
 		t.Errorf("claimed %d of a %d backlog, scanning %d table rows and reading %d index entries; want %d claimed, 0 scanned, at most %d entries",
@@ -473,10 +471,11 @@ func TestListenerWakesRelayOnRecord(t *testing.T) {
 // A relay pass's commit sends jobs_notify_workers' NOTIFY, and the relay
 // pokes its own process's workers itself: the listener must not wake them
 // a second time for the same pass, or every pass costs a claim for
-// nothing. A job inserted by anyone else still wakes them. Notifications
-// of one backend arrive in commit order, so once the other session's has
-// been heard, the relay's has been too. The control, a relay that does not
-// tell the listener, shows the doubled wake-up the test is about.
+// nothing. Jobs inserted by anyone else (another process's relay, a plain
+// insert) still wake them. Notifications arrive in commit order, so once
+// the last session's has been heard, the relay's has been too. The
+// control, a relay that does not name itself, shows the doubled wake-up
+// the test is about.
 func TestListenerSkipsTheOwnRelaysNotification(t *testing.T) {
 	t.Parallel()
 	for _, tell := range []bool{true, false} {
@@ -486,23 +485,30 @@ func TestListenerSkipsTheOwnRelaysNotification(t *testing.T) {
 			wake := startTestListener(t, dsn)
 			r := newTestRelay(t, db, defaultConfig().Relay, noopSubscriber("all"))
 			if tell {
-				r.ownNotifies = wake.own
+				r.notifyOrigin = wake.origin
 			}
 			recordN(t, db, "t", 3)
 			res, err := r.relayOnce(context.Background())
 			if err != nil || res.Jobs != 3 {
 				t.Fatalf("relay pass: %+v, %v; want 3 jobs", res, err)
 			}
-			// Someone else's job: a replay, another replica's relay.
+			// Another replica's relay, which names itself too.
+			other := newTestRelay(t, db, defaultConfig().Relay, noopSubscriber("all"))
+			other.notifyOrigin = newNotifyOrigin()
+			recordN(t, db, "t", 2)
+			if res, err := other.relayOnce(context.Background()); err != nil || res.Jobs != 2 {
+				t.Fatalf("the other relay's pass: %+v, %v; want 2 jobs", res, err)
+			}
+			// Someone else's job: a replay, a retry by hand.
 			mustExec(t, db, `INSERT INTO outbox.jobs (kind, event_id, max_attempts)
 				SELECT 'other', min(id), 1 FROM outbox.events`)
-			waitFor(t, "the other session's notification", 10*time.Second, func() bool {
-				return wake.jobsNotified.Load()+wake.ownSkipped.Load() >= 2
+			waitFor(t, "the other sessions' notifications", 10*time.Second, func() bool {
+				return wake.jobsNotified.Load()+wake.ownSkipped.Load() >= 3
 			})
 			got := []int64{wake.jobsNotified.Load(), wake.ownSkipped.Load()}
-			want := []int64{1, 1}
+			want := []int64{2, 1}
 			if !tell {
-				want = []int64{2, 0}
+				want = []int64{3, 0}
 			}
 			if diff := cmp.Diff(want, got); diff != "" {
 				t.Errorf("jobs notifications that woke the workers, own skipped (-want +got):\n%s", diff)
@@ -568,5 +574,32 @@ func TestConcurrentRelaysAndWorkersRunEachJobOnce(t *testing.T) {
 	}
 	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state <> 'completed' OR attempt <> 1`); n != 0 {
 		t.Errorf("%d jobs not completed on their first attempt", n)
+	}
+}
+
+// A previous release's relay, during a rolling upgrade, calls outbox.fan_out
+// with four arguments in a transaction of its own and reads five columns,
+// the ordered lanes among them, which it advances again (README,
+// "Upgrading"): the function keeps that shape.
+func TestFanOutKeepsThePreviousReleasesCall(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	recordN(t, db, "t", 3)
+	tx, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	var fanned, jobs, pid int
+	var laneEndpoints, laneKeys []byte
+	if err := tx.QueryRow(`SELECT * FROM outbox.fan_out($1, $2, $3, $4)`, 10, `[{"kind": "k", "topics": ["t"], "per_subject": false}]`, 18, 300.0).
+		Scan(&fanned, &jobs, &laneEndpoints, &laneKeys, &pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if fanned != 3 || jobs != 3 || string(laneEndpoints) != "{}" || pid == 0 {
+		t.Errorf("fan_out with four arguments: %d fanned, %d jobs, lanes %s, pid %d; want 3, 3, {}, a pid", fanned, jobs, laneEndpoints, pid)
 	}
 }

@@ -1345,10 +1345,14 @@ $$;
 -- schema_indexes.sql.
 
 -- Wake the workers when jobs are inserted, the same way events wake the relay.
+-- The payload names the relay process whose pass inserted them (its
+-- outbox.fan_out sets outbox.relay_origin for its transaction; '' for any
+-- other insert): that process's listener skips it, as its relay pokes its
+-- own workers (notify.go, wakeups.origin).
 CREATE OR REPLACE FUNCTION outbox.notify_jobs() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-  PERFORM pg_notify('outbox_jobs', '');
+  PERFORM pg_notify('outbox_jobs', coalesce(current_setting('outbox.relay_origin', true), ''));
   RETURN NULL;
 END
 $$;
