@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -220,6 +221,18 @@ func TestOverviewSplitsWaitingJobsIntoDueAndLater(t *testing.T) {
 	got := [2]int64{o.Jobs.DueNow, o.Jobs.ScheduledLater}
 	if got != [2]int64{3, 3} || o.Jobs.Available != 3 || o.Jobs.Retryable != 3 || o.Jobs.Running != 1 {
 		t.Errorf("jobs %+v; want 3 due now and 3 scheduled later of 3 available and 3 retryable, 1 running", o.Jobs)
+	}
+	// The relay's backlog and the workers' side by side: the event was
+	// never fanned out (its jobs were written by hand), so it is the
+	// relay's 1; the 7 unfinished jobs are the workers'.
+	if o.Backlog != 1 || o.DeliveryBacklog != 7 {
+		t.Errorf("backlog %d, delivery backlog %d; want 1 and 7", o.Backlog, o.DeliveryBacklog)
+	}
+	_, html := panelPage(t, newTestAdmin(t, db), "/")
+	for id, want := range map[string]int64{"backlog": 1, "delivery-backlog": 7, "due-now": 3, "scheduled-later": 3, "running": 1, "retryable": 3} {
+		if span := fmt.Sprintf(`<span class="n" id="%s">%d</span>`, id, want); !strings.Contains(html, span) {
+			t.Errorf("the overview has no %s", span)
+		}
 	}
 }
 
