@@ -673,6 +673,14 @@ func TestJobsFilterByEndpoint(t *testing.T) {
 	if strings.Contains(html, `<a href="/endpoints/`+itoa(a.ID)+`">`) {
 		t.Errorf("panel jobs of endpoint %d show endpoint %d's", b.ID, a.ID)
 	}
+	if field := `name="endpoint_id" type="number" min="1" step="1" value="` + itoa(b.ID) + `"`; !strings.Contains(html, field) {
+		t.Errorf("the jobs page's filter form does not show endpoint %d:\n%s", b.ID, html)
+	}
+	// The filter form as a browser sends it, with state "any" (empty).
+	status, html := panelPage(t, api.srv, "/jobs?endpoint_id="+itoa(a.ID)+"&state=")
+	if n := strings.Count(html, `<a href="/endpoints/`+itoa(a.ID)+`">`); status != http.StatusOK || n != 3 {
+		t.Errorf("the filter form's GET for endpoint %d: %d, its links %d times, want 200 and 3", a.ID, status, n)
+	}
 }
 
 // The job list filtered to an endpoint's discarded deliveries offers to
