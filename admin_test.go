@@ -673,6 +673,14 @@ func TestJobsFilterByEndpoint(t *testing.T) {
 	if strings.Contains(html, `<a href="/endpoints/`+itoa(a.ID)+`">`) {
 		t.Errorf("panel jobs of endpoint %d show endpoint %d's", b.ID, a.ID)
 	}
+	if field := `name="endpoint_id" type="number" min="1" step="1" value="` + itoa(b.ID) + `"`; !strings.Contains(html, field) {
+		t.Errorf("the jobs page's filter form does not show endpoint %d:\n%s", b.ID, html)
+	}
+	// The filter form as a browser sends it, with state "any" (empty).
+	status, html := panelPage(t, api.srv, "/jobs?endpoint_id="+itoa(a.ID)+"&state=")
+	if n := strings.Count(html, `<a href="/endpoints/`+itoa(a.ID)+`">`); status != http.StatusOK || n != 3 {
+		t.Errorf("the filter form's GET for endpoint %d: %d, its links %d times, want 200 and 3", a.ID, status, n)
+	}
 }
 
 // The job list filtered to an endpoint's discarded deliveries offers to
@@ -726,7 +734,7 @@ func TestEventsShowWhereTheyWent(t *testing.T) {
 	if diff := cmp.Diff(&EventOutcome{Jobs: 3, Completed: 1, Discarded: 1, Pending: 1}, page.Events[0].Outcome); diff != "" {
 		t.Errorf("event %d's outcome (-want +got):\n%s", ev, diff)
 	}
-	if _, html := panelPage(t, api.srv, "/events"); !strings.Contains(html, "1 of 3 done") || !strings.Contains(html, "1 discarded") || !strings.Contains(html, "1 pending") {
+	if _, html := panelPage(t, api.srv, "/events"); !strings.Contains(html, `<td class="outcome">delivered to 1 of 3, <span class="bad">1 failed</span>, 1 pending</td>`) {
 		t.Errorf("the panel's stream does not say where the event went:\n%s", html)
 	}
 }

@@ -60,8 +60,13 @@ func TestPanelOperatorViewsInBrowser(t *testing.T) {
 		t.Errorf("the discarded-jobs alert's link leads to %q, want the discarded jobs", got)
 	}
 
-	// Jobs of endpoint b only: its discarded delivery, and the bulk retry.
-	br.open(fmt.Sprintf("%s/jobs?endpoint_id=%d", srv.URL, b))
+	// Jobs of endpoint b only, filtered with the form: its discarded
+	// delivery, and the bulk retry. The heading links the endpoint only
+	// once the filtered page has loaded.
+	br.open(srv.URL + "/jobs")
+	br.typeInto("#jobs-filter input[name=endpoint_id]", fmt.Sprint(b))
+	br.click("#jobs-filter button")
+	br.find(fmt.Sprintf(`h1 a[href="/endpoints/%d"]`, b))
 	if got := br.text("h1"); !strings.Contains(got, fmt.Sprintf("endpoint %d", b)) {
 		t.Errorf("filtered jobs page heading %q, want it to name endpoint %d", got, b)
 	}

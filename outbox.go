@@ -120,6 +120,16 @@ func recordEventTraced(ctx context.Context, db *sql.DB, tc traceContext, topic, 
 		return 0, fmt.Errorf("record event: trace context: %w", err)
 	}
 	id, err := recordEvent(ctx, tx, topic, subject, payload)
+	if pqErr := pq.As(err, pqerror.CheckViolation); pqErr != nil {
+		// schema.sql's CHECKs decide; this says what they want.
+		switch pqErr.Constraint {
+		case "events_traceparent_format":
+			return 0, fmt.Errorf("%w: traceparent is not a W3C trace context: want version 00, "+
+				"00-<trace id: 32 lower-case hex digits>-<parent id: 16>-<flags: 2>, neither id all zeros (%s)", errInvalid, pqErr.Constraint)
+		case "events_tracestate_format":
+			return 0, fmt.Errorf("%w: tracestate must be at most 512 printable ASCII characters (%s)", errInvalid, pqErr.Constraint)
+		}
+	}
 	if err != nil {
 		return 0, err
 	}

@@ -44,7 +44,12 @@ const bloatMinDeadRows = 10_000
 
 // Overview is GET /api/overview and the top of the panel.
 type Overview struct {
+	// Backlog is the relay's: events not yet fanned out. DeliveryBacklog
+	// is the workers', beside it: jobs not yet finished (due now,
+	// scheduled later or running), so that a relay keeping up is not
+	// taken for deliveries keeping up.
 	Backlog                  int64          `json:"backlog"`
+	DeliveryBacklog          int64          `json:"delivery_backlog"`
 	Poisoned                 int64          `json:"poisoned"`
 	OldestUnfannedAgeSeconds float64        `json:"oldest_unfanned_age_seconds"`
 	Jobs                     JobCounts      `json:"jobs"`
@@ -256,6 +261,7 @@ func readOverview(ctx context.Context, db *sql.DB, alerts AlertConfig) (Overview
 	if o.Jobs, starts.FirstDiscarded, err = readJobCounts(ctx, tx); err != nil {
 		return o, err
 	}
+	o.DeliveryBacklog = o.Jobs.DueNow + o.Jobs.ScheduledLater + o.Jobs.Running
 	if o.Tables, err = readTableHealth(ctx, tx); err != nil {
 		return o, err
 	}

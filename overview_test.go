@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -221,6 +222,18 @@ func TestOverviewSplitsWaitingJobsIntoDueAndLater(t *testing.T) {
 	if got != [2]int64{3, 3} || o.Jobs.Available != 3 || o.Jobs.Retryable != 3 || o.Jobs.Running != 1 {
 		t.Errorf("jobs %+v; want 3 due now and 3 scheduled later of 3 available and 3 retryable, 1 running", o.Jobs)
 	}
+	// The relay's backlog and the workers' side by side: the event was
+	// never fanned out (its jobs were written by hand), so it is the
+	// relay's 1; the 7 unfinished jobs are the workers'.
+	if o.Backlog != 1 || o.DeliveryBacklog != 7 {
+		t.Errorf("backlog %d, delivery backlog %d; want 1 and 7", o.Backlog, o.DeliveryBacklog)
+	}
+	_, html := panelPage(t, newTestAdmin(t, db), "/")
+	for id, want := range map[string]int64{"backlog": 1, "delivery-backlog": 7, "due-now": 3, "scheduled-later": 3, "running": 1, "retryable": 3} {
+		if span := fmt.Sprintf(`<span class="n" id="%s">%d</span>`, id, want); !strings.Contains(html, span) {
+			t.Errorf("the overview has no %s", span)
+		}
+	}
 }
 
 // An acknowledgement holds while the alert stays at or below its level in
@@ -351,5 +364,12 @@ func TestEveryAlertLinksToItsPage(t *testing.T) {
 		if anchor != "" && !strings.Contains(page, `id="`+anchor+`"`) {
 			t.Errorf("%s links to %s, but the page has no element %q", name, link, anchor)
 		}
+	}
+	// receiver_window_short names endpoints by their windows: the list it
+	// links to shows each endpoint's.
+	id := createTestEndpoint(t, srv, "https://a.example/hook")
+	mustExec(t, db, `UPDATE outbox.endpoints SET dedup_window_seconds = 60, dedup_window_seen_at = now() WHERE id = $1`, id)
+	if _, page := panelPage(t, srv, got["receiver_window_short"]); !strings.Contains(page, `<td class="dedup-window">60 s</td>`) {
+		t.Errorf("receiver_window_short links to %s, which does not show endpoint %d's 60 s window", got["receiver_window_short"], id)
 	}
 }

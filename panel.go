@@ -518,6 +518,14 @@ func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin,
 	if err != nil {
 		return err
 	}
+	queue, err := readDeliveryQueue(r.Context(), a.db, id)
+	if err != nil {
+		return err
+	}
+	failures, err := readRecentFailures(r.Context(), a.db, id, windows[len(windows)-1].From) // the day's
+	if err != nil {
+		return err
+	}
 	status, form := http.StatusOK, fieldsOf(ep)
 	if view.refused != nil {
 		status, form = http.StatusBadRequest, *view.refused
@@ -525,17 +533,21 @@ func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin,
 	p.render(w, status, "endpoint", page{Title: fmt.Sprintf("Endpoint %d", id), Nav: "endpoints", SignedIn: true,
 		Flash: view.flash,
 		Data: struct {
-			Endpoint    Endpoint
-			Stats       EndpointStats
-			Secret      string
-			Form        endpointFields
-			FormError   string
-			Bounds      deliveryBounds
-			Preview     *replayPreviewView
-			Replays     []ReplayView
-			ReplayShare int
-			Windows     []statsWindowView
-		}{ep, st, view.secret, form, view.refusal, endpointBounds(), view.preview, replays, replayShare(ep.MaxInFlight), windows}})
+			Endpoint        Endpoint
+			Stats           EndpointStats
+			Secret          string
+			Form            endpointFields
+			FormError       string
+			Bounds          deliveryBounds
+			Preview         *replayPreviewView
+			Replays         []ReplayView
+			ReplayShare     int
+			Windows         []statsWindowView
+			Queue           DeliveryQueue
+			Failures        []FailureGroup
+			FailureAttempts int
+		}{ep, st, view.secret, form, view.refusal, endpointBounds(), view.preview, replays, replayShare(ep.MaxInFlight), windows,
+			queue, failures, recentFailureAttempts}})
 	return nil
 }
 

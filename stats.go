@@ -1,7 +1,8 @@
 // stats.go: the delivery statistics read back: an endpoint's, or every
 // endpoint's, attempts, outcomes and commit→first-2xx latency over the last
 // hour or day, from outbox.delivery_stats, which the completers write
-// (outcome.go, attemptsAndStatsSQL) and every replica shares.
+// (outcome.go, attemptsAndStatsSQL) and every replica shares; and, for one
+// endpoint, its queue now and its recent failures grouped by error.
 
 package main
 
@@ -118,6 +119,11 @@ type DeliveryStats struct {
 	Latency []latencyBucketView `json:"latency_buckets"`
 	// Series has a point for every minute of the window, oldest first.
 	Series []statsMinute `json:"series"`
+	// Queue and RecentFailures are one endpoint's, as its page shows
+	// them; absent from every endpoint's statistics, whose queue the
+	// overview counts (Overview.Jobs).
+	Queue          *DeliveryQueue `json:"queue,omitempty"`
+	RecentFailures []FailureGroup `json:"recent_failures,omitempty"`
 
 	latency latencyCounts
 }
@@ -245,7 +251,140 @@ func readDeliveryStats(ctx context.Context, db *sql.DB, id int64, window string)
 	if err != nil {
 		return DeliveryStats{EndpointID: id, Window: window}, err
 	}
-	return m.window(window), nil
+	st := m.window(window)
+	if id == 0 {
+		return st, nil
+	}
+	q, err := readDeliveryQueue(ctx, db, id)
+	if err != nil {
+		return st, err
+	}
+	st.Queue = &q
+	st.RecentFailures, err = readRecentFailures(ctx, db, id, st.From)
+	return st, err
+}
+
+// DeliveryQueue is an endpoint's deliveries not yet finished, now.
+type DeliveryQueue struct {
+	// Due wait with their scheduled time reached: they run as soon as a
+	// worker, the endpoint's cap and rate limit allow (and a pause or a
+	// receiver's Retry-After hold, which the endpoint shows, has ended).
+	Due int64 `json:"due"`
+	// Scheduled wait for a later time: a backoff after a failure.
+	Scheduled int64 `json:"scheduled"`
+	// Held wait for their turn in an ordered lane (scheduled at infinity
+	// until the delivery ahead of them finishes).
+	Held     int64 `json:"held"`
+	InFlight int64 `json:"in_flight"`
+	// NextAttemptAt is the soonest scheduled time of a waiting delivery,
+	// held ones aside: in the past while some are due; null when none
+	// waits.
+	NextAttemptAt *time.Time `json:"next_attempt_at"`
+}
+
+// deliveryQueueSQL counts endpoint $1's waiting deliveries, live and
+// replayed, each arm by its lane's index (jobs_waiting_live_by_endpoint,
+// jobs_waiting_replay_by_endpoint, in scheduled_at order), and its
+// running ones by jobs_running_by_endpoint, as the claim counts them.
+const deliveryQueueSQL = `
+WITH waiting AS (
+  SELECT scheduled_at
+  FROM outbox.jobs
+  WHERE endpoint_id = $1
+    AND state IN ('available', 'retryable')
+    AND replay_id IS NULL
+  UNION ALL
+  SELECT scheduled_at
+  FROM outbox.jobs
+  WHERE endpoint_id = $1
+    AND state IN ('available', 'retryable')
+    AND replay_id IS NOT NULL
+)
+SELECT count(*) FILTER (WHERE scheduled_at <= now()),
+       count(*) FILTER (WHERE scheduled_at > now() AND scheduled_at < 'infinity'),
+       count(*) FILTER (WHERE scheduled_at = 'infinity'),
+       (SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'running'),
+       min(scheduled_at) FILTER (WHERE scheduled_at < 'infinity')
+FROM waiting`
+
+// readDeliveryQueue reads endpoint id's queue.
+func readDeliveryQueue(ctx context.Context, db *sql.DB, id int64) (DeliveryQueue, error) {
+	var q DeliveryQueue
+	err := db.QueryRowContext(ctx, deliveryQueueSQL, id).Scan(&q.Due, &q.Scheduled, &q.Held, &q.InFlight, &q.NextAttemptAt)
+	if err != nil {
+		return q, fmt.Errorf("endpoint %d queue: %w", id, err)
+	}
+	return q, nil
+}
+
+// FailureGroup is one error among an endpoint's recent failed attempts:
+// an answer's status code (its text, with the answer's start, varies with
+// the receiver's body), or, without an answer, the error (a timeout, a
+// refused connection, the SSRF guard); with how many attempts gave it,
+// when, and the latest of them.
+type FailureGroup struct {
+	StatusCode  *int      `json:"status_code"`
+	Error       string    `json:"error"` // the latest attempt's
+	Attempts    int64     `json:"attempts"`
+	FirstAt     time.Time `json:"first_at"`
+	LastAt      time.Time `json:"last_at"`
+	LastEventID int64     `json:"last_event_id"`
+}
+
+// Bounds of an endpoint's recent failures: the newest
+// recentFailureAttempts failed attempts of the window (minutes of a
+// receiver failing at the workers' pace, one range of
+// deliveries_by_endpoint_finished_at, newest first), in at most
+// maxFailureGroups groups, the most frequent first.
+const (
+	recentFailureAttempts = 1000
+	maxFailureGroups      = 20
+)
+
+// recentFailuresSQL groups endpoint $1's newest $3 failed attempts since
+// $2, and reads the event of each group's latest by the job's primary key:
+// $4 lookups, not a join of every attempt. A row of outbox.deliveries is an
+// attempt that did not complete its job; a 2xx among them is one whose
+// outcome was fenced out, not a failure.
+const recentFailuresSQL = `
+SELECT g.status_code, g.error, g.attempts, g.first_at, g.last_at,
+       (SELECT j.event_id FROM outbox.jobs AS j WHERE j.id = g.last_job_id)
+FROM (
+  SELECT f.status_code,
+         (array_agg(f.error ORDER BY f.finished_at DESC))[1] AS error,
+         count(*) AS attempts,
+         min(f.finished_at) AS first_at,
+         max(f.finished_at) AS last_at,
+         (array_agg(f.job_id ORDER BY f.finished_at DESC))[1] AS last_job_id
+  FROM (
+    SELECT job_id, finished_at, status_code, error
+    FROM outbox.deliveries
+    WHERE endpoint_id = $1
+      AND finished_at >= $2
+      AND (status_code NOT BETWEEN 200 AND 299 OR (status_code IS NULL AND error <> ''))
+    ORDER BY finished_at DESC
+    LIMIT $3
+  ) AS f
+  GROUP BY f.status_code, CASE WHEN f.status_code IS NULL THEN f.error END
+  ORDER BY count(*) DESC, max(f.finished_at) DESC
+  LIMIT $4
+) AS g
+ORDER BY g.attempts DESC, g.last_at DESC`
+
+func scanFailureGroup(row rowScanner) (FailureGroup, error) {
+	var g FailureGroup
+	err := row.Scan(&g.StatusCode, &g.Error, &g.Attempts, &g.FirstAt, &g.LastAt, &g.LastEventID)
+	return g, err
+}
+
+// readRecentFailures reads endpoint id's failed attempts since a time,
+// grouped by error.
+func readRecentFailures(ctx context.Context, db *sql.DB, id int64, since time.Time) ([]FailureGroup, error) {
+	groups, err := queryAll(ctx, db, scanFailureGroup, recentFailuresSQL, id, since, recentFailureAttempts, maxFailureGroups)
+	if err != nil {
+		return nil, fmt.Errorf("endpoint %d failures: %w", id, err)
+	}
+	return groups, nil
 }
 
 // statsMinutes is endpoint id's per-minute rows (0: every endpoint's)

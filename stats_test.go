@@ -836,3 +836,112 @@ func TestEndpointDeliveriesCountTheHourFromStatistics(t *testing.T) {
 		t.Errorf("the hour's record = %+v, want 10 attempts, 5 successes, rate 0.5", got)
 	}
 }
+
+// An endpoint's queue now and its recent failures grouped by error, in GET
+// /api/endpoints/{id}/stats and on its page, from a seeded database: each
+// waiting delivery counted once where it waits, live or replayed, and the
+// next attempt the soonest of them; failures grouped by status code, or by
+// the error when no answer came, within the window, without a fenced-out
+// 2xx or another endpoint's.
+func TestEndpointQueueAndRecentFailures(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	srv := newTestAdmin(t, db)
+	id := createTestEndpoint(t, srv, "https://a.example/hook")
+	other := createTestEndpoint(t, srv, "https://b.example/hook")
+	var now time.Time
+	var replay int64
+	if err := db.QueryRow(`SELECT date_trunc('second', now())`).Scan(&now); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.QueryRow(`INSERT INTO outbox.replays (endpoint_id, kind) VALUES ($1, 'replay') RETURNING id`, id).Scan(&replay); err != nil {
+		t.Fatal(err)
+	}
+	job := func(endpoint int64, state string, scheduledAt any, replayID any, laneKey any) (jobID, eventID int64) {
+		t.Helper()
+		err := db.QueryRow(`
+			INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, state, attempt, attempted_at, finalized_at,
+			                         scheduled_at, replay_id, lane_key)
+			VALUES ('webhook', outbox.record('t', 's', '{}'), $1, 18, $2::text::outbox.job_state,
+			        CASE WHEN $2 = 'available' THEN 0 ELSE 1 END,
+			        CASE WHEN $2 = 'available' THEN NULL ELSE now() END,
+			        CASE WHEN $2 IN ('completed', 'discarded') THEN now() END,
+			        $3::timestamptz, $4, $5)
+			RETURNING id, event_id`, endpoint, state, scheduledAt, replayID, laneKey).Scan(&jobID, &eventID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return jobID, eventID
+	}
+	soonest := now.Add(-2 * time.Minute)
+	job(id, "available", soonest, nil, nil)                  // due
+	job(id, "retryable", now.Add(-time.Minute), nil, nil)    // due
+	job(id, "available", now.Add(-time.Second), replay, nil) // due, replayed
+	job(id, "retryable", now.Add(5*time.Minute), nil, nil)   // scheduled
+	job(id, "available", now.Add(time.Hour), replay, nil)    // scheduled, replayed
+	job(id, "available", "infinity", nil, "order-1")         // held: an ordered lane's next
+	job(id, "running", now.Add(-time.Minute), nil, nil)      // in flight
+	failedJob, failedEvent := job(id, "discarded", now.Add(-time.Hour), nil, nil)
+	refusedJob, refusedEvent := job(id, "completed", now.Add(-time.Hour), nil, nil)
+	otherJob, _ := job(other, "available", now.Add(-time.Minute), nil, nil) // another endpoint's
+
+	attempt := func(job, endpoint int64, n int, ago time.Duration, status any, errText string) {
+		t.Helper()
+		mustExec(t, db, `INSERT INTO outbox.deliveries (job_id, attempt, endpoint_id, finished_at, duration_ms, status_code, error)
+			VALUES ($1, $2, $3, $4, 10, $5, $6)`, job, n, endpoint, now.Add(-ago), status, errText)
+	}
+	attempt(failedJob, id, 1, 3*time.Minute, 500, `endpoint answered 500: "a"`)
+	attempt(failedJob, id, 2, 2*time.Minute, 500, `endpoint answered 500: "b"`)
+	attempt(failedJob, id, 3, time.Minute, 500, `endpoint answered 500: "c"`)
+	attempt(refusedJob, id, 1, 90*time.Second, nil, "dial tcp 192.0.2.1:443: connect: connection refused")
+	attempt(refusedJob, id, 2, 30*time.Second, nil, "dial tcp 192.0.2.1:443: connect: connection refused")
+	attempt(refusedJob, id, 3, 10*time.Second, 200, "")                 // a 2xx whose outcome was fenced out
+	attempt(failedJob, id, 4, 25*time.Hour, 503, "outside the window")  // older than the day
+	attempt(otherJob, other, 1, time.Minute, 500, "another endpoint's") // not this endpoint's
+
+	var got DeliveryStats
+	if code := apiCall(t, srv, "GET", "/api/endpoints/"+itoa(id)+"/stats?window=24h", "", &got); code != http.StatusOK {
+		t.Fatalf("GET stats = %d", code)
+	}
+	wantQueue := &DeliveryQueue{Due: 3, Scheduled: 2, Held: 1, InFlight: 1, NextAttemptAt: &soonest}
+	if diff := cmp.Diff(wantQueue, got.Queue, cmp.Comparer(time.Time.Equal)); diff != "" {
+		t.Errorf("queue (-want +got):\n%s", diff)
+	}
+	status500 := 500
+	wantFailures := []FailureGroup{
+		{StatusCode: &status500, Error: `endpoint answered 500: "c"`, Attempts: 3,
+			FirstAt: now.Add(-3 * time.Minute), LastAt: now.Add(-time.Minute), LastEventID: failedEvent},
+		{Error: "dial tcp 192.0.2.1:443: connect: connection refused", Attempts: 2,
+			FirstAt: now.Add(-90 * time.Second), LastAt: now.Add(-30 * time.Second), LastEventID: refusedEvent},
+	}
+	if diff := cmp.Diff(wantFailures, got.RecentFailures, cmp.Comparer(time.Time.Equal)); diff != "" {
+		t.Errorf("recent failures (-want +got):\n%s", diff)
+	}
+	var every map[string]json.RawMessage
+	apiCall(t, srv, "GET", "/api/stats?window=24h", "", &every)
+	if _, ok := every["queue"]; ok {
+		t.Errorf("every endpoint's statistics carry one endpoint's queue: %s", every["queue"])
+	}
+
+	_, html := panelPage(t, srv, "/endpoints/"+itoa(id))
+	for _, want := range []string{
+		`<span id="queue-due">3</span>`, `<span id="queue-scheduled">2</span>`, `<span id="queue-held">1</span>`,
+		`<dd id="next-attempt">now: 3 due</dd>`,
+		`<td class="failure-attempts">3</td>`, `<td class="failure-attempts">2</td>`,
+	} {
+		if !strings.Contains(html, want) {
+			t.Errorf("the endpoint's page has no %s", want)
+		}
+	}
+	if n := strings.Count(html, `class="failure-group"`); n != 2 {
+		t.Errorf("the endpoint's page lists %d failure groups, want 2", n)
+	}
+
+	// With nothing due, the next attempt is the soonest scheduled one.
+	mustExec(t, db, `UPDATE outbox.jobs SET state = 'completed', finalized_at = now()
+		WHERE endpoint_id = $1 AND state IN ('available', 'retryable') AND scheduled_at <= now()`, id)
+	_, html = panelPage(t, srv, "/endpoints/"+itoa(id))
+	if want := `<dd id="next-attempt"><time datetime="` + now.Add(5*time.Minute).UTC().Format(time.RFC3339) + `"`; !strings.Contains(html, want) {
+		t.Errorf("with nothing due, the endpoint's page has no %s", want)
+	}
+}

@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -76,7 +77,7 @@ func TestDeliveriesCarryTheTraceContext(t *testing.T) {
 	rc := newReceiver(t, nil)
 	api.createEndpoint(rc.srv.URL+"/hook", "order.*")
 
-	send := func(traceparent string) int {
+	send := func(traceparent string) (int, string) {
 		req, _ := http.NewRequest("POST", api.srv.URL+"/api/events", strings.NewReader(`{"topic": "order.paid", "subject": "o-1"}`))
 		req.Header.Set("Authorization", "Bearer "+testToken)
 		req.Header.Set("traceparent", traceparent)
@@ -85,14 +86,21 @@ func TestDeliveriesCarryTheTraceContext(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		resp.Body.Close()
-		return resp.StatusCode
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, string(body)
 	}
-	if status := send("00-bad"); status != http.StatusBadRequest {
-		t.Errorf("a malformed traceparent: %d, want 400", status)
+	if status, body := send("00-bad"); status != http.StatusBadRequest || !strings.Contains(body, "traceparent is not a W3C trace context") {
+		t.Errorf("a malformed traceparent: %d %s, want 400 saying what a traceparent must be", status, body)
 	}
-	if status := send(testTraceparent); status != http.StatusCreated {
-		t.Fatalf("POST /api/events: %d, want 201", status)
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.events`); n != 0 {
+		t.Errorf("%d events stored after a refused traceparent, want none", n)
+	}
+	if status, body := send(testTraceparent); status != http.StatusCreated {
+		t.Fatalf("POST /api/events: %d %s, want 201", status, body)
 	}
 	relayAll(t, db)
 	runWebhookWorkers(t, db, 10*time.Second)
