@@ -459,22 +459,16 @@ type laneKeys struct {
 
 // advanceLanes makes the next held delivery of each lane due where the
 // lane has none active (schema.sql, outbox.advance_lanes), for a
-// transaction that may have held deliveries: fan-out, a replay, a retry
-// by hand, a rescue. The completer, which only finishes them, calls
-// advanceLanesHolding with hold false.
+// transaction that may have held deliveries: a replay, a retry by hand, a
+// rescue. Such deliveries wait for a release of their endpoint's lanes in
+// flight (hold true). The relay's and the completer's functions advance
+// their lanes in SQL (outbox.fan_out, outbox.record_outcomes).
 func advanceLanes(ctx context.Context, tx *sql.Tx, lanes laneKeys) error {
-	return advanceLanesHolding(ctx, tx, lanes, true)
-}
-
-// advanceLanesHolding runs outbox.advance_lanes; hold says whether the
-// transaction may have held deliveries, which then wait for a release of
-// their endpoint's lanes in flight (schema.sql).
-func advanceLanesHolding(ctx context.Context, tx *sql.Tx, lanes laneKeys, hold bool) error {
 	if len(lanes.endpointIDs) == 0 {
 		return nil
 	}
-	if _, err := tx.ExecContext(ctx, `SELECT outbox.advance_lanes($1, $2, $3)`,
-		pq.Array(lanes.endpointIDs), pq.Array(lanes.keys), hold); err != nil {
+	if _, err := tx.ExecContext(ctx, `SELECT outbox.advance_lanes($1, $2, true)`,
+		pq.Array(lanes.endpointIDs), pq.Array(lanes.keys)); err != nil {
 		return fmt.Errorf("advance ordered lanes: %w", err)
 	}
 	return nil
