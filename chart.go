@@ -150,6 +150,23 @@ func deliveryChartSVG(series []statsMinute, label string) template.HTML {
 	return countChartSVG(c)
 }
 
+// inboxChartSVG draws a source's series (inbox.go): the webhooks it
+// received new, its duplicates and its refusals, per point's span.
+func inboxChartSVG(st InboxStats, label string) template.HTML {
+	c := countChart{label: label, step: time.Duration(st.SeriesStepMinutes) * time.Minute, lines: []countLine{
+		{class: "received", name: "received (new)"},
+		{class: "duplicates", name: "duplicates"},
+		{class: "refused", name: "refused"},
+	}}
+	for _, p := range st.Series {
+		c.times = append(c.times, p.From)
+		c.lines[0].values = append(c.lines[0].values, p.Received)
+		c.lines[1].values = append(c.lines[1].values, p.Duplicates)
+		c.lines[2].values = append(c.lines[2].values, p.Refused)
+	}
+	return countChartSVG(c)
+}
+
 // seriesTimes is the minute of each point of a delivery series.
 func seriesTimes(series []statsMinute) []time.Time {
 	times := make([]time.Time, len(series))

@@ -825,7 +825,7 @@ func (p *panel) handleSubjects(a *admin) pageFunc {
 // create or a rotation (never in a URL: the page is rendered, not
 // redirected to).
 func (p *panel) renderSources(w http.ResponseWriter, r *http.Request, a *admin, flash string, created *inboxSourceWithSecret) error {
-	sources, stats, err := listSourcesWithStats(r.Context(), a.db)
+	sources, unknown, err := listSourcesWithStats(r.Context(), a.db)
 	if err != nil {
 		return err
 	}
@@ -835,30 +835,39 @@ func (p *panel) renderSources(w http.ResponseWriter, r *http.Request, a *admin, 
 	for _, s := range sources {
 		views = append(views, newInboxStatsView(s.Name, *s.Stats))
 	}
-	views = append(views, newInboxStatsView("unknown source", stats[unknownSourceBucket]))
+	views = append(views, newInboxStatsView("unknown source", unknown))
 	p.render(w, http.StatusOK, "sources", page{Title: "Inbox sources", Nav: "sources", SignedIn: true, Flash: flash,
 		Data: struct {
-			Sources []InboxSource
-			Stats   []inboxStatsView
-			Created *inboxSourceWithSecret
-		}{sources, views, created}})
+			Sources           []InboxSource
+			Stats             []inboxStatsView
+			Created           *inboxSourceWithSecret
+			MaxRecentRefusals int
+		}{sources, views, created, maxRecentRefusals}})
 	return nil
 }
 
 // inboxStatsView is a source's rows on the Inbox page: its last hour and
-// its last 24 hours.
+// its last 24 hours, each with its chart, and its recent refusals.
 type inboxStatsView struct {
 	Name    string
 	Windows []titledInboxStats
+	Recent  []InboxRefusal // the last 24 hours'
 }
 
 type titledInboxStats struct {
 	Title string
 	InboxStats
+	Chart template.HTML
 }
 
 func newInboxStatsView(name string, st InboxSourceStats) inboxStatsView {
-	return inboxStatsView{Name: name, Windows: []titledInboxStats{{"last hour", st.LastHour}, {"last 24 h", st.LastDay}}}
+	chart := func(st InboxStats, title string) template.HTML {
+		return inboxChartSVG(st, fmt.Sprintf("webhooks to %s received, duplicate and refused, %s", name, title))
+	}
+	return inboxStatsView{Name: name, Recent: st.LastDay.RecentRefusals, Windows: []titledInboxStats{
+		{"last hour", st.LastHour, chart(st.LastHour, "per minute over the last hour")},
+		{"last 24 h", st.LastDay, chart(st.LastDay, "per 15 minutes over the last 24 hours")},
+	}}
 }
 
 // handleSources is GET /sources, with the form for a new one.
