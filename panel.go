@@ -333,6 +333,37 @@ func (p *panel) handleRetry(a *admin) pageFunc {
 	}
 }
 
+// handleRetryEveryDiscarded is POST /jobs/retry-discarded, the button of
+// the job list filtered to discarded jobs of every endpoint: it retries
+// them all, and the list says what it did.
+func (p *panel) handleRetryEveryDiscarded(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		res, err := retryEveryDiscarded(r.Context(), a.db, a.eventsRetention, a.maxAttempts)
+		if err != nil {
+			return err
+		}
+		http.Redirect(w, r, "/jobs?state=discarded&done="+url.QueryEscape(res.summary()), http.StatusSeeOther)
+		return nil
+	}
+}
+
+// summary is what a retry of every discarded job did, as the panel says it.
+func (res BulkRetryResult) summary() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d discarded jobs will run now: %d deliveries to %d endpoints, each endpoint's in its replay lane, and %d jobs of no endpoint.",
+		res.Jobs, res.Jobs-res.WithoutEndpoint, len(res.Endpoints), res.WithoutEndpoint)
+	if res.Skipped > 0 {
+		fmt.Fprintf(&b, " %d deliveries stay discarded, their events older than a resend may be:", res.Skipped)
+		for _, e := range res.Endpoints {
+			if e.Skipped > 0 {
+				fmt.Fprintf(&b, " endpoint %d, %d;", e.EndpointID, e.Skipped)
+			}
+		}
+		b.WriteString(" each endpoint's page says why.")
+	}
+	return b.String()
+}
+
 // handleEndpoints is GET /endpoints, with the form for a new one.
 func (p *panel) handleEndpoints(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
