@@ -878,11 +878,14 @@ func (p *panel) renderSources(w http.ResponseWriter, r *http.Request, a *admin, 
 }
 
 // inboxStatsView is a source's rows on the Inbox page: its last hour and
-// its last 24 hours, each with its chart, and its recent refusals.
+// its last 24 hours, each with its chart, and its recent refusals; Quiet
+// when it sent nothing in the 24 hours, which the page says instead of
+// drawing flat lines.
 type inboxStatsView struct {
 	Name    string
 	Windows []titledInboxStats
 	Recent  []InboxRefusal // the last 24 hours'
+	Quiet   bool
 }
 
 type titledInboxStats struct {
@@ -895,7 +898,8 @@ func newInboxStatsView(name string, st InboxSourceStats) inboxStatsView {
 	chart := func(st InboxStats, title string) template.HTML {
 		return inboxChartSVG(st, fmt.Sprintf("webhooks to %s received, duplicate and refused, %s", name, title))
 	}
-	return inboxStatsView{Name: name, Recent: st.LastDay.RecentRefusals, Windows: []titledInboxStats{
+	quiet := st.LastDay.Received+st.LastDay.Duplicates+st.LastDay.Refused == 0
+	return inboxStatsView{Name: name, Recent: st.LastDay.RecentRefusals, Quiet: quiet, Windows: []titledInboxStats{
 		{"last hour", st.LastHour, chart(st.LastHour, "per minute over the last hour")},
 		{"last 24 h", st.LastDay, chart(st.LastDay, "per 15 minutes over the last 24 hours")},
 	}}
