@@ -531,8 +531,8 @@ const maxRecentRefusals = 5
 // primary key, in one statement for every source and both windows: a row
 // for each minute of the last $2, and one for each $3 minutes before
 // them, counted from the window's first minute, each with its last
-// refusal. The window's first minute leads every row, and is the only
-// column of the one row there is when no source sent anything.
+// refusal. The window's first minute leads every row, and is all there
+// is in the one row answered when no source sent anything.
 const inboxStatsSQL = `
 WITH w AS (
   SELECT date_trunc('minute', now()) - make_interval(mins => $1 - 1) AS day_from,
