@@ -68,6 +68,7 @@ func routes(a *admin) http.Handler {
 	apiRoute("POST /api/events/{id}/requeue", handleRequeueEvent(a))
 	apiRoute("GET /api/jobs", handleListJobs(a))
 	apiRoute("POST /api/jobs/{id}/retry", handleRetryJob(a))
+	apiRoute("POST /api/jobs/retry-discarded", handleRetryEveryDiscarded(a))
 	apiRoute("GET /api/endpoints", handleListEndpoints(a))
 	apiRoute("POST /api/endpoints", handleCreateEndpoint(a))
 	apiRoute("GET /api/endpoints/{id}", handleGetEndpoint(a))
@@ -135,6 +136,7 @@ func routes(a *admin) http.Handler {
 	pageRoute("POST /sources/{name}/{action}", p.handleSourceAction(a))
 	pageRoute("GET /jobs", p.handleJobs(a))
 	pageRoute("POST /jobs/{id}/retry", p.handleRetry(a))
+	pageRoute("POST /jobs/retry-discarded", p.handleRetryEveryDiscarded(a))
 	pageRoute("GET /subjects", p.handleSubjects(a))
 	pageRoute("POST /alerts/{name}/acknowledge", p.handleAcknowledgeAlert(a))
 

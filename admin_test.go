@@ -9,6 +9,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"html/template"
 	"io"
 	"log/slog"
 	"net/http"
@@ -23,6 +24,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/lib/pq"
 )
 
 const testToken = "test-admin-token-0123456789"
@@ -706,6 +708,143 @@ func TestJobsRetryTheFilteredDiscarded(t *testing.T) {
 	resp.Body.Close()
 	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'available'`, ep.ID); n != 2 {
 		t.Errorf("%d of the endpoint's 2 discarded deliveries available again", n)
+	}
+}
+
+// The job list filtered to the discarded jobs of every endpoint offers to
+// retry them all, and the button retries exactly those: each endpoint's
+// deliveries in a replay of its own, as far back as a resend to it may go
+// (an older one stays discarded, and is counted), the jobs of no endpoint
+// live; no other job changes. The list it returns to says what it did;
+// POST /api/jobs/retry-discarded answers the same numbers.
+func TestJobsRetryEveryDiscarded(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	a := api.createEndpoint("https://a.example/hook")
+	b := api.createEndpoint("https://b.example/hook")
+	c := api.createEndpoint("https://c.example/hook")
+	e1 := record(t, db, "order.paid", "o-1")
+	e2 := record(t, db, "order.paid", "o-2")
+	e3 := record(t, db, "order.paid", "o-3")
+	relayAll(t, db)
+	discard := `UPDATE outbox.jobs SET state = 'discarded', attempt = 1, attempted_at = now(), finalized_at = now()
+		WHERE endpoint_id = $1 AND event_id = ANY($2::bigint[])`
+	mustExec(t, db, discard, a.ID, pq.Array([]int64{e1, e2}))
+	mustExec(t, db, discard, b.ID, pq.Array([]int64{e1, e3}))
+	mustExec(t, db, `UPDATE outbox.jobs SET state = 'completed', attempt = 1, attempted_at = now(), finalized_at = now()
+		WHERE endpoint_id = $1 AND event_id = $2`, c.ID, e1)
+	mustExec(t, db, `UPDATE outbox.events SET created_at = now() - interval '8 days' WHERE id = $1`, e3) // past events retention
+	// Jobs of no endpoint (an in-process subscriber's): two discarded, one
+	// completed.
+	mustExec(t, db, `INSERT INTO outbox.jobs (kind, event_id, max_attempts, state, attempt, attempted_at, finalized_at)
+		SELECT 'test.subscriber', $1, 5, s::outbox.job_state, 5, now(), now()
+		FROM unnest(ARRAY['discarded', 'discarded', 'completed']) AS s`, e2)
+
+	// Every job as "id endpoint state replay", the endpoint and the replay
+	// by name: "-" for none, "r:a" for a retry_discarded replay of a.
+	names := map[int64]string{a.ID: "a", b.ID: "b", c.ID: "c"}
+	jobs := func() map[int64]string {
+		t.Helper()
+		rows, err := db.Query(`
+			SELECT j.id, coalesce(j.endpoint_id, 0), j.state::text, coalesce(r.endpoint_id, 0), coalesce(r.kind, '')
+			FROM outbox.jobs AS j
+			LEFT JOIN outbox.replays AS r ON r.id = j.replay_id
+			ORDER BY j.id`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		m := map[int64]string{}
+		for rows.Next() {
+			var id, endpoint, replayEndpoint int64
+			var state, kind string
+			if err := rows.Scan(&id, &endpoint, &state, &replayEndpoint, &kind); err != nil {
+				t.Fatal(err)
+			}
+			replay := "-"
+			if kind != "" {
+				replay = kind + ":" + names[replayEndpoint]
+			}
+			name := "-"
+			if endpoint != 0 {
+				name = names[endpoint]
+			}
+			m[id] = fmt.Sprintf("%s %s %s", name, state, replay)
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	want := jobs()
+	moved := 0
+	for id, j := range want {
+		switch j {
+		case "a discarded -":
+			want[id], moved = "a available retry_discarded:a", moved+1
+		case "- discarded -":
+			want[id], moved = "- available -", moved+1
+		}
+	}
+	e1b := int64(queryInt(t, db, `SELECT id FROM outbox.jobs WHERE endpoint_id = $1 AND event_id = $2`, b.ID, e1))
+	want[e1b] = "b available retry_discarded:b" // b's delivery of e3 is too old: it stays
+	if moved != 4 || len(want) != 3*3+3 {
+		t.Fatalf("seeded %d jobs, %d of them discarded of a or no endpoint: want 12 and 4", len(want), moved)
+	}
+
+	_, page := panelPage(t, api.srv, "/jobs?state=discarded")
+	if !strings.Contains(page, `<form method="post" action="/jobs/retry-discarded"><button>Retry every discarded job</button>`) {
+		t.Fatalf("the discarded list of every endpoint has no retry-all button:\n%s", page)
+	}
+	browser := signIn(t, api.srv)
+	resp, err := browser.PostForm(api.srv.URL+"/jobs/retry-discarded", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if diff := cmp.Diff(want, jobs()); diff != "" {
+		t.Errorf("jobs after the retry, by id (-want +got):\n%s", diff)
+	}
+	done := "5 discarded jobs will run now: 3 deliveries to 2 endpoints, each endpoint's in its replay lane, and 2 jobs of no endpoint." +
+		fmt.Sprintf(" 1 deliveries stay discarded, their events older than a resend may be: endpoint %d, 1; each endpoint's page says why.", b.ID)
+	location := resp.Header.Get("Location")
+	if wantLocation := "/jobs?state=discarded&done=" + url.QueryEscape(done); resp.StatusCode != http.StatusSeeOther || location != wantLocation {
+		t.Fatalf("the retry answered %d to %q, want 303 to %q", resp.StatusCode, location, wantLocation)
+	}
+	resp, err = browser.Get(api.srv.URL + location)
+	if err != nil {
+		t.Fatal(err)
+	}
+	html, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if flash := `<p class="flash">` + template.HTMLEscapeString(done) + `</p>`; !strings.Contains(string(html), flash) {
+		t.Errorf("the list after the retry lacks %s", flash)
+	}
+
+	// The API, once c's delivery of e2 is discarded too: that one runs,
+	// b's too old one is counted again, and nothing else is discarded.
+	mustExec(t, db, discard, c.ID, pq.Array([]int64{e2}))
+	status, body := api.do("POST", "/api/jobs/retry-discarded", "")
+	var got BulkRetryResult
+	if err := json.Unmarshal(body, &got); status != http.StatusOK || err != nil {
+		t.Fatalf("POST /api/jobs/retry-discarded: %d %s", status, body)
+	}
+	for i := range got.Endpoints {
+		if got.Endpoints[i].ReplayID == 0 {
+			t.Errorf("endpoint %d's retry has no replay", got.Endpoints[i].EndpointID)
+		}
+		got.Endpoints[i].ReplayID, got.Endpoints[i].Message = 0, ""
+	}
+	wantAPI := BulkRetryResult{Jobs: 1, Skipped: 1, Endpoints: []EndpointRetryResult{
+		{EndpointID: b.ID, RetryResult: RetryResult{Skipped: 1}},
+		{EndpointID: c.ID, RetryResult: RetryResult{Jobs: 1}},
+	}}
+	if diff := cmp.Diff(wantAPI, got); diff != "" {
+		t.Errorf("POST /api/jobs/retry-discarded (-want +got):\n%s", diff)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'discarded'`); n != 1 {
+		t.Errorf("%d jobs discarded after both retries, want b's too old one", n)
 	}
 }
 

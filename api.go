@@ -170,6 +170,17 @@ func handleRetryJob(a *admin) apiFunc {
 	})
 }
 
+// handleRetryEveryDiscarded is POST /api/jobs/retry-discarded: every
+// discarded job runs again, each endpoint's deliveries as
+// POST /api/endpoints/{id}/retry-discarded runs them; answered with what
+// was retried and skipped, in all and per endpoint.
+func handleRetryEveryDiscarded(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		res, err := retryEveryDiscarded(r.Context(), a.db, a.eventsRetention, a.maxAttempts)
+		return http.StatusOK, res, err
+	}
+}
+
 // handleListEndpoints is GET /api/endpoints: {"endpoints": [...]}, a page
 // of at most ?limit= (default and maximum 500) endpoints with ids above
 // ?after=.

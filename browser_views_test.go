@@ -1,6 +1,7 @@
 // browser_views_test.go: the operator's pages of issue 20 in a browser:
 // acknowledging an alert, jobs filtered by endpoint, where an event went,
-// an endpoint's delivery statistics. TestPanelInBrowser drives the rest.
+// an endpoint's delivery statistics, the retry of every discarded job, a
+// source's webhooks over time. TestPanelInBrowser drives the rest.
 
 package main
 
@@ -104,4 +105,32 @@ func TestPanelOperatorViewsInBrowser(t *testing.T) {
 		t.Error("no delivery chart for the last hour")
 	}
 	br.screenshot(artifactDir + "/endpoint-stats.png")
+
+	// Every endpoint's discarded jobs, retried from the list with one
+	// button; the list it returns to says what it did.
+	br.open(srv.URL + "/jobs?state=discarded")
+	br.click(`form[action="/jobs/retry-discarded"] button`)
+	br.find(".flash")
+	if got := br.text(".flash"); !strings.HasPrefix(got, "1 discarded jobs will run now: 1 deliveries to 1 endpoints") {
+		t.Errorf("after the retry of every discarded job the list says %q", got)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'available'`, b); n != 1 {
+		t.Errorf("%d of b's deliveries available after the retry, want its discarded one", n)
+	}
+
+	// The Inbox page: a source's webhooks over time, charted, with its
+	// recent refusal and its class.
+	mustExec(t, db, `INSERT INTO outbox.inbox_sources (name, secret, topic_prefix) VALUES ('billing', decode(repeat('ab', 32), 'hex'), 'billing.')`)
+	mustExec(t, db, `
+		INSERT INTO outbox.inbox_stats (minute, source, received, bad_signature, last_refusal_reason, last_refusal_class, last_refused_at)
+		VALUES (date_trunc('minute', now()) - interval '3 minutes', 'billing', 12, 2, 'verify webhook: no matching webhook signature',
+		        'bad_signature', date_trunc('minute', now()) - interval '3 minutes' + interval '20 seconds')`)
+	br.open(srv.URL + "/sources")
+	if n := br.count("section.inbox-source svg.dchart"); n != 2 {
+		t.Errorf("%d inbox charts, want 2: billing's hour and day (the unknown names sent nothing)", n)
+	}
+	if got := br.text("section.inbox-source table.refusals"); !strings.Contains(got, "bad_signature") || !strings.Contains(got, "no matching webhook signature") {
+		t.Errorf("billing's recent refusals read %q", got)
+	}
+	br.screenshot(artifactDir + "/inbox-over-time.png")
 }

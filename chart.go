@@ -1,6 +1,6 @@
 // chart.go: the panel's charts, drawn as inline SVG: the delivery
-// statistics' per-minute series, read from the database, so that every
-// replica draws the same chart and a restart loses nothing.
+// statistics' and the inbox's series, read from the database, so that
+// every replica draws the same chart and a restart loses nothing.
 
 package main
 
@@ -13,13 +13,13 @@ import (
 	"time"
 )
 
-// The delivery chart: outbox.delivery_stats' series (stats.go), drawn as
-// inline SVG with axes, units and a legend, the same on every replica and
-// after a restart. The numbers come from the database as integers and the
-// labels are constant text or formatted numbers and times: nothing in it
-// needs escaping.
+// The charts: outbox.delivery_stats' series (stats.go) and
+// outbox.inbox_stats' (inbox.go), drawn as inline SVG with axes, units and
+// a legend, the same on every replica and after a restart. The numbers
+// come from the database as integers and the labels are constant text or
+// formatted numbers and times: only the aria-label needs escaping.
 
-// Geometry of the delivery chart, in SVG units: the viewBox scales it to
+// Geometry of the charts, in SVG units: the viewBox scales it to
 // the page's width (at most the 1,200-px main column, so 1 unit ≈ 1 px at
 // 1,280 px), leaving 64 units on the left for the y labels, room under the
 // plot for the time labels and above it for the legend.
@@ -33,7 +33,7 @@ const (
 )
 
 // niceAxis is the top of a y axis for values up to v: the smallest of 1,
-// 2 or 5 × 10ⁿ at or above it, and at least 5 (deliveries are whole), with
+// 2 or 5 × 10ⁿ at or above it, and at least 5 (counts are whole), with
 // the number of steps that divides it into round numbers: 1 and 5 × 10ⁿ
 // into 5, 2 × 10ⁿ into 4.
 func niceAxis(v float64) (top float64, steps int) {
@@ -63,28 +63,43 @@ func timeTickEvery(minutes int) time.Duration {
 	}
 }
 
-// deliveryChartSVG draws a series of per-minute produced, delivered and
-// failed counts: one line each over a time axis (UTC) and a y axis in
-// deliveries per minute, with gridlines at round numbers and a legend that
-// gives each line's total over the window. The last point is the current
-// minute, still filling.
-func deliveryChartSVG(series []statsMinute, label string) template.HTML {
+// countChart is a chart of counts over time: a line for each series of
+// counts, the points evenly spaced, oldest first, the last holding the
+// current minute (still filling).
+type countChart struct {
+	label string        // what it shows, for a screen reader
+	times []time.Time   // the start of each point's span
+	step  time.Duration // the span of a point: a minute, or a bucket of minutes
+	lines []countLine
+}
+
+// countLine is one line of a countChart: its class (its colour), its
+// name in the legend, and a value for each point.
+type countLine struct {
+	class, name string
+	values      []int64
+}
+
+// countChartSVG draws a countChart: one line a series over a time axis
+// (UTC) and a y axis in counts per point's span, with gridlines at round
+// numbers and a legend that gives each line's total over the chart.
+func countChartSVG(c countChart) template.HTML {
 	var b strings.Builder
-	fmt.Fprintf(&b, `<svg class="dchart" viewBox="0 0 %.0f %.0f" role="img" aria-label="%s">`, dchartW, dchartH, template.HTMLEscapeString(label))
-	if len(series) < 2 {
+	fmt.Fprintf(&b, `<svg class="dchart" viewBox="0 0 %.0f %.0f" role="img" aria-label="%s">`, dchartW, dchartH, template.HTMLEscapeString(c.label))
+	if len(c.times) < 2 {
 		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f">no minutes to draw</text></svg>`, dchartLeft, dchartH/2)
 		return template.HTML(b.String()) // constant text and numbers only
 	}
 	var top float64 = 1
-	var produced, delivered, failed int64
-	for _, m := range series {
-		top = max(top, float64(m.Produced), float64(m.Delivered), float64(m.Failed))
-		produced += m.Produced
-		delivered += m.Delivered
-		failed += m.Failed
+	totals := make([]int64, len(c.lines))
+	for i, l := range c.lines {
+		for _, v := range l.values {
+			top = max(top, float64(v))
+			totals[i] += v
+		}
 	}
 	top, steps := niceAxis(top)
-	x := func(i int) float64 { return dchartLeft + dchartPlotW*float64(i)/float64(len(series)-1) }
+	x := func(i float64) float64 { return dchartLeft + dchartPlotW*i/float64(len(c.times)-1) }
 	y := func(v float64) float64 { return dchartTop + dchartPlotH*(1-v/top) }
 
 	// The y axis: gridlines and labels at round numbers, and its unit.
@@ -93,27 +108,72 @@ func deliveryChartSVG(series []statsMinute, label string) template.HTML {
 		fmt.Fprintf(&b, `<line class="grid" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>`, dchartLeft, y(v), dchartW-dchartRight, y(v))
 		fmt.Fprintf(&b, `<text class="ylabel" x="%.1f" y="%.1f" text-anchor="end">%s</text>`, dchartLeft-6, y(v)+4, formatCount(v))
 	}
-	fmt.Fprintf(&b, `<text class="unit" x="%.1f" y="%.1f">per minute</text>`, 4.0, dchartTop-8)
-	timeAxis(&b, series, x, y(0))
+	fmt.Fprintf(&b, `<text class="unit" x="%.1f" y="%.1f">per %s</text>`, 4.0, dchartTop-8, spanName(c.step))
+	timeAxis(&b, c.times, c.step, x, y(0))
 
-	line := func(class string, value func(statsMinute) int64) {
-		fmt.Fprintf(&b, `<polyline class="%s" points="`, class)
-		for i, m := range series {
-			fmt.Fprintf(&b, "%.1f,%.1f ", x(i), y(float64(value(m))))
+	var legendEntries []legendEntry
+	for i, l := range c.lines {
+		fmt.Fprintf(&b, `<polyline class="%s" points="`, l.class)
+		for j, v := range l.values {
+			fmt.Fprintf(&b, "%.1f,%.1f ", x(float64(j)), y(float64(v)))
 		}
 		b.WriteString(`"/>`)
+		legendEntries = append(legendEntries, legendEntry{l.class, fmt.Sprintf("%s: %d", l.name, totals[i])})
 	}
-	line("produced", func(m statsMinute) int64 { return m.Produced })
-	line("delivered", func(m statsMinute) int64 { return m.Delivered })
-	line("failed", func(m statsMinute) int64 { return m.Failed })
-
-	legend(&b, []legendEntry{
-		{"produced", fmt.Sprintf("produced: %d", produced)},
-		{"delivered", fmt.Sprintf("delivered (2xx): %d", delivered)},
-		{"failed", fmt.Sprintf("failed attempts: %d", failed)},
-	})
+	legend(&b, legendEntries)
 	b.WriteString(`</svg>`)
 	return template.HTML(b.String()) // numbers, times, constant text and the escaped label only
+}
+
+// spanName names a point's span for the axes' units: "minute",
+// "15 minutes".
+func spanName(step time.Duration) string {
+	if step == time.Minute {
+		return "minute"
+	}
+	return fmt.Sprintf("%d minutes", int(step/time.Minute))
+}
+
+// deliveryChartSVG draws a series of per-minute produced, delivered and
+// failed counts: deliveries per minute, one line each.
+func deliveryChartSVG(series []statsMinute, label string) template.HTML {
+	c := countChart{label: label, times: seriesTimes(series), step: time.Minute, lines: []countLine{
+		{class: "produced", name: "produced"},
+		{class: "delivered", name: "delivered (2xx)"},
+		{class: "failed", name: "failed attempts"},
+	}}
+	for _, m := range series {
+		c.lines[0].values = append(c.lines[0].values, m.Produced)
+		c.lines[1].values = append(c.lines[1].values, m.Delivered)
+		c.lines[2].values = append(c.lines[2].values, m.Failed)
+	}
+	return countChartSVG(c)
+}
+
+// inboxChartSVG draws a source's series (inbox.go): the webhooks it
+// received new, its duplicates and its refusals, per point's span.
+func inboxChartSVG(st InboxStats, label string) template.HTML {
+	c := countChart{label: label, step: time.Duration(st.SeriesStepMinutes) * time.Minute, lines: []countLine{
+		{class: "received", name: "received (new)"},
+		{class: "duplicates", name: "duplicates"},
+		{class: "refused", name: "refused"},
+	}}
+	for _, p := range st.Series {
+		c.times = append(c.times, p.From)
+		c.lines[0].values = append(c.lines[0].values, p.Received)
+		c.lines[1].values = append(c.lines[1].values, p.Duplicates)
+		c.lines[2].values = append(c.lines[2].values, p.Refused)
+	}
+	return countChartSVG(c)
+}
+
+// seriesTimes is the minute of each point of a delivery series.
+func seriesTimes(series []statsMinute) []time.Time {
+	times := make([]time.Time, len(series))
+	for i, m := range series {
+		times[i] = m.Minute
+	}
+	return times
 }
 
 // formatCount writes an axis value: whole numbers as such, others with
@@ -125,22 +185,27 @@ func formatCount(v float64) string {
 	return strconv.FormatFloat(v, 'f', 1, 64)
 }
 
-// timeAxis draws the x axis of a per-minute series at height y0: a tick
-// at each whole step of UTC time, and its unit.
-func timeAxis(b *strings.Builder, series []statsMinute, x func(int) float64, y0 float64) {
-	first, last := series[0].Minute, series[len(series)-1].Minute
-	step := timeTickEvery(len(series))
+// timeAxis draws the x axis of a series of points step apart at height
+// y0: a tick at each whole step of UTC time (between two points when the
+// points are buckets that do not start on it), and its unit.
+func timeAxis(b *strings.Builder, times []time.Time, step time.Duration, x func(float64) float64, y0 float64) {
+	first, last := times[0], times[len(times)-1]
+	tick := timeTickEvery(len(times) * int(step/time.Minute))
 	fmt.Fprintf(b, `<line class="axis" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>`, dchartLeft, y0, dchartW-dchartRight, y0)
-	for t := first.Truncate(step); !t.After(last); t = t.Add(step) {
+	for t := first.Truncate(tick); !t.After(last); t = t.Add(tick) {
 		if t.Before(first) {
 			continue
 		}
-		i := int(t.Sub(first) / time.Minute)
+		i := float64(t.Sub(first)) / float64(step)
 		fmt.Fprintf(b, `<line class="tick" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>`, x(i), y0, x(i), y0+5)
 		fmt.Fprintf(b, `<text class="xlabel" x="%.1f" y="%.1f" text-anchor="middle">%s</text>`, x(i), y0+18, t.UTC().Format("15:04"))
 	}
-	fmt.Fprintf(b, `<text class="unit" x="%.1f" y="%.1f" text-anchor="end">time (UTC), one point a minute; the last is the current minute</text>`,
-		dchartW-dchartRight, dchartH-6)
+	points := "one point a minute; the last is the current minute"
+	if step != time.Minute {
+		points = "one point per " + spanName(step) + "; the last holds the current minute"
+	}
+	fmt.Fprintf(b, `<text class="unit" x="%.1f" y="%.1f" text-anchor="end">time (UTC), %s</text>`,
+		dchartW-dchartRight, dchartH-6, points)
 }
 
 // legendEntry is one line of a chart's legend: its class (the line's
@@ -175,7 +240,7 @@ func latencyChartSVG(series []statsMinute, label string) template.HTML {
 		return template.HTML(b.String()) // constant text and numbers only
 	}
 	lo, hi := math.Log10(1), math.Log10(3_600_000)
-	x := func(i int) float64 { return dchartLeft + dchartPlotW*float64(i)/float64(len(series)-1) }
+	x := func(i float64) float64 { return dchartLeft + dchartPlotW*i/float64(len(series)-1) }
 	y := func(ms float64) float64 {
 		v := math.Log10(min(max(ms, 1), 3_600_000))
 		return dchartTop + dchartPlotH*(1-(v-lo)/(hi-lo))
@@ -185,7 +250,7 @@ func latencyChartSVG(series []statsMinute, label string) template.HTML {
 		fmt.Fprintf(&b, `<text class="ylabel" x="%.1f" y="%.1f" text-anchor="end">%s</text>`, dchartLeft-6, y(t.ms)+4, t.label)
 	}
 	fmt.Fprintf(&b, `<text class="unit" x="%.1f" y="%.1f">commit → first 2xx (log)</text>`, 4.0, dchartTop-8)
-	timeAxis(&b, series, x, y(1))
+	timeAxis(&b, seriesTimes(series), time.Minute, x, y(1))
 	path := func(class string, value func(statsMinute) *float64) {
 		fmt.Fprintf(&b, `<path class="%s" d="`, class)
 		move := true
@@ -198,11 +263,11 @@ func latencyChartSVG(series []statsMinute, label string) template.HTML {
 			if move {
 				// A point with no neighbour still shows: a round cap
 				// draws the zero-length segment as a dot.
-				fmt.Fprintf(&b, "M%.1f,%.1f l0,0 ", x(i), y(*v))
+				fmt.Fprintf(&b, "M%.1f,%.1f l0,0 ", x(float64(i)), y(*v))
 				move = false
 				continue
 			}
-			fmt.Fprintf(&b, "L%.1f,%.1f ", x(i), y(*v))
+			fmt.Fprintf(&b, "L%.1f,%.1f ", x(float64(i)), y(*v))
 		}
 		b.WriteString(`"/>`)
 	}

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -143,21 +144,21 @@ func listSources(ctx context.Context, db *sql.DB) ([]InboxSource, error) {
 }
 
 // listSourcesWithStats lists the sources, each with its Stats, and gives
-// every source's numbers by name besides, unknownSourceBucket's included.
-func listSourcesWithStats(ctx context.Context, db *sql.DB) ([]InboxSource, map[string]InboxSourceStats, error) {
-	sources, err := queryAll(ctx, db, scanSource, listSourcesSQL)
+// unknownSourceBucket's numbers besides.
+func listSourcesWithStats(ctx context.Context, db *sql.DB) (sources []InboxSource, unknown InboxSourceStats, err error) {
+	sources, err = queryAll(ctx, db, scanSource, listSourcesSQL)
 	if err != nil {
-		return nil, nil, fmt.Errorf("list sources: %w", err)
+		return nil, unknown, fmt.Errorf("list sources: %w", err)
 	}
 	stats, err := readInboxStats(ctx, db)
 	if err != nil {
-		return nil, nil, err
+		return nil, unknown, err
 	}
 	for i := range sources {
-		st := stats[sources[i].Name]
+		st := stats.of(sources[i].Name)
 		sources[i].Stats = &st
 	}
-	return sources, stats, nil
+	return sources, stats.of(unknownSourceBucket), nil
 }
 
 // deleteSourceSQL removes a source; its inbox rows stay until retention,
@@ -430,17 +431,17 @@ SET received = s.received + excluded.received,
     duplicates = s.duplicates + excluded.duplicates`
 
 // countRefusedSQL adds one refusal of class $2 to source $1's minute and
-// makes $3 the minute's last reason.
+// makes $3, of class $2, the minute's last reason.
 const countRefusedSQL = `
 INSERT INTO outbox.inbox_stats AS s (minute, source, bad_signature, stale_timestamp, unknown_source,
-                                     too_large, malformed, last_refusal_reason, last_refused_at)
+                                     too_large, malformed, last_refusal_reason, last_refusal_class, last_refused_at)
 VALUES (date_trunc('minute', now()), $1,
         ($2::text = 'bad_signature')::int,
         ($2::text = 'stale_timestamp')::int,
         ($2::text = 'unknown_source')::int,
         ($2::text = 'too_large')::int,
         ($2::text = 'malformed')::int,
-        $3, now())
+        $3, $2, now())
 ON CONFLICT (minute, source) DO UPDATE
 SET bad_signature = s.bad_signature + excluded.bad_signature,
     stale_timestamp = s.stale_timestamp + excluded.stale_timestamp,
@@ -448,6 +449,7 @@ SET bad_signature = s.bad_signature + excluded.bad_signature,
     too_large = s.too_large + excluded.too_large,
     malformed = s.malformed + excluded.malformed,
     last_refusal_reason = excluded.last_refusal_reason,
+    last_refusal_class = excluded.last_refusal_class,
     last_refused_at = excluded.last_refused_at`
 
 // countRefusal counts a refusal of class for source name with one
@@ -473,7 +475,8 @@ type InboxSourceStats struct {
 
 // InboxStats is what a source sent over a window of whole minutes ending
 // with the current one: accepted (received new, duplicates) and refused,
-// by class, with the window's last refusal.
+// by class, with the window's last refusal; the same over time (Series),
+// and the window's recent refusal reasons.
 type InboxStats struct {
 	Received          int64      `json:"received"`
 	Duplicates        int64      `json:"duplicates"`
@@ -485,57 +488,204 @@ type InboxStats struct {
 	Malformed         int64      `json:"malformed"`
 	LastRefusalReason string     `json:"last_refusal_reason,omitempty"`
 	LastRefusedAt     *time.Time `json:"last_refused_at"`
+	// Series is the window's points, oldest first, SeriesStepMinutes
+	// apart: every minute of the last hour, every inboxDayBucket of the
+	// last 24 hours. The last holds the current minute.
+	SeriesStepMinutes int          `json:"series_step_minutes"`
+	Series            []InboxPoint `json:"series"`
+	// RecentRefusals are the distinct last refusals of the window's
+	// points, newest first, at most maxRecentRefusals: each point keeps
+	// only its last reason, so a reason given in between is not here.
+	RecentRefusals []InboxRefusal `json:"recent_refusals"`
 }
 
-// inboxStatsSQL sums every source's minutes from the first of the last
-// $1 (the current one included, as the delivery statistics' windows do,
-// stats.go) with the last reason among them; by the primary key.
+// InboxPoint is what a source sent in one point's span of a series.
+type InboxPoint struct {
+	From       time.Time `json:"from"` // the start of its first minute
+	Received   int64     `json:"received"`
+	Duplicates int64     `json:"duplicates"`
+	Refused    int64     `json:"refused"`
+}
+
+// InboxRefusal is the last refusal of a point: when, its class (a
+// refusal class; empty for one counted before outbox.inbox_stats kept
+// classes) and its reason.
+type InboxRefusal struct {
+	At     time.Time `json:"at"`
+	Class  string    `json:"class"`
+	Reason string    `json:"reason"`
+}
+
+// inboxDayBucket is the span of a point of the 24-hour series: 96 points,
+// light enough to draw and send for every source on one page, where a
+// point a minute would be 1,440 a source. It divides an hour, so the last
+// hour is the day's last 4 points exactly.
+const inboxDayBucket = 15 * time.Minute
+
+// maxRecentRefusals bounds a window's RecentRefusals: a handful tells one
+// misconfigured sender from another without a list to scroll.
+const maxRecentRefusals = 5
+
+// inboxStatsSQL reads every source's last $1 minutes (the current one
+// included, as the delivery statistics' windows do, stats.go) by the
+// primary key, in one statement for every source and both windows: a row
+// for each minute of the last $2, and one for each $3 minutes before
+// them, counted from the window's first minute, each with its last
+// refusal. The window's first minute leads every row, and is all there
+// is in the one row answered when no source sent anything.
 const inboxStatsSQL = `
-SELECT source,
-       sum(received), sum(duplicates),
-       sum(bad_signature), sum(stale_timestamp), sum(unknown_source), sum(too_large), sum(malformed),
-       (array_agg(last_refusal_reason ORDER BY last_refused_at DESC NULLS LAST))[1],
-       max(last_refused_at)
-FROM outbox.inbox_stats
-WHERE minute >= date_trunc('minute', now()) - make_interval(mins => $1 - 1)
-GROUP BY source`
+WITH w AS (
+  SELECT date_trunc('minute', now()) - make_interval(mins => $1 - 1) AS day_from,
+         date_trunc('minute', now()) - make_interval(mins => $2 - 1) AS hour_from
+)
+SELECT w.day_from, s.source, s.span,
+       coalesce(s.received, 0), coalesce(s.duplicates, 0),
+       coalesce(s.bad_signature, 0), coalesce(s.stale_timestamp, 0), coalesce(s.unknown_source, 0),
+       coalesce(s.too_large, 0), coalesce(s.malformed, 0),
+       s.last_refusal_reason, s.last_refusal_class, s.last_refused_at
+FROM w
+LEFT JOIN LATERAL (
+  SELECT source,
+         CASE WHEN minute >= w.hour_from THEN minute
+              ELSE date_bin(make_interval(mins => $3), minute, w.day_from)
+         END AS span,
+         sum(received) AS received, sum(duplicates) AS duplicates,
+         sum(bad_signature) AS bad_signature, sum(stale_timestamp) AS stale_timestamp,
+         sum(unknown_source) AS unknown_source, sum(too_large) AS too_large, sum(malformed) AS malformed,
+         (array_agg(last_refusal_reason ORDER BY last_refused_at DESC NULLS LAST, minute DESC))[1] AS last_refusal_reason,
+         (array_agg(last_refusal_class ORDER BY last_refused_at DESC NULLS LAST, minute DESC))[1] AS last_refusal_class,
+         max(last_refused_at) AS last_refused_at
+  FROM outbox.inbox_stats
+  WHERE minute >= w.day_from
+  GROUP BY source, span
+) AS s ON true`
 
-type sourceWindowStats struct {
-	source string
+// inboxSpan is a row of inboxStatsSQL: one source's point, or the empty
+// row of a window no source sent anything in (source "").
+type inboxSpan struct {
+	dayFrom time.Time
+	source  string
+	from    time.Time
 	InboxStats
+	last *InboxRefusal
 }
 
-func scanInboxStats(row rowScanner) (sourceWindowStats, error) {
-	var s sourceWindowStats
-	var reason sql.NullString
-	err := row.Scan(&s.source, &s.Received, &s.Duplicates, &s.BadSignature, &s.StaleTimestamp,
-		&s.UnknownSource, &s.TooLarge, &s.Malformed, &reason, &s.LastRefusedAt)
-	s.LastRefusalReason = reason.String
+func scanInboxSpan(row rowScanner) (inboxSpan, error) {
+	var s inboxSpan
+	var source, reason, class sql.NullString
+	var from, refusedAt sql.NullTime
+	err := row.Scan(&s.dayFrom, &source, &from, &s.Received, &s.Duplicates, &s.BadSignature, &s.StaleTimestamp,
+		&s.UnknownSource, &s.TooLarge, &s.Malformed, &reason, &class, &refusedAt)
+	s.source, s.from = source.String, from.Time
 	s.Refused = s.BadSignature + s.StaleTimestamp + s.UnknownSource + s.TooLarge + s.Malformed
+	if reason.Valid && refusedAt.Valid {
+		s.last = &InboxRefusal{At: refusedAt.Time, Class: class.String, Reason: reason.String}
+	}
 	return s, err
 }
 
+// inboxStatsReading is every source's numbers as one read found them.
+type inboxStatsReading struct {
+	dayFrom  time.Time // the first minute of the 24 hours
+	bySource map[string]*InboxSourceStats
+}
+
 // readInboxStats reads every source's last hour and last 24 hours,
-// unknownSourceBucket's included, by source name. A source that sent
-// nothing is absent: its zero value is its numbers.
-func readInboxStats(ctx context.Context, db *sql.DB) (map[string]InboxSourceStats, error) {
-	byName := map[string]InboxSourceStats{}
-	for _, w := range []struct {
-		minutes int
-		set     func(*InboxSourceStats, InboxStats)
-	}{
-		{statsWindows["1h"], func(s *InboxSourceStats, st InboxStats) { s.LastHour = st }},
-		{statsWindows["24h"], func(s *InboxSourceStats, st InboxStats) { s.LastDay = st }},
-	} {
-		rows, err := queryAll(ctx, db, scanInboxStats, inboxStatsSQL, w.minutes)
-		if err != nil {
-			return nil, fmt.Errorf("read inbox stats: %w", err)
-		}
-		for _, r := range rows {
-			st := byName[r.source]
-			w.set(&st, r.InboxStats)
-			byName[r.source] = st
-		}
+// unknownSourceBucket's included, in one statement.
+func readInboxStats(ctx context.Context, db *sql.DB) (inboxStatsReading, error) {
+	hour, day := statsWindows["1h"], statsWindows["24h"]
+	spans, err := queryAll(ctx, db, scanInboxSpan, inboxStatsSQL, day, hour, int(inboxDayBucket/time.Minute))
+	if err != nil {
+		return inboxStatsReading{}, fmt.Errorf("read inbox stats: %w", err)
 	}
-	return byName, nil
+	if len(spans) == 0 {
+		return inboxStatsReading{}, fmt.Errorf("read inbox stats: no row for the window") // unreachable: w has one
+	}
+	in := inboxStatsReading{dayFrom: spans[0].dayFrom, bySource: map[string]*InboxSourceStats{}}
+	for _, sp := range spans {
+		if sp.source == "" {
+			continue
+		}
+		st, ok := in.bySource[sp.source]
+		if !ok {
+			st = in.empty()
+			in.bySource[sp.source] = st
+		}
+		st.LastDay.add(sp, inboxDayBucket)
+		st.LastHour.add(sp, time.Minute)
+	}
+	for _, st := range in.bySource {
+		st.LastHour.settleRefusals()
+		st.LastDay.settleRefusals()
+	}
+	return in, nil
+}
+
+// of is source name's numbers: zero, with a series of zeros, when it
+// sent nothing.
+func (in inboxStatsReading) of(name string) InboxSourceStats {
+	if st, ok := in.bySource[name]; ok {
+		return *st
+	}
+	return *in.empty()
+}
+
+// empty is the numbers of a source that sent nothing: its series zeros.
+func (in inboxStatsReading) empty() *InboxSourceStats {
+	series := func(minutes int, step time.Duration) InboxStats {
+		from := in.dayFrom.Add(time.Duration(statsWindows["24h"]-minutes) * time.Minute)
+		st := InboxStats{SeriesStepMinutes: int(step / time.Minute), Series: make([]InboxPoint, time.Duration(minutes)*time.Minute/step),
+			RecentRefusals: []InboxRefusal{}}
+		for i := range st.Series {
+			st.Series[i].From = from.Add(time.Duration(i) * step)
+		}
+		return st
+	}
+	return &InboxSourceStats{LastHour: series(statsWindows["1h"], time.Minute), LastDay: series(statsWindows["24h"], inboxDayBucket)}
+}
+
+// add counts a span into the window and into its point, the points step
+// apart, if the span is within the window: a bucket before the last hour
+// is not the hour's, and a minute after the window (begun after the
+// read's now) is the next read's.
+func (st *InboxStats) add(sp inboxSpan, step time.Duration) {
+	i := int(sp.from.Sub(st.Series[0].From) / step)
+	if sp.from.Before(st.Series[0].From) || i >= len(st.Series) {
+		return
+	}
+	p := &st.Series[i]
+	p.Received += sp.Received
+	p.Duplicates += sp.Duplicates
+	p.Refused += sp.Refused
+	st.Received += sp.Received
+	st.Duplicates += sp.Duplicates
+	st.Refused += sp.Refused
+	st.BadSignature += sp.BadSignature
+	st.StaleTimestamp += sp.StaleTimestamp
+	st.UnknownSource += sp.UnknownSource
+	st.TooLarge += sp.TooLarge
+	st.Malformed += sp.Malformed
+	if sp.last != nil {
+		st.RecentRefusals = append(st.RecentRefusals, *sp.last)
+	}
+}
+
+// settleRefusals keeps the newest of each distinct refusal, newest first,
+// at most maxRecentRefusals, and makes the newest the window's last.
+func (st *InboxStats) settleRefusals() {
+	slices.SortStableFunc(st.RecentRefusals, func(a, b InboxRefusal) int { return b.At.Compare(a.At) })
+	seen := map[InboxRefusal]bool{}
+	kept := st.RecentRefusals[:0]
+	for _, r := range st.RecentRefusals {
+		key := InboxRefusal{Class: r.Class, Reason: r.Reason}
+		if seen[key] || len(kept) == maxRecentRefusals {
+			continue
+		}
+		seen[key] = true
+		kept = append(kept, r)
+	}
+	st.RecentRefusals = kept
+	if len(kept) > 0 {
+		st.LastRefusalReason, st.LastRefusedAt = kept[0].Reason, &kept[0].At
+	}
 }

@@ -1,20 +1,23 @@
 // inbox_stats_test.go: the inbox counts what each source sent, per minute
 // (received, duplicates, refused by class, the last refusal's reason), the
 // retention sweep bounds those counts, and the Inbox page and the API show
-// them.
+// them, in total and over time.
 
 package main
 
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/lib/pq"
 )
 
 // inboxStatsSumsSQL is outbox.inbox_stats summed per source (a test may
@@ -94,11 +97,16 @@ func TestInboxStatsCountEveryClassAndTheLastReason(t *testing.T) {
 	if billing == nil || billing.LastHour.LastRefusedAt == nil || billing.LastDay.LastRefusedAt == nil {
 		t.Fatalf("billing's stats %+v, want both windows with a last refusal", billing)
 	}
+	// The refusal's class is kept with its reason (the newest first).
+	if r := billing.LastHour.RecentRefusals; len(r) == 0 || r[0].Class != refusedBadSignature || r[0].Reason != wantBilling.LastRefusalReason {
+		t.Errorf("billing's recent refusals %+v, want the last bad signature first", r)
+	}
 	for _, w := range []InboxStats{billing.LastHour, billing.LastDay} {
 		if age := time.Since(*w.LastRefusedAt); age < 0 || age > time.Minute {
 			t.Errorf("last refused %s ago, want within the test's minute", age)
 		}
 		w.LastRefusedAt = nil
+		w.SeriesStepMinutes, w.Series, w.RecentRefusals = 0, nil, nil // TestInboxStatsOverTime's
 		if diff := cmp.Diff(wantBilling, w); diff != "" {
 			t.Errorf("billing's stats in GET /api/sources (-want +got):\n%s", diff)
 		}
@@ -130,6 +138,205 @@ func TestInboxStatsCountEveryClassAndTheLastReason(t *testing.T) {
 			t.Errorf("the Inbox page lacks\n%s\nin:\n%s", row, page)
 		}
 	}
+}
+
+// seedInboxStatsSQL writes minutes of outbox.inbox_stats, each $1[i]
+// minutes before the current one, of source $2[i], with received $3[i],
+// duplicates $4[i], bad signatures $5[i], and a last refusal $6[i] of
+// class $7[i] (both NULL for none, the class alone for a row counted
+// before classes were kept) $8[i] seconds into the minute; and answers
+// the current minute.
+const seedInboxStatsSQL = `
+WITH seeded AS (
+  INSERT INTO outbox.inbox_stats (minute, source, received, duplicates, bad_signature,
+                                  last_refusal_reason, last_refusal_class, last_refused_at)
+  SELECT date_trunc('minute', now()) - make_interval(mins => ago), source, received, duplicates, bad,
+         reason, class,
+         CASE WHEN reason IS NOT NULL THEN date_trunc('minute', now()) - make_interval(mins => ago) + make_interval(secs => secs) END
+  FROM unnest($1::int[], $2::text[], $3::int[], $4::int[], $5::int[], $6::text[], $7::text[], $8::int[])
+       AS s(ago, source, received, duplicates, bad, reason, class, secs)
+  RETURNING 1
+)
+SELECT date_trunc('minute', now()), (SELECT count(*) FROM seeded)`
+
+// A source's numbers over time come from outbox.inbox_stats' minutes, all
+// sources in one read: the last hour a point a minute (the current one
+// last), the last 24 hours a point per 15 minutes counted from the
+// window's first minute; minutes outside a window are not in it; the
+// recent refusals are the distinct last reasons of the points, newest
+// first, at most 5, with their class. GET /api/sources and the Inbox
+// page show them.
+func TestInboxStatsOverTime(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	api.createSource("billing", "")
+	api.createSource("shop", "")
+
+	type row struct {
+		ago                  int
+		source               string
+		received, duplicates int
+		bad                  int
+		reason, class        *string
+		secs                 int
+	}
+	text := func(s string) *string { return &s }
+	rows := []row{
+		{ago: 0, source: "billing", received: 3, duplicates: 1},
+		{ago: 1, source: "billing", received: 2, bad: 1, reason: text("reason A"), class: text("bad_signature"), secs: 10},
+		{ago: 5, source: "billing", received: 4, bad: 2, reason: text("reason B"), class: text("bad_signature"), secs: 5},
+		{ago: 6, source: "billing", bad: 1, reason: text("reason A"), class: text("bad_signature"), secs: 50},               // older A: not again
+		{ago: 59, source: "billing", received: 7},                                                                           // the hour's first minute, and the day's point 92
+		{ago: 60, source: "billing", received: 11},                                                                          // before the hour: the day's point 91 ...
+		{ago: 74, source: "billing", received: 13},                                                                          // ... with this one (1,439 - 74 = 1,365 = 91 × 15)
+		{ago: 75, source: "billing", received: 17, bad: 1, reason: text("reason C"), class: text("bad_signature"), secs: 1}, // point 90
+		{ago: 600, source: "billing", bad: 1, reason: text("reason D"), secs: 1},                                            // counted before classes
+		{ago: 700, source: "billing", bad: 1, reason: text("reason E"), class: text("bad_signature"), secs: 1},
+		{ago: 800, source: "billing", bad: 1, reason: text("reason F"), class: text("bad_signature"), secs: 1}, // the sixth: left out
+		{ago: 1439, source: "billing", received: 19},                                                           // the day's first minute, point 0
+		{ago: 1440, source: "billing", received: 23},                                                           // before the day
+		{ago: 2, source: "shop", duplicates: 5},
+	}
+	var ago, received, duplicates, bad, secs []int64
+	var sources []string
+	var reasons, classes []sql.NullString
+	for _, r := range rows {
+		ago, received, duplicates, bad, secs = append(ago, int64(r.ago)), append(received, int64(r.received)),
+			append(duplicates, int64(r.duplicates)), append(bad, int64(r.bad)), append(secs, int64(r.secs))
+		sources = append(sources, r.source)
+		reasons = append(reasons, nullString(r.reason))
+		classes = append(classes, nullString(r.class))
+	}
+
+	// The current minute may end between the seeding and the reads: then
+	// everything is a minute older than seeded, and the test seeds again.
+	var list struct{ Sources []InboxSource }
+	var page string
+	for try := 0; ; try++ {
+		mustExec(t, db, `DELETE FROM outbox.inbox_stats`)
+		var seededAt time.Time
+		var n int
+		if err := db.QueryRow(seedInboxStatsSQL, pq.Array(ago), pq.Array(sources), pq.Array(received), pq.Array(duplicates),
+			pq.Array(bad), pq.Array(reasons), pq.Array(classes), pq.Array(secs)).Scan(&seededAt, &n); err != nil || n != len(rows) {
+			t.Fatalf("seed: %d rows, %v", n, err)
+		}
+		status, resp := api.do("GET", "/api/sources", "")
+		if err := json.Unmarshal(resp, &list); status != http.StatusOK || err != nil || len(list.Sources) != 2 {
+			t.Fatalf("list: %d %s", status, resp)
+		}
+		var code int
+		if code, page = panelPage(t, api.srv, "/sources"); code != http.StatusOK {
+			t.Fatalf("GET /sources: %d", code)
+		}
+		var now time.Time
+		if err := db.QueryRow(statsNowSQL).Scan(&now); err != nil {
+			t.Fatal(err)
+		}
+		if now.Equal(seededAt) {
+			break
+		}
+		if try == 2 {
+			t.Fatalf("the minute ended during each of 3 tries")
+		}
+	}
+
+	billing := list.Sources[0].Stats
+	hour, day := billing.LastHour, billing.LastDay
+	if hour.SeriesStepMinutes != 1 || len(hour.Series) != 60 || day.SeriesStepMinutes != 15 || len(day.Series) != 96 {
+		t.Fatalf("series of %d points %d minutes apart and %d points %d minutes apart, want 60 × 1 and 96 × 15",
+			len(hour.Series), hour.SeriesStepMinutes, len(day.Series), day.SeriesStepMinutes)
+	}
+	if step := hour.Series[59].From.Sub(hour.Series[58].From); step != time.Minute {
+		t.Errorf("hour's points %s apart", step)
+	}
+	if gap := hour.Series[59].From.Sub(day.Series[95].From); gap != 15*time.Minute-time.Minute {
+		t.Errorf("the day's last point starts %s before the current minute, want 14m0s", gap)
+	}
+	// Every point that is not zero, by index: received duplicates refused.
+	nonZero := func(series []InboxPoint) map[int]string {
+		m := map[int]string{}
+		for i, p := range series {
+			if p != (InboxPoint{From: p.From}) {
+				m[i] = fmt.Sprintf("%d %d %d", p.Received, p.Duplicates, p.Refused)
+			}
+		}
+		return m
+	}
+	if diff := cmp.Diff(map[int]string{59: "3 1 0", 58: "2 0 1", 54: "4 0 2", 53: "0 0 1", 0: "7 0 0"}, nonZero(hour.Series)); diff != "" {
+		t.Errorf("billing's last hour, by point (-want +got):\n%s", diff)
+	}
+	// 1,439 minutes before now is point 0; n minutes before now is point
+	// (1,439 - n) / 15: 0-14 are 95, 59 is 92, 60-74 are 91, 75 is 90,
+	// 600 is 55, 700 is 49, 800 is 42.
+	if diff := cmp.Diff(map[int]string{95: "9 1 4", 92: "7 0 0", 91: "24 0 0", 90: "17 0 1", 55: "0 0 1", 49: "0 0 1", 42: "0 0 1", 0: "19 0 0"},
+		nonZero(day.Series)); diff != "" {
+		t.Errorf("billing's last 24 hours, by point (-want +got):\n%s", diff)
+	}
+	totals := func(st InboxStats) string {
+		return fmt.Sprintf("%d %d %d %d", st.Received, st.Duplicates, st.Refused, st.BadSignature)
+	}
+	if got := totals(hour) + " / " + totals(day); got != "16 1 4 4 / 76 1 8 8" {
+		t.Errorf("billing's totals (received duplicates refused bad_signature) %s, want 16 1 4 4 / 76 1 8 8", got)
+	}
+
+	recent := func(st InboxStats) []string {
+		var lines []string
+		for _, r := range st.RecentRefusals {
+			lines = append(lines, fmt.Sprintf("%s %s %q", hour.Series[59].From.Sub(r.At), r.Class, r.Reason))
+		}
+		return lines
+	}
+	if diff := cmp.Diff([]string{`50s bad_signature "reason A"`, `4m55s bad_signature "reason B"`}, recent(hour)); diff != "" {
+		t.Errorf("billing's recent refusals in the last hour (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{`50s bad_signature "reason A"`, `4m55s bad_signature "reason B"`, `1h14m59s bad_signature "reason C"`,
+		`9h59m59s  "reason D"`, `11h39m59s bad_signature "reason E"`}, recent(day)); diff != "" {
+		t.Errorf("billing's recent refusals in the last 24 hours (-want +got):\n%s", diff)
+	}
+	if hour.LastRefusalReason != "reason A" || hour.LastRefusedAt == nil || !hour.LastRefusedAt.Equal(hour.RecentRefusals[0].At) {
+		t.Errorf("billing's last refusal %q at %v, want the newest recent one", hour.LastRefusalReason, hour.LastRefusedAt)
+	}
+
+	shop := list.Sources[1].Stats
+	if diff := cmp.Diff(map[int]string{57: "0 5 0"}, nonZero(shop.LastHour.Series)); diff != "" {
+		t.Errorf("shop's last hour (-want +got):\n%s", diff)
+	}
+	if len(shop.LastDay.RecentRefusals) != 0 || shop.LastDay.LastRefusedAt != nil {
+		t.Errorf("shop's refusals %+v, want none", shop.LastDay.RecentRefusals)
+	}
+
+	// The page: a chart a window for each source that sent something,
+	// with its legend's totals, and billing's recent refusals; the unknown
+	// names' bucket, empty, says so.
+	if n := strings.Count(page, `<svg class="dchart"`); n != 4 {
+		t.Errorf("the Inbox page has %d charts, want 4: 2 for each of billing and shop", n)
+	}
+	for _, want := range []string{
+		`aria-label="webhooks to billing received, duplicate and refused, per minute over the last hour"`,
+		"received (new): 16", "duplicates: 1", "refused: 4", // billing's hour
+		"received (new): 76", "refused: 8", // billing's day
+		`<polyline class="received"`, `<polyline class="refused"`, "per 15 minutes", "one point per 15 minutes",
+		`<td><code>bad_signature</code></td><td><small>reason E</small></td>`,
+		`<td>—</td><td><small>reason D</small></td>`,
+		"No refusals in the last 24 hours.", // shop's
+		"<h3>unknown source</h3>\n<p>Nothing sent in the last 24 hours.</p>",
+	} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the Inbox page lacks %s", want)
+		}
+	}
+	if strings.Contains(page, "reason F") {
+		t.Errorf("the Inbox page shows a sixth recent refusal")
+	}
+}
+
+// nullString is s as a parameter: NULL for nil.
+func nullString(s *string) sql.NullString {
+	if s == nil {
+		return sql.NullString{}
+	}
+	return sql.NullString{String: *s, Valid: true}
 }
 
 // The sweep deletes the minutes older than -delivery-stats-retention

@@ -219,14 +219,17 @@ type RetryResult struct {
 	ReplayID int64  `json:"replay_id"`
 }
 
-// retryDiscardedSQL retries up to $2 of an endpoint's discarded jobs whose
-// events were recorded at or after $3 (NULL: any), as jobs of replay $4.
+// retryDiscardedSQL retries up to $2 of endpoint $1's discarded jobs
+// whose events were recorded at or after $3 (NULL: any), as jobs of replay
+// $4; with $1 = 0, the discarded jobs of no endpoint (in-process
+// subscribers, owner notifications, deliveries of a deleted endpoint),
+// with $3 NULL and $4 = 0: live, as retryJobSQL retries one of them.
 const retryDiscardedSQL = `
 WITH discarded AS (
   SELECT j.id
   FROM outbox.jobs AS j
   JOIN outbox.events AS e ON e.id = j.event_id
-  WHERE j.endpoint_id = $1
+  WHERE (j.endpoint_id = $1 OR ($1 = 0 AND j.endpoint_id IS NULL))
     AND j.state = 'discarded'
     AND ($3::timestamptz IS NULL OR e.created_at >= $3)
   ORDER BY j.id
@@ -234,7 +237,7 @@ WITH discarded AS (
   FOR UPDATE OF j SKIP LOCKED
 )
 UPDATE outbox.jobs` + retrySetSQL + `,
-    replay_id = $4
+    replay_id = nullif($4::bigint, 0)
 FROM discarded
 WHERE outbox.jobs.id = discarded.id
 RETURNING outbox.jobs.endpoint_id, outbox.jobs.lane_key`
@@ -297,6 +300,71 @@ func retryDiscarded(ctx context.Context, db *sql.DB, endpointID int64, eventsRet
 	if err := notify(ctx, db, jobsChannel); err != nil {
 		return res, fmt.Errorf("retry discarded jobs of endpoint %d: %w", endpointID, err)
 	}
+	return res, nil
+}
+
+// BulkRetryResult says what a retry of every discarded job did: for each
+// endpoint that had discarded deliveries, what its retryDiscarded did (a
+// replay of its own, in its replay lane); and how many jobs of no
+// endpoint run again, live, as a retried job does.
+type BulkRetryResult struct {
+	Jobs            int64                 `json:"jobs"`             // every job that runs again
+	Skipped         int64                 `json:"skipped"`          // deliveries left discarded: too old to resend
+	WithoutEndpoint int64                 `json:"without_endpoint"` // of Jobs, those of no endpoint
+	Endpoints       []EndpointRetryResult `json:"endpoints"`
+}
+
+// EndpointRetryResult is one endpoint's part of a BulkRetryResult.
+type EndpointRetryResult struct {
+	EndpointID int64 `json:"endpoint_id"`
+	RetryResult
+}
+
+// discardedEndpointsSQL lists the endpoints with a discarded delivery, by
+// jobs_finished_by_state_finalized_at: the discarded jobs, which the job
+// cleaner keeps for a week.
+const discardedEndpointsSQL = `
+SELECT DISTINCT endpoint_id
+FROM outbox.jobs
+WHERE state = 'discarded'
+  AND endpoint_id IS NOT NULL
+ORDER BY endpoint_id`
+
+// retryEveryDiscarded retries every discarded job: each endpoint's
+// deliveries through retryDiscarded, so that they run in its replay lane
+// and only as far back as a resend to it may go; then the jobs of no
+// endpoint, in batches of manualBatch, as retryJob retries one. An
+// endpoint deleted meanwhile is passed over: its deliveries are then of
+// no endpoint, and retried as such.
+func retryEveryDiscarded(ctx context.Context, db *sql.DB, eventsRetention time.Duration, maxAttempts int) (BulkRetryResult, error) {
+	res := BulkRetryResult{Endpoints: []EndpointRetryResult{}}
+	ids, err := queryAll(ctx, db, func(row rowScanner) (id int64, err error) { return id, row.Scan(&id) }, discardedEndpointsSQL)
+	if err != nil {
+		return res, fmt.Errorf("retry discarded jobs: %w", err)
+	}
+	for _, id := range ids {
+		r, err := retryDiscarded(ctx, db, id, eventsRetention, maxAttempts)
+		if errors.Is(err, errNotFound) {
+			continue
+		}
+		if err != nil {
+			return res, err
+		}
+		res.Endpoints = append(res.Endpoints, EndpointRetryResult{EndpointID: id, RetryResult: r})
+		res.Jobs += r.Jobs
+		res.Skipped += r.Skipped
+	}
+	for {
+		n, err := putBack(ctx, db, 0, retryDiscardedSQL, 0, manualBatch, nil, 0)
+		if err != nil {
+			return res, fmt.Errorf("retry discarded jobs of no endpoint: %w", err)
+		}
+		res.WithoutEndpoint += n
+		if n < manualBatch {
+			break
+		}
+	}
+	res.Jobs += res.WithoutEndpoint
 	return res, nil
 }
 

@@ -333,6 +333,37 @@ func (p *panel) handleRetry(a *admin) pageFunc {
 	}
 }
 
+// handleRetryEveryDiscarded is POST /jobs/retry-discarded, the button of
+// the job list filtered to discarded jobs of every endpoint: it retries
+// them all, and the list says what it did.
+func (p *panel) handleRetryEveryDiscarded(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		res, err := retryEveryDiscarded(r.Context(), a.db, a.eventsRetention, a.maxAttempts)
+		if err != nil {
+			return err
+		}
+		http.Redirect(w, r, "/jobs?state=discarded&done="+url.QueryEscape(res.summary()), http.StatusSeeOther)
+		return nil
+	}
+}
+
+// summary is what a retry of every discarded job did, as the panel says it.
+func (res BulkRetryResult) summary() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d discarded jobs will run now: %d deliveries to %d endpoints, each endpoint's in its replay lane, and %d jobs of no endpoint.",
+		res.Jobs, res.Jobs-res.WithoutEndpoint, len(res.Endpoints), res.WithoutEndpoint)
+	if res.Skipped > 0 {
+		fmt.Fprintf(&b, " %d deliveries stay discarded, their events older than a resend may be:", res.Skipped)
+		for _, e := range res.Endpoints {
+			if e.Skipped > 0 {
+				fmt.Fprintf(&b, " endpoint %d, %d;", e.EndpointID, e.Skipped)
+			}
+		}
+		b.WriteString(" each endpoint's page says why.")
+	}
+	return b.String()
+}
+
 // handleEndpoints is GET /endpoints, with the form for a new one.
 func (p *panel) handleEndpoints(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
@@ -825,7 +856,7 @@ func (p *panel) handleSubjects(a *admin) pageFunc {
 // create or a rotation (never in a URL: the page is rendered, not
 // redirected to).
 func (p *panel) renderSources(w http.ResponseWriter, r *http.Request, a *admin, flash string, created *inboxSourceWithSecret) error {
-	sources, stats, err := listSourcesWithStats(r.Context(), a.db)
+	sources, unknown, err := listSourcesWithStats(r.Context(), a.db)
 	if err != nil {
 		return err
 	}
@@ -835,30 +866,43 @@ func (p *panel) renderSources(w http.ResponseWriter, r *http.Request, a *admin, 
 	for _, s := range sources {
 		views = append(views, newInboxStatsView(s.Name, *s.Stats))
 	}
-	views = append(views, newInboxStatsView("unknown source", stats[unknownSourceBucket]))
+	views = append(views, newInboxStatsView("unknown source", unknown))
 	p.render(w, http.StatusOK, "sources", page{Title: "Inbox sources", Nav: "sources", SignedIn: true, Flash: flash,
 		Data: struct {
-			Sources []InboxSource
-			Stats   []inboxStatsView
-			Created *inboxSourceWithSecret
-		}{sources, views, created}})
+			Sources           []InboxSource
+			Stats             []inboxStatsView
+			Created           *inboxSourceWithSecret
+			MaxRecentRefusals int
+		}{sources, views, created, maxRecentRefusals}})
 	return nil
 }
 
 // inboxStatsView is a source's rows on the Inbox page: its last hour and
-// its last 24 hours.
+// its last 24 hours, each with its chart, and its recent refusals; Quiet
+// when it sent nothing in the 24 hours, which the page says instead of
+// drawing flat lines.
 type inboxStatsView struct {
 	Name    string
 	Windows []titledInboxStats
+	Recent  []InboxRefusal // the last 24 hours'
+	Quiet   bool
 }
 
 type titledInboxStats struct {
 	Title string
 	InboxStats
+	Chart template.HTML
 }
 
 func newInboxStatsView(name string, st InboxSourceStats) inboxStatsView {
-	return inboxStatsView{Name: name, Windows: []titledInboxStats{{"last hour", st.LastHour}, {"last 24 h", st.LastDay}}}
+	chart := func(st InboxStats, title string) template.HTML {
+		return inboxChartSVG(st, fmt.Sprintf("webhooks to %s received, duplicate and refused, %s", name, title))
+	}
+	quiet := st.LastDay.Received+st.LastDay.Duplicates+st.LastDay.Refused == 0
+	return inboxStatsView{Name: name, Recent: st.LastDay.RecentRefusals, Quiet: quiet, Windows: []titledInboxStats{
+		{"last hour", st.LastHour, chart(st.LastHour, "per minute over the last hour")},
+		{"last 24 h", st.LastDay, chart(st.LastDay, "per 15 minutes over the last 24 hours")},
+	}}
 }
 
 // handleSources is GET /sources, with the form for a new one.

@@ -1604,8 +1604,8 @@ CREATE TABLE IF NOT EXISTS outbox.inbox (
 -- reason (truncated to 200 characters) and time. Refusals are counted,
 -- never stored whole. The inbox (inbox.go) adds to the row: received and
 -- duplicates in the transaction that records the webhook, a refusal with
--- one statement of its own. The panel's Inbox page and
--- GET /api/sources/{name}/stats read it.
+-- one statement of its own. The panel's Inbox page and GET /api/sources
+-- read it.
 --
 -- Classes (inbox.go, refusalClass): bad_signature (no signature matches, 401),
 -- stale_timestamp (more than 5 minutes old or ahead, 401), unknown_source
@@ -1638,6 +1638,15 @@ CREATE TABLE IF NOT EXISTS outbox.inbox_stats (
   CONSTRAINT inbox_stats_last_refusal_reason_length CHECK (length(last_refusal_reason) <= 200),
   CONSTRAINT inbox_stats_last_refusal CHECK ((last_refusal_reason IS NULL) = (last_refused_at IS NULL))
 );
+
+-- The class of the minute's last refusal, beside its reason, so that the
+-- Inbox page can say which kind each recent reason was. NULL in the rows
+-- counted before the column existed, and without a refusal.
+ALTER TABLE outbox.inbox_stats
+  ADD COLUMN IF NOT EXISTS last_refusal_class text
+    CONSTRAINT inbox_stats_last_refusal_class CHECK (
+      last_refusal_class IN ('bad_signature', 'stale_timestamp', 'unknown_source', 'too_large', 'malformed')
+    );
 
 --------------------------------------------------------------------------------
 -- Subject index: the latest event per subject (an in-process subscriber)
