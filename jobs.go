@@ -338,7 +338,7 @@ ORDER BY endpoint_id`
 // no endpoint, and retried as such.
 func retryEveryDiscarded(ctx context.Context, db *sql.DB, eventsRetention time.Duration, maxAttempts int) (BulkRetryResult, error) {
 	res := BulkRetryResult{Endpoints: []EndpointRetryResult{}}
-	ids, err := queryAll(ctx, db, func(row rowScanner) (id int64, err error) { return id, row.Scan(&id) }, discardedEndpointsSQL)
+	ids, err := queryAll(ctx, db, scanID, discardedEndpointsSQL)
 	if err != nil {
 		return res, fmt.Errorf("retry discarded jobs: %w", err)
 	}
