@@ -17,7 +17,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -109,8 +111,15 @@ type workerPool struct {
 	slots     chan struct{} // one token per running job
 	slotFreed chan struct{} // poked when a job finishes
 	results   chan jobResult
-	// recorded is poked when the completer has committed outcomes: the
-	// running jobs the claim counts against endpoints' caps went down.
+	// answered are the deliveries whose attempt has succeeded and whose
+	// outcome the completer has not written yet: each claim passes them,
+	// so that an endpoint's cap counts requests in flight, not outcomes
+	// waiting for their batch's commit (schema.sql, outbox.claim_jobs).
+	answered answeredJobs
+	// recorded is poked when a job claimed into a full place
+	// (Job.wakeOnOutcome) has freed it: when its attempt succeeded
+	// (answeredJobs.add), and when its outcome was written (a failure's
+	// place; an ordered lane's next delivery is made due then).
 	recorded chan struct{}
 
 	// Counters for /metrics, only ever incremented.
@@ -143,6 +152,7 @@ func newWorkerPool(db *sql.DB, cfg WorkerConfig, grace time.Duration, subs *subs
 		slotFreed:   make(chan struct{}, 1),
 		results:     make(chan jobResult, cfg.Concurrency),
 		recorded:    make(chan struct{}, 1),
+		answered:    answeredJobs{ids: map[int64]struct{}{}},
 
 		claims:         newHistogram(latencyBuckets),
 		outcomeBatches: newHistogram(latencyBuckets),
@@ -201,7 +211,11 @@ func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 				p.slots <- struct{}{}
 				running.Go(func() {
 					defer func() { <-p.slots; poke(p.slotFreed) }()
-					for _, res := range p.runBatch(jobCtx, batch) {
+					results := p.runBatch(jobCtx, batch)
+					if p.answered.add(results) {
+						poke(p.recorded)
+					}
+					for _, res := range results {
 						p.results <- res
 					}
 				})
@@ -288,6 +302,60 @@ func (p *workerPool) workOnce(ctx context.Context, n int) (int, error) {
 	return len(jobs), p.recordOutcomesRetrying(results)
 }
 
+// answeredJobs is workerPool.answered: a set of job ids, shared by the
+// workers (add), the completer (remove) and the claim (list).
+type answeredJobs struct {
+	mu  sync.Mutex
+	ids map[int64]struct{}
+}
+
+// add notes the jobs of results whose attempts have ended and free their
+// place at once (jobResult.freesItsPlace), and reports whether one of them
+// was claimed into a full place (Job.wakeOnOutcome).
+func (a *answeredJobs) add(results []jobResult) (wake bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, r := range results {
+		if r.freesItsPlace() {
+			a.ids[r.ID] = struct{}{}
+			wake = wake || r.wakeOnOutcome
+		}
+	}
+	return wake
+}
+
+// freesItsPlace says that a delivery's attempt frees its place under its
+// endpoint's cap when it ends, not when its outcome is written: it
+// succeeded and asked nothing of the endpoint. Any other answer may move
+// the endpoint (a failure counts towards the breaker, a Retry-After holds
+// it, a 410 disables it), which the completer writes with the outcome:
+// until then the place stays taken, so the next claim sees the endpoint as
+// the answer left it, not a request later.
+func (r jobResult) freesItsPlace() bool {
+	rec := r.record
+	return r.State == jobCompleted && rec != nil && rec.EndpointID != 0 &&
+		rec.Hold == 0 && (rec.Change == endpointSucceeded || rec.Change == endpointUnchanged)
+}
+
+// remove forgets the jobs of a batch of outcomes the completer wrote, or
+// failed to write (they are then running until the rescuer returns them,
+// and count against their endpoint's cap as any running job).
+func (a *answeredJobs) remove(results []jobResult) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, r := range results {
+		delete(a.ids, r.ID)
+	}
+}
+
+// list is the set as it is now: never nil, which the claim would take for
+// an SQL NULL, and with it no running job for any cap to count.
+func (a *answeredJobs) list() []int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.AppendSeq(make([]int64, 0, len(a.ids)), maps.Keys(a.ids))
+}
+
 // claimTimeout bounds a claim, which shutdown does not cancel (Run).
 const claimTimeout = 10 * time.Second
 
@@ -302,7 +370,7 @@ SELECT id, kind, attempt, max_attempts, endpoint_id,
        traceparent, tracestate,
        url, secret, previous_secret, disabled_reason,
        start_in_ms, wake_on_outcome
-FROM outbox.claim_jobs($1, $2)`
+FROM outbox.claim_jobs($1, $2, $3)`
 
 // claim takes up to n due jobs in one statement, under this process's
 // replica id. Without one (declared dead, not registered again yet) it
@@ -321,7 +389,7 @@ func (p *workerPool) claim(ctx context.Context, n int) ([]Job, error) {
 	// claim would start its batch late and squeeze it against the next.
 	sent := time.Now()
 	scan := func(row rowScanner) (Job, error) { return scanClaimedJob(row, sent) }
-	jobs, err := queryAll(ctx, p.db, scan, claimJobsSQL, n, replica)
+	jobs, err := queryAll(ctx, p.db, scan, claimJobsSQL, n, replica, pq.Array(p.answered.list()))
 	p.claims.Observe(time.Since(sent).Seconds())
 	p.claimedJobs.Add(int64(len(jobs)))
 	if err != nil {

@@ -249,6 +249,11 @@ func TestRetryAfterHoldsTheWholeEndpoint(t *testing.T) {
 	recordFor(t, db, other.srv.URL, 5)
 	runWebhookWorkers(t, db, 30*time.Second)
 	waitFor(t, "the other endpoint's deliveries", 10*time.Second, func() bool { return len(other.requests()) == 5 })
+	// The 429's outcome, and the hold with it, may still be on its way
+	// to the completer: its endpoint's place stays taken until then.
+	waitFor(t, "the 429's outcome", 10*time.Second, func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'running'`, held.ID) == 0
+	})
 	if n := len(busy.requests()); n != 1 {
 		t.Errorf("the receiver that asked to wait 120 s got %d requests, want 1", n)
 	}
@@ -497,5 +502,44 @@ func TestBreakerTransitions(t *testing.T) {
 					tc.before, tc.open, tc.batch, after, open, failing, disabled, tc.after, tc.wantOpen, tc.wantFailing, wantDisabled)
 			}
 		})
+	}
+}
+
+// A job whose attempt has ended but whose outcome is not written yet is
+// still running in the table; the claiming replica names it (answered),
+// and the endpoint's cap does not count it: the cap bounds requests in
+// flight. Unnamed, as another replica's claim sees it, it counts.
+func TestClaimDoesNotCountAnsweredJobsAgainstTheCap(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	var endpoint int64
+	if err := db.QueryRow(`INSERT INTO outbox.endpoints (url, secret, max_in_flight)
+		VALUES ('https://hooks.example.com/', decode(repeat('ab', 32), 'hex'), 1) RETURNING id`).Scan(&endpoint); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, `
+		INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, scheduled_at)
+		SELECT 'webhook', outbox.record('t', i::text, '{}'), $1, 18, now() - interval '1 minute'
+		FROM generate_series(1, 2) AS i`, endpoint)
+	claim := func(answered string) []int64 {
+		t.Helper()
+		ids, err := queryAll(context.Background(), db, scanID, `SELECT id FROM outbox.claim_jobs(10, NULL, $1::bigint[])`, answered)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ids
+	}
+	first := claim("{}")
+	if len(first) != 1 {
+		t.Fatalf("the first claim took %v, want one job (the cap is 1)", first)
+	}
+	if got := claim("{}"); len(got) != 0 {
+		t.Errorf("with the first job running and not answered, a claim took %v; want nothing", got)
+	}
+	if got := claim(fmt.Sprintf("{%d}", first[0])); len(got) != 1 || got[0] == first[0] {
+		t.Errorf("with the first job answered, a claim took %v; want the other job", got)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'running'`); n != 2 {
+		t.Errorf("%d jobs running, want 2: the answered one's outcome is not written", n)
 	}
 }

@@ -253,6 +253,7 @@ func (p *workerPool) completeLoop() {
 		}
 		began := time.Now()
 		err := p.recordOutcomesRetrying(batch)
+		p.answered.remove(batch)
 		if err != nil {
 			// The jobs stay running; the rescuer retries them. A duplicate
 			// run is the price, never a lost job.

@@ -893,6 +893,18 @@ $$;
 -- previous release applying its own schema.sql replaces that one and
 -- leaves no two functions matching claim_jobs(batch).
 --
+-- answered are deliveries of the claiming replica whose attempt has
+-- succeeded and whose outcome its completer has not written yet
+-- (deliver.go, workerPool.answered). They are still running in the table,
+-- but hold no request to their endpoint any more, so its max_in_flight
+-- does not count them: a delivery holds its place for its request, not
+-- for the wait for a batch of outcomes to commit. (A failed attempt keeps
+-- its place until its outcome, and what it does to the endpoint, is
+-- written.) Another replica's claims count them until their outcome is
+-- written, which delays, never overloads.
+-- claim_jobs(batch, replica), below, is the previous release's call, with
+-- none.
+--
 -- Its columns are named in the caller's SELECT, so a column added here
 -- leaves a replica still running the previous release working (it calls
 -- claim_jobs(batch), and ignores start_in_ms); a change of its result type
@@ -900,7 +912,8 @@ $$;
 DROP FUNCTION IF EXISTS outbox.claim_jobs(integer);
 DROP FUNCTION IF EXISTS outbox.claim_jobs(integer, integer);
 DROP FUNCTION IF EXISTS outbox.claim_jobs(integer, bigint);
-CREATE FUNCTION outbox.claim_jobs(batch integer, replica bigint)
+DROP FUNCTION IF EXISTS outbox.claim_jobs(integer, bigint, bigint[]);
+CREATE FUNCTION outbox.claim_jobs(batch integer, replica bigint, answered bigint[])
 RETURNS TABLE (id bigint, kind text, attempt integer, max_attempts integer,
                endpoint_id bigint,
                event_id bigint, topic text, subject text, payload jsonb, created_at timestamptz,
@@ -926,6 +939,8 @@ BEGIN
   -- the caller's transaction, not for this call: a SET clause of the
   -- function would be undone before the commit.
   PERFORM set_config('synchronous_commit', 'off', true);
+  -- NULL would leave every running job uncounted: no cap at all.
+  answered := coalesce(answered, '{}');
   IF replica IS NOT NULL THEN
     PERFORM 1 FROM outbox.replicas AS r WHERE r.id = replica FOR KEY SHARE;
     IF NOT FOUND THEN
@@ -992,11 +1007,12 @@ BEGIN
         AND (ep.rate_limit_per_second IS NULL OR ep.rate_next_at IS NULL
              OR ep.rate_next_at <= now() + interval '1 second')
         AND (SELECT count(*) FROM outbox.jobs AS r
-             WHERE r.endpoint_id = ep.id AND r.state = 'running')
+             WHERE r.endpoint_id = ep.id AND r.state = 'running' AND r.id <> ALL (answered))
             < CASE WHEN ep.breaker_opened_at IS NULL THEN ep.max_in_flight ELSE 1 END
         AND (w.live_at IS NOT NULL
              OR (SELECT count(*) FROM outbox.jobs AS r
-                 WHERE r.endpoint_id = ep.id AND r.state = 'running' AND r.replay_id IS NOT NULL)
+                 WHERE r.endpoint_id = ep.id AND r.state = 'running' AND r.replay_id IS NOT NULL
+                   AND r.id <> ALL (answered))
                 < outbox.replay_share(ep.max_in_flight)))
     ORDER BY w.live_at NULLS LAST, w.replay_at, ep.id
     LIMIT batch
@@ -1019,7 +1035,8 @@ BEGIN
                   ELSE least(
                     CASE WHEN ep.breaker_opened_at IS NULL THEN ep.max_in_flight ELSE 1 END
                       - (SELECT count(*) FROM outbox.jobs AS r
-                         WHERE r.endpoint_id = ep.id AND r.state = 'running')::integer,
+                         WHERE r.endpoint_id = ep.id AND r.state = 'running'
+                           AND r.id <> ALL (answered))::integer,
                     CASE WHEN ep.rate_limit_per_second IS NULL THEN batch
                          ELSE 1 + floor(ep.rate_limit_per_second * extract(epoch FROM
                                 now() + interval '1 second' - greatest(now(), ep.rate_next_at)))::integer
@@ -1030,7 +1047,7 @@ BEGIN
                 ELSE outbox.replay_share(ep.max_in_flight)
                        - (SELECT count(*) FROM outbox.jobs AS r
                           WHERE r.endpoint_id = ep.id AND r.state = 'running'
-                            AND r.replay_id IS NOT NULL)::integer
+                            AND r.replay_id IS NOT NULL AND r.id <> ALL (answered))::integer
            END AS replay_room
     FROM unnest(lanes) WITH ORDINALITY AS l(id, lane_order)
     JOIN outbox.endpoints AS ep ON ep.id = l.id
@@ -1160,7 +1177,23 @@ BEGIN
 END
 $$;
 
--- claim_jobs(batch) is a claim held by no replica: the previous release's
+-- claim_jobs(batch, replica) counts every running job against the cap:
+-- the previous release's call, for replicas still running it during an
+-- upgrade.
+CREATE FUNCTION outbox.claim_jobs(batch integer, replica bigint)
+RETURNS TABLE (id bigint, kind text, attempt integer, max_attempts integer,
+               endpoint_id bigint,
+               event_id bigint, topic text, subject text, payload jsonb, created_at timestamptz,
+               traceparent text, tracestate text,
+               url text, secret bytea, previous_secret bytea, disabled_reason text,
+               start_in_ms integer, wake_on_outcome boolean)
+LANGUAGE sql VOLATILE
+ROWS 100
+AS $$
+  SELECT * FROM outbox.claim_jobs(batch, replica, '{}'::bigint[])
+$$;
+
+-- claim_jobs(batch) is a claim held by no replica: the release before's
 -- call, for replicas still running it during an upgrade.
 CREATE FUNCTION outbox.claim_jobs(batch integer)
 RETURNS TABLE (id bigint, kind text, attempt integer, max_attempts integer,
