@@ -294,13 +294,13 @@ const (
 // the statement can be taken for one of them. out_lane_endpoints,
 // out_lane_keys and out_pid, which the relay no longer reads, are kept for
 // a previous release's relays during a rolling upgrade (README,
-// "Upgrading"): they call fan_out with four arguments (origin defaults to
-// empty) and advance the lanes again, which changes nothing.
+// "Upgrading"): they call fan_out with four arguments (previousFanOutSQL)
+// and advance the lanes again, which changes nothing.
 var fanOutFunctionSQL = fanOutFunction("fan_out", "integer", `
 marked AS (
   SELECT id, topic, subject, payload
   FROM outbox.mark_fanned_out($1)
-)`) + fanOutFunction("fan_out_event", "bigint", `
+)`) + previousFanOutSQL + fanOutFunction("fan_out_event", "bigint", `
 claimed AS (
   SELECT id
   FROM outbox.events
@@ -316,13 +316,27 @@ marked AS (
   RETURNING id, topic, subject, payload
 )`)
 
+// previousFanOutSQL is the previous release's call, fan_out with four
+// arguments, as a function of its own that names no process. Not a
+// default of the fifth: a previous release applying its own schema.sql
+// replaces this one, and would otherwise leave two functions that a call
+// with four arguments matches alike.
+const previousFanOutSQL = `
+DROP FUNCTION IF EXISTS outbox.fan_out(integer, jsonb, integer, double precision);
+CREATE FUNCTION outbox.fan_out(integer, jsonb, integer, double precision)
+RETURNS TABLE (out_fanned bigint, out_jobs bigint, out_lane_endpoints bigint[], out_lane_keys text[], out_pid integer)
+LANGUAGE sql VOLATILE
+AS $previous_fan_out$
+  SELECT * FROM outbox.fan_out($1, $2, $3, $4, '')
+$previous_fan_out$;
+`
+
 // fanOutFunction is one of fanOutFunctionSQL's functions: name, whose
 // claim ($1, of claimType) is markSQL.
 func fanOutFunction(name, claimType, markSQL string) string {
 	return `
-DROP FUNCTION IF EXISTS outbox.` + name + `(` + claimType + `, jsonb, integer, double precision);
 DROP FUNCTION IF EXISTS outbox.` + name + `(` + claimType + `, jsonb, integer, double precision, text);
-CREATE FUNCTION outbox.` + name + `(` + claimType + `, jsonb, integer, double precision, text DEFAULT '')
+CREATE FUNCTION outbox.` + name + `(` + claimType + `, jsonb, integer, double precision, text)
 RETURNS TABLE (out_fanned bigint, out_jobs bigint, out_lane_endpoints bigint[], out_lane_keys text[], out_pid integer)
 LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan

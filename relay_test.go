@@ -602,4 +602,20 @@ func TestFanOutKeepsThePreviousReleasesCall(t *testing.T) {
 	if fanned != 3 || jobs != 3 || string(laneEndpoints) != "{}" || pid == 0 {
 		t.Errorf("fan_out with four arguments: %d fanned, %d jobs, lanes %s, pid %d; want 3, 3, {}, a pid", fanned, jobs, laneEndpoints, pid)
 	}
+
+	// A previous release that applies its own schema.sql (a downgrade, or
+	// its replica migrating) replaces the four-argument function with its
+	// own: each call still finds exactly one function.
+	mustExec(t, db, `DROP FUNCTION outbox.fan_out(integer, jsonb, integer, double precision)`)
+	mustExec(t, db, `CREATE FUNCTION outbox.fan_out(integer, jsonb, integer, double precision)
+		RETURNS TABLE (out_fanned bigint, out_jobs bigint, out_lane_endpoints bigint[], out_lane_keys text[], out_pid integer)
+		LANGUAGE sql AS $$ SELECT 0::bigint, 0::bigint, '{}'::bigint[], '{}'::text[], pg_backend_pid() $$`)
+	for _, call := range []string{
+		`SELECT out_fanned FROM outbox.fan_out(10, '[]', 18, 300.0)`,
+		`SELECT out_fanned FROM outbox.fan_out(10, '[]', 18, 300.0, '')`,
+	} {
+		if _, err := db.Exec(call); err != nil {
+			t.Errorf("after the previous release's schema, %s: %v", call, err)
+		}
+	}
 }
