@@ -14,7 +14,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -24,7 +23,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/lib/pq"
@@ -616,49 +614,6 @@ func recordOutcomesArgs(batch []jobResult, breakerThreshold int) []any {
 		pq.Array(healthIDs), pq.Array(succeeded), pq.Array(failures), pq.Array(holds),
 		breakerThreshold, pq.Array(gone), pq.Array(windowIDs), pq.Array(seconds),
 	}
-}
-
-// finishedLane is the lane of a job that left it, put back, rescued or
-// cancelled: a row of the statements putBack, the rescues and a replay's
-// cancel run (the completer's finished lanes stay in its statement,
-// jobOutcomesSQL). Both are NULL for a job of no ordered lane.
-type finishedLane struct {
-	endpointID sql.NullInt64
-	key        sql.NullString
-}
-
-func scanFinishedLane(row rowScanner) (finishedLane, error) {
-	var l finishedLane
-	err := row.Scan(&l.endpointID, &l.key)
-	return l, err
-}
-
-// finishedLanes are the ordered lanes of the rows, each once, in endpoint
-// id order.
-func finishedLanes(rows []finishedLane) laneKeys {
-	type lane struct {
-		endpointID int64
-		key        string
-	}
-	seen := map[lane]bool{}
-	var lanes []lane
-	for _, r := range rows {
-		l := lane{r.endpointID.Int64, r.key.String}
-		if !r.endpointID.Valid || !r.key.Valid || seen[l] {
-			continue
-		}
-		seen[l] = true
-		lanes = append(lanes, l)
-	}
-	slices.SortFunc(lanes, func(a, b lane) int {
-		return cmp.Or(cmp.Compare(a.endpointID, b.endpointID), strings.Compare(a.key, b.key))
-	})
-	var out laneKeys
-	for _, l := range lanes {
-		out.endpointIDs = append(out.endpointIDs, l.endpointID)
-		out.keys = append(out.keys, l.key)
-	}
-	return out
 }
 
 // endpointChange is what an attempt's answer does to its endpoint.

@@ -18,12 +18,15 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -469,6 +472,49 @@ func (r *relay) fanOut(ctx context.Context, relaySQL string, claimArg any) (fann
 type laneKeys struct {
 	endpointIDs []int64
 	keys        []string
+}
+
+// finishedLane is the lane of a job that left it, put back, rescued or
+// cancelled: a row of the statements putBack, the rescues and a replay's
+// cancel run (the completer's finished lanes stay in its statement,
+// jobOutcomesSQL). Both are NULL for a job of no ordered lane.
+type finishedLane struct {
+	endpointID sql.NullInt64
+	key        sql.NullString
+}
+
+func scanFinishedLane(row rowScanner) (finishedLane, error) {
+	var l finishedLane
+	err := row.Scan(&l.endpointID, &l.key)
+	return l, err
+}
+
+// finishedLanes are the ordered lanes of the rows, each once, in endpoint
+// id order.
+func finishedLanes(rows []finishedLane) laneKeys {
+	type lane struct {
+		endpointID int64
+		key        string
+	}
+	seen := map[lane]bool{}
+	var lanes []lane
+	for _, r := range rows {
+		l := lane{r.endpointID.Int64, r.key.String}
+		if !r.endpointID.Valid || !r.key.Valid || seen[l] {
+			continue
+		}
+		seen[l] = true
+		lanes = append(lanes, l)
+	}
+	slices.SortFunc(lanes, func(a, b lane) int {
+		return cmp.Or(cmp.Compare(a.endpointID, b.endpointID), strings.Compare(a.key, b.key))
+	})
+	var out laneKeys
+	for _, l := range lanes {
+		out.endpointIDs = append(out.endpointIDs, l.endpointID)
+		out.keys = append(out.keys, l.key)
+	}
+	return out
 }
 
 // advanceLanes makes the next held delivery of each lane due where the

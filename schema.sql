@@ -1193,8 +1193,8 @@ AS $$
   SELECT * FROM outbox.claim_jobs(batch, replica, '{}'::bigint[])
 $$;
 
--- claim_jobs(batch) is a claim held by no replica: the release before's
--- call, for replicas still running it during an upgrade.
+-- claim_jobs(batch) is a claim held by no replica: the call of the
+-- release before that, for replicas still running it during an upgrade.
 CREATE FUNCTION outbox.claim_jobs(batch integer)
 RETURNS TABLE (id bigint, kind text, attempt integer, max_attempts integer,
                endpoint_id bigint,
