@@ -82,7 +82,12 @@ type Job struct {
 	// endpoint's room or replay share (or the subscribers' share of the
 	// batch), or it heads an ordered lane (outbox.claim_jobs).
 	wakeOnOutcome bool
-	Event         Event
+	// yieldsToLive, from the claim, marks a replayed delivery claimed
+	// into a replay lane narrowed by live traffic: when it ends, its
+	// place waits for the next claim, or replayYield for one of its own
+	// (outbox.claim_jobs, replay_yields).
+	yieldsToLive bool
+	Event        Event
 }
 
 // deliveryEndpoint is an endpoint as one attempt sees it.
@@ -131,6 +136,7 @@ type workerPool struct {
 	// say where a job's wait goes (`outboxd load -mode replay` reads
 	// them per phase).
 	claims         *histogram // one claim statement, seconds
+	claimsBegun    atomic.Int64
 	claimedJobs    atomic.Int64
 	outcomeBatches *histogram // one batch of outcomes written, retries included, seconds
 	outcomeJobs    atomic.Int64
@@ -215,6 +221,9 @@ func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 					if p.answered.add(results) {
 						poke(p.recorded)
 					}
+					if batch[0].yieldsToLive {
+						p.claimUnlessClaimed(replayYield)
+					}
 					for _, res := range results {
 						p.results <- res
 					}
@@ -247,6 +256,25 @@ func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 	<-completerDone
 	<-feederDone
 	return ctx.Err()
+}
+
+// replayYield is how long a replayed delivery's place, in a replay lane
+// narrowed by live traffic, waits for a claim the live deliveries bring
+// before the workers claim for it alone. Live deliveries at hundreds a
+// second claim every few milliseconds, and the replay rides along at no
+// cost of its own; a trickle of live ones would leave the replay to the
+// poll, a delivery a second. 10 ms bounds it at about a hundred a second.
+const replayYield = 10 * time.Millisecond
+
+// claimUnlessClaimed wakes the claim loop after wait unless a claim has
+// begun meanwhile.
+func (p *workerPool) claimUnlessClaimed(wait time.Duration) {
+	before := p.claimsBegun.Load()
+	time.AfterFunc(wait, func() {
+		if p.claimsBegun.Load() == before {
+			poke(p.recorded)
+		}
+	})
 }
 
 // feedLoop enqueues the next batch of each replay whose lane runs short
@@ -369,7 +397,7 @@ SELECT id, kind, attempt, max_attempts, endpoint_id,
        event_id, topic, subject, payload, created_at,
        traceparent, tracestate,
        url, secret, previous_secret, disabled_reason,
-       start_in_ms, wake_on_outcome
+       start_in_ms, wake_on_outcome, replay_yields
 FROM outbox.claim_jobs($1, $2, $3)`
 
 // claim takes up to n due jobs in one statement, under this process's
@@ -388,6 +416,7 @@ func (p *workerPool) claim(ctx context.Context, n int) ([]Job, error) {
 	// moment the statement began; counted from its arrival instead, a slow
 	// claim would start its batch late and squeeze it against the next.
 	sent := time.Now()
+	p.claimsBegun.Add(1)
 	scan := func(row rowScanner) (Job, error) { return scanClaimedJob(row, sent) }
 	jobs, err := queryAll(ctx, p.db, scan, claimJobsSQL, n, replica, pq.Array(p.answered.list()))
 	p.claims.Observe(time.Since(sent).Seconds())
@@ -413,7 +442,7 @@ func scanClaimedJob(row rowScanner, sent time.Time) (Job, error) {
 	if err := row.Scan(&j.ID, &j.Kind, &j.Attempt, &j.MaxAttempts, &endpointID,
 		&j.Event.ID, &j.Event.Topic, &j.Event.Subject, &payload, &j.Event.CreatedAt,
 		&j.Event.Traceparent, &j.Event.Tracestate,
-		&url, &secret, &previous, &disabledReason, &startInMS, &j.wakeOnOutcome); err != nil {
+		&url, &secret, &previous, &disabledReason, &startInMS, &j.wakeOnOutcome, &j.yieldsToLive); err != nil {
 		return j, err
 	}
 	if startInMS > 0 {

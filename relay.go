@@ -380,7 +380,9 @@ $fan_out$;
 //
 // Each endpoint's deliveries are counted for its statistics
 // (outbox.fanout_stats, stats.go) in endpoint order: relays adding to the
-// same minute's rows lock them in one order.
+// same minute's rows lock them in one order. The row also keeps when the
+// last of them was fanned out, which narrows the endpoint's replay lane
+// while live deliveries flow (schema.sql, outbox.replay_width).
 //
 // The subject index (outbox.subjects, upsertSubjectsSQL) is kept here, in
 // the transaction that marks the events fanned out, not by a job per
@@ -439,13 +441,14 @@ lanes AS (
   SELECT DISTINCT endpoint_id, lane_key FROM webhooks WHERE lane_key IS NOT NULL
 ),
 produced AS (
-  INSERT INTO outbox.fanout_stats AS f (endpoint_id, minute, deliveries)
-  SELECT endpoint_id, date_trunc('minute', now()), count(*)
+  INSERT INTO outbox.fanout_stats AS f (endpoint_id, minute, deliveries, last_fanned_at)
+  SELECT endpoint_id, date_trunc('minute', now()), count(*), now()
   FROM webhooks
   GROUP BY endpoint_id
   ORDER BY endpoint_id
   ON CONFLICT (endpoint_id, minute) DO UPDATE
-  SET deliveries = f.deliveries + EXCLUDED.deliveries
+  SET deliveries = f.deliveries + EXCLUDED.deliveries,
+      last_fanned_at = EXCLUDED.last_fanned_at
 ),
 indexed AS (` + upsertSubjectsSQL(`SELECT id, topic, subject, payload FROM marked`) + `
 )

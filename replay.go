@@ -399,13 +399,19 @@ func previewReplay(ctx context.Context, db *sql.DB, id int64, req ReplayRequest,
 	if err := db.QueryRowContext(ctx, endpointPaceSQL, id, paceSample).Scan(&attempts, &slotMS); err != nil {
 		return pv, fmt.Errorf("dry run of replay to endpoint %d: its pace: %w", id, err)
 	}
-	pv.EstimatedSeconds = estimateReplaySeconds(pv.Events, ep.MaxInFlight, ep.RateLimitPerSecond, attempts, slotMS)
+	var liveFlows bool
+	if err := db.QueryRowContext(ctx, `SELECT outbox.replay_width($1, $2) < outbox.replay_share($2)`, id, ep.MaxInFlight).Scan(&liveFlows); err != nil {
+		return pv, fmt.Errorf("dry run of replay to endpoint %d: its lane's width: %w", id, err)
+	}
+	pv.EstimatedSeconds = estimateReplaySeconds(pv.Events, ep.MaxInFlight, liveFlows, ep.RateLimitPerSecond, attempts, slotMS)
 	return pv, nil
 }
 
 // replayShare is how many of an endpoint's deliveries its replay lane
-// runs at once: a quarter of its cap, at least 1. schema.sql's
-// outbox.replay_share, which the claim enforces, is the same rule.
+// runs at once while no live ones flow: a quarter of its cap, at least 1.
+// schema.sql's outbox.replay_share, which the claim enforces, is the same
+// rule; outbox.replay_width narrows the lane to 1 while live deliveries
+// flow.
 func replayShare(maxInFlight int) int {
 	return max(1, maxInFlight/4)
 }
@@ -485,21 +491,26 @@ const paceSample = 1000
 // estimateReplaySeconds is how long sending events once each should take,
 // rounded up to a second. A replay is a backlog, and a backlog drains at
 // the capacity of the lane it runs in, not at the pace of the endpoint's
-// recent traffic: the replay lane's share of the endpoint's cap
-// (replayShare of maxInFlight) over how long an attempt holds its place
+// recent traffic: the replay lane's width (replayShare of maxInFlight, or
+// 1 while live deliveries flow: schema.sql, outbox.replay_width, as it is
+// at the dry run) over how long an attempt holds its place
 // (slotMS, endpointPaceSQL's mean over the last hour's attempts), or
 // replayDefaultRate without any; and never faster than its rate limit. It
 // assumes the receiver keeps answering as fast and as well, and workers to
 // spare: it counts no retries, no live traffic taking the replay's room,
 // no pause, and not the moment between an outcome's commit and the next
 // claim (README, "Replays": how far it was off).
-func estimateReplaySeconds(events int64, maxInFlight int, rateLimit *float64, attempts int64, slotMS float64) int64 {
+func estimateReplaySeconds(events int64, maxInFlight int, liveFlows bool, rateLimit *float64, attempts int64, slotMS float64) int64 {
 	if events <= 0 {
 		return 0
 	}
+	width := replayShare(maxInFlight)
+	if liveFlows {
+		width = 1
+	}
 	rate := replayDefaultRate
 	if attempts > 0 {
-		rate = float64(replayShare(maxInFlight)) * 1000 / max(slotMS, 1)
+		rate = float64(width) * 1000 / max(slotMS, 1)
 	}
 	if rateLimit != nil && *rateLimit > 0 && *rateLimit < rate {
 		rate = *rateLimit

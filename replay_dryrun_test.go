@@ -243,22 +243,25 @@ func TestReplayEstimateNumbers(t *testing.T) {
 		name        string
 		events      int64
 		maxInFlight int
+		liveFlows   bool
 		rateLimit   *float64
 		attempts    int64
 		slotMS      float64
 		want        int64
 	}{
-		{"nothing to send", 0, 16, nil, 0, 0, 0},
-		{"no history: 10 a second", 25, 16, nil, 0, 0, 3},
-		{"no history, limited to 2 a second", 25, 16, &two, 0, 0, 13},
-		{"no history, a limit above the default", 25, 16, &thousand, 0, 0, 3},
-		{"a cap of 4 replays 1 at once; 500 ms each: 2 a second", 25, 4, nil, 10, 500, 13},
-		{"a cap of 2 still replays 1 at once", 25, 2, nil, 10, 500, 13},
-		{"a cap of 16 replays 4 at once; 100 ms each: 40 a second", 1600, 16, nil, 10, 100, 40},
-		{"40 a second, limited to 2", 1600, 16, &two, 10, 100, 800},
-		{"attempts of 0 ms count as 1 ms: 4,000 a second", 16000, 16, nil, 10, 0, 4},
+		{"nothing to send", 0, 16, false, nil, 0, 0, 0},
+		{"no history: 10 a second", 25, 16, false, nil, 0, 0, 3},
+		{"no history, limited to 2 a second", 25, 16, false, &two, 0, 0, 13},
+		{"no history, a limit above the default", 25, 16, false, &thousand, 0, 0, 3},
+		{"a cap of 4 replays 1 at once; 500 ms each: 2 a second", 25, 4, false, nil, 10, 500, 13},
+		{"a cap of 2 still replays 1 at once", 25, 2, false, nil, 10, 500, 13},
+		{"a cap of 16 replays 4 at once; 100 ms each: 40 a second", 1600, 16, false, nil, 10, 100, 40},
+		{"40 a second, limited to 2", 1600, 16, false, &two, 10, 100, 800},
+		{"attempts of 0 ms count as 1 ms: 4,000 a second", 16000, 16, false, nil, 10, 0, 4},
+		{"live deliveries flowing: 1 at once; 100 ms each: 10 a second", 1600, 16, true, nil, 10, 100, 160},
+		{"no history, live deliveries flowing: 10 a second", 25, 16, true, nil, 0, 0, 3},
 	} {
-		if got := estimateReplaySeconds(tc.events, tc.maxInFlight, tc.rateLimit, tc.attempts, tc.slotMS); got != tc.want {
+		if got := estimateReplaySeconds(tc.events, tc.maxInFlight, tc.liveFlows, tc.rateLimit, tc.attempts, tc.slotMS); got != tc.want {
 			t.Errorf("%s: %d s, want %d", tc.name, got, tc.want)
 		}
 	}

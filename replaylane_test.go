@@ -108,6 +108,9 @@ func TestClaimTakesLiveBeforeReplayWithinTheShare(t *testing.T) {
 	replayFor(t, api, ep.ID)
 	mustExec(t, db, `UPDATE outbox.jobs SET scheduled_at = now() - interval '1 hour' WHERE replay_id IS NOT NULL`)
 	recordFor(t, db, hook, 10)
+	// Fanned out a minute ago: the endpoint is quiet, and its replay lane
+	// as wide as its share (TestReplayLaneNarrowsWhileLiveFlows).
+	mustExec(t, db, `UPDATE outbox.fanout_stats SET last_fanned_at = now() - interval '1 minute'`)
 	finish := func(replayed bool, n int) {
 		t.Helper()
 		mustExec(t, db, `UPDATE outbox.jobs SET state = 'completed', finalized_at = now()
@@ -214,7 +217,9 @@ func newGatedReceiver(t *testing.T) *gatedReceiver {
 // End to end: while a replay of 20 events to an endpoint with a cap of 8
 // holds its share (2) of requests at the receiver, 12 live deliveries go
 // through the other 6 slots; the replay never has more than 2 requests in
-// flight, drains once its receiver answers, and its progress says so.
+// flight (the 2 it had when live ones began keep their places; the lane
+// then narrows to 1 as they finish), drains once its receiver answers,
+// and its progress says so.
 func TestReplayLaneHoldsItsShareWhileLiveFlows(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
@@ -257,6 +262,98 @@ func TestReplayLaneHoldsItsShareWhileLiveFlows(t *testing.T) {
 	if len(replays) != 1 || replays[0].State != "finished" || replays[0].Done != 20 || replays[0].Pending != 0 ||
 		replays[0].FinishedAt == nil || replays[0].ExpectedFinish != nil || replays[0].Rate <= 0 {
 		t.Errorf("replays after the drain: %+v, want it finished, 20 done, with a rate", replays)
+	}
+}
+
+// While live deliveries flow to an endpoint (the relay fanned some out
+// to it within the last second), its replay lane runs one replayed
+// delivery at a time, not its share, and that delivery's end does not
+// wake the claim loop on its own (replay_yields): the next claim takes
+// its place. Quiet again, the lane is as wide as its share. Cap 8, so a
+// share of 2; 6 replayed deliveries due.
+func TestReplayLaneNarrowsWhileLiveFlows(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	const hook = "http://192.0.2.1:9"
+	ep := createTunedEndpoint(t, api, hook, `"max_in_flight": 8`)
+	seedFanned(t, db, hook, "old", 6)
+	replayFor(t, api, ep.ID)
+	claim := func() []string {
+		t.Helper()
+		return queryStrings(t, db, `
+			SELECT (j.replay_id IS NOT NULL)::text || ' ' || c.wake_on_outcome::text || ' ' || c.replay_yields::text
+			FROM outbox.claim_jobs(100, NULL::bigint, '{}') AS c
+			JOIN outbox.jobs AS j ON j.id = c.id
+			ORDER BY j.replay_id IS NULL, j.id`)
+	}
+	finishReplayed := func() {
+		t.Helper()
+		mustExec(t, db, `UPDATE outbox.jobs SET state = 'completed', finalized_at = now() WHERE state = 'running' AND replay_id IS NOT NULL`)
+	}
+
+	// Quiet: the share, each filling it, none yielding.
+	if diff := cmp.Diff([]string{"true true false", "true true false"}, claim()); diff != "" {
+		t.Errorf("quiet endpoint: claimed (replayed, wake on outcome, yields) (-want +got):\n%s", diff)
+	}
+	finishReplayed()
+
+	// A live event fanned out by the relay: its delivery, and one replayed.
+	recordFor(t, db, hook, 1)
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.fanout_stats AS f
+		WHERE f.endpoint_id = $1 AND f.last_fanned_at >= (SELECT max(e.created_at) FROM outbox.events AS e)`, ep.ID); n != 1 {
+		t.Fatalf("%d fanout_stats rows of endpoint %d note the live fan-out, want 1", n, ep.ID)
+	}
+	// However slow this machine, the fan-out stays within the last second.
+	mustExec(t, db, `UPDATE outbox.fanout_stats SET minute = date_trunc('minute', now() + interval '1 hour'), last_fanned_at = now() + interval '1 hour'`)
+	if diff := cmp.Diff([]string{"true false true", "false false false"}, claim()); diff != "" {
+		t.Errorf("live flowing: claimed (replayed, wake on outcome, yields) (-want +got):\n%s", diff)
+	}
+	if got := claim(); len(got) != 0 {
+		t.Errorf("live flowing, one replayed running: claimed %v, want nothing", got)
+	}
+
+	// Quiet again: room for the share's second.
+	mustExec(t, db, `UPDATE outbox.fanout_stats SET last_fanned_at = now() - interval '2 seconds'`)
+	if diff := cmp.Diff([]string{"true true false"}, claim()); diff != "" {
+		t.Errorf("quiet again: claimed (replayed, wake on outcome, yields) (-want +got):\n%s", diff)
+	}
+}
+
+// A replay beside a trickle of live deliveries does not wait for the poll:
+// with live deliveries flowing (held so for the test) and a poll of a
+// minute, the narrowed lane's deliveries still follow one another, each
+// claimed replayYield after the last one's end at the latest. One at a
+// time: the receiver never sees two replayed requests at once.
+func TestNarrowedReplayLaneClaimsWithoutLiveTraffic(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	rc := newGatedReceiver(t)
+	rc.open()
+	ep := createTunedEndpoint(t, api, rc.srv.URL, `"max_in_flight": 8`)
+	seedFanned(t, db, rc.srv.URL, "old", 10)
+	rc.replayedUpTo = int64(queryInt(t, db, `SELECT max(id) FROM outbox.events`))
+	mustExec(t, db, `INSERT INTO outbox.fanout_stats (endpoint_id, minute, deliveries, last_fanned_at)
+		VALUES ($1, date_trunc('minute', now() + interval '1 hour'), 1, now() + interval '1 hour')`, ep.ID)
+	res := replayFor(t, api, ep.ID)
+
+	cfg := defaultConfig().Workers
+	cfg.PollInterval = time.Minute
+	cfg.Concurrency = 8
+	client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: 10 * time.Second})
+	wp := newWorkerPool(db, cfg, time.Minute, newSubscriberRegistry(),
+		map[string]jobHandler{webhookJobKind: newWebhookSender(db, nil, client, nil, nil, testLogger(t)).deliver}, testLogger(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- wp.Run(ctx, nil) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	waitFor(t, "the replay to drain without a poll", 20*time.Second, func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE replay_id = $1 AND state = 'completed'`, res.ReplayID) == 10
+	})
+	if peak := rc.replayed.peak.Load(); peak != 1 {
+		t.Errorf("the receiver saw %d replayed requests at once, want 1: the lane narrowed by live traffic", peak)
 	}
 }
 

@@ -724,7 +724,7 @@ ALTER TABLE outbox.jobs
 -- deliveries (kind 'retry_discarded', jobs.go). The jobs it enqueues or
 -- sets to run again carry its id (jobs.replay_id) and run in the
 -- endpoint's replay lane (outbox.claim_jobs): behind its live deliveries,
--- and at most replay_share(max_in_flight) at once. Its columns:
+-- and at most replay_width(endpoint, max_in_flight) at once. Its columns:
 --
 --   window_from, window_to, topics  what a 'replay' selected (the window
 --                   after the clamp); NULL for 'retry_discarded'.
@@ -839,7 +839,8 @@ $$;
 -- Inside an endpoint's lane, replayed deliveries (replay_id set) are a
 -- lane of their own, behind the live ones: a lane takes its live due jobs
 -- first, and replayed ones only with the room they leave, and never more
--- than replay_share(max_in_flight) replayed ones running at once. Behind
+-- than replay_width(endpoint, max_in_flight) replayed ones running at
+-- once: its share of the cap, or one while live deliveries flow. Behind
 -- every endpoint's live ones too: endpoints with live work due are served
 -- before those with replayed work alone, however long that has waited,
 -- and of the jobs the lanes lock, the claim takes every live one before
@@ -919,7 +920,7 @@ RETURNS TABLE (id bigint, kind text, attempt integer, max_attempts integer,
                event_id bigint, topic text, subject text, payload jsonb, created_at timestamptz,
                traceparent text, tracestate text,
                url text, secret bytea, previous_secret bytea, disabled_reason text,
-               start_in_ms integer, wake_on_outcome boolean)
+               start_in_ms integer, wake_on_outcome boolean, replay_yields boolean)
 LANGUAGE plpgsql VOLATILE
 ROWS 100
 SET enable_sort = off
@@ -1013,7 +1014,7 @@ BEGIN
              OR (SELECT count(*) FROM outbox.jobs AS r
                  WHERE r.endpoint_id = ep.id AND r.state = 'running' AND r.replay_id IS NOT NULL
                    AND r.id <> ALL (answered))
-                < outbox.replay_share(ep.max_in_flight)))
+                < outbox.replay_width(ep.id, ep.max_in_flight)))
     ORDER BY w.live_at NULLS LAST, w.replay_at, ep.id
     LIMIT batch
     ) AS open
@@ -1044,13 +1045,15 @@ BEGIN
              END,
              batch, 2 * batch / (cardinality(lanes) + 1) + 1), 0) AS room,
            CASE WHEN ep.disabled_at IS NOT NULL THEN batch
-                ELSE outbox.replay_share(ep.max_in_flight)
+                ELSE rw.width
                        - (SELECT count(*) FROM outbox.jobs AS r
                           WHERE r.endpoint_id = ep.id AND r.state = 'running'
                             AND r.replay_id IS NOT NULL AND r.id <> ALL (answered))::integer
-           END AS replay_room
+           END AS replay_room,
+           rw.width < outbox.replay_share(ep.max_in_flight) AS narrowed
     FROM unnest(lanes) WITH ORDINALITY AS l(id, lane_order)
     JOIN outbox.endpoints AS ep ON ep.id = l.id
+    CROSS JOIN LATERAL (SELECT outbox.replay_width(ep.id, ep.max_in_flight) AS width) AS rw
   ),
   -- Each lane's due jobs, locked, in due order: the live ones first, up
   -- to its room; then the replayed ones, in the room the live ones left
@@ -1058,7 +1061,7 @@ BEGIN
   -- ones' limit reads how many live ones were locked, which must not read
   -- them a second time.
   live_jobs AS MATERIALIZED (
-    SELECT l.id, l.lane_order, l.room, l.replay_room, ARRAY(
+    SELECT l.id, l.lane_order, l.room, l.replay_room, l.narrowed, ARRAY(
       SELECT w.id
       FROM outbox.jobs AS w
       WHERE w.endpoint_id = l.id
@@ -1072,7 +1075,7 @@ BEGIN
     FROM lane AS l
   ),
   lane_jobs AS MATERIALIZED (
-    SELECT lj.id, lj.lane_order, lj.room, lj.replay_room, lj.ids AS live_ids, ARRAY(
+    SELECT lj.id, lj.lane_order, lj.room, lj.replay_room, lj.narrowed, lj.ids AS live_ids, ARRAY(
       SELECT w.id
       FROM outbox.jobs AS w
       WHERE w.endpoint_id = lj.id
@@ -1126,8 +1129,16 @@ BEGIN
   -- place that due work may be waiting for, so the worker claims again
   -- when it is recorded; any other outcome frees nothing a claim could
   -- use at once, and the worker waits for new jobs or its poll.
+  --
+  -- Except a replayed delivery of a lane narrowed by live traffic
+  -- (replay_width): its place is taken again by the next claim the live
+  -- deliveries bring, or, if none comes soon, by one the worker makes
+  -- after a short wait (replay_yields; deliver.go, replayYield). A claim
+  -- of its own for each replayed delivery doubled the claims and outcome
+  -- batches a second beside a replay, and the CPU they cost was what
+  -- live deliveries waited for.
   filled AS (
-    SELECT lj.id,
+    SELECT lj.id, lj.narrowed,
            cardinality(lj.live_ids) + cardinality(lj.replay_ids) >= lj.room AS room_full,
            cardinality(lj.replay_ids) >= lj.replay_room AS replay_full
     FROM lane_jobs AS lj
@@ -1166,8 +1177,9 @@ BEGIN
          -- next one go (advance_lanes).
          c.lane_key IS NOT NULL
            OR CASE WHEN c.endpoint_id IS NULL THEN sf.full
-                   ELSE coalesce(fl.room_full OR (c.replay_id IS NOT NULL AND fl.replay_full), true)
-              END
+                   ELSE coalesce(fl.room_full OR (c.replay_id IS NOT NULL AND fl.replay_full AND NOT fl.narrowed), true)
+              END,
+         c.replay_id IS NOT NULL AND coalesce(fl.narrowed, false)
   FROM claimed AS c
   JOIN outbox.events AS e ON e.id = c.event_id
   CROSS JOIN subscribers_filled AS sf
@@ -1190,7 +1202,12 @@ RETURNS TABLE (id bigint, kind text, attempt integer, max_attempts integer,
 LANGUAGE sql VOLATILE
 ROWS 100
 AS $$
-  SELECT * FROM outbox.claim_jobs(batch, replica, '{}'::bigint[])
+  SELECT c.id, c.kind, c.attempt, c.max_attempts, c.endpoint_id,
+         c.event_id, c.topic, c.subject, c.payload, c.created_at,
+         c.traceparent, c.tracestate,
+         c.url, c.secret, c.previous_secret, c.disabled_reason,
+         c.start_in_ms, c.wake_on_outcome
+  FROM outbox.claim_jobs(batch, replica, '{}'::bigint[]) AS c
 $$;
 
 -- claim_jobs(batch) is a claim held by no replica: the call of the
@@ -1513,6 +1530,37 @@ CREATE TABLE IF NOT EXISTS outbox.fanout_stats (
 -- delivery_stats_by_minute does.
 CREATE INDEX IF NOT EXISTS fanout_stats_by_minute
   ON outbox.fanout_stats (minute);
+
+-- last_fanned_at is when the relay last fanned deliveries out to the
+-- endpoint in that minute: set by the same upsert that counts them, so
+-- it costs no write of its own. NULL in rows a previous release wrote.
+ALTER TABLE outbox.fanout_stats
+  ADD COLUMN IF NOT EXISTS last_fanned_at timestamptz;
+
+-- replay_width is how many of endpoint ep's replayed deliveries may run
+-- at once (outbox.claim_jobs): its replay_share of max_in_flight while it
+-- is quiet, and one while live deliveries flow to it, which is while the
+-- relay has fanned some out to it within the last second (fanout_stats,
+-- a probe of at most two rows by key). A replay's requests compete with
+-- the live ones for more than the receiver: the same workers, claims and
+-- outcome batches, the same database and host. What a replay costs live
+-- deliveries on a busy host is its rate, not its lane (README, "Delivery
+-- lanes under load"). Replayed deliveries already running when live ones
+-- begin finish; the lane narrows as they do. replayWidth in replay.go
+-- reads it for the dry run's estimate.
+CREATE OR REPLACE FUNCTION outbox.replay_width(ep bigint, max_in_flight integer)
+RETURNS integer
+LANGUAGE sql STABLE
+AS $$
+  SELECT CASE WHEN EXISTS (SELECT 1
+                           FROM outbox.fanout_stats AS f
+                           WHERE f.endpoint_id = ep
+                             AND f.minute >= date_trunc('minute', now() - interval '1 second')
+                             AND f.last_fanned_at > now() - interval '1 second')
+              THEN 1
+              ELSE outbox.replay_share(max_in_flight)
+         END
+$$;
 
 --------------------------------------------------------------------------------
 -- Owner notifications: an endpoint's owner hears when it fails
