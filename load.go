@@ -333,14 +333,13 @@ func loadJobs(ctx context.Context, cfg loadConfig, db *sql.DB, child *loadChild,
 		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM outbox.jobs WHERE kind = 'noop' AND state = 'completed'`).Scan(&completed); err != nil {
 			return fmt.Errorf("load: count jobs: %w", err)
 		}
-		done := completed - before
-		if done >= int64(cfg.Events) {
+		if completed-before >= int64(cfg.Events) {
 			break
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(nextCountIn(done, int64(cfg.Events), time.Since(start))):
+		case <-time.After(50 * time.Millisecond):
 		}
 	}
 	elapsed := time.Since(start)
@@ -348,22 +347,6 @@ func loadJobs(ctx context.Context, cfg loadConfig, db *sql.DB, child *loadChild,
 	fmt.Fprintln(stdout, cpu.Report(ctx, cfg.Events, "job"))
 	fmt.Fprintf(stdout, "outboxd peak RSS %s\n", child.PeakRSS())
 	return nil
-}
-
-// nextCountIn is how long the jobs mode waits before counting the
-// completed jobs again, done of total after elapsed: half the time the rate
-// so far says the rest will take, between 10 ms and a second. A count reads
-// every completed job, 50 ms of a backend's CPU at 200,000: counted every
-// 50 ms, the load tool's own counts took about a third of the server's CPU
-// time from the workers it measured. Halving the wait each time finds the
-// end within a count of it in a few dozen counts.
-func nextCountIn(done, total int64, elapsed time.Duration) time.Duration {
-	const floor, ceiling = 10 * time.Millisecond, time.Second
-	if done <= 0 {
-		return floor * 5
-	}
-	rest := time.Duration(float64(elapsed) * float64(total-done) / float64(done))
-	return min(max(rest/2, floor), ceiling)
 }
 
 // recordBulk records n events of topic in transactions of 10,000.

@@ -1,6 +1,7 @@
 // replaylane_test.go: the replay lane (README, "Replays"): replays and
 // retries of discarded deliveries run behind an endpoint's live
-// deliveries, at most a quarter of its cap at once; their progress reads
+// deliveries, at most a quarter of its cap at once (one at a time while
+// live deliveries flow); their progress reads
 // right, and a cancel ends their waiting jobs visibly, without a request.
 
 package main
