@@ -72,6 +72,23 @@ func seedFanned(t *testing.T, db *sql.DB, url, subject string, n int) {
 		topicFor(url)+".e", subject, n)
 }
 
+// replayingHook is newReplayingEndpoint's URL: nothing answers there,
+// and the tests that use it only claim.
+const replayingHook = "http://192.0.2.1:9"
+
+// newReplayingEndpoint is a fresh database with one endpoint, at
+// replayingHook with a cap of 8 (a replay share of 2), replaying n events
+// recorded an hour ago.
+func newReplayingEndpoint(t *testing.T, n int) (*sql.DB, Endpoint) {
+	t.Helper()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	ep := createTunedEndpoint(t, api, replayingHook, `"max_in_flight": 8`)
+	seedFanned(t, db, replayingHook, "old", n)
+	replayFor(t, api, ep.ID)
+	return db, ep
+}
+
 // claimLanes runs one claim of up to 100 jobs and counts what it took:
 // live deliveries and replayed ones.
 func claimLanes(t *testing.T, db *sql.DB) (live, replayed int) {
@@ -101,12 +118,8 @@ func claimBatch(t *testing.T, db *sql.DB, batch int) (live, replayed int) {
 // replay alone runs at its share, not at the cap.
 func TestClaimTakesLiveBeforeReplayWithinTheShare(t *testing.T) {
 	t.Parallel()
-	db, _ := newTestDB(t)
-	api := newTestAPI(t, db, testPolicy)
-	const hook = "http://192.0.2.1:9"
-	ep := createTunedEndpoint(t, api, hook, `"max_in_flight": 8`)
-	seedFanned(t, db, hook, "old", 10)
-	replayFor(t, api, ep.ID)
+	const hook = replayingHook
+	db, _ := newReplayingEndpoint(t, 10)
 	mustExec(t, db, `UPDATE outbox.jobs SET scheduled_at = now() - interval '1 hour' WHERE replay_id IS NOT NULL`)
 	recordFor(t, db, hook, 10)
 	// Fanned out a minute ago: the endpoint is quiet, and its replay lane
@@ -274,12 +287,8 @@ func TestReplayLaneHoldsItsShareWhileLiveFlows(t *testing.T) {
 // share of 2; 6 replayed deliveries due.
 func TestReplayLaneNarrowsWhileLiveFlows(t *testing.T) {
 	t.Parallel()
-	db, _ := newTestDB(t)
-	api := newTestAPI(t, db, testPolicy)
-	const hook = "http://192.0.2.1:9"
-	ep := createTunedEndpoint(t, api, hook, `"max_in_flight": 8`)
-	seedFanned(t, db, hook, "old", 6)
-	replayFor(t, api, ep.ID)
+	const hook = replayingHook
+	db, ep := newReplayingEndpoint(t, 6)
 	claim := func() []string {
 		t.Helper()
 		return queryStrings(t, db, `
