@@ -348,16 +348,7 @@ func TestNarrowedReplayLaneClaimsWithoutLiveTraffic(t *testing.T) {
 		VALUES ($1, date_trunc('minute', now() + interval '1 hour'), 1, now() + interval '1 hour')`, ep.ID)
 	res := replayFor(t, api, ep.ID)
 
-	cfg := defaultConfig().Workers
-	cfg.PollInterval = time.Minute
-	cfg.Concurrency = 8
-	client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: 10 * time.Second})
-	wp := newWorkerPool(db, cfg, time.Minute, newSubscriberRegistry(),
-		map[string]jobHandler{webhookJobKind: newWebhookSender(db, nil, client, nil, nil, testLogger(t)).deliver}, testLogger(t))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- wp.Run(ctx, nil) }()
-	t.Cleanup(func() { cancel(); <-done })
+	runWebhookWorkersPolling(t, db, 10*time.Second, time.Minute)
 
 	waitFor(t, "the replay to drain without a poll", 20*time.Second, func() bool {
 		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE replay_id = $1 AND state = 'completed'`, res.ReplayID) == 10

@@ -1554,8 +1554,8 @@ ALTER TABLE outbox.fanout_stats
 -- outcome batches, the same database and host. What a replay costs live
 -- deliveries on a busy host is its rate, not its lane (README, "Delivery
 -- lanes under load"). Replayed deliveries already running when live ones
--- begin finish; the lane narrows as they do. replayWidth in replay.go
--- reads it for the dry run's estimate.
+-- begin finish; the lane narrows as they do. The dry run's estimate
+-- (replay.go, previewReplay) reads it too.
 CREATE OR REPLACE FUNCTION outbox.replay_width(ep bigint, max_in_flight integer)
 RETURNS integer
 LANGUAGE sql STABLE

@@ -65,8 +65,15 @@ func (rc *receiver) requests() []received {
 // client (loopback allowed) until the test ends.
 func runWebhookWorkers(t *testing.T, db *sql.DB, timeout time.Duration) {
 	t.Helper()
+	runWebhookWorkersPolling(t, db, timeout, 20*time.Millisecond)
+}
+
+// runWebhookWorkersPolling is runWebhookWorkers with workers that look for
+// due jobs without a notification every poll.
+func runWebhookWorkersPolling(t *testing.T, db *sql.DB, timeout, poll time.Duration) {
+	t.Helper()
 	cfg := defaultConfig().Workers
-	cfg.PollInterval = 20 * time.Millisecond
+	cfg.PollInterval = poll
 	cfg.Concurrency = 8
 	client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: timeout})
 	wp := newWorkerPool(db, cfg, time.Minute, newSubscriberRegistry(), map[string]jobHandler{webhookJobKind: newWebhookSender(db, nil, client, nil, nil, testLogger(t)).deliver}, testLogger(t))
