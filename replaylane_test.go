@@ -36,6 +36,52 @@ func TestReplayShareNumbers(t *testing.T) {
 	}
 }
 
+// A claim asks replay_width once per lane in each of its two statements
+// (the first, only for a lane with replayed work alone, as here), and the
+// function keeps its plan for the session. As a SQL function, whose subquery keeps
+// it from being inlined, it was parsed and planned again in every claim,
+// and the claim called it twice per lane (its subquery, flattened, was
+// copied into both uses of the width): a third of a claim's time in a
+// drain (README, "Against River"). pg_stat_xact_user_functions counts the
+// calls of this transaction; track_functions = all counts SQL functions
+// too, so the test sees the calls whatever language the function is in.
+func TestClaimAsksReplayWidthOncePerLane(t *testing.T) {
+	t.Parallel()
+	db, _ := newReplayingEndpoint(t, 10)
+	if lang := queryStrings(t, db, `
+		SELECT l.lanname FROM pg_proc AS p JOIN pg_language AS l ON l.oid = p.prolang
+		WHERE p.oid = 'outbox.replay_width(bigint, integer)'::regprocedure`); len(lang) != 1 || lang[0] != "plpgsql" {
+		t.Errorf("outbox.replay_width is in %s: planned again in every statement that calls it; want plpgsql", lang)
+	}
+	ctx := context.Background()
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, `SET LOCAL track_functions = 'all'`); err != nil {
+		t.Fatal(err)
+	}
+	var claimed int
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM outbox.claim_jobs(100)`).Scan(&claimed); err != nil {
+		t.Fatal(err)
+	}
+	var calls int
+	if err := tx.QueryRowContext(ctx, `
+		SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions
+		WHERE schemaname = 'outbox' AND funcname = 'replay_width'`).Scan(&calls); err != nil {
+		t.Fatal(err)
+	}
+	if claimed != 2 || calls != 2 {
+		t.Errorf("a claim from one endpoint's replay lane took %d jobs and called replay_width %d times; want 2 jobs (its share of a cap of 8) and 2 calls", claimed, calls)
+	}
+}
+
 // replayFor enqueues the endpoint's replay of everything recorded in the
 // last day through the API and returns its answer.
 func replayFor(t *testing.T, api *testAPI, endpointID int64) ReplayResult {
