@@ -400,7 +400,7 @@ func previewReplay(ctx context.Context, db *sql.DB, id int64, req ReplayRequest,
 		return pv, fmt.Errorf("dry run of replay to endpoint %d: its pace: %w", id, err)
 	}
 	var liveFlows bool
-	if err := db.QueryRowContext(ctx, `SELECT outbox.replay_width($1, $2) < outbox.replay_share($2)`, id, ep.MaxInFlight).Scan(&liveFlows); err != nil {
+	if err := db.QueryRowContext(ctx, `SELECT outbox.live_flows($1)`, id).Scan(&liveFlows); err != nil {
 		return pv, fmt.Errorf("dry run of replay to endpoint %d: its lane's width: %w", id, err)
 	}
 	pv.EstimatedSeconds = estimateReplaySeconds(pv.Events, ep.MaxInFlight, liveFlows, ep.RateLimitPerSecond, attempts, slotMS)

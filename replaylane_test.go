@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 )
 
 // The share is a quarter of the cap, at least 1, in Go (the dry run's
@@ -36,22 +37,26 @@ func TestReplayShareNumbers(t *testing.T) {
 	}
 }
 
-// A claim asks replay_width once per lane in each of its two statements
-// (the first, only for a lane with replayed work alone, as here), and the
-// function keeps its plan for the session. As a SQL function, whose subquery keeps
-// it from being inlined, it was parsed and planned again in every claim,
-// and the claim called it twice per lane (its subquery, flattened, was
-// copied into both uses of the width): a third of a claim's time in a
-// drain (README, "Against River"). pg_stat_xact_user_functions counts the
-// calls of this transaction; track_functions = all counts SQL functions
-// too, so the test sees the calls whatever language the function is in.
-func TestClaimAsksReplayWidthOncePerLane(t *testing.T) {
+// A claim asks whether live deliveries flow to a lane (live_flows) once
+// per lane in each of its two statements (the first asks only for a lane
+// with replayed work alone, as here, through replay_width), and both
+// functions keep their plans for the session. As SQL functions, whose
+// subquery keeps them from being inlined, they were parsed and planned
+// again in every claim, and the claim asked twice per lane in its second
+// statement (the subquery, flattened, was copied into both uses of the
+// width): a third of a claim's time in a drain (README, "Against River").
+// pg_stat_xact_user_functions counts this transaction's calls;
+// track_functions = all counts SQL functions too, so the test sees the
+// calls whatever language the functions are in.
+func TestClaimAsksWhetherLiveFlowsOncePerLane(t *testing.T) {
 	t.Parallel()
 	db, _ := newReplayingEndpoint(t, 10)
-	if lang := queryStrings(t, db, `
-		SELECT l.lanname FROM pg_proc AS p JOIN pg_language AS l ON l.oid = p.prolang
-		WHERE p.oid = 'outbox.replay_width(bigint, integer)'::regprocedure`); len(lang) != 1 || lang[0] != "plpgsql" {
-		t.Errorf("outbox.replay_width is in %s: planned again in every statement that calls it; want plpgsql", lang)
+	langs := queryStrings(t, db, `
+		SELECT p.proname || ' ' || l.lanname FROM pg_proc AS p JOIN pg_language AS l ON l.oid = p.prolang
+		WHERE p.pronamespace = 'outbox'::regnamespace AND p.proname IN ('live_flows', 'replay_width')
+		ORDER BY p.proname`)
+	if diff := cmp.Diff([]string{"live_flows plpgsql", "replay_width plpgsql"}, langs); diff != "" {
+		t.Errorf("the claim's functions and their languages (-want +got); in sql they are planned again in every statement:\n%s", diff)
 	}
 	ctx := context.Background()
 	conn, err := db.Conn(ctx)
@@ -74,11 +79,11 @@ func TestClaimAsksReplayWidthOncePerLane(t *testing.T) {
 	var calls int
 	if err := tx.QueryRowContext(ctx, `
 		SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions
-		WHERE schemaname = 'outbox' AND funcname = 'replay_width'`).Scan(&calls); err != nil {
+		WHERE schemaname = 'outbox' AND funcname = 'live_flows'`).Scan(&calls); err != nil {
 		t.Fatal(err)
 	}
 	if claimed != 2 || calls != 2 {
-		t.Errorf("a claim from one endpoint's replay lane took %d jobs and called replay_width %d times; want 2 jobs (its share of a cap of 8) and 2 calls", claimed, calls)
+		t.Errorf("a claim from one endpoint's replay lane took %d jobs and asked live_flows %d times; want 2 jobs (its share of a cap of 8) and 2 calls", claimed, calls)
 	}
 }
 
@@ -127,9 +132,16 @@ const replayingHook = "http://192.0.2.1:9"
 // recorded an hour ago.
 func newReplayingEndpoint(t *testing.T, n int) (*sql.DB, Endpoint) {
 	t.Helper()
+	return newReplayingEndpointCapped(t, n, 8)
+}
+
+// newReplayingEndpointCapped is newReplayingEndpoint with a cap of
+// maxInFlight.
+func newReplayingEndpointCapped(t *testing.T, n, maxInFlight int) (*sql.DB, Endpoint) {
+	t.Helper()
 	db, _ := newTestDB(t)
 	api := newTestAPI(t, db, testPolicy)
-	ep := createTunedEndpoint(t, api, replayingHook, `"max_in_flight": 8`)
+	ep := createTunedEndpoint(t, api, replayingHook, `"max_in_flight": `+strconv.Itoa(maxInFlight))
 	seedFanned(t, db, replayingHook, "old", n)
 	replayFor(t, api, ep.ID)
 	return db, ep
@@ -329,50 +341,64 @@ func TestReplayLaneHoldsItsShareWhileLiveFlows(t *testing.T) {
 // to it within the last second), its replay lane runs one replayed
 // delivery at a time, not its share, and that delivery's end does not
 // wake the claim loop on its own (replay_yields): the next claim takes
-// its place. Quiet again, the lane is as wide as its share. Cap 8, so a
-// share of 2; 6 replayed deliveries due.
+// its place. Quiet again, the lane is as wide as its share. Cap 8, a
+// share of 2; and cap 4, a share of 1, where the width does not change
+// but the replayed delivery yields all the same (it woke a claim of its
+// own when narrowing was read from the width). 6 replayed deliveries due.
 func TestReplayLaneNarrowsWhileLiveFlows(t *testing.T) {
 	t.Parallel()
-	const hook = replayingHook
-	db, ep := newReplayingEndpoint(t, 6)
-	claim := func() []string {
-		t.Helper()
-		return queryStrings(t, db, `
-			SELECT (j.replay_id IS NOT NULL)::text || ' ' || c.wake_on_outcome::text || ' ' || c.replay_yields::text
-			FROM outbox.claim_jobs(100, NULL::bigint, '{}') AS c
-			JOIN outbox.jobs AS j ON j.id = c.id
-			ORDER BY j.replay_id IS NULL, j.id`)
-	}
-	finishReplayed := func() {
-		t.Helper()
-		mustExec(t, db, `UPDATE outbox.jobs SET state = 'completed', finalized_at = now() WHERE state = 'running' AND replay_id IS NOT NULL`)
-	}
+	for _, tc := range []struct {
+		maxInFlight             int
+		quiet, live, quietAgain []string
+	}{
+		{8, []string{"true true false", "true true false"}, []string{"true false true", "false false false"}, []string{"true true false"}},
+		{4, []string{"true true false"}, []string{"true false true", "false false false"}, nil},
+	} {
+		t.Run("max_in_flight="+strconv.Itoa(tc.maxInFlight), func(t *testing.T) {
+			t.Parallel()
+			const hook = replayingHook
+			db, ep := newReplayingEndpointCapped(t, 6, tc.maxInFlight)
+			claim := func() []string {
+				t.Helper()
+				return queryStrings(t, db, `
+					SELECT (j.replay_id IS NOT NULL)::text || ' ' || c.wake_on_outcome::text || ' ' || c.replay_yields::text
+					FROM outbox.claim_jobs(100, NULL::bigint, '{}') AS c
+					JOIN outbox.jobs AS j ON j.id = c.id
+					ORDER BY j.replay_id IS NULL, j.id`)
+			}
+			finishReplayed := func() {
+				t.Helper()
+				mustExec(t, db, `UPDATE outbox.jobs SET state = 'completed', finalized_at = now() WHERE state = 'running' AND replay_id IS NOT NULL`)
+			}
 
-	// Quiet: the share, each filling it, none yielding.
-	if diff := cmp.Diff([]string{"true true false", "true true false"}, claim()); diff != "" {
-		t.Errorf("quiet endpoint: claimed (replayed, wake on outcome, yields) (-want +got):\n%s", diff)
-	}
-	finishReplayed()
+			// Quiet: the share, each filling it, none yielding.
+			if diff := cmp.Diff(tc.quiet, claim()); diff != "" {
+				t.Errorf("quiet endpoint: claimed (replayed, wake on outcome, yields) (-want +got):\n%s", diff)
+			}
+			finishReplayed()
 
-	// A live event fanned out by the relay: its delivery, and one replayed.
-	recordFor(t, db, hook, 1)
-	if n := queryInt(t, db, `SELECT count(*) FROM outbox.fanout_stats AS f
-		WHERE f.endpoint_id = $1 AND f.last_fanned_at >= (SELECT max(e.created_at) FROM outbox.events AS e)`, ep.ID); n != 1 {
-		t.Fatalf("%d fanout_stats rows of endpoint %d note the live fan-out, want 1", n, ep.ID)
-	}
-	// However slow this machine, the fan-out stays within the last second.
-	mustExec(t, db, `UPDATE outbox.fanout_stats SET minute = date_trunc('minute', now() + interval '1 hour'), last_fanned_at = now() + interval '1 hour'`)
-	if diff := cmp.Diff([]string{"true false true", "false false false"}, claim()); diff != "" {
-		t.Errorf("live flowing: claimed (replayed, wake on outcome, yields) (-want +got):\n%s", diff)
-	}
-	if got := claim(); len(got) != 0 {
-		t.Errorf("live flowing, one replayed running: claimed %v, want nothing", got)
-	}
+			// A live event fanned out by the relay: its delivery, and one replayed.
+			recordFor(t, db, hook, 1)
+			if n := queryInt(t, db, `SELECT count(*) FROM outbox.fanout_stats AS f
+				WHERE f.endpoint_id = $1 AND f.last_fanned_at >= (SELECT max(e.created_at) FROM outbox.events AS e)`, ep.ID); n != 1 {
+				t.Fatalf("%d fanout_stats rows of endpoint %d note the live fan-out, want 1", n, ep.ID)
+			}
+			// However slow this machine, the fan-out stays within the last second.
+			mustExec(t, db, `UPDATE outbox.fanout_stats SET minute = date_trunc('minute', now() + interval '1 hour'), last_fanned_at = now() + interval '1 hour'`)
+			if diff := cmp.Diff(tc.live, claim()); diff != "" {
+				t.Errorf("live flowing: claimed (replayed, wake on outcome, yields) (-want +got):\n%s", diff)
+			}
+			if got := claim(); len(got) != 0 {
+				t.Errorf("live flowing, one replayed running: claimed %v, want nothing", got)
+			}
 
-	// Quiet again: room for the share's second.
-	mustExec(t, db, `UPDATE outbox.fanout_stats SET last_fanned_at = now() - interval '2 seconds'`)
-	if diff := cmp.Diff([]string{"true true false"}, claim()); diff != "" {
-		t.Errorf("quiet again: claimed (replayed, wake on outcome, yields) (-want +got):\n%s", diff)
+			// Quiet again, the replayed one still running: the rest of
+			// the share, if any.
+			mustExec(t, db, `UPDATE outbox.fanout_stats SET last_fanned_at = now() - interval '2 seconds'`)
+			if diff := cmp.Diff(tc.quietAgain, claim(), cmpopts.EquateEmpty()); diff != "" {
+				t.Errorf("quiet again: claimed (replayed, wake on outcome, yields) (-want +got):\n%s", diff)
+			}
+		})
 	}
 }
 

@@ -1053,17 +1053,21 @@ BEGIN
              END,
              batch, 2 * batch / (cardinality(lanes) + 1) + 1), 0) AS room,
            CASE WHEN ep.disabled_at IS NOT NULL THEN batch
-                ELSE rw.width
+                ELSE CASE WHEN lf.live THEN 1 ELSE outbox.replay_share(ep.max_in_flight) END
                        - (SELECT count(*) FROM outbox.jobs AS r
                           WHERE r.endpoint_id = ep.id AND r.state = 'running'
                             AND r.replay_id IS NOT NULL AND r.id <> ALL (answered))::integer
            END AS replay_room,
-           rw.width < outbox.replay_share(ep.max_in_flight) AS narrowed
+           -- Narrowed whenever live deliveries flow, whatever the share:
+           -- with a share of 1 (a cap under 8) the width does not change,
+           -- but a replayed delivery's end still need not wake a claim of
+           -- its own.
+           lf.live AS narrowed
     FROM unnest(lanes) WITH ORDINALITY AS l(id, lane_order)
     JOIN outbox.endpoints AS ep ON ep.id = l.id
-    -- OFFSET 0 keeps the subquery whole: flattened, each use of width
-    -- would call the function again.
-    CROSS JOIN LATERAL (SELECT outbox.replay_width(ep.id, ep.max_in_flight) AS width OFFSET 0) AS rw
+    -- The width of replay_width, asked once: OFFSET 0 keeps the subquery
+    -- whole, where flattened each use of live would call the function.
+    CROSS JOIN LATERAL (SELECT outbox.live_flows(ep.id) AS live OFFSET 0) AS lf
   ),
   -- Each lane's due jobs, locked, in due order: the live ones first, up
   -- to its room; then the replayed ones, in the room the live ones left
@@ -1141,7 +1145,7 @@ BEGIN
   -- use at once, and the worker waits for new jobs or its poll.
   --
   -- Except a replayed delivery of a lane narrowed by live traffic
-  -- (replay_width): its place is taken again by the next claim the live
+  -- (live_flows): its place is taken again by the next claim the live
   -- deliveries bring, or, if none comes soon, by one the worker makes
   -- after a short wait (replay_yields; deliver.go, replayYield). A claim
   -- of its own for each replayed delivery doubled the claims and outcome
@@ -1547,36 +1551,47 @@ CREATE INDEX IF NOT EXISTS fanout_stats_by_minute
 ALTER TABLE outbox.fanout_stats
   ADD COLUMN IF NOT EXISTS last_fanned_at timestamptz;
 
--- replay_width is how many of endpoint ep's replayed deliveries may run
--- at once (outbox.claim_jobs): its replay_share of max_in_flight while it
--- is quiet, and one while live deliveries flow to it, which is while the
--- relay has fanned some out to it within the last second (fanout_stats,
--- a probe of at most two rows by key). A replay's requests compete with
--- the live ones for more than the receiver: the same workers, claims and
--- outcome batches, the same database and host. What a replay costs live
--- deliveries on a busy host is its rate, not its lane (README, "Delivery
--- lanes under load"). Replayed deliveries already running when live ones
--- begin finish; the lane narrows as they do. The dry run's estimate
--- (replay.go, previewReplay) reads it too.
+-- live_flows says whether live deliveries flow to endpoint ep: whether
+-- the relay has fanned some out to it within the last second
+-- (fanout_stats, a probe of at most two rows by key). While they do, its
+-- replay lane is narrowed (replay_width), and the claim lets a replayed
+-- delivery's place be taken by the next claim the live ones bring
+-- (outbox.claim_jobs, replay_yields). The dry run's estimate (replay.go,
+-- previewReplay) reads it too.
 --
 -- PL/pgSQL, not SQL: a SQL function whose body holds a subquery is never
 -- inlined, and is parsed and planned again in every statement that calls
--- it, which was a third of a claim's time in a drain (the claim called it
--- once per lane; about 0.1 ms a call alone, measured with pgbench against
--- the same function in PL/pgSQL, which keeps its plan for the session).
+-- it. As SQL, it took a third of a claim's time in a drain (auto_explain);
+-- alone, about 0.1 ms a call more than the same function in PL/pgSQL,
+-- which keeps its plan for the session (pgbench).
+CREATE OR REPLACE FUNCTION outbox.live_flows(ep bigint)
+RETURNS boolean
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+  RETURN EXISTS (SELECT 1
+                 FROM outbox.fanout_stats AS f
+                 WHERE f.endpoint_id = ep
+                   AND f.minute >= date_trunc('minute', now() - interval '1 second')
+                   AND f.last_fanned_at > now() - interval '1 second');
+END
+$$;
+
+-- replay_width is how many of endpoint ep's replayed deliveries may run
+-- at once (outbox.claim_jobs): its replay_share of max_in_flight while it
+-- is quiet, and one while live deliveries flow to it (live_flows). A
+-- replay's requests compete with the live ones for more than the
+-- receiver: the same workers, claims and outcome batches, the same
+-- database and host. What a replay costs live deliveries on a busy host
+-- is its rate, not its lane (README, "Delivery lanes under load").
+-- Replayed deliveries already running when live ones begin finish; the
+-- lane narrows as they do.
 CREATE OR REPLACE FUNCTION outbox.replay_width(ep bigint, max_in_flight integer)
 RETURNS integer
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
-  RETURN CASE WHEN EXISTS (SELECT 1
-                           FROM outbox.fanout_stats AS f
-                           WHERE f.endpoint_id = ep
-                             AND f.minute >= date_trunc('minute', now() - interval '1 second')
-                             AND f.last_fanned_at > now() - interval '1 second')
-              THEN 1
-              ELSE outbox.replay_share(max_in_flight)
-         END;
+  RETURN CASE WHEN outbox.live_flows(ep) THEN 1 ELSE outbox.replay_share(max_in_flight) END;
 END
 $$;
 
