@@ -116,6 +116,16 @@ type workerPool struct {
 	slots     chan struct{} // one token per running job
 	slotFreed chan struct{} // poked when a job finishes
 	results   chan jobResult
+
+	// claimMu guards the fields below it, and is held by Run's claims
+	// from counting free slots to starting the jobs claimed into them.
+	// The relay claims for these workers in slots it reserves (reserve,
+	// handOff) while Run accepts them, and jobs started run under jobCtx
+	// and count in running, which Run's shutdown waits for.
+	claimMu   sync.Mutex
+	accepting bool
+	jobCtx    context.Context
+	running   *sync.WaitGroup
 	// answered are the deliveries whose attempt has succeeded and whose
 	// outcome the completer has not written yet: each claim passes them,
 	// so that an endpoint's cap counts requests in flight, not outcomes
@@ -196,11 +206,19 @@ func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 
 	poll := time.NewTicker(p.cfg.PollInterval)
 	defer poll.Stop()
+	p.claimMu.Lock()
+	p.accepting, p.jobCtx, p.running = true, jobCtx, &running
+	p.claimMu.Unlock()
+
 	moreDue := true // a claim filled every free slot: more may be waiting
 	// Under load, wait for a quarter of the slots to free up before the next
 	// claim, so one claim statement fetches several jobs instead of one.
 	claimAtFree := max(1, cap(p.slots)/4)
 	for ctx.Err() == nil {
+		// Held from the count of free slots to the start of the jobs
+		// claimed into them, so that no reservation of the relay's takes
+		// a slot in between.
+		p.claimMu.Lock()
 		if free := cap(p.slots) - len(p.slots); free >= claimAtFree || (free > 0 && !moreDue) {
 			// A claim in flight runs to its end when shutdown begins:
 			// cancelled after its statement committed, its jobs would be
@@ -215,21 +233,10 @@ func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 			moreDue = len(jobs) == min(free, claimBatchMax)
 			for _, batch := range p.batches(jobs) {
 				p.slots <- struct{}{}
-				running.Go(func() {
-					defer func() { <-p.slots; poke(p.slotFreed) }()
-					results := p.runBatch(jobCtx, batch)
-					if p.answered.add(results) {
-						poke(p.recorded)
-					}
-					if batch[0].yieldsToLive {
-						p.claimUnlessClaimed(replayYield)
-					}
-					for _, res := range results {
-						p.results <- res
-					}
-				})
+				p.start(batch)
 			}
 		}
+		p.claimMu.Unlock()
 		// A claim that filled the free slots claims again as slots free
 		// up. One that came back short waits for a reason to look again:
 		// new jobs, the poll, or the completer having recorded the outcome
@@ -252,10 +259,80 @@ func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 		case <-recorded:
 		}
 	}
+	p.claimMu.Lock()
+	p.accepting = false // the relay reserves no more slots
+	p.claimMu.Unlock()
 	p.stop(&running, cancelJobs)
 	<-completerDone
 	<-feederDone
 	return ctx.Err()
+}
+
+// start runs a batch of claimed jobs in a goroutine of Run's, in a slot
+// the caller holds, which the goroutine frees when the batch's outcomes
+// are with the completer.
+func (p *workerPool) start(batch []Job) {
+	p.running.Go(func() {
+		defer func() { <-p.slots; poke(p.slotFreed) }()
+		results := p.runBatch(p.jobCtx, batch)
+		if p.answered.add(results) {
+			poke(p.recorded)
+		}
+		if batch[0].yieldsToLive {
+			p.claimUnlessClaimed(replayYield)
+		}
+		for _, res := range results {
+			p.results <- res
+		}
+	})
+}
+
+// reserve takes up to n free slots for a claim the relay makes in its
+// pass (relay.go, outbox.fan_out_and_claim), and reports how many: none
+// while Run is not running, or while its own claim is counting and
+// filling slots (the relay then leaves the claim to it). A reservation of
+// any slot must be ended by handOff, which Run's shutdown waits for.
+func (p *workerPool) reserve(n int) int {
+	if !p.claimMu.TryLock() {
+		return 0
+	}
+	defer p.claimMu.Unlock()
+	if !p.accepting {
+		return 0
+	}
+	reserved := 0
+	for reserved < n {
+		select {
+		case p.slots <- struct{}{}:
+			reserved++
+			continue
+		default:
+		}
+		break
+	}
+	if reserved > 0 {
+		p.running.Add(1) // the reservation, ended by handOff
+	}
+	return reserved
+}
+
+// handOff starts the jobs a claim in reserved slots took (none if it
+// failed), one batch to a slot, and frees the slots left over. It ends
+// the reservation.
+func (p *workerPool) handOff(jobs []Job, reserved int) {
+	defer p.running.Done()
+	p.claimsBegun.Add(1)
+	p.claimedJobs.Add(int64(len(jobs)))
+	batches := p.batches(jobs)
+	for _, batch := range batches {
+		p.start(batch)
+	}
+	for range reserved - len(batches) {
+		<-p.slots
+	}
+	if reserved > len(batches) {
+		poke(p.slotFreed)
+	}
 }
 
 // replayYield is how long a replayed delivery's place, in a replay lane
@@ -404,13 +481,9 @@ FROM outbox.claim_jobs($1, $2, $3)`
 // replica id. Without one (declared dead, not registered again yet) it
 // claims nothing.
 func (p *workerPool) claim(ctx context.Context, n int) ([]Job, error) {
-	var replica *int64
-	if p.replica != nil {
-		id := p.replica.ID()
-		if id == 0 {
-			return nil, nil
-		}
-		replica = &id
+	replica, ok := p.claimReplica()
+	if !ok {
+		return nil, nil
 	}
 	// A rate-limited job's start_in_ms counts from the claim's now(), the
 	// moment the statement began; counted from its arrival instead, a slow
@@ -430,33 +503,85 @@ func (p *workerPool) claim(ctx context.Context, n int) ([]Job, error) {
 	return jobs, nil
 }
 
+// claimReplica is the replica id a claim records (nil: none, without a
+// registry), and false while this process has none (declared dead, not
+// registered again yet), when it must claim nothing.
+func (p *workerPool) claimReplica() (*int64, bool) {
+	if p.replica == nil {
+		return nil, true
+	}
+	id := p.replica.ID()
+	if id == 0 {
+		return nil, false
+	}
+	return &id, true
+}
+
 // scanClaimedJob reads one row of claimJobsSQL, a claim sent at sent.
 func scanClaimedJob(row rowScanner, sent time.Time) (Job, error) {
-	var j Job
-	var payload []byte
-	var endpointID sql.NullInt64
-	var url sql.NullString
-	var secret, previous []byte
-	var disabledReason *string
-	var startInMS int64
-	if err := row.Scan(&j.ID, &j.Kind, &j.Attempt, &j.MaxAttempts, &endpointID,
-		&j.Event.ID, &j.Event.Topic, &j.Event.Subject, &payload, &j.Event.CreatedAt,
-		&j.Event.Traceparent, &j.Event.Tracestate,
-		&url, &secret, &previous, &disabledReason, &startInMS, &j.wakeOnOutcome, &j.yieldsToLive); err != nil {
-		return j, err
+	var c claimedRow
+	if err := row.Scan(c.dest()...); err != nil {
+		return Job{}, err
 	}
-	if startInMS > 0 {
-		j.startAt = sent.Add(time.Duration(startInMS) * time.Millisecond)
+	j, _ := c.job(sent)
+	return j, nil
+}
+
+// claimedRow is the columns of a claimed job, as outbox.claim_jobs
+// returns them and outbox.fan_out_and_claim repeats them (relay.go), in
+// that order. Every one may be NULL: fan_out_and_claim's row for a pass
+// that claimed no job has none.
+type claimedRow struct {
+	id, attempt, maxAttempts, endpointID, eventID, startInMS sql.NullInt64
+	kind, topic, subject, url                                sql.NullString
+	traceparent, tracestate, disabledReason                  *string
+	payload, secret, previous                                []byte
+	createdAt                                                sql.NullTime
+	wakeOnOutcome, yieldsToLive                              sql.NullBool
+}
+
+// dest is what Scan fills, in the columns' order.
+func (c *claimedRow) dest() []any {
+	return []any{&c.id, &c.kind, &c.attempt, &c.maxAttempts, &c.endpointID,
+		&c.eventID, &c.topic, &c.subject, &c.payload, &c.createdAt,
+		&c.traceparent, &c.tracestate,
+		&c.url, &c.secret, &c.previous, &c.disabledReason, &c.startInMS, &c.wakeOnOutcome, &c.yieldsToLive}
+}
+
+// job is the row as a Job claimed by a statement sent at sent, and
+// whether there is one.
+func (c *claimedRow) job(sent time.Time) (Job, bool) {
+	if !c.id.Valid {
+		return Job{}, false
 	}
-	j.Event.Payload = payload
-	j.EndpointID = endpointID.Int64
-	if url.Valid {
-		j.endpoint = &deliveryEndpoint{URL: url.String, Secrets: [][]byte{secret}, DisabledReason: disabledReason}
-		if previous != nil {
-			j.endpoint.Secrets = append(j.endpoint.Secrets, previous)
+	j := Job{
+		ID:            c.id.Int64,
+		Kind:          c.kind.String,
+		Attempt:       int(c.attempt.Int64),
+		MaxAttempts:   int(c.maxAttempts.Int64),
+		EndpointID:    c.endpointID.Int64,
+		wakeOnOutcome: c.wakeOnOutcome.Bool,
+		yieldsToLive:  c.yieldsToLive.Bool,
+		Event: Event{
+			ID:          c.eventID.Int64,
+			Topic:       c.topic.String,
+			Subject:     c.subject.String,
+			Payload:     c.payload,
+			CreatedAt:   c.createdAt.Time,
+			Traceparent: c.traceparent,
+			Tracestate:  c.tracestate,
+		},
+	}
+	if c.startInMS.Int64 > 0 {
+		j.startAt = sent.Add(time.Duration(c.startInMS.Int64) * time.Millisecond)
+	}
+	if c.url.Valid {
+		j.endpoint = &deliveryEndpoint{URL: c.url.String, Secrets: [][]byte{c.secret}, DisabledReason: c.disabledReason}
+		if c.previous != nil {
+			j.endpoint.Secrets = append(j.endpoint.Secrets, c.previous)
 		}
 	}
-	return j, nil
+	return j, true
 }
 
 // errCompletedInTx is what a handler's attempt reports when it already

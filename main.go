@@ -816,12 +816,6 @@ func startPipeline(cfg Config, db *sql.DB, box *secretBox, dsn string, allowAddr
 	subscribers := defaultSubscribers(cfg.Demo, logger)
 	p.relay = newRelay(db, cfg.Relay, cfg.Workers.MaxAttempts, fanOutTargets(subscribers), logger)
 	p.relay.notifyOrigin = notifyOrigin // the listener skips what the relay pokes
-	start("relay", func(ctx context.Context) error {
-		if cfg.PoolMode == poolModeTransaction {
-			quietProducers(ctx, db, logger)
-		}
-		return p.relay.Run(ctx, relayWake, wake.jobs)
-	})
 
 	// One client for every delivery: its pool keeps connections alive per
 	// host, and its dialer refuses internal addresses (safehttp.go).
@@ -842,6 +836,15 @@ func startPipeline(cfg Config, db *sql.DB, box *secretBox, dsn string, allowAddr
 		legacySubjectIndexJobKind: indexLegacySubjectJob(db),
 	}, logger)
 	p.workers.replica = registry
+	// The relay starts once the workers it claims for exist
+	// (relay.go, fan_out_and_claim).
+	p.relay.workers = p.workers
+	start("relay", func(ctx context.Context) error {
+		if cfg.PoolMode == poolModeTransaction {
+			quietProducers(ctx, db, logger)
+		}
+		return p.relay.Run(ctx, relayWake, wake.jobs)
+	})
 	start("workers", func(ctx context.Context) error { return p.workers.Run(ctx, wake.jobs) })
 	p.rescuer = newRescuer(db, cfg.Workers, cfg.Replicas, logger)
 	start("rescuer", p.rescuer.Run)

@@ -72,6 +72,13 @@ type relay struct {
 	// does not wake them a second time for a pass the relay pokes them
 	// for itself (notify.go, wakeups.origin); "" otherwise.
 	notifyOrigin string
+	// workers, if set, are this process's workers, for which a pass that
+	// is not full claims the jobs it makes (fan_out_and_claim).
+	workers *workerPool
+	// backlog says the last pass was full: the next one reserves no
+	// slots of the workers, which would sit idle through a pass that
+	// claims nothing for them.
+	backlog bool
 }
 
 // newRelay builds the relay that fans events out to targets (the
@@ -184,7 +191,9 @@ func (r *relay) drain(ctx context.Context, jobsWake chan struct{}) (claimed int,
 	for ctx.Err() == nil {
 		res, err := r.relayOnce(ctx)
 		claimed += res.Claimed
-		if res.Jobs > 0 && jobsWake != nil {
+		// The workers claim what the pass left: jobs it did not claim for
+		// them, or more due ones than the slots it claimed into.
+		if res.Jobs > 0 && (res.HandedOff < res.Jobs || res.HandOffFull) && jobsWake != nil {
 			poke(jobsWake)
 		}
 		if err != nil {
@@ -210,6 +219,11 @@ type passResult struct {
 	Jobs     int // jobs enqueued
 	Failed   int // events whose relay failed this pass
 	Poisoned int // events poisoned this pass
+	// HandedOff is the due jobs the pass claimed for this process's
+	// workers (fan_out_and_claim), and HandOffFull whether they filled
+	// the slots reserved for them, so that more may be due.
+	HandedOff   int
+	HandOffFull bool
 }
 
 // relayOnce runs one pass: claim up to BatchSize events and fan them out
@@ -219,9 +233,16 @@ type passResult struct {
 func (r *relay) relayOnce(ctx context.Context) (passResult, error) {
 	r.passes.Add(1)
 	began := time.Now()
-	fanned, jobs, err := r.fanOut(ctx, relayBatchSQL, r.cfg.BatchSize)
+	var res passResult
+	var err error
+	if reserved := r.reserveWorkers(); reserved > 0 {
+		res, err = r.fanOutAndClaim(ctx, reserved)
+	} else {
+		res.Fanned, res.Jobs, err = r.fanOut(ctx, relayBatchSQL, r.cfg.BatchSize)
+	}
 	r.passTime.Observe(time.Since(began).Seconds())
-	res := passResult{Claimed: fanned, Fanned: fanned, Jobs: jobs}
+	res.Claimed = res.Fanned
+	r.backlog = res.Claimed >= r.cfg.BatchSize
 	if err == nil || !isRowFault(err) {
 		r.count(res)
 		return res, err
@@ -303,7 +324,7 @@ var fanOutFunctionSQL = fanOutFunction("fan_out", "integer", `
 marked AS (
   SELECT id, topic, subject, payload
   FROM outbox.mark_fanned_out($1)
-)`) + previousFanOutSQL + fanOutFunction("fan_out_event", "bigint", `
+)`) + previousFanOutSQL + fanOutAndClaimSQL + fanOutFunction("fan_out_event", "bigint", `
 claimed AS (
   SELECT id
   FROM outbox.events
@@ -318,6 +339,50 @@ marked AS (
   WHERE id IN (SELECT id FROM claimed)
   RETURNING id, topic, subject, payload
 )`)
+
+// fanOutAndClaimSQL defines outbox.fan_out_and_claim: a pass of
+// outbox.fan_out ($1 to $5) and, in the same transaction, a claim of up to
+// $6 due jobs for the relay's own workers (outbox.claim_jobs, $6 to $8:
+// batch, replica, answered), when the pass enqueued jobs and was not full.
+// A pass that is not full is the relay keeping up, one to a few events a
+// pass: its deliveries are claimed as they are made, where otherwise the
+// workers, woken after its commit, would claim them in a statement and a
+// commit of their own, a few milliseconds on every event's way to its
+// receiver (README, "Performance"). A full pass is a backlog, which the
+// workers claim at their own pace, as before.
+//
+// Each row is a claimed job with the pass's counts; a pass that claims no
+// job is one row of counts and NULLs. The claim's statements see the
+// pass's jobs: they run after it, in the same transaction.
+const fanOutAndClaimSQL = `
+DROP FUNCTION IF EXISTS outbox.fan_out_and_claim(integer, jsonb, integer, double precision, text, integer, bigint, bigint[]);
+CREATE FUNCTION outbox.fan_out_and_claim(integer, jsonb, integer, double precision, text, integer, bigint, bigint[])
+RETURNS TABLE (out_fanned bigint, out_jobs bigint,
+               id bigint, kind text, attempt integer, max_attempts integer,
+               endpoint_id bigint,
+               event_id bigint, topic text, subject text, payload jsonb, created_at timestamptz,
+               traceparent text, tracestate text,
+               url text, secret bytea, previous_secret bytea, disabled_reason text,
+               start_in_ms integer, wake_on_outcome boolean, replay_yields boolean)
+LANGUAGE plpgsql VOLATILE
+AS $fan_out_and_claim$
+DECLARE
+  pass_fanned bigint;
+  pass_jobs bigint;
+BEGIN
+  SELECT f.out_fanned, f.out_jobs INTO pass_fanned, pass_jobs
+  FROM outbox.fan_out($1, $2, $3, $4, $5) AS f;
+  RETURN QUERY
+  SELECT pass_fanned, pass_jobs, c.*
+  FROM (SELECT) AS pass
+  LEFT JOIN LATERAL (
+    SELECT *
+    FROM outbox.claim_jobs($6, $7, $8)
+    WHERE pass_jobs > 0 AND pass_fanned < $1 AND $6 > 0
+  ) AS c ON true;
+END
+$fan_out_and_claim$;
+`
 
 // previousFanOutSQL is the previous release's call, fan_out with four
 // arguments, as a function of its own that names no process. Not a
@@ -469,6 +534,69 @@ func (r *relay) fanOut(ctx context.Context, relaySQL string, claimArg any) (fann
 		return 0, 0, fmt.Errorf("relay: fan out: %w", err)
 	}
 	return fanned, jobs, nil
+}
+
+// reserveWorkers reserves free slots of this process's workers for the
+// pass to claim into: none without workers here, or while the relay works
+// through a backlog.
+func (r *relay) reserveWorkers() int {
+	if r.workers == nil || r.backlog {
+		return 0
+	}
+	return r.workers.reserve(claimBatchMax)
+}
+
+// relayClaimSQL is a pass that also claims for this process's workers:
+// outbox.fan_out_and_claim, $6 the slots reserved, $7 the replica, $8 the
+// workers' answered deliveries (deliver.go, claimJobsSQL).
+const relayClaimSQL = `
+SELECT out_fanned, out_jobs,
+       id, kind, attempt, max_attempts, endpoint_id,
+       event_id, topic, subject, payload, created_at,
+       traceparent, tracestate,
+       url, secret, previous_secret, disabled_reason,
+       start_in_ms, wake_on_outcome, replay_yields
+FROM outbox.fan_out_and_claim($1, $2, $3, $4, $5, $6, $7, $8)`
+
+// fanOutAndClaim runs a pass (relayClaimSQL) that claims into reserved
+// slots of the workers, and hands them the jobs it claimed, or frees the
+// slots if it failed. Only a pass that commits hands jobs over: its rows
+// are read to the end, and any error, the commit's included, comes first.
+func (r *relay) fanOutAndClaim(ctx context.Context, reserved int) (res passResult, err error) {
+	var jobs []Job
+	defer func() { r.workers.handOff(jobs, reserved) }()
+	replica, ok := r.workers.claimReplica()
+	if !ok { // no claims until this process is registered again
+		res.Fanned, res.Jobs, err = r.fanOut(ctx, relayBatchSQL, r.cfg.BatchSize)
+		return res, err
+	}
+	sent := time.Now()
+	scan := func(row rowScanner) (Job, error) {
+		var c claimedRow
+		var fanned, enqueued int
+		if err := row.Scan(append([]any{&fanned, &enqueued}, c.dest()...)...); err != nil {
+			return Job{}, err
+		}
+		res.Fanned, res.Jobs = fanned, enqueued
+		j, _ := c.job(sent)
+		return j, nil
+	}
+	rows, err := queryAll(ctx, r.db, scan, relayClaimSQL, r.cfg.BatchSize, r.targets, r.jobMaxAttempts,
+		r.cfg.FailingEndpointDelay.Seconds(), r.notifyOrigin, reserved, replica, pq.Array(r.workers.answered.list()))
+	if err != nil {
+		if replica != nil && pq.As(err, errReplicaNotRegistered) != nil {
+			r.workers.replica.lost(*replica)
+		}
+		return passResult{}, fmt.Errorf("relay: fan out and claim: %w", err)
+	}
+	for _, j := range rows {
+		if j.ID != 0 {
+			jobs = append(jobs, j)
+		}
+	}
+	res.HandedOff = len(jobs)
+	res.HandOffFull = len(jobs) == reserved
+	return res, nil
 }
 
 // laneKeys names ordered lanes: endpointIDs[i] with keys[i].

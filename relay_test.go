@@ -619,3 +619,60 @@ func TestFanOutKeepsThePreviousReleasesCall(t *testing.T) {
 		}
 	}
 }
+
+// A pass that keeps up (not full) claims the deliveries it makes for this
+// process's workers, in its own transaction: the job is running when the
+// pass returns, and it is delivered without a claim of the workers' own
+// (their poll is an hour, and nothing else wakes them). A full pass, a
+// backlog, claims nothing for them and frees the slots it reserved, and
+// the pass after a full one reserves none.
+func TestRelayClaimsForItsOwnWorkers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	rc := newReceiver(t, nil)
+	createTunedEndpoint(t, api, rc.srv.URL, `"max_in_flight": 8`)
+	wp := runWebhookWorkersPolling(t, db, 10*time.Second, time.Hour)
+	waitFor(t, "the workers' first claim", 5*time.Second, func() bool { return wp.claims.count.Load() == 1 })
+	cfg := defaultConfig().Relay
+	cfg.BatchSize = 2
+	r := newTestRelay(t, db, cfg)
+	r.workers = wp
+	topic := topicFor(rc.srv.URL) + ".e"
+
+	mustExec(t, db, `SELECT outbox.record($1, 'one', '{}')`, topic)
+	res, err := r.relayOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Jobs != 1 || res.HandedOff != 1 || res.HandOffFull {
+		t.Errorf("a pass of one event: %d jobs, %d claimed for the workers (filling their slots: %t); want 1, 1, false",
+			res.Jobs, res.HandedOff, res.HandOffFull)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'available'`); n != 0 {
+		t.Errorf("%d jobs available after the pass, want 0: claimed in it", n)
+	}
+	waitFor(t, "the delivery", 10*time.Second, func() bool { return len(rc.requests()) == 1 })
+	if n := wp.claims.count.Load(); n != 1 {
+		t.Errorf("the workers ran %d claims, want only their first: the relay claimed the delivery", n)
+	}
+
+	mustExec(t, db, `SELECT outbox.record($1, i::text, '{}') FROM generate_series(1, 3) AS i`, topic)
+	full, err := r.relayOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slotsTaken := len(wp.slots)
+	after, err := r.relayOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if full.Claimed != 2 || full.HandedOff != 0 || slotsTaken != 0 || after.Claimed != 1 || after.HandedOff != 0 {
+		t.Errorf("a full pass claimed %d events and %d jobs for the workers, leaving %d slots taken; the pass after it %d events and %d jobs; want 2 and 0, 0 slots, 1 and 0",
+			full.Claimed, full.HandedOff, slotsTaken, after.Claimed, after.HandedOff)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'available'`); n != 3 {
+		t.Errorf("%d jobs available after the backlog's passes, want its 3", n)
+	}
+}

@@ -69,8 +69,8 @@ func runWebhookWorkers(t *testing.T, db *sql.DB, timeout time.Duration) {
 }
 
 // runWebhookWorkersPolling is runWebhookWorkers with workers that look for
-// due jobs without a notification every poll.
-func runWebhookWorkersPolling(t *testing.T, db *sql.DB, timeout, poll time.Duration) {
+// due jobs without a notification every poll. It returns the running pool.
+func runWebhookWorkersPolling(t *testing.T, db *sql.DB, timeout, poll time.Duration) *workerPool {
 	t.Helper()
 	cfg := defaultConfig().Workers
 	cfg.PollInterval = poll
@@ -81,6 +81,7 @@ func runWebhookWorkersPolling(t *testing.T, db *sql.DB, timeout, poll time.Durat
 	done := make(chan error, 1)
 	go func() { done <- wp.Run(ctx, nil) }()
 	t.Cleanup(func() { cancel(); <-done })
+	return wp
 }
 
 // relayAll fans out every un-fanned event, as the relay's passes would.
