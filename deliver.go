@@ -321,8 +321,7 @@ func (p *workerPool) reserve(n int) int {
 // the reservation.
 func (p *workerPool) handOff(jobs []Job, reserved int) {
 	defer p.running.Done()
-	p.claimsBegun.Add(1)
-	p.claimedJobs.Add(int64(len(jobs)))
+	p.claimsBegun.Add(1) // a claim was made: replayed deliveries' places are taken (claimUnlessClaimed)
 	batches := p.batches(jobs)
 	for _, batch := range batches {
 		p.start(batch)

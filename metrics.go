@@ -276,6 +276,8 @@ func (c *processCounters) write(p *promWriter) {
 		p.sample("outboxd_relay_jobs_enqueued_total", "", float64(c.relay.jobsEnqueued.Load()))
 		p.family("outboxd_relay_row_failures_total", "counter", "Failed relay attempts counted against single events.")
 		p.sample("outboxd_relay_row_failures_total", "", float64(c.relay.rowFailures.Load()))
+		p.family("outboxd_relay_jobs_claimed_total", "counter", "Jobs claimed by relay passes that keep up, for this process's workers (outbox.fan_out_and_claim).")
+		p.sample("outboxd_relay_jobs_claimed_total", "", float64(c.relay.jobsClaimed.Load()))
 	}
 	if c.workers != nil {
 		p.family("outboxd_job_attempts_total", "counter", "Job attempts by outcome.")
@@ -284,7 +286,7 @@ func (c *processCounters) write(p *promWriter) {
 		p.sample("outboxd_job_attempts_total", `outcome="discarded"`, float64(c.workers.discarded.Load()))
 		p.family("outboxd_job_claim_seconds", "histogram", "Duration of one claim statement (outbox.claim_jobs).")
 		p.histogram("outboxd_job_claim_seconds", "", c.workers.claims)
-		p.family("outboxd_jobs_claimed_total", "counter", "Jobs taken by the claims.")
+		p.family("outboxd_jobs_claimed_total", "counter", "Jobs taken by the workers' own claims (outboxd_job_claim_seconds); the relay's are outboxd_relay_jobs_claimed_total.")
 		p.sample("outboxd_jobs_claimed_total", "", float64(c.workers.claimedJobs.Load()))
 		p.family("outboxd_job_outcome_batch_seconds", "histogram", "Duration of writing one batch of job outcomes, retries included.")
 		p.histogram("outboxd_job_outcome_batch_seconds", "", c.workers.outcomeBatches)

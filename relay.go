@@ -66,7 +66,8 @@ type relay struct {
 	eventsFanned atomic.Int64
 	jobsEnqueued atomic.Int64
 	rowFailures  atomic.Int64
-	passTime     *histogram // one pass's fan-out statement, seconds
+	jobsClaimed  atomic.Int64 // by passes, for this process's workers (fan_out_and_claim)
+	passTime     *histogram   // one pass's fan-out statement, seconds
 	// notifyOrigin, when this process listens, names its relay's
 	// transactions in their NOTIFY to the workers, so that the listener
 	// does not wake them a second time for a pass the relay pokes them
@@ -596,6 +597,7 @@ func (r *relay) fanOutAndClaim(ctx context.Context, reserved int) (res passResul
 	}
 	res.HandedOff = len(jobs)
 	res.HandOffFull = len(jobs) == reserved
+	r.jobsClaimed.Add(int64(len(jobs)))
 	return res, nil
 }
 

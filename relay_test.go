@@ -657,6 +657,9 @@ func TestRelayClaimsForItsOwnWorkers(t *testing.T) {
 	if n := wp.claims.count.Load(); n != 1 {
 		t.Errorf("the workers ran %d claims, want only their first: the relay claimed the delivery", n)
 	}
+	if own, relayed := wp.claimedJobs.Load(), r.jobsClaimed.Load(); own != 0 || relayed != 1 {
+		t.Errorf("/metrics would count %d jobs claimed by the workers and %d by the relay, want 0 and 1", own, relayed)
+	}
 
 	mustExec(t, db, `SELECT outbox.record($1, i::text, '{}') FROM generate_series(1, 3) AS i`, topic)
 	full, err := r.relayOnce(ctx)
