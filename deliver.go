@@ -301,14 +301,14 @@ func (p *workerPool) reserve(n int) int {
 		return 0
 	}
 	reserved := 0
+take:
 	for reserved < n {
 		select {
 		case p.slots <- struct{}{}:
 			reserved++
-			continue
 		default:
+			break take // every slot is taken
 		}
-		break
 	}
 	if reserved > 0 {
 		p.running.Add(1) // the reservation, ended by handOff

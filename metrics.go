@@ -268,7 +268,7 @@ func (c *processCounters) write(p *promWriter) {
 	if c.relay != nil {
 		p.family("outboxd_relay_passes_total", "counter", "Relay passes run.")
 		p.sample("outboxd_relay_passes_total", "", float64(c.relay.passes.Load()))
-		p.family("outboxd_relay_pass_seconds", "histogram", "Duration of one relay pass's fan-out statement.")
+		p.family("outboxd_relay_pass_seconds", "histogram", "Duration of one relay pass's statement, its claim for this process's workers included (outboxd_relay_jobs_claimed_total).")
 		p.histogram("outboxd_relay_pass_seconds", "", c.relay.passTime)
 		p.family("outboxd_relay_events_total", "counter", "Events fanned out by the relay.")
 		p.sample("outboxd_relay_events_total", "", float64(c.relay.eventsFanned.Load()))

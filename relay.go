@@ -67,7 +67,7 @@ type relay struct {
 	jobsEnqueued atomic.Int64
 	rowFailures  atomic.Int64
 	jobsClaimed  atomic.Int64 // by passes, for this process's workers (fan_out_and_claim)
-	passTime     *histogram   // one pass's fan-out statement, seconds
+	passTime     *histogram   // one pass's statement (with its claim for the workers, if any), seconds
 	// notifyOrigin, when this process listens, names its relay's
 	// transactions in their NOTIFY to the workers, so that the listener
 	// does not wake them a second time for a pass the relay pokes them
