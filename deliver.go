@@ -468,13 +468,16 @@ const claimTimeout = 10 * time.Second
 // returns each with its event and, for a delivery, its endpoint. The
 // statement is schema.sql's outbox.claim_jobs, which pins its plan and
 // reads everything in one snapshot.
-const claimJobsSQL = `
-SELECT id, kind, attempt, max_attempts, endpoint_id,
+const claimJobsSQL = `SELECT ` + claimedColumns + ` FROM outbox.claim_jobs($1, $2, $3)`
+
+// claimedColumns are a claimed job's columns, as claimedRow.dest scans
+// them: outbox.claim_jobs's, which outbox.fan_out_and_claim repeats.
+const claimedColumns = `
+       id, kind, attempt, max_attempts, endpoint_id,
        event_id, topic, subject, payload, created_at,
        traceparent, tracestate,
        url, secret, previous_secret, disabled_reason,
-       start_in_ms, wake_on_outcome, replay_yields
-FROM outbox.claim_jobs($1, $2, $3)`
+       start_in_ms, wake_on_outcome, replay_yields`
 
 // claim takes up to n due jobs in one statement, under this process's
 // replica id. Without one (declared dead, not registered again yet) it
@@ -494,12 +497,19 @@ func (p *workerPool) claim(ctx context.Context, n int) ([]Job, error) {
 	p.claims.Observe(time.Since(sent).Seconds())
 	p.claimedJobs.Add(int64(len(jobs)))
 	if err != nil {
-		if replica != nil && pq.As(err, errReplicaNotRegistered) != nil {
-			p.replica.lost(*replica) // declared dead: claim nothing until registered again
-		}
+		p.claimFailed(replica, err)
 		return nil, fmt.Errorf("claim jobs: %w", err)
 	}
 	return jobs, nil
+}
+
+// claimFailed notes a claim under replica that failed with err: if the
+// replica was declared dead, this process claims nothing until it is
+// registered again.
+func (p *workerPool) claimFailed(replica *int64, err error) {
+	if replica != nil && pq.As(err, errReplicaNotRegistered) != nil {
+		p.replica.lost(*replica)
+	}
 }
 
 // claimReplica is the replica id a claim records (nil: none, without a

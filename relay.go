@@ -550,13 +550,7 @@ func (r *relay) reserveWorkers() int {
 // relayClaimSQL is a pass that also claims for this process's workers:
 // outbox.fan_out_and_claim, $6 the slots reserved, $7 the replica, $8 the
 // workers' answered deliveries (deliver.go, claimJobsSQL).
-const relayClaimSQL = `
-SELECT out_fanned, out_jobs,
-       id, kind, attempt, max_attempts, endpoint_id,
-       event_id, topic, subject, payload, created_at,
-       traceparent, tracestate,
-       url, secret, previous_secret, disabled_reason,
-       start_in_ms, wake_on_outcome, replay_yields
+const relayClaimSQL = `SELECT out_fanned, out_jobs, ` + claimedColumns + `
 FROM outbox.fan_out_and_claim($1, $2, $3, $4, $5, $6, $7, $8)`
 
 // fanOutAndClaim runs a pass (relayClaimSQL) that claims into reserved
@@ -585,9 +579,7 @@ func (r *relay) fanOutAndClaim(ctx context.Context, reserved int) (res passResul
 	rows, err := queryAll(ctx, r.db, scan, relayClaimSQL, r.cfg.BatchSize, r.targets, r.jobMaxAttempts,
 		r.cfg.FailingEndpointDelay.Seconds(), r.notifyOrigin, reserved, replica, pq.Array(r.workers.answered.list()))
 	if err != nil {
-		if replica != nil && pq.As(err, errReplicaNotRegistered) != nil {
-			r.workers.replica.lost(*replica)
-		}
+		r.workers.claimFailed(replica, err)
 		return passResult{}, fmt.Errorf("relay: fan out and claim: %w", err)
 	}
 	for _, j := range rows {

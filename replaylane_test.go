@@ -53,7 +53,7 @@ func TestClaimAsksWhetherLiveFlowsOncePerLane(t *testing.T) {
 	db, _ := newReplayingEndpoint(t, 10)
 	langs := queryStrings(t, db, `
 		SELECT p.proname || ' ' || l.lanname FROM pg_proc AS p JOIN pg_language AS l ON l.oid = p.prolang
-		WHERE p.pronamespace = 'outbox'::regnamespace AND p.proname IN ('live_flows', 'replay_width')
+		WHERE p.oid IN ('outbox.live_flows(bigint)'::regprocedure, 'outbox.replay_width(bigint, integer)'::regprocedure)
 		ORDER BY p.proname`)
 	if diff := cmp.Diff([]string{"live_flows plpgsql", "replay_width plpgsql"}, langs); diff != "" {
 		t.Errorf("the claim's functions and their languages (-want +got); in sql they are planned again in every statement:\n%s", diff)

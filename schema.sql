@@ -1053,7 +1053,7 @@ BEGIN
              END,
              batch, 2 * batch / (cardinality(lanes) + 1) + 1), 0) AS room,
            CASE WHEN ep.disabled_at IS NOT NULL THEN batch
-                ELSE CASE WHEN lf.live THEN 1 ELSE outbox.replay_share(ep.max_in_flight) END
+                ELSE outbox.replay_width(lf.live, ep.max_in_flight)
                        - (SELECT count(*) FROM outbox.jobs AS r
                           WHERE r.endpoint_id = ep.id AND r.state = 'running'
                             AND r.replay_id IS NOT NULL AND r.id <> ALL (answered))::integer
@@ -1585,13 +1585,22 @@ $$;
 -- database and host. What a replay costs live deliveries on a busy host
 -- is its rate, not its lane (README, "Delivery lanes under load").
 -- Replayed deliveries already running when live ones begin finish; the
--- lane narrows as they do.
+-- lane narrows as they do. The rule is replay_width(live, max_in_flight),
+-- for a caller that has asked live_flows already (outbox.claim_jobs); an
+-- expression without a subquery, which PostgreSQL inlines.
+CREATE OR REPLACE FUNCTION outbox.replay_width(live boolean, max_in_flight integer)
+RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+  SELECT CASE WHEN live THEN 1 ELSE outbox.replay_share(max_in_flight) END
+$$;
+
 CREATE OR REPLACE FUNCTION outbox.replay_width(ep bigint, max_in_flight integer)
 RETURNS integer
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
-  RETURN CASE WHEN outbox.live_flows(ep) THEN 1 ELSE outbox.replay_share(max_in_flight) END;
+  RETURN outbox.replay_width(outbox.live_flows(ep), max_in_flight);
 END
 $$;
 
