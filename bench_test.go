@@ -40,25 +40,37 @@ func BenchmarkRecord(b *testing.B) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
 }
 
-// BenchmarkRelayPass times one relay pass of a full batch of 200 events,
-// fanned out to 1 and to 4 subscribers.
+// BenchmarkRelayPass times one relay pass: a full batch of 200 events
+// fanned out to 1 and to 4 subscribers, and the pass of a relay keeping up
+// with a steady rate, one event to one endpoint, where what a statement
+// costs whatever it carries weighs most.
 func BenchmarkRelayPass(b *testing.B) {
-	for _, subscribers := range []int{1, 4} {
-		b.Run(fmt.Sprintf("subscribers=%d", subscribers), func(b *testing.B) {
+	for _, tc := range []struct {
+		name                           string
+		events, subscribers, endpoints int
+	}{
+		{"subscribers=1", 200, 1, 0},
+		{"subscribers=4", 200, 4, 0},
+		{"events=1/endpoints=1", 1, 0, 1},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
 			db, _ := newTestDB(b)
 			ctx := context.Background()
 			var subs []Subscriber
-			for i := range subscribers {
+			for i := range tc.subscribers {
 				subs = append(subs, noopSubscriber(fmt.Sprintf("s%d", i)))
+			}
+			for range tc.endpoints {
+				mustExec(b, db, `INSERT INTO outbox.endpoints (url, secret, topics) VALUES ('https://hooks.example/bench', decode(repeat('ab', 32), 'hex'), '{bench.*}')`)
 			}
 			r := newTestRelay(b, db, defaultConfig().Relay, subs...)
 			var events int
 			for b.Loop() {
 				b.StopTimer()
-				recordN(b, db, "bench.relay", 200)
+				recordN(b, db, "bench.relay", tc.events)
 				b.StartTimer()
 				res, err := r.relayOnce(ctx)
-				if err != nil || res.Fanned != 200 {
+				if err != nil || res.Fanned != tc.events || res.Jobs != tc.events*(tc.subscribers+tc.endpoints) {
 					b.Fatalf("pass: %+v, %v", res, err)
 				}
 				events += res.Fanned
