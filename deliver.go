@@ -116,6 +116,8 @@ type workerPool struct {
 	slots     chan struct{} // one token per running job
 	slotFreed chan struct{} // poked when a job finishes
 	results   chan jobResult
+	// outcomeLinger is completeLinger, which tests lengthen.
+	outcomeLinger time.Duration
 
 	// claimMu guards the fields below it, and is held by Run's claims
 	// from counting free slots to starting the jobs claimed into them.
@@ -158,17 +160,18 @@ type jobHandler func(ctx context.Context, job Job) error
 
 func newWorkerPool(db *sql.DB, cfg WorkerConfig, grace time.Duration, subs *subscriberRegistry, handlers map[string]jobHandler, logger *slog.Logger) *workerPool {
 	return &workerPool{
-		db:          db,
-		cfg:         cfg,
-		grace:       grace,
-		subscribers: subs,
-		handlers:    handlers,
-		logger:      logger.With("loop", "workers"),
-		slots:       make(chan struct{}, cfg.Concurrency),
-		slotFreed:   make(chan struct{}, 1),
-		results:     make(chan jobResult, cfg.Concurrency),
-		recorded:    make(chan struct{}, 1),
-		answered:    answeredJobs{ids: map[int64]struct{}{}},
+		db:            db,
+		cfg:           cfg,
+		grace:         grace,
+		subscribers:   subs,
+		handlers:      handlers,
+		logger:        logger.With("loop", "workers"),
+		slots:         make(chan struct{}, cfg.Concurrency),
+		slotFreed:     make(chan struct{}, 1),
+		results:       make(chan jobResult, cfg.Concurrency),
+		outcomeLinger: completeLinger,
+		recorded:      make(chan struct{}, 1),
+		answered:      answeredJobs{ids: map[int64]struct{}{}},
 
 		claims:         newHistogram(latencyBuckets),
 		outcomeBatches: newHistogram(latencyBuckets),

@@ -540,3 +540,47 @@ func TestWorkerShutdownFinishesAClaimInFlight(t *testing.T) {
 		t.Errorf("after shutdown: job %s on attempt %d, run %d times; want completed on attempt 1, run once", r.State, r.Attempt, ran.Load())
 	}
 }
+
+// The completer gathers successful deliveries whose places are free into
+// one statement, and writes any other outcome at once, with whatever
+// waits beside it.
+func TestCompleterGathersSuccessesAndWritesOtherOutcomesAtOnce(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	p := newWorkerPool(db, defaultConfig().Workers, time.Second, newSubscriberRegistry(), nil, testLogger(t))
+	if p.outcomeLinger != 10*time.Millisecond {
+		t.Errorf("outcome linger %s, want 10ms", p.outcomeLinger)
+	}
+	p.outcomeLinger = time.Hour // a success waits for a reason to write, never for the clock
+	done := make(chan struct{})
+	go func() { defer close(done); p.completeLoop() }()
+	defer func() { close(p.results); <-done }()
+
+	// No job of these exists: each batch writes nothing, and what counts
+	// is how the completer groups them.
+	success := func(id int64) jobResult {
+		return jobResult{ID: id, Attempt: 1, jobOutcome: jobOutcome{State: jobCompleted},
+			record: &attemptRecord{EndpointID: 1, Change: endpointSucceeded, set: true}}
+	}
+	failure := jobResult{ID: -1, Attempt: 1, jobOutcome: jobOutcome{State: jobRetryable, Delay: time.Second},
+		record: &attemptRecord{EndpointID: 1, Change: endpointFailed, set: true}}
+	if !success(-2).mayWaitForBatch() || failure.mayWaitForBatch() {
+		t.Fatal("mayWaitForBatch: a success must wait and a failure must not")
+	}
+
+	p.results <- failure
+	waitFor(t, "the failure written alone", 10*time.Second, func() bool { return p.outcomeJobs.Load() == 1 })
+
+	p.results <- success(-2)
+	waitFor(t, "the first success taken", 10*time.Second, func() bool { return len(p.results) == 0 })
+	p.results <- success(-3)
+	waitFor(t, "the second success taken", 10*time.Second, func() bool { return len(p.results) == 0 })
+	if n := p.outcomeJobs.Load(); n != 1 {
+		t.Fatalf("%d outcomes written before anything needed them, want only the failure", n)
+	}
+	p.results <- jobResult{ID: -4, Attempt: 1} // a job with no place to free (an in-process subscriber's): written at once
+	waitFor(t, "the successes written with the job behind them", 10*time.Second, func() bool { return p.outcomeJobs.Load() == 4 })
+	if n := p.outcomeBatches.count.Load(); n != 2 {
+		t.Errorf("%d outcome statements, want 2: the failure, then the two successes with the last job", n)
+	}
+}
