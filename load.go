@@ -159,8 +159,14 @@ func runLoad(ctx context.Context, args []string, getenv func(string) string, std
 // loadKeepUp runs the producers for the duration, then waits for the
 // backlog to drain.
 func loadKeepUp(ctx context.Context, cfg loadConfig, db *sql.DB, recv *loadReceiver, child *loadChild, stdout io.Writer) error {
+	cpu := startCPUMeter(ctx, db)
+	measureProcesses(cpu, child, nil)
 	committed, elapsed := produce(ctx, db, "load.event", "p", cfg.Producers, cfg.Rate, cfg.Duration)
 	deliveredDuring := recv.Unique()
+	// The producers' backends count too: at a steady rate an event's
+	// statements (its insert, a relay pass, an outcome) cost more than the
+	// rows they carry, and a change to any of them shows here.
+	cpuReport := cpu.Report(ctx, int(committed), "event")
 	backlog, err := loadBacklog(ctx, db)
 	if err != nil {
 		return err
@@ -175,6 +181,7 @@ func loadKeepUp(ctx context.Context, cfg loadConfig, db *sql.DB, recv *loadRecei
 	fmt.Fprintf(stdout, "committed %.0f events/s, delivered %.0f events/s during the run\n",
 		float64(committed)/elapsed.Seconds(), float64(deliveredDuring)/elapsed.Seconds())
 	fmt.Fprintf(stdout, "commit->2xx latency p50 %s p95 %s p99 %s max %s\n", p[0], p[1], p[2], p[3])
+	fmt.Fprintln(stdout, cpuReport)
 	fmt.Fprintf(stdout, "backlog at end %d (events + jobs), drained in %s; duplicates %d\n", backlog, drain.Round(time.Millisecond), recv.Duplicates())
 	fmt.Fprintf(stdout, "outboxd peak RSS %s\n", child.PeakRSS())
 	return nil
@@ -861,11 +868,15 @@ func scanPID(row rowScanner) (int, error) {
 	return pid, err
 }
 
-// addProcess counts an outboxd process from now on.
+// addProcess counts an outboxd process from now on: what it spent
+// before (its start, or a phase before this one) is its baseline.
 func (m *cpuMeter) addProcess(pid int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.processes = append(m.processes, pid)
+	if t, ok := readCPUTime(pid); ok {
+		m.base[pid] = t
+	}
 }
 
 func (m *cpuMeter) sample(ctx context.Context) {
@@ -893,7 +904,7 @@ func (m *cpuMeter) Stop(ctx context.Context) (outboxd, backends time.Duration, o
 	defer m.mu.Unlock()
 	for pid, t := range m.last {
 		if slices.Contains(m.processes, pid) {
-			outboxd += t
+			outboxd += t - m.base[pid]
 		} else {
 			backends += t - m.base[pid]
 		}

@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -92,6 +93,28 @@ func TestParseCPUTime(t *testing.T) {
 	for _, bad := range []string{"", "4242 (cut", "4242 (x) S 1 2 3"} {
 		if got, ok := parseCPUTime(bad); ok {
 			t.Errorf("parseCPUTime(%q) = %s, ok; want refused", bad, got)
+		}
+	}
+}
+
+// A keep-up run reports what its events cost in CPU: outboxd's and the
+// backends' (the producers' included) while the producers ran.
+func TestLoadKeepUpReportsCPUTime(t *testing.T) {
+	t.Parallel()
+	_, dsn := newTestDB(t)
+	var out, errs syncBuffer
+	err := run(context.Background(), []string{"load", "-mode", "keepup", "-rate", "50", "-duration", "2s", "-database-url", dsn},
+		func(string) string { return "" }, &out, &errs)
+	if err != nil {
+		t.Fatalf("load: %v\n%s", err, errs.String())
+	}
+	m := regexp.MustCompile(`CPU time: outboxd (\d+\.\d+) s, PostgreSQL backends (\d+\.\d+) s: (\d+\.\d+) ms per event`).FindStringSubmatch(out.String())
+	if m == nil {
+		t.Fatalf("keep-up report has no CPU time:\n%s", out.String())
+	}
+	for i, what := range []string{"outboxd", "backends", "per event"} {
+		if v, _ := strconv.ParseFloat(m[i+1], 64); v <= 0 {
+			t.Errorf("keep-up CPU time of %s is %s, want more than 0:\n%s", what, m[i+1], out.String())
 		}
 	}
 }
