@@ -98,7 +98,10 @@ type JobCounts struct {
 	// DueNow and ScheduledLater split the jobs waiting to run (available
 	// and retryable) by whether they may run now: a failing endpoint's new
 	// deliveries and every backoff wait in ScheduledLater, so a large
-	// "available" with nothing running is not taken for a stall.
+	// "available" with nothing running is not taken for a stall. The due
+	// deliveries of paused endpoints are in neither: they are held
+	// (EndpointCounts.PausedQueued), and counted as due they read as a
+	// stall that is not one.
 	DueNow         int64 `json:"due_now"`
 	ScheduledLater int64 `json:"scheduled_later"`
 }
@@ -198,10 +201,21 @@ WHERE dedup_window_seconds IS NOT NULL
 ORDER BY dedup_window_seconds, id
 LIMIT $1`
 
+// overviewJobsSQL counts jobs by state: in all, those scheduled later, and
+// those due whose endpoint is paused (held, not due: a paused endpoint is
+// claimed from only once resumed, and the overview shows what it holds
+// beside it).
 const overviewJobsSQL = `
-SELECT state::text, count(*), count(*) FILTER (WHERE scheduled_at > now()), min(finalized_at)
-FROM outbox.jobs
-GROUP BY state`
+SELECT j.state::text,
+       count(*),
+       count(*) FILTER (WHERE j.scheduled_at > now()),
+       count(*) FILTER (WHERE j.scheduled_at <= now() AND paused.id IS NOT NULL),
+       min(j.finalized_at)
+FROM outbox.jobs AS j
+LEFT JOIN outbox.endpoints AS paused ON paused.id = j.endpoint_id
+                                    AND paused.paused_at IS NOT NULL
+                                    AND paused.disabled_at IS NULL
+GROUP BY j.state`
 
 // overviewTablesSQL reads size and vacuum statistics of outboxd's tables.
 const overviewTablesSQL = `
@@ -261,7 +275,7 @@ func readOverview(ctx context.Context, db *sql.DB, alerts AlertConfig) (Overview
 	if o.Jobs, starts.FirstDiscarded, err = readJobCounts(ctx, tx); err != nil {
 		return o, err
 	}
-	o.DeliveryBacklog = o.Jobs.DueNow + o.Jobs.ScheduledLater + o.Jobs.Running
+	o.DeliveryBacklog = o.Jobs.Available + o.Jobs.Retryable + o.Jobs.Running
 	if o.Tables, err = readTableHealth(ctx, tx); err != nil {
 		return o, err
 	}
@@ -314,13 +328,13 @@ func readJobCounts(ctx context.Context, tx *sql.Tx) (c JobCounts, firstDiscarded
 	defer rows.Close()
 	for rows.Next() {
 		var state string
-		var n, later int64
+		var n, later, held int64
 		var firstFinal sql.NullTime
-		if err := rows.Scan(&state, &n, &later, &firstFinal); err != nil {
+		if err := rows.Scan(&state, &n, &later, &held, &firstFinal); err != nil {
 			return c, firstDiscarded, fmt.Errorf("overview: jobs: %w", err)
 		}
 		if s := jobState(state); s == jobAvailable || s == jobRetryable {
-			c.DueNow += n - later
+			c.DueNow += n - later - held
 			c.ScheduledLater += later
 		}
 		switch jobState(state) {

@@ -373,3 +373,32 @@ func TestEveryAlertLinksToItsPage(t *testing.T) {
 		t.Errorf("receiver_window_short links to %s, which does not show endpoint %d's 60 s window", got["receiver_window_short"], id)
 	}
 }
+
+// A paused endpoint's due deliveries are held, not due: they are counted
+// with the paused endpoints, and the delivery backlog still holds them.
+func TestOverviewCountsAPausedEndpointsDeliveriesAsHeldNotDue(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	mustExec(t, db, `SELECT outbox.record('t', 's' || i, '{}') FROM generate_series(1, 3) AS i`)
+	mustExec(t, db, `
+		INSERT INTO outbox.endpoints (url, secret, paused_at)
+		VALUES ('https://paused.example/', decode(repeat('ab', 32), 'hex'), now()),
+		       ('https://flowing.example/', decode(repeat('ab', 32), 'hex'), NULL)`)
+	// Two due deliveries to the paused endpoint, one to the flowing one,
+	// and one of the paused endpoint's scheduled for later.
+	mustExec(t, db, `
+		INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, scheduled_at)
+		SELECT 'webhook', e.id, ep.id, 18, now() + d.due_in
+		FROM (VALUES ('https://paused.example/', 1, interval '-1 second'), ('https://paused.example/', 2, interval '0'),
+		             ('https://flowing.example/', 1, interval '-1 second'), ('https://paused.example/', 3, interval '1 hour')) AS d(url, n, due_in)
+		JOIN outbox.endpoints AS ep ON ep.url = d.url
+		JOIN (SELECT id, row_number() OVER (ORDER BY id) AS n FROM outbox.events) AS e ON e.n = d.n`)
+	o, err := readOverview(context.Background(), db, defaultConfig().Alerts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := [4]int64{o.Jobs.DueNow, o.Jobs.ScheduledLater, o.Endpoints.PausedQueued, o.DeliveryBacklog}
+	if got != [4]int64{1, 1, 3, 4} {
+		t.Errorf("due now, scheduled later, held by the pause, delivery backlog = %v; want [1 1 3 4]", got)
+	}
+}
