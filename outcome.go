@@ -271,12 +271,7 @@ func (p *workerPool) completeLoop() {
 func (p *workerPool) gatherOutcomes(first jobResult) []jobResult {
 	batch := []jobResult{first}
 	mayWait := first.mayWaitForBatch()
-	var linger *time.Timer
-	defer func() {
-		if linger != nil {
-			linger.Stop()
-		}
-	}()
+	var linger <-chan time.Time // started when the batch first has to wait
 	for len(batch) < completeBatchMax {
 		var r jobResult
 		var ok bool
@@ -287,11 +282,13 @@ func (p *workerPool) gatherOutcomes(first jobResult) []jobResult {
 				return batch
 			}
 			if linger == nil {
-				linger = time.NewTimer(p.outcomeLinger)
+				timer := time.NewTimer(p.outcomeLinger)
+				defer timer.Stop()
+				linger = timer.C
 			}
 			select {
 			case r, ok = <-p.results:
-			case <-linger.C:
+			case <-linger:
 				return batch
 			}
 		}

@@ -52,8 +52,8 @@ COMMENT ON SCHEMA outbox IS
 --
 -- PL/pgSQL, a loop over the patterns with no query in it: as a SQL
 -- function, whose subqueries keep it from being inlined, its body was
--- parsed and planned again in every statement that called it, about 1 ms
--- of a relay pass of one event (README, "Performance").
+-- parsed and planned again in every statement that called it: 0.2 ms or
+-- more at each of a relay pass's two calls (README, "Performance").
 CREATE OR REPLACE FUNCTION outbox.topic_matches(patterns text[], topic text)
 RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
