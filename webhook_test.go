@@ -410,14 +410,21 @@ func TestOutcomeWriteSurvivesAKilledConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer killer.Close()
+	// The killer's one connection spares itself, so the test watches the job
+	// through it: the test's own reads must not meet the dead connections
+	// the fault aims at outboxd (they did, and failed the test in CI).
+	killer.SetMaxOpenConns(1)
 	api := newTestAPI(t, db, testPolicy)
+	var killed atomic.Int64
 	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
 		if n == 1 {
-			_, err := killer.Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-				WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'`)
+			var n int64
+			err := killer.QueryRow(`SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+				WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'`).Scan(&n)
 			if err != nil {
 				t.Error(err)
 			}
+			killed.Store(n)
 		}
 	})
 	ep := api.createEndpoint(rc.srv.URL)
@@ -426,7 +433,10 @@ func TestOutcomeWriteSurvivesAKilledConnection(t *testing.T) {
 	job := webhookJob(t, db, eventID, ep.ID)
 	runWebhookWorkers(t, db, 10*time.Second)
 
-	waitFor(t, "the delivered job to complete", 10*time.Second, func() bool { return readJob(t, db, job).State == "completed" })
+	waitFor(t, "the delivered job to complete", 10*time.Second, func() bool { return readJob(t, killer, job).State == "completed" })
+	if killed.Load() == 0 {
+		t.Error("the fault killed no connection of outboxd's while the delivery was in flight")
+	}
 	if n := len(rc.requests()); n != 1 {
 		t.Errorf("receiver got %d requests, want 1", n)
 	}
