@@ -311,6 +311,26 @@ func replicasNote(n int) string {
 	return fmt.Sprintf(", by %d outboxd processes (peak RSS: the first's)", n)
 }
 
+// unfinishedNoopJobsSQL is whether any no-op job is still to run. The
+// jobs mode polls it every 50 ms, so it must cost little however many jobs
+// are done: it walks the claim's and the rescuer's partial indexes, which
+// hold unfinished jobs only, in their order, up to the first job. A count of the completed jobs, polled before,
+// read one row per completed job each time: a load on the server that grew
+// with the run and took its share of the CPU the run measures.
+const unfinishedNoopJobsSQL = `
+SELECT EXISTS (SELECT 1 FROM outbox.jobs
+               WHERE state IN ('available', 'retryable') AND endpoint_id IS NULL AND kind = 'noop'
+               ORDER BY scheduled_at, id LIMIT 1)
+    OR EXISTS (SELECT 1 FROM outbox.jobs WHERE state = 'running' AND kind = 'noop'
+               ORDER BY attempted_at LIMIT 1)`
+
+// jobsPollSettings are set on the connection that polls
+// unfinishedNoopJobsSQL: the table has no statistics (the jobs were just
+// inserted, autovacuum may be off), and with none the planner reads each
+// index whole in a bitmap scan, or the table in a sequential one, rather
+// than walk an index to its first entry.
+var jobsPollSettings = []string{`SET enable_bitmapscan = off`, `SET enable_seqscan = off`}
+
 // loadJobs times the job table alone: no-op jobs, no HTTP.
 func loadJobs(ctx context.Context, cfg loadConfig, db *sql.DB, child *loadChild, stdout io.Writer) error {
 	child.Stop()
@@ -318,7 +338,9 @@ func loadJobs(ctx context.Context, cfg loadConfig, db *sql.DB, child *loadChild,
 		return err
 	}
 	var before int64
-	db.QueryRowContext(ctx, `SELECT count(*) FROM outbox.jobs WHERE kind = 'noop' AND state = 'completed'`).Scan(&before)
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM outbox.jobs WHERE kind = 'noop' AND state = 'completed'`).Scan(&before); err != nil {
+		return fmt.Errorf("load: count completed jobs: %w", err)
+	}
 	for done := 0; done < cfg.Events; done += 10_000 {
 		n := min(10_000, cfg.Events-done)
 		if _, err := db.ExecContext(ctx, `
@@ -335,12 +357,22 @@ func loadJobs(ctx context.Context, cfg loadConfig, db *sql.DB, child *loadChild,
 		return err
 	}
 	measureProcesses(cpu, child, replicas)
-	for {
-		var completed int64
-		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM outbox.jobs WHERE kind = 'noop' AND state = 'completed'`).Scan(&completed); err != nil {
-			return fmt.Errorf("load: count jobs: %w", err)
+	poll, err := db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("load: connect: %w", err)
+	}
+	defer poll.Close()
+	for _, set := range jobsPollSettings {
+		if _, err := poll.ExecContext(ctx, set); err != nil {
+			return fmt.Errorf("load: set up the poll: %w", err)
 		}
-		if completed-before >= int64(cfg.Events) {
+	}
+	for {
+		var unfinished bool
+		if err := poll.QueryRowContext(ctx, unfinishedNoopJobsSQL).Scan(&unfinished); err != nil {
+			return fmt.Errorf("load: look for unfinished jobs: %w", err)
+		}
+		if !unfinished {
 			break
 		}
 		select {
@@ -350,6 +382,13 @@ func loadJobs(ctx context.Context, cfg loadConfig, db *sql.DB, child *loadChild,
 		}
 	}
 	elapsed := time.Since(start)
+	var after int64
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM outbox.jobs WHERE kind = 'noop' AND state = 'completed'`).Scan(&after); err != nil {
+		return fmt.Errorf("load: count completed jobs: %w", err)
+	}
+	if after-before != int64(cfg.Events) {
+		return fmt.Errorf("load: %d of %d no-op jobs completed, none left to run", after-before, cfg.Events)
+	}
 	fmt.Fprintf(stdout, "mode jobs: %d no-op jobs completed in %s: %.0f jobs/s%s\n", cfg.Events, elapsed.Round(time.Millisecond), float64(cfg.Events)/elapsed.Seconds(), replicasNote(cfg.Replicas))
 	fmt.Fprintln(stdout, cpu.Report(ctx, cfg.Events, "job"))
 	fmt.Fprintf(stdout, "outboxd peak RSS %s\n", child.PeakRSS())
@@ -611,6 +650,8 @@ type loadChild struct {
 	stderr     io.Writer
 	addr       string
 	cmd        *exec.Cmd
+	exited     chan struct{} // closed when cmd has exited; exitErr is then set
+	exitErr    error
 	peakRSS    int64 // kB, the largest VmHWM seen across restarts
 }
 
@@ -635,6 +676,14 @@ func (c *loadChild) Start(ctx context.Context) error {
 	if err := c.cmd.Start(); err != nil {
 		return fmt.Errorf("load: start outboxd: %w", err)
 	}
+	// One Wait, here, so the readiness loop below learns of an early exit
+	// (a refused setting) at once instead of after its minute.
+	cmd, exited := c.cmd, make(chan struct{})
+	c.exited = exited
+	go func() {
+		c.exitErr = cmd.Wait()
+		close(exited)
+	}()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		resp, err := http.Get("http://" + c.addr + "/readyz")
@@ -650,6 +699,9 @@ func (c *loadChild) Start(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-exited:
+			c.cmd = nil
+			return fmt.Errorf("load: outboxd exited before it was ready (%v); its output is above", c.exitErr)
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
@@ -662,7 +714,7 @@ func (c *loadChild) Stop() {
 	}
 	c.peakRSS = max(c.peakRSS, readVmHWM(c.cmd.Process.Pid))
 	c.cmd.Process.Signal(syscall.SIGTERM)
-	c.cmd.Wait()
+	<-c.exited
 	c.cmd = nil
 }
 

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"regexp"
 	"strconv"
 	"strings"
@@ -47,6 +48,84 @@ func TestLoadRunRemovesItsEndpoint(t *testing.T) {
 	}
 	if n := queryInt(t, db, `SELECT count(*) FROM outbox.endpoints`); n != 0 {
 		t.Errorf("%d endpoints left after the run, want 0; stderr:\n%s", n, errs.String())
+	}
+}
+
+// An outboxd that refuses its settings ends the run at once, with the
+// setting named in its output; the run waited a minute for it before.
+func TestLoadEndsWhenOutboxdExitsBeforeReady(t *testing.T) {
+	t.Parallel()
+	_, dsn := newTestDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out, errs syncBuffer
+	err := run(ctx, []string{"load", "-mode", "jobs", "-events", "10", "-serve-flags", "-workers 1001", "-database-url", dsn},
+		func(string) string { return "" }, &out, &errs)
+	if err == nil || !strings.Contains(err.Error(), "exited before it was ready") {
+		t.Fatalf("load with a refused -workers: %v, want outboxd's early exit", err)
+	}
+	if !strings.Contains(errs.String(), "-workers") {
+		t.Errorf("outboxd's refusal naming -workers is not in the output:\n%s", errs.String())
+	}
+}
+
+// The jobs mode works every job it enqueued, and says so only when all
+// are completed.
+func TestLoadJobsCompletesEveryJob(t *testing.T) {
+	t.Parallel()
+	db, dsn := newTestDB(t)
+	var out, errs syncBuffer
+	err := run(context.Background(), []string{"load", "-mode", "jobs", "-events", "300", "-database-url", dsn},
+		func(string) string { return "" }, &out, &errs)
+	if err != nil {
+		t.Fatalf("load: %v\n%s", err, errs.String())
+	}
+	if !strings.Contains(out.String(), "mode jobs: 300 no-op jobs completed") {
+		t.Errorf("jobs report:\n%s", out.String())
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE kind = 'noop' AND state = 'completed'`); n != 300 {
+		t.Errorf("%d no-op jobs completed, want 300", n)
+	}
+}
+
+// The jobs mode's poll, every 50 ms through the run, reads one index entry
+// to learn that work is left, however many jobs wait, and sees when none
+// does. (A count of completed jobs read a row per completed job.)
+func TestLoadJobsPollReadsOneEntry(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	mustExec(t, db, `SELECT outbox.record('load.event', '', '{}')`)
+	mustExec(t, db, `INSERT INTO outbox.jobs (kind, event_id, max_attempts)
+		SELECT 'noop', (SELECT max(id) FROM outbox.events), 18 FROM generate_series(1, 5000)`)
+	poll := func(tx *sql.Tx) (unfinished bool) {
+		t.Helper()
+		for _, set := range jobsPollSettings {
+			if _, err := tx.Exec(strings.Replace(set, "SET ", "SET LOCAL ", 1)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := tx.QueryRow(unfinishedNoopJobsSQL).Scan(&unfinished); err != nil {
+			t.Fatal(err)
+		}
+		return unfinished
+	}
+	var unfinished bool
+	scanned, entries := statementReads(t, db, "outbox.jobs", "outbox.jobs_waiting_without_endpoint", func(tx *sql.Tx) error {
+		unfinished = poll(tx)
+		return nil
+	})
+	if !unfinished || scanned != 0 || entries != 1 {
+		t.Errorf("poll with 5,000 jobs waiting: unfinished %t, %d rows scanned, %d index entries read; want true, 0, 1",
+			unfinished, scanned, entries)
+	}
+	mustExec(t, db, `UPDATE outbox.jobs SET state = 'completed', finalized_at = now()`)
+	tx, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if poll(tx) {
+		t.Error("poll with every job completed: unfinished, want none")
 	}
 }
 
