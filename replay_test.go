@@ -4,10 +4,13 @@
 package main
 
 import (
+	"context"
+	"database/sql"
 	"fmt"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -55,5 +58,111 @@ func TestRetriesByHandStayWithinEventsRetention(t *testing.T) {
 	want := []string{"webhook inside available", "webhook outside discarded", "sub:x outside available"}
 	if diff := cmp.Diff(want, states()); diff != "" {
 		t.Errorf("jobs after the retries (-want +got):\n%s", diff)
+	}
+}
+
+// A replay's batches, those that enqueue and those that count, walk their
+// window's events in id order and stop at the batch's end, however few
+// events of its topics the planner expects. The planner read every event
+// after the batch's start, and sorted them, in each batch that enqueued
+// (a bitmap scan), and in each batch that counted walked the rest of the
+// table in parallel: a replay cost the square of its length. Here the
+// window's 1,200 events are followed by 20,000 of another topic; parallel
+// plans are made cheap, and the table is vacuumed but not analyzed.
+func TestReplayBatchesWalkTheirEventsInOrder(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	mustExec(t, db, `INSERT INTO outbox.events (topic, subject, payload, fanned_out_at)
+		SELECT CASE WHEN i <= 1200 THEN 'replayed.event' ELSE 'live.event' END, 's' || i, '{}', now()
+		FROM generate_series(1, 21200) AS i`)
+	// As the load's periodic vacuum leaves the table where autovacuum is
+	// off: its size known, no column statistics.
+	mustExec(t, db, `VACUUM outbox.events`)
+	var endpointID int64
+	if err := db.QueryRow(`INSERT INTO outbox.endpoints (url, secret, topics)
+		VALUES ('https://hooks.example.com/replay', decode(repeat('ab', 32), 'hex'), '{replayed.*,live.*}')
+		RETURNING id`).Scan(&endpointID); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	r := replayRange{from: time.Now().Add(-time.Hour), topics: []string{"replayed.*"}}
+	until, topics := r.args()
+	cheapParallel := func(tx *sql.Tx) {
+		t.Helper()
+		for _, set := range []string{`SET LOCAL parallel_setup_cost = 0`, `SET LOCAL parallel_tuple_cost = 0`,
+			`SET LOCAL min_parallel_index_scan_size = 0`, `SET LOCAL min_parallel_table_scan_size = 0`} {
+			if _, err := tx.Exec(set); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Index entries read, and whether the plan went parallel (a parallel
+	// worker's reads are its own, not counted in this session's).
+	reads := func(run func(tx *sql.Tx) error) (entries int, parallel bool) {
+		t.Helper()
+		_, entries = statementReads(t, db, "outbox.events", "outbox.events_pkey", func(tx *sql.Tx) error {
+			cheapParallel(tx)
+			return run(tx)
+		})
+		return entries, entries == 0
+	}
+	countPlan := func(tx *sql.Tx) (string, error) {
+		lines, err := queryAll(ctx, tx, scanString, `EXPLAIN `+replayCountSQL, endpointID, r.from, 500, manualBatch, until, topics)
+		return strings.Join(lines, "\n"), err
+	}
+
+	// The faults this guards against, shown first: without the batch's
+	// settings, both statements read far past their batch.
+	enqueueBefore, _ := reads(func(tx *sql.Tx) error {
+		var n, after, jobs int64
+		var ids, keys []byte
+		return tx.QueryRow(replaySQL, endpointID, r.from, 500, 500, until, topics, 18, true, nil).Scan(&n, &after, &jobs, &ids, &keys)
+	})
+	if enqueueBefore < 5000 {
+		t.Fatalf("without its settings, an enqueue batch read %d entries of events_pkey; this test wants the plan that reads to the table's end", enqueueBefore)
+	}
+	var before string
+	reads(func(tx *sql.Tx) (err error) { before, err = countPlan(tx); return err })
+	if !strings.Contains(before, "Gather") {
+		t.Fatalf("without its settings, a count batch was planned without a parallel walk; this test wants one:\n%s", before)
+	}
+
+	after := int64(500)
+	var candidates, jobs int64
+	entries, _ := reads(func(tx *sql.Tx) (err error) {
+		candidates, jobs, err = replayBatchTx(ctx, tx, endpointID, 0, r, &after, 500, until, topics, 18, true)
+		return err
+	})
+	// 500 in the walk (and one past it at most), and 500 in the foreign key
+	// checks of the jobs it inserts, one each.
+	if candidates != 500 || jobs != 500 || after != 1000 || entries > 1002 {
+		t.Errorf("an enqueue batch after event 500: %d candidates, %d jobs, up to event %d, reading %d entries of events_pkey; want 500, 500, 1000, at most 1002",
+			candidates, jobs, after, entries)
+	}
+	after = 0
+	entries, parallel := reads(func(tx *sql.Tx) (err error) {
+		candidates, _, err = countReplayBatch(ctx, tx, endpointID, r.from, &after, until, topics)
+		if err != nil {
+			return err
+		}
+		plan, err := countPlan(tx)
+		if strings.Contains(plan, "Gather") {
+			t.Errorf("in a count batch's transaction, its statement is planned in parallel:\n%s", plan)
+		}
+		return err
+	})
+	// 1,200 candidates, then the 20,000 events of the other topic up to
+	// the batch's limit of 5,000 events or the end: a count batch reads
+	// past the window, as it must to know the window ended, but in order.
+	if candidates != 1200 || parallel || entries > 21200 {
+		t.Errorf("a count batch: %d candidates, reading %d entries of events_pkey (parallel: %t); want 1200, at most 21200, not parallel",
+			candidates, entries, parallel)
+	}
+	byTopic, err := countReplay(ctx, db, endpointID, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(map[string]int64{"replayed.event": 1200}, byTopic); diff != "" {
+		t.Errorf("count of the window (-want +got):\n%s", diff)
 	}
 }
