@@ -652,15 +652,22 @@ func TestRollingUpgradeWithASchemaChangeLosesNothing(t *testing.T) {
 		return queryInt(t, db, `SELECT count(*) FROM effects WHERE replica = $1 AND event_id > $2`, replica, afterEvent)
 	}
 
+	// Producers at a steady 200 events/s in all, below what the replicas
+	// deliver even on a loaded machine: unpaced, they outran delivery
+	// under CI's load while one replica was down, and the events recorded
+	// after the schema change sat behind a backlog past the wait below.
 	var stop atomic.Bool
 	var producers sync.WaitGroup
 	for p := range 4 {
 		producers.Go(func() {
+			tick := time.NewTicker(20 * time.Millisecond)
+			defer tick.Stop()
 			for i := 0; !stop.Load(); i++ {
 				if _, err := recordEvent(context.Background(), db, "t", fmt.Sprintf("%d-%d", p, i), nil); err != nil {
 					t.Errorf("producer: %v", err)
 					return
 				}
+				<-tick.C
 			}
 		})
 	}
@@ -688,6 +695,15 @@ func TestRollingUpgradeWithASchemaChangeLosesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	a2 := startRollingReplica(t, dsn, "a (next release)", "N+1")
+	// If the wait below fails, what each replica did and what was left.
+	defer func() {
+		if t.Failed() {
+			t.Logf("effects after event %d: %s %d, %s %d; unfinished jobs %d, of them after it %d", migrated,
+				a2.name, effectsBy(a2.name, migrated), b.name, effectsBy(b.name, migrated),
+				queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state NOT IN ('completed', 'discarded')`),
+				queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state NOT IN ('completed', 'discarded') AND event_id > $1`, migrated))
+		}
+	}()
 	waitFor(t, "both releases delivering events recorded after the schema change", 30*time.Second, func() bool {
 		return effectsBy(a2.name, migrated) >= 20 && effectsBy(b.name, migrated) >= 20
 	})
