@@ -653,9 +653,10 @@ func TestRollingUpgradeWithASchemaChangeLosesNothing(t *testing.T) {
 	}
 
 	// Producers at a steady 200 events/s in all, below what the replicas
-	// deliver even on a loaded machine: unpaced, they outran delivery
-	// under CI's load while one replica was down, and the events recorded
-	// after the schema change sat behind a backlog past the wait below.
+	// deliver even on a loaded machine. Unpaced, they can outrun delivery
+	// on a loaded machine while one replica is down, and the events
+	// recorded after the schema change then wait behind a backlog for
+	// longer than the wait below (the likely cause of one CI failure).
 	var stop atomic.Bool
 	var producers sync.WaitGroup
 	for p := range 4 {
