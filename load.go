@@ -314,9 +314,10 @@ func replicasNote(n int) string {
 // unfinishedNoopJobsSQL is whether any no-op job is still to run. The
 // jobs mode polls it every 50 ms, so it must cost little however many jobs
 // are done: it walks the claim's and the rescuer's partial indexes, which
-// hold unfinished jobs only, in their order, up to the first job. A count of the completed jobs, polled before,
-// read one row per completed job each time: a load on the server that grew
-// with the run and took its share of the CPU the run measures.
+// hold unfinished jobs only, in their order, up to the first job. A count
+// of the completed jobs, polled before, read one row per completed job
+// each time: a load on the server that grew with the run and took its
+// share of the CPU the run measures.
 const unfinishedNoopJobsSQL = `
 SELECT EXISTS (SELECT 1 FROM outbox.jobs
                WHERE state IN ('available', 'retryable') AND endpoint_id IS NULL AND kind = 'noop'
@@ -324,12 +325,24 @@ SELECT EXISTS (SELECT 1 FROM outbox.jobs
     OR EXISTS (SELECT 1 FROM outbox.jobs WHERE state = 'running' AND kind = 'noop'
                ORDER BY attempted_at LIMIT 1)`
 
-// jobsPollSettings are set on the connection that polls
-// unfinishedNoopJobsSQL: the table has no statistics (the jobs were just
-// inserted, autovacuum may be off), and with none the planner reads each
-// index whole in a bitmap scan, or the table in a sequential one, rather
-// than walk an index to its first entry.
-var jobsPollSettings = []string{`SET enable_bitmapscan = off`, `SET enable_seqscan = off`}
+// jobsPollPlanSQL is set in the poll's transaction: the table has no
+// statistics (the jobs were just inserted, autovacuum may be off), and
+// with none the planner reads each index whole in a bitmap scan, or the
+// table in a sequential one, rather than walk an index to its first entry.
+const jobsPollPlanSQL = `SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)`
+
+// noopJobsUnfinished runs unfinishedNoopJobsSQL under jobsPollPlanSQL in tx.
+func noopJobsUnfinished(ctx context.Context, tx *sql.Tx) (unfinished bool, err error) {
+	if _, err := tx.ExecContext(ctx, jobsPollPlanSQL); err != nil {
+		return false, err
+	}
+	err = tx.QueryRowContext(ctx, unfinishedNoopJobsSQL).Scan(&unfinished)
+	return unfinished, err
+}
+
+// completedNoopJobsSQL counts the no-op jobs completed, before and after a
+// run of the jobs mode.
+const completedNoopJobsSQL = `SELECT count(*) FROM outbox.jobs WHERE kind = 'noop' AND state = 'completed'`
 
 // loadJobs times the job table alone: no-op jobs, no HTTP.
 func loadJobs(ctx context.Context, cfg loadConfig, db *sql.DB, child *loadChild, stdout io.Writer) error {
@@ -338,7 +351,7 @@ func loadJobs(ctx context.Context, cfg loadConfig, db *sql.DB, child *loadChild,
 		return err
 	}
 	var before int64
-	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM outbox.jobs WHERE kind = 'noop' AND state = 'completed'`).Scan(&before); err != nil {
+	if err := db.QueryRowContext(ctx, completedNoopJobsSQL).Scan(&before); err != nil {
 		return fmt.Errorf("load: count completed jobs: %w", err)
 	}
 	for done := 0; done < cfg.Events; done += 10_000 {
@@ -357,19 +370,14 @@ func loadJobs(ctx context.Context, cfg loadConfig, db *sql.DB, child *loadChild,
 		return err
 	}
 	measureProcesses(cpu, child, replicas)
-	poll, err := db.Conn(ctx)
-	if err != nil {
-		return fmt.Errorf("load: connect: %w", err)
-	}
-	defer poll.Close()
-	for _, set := range jobsPollSettings {
-		if _, err := poll.ExecContext(ctx, set); err != nil {
-			return fmt.Errorf("load: set up the poll: %w", err)
-		}
-	}
 	for {
-		var unfinished bool
-		if err := poll.QueryRowContext(ctx, unfinishedNoopJobsSQL).Scan(&unfinished); err != nil {
+		tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+		if err != nil {
+			return fmt.Errorf("load: look for unfinished jobs: %w", err)
+		}
+		unfinished, err := noopJobsUnfinished(ctx, tx)
+		tx.Rollback() // read only: nothing to commit
+		if err != nil {
 			return fmt.Errorf("load: look for unfinished jobs: %w", err)
 		}
 		if !unfinished {
@@ -383,7 +391,7 @@ func loadJobs(ctx context.Context, cfg loadConfig, db *sql.DB, child *loadChild,
 	}
 	elapsed := time.Since(start)
 	var after int64
-	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM outbox.jobs WHERE kind = 'noop' AND state = 'completed'`).Scan(&after); err != nil {
+	if err := db.QueryRowContext(ctx, completedNoopJobsSQL).Scan(&after); err != nil {
 		return fmt.Errorf("load: count completed jobs: %w", err)
 	}
 	if after-before != int64(cfg.Events) {

@@ -97,14 +97,10 @@ func TestLoadJobsPollReadsOneEntry(t *testing.T) {
 	mustExec(t, db, `SELECT outbox.record('load.event', '', '{}')`)
 	mustExec(t, db, `INSERT INTO outbox.jobs (kind, event_id, max_attempts)
 		SELECT 'noop', (SELECT max(id) FROM outbox.events), 18 FROM generate_series(1, 5000)`)
-	poll := func(tx *sql.Tx) (unfinished bool) {
+	poll := func(tx *sql.Tx) bool {
 		t.Helper()
-		for _, set := range jobsPollSettings {
-			if _, err := tx.Exec(strings.Replace(set, "SET ", "SET LOCAL ", 1)); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := tx.QueryRow(unfinishedNoopJobsSQL).Scan(&unfinished); err != nil {
+		unfinished, err := noopJobsUnfinished(context.Background(), tx)
+		if err != nil {
 			t.Fatal(err)
 		}
 		return unfinished

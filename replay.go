@@ -432,10 +432,7 @@ func countReplay(ctx context.Context, db *sql.DB, id int64, r replayRange) (map[
 			return byTopic, fmt.Errorf("dry run of replay to endpoint %d: %w", id, err)
 		}
 		candidates, counts, err := countReplayBatch(ctx, tx, id, r.from, &after, until, topics)
-		if err == nil {
-			err = tx.Commit()
-		}
-		tx.Rollback()
+		tx.Rollback() // read only: nothing to commit
 		if err != nil {
 			return byTopic, fmt.Errorf("dry run of replay to endpoint %d: %w", id, err)
 		}
@@ -590,10 +587,18 @@ func replayBatch(ctx context.Context, db *sql.DB, id int64, r replayRange, after
 // reads, was planned as a parallel walk under a Gather Merge instead,
 // where the LIMIT does not stop the workers either: one handed the part
 // of the index past the window read it to the end. Set in the batch's
-// transaction only; TestReplayBatchesWalkTheirEventsInOrder holds both.
+// transaction only (replayBatchTx restores them after its statement, for
+// the statements that follow it there); TestReplayBatchesWalkTheirEventsInOrder
+// holds both.
 const replayBatchPlanSQL = `
 SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true),
        set_config('enable_sort', 'off', true), set_config('max_parallel_workers_per_gather', '0', true)`
+
+// replayBatchPlanResetSQL gives replayBatchPlanSQL's settings back their
+// values, for the rest of the transaction.
+const replayBatchPlanResetSQL = `
+SELECT set_config(name, reset_val, true) FROM pg_settings
+WHERE name IN ('enable_bitmapscan', 'enable_seqscan', 'enable_sort', 'max_parallel_workers_per_gather')`
 
 // replayBatchTx runs one batch of replaySQL, of up to limit events after
 // event *after, moving it on, and advances the ordered lanes the batch's
@@ -607,6 +612,9 @@ func replayBatchTx(ctx context.Context, tx *sql.Tx, id, replayID int64, r replay
 	if err := tx.QueryRowContext(ctx, replaySQL, id, r.from, *after, limit, until, topics, maxAttempts, resendDelivered,
 		sql.NullInt64{Int64: replayID, Valid: replayID != 0}).Scan(
 		&candidates, after, &jobs, pq.Array(&lanes.endpointIDs), pq.Array(&lanes.keys)); err != nil {
+		return 0, 0, err
+	}
+	if _, err := tx.ExecContext(ctx, replayBatchPlanResetSQL); err != nil {
 		return 0, 0, err
 	}
 	if err := advanceLanes(ctx, tx, lanes); err != nil {

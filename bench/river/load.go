@@ -66,6 +66,25 @@ func untilExit(ctx context.Context, c *child) (context.Context, context.CancelFu
 const unfinishedJobsSQL = `
 SELECT EXISTS (SELECT 1 FROM river_job WHERE state IN ('available', 'running', 'retryable', 'scheduled'))`
 
+// jobsUnfinished runs unfinishedJobsSQL in a read-only transaction that
+// first turns off bitmap and sequential scans, as outboxd load's poll
+// does: with no statistics on the new rows the planner reads an index
+// whole in a bitmap scan, or the table in a sequential one (40 ms a poll
+// at the end of a run), rather than walk the fetch index to its first
+// entry.
+func jobsUnfinished(ctx context.Context, pool *pgxpool.Pool) (unfinished bool, err error) {
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return false, err
+	}
+	defer tx.Rollback(ctx) // read only: nothing to commit
+	if _, err := tx.Exec(ctx, `SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)`); err != nil {
+		return false, err
+	}
+	err = tx.QueryRow(ctx, unfinishedJobsSQL).Scan(&unfinished)
+	return unfinished, err
+}
+
 // loadJobs is the burn-down: -events no-op jobs inserted, then worked to
 // empty. The clock runs as outboxd load's does in its jobs mode: from the
 // child's start until no job is left to run, polled every 50 ms.
@@ -80,25 +99,9 @@ func loadJobs(ctx context.Context, cfg loadConfig, pool *pgxpool.Pool, stdout, s
 	}
 	waitCtx, cancel := untilExit(ctx, c)
 	defer cancel()
-	poll, err := pool.Acquire(waitCtx)
-	if err != nil {
-		c.Stop()
-		return fmt.Errorf("connect: %w", err)
-	}
-	defer poll.Release()
-	// As outboxd load does: with no statistics on the new rows the planner
-	// reads an index whole in a bitmap scan, or the table in a sequential
-	// one (40 ms a poll at the end of a run), rather than walk the fetch
-	// index to its first entry.
-	for _, set := range []string{`SET enable_bitmapscan = off`, `SET enable_seqscan = off`} {
-		if _, err := poll.Exec(waitCtx, set); err != nil {
-			c.Stop()
-			return fmt.Errorf("set up the poll: %w", err)
-		}
-	}
 	for {
-		var unfinished bool
-		if err := poll.QueryRow(waitCtx, unfinishedJobsSQL).Scan(&unfinished); err != nil {
+		unfinished, err := jobsUnfinished(waitCtx, pool)
+		if err != nil {
 			c.Stop()
 			return fmt.Errorf("look for unfinished jobs: %w (%v)", err, context.Cause(waitCtx))
 		}
@@ -115,7 +118,7 @@ func loadJobs(ctx context.Context, cfg loadConfig, pool *pgxpool.Pool, stdout, s
 	elapsed := time.Since(start)
 	peak, lines := c.Stop()
 	var completed int64
-	if err := poll.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE state = 'completed'`).Scan(&completed); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE state = 'completed'`).Scan(&completed); err != nil {
 		return fmt.Errorf("count completed jobs: %w", err)
 	}
 	if completed != int64(cfg.Events) {
