@@ -761,6 +761,7 @@ type replaySummary struct {
 	BaselineP99ByPhase      []float64      `json:"baseline_p99_ms_by_phase"` // rounds + 1: one before each replay, one after the last
 	DuringP99ByRound        []float64      `json:"during_p99_ms_by_round"`
 	DuringP99ByMinute       []float64      `json:"during_p99_ms_by_minute"`    // of the live events committed in each minute from a POST, every replay's in turn
+	BaselineP99ByMinute     []float64      `json:"baseline_p99_ms_by_minute"`  // the same of the phases alone, each phase's in turn
 	ReplayEvents            int            `json:"replay_events"`              // in the window, per replay
 	ReplayJobs              []int64        `json:"replay_jobs"`                // what each POST answered
 	EstimatedSeconds        []int64        `json:"estimated_seconds"`          // each dry run's
@@ -851,6 +852,7 @@ func loadReplay(ctx context.Context, cfg loadConfig, run loadRun) error {
 		}
 		runCtx, stop := context.WithTimeout(ctx, d)
 		defer stop()
+		started := time.Now()
 		events, took := producer.run(ctx, runCtx)
 		after, err := child.costReading(ctx)
 		if err != nil {
@@ -860,6 +862,7 @@ func loadReplay(ctx context.Context, cfg loadConfig, run loadRun) error {
 		if err != nil || !counted {
 			return err
 		}
+		s.BaselineP99ByMinute = append(s.BaselineP99ByMinute, p99ByMinute(events, t, started, started.Add(took))...)
 		baseCost.add(before, after, took)
 		if err := baseStages.add(ctx, run.db, t); err != nil {
 			return err
@@ -932,12 +935,7 @@ func loadReplay(ctx context.Context, cfg loadConfig, run loadRun) error {
 		lat := sortedLatencies(events, t, nil)
 		during = append(during, lat...)
 		s.DuringP99ByRound = append(s.DuringP99ByRound, ms(quantile(lat, 0.99)))
-		for from := started; from.Before(last); from = from.Add(time.Minute) {
-			minute := sortedLatencies(events, t, func(_ laneEvent, lt laneTiming) bool {
-				return !lt.Created.Before(from) && lt.Created.Before(from.Add(time.Minute))
-			})
-			s.DuringP99ByMinute = append(s.DuringP99ByMinute, ms(quantile(minute, 0.99)))
-		}
+		s.DuringP99ByMinute = append(s.DuringP99ByMinute, p99ByMinute(events, t, started, last)...)
 		took := last.Sub(started)
 		s.ReplayJobs = append(s.ReplayJobs, res.Jobs)
 		s.EnqueueSeconds = append(s.EnqueueSeconds, enqueued.Seconds())
@@ -971,7 +969,8 @@ func loadReplay(ctx context.Context, cfg loadConfig, run loadRun) error {
 			i+1, s.BaselineP99ByPhase[i], s.DuringP99ByRound[i], s.BaselineP99ByPhase[i+1], s.ReplayJobs[i], s.EstimatedSeconds[i], s.EnqueueSeconds[i],
 			s.ReplaySeconds[i], s.ReplayRate[i], s.ReplayAPIRate[i], s.ReplayState[i], s.LiveEventsPerSecond[i])
 	}
-	fmt.Fprintf(out, "live p99 by minute of the replays, ms: %v; live events/s committed in the phases alone: %.0f\n", s.DuringP99ByMinute, s.BaselineEventsPerSecond)
+	fmt.Fprintf(out, "live p99 by minute of the replays, ms: %v; of the phases alone: %v; live events/s committed in the phases alone: %.0f\n",
+		s.DuringP99ByMinute, s.BaselineP99ByMinute, s.BaselineEventsPerSecond)
 	fmt.Fprintf(out, "the queue tables vacuumed before each phase, and %d times during them (-vacuum-every %s)\n", s.Vacuums, cfg.VacuumEvery)
 	fmt.Fprintf(out, "live, alone:             %s\n", s.Baseline)
 	fmt.Fprintf(out, "live, during the replay: %s\n", s.During)
@@ -981,6 +980,21 @@ func loadReplay(ctx context.Context, cfg loadConfig, run loadRun) error {
 	fmt.Fprintf(out, "the workers, during:     %s\n", s.DuringWorkers)
 	fmt.Fprintf(out, "p99 during / p99 alone: %.2f (target <= %g): %s\n", s.P99Ratio, lanesP99Bound, verdict(s.P99RatioMet))
 	return writeSummary(out, s)
+}
+
+// p99ByMinute is the p99 of the events committed in each minute from
+// from until to (a last, shorter minute included): over a phase of many
+// minutes the tables grow, and a figure for the whole phase hides how
+// the latency moved with them.
+func p99ByMinute(events []laneEvent, t map[int64]laneTiming, from, to time.Time) []float64 {
+	var p99s []float64
+	for start := from; start.Before(to); start = start.Add(time.Minute) {
+		minute := sortedLatencies(events, t, func(_ laneEvent, lt laneTiming) bool {
+			return !lt.Created.Before(start) && lt.Created.Before(start.Add(time.Minute))
+		})
+		p99s = append(p99s, ms(quantile(minute, 0.99)))
+	}
+	return p99s
 }
 
 // vacuumQueues vacuums the queue tables. A phase that starts after it

@@ -472,6 +472,10 @@ func TestLoadReplayScenarioMeasuresLiveBesideTheReplay(t *testing.T) {
 		t.Errorf("p99s alone %v, during each replay %v, by minute of the replays %v; want 3 phases alone (before each replay, after the last), 2 replays, a minute or more of each",
 			s.BaselineP99ByPhase, s.DuringP99ByRound, s.DuringP99ByMinute)
 	}
+	// A phase of 2 s is one (short) minute: its minute's p99 is the phase's.
+	if diff := cmp.Diff(s.BaselineP99ByPhase, s.BaselineP99ByMinute); diff != "" {
+		t.Errorf("p99 by minute of the phases alone (-by phase +by minute):\n%s", diff)
+	}
 	if want := s.During.P99MS / s.Baseline.P99MS; !near(s.P99Ratio, want, 1e-3) || s.P99RatioMet != (s.P99Ratio <= 1.5) {
 		t.Errorf("p99 ratio %g (met %v) from p99s %g and %g ms, want %g, met iff <= 1.5", s.P99Ratio, s.P99RatioMet, s.Baseline.P99MS, s.During.P99MS, want)
 	}
