@@ -983,16 +983,25 @@ func loadReplay(ctx context.Context, cfg loadConfig, run loadRun) error {
 }
 
 // p99ByMinute is the p99 of the events committed in each minute from
-// from until to (a last, shorter minute included): over a phase of many
-// minutes the tables grow, and a figure for the whole phase hides how
-// the latency moved with them.
+// from until to: over a phase of many minutes the tables grow, and a
+// figure for the whole phase hides how the latency moved with them. A
+// remainder under half a minute joins the minute before it, where a
+// figure of its own would be that of a few events (a 60 s phase ends a
+// few milliseconds past its minute); a minute without events has none.
 func p99ByMinute(events []laneEvent, t map[int64]laneTiming, from, to time.Time) []float64 {
 	var p99s []float64
-	for start := from; start.Before(to); start = start.Add(time.Minute) {
+	for start := from; start.Before(to); {
+		end := start.Add(time.Minute)
+		if to.Sub(end) < time.Minute/2 {
+			end = to.Add(time.Nanosecond) // the last event may be created at to
+		}
 		minute := sortedLatencies(events, t, func(_ laneEvent, lt laneTiming) bool {
-			return !lt.Created.Before(start) && lt.Created.Before(start.Add(time.Minute))
+			return !lt.Created.Before(start) && lt.Created.Before(end)
 		})
-		p99s = append(p99s, ms(quantile(minute, 0.99)))
+		if len(minute) > 0 {
+			p99s = append(p99s, ms(quantile(minute, 0.99)))
+		}
+		start = end
 	}
 	return p99s
 }

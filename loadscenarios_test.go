@@ -396,6 +396,41 @@ func TestOrderViolationsCountsEachSubjectApart(t *testing.T) {
 	}
 }
 
+// A phase's latencies by minute of commit: a remainder under half a
+// minute joins the minute before it, a longer one is a minute of its own,
+// and a minute without events has no figure.
+func TestP99ByMinuteFoldsAShortRemainder(t *testing.T) {
+	t.Parallel()
+	from := time.Date(2026, 12, 3, 16, 0, 0, 0, time.UTC)
+	timing := map[int64]laneTiming{}
+	committed := func(offsets ...time.Duration) []laneEvent {
+		var events []laneEvent
+		for i, offset := range offsets {
+			id := int64(len(timing) + 1)
+			events = append(events, laneEvent{ID: id})
+			// Latencies 1, 2, 3 ms... in each call's order.
+			timing[id] = laneTiming{Created: from.Add(offset), Latency: time.Duration(i+1) * time.Millisecond}
+		}
+		return events
+	}
+	unaccepted := laneEvent{ID: 1000} // no timing: not counted
+	for _, c := range []struct {
+		name   string
+		events []laneEvent
+		to     time.Duration
+		want   []float64
+	}{
+		{"20 ms past a minute", committed(0, 59*time.Second, 60*time.Second+20*time.Millisecond), 60*time.Second + 20*time.Millisecond, []float64{3}},
+		{"40 s past a minute", committed(0, 59*time.Second, 95*time.Second), 100 * time.Second, []float64{2, 3}},
+		{"an empty minute, then 20 s past the next", committed(0, 130*time.Second, 200*time.Second), 200 * time.Second, []float64{1, 3}},
+	} {
+		got := p99ByMinute(append(c.events, unaccepted), timing, from, from.Add(c.to))
+		if diff := cmp.Diff(c.want, got); diff != "" {
+			t.Errorf("%s: p99 by minute, ms (-want +got):\n%s", c.name, diff)
+		}
+	}
+}
+
 // One subject refused for a while on an ordered endpoint: its head is
 // retried and its events wait, in order; every event is accepted, and the
 // verdict is the bound applied to the figures the run reports.
