@@ -150,19 +150,21 @@ func FuzzTopicMatches(f *testing.F) {
 	})
 }
 
-// outbox.topic_matches, which the fan-out evaluates, and topicMatches, which
-// the panel and the tests use, agree on the whole seed corpus: every valid
-// pattern, alone, paired and as an empty list, against every valid topic.
+// outbox.topic_matches, which the fan-out evaluates, its two halves
+// outbox.topic_split and outbox.topic_selected, which a replay's walk
+// evaluates, and topicMatches, which the panel and the tests use, agree on
+// the whole seed corpus and outboxd's own topics: every valid pattern,
+// alone, paired and as an empty list, against every valid topic.
 func TestTopicMatchesAgreesWithSQL(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
 	var patterns, topics []string
-	for _, p := range topicSeeds.patterns {
+	for _, p := range append(topicSeeds.patterns, "outboxd.*", "outboxd.endpoint.*", "outboxd.endpoint.failing") {
 		if topicPatternValid(p) == nil {
 			patterns = append(patterns, p)
 		}
 	}
-	for _, topic := range topicSeeds.topics {
+	for _, topic := range append(topicSeeds.topics, "outboxd.endpoint.failing", "outboxd.x", "outboxd") {
 		if topicPattern.MatchString(topic) {
 			topics = append(topics, topic)
 		}
@@ -173,18 +175,20 @@ func TestTopicMatchesAgreesWithSQL(t *testing.T) {
 		lists = append(lists, []string{p, patterns[(i+1)%len(patterns)]})
 	}
 	for _, list := range lists {
-		rows, err := db.Query(`SELECT t, outbox.topic_matches($1::text[], t) FROM unnest($2::text[]) AS t`, pq.Array(list), pq.Array(topics))
+		rows, err := db.Query(`
+			SELECT t, outbox.topic_matches($1::text[], t), outbox.topic_selected(t, s.names, s.prefixes, s.every_topic)
+			FROM unnest($2::text[]) AS t, outbox.topic_split($1::text[]) AS s`, pq.Array(list), pq.Array(topics))
 		if err != nil {
 			t.Fatal(err)
 		}
 		for rows.Next() {
 			var topic string
-			var inSQL bool
-			if err := rows.Scan(&topic, &inSQL); err != nil {
+			var inSQL, split bool
+			if err := rows.Scan(&topic, &inSQL, &split); err != nil {
 				t.Fatal(err)
 			}
-			if inGo := topicMatches(list, topic); inGo != inSQL {
-				t.Errorf("patterns %q, topic %q: Go says %t, SQL says %t", list, topic, inGo, inSQL)
+			if inGo := topicMatches(list, topic); inGo != inSQL || inGo != split {
+				t.Errorf("patterns %q, topic %q: Go says %t, topic_matches %t, topic_split and topic_selected %t", list, topic, inGo, inSQL, split)
 			}
 		}
 		rows.Close()

@@ -98,44 +98,54 @@ type ReplayPreview struct {
 }
 
 // replayRange is the events one replay pass selects, beside the
-// endpoint's topics: recorded in [from, until) (until zero: no end) and
-// selected by topics (empty: all the endpoint takes).
+// endpoint's topics: recorded in [from, until) (until zero: no end),
+// selected by topics (empty: all the endpoint takes), and with ids up to
+// through (NULL: no end), the last event a replay's count found.
 type replayRange struct {
 	from, until time.Time
 	topics      []string
+	through     sql.NullInt64
 }
 
-// args are replayCandidatesSQL's $5 and $6.
-func (r replayRange) args() (sql.NullTime, any) {
-	topics := r.topics
-	if topics == nil {
-		topics = []string{}
+// args are replayCandidatesSQL's $5, $6 and $7.
+func (r replayRange) args() (until sql.NullTime, topics any, through sql.NullInt64) {
+	patterns := r.topics
+	if patterns == nil {
+		patterns = []string{}
 	}
-	return sql.NullTime{Time: r.until, Valid: !r.until.IsZero()}, pq.Array(topics)
+	return sql.NullTime{Time: r.until, Valid: !r.until.IsZero()}, pq.Array(patterns), r.through
 }
 
 // replayCandidatesSQL is one batch of a replay: up to $4 fanned-out events
-// with ids above $3, recorded at or after $2 and before $5 (NULL: no end),
-// that the endpoint's topics select and, unless $6 is empty, the
-// replay's topics too. replaySQL enqueues them and replayCountSQL counts
-// them, so a dry run counts what the replay enqueues
-// (TestReplayDryRunCountsWhatTheReplayEnqueues).
+// with ids above $3 and up to $7 (NULL: no end), recorded at or after $2
+// and before $5 (NULL: no end), that the endpoint's topics select and,
+// unless $6 is empty, the replay's topics too. replaySQL enqueues them and
+// replayCountSQL counts them, so a dry run counts what the replay
+// enqueues (TestReplayDryRunCountsWhatTheReplayEnqueues). Both lists of
+// patterns are split once, in the statement's one-row CTEs, and tested
+// against each event with topic_selected (schema.sql), which the planner
+// inlines: the walk passes every event of the window, of every topic.
 const replayCandidatesSQL = `
 WITH endpoint AS (
-  SELECT id, topics, ordering
-  FROM outbox.endpoints
-  WHERE id = $1
-    AND disabled_at IS NULL
+  SELECT ep.id, ep.ordering, t.names, t.prefixes, t.every_topic
+  FROM outbox.endpoints AS ep, outbox.topic_split(ep.topics) AS t
+  WHERE ep.id = $1
+    AND ep.disabled_at IS NULL
+),
+narrowed AS (
+  SELECT cardinality($6::text[]) = 0 AS by_endpoint_alone, t.names, t.prefixes, t.every_topic
+  FROM outbox.topic_split($6) AS t
 ),
 candidates AS (
   SELECT e.id, e.topic, e.subject, endpoint.ordering
-  FROM outbox.events AS e, endpoint
+  FROM outbox.events AS e, endpoint, narrowed
   WHERE e.fanned_out_at IS NOT NULL
     AND e.created_at >= $2
     AND ($5::timestamptz IS NULL OR e.created_at < $5)
     AND e.id > $3
-    AND outbox.topic_matches(endpoint.topics, e.topic)
-    AND (cardinality($6::text[]) = 0 OR outbox.topic_matches($6, e.topic))
+    AND ($7::bigint IS NULL OR e.id <= $7)
+    AND outbox.topic_selected(e.topic, endpoint.names, endpoint.prefixes, endpoint.every_topic)
+    AND (narrowed.by_endpoint_alone OR outbox.topic_selected(e.topic, narrowed.names, narrowed.prefixes, narrowed.every_topic))
   ORDER BY e.id
   LIMIT $4
 )`
@@ -148,25 +158,25 @@ const replayRerunStatesSQL = `('completed', 'discarded')`
 
 // replaySQL enqueues the endpoint's delivery of replayCandidatesSQL's
 // events. The (endpoint, event) pair is unique, so a pair that was
-// delivered before is reset to run again if $8 says so; one still waiting
+// delivered before is reset to run again if $9 says so; one still waiting
 // or running is left as it is. The job keeps its attempt count and
-// errors, and gets one more attempt if it had used them all; $7 is a new
-// job's attempts. With $8 false only the events the endpoint has no job
+// errors, and gets one more attempt if it had used them all; $8 is a new
+// job's attempts. With $9 false only the events the endpoint has no job
 // for are enqueued: what it missed, never twice. Every job it enqueues
-// joins replay $9 (NULL: none, a live delivery).
+// joins replay $10 (NULL: none, a live delivery).
 const replaySQL = replayCandidatesSQL + `,
 enqueued AS (
   INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, scheduled_at, lane_key, replay_id)
-  SELECT 'webhook', c.id, $1, $7,
+  SELECT 'webhook', c.id, $1, $8,
          CASE WHEN c.ordering = 'subject' THEN 'infinity'::timestamptz ELSE now() END,
          CASE WHEN c.ordering = 'subject' THEN c.subject END,
-         $9
+         $10
   FROM candidates AS c
   ON CONFLICT (endpoint_id, event_id) WHERE endpoint_id IS NOT NULL
   DO UPDATE` + retrySetSQL + `,
-    replay_id = $9
+    replay_id = $10
   WHERE outbox.jobs.state IN ` + replayRerunStatesSQL + `
-    AND $8
+    AND $9
   RETURNING endpoint_id, lane_key
 ),
 lanes AS (
@@ -178,9 +188,10 @@ SELECT (SELECT count(*) FROM candidates),
        (SELECT coalesce(array_agg(endpoint_id ORDER BY lane_key), '{}') FROM lanes),
        (SELECT coalesce(array_agg(lane_key ORDER BY lane_key), '{}') FROM lanes)`
 
-// replayCountSQL is replaySQL with $8 true, counting instead of writing:
+// replayCountSQL is replaySQL with $9 true, counting instead of writing:
 // of the same candidates, those it would enqueue (the endpoint has no job
-// for the event, or a finished one), by topic.
+// for the event, or a finished one), by topic; and the first and last
+// candidate.
 const replayCountSQL = replayCandidatesSQL + `,
 enqueued AS (
   SELECT c.topic
@@ -194,6 +205,7 @@ enqueued AS (
   )
 )
 SELECT (SELECT count(*) FROM candidates),
+       coalesce((SELECT min(id) FROM candidates), 0),
        coalesce((SELECT max(id) FROM candidates), 0),
        coalesce((SELECT json_object_agg(topic, n)
                  FROM (SELECT topic, count(*) AS n FROM enqueued GROUP BY topic) AS t), '{}')`
@@ -249,21 +261,21 @@ func replayEndpoint(ctx context.Context, db *sql.DB, id int64, req ReplayRequest
 	if err != nil {
 		return res, err
 	}
-	byTopic, err := countReplay(ctx, db, id, replayRange{from: w.From, until: w.To, topics: req.Topics})
+	counted, err := countReplay(ctx, db, id, replayRange{from: w.From, until: w.To, topics: req.Topics})
 	if err != nil {
 		return res, fmt.Errorf("replay endpoint %d: %w", id, err)
-	}
-	var count int64
-	for _, n := range byTopic {
-		count += n
 	}
 	res.ReplayID, err = createReplay(ctx, db, id, replayKindReplay, &w, req.Topics)
 	if err != nil {
 		return res, err
 	}
 	// Only now may the workers feed it: a batch fed before the count was
-	// written would be counted twice.
-	if _, err := db.ExecContext(ctx, `UPDATE outbox.replays SET jobs_total = $2, enqueue_after = 0 WHERE id = $1`, res.ReplayID, count); err != nil {
+	// written would be counted twice. Its enqueue walks from the first
+	// event the count found to the last, not from the table's start to
+	// its end: an event fanned out after the count is left to its live
+	// delivery.
+	if _, err := db.ExecContext(ctx, `UPDATE outbox.replays SET jobs_total = $2, enqueue_after = $3, last_event_id = $4 WHERE id = $1`,
+		res.ReplayID, counted.jobs(), max(counted.first-1, 0), counted.last); err != nil {
 		return res, fmt.Errorf("replay %d: write its count: %w", res.ReplayID, err)
 	}
 	if err := feedReplay(ctx, db, res.ReplayID, maxAttempts); err != nil {
@@ -322,11 +334,11 @@ func feedReplays(ctx context.Context, db *sql.DB, maxAttempts int) error {
 }
 
 // lockFeedSQL locks replay $1 for a batch of its enqueue, and reads where
-// the batch starts, unless it is enqueued (or cancelled, which ends its
+// the batch starts and where the enqueue ends, unless it is enqueued (or cancelled, which ends its
 // enqueue) or another transaction holds it: a replica feeding it, or a
 // cancel. The lock orders batches and the cancel, as joinReplay does.
 const lockFeedSQL = `
-SELECT endpoint_id, window_from, window_to, coalesce(topics, '{}'), enqueue_after
+SELECT endpoint_id, window_from, window_to, coalesce(topics, '{}'), enqueue_after, last_event_id
 FROM outbox.replays
 WHERE id = $1
   AND enqueued_at IS NULL
@@ -356,7 +368,7 @@ func feedReplay(ctx context.Context, db *sql.DB, id int64, maxAttempts int) erro
 	var endpointID, after int64
 	var r replayRange
 	var topics []string
-	err = tx.QueryRowContext(ctx, lockFeedSQL, id).Scan(&endpointID, &r.from, &r.until, pq.Array(&topics), &after)
+	err = tx.QueryRowContext(ctx, lockFeedSQL, id).Scan(&endpointID, &r.from, &r.until, pq.Array(&topics), &after, &r.through)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil
 	}
@@ -364,8 +376,7 @@ func feedReplay(ctx context.Context, db *sql.DB, id int64, maxAttempts int) erro
 		return fmt.Errorf("enqueue replay %d: %w", id, err)
 	}
 	r.topics = topics
-	until, patterns := r.args()
-	candidates, jobs, err := replayBatchTx(ctx, tx, endpointID, id, r, &after, replayFeedBatch, until, patterns, maxAttempts, true)
+	candidates, jobs, err := replayBatchTx(ctx, tx, endpointID, id, r, &after, replayFeedBatch, maxAttempts, true)
 	if err != nil {
 		return fmt.Errorf("enqueue replay %d: %w", id, err)
 	}
@@ -387,13 +398,11 @@ func previewReplay(ctx context.Context, db *sql.DB, id int64, req ReplayRequest,
 	if err != nil {
 		return pv, err
 	}
-	pv.ByTopic, err = countReplay(ctx, db, id, replayRange{from: w.From, until: w.To, topics: req.Topics})
+	counted, err := countReplay(ctx, db, id, replayRange{from: w.From, until: w.To, topics: req.Topics})
 	if err != nil {
 		return pv, err
 	}
-	for _, n := range pv.ByTopic {
-		pv.Events += n
-	}
+	pv.ByTopic, pv.Events = counted.byTopic, counted.jobs()
 	var attempts int64
 	var slotMS float64
 	if err := db.QueryRowContext(ctx, endpointPaceSQL, id, paceSample).Scan(&attempts, &slotMS); err != nil {
@@ -416,47 +425,78 @@ func replayShare(maxInFlight int) int {
 	return max(1, maxInFlight/4)
 }
 
+// replayCount is what countReplay found: the jobs a replay would
+// enqueue, by topic, and the first and last event it selects (0 if none),
+// between which its enqueue walks.
+type replayCount struct {
+	byTopic     map[string]int64
+	first, last int64
+}
+
+// jobs is the jobs of every topic.
+func (c replayCount) jobs() int64 {
+	var n int64
+	for _, jobs := range c.byTopic {
+		n += jobs
+	}
+	return n
+}
+
 // countReplay runs replayCountSQL over r from its start, batch by batch
-// as enqueueReplay does, and adds up the jobs the replay would enqueue,
+// as feedReplay does, and adds up the jobs the replay would enqueue,
 // by topic.
-func countReplay(ctx context.Context, db *sql.DB, id int64, r replayRange) (map[string]int64, error) {
-	until, topics := r.args()
-	byTopic := map[string]int64{}
-	var after int64
+func countReplay(ctx context.Context, db *sql.DB, id int64, r replayRange) (replayCount, error) {
+	c := replayCount{byTopic: map[string]int64{}}
 	for {
 		// A read-only transaction a batch: replayBatchPlanSQL's settings
 		// end with it, where a SET would stay on a pooled connection (or
 		// on PgBouncer's server connection in transaction mode).
 		tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 		if err != nil {
-			return byTopic, fmt.Errorf("dry run of replay to endpoint %d: %w", id, err)
+			return c, fmt.Errorf("dry run of replay to endpoint %d: %w", id, err)
 		}
-		candidates, counts, err := countReplayBatch(ctx, tx, id, r.from, &after, until, topics)
+		batch, err := countReplayBatch(ctx, tx, id, r, c.last)
 		tx.Rollback() // read only: nothing to commit
 		if err != nil {
-			return byTopic, fmt.Errorf("dry run of replay to endpoint %d: %w", id, err)
+			return c, fmt.Errorf("dry run of replay to endpoint %d: %w", id, err)
 		}
-		var batch map[string]int64
-		if err := json.Unmarshal(counts, &batch); err != nil {
-			return byTopic, fmt.Errorf("dry run of replay to endpoint %d: its counts by topic: %w", id, err)
+		if c.first == 0 {
+			c.first = batch.first
 		}
-		for topic, n := range batch {
-			byTopic[topic] += n
+		c.last = max(c.last, batch.last)
+		for topic, n := range batch.byTopic {
+			c.byTopic[topic] += n
 		}
-		if candidates < manualBatch {
-			return byTopic, nil
+		if batch.candidates < manualBatch {
+			return c, nil
 		}
 	}
 }
 
-// countReplayBatch runs one batch of replayCountSQL after event *after,
-// moving it on, in tx, under replayBatchPlanSQL.
-func countReplayBatch(ctx context.Context, tx *sql.Tx, id int64, from time.Time, after *int64, until, topics any) (candidates int64, counts []byte, err error) {
+// replayCountBatch is one batch of replayCountSQL: its candidates, and of
+// them the jobs to enqueue by topic and the first and last (0 if none).
+type replayCountBatch struct {
+	replayCount
+	candidates int64
+}
+
+// countReplayBatch runs one batch of replayCountSQL after event after,
+// in tx, under replayBatchPlanSQL.
+func countReplayBatch(ctx context.Context, tx *sql.Tx, id int64, r replayRange, after int64) (replayCountBatch, error) {
+	var b replayCountBatch
 	if _, err := tx.ExecContext(ctx, replayBatchPlanSQL); err != nil {
-		return 0, nil, err
+		return b, err
 	}
-	err = tx.QueryRowContext(ctx, replayCountSQL, id, from, *after, manualBatch, until, topics).Scan(&candidates, after, &counts)
-	return candidates, counts, err
+	until, topics, through := r.args()
+	var counts []byte
+	if err := tx.QueryRowContext(ctx, replayCountSQL, id, r.from, after, manualBatch, until, topics, through).Scan(
+		&b.candidates, &b.first, &b.last, &counts); err != nil {
+		return b, err
+	}
+	if err := json.Unmarshal(counts, &b.byTopic); err != nil {
+		return b, fmt.Errorf("its counts by topic: %w", err)
+	}
+	return b, nil
 }
 
 // replayDefaultRate is the rate, in events a second, that a dry run's
@@ -543,10 +583,9 @@ func estimateReplaySeconds(events int64, maxInFlight int, liveFlows bool, rateLi
 // $8; false enqueues only what the endpoint missed.
 func replayBatches(ctx context.Context, db *sql.DB, id int64, from time.Time, maxAttempts int, resendDelivered bool) (int64, error) {
 	r := replayRange{from: from}
-	until, topics := r.args()
 	var after, total int64
 	for {
-		candidates, jobs, err := replayBatch(ctx, db, id, r, &after, until, topics, maxAttempts, resendDelivered)
+		candidates, jobs, err := replayBatch(ctx, db, id, r, &after, maxAttempts, resendDelivered)
 		if err != nil {
 			return total, fmt.Errorf("replay endpoint %d: %w", id, err)
 		}
@@ -563,13 +602,13 @@ func replayBatches(ctx context.Context, db *sql.DB, id int64, from time.Time, ma
 
 // replayBatch runs one batch of manualBatch events of replayBatchTx, of
 // no replay, in a transaction of its own.
-func replayBatch(ctx context.Context, db *sql.DB, id int64, r replayRange, after *int64, until, topics any, maxAttempts int, resendDelivered bool) (candidates, jobs int64, err error) {
+func replayBatch(ctx context.Context, db *sql.DB, id int64, r replayRange, after *int64, maxAttempts int, resendDelivered bool) (candidates, jobs int64, err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer tx.Rollback()
-	if candidates, jobs, err = replayBatchTx(ctx, tx, id, 0, r, after, manualBatch, until, topics, maxAttempts, resendDelivered); err != nil {
+	if candidates, jobs, err = replayBatchTx(ctx, tx, id, 0, r, after, manualBatch, maxAttempts, resendDelivered); err != nil {
 		return 0, 0, err
 	}
 	return candidates, jobs, tx.Commit()
@@ -604,12 +643,13 @@ WHERE name IN ('enable_bitmapscan', 'enable_seqscan', 'enable_sort', 'max_parall
 // event *after, moving it on, and advances the ordered lanes the batch's
 // deliveries joined (held, as fan-out holds them), in tx; its jobs join
 // replay replayID (0: none).
-func replayBatchTx(ctx context.Context, tx *sql.Tx, id, replayID int64, r replayRange, after *int64, limit int, until, topics any, maxAttempts int, resendDelivered bool) (candidates, jobs int64, err error) {
+func replayBatchTx(ctx context.Context, tx *sql.Tx, id, replayID int64, r replayRange, after *int64, limit int, maxAttempts int, resendDelivered bool) (candidates, jobs int64, err error) {
 	if _, err := tx.ExecContext(ctx, replayBatchPlanSQL); err != nil {
 		return 0, 0, err
 	}
+	until, topics, through := r.args()
 	var lanes laneKeys
-	if err := tx.QueryRowContext(ctx, replaySQL, id, r.from, *after, limit, until, topics, maxAttempts, resendDelivered,
+	if err := tx.QueryRowContext(ctx, replaySQL, id, r.from, *after, limit, until, topics, through, maxAttempts, resendDelivered,
 		sql.NullInt64{Int64: replayID, Valid: replayID != 0}).Scan(
 		&candidates, after, &jobs, pq.Array(&lanes.endpointIDs), pq.Array(&lanes.keys)); err != nil {
 		return 0, 0, err

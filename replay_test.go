@@ -86,7 +86,7 @@ func TestReplayBatchesWalkTheirEventsInOrder(t *testing.T) {
 	}
 	ctx := context.Background()
 	r := replayRange{from: time.Now().Add(-time.Hour), topics: []string{"replayed.*"}}
-	until, topics := r.args()
+	until, topics, through := r.args()
 	cheapParallel := func(tx *sql.Tx) {
 		t.Helper()
 		for _, set := range []string{`SET LOCAL parallel_setup_cost = 0`, `SET LOCAL parallel_tuple_cost = 0`,
@@ -97,29 +97,36 @@ func TestReplayBatchesWalkTheirEventsInOrder(t *testing.T) {
 		}
 	}
 	// Index entries read, and whether the plan went parallel (a parallel
-	// worker's reads are its own, not counted in this session's).
+	// worker's reads are its own, not counted in this session's). A walk
+	// of the table itself is a fault of its own.
 	reads := func(run func(tx *sql.Tx) error) (entries int, parallel bool) {
 		t.Helper()
-		_, entries = statementReads(t, db, "outbox.events", "outbox.events_pkey", func(tx *sql.Tx) error {
+		scanned, entries := statementReads(t, db, "outbox.events", "outbox.events_pkey", func(tx *sql.Tx) error {
 			cheapParallel(tx)
 			return run(tx)
 		})
+		if scanned > 0 {
+			t.Errorf("a batch read %d rows of events in a walk of the table, not of events_pkey", scanned)
+		}
 		return entries, entries == 0
 	}
 	countPlan := func(tx *sql.Tx) (string, error) {
-		lines, err := queryAll(ctx, tx, scanString, `EXPLAIN `+replayCountSQL, endpointID, r.from, 500, manualBatch, until, topics)
+		lines, err := queryAll(ctx, tx, scanString, `EXPLAIN `+replayCountSQL, endpointID, r.from, 500, manualBatch, until, topics, through)
 		return strings.Join(lines, "\n"), err
 	}
 
 	// The faults this guards against, shown first: without the batch's
-	// settings, both statements read far past their batch.
-	enqueueBefore, _ := reads(func(tx *sql.Tx) error {
+	// settings, both statements read far past their batch, the enqueue
+	// in a walk of the index or of the table itself.
+	scannedBefore, entriesBefore := statementReads(t, db, "outbox.events", "outbox.events_pkey", func(tx *sql.Tx) error {
+		cheapParallel(tx)
 		var n, after, jobs int64
 		var ids, keys []byte
-		return tx.QueryRow(replaySQL, endpointID, r.from, 500, 500, until, topics, 18, true, nil).Scan(&n, &after, &jobs, &ids, &keys)
+		return tx.QueryRow(replaySQL, endpointID, r.from, 500, 500, until, topics, through, 18, true, nil).Scan(&n, &after, &jobs, &ids, &keys)
 	})
-	if enqueueBefore < 5000 {
-		t.Fatalf("without its settings, an enqueue batch read %d entries of events_pkey; this test wants the plan that reads to the table's end", enqueueBefore)
+	if scannedBefore+entriesBefore < 5000 {
+		t.Fatalf("without its settings, an enqueue batch read %d rows of events and %d entries of events_pkey; this test wants the plan that reads to the table's end",
+			scannedBefore, entriesBefore)
 	}
 	var before string
 	reads(func(tx *sql.Tx) (err error) { before, err = countPlan(tx); return err })
@@ -130,7 +137,7 @@ func TestReplayBatchesWalkTheirEventsInOrder(t *testing.T) {
 	after := int64(500)
 	var candidates, jobs int64
 	entries, _ := reads(func(tx *sql.Tx) (err error) {
-		candidates, jobs, err = replayBatchTx(ctx, tx, endpointID, 0, r, &after, 500, until, topics, 18, true)
+		candidates, jobs, err = replayBatchTx(ctx, tx, endpointID, 0, r, &after, 500, 18, true)
 		return err
 	})
 	// 500 in the walk (and one past it at most), and 500 in the foreign key
@@ -141,10 +148,11 @@ func TestReplayBatchesWalkTheirEventsInOrder(t *testing.T) {
 	}
 	after = 0
 	entries, parallel := reads(func(tx *sql.Tx) (err error) {
-		candidates, _, err = countReplayBatch(ctx, tx, endpointID, r.from, &after, until, topics)
+		batch, err := countReplayBatch(ctx, tx, endpointID, r, after)
 		if err != nil {
 			return err
 		}
+		candidates = batch.candidates
 		plan, err := countPlan(tx)
 		if strings.Contains(plan, "Gather") {
 			t.Errorf("in a count batch's transaction, its statement is planned in parallel:\n%s", plan)
@@ -158,11 +166,28 @@ func TestReplayBatchesWalkTheirEventsInOrder(t *testing.T) {
 		t.Errorf("a count batch: %d candidates, reading %d entries of events_pkey (parallel: %t); want 1200, at most 21200, not parallel",
 			candidates, entries, parallel)
 	}
-	byTopic, err := countReplay(ctx, db, endpointID, r)
+	counted, err := countReplay(ctx, db, endpointID, r)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(map[string]int64{"replayed.event": 1200}, byTopic); diff != "" {
+	if diff := cmp.Diff(map[string]int64{"replayed.event": 1200}, counted.byTopic); diff != "" {
 		t.Errorf("count of the window (-want +got):\n%s", diff)
+	}
+	if counted.first != 1 || counted.last != 1200 {
+		t.Errorf("the count found events %d to %d, want 1 to 1200", counted.first, counted.last)
+	}
+
+	// Bounded by the last event its count found, a replay's batch stops
+	// there, where without the bound it walks the 20,000 events after it
+	// (as the count's batch above did) to find no more.
+	r.through = sql.NullInt64{Int64: counted.last, Valid: true}
+	after = 1000
+	entries, _ = reads(func(tx *sql.Tx) (err error) {
+		candidates, jobs, err = replayBatchTx(ctx, tx, endpointID, 0, r, &after, 500, 18, true)
+		return err
+	})
+	if candidates != 200 || jobs != 200 || after != 1200 || entries > 402 {
+		t.Errorf("the last enqueue batch, after event 1000 up to event 1200: %d candidates, %d jobs, up to event %d, reading %d entries of events_pkey; want 200, 200, 1200, at most 402",
+			candidates, jobs, after, entries)
 	}
 }

@@ -802,6 +802,48 @@ func TestReplayTotalIsWhatItEnqueued(t *testing.T) {
 	}
 }
 
+// A replay's enqueue walks the events its count found, from the first to
+// the last, and stops there: an event of the window fanned out after the
+// count (its transaction began before the window's end and committed
+// later) is left to its live delivery, and the walk never reads on to
+// the end of the table for it.
+func TestReplayEnqueuesWhatItsCountFound(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	const hook = "http://192.0.2.1:9"
+	ep := createTunedEndpoint(t, api, hook, `"max_in_flight": 8`)
+	mustExec(t, db, `INSERT INTO outbox.events (topic, subject, created_at, fanned_out_at)
+		SELECT 'elsewhere.e', 's', now() - interval '1 hour', now() - interval '1 hour' FROM generate_series(1, 50)`)
+	seedFanned(t, db, hook, "s", 600)
+	last := queryInt(t, db, `SELECT max(id) FROM outbox.events`)
+	res := replayFor(t, api, ep.ID)
+	if res.Jobs != 600 {
+		t.Fatalf("the POST answered %d jobs, want 600", res.Jobs)
+	}
+	if end := queryInt(t, db, `SELECT last_event_id FROM outbox.replays WHERE id = $1`, res.ReplayID); end != last {
+		t.Errorf("the replay ends at event %d, want the last its count found, %d", end, last)
+	}
+	late := queryInt(t, db, `INSERT INTO outbox.events (topic, subject, created_at, fanned_out_at)
+		VALUES ($1, 's', now() - interval '1 hour', now()) RETURNING id`, topicFor(hook)+".e")
+	for range 2 {
+		mustExec(t, db, `UPDATE outbox.jobs SET state = 'completed', attempt = 1, attempted_at = now(), finalized_at = now()
+			WHERE replay_id = $1 AND state = 'available'`, res.ReplayID)
+		if err := feedReplays(context.Background(), db, 18); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE replay_id = $1`, res.ReplayID); n != 600 {
+		t.Errorf("the replay enqueued %d jobs, want the 600 its count found", n)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE event_id = $1`, late); n != 0 {
+		t.Errorf("the event fanned out after the count has %d jobs of the replay, want none", n)
+	}
+	if r := replaysOf(t, api, ep.ID)[0]; r.Total != 600 || r.EnqueuedAt == nil {
+		t.Errorf("after the last batch: %+v, want a total of 600, enqueued", r)
+	}
+}
+
 // A claim says of each job whether its outcome frees a place that due
 // work may wait for (wake_on_outcome): the worker claims again when such
 // an outcome is recorded, and only then. Endpoint full (cap 2, 3 due):
