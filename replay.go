@@ -334,9 +334,10 @@ func feedReplays(ctx context.Context, db *sql.DB, maxAttempts int) error {
 }
 
 // lockFeedSQL locks replay $1 for a batch of its enqueue, and reads where
-// the batch starts and where the enqueue ends, unless it is enqueued (or cancelled, which ends its
-// enqueue) or another transaction holds it: a replica feeding it, or a
-// cancel. The lock orders batches and the cancel, as joinReplay does.
+// the batch starts and where the enqueue ends, unless it is enqueued (or
+// cancelled, which ends its enqueue) or another transaction holds it: a
+// replica feeding it, or a cancel. The lock orders batches and the
+// cancel, as joinReplay does.
 const lockFeedSQL = `
 SELECT endpoint_id, window_from, window_to, coalesce(topics, '{}'), enqueue_after, last_event_id
 FROM outbox.replays
