@@ -670,15 +670,8 @@ func (p *workerPool) guard(job Job, fn func() error) (err error) {
 	return fn()
 }
 
-// noopJobKind is a job that does nothing, so `outboxd load -mode jobs` can
-// measure the job table alone: claim, run, record.
-const noopJobKind = "noop"
-
 // work dispatches a job to the handler of its kind.
 func (p *workerPool) work(ctx context.Context, job Job) error {
-	if job.Kind == noopJobKind {
-		return nil
-	}
 	if handle, ok := p.handlers[job.Kind]; ok {
 		return handle(ctx, job)
 	}

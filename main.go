@@ -229,7 +229,6 @@ func (c Config) defaultInboxRetention() time.Duration {
 var commands = []struct{ name, summary string }{
 	{"serve", "run the service, the default: relay, workers, sweeps and the HTTP listener"},
 	{"migrate", "apply schema.sql to the database and exit"},
-	{"load", "drive a child outboxd with producers and a receiver; report rates, latency, memory"},
 	{secretsEncrypt, "seal every stored secret under -secrets-key"},
 	{secretsRotateKey, "seal every stored secret again, from -secrets-old-key to -secrets-key"},
 	{"version", "print the release, module version, VCS revision and Go version"},
@@ -586,9 +585,6 @@ func (c Config) validateInboxRetention() error {
 // embedded cluster if needed), applies the schema, starts every loop and the
 // HTTP server, and on ctx's end stops them all and waits for each.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	if len(args) > 0 && args[0] == "load" {
-		return runLoad(ctx, args[1:], getenv, stdout, stderr)
-	}
 	if len(args) > 0 && args[0] == "version" {
 		fs := flag.NewFlagSet("outboxd version", flag.ContinueOnError)
 		fs.SetOutput(stderr)
