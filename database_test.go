@@ -93,13 +93,17 @@ func TestOnlyThePipelinesCommitsSkipTheFlush(t *testing.T) {
 		}
 		return setting
 	}
+	noOutcomes, err := newOutcomeRows(nil).args(5)
+	if err != nil {
+		t.Fatal(err)
+	}
 	pipeline := func() (*sql.Tx, error) { return beginPipelineTx(ctx, db) }
 	plain := func() (*sql.Tx, error) { return db.BeginTx(ctx, nil) }
 	got := []string{
 		commitSetting("a pipeline transaction", pipeline, ""),
 		commitSetting("the next transaction on its connection", plain, ""),
 		commitSetting("a claim", plain, `SELECT * FROM outbox.claim_jobs(1)`),
-		commitSetting("a batch of outcomes", plain, recordOutcomesSQL, recordOutcomesArgs(nil, 5)...),
+		commitSetting("a batch of outcomes", plain, recordOutcomesSQL, noOutcomes...),
 		commitSetting("a record", plain, `SELECT outbox.record('order.paid', 'o-1', '{}')`),
 	}
 	if diff := cmp.Diff([]string{"off", "on", "off", "off", "on"}, got); diff != "" {

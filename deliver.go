@@ -17,9 +17,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
+	"math/rand/v2"
 	"runtime/debug"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -58,49 +57,13 @@ type WorkerConfig struct {
 	BreakerThreshold int
 }
 
-// Job is one claimed attempt of a job, with the event it delivers.
-type Job struct {
-	ID          int64
-	Kind        string
-	Attempt     int // this attempt's number, from 1
-	MaxAttempts int
-	// EndpointID is a webhook job's endpoint; 0 once the endpoint was
-	// deleted (the column is set to NULL) and for every other kind.
-	EndpointID int64
-	// endpoint is a delivery's endpoint as the claim read it; nil when the
-	// job has none or it was deleted.
-	endpoint *deliveryEndpoint
-	// attempt, set by runJob for kinds that keep attempt records, is where
-	// the handler leaves what its attempt did; it is written in the same
-	// transaction as the job's outcome.
-	attempt *attemptRecord
-	// startAt is when the job may start, by this process's clock: its
-	// place in its endpoint's rate limit; zero for no wait.
-	startAt time.Time
-	// wakeOnOutcome, from the claim, says that recording this job's
-	// outcome may let due work be claimed at once: the claim filled its
-	// endpoint's room or replay share (or the subscribers' share of the
-	// batch), or it heads an ordered lane (outbox.claim_jobs).
-	wakeOnOutcome bool
-	// yieldsToLive, from the claim, marks a replayed delivery claimed
-	// into a replay lane narrowed by live traffic: when it ends, its
-	// place waits for the next claim, or replayYield for one of its own
-	// (outbox.claim_jobs, replay_yields).
-	yieldsToLive bool
-	Event        Event
-}
-
-// deliveryEndpoint is an endpoint as one attempt sees it.
-type deliveryEndpoint struct {
-	URL            string
-	Secrets        [][]byte // as stored, sealed if a key is set (secrets.go); current first, then the previous during a rotation
-	DisabledReason *string
-}
-
-// workerPool runs jobs: one fetch loop claims due jobs while there are free
-// slots, each job runs in its own goroutine, and one completer writes their
-// outcomes in batches.
+// workerPool runs jobs: its loop claims due jobs while there are free
+// slots (claimer), each batch of jobs runs in its own goroutine, and the
+// completer writes their outcomes in batches.
 type workerPool struct {
+	*claimer
+	*completer
+
 	db          *sql.DB
 	cfg         WorkerConfig
 	grace       time.Duration // how long in-flight jobs may finish after Run's ctx ends
@@ -108,31 +71,13 @@ type workerPool struct {
 	// handlers run every other kind of job. A kind without one is left
 	// to a process that has it (it retries meanwhile, visibly).
 	handlers map[string]jobHandler
-	// replica, if set, is the registry whose id every claim records
-	// (replicas.go); nil claims under no id, rescued by the horizon alone.
-	replica *replicaRegistry
-	logger  *slog.Logger
+	logger   *slog.Logger
 
-	slots     chan struct{} // one token per running job
-	slotFreed chan struct{} // poked when a job finishes
-	results   chan jobResult
-	// outcomeLinger is completeLinger, which tests lengthen.
-	outcomeLinger time.Duration
-
-	// claimMu guards the fields below it, and is held by Run's claims
-	// from counting free slots to starting the jobs claimed into them.
-	// The relay claims for these workers in slots it reserves (reserve,
-	// handOff) while Run accepts them, and jobs started run under jobCtx
-	// and count in running, which Run's shutdown waits for.
-	claimMu   sync.Mutex
-	accepting bool
-	jobCtx    context.Context
-	running   *sync.WaitGroup
-	// answered are the deliveries whose attempt has succeeded and whose
-	// outcome the completer has not written yet: each claim passes them,
-	// so that an endpoint's cap counts requests in flight, not outcomes
-	// waiting for their batch's commit (schema.sql, outbox.claim_jobs).
-	answered answeredJobs
+	// jobCtx and running are set by Run before it lets claims start
+	// jobs: jobs run under jobCtx and count in running, which Run's
+	// shutdown waits for.
+	jobCtx  context.Context
+	running *sync.WaitGroup
 	// recorded is poked when a job claimed into a full place
 	// (Job.wakeOnOutcome) has freed it: when its attempt succeeded
 	// (answeredJobs.add), and when its outcome was written (a failure's
@@ -143,44 +88,23 @@ type workerPool struct {
 	completed atomic.Int64
 	retried   atomic.Int64
 	discarded atomic.Int64
-	// What the claims and the outcome writes cost, for /metrics: how
-	// often each runs, how long it takes and how many jobs it carries
-	// say where a job's wait goes (`outboxd load -mode replay` reads
-	// them per phase).
-	claims         *histogram // one claim statement, seconds
-	claimsBegun    atomic.Int64
-	claimedJobs    atomic.Int64
-	outcomeBatches *histogram // one batch of outcomes written, retries included, seconds
-	outcomeJobs    atomic.Int64
 }
-
-// jobHandler runs one attempt of a job. Its error, if any, is the outcome
-// decideOutcome reads: permanentError and retryAfterError steer it.
-type jobHandler func(ctx context.Context, job Job) error
 
 func newWorkerPool(db *sql.DB, cfg WorkerConfig, grace time.Duration, subs *subscriberRegistry, handlers map[string]jobHandler, logger *slog.Logger) *workerPool {
-	return &workerPool{
-		db:            db,
-		cfg:           cfg,
-		grace:         grace,
-		subscribers:   subs,
-		handlers:      handlers,
-		logger:        logger.With("loop", "workers"),
-		slots:         make(chan struct{}, cfg.Concurrency),
-		slotFreed:     make(chan struct{}, 1),
-		results:       make(chan jobResult, cfg.Concurrency),
-		outcomeLinger: completeLinger,
-		recorded:      make(chan struct{}, 1),
-		answered:      answeredJobs{ids: map[int64]struct{}{}},
-
-		claims:         newHistogram(latencyBuckets),
-		outcomeBatches: newHistogram(latencyBuckets),
+	logger = logger.With("loop", "workers")
+	p := &workerPool{
+		db:          db,
+		cfg:         cfg,
+		grace:       grace,
+		subscribers: subs,
+		handlers:    handlers,
+		logger:      logger,
+		recorded:    make(chan struct{}, 1),
 	}
+	p.claimer = newClaimer(db, cfg.Concurrency, p, logger)
+	p.completer = newCompleter(db, cfg.BreakerThreshold, cfg.Concurrency, &p.claimer.answered, p.recorded, logger)
+	return p
 }
-
-// claimBatchMax bounds one claim: big enough that a backlog costs one
-// round trip per many jobs, small enough to share work among replicas.
-const claimBatchMax = 100
 
 // Run claims and runs jobs until ctx ends, waking on wake and every
 // PollInterval. Then it stops claiming, gives in-flight jobs the grace
@@ -209,37 +133,18 @@ func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 
 	poll := time.NewTicker(p.cfg.PollInterval)
 	defer poll.Stop()
-	p.claimMu.Lock()
-	p.accepting, p.jobCtx, p.running = true, jobCtx, &running
-	p.claimMu.Unlock()
+	p.jobCtx, p.running = jobCtx, &running
+	p.open(&running)
 
 	moreDue := true // a claim filled every free slot: more may be waiting
 	// Under load, wait for a quarter of the slots to free up before the next
 	// claim, so one claim statement fetches several jobs instead of one.
 	claimAtFree := max(1, cap(p.slots)/4)
 	for ctx.Err() == nil {
-		// Held from the count of free slots to the start of the jobs
-		// claimed into them, so that no reservation of the relay's takes
-		// a slot in between.
-		p.claimMu.Lock()
-		if free := cap(p.slots) - len(p.slots); free >= claimAtFree || (free > 0 && !moreDue) {
-			// A claim in flight runs to its end when shutdown begins:
-			// cancelled after its statement committed, its jobs would be
-			// running, held by no worker here, until a rescue returned
-			// them. Claimed, they run within the grace period like any.
-			claimCtx, cancelClaim := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
-			jobs, err := p.claim(claimCtx, min(free, claimBatchMax))
-			cancelClaim()
-			if err != nil {
-				p.logger.Error("claim jobs failed", "err", err)
-			}
-			moreDue = len(jobs) == min(free, claimBatchMax)
-			for _, batch := range p.batches(jobs) {
-				p.slots <- struct{}{}
-				p.start(batch)
-			}
+		var err error
+		if moreDue, err = p.fill(ctx, claimAtFree, moreDue); err != nil {
+			p.logger.Error("claim jobs failed", "err", err)
 		}
-		p.claimMu.Unlock()
 		// A claim that filled the free slots claims again as slots free
 		// up. One that came back short waits for a reason to look again:
 		// new jobs, the poll, or the completer having recorded the outcome
@@ -262,9 +167,7 @@ func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 		case <-recorded:
 		}
 	}
-	p.claimMu.Lock()
-	p.accepting = false // the relay reserves no more slots
-	p.claimMu.Unlock()
+	p.close() // the relay reserves no more slots
 	p.stop(&running, cancelJobs)
 	<-completerDone
 	<-feederDone
@@ -276,9 +179,9 @@ func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 // are with the completer.
 func (p *workerPool) start(batch []Job) {
 	p.running.Go(func() {
-		defer func() { <-p.slots; poke(p.slotFreed) }()
+		defer p.release()
 		results := p.runBatch(p.jobCtx, batch)
-		if p.answered.add(results) {
+		if p.claimer.answered.add(results) {
 			poke(p.recorded)
 		}
 		if batch[0].yieldsToLive {
@@ -288,53 +191,6 @@ func (p *workerPool) start(batch []Job) {
 			p.results <- res
 		}
 	})
-}
-
-// reserve takes up to n free slots for a claim the relay makes in its
-// pass (relay.go, outbox.fan_out_and_claim), and reports how many: none
-// while Run is not running, or while its own claim is counting and
-// filling slots (the relay then leaves the claim to it). A reservation of
-// any slot must be ended by handOff, which Run's shutdown waits for.
-func (p *workerPool) reserve(n int) int {
-	if !p.claimMu.TryLock() {
-		return 0
-	}
-	defer p.claimMu.Unlock()
-	if !p.accepting {
-		return 0
-	}
-	reserved := 0
-take:
-	for reserved < n {
-		select {
-		case p.slots <- struct{}{}:
-			reserved++
-		default:
-			break take // every slot is taken
-		}
-	}
-	if reserved > 0 {
-		p.running.Add(1) // the reservation, ended by handOff
-	}
-	return reserved
-}
-
-// handOff starts the jobs a claim in reserved slots took (none if it
-// failed), one batch to a slot, and frees the slots left over. It ends
-// the reservation.
-func (p *workerPool) handOff(jobs []Job, reserved int) {
-	defer p.running.Done()
-	p.claimsBegun.Add(1) // a claim was made: replayed deliveries' places are taken (claimUnlessClaimed)
-	batches := p.batches(jobs)
-	for _, batch := range batches {
-		p.start(batch)
-	}
-	for range reserved - len(batches) {
-		<-p.slots
-	}
-	if reserved > len(batches) {
-		poke(p.slotFreed)
-	}
 }
 
 // replayYield is how long a replayed delivery's place, in a replay lane
@@ -408,198 +264,6 @@ func (p *workerPool) workOnce(ctx context.Context, n int) (int, error) {
 	}
 	return len(jobs), p.recordOutcomesRetrying(results)
 }
-
-// answeredJobs is workerPool.answered: a set of job ids, shared by the
-// workers (add), the completer (remove) and the claim (list).
-type answeredJobs struct {
-	mu  sync.Mutex
-	ids map[int64]struct{}
-}
-
-// add notes the jobs of results whose attempts have ended and free their
-// place at once (jobResult.freesItsPlace), and reports whether one of them
-// was claimed into a full place (Job.wakeOnOutcome).
-func (a *answeredJobs) add(results []jobResult) (wake bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for _, r := range results {
-		if r.freesItsPlace() {
-			a.ids[r.ID] = struct{}{}
-			wake = wake || r.wakeOnOutcome
-		}
-	}
-	return wake
-}
-
-// freesItsPlace says that a delivery's attempt frees its place under its
-// endpoint's cap when it ends, not when its outcome is written: it
-// succeeded and asked nothing of the endpoint. Any other answer may move
-// the endpoint (a failure counts towards the breaker, a Retry-After holds
-// it, a 410 disables it), which the completer writes with the outcome:
-// until then the place stays taken, so the next claim sees the endpoint as
-// the answer left it, not a request later.
-func (r jobResult) freesItsPlace() bool {
-	rec := r.record
-	return r.State == jobCompleted && rec != nil && rec.EndpointID != 0 &&
-		rec.Hold == 0 && (rec.Change == endpointSucceeded || rec.Change == endpointUnchanged)
-}
-
-// remove forgets the jobs of a batch of outcomes the completer wrote, or
-// failed to write (they are then running until the rescuer returns them,
-// and count against their endpoint's cap as any running job).
-func (a *answeredJobs) remove(results []jobResult) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for _, r := range results {
-		delete(a.ids, r.ID)
-	}
-}
-
-// list is the set as it is now: never nil, which the claim would take for
-// an SQL NULL, and with it no running job for any cap to count.
-func (a *answeredJobs) list() []int64 {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return slices.AppendSeq(make([]int64, 0, len(a.ids)), maps.Keys(a.ids))
-}
-
-// claimTimeout bounds a claim, which shutdown does not cancel (Run).
-const claimTimeout = 10 * time.Second
-
-// claimJobsSQL takes up to $1 due jobs, soonest first, marks them running
-// with their next attempt number, held by replica $2 (NULL: none), and
-// returns each with its event and, for a delivery, its endpoint. The
-// statement is schema.sql's outbox.claim_jobs, which pins its plan and
-// reads everything in one snapshot.
-const claimJobsSQL = `SELECT ` + claimedColumns + ` FROM outbox.claim_jobs($1, $2, $3)`
-
-// claimedColumns are a claimed job's columns, as claimedRow.dest scans
-// them: outbox.claim_jobs's, which outbox.fan_out_and_claim repeats.
-const claimedColumns = `
-       id, kind, attempt, max_attempts, endpoint_id,
-       event_id, topic, subject, payload, created_at,
-       traceparent, tracestate,
-       url, secret, previous_secret, disabled_reason,
-       start_in_ms, wake_on_outcome, replay_yields`
-
-// claim takes up to n due jobs in one statement, under this process's
-// replica id. Without one (declared dead, not registered again yet) it
-// claims nothing.
-func (p *workerPool) claim(ctx context.Context, n int) ([]Job, error) {
-	replica, ok := p.claimReplica()
-	if !ok {
-		return nil, nil
-	}
-	// A rate-limited job's start_in_ms counts from the claim's now(), the
-	// moment the statement began; counted from its arrival instead, a slow
-	// claim would start its batch late and squeeze it against the next.
-	sent := time.Now()
-	p.claimsBegun.Add(1)
-	scan := func(row rowScanner) (Job, error) { return scanClaimedJob(row, sent) }
-	jobs, err := queryAll(ctx, p.db, scan, claimJobsSQL, n, replica, pq.Array(p.answered.list()))
-	p.claims.Observe(time.Since(sent).Seconds())
-	p.claimedJobs.Add(int64(len(jobs)))
-	if err != nil {
-		p.claimFailed(replica, err)
-		return nil, fmt.Errorf("claim jobs: %w", err)
-	}
-	return jobs, nil
-}
-
-// claimFailed notes a claim under replica that failed with err: if the
-// replica was declared dead, this process claims nothing until it is
-// registered again.
-func (p *workerPool) claimFailed(replica *int64, err error) {
-	if replica != nil && pq.As(err, errReplicaNotRegistered) != nil {
-		p.replica.lost(*replica)
-	}
-}
-
-// claimReplica is the replica id a claim records (nil: none, without a
-// registry), and false while this process has none (declared dead, not
-// registered again yet), when it must claim nothing.
-func (p *workerPool) claimReplica() (*int64, bool) {
-	if p.replica == nil {
-		return nil, true
-	}
-	id := p.replica.ID()
-	if id == 0 {
-		return nil, false
-	}
-	return &id, true
-}
-
-// scanClaimedJob reads one row of claimJobsSQL, a claim sent at sent.
-func scanClaimedJob(row rowScanner, sent time.Time) (Job, error) {
-	var c claimedRow
-	if err := row.Scan(c.dest()...); err != nil {
-		return Job{}, err
-	}
-	j, _ := c.job(sent)
-	return j, nil
-}
-
-// claimedRow is the columns of a claimed job, as outbox.claim_jobs
-// returns them and outbox.fan_out_and_claim repeats them (relay.go), in
-// that order. Every one may be NULL: fan_out_and_claim's row for a pass
-// that claimed no job has none.
-type claimedRow struct {
-	id, attempt, maxAttempts, endpointID, eventID, startInMS sql.NullInt64
-	kind, topic, subject, url                                sql.NullString
-	traceparent, tracestate, disabledReason                  *string
-	payload, secret, previous                                []byte
-	createdAt                                                sql.NullTime
-	wakeOnOutcome, yieldsToLive                              sql.NullBool
-}
-
-// dest is what Scan fills, in the columns' order.
-func (c *claimedRow) dest() []any {
-	return []any{&c.id, &c.kind, &c.attempt, &c.maxAttempts, &c.endpointID,
-		&c.eventID, &c.topic, &c.subject, &c.payload, &c.createdAt,
-		&c.traceparent, &c.tracestate,
-		&c.url, &c.secret, &c.previous, &c.disabledReason, &c.startInMS, &c.wakeOnOutcome, &c.yieldsToLive}
-}
-
-// job is the row as a Job claimed by a statement sent at sent, and
-// whether there is one.
-func (c *claimedRow) job(sent time.Time) (Job, bool) {
-	if !c.id.Valid {
-		return Job{}, false
-	}
-	j := Job{
-		ID:            c.id.Int64,
-		Kind:          c.kind.String,
-		Attempt:       int(c.attempt.Int64),
-		MaxAttempts:   int(c.maxAttempts.Int64),
-		EndpointID:    c.endpointID.Int64,
-		wakeOnOutcome: c.wakeOnOutcome.Bool,
-		yieldsToLive:  c.yieldsToLive.Bool,
-		Event: Event{
-			ID:          c.eventID.Int64,
-			Topic:       c.topic.String,
-			Subject:     c.subject.String,
-			Payload:     c.payload,
-			CreatedAt:   c.createdAt.Time,
-			Traceparent: c.traceparent,
-			Tracestate:  c.tracestate,
-		},
-	}
-	if c.startInMS.Int64 > 0 {
-		j.startAt = sent.Add(time.Duration(c.startInMS.Int64) * time.Millisecond)
-	}
-	if c.url.Valid {
-		j.endpoint = &deliveryEndpoint{URL: c.url.String, Secrets: [][]byte{c.secret}, DisabledReason: c.disabledReason}
-		if c.previous != nil {
-			j.endpoint.Secrets = append(j.endpoint.Secrets, c.previous)
-		}
-	}
-	return j, true
-}
-
-// errCompletedInTx is what a handler's attempt reports when it already
-// completed its job in its own transaction, so the completer has nothing
-// to write.
-var errCompletedInTx = errors.New("completed in the handler's transaction")
 
 // batches groups claimed jobs for running: the jobs of one in-process
 // subscriber run together in one transaction (runSubscriberBatch), every
@@ -831,4 +495,31 @@ func (p *workerPool) handleEach(ctx context.Context, tx *sql.Tx, sub Subscriber,
 		done = append(done, job.ID)
 	}
 	return done, failed, nil
+}
+
+// outcome decides what an attempt's error means for its job, counts it
+// and logs it.
+func (p *workerPool) outcome(job Job, err error, start time.Time) jobResult {
+	res := jobResult{ID: job.ID, Attempt: job.Attempt, wakeOnOutcome: job.wakeOnOutcome}
+	res.jobOutcome = decideOutcome(job.Attempt, job.MaxAttempts, err, rand.Float64())
+	// The attributes are built per call, not with logger.With: With copies
+	// them for every job, and most jobs complete at debug level, unlogged.
+	attrs := func(more ...any) []any {
+		return append([]any{"job_id", job.ID, "kind", job.Kind, "event_id", job.Event.ID,
+			"attempt", job.Attempt, "duration", time.Since(start).Round(time.Millisecond)}, more...)
+	}
+	switch res.State {
+	case jobCompleted:
+		p.completed.Add(1)
+		if p.logger.Enabled(context.Background(), slog.LevelDebug) {
+			p.logger.Debug("job completed", attrs()...)
+		}
+	case jobRetryable:
+		p.retried.Add(1)
+		p.logger.Warn("job failed; will retry", attrs("retry_in", res.Delay.Round(time.Second), "err", err)...)
+	case jobDiscarded:
+		p.discarded.Add(1)
+		p.logger.Error("job discarded", attrs("max_attempts", job.MaxAttempts, "err", err)...)
+	}
+	return res
 }

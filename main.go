@@ -834,7 +834,7 @@ func startPipeline(cfg Config, db *sql.DB, box *secretBox, dsn string, allowAddr
 	p.workers.replica = registry
 	// The relay starts once the workers it claims for exist
 	// (relay.go, fan_out_and_claim).
-	p.relay.workers = p.workers
+	p.relay.workers = p.workers.claimer
 	start("relay", func(ctx context.Context) error {
 		if cfg.PoolMode == poolModeTransaction {
 			quietProducers(ctx, db, logger)

@@ -96,7 +96,7 @@ func newMigration(logger *slog.Logger) migration {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	return migration{
-		schema:        schemaSQL + fanOutFunctionSQL + recordOutcomesFunctionSQL,
+		schema:        schemaSQL,
 		indexes:       schemaIndexesSQL,
 		lockWait:      migrateLockWait,
 		indexLockWait: migrateIndexLockWait,

@@ -358,7 +358,7 @@ func TestRelayClaimReadsOneBatchWhateverTheEstimates(t *testing.T) {
 	// the claimed rows by key too, not by scanning the backlog.
 	var claimed, jobs int
 	scanned, indexEntries := statementReads(t, db, "outbox.events", "outbox.events_unfanned_by_id", func(tx *sql.Tx) error {
-		return tx.QueryRow(relayBatchSQL, batch, `[]`, 18, 300.0, "").Scan(&claimed, &jobs)
+		return tx.QueryRow(fanOutSQL, batch, nil, `[]`, 18, 300.0, "").Scan(&claimed, &jobs)
 	})
 	if claimed != batch || scanned != 0 || indexEntries > batch {
 		t.Errorf("claimed %d of a %d backlog, scanning %d table rows and reading %d index entries; want %d claimed, 0 scanned, at most %d entries",
@@ -577,49 +577,6 @@ func TestConcurrentRelaysAndWorkersRunEachJobOnce(t *testing.T) {
 	}
 }
 
-// A previous release's relay, during a rolling upgrade, calls outbox.fan_out
-// with four arguments in a transaction of its own and reads five columns,
-// the ordered lanes among them, which it advances again (README,
-// "Upgrading"): the function keeps that shape.
-func TestFanOutKeepsThePreviousReleasesCall(t *testing.T) {
-	t.Parallel()
-	db, _ := newTestDB(t)
-	recordN(t, db, "t", 3)
-	tx, err := db.Begin()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback()
-	var fanned, jobs, pid int
-	var laneEndpoints, laneKeys []byte
-	if err := tx.QueryRow(`SELECT * FROM outbox.fan_out($1, $2, $3, $4)`, 10, `[{"kind": "k", "topics": ["t"], "per_subject": false}]`, 18, 300.0).
-		Scan(&fanned, &jobs, &laneEndpoints, &laneKeys, &pid); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	if fanned != 3 || jobs != 3 || string(laneEndpoints) != "{}" || pid == 0 {
-		t.Errorf("fan_out with four arguments: %d fanned, %d jobs, lanes %s, pid %d; want 3, 3, {}, a pid", fanned, jobs, laneEndpoints, pid)
-	}
-
-	// A previous release that applies its own schema.sql (a downgrade, or
-	// its replica migrating) replaces the four-argument function with its
-	// own: each call still finds exactly one function.
-	mustExec(t, db, `DROP FUNCTION outbox.fan_out(integer, jsonb, integer, double precision)`)
-	mustExec(t, db, `CREATE FUNCTION outbox.fan_out(integer, jsonb, integer, double precision)
-		RETURNS TABLE (out_fanned bigint, out_jobs bigint, out_lane_endpoints bigint[], out_lane_keys text[], out_pid integer)
-		LANGUAGE sql AS $$ SELECT 0::bigint, 0::bigint, '{}'::bigint[], '{}'::text[], pg_backend_pid() $$`)
-	for _, call := range []string{
-		`SELECT out_fanned FROM outbox.fan_out(10, '[]', 18, 300.0)`,
-		`SELECT out_fanned FROM outbox.fan_out(10, '[]', 18, 300.0, '')`,
-	} {
-		if _, err := db.Exec(call); err != nil {
-			t.Errorf("after the previous release's schema, %s: %v", call, err)
-		}
-	}
-}
-
 // A pass that keeps up (not full) claims the deliveries it makes for this
 // process's workers, in its own transaction: the job is running when the
 // pass returns, and it is delivered without a claim of the workers' own
@@ -638,7 +595,7 @@ func TestRelayClaimsForItsOwnWorkers(t *testing.T) {
 	cfg := defaultConfig().Relay
 	cfg.BatchSize = 2
 	r := newTestRelay(t, db, cfg)
-	r.workers = wp
+	r.workers = wp.claimer
 	topic := topicFor(rc.srv.URL) + ".e"
 
 	mustExec(t, db, `SELECT outbox.record($1, 'one', '{}')`, topic)

@@ -238,32 +238,40 @@ BEGIN
 END
 $$;
 
--- mark_fanned_out is the relay's batch claim (relay.go): it claims up to
--- batch events with claim_unfanned, marks them fanned out, and returns what
--- the fan-out reads of them, in the caller's transaction.
--- enable_seqscan = off has the UPDATE fetch the claimed rows by key, where
--- a planner that thinks index reads expensive (a high random_page_cost)
--- would scan the whole backlog for 200 rows.
+-- mark_fanned_out is the relay's claim (fan_out): it claims up to in_batch
+-- events with claim_unfanned, or with in_event_id that one event if it is
+-- still waiting, marks them fanned out, and returns what the fan-out reads
+-- of them, in the caller's transaction. enable_seqscan = off has the
+-- UPDATE fetch the claimed rows by key, where a planner that thinks index
+-- reads expensive (a high random_page_cost) would scan the whole backlog
+-- for 200 rows.
 --
 -- The claim comes first, in a statement of its own: each statement of a
 -- PL/pgSQL function sees the rows committed when it began, so the UPDATE
 -- sees every row the claim locked. (The other way round, a claim made by a
 -- function called from the UPDATE runs later than the UPDATE's snapshot
 -- and can lock a row that the UPDATE does not see.)
---
--- It returns the payload for the subject index, which the relay keeps in
--- the same statement. Callers name the columns they read, so a relay of the
--- previous release, which reads three, keeps working; adding the column
--- needs the DROP, which CREATE OR REPLACE cannot do.
 DROP FUNCTION IF EXISTS outbox.mark_fanned_out(integer);
-CREATE FUNCTION outbox.mark_fanned_out(batch integer)
+DROP FUNCTION IF EXISTS outbox.mark_fanned_out(integer, bigint);
+CREATE FUNCTION outbox.mark_fanned_out(in_batch integer, in_event_id bigint)
 RETURNS TABLE (id bigint, topic text, subject text, payload jsonb)
 LANGUAGE plpgsql VOLATILE
 SET enable_seqscan = off
 AS $$
 DECLARE
-  claimed bigint[] := ARRAY(SELECT outbox.claim_unfanned(batch));
+  claimed bigint[];
 BEGIN
+  IF in_event_id IS NULL THEN
+    claimed := ARRAY(SELECT outbox.claim_unfanned(in_batch));
+  ELSE
+    claimed := ARRAY(
+      SELECT e.id
+      FROM outbox.events AS e
+      WHERE e.id = in_event_id
+        AND e.fanned_out_at IS NULL
+        AND e.poisoned_at IS NULL
+      FOR UPDATE OF e SKIP LOCKED);
+  END IF;
   RETURN QUERY
   UPDATE outbox.events AS e
   SET fanned_out_at = now()
@@ -962,38 +970,44 @@ $$;
 -- makes the declaration (which deletes the row) wait for a claim in
 -- flight, so no claim commits behind the rescue of its replica's jobs.
 -- NULL: the jobs are held by no one known, and only the horizon rescues
--- them. claim_jobs(batch), below, is the previous release's call, kept as
--- a function of its own rather than a default of replica, so that a
--- previous release applying its own schema.sql replaces that one and
--- leaves no two functions matching claim_jobs(batch).
+-- them (the default: tests and an operator's psql claim this way).
 --
 -- answered are deliveries of the claiming replica whose attempt has
 -- succeeded and whose outcome its completer has not written yet
--- (deliver.go, workerPool.answered). They are still running in the table,
+-- (claim.go, answeredJobs). They are still running in the table,
 -- but hold no request to their endpoint any more, so its max_in_flight
 -- does not count them: a delivery holds its place for its request, not
 -- for the wait for a batch of outcomes to commit. (A failed attempt keeps
 -- its place until its outcome, and what it does to the endpoint, is
 -- written.) Another replica's claims count them until their outcome is
 -- written, which delays, never overloads.
--- claim_jobs(batch, replica), below, is the previous release's call, with
--- none.
 --
--- Its columns are named in the caller's SELECT, so a column added here
--- leaves a replica still running the previous release working (it calls
--- claim_jobs(batch), and ignores start_in_ms); a change of its result type
--- needs the DROP, which CREATE OR REPLACE cannot do.
+-- claimed_job is a claimed job as the workers run it: the job, its event
+-- and, for a delivery, its endpoint; start_in_ms is its place in its
+-- endpoint's rate limit, wake_on_outcome and replay_yields what its end
+-- must do for the next claim (below). claim_jobs returns it, and
+-- fan_out_and_claim an array of it; the workers read it as one column list
+-- (claim.go, claimedColumns).
+DO $$
+BEGIN
+  IF to_regtype('outbox.claimed_job') IS NULL THEN
+    CREATE TYPE outbox.claimed_job AS (
+      id bigint, kind text, attempt integer, max_attempts integer,
+      endpoint_id bigint,
+      event_id bigint, topic text, subject text, payload jsonb, created_at timestamptz,
+      traceparent text, tracestate text,
+      url text, secret bytea, previous_secret bytea, disabled_reason text,
+      start_in_ms integer, wake_on_outcome boolean, replay_yields boolean);
+  END IF;
+END
+$$;
+
 DROP FUNCTION IF EXISTS outbox.claim_jobs(integer);
 DROP FUNCTION IF EXISTS outbox.claim_jobs(integer, integer);
 DROP FUNCTION IF EXISTS outbox.claim_jobs(integer, bigint);
 DROP FUNCTION IF EXISTS outbox.claim_jobs(integer, bigint, bigint[]);
-CREATE FUNCTION outbox.claim_jobs(batch integer, replica bigint, answered bigint[])
-RETURNS TABLE (id bigint, kind text, attempt integer, max_attempts integer,
-               endpoint_id bigint,
-               event_id bigint, topic text, subject text, payload jsonb, created_at timestamptz,
-               traceparent text, tracestate text,
-               url text, secret bytea, previous_secret bytea, disabled_reason text,
-               start_in_ms integer, wake_on_outcome boolean, replay_yields boolean)
+CREATE FUNCTION outbox.claim_jobs(batch integer, replica bigint DEFAULT NULL, answered bigint[] DEFAULT '{}')
+RETURNS SETOF outbox.claimed_job
 LANGUAGE plpgsql VOLATILE
 ROWS 100
 SET enable_sort = off
@@ -1269,47 +1283,6 @@ BEGIN
 END
 $$;
 
--- claim_jobs(batch, replica) counts every running job against the cap:
--- the previous release's call, for replicas still running it during an
--- upgrade.
-CREATE FUNCTION outbox.claim_jobs(batch integer, replica bigint)
-RETURNS TABLE (id bigint, kind text, attempt integer, max_attempts integer,
-               endpoint_id bigint,
-               event_id bigint, topic text, subject text, payload jsonb, created_at timestamptz,
-               traceparent text, tracestate text,
-               url text, secret bytea, previous_secret bytea, disabled_reason text,
-               start_in_ms integer, wake_on_outcome boolean)
-LANGUAGE sql VOLATILE
-ROWS 100
-AS $$
-  SELECT c.id, c.kind, c.attempt, c.max_attempts, c.endpoint_id,
-         c.event_id, c.topic, c.subject, c.payload, c.created_at,
-         c.traceparent, c.tracestate,
-         c.url, c.secret, c.previous_secret, c.disabled_reason,
-         c.start_in_ms, c.wake_on_outcome
-  FROM outbox.claim_jobs(batch, replica, '{}'::bigint[]) AS c
-$$;
-
--- claim_jobs(batch) is a claim held by no replica: the call of the
--- release before that, for replicas still running it during an upgrade.
-CREATE FUNCTION outbox.claim_jobs(batch integer)
-RETURNS TABLE (id bigint, kind text, attempt integer, max_attempts integer,
-               endpoint_id bigint,
-               event_id bigint, topic text, subject text, payload jsonb, created_at timestamptz,
-               traceparent text, tracestate text,
-               url text, secret bytea, previous_secret bytea, disabled_reason text,
-               start_in_ms integer)
-LANGUAGE sql VOLATILE
-ROWS 100
-AS $$
-  SELECT c.id, c.kind, c.attempt, c.max_attempts, c.endpoint_id,
-         c.event_id, c.topic, c.subject, c.payload, c.created_at,
-         c.traceparent, c.tracestate,
-         c.url, c.secret, c.previous_secret, c.disabled_reason,
-         c.start_in_ms
-  FROM outbox.claim_jobs(batch, NULL::bigint) AS c
-$$;
-
 --------------------------------------------------------------------------------
 -- Ordered lanes: one delivery at a time per (endpoint, subject)
 --------------------------------------------------------------------------------
@@ -1481,6 +1454,183 @@ AS $$
   SELECT outbox.advance_lanes(endpoint_ids, lane_keys, true)
 $$;
 
+--------------------------------------------------------------------------------
+-- The fan-out: events into jobs, one relay transaction as one statement
+--------------------------------------------------------------------------------
+
+-- fan_out is the relay's transaction (relay.go): it claims and marks
+-- events, then enqueues one job per (event, matching subscriber) and one
+-- webhook job per (event, enabled endpoint whose topics match), in one
+-- statement, one round trip and one transaction. With in_event_id NULL it
+-- claims a batch of up to in_batch events (mark_fanned_out); with an id,
+-- that one event, for the row-by-row retry after a batch failed (another
+-- relay may have relayed it meanwhile, and then it claims nothing).
+--
+-- in_subscribers are the subscribers as JSON ([{"kind", "topics",
+-- "per_subject"}]), in_max_attempts the jobs' max attempts, and
+-- in_breaker_delay how far out (seconds) an endpoint's new jobs are
+-- scheduled while its circuit breaker is open. in_origin names the process
+-- whose relay runs it, for the workers' NOTIFY (notify_jobs; '' for none).
+--
+-- Every part reads the claimed rows once, from what the UPDATE returned.
+-- Topics are matched once per distinct topic of the batch, not once per
+-- event: a batch holds a handful of topics, and topic_matches is not cheap.
+--
+-- A coalescing subscriber gets one job per topic and subject of the batch,
+-- for its highest event id (DISTINCT ON keeps the first row of each (kind,
+-- topic, subject) in the ORDER BY, id descending). Webhooks are never
+-- coalesced: each event is a fact. Inserts go in id order, so the job
+-- table's indexes grow at their right edge.
+--
+-- Each endpoint's deliveries are counted for its statistics (fanout_stats)
+-- in endpoint order: relays adding to the same minute's rows lock them in
+-- one order. The row also keeps when the last of them was fanned out, which
+-- narrows the endpoint's replay lane while live deliveries flow
+-- (replay_width). The subject index (subjects) is kept here too, in the
+-- transaction that marks the events fanned out: as a job per subject it
+-- would cost an insert, a claim and a completion, each a new row version
+-- in every index of the job table.
+--
+-- Then the ordered lanes that got deliveries advance (advance_lanes), so a
+-- delivery is never held behind nothing. The commit does not wait for the
+-- WAL to reach the disk: a crash before the flush rolls the transaction
+-- back whole, and the events are claimed again (relay.go says why that
+-- loses nothing). The parameters are named in_*, so that no name in the
+-- statement can be taken for one of them; the plan is kept for the
+-- session (force_generic_plan), the statement being the same every pass.
+DROP FUNCTION IF EXISTS outbox.fan_out(integer, jsonb, integer, double precision);
+DROP FUNCTION IF EXISTS outbox.fan_out(integer, jsonb, integer, double precision, text);
+DROP FUNCTION IF EXISTS outbox.fan_out_event(bigint, jsonb, integer, double precision, text);
+DROP FUNCTION IF EXISTS outbox.fan_out(integer, bigint, jsonb, integer, double precision, text);
+CREATE FUNCTION outbox.fan_out(in_batch integer, in_event_id bigint, in_subscribers jsonb,
+                               in_max_attempts integer, in_breaker_delay double precision, in_origin text)
+RETURNS TABLE (out_fanned bigint, out_jobs bigint)
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+  lane_endpoints bigint[];
+  lane_keys text[];
+BEGIN
+  PERFORM set_config('synchronous_commit', 'off', true);
+  IF in_origin <> '' THEN
+    PERFORM set_config('outbox.relay_origin', in_origin, true);
+  END IF;
+  WITH marked AS (
+    SELECT m.id, m.topic, m.subject, m.payload
+    FROM outbox.mark_fanned_out(in_batch, in_event_id) AS m
+  ),
+  topics AS (
+    SELECT DISTINCT m.topic FROM marked AS m
+  ),
+  subscriptions AS (
+    SELECT s.kind, s.per_subject, t.topic
+    FROM jsonb_to_recordset(in_subscribers) AS s(kind text, topics text[], per_subject boolean)
+    JOIN topics AS t ON outbox.topic_matches(s.topics, t.topic)
+  ),
+  endpoint_subscriptions AS (
+    SELECT ep.id AS endpoint_id, ep.breaker_opened_at, ep.ordering, t.topic
+    FROM outbox.endpoints AS ep
+    JOIN topics AS t ON outbox.topic_matches(ep.topics, t.topic)
+    WHERE ep.disabled_at IS NULL
+  ),
+  enqueued AS (
+    INSERT INTO outbox.jobs (kind, event_id, max_attempts)
+    SELECT s.kind, m.id, in_max_attempts
+    FROM marked AS m
+    JOIN subscriptions AS s ON s.topic = m.topic AND NOT s.per_subject
+    ORDER BY m.id
+    RETURNING 1
+  ),
+  coalesced AS (
+    INSERT INTO outbox.jobs (kind, event_id, max_attempts)
+    SELECT latest.kind, latest.id, in_max_attempts
+    FROM (
+      SELECT DISTINCT ON (s.kind, m.topic, m.subject) s.kind, m.id
+      FROM marked AS m
+      JOIN subscriptions AS s ON s.topic = m.topic AND s.per_subject
+      ORDER BY s.kind, m.topic, m.subject, m.id DESC
+    ) AS latest
+    ORDER BY latest.id
+    RETURNING 1
+  ),
+  webhooks AS (
+    INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, scheduled_at, lane_key)
+    SELECT 'webhook', m.id, es.endpoint_id, in_max_attempts,
+           CASE WHEN es.ordering = 'subject' THEN 'infinity'
+                WHEN es.breaker_opened_at IS NULL THEN now()
+                ELSE now() + make_interval(secs => in_breaker_delay) END,
+           CASE WHEN es.ordering = 'subject' THEN m.subject END
+    FROM marked AS m
+    JOIN endpoint_subscriptions AS es ON es.topic = m.topic
+    ORDER BY m.id, es.endpoint_id
+    RETURNING endpoint_id, lane_key
+  ),
+  lanes AS (
+    SELECT DISTINCT w.endpoint_id, w.lane_key FROM webhooks AS w WHERE w.lane_key IS NOT NULL
+  ),
+  produced AS (
+    INSERT INTO outbox.fanout_stats AS f (endpoint_id, minute, deliveries, last_fanned_at)
+    SELECT w.endpoint_id, date_trunc('minute', now()), count(*), now()
+    FROM webhooks AS w
+    GROUP BY w.endpoint_id
+    ORDER BY w.endpoint_id
+    ON CONFLICT (endpoint_id, minute) DO UPDATE
+    SET deliveries = f.deliveries + EXCLUDED.deliveries,
+        last_fanned_at = EXCLUDED.last_fanned_at
+  ),
+  indexed AS (
+    INSERT INTO outbox.subjects AS s (subject, topic, last_event_id, payload, updated_at)
+    SELECT DISTINCT ON (m.subject, m.topic) m.subject, m.topic, m.id, m.payload, now()
+    FROM marked AS m
+    WHERE m.subject <> ''
+    ORDER BY m.subject, m.topic, m.id DESC
+    ON CONFLICT (subject, topic) DO UPDATE
+    SET last_event_id = EXCLUDED.last_event_id,
+        payload = EXCLUDED.payload,
+        updated_at = EXCLUDED.updated_at
+    WHERE s.last_event_id < EXCLUDED.last_event_id
+  )
+  SELECT (SELECT count(*) FROM marked),
+         (SELECT count(*) FROM enqueued) + (SELECT count(*) FROM coalesced) + (SELECT count(*) FROM webhooks),
+         (SELECT coalesce(array_agg(l.endpoint_id ORDER BY l.endpoint_id, l.lane_key), '{}') FROM lanes AS l),
+         (SELECT coalesce(array_agg(l.lane_key ORDER BY l.endpoint_id, l.lane_key), '{}') FROM lanes AS l)
+  INTO out_fanned, out_jobs, lane_endpoints, lane_keys;
+  IF cardinality(lane_endpoints) > 0 THEN
+    PERFORM outbox.advance_lanes(lane_endpoints, lane_keys, true);
+  END IF;
+  RETURN NEXT;
+END
+$$;
+
+-- fan_out_and_claim is a batch pass of fan_out and, in the same
+-- transaction, a claim of up to in_claim_batch due jobs for the relay's
+-- own workers (claim_jobs, with in_replica and in_answered), when the pass
+-- enqueued jobs and was not full. A pass that is not full is the relay
+-- keeping up, one to a few events a pass: its deliveries are claimed as
+-- they are made, where otherwise the workers, woken after its commit, would
+-- claim them in a statement and a commit of their own, a few milliseconds
+-- on every event's way to its receiver. A full pass is a backlog, which
+-- the workers claim at their own pace. The claim sees the pass's jobs: it
+-- runs after it, in the same transaction.
+DROP FUNCTION IF EXISTS outbox.fan_out_and_claim(integer, jsonb, integer, double precision, text, integer, bigint, bigint[]);
+CREATE FUNCTION outbox.fan_out_and_claim(in_batch integer, in_subscribers jsonb, in_max_attempts integer,
+                                         in_breaker_delay double precision, in_origin text,
+                                         in_claim_batch integer, in_replica bigint, in_answered bigint[])
+RETURNS TABLE (out_fanned bigint, out_jobs bigint, out_claimed outbox.claimed_job[])
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+  SELECT f.out_fanned, f.out_jobs INTO out_fanned, out_jobs
+  FROM outbox.fan_out(in_batch, NULL, in_subscribers, in_max_attempts, in_breaker_delay, in_origin) AS f;
+  out_claimed := '{}';
+  IF out_jobs > 0 AND out_fanned < in_batch AND in_claim_batch > 0 THEN
+    out_claimed := ARRAY(SELECT c FROM outbox.claim_jobs(in_claim_batch, in_replica, in_answered) AS c);
+  END IF;
+  RETURN NEXT;
+END
+$$;
+
 -- Indexes jobs_running_by_attempted_at, jobs_by_event_id,
 -- jobs_finished_by_state_finalized_at, jobs_one_per_event_endpoint:
 -- schema_indexes.sql.
@@ -1616,6 +1766,219 @@ CREATE INDEX IF NOT EXISTS fanout_stats_by_minute
 -- it costs no write of its own. NULL in rows a previous release wrote.
 ALTER TABLE outbox.fanout_stats
   ADD COLUMN IF NOT EXISTS last_fanned_at timestamptz;
+
+--------------------------------------------------------------------------------
+-- Outcomes: a batch of attempts' results, written in one transaction
+--------------------------------------------------------------------------------
+
+-- record_outcomes is the completer's transaction (completer.go): a batch
+-- of outcomes with everything they record, in one call. It takes rows, as
+-- JSON arrays of objects:
+--
+--   in_outcomes  one per job: {id, attempt, state, delay_ms, error,
+--                status_code, duration_ms}; status_code and duration_ms
+--                are the attempt's, kept on a job that completes (null for
+--                an attempt kept in deliveries instead);
+--   in_attempts  one per attempt made: {job_id, attempt, endpoint_id,
+--                duration_ms, status_code, error, excerpt, kept, class,
+--                minute, bucket}; kept says a success its job keeps,
+--                minute is Unix seconds, bucket the 0-based latency bucket
+--                of in_buckets;
+--   in_health    one per endpoint whose health an attempt moved, in id
+--                order: {id, succeeded, failures, hold_ms}: whether an
+--                attempt succeeded, how many failed after the last success
+--                (or at all, without one), the longest hold asked for;
+--   in_gone      the endpoints whose receiver answered 410 Gone, in id
+--                order;
+--   in_windows   the dedup windows receivers advertised, in id order:
+--                {id, seconds}.
+--
+-- It runs, in this order (every completer locks rows in it, so two of them
+-- wait rather than deadlock):
+--
+--  1. the jobs' outcomes, each fenced on (id, attempt, running): an
+--     outcome of an attempt that is no longer its job's current one
+--     changes nothing;
+--  2. advance_lanes for the ordered lanes whose delivery finished, in the
+--     same transaction: never a moment with a lane held and nothing
+--     running;
+--  3. the attempts: a row of deliveries, unless a success whose outcome
+--     its job took (kept, and written); and the statistics, which count
+--     each attempt whose outcome its job took, in a row of delivery_stats
+--     per endpoint and minute. An attempt the fence refused (a worker that
+--     lost its job to the rescuer, or this batch written again after its
+--     commit's answer was lost) counts nothing, and one that made no
+--     request (class 'none') neither;
+--  4. the endpoints: their health (a success restarts the count of
+--     consecutive failures; the count reaching in_breaker_threshold opens
+--     the breaker, and a success closes it; failing_since is set by the
+--     first failure after a success and cleared by a success; a hold only
+--     ever extends held_until), the ones whose receiver answered 410 Gone
+--     (disabled, with failing_since, in one change: one "disabled"
+--     notification, not a "failing" one first), and the dedup window each
+--     receiver advertised (an unchanged one written at most hourly). A
+--     healthy endpoint's row is not rewritten on every delivery.
+--
+-- Writing a batch again is safe: outcomes are fenced on the attempt,
+-- attempts inserted ON CONFLICT DO NOTHING, and endpoint states set, not
+-- toggled. Rows go in (endpoint, minute) or id order, so two completers
+-- lock them in one order. The commit does not wait for the WAL to reach
+-- the disk (database.go, beginPipelineTx, says why that loses nothing).
+DROP FUNCTION IF EXISTS outbox.record_outcomes(bigint[], integer[], text[], bigint[], text[], integer[], integer[],
+  bigint[], integer[], bigint[], integer[], integer[], text[], text[], boolean[], text[], bigint[], integer[], integer,
+  bigint[], boolean[], integer[], bigint[], integer, bigint[], bigint[], bigint[]);
+DROP FUNCTION IF EXISTS outbox.record_outcomes(json, json, json, bigint[], json, integer, integer);
+CREATE FUNCTION outbox.record_outcomes(in_outcomes json, in_attempts json, in_health json, in_gone bigint[],
+                                       in_windows json, in_breaker_threshold integer, in_buckets integer)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+  written_ids bigint[];
+  written_attempts integer[];
+  lane_endpoints bigint[];
+  lane_keys text[];
+BEGIN
+  PERFORM set_config('synchronous_commit', 'off', true);
+
+  WITH recorded AS (
+    UPDATE outbox.jobs AS j
+    SET state = o.state::outbox.job_state,
+        scheduled_at = CASE WHEN o.state = 'retryable'
+                            THEN now() + o.delay_ms * interval '1 millisecond'
+                            ELSE j.scheduled_at END,
+        finalized_at = CASE WHEN o.state IN ('completed', 'discarded') THEN now() END,
+        errors = CASE WHEN o.error = '' THEN j.errors
+                      ELSE j.errors || jsonb_build_array(jsonb_build_object(
+                             'attempt', j.attempt, 'at', now(), 'error', o.error))
+                 END,
+        status_code = CASE WHEN o.state = 'completed' THEN o.status_code ELSE j.status_code END,
+        duration_ms = CASE WHEN o.state = 'completed' THEN o.duration_ms ELSE j.duration_ms END
+    FROM json_to_recordset(in_outcomes)
+         AS o(id bigint, attempt integer, state text, delay_ms bigint, error text, status_code integer, duration_ms integer)
+    WHERE j.id = o.id
+      AND j.attempt = o.attempt
+      AND j.state = 'running'
+    RETURNING j.id, j.attempt, j.endpoint_id, j.lane_key, j.state
+  ),
+  finished AS (
+    SELECT DISTINCT r.endpoint_id, r.lane_key
+    FROM recorded AS r
+    WHERE r.lane_key IS NOT NULL
+      AND r.state IN ('completed', 'discarded')
+  )
+  SELECT (SELECT array_agg(r.id) FROM recorded AS r),
+         (SELECT array_agg(r.attempt) FROM recorded AS r),
+         (SELECT array_agg(f.endpoint_id ORDER BY f.endpoint_id, f.lane_key) FROM finished AS f),
+         (SELECT array_agg(f.lane_key ORDER BY f.endpoint_id, f.lane_key) FROM finished AS f)
+  INTO written_ids, written_attempts, lane_endpoints, lane_keys;
+
+  IF lane_endpoints IS NOT NULL THEN
+    PERFORM outbox.advance_lanes(lane_endpoints, lane_keys, false);
+  END IF;
+
+  WITH attempt AS (
+    SELECT a.*, w.id IS NOT NULL AS written
+    FROM json_to_recordset(in_attempts)
+         AS a(job_id bigint, attempt integer, endpoint_id bigint, duration_ms integer, status_code integer,
+              error text, excerpt text, kept boolean, class text, minute bigint, bucket integer)
+    LEFT JOIN unnest(written_ids, written_attempts) AS w(id, attempt)
+      ON w.id = a.job_id AND w.attempt = a.attempt
+  ),
+  kept AS (
+    INSERT INTO outbox.deliveries (job_id, attempt, endpoint_id, duration_ms, status_code, error, response_excerpt)
+    SELECT a.job_id, a.attempt, nullif(a.endpoint_id, 0), a.duration_ms, nullif(a.status_code, 0), a.error, a.excerpt
+    FROM attempt AS a
+    WHERE NOT (a.kept AND a.written)
+    ON CONFLICT (job_id, attempt) DO NOTHING
+  ),
+  counted AS (
+    SELECT a.endpoint_id, a.minute,
+           count(*) AS attempts,
+           count(*) FILTER (WHERE a.class = 'success') AS successes,
+           count(*) FILTER (WHERE a.class = 'timeout') AS failed_timeout,
+           count(*) FILTER (WHERE a.class = '4xx') AS failed_4xx,
+           count(*) FILTER (WHERE a.class = '5xx') AS failed_5xx,
+           count(*) FILTER (WHERE a.class = 'connection') AS failed_connection,
+           count(*) FILTER (WHERE a.class = 'other') AS failed_other,
+           array_agg(a.bucket) FILTER (WHERE a.class = 'success') AS buckets
+    FROM attempt AS a
+    WHERE a.written
+      AND a.endpoint_id <> 0
+      AND a.class <> 'none'
+    GROUP BY a.endpoint_id, a.minute
+  )
+  INSERT INTO outbox.delivery_stats AS s (endpoint_id, minute, attempts, successes, failed_timeout,
+                                          failed_4xx, failed_5xx, failed_connection, failed_other, latency_buckets)
+  SELECT c.endpoint_id, to_timestamp(c.minute), c.attempts, c.successes, c.failed_timeout,
+         c.failed_4xx, c.failed_5xx, c.failed_connection, c.failed_other,
+         ARRAY(
+           SELECT count(b.bucket)
+           FROM generate_series(0, in_buckets - 1) AS g(bucket)
+           LEFT JOIN unnest(c.buckets) AS b(bucket) ON b.bucket = g.bucket
+           GROUP BY g.bucket
+           ORDER BY g.bucket
+         )
+  FROM counted AS c
+  ORDER BY c.endpoint_id, c.minute
+  ON CONFLICT (endpoint_id, minute) DO UPDATE
+  SET attempts = s.attempts + EXCLUDED.attempts,
+      successes = s.successes + EXCLUDED.successes,
+      failed_timeout = s.failed_timeout + EXCLUDED.failed_timeout,
+      failed_4xx = s.failed_4xx + EXCLUDED.failed_4xx,
+      failed_5xx = s.failed_5xx + EXCLUDED.failed_5xx,
+      failed_connection = s.failed_connection + EXCLUDED.failed_connection,
+      failed_other = s.failed_other + EXCLUDED.failed_other,
+      latency_buckets = ARRAY(
+        SELECT a + b
+        FROM unnest(s.latency_buckets, EXCLUDED.latency_buckets) WITH ORDINALITY AS t(a, b, i)
+        ORDER BY i
+      );
+
+  IF json_array_length(in_health) > 0 THEN
+    UPDATE outbox.endpoints AS ep
+    SET consecutive_failures = h.failures + CASE WHEN h.succeeded THEN 0 ELSE ep.consecutive_failures END,
+        breaker_opened_at = CASE
+          WHEN h.failures + CASE WHEN h.succeeded THEN 0 ELSE ep.consecutive_failures END >= in_breaker_threshold
+          THEN coalesce(ep.breaker_opened_at, now())
+        END,
+        failing_since = CASE
+          WHEN h.failures = 0 THEN NULL
+          WHEN h.succeeded THEN now()
+          ELSE coalesce(ep.failing_since, now())
+        END,
+        held_until = CASE
+          WHEN h.hold_ms > 0 THEN greatest(ep.held_until, now() + h.hold_ms * interval '1 millisecond')
+          ELSE ep.held_until
+        END
+    FROM json_to_recordset(in_health) AS h(id bigint, succeeded boolean, failures integer, hold_ms bigint)
+    WHERE ep.id = h.id
+      AND (h.failures > 0 OR h.hold_ms > 0
+           OR ep.consecutive_failures > 0 OR ep.failing_since IS NOT NULL OR ep.breaker_opened_at IS NOT NULL);
+  END IF;
+
+  IF cardinality(in_gone) > 0 THEN
+    UPDATE outbox.endpoints AS ep
+    SET disabled_at = now(),
+        disabled_reason = 'the receiver answered 410 Gone',
+        disabled_cause = 'gone',
+        failing_since = coalesce(ep.failing_since, now())
+    WHERE ep.id = ANY (in_gone)
+      AND ep.disabled_at IS NULL;
+  END IF;
+
+  IF json_array_length(in_windows) > 0 THEN
+    UPDATE outbox.endpoints AS ep
+    SET dedup_window_seconds = w.seconds,
+        dedup_window_seen_at = now()
+    FROM json_to_recordset(in_windows) AS w(id bigint, seconds bigint)
+    WHERE ep.id = w.id
+      AND (ep.dedup_window_seconds IS DISTINCT FROM w.seconds
+           OR ep.dedup_window_seen_at < now() - interval '1 hour');
+  END IF;
+END
+$$;
 
 -- live_flows says whether live deliveries flow to endpoint ep: whether
 -- the relay has fanned some out to it within the last second

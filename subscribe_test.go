@@ -186,7 +186,7 @@ func TestSubjectIndexOfABatchEqualsOneByOne(t *testing.T) {
 	})
 	oneByOne := index(func() {
 		for _, i := range []int{7, 0, 3, 5, 1, 4, 6, 2} { // the latest "a" first
-			if fanned, _, err := relay.fanOut(ctx, relayRowSQL, ids[i]); err != nil || fanned != 1 {
+			if fanned, _, err := relay.fanOut(ctx, ids[i]); err != nil || fanned != 1 {
 				t.Fatalf("relay event %d alone: %d fanned, %v", ids[i], fanned, err)
 			}
 		}

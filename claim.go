@@ -1,0 +1,398 @@
+// claim.go: claiming due jobs, the step between the job table and the
+// workers. The claimed job and its columns are declared here once; the
+// workers' own claims and the relay's claim in its pass (relay.go,
+// outbox.fan_out_and_claim) both take slots of the same pool through it.
+
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lib/pq"
+)
+
+// Job is one claimed attempt of a job, with the event it delivers.
+type Job struct {
+	ID          int64
+	Kind        string
+	Attempt     int // this attempt's number, from 1
+	MaxAttempts int
+	// EndpointID is a webhook job's endpoint; 0 once the endpoint was
+	// deleted (the column is set to NULL) and for every other kind.
+	EndpointID int64
+	// endpoint is a delivery's endpoint as the claim read it; nil when the
+	// job has none or it was deleted.
+	endpoint *deliveryEndpoint
+	// attempt, set by runJob for kinds that keep attempt records, is where
+	// the handler leaves what its attempt did; it is written in the same
+	// transaction as the job's outcome.
+	attempt *attemptRecord
+	// startAt is when the job may start, by this process's clock: its
+	// place in its endpoint's rate limit; zero for no wait.
+	startAt time.Time
+	// wakeOnOutcome, from the claim, says that recording this job's
+	// outcome may let due work be claimed at once: the claim filled its
+	// endpoint's room or replay share (or the subscribers' share of the
+	// batch), or it heads an ordered lane (outbox.claim_jobs).
+	wakeOnOutcome bool
+	// yieldsToLive, from the claim, marks a replayed delivery claimed
+	// into a replay lane narrowed by live traffic: when it ends, its
+	// place waits for the next claim, or replayYield for one of its own
+	// (outbox.claim_jobs, replay_yields).
+	yieldsToLive bool
+	Event        Event
+}
+
+// deliveryEndpoint is an endpoint as one attempt sees it.
+type deliveryEndpoint struct {
+	URL            string
+	Secrets        [][]byte // as stored, sealed if a key is set (secrets.go); current first, then the previous during a rotation
+	DisabledReason *string
+}
+
+// jobHandler runs one attempt of a job. Its error, if any, is the outcome
+// decideOutcome reads: permanentError and retryAfterError steer it.
+type jobHandler func(ctx context.Context, job Job) error
+
+// claimBatchMax bounds one claim: big enough that a backlog costs one
+// round trip per many jobs, small enough to share work among replicas.
+const claimBatchMax = 100
+
+// claimer takes due jobs into the free slots of one worker pool. The
+// pool's own claims fill free slots (fill); the relay reserves slots for
+// the claim in its pass (reserve) and hands the pool what it claimed
+// (handOff). Either way a claimed batch of jobs runs in a slot of its own,
+// started by the pool (jobStarter).
+type claimer struct {
+	db *sql.DB
+	// replica, if set, is the registry whose id every claim records
+	// (replicas.go); nil claims under no id, rescued by the horizon alone.
+	replica *replicaRegistry
+	pool    jobStarter
+	logger  *slog.Logger
+
+	slots     chan struct{} // one token per running batch
+	slotFreed chan struct{} // poked when a slot frees
+	// answered are the deliveries whose attempt has succeeded and whose
+	// outcome the completer has not written yet: each claim passes them,
+	// so that an endpoint's cap counts requests in flight, not outcomes
+	// waiting for their batch's commit (schema.sql, outbox.claim_jobs).
+	answered answeredJobs
+
+	// mu guards the fields below it, and is held by fill from counting
+	// free slots to starting the jobs claimed into them, so that no
+	// reservation of the relay's takes a slot in between.
+	mu        sync.Mutex
+	accepting bool            // the pool runs: claims may start jobs
+	running   *sync.WaitGroup // the pool's, which its shutdown waits for
+
+	// What the claims cost, for /metrics: how often each runs, how long it
+	// takes and how many jobs it carries say where a job's wait goes.
+	claims      *histogram // one claim statement, seconds
+	claimsBegun atomic.Int64
+	claimedJobs atomic.Int64
+}
+
+// jobStarter is the worker pool as the claimer sees it: how claimed jobs
+// group into batches (one subscriber's jobs run together), and how one
+// batch starts in a slot the caller holds.
+type jobStarter interface {
+	batches(jobs []Job) [][]Job
+	start(batch []Job)
+}
+
+func newClaimer(db *sql.DB, slots int, pool jobStarter, logger *slog.Logger) *claimer {
+	return &claimer{
+		db:        db,
+		pool:      pool,
+		logger:    logger,
+		slots:     make(chan struct{}, slots),
+		slotFreed: make(chan struct{}, 1),
+		answered:  answeredJobs{ids: map[int64]struct{}{}},
+		claims:    newHistogram(latencyBuckets),
+	}
+}
+
+// open lets claims start jobs, counted in running.
+func (c *claimer) open(running *sync.WaitGroup) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.accepting, c.running = true, running
+}
+
+// close stops the relay's reservations; the pool's own claims stop with
+// its loop.
+func (c *claimer) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.accepting = false
+}
+
+// fill claims into the free slots and starts what it claimed, when at
+// least atFree slots are free, or any while the last claim came back
+// short (moreDue false). It reports whether the claim filled every slot
+// it asked for: then more may be due. A claim in flight runs to its end
+// when shutdown begins: cancelled after its statement committed, its
+// jobs would be running, held by no worker here, until a rescue returned
+// them. Claimed, they run within the grace period like any.
+func (c *claimer) fill(ctx context.Context, atFree int, moreDue bool) (bool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	free := cap(c.slots) - len(c.slots)
+	if free < atFree && (free == 0 || moreDue) {
+		return moreDue, nil
+	}
+	claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
+	defer cancel()
+	n := min(free, claimBatchMax)
+	jobs, err := c.claim(claimCtx, n)
+	for _, batch := range c.pool.batches(jobs) {
+		c.slots <- struct{}{}
+		c.pool.start(batch)
+	}
+	return len(jobs) == n, err
+}
+
+// release frees the slot of a batch that has ended.
+func (c *claimer) release() {
+	<-c.slots
+	poke(c.slotFreed)
+}
+
+// reserve takes up to n free slots for a claim the relay makes in its
+// pass (relay.go, outbox.fan_out_and_claim), and reports how many: none
+// while Run is not running, or while its own claim is counting and
+// filling slots (the relay then leaves the claim to it). A reservation of
+// any slot must be ended by handOff, which Run's shutdown waits for.
+func (c *claimer) reserve(n int) int {
+	if !c.mu.TryLock() {
+		return 0
+	}
+	defer c.mu.Unlock()
+	if !c.accepting {
+		return 0
+	}
+	reserved := 0
+take:
+	for reserved < n {
+		select {
+		case c.slots <- struct{}{}:
+			reserved++
+		default:
+			break take // every slot is taken
+		}
+	}
+	if reserved > 0 {
+		c.running.Add(1) // the reservation, ended by handOff
+	}
+	return reserved
+}
+
+// handOff starts the jobs a claim in reserved slots took (none if it
+// failed), one batch to a slot, and frees the slots left over. It ends
+// the reservation.
+func (c *claimer) handOff(jobs []Job, reserved int) {
+	defer c.running.Done()
+	c.claimsBegun.Add(1) // a claim was made: replayed deliveries' places are taken (claimUnlessClaimed)
+	batches := c.pool.batches(jobs)
+	for _, batch := range batches {
+		c.pool.start(batch)
+	}
+	for range reserved - len(batches) {
+		<-c.slots
+	}
+	if reserved > len(batches) {
+		poke(c.slotFreed)
+	}
+}
+
+// answeredJobs is claimer.answered: a set of job ids, shared by the
+// workers (add), the completer (remove) and the claim (list).
+type answeredJobs struct {
+	mu  sync.Mutex
+	ids map[int64]struct{}
+}
+
+// add notes the jobs of results whose attempts have ended and free their
+// place at once (jobResult.freesItsPlace), and reports whether one of them
+// was claimed into a full place (Job.wakeOnOutcome).
+func (a *answeredJobs) add(results []jobResult) (wake bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, r := range results {
+		if r.freesItsPlace() {
+			a.ids[r.ID] = struct{}{}
+			wake = wake || r.wakeOnOutcome
+		}
+	}
+	return wake
+}
+
+// remove forgets the jobs of a batch of outcomes the completer wrote, or
+// failed to write (they are then running until the rescuer returns them,
+// and count against their endpoint's cap as any running job).
+func (a *answeredJobs) remove(results []jobResult) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, r := range results {
+		delete(a.ids, r.ID)
+	}
+}
+
+// list is the set as it is now: never nil, which the claim would take for
+// an SQL NULL, and with it no running job for any cap to count.
+func (a *answeredJobs) list() []int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.AppendSeq(make([]int64, 0, len(a.ids)), maps.Keys(a.ids))
+}
+
+// claimTimeout bounds a claim, which shutdown does not cancel (Run).
+const claimTimeout = 10 * time.Second
+
+// claimJobsSQL takes up to $1 due jobs, soonest first, marks them running
+// with their next attempt number, held by replica $2 (NULL: none), and
+// returns each with its event and, for a delivery, its endpoint. The
+// statement is schema.sql's outbox.claim_jobs, which pins its plan and
+// reads everything in one snapshot.
+const claimJobsSQL = `SELECT ` + claimedColumns + ` FROM outbox.claim_jobs($1, $2, $3)`
+
+// claimedColumns are the attributes of schema.sql's outbox.claimed_job, in
+// the order claimedRow.dest scans them: the one list every claim selects.
+const claimedColumns = `
+       id, kind, attempt, max_attempts, endpoint_id,
+       event_id, topic, subject, payload, created_at,
+       traceparent, tracestate,
+       url, secret, previous_secret, disabled_reason,
+       start_in_ms, wake_on_outcome, replay_yields`
+
+// claim takes up to n due jobs in one statement, under this process's
+// replica id. Without one (declared dead, not registered again yet) it
+// claims nothing.
+func (c *claimer) claim(ctx context.Context, n int) ([]Job, error) {
+	replica, ok := c.claimReplica()
+	if !ok {
+		return nil, nil
+	}
+	// A rate-limited job's start_in_ms counts from the claim's now(), the
+	// moment the statement began; counted from its arrival instead, a slow
+	// claim would start its batch late and squeeze it against the next.
+	sent := time.Now()
+	c.claimsBegun.Add(1)
+	scan := func(row rowScanner) (Job, error) { return scanClaimedJob(row, sent) }
+	jobs, err := queryAll(ctx, c.db, scan, claimJobsSQL, n, replica, pq.Array(c.answered.list()))
+	c.claims.Observe(time.Since(sent).Seconds())
+	c.claimedJobs.Add(int64(len(jobs)))
+	if err != nil {
+		c.claimFailed(replica, err)
+		return nil, fmt.Errorf("claim jobs: %w", err)
+	}
+	return jobs, nil
+}
+
+// claimFailed notes a claim under replica that failed with err: if the
+// replica was declared dead, this process claims nothing until it is
+// registered again.
+func (c *claimer) claimFailed(replica *int64, err error) {
+	if replica != nil && pq.As(err, errReplicaNotRegistered) != nil {
+		c.replica.lost(*replica)
+	}
+}
+
+// claimReplica is the replica id a claim records (nil: none, without a
+// registry), and false while this process has none (declared dead, not
+// registered again yet), when it must claim nothing.
+func (c *claimer) claimReplica() (*int64, bool) {
+	if c.replica == nil {
+		return nil, true
+	}
+	id := c.replica.ID()
+	if id == 0 {
+		return nil, false
+	}
+	return &id, true
+}
+
+// scanClaimedJob reads one row of claimJobsSQL, a claim sent at sent.
+func scanClaimedJob(row rowScanner, sent time.Time) (Job, error) {
+	var c claimedRow
+	if err := row.Scan(c.dest()...); err != nil {
+		return Job{}, err
+	}
+	j, _ := c.job(sent)
+	return j, nil
+}
+
+// claimedRow is an outbox.claimed_job, in claimedColumns' order, as
+// outbox.claim_jobs returns them and outbox.fan_out_and_claim an array of
+// them. Every one may be NULL: the relay's row for a pass that claimed no
+// job has none.
+type claimedRow struct {
+	id, attempt, maxAttempts, endpointID, eventID, startInMS sql.NullInt64
+	kind, topic, subject, url                                sql.NullString
+	traceparent, tracestate, disabledReason                  *string
+	payload, secret, previous                                []byte
+	createdAt                                                sql.NullTime
+	wakeOnOutcome, yieldsToLive                              sql.NullBool
+}
+
+// dest is what Scan fills, in the columns' order.
+func (r *claimedRow) dest() []any {
+	return []any{&r.id, &r.kind, &r.attempt, &r.maxAttempts, &r.endpointID,
+		&r.eventID, &r.topic, &r.subject, &r.payload, &r.createdAt,
+		&r.traceparent, &r.tracestate,
+		&r.url, &r.secret, &r.previous, &r.disabledReason, &r.startInMS, &r.wakeOnOutcome, &r.yieldsToLive}
+}
+
+// job is the row as a Job claimed by a statement sent at sent, and
+// whether there is one.
+func (r *claimedRow) job(sent time.Time) (Job, bool) {
+	if !r.id.Valid {
+		return Job{}, false
+	}
+	j := Job{
+		ID:            r.id.Int64,
+		Kind:          r.kind.String,
+		Attempt:       int(r.attempt.Int64),
+		MaxAttempts:   int(r.maxAttempts.Int64),
+		EndpointID:    r.endpointID.Int64,
+		wakeOnOutcome: r.wakeOnOutcome.Bool,
+		yieldsToLive:  r.yieldsToLive.Bool,
+		Event: Event{
+			ID:          r.eventID.Int64,
+			Topic:       r.topic.String,
+			Subject:     r.subject.String,
+			Payload:     r.payload,
+			CreatedAt:   r.createdAt.Time,
+			Traceparent: r.traceparent,
+			Tracestate:  r.tracestate,
+		},
+	}
+	if r.startInMS.Int64 > 0 {
+		j.startAt = sent.Add(time.Duration(r.startInMS.Int64) * time.Millisecond)
+	}
+	if r.url.Valid {
+		j.endpoint = &deliveryEndpoint{URL: r.url.String, Secrets: [][]byte{r.secret}, DisabledReason: r.disabledReason}
+		if r.previous != nil {
+			j.endpoint.Secrets = append(j.endpoint.Secrets, r.previous)
+		}
+	}
+	return j, true
+}
+
+// recordAttempt leaves what an attempt did on its job, for the completer
+// to write with the job's outcome (recordOutcomes).
+func (j Job) recordAttempt(a deliveryAttempt, change endpointChange) {
+	if j.attempt == nil {
+		return // not run by a worker pool: nobody would write it
+	}
+	*j.attempt = attemptRecord{deliveryAttempt: a, EndpointID: j.EndpointID, Change: change, At: time.Now(), set: true}
+}
