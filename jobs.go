@@ -91,25 +91,6 @@ func scanJobView(row rowScanner) (JobView, error) {
 	return j, err
 }
 
-// manualBatch bounds one statement of work an operator starts by hand (a
-// replay, a retry of an endpoint's discarded deliveries), like every
-// sweep's batch: a replay of a week runs in many short statements that
-// hold few locks, not one.
-const manualBatch = 5000
-
-// retrySetSQL is how a job is put back in the queue, by hand or by a
-// replay: due now and not finished, with its error history kept; a
-// delivery in an ordered lane is put back held, and takes its turn by
-// fan-out order (putBack advances its lane). A job that used all its
-// attempts gets one more, so the claim's attempt + 1 stays within
-// max_attempts. The statements that use it update outbox.jobs without an
-// alias, and return its endpoint_id and lane_key for putBack.
-const retrySetSQL = `
-SET state = 'available',
-    scheduled_at = CASE WHEN outbox.jobs.lane_key IS NULL THEN now() ELSE 'infinity' END,
-    finalized_at = NULL,
-    max_attempts = greatest(outbox.jobs.max_attempts, outbox.jobs.attempt + 1)`
-
 // retryJobSQL retries one job that is not running or completed; a
 // discarded delivery only if its event was recorded at or after $2 (NULL:
 // any), the cutoff retryJob checked, so that a job discarded since the
@@ -366,17 +347,6 @@ func retryEveryDiscarded(ctx context.Context, db *sql.DB, eventsRetention time.D
 	}
 	res.Jobs += res.WithoutEndpoint
 	return res, nil
-}
-
-// EventOutcome is where an event went: its jobs that completed, that were
-// discarded, and that still wait or run. The job cleaner deletes finished
-// jobs (completed after a day, discarded after a week), so an old event
-// may count none: its jobs finished and are gone.
-type EventOutcome struct {
-	Jobs      int `json:"jobs"`
-	Completed int `json:"completed"`
-	Discarded int `json:"discarded"`
-	Pending   int `json:"pending"` // available, running or retryable
 }
 
 // eventOutcomesSQL counts the jobs of a page of events ($1), through

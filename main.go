@@ -552,10 +552,6 @@ func validateRetryHorizon(maxAttempts int, eventsRetention time.Duration) error 
 	return nil
 }
 
-// maxRetention bounds every retention window: ten years is "keep", and a
-// larger value is a typo.
-const maxRetention = 10 * 365 * 24 * time.Hour
-
 // validateInboxRetention refuses an inbox window that a sender configured
 // like this outboxd could outlive (the dedup rule, replay.go): a resend
 // after the record is gone is recorded twice. An inbox that keeps its

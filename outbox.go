@@ -395,3 +395,14 @@ func topicPatternValid(p string) error {
 // internalTopicPrefix marks outboxd's own topics, which only a pattern
 // naming them selects (see outbox.topic_matches).
 const internalTopicPrefix = "outboxd."
+
+// EventOutcome is where an event went: its jobs that completed, that were
+// discarded, and that still wait or run. The job cleaner deletes finished
+// jobs (completed after a day, discarded after a week), so an old event
+// may count none: its jobs finished and are gone.
+type EventOutcome struct {
+	Jobs      int `json:"jobs"`
+	Completed int `json:"completed"`
+	Discarded int `json:"discarded"`
+	Pending   int `json:"pending"` // available, running or retryable
+}

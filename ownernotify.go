@@ -28,6 +28,8 @@ const (
 	endpointDisabledTopic = internalTopicPrefix + "endpoint.disabled"
 	// endpointRecoveredTopic: a recovery probe's 2xx re-enabled it.
 	endpointRecoveredTopic = internalTopicPrefix + "endpoint.recovered"
+	// endpointRecovered is the state in a recovery event's payload.
+	endpointRecovered = "recovered"
 )
 
 // ownerNotifyTarget is how the relay fans out to owner-notify jobs: one

@@ -50,8 +50,6 @@ const (
 	recoveryReplayMargin = 5 * time.Minute
 	// probeType is the body's "type" of a probe.
 	probeType = internalTopicPrefix + "probe"
-	// endpointRecovered is the state in a recovery event's payload.
-	endpointRecovered = "recovered"
 	// probeInFlightNote is last_probe_error from the claim until the answer
 	// is written: a prober that stopped in between leaves it.
 	probeInFlightNote = "sent; no answer recorded yet"

@@ -1118,3 +1118,22 @@ func readEndpointStats(ctx context.Context, db *sql.DB, id int64, n int) (Endpoi
 	}
 	return st, nil
 }
+
+// manualBatch bounds one statement of work an operator starts by hand (a
+// replay, a retry of an endpoint's discarded deliveries), like every
+// sweep's batch: a replay of a week runs in many short statements that
+// hold few locks, not one.
+const manualBatch = 5000
+
+// retrySetSQL is how a job is put back in the queue, by hand or by a
+// replay: due now and not finished, with its error history kept; a
+// delivery in an ordered lane is put back held, and takes its turn by
+// fan-out order (putBack advances its lane). A job that used all its
+// attempts gets one more, so the claim's attempt + 1 stays within
+// max_attempts. The statements that use it update outbox.jobs without an
+// alias, and return its endpoint_id and lane_key for putBack.
+const retrySetSQL = `
+SET state = 'available',
+    scheduled_at = CASE WHEN outbox.jobs.lane_key IS NULL THEN now() ELSE 'infinity' END,
+    finalized_at = NULL,
+    max_attempts = greatest(outbox.jobs.max_attempts, outbox.jobs.attempt + 1)`
