@@ -125,11 +125,6 @@ func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 		defer close(completerDone)
 		p.completeLoop()
 	}()
-	feederDone := make(chan struct{})
-	go func() {
-		defer close(feederDone)
-		p.feedLoop(ctx)
-	}()
 
 	poll := time.NewTicker(p.cfg.PollInterval)
 	defer poll.Stop()
@@ -170,7 +165,6 @@ func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 	p.close() // the relay reserves no more slots
 	p.stop(&running, cancelJobs)
 	<-completerDone
-	<-feederDone
 	return ctx.Err()
 }
 
@@ -210,25 +204,6 @@ func (p *workerPool) claimUnlessClaimed(wait time.Duration) {
 			poke(p.recorded)
 		}
 	})
-}
-
-// feedLoop enqueues the next batch of each replay whose lane runs short
-// (feedReplays, replay.go) every replayFeedInterval, until ctx ends. The
-// workers run it because they drain the lanes: where there are no
-// workers, nothing would come of the jobs.
-func (p *workerPool) feedLoop(ctx context.Context) {
-	tick := time.NewTicker(replayFeedInterval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		if err := feedReplays(ctx, p.db, p.cfg.MaxAttempts); err != nil && ctx.Err() == nil {
-			p.logger.Error("enqueue replays failed", "err", err)
-		}
-	}
 }
 
 // stop waits for the jobs still running, at most the grace period, then

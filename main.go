@@ -823,9 +823,8 @@ func startPipeline(cfg Config, db *sql.DB, box *secretBox, dsn string, allowAddr
 	webhooks := newWebhookSender(db, box, webhookClient, p.deliveries, mail, logger)
 	p.notifier = newOwnerNotifier(db, mail, cfg.Mail.OwnerNotifyPerHour, logger)
 	p.workers = newWorkerPool(db, cfg.Workers, cfg.ShutdownGrace, subscribers, map[string]jobHandler{
-		webhookJobKind:            webhooks.deliver,
-		ownerNotifyJobKind:        p.notifier.notify,
-		legacySubjectIndexJobKind: indexLegacySubjectJob(db),
+		webhookJobKind:     webhooks.deliver,
+		ownerNotifyJobKind: p.notifier.notify,
 	}, logger)
 	p.workers.replica = registry
 	// The relay starts once the workers it claims for exist
@@ -838,6 +837,9 @@ func startPipeline(cfg Config, db *sql.DB, box *secretBox, dsn string, allowAddr
 		return p.relay.Run(ctx, relayWake, wake.jobs)
 	})
 	start("workers", func(ctx context.Context) error { return p.workers.Run(ctx, wake.jobs) })
+	// Beside the workers, which drain the replay lanes it fills: where
+	// there are no workers, nothing would come of its jobs.
+	start("replay feeder", newReplayFeeder(db, cfg.Workers.MaxAttempts, logger).Run)
 	p.rescuer = newRescuer(db, cfg.Workers, cfg.Replicas, logger)
 	start("rescuer", p.rescuer.Run)
 	p.prober = newProber(db, box, webhookClient, cfg.Retention.Events, cfg.Workers.MaxAttempts, logger)

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"time"
 
@@ -252,7 +253,7 @@ func planReplay(ctx context.Context, db *sql.DB, id int64, req ReplayRequest, re
 // join a replay of their own (outbox.replays), which runs in the
 // endpoint's replay lane. It counts them first, as its dry run does,
 // and enqueues only the first batch (replayFeedBatch events); the
-// workers enqueue the others as the lane drains (feedReplays). Its
+// feeder enqueues the others as the lane drains (feedReplays). Its
 // answer's Jobs is that count, or, when one batch held them all, the
 // jobs it enqueued.
 func replayEndpoint(ctx context.Context, db *sql.DB, id int64, req ReplayRequest, retention time.Duration, maxAttempts int) (ReplayResult, error) {
@@ -298,10 +299,38 @@ func replayEndpoint(ctx context.Context, db *sql.DB, id int64, req ReplayRequest
 // under load"); a batch at a time, its inserts are spread over its run.
 const replayFeedBatch = 500
 
-// replayFeedInterval is how often the workers look for a replay whose
-// lane is running short (feedReplays). The lane drains a batch in no
-// less than 0.7 s at its fastest measured rate (673 events/s, README).
+// replayFeedInterval is how often the feeder looks for a replay whose
+// lane is running short (feedReplays): a few times within the time a lane
+// takes to drain a batch, so that it never runs dry between looks.
 const replayFeedInterval = 250 * time.Millisecond
+
+// replayFeeder enqueues the next batch of every replay whose lane runs
+// short (feedReplays), every replayFeedInterval, until ctx ends.
+type replayFeeder struct {
+	db          *sql.DB
+	maxAttempts int
+	logger      *slog.Logger
+}
+
+func newReplayFeeder(db *sql.DB, maxAttempts int, logger *slog.Logger) *replayFeeder {
+	return &replayFeeder{db: db, maxAttempts: maxAttempts, logger: logger.With("loop", "replay-feeder")}
+}
+
+// Run feeds the replays until ctx ends.
+func (f *replayFeeder) Run(ctx context.Context) error {
+	tick := time.NewTicker(replayFeedInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+		if err := feedReplays(ctx, f.db, f.maxAttempts); err != nil && ctx.Err() == nil {
+			f.logger.Error("enqueue replays failed", "err", err)
+		}
+	}
+}
 
 // replaysToFeedSQL is the replays still being enqueued of which fewer
 // than $1 jobs wait.
@@ -319,7 +348,7 @@ WHERE r.enqueued_at IS NULL
 ORDER BY r.id`
 
 // feedReplays enqueues the next batch of every replay whose lane is
-// running short. The workers run it every replayFeedInterval.
+// running short. The replay feeder runs it every replayFeedInterval.
 func feedReplays(ctx context.Context, db *sql.DB, maxAttempts int) error {
 	ids, err := queryAll(ctx, db, scanID, replaysToFeedSQL, replayFeedBatch)
 	if err != nil {

@@ -34,26 +34,6 @@ SET last_event_id = EXCLUDED.last_event_id,
 WHERE s.last_event_id < EXCLUDED.last_event_id`
 }
 
-// legacySubjectIndexJobKind is the job through which releases before the
-// relay kept the subject index enqueued each subject of a pass. During a
-// rolling upgrade a replica of such a release still enqueues them, and an
-// upgraded database may hold some waiting: this release runs them, so
-// they complete instead of retrying for days without a handler.
-const legacySubjectIndexJobKind = "sub:subjects"
-
-// indexLegacySubjectJob is the handler of legacySubjectIndexJobKind: the
-// upsert of its one event. Outside a transaction with the completion: the
-// upsert is monotonic, so running it again changes nothing.
-func indexLegacySubjectJob(db *sql.DB) jobHandler {
-	query := upsertSubjectsSQL(`SELECT id, topic, subject, payload FROM outbox.events WHERE id = $1`)
-	return func(ctx context.Context, job Job) error {
-		if _, err := db.ExecContext(ctx, query, job.Event.ID); err != nil {
-			return fmt.Errorf("index subject of event %d: %w", job.Event.ID, err)
-		}
-		return nil
-	}
-}
-
 // SubjectEntry is one row of the subject index.
 type SubjectEntry struct {
 	Subject     string          `json:"subject"`

@@ -205,29 +205,6 @@ func TestSubjectIndexOfABatchEqualsOneByOne(t *testing.T) {
 	}
 }
 
-// A subject-index job of an earlier release, enqueued before an upgrade or
-// by a replica not yet upgraded, still runs: its event is indexed and the
-// job completes, instead of retrying for days without a handler.
-func TestLegacySubjectIndexJobStillRuns(t *testing.T) {
-	t.Parallel()
-	db, _ := newTestDB(t)
-	ctx := context.Background()
-	ev := recordedEvent(t, db, "order.updated", "order-7", `{"v": 7}`)
-	mustExec(t, db, `UPDATE outbox.events SET fanned_out_at = now()`)
-	mustExec(t, db, `INSERT INTO outbox.jobs (kind, event_id, max_attempts) VALUES ('sub:subjects', $1, 18)`, ev.ID)
-	pool := newWorkerPool(db, defaultConfig().Workers, 0, newSubscriberRegistry(),
-		map[string]jobHandler{legacySubjectIndexJobKind: indexLegacySubjectJob(db)}, testLogger(t))
-	if n, err := pool.workOnce(ctx, 10); err != nil || n != 1 {
-		t.Fatalf("workers: %d jobs, %v; want the legacy job", n, err)
-	}
-	if got, want := subjectsRow(t, db, "order-7"), fmt.Sprintf(`order.updated %d {"v": 7}`, ev.ID); got != want {
-		t.Errorf("order-7 indexed as %q, want %q", got, want)
-	}
-	if s := queryStrings(t, db, `SELECT state::text FROM outbox.jobs`); len(s) != 1 || s[0] != "completed" {
-		t.Errorf("the legacy job is %q, want completed", s)
-	}
-}
-
 // subjectsRow reads one subject's index entry as "topic event payload".
 func subjectsRow(t *testing.T, db *sql.DB, subject string) string {
 	t.Helper()
