@@ -66,8 +66,8 @@ const completeBatchMax = 500
 // a batch whose deliveries have all succeeded and already freed their
 // places (jobResult.freesItsPlace). A statement of outcomes costs about
 // the same for one job as for ten, and at a steady rate of a few hundred
-// deliveries a second each came alone: one statement a delivery, a third
-// of the database's time per event (README, "Performance"). Nothing waits
+// deliveries a second each would come alone: one statement a delivery, a
+// third of the database's time per event. Nothing waits
 // for such a batch: the receiver has its answer, the endpoint's place is
 // free, and no claim is woken by it. Any other outcome (a failure, a hold,
 // an ordered lane's head) is written at once, with whatever waits with it.

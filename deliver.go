@@ -3,7 +3,7 @@
 // in-process subscriber's transaction); outcome.go decides and writes what
 // each attempt's result means.
 //
-// Guarantees (README, "Guarantees, hop by hop", hop 4):
+// Guarantees (docs/guarantees.md, hop 4):
 //   - No transaction is open across a job's run: a claim commits, the job
 //     runs, and its outcome is recorded in a second short transaction.
 //   - A subscriber's effect and its job's completion commit in one
@@ -31,7 +31,7 @@ type WorkerConfig struct {
 	// Concurrency: deliveries wait on the network, not the CPU, and the
 	// more run at once the more jobs each claim and each outcome statement
 	// carries. 64 lets a 2-core machine deliver as fast as 16 producers
-	// commit (outboxd load, README "Performance"); 16 fell behind.
+	// commit; 16 fall behind (bench/load -mode keepup, docs/performance.md).
 	Concurrency int
 	// MaxAttempts: with attempt^4-second backoff, 18 attempts span about
 	// 3.8 days, under the 5-day endpoint disable and the 7-day retention.
@@ -51,9 +51,9 @@ type WorkerConfig struct {
 	// row, with no success between them, to open its circuit breaker:
 	// then one attempt at a time, and new deliveries scheduled
 	// FailingEndpointDelay out, until a success closes it. One failure is
-	// too few: a receiver failing one request in ten was treated as dead
-	// (36% of its deliveries took over a minute, README "Endpoint
-	// isolation"); 1 restores that rule.
+	// too few: a receiver failing one request in ten would be treated as
+	// dead, a third of its deliveries pushed out by minutes
+	// (TestFlakyReceiverKeepsItsBreakerClosed); 1 restores that rule.
 	BreakerThreshold int
 }
 
@@ -146,8 +146,8 @@ func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 		// of a job claimed into a full place (Job.wakeOnOutcome), which is
 		// when an endpoint held at its cap (the claim counts its running
 		// jobs) may take more. Woken by every recorded batch, the workers
-		// ran a claim for nothing after each one while no endpoint was near
-		// its cap (README, "Endpoint isolation under load").
+		// would run a claim for nothing after each one while no endpoint
+		// is near its cap.
 		freed, recorded := p.slotFreed, p.recorded
 		if moreDue {
 			recorded = nil

@@ -86,7 +86,7 @@ type breaker struct {
 
 // defaultMaxInFlight is an endpoint's cap unless it says otherwise: a
 // receiver that hangs holds 16 of the 64 default workers, and the other
-// 48 serve everyone else (README, "Endpoint isolation"). schema.sql's
+// 48 serve everyone else (TestHangingReceiverHoldsOnlyItsCap). schema.sql's
 // column default repeats it.
 const defaultMaxInFlight = 16
 

@@ -1,7 +1,7 @@
 // inbox.go: the receiving side, signed webhooks from other senders turned
 // into local events once per webhook-id, and the sources they come from.
 //
-// Guarantees (README, "Guarantees, hop by hop", hop 6):
+// Guarantees (docs/guarantees.md, hop 6):
 //   - The signature is checked on the raw bytes received (Standard
 //     Webhooks, signature.go), with the ±5 minute timestamp tolerance.
 //   - The dedup row (source, webhook-id) and the local event commit in one
@@ -34,7 +34,7 @@ import (
 // (advertisedWindow, replay.go), how long after a first delivery it still
 // recognises a second one. An outboxd sender records it from 2xx answers
 // per endpoint, clamps its resends to it and alerts when it is shorter
-// than its own resend horizon (README, "The inbox").
+// than its own resend horizon (docs/inbox.md).
 const headerDedupWindow = "webhook-dedup-window"
 
 // InboxSource is one row of outbox.inbox_sources as the API shows it; the

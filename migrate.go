@@ -44,8 +44,8 @@ const (
 	// waiting for a hot table's lock queues every producer of that table
 	// behind it, and once it holds the lock they wait for the commit: so a
 	// producer waits about this long at most, plus the few milliseconds
-	// the rest of the transaction takes, well inside the 1 s that issue 19
-	// allows (TestMigrationUnderWriteLoadStallsProducersBriefly).
+	// the rest of the transaction takes, well inside the 1 s a rolling
+	// upgrade allows a producer (TestMigrationUnderWriteLoadStallsProducersBriefly).
 	migrateLockWait = 500 * time.Millisecond
 	// migrateIndexLockWait is the lock_timeout of each concurrent index
 	// statement. Those locks queue no producer (they conflict with other
@@ -130,7 +130,7 @@ var errMigrateThroughPooler = errors.New("the schema of this release is not appl
 
 // requireMigrated is migrate's stand-in behind a pooler in transaction
 // mode: it applies nothing and fails unless this binary's schema was
-// applied (README, "Behind PgBouncer").
+// applied (docs/operations.md, behind PgBouncer).
 func requireMigrated(ctx context.Context, db *sql.DB) error {
 	applied, err := schemaApplied(ctx, db, schemaChecksum())
 	if err != nil {

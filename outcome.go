@@ -1,12 +1,9 @@
-// outcome.go: what an attempt's result does to its job and its endpoint,
-// decided (decideOutcome, over the backoff schedule) and then written by the
-// completer, which records a batch of outcomes with their attempts and their
-// endpoints' new states in one transaction.
+// outcome.go: what an attempt's result means for its job and its
+// endpoint, decided by pure functions (decideOutcome over the backoff
+// schedule, classifyAttempt, endpointHealth); the completer (completer.go)
+// writes what they decide.
 //
-// Guarantees (README, "Guarantees, hop by hop", hops 4 and 5):
-//   - An outcome is written only while the job is still running with the
-//     attempt number the worker claimed. A worker that lost its job to the
-//     rescuer (or to a retry by hand) changes nothing.
+// Guarantees (docs/guarantees.md, hop 5):
 //   - A failure is retried with a backoff of attempt⁴ seconds (±10%) until
 //     MaxAttempts, then discarded with every attempt's error kept: nothing
 //     ends silently, and a discarded job can be retried by hand.

@@ -7,7 +7,7 @@
 // operator or by a 410, or one that opted out (recovery_probes false), is
 // never probed.
 //
-// Guarantees (README, "Webhook endpoints", "Recovery probes"):
+// Guarantees (docs/webhooks.md, recovery probes):
 //   - Replicas share the probes: a probe is claimed by locking its endpoint
 //     row (SKIP LOCKED), and the claim commits the next probe's time before
 //     the request is sent, so a crash or a restart skips a probe and never
@@ -44,9 +44,8 @@ const (
 	// each bounded by -webhook-timeout.
 	probeBatch = 32
 	// recoveryReplayMargin is how long after a re-enable the replay's last
-	// pass runs. A relay statement takes milliseconds (README,
-	// "Performance"); five minutes is far beyond any that began before
-	// the re-enable committed.
+	// pass runs. A relay statement takes milliseconds; five minutes is far
+	// beyond any that began before the re-enable committed.
 	recoveryReplayMargin = 5 * time.Minute
 	// probeType is the body's "type" of a probe.
 	probeType = internalTopicPrefix + "probe"

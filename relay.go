@@ -2,7 +2,7 @@
 // out into one job per subscriber and per subscribing endpoint, in the
 // transaction that marks it fanned.
 //
-// Guarantees (README, "Guarantees, hop by hop", hops 2 and 3):
+// Guarantees (docs/guarantees.md, hops 2 and 3):
 //   - Claim, enqueue and mark share one transaction. A crash anywhere rolls
 //     all three back, and the next pass claims the rows again.
 //   - Rows are claimed by their state (fanned_out_at IS NULL) with FOR UPDATE

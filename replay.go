@@ -294,9 +294,9 @@ func replayEndpoint(ctx context.Context, db *sql.DB, id int64, req ReplayRequest
 // replayFeedBatch is how many events one batch of a replay's enqueue
 // covers, and how few of its jobs may wait before the workers enqueue
 // the next batch: at most twice as many wait at once. Enqueued all at
-// its start, a replay of 100,000 events inserted them in its first 28 s,
-// the worst minute of live latency beside it (README, "Delivery lanes
-// under load"); a batch at a time, its inserts are spread over its run.
+// its start, a replay of 100,000 events would insert them in its first
+// half minute, the worst minute of live latency beside it; a batch at a
+// time, its inserts are spread over its run.
 const replayFeedBatch = 500
 
 // replayFeedInterval is how often the feeder looks for a replay whose
@@ -586,7 +586,7 @@ const paceSample = 1000
 // assumes the receiver keeps answering as fast and as well, and workers to
 // spare: it counts no retries, no live traffic taking the replay's room,
 // no pause, and not the moment between an outcome's commit and the next
-// claim (README, "Replays": how far it was off).
+// claim (docs/webhooks.md, replays: how far it can be off).
 func estimateReplaySeconds(events int64, maxInFlight int, liveFlows bool, rateLimit *float64, attempts int64, slotMS float64) int64 {
 	if events <= 0 {
 		return 0

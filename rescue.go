@@ -4,8 +4,8 @@
 //   - its replica stopped heartbeating (replicas.go): a replica not seen
 //     within its dead_after (15 s) is declared dead, its row deleted, and
 //     every job still running under its id is rescued, within seconds;
-//   - the horizon, the fallback for jobs of no known replica (claimed by a
-//     previous release, or before this process registered): a job still
+//   - the horizon, the fallback for jobs of no known replica (claimed
+//     before this process registered, or by psql): a job still
 //     running past the attempt timeout plus a margin is one no live worker
 //     can still hold.
 //

@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// The dedup rule (README, "The inbox"; its boundary is
+// The dedup rule (docs/inbox.md; its boundary is
 // TestChainReplayAtTheEdgeOfTheWindowReachesBOnce). A receiver recognises
 // a second delivery of a webhook only while it keeps the record of the
 // first, which it made no earlier than the event was recorded. So every

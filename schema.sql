@@ -52,8 +52,8 @@ COMMENT ON SCHEMA outbox IS
 --
 -- PL/pgSQL, a loop over the patterns with no query in it: as a SQL
 -- function, whose subqueries keep it from being inlined, its body was
--- parsed and planned again in every statement that called it: 0.2 ms or
--- more at each of a relay pass's two calls (README, "Performance").
+-- parsed and planned again in every statement that called it, at each of
+-- a relay pass's calls.
 CREATE OR REPLACE FUNCTION outbox.topic_matches(patterns text[], topic text)
 RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
@@ -91,9 +91,9 @@ $$;
 -- the statement, where topic_matches is a PL/pgSQL call a row. Only
 -- every_topic needs outboxd's own rule: a name or prefix that selects an
 -- 'outboxd.' topic starts with 'outboxd.' itself. A replay's count batch
--- that walked 1,000,000 events of another topic took 1.26 to 1.41 s with
--- the call a row and 0.66 to 0.83 s with these (README, "Delivery lanes
--- under load"). TestTopicMatchesAgreesWithSQL holds the two forms equal.
+-- that walks a million events of other topics takes about half as long
+-- with these as with the call a row. TestTopicMatchesAgreesWithSQL holds
+-- the two forms equal.
 CREATE OR REPLACE FUNCTION outbox.topic_split(patterns text[], OUT names text[], OUT prefixes text[], OUT every_topic boolean)
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
@@ -289,7 +289,7 @@ $$;
 -- free: a transaction that sent one takes a single cluster-wide lock at
 -- commit and holds it until the commit is done, so notifying commits are
 -- serialized one behind another; at 16 concurrent single-row producers
--- that was most of outbox.record's cost (README, "Producer cost"). A
+-- that is most of outbox.record's cost (docs/performance.md). A
 -- relay that is claiming pass after pass needs no wake-up; only one about
 -- to sleep does.
 --
@@ -383,13 +383,12 @@ CREATE OR REPLACE TRIGGER events_notify_relay
 -- and can record without reading or changing any of outboxd's tables. Its
 -- search_path is pinned: no object of a caller's schema can stand in for
 -- one it uses. EXECUTE is revoked from PUBLIC below, so only the roles
--- granted it can record (README, "Database privileges").
+-- granted it can record (docs/security.md, database privileges).
 --
 -- PL/pgSQL, not SQL: PostgreSQL plans a SQL function's statement anew at
 -- every call (a function with SECURITY DEFINER or SET is never inlined),
 -- and keeps a PL/pgSQL function's plan for the session. In the producer's
--- transaction that planning was about a fifth of what a record cost
--- (README, "Producer cost").
+-- transaction that planning is about a fifth of what a record costs.
 CREATE OR REPLACE FUNCTION outbox.record(topic text, subject text, payload jsonb)
 RETURNS bigint
 LANGUAGE plpgsql
@@ -775,9 +774,10 @@ $$;
 -- its job was taken from it (rescued, and run again). Nearly every
 -- delivery succeeds at once, so that is a row, two index entries and a
 -- foreign-key check fewer for nearly every delivery, and a deliveries
--- table as large as the failures, not the traffic. Jobs completed by a
--- release before these columns hold NULL (their success is a deliveries
--- row); readers take a success from here only where duration_ms is set.
+-- table as large as the failures, not the traffic. Jobs that keep no
+-- attempt (an in-process subscriber's) hold NULL, and a mail has no
+-- status code; readers take a success from here only where duration_ms
+-- is set.
 ALTER TABLE outbox.jobs
   ADD COLUMN IF NOT EXISTS status_code integer,
   ADD COLUMN IF NOT EXISTS duration_ms integer;
@@ -800,10 +800,9 @@ ALTER TABLE outbox.jobs
 --   jobs_enqueued   the jobs enqueued so far.
 --   enqueue_after   a 'replay''s cursor: the last event id its enqueue
 --                   has passed. A replay is enqueued lazily, a batch
---                   at a time as its lane drains (replay.go, feedReplay),
---                   not all at its start: 100,000 jobs inserted in its
---                   first 28 s were the worst minute of live latency
---                   beside it (README, "Delivery lanes under load"). NULL
+--                   at a time as its lane drains (replay.go, feedReplays),
+--                   not all at its start, whose burst of inserts would
+--                   be the worst minute of live latency beside it. NULL
 --                   for a 'retry_discarded', enqueued at once, and for a
 --                   replay until its count is written. The count starts
 --                   it just before the first event it found.
@@ -850,8 +849,7 @@ ALTER TABLE outbox.replays
 
 -- last_event_id (above): without it, a replay's last batch walked from
 -- its last event to the end of the table, through every event recorded
--- since, in a statement of seconds beside live traffic (README,
--- "Delivery lanes under load").
+-- since, in a statement of seconds beside live traffic.
 ALTER TABLE outbox.replays
   ADD COLUMN IF NOT EXISTS last_event_id bigint;
 
@@ -944,8 +942,8 @@ $$;
 -- not analyzed since a bulk fan-out) reads every due job and sorts them on
 -- every claim. The few sorts left (of lanes and of the jobs locked, not of
 -- the jobs waiting) then look as costly as the settings make them, and
--- jit = off keeps that cost from compiling the statement: 700 ms a claim,
--- measured. enable_bitmapscan = off makes the counts of an endpoint's running
+-- jit = off keeps that cost from compiling the statement, which would
+-- take longer than the claim. enable_bitmapscan = off makes the counts of an endpoint's running
 -- jobs plain index scans: a bitmap scan visits the heap for every entry
 -- of jobs_running_by_endpoint, dead ones included, and never marks them
 -- dead in the index, so between two vacuums each count read more heap
@@ -1318,8 +1316,8 @@ ALTER TABLE outbox.jobs
 -- once, and 3's transaction commit first; 3 then waits for 2, whose
 -- relay's own call advances the lane. The un-fanned events are read once
 -- per call, those below the highest held head only: in steady state, the
--- other relays' batches. (Read for every lane, unbounded, they were most
--- of the call's time: README, "Delivery lanes under load".)
+-- other relays' batches. (Read for every lane, unbounded, they would be
+-- most of the call's time.)
 --
 -- Two callers can race: the relay inserting a held delivery and the
 -- completer finishing the active one, each unable to see the other's
@@ -1763,7 +1761,7 @@ CREATE INDEX IF NOT EXISTS fanout_stats_by_minute
 
 -- last_fanned_at is when the relay last fanned deliveries out to the
 -- endpoint in that minute: set by the same upsert that counts them, so
--- it costs no write of its own. NULL in rows a previous release wrote.
+-- it costs no write of its own.
 ALTER TABLE outbox.fanout_stats
   ADD COLUMN IF NOT EXISTS last_fanned_at timestamptz;
 
@@ -2012,7 +2010,7 @@ $$;
 -- replay's requests compete with the live ones for more than the
 -- receiver: the same workers, claims and outcome batches, the same
 -- database and host. What a replay costs live deliveries on a busy host
--- is its rate, not its lane (README, "Delivery lanes under load").
+-- is its rate, not its lane (docs/performance.md).
 -- Replayed deliveries already running when live ones begin finish; the
 -- lane narrows as they do. The rule is replay_width(live, max_in_flight),
 -- for a caller that has asked live_flows already (outbox.claim_jobs); an

@@ -3,7 +3,7 @@
 // rules that turn its answer into the job's outcome and the endpoint's
 // state, which outcome.go writes.
 //
-// Guarantees (README, "Guarantees, hop by hop", hops 4 to 7):
+// Guarantees (docs/guarantees.md, hops 4 to 7):
 //   - webhook-id is the event id, the same on every attempt and replay, so a
 //     receiver dedupes at-least-once delivery on it.
 //   - No transaction is open across the request: the endpoint is read with
