@@ -395,7 +395,7 @@ func TestMigrateAgainTakesNoTableLocks(t *testing.T) {
 // lists every command.
 func TestHelpListsEveryCommandAndExitsZero(t *testing.T) {
 	t.Parallel()
-	for _, args := range [][]string{{"-h"}, {"serve", "-h"}, {"migrate", "-h"}, {"secrets", "encrypt", "-h"}, {"load", "-h"}, {"version", "-h"}} {
+	for _, args := range [][]string{{"-h"}, {"serve", "-h"}, {"migrate", "-h"}, {"secrets", "encrypt", "-h"}, {"version", "-h"}} {
 		cmd := exec.Command(os.Args[0], args...)
 		cmd.Env = append(os.Environ(), "OUTBOXD_TEST_RUN_MAIN=1")
 		out, err := cmd.CombinedOutput()
@@ -404,7 +404,7 @@ func TestHelpListsEveryCommandAndExitsZero(t *testing.T) {
 			continue
 		}
 		if len(args) == 1 {
-			for _, c := range []string{"serve", "migrate", "load", "secrets encrypt", "secrets rotate-key", "version"} {
+			for _, c := range []string{"serve", "migrate", "secrets encrypt", "secrets rotate-key", "version"} {
 				if !strings.Contains(string(out), "\n  "+c+" ") {
 					t.Errorf("outboxd -h does not list %q:\n%s", c, out)
 				}
