@@ -1,7 +1,8 @@
 // pgbouncer_test.go: outboxd behind a real PgBouncer in transaction
 // pooling mode (-pool-mode transaction), the way most production
 // PostgreSQL is reached. startPgBouncer runs Debian's pgbouncer in front of
-// the test server for one test; .ci/run installs it.
+// the test server for one test: without it the tests skip (needTool),
+// and .ci/run installs it.
 
 package main
 
@@ -49,13 +50,7 @@ type pgBouncer struct {
 // user, as devdb.go runs the throwaway cluster (serverCredential).
 func startPgBouncer(t testing.TB, upstreamDSN string, poolSize int) *pgBouncer {
 	t.Helper()
-	bin, err := exec.LookPath("pgbouncer")
-	if err != nil {
-		bin = "/usr/sbin/pgbouncer" // Debian's package, off a non-root PATH
-		if _, statErr := os.Stat(bin); statErr != nil {
-			t.Fatalf("pgbouncer not found (apt-get install pgbouncer; .ci/run installs it): %v", err)
-		}
-	}
+	bin := needTool(t, "pgbouncer", "pgbouncer")
 	up, err := pq.NewConfig(upstreamDSN)
 	if err != nil {
 		t.Fatal(err)
