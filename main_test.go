@@ -67,8 +67,9 @@ func TestParseConfigDefaultsAndFallbacks(t *testing.T) {
 }
 
 // The defaults are the project's numbers, written out here as literals so
-// that a changed default fails a test instead of agreeing with itself. The
-// README's "Storage bounds" and "Retry schedule" explain each.
+// that a changed default fails a test instead of agreeing with itself.
+// docs/configuration.md and docs/guarantees.md ("Storage bounds") explain
+// each.
 func TestDefaultsAreTheStatedNumbers(t *testing.T) {
 	t.Parallel()
 	c := defaultConfig()

@@ -575,11 +575,9 @@ func TestPgBouncerPipelineDeliversAndSweeps(t *testing.T) {
 	// cycle. (Both replicas of this process start their cycles at the same
 	// offset, their jitter seeds being one host and pid, so they meet
 	// often.) So one replica may skip most of its cycles, on a loaded
-	// machine even more than the other sweeps (runs of 2 December: 30
-	// swept and none skipped against 3 and 27; 6 and none against 3 and
-	// 11), while the other sweeps more than it skips. With the session
-	// lock, the lock a failed unlock leaves behind on some server session
-	// makes most cycles of both skip.
+	// machine even more than the other sweeps, while the other sweeps
+	// more than it skips. With the session lock, the lock a failed unlock
+	// leaves behind on some server session makes most cycles of both skip.
 	if mostlySkipping == len(replicas) {
 		t.Errorf("every replica skipped more retention cycles than it swept: the lock is held by no cycle")
 	}
