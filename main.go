@@ -656,7 +656,7 @@ func runService(ctx context.Context, cfg Config, db *sql.DB, dsn string, box *se
 		demoAddrs = append(demoAddrs, ln.Addr().(*net.TCPAddr).AddrPort())
 	}
 
-	registry, err := register(ctx, db, cfg, logger)
+	registry, err := registerReplica(ctx, db, cfg, logger)
 	if err != nil {
 		return err
 	}
@@ -684,9 +684,9 @@ func runService(ctx context.Context, cfg Config, db *sql.DB, dsn string, box *se
 	return serve(ctx, ln, newHTTPServer(routes(a), logger), cfg, logger, stdout)
 }
 
-// register writes this process's row in outbox.replicas, before any
+// registerReplica writes this process's row in outbox.replicas, before any
 // claim: every job it claims records the id (replicas.go).
-func register(ctx context.Context, db *sql.DB, cfg Config, logger *slog.Logger) (*replicaRegistry, error) {
+func registerReplica(ctx context.Context, db *sql.DB, cfg Config, logger *slog.Logger) (*replicaRegistry, error) {
 	self := currentReplica(cfg.Workers.Concurrency, !cfg.DisableListen)
 	registry := newReplicaRegistry(db, cfg.Replicas, self, logger)
 	if err := registry.register(ctx); err != nil {
