@@ -1,4 +1,4 @@
-// browser_views_test.go: the operator's pages of issue 20 in a browser:
+// browser_views_test.go: the operator's pages in a browser:
 // acknowledging an alert, jobs filtered by endpoint, where an event went,
 // an endpoint's delivery statistics, the retry of every discarded job, a
 // source's webhooks over time. TestPanelInBrowser drives the rest.

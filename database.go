@@ -109,10 +109,10 @@ func newDBPool(dsn string) (*sql.DB, error) {
 // beginPipelineTx begins a transaction of the pipeline's own bookkeeping:
 // a relay pass, a subscriber's batch (the claim and the completer are
 // single statements that set the same for themselves: outbox.claim_jobs,
-// outbox.record_outcomes). Its commit
-// does not wait for the WAL to reach the disk (synchronous_commit = off,
-// for this transaction only). A crash of the database can lose such a
-// commit, at most the last few hundred milliseconds of them, but never out
+// outbox.record_outcomes). Its commit does not wait for the WAL to reach
+// the disk (synchronous_commit = off, for this transaction only). A crash
+// of the database can lose such commits, those of at most about three
+// times wal_writer_delay (600 ms at PostgreSQL's default), but never out
 // of order (the WAL is a sequence, and every later durable commit flushes
 // it), and what a lost one leaves is a state the pipeline already
 // recovers from: events not yet fanned out are fanned out again, jobs not
@@ -120,7 +120,7 @@ func newDBPool(dsn string) (*sql.DB, error) {
 // delivery, which the at-least-once contract and webhook-id (the event
 // id) already cover, never an event. Writes that anyone was told are
 // durable (outbox.record, every API and panel write) keep the durable
-// commit; README, "Guarantees, hop by hop", the database crashing.
+// commit (docs/guarantees.md, the row "the database crashes").
 func beginPipelineTx(ctx context.Context, db *sql.DB) (*sql.Tx, error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {

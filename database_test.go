@@ -54,10 +54,10 @@ func TestRedactDSN(t *testing.T) {
 }
 
 // The pipeline's own transactions, the claim's and the completer's
-// statements included, commit without
-// waiting for the disk, and only they: the setting ends with the
-// transaction, so the next user of the pooled connection, and every write
-// a client is told is durable (outbox.record first), commits durably.
+// statements included, commit without waiting for the disk, and only
+// they: the setting ends with the transaction, so the next user of the
+// pooled connection, and every write a client is told is durable
+// (outbox.record first), commits durably.
 func TestOnlyThePipelinesCommitsSkipTheFlush(t *testing.T) {
 	t.Parallel()
 	admin, dsn := newTestDB(t)

@@ -16,7 +16,7 @@
 //	                         seal every stored secret under -secrets-key
 //	outboxd secrets rotate-key [flags]
 //	                         the same, opening with -secrets-old-key too
-//	outboxd load [flags]     run a load test against a child outboxd
+//	outboxd version          print the build
 //
 // Every flag has an environment fallback, named in -help.
 package main
@@ -145,16 +145,14 @@ func defaultConfig() Config {
 			FailingEndpointDelay: 5 * time.Minute,
 		},
 		Workers: WorkerConfig{
-			Concurrency:    64,
-			MaxAttempts:    18,
-			AttemptTimeout: 30 * time.Second,
-			RescueMargin:   time.Minute,
-			PollInterval:   time.Second,
-			RescueInterval: 30 * time.Second,
-			// BreakerThreshold: see WorkerConfig.
+			Concurrency:      64,
+			MaxAttempts:      18,
+			AttemptTimeout:   30 * time.Second,
+			RescueMargin:     time.Minute,
+			PollInterval:     time.Second,
+			RescueInterval:   30 * time.Second,
 			BreakerThreshold: 5,
 		},
-		// See ReplicaConfig.
 		Replicas: ReplicaConfig{
 			Heartbeat: 3 * time.Second,
 			DeadAfter: 15 * time.Second,
@@ -179,11 +177,10 @@ func defaultConfig() Config {
 			DiscardedJobs: 7 * 24 * time.Hour,
 			// DeliveryStats: a week, to compare today with the same day
 			// last week; 10,080 rows an endpoint at most.
-			DeliveryStats: 7 * 24 * time.Hour,
-			Interval:      time.Hour,
-			BatchSize:     retentionBatchMax,
-			AnomalyCap:    1_000_000,
-			// EndpointDisableAfter: see RetentionConfig.
+			DeliveryStats:        7 * 24 * time.Hour,
+			Interval:             time.Hour,
+			BatchSize:            retentionBatchMax,
+			AnomalyCap:           1_000_000,
 			EndpointDisableAfter: 5 * 24 * time.Hour,
 		},
 		DBMaxConns:    20,
@@ -202,6 +199,20 @@ func (c *Config) derive(inboxGiven bool) {
 		c.Retention.Inbox = c.defaultInboxRetention()
 	}
 	c.Alerts.ResendHorizon = resendHorizon(c.Retention.Events, c.Workers.MaxAttempts)
+}
+
+// derivePoolMode sets what transaction mode changes (notify.go, the pool
+// modes): no LISTEN, the relay's sweep unless -relay-sweep was given, and
+// the retention lock's scope.
+func (c *Config) derivePoolMode(relaySweepGiven bool) {
+	if c.PoolMode != poolModeTransaction {
+		return
+	}
+	if !relaySweepGiven {
+		c.Relay.SweepInterval = transactionModeRelaySweep
+	}
+	c.DisableListen = true // a LISTEN through the pooler reaches nobody
+	c.Retention.XactLocks = true
 }
 
 // inboxRetentionMargin is the least an inbox keeps its records beyond
@@ -232,15 +243,6 @@ var commands = []struct{ name, summary string }{
 	{secretsEncrypt, "seal every stored secret under -secrets-key"},
 	{secretsRotateKey, "seal every stored secret again, from -secrets-old-key to -secrets-key"},
 	{"version", "print the release, module version, VCS revision and Go version"},
-}
-
-// envName is the environment fallback of a flag: DATABASE_URL for
-// -database-url, OUTBOXD_RELAY_BATCH for -relay-batch.
-func envName(flagName string) string {
-	if flagName == "database-url" {
-		return "DATABASE_URL"
-	}
-	return "OUTBOXD_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
 // parseConfig reads flags from args and, for every flag not given there, its
@@ -336,21 +338,24 @@ func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&cfg.TLSCert, "tls-cert", cfg.TLSCert, "PEM certificate (chain) file; with -tls-key, serve HTTPS")
 	fs.StringVar(&cfg.TLSKey, "tls-key", cfg.TLSKey, "PEM private key file of -tls-cert")
 	fs.BoolVar(&cfg.InsecureHTTP, "insecure-http", cfg.InsecureHTTP, "serve plain HTTP on an address other than loopback (behind a proxy that terminates TLS)")
-	fs.Usage = func() {
-		command := cfg.Command
-		if command == "" {
-			command = "[command]"
-		}
-		fmt.Fprintf(fs.Output(), "Usage: outboxd %s [flags]\n\nCommands:\n", command)
-		for _, c := range commands {
-			fmt.Fprintf(fs.Output(), "  %-20s %s\n", c.name, c.summary)
-		}
-		fmt.Fprintf(fs.Output(), "\nFlags of serve, migrate and secrets (load -h lists its own); every flag falls back to an environment variable:\n\n")
-		fs.VisitAll(func(f *flag.Flag) {
-			fmt.Fprintf(fs.Output(), "  -%s  (%s, default %q)\n    \t%s\n", f.Name, envName(f.Name), f.DefValue, f.Usage)
-		})
-	}
+	fs.Usage = func() { printUsage(fs, cfg.Command) }
 	return fs
+}
+
+// printUsage is -h: the commands, then every flag with its environment
+// variable and default.
+func printUsage(fs *flag.FlagSet, command string) {
+	if command == "" {
+		command = "[command]"
+	}
+	fmt.Fprintf(fs.Output(), "Usage: outboxd %s [flags]\n\nCommands:\n", command)
+	for _, c := range commands {
+		fmt.Fprintf(fs.Output(), "  %-20s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(fs.Output(), "\nFlags of serve, migrate and secrets; every flag falls back to an environment variable:\n\n")
+	fs.VisitAll(func(f *flag.Flag) {
+		fmt.Fprintf(fs.Output(), "  -%s  (%s, default %q)\n    \t%s\n", f.Name, envName(f.Name), f.DefValue, f.Usage)
+	})
 }
 
 // applyEnv sets every flag not given on the command line from its
@@ -379,24 +384,6 @@ func applyEnv(fs *flag.FlagSet, getenv func(string) string) (map[string]bool, er
 func (c Config) validate() error {
 	if err := c.validateService(); err != nil {
 		return err
-	}
-	intIn := func(name string, v, lo, hi int) error {
-		if v < lo || v > hi {
-			return fmt.Errorf("%s must be between %d and %d, got %d", setting(name), lo, hi, v)
-		}
-		return nil
-	}
-	shareIn := func(name string, v float64) error {
-		if !(v > 0 && v <= 1) { // NaN too
-			return fmt.Errorf("%s must be above 0 and at most 1, got %v", setting(name), v)
-		}
-		return nil
-	}
-	durationIn := func(name string, v, lo, hi time.Duration) error {
-		if v < lo || v > hi {
-			return fmt.Errorf("%s must be between %s and %s, got %s", setting(name), lo, hi, v)
-		}
-		return nil
 	}
 	return errors.Join(
 		intIn("relay-batch", c.Relay.BatchSize, 1, 10_000),
@@ -438,6 +425,29 @@ func (c Config) validate() error {
 	)
 }
 
+// intIn, durationIn and shareIn are validate's range checks: each error
+// names the setting, its range and the value given.
+func intIn(name string, v, lo, hi int) error {
+	if v < lo || v > hi {
+		return fmt.Errorf("%s must be between %d and %d, got %d", setting(name), lo, hi, v)
+	}
+	return nil
+}
+
+func durationIn(name string, v, lo, hi time.Duration) error {
+	if v < lo || v > hi {
+		return fmt.Errorf("%s must be between %s and %s, got %s", setting(name), lo, hi, v)
+	}
+	return nil
+}
+
+func shareIn(name string, v float64) error {
+	if !(v > 0 && v <= 1) { // NaN too
+		return fmt.Errorf("%s must be above 0 and at most 1, got %v", setting(name), v)
+	}
+	return nil
+}
+
 // validateReplicas refuses a dead_after that a few late heartbeats could
 // reach: a live replica would be declared dead, and its jobs run twice.
 func (c Config) validateReplicas() error {
@@ -449,9 +459,6 @@ func (c Config) validateReplicas() error {
 	}
 	return nil
 }
-
-// setting names a flag and its environment variable, for messages.
-func setting(name string) string { return fmt.Sprintf("-%s (%s)", name, envName(name)) }
 
 // validateService checks where outboxd connects and listens, and how it
 // logs: the settings without a numeric range.
@@ -578,17 +585,11 @@ func (c Config) validateInboxRetention() error {
 }
 
 // run is outboxd: it parses the configuration, connects (starting the
-// embedded cluster if needed), applies the schema, starts every loop and the
-// HTTP server, and on ctx's end stops them all and waits for each.
+// embedded cluster if needed) and applies the schema; then it runs the
+// command, by default the service.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "version" {
-		fs := flag.NewFlagSet("outboxd version", flag.ContinueOnError)
-		fs.SetOutput(stderr)
-		if err := fs.Parse(args[1:]); err != nil {
-			return err
-		}
-		fmt.Fprintln(stdout, readBuildInfo())
-		return nil
+		return printVersion(args[1:], stdout, stderr)
 	}
 	cfg, err := parseConfig(args, getenv, stderr)
 	if err != nil {
@@ -605,14 +606,35 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	defer closeDB()
-	if cfg.Command == "migrate" {
+	switch cfg.Command {
+	case "migrate":
 		logger.Info("schema applied")
 		return nil
-	}
-	if cfg.Command == secretsEncrypt || cfg.Command == secretsRotateKey {
+	case secretsEncrypt, secretsRotateKey:
 		_, err := sealStoredSecrets(ctx, db, box, logger)
 		return err
 	}
+	return runService(ctx, cfg, db, dsn, box, logger, stdout)
+}
+
+// printVersion is `outboxd version`: it takes no flag but -h.
+func printVersion(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("outboxd version", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, readBuildInfo())
+	return nil
+}
+
+// runService runs every loop and the HTTP server until ctx ends, then
+// stops them all and waits for each. The loops end with ctx (SIGTERM), or
+// when runService returns early on an error; the workers then give
+// in-flight jobs the grace period. The heartbeat goes on until they have
+// stopped, so that no other replica declares this one dead while it
+// finishes its jobs; then its row is deleted.
+func runService(ctx context.Context, cfg Config, db *sql.DB, dsn string, box *secretBox, logger *slog.Logger, stdout io.Writer) error {
 	checkServerSettings(ctx, db, logger)
 	if box != nil {
 		logger.Info("endpoint and source secrets are sealed at rest", "keys", box)
@@ -634,50 +656,25 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		demoAddrs = append(demoAddrs, ln.Addr().(*net.TCPAddr).AddrPort())
 	}
 
-	// This process's row in outbox.replicas, before any claim: every job
-	// it claims records the id (replicas.go).
-	registry := newReplicaRegistry(db, cfg.Replicas, currentReplica(cfg), logger)
-	if err := registry.register(ctx); err != nil {
+	registry, err := registerReplica(ctx, db, cfg, logger)
+	if err != nil {
 		return err
 	}
-	logger.Info("registered as a replica", "replica", registry.ID(), "heartbeat", cfg.Replicas.Heartbeat, "dead_after", cfg.Replicas.DeadAfter)
-
-	// Every loop runs under loopCtx and is waited for before run returns.
-	// It ends with ctx (SIGTERM), or when run returns early on an error;
-	// the workers then give in-flight jobs the grace period. The heartbeat
-	// goes on until they have stopped, so that no other replica declares
-	// this one dead while it finishes its jobs; then the row is deleted.
-	loopCtx, stopLoops := context.WithCancel(ctx)
-	heartbeatCtx, stopHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
-	var wg sync.WaitGroup
-	heartbeatDone := make(chan struct{})
+	loops := newLoopGroup(ctx, logger)
+	heartbeat := newLoopGroup(context.WithoutCancel(ctx), logger)
 	var p *pipeline
 	defer func() {
-		stopLoops()
-		wg.Wait()
-		stopHeartbeat()
-		<-heartbeatDone
+		loops.stop()
+		heartbeat.stop()
 		leave(registry, p, logger)
 		logger.Info("stopped")
 	}()
-	start := func(name string, loop func(context.Context) error) {
-		wg.Go(func() {
-			if err := loop(loopCtx); err != nil && !errors.Is(err, context.Canceled) {
-				logger.Error("loop stopped", "loop", name, "err", err)
-			}
-		})
-	}
-	p = startPipeline(cfg, db, box, dsn, demoAddrs, registry, start, logger)
+	p = startPipeline(cfg, db, box, dsn, demoAddrs, registry, loops.start, logger)
 	// The heartbeat stamps swept_at after a cycle of this process's sweeper.
 	registry.sweeps = p.retention.cycles.Load
-	go func() {
-		defer close(heartbeatDone)
-		if err := registry.Run(heartbeatCtx); err != nil && !errors.Is(err, context.Canceled) {
-			logger.Error("loop stopped", "loop", "replicas", "err", err)
-		}
-	}()
+	heartbeat.start("replicas", registry.Run)
 	if demoRun != nil {
-		start("demo", demoRun.Run)
+		loops.start("demo", demoRun.Run)
 	}
 
 	a, err := newAdmin(cfg, db, box, p, demoRun, logger)
@@ -685,6 +682,48 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	return serve(ctx, ln, newHTTPServer(routes(a), logger), cfg, logger, stdout)
+}
+
+// registerReplica writes this process's row in outbox.replicas, before any
+// claim: every job it claims records the id (replicas.go).
+func registerReplica(ctx context.Context, db *sql.DB, cfg Config, logger *slog.Logger) (*replicaRegistry, error) {
+	self := currentReplica(cfg.Workers.Concurrency, !cfg.DisableListen)
+	registry := newReplicaRegistry(db, cfg.Replicas, self, logger)
+	if err := registry.register(ctx); err != nil {
+		return nil, err
+	}
+	logger.Info("registered as a replica", "replica", registry.ID(), "heartbeat", cfg.Replicas.Heartbeat, "dead_after", cfg.Replicas.DeadAfter)
+	return registry, nil
+}
+
+// loopGroup owns goroutines that run until its context ends: start runs
+// one, stop cancels them all and waits for each.
+type loopGroup struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	logger *slog.Logger
+}
+
+func newLoopGroup(parent context.Context, logger *slog.Logger) *loopGroup {
+	ctx, cancel := context.WithCancel(parent)
+	return &loopGroup{ctx: ctx, cancel: cancel, logger: logger}
+}
+
+// start runs loop in a goroutine of g; an error other than the end of
+// g's context is logged with the loop's name.
+func (g *loopGroup) start(name string, loop func(context.Context) error) {
+	g.wg.Go(func() {
+		if err := loop(g.ctx); err != nil && !errors.Is(err, context.Canceled) {
+			g.logger.Error("loop stopped", "loop", name, "err", err)
+		}
+	})
+}
+
+// stop ends g's context and waits for every loop of g to return.
+func (g *loopGroup) stop() {
+	g.cancel()
+	g.wg.Wait()
 }
 
 // newAdmin is what the HTTP side needs of the configuration, the database

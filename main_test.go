@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -66,8 +67,9 @@ func TestParseConfigDefaultsAndFallbacks(t *testing.T) {
 }
 
 // The defaults are the project's numbers, written out here as literals so
-// that a changed default fails a test instead of agreeing with itself. The
-// README's "Storage bounds" and "Retry schedule" explain each.
+// that a changed default fails a test instead of agreeing with itself.
+// docs/configuration.md and docs/guarantees.md ("Storage bounds") explain
+// each.
 func TestDefaultsAreTheStatedNumbers(t *testing.T) {
 	t.Parallel()
 	c := defaultConfig()
@@ -395,7 +397,7 @@ func TestMigrateAgainTakesNoTableLocks(t *testing.T) {
 // lists every command.
 func TestHelpListsEveryCommandAndExitsZero(t *testing.T) {
 	t.Parallel()
-	for _, args := range [][]string{{"-h"}, {"serve", "-h"}, {"migrate", "-h"}, {"secrets", "encrypt", "-h"}, {"load", "-h"}, {"version", "-h"}} {
+	for _, args := range [][]string{{"-h"}, {"serve", "-h"}, {"migrate", "-h"}, {"secrets", "encrypt", "-h"}, {"version", "-h"}} {
 		cmd := exec.Command(os.Args[0], args...)
 		cmd.Env = append(os.Environ(), "OUTBOXD_TEST_RUN_MAIN=1")
 		out, err := cmd.CombinedOutput()
@@ -404,7 +406,7 @@ func TestHelpListsEveryCommandAndExitsZero(t *testing.T) {
 			continue
 		}
 		if len(args) == 1 {
-			for _, c := range []string{"serve", "migrate", "load", "secrets encrypt", "secrets rotate-key", "version"} {
+			for _, c := range []string{"serve", "migrate", "secrets encrypt", "secrets rotate-key", "version"} {
 				if !strings.Contains(string(out), "\n  "+c+" ") {
 					t.Errorf("outboxd -h does not list %q:\n%s", c, out)
 				}
@@ -474,5 +476,72 @@ func TestPanelShowsTheBuild(t *testing.T) {
 	_, page := panelPage(t, newTestServer(t, db, testPolicy), "/")
 	if want := html.EscapeString(readBuildInfo().String()); !strings.Contains(page, want) {
 		t.Errorf("the overview page does not show %q", want)
+	}
+}
+
+// needTool is the path of the program name, which Debian's packages pkgs
+// bring, for a test that cannot run without it: PgBouncer, Chromium and
+// chromedriver are not needed to build or run outboxd, so a machine
+// without them skips those tests, and the message says what to install.
+// Where CI=true the test fails instead: .ci/run installs every such
+// package, and a test skipped there would pass unseen.
+func needTool(t testing.TB, name, pkgs string) string {
+	t.Helper()
+	return lookupTool(t, os.Getenv, name, pkgs)
+}
+
+// sbinDir is searched after PATH: Debian installs daemons such as
+// pgbouncer there, and a non-root PATH leaves it out.
+const sbinDir = "/usr/sbin"
+
+// lookupTool is needTool with the environment given, for its own test.
+func lookupTool(t testing.TB, getenv func(string) string, name, pkgs string) string {
+	t.Helper()
+	if path, err := exec.LookPath(name); err == nil {
+		return path
+	}
+	if path, err := exec.LookPath(filepath.Join(sbinDir, name)); err == nil {
+		return path
+	}
+	msg := fmt.Sprintf("%s not found on PATH or in %s: apt-get install %s", name, sbinDir, pkgs)
+	if ci, _ := strconv.ParseBool(getenv("CI")); ci {
+		t.Fatalf("%s (CI=true: .ci/run installs it, and this test must run)", msg)
+		return ""
+	}
+	t.Skip(msg + "; CI=true makes this a failure")
+	return ""
+}
+
+// toolOutcome records what lookupTool did to a test, where a real test
+// would have stopped.
+type toolOutcome struct {
+	testing.TB
+	skipped, failed string
+}
+
+func (o *toolOutcome) Helper()                      {}
+func (o *toolOutcome) Skip(args ...any)             { o.skipped = fmt.Sprint(args...) }
+func (o *toolOutcome) Fatalf(f string, args ...any) { o.failed = fmt.Sprintf(f, args...) }
+
+// A missing tool skips naming its package, or fails where CI=true; a
+// present one is found on PATH.
+func TestNeedToolSkipsOrFailsInCI(t *testing.T) {
+	t.Parallel()
+	const missing = "outboxd-test-no-such-tool"
+	for _, ci := range []string{"", "false", "true", "1"} {
+		o := &toolOutcome{TB: t}
+		path := lookupTool(o, envFrom(map[string]string{"CI": ci}), missing, "some-package")
+		want, got, other := "skip", o.skipped, o.failed
+		if ci == "true" || ci == "1" {
+			want, got, other = "failure", o.failed, o.skipped
+		}
+		if path != "" || other != "" || !strings.Contains(got, "apt-get install some-package") {
+			t.Errorf("CI=%q: path %q, skipped %q, failed %q; want only a %s naming the package",
+				ci, path, o.skipped, o.failed, want)
+		}
+	}
+	o := &toolOutcome{TB: t}
+	if path := lookupTool(o, envFrom(map[string]string{"CI": "true"}), "sh", "dash"); path == "" || o.skipped != "" || o.failed != "" {
+		t.Errorf("sh: path %q, skipped %q, failed %q; want its path", path, o.skipped, o.failed)
 	}
 }

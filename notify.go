@@ -75,20 +75,6 @@ const (
 // index (events_unfanned_by_id).
 const transactionModeRelaySweep = time.Second
 
-// derivePoolMode sets what transaction mode changes: no LISTEN, the
-// relay's sweep unless -relay-sweep was given, and the retention lock's
-// scope.
-func (c *Config) derivePoolMode(relaySweepGiven bool) {
-	if c.PoolMode != poolModeTransaction {
-		return
-	}
-	if !relaySweepGiven {
-		c.Relay.SweepInterval = transactionModeRelaySweep
-	}
-	c.DisableListen = true // a LISTEN through the pooler reaches nobody
-	c.Retention.XactLocks = true
-}
-
 // quietProducers publishes relay_state busy, for a relay that no
 // notification can wake (transaction mode): producers then skip the NOTIFY
 // and its serializing lock at commit (schema.sql, outbox.relay_state). A
@@ -111,9 +97,9 @@ type wakeups struct {
 	// INSERT statement, even of no row, and the notifications of one
 	// transaction fold into one), and the relay pokes this process's
 	// workers itself after a pass that enqueued jobs: woken a second time
-	// by its own NOTIFY, the workers ran a claim for nothing, one for every
-	// relay pass (`outboxd load -mode replay` counted about two claims per
-	// pass). Other replicas' relays, replays and retries still wake them.
+	// by its own NOTIFY, the workers would run a claim for nothing after
+	// every relay pass, so the listener skips it (counted in ownSkipped).
+	// Other replicas' relays, replays and retries still wake them.
 	origin string
 
 	// Counters, only ever incremented: jobs notifications that woke the

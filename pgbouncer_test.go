@@ -1,7 +1,8 @@
 // pgbouncer_test.go: outboxd behind a real PgBouncer in transaction
 // pooling mode (-pool-mode transaction), the way most production
 // PostgreSQL is reached. startPgBouncer runs Debian's pgbouncer in front of
-// the test server for one test; .ci/run installs it.
+// the test server for one test: without it the tests skip (needTool),
+// and .ci/run installs it.
 
 package main
 
@@ -49,13 +50,7 @@ type pgBouncer struct {
 // user, as devdb.go runs the throwaway cluster (serverCredential).
 func startPgBouncer(t testing.TB, upstreamDSN string, poolSize int) *pgBouncer {
 	t.Helper()
-	bin, err := exec.LookPath("pgbouncer")
-	if err != nil {
-		bin = "/usr/sbin/pgbouncer" // Debian's package, off a non-root PATH
-		if _, statErr := os.Stat(bin); statErr != nil {
-			t.Fatalf("pgbouncer not found (apt-get install pgbouncer; .ci/run installs it): %v", err)
-		}
-	}
+	bin := needTool(t, "pgbouncer", "pgbouncer")
 	up, err := pq.NewConfig(upstreamDSN)
 	if err != nil {
 		t.Fatal(err)
@@ -580,11 +575,9 @@ func TestPgBouncerPipelineDeliversAndSweeps(t *testing.T) {
 	// cycle. (Both replicas of this process start their cycles at the same
 	// offset, their jitter seeds being one host and pid, so they meet
 	// often.) So one replica may skip most of its cycles, on a loaded
-	// machine even more than the other sweeps (runs of 2 December: 30
-	// swept and none skipped against 3 and 27; 6 and none against 3 and
-	// 11), while the other sweeps more than it skips. With the session
-	// lock, the lock a failed unlock leaves behind on some server session
-	// makes most cycles of both skip.
+	// machine even more than the other sweeps, while the other sweeps
+	// more than it skips. With the session lock, the lock a failed unlock
+	// leaves behind on some server session makes most cycles of both skip.
 	if mostlySkipping == len(replicas) {
 		t.Errorf("every replica skipped more retention cycles than it swept: the lock is held by no cycle")
 	}

@@ -63,8 +63,9 @@ type replicaSelf struct {
 	Listens  bool // LISTENs for wake-ups (not -disable-listen)
 }
 
-// currentReplica is this process as its row describes it.
-func currentReplica(cfg Config) replicaSelf {
+// currentReplica is this process as its row describes it: workers job
+// slots, and whether it listens for wake-ups.
+func currentReplica(workers int, listens bool) replicaSelf {
 	host, _ := os.Hostname()
 	b := readBuildInfo()
 	return replicaSelf{
@@ -72,8 +73,8 @@ func currentReplica(cfg Config) replicaSelf {
 		PID:      os.Getpid(),
 		Version:  b.Release,
 		Revision: truncate(b.Revision, 100),
-		Workers:  cfg.Workers.Concurrency,
-		Listens:  !cfg.DisableListen,
+		Workers:  workers,
+		Listens:  listens,
 	}
 }
 

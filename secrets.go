@@ -1,10 +1,11 @@
 // secrets.go: endpoint and inbox-source secrets sealed at rest, and the
-// commands that seal the rows already stored (README, "Secrets at rest").
+// commands that seal the rows already stored (docs/security.md, "Secrets
+// at rest").
 //
-// Without -secrets-key nothing is sealed and every secret is stored and read
-// as the bytes it is, as before this file existed. With it, every write
-// seals (AES-256-GCM, a random nonce each time) and every read opens. A
-// stored value says what it is, so rows of either kind live side by side:
+// Without -secrets-key nothing is sealed and every secret is stored and
+// read as the bytes it is. With it, every write seals (AES-256-GCM, a
+// random nonce each time) and every read opens. A stored value says what
+// it is, so rows of either kind live side by side:
 //
 //	plaintext  at most maxSecretLen (64) bytes, as schema.sql's CHECKs bound
 //	           every secret written without a key
