@@ -692,7 +692,3 @@ func (s *sweeper) PrunedByTable() map[string]int64 {
 	}
 	return pruned
 }
-
-// maxRetention bounds every retention window: ten years is "keep", and a
-// larger value is a typo.
-const maxRetention = 10 * 365 * 24 * time.Hour
