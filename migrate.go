@@ -486,73 +486,75 @@ var dollarQuoteTag = regexp.MustCompile(`^\$[A-Za-z_][A-Za-z_0-9]*\$|^\$\$`)
 func splitSQL(src string) []sqlStatement {
 	var stmts []sqlStatement
 	start := -1 // where the current statement began; -1 between statements
-	end := func(i int) {
-		if start >= 0 {
-			stmts = append(stmts, sqlStatement{
-				line: strings.Count(src[:start], "\n") + 1,
-				text: strings.TrimSpace(src[start:i]),
-			})
-		}
-		start = -1
-	}
 	for i := 0; i < len(src); {
 		c := src[i]
 		switch {
 		case strings.HasPrefix(src[i:], "--"):
-			if j := strings.IndexByte(src[i:], '\n'); j >= 0 {
-				i += j
-			} else {
-				i = len(src)
-			}
-			continue
+			i = skipPast(src, i, "\n", 0)
 		case strings.HasPrefix(src[i:], "/*"):
-			if j := strings.Index(src[i+2:], "*/"); j >= 0 {
-				i += 2 + j + 2
-			} else {
-				i = len(src)
-			}
-			continue
+			i = skipPast(src, i+2, "*/", len("*/"))
 		case c == ';':
-			end(i)
+			if start >= 0 {
+				stmts = append(stmts, sqlStatement{
+					line: strings.Count(src[:start], "\n") + 1,
+					text: strings.TrimSpace(src[start:i]),
+				})
+			}
+			start = -1
 			i++
-			continue
 		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
 			i++
-			continue
-		}
-		if start < 0 {
-			start = i
-		}
-		tag := ""
-		if c == '$' {
-			tag = dollarQuoteTag.FindString(src[i:min(i+64, len(src))])
-		}
-		switch {
-		case c == '\'' || c == '"':
-			j := i + 1
-			for j < len(src) {
-				if src[j] == c {
-					if j+1 < len(src) && src[j+1] == c {
-						j += 2 // a doubled quote is one quote character inside
-						continue
-					}
-					break
-				}
-				j++
-			}
-			i = j + 1
-		case tag != "":
-			if j := strings.Index(src[i+len(tag):], tag); j >= 0 {
-				i += len(tag) + j + len(tag)
-			} else {
-				i = len(src)
-			}
 		default:
-			i++
+			if start < 0 {
+				start = i
+			}
+			i = skipToken(src, i)
 		}
 	}
-	end(len(src))
+	if start >= 0 {
+		stmts = append(stmts, sqlStatement{
+			line: strings.Count(src[:start], "\n") + 1,
+			text: strings.TrimSpace(src[start:]),
+		})
+	}
 	return stmts
+}
+
+// skipPast is the index in src past the first end at or after i (keep of
+// its bytes kept before it), or len(src) if there is none.
+func skipPast(src string, i int, end string, keep int) int {
+	j := strings.Index(src[i:], end)
+	if j < 0 {
+		return len(src)
+	}
+	return i + j + keep
+}
+
+// skipToken is the index past the token of a statement that starts at
+// i: a quoted string or identifier (a doubled quote is one quote
+// character inside), a dollar-quoted body, or one byte.
+func skipToken(src string, i int) int {
+	c := src[i]
+	if c == '\'' || c == '"' {
+		j := i + 1
+		for j < len(src) {
+			if src[j] == c {
+				if j+1 < len(src) && src[j+1] == c {
+					j += 2
+					continue
+				}
+				break
+			}
+			j++
+		}
+		return j + 1
+	}
+	if c == '$' {
+		if tag := dollarQuoteTag.FindString(src[i:min(i+64, len(src))]); tag != "" {
+			return skipPast(src, i+len(tag), tag, len(tag))
+		}
+	}
+	return i + 1
 }
 
 // indexStatement is one statement of schema_indexes.sql.
