@@ -9,8 +9,11 @@ import (
 	"runtime/debug"
 )
 
-// version is the release, reported in the User-Agent of outgoing webhooks.
-const version = "0.1.0"
+// version is the release, reported in the User-Agent of outgoing webhooks
+// and recorded by each replica. It changes whenever schema.sql or
+// schema_indexes.sql changes (TestReleaseChangesWithTheSchema), so that
+// two builds with different schemas never report the same release.
+const version = "0.2.0"
 
 // buildInfo is what go build recorded in the binary.
 type buildInfo struct {
