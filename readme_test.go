@@ -433,3 +433,41 @@ func TestDocsOperationsListsEveryMetric(t *testing.T) {
 		t.Error("no metric family found in the sources: the pattern is out of date")
 	}
 }
+
+// The README's file table names every source file of the product, and
+// only files that exist: it is how a reader finds a stage. A platform
+// variant (devdb_linux.go) is covered by its base file (devdb.go).
+func TestREADMEFileTableNamesEveryFile(t *testing.T) {
+	t.Parallel()
+	readme := readDoc(t, "README.md")
+	start := strings.Index(readme, "| file | stage |")
+	if start < 0 {
+		t.Fatal("README.md has no | file | stage | table")
+	}
+	table := readme[start:]
+	if end := strings.Index(table, "\n\n"); end >= 0 {
+		table = table[:end]
+	}
+	named := map[string]bool{}
+	for _, m := range regexp.MustCompile("`([a-z_]+\\.(?:go|sql))`").FindAllStringSubmatch(table, -1) {
+		named[m[1]] = true
+		if _, err := os.Stat(m[1]); err != nil {
+			t.Errorf("README.md's file table names %s: %v", m[1], err)
+		}
+	}
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sql, err := filepath.Glob("*.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range append(files, sql...) {
+		base, _, variant := strings.Cut(f, "_")
+		if strings.HasSuffix(f, "_test.go") || named[f] || variant && named[base+".go"] {
+			continue
+		}
+		t.Errorf("README.md's file table does not name %s", f)
+	}
+}
