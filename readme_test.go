@@ -171,6 +171,41 @@ func main() {
 }
 `
 
+// verifyInput is one request the README's verifyOutboxd is given.
+type verifyInput struct {
+	Secret string
+	Header map[string]string
+	Body   string
+	Now    int64
+}
+
+// runVerifySnippet compiles snippet (the README's verifyOutboxd) into a
+// program of its own, as a receiver would, and returns its answer to each
+// input: "verified" or "refused: <error>".
+func runVerifySnippet(t *testing.T, snippet string, inputs []verifyInput) []string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(verifySnippetMain+"\n"+snippet), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	in, err := json.Marshal(inputs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("go", "run", "main.go")
+	cmd.Dir = dir
+	cmd.Stdin = strings.NewReader(string(in))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go run of the README's verifyOutboxd: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) != len(inputs) {
+		t.Fatalf("got %d lines for %d inputs:\n%s", len(lines), len(inputs), out)
+	}
+	return lines
+}
+
 // The README's verification function, compiled as a receiver would,
 // accepts what outboxd signs, with either secret during a rotation, and
 // refuses a changed body, another secret and a stale timestamp.
@@ -186,58 +221,33 @@ func TestREADMEVerifySnippetAcceptsOutboxdsSignature(t *testing.T) {
 
 	secret, previous, other := newWebhookSecret(), newWebhookSecret(), newWebhookSecret()
 	now := time.Now()
-	body := []byte(`{"id":"7","type":"order.paid","subject":"42","timestamp":"2026-10-28T09:20:00Z","data":{"amount_cents":1200}}`)
-	type input struct {
-		Secret string
-		Header map[string]string
-		Body   string
-		Now    int64
-	}
+	body := `{"id":"7","type":"order.paid","subject":"42","timestamp":"2026-10-28T09:20:00Z","data":{"amount_cents":1200}}`
 	signed := func(secrets [][]byte, sentAt time.Time) map[string]string {
 		h := http.Header{}
-		setWebhookHeaders(h, secrets, "7", sentAt, body)
+		setWebhookHeaders(h, secrets, "7", sentAt, []byte(body))
 		return map[string]string{"webhook-id": h.Get("webhook-id"),
 			"webhook-timestamp": h.Get("webhook-timestamp"), "webhook-signature": h.Get("webhook-signature")}
 	}
 	cases := []struct {
 		name string
-		in   input
+		in   verifyInput
 		want string
 	}{
-		{"signed with the endpoint's secret", input{secret.Encode(), signed([][]byte{secret}, now), string(body), now.Unix()}, "verified"},
-		{"a rotation: the receiver has the new secret", input{secret.Encode(), signed([][]byte{secret, previous}, now), string(body), now.Unix()}, "verified"},
-		{"a rotation: the receiver has the old secret", input{previous.Encode(), signed([][]byte{secret, previous}, now), string(body), now.Unix()}, "verified"},
-		{"the body changed", input{secret.Encode(), signed([][]byte{secret}, now), strings.Replace(string(body), "1200", "120000", 1), now.Unix()}, "refused:"},
-		{"another endpoint's secret", input{other.Encode(), signed([][]byte{secret}, now), string(body), now.Unix()}, "refused:"},
-		{"sent six minutes ago", input{secret.Encode(), signed([][]byte{secret}, now.Add(-6*time.Minute)), string(body), now.Unix()}, "refused:"},
+		{"signed with the endpoint's secret", verifyInput{secret.Encode(), signed([][]byte{secret}, now), body, now.Unix()}, "verified"},
+		{"a rotation: the receiver has the new secret", verifyInput{secret.Encode(), signed([][]byte{secret, previous}, now), body, now.Unix()}, "verified"},
+		{"a rotation: the receiver has the old secret", verifyInput{previous.Encode(), signed([][]byte{secret, previous}, now), body, now.Unix()}, "verified"},
+		{"the body changed", verifyInput{secret.Encode(), signed([][]byte{secret}, now), strings.Replace(body, "1200", "120000", 1), now.Unix()}, "refused:"},
+		{"another endpoint's secret", verifyInput{other.Encode(), signed([][]byte{secret}, now), body, now.Unix()}, "refused:"},
+		{"sent six minutes ago", verifyInput{secret.Encode(), signed([][]byte{secret}, now.Add(-6*time.Minute)), body, now.Unix()}, "refused:"},
 	}
-	dir := t.TempDir()
-	program := verifySnippetMain + "\n" + snippet
-	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(program), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	var stdin []input
+	var inputs []verifyInput
 	for _, c := range cases {
-		stdin = append(stdin, c.in)
+		inputs = append(inputs, c.in)
 	}
-	in, err := json.Marshal(stdin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("go", "run", "main.go")
-	cmd.Dir = dir
-	cmd.Stdin = strings.NewReader(string(in))
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("go run of the README's verifyOutboxd: %v\n%s", err, out)
-	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	if len(lines) != len(cases) {
-		t.Fatalf("got %d lines for %d cases:\n%s", len(lines), len(cases), out)
-	}
+	got := runVerifySnippet(t, snippet, inputs)
 	for i, c := range cases {
-		if !strings.HasPrefix(lines[i], c.want) {
-			t.Errorf("%s: the README's verifyOutboxd said %q, want %q", c.name, lines[i], c.want)
+		if !strings.HasPrefix(got[i], c.want) {
+			t.Errorf("%s: the README's verifyOutboxd said %q, want %q", c.name, got[i], c.want)
 		}
 	}
 }
