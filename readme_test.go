@@ -1,9 +1,17 @@
-// readme_test.go: the README cites tests as proof of what it states; each
-// one it names must exist.
+// readme_test.go: the README and docs/ state what the code does, so they
+// are held to it: every test they cite exists, every link resolves, the
+// commands and the verification code they show work, the configuration page
+// lists every flag and the operations page every metric, and neither
+// carries run history.
 
 package main
 
 import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,37 +19,78 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+	"unicode"
 )
 
-func TestREADMENamesOnlyTestsThatExist(t *testing.T) {
-	t.Parallel()
-	readme, err := os.ReadFile("README.md")
+// docFiles is the README and every page under docs/.
+func docFiles(t *testing.T) []string {
+	t.Helper()
+	pages, err := filepath.Glob("docs/*.md")
 	if err != nil {
 		t.Fatal(err)
 	}
+	if len(pages) == 0 {
+		t.Fatal("no docs/*.md")
+	}
+	return append([]string{"README.md"}, pages...)
+}
+
+func readDoc(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// proseLines are a markdown file's lines outside fenced code blocks, with
+// their line numbers: a `# comment` in a shell block is not a heading.
+func proseLines(doc string) map[int]string {
+	lines := map[int]string{}
+	fenced := false
+	for i, line := range strings.Split(doc, "\n") {
+		if strings.HasPrefix(line, "```") {
+			fenced = !fenced
+			continue
+		}
+		if !fenced {
+			lines[i+1] = line
+		}
+	}
+	return lines
+}
+
+func TestREADMEAndDocsNameOnlyTestsThatExist(t *testing.T) {
+	t.Parallel()
 	files, err := filepath.Glob("*_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The benchmark modules' tests may be cited too.
+	bench, err := filepath.Glob("bench/*/*_test.go")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defined := map[string]bool{}
 	funcs := regexp.MustCompile(`(?m)^func ((?:Test|Benchmark|Fuzz)\w+)\(`)
-	for _, f := range files {
-		src, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range funcs.FindAllSubmatch(src, -1) {
-			defined[string(m[1])] = true
+	for _, f := range append(files, bench...) {
+		for _, m := range funcs.FindAllStringSubmatch(readDoc(t, f), -1) {
+			defined[m[1]] = true
 		}
 	}
-	var missing []string
-	for _, m := range regexp.MustCompile("`((?:Test|Benchmark|Fuzz)[A-Z]\\w*)").FindAllSubmatch(readme, -1) {
-		if name := string(m[1]); !defined[name] && !slices.Contains(missing, name) {
-			missing = append(missing, name)
+	cited := regexp.MustCompile("`((?:Test|Benchmark|Fuzz)[A-Z]\\w*)")
+	for _, doc := range docFiles(t) {
+		var missing []string
+		for _, m := range cited.FindAllStringSubmatch(readDoc(t, doc), -1) {
+			if name := m[1]; !defined[name] && !slices.Contains(missing, name) {
+				missing = append(missing, name)
+			}
 		}
-	}
-	if len(missing) > 0 {
-		t.Errorf("README.md cites tests that do not exist: %v", missing)
+		if len(missing) > 0 {
+			t.Errorf("%s cites tests that do not exist: %v", doc, missing)
+		}
 	}
 }
 
@@ -49,9 +98,11 @@ func TestREADMENamesOnlyTestsThatExist(t *testing.T) {
 // version, and migrate against a fresh database.
 func TestREADMECommandsRun(t *testing.T) {
 	t.Parallel()
-	readme, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
+	readme := readDoc(t, "README.md")
+	for _, shown := range []string{"go run .", "go test ./..."} {
+		if !strings.Contains(readme, "```sh\n"+shown+"\n```") {
+			t.Errorf("README.md no longer shows %q as a command of its own", shown)
+		}
 	}
 	_, dsn := newTestDB(t)
 	bin := filepath.Join(t.TempDir(), "outboxd")
@@ -62,15 +113,371 @@ func TestREADMECommandsRun(t *testing.T) {
 	}{
 		{"go build -o outboxd .", []string{"go", "build", "-o", bin, "."}, ""},
 		{"./outboxd -h", []string{bin, "-h"}, "Commands:"},
-		{"./outboxd version", []string{bin, "version"}, "outboxd 0.1.0"},
+		{"./outboxd version", []string{bin, "version"}, "outboxd " + version},
 		{"./outboxd migrate -database-url postgres://...", []string{bin, "migrate", "-database-url", dsn}, "schema applied"},
 	} {
-		if !strings.Contains(string(readme), c.shown) {
+		if !strings.Contains(readme, c.shown) {
 			t.Errorf("README.md no longer shows %q", c.shown)
 		}
 		out, err := exec.Command(c.run[0], c.run[1:]...).CombinedOutput()
 		if err != nil || !strings.Contains(string(out), c.want) {
 			t.Errorf("%s: %v, output:\n%s\nwant %q in it", c.shown, err, out, c.want)
 		}
+	}
+}
+
+// verifySnippetMain runs the README's verifyOutboxd over cases read from
+// stdin, one line of output a case. The blank uses keep it compiling if
+// the snippet stops using one of the imports it needs today.
+const verifySnippetMain = `package main
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+var _ = []any{hmac.New, sha256.New, base64.StdEncoding, errors.New, strconv.Itoa, strings.Fields}
+
+func main() {
+	var cases []struct {
+		Secret string
+		Header map[string]string
+		Body   string
+		Now    int64
+	}
+	if err := json.NewDecoder(os.Stdin).Decode(&cases); err != nil {
+		panic(err)
+	}
+	for _, c := range cases {
+		h := http.Header{}
+		for k, v := range c.Header {
+			h.Set(k, v)
+		}
+		if err := verifyOutboxd(c.Secret, h, []byte(c.Body), time.Unix(c.Now, 0)); err != nil {
+			fmt.Println("refused:", err)
+		} else {
+			fmt.Println("verified")
+		}
+	}
+}
+`
+
+// verifyInput is one request the README's verifyOutboxd is given.
+type verifyInput struct {
+	Secret string
+	Header map[string]string
+	Body   string
+	Now    int64
+}
+
+// runVerifySnippet compiles snippet (the README's verifyOutboxd) into a
+// program of its own, as a receiver would, and returns its answer to each
+// input: "verified" or "refused: <error>".
+func runVerifySnippet(t *testing.T, snippet string, inputs []verifyInput) []string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(verifySnippetMain+"\n"+snippet), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	in, err := json.Marshal(inputs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("go", "run", "main.go")
+	cmd.Dir = dir
+	cmd.Stdin = strings.NewReader(string(in))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go run of the README's verifyOutboxd: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) != len(inputs) {
+		t.Fatalf("got %d lines for %d inputs:\n%s", len(lines), len(inputs), out)
+	}
+	return lines
+}
+
+// The README's verification function, compiled as a receiver would,
+// accepts what outboxd signs, with either secret during a rotation, and
+// refuses a changed body, another secret and a stale timestamp.
+func TestREADMEVerifySnippetAcceptsOutboxdsSignature(t *testing.T) {
+	t.Parallel()
+	readme := readDoc(t, "README.md")
+	start := strings.Index(readme, "```go\n// verifyOutboxd")
+	if start < 0 {
+		t.Fatal("README.md shows no ```go block defining verifyOutboxd")
+	}
+	snippet := readme[start+len("```go\n"):]
+	snippet = snippet[:strings.Index(snippet, "```")]
+
+	secret, previous, other := newWebhookSecret(), newWebhookSecret(), newWebhookSecret()
+	now := time.Now()
+	body := `{"id":"7","type":"order.paid","subject":"42","timestamp":"2026-10-28T09:20:00Z","data":{"amount_cents":1200}}`
+	signed := func(secrets [][]byte, sentAt time.Time) map[string]string {
+		h := http.Header{}
+		setWebhookHeaders(h, secrets, "7", sentAt, []byte(body))
+		return map[string]string{"webhook-id": h.Get("webhook-id"),
+			"webhook-timestamp": h.Get("webhook-timestamp"), "webhook-signature": h.Get("webhook-signature")}
+	}
+	cases := []struct {
+		name string
+		in   verifyInput
+		want string
+	}{
+		{"signed with the endpoint's secret", verifyInput{secret.Encode(), signed([][]byte{secret}, now), body, now.Unix()}, "verified"},
+		{"a rotation: the receiver has the new secret", verifyInput{secret.Encode(), signed([][]byte{secret, previous}, now), body, now.Unix()}, "verified"},
+		{"a rotation: the receiver has the old secret", verifyInput{previous.Encode(), signed([][]byte{secret, previous}, now), body, now.Unix()}, "verified"},
+		{"the body changed", verifyInput{secret.Encode(), signed([][]byte{secret}, now), strings.Replace(body, "1200", "120000", 1), now.Unix()}, "refused:"},
+		{"another endpoint's secret", verifyInput{other.Encode(), signed([][]byte{secret}, now), body, now.Unix()}, "refused:"},
+		{"sent six minutes ago", verifyInput{secret.Encode(), signed([][]byte{secret}, now.Add(-6*time.Minute)), body, now.Unix()}, "refused:"},
+	}
+	var inputs []verifyInput
+	for _, c := range cases {
+		inputs = append(inputs, c.in)
+	}
+	got := runVerifySnippet(t, snippet, inputs)
+	for i, c := range cases {
+		if !strings.HasPrefix(got[i], c.want) {
+			t.Errorf("%s: the README's verifyOutboxd said %q, want %q", c.name, got[i], c.want)
+		}
+	}
+}
+
+// headingAnchor is the anchor GitHub gives a heading: lower case, spaces
+// to hyphens, punctuation other than - and _ dropped.
+func headingAnchor(heading string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(strings.TrimSpace(heading)) {
+		switch {
+		case r == ' ':
+			b.WriteRune('-')
+		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// anchorsOf is every heading anchor of a markdown file, the second of two
+// equal headings suffixed -1 as GitHub does.
+func anchorsOf(doc string) map[string]bool {
+	anchors, seen := map[string]bool{}, map[string]int{}
+	heading := regexp.MustCompile(`^#{1,6} (.+)$`)
+	lines := proseLines(doc)
+	for n := 1; n <= len(strings.Split(doc, "\n")); n++ {
+		m := heading.FindStringSubmatch(lines[n])
+		if m == nil {
+			continue
+		}
+		a := headingAnchor(strings.ReplaceAll(m[1], "`", ""))
+		if k := seen[a]; k > 0 {
+			anchors[fmt.Sprintf("%s-%d", a, k)] = true
+		} else {
+			anchors[a] = true
+		}
+		seen[a]++
+	}
+	return anchors
+}
+
+// Every relative link of the README and docs/ points at a file that
+// exists, and at a heading of it when it names one.
+func TestDocsLinksResolve(t *testing.T) {
+	t.Parallel()
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	for _, doc := range docFiles(t) {
+		text := readDoc(t, doc)
+		for n, line := range proseLines(text) {
+			for _, m := range link.FindAllStringSubmatch(line, -1) {
+				target := m[1]
+				if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+					continue
+				}
+				path, anchor, _ := strings.Cut(target, "#")
+				file := doc
+				if path != "" {
+					file = filepath.Join(filepath.Dir(doc), path)
+				}
+				if _, err := os.Stat(file); err != nil {
+					t.Errorf("%s:%d: link %q: %v", doc, n, target, err)
+					continue
+				}
+				if anchor != "" && !anchorsOf(readDoc(t, file))[anchor] {
+					t.Errorf("%s:%d: link %q: %s has no heading with anchor #%s", doc, n, target, file, anchor)
+				}
+			}
+		}
+	}
+}
+
+// The README and docs/ say what the code does now: no issue numbers, no
+// commit hashes, no dated runs, and no command that no longer exists.
+func TestDocsCarryNoRunHistory(t *testing.T) {
+	t.Parallel()
+	month := `(?:January|February|March|April|May|June|July|August|September|October|November|December)`
+	for _, rule := range []struct {
+		what string
+		re   *regexp.Regexp
+	}{
+		{"an issue number", regexp.MustCompile(`(?i)\bissues? \d+|#\d+\b`)},
+		{"a commit hash", regexp.MustCompile(`\b[0-9a-f]{7,40}\b`)},
+		{"a date", regexp.MustCompile(`\b\d{1,2} ` + month + ` \d{4}\b|\b` + month + ` \d{1,2},? \d{4}\b`)},
+		{"the load generator as a subcommand", regexp.MustCompile(`outboxd load\b`)},
+	} {
+		for _, doc := range docFiles(t) {
+			for n, line := range strings.Split(readDoc(t, doc), "\n") {
+				for _, m := range rule.re.FindAllString(line, -1) {
+					if rule.what == "a commit hash" && !(strings.ContainsAny(m, "0123456789") && strings.ContainsAny(m, "abcdef")) {
+						continue // a number, or a word of the letters a to f
+					}
+					t.Errorf("%s:%d: %s: %q", doc, n+1, rule.what, m)
+				}
+			}
+		}
+	}
+}
+
+// configRow is a row of a settings table: | `-flag`, ... | `ENV`, ... | default | meaning |.
+var configRow = regexp.MustCompile("^\\| (`-[a-z-]+`(?:, `-[a-z-]+`)*) \\| (`[A-Z_]+`(?:, `[A-Z_]+`)*) \\| ([^|]*) \\|")
+
+// documentedFlags reads the settings tables of a page: each flag with its
+// environment variable and its default cell.
+func documentedFlags(t *testing.T, doc string) map[string][2]string {
+	t.Helper()
+	flags := map[string][2]string{}
+	for _, line := range strings.Split(readDoc(t, doc), "\n") {
+		m := configRow.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		names, envs := strings.Split(m[1], ", "), strings.Split(m[2], ", ")
+		if len(names) != len(envs) {
+			t.Errorf("%s: %q: %d flags and %d environment variables", doc, line, len(names), len(envs))
+			continue
+		}
+		for i := range names {
+			flags[strings.Trim(names[i], "`-")] = [2]string{strings.Trim(envs[i], "`"), strings.TrimSpace(m[3])}
+		}
+	}
+	return flags
+}
+
+// sameDefault compares a documented default with a flag's: the first
+// value in backquotes, or a parenthesis for an empty one.
+func sameDefault(doc, flagDefault string) bool {
+	if strings.HasPrefix(doc, "(") {
+		return flagDefault == ""
+	}
+	v, _, ok := strings.Cut(strings.TrimPrefix(doc, "`"), "`")
+	if !ok || !strings.HasPrefix(doc, "`") {
+		return false
+	}
+	if a, err := time.ParseDuration(v); err == nil {
+		b, err := time.ParseDuration(flagDefault)
+		return err == nil && a == b
+	}
+	return strings.EqualFold(v, flagDefault)
+}
+
+// docs/configuration.md lists every flag outboxd has, with its environment
+// variable and default, and no flag it does not have; the README's table
+// of the settings that matter most agrees with it.
+func TestDocsConfigurationListsEveryFlag(t *testing.T) {
+	t.Parallel()
+	cfg := defaultConfig()
+	fs := configFlags(&cfg, io.Discard)
+	full := documentedFlags(t, "docs/configuration.md")
+	for doc, flags := range map[string]map[string][2]string{"docs/configuration.md": full, "README.md": documentedFlags(t, "README.md")} {
+		for name, row := range flags {
+			f := fs.Lookup(name)
+			if f == nil {
+				t.Errorf("%s documents -%s, which outboxd does not have", doc, name)
+				continue
+			}
+			if row[0] != envName(name) {
+				t.Errorf("%s: -%s falls back to %s, not %s", doc, name, envName(name), row[0])
+			}
+			if !sameDefault(row[1], f.DefValue) {
+				t.Errorf("%s: -%s defaults to %q; the page says %s", doc, name, f.DefValue, row[1])
+			}
+		}
+	}
+	fs.VisitAll(func(f *flag.Flag) {
+		if _, ok := full[f.Name]; !ok {
+			t.Errorf("docs/configuration.md does not document -%s (%s)", f.Name, f.Usage)
+		}
+	})
+}
+
+// docs/operations.md lists every metric family /metrics serves.
+func TestDocsOperationsListsEveryMetric(t *testing.T) {
+	t.Parallel()
+	sources, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	family := regexp.MustCompile(`\.family\("(outboxd_\w+)"`)
+	page := readDoc(t, "docs/operations.md")
+	found := 0
+	for _, f := range sources {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		for _, m := range family.FindAllStringSubmatch(readDoc(t, f), -1) {
+			found++
+			if !strings.Contains(page, "`"+m[1]+"`") {
+				t.Errorf("docs/operations.md does not list the metric %s (%s)", m[1], f)
+			}
+		}
+	}
+	if found == 0 {
+		t.Error("no metric family found in the sources: the pattern is out of date")
+	}
+}
+
+// The README's file table names every source file of the product, and
+// only files that exist: it is how a reader finds a stage. A platform
+// variant (devdb_linux.go) is covered by its base file (devdb.go).
+func TestREADMEFileTableNamesEveryFile(t *testing.T) {
+	t.Parallel()
+	readme := readDoc(t, "README.md")
+	start := strings.Index(readme, "| file | stage |")
+	if start < 0 {
+		t.Fatal("README.md has no | file | stage | table")
+	}
+	table := readme[start:]
+	if end := strings.Index(table, "\n\n"); end >= 0 {
+		table = table[:end]
+	}
+	named := map[string]bool{}
+	for _, m := range regexp.MustCompile("`([a-z_]+\\.(?:go|sql))`").FindAllStringSubmatch(table, -1) {
+		named[m[1]] = true
+		if _, err := os.Stat(m[1]); err != nil {
+			t.Errorf("README.md's file table names %s: %v", m[1], err)
+		}
+	}
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sql, err := filepath.Glob("*.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range append(files, sql...) {
+		base, _, variant := strings.Cut(f, "_")
+		if strings.HasSuffix(f, "_test.go") || named[f] || variant && named[base+".go"] {
+			continue
+		}
+		t.Errorf("README.md's file table does not name %s", f)
 	}
 }
