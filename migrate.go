@@ -130,7 +130,7 @@ var errMigrateThroughPooler = errors.New("the schema of this release is not appl
 
 // requireMigrated is migrate's stand-in behind a pooler in transaction
 // mode: it applies nothing and fails unless this binary's schema was
-// applied (docs/operations.md, behind PgBouncer).
+// applied (docs/replicas.md, behind PgBouncer).
 func requireMigrated(ctx context.Context, db *sql.DB) error {
 	applied, err := schemaApplied(ctx, db, schemaChecksum())
 	if err != nil {

@@ -7,7 +7,7 @@
 // operator or by a 410, or one that opted out (recovery_probes false), is
 // never probed.
 //
-// Guarantees (docs/webhooks.md, recovery probes):
+// Guarantees (docs/endpoints.md, recovery probes):
 //   - Replicas share the probes: a probe is claimed by locking its endpoint
 //     row (SKIP LOCKED), and the claim commits the next probe's time before
 //     the request is sent, so a crash or a restart skips a probe and never

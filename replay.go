@@ -586,7 +586,7 @@ const paceSample = 1000
 // assumes the receiver keeps answering as fast and as well, and workers to
 // spare: it counts no retries, no live traffic taking the replay's room,
 // no pause, and not the moment between an outcome's commit and the next
-// claim (docs/webhooks.md, replays: how far it can be off).
+// claim (docs/replays.md: how far it can be off).
 func estimateReplaySeconds(events int64, maxInFlight int, liveFlows bool, rateLimit *float64, attempts int64, slotMS float64) int64 {
 	if events <= 0 {
 		return 0

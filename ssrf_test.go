@@ -195,10 +195,10 @@ func ssrfTable() string {
 	return b.String()
 }
 
-// The README's conformance table is the test's table.
+// docs/security.md's conformance table is the test's table.
 func TestREADMESSRFTable(t *testing.T) {
 	t.Parallel()
-	raw, err := os.ReadFile("README.md")
+	raw, err := os.ReadFile("docs/security.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +220,7 @@ func TestREADMESSRFTable(t *testing.T) {
 		return
 	}
 	if *updateREADME {
-		if err := os.WriteFile("README.md", []byte(readme[:begin+len(ssrfTableBegin)]+want+readme[end:]), 0o644); err != nil {
+		if err := os.WriteFile("docs/security.md", []byte(readme[:begin+len(ssrfTableBegin)]+want+readme[end:]), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		return
