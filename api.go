@@ -5,7 +5,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,23 +14,35 @@ import (
 	"time"
 )
 
-// overview is the overview with what the process counted beside the
-// database: the API and the panel show the same.
-func (a *admin) overview(ctx context.Context) (Overview, error) {
-	o, err := readOverview(ctx, a.db, a.alerts)
-	if err != nil {
-		return o, err
-	}
-	if a.counters != nil && a.counters.retention != nil {
-		o.Pruned = a.counters.retention.PrunedByTable()
-	}
-	if a.counters != nil && a.counters.registry != nil {
-		self := a.counters.registry.ID()
-		for i := range o.Replicas {
-			o.Replicas[i].Self = o.Replicas[i].ID == self
+// byID is the handler of a route on one row: it parses {id} and answers
+// 200 with do's result.
+func byID[T any](do func(ctx context.Context, id int64) (T, error)) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		id, err := pathID(r)
+		if err != nil {
+			return 0, nil, err
 		}
+		v, err := do(r.Context(), id)
+		return http.StatusOK, v, err
 	}
-	return o, nil
+}
+
+// byIDWithBody is byID for a route that takes a JSON body, which decode
+// (decodeJSON, or decodeOptionalJSON where it may be left out) reads into
+// an In for do once {id} parsed.
+func byIDWithBody[In, Out any](decode func(*http.Request, any) error, do func(ctx context.Context, id int64, in In) (Out, error)) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		id, err := pathID(r)
+		if err != nil {
+			return 0, nil, err
+		}
+		var in In
+		if err := decode(r, &in); err != nil {
+			return 0, nil, err
+		}
+		v, err := do(r.Context(), id, in)
+		return http.StatusOK, v, err
+	}
 }
 
 // handleOverview is GET /api/overview: backlog, jobs by state, table
@@ -101,25 +112,6 @@ func handleRecordEvent(a *admin) apiFunc {
 		id, err := recordEventTraced(r.Context(), a.db, tc, req.Topic, req.Subject, req.Payload)
 		return http.StatusCreated, map[string]int64{"id": id}, err
 	}
-}
-
-// eventWithJobs is an event and every job it made, as GET
-// /api/events/{id} and the panel's event page show it.
-type eventWithJobs struct {
-	Event
-	Jobs []JobView `json:"jobs"`
-}
-
-func readEventWithJobs(ctx context.Context, db *sql.DB, id int64) (eventWithJobs, error) {
-	ev, err := getEvent(ctx, db, id)
-	if err != nil {
-		return eventWithJobs{}, err
-	}
-	jobs, err := listJobs(ctx, db, JobFilter{EventID: id, Limit: maxEventPage})
-	if err != nil {
-		return eventWithJobs{}, err
-	}
-	return eventWithJobs{Event: ev, Jobs: jobs}, nil
 }
 
 // handleGetEvent is GET /api/events/{id}: the event and every job it made.
