@@ -291,8 +291,8 @@ func handleRotateEndpointSecret(a *admin) apiFunc {
 // handleReplayEndpoint is POST /api/endpoints/{id}/replay {"since",
 // "until", "topics", "dry_run"}: the endpoint's events in that window, of
 // those topics, sent again, answered with the replay's id; or, with
-// "dry_run": true, what would be sent, enqueuing nothing (README,
-// "Replays").
+// "dry_run": true, what would be sent, enqueuing nothing, so that an
+// operator sees how many events and how long before committing to it.
 func handleReplayEndpoint(a *admin) apiFunc {
 	type request struct {
 		Since  *string  `json:"since"`
@@ -334,7 +334,7 @@ func handleRetryDiscarded(a *admin) apiFunc {
 
 // handleListReplays is GET /api/endpoints/{id}/replays: the endpoint's
 // replays and retries of its discarded deliveries, newest first, each
-// with its progress (README, "Replays").
+// with its progress.
 func handleListReplays(a *admin) apiFunc {
 	return byID(func(ctx context.Context, id int64) (map[string][]ReplayView, error) {
 		replays, err := listReplays(ctx, a.db, id)
@@ -593,12 +593,11 @@ func advertiseDedupWindow(window time.Duration, next http.Handler) http.Handler 
 	})
 }
 
-// inboxError is the answer the inbox gives a delivery it did not record
-// (README, "The inbox"), where statusOf's is not that answer: 404 for an
-// unknown source, 413 past the body bound, 400 for a request that is
-// malformed, 401 for one that is well formed but not authentic (or too old
-// or new to tell), and 503 when the source could not be read, without
-// telling the sender why.
+// inboxError is the answer the inbox gives a delivery it did not record,
+// where statusOf's is not that answer: 404 for an unknown source, 413 past
+// the body bound, 400 for a request that is malformed, 401 for one that is
+// well formed but not authentic (or too old or new to tell), and 503 when
+// the source could not be read, without telling the sender why.
 func inboxError(err error) error {
 	_, tooBig := errors.AsType[*http.MaxBytesError](err)
 	_, unverified := errors.AsType[*unverifiedError](err)

@@ -89,8 +89,9 @@ func formTime(t time.Time) string {
 
 // olderLink is the panel's link to the page after this one: this page's
 // query with ?before=, when the page is full and so may have more behind
-// it. Full is max(limit, defaultPageSize) rows, as the panel has always
-// counted, so a ?limit= under the default gets no link.
+// it. Full is max(limit, defaultPageSize) rows: the page size without
+// ?limit= (0) or with a larger one. The panel's own links set no ?limit=;
+// a smaller one typed into the address gets no link.
 func (pg idPage[F, T]) olderLink(r *http.Request, limit int) string {
 	if pg.before == 0 || len(pg.rows) != max(limit, defaultPageSize) {
 		return ""
