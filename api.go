@@ -5,7 +5,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,23 +14,35 @@ import (
 	"time"
 )
 
-// overview is the overview with what the process counted beside the
-// database: the API and the panel show the same.
-func (a *admin) overview(ctx context.Context) (Overview, error) {
-	o, err := readOverview(ctx, a.db, a.alerts)
-	if err != nil {
-		return o, err
-	}
-	if a.counters != nil && a.counters.retention != nil {
-		o.Pruned = a.counters.retention.PrunedByTable()
-	}
-	if a.counters != nil && a.counters.registry != nil {
-		self := a.counters.registry.ID()
-		for i := range o.Replicas {
-			o.Replicas[i].Self = o.Replicas[i].ID == self
+// byID is the handler of a route on one row: it parses {id} and answers
+// 200 with do's result.
+func byID[T any](do func(ctx context.Context, id int64) (T, error)) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		id, err := pathID(r)
+		if err != nil {
+			return 0, nil, err
 		}
+		v, err := do(r.Context(), id)
+		return http.StatusOK, v, err
 	}
-	return o, nil
+}
+
+// byIDWithBody is byID for a route that takes a JSON body, which decode
+// (decodeJSON, or decodeOptionalJSON where it may be left out) reads into
+// an In for do once {id} parsed.
+func byIDWithBody[In, Out any](decode func(*http.Request, any) error, do func(ctx context.Context, id int64, in In) (Out, error)) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		id, err := pathID(r)
+		if err != nil {
+			return 0, nil, err
+		}
+		var in In
+		if err := decode(r, &in); err != nil {
+			return 0, nil, err
+		}
+		v, err := do(r.Context(), id, in)
+		return http.StatusOK, v, err
+	}
 }
 
 // handleOverview is GET /api/overview: backlog, jobs by state, table
@@ -101,25 +112,6 @@ func handleRecordEvent(a *admin) apiFunc {
 		id, err := recordEventTraced(r.Context(), a.db, tc, req.Topic, req.Subject, req.Payload)
 		return http.StatusCreated, map[string]int64{"id": id}, err
 	}
-}
-
-// eventWithJobs is an event and every job it made, as GET
-// /api/events/{id} and the panel's event page show it.
-type eventWithJobs struct {
-	Event
-	Jobs []JobView `json:"jobs"`
-}
-
-func readEventWithJobs(ctx context.Context, db *sql.DB, id int64) (eventWithJobs, error) {
-	ev, err := getEvent(ctx, db, id)
-	if err != nil {
-		return eventWithJobs{}, err
-	}
-	jobs, err := listJobs(ctx, db, JobFilter{EventID: id, Limit: maxEventPage})
-	if err != nil {
-		return eventWithJobs{}, err
-	}
-	return eventWithJobs{Event: ev, Jobs: jobs}, nil
 }
 
 // handleGetEvent is GET /api/events/{id}: the event and every job it made.
@@ -299,8 +291,8 @@ func handleRotateEndpointSecret(a *admin) apiFunc {
 // handleReplayEndpoint is POST /api/endpoints/{id}/replay {"since",
 // "until", "topics", "dry_run"}: the endpoint's events in that window, of
 // those topics, sent again, answered with the replay's id; or, with
-// "dry_run": true, what would be sent, enqueuing nothing (README,
-// "Replays").
+// "dry_run": true, what would be sent, enqueuing nothing, so that an
+// operator sees how many events and how long before committing to it.
 func handleReplayEndpoint(a *admin) apiFunc {
 	type request struct {
 		Since  *string  `json:"since"`
@@ -342,7 +334,7 @@ func handleRetryDiscarded(a *admin) apiFunc {
 
 // handleListReplays is GET /api/endpoints/{id}/replays: the endpoint's
 // replays and retries of its discarded deliveries, newest first, each
-// with its progress (README, "Replays").
+// with its progress.
 func handleListReplays(a *admin) apiFunc {
 	return byID(func(ctx context.Context, id int64) (map[string][]ReplayView, error) {
 		replays, err := listReplays(ctx, a.db, id)
@@ -601,12 +593,11 @@ func advertiseDedupWindow(window time.Duration, next http.Handler) http.Handler 
 	})
 }
 
-// inboxError is the answer the inbox gives a delivery it did not record
-// (README, "The inbox"), where statusOf's is not that answer: 404 for an
-// unknown source, 413 past the body bound, 400 for a request that is
-// malformed, 401 for one that is well formed but not authentic (or too old
-// or new to tell), and 503 when the source could not be read, without
-// telling the sender why.
+// inboxError is the answer the inbox gives a delivery it did not record,
+// where statusOf's is not that answer: 404 for an unknown source, 413 past
+// the body bound, 400 for a request that is malformed, 401 for one that is
+// well formed but not authentic (or too old or new to tell), and 503 when
+// the source could not be read, without telling the sender why.
 func inboxError(err error) error {
 	_, tooBig := errors.AsType[*http.MaxBytesError](err)
 	_, unverified := errors.AsType[*unverifiedError](err)

@@ -1,6 +1,7 @@
-// counters.go: the counters and histograms the stages keep for /metrics.
-// They sit below every stage: the stages count, and metrics.go reads them
-// and writes the exposition format.
+// counters.go: what this process's loops count as they run, in memory and
+// safe for concurrent use: counters and histograms with fixed buckets,
+// incremented by the relay, the workers and the webhook sender, and read
+// only by GET /metrics (metrics.go).
 
 package main
 

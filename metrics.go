@@ -1,5 +1,6 @@
-// metrics.go: GET /metrics, the overview and the loops' counters in the
-// Prometheus text exposition format (version 0.0.4), written by hand.
+// metrics.go: GET /metrics: the overview's gauges and this process's
+// counters (counters.go) in the Prometheus text exposition format
+// (version 0.0.4), written by hand.
 
 package main
 
@@ -37,6 +38,24 @@ func (p *promWriter) sample(name, labels string, v float64) {
 	p.printf("%s%s %s\n", name, labels, formatFloat(v))
 }
 
+// counter writes a counter family of one sample.
+func (p *promWriter) counter(name, help string, v int64) {
+	p.family(name, "counter", help)
+	p.sample(name, "", float64(v))
+}
+
+// gauge writes a gauge family of one sample.
+func (p *promWriter) gauge(name, help string, v float64) {
+	p.family(name, "gauge", help)
+	p.sample(name, "", v)
+}
+
+// histogramFamily writes a histogram family of one histogram.
+func (p *promWriter) histogramFamily(name, help string, h *histogram) {
+	p.family(name, "histogram", help)
+	p.histogram(name, "", h)
+}
+
 // histogram writes one histogram's _bucket, _sum and _count lines.
 func (p *promWriter) histogram(name, labels string, h *histogram) {
 	sep := ""
@@ -71,12 +90,22 @@ func labelValue(s string) string {
 // writeMetrics writes the overview's gauges and the process's counters.
 func writeMetrics(w io.Writer, o Overview, c *processCounters) error {
 	p := &promWriter{w: bufio.NewWriter(w)}
-	p.family("outboxd_events_backlog", "gauge", "Un-fanned, un-poisoned events waiting for the relay.")
-	p.sample("outboxd_events_backlog", "", float64(o.Backlog))
-	p.family("outboxd_events_poisoned", "gauge", "Events set aside after repeated relay failures.")
-	p.sample("outboxd_events_poisoned", "", float64(o.Poisoned))
-	p.family("outboxd_events_oldest_unfanned_age_seconds", "gauge", "Age of the oldest event waiting for the relay.")
-	p.sample("outboxd_events_oldest_unfanned_age_seconds", "", o.OldestUnfannedAgeSeconds)
+	writeOverviewGauges(p, o)
+	if c != nil {
+		c.write(p)
+	}
+	if p.err == nil {
+		p.err = p.w.Flush()
+	}
+	return p.err
+}
+
+// writeOverviewGauges writes the overview as gauges: what every replica
+// reads alike from the database, and every alert, firing (1) or not (0).
+func writeOverviewGauges(p *promWriter, o Overview) {
+	p.gauge("outboxd_events_backlog", "Un-fanned, un-poisoned events waiting for the relay.", float64(o.Backlog))
+	p.gauge("outboxd_events_poisoned", "Events set aside after repeated relay failures.", float64(o.Poisoned))
+	p.gauge("outboxd_events_oldest_unfanned_age_seconds", "Age of the oldest event waiting for the relay.", o.OldestUnfannedAgeSeconds)
 	p.family("outboxd_jobs", "gauge", "Jobs by state.")
 	for _, s := range []struct {
 		state string
@@ -99,36 +128,23 @@ func writeMetrics(w io.Writer, o Overview, c *processCounters) error {
 	for _, t := range o.Tables {
 		p.sample("outboxd_table_dead_rows", `table="`+labelValue(t.Name)+`"`, float64(t.DeadRows))
 	}
-	p.family("outboxd_oldest_transaction_age_seconds", "gauge", "Age of the oldest open transaction holding back vacuum in this database.")
-	p.sample("outboxd_oldest_transaction_age_seconds", "", o.OldestXactAgeSeconds)
-	p.family("outboxd_notify_queue_usage_ratio", "gauge", "Share of PostgreSQL's NOTIFY queue in use; full, it fails every notifying COMMIT.")
-	p.sample("outboxd_notify_queue_usage_ratio", "", o.NotifyQueueUsage)
+	p.gauge("outboxd_oldest_transaction_age_seconds", "Age of the oldest open transaction holding back vacuum in this database.", o.OldestXactAgeSeconds)
+	p.gauge("outboxd_notify_queue_usage_ratio", "Share of PostgreSQL's NOTIFY queue in use; full, it fails every notifying COMMIT.", o.NotifyQueueUsage)
 	p.family("outboxd_alerts_firing", "gauge", "Alerts firing, by name.")
-	for _, name := range alertNames {
+	for _, rule := range alertRules {
 		firing := 0.0
 		for _, a := range o.Alerts {
-			if a.Name == name {
+			if a.Name == rule.name {
 				firing = 1
 			}
 		}
-		p.sample("outboxd_alerts_firing", `alert="`+name+`"`, firing)
+		p.sample("outboxd_alerts_firing", `alert="`+rule.name+`"`, firing)
 	}
-
-	if c != nil {
-		c.write(p)
-	}
-	if p.err == nil {
-		p.err = p.w.Flush()
-	}
-	return p.err
 }
 
-// alertNames lists every alert, so /metrics shows the cleared ones as 0.
-var alertNames = []string{"events_backlog", "events_poisoned", "jobs_discarded", "endpoint_disabled", "endpoint_paused", "notify_queue",
-	"table_bloat", "old_transaction", "retention_failed", "receiver_window_short"}
-
 // processCounters are what this process's loops did since it started; each
-// replica reports its own, and Prometheus sums them.
+// replica reports its own, and Prometheus sums them. A loop the process
+// does not run is nil, and writes nothing.
 type processCounters struct {
 	relay      *relay
 	workers    *workerPool
@@ -139,80 +155,102 @@ type processCounters struct {
 	registry   *replicaRegistry
 }
 
-func (c *processCounters) write(p *promWriter) {
-	if c.relay != nil {
-		p.family("outboxd_relay_passes_total", "counter", "Relay passes run.")
-		p.sample("outboxd_relay_passes_total", "", float64(c.relay.passes.Load()))
-		p.family("outboxd_relay_pass_seconds", "histogram", "Duration of one relay pass's statement, its claim for this process's workers included (outboxd_relay_jobs_claimed_total).")
-		p.histogram("outboxd_relay_pass_seconds", "", c.relay.passTime)
-		p.family("outboxd_relay_events_total", "counter", "Events fanned out by the relay.")
-		p.sample("outboxd_relay_events_total", "", float64(c.relay.eventsFanned.Load()))
-		p.family("outboxd_relay_jobs_enqueued_total", "counter", "Jobs enqueued by the relay.")
-		p.sample("outboxd_relay_jobs_enqueued_total", "", float64(c.relay.jobsEnqueued.Load()))
-		p.family("outboxd_relay_row_failures_total", "counter", "Failed relay attempts counted against single events.")
-		p.sample("outboxd_relay_row_failures_total", "", float64(c.relay.rowFailures.Load()))
-		p.family("outboxd_relay_jobs_claimed_total", "counter", "Jobs claimed by relay passes that keep up, for this process's workers (outbox.fan_out_and_claim).")
-		p.sample("outboxd_relay_jobs_claimed_total", "", float64(c.relay.jobsClaimed.Load()))
+// addTo adds to an overview what this process knows beside the database:
+// the rows its retention sweeps pruned, and which of the replicas it is.
+func (c *processCounters) addTo(o *Overview) {
+	if c == nil {
+		return
 	}
-	if c.workers != nil {
-		p.family("outboxd_job_attempts_total", "counter", "Job attempts by outcome.")
-		p.sample("outboxd_job_attempts_total", `outcome="completed"`, float64(c.workers.completed.Load()))
-		p.sample("outboxd_job_attempts_total", `outcome="retryable"`, float64(c.workers.retried.Load()))
-		p.sample("outboxd_job_attempts_total", `outcome="discarded"`, float64(c.workers.discarded.Load()))
-		p.family("outboxd_job_claim_seconds", "histogram", "Duration of one claim statement (outbox.claim_jobs).")
-		p.histogram("outboxd_job_claim_seconds", "", c.workers.claims)
-		p.family("outboxd_jobs_claimed_total", "counter", "Jobs taken by the workers' own claims (outboxd_job_claim_seconds); the relay's are outboxd_relay_jobs_claimed_total.")
-		p.sample("outboxd_jobs_claimed_total", "", float64(c.workers.claimedJobs.Load()))
-		p.family("outboxd_job_outcome_batch_seconds", "histogram", "Duration of writing one batch of job outcomes, retries included.")
-		p.histogram("outboxd_job_outcome_batch_seconds", "", c.workers.outcomeBatches)
-		p.family("outboxd_job_outcomes_written_total", "counter", "Job outcomes in the batches written.")
-		p.sample("outboxd_job_outcomes_written_total", "", float64(c.workers.outcomeJobs.Load()))
-	}
-	if c.rescuer != nil {
-		p.family("outboxd_jobs_rescued_total", "counter", "Jobs found running past the rescue horizon.")
-		p.sample("outboxd_jobs_rescued_total", "", float64(c.rescuer.rescued.Load()))
-		p.family("outboxd_jobs_rescued_from_dead_replicas_total", "counter", "Running jobs of replicas declared dead (no heartbeat), rescued by this process.")
-		p.sample("outboxd_jobs_rescued_from_dead_replicas_total", "", float64(c.rescuer.rescuedOfDead.Load()))
-		p.family("outboxd_replicas_declared_dead_total", "counter", "Replicas this process declared dead: no heartbeat within their dead_after.")
-		p.sample("outboxd_replicas_declared_dead_total", "", float64(c.rescuer.declaredDead.Load()))
+	if c.retention != nil {
+		o.Pruned = c.retention.PrunedByTable()
 	}
 	if c.registry != nil {
-		p.family("outboxd_replica_reregistered_total", "counter", "Times this process found itself declared dead and registered again under a new id.")
-		p.sample("outboxd_replica_reregistered_total", "", float64(c.registry.reregistered.Load()))
-	}
-	if d := c.deliveries; d != nil {
-		p.family("outboxd_deliveries_total", "counter", "Webhook delivery attempts by outcome.")
-		outcomes := d.outcomes.Snapshot()
-		for _, o := range sortedKeys(outcomes) {
-			p.sample("outboxd_deliveries_total", `outcome="`+labelValue(o)+`"`, float64(outcomes[o]))
-		}
-		p.family("outboxd_delivery_duration_seconds", "histogram", "Duration of one webhook delivery attempt.")
-		p.histogram("outboxd_delivery_duration_seconds", "", d.latency)
-		p.family("outboxd_commit_to_first_2xx_seconds", "histogram", "Time from an event's commit to its first 2xx answer, by endpoint.")
-		for _, ep := range d.commitTo2xx.labels() {
-			p.histogram("outboxd_commit_to_first_2xx_seconds", `endpoint="`+labelValue(ep)+`"`, d.commitTo2xx.With(ep))
+		self := c.registry.ID()
+		for i := range o.Replicas {
+			o.Replicas[i].Self = o.Replicas[i].ID == self
 		}
 	}
-	if n := c.notifier; n != nil {
-		p.family("outboxd_owner_notifications_sent_total", "counter", "Mails sent to endpoint owners about failing or disabled endpoints.")
-		p.sample("outboxd_owner_notifications_sent_total", "", float64(n.sent.Load()))
-		p.family("outboxd_owner_notifications_dropped_total", "counter", "Owner notifications deliberately not sent: over the hourly cap per owner.")
-		p.sample("outboxd_owner_notifications_dropped_total", "", float64(n.dropped.Load()))
+}
+
+// write writes every loop's counters, one loop after the other.
+func (c *processCounters) write(p *promWriter) {
+	if c.relay != nil {
+		writeRelayCounters(p, c.relay)
 	}
-	if s := c.retention; s != nil {
-		p.family("outboxd_retention_cycles_total", "counter", "Retention cycles by result: swept by this process, skipped while another replica held the lock, or failed (an anomaly-cap stop included).")
-		p.sample("outboxd_retention_cycles_total", `result="swept"`, float64(s.cycles.Load()))
-		p.sample("outboxd_retention_cycles_total", `result="skipped"`, float64(s.skipped.Load()))
-		p.sample("outboxd_retention_cycles_total", `result="failed"`, float64(s.failed.Load()))
-		p.family("outboxd_retention_anomaly_cap_stops_total", "counter", "Cycles a sweep stopped at -retention-anomaly-cap instead of deleting on.")
-		for _, st := range s.Stats() {
-			p.sample("outboxd_retention_anomaly_cap_stops_total", `sweep="`+labelValue(st.Sweep)+`"`, float64(st.CapHits))
-		}
-		p.family("outboxd_rows_pruned_total", "counter", "Rows deleted by the retention sweeps, by table.")
-		pruned := s.PrunedByTable()
-		for _, table := range sortedKeys(pruned) {
-			p.sample("outboxd_rows_pruned_total", `table="`+labelValue(table)+`"`, float64(pruned[table]))
-		}
+	if c.workers != nil {
+		writeWorkerCounters(p, c.workers)
+	}
+	if c.rescuer != nil {
+		writeRescuerCounters(p, c.rescuer)
+	}
+	if c.registry != nil {
+		p.counter("outboxd_replica_reregistered_total", "Times this process found itself declared dead and registered again under a new id.",
+			c.registry.reregistered.Load())
+	}
+	if c.deliveries != nil {
+		writeDeliveryCounters(p, c.deliveries)
+	}
+	if c.notifier != nil {
+		p.counter("outboxd_owner_notifications_sent_total", "Mails sent to endpoint owners about failing or disabled endpoints.", c.notifier.sent.Load())
+		p.counter("outboxd_owner_notifications_dropped_total", "Owner notifications deliberately not sent: over the hourly cap per owner.", c.notifier.dropped.Load())
+	}
+	if c.retention != nil {
+		writeRetentionCounters(p, c.retention)
+	}
+}
+
+func writeRelayCounters(p *promWriter, r *relay) {
+	p.counter("outboxd_relay_passes_total", "Relay passes run.", r.passes.Load())
+	p.histogramFamily("outboxd_relay_pass_seconds", "Duration of one relay pass's statement, its claim for this process's workers included (outboxd_relay_jobs_claimed_total).", r.passTime)
+	p.counter("outboxd_relay_events_total", "Events fanned out by the relay.", r.eventsFanned.Load())
+	p.counter("outboxd_relay_jobs_enqueued_total", "Jobs enqueued by the relay.", r.jobsEnqueued.Load())
+	p.counter("outboxd_relay_row_failures_total", "Failed relay attempts counted against single events.", r.rowFailures.Load())
+	p.counter("outboxd_relay_jobs_claimed_total", "Jobs claimed by relay passes that keep up, for this process's workers (outbox.fan_out_and_claim).", r.jobsClaimed.Load())
+}
+
+func writeWorkerCounters(p *promWriter, w *workerPool) {
+	p.family("outboxd_job_attempts_total", "counter", "Job attempts by outcome.")
+	p.sample("outboxd_job_attempts_total", `outcome="completed"`, float64(w.completed.Load()))
+	p.sample("outboxd_job_attempts_total", `outcome="retryable"`, float64(w.retried.Load()))
+	p.sample("outboxd_job_attempts_total", `outcome="discarded"`, float64(w.discarded.Load()))
+	p.histogramFamily("outboxd_job_claim_seconds", "Duration of one claim statement (outbox.claim_jobs).", w.claims)
+	p.counter("outboxd_jobs_claimed_total", "Jobs taken by the workers' own claims (outboxd_job_claim_seconds); the relay's are outboxd_relay_jobs_claimed_total.", w.claimedJobs.Load())
+	p.histogramFamily("outboxd_job_outcome_batch_seconds", "Duration of writing one batch of job outcomes, retries included.", w.outcomeBatches)
+	p.counter("outboxd_job_outcomes_written_total", "Job outcomes in the batches written.", w.outcomeJobs.Load())
+}
+
+func writeRescuerCounters(p *promWriter, r *rescuer) {
+	p.counter("outboxd_jobs_rescued_total", "Jobs found running past the rescue horizon.", r.rescued.Load())
+	p.counter("outboxd_jobs_rescued_from_dead_replicas_total", "Running jobs of replicas declared dead (no heartbeat), rescued by this process.", r.rescuedOfDead.Load())
+	p.counter("outboxd_replicas_declared_dead_total", "Replicas this process declared dead: no heartbeat within their dead_after.", r.declaredDead.Load())
+}
+
+func writeDeliveryCounters(p *promWriter, d *deliveryMetrics) {
+	p.family("outboxd_deliveries_total", "counter", "Webhook delivery attempts by outcome.")
+	outcomes := d.outcomes.Snapshot()
+	for _, o := range sortedKeys(outcomes) {
+		p.sample("outboxd_deliveries_total", `outcome="`+labelValue(o)+`"`, float64(outcomes[o]))
+	}
+	p.histogramFamily("outboxd_delivery_duration_seconds", "Duration of one webhook delivery attempt.", d.latency)
+	p.family("outboxd_commit_to_first_2xx_seconds", "histogram", "Time from an event's commit to its first 2xx answer, by endpoint.")
+	for _, ep := range d.commitTo2xx.labels() {
+		p.histogram("outboxd_commit_to_first_2xx_seconds", `endpoint="`+labelValue(ep)+`"`, d.commitTo2xx.With(ep))
+	}
+}
+
+func writeRetentionCounters(p *promWriter, s *sweeper) {
+	p.family("outboxd_retention_cycles_total", "counter", "Retention cycles by result: swept by this process, skipped while another replica held the lock, or failed (an anomaly-cap stop included).")
+	p.sample("outboxd_retention_cycles_total", `result="swept"`, float64(s.cycles.Load()))
+	p.sample("outboxd_retention_cycles_total", `result="skipped"`, float64(s.skipped.Load()))
+	p.sample("outboxd_retention_cycles_total", `result="failed"`, float64(s.failed.Load()))
+	p.family("outboxd_retention_anomaly_cap_stops_total", "counter", "Cycles a sweep stopped at -retention-anomaly-cap instead of deleting on.")
+	for _, st := range s.Stats() {
+		p.sample("outboxd_retention_anomaly_cap_stops_total", `sweep="`+labelValue(st.Sweep)+`"`, float64(st.CapHits))
+	}
+	p.family("outboxd_rows_pruned_total", "counter", "Rows deleted by the retention sweeps, by table.")
+	pruned := s.PrunedByTable()
+	for _, table := range sortedKeys(pruned) {
+		p.sample("outboxd_rows_pruned_total", `table="`+labelValue(table)+`"`, float64(pruned[table]))
 	}
 }
 

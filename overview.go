@@ -243,7 +243,8 @@ WHERE datname = current_database()
   AND pid <> pg_backend_pid()`
 
 // readOverview gathers the overview in a read-only, repeatable-read
-// transaction, so all its numbers describe one moment.
+// transaction, so all its numbers describe one moment, and decides the
+// alerts they raise.
 func readOverview(ctx context.Context, db *sql.DB, alerts AlertConfig) (Overview, error) {
 	var o Overview
 	tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true, Isolation: sql.LevelRepeatableRead})
@@ -252,11 +253,32 @@ func readOverview(ctx context.Context, db *sql.DB, alerts AlertConfig) (Overview
 	}
 	defer tx.Rollback()
 
+	starts, err := readPipelineState(ctx, tx, &o)
+	if err != nil {
+		return o, err
+	}
+	if err := readDatabaseHealth(ctx, tx, &o); err != nil {
+		return o, err
+	}
+	o.Alerts = evaluateAlerts(alerts, o, starts)
+	acks, err := queryAll(ctx, tx, scanAlertAck, alertAcksSQL)
+	if err != nil {
+		return o, fmt.Errorf("overview: acknowledgements: %w", err)
+	}
+	applyAcks(o.Alerts, acks)
+	return o, nil
+}
+
+// readPipelineState reads into o where the events and the jobs stand: the
+// backlog and the poisoned events, the endpoints by state and the windows
+// their receivers advertised, the live replicas, and the jobs by state;
+// with when each condition an alert counts began.
+func readPipelineState(ctx context.Context, tx *sql.Tx, o *Overview) (alertStarts, error) {
 	var starts alertStarts
 	var now time.Time
 	if err := tx.QueryRowContext(ctx, overviewEventsSQL).Scan(
 		&o.Backlog, &starts.OldestUnfanned, &o.Poisoned, &starts.FirstPoisoned, &now); err != nil {
-		return o, fmt.Errorf("overview: events: %w", err)
+		return starts, fmt.Errorf("overview: events: %w", err)
 	}
 	if starts.OldestUnfanned.Valid {
 		o.OldestUnfannedAgeSeconds = max(now.Sub(starts.OldestUnfanned.Time).Seconds(), 0)
@@ -264,20 +286,29 @@ func readOverview(ctx context.Context, db *sql.DB, alerts AlertConfig) (Overview
 	if err := tx.QueryRowContext(ctx, overviewEndpointsSQL).Scan(
 		&o.Endpoints.Enabled, &o.Endpoints.Failing, &o.Endpoints.Paused, &o.Endpoints.Disabled,
 		&starts.FirstDisabled, &starts.FirstPaused, &o.Endpoints.PausedQueued); err != nil {
-		return o, fmt.Errorf("overview: endpoints: %w", err)
+		return starts, fmt.Errorf("overview: endpoints: %w", err)
 	}
+	var err error
 	if o.ReceiverWindows, err = queryAll(ctx, tx, scanReceiverWindow, overviewReceiverWindowsSQL, maxReceiverWindows); err != nil {
-		return o, fmt.Errorf("overview: receivers' windows: %w", err)
+		return starts, fmt.Errorf("overview: receivers' windows: %w", err)
 	}
 	if o.Replicas, o.MixedVersions, err = readReplicas(ctx, tx); err != nil {
-		return o, fmt.Errorf("overview: %w", err)
+		return starts, fmt.Errorf("overview: %w", err)
 	}
 	if o.Jobs, starts.FirstDiscarded, err = readJobCounts(ctx, tx); err != nil {
-		return o, err
+		return starts, err
 	}
 	o.DeliveryBacklog = o.Jobs.Available + o.Jobs.Retryable + o.Jobs.Running
+	return starts, nil
+}
+
+// readDatabaseHealth reads into o how the database keeps up: the tables'
+// sizes and dead rows, the oldest snapshot holding vacuum back, the NOTIFY
+// queue, and the last retention cycle.
+func readDatabaseHealth(ctx context.Context, tx *sql.Tx, o *Overview) error {
+	var err error
 	if o.Tables, err = readTableHealth(ctx, tx); err != nil {
-		return o, err
+		return err
 	}
 	for _, h := range o.Tables {
 		switch h.Name {
@@ -290,10 +321,10 @@ func readOverview(ctx context.Context, db *sql.DB, alerts AlertConfig) (Overview
 		}
 	}
 	if err := tx.QueryRowContext(ctx, oldestXactSQL).Scan(&o.OldestXactAgeSeconds); err != nil {
-		return o, fmt.Errorf("overview: oldest transaction: %w", err)
+		return fmt.Errorf("overview: oldest transaction: %w", err)
 	}
 	if err := tx.QueryRowContext(ctx, `SELECT pg_notification_queue_usage()`).Scan(&o.NotifyQueueUsage); err != nil {
-		return o, fmt.Errorf("overview: notification queue: %w", err)
+		return fmt.Errorf("overview: notification queue: %w", err)
 	}
 	var last RetentionCycle
 	err = tx.QueryRowContext(ctx, `SELECT finished_at, error FROM outbox.retention_last_cycle`).Scan(&last.FinishedAt, &last.Error)
@@ -301,15 +332,9 @@ func readOverview(ctx context.Context, db *sql.DB, alerts AlertConfig) (Overview
 	case err == nil:
 		o.RetentionLastCycle = &last
 	case !errors.Is(err, sql.ErrNoRows):
-		return o, fmt.Errorf("overview: retention: %w", err)
+		return fmt.Errorf("overview: retention: %w", err)
 	}
-	o.Alerts = evaluateAlerts(alerts, o, starts)
-	acks, err := queryAll(ctx, tx, scanAlertAck, alertAcksSQL)
-	if err != nil {
-		return o, fmt.Errorf("overview: acknowledgements: %w", err)
-	}
-	applyAcks(o.Alerts, acks)
-	return o, nil
+	return nil
 }
 
 func scanReceiverWindow(row rowScanner) (ReceiverWindow, error) {
@@ -386,6 +411,147 @@ type alertStarts struct {
 	FirstPaused    sql.NullTime
 }
 
+// notifyQueueAlertShare: half full leaves hours to act at any sane rate,
+// and a healthy queue is near 0.
+const notifyQueueAlertShare = 0.5
+
+// alertRule is one alert: its name, the panel page that shows what it
+// counts (the rows to act on, the endpoints it names, or, for the
+// database's own health, the overview's table figures), and fire, which
+// answers it as it fires now, or none. Name and Link are the rule's;
+// table_bloat fires once for each table.
+type alertRule struct {
+	name string
+	link string
+	fire func(AlertConfig, Overview, alertStarts) []Alert
+}
+
+// alertRules are every alert, in the order the overview lists them.
+var alertRules = []alertRule{
+	{"events_backlog", "/events?state=unfanned", backlogAlert},
+	{"events_poisoned", "/events?state=poisoned", poisonedAlert},
+	{"jobs_discarded", "/jobs?state=discarded", discardedAlert},
+	{"notify_queue", "/#tables", notifyQueueAlert},
+	{"table_bloat", "/#tables", tableBloatAlerts},
+	{"old_transaction", "/#tables", oldTransactionAlert},
+	{"retention_failed", "/#tables", retentionFailedAlert},
+	{"receiver_window_short", "/endpoints", receiverWindowAlert},
+	{"endpoint_disabled", "/endpoints", endpointDisabledAlert},
+	{"endpoint_paused", "/endpoints", endpointPausedAlert},
+}
+
+// evaluateAlerts decides which alerts fire. It is pure so a table test can
+// walk every threshold.
+func evaluateAlerts(cfg AlertConfig, o Overview, at alertStarts) []Alert {
+	alerts := []Alert{}
+	for _, rule := range alertRules {
+		for _, a := range rule.fire(cfg, o, at) {
+			a.Name, a.Link = rule.name, rule.link
+			alerts = append(alerts, a)
+		}
+	}
+	return alerts
+}
+
+func backlogAlert(cfg AlertConfig, o Overview, at alertStarts) []Alert {
+	oldestAge := time.Duration(o.OldestUnfannedAgeSeconds * float64(time.Second))
+	if fires := o.Backlog > int64(cfg.BacklogRows) || (o.Backlog > 0 && oldestAge > cfg.BacklogAge); !fires {
+		return nil
+	}
+	return []Alert{{
+		Message: fmt.Sprintf("%d events wait for the relay (threshold %d), the oldest for %s (threshold %s)",
+			o.Backlog, cfg.BacklogRows, oldestAge.Round(time.Second), cfg.BacklogAge),
+		Since: at.OldestUnfanned.Time, Level: o.Backlog, startKnown: true,
+	}}
+}
+
+func poisonedAlert(_ AlertConfig, o Overview, at alertStarts) []Alert {
+	if o.Poisoned <= 0 {
+		return nil
+	}
+	return []Alert{{
+		Message: fmt.Sprintf("%d events are poisoned: the relay failed on them repeatedly; fix the cause, then requeue them", o.Poisoned),
+		Since:   at.FirstPoisoned.Time, Level: o.Poisoned, startKnown: true,
+	}}
+}
+
+func discardedAlert(_ AlertConfig, o Overview, at alertStarts) []Alert {
+	if o.Jobs.Discarded <= 0 {
+		return nil
+	}
+	return []Alert{{
+		Message: fmt.Sprintf("%d jobs were discarded after failing; inspect their errors and retry them", o.Jobs.Discarded),
+		Since:   at.FirstDiscarded.Time, Level: o.Jobs.Discarded, startKnown: true,
+	}}
+}
+
+func notifyQueueAlert(_ AlertConfig, o Overview, _ alertStarts) []Alert {
+	if o.NotifyQueueUsage < notifyQueueAlertShare {
+		return nil
+	}
+	return []Alert{{
+		Message: fmt.Sprintf("PostgreSQL's NOTIFY queue is %.0f%% full; when it is full, every outbox.record fails at COMMIT. "+
+			"Find the listening session that stopped reading (idle in transaction) and end it", 100*o.NotifyQueueUsage),
+		Since: time.Now(), Level: int64(1000 * o.NotifyQueueUsage),
+	}}
+}
+
+// tableBloatAlerts fire for each queue table whose dead rows vacuum does
+// not keep up with.
+func tableBloatAlerts(cfg AlertConfig, o Overview, _ alertStarts) []Alert {
+	var alerts []Alert
+	for _, h := range o.Tables {
+		if (h.Name == "events" || h.Name == "jobs") && h.DeadRows >= bloatMinDeadRows && h.DeadRatio > cfg.DeadRatio {
+			alerts = append(alerts, Alert{
+				Message: fmt.Sprintf("outbox.%s is %.0f%% dead rows (%d; threshold %.0f%%): vacuum is not keeping up. "+
+					"Check that autovacuum is on and that no old transaction holds it back", h.Name, 100*h.DeadRatio, h.DeadRows, 100*cfg.DeadRatio),
+				Since: time.Now(), Level: h.DeadRows,
+			})
+		}
+	}
+	return alerts
+}
+
+func oldTransactionAlert(cfg AlertConfig, o Overview, _ alertStarts) []Alert {
+	xactAge := time.Duration(o.OldestXactAgeSeconds * float64(time.Second))
+	if xactAge <= cfg.XactAge {
+		return nil
+	}
+	return []Alert{{
+		Message: fmt.Sprintf("a transaction in this database has held its snapshot for %s (threshold %s): vacuum can remove no row deleted since. "+
+			"Find it in pg_stat_activity (oldest xact_start) and end it", xactAge.Round(time.Second), cfg.XactAge),
+		Since: time.Now().Add(-xactAge), startKnown: true,
+	}}
+}
+
+func retentionFailedAlert(_ AlertConfig, o Overview, _ alertStarts) []Alert {
+	c := o.RetentionLastCycle
+	if c == nil || c.Error == "" {
+		return nil
+	}
+	return []Alert{{
+		Message: "the last retention cycle failed, so storage bounds are not being enforced until one succeeds: " + c.Error,
+		Since:   c.FinishedAt, startKnown: true,
+	}}
+}
+
+func receiverWindowAlert(cfg AlertConfig, o Overview, _ alertStarts) []Alert {
+	short := shortReceiverWindows(o.ReceiverWindows, cfg.ResendHorizon)
+	if len(short) == 0 {
+		return nil
+	}
+	horizon := "unbounded (events are kept forever)"
+	if cfg.ResendHorizon > 0 {
+		horizon = cfg.ResendHorizon.Round(time.Second).String() + " (events retention + retry horizon)"
+	}
+	return []Alert{{
+		Message: fmt.Sprintf("%d endpoints' receivers advertise a dedup window no longer than this sender may resend an event, %s: %s. "+
+			"Replays and retries by hand to them are clamped to their windows, and retries that run longer can be recorded twice; "+
+			"raise their inbox retention, or lower events retention or -job-max-attempts here", len(short), horizon, strings.Join(short, ", ")),
+		Since: time.Now(), Level: int64(len(short)),
+	}}
+}
+
 // shortReceiverWindows names the endpoints whose receivers' windows do not
 // cover a sender's resend horizon (windowCovers, replay.go).
 func shortReceiverWindows(windows []ReceiverWindow, horizon time.Duration) []string {
@@ -399,130 +565,28 @@ func shortReceiverWindows(windows []ReceiverWindow, horizon time.Duration) []str
 	return short
 }
 
-// notifyQueueAlertShare: half full leaves hours to act at any sane rate,
-// and a healthy queue is near 0.
-const notifyQueueAlertShare = 0.5
-
-// evaluateAlerts decides which alerts fire. It is pure so a table test can
-// walk every threshold.
-func evaluateAlerts(cfg AlertConfig, o Overview, at alertStarts) []Alert {
-	alerts := []Alert{}
-	oldestAge := time.Duration(o.OldestUnfannedAgeSeconds * float64(time.Second))
-	if o.Backlog > int64(cfg.BacklogRows) || (o.Backlog > 0 && oldestAge > cfg.BacklogAge) {
-		alerts = append(alerts, Alert{
-			Name: "events_backlog",
-			Message: fmt.Sprintf("%d events wait for the relay (threshold %d), the oldest for %s (threshold %s)",
-				o.Backlog, cfg.BacklogRows, oldestAge.Round(time.Second), cfg.BacklogAge),
-			Since: at.OldestUnfanned.Time, Level: o.Backlog, startKnown: true,
-		})
+func endpointDisabledAlert(_ AlertConfig, o Overview, at alertStarts) []Alert {
+	if o.Endpoints.Disabled <= 0 {
+		return nil
 	}
-	if o.Poisoned > 0 {
-		alerts = append(alerts, Alert{
-			Name:    "events_poisoned",
-			Message: fmt.Sprintf("%d events are poisoned: the relay failed on them repeatedly; fix the cause, then requeue them", o.Poisoned),
-			Since:   at.FirstPoisoned.Time, Level: o.Poisoned, startKnown: true,
-		})
-	}
-	if o.Jobs.Discarded > 0 {
-		alerts = append(alerts, Alert{
-			Name:    "jobs_discarded",
-			Message: fmt.Sprintf("%d jobs were discarded after failing; inspect their errors and retry them", o.Jobs.Discarded),
-			Since:   at.FirstDiscarded.Time, Level: o.Jobs.Discarded, startKnown: true,
-		})
-	}
-	if o.NotifyQueueUsage >= notifyQueueAlertShare {
-		alerts = append(alerts, Alert{
-			Name: "notify_queue",
-			Message: fmt.Sprintf("PostgreSQL's NOTIFY queue is %.0f%% full; when it is full, every outbox.record fails at COMMIT. "+
-				"Find the listening session that stopped reading (idle in transaction) and end it", 100*o.NotifyQueueUsage),
-			Since: time.Now(), Level: int64(1000 * o.NotifyQueueUsage),
-		})
-	}
-	alerts = append(alerts, healthAlerts(cfg, o)...)
-	if short := shortReceiverWindows(o.ReceiverWindows, cfg.ResendHorizon); len(short) > 0 {
-		horizon := "unbounded (events are kept forever)"
-		if cfg.ResendHorizon > 0 {
-			horizon = cfg.ResendHorizon.Round(time.Second).String() + " (events retention + retry horizon)"
-		}
-		alerts = append(alerts, Alert{
-			Name: "receiver_window_short",
-			Message: fmt.Sprintf("%d endpoints' receivers advertise a dedup window no longer than this sender may resend an event, %s: %s. "+
-				"Replays and retries by hand to them are clamped to their windows, and retries that run longer can be recorded twice; "+
-				"raise their inbox retention, or lower events retention or -job-max-attempts here", len(short), horizon, strings.Join(short, ", ")),
-			Since: time.Now(), Level: int64(len(short)),
-		})
-	}
-	if o.Endpoints.Disabled > 0 {
-		alerts = append(alerts, Alert{
-			Name:    "endpoint_disabled",
-			Message: fmt.Sprintf("%d endpoints are disabled and receive no new deliveries; fix them, re-enable them and replay what they missed", o.Endpoints.Disabled),
-			Since:   at.FirstDisabled.Time, Level: o.Endpoints.Disabled, startKnown: true,
-		})
-	}
-	if o.Endpoints.Paused > 0 {
-		// A pause has no end of its own: the deliveries it holds, and the
-		// events retention keeps for them, grow until someone resumes.
-		alerts = append(alerts, Alert{
-			Name: "endpoint_paused",
-			Message: fmt.Sprintf("%d endpoints are paused, holding %d deliveries (and their events, which retention keeps until they are delivered); "+
-				"resume them, or disable them to end what they hold", o.Endpoints.Paused, o.Endpoints.PausedQueued),
-			Since: at.FirstPaused.Time, Level: o.Endpoints.Paused, startKnown: true,
-		})
-	}
-	for i := range alerts {
-		alerts[i].Link = alertLink(alerts[i].Name)
-	}
-	return alerts
+	return []Alert{{
+		Message: fmt.Sprintf("%d endpoints are disabled and receive no new deliveries; fix them, re-enable them and replay what they missed", o.Endpoints.Disabled),
+		Since:   at.FirstDisabled.Time, Level: o.Endpoints.Disabled, startKnown: true,
+	}}
 }
 
-// alertLink is the panel page that explains an alert: the events or jobs
-// it counts, the endpoints it names, or, for the database's own health,
-// the overview's table figures.
-func alertLink(name string) string {
-	switch name {
-	case "events_backlog":
-		return "/events?state=unfanned"
-	case "events_poisoned":
-		return "/events?state=poisoned"
-	case "jobs_discarded":
-		return "/jobs?state=discarded"
-	case "receiver_window_short", "endpoint_disabled", "endpoint_paused":
-		return "/endpoints"
-	default: // table_bloat, old_transaction, notify_queue, retention_failed
-		return "/#tables"
+// endpointPausedAlert fires for as long as any endpoint is paused: a pause
+// has no end of its own, and the deliveries it holds, and the events
+// retention keeps for them, grow until someone resumes.
+func endpointPausedAlert(_ AlertConfig, o Overview, at alertStarts) []Alert {
+	if o.Endpoints.Paused <= 0 {
+		return nil
 	}
-}
-
-// healthAlerts are the alerts about the database's own health: bloat, an
-// old snapshot holding vacuum back, and retention that no longer runs.
-func healthAlerts(cfg AlertConfig, o Overview) []Alert {
-	var alerts []Alert
-	for _, h := range o.Tables {
-		if (h.Name == "events" || h.Name == "jobs") && h.DeadRows >= bloatMinDeadRows && h.DeadRatio > cfg.DeadRatio {
-			alerts = append(alerts, Alert{
-				Name: "table_bloat",
-				Message: fmt.Sprintf("outbox.%s is %.0f%% dead rows (%d; threshold %.0f%%): vacuum is not keeping up. "+
-					"Check that autovacuum is on and that no old transaction holds it back", h.Name, 100*h.DeadRatio, h.DeadRows, 100*cfg.DeadRatio),
-				Since: time.Now(), Level: h.DeadRows,
-			})
-		}
-	}
-	if xactAge := time.Duration(o.OldestXactAgeSeconds * float64(time.Second)); xactAge > cfg.XactAge {
-		alerts = append(alerts, Alert{
-			Name: "old_transaction",
-			Message: fmt.Sprintf("a transaction in this database has held its snapshot for %s (threshold %s): vacuum can remove no row deleted since. "+
-				"Find it in pg_stat_activity (oldest xact_start) and end it", xactAge.Round(time.Second), cfg.XactAge),
-			Since: time.Now().Add(-xactAge), startKnown: true,
-		})
-	}
-	if c := o.RetentionLastCycle; c != nil && c.Error != "" {
-		alerts = append(alerts, Alert{
-			Name:    "retention_failed",
-			Message: "the last retention cycle failed, so storage bounds are not being enforced until one succeeds: " + c.Error,
-			Since:   c.FinishedAt, startKnown: true,
-		})
-	}
-	return alerts
+	return []Alert{{
+		Message: fmt.Sprintf("%d endpoints are paused, holding %d deliveries (and their events, which retention keeps until they are delivered); "+
+			"resume them, or disable them to end what they hold", o.Endpoints.Paused, o.Endpoints.PausedQueued),
+		Since: at.FirstPaused.Time, Level: o.Endpoints.Paused, startKnown: true,
+	}}
 }
 
 // alertAck is an operator's acknowledgement of an alert at a level.

@@ -1,19 +1,15 @@
 // panel.go: the operator's panel, server-rendered HTML that works without
-// JavaScript, signed in by the admin token: its templates and its handlers,
-// which routes (admin.go) lists with the API's.
+// JavaScript: one handler a page or a button, in the order routes
+// (admin.go) lists them, rendered by pages.go.
 
 package main
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
-	"embed"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"html/template"
-	"log/slog"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -21,155 +17,8 @@ import (
 	"time"
 )
 
-//go:embed templates/*.html
-var templateFS embed.FS
-
-//go:embed static
-var staticFS embed.FS
-
-// panel renders the pages. Templates are parsed once, at start; a page is
-// executed into a buffer and written only when it rendered completely.
-type panel struct {
-	pages  map[string]*template.Template
-	logger *slog.Logger
-}
-
-// pageNames are the templates that are pages; each is parsed with the
-// layout and the shared job table.
-var pageNames = []string{"login", "error", "overview", "events", "event", "jobs", "endpoints", "endpoint", "subjects", "sources"}
-
-func newPanel(logger *slog.Logger) (*panel, error) {
-	funcs := template.FuncMap{
-		"rfc3339": func(t any) string {
-			if tt := asTime(t); !tt.IsZero() {
-				return tt.UTC().Format(time.RFC3339)
-			}
-			return ""
-		},
-		"ago":       func(t any) string { return ago(asTime(t), time.Now()) },
-		"clock":     func(t any) string { return asTime(t).UTC().Format("2006-01-02 15:04:05 UTC") },
-		"seconds":   func(s float64) string { return (time.Duration(s) * time.Second).String() },
-		"bytes":     formatBytes,
-		"percent":   func(f float64) string { return strconv.FormatFloat(100*f, 'f', 1, 64) + "%" },
-		"latency":   formatLatencyMS,
-		"jobErrors": decodeJobErrors,
-		"join":      strings.Join,
-		"build":     readBuildInfo().String, // the same line as outboxd version
-	}
-	p := &panel{pages: map[string]*template.Template{}, logger: logger}
-	for _, name := range pageNames {
-		t, err := template.New(name).Funcs(funcs).ParseFS(templateFS,
-			"templates/layout.html", "templates/jobs.html", "templates/stats.html", "templates/"+name+".html")
-		if err != nil {
-			return nil, fmt.Errorf("parse panel template %s: %w", name, err)
-		}
-		p.pages[name] = t
-	}
-	return p, nil
-}
-
-// page is what every template gets.
-type page struct {
-	Title    string
-	Nav      string
-	SignedIn bool
-	Flash    string
-	Data     any
-}
-
-func (p *panel) render(w http.ResponseWriter, status int, name string, pg page) {
-	var buf bytes.Buffer
-	if err := p.pages[name].ExecuteTemplate(&buf, "layout", pg); err != nil {
-		p.logger.Error("render panel page", "page", name, "err", err)
-		http.Error(w, "render page failed", http.StatusInternalServerError)
-		return
-	}
-	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	w.WriteHeader(status)
-	buf.WriteTo(w)
-}
-
-// renderError shows an error on a page of its own, keeping the layout.
-func (p *panel) renderError(w http.ResponseWriter, status int, err error) {
-	p.render(w, status, "error", page{Title: "Error", SignedIn: true, Data: err.Error()})
-}
-
 // flash is the message an action left for the page it redirected to.
 func flash(r *http.Request) string { return queryOf(r).text("done") }
-
-// requireSession sends a browser without a session to the sign-in form.
-// The URL outboxd logs at start carries ?token=: it signs in and redirects
-// to the same page without the token, so it leaves the address bar.
-func (p *panel) requireSession(a *admin, next http.Handler) http.Handler {
-	return a.servePage(func(w http.ResponseWriter, r *http.Request) error {
-		if t := queryOf(r).text("token"); t != "" && r.Method == http.MethodGet {
-			if !tokenEqual(t, a.token) {
-				p.render(w, http.StatusUnauthorized, "login", page{Title: "Sign in", Data: "That token is not right."})
-				return nil
-			}
-			if err := a.startSession(w, r); err != nil {
-				return err
-			}
-			u := *r.URL
-			q := u.Query()
-			q.Del("token")
-			u.RawQuery = q.Encode()
-			http.Redirect(w, r, u.RequestURI(), http.StatusSeeOther)
-			return nil
-		}
-		signedIn, err := a.hasSession(r)
-		switch {
-		case err != nil:
-			return err
-		case !signedIn && r.Method != http.MethodGet:
-			http.Error(w, "sign in first", http.StatusUnauthorized)
-		case !signedIn:
-			http.Redirect(w, r, "/login", http.StatusSeeOther)
-		default:
-			next.ServeHTTP(w, r)
-		}
-		return nil
-	})
-}
-
-// handleLoginForm is GET /login.
-func (p *panel) handleLoginForm() pageFunc {
-	return func(w http.ResponseWriter, r *http.Request) error {
-		p.render(w, http.StatusOK, "login", page{Title: "Sign in"})
-		return nil
-	}
-}
-
-// handleLogin is POST /login: the token typed in signs the browser in.
-func (p *panel) handleLogin(a *admin) pageFunc {
-	return func(w http.ResponseWriter, r *http.Request) error {
-		f := formOf(w, r, 4096)
-		token := f.text("token")
-		if f.err != nil {
-			return f.err
-		}
-		if !tokenEqual(token, a.token) {
-			p.render(w, http.StatusUnauthorized, "login", page{Title: "Sign in", Data: "That token is not right."})
-			return nil
-		}
-		if err := a.startSession(w, r); err != nil {
-			return err
-		}
-		http.Redirect(w, r, "/", http.StatusSeeOther)
-		return nil
-	}
-}
-
-// handleLogout is POST /logout: the session ends on every replica.
-func (p *panel) handleLogout(a *admin) pageFunc {
-	return func(w http.ResponseWriter, r *http.Request) error {
-		if err := a.endSession(w, r); err != nil {
-			return err
-		}
-		http.Redirect(w, r, "/login", http.StatusSeeOther)
-		return nil
-	}
-}
 
 // handleOverview is GET /: the overview, and every endpoint's delivery
 // statistics with their charts.
@@ -240,8 +89,9 @@ func formTime(t time.Time) string {
 
 // olderLink is the panel's link to the page after this one: this page's
 // query with ?before=, when the page is full and so may have more behind
-// it. Full is max(limit, defaultPageSize) rows, as the panel has always
-// counted, so a ?limit= under the default gets no link.
+// it. Full is max(limit, defaultPageSize) rows: the page size without
+// ?limit= (0) or with a larger one. The panel's own links set no ?limit=;
+// a smaller one typed into the address gets no link.
 func (pg idPage[F, T]) olderLink(r *http.Request, limit int) string {
 	if pg.before == 0 || len(pg.rows) != max(limit, defaultPageSize) {
 		return ""
@@ -958,69 +808,4 @@ func (p *panel) handleSourceAction(a *admin) pageFunc {
 		}
 		return fmt.Errorf("%w: no action %q", errNotFound, r.PathValue("action"))
 	}
-}
-
-// jobError is one entry of a job's errors column.
-type jobError struct {
-	Attempt int       `json:"attempt"`
-	At      time.Time `json:"at"`
-	Error   string    `json:"error"`
-}
-
-func decodeJobErrors(raw json.RawMessage) []jobError {
-	var errs []jobError
-	json.Unmarshal(raw, &errs) // written by outboxd's own SQL; a bad value shows as none
-	return errs
-}
-
-func asTime(v any) time.Time {
-	switch t := v.(type) {
-	case time.Time:
-		return t
-	case *time.Time:
-		if t != nil {
-			return *t
-		}
-	}
-	return time.Time{}
-}
-
-// ago is a relative time for people: "3m ago", "in 5m".
-func ago(t, now time.Time) string {
-	if t.IsZero() {
-		return "—"
-	}
-	if d := now.Sub(t); d >= 0 {
-		return roughDuration(d) + " ago"
-	} else {
-		return "in " + roughDuration(-d)
-	}
-}
-
-func roughDuration(d time.Duration) string {
-	switch {
-	case d < time.Second:
-		return "<1s"
-	case d < time.Minute:
-		return fmt.Sprintf("%ds", int(d.Seconds()))
-	case d < time.Hour:
-		return fmt.Sprintf("%dm", int(d.Minutes()))
-	case d < 48*time.Hour:
-		return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
-	default:
-		return fmt.Sprintf("%dd", int(d.Hours()/24))
-	}
-}
-
-func formatBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

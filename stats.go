@@ -1,8 +1,9 @@
 // stats.go: the delivery statistics read back: an endpoint's, or every
 // endpoint's, attempts, outcomes and commit→first-2xx latency over the last
-// hour or day, from outbox.delivery_stats, which the completers write
-// (outcome.go, attemptsAndStatsSQL) and every replica shares; and, for one
-// endpoint, its queue now and its recent failures grouped by error.
+// hour or day, from outbox.delivery_stats, which the completers write with
+// each batch of outcomes (outbox.record_outcomes) and every replica shares;
+// and, for one endpoint, its queue now and its recent failures grouped by
+// error.
 
 package main
 

@@ -1,0 +1,299 @@
+// httpserve.go: how every request is served, below the routes (admin.go)
+// and the handlers (api.go, panel.go): what the handlers share (admin),
+// the deadline, id and headers every request gets, the two shapes a
+// handler takes (a JSON answer or a page), and how a failure becomes a
+// status, told and logged once; and the two reads the API and the panel
+// both show.
+
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// admin is what the HTTP handlers need, built once in run.
+type admin struct {
+	db       *sql.DB
+	token    string
+	alerts   AlertConfig
+	counters *processCounters
+	panel    *panel
+	// endpoints is what endpoint validation and rotation need.
+	endpoints endpointPolicy
+	// eventsRetention clamps replays; maxAttempts is a replayed job's.
+	eventsRetention time.Duration
+	maxAttempts     int
+	// demo, with -demo, receives the demo's webhooks on /demo/hook.
+	demo *demo
+	// metricsPublic serves /metrics without the token, for a scraper on a
+	// private network that cannot hold secrets.
+	metricsPublic bool
+	// requestTimeout, when set, replaces the package's requestTimeout:
+	// for a test that must see a request outrun it.
+	requestTimeout time.Duration
+	logger         *slog.Logger
+	// box seals the secrets of endpoints and sources; nil without
+	// -secrets-key (secrets.go).
+	box *secretBox
+}
+
+// requestTimeout bounds every request: its context ends then, which
+// cancels its queries, and it answers 503 (failed). The longest handlers
+// are an endpoint's replay and retry of its discarded deliveries, 5,000
+// jobs a statement (manualBatch); a minute is tens of such statements. The
+// server's write timeout (newHTTPServer) is set above it, so that the 503
+// is still written rather than the connection cut.
+const requestTimeout = time.Minute
+
+// deadline is how long a request may run: requestTimeout, unless a test
+// set a shorter one.
+func (a *admin) deadline() time.Duration {
+	if a.requestTimeout > 0 {
+		return a.requestTimeout
+	}
+	return requestTimeout
+}
+
+// withDeadline ends every request's context after d.
+func withDeadline(d time.Duration, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), d)
+		defer cancel()
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+// requestIDHeader carries a request's id, answered on every response and
+// logged with every 5xx, so that the failure a client reports can be found
+// in the log.
+const requestIDHeader = "X-Request-Id"
+
+// saneRequestID is an id a client or a proxy in front may choose, so one
+// request can be followed through both logs: short, and without anything
+// that could forge a log field or a header.
+var saneRequestID = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,64}$`)
+
+// requestIDKey keys the request's id in its context.
+type requestIDKey struct{}
+
+// withRequestID gives each request an id: the incoming X-Request-Id if it
+// is sane, otherwise a random one.
+func withRequestID(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get(requestIDHeader)
+		if !saneRequestID.MatchString(id) {
+			id = rand.Text()
+		}
+		w.Header().Set(requestIDHeader, id)
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestIDKey{}, id)))
+	})
+}
+
+// requestID is the id withRequestID gave r.
+func requestID(r *http.Request) string {
+	id, _ := r.Context().Value(requestIDKey{}).(string)
+	return id
+}
+
+// securityHeaders: no framing, no sniffing, no inline script anywhere (the
+// panel has none), no referrer leaking a URL, and no answer kept by a
+// browser or a proxy (pages and answers show secrets, whsec_ ones among
+// them, and state that is stale a second later); the static assets
+// alone say otherwise.
+func securityHeaders(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Cache-Control", "no-store")
+		h.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+		h.Set("X-Frame-Options", "DENY")
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("Referrer-Policy", "no-referrer")
+		next.ServeHTTP(w, r)
+	})
+}
+
+// apiFunc is a JSON handler, the one shape of them all: it answers status
+// with body as JSON (a 204 without one), or fails with err.
+type apiFunc func(r *http.Request) (status int, body any, err error)
+
+// maxRequestBody bounds every body serveJSON reads: an event payload may be
+// up to 1 MiB (schema.sql) plus its envelope.
+const maxRequestBody = 1<<20 + 4096
+
+// serveJSON is the adapter every JSON handler is served through, so that
+// none can forget the body bound, and every error is answered and logged
+// the same way.
+func (a *admin) serveJSON(h apiFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Body = http.MaxBytesReader(w, r.Body, maxRequestBody)
+		status, body, err := h(r)
+		switch {
+		case err != nil:
+			a.answerFailure(w, r, err)
+		case status == http.StatusNoContent:
+			w.WriteHeader(status)
+		default:
+			if err := writeJSON(w, status, body); err != nil {
+				a.failed(r, err) // answered already; failed logs it
+			}
+		}
+	})
+}
+
+// answerFailure answers a JSON request that failed with err, as failed
+// says.
+func (a *admin) answerFailure(w http.ResponseWriter, r *http.Request, err error) {
+	status, err := a.failed(r, err)
+	writeError(w, status, err)
+}
+
+// pageFunc is a panel handler, the one shape of them all: it renders a
+// page or redirects, or fails with err.
+type pageFunc func(w http.ResponseWriter, r *http.Request) error
+
+// servePage is the adapter every panel handler is served through: a
+// failure is shown on the panel's error page, and answered and logged as
+// failed says, like the API's.
+func (a *admin) servePage(h pageFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := h(w, r); err != nil {
+			status, err := a.failed(r, err)
+			a.panel.renderError(w, status, err)
+		}
+	})
+}
+
+// failed is the status a failed request answers and the error it tells,
+// and the one place that logs it: a 5xx is the server's fault, which the
+// operator must see once; a 4xx is the client's, and its answer says all
+// there is. A request that outran requestTimeout failed for that, whatever
+// its cancelled query said.
+func (a *admin) failed(r *http.Request, err error) (int, error) {
+	if errors.Is(r.Context().Err(), context.Canceled) {
+		// The client went away and its cancelled query failed: nobody
+		// reads this answer, and it is not the server's fault.
+		a.logger.Debug("request abandoned by its client", "method", r.Method, "path", r.URL.Path, "request_id", requestID(r))
+		return statusClientClosedRequest, err
+	}
+	if errors.Is(r.Context().Err(), context.DeadlineExceeded) {
+		err = &httpError{status: http.StatusServiceUnavailable, text: fmt.Sprintf("request took longer than %s", a.deadline()), err: err}
+	}
+	status := statusOf(err)
+	if status >= 500 {
+		a.logger.Error("request failed", "method", r.Method, "path", r.URL.Path, "status", status,
+			"request_id", requestID(r), "err", err)
+	}
+	return status, err
+}
+
+// statusClientClosedRequest is the status of a request whose client left
+// before its answer (nginx's 499): written to no one, but not a 5xx.
+const statusClientClosedRequest = 499
+
+// statusOf maps an error to its HTTP status: the one place that does.
+func statusOf(err error) int {
+	if he, ok := errors.AsType[*httpError](err); ok {
+		return he.status
+	}
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooBig):
+		return http.StatusRequestEntityTooLarge
+	case errors.Is(err, errInvalid):
+		return http.StatusBadRequest
+	case errors.Is(err, errNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, context.DeadlineExceeded):
+		return http.StatusServiceUnavailable
+	default:
+		return http.StatusInternalServerError
+	}
+}
+
+// httpError is an error that picks its own answer, for the few failures
+// that are not the domain's errors statusOf maps. text, when set, is what
+// the client is told instead of err, which then only the log shows.
+type httpError struct {
+	status int
+	text   string
+	err    error
+}
+
+func (e *httpError) Error() string {
+	switch {
+	case e.err == nil:
+		return e.text
+	case e.text == "":
+		return e.err.Error()
+	}
+	return e.text + ": " + e.err.Error()
+}
+
+func (e *httpError) Unwrap() error { return e.err }
+
+// writeJSON answers v as JSON. A v that cannot be encoded is the server's
+// fault: the client gets a 500 that says so, and the error is returned for
+// the log.
+func writeJSON(w http.ResponseWriter, status int, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status, b = http.StatusInternalServerError, []byte(`{"error":"encode response"}`)
+		err = fmt.Errorf("encode response: %w", err)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+	return err
+}
+
+// writeError answers {"error": "..."}; a server error's text is the
+// operation that failed, which is what the operator needs, unless the
+// error chose what the client is told.
+func writeError(w http.ResponseWriter, status int, err error) {
+	msg := strings.TrimPrefix(err.Error(), errInvalid.Error()+": ")
+	if he, ok := errors.AsType[*httpError](err); ok && he.text != "" {
+		msg = he.text
+	}
+	writeJSON(w, status, map[string]string{"error": msg})
+}
+
+// overview is the overview with what the process counted beside the
+// database: the API and the panel show the same.
+func (a *admin) overview(ctx context.Context) (Overview, error) {
+	o, err := readOverview(ctx, a.db, a.alerts)
+	if err != nil {
+		return o, err
+	}
+	a.counters.addTo(&o)
+	return o, nil
+}
+
+// eventWithJobs is an event and every job it made, as GET
+// /api/events/{id} and the panel's event page show it.
+type eventWithJobs struct {
+	Event
+	Jobs []JobView `json:"jobs"`
+}
+
+// readEventWithJobs reads event id and every job it made.
+func readEventWithJobs(ctx context.Context, db *sql.DB, id int64) (eventWithJobs, error) {
+	ev, err := getEvent(ctx, db, id)
+	if err != nil {
+		return eventWithJobs{}, err
+	}
+	jobs, err := listJobs(ctx, db, JobFilter{EventID: id, Limit: maxEventPage})
+	if err != nil {
+		return eventWithJobs{}, err
+	}
+	return eventWithJobs{Event: ev, Jobs: jobs}, nil
+}

@@ -1,0 +1,159 @@
+// pages.go: how the panel's pages are rendered: the templates and the
+// stylesheet, embedded in the binary, the functions the templates call,
+// and render, below the handlers that fill the pages (panel.go).
+
+package main
+
+import (
+	"bytes"
+	"embed"
+	"encoding/json"
+	"fmt"
+	"html/template"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static
+var staticFS embed.FS
+
+// panel renders the pages. Templates are parsed once, at start; a page is
+// executed into a buffer and written only when it rendered completely.
+type panel struct {
+	pages  map[string]*template.Template
+	logger *slog.Logger
+}
+
+// pageNames are the templates that are pages; each is parsed with the
+// layout and the shared job table.
+var pageNames = []string{"login", "error", "overview", "events", "event", "jobs", "endpoints", "endpoint", "subjects", "sources"}
+
+// newPanel parses every page's templates: one that does not parse stops
+// the start rather than the first request for it.
+func newPanel(logger *slog.Logger) (*panel, error) {
+	funcs := template.FuncMap{
+		"rfc3339": func(t any) string {
+			if tt := asTime(t); !tt.IsZero() {
+				return tt.UTC().Format(time.RFC3339)
+			}
+			return ""
+		},
+		"ago":       func(t any) string { return ago(asTime(t), time.Now()) },
+		"clock":     func(t any) string { return asTime(t).UTC().Format("2006-01-02 15:04:05 UTC") },
+		"seconds":   func(s float64) string { return (time.Duration(s) * time.Second).String() },
+		"bytes":     formatBytes,
+		"percent":   func(f float64) string { return strconv.FormatFloat(100*f, 'f', 1, 64) + "%" },
+		"latency":   formatLatencyMS,
+		"jobErrors": decodeJobErrors,
+		"join":      strings.Join,
+		"build":     readBuildInfo().String, // the same line as outboxd version
+	}
+	p := &panel{pages: map[string]*template.Template{}, logger: logger}
+	for _, name := range pageNames {
+		t, err := template.New(name).Funcs(funcs).ParseFS(templateFS,
+			"templates/layout.html", "templates/jobs.html", "templates/stats.html", "templates/"+name+".html")
+		if err != nil {
+			return nil, fmt.Errorf("parse panel template %s: %w", name, err)
+		}
+		p.pages[name] = t
+	}
+	return p, nil
+}
+
+// page is what every template gets.
+type page struct {
+	Title    string
+	Nav      string
+	SignedIn bool
+	Flash    string
+	Data     any
+}
+
+// render executes page name with pg and answers it with status.
+func (p *panel) render(w http.ResponseWriter, status int, name string, pg page) {
+	var buf bytes.Buffer
+	if err := p.pages[name].ExecuteTemplate(&buf, "layout", pg); err != nil {
+		p.logger.Error("render panel page", "page", name, "err", err)
+		http.Error(w, "render page failed", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	buf.WriteTo(w)
+}
+
+// renderError shows an error on a page of its own, keeping the layout.
+func (p *panel) renderError(w http.ResponseWriter, status int, err error) {
+	p.render(w, status, "error", page{Title: "Error", SignedIn: true, Data: err.Error()})
+}
+
+// jobError is one entry of a job's errors column.
+type jobError struct {
+	Attempt int       `json:"attempt"`
+	At      time.Time `json:"at"`
+	Error   string    `json:"error"`
+}
+
+func decodeJobErrors(raw json.RawMessage) []jobError {
+	var errs []jobError
+	json.Unmarshal(raw, &errs) // written by outboxd's own SQL; a bad value shows as none
+	return errs
+}
+
+func asTime(v any) time.Time {
+	switch t := v.(type) {
+	case time.Time:
+		return t
+	case *time.Time:
+		if t != nil {
+			return *t
+		}
+	}
+	return time.Time{}
+}
+
+// ago is a relative time for people: "3m ago", "in 5m".
+func ago(t, now time.Time) string {
+	if t.IsZero() {
+		return "—"
+	}
+	if d := now.Sub(t); d >= 0 {
+		return roughDuration(d) + " ago"
+	} else {
+		return "in " + roughDuration(-d)
+	}
+}
+
+func roughDuration(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return "<1s"
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
+	default:
+		return fmt.Sprintf("%dd", int(d.Hours()/24))
+	}
+}
+
+func formatBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

@@ -1,0 +1,243 @@
+// request.go: reading a request, for the API and the panel alike: path
+// values, JSON bodies, query parameters and forms, each refusing a bad
+// value as the client's mistake (errInvalid, a 400), and the pages of the
+// lists that are read newest first and paged by id.
+
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// pathID is the path value id, a row's id: a positive integer, or the
+// request is refused.
+func pathID(r *http.Request) (int64, error) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id <= 0 {
+		return 0, fmt.Errorf("%w: id %q is not a positive integer", errInvalid, r.PathValue("id"))
+	}
+	return id, nil
+}
+
+// pathText is the path value key, a name of something stored as text. A
+// value PostgreSQL cannot hold as text (isText) names nothing that can
+// exist: not found, without asking the database, which would refuse it.
+func pathText(r *http.Request, key string) (string, error) {
+	v := r.PathValue(key)
+	if !isText(v) {
+		return "", fmt.Errorf("%s %q: %w", key, v, errNotFound)
+	}
+	return v, nil
+}
+
+// isText reports whether PostgreSQL can hold s as text: valid UTF-8
+// without NUL. It refuses anything else (SQLSTATE 22021), which would
+// answer the client's mistake as the server's 500.
+func isText(s string) bool {
+	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
+}
+
+// decodeJSON reads one JSON object from the (bounded) body, refusing
+// unknown fields (a typo in a field name is an error, not a silent
+// default).
+func decodeJSON(r *http.Request, v any) error {
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return fmt.Errorf("request body larger than %d bytes: %w", tooBig.Limit, err)
+		}
+		return fmt.Errorf("%w: request body: %v", errInvalid, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fmt.Errorf("%w: request body: more than one JSON value", errInvalid)
+	}
+	return nil
+}
+
+// decodeOptionalJSON is decodeJSON for a body that may be left out, which
+// leaves v as it is.
+func decodeOptionalJSON(r *http.Request, v any) error {
+	if r.ContentLength == 0 {
+		return nil
+	}
+	return decodeJSON(r, v)
+}
+
+// query reads a request's query parameters, for the API and the panel
+// alike, or a panel form's fields (formOf). A reader that meets a bad
+// value keeps the first such error in err and returns the parameter's
+// default, so a handler reads every parameter it takes and then checks err
+// once.
+type query struct {
+	values url.Values
+	err    error
+}
+
+func queryOf(r *http.Request) *query { return &query{values: r.URL.Query()} }
+
+// formOf reads the fields of a panel form, a body of at most limit bytes.
+func formOf(w http.ResponseWriter, r *http.Request, limit int64) *query {
+	r.Body = http.MaxBytesReader(w, r.Body, limit)
+	q := &query{}
+	if err := r.ParseForm(); err != nil {
+		if _, tooBig := errors.AsType[*http.MaxBytesError](err); tooBig {
+			q.err = fmt.Errorf("form larger than %d bytes: %w", limit, err)
+		} else {
+			q.err = fmt.Errorf("%w: form: %v", errInvalid, err)
+		}
+	}
+	q.values = r.PostForm
+	return q
+}
+
+// fail keeps err unless an earlier reader failed first.
+func (q *query) fail(err error) {
+	if q.err == nil {
+		q.err = err
+	}
+}
+
+// text is a parameter as given; absent, or not text (isText), "".
+func (q *query) text(name string) string {
+	s := q.values.Get(name)
+	if !isText(s) {
+		q.fail(fmt.Errorf("%w: %s is not UTF-8 text without NUL", errInvalid, name))
+		return ""
+	}
+	return s
+}
+
+// natural is an optional non-negative integer: an id to page from or to
+// filter by, or a page size that the list then bounds. Absent, 0.
+func (q *query) natural(name string) int64 {
+	return q.integer(name, 0, 0, math.MaxInt64, name+`: %q is not a non-negative integer`)
+}
+
+// limit is ?limit=, a page size from 1 to most; absent, most.
+func (q *query) limit(most int) int {
+	return int(q.integer("limit", int64(most), 1, int64(most), `limit %q must be between 1 and `+strconv.Itoa(most)))
+}
+
+// integer is an optional integer parameter: absent, def; present, one from
+// lo to hi, or the request is refused with bad, a format given the value.
+func (q *query) integer(name string, def, lo, hi int64, bad string) int64 {
+	s := q.values.Get(name)
+	if s == "" {
+		return def
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < lo || n > hi {
+		q.fail(fmt.Errorf("%w: "+bad, errInvalid, s))
+		return def
+	}
+	return n
+}
+
+// instant is an optional RFC 3339 time; absent, the zero time.
+func (q *query) instant(name string) time.Time {
+	s := q.values.Get(name)
+	if s == "" {
+		return time.Time{}
+	}
+	t, err := parseReplayTime(name, s)
+	if err != nil {
+		q.fail(err)
+	}
+	return t
+}
+
+// eventFilterFrom reads the stream's filter from the query.
+func eventFilterFrom(q *query) EventFilter {
+	return EventFilter{Topic: q.text("topic"), Subject: q.text("subject"), State: q.text("state"),
+		Outcome: q.text("outcome"), Since: q.instant("since"), Until: q.instant("until"),
+		Before: q.natural("before"), After: q.natural("after"), Limit: int(q.natural("limit"))}
+}
+
+// jobFilterFrom reads the job list's filter from the query.
+func jobFilterFrom(q *query) JobFilter {
+	return JobFilter{State: q.text("state"), Before: q.natural("before"), EventID: q.natural("event_id"),
+		EndpointID: q.natural("endpoint_id"), Limit: int(q.natural("limit"))}
+}
+
+// idPage is one page of a list read newest first and paged by id, the
+// stream or the job list, as the API and the panel both read it.
+type idPage[F, T any] struct {
+	filter F
+	rows   []T
+	// before is where the page after this one starts: below the last
+	// row's id, or 0 when this page is empty.
+	before int64
+	// after is where the page just newer than this one starts, for a list
+	// that pages both ways (the stream): above the first row's id, or 0
+	// when nothing newer matches.
+	after int64
+}
+
+// readIDPage reads the filter from the query, lists the page it selects
+// and finds where the next page starts.
+func readIDPage[F, T any](r *http.Request, db *sql.DB, filterFrom func(*query) F,
+	list func(context.Context, *sql.DB, F) ([]T, error), id func(T) int64) (idPage[F, T], error) {
+	q := queryOf(r)
+	pg := idPage[F, T]{filter: filterFrom(q)}
+	if q.err != nil {
+		return pg, q.err
+	}
+	rows, err := list(r.Context(), db, pg.filter)
+	if err != nil {
+		return pg, err
+	}
+	pg.rows = rows
+	if len(rows) > 0 {
+		pg.before = id(rows[len(rows)-1])
+	}
+	return pg, nil
+}
+
+// readEventPage reads a page of the stream, older than ?before= or just
+// newer than ?after=, with where the pages either side start when the
+// filter selects more events that way (before, after; 0 when none).
+func readEventPage(r *http.Request, db *sql.DB) (idPage[EventFilter, Event], error) {
+	q := queryOf(r)
+	pg := idPage[EventFilter, Event]{filter: eventFilterFrom(q)}
+	if q.err != nil {
+		return pg, q.err
+	}
+	list, err := listEventPage(r.Context(), db, pg.filter)
+	if err != nil {
+		return pg, err
+	}
+	pg.rows = list.events
+	// An empty page has no edge rows: its neighbours start at its cursor.
+	switch {
+	case list.older && len(list.events) > 0:
+		pg.before = list.events[len(list.events)-1].ID
+	case list.older:
+		pg.before = pg.filter.After + 1
+	}
+	switch {
+	case list.newer && len(list.events) > 0:
+		pg.after = list.events[0].ID
+	case list.newer:
+		pg.after = pg.filter.Before - 1
+	}
+	return pg, addEventOutcomes(r.Context(), db, pg.rows)
+}
+
+// readJobPage reads a page of the job list.
+func readJobPage(r *http.Request, db *sql.DB) (idPage[JobFilter, JobView], error) {
+	return readIDPage(r, db, jobFilterFrom, listJobs, func(j JobView) int64 { return j.ID })
+}
