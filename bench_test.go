@@ -227,7 +227,7 @@ func BenchmarkBaselineSkipLockedClaim(b *testing.B) {
 // BenchmarkOrderedDrain delivers 2,000 events of 1,000 subjects to one
 // endpoint, fan-out included, with ordering "none" and "subject": the
 // ordered endpoint's share of the unordered one's rate is what one subject
-// at a time costs (README, "Ordered delivery").
+// at a time costs (docs/endpoints.md, ordered delivery).
 func BenchmarkOrderedDrain(b *testing.B) {
 	for _, ordering := range []string{"none", "subject"} {
 		b.Run(ordering, func(b *testing.B) {

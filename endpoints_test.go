@@ -90,7 +90,7 @@ func (a *testAPI) endpoint(id int64) Endpoint {
 func itoa(id int64) string { return strconv.FormatInt(id, 10) }
 
 // The whole life of an endpoint through the API, and the JSON shape other
-// programs rely on (README, "The panel, the API and metrics").
+// programs rely on (docs/http-api.md).
 func TestEndpointAPILifecycle(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)

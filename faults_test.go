@@ -223,7 +223,7 @@ func newFaultHarness(t *testing.T, cfg faultRunConfig, viaPgBouncer bool) *fault
 		h.bouncer = startPgBouncer(t, h.cluster.DSN("outboxd"), 10)
 		// Replicas behind a pooler in transaction mode migrate nothing
 		// (migrate.go, requireMigrated): migrate over the direct
-		// connection first, as the README says an operator does.
+		// connection first, as docs/replicas.md says an operator does.
 		db, err := openDB(context.Background(), h.dsn("faults-migrate"), 2)
 		if err != nil {
 			t.Fatal(err)

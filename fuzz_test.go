@@ -104,7 +104,7 @@ var topicSeeds = struct{ patterns, topics []string }{
 		"a/b:c.d", "Order.paid", "_.x", "paid", "order.*", "x"},
 }
 
-// topicMatchesSpec is the rule as the README states it, written apart from
+// topicMatchesSpec is the rule as docs/recording.md states it, written apart from
 // topicMatches: an empty list or "*" selects all; "p.*" selects the topics
 // that start with "p."; anything else must be equal.
 func topicMatchesSpec(patterns []string, topic string) bool {

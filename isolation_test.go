@@ -16,7 +16,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 )
 
-// Endpoint isolation (README, "Endpoint isolation"): every endpoint is a
+// Endpoint isolation (docs/endpoints.md): every endpoint is a
 // lane of outbox.claim_jobs, and its trouble stays its own.
 
 // concurrency counts the requests a handler is serving at once, and the

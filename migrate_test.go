@@ -24,8 +24,8 @@ import (
 	"github.com/lib/pq/pqerror"
 )
 
-// The bounds migrate runs under, as migrate.go's comments and the README
-// state them.
+// The bounds migrate runs under, as migrate.go's comments and
+// docs/upgrades.md state them.
 func TestMigrationBoundsAreTheDocumentedOnes(t *testing.T) {
 	t.Parallel()
 	m := newMigration(nil)

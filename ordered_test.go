@@ -17,7 +17,7 @@ import (
 	"github.com/lib/pq/pqerror"
 )
 
-// Ordered lanes (README, "Ordered delivery"): with ordering "subject", an
+// Ordered lanes (docs/endpoints.md, ordered delivery): with ordering "subject", an
 // endpoint gets each subject's deliveries one at a time, in fan-out order.
 
 // orderedReceiver checks, per subject, that no request for the subject's

@@ -1,5 +1,5 @@
-// privileges_test.go: the database rights outboxd needs and gives (README,
-// "Database privileges"): outboxd runs as a role that owns only the outbox
+// privileges_test.go: the database rights outboxd needs and gives
+// (docs/security.md, database privileges): outboxd runs as a role that owns only the outbox
 // schema, and an application role can record events and do nothing else.
 
 package main

@@ -84,8 +84,8 @@ func deliveriesTo(rc *receiver) map[string]int {
 	return n
 }
 
-// The schedule and the prober's numbers, as literals (README, "Recovery
-// probes").
+// The schedule and the prober's numbers, as literals (docs/endpoints.md,
+// recovery probes).
 func TestProbeScheduleNumbers(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)

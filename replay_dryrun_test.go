@@ -1,6 +1,6 @@
 // replay_dryrun_test.go: a replay's filters (until, topics) and its dry
 // run: the dry run counts exactly what the replay then enqueues, enqueues
-// nothing itself, estimates as README's "Replays" says, refuses bad input
+// nothing itself, estimates as docs/replays.md says, refuses bad input
 // as the replay does, and the panel shows it before a replay is confirmed.
 
 package main

@@ -1,4 +1,4 @@
-// replaylane_test.go: the replay lane (README, "Replays"): replays and
+// replaylane_test.go: the replay lane (docs/replays.md): replays and
 // retries of discarded deliveries run behind an endpoint's live
 // deliveries, at most a quarter of its cap at once (one at a time while
 // live deliveries flow); their progress reads
@@ -44,7 +44,7 @@ func TestReplayShareNumbers(t *testing.T) {
 // subquery keeps them from being inlined, they were parsed and planned
 // again in every claim, and the claim asked twice per lane in its second
 // statement (the subquery, flattened, was copied into both uses of the
-// width): a third of a claim's time in a drain (README, "Against River").
+// width): a third of a claim's time in a drain.
 // pg_stat_xact_user_functions counts this transaction's calls;
 // track_functions = all counts SQL functions too, so the test sees the
 // calls whatever language the functions are in.
@@ -849,10 +849,9 @@ func TestReplayEnqueuesWhatItsCountFound(t *testing.T) {
 // an outcome is recorded, and only then. Endpoint full (cap 2, 3 due):
 // both its jobs. Endpoint roomy (cap 16, 1 due): not its job, whose
 // outcome frees nothing a claim could use. Endpoint replaying (cap 16, so
-// a share of 4; 6 replayed due): the 4 it took filled the share. Before,
-// every recorded batch woke the workers, and with no endpoint near its
-// cap each of those claims found nothing (README, "Endpoint isolation
-// under load").
+// a share of 4; 6 replayed due): the 4 it took filled the share. Woken
+// by every recorded batch instead, the workers would claim for nothing
+// while no endpoint is near its cap.
 func TestClaimSaysWhichOutcomesFreeAPlace(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
