@@ -101,15 +101,15 @@ func usage(fs *flag.FlagSet) {
 	for _, line := range modeHelp {
 		fmt.Fprintf(w, "  %s\n", line)
 	}
-	fmt.Fprintf(w, "A former mode, jobs, timed no-op jobs inserted into outbox.jobs; outboxd has no such job kind.\n"+
+	fmt.Fprintf(w, "\nA former mode, jobs, timed no-op jobs inserted into outbox.jobs; outboxd has no such job kind.\n"+
 		"`go test -run '^$' -bench Claim .` at the repository root measures the claim and the completer.\n\nFlags:\n")
 	fs.PrintDefaults()
 }
 
 func (cfg *config) flags(fs *flag.FlagSet) {
 	fs.StringVar(&cfg.Outboxd, "outboxd", cfg.Outboxd, "the outboxd binary under test (required; built by go build -o /tmp/outboxd . at the repository root)")
-	fs.StringVar(&cfg.DatabaseURL, "database-url", cfg.DatabaseURL, "a database on the PostgreSQL server to run on (default $DATABASE_URL, else the local server)")
-	fs.StringVar(&cfg.Database, "database", cfg.Database, "the database the run creates on that server, dropping it first if it exists and at the end; empty runs in -database-url's own database, left as it is")
+	fs.StringVar(&cfg.DatabaseURL, "database-url", cfg.DatabaseURL, "a database on the PostgreSQL server to run on (DATABASE_URL if set)")
+	fs.StringVar(&cfg.Database, "database", cfg.Database, "the database the run creates on that server (dropped first if it exists, and at the end); empty: run in -database-url's own database, left as it is")
 	fs.StringVar(&cfg.Mode, "mode", cfg.Mode, "what to measure: "+strings.Join(modes, ", ")+"; each scenario has its own defaults (bench/load/README.md)")
 	fs.IntVar(&cfg.Producers, "producers", cfg.Producers, "producer connections, each committing single-event transactions")
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long the producers run (keepup; a scenario's phase: 30s; replay's phase without the replay: 60s)")
@@ -145,7 +145,7 @@ func (c *scenarioConfig) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.AcceptWithin, "accept-within", c.AcceptWithin, "flaky: the bound on every event's commit to first 2xx")
 	fs.Float64Var(&c.RateLimit, "rate-limit", c.RateLimit, "ratelimit: the endpoint's rate_limit_per_second")
 	fs.IntVar(&c.Replicas, "replicas", c.Replicas, "drain, ratelimit: outboxd processes delivering from the one database (drain: 1, ratelimit: 2)")
-	fs.IntVar(&c.Rounds, "rounds", c.Rounds, "isolation, stuck, replay, ordered: rounds of a baseline phase and a phase with the scenario's trouble")
+	fs.IntVar(&c.Rounds, "rounds", c.Rounds, "isolation, stuck, replay, ordered: rounds of a baseline phase and a phase with the scenario's trouble (stuck: 3, ordered: 2)")
 	fs.IntVar(&c.MaxInFlight, "max-in-flight", c.MaxInFlight, "ratelimit, stuck, replay, ordered: the endpoint's max_in_flight; 0 leaves outboxd's default (ordered: the child's workers, as drain)")
 	fs.DurationVar(&c.FailFor, "fail-for", c.FailFor, "stuck: how long the failing subject's requests are answered 500 (10s)")
 	fs.IntVar(&c.Subjects, "subjects", c.Subjects, "stuck and ordered: distinct subjects the events take in turn (stuck: 100, ordered: 1000)")
