@@ -1,10 +1,10 @@
-// load_test.go: the load generator's pacing.
+// load_test.go: the generator's pacing, its reading of /proc, and drain
+// and keepup run end to end against a real outboxd.
 
 package main
 
 import (
 	"context"
-	"database/sql"
 	"regexp"
 	"strconv"
 	"strings"
@@ -32,34 +32,46 @@ func TestProducerPhasesSpreadOverOneInterval(t *testing.T) {
 	}
 }
 
-// A load run removes the endpoint it registered, so the next run's outboxd
-// does not retry deliveries into the closed port of this run's receiver.
+// A run in a database of the user's (-database "") removes the endpoint
+// it registered, so the next run's outboxd does not retry deliveries into
+// the closed port of this run's receiver.
 func TestLoadRunRemovesItsEndpoint(t *testing.T) {
 	t.Parallel()
-	db, dsn := newTestDB(t)
-	var out, errs syncBuffer
-	err := run(context.Background(), []string{"load", "-mode", "drain", "-events", "50", "-database-url", dsn},
-		func(string) string { return "" }, &out, &errs)
-	if err != nil {
-		t.Fatalf("load: %v\n%s", err, errs.String())
-	}
-	if !strings.Contains(out.String(), "mode drain") {
-		t.Errorf("load printed no drain report:\n%s", out.String())
+	db, url := newTestDB(t)
+	out, stderr := runLoad(t, "-mode", "drain", "-events", "50", "-database-url", url, "-database", "")
+	if !strings.Contains(out, "mode drain: 50 events delivered") {
+		t.Errorf("load printed no drain report:\n%s", out)
 	}
 	if n := queryInt(t, db, `SELECT count(*) FROM outbox.endpoints`); n != 0 {
-		t.Errorf("%d endpoints left after the run, want 0; stderr:\n%s", n, errs.String())
+		t.Errorf("%d endpoints left after the run, want 0; stderr:\n%s", n, stderr)
+	}
+}
+
+// With -database, the run creates that database, and drops it at the end.
+func TestLoadRunDropsItsFreshDatabase(t *testing.T) {
+	t.Parallel()
+	admin, _ := newTestDB(t) // any database on the server, to look from
+	name := testDatabaseName()
+	out, _ := runLoad(t, "-mode", "drain", "-events", "20", "-database-url", serverURL(), "-database", name)
+	if !strings.Contains(out, "mode drain: 20 events delivered") {
+		t.Errorf("load printed no drain report:\n%s", out)
+	}
+	if n := queryInt(t, admin, `SELECT count(*) FROM pg_database WHERE datname = $1`, name); n != 0 {
+		t.Errorf("database %s still exists after the run", name)
 	}
 }
 
 // An outboxd that refuses its settings ends the run at once, with the
-// setting named in its output; the run waited a minute for it before.
+// setting named in its output, instead of after the minute a start may
+// take.
 func TestLoadEndsWhenOutboxdExitsBeforeReady(t *testing.T) {
 	t.Parallel()
-	_, dsn := newTestDB(t)
+	bin := outboxdBinary(t)
+	_, url := newTestDB(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var out, errs syncBuffer
-	err := run(ctx, []string{"load", "-mode", "jobs", "-events", "10", "-serve-flags", "-workers 1001", "-database-url", dsn},
+	err := run(ctx, []string{"-outboxd", bin, "-mode", "drain", "-events", "10", "-serve-flags", "-workers 1001", "-database-url", url, "-database", ""},
 		func(string) string { return "" }, &out, &errs)
 	if err == nil || !strings.Contains(err.Error(), "exited before it was ready") {
 		t.Fatalf("load with a refused -workers: %v, want outboxd's early exit", err)
@@ -69,84 +81,29 @@ func TestLoadEndsWhenOutboxdExitsBeforeReady(t *testing.T) {
 	}
 }
 
-// The jobs mode works every job it enqueued, and says so only when all
-// are completed.
-func TestLoadJobsCompletesEveryJob(t *testing.T) {
-	t.Parallel()
-	db, dsn := newTestDB(t)
-	var out, errs syncBuffer
-	err := run(context.Background(), []string{"load", "-mode", "jobs", "-events", "300", "-database-url", dsn},
-		func(string) string { return "" }, &out, &errs)
-	if err != nil {
-		t.Fatalf("load: %v\n%s", err, errs.String())
-	}
-	if !strings.Contains(out.String(), "mode jobs: 300 no-op jobs completed") {
-		t.Errorf("jobs report:\n%s", out.String())
-	}
-	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE kind = 'noop' AND state = 'completed'`); n != 300 {
-		t.Errorf("%d no-op jobs completed, want 300", n)
-	}
-}
-
-// The jobs mode's poll, every 50 ms through the run, reads one index entry
-// to learn that work is left, however many jobs wait, and sees when none
-// does. (A count of completed jobs read a row per completed job.)
-func TestLoadJobsPollReadsOneEntry(t *testing.T) {
-	t.Parallel()
-	db, _ := newTestDB(t)
-	mustExec(t, db, `SELECT outbox.record('load.event', '', '{}')`)
-	mustExec(t, db, `INSERT INTO outbox.jobs (kind, event_id, max_attempts)
-		SELECT 'noop', (SELECT max(id) FROM outbox.events), 18 FROM generate_series(1, 5000)`)
-	poll := func(tx *sql.Tx) bool {
-		t.Helper()
-		unfinished, err := noopJobsUnfinished(context.Background(), tx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return unfinished
-	}
-	var unfinished bool
-	scanned, entries := statementReads(t, db, "outbox.jobs", "outbox.jobs_waiting_without_endpoint", func(tx *sql.Tx) error {
-		unfinished = poll(tx)
-		return nil
-	})
-	if !unfinished || scanned != 0 || entries != 1 {
-		t.Errorf("poll with 5,000 jobs waiting: unfinished %t, %d rows scanned, %d index entries read; want true, 0, 1",
-			unfinished, scanned, entries)
-	}
-	mustExec(t, db, `UPDATE outbox.jobs SET state = 'completed', finalized_at = now()`)
-	tx, err := db.Begin()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback()
-	if poll(tx) {
-		t.Error("poll with every job completed: unfinished, want none")
-	}
-}
+// cpuLine is the CPU report's line of drain and keepup.
+var cpuLine = regexp.MustCompile(`CPU time: outboxd (\d+\.\d+) s, PostgreSQL backends (\d+\.\d+) s: (\d+\.\d+) ms per event`)
 
 // -replicas 2 drains with two outboxd processes on one database: both
 // claim deliveries (each job records its replica), every event arrives
 // once, and each is fanned out once.
 func TestLoadDrainWithTwoReplicasSharesTheWork(t *testing.T) {
 	t.Parallel()
-	db, dsn := newTestDB(t)
-	var out, errs syncBuffer
+	db, url := newTestDB(t)
 	// 4 workers each and 10,000 events: the drain outlasts the gap between
-	// the two processes' starts, even under the race detector.
-	err := run(context.Background(), []string{"load", "-mode", "drain", "-events", "10000", "-replicas", "2", "-serve-flags", "-workers 4", "-database-url", dsn},
-		func(string) string { return "" }, &out, &errs)
-	if err != nil {
-		t.Fatalf("load: %v\n%s", err, errs.String())
-	}
-	if !strings.Contains(out.String(), "duplicates 0, by 2 outboxd processes") {
-		t.Errorf("drain report does not say 0 duplicates by 2 processes:\n%s", out.String())
+	// the two processes' starts.
+	out, _ := runLoad(t, "-mode", "drain", "-events", "10000", "-replicas", "2", "-serve-flags", "-workers 4", "-database-url", url, "-database", "")
+	if !strings.Contains(out, "duplicates 0, by 2 outboxd processes") {
+		t.Errorf("drain report does not say 0 duplicates by 2 processes:\n%s", out)
 	}
 	// The CPU time the drain cost, of both processes and their backends
 	// (the server is on this machine in every run of the tests).
-	cpu := regexp.MustCompile(`CPU time: outboxd (\d+\.\d+) s, PostgreSQL backends (\d+\.\d+) s: (\d+\.\d+) ms per event`).FindStringSubmatch(out.String())
+	cpu := cpuLine.FindStringSubmatch(out)
 	if cpu == nil || cpu[1] == "0.00" || cpu[2] == "0.00" || cpu[3] == "0.000" {
-		t.Errorf("drain report has no CPU time of outboxd and its backends:\n%s", out.String())
+		t.Errorf("drain report has no CPU time of outboxd and its backends:\n%s", out)
+	}
+	if !regexp.MustCompile(`outboxd peak RSS \d+\.\d MiB`).MatchString(out) {
+		t.Errorf("drain report has no peak RSS:\n%s", out)
 	}
 	if n := queryInt(t, db, `SELECT count(DISTINCT held_by) FROM outbox.jobs WHERE kind = 'webhook' AND state = 'completed'`); n != 2 {
 		t.Errorf("deliveries claimed by %d replicas, want 2", n)
@@ -172,24 +129,29 @@ func TestParseCPUTime(t *testing.T) {
 	}
 }
 
-// A keep-up run reports what its events cost in CPU: outboxd's and the
-// backends' (the producers' included) while the producers ran.
-func TestLoadKeepUpReportsCPUTime(t *testing.T) {
+// A keep-up run prints the lines comparison scripts parse, and what its
+// events cost in CPU: outboxd's and the backends' (the producers'
+// included) while the producers ran.
+func TestLoadKeepUpReportsRatesLatencyAndCPUTime(t *testing.T) {
 	t.Parallel()
-	_, dsn := newTestDB(t)
-	var out, errs syncBuffer
-	err := run(context.Background(), []string{"load", "-mode", "keepup", "-rate", "50", "-duration", "2s", "-database-url", dsn},
-		func(string) string { return "" }, &out, &errs)
-	if err != nil {
-		t.Fatalf("load: %v\n%s", err, errs.String())
+	out, _ := runLoad(t, "-mode", "keepup", "-rate", "50", "-duration", "2s", "-database-url", serverURL(), "-database", testDatabaseName())
+	for _, re := range []string{
+		`committed \d+ events/s, delivered \d+ events/s during the run`,
+		`commit->2xx latency p50 \S+ p95 \S+ p99 \S+ max \S+`,
+		`backlog at end \d+ \(events \+ jobs\), drained in \S+; duplicates 0`,
+		`outboxd peak RSS \d+\.\d MiB`,
+	} {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("keep-up report has no line matching %q:\n%s", re, out)
+		}
 	}
-	m := regexp.MustCompile(`CPU time: outboxd (\d+\.\d+) s, PostgreSQL backends (\d+\.\d+) s: (\d+\.\d+) ms per event`).FindStringSubmatch(out.String())
+	m := cpuLine.FindStringSubmatch(out)
 	if m == nil {
-		t.Fatalf("keep-up report has no CPU time:\n%s", out.String())
+		t.Fatalf("keep-up report has no CPU time:\n%s", out)
 	}
 	for i, what := range []string{"outboxd", "backends", "per event"} {
 		if v, _ := strconv.ParseFloat(m[i+1], 64); v <= 0 {
-			t.Errorf("keep-up CPU time of %s is %s, want more than 0:\n%s", what, m[i+1], out.String())
+			t.Errorf("keep-up CPU time of %s is %s, want more than 0:\n%s", what, m[i+1], out)
 		}
 	}
 }

@@ -1,6 +1,6 @@
-// loadscenarios_test.go: the load scenarios' arithmetic (percentiles,
-// windows, overlaps), their defaults, and two scenarios run end to end
-// against a real child outboxd.
+// loadscenarios_test.go: the scenarios' arithmetic (percentiles,
+// windows, overlaps), their defaults, and the scenarios run end to end
+// against a real outboxd.
 
 package main
 
@@ -183,8 +183,8 @@ func TestChildSettingReadsFlagsLikeTheChild(t *testing.T) {
 	}
 }
 
-// Each scenario runs with issue 16's numbers unless a flag says otherwise;
-// the other modes keep theirs.
+// Each scenario runs with its own numbers unless a flag says otherwise;
+// drain and keepup keep the flags' defaults.
 func TestLoadScenarioDefaults(t *testing.T) {
 	t.Parallel()
 	type numbers struct {
@@ -206,9 +206,8 @@ func TestLoadScenarioDefaults(t *testing.T) {
 		want numbers
 	}{
 		{[]string{"-mode", "keepup"}, numbers{60 * time.Second, 0, 100_000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 1, 0, 0}},
-		// drain and jobs: one outboxd unless -replicas says more.
+		// drain: one outboxd unless -replicas says more.
 		{[]string{"-mode", "drain"}, numbers{60 * time.Second, 0, 100_000, 0, 0.1, 2 * time.Minute, 20, 1, 0, 1, 0, 0}},
-		{[]string{"-mode", "jobs"}, numbers{60 * time.Second, 0, 100_000, 0, 0.1, 2 * time.Minute, 20, 1, 0, 1, 0, 0}},
 		{[]string{"-mode", "drain", "-replicas", "2"}, numbers{60 * time.Second, 0, 100_000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 1, 0, 0}},
 		{[]string{"-mode", "isolation"}, numbers{30 * time.Second, 20, 1000, 5 * time.Second, 0.1, 2 * time.Minute, 20, 2, 0, 1, 0, 0}},
 		{[]string{"-mode", "flaky"}, numbers{30 * time.Second, 50, 100_000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 1, 0, 0}},
@@ -218,17 +217,17 @@ func TestLoadScenarioDefaults(t *testing.T) {
 			numbers{5 * time.Second, 7, 40, time.Second, 0.1, 2 * time.Minute, 20, 2, 0, 3, 0, 0}},
 		{[]string{"-mode", "ratelimit", "-rate-limit", "5", "-replicas", "3", "-max-in-flight", "100"},
 			numbers{30 * time.Second, 0, 1000, 0, 0.1, 2 * time.Minute, 5, 3, 100, 1, 0, 0}},
-		// Issue 17's: a subject failing for 10 s among 100 at 50 events/s,
-		// three rounds; a 100,000-event replay beside live events at 320
-		// events/s (half the keep-up rate measured); drains of 20,000
-		// events over 1,000 subjects, two rounds.
+		// The lanes scenarios: a subject failing for 10 s among 100 at 50
+		// events/s, three rounds; a 100,000-event replay beside live
+		// events at 320 events/s; drains of 20,000 events over 1,000
+		// subjects, two rounds.
 		{[]string{"-mode", "stuck"}, numbers{30 * time.Second, 50, 100_000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 3, 10 * time.Second, 100}},
 		{[]string{"-mode", "replay"}, numbers{60 * time.Second, 320, 100_000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 1, 0, 0}},
 		{[]string{"-mode", "ordered"}, numbers{30 * time.Second, 0, 20_000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 2, 0, 1000}},
 		{[]string{"-mode", "stuck", "-fail-for", "2s", "-subjects", "5", "-rounds", "1", "-max-in-flight", "4"},
 			numbers{30 * time.Second, 50, 100_000, 0, 0.1, 2 * time.Minute, 20, 2, 4, 1, 2 * time.Second, 5}},
 	} {
-		cfg, err := parseLoadConfig(tc.args, func(string) string { return "" }, io.Discard)
+		cfg, err := parseConfig(append([]string{"-outboxd", "outboxd"}, tc.args...), func(string) string { return "" }, io.Discard)
 		if err != nil {
 			t.Errorf("%v: %v", tc.args, err)
 			continue
@@ -241,6 +240,8 @@ func TestLoadScenarioDefaults(t *testing.T) {
 	}
 	for _, args := range [][]string{
 		{"-mode", "chaos"},
+		{"-mode", "jobs"},
+		{"-database", "Outboxd-Load"},
 		{"-mode", "flaky", "-fail-ratio", "1.5"},
 		{"-mode", "ratelimit", "-rate-limit", "0"},
 		{"-mode", "ratelimit", "-replicas", "0"},
@@ -252,26 +253,30 @@ func TestLoadScenarioDefaults(t *testing.T) {
 		{"-mode", "replay", "-vacuum-every", "-1s"},
 		{"-mode", "replay", "-answer-after", "-1ms"},
 	} {
-		if _, err := parseLoadConfig(args, func(string) string { return "" }, io.Discard); err == nil {
+		if _, err := parseConfig(append([]string{"-outboxd", "outboxd"}, args...), func(string) string { return "" }, io.Discard); err == nil {
 			t.Errorf("%v: no error", args)
 		}
 	}
+	_, err := parseConfig([]string{"-mode", "drain"}, func(string) string { return "" }, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "-outboxd") {
+		t.Errorf("no -outboxd: %v, want an error naming -outboxd", err)
+	}
+	_, err = parseConfig([]string{"-outboxd", "outboxd", "-mode", "jobs"}, func(string) string { return "" }, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "-bench") {
+		t.Errorf("-mode jobs: %v, want an error naming the benchmark that replaces it", err)
+	}
 }
 
-// runScenario runs `outboxd load` with args against a fresh database and
-// returns its summary line, decoded into summary.
+// runScenario runs the generator with args on a fresh database and
+// returns its summary line, decoded into summary. The run must leave no
+// endpoint behind.
 func runScenario(t *testing.T, summary any, args ...string) {
 	t.Helper()
-	db, dsn := newTestDB(t)
-	var out, errs syncBuffer
-	err := run(context.Background(), append([]string{"load", "-database-url", dsn}, args...),
-		func(string) string { return "" }, &out, &errs)
-	if err != nil {
-		t.Fatalf("load %v: %v\n%s", args, err, errs.String())
-	}
-	t.Logf("load %v:\n%s", args, out.String())
+	db, url := newTestDB(t)
+	out, _ := runLoad(t, append([]string{"-database-url", url, "-database", ""}, args...)...)
+	t.Logf("load %v:\n%s", args, out)
 	var line string
-	for l := range strings.Lines(out.String()) {
+	for l := range strings.Lines(out) {
 		if rest, ok := strings.CutPrefix(l, "summary "); ok {
 			line = rest
 		}
@@ -332,8 +337,9 @@ func TestLoadIsolationScenarioHoldsTheCap(t *testing.T) {
 	}
 }
 
-// Issue 17's bounds: a p99 at most 1.5 times the one without the stuck
-// subject or the replay, an ordered drain at least 80% of the unordered.
+// The lanes scenarios' bounds: a p99 at most 1.5 times the one without
+// the stuck subject or the replay, an ordered drain at least 80% of the
+// unordered.
 func TestLaneVerdicts(t *testing.T) {
 	t.Parallel()
 	ms := func(values ...int) []time.Duration {
@@ -568,8 +574,8 @@ outboxd_deliveries_total{outcome="5xx"} 3
 `)
 	}))
 	defer srv.Close()
-	child := &loadChild{addr: strings.TrimPrefix(srv.URL, "http://"), token: "tok"}
-	after, err := child.metricSums(context.Background())
+	c := &child{addr: strings.TrimPrefix(srv.URL, "http://"), token: "tok"}
+	after, err := c.MetricSums(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -580,7 +586,7 @@ outboxd_deliveries_total{outcome="5xx"} 3
 	if diff := cmp.Diff(want, after); diff != "" {
 		t.Errorf("metric sums (-want +got):\n%s", diff)
 	}
-	if n, err := child.DeliveryAttempts(context.Background()); err != nil || n != 93 {
+	if n, err := c.DeliveryAttempts(context.Background()); err != nil || n != 93 {
 		t.Errorf("delivery attempts %d, %v; want 93", n, err)
 	}
 

@@ -1,6 +1,6 @@
 // child.go: the River client under test as a child process, started from
 // this same binary as `riverbench work`, so that its peak resident memory
-// (VmHWM) is its own, as outboxd load measures the outboxd it starts.
+// (VmHWM) is its own, as bench/load measures the outboxd it starts.
 
 package main
 

@@ -31,15 +31,14 @@ import (
 type compareConfig struct {
 	DatabaseURL  string // a database to connect to for DROP and CREATE DATABASE
 	Outboxd      string // the outboxd binary
+	Load         string // bench/load's binary, which drives outboxd
 	Pgbench      string
 	Runs         int
-	Jobs         int
 	Events       int
 	Producers    int
 	Duration     time.Duration
 	Rate         float64
 	PgbenchTime  time.Duration
-	JobsWorkers  int // River's MaxWorkers in the burn-down
 	Workers      int // River's MaxWorkers as a webhook sender
 	OutboxdFlags string
 	Works        []string
@@ -47,29 +46,31 @@ type compareConfig struct {
 	LogDir       string
 }
 
-// compareWorks are the pairs compare runs, in this order.
-var compareWorks = []string{"jobs", "drain", "keepup", "latency", "producer"}
+// compareWorks are the pairs compare runs, in this order. There is no
+// burn-down of no-op jobs: outboxd has no such job kind (its `go test
+// -bench` of the claim and the completer measures the job table), and
+// riverbench's -mode jobs runs alone.
+var compareWorks = []string{"drain", "keepup", "latency", "producer"}
 
 func parseCompareConfig(args []string, getenv func(string) string, stderr io.Writer) (compareConfig, error) {
 	cfg := compareConfig{DatabaseURL: "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
-		Runs: 3, Jobs: 200_000, Events: 100_000, Producers: 16, Duration: 30 * time.Second, Rate: 600,
-		PgbenchTime: 10 * time.Second, JobsWorkers: 2_000, Workers: 1_000, Lock: getenv("BENCH_LOCK")}
+		Runs: 3, Events: 100_000, Producers: 16, Duration: 30 * time.Second, Rate: 600,
+		PgbenchTime: 10 * time.Second, Workers: 1_000, Lock: getenv("BENCH_LOCK")}
 	works := strings.Join(compareWorks, ",")
 	fs := flag.NewFlagSet("riverbench compare", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&cfg.DatabaseURL, "database-url", cfg.DatabaseURL, "a database on the server under test; each run gets a fresh database beside it (cmp_outboxd, cmp_river)")
 	fs.StringVar(&cfg.Outboxd, "outboxd", cfg.Outboxd, "the outboxd binary (compare.sh builds it)")
+	fs.StringVar(&cfg.Load, "load", cfg.Load, "bench/load's binary, which runs the outboxd binary under load (compare.sh builds it)")
 	fs.StringVar(&cfg.Pgbench, "pgbench", cfg.Pgbench, "pgbench; empty: from PATH or /usr/lib/postgresql/*/bin")
 	fs.IntVar(&cfg.Runs, "runs", cfg.Runs, "runs of each pair; the table shows medians")
-	fs.IntVar(&cfg.Jobs, "jobs", cfg.Jobs, "no-op jobs in the burn-down")
 	fs.IntVar(&cfg.Events, "events", cfg.Events, "events in the drain")
 	fs.IntVar(&cfg.Producers, "producers", cfg.Producers, "producers in keep-up, clients in pgbench")
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long keep-up's producers run")
 	fs.Float64Var(&cfg.Rate, "rate", cfg.Rate, "events/s over all producers in the latency pair")
 	fs.DurationVar(&cfg.PgbenchTime, "pgbench-time", cfg.PgbenchTime, "how long each pgbench run lasts")
-	fs.IntVar(&cfg.JobsWorkers, "jobs-workers", cfg.JobsWorkers, "River's MaxWorkers in the burn-down (river bench: 2000)")
 	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "River's MaxWorkers as a webhook sender (drain, keep-up)")
-	fs.StringVar(&cfg.OutboxdFlags, "outboxd-flags", cfg.OutboxdFlags, "extra flags for the outboxd under test (outboxd load -serve-flags)")
+	fs.StringVar(&cfg.OutboxdFlags, "outboxd-flags", cfg.OutboxdFlags, "extra flags for the outboxd under test (bench/load's -serve-flags)")
 	fs.StringVar(&works, "works", works, "the pairs to run, comma-separated")
 	fs.StringVar(&cfg.Lock, "lock", cfg.Lock, "a file to flock(2) around each single run, so other load waits (default $BENCH_LOCK)")
 	fs.StringVar(&cfg.LogDir, "log-dir", cfg.LogDir, "where each run's output is kept; empty: a new temporary folder")
@@ -87,10 +88,12 @@ func parseCompareConfig(args []string, getenv func(string) string, stderr io.Wri
 		return cfg, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	case cfg.Outboxd == "":
 		return cfg, errors.New("-outboxd: the outboxd binary is required")
+	case cfg.Load == "":
+		return cfg, errors.New("-load: bench/load's binary is required")
 	case cfg.Runs < 1:
 		return cfg, fmt.Errorf("-runs must be positive, got %d", cfg.Runs)
-	case cfg.Jobs < 1 || cfg.Events < 1:
-		return cfg, fmt.Errorf("-jobs and -events must be positive, got %d and %d", cfg.Jobs, cfg.Events)
+	case cfg.Events < 1:
+		return cfg, fmt.Errorf("-events must be positive, got %d", cfg.Events)
 	case cfg.Producers < 1 || cfg.Rate <= 0 || cfg.Duration <= 0 || cfg.PgbenchTime < time.Second:
 		return cfg, errors.New("-producers, -rate and -duration must be positive, -pgbench-time at least 1s")
 	}
@@ -132,7 +135,6 @@ type metric struct {
 }
 
 var (
-	reJobs    = regexp.MustCompile(`no-op jobs completed in \S+: (\d+) jobs/s`)
 	reDrain   = regexp.MustCompile(`events delivered in \S+: (\d+) events/s`)
 	reRSS     = regexp.MustCompile(`peak RSS ([\d.]+) MiB`)
 	reKeepUp  = regexp.MustCompile(`committed (\d+) events/s, delivered (\d+) events/s during the run`)
@@ -142,7 +144,6 @@ var (
 
 func metrics(cfg compareConfig) []metric {
 	return []metric{
-		{"jobs", fmt.Sprintf("burn-down: %s no-op jobs inserted, then worked to empty (jobs/s)", thousands(float64(cfg.Jobs))), reJobs, 1, false, ""},
 		{"drain", fmt.Sprintf("drain: %s queued events delivered, signed, to a local receiver (events/s)", thousands(float64(cfg.Events))), reDrain, 1, false, ""},
 		{"drain", "drain: the sender's peak RSS (lower is better)", reRSS, 1, false, " MiB"},
 		{"keepup", fmt.Sprintf("keep-up: %d producers committing one event a transaction as fast as they can for %s (commits/s)", cfg.Producers, cfg.Duration), reKeepUp, 1, false, ""},
@@ -246,7 +247,9 @@ func (cfg compareConfig) commands(work, system, dbURL string) [][]string {
 	n := strconv.Itoa
 	var load []string
 	if system == "outboxd" {
-		load = []string{cfg.Outboxd, "load", "-database-url", dbURL}
+		// compare has made the run's database afresh: bench/load runs in
+		// it as it is (-database "") rather than beside it.
+		load = []string{cfg.Load, "-outboxd", cfg.Outboxd, "-database-url", dbURL, "-database", ""}
 		if cfg.OutboxdFlags != "" {
 			load = append(load, "-serve-flags", cfg.OutboxdFlags)
 		}
@@ -256,10 +259,6 @@ func (cfg compareConfig) commands(work, system, dbURL string) [][]string {
 	keepup := []string{"-mode", "keepup", "-producers", n(cfg.Producers), "-duration", cfg.Duration.String()}
 	riverWorkers := []string{"-workers", n(cfg.Workers)}
 	switch {
-	case work == "jobs" && system == "outboxd":
-		return [][]string{append(load, "-mode", "jobs", "-events", n(cfg.Jobs))}
-	case work == "jobs":
-		return [][]string{append(load, "-mode", "jobs", "-events", n(cfg.Jobs), "-workers", n(cfg.JobsWorkers))}
 	case work == "drain" && system == "outboxd":
 		return [][]string{append(load, "-mode", "drain", "-events", n(cfg.Events))}
 	case work == "drain":

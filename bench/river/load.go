@@ -1,7 +1,7 @@
-// load.go: `riverbench load`, River through outboxd load's three modes:
-// the same counts, the same receiver, the same clock (from the child's
-// start to the last job done or event received), and output lines in
-// outboxd load's words.
+// load.go: `riverbench load`, River through bench/load's drain and keepup
+// modes, and a burn-down of no-op jobs: the same counts, the same
+// receiver, the same clock (from the child's start to the last job done
+// or event received), and output lines in bench/load's words.
 
 package main
 
@@ -22,7 +22,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 )
 
-// loadTopic is the topic outboxd load records.
+// loadTopic is the topic bench/load records.
 const loadTopic = "load.event"
 
 func runLoad(ctx context.Context, cfg loadConfig, stdout, stderr io.Writer) error {
@@ -57,21 +57,19 @@ func untilExit(ctx context.Context, c *child) (context.Context, context.CancelFu
 	return ctx, func() { cancel(nil) }
 }
 
-// unfinishedJobsSQL is whether any job is still to run, polled every 50 ms
-// as outboxd load polls its own table in its jobs mode: an index walk to the
-// first unfinished job (River's fetch index leads with the state), so the
-// poll costs little however many jobs are done. A count of the completed
-// jobs, polled before, read a row per completed job each time, on both
-// systems.
+// unfinishedJobsSQL is whether any job is still to run, polled every 50 ms:
+// an index walk to the first unfinished job (River's fetch index leads
+// with the state), so the poll costs little however many jobs are done,
+// where a count of the completed jobs would read a row per completed job
+// each time.
 const unfinishedJobsSQL = `
 SELECT EXISTS (SELECT 1 FROM river_job WHERE state IN ('available', 'running', 'retryable', 'scheduled'))`
 
 // jobsUnfinished runs unfinishedJobsSQL in a read-only transaction that
-// first turns off bitmap and sequential scans, as outboxd load's poll
-// does: with no statistics on the new rows the planner reads an index
-// whole in a bitmap scan, or the table in a sequential one (40 ms a poll
-// at the end of a run), rather than walk the fetch index to its first
-// entry.
+// first turns off bitmap and sequential scans: with no statistics on the
+// new rows the planner reads an index whole in a bitmap scan, or the
+// table in a sequential one (40 ms a poll at the end of a run), rather
+// than walk the fetch index to its first entry.
 func jobsUnfinished(ctx context.Context, pool *pgxpool.Pool) (unfinished bool, err error) {
 	tx, err := pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 	if err != nil {
@@ -86,8 +84,8 @@ func jobsUnfinished(ctx context.Context, pool *pgxpool.Pool) (unfinished bool, e
 }
 
 // loadJobs is the burn-down: -events no-op jobs inserted, then worked to
-// empty. The clock runs as outboxd load's does in its jobs mode: from the
-// child's start until no job is left to run, polled every 50 ms.
+// empty. The clock runs from the child's start until no job is left to
+// run, polled every 50 ms.
 func loadJobs(ctx context.Context, cfg loadConfig, pool *pgxpool.Pool, stdout, stderr io.Writer) error {
 	if err := insertBulk(ctx, pool, cfg.Events, func(i int) river.JobArgs { return noopArgs{Num: i + 1} }); err != nil {
 		return err
@@ -143,7 +141,7 @@ func newSecret() ([]byte, string) {
 // loadDrain queues -events webhook jobs, one per event for the one
 // endpoint, then starts the sender and times their delivery to the
 // receiver, from the child's start to the last distinct webhook-id
-// received, as outboxd load's drain mode does.
+// received, as bench/load's drain mode does.
 func loadDrain(ctx context.Context, cfg loadConfig, pool *pgxpool.Pool, stdout, stderr io.Writer) error {
 	secret, encoded := newSecret()
 	recv, err := startReceiver(secret)
@@ -177,7 +175,7 @@ func loadDrain(ctx context.Context, cfg loadConfig, pool *pgxpool.Pool, stdout, 
 }
 
 // loadKeepUp starts the sender, runs the producers for -duration, then
-// waits for the backlog to drain, as outboxd load's keepup mode does.
+// waits for the backlog to drain, as bench/load's keepup mode does.
 func loadKeepUp(ctx context.Context, cfg loadConfig, pool *pgxpool.Pool, stdout, stderr io.Writer) error {
 	if cfg.BusinessRow {
 		if _, err := pool.Exec(ctx, businessTable); err != nil {
@@ -250,7 +248,7 @@ VALUES ($1, $2, $3)`
 // produce commits one job a transaction on cfg.Producers connections for
 // cfg.Duration, at cfg.Rate jobs/s over all of them (0: as fast as the
 // database commits), each through InsertTx, and returns how many committed
-// and how long it took. It paces as outboxd load does: a ticker per
+// and how long it took. It paces as bench/load does: a ticker per
 // producer, the producers' ticks spread evenly over one interval.
 func produce(ctx context.Context, cfg loadConfig, pool *pgxpool.Pool) (int64, time.Duration, error) {
 	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Logger: quietLogger(io.Discard)})

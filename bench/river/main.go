@@ -1,5 +1,5 @@
 // Command riverbench runs River (github.com/riverqueue/river), the Go job
-// queue on PostgreSQL, through the work `outboxd load` measures, so that the
+// queue on PostgreSQL, through the work bench/load measures, so that the
 // two can be compared side by side on one server:
 //
 //	riverbench load -mode jobs    N no-op jobs inserted, then worked to empty
@@ -7,9 +7,9 @@
 //	riverbench load -mode keepup  producers commit jobs while they are delivered
 //	riverbench compare            both systems, alternating, and a table
 //
-// Its output lines read like outboxd load's, so one parser reads both.
+// Its output lines read like bench/load's, so one parser reads both.
 // The River client runs in a child process (`riverbench work`), as outboxd
-// runs under `outboxd load`, so its peak memory is its own. README.md says
+// runs under bench/load, so its peak memory is its own. README.md says
 // what each mode measures and what is the same for both systems.
 package main
 
@@ -117,7 +117,7 @@ func parseLoadConfig(command string, args []string, getenv func(string) string, 
 	fs.IntVar(&cfg.Producers, "producers", cfg.Producers, "keepup: producer connections, each committing one job a transaction")
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "keepup: how long the producers run")
 	fs.Float64Var(&cfg.Rate, "rate", cfg.Rate, "keepup: jobs per second over all producers; 0 is as fast as the database commits")
-	fs.BoolVar(&cfg.BusinessRow, "business-row", cfg.BusinessRow, "keepup: each producer transaction also inserts a row into a plain table (outboxd load's producers insert none)")
+	fs.BoolVar(&cfg.BusinessRow, "business-row", cfg.BusinessRow, "keepup: each producer transaction also inserts a row into a plain table (bench/load's producers insert none)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}

@@ -53,7 +53,7 @@ func (r *receiver) serve(w http.ResponseWriter, req *http.Request) {
 	}
 	// The body's timestamp is the event's (or job's) created_at: the
 	// producing transaction's now(), so this is commit to first 2xx plus
-	// the transaction's own length, as outboxd load measures it.
+	// the transaction's own length, as bench/load measures it.
 	var msg struct {
 		Timestamp time.Time `json:"timestamp"`
 	}
@@ -105,7 +105,7 @@ func (r *receiver) AwaitUnique(ctx context.Context, n int64, timeout time.Durati
 }
 
 // Percentiles are p50, p95, p99 and max of commit-to-first-2xx latency,
-// by the nearest-rank method as outboxd load computes them.
+// by the nearest-rank method as bench/load computes them.
 func (r *receiver) Percentiles() [4]time.Duration {
 	r.mu.Lock()
 	l := slices.Clone(r.latencies)

@@ -80,7 +80,7 @@ type webhookArgs struct {
 
 func (webhookArgs) Kind() string { return "webhook" }
 
-// loadPayload is the payload outboxd load records with every event.
+// loadPayload is the payload bench/load records with every event.
 var loadPayload = json.RawMessage(`{"load":true}`)
 
 // insertBatch is `river bench`'s insert batch: InsertMany of 5,000 jobs a

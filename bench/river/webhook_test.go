@@ -41,7 +41,7 @@ func TestSignatureMatchesReferenceVector(t *testing.T) {
 	}
 }
 
-// The body outboxd's encodeWebhookBody writes for outboxd load's event:
+// The body outboxd's encodeWebhookBody writes for bench/load's event:
 // the same field order, no HTML escaping, no trailing newline.
 func TestBodyIsOutboxdsBody(t *testing.T) {
 	created := time.Date(2026, 1, 2, 3, 4, 5, 123456000, time.FixedZone("x", 3600))

@@ -1,0 +1,211 @@
+// cpu.go: what a phase of a run costs in CPU time, of the outboxd
+// processes and of the PostgreSQL backends serving the run's database,
+// and how busy the machine was, read from /proc (Linux).
+
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// cpuMeter adds up the CPU time one phase of a run costs: that of the
+// outboxd processes under test and of the PostgreSQL backends serving the
+// run's database, read from /proc. On a shared machine a rate moves with
+// whatever else runs; the CPU time a phase costs moves far less, so two
+// builds compare by it as well as by their rates. It needs Linux and the server on this machine; elsewhere it
+// reports nothing.
+//
+// A backend's time counts from the phase's start (its time then is the
+// baseline) to its last sample: the meter samples every cpuSampleEvery,
+// so a connection the pool closes mid-phase keeps nearly all it spent.
+// The server's own processes (WAL writer, checkpointer) are not counted,
+// nor the generator's own process; its producers' backends are.
+type cpuMeter struct {
+	db        *sql.DB
+	stop      chan struct{}
+	done      chan struct{}
+	mu        sync.Mutex            // protects the fields below
+	processes []int                 // outboxd's pids, added once started
+	base      map[int]time.Duration // backends' CPU time at the start
+	last      map[int]time.Duration // every pid's CPU time at its last sample
+}
+
+// cpuSampleEvery is how often the meter reads /proc.
+const cpuSampleEvery = 250 * time.Millisecond
+
+// backendPIDsSQL lists the client backends of the run's database.
+const backendPIDsSQL = `
+SELECT pid FROM pg_stat_activity
+WHERE datname = current_database()
+  AND backend_type = 'client backend'
+  AND pid <> pg_backend_pid()`
+
+// startCPUMeter takes the baseline and starts sampling.
+func startCPUMeter(ctx context.Context, db *sql.DB) *cpuMeter {
+	m := &cpuMeter{db: db, stop: make(chan struct{}), done: make(chan struct{}),
+		base: map[int]time.Duration{}, last: map[int]time.Duration{}}
+	pids, _ := backendPIDs(ctx, db)
+	for _, pid := range pids {
+		if t, ok := readCPUTime(pid); ok {
+			m.base[pid] = t
+		}
+	}
+	go func() {
+		defer close(m.done)
+		tick := time.NewTicker(cpuSampleEvery)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-m.stop:
+				return
+			case <-tick.C:
+				m.sample(ctx)
+			}
+		}
+	}()
+	return m
+}
+
+// backendPIDs runs backendPIDsSQL.
+func backendPIDs(ctx context.Context, db *sql.DB) ([]int, error) {
+	rows, err := db.QueryContext(ctx, backendPIDsSQL)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var pids []int
+	for rows.Next() {
+		var pid int
+		if err := rows.Scan(&pid); err != nil {
+			return nil, err
+		}
+		pids = append(pids, pid)
+	}
+	return pids, rows.Err()
+}
+
+// addProcess counts an outboxd process from now on: what it spent
+// before (its start, or a phase before this one) is its baseline.
+func (m *cpuMeter) addProcess(pid int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.processes = append(m.processes, pid)
+	if t, ok := readCPUTime(pid); ok {
+		m.base[pid] = t
+	}
+}
+
+func (m *cpuMeter) sample(ctx context.Context) {
+	pids, err := backendPIDs(ctx, m.db)
+	if err != nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, pid := range append(pids, m.processes...) {
+		if t, ok := readCPUTime(pid); ok {
+			m.last[pid] = t
+		}
+	}
+}
+
+// Stop takes a last sample and reports the phase's CPU time: outboxd's
+// and the backends'; ok is false where /proc had neither (a server on
+// another machine leaves the backends' at zero).
+func (m *cpuMeter) Stop(ctx context.Context) (outboxd, backends time.Duration, ok bool) {
+	close(m.stop)
+	<-m.done
+	m.sample(ctx)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for pid, t := range m.last {
+		if slices.Contains(m.processes, pid) {
+			outboxd += t - m.base[pid]
+		} else {
+			backends += t - m.base[pid]
+		}
+	}
+	return outboxd, backends, outboxd > 0 && backends > 0
+}
+
+// Report is the line a mode prints after its rate: the phase's CPU time
+// in all and per unit of work (an event, a job).
+func (m *cpuMeter) Report(ctx context.Context, units int, unit string) string {
+	outboxd, backends, ok := m.Stop(ctx)
+	if !ok {
+		return "CPU time: unknown (no /proc for outboxd or the server's backends)"
+	}
+	total := outboxd + backends
+	return fmt.Sprintf("CPU time: outboxd %.2f s, PostgreSQL backends %.2f s: %.3f ms per %s",
+		outboxd.Seconds(), backends.Seconds(), float64(total.Microseconds())/1000/float64(units), unit)
+}
+
+// clockTicksPerSecond is Linux's USER_HZ, the unit of /proc/PID/stat's
+// times: 100 on every architecture Go supports there.
+const clockTicksPerSecond = 100
+
+// readCPUTime is a process's user and system time so far, from
+// /proc/PID/stat; its fields 14 and 15, counted after the command name,
+// which is in parentheses and may hold spaces.
+func readCPUTime(pid int) (time.Duration, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	return parseCPUTime(string(b))
+}
+
+// parseCPUTime reads the user and system time of a /proc/PID/stat line.
+func parseCPUTime(stat string) (time.Duration, bool) {
+	end := strings.LastIndexByte(stat, ')')
+	if end < 0 {
+		return 0, false
+	}
+	fields := strings.Fields(stat[end+1:]) // from field 3, the state
+	if len(fields) < 13 {
+		return 0, false
+	}
+	utime, err1 := strconv.ParseInt(fields[11], 10, 64)
+	stime, err2 := strconv.ParseInt(fields[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, false
+	}
+	return time.Duration(utime+stime) * time.Second / clockTicksPerSecond, true
+}
+
+// machineCPU reads the machine's CPU time from /proc/stat: the time every
+// CPU was busy and the time that passed on all of them together, in clock
+// ticks; ok false where there is no /proc. Two readings give the share of
+// the machine a phase kept busy, whoever kept it so.
+func machineCPU() (busy, total int64, ok bool) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0, false
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	fields := strings.Fields(line)
+	if len(fields) < 5 || fields[0] != "cpu" {
+		return 0, 0, false
+	}
+	for i, f := range fields[1:] {
+		n, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			return 0, 0, false
+		}
+		total += n
+		if i != 3 && i != 4 { // idle and iowait
+			busy += n
+		}
+	}
+	return busy, total, true
+}
