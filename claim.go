@@ -9,7 +9,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"log/slog"
 	"maps"
 	"slices"
 	"sync"
@@ -77,7 +76,6 @@ type claimer struct {
 	// (replicas.go); nil claims under no id, rescued by the horizon alone.
 	replica *replicaRegistry
 	pool    jobStarter
-	logger  *slog.Logger
 
 	slots     chan struct{} // one token per running batch
 	slotFreed chan struct{} // poked when a slot frees
@@ -109,11 +107,10 @@ type jobStarter interface {
 	start(batch []Job)
 }
 
-func newClaimer(db *sql.DB, slots int, pool jobStarter, logger *slog.Logger) *claimer {
+func newClaimer(db *sql.DB, slots int, pool jobStarter) *claimer {
 	return &claimer{
 		db:        db,
 		pool:      pool,
-		logger:    logger,
 		slots:     make(chan struct{}, slots),
 		slotFreed: make(chan struct{}, 1),
 		answered:  answeredJobs{ids: map[int64]struct{}{}},

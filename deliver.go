@@ -1,7 +1,7 @@
 // deliver.go: the job table's workers, which claim due jobs and run each
 // through the handler of its kind (webhook.go, ownernotify.go, or an
-// in-process subscriber's transaction); outcome.go decides and writes what
-// each attempt's result means.
+// in-process subscriber's transaction); outcome.go decides what each
+// attempt's result means, and the completer (completer.go) writes it.
 //
 // Guarantees (docs/guarantees.md, hop 4):
 //   - No transaction is open across a job's run: a claim commits, the job
@@ -101,7 +101,7 @@ func newWorkerPool(db *sql.DB, cfg WorkerConfig, grace time.Duration, subs *subs
 		logger:      logger,
 		recorded:    make(chan struct{}, 1),
 	}
-	p.claimer = newClaimer(db, cfg.Concurrency, p, logger)
+	p.claimer = newClaimer(db, cfg.Concurrency, p)
 	p.completer = newCompleter(db, cfg.BreakerThreshold, cfg.Concurrency, &p.claimer.answered, p.recorded, logger)
 	return p
 }

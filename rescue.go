@@ -9,8 +9,8 @@
 //     running past the attempt timeout plus a margin is one no live worker
 //     can still hold.
 //
-// Either way a late outcome from that worker changes nothing (outcome.go
-// fences outcomes on the attempt number), and a replica declared dead
+// Either way a late outcome from that worker changes nothing (the
+// completer fences outcomes on the attempt number), and a replica declared dead
 // claims nothing more under its id (outbox.claim_jobs).
 
 package main
@@ -79,7 +79,7 @@ const rescueBatch = 1000
 // rescueSetSQL is what both rescues do to a job no worker holds: retryable
 // now, or discarded if that was its last attempt, with why (errorSQL, an
 // expression of the statement) appended to its errors. The attempt stays
-// spent: a late outcome of it is fenced out (deliver.go).
+// spent: a late outcome of it is fenced out (outbox.record_outcomes).
 func rescueSetSQL(errorSQL string) string {
 	return `SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'discarded'
                  ELSE 'retryable' END::outbox.job_state,

@@ -604,7 +604,7 @@ $$;
 -- webhook-dedup-window (outboxd's own header, webhook.go): how long after a
 -- first delivery the receiver still recognises a second one, in seconds,
 -- and when an answer last said so. The completer writes it with the
--- attempt (outcome.go), on a change and at most hourly otherwise; an answer
+-- attempt (record_outcomes), on a change and at most hourly otherwise; an answer
 -- without the header leaves it, and a new URL clears it. NULL: never
 -- advertised. Replays and retries by hand to the endpoint are clamped to it
 -- (replay.go), and the overview alerts while it is shorter than this
@@ -638,7 +638,7 @@ $$;
 --                         limit; the claim advances it by 1/rate for every
 --                         job it takes (GCRA's theoretical arrival time).
 --   consecutive_failures  attempts failed since the last success; the
---                         completer counts them (outcome.go).
+--                         completer counts them (record_outcomes).
 --   breaker_opened_at     set by the completer when consecutive_failures
 --                         reaches -breaker-threshold (5), cleared by the
 --                         next success. While open: one attempt at a time,
@@ -891,7 +891,7 @@ $$;
 -- jobs_waiting_without_endpoint, jobs_running_by_endpoint,
 -- jobs_running_replay_by_endpoint: schema_indexes.sql.
 
--- claim_jobs is the workers' claim (deliver.go). It takes up to batch due
+-- claim_jobs is the workers' claim (claim.go). It takes up to batch due
 -- jobs, marks them running with their next attempt number, and returns
 -- each with its event and, for a delivery, its endpoint as it is at the
 -- claim, so an attempt costs no second query.
@@ -1492,8 +1492,8 @@ $$;
 -- Then the ordered lanes that got deliveries advance (advance_lanes), so a
 -- delivery is never held behind nothing. The commit does not wait for the
 -- WAL to reach the disk: a crash before the flush rolls the transaction
--- back whole, and the events are claimed again (relay.go says why that
--- loses nothing). The parameters are named in_*, so that no name in the
+-- back whole, and the events are claimed again (database.go,
+-- beginPipelineTx, says why that loses nothing). The parameters are named in_*, so that no name in the
 -- statement can be taken for one of them; the plan is kept for the
 -- session (force_generic_plan), the statement being the same every pass.
 DROP FUNCTION IF EXISTS outbox.fan_out(integer, jsonb, integer, double precision);
@@ -1688,7 +1688,7 @@ CREATE TABLE IF NOT EXISTS outbox.deliveries (
 -- One row per endpoint and minute in which a request was made to it: the
 -- attempts, their outcomes by class, and the time from each delivered
 -- event's commit to its first 2xx, counted into fixed buckets. The
--- completers write it (outcome.go, writeDeliveryStats) in the transaction
+-- completers write it (record_outcomes) in the transaction
 -- that records the attempts' outcomes, with one INSERT ... ON CONFLICT DO
 -- UPDATE per batch that adds to the row of each endpoint and minute, so
 -- every replica's workers add to the same rows and the numbers survive a
@@ -2327,7 +2327,7 @@ CREATE TABLE IF NOT EXISTS outbox.alert_acks (
 --   operator  POST .../disable (endpoints.go). An operator's disable of an
 --             endpoint already disabled keeps its first reason and time,
 --             and becomes the cause: the endpoint stays off until enabled.
---   gone      the receiver answered 410 Gone (outcome.go), to a delivery or
+--   gone      the receiver answered 410 Gone (record_outcomes), to a delivery or
 --             to a probe.
 --   failure   failing continuously for -endpoint-disable-after (5 days;
 --             retention.go).

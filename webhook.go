@@ -1,7 +1,7 @@
 // webhook.go: the job handler for kind "webhook": one signed POST of one
 // event to one endpoint (or, for a mailto: endpoint, one mail), and the
 // rules that turn its answer into the job's outcome and the endpoint's
-// state, which outcome.go writes.
+// state, which the completer writes (completer.go).
 //
 // Guarantees (docs/guarantees.md, hops 4 to 7):
 //   - webhook-id is the event id, the same on every attempt and replay, so a
@@ -9,7 +9,7 @@
 //   - No transaction is open across the request: the endpoint is read with
 //     the claim, the request sent, then the completer writes the job's
 //     outcome, the attempt and the endpoint's new state in one short
-//     transaction (outcome.go).
+//     transaction (completer.go).
 //   - A delivery to an endpoint that is disabled or was deleted ends
 //     discarded without a request, with the reason kept.
 //   - Mail: send, then mark. SMTP has no idempotency key, so a crash
