@@ -248,10 +248,24 @@ type healthRow struct {
 	HoldMS    int64 `json:"hold_ms"`
 }
 
-// windowRow is the dedup window an endpoint's receiver advertised.
+// windowRow is the dedup window an endpoint's receiver advertised in a
+// 2xx answer; Seconds nil: the answer advertised none, which clears it.
 type windowRow struct {
-	ID      int64 `json:"id"`
-	Seconds int64 `json:"seconds"`
+	ID      int64  `json:"id"`
+	Seconds *int64 `json:"seconds"`
+}
+
+// noteWindow keeps in windows what rec's answer said of its receiver's
+// dedup window, if it said anything (a 2xx). Of two answers in one batch,
+// the shorter window wins, and any window over none: the one that bounds
+// resends more (resendCutoff), while the receivers behind one URL differ.
+func noteWindow(windows map[int64]time.Duration, rec *attemptRecord) {
+	if !rec.DedupWindowRead {
+		return
+	}
+	if w, seen := windows[rec.EndpointID]; !seen || (rec.DedupWindow > 0 && (w == 0 || rec.DedupWindow < w)) {
+		windows[rec.EndpointID] = rec.DedupWindow
+	}
 }
 
 // newOutcomeRows turns a batch, in completion order, into rows.
@@ -282,9 +296,7 @@ func newOutcomeRows(batch []jobResult) outcomeRows {
 			h.add(rec.Change, rec.Hold)
 		}
 		gone[rec.EndpointID] = gone[rec.EndpointID] || rec.Change == endpointGone
-		if rec.DedupWindow > 0 {
-			windows[rec.EndpointID] = rec.DedupWindow
-		}
+		noteWindow(windows, rec)
 	}
 	for _, id := range slices.Sorted(maps.Keys(health)) {
 		// A gone endpoint is disabled, with failing_since, in one change:
@@ -299,7 +311,11 @@ func newOutcomeRows(batch []jobResult) outcomeRows {
 		}
 	}
 	for _, id := range slices.Sorted(maps.Keys(windows)) {
-		rows.Windows = append(rows.Windows, windowRow{id, int64(windows[id] / time.Second)})
+		row := windowRow{ID: id}
+		if w := windows[id]; w > 0 {
+			row.Seconds = new(int64(w / time.Second))
+		}
+		rows.Windows = append(rows.Windows, row)
 	}
 	return rows
 }

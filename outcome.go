@@ -133,8 +133,12 @@ type deliveryAttempt struct {
 	Error           string
 	ResponseExcerpt string
 	// DedupWindow is the receiver's dedup window a 2xx answer advertised
-	// (webhook-dedup-window); 0: none, and the endpoint's stays as it is.
-	DedupWindow time.Duration
+	// (webhook-dedup-window), and DedupWindowRead says the attempt had
+	// such an answer: then a DedupWindow of 0 says the receiver advertises
+	// none, and the endpoint's is cleared. Without one (no 2xx: an error
+	// page may come from a proxy) the endpoint's stays as it is.
+	DedupWindow     time.Duration
+	DedupWindowRead bool
 	// Hold is how long the answer asked the whole endpoint to wait (a 429
 	// or 503 with Retry-After); 0: no hold.
 	Hold time.Duration

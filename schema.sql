@@ -604,10 +604,12 @@ $$;
 -- webhook-dedup-window (outboxd's own header, webhook.go): how long after a
 -- first delivery the receiver still recognises a second one, in seconds,
 -- and when an answer last said so. The completer writes it with the
--- attempt (record_outcomes), on a change and at most hourly otherwise; an answer
--- without the header leaves it, and a new URL clears it. NULL: never
--- advertised. Replays and retries by hand to the endpoint are clamped to it
--- (replay.go), and the overview alerts while it is shorter than this
+-- attempt (record_outcomes), on a change and at most hourly otherwise; a
+-- 2xx without the header clears it, and so does a new URL; any other
+-- answer leaves it. NULL: none advertised. Replays and retries by hand to
+-- the endpoint are clamped to it (replay.go), a delivery that may have
+-- reached the receiver before is not sent again past it (outbox.claim_jobs,
+-- resend.go), and the overview alerts while it is shorter than this
 -- sender's resend horizon.
 ALTER TABLE outbox.endpoints
   ADD COLUMN IF NOT EXISTS dedup_window_seconds bigint,
@@ -1966,10 +1968,13 @@ BEGIN
       AND ep.disabled_at IS NULL;
   END IF;
 
+  -- A window row's seconds is NULL for a 2xx that advertised none: the
+  -- receiver no longer promises one, and its stored window goes. None
+  -- stored and none advertised writes nothing.
   IF json_array_length(in_windows) > 0 THEN
     UPDATE outbox.endpoints AS ep
     SET dedup_window_seconds = w.seconds,
-        dedup_window_seen_at = now()
+        dedup_window_seen_at = CASE WHEN w.seconds IS NOT NULL THEN now() END
     FROM json_to_recordset(in_windows) AS w(id bigint, seconds bigint)
     WHERE ep.id = w.id
       AND (ep.dedup_window_seconds IS DISTINCT FROM w.seconds

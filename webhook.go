@@ -243,7 +243,7 @@ func (s *webhookSender) deliver(ctx context.Context, job Job) error {
 	if change == endpointSucceeded {
 		// Only an answer that accepted the webhook speaks for the
 		// receiver's dedup: an error page may come from a proxy.
-		attempt.DedupWindow = parseDedupWindow(ans.dedupWindow)
+		attempt.DedupWindow, attempt.DedupWindowRead = parseDedupWindow(ans.dedupWindow), true
 		attempt.CommitTo2xx = time.Since(job.Event.CreatedAt)
 	}
 	attempt.Hold = endpointHold(ans.status, outcome)
