@@ -47,6 +47,13 @@ type Job struct {
 	// place waits for the next claim, or replayYield for one of its own
 	// (outbox.claim_jobs, replay_yields).
 	yieldsToLive bool
+	// resendWindow is, for a delivery that may have reached its receiver
+	// before (an earlier attempt, or a replay's), the dedup window the
+	// receiver advertised; 0 otherwise. claimedAt is the claim's time by
+	// the database's clock, the one that stamped Event.CreatedAt. Together
+	// they say whether the attempt would come too late (resendTooLate).
+	resendWindow time.Duration
+	claimedAt    time.Time
 	Event        Event
 }
 
@@ -269,7 +276,8 @@ const claimedColumns = `
        event_id, topic, subject, payload, created_at,
        traceparent, tracestate,
        url, secret, previous_secret, disabled_reason,
-       start_in_ms, wake_on_outcome, replay_yields`
+       start_in_ms, wake_on_outcome, replay_yields,
+       resend_window_seconds, claimed_at`
 
 // claim takes up to n due jobs in one statement, under this process's
 // replica id. Without one (declared dead, not registered again yet) it
@@ -334,10 +342,11 @@ func scanClaimedJob(row rowScanner, sent time.Time) (Job, error) {
 // job has none.
 type claimedRow struct {
 	id, attempt, maxAttempts, endpointID, eventID, startInMS sql.NullInt64
+	resendWindowSeconds                                      sql.NullInt64
 	kind, topic, subject, url                                sql.NullString
 	traceparent, tracestate, disabledReason                  *string
 	payload, secret, previous                                []byte
-	createdAt                                                sql.NullTime
+	createdAt, claimedAt                                     sql.NullTime
 	wakeOnOutcome, yieldsToLive                              sql.NullBool
 }
 
@@ -346,7 +355,8 @@ func (r *claimedRow) dest() []any {
 	return []any{&r.id, &r.kind, &r.attempt, &r.maxAttempts, &r.endpointID,
 		&r.eventID, &r.topic, &r.subject, &r.payload, &r.createdAt,
 		&r.traceparent, &r.tracestate,
-		&r.url, &r.secret, &r.previous, &r.disabledReason, &r.startInMS, &r.wakeOnOutcome, &r.yieldsToLive}
+		&r.url, &r.secret, &r.previous, &r.disabledReason, &r.startInMS, &r.wakeOnOutcome, &r.yieldsToLive,
+		&r.resendWindowSeconds, &r.claimedAt}
 }
 
 // job is the row as a Job claimed by a statement sent at sent, and
@@ -363,6 +373,8 @@ func (r *claimedRow) job(sent time.Time) (Job, bool) {
 		EndpointID:    r.endpointID.Int64,
 		wakeOnOutcome: r.wakeOnOutcome.Bool,
 		yieldsToLive:  r.yieldsToLive.Bool,
+		resendWindow:  time.Duration(r.resendWindowSeconds.Int64) * time.Second,
+		claimedAt:     r.claimedAt.Time,
 		Event: Event{
 			ID:          r.eventID.Int64,
 			Topic:       r.topic.String,

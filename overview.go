@@ -577,14 +577,18 @@ func endpointDisabledAlert(_ AlertConfig, o Overview, at alertStarts) []Alert {
 
 // endpointPausedAlert fires for as long as any endpoint is paused: a pause
 // has no end of its own, and the deliveries it holds, and the events
-// retention keeps for them, grow until someone resumes.
+// retention keeps for them, grow until someone resumes. It names the risk
+// of a long one: a delivery held past its receiver's dedup window is not
+// sent (resendTooLate, resend.go).
 func endpointPausedAlert(_ AlertConfig, o Overview, at alertStarts) []Alert {
 	if o.Endpoints.Paused <= 0 {
 		return nil
 	}
 	return []Alert{{
 		Message: fmt.Sprintf("%d endpoints are paused, holding %d deliveries (and their events, which retention keeps until they are delivered); "+
-			"resume them, or disable them to end what they hold", o.Endpoints.Paused, o.Endpoints.PausedQueued),
+			"resume them, or disable them to end what they hold. A delivery that may already have reached its receiver "+
+			"and is held past the receiver's dedup window is discarded at the resume, not sent twice",
+			o.Endpoints.Paused, o.Endpoints.PausedQueued),
 		Since: at.FirstPaused.Time, Level: o.Endpoints.Paused, startKnown: true,
 	}}
 }

@@ -38,6 +38,21 @@ import (
 //   - A resend, once started, retries for a whole horizon: a replayed
 //     event whose completed job the job cleaner removed (a day after it
 //     finished) gets a new job, at attempt 0.
+//   - Any of these may be held past its schedule, for as long as the hold
+//     lasts: a paused endpoint has no room in the claim until it is
+//     resumed, and an open breaker lets one attempt through at a time, so
+//     a backlog behind it waits its turn. The claim is the bound that
+//     holds whatever the hold: a delivery that may have reached the
+//     receiver before (an earlier attempt of its job, or a replay's) is
+//     not attempted once its event is older than the window the receiver
+//     advertised, or than the retry horizon if that is longer (a run of
+//     retries is never cut shorter than it would run unheld; such a
+//     window is what receiver_window_short warns of). It ends discarded
+//     without a request, saying why (resendTooLate). A first delivery
+//     goes whenever it is claimed: the receiver has no record of it to
+//     have lost, and its retries follow within a horizon of the record
+//     it makes. Toward a receiver that advertised no window the hold is
+//     not bounded: nothing is known of how long it dedupes.
 //
 // A sender's resend horizon is therefore its events retention plus the
 // retry horizon of its attempts (resendHorizon), and a receiver's window
@@ -103,6 +118,37 @@ func resendCutoff(now time.Time, eventsRetention time.Duration, maxAttempts int,
 		}
 	}
 	return from, why, bounded
+}
+
+// resendDeadline is how old an event may be when a delivery of it that
+// may have reached its receiver is attempted again, toward a receiver
+// that advertised window (0: none, and no bound, which 0 returns too):
+// the window, within which the receiver still holds its record of the
+// earlier attempt (a record made no earlier than the event), or the
+// retry horizon of maxAttempts if that is longer.
+func resendDeadline(window time.Duration, maxAttempts int) time.Duration {
+	if window <= 0 {
+		return 0
+	}
+	return max(window, retryHorizon(maxAttempts))
+}
+
+// resendTooLate says why job, a claimed delivery, must not be sent (nil:
+// send it): it may have reached its receiver before, and its event is
+// older than resendDeadline allows, by the claim's clock.
+func resendTooLate(job Job) error {
+	deadline := resendDeadline(job.resendWindow, job.MaxAttempts)
+	age := job.claimedAt.Sub(job.Event.CreatedAt)
+	if deadline == 0 || age < deadline {
+		return nil
+	}
+	past := "that window"
+	if deadline > job.resendWindow {
+		past = fmt.Sprintf("the retry horizon (%s), which is longer", deadline.Round(time.Second))
+	}
+	return fmt.Errorf("not sent: an earlier attempt may have reached the receiver, which recognises a redelivery for %s (its %s), "+
+		"and event %d was recorded %s ago, past %s, so this attempt could be recorded twice",
+		job.resendWindow, headerDedupWindow, job.Event.ID, age.Round(time.Second), past)
 }
 
 // databaseNow is the database's clock, the one that stamps created_at,

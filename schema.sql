@@ -985,9 +985,15 @@ $$;
 -- claimed_job is a claimed job as the workers run it: the job, its event
 -- and, for a delivery, its endpoint; start_in_ms is its place in its
 -- endpoint's rate limit, wake_on_outcome and replay_yields what its end
--- must do for the next claim (below). claim_jobs returns it, and
--- fan_out_and_claim an array of it; the workers read it as one column list
--- (claim.go, claimedColumns).
+-- must do for the next claim (below). resend_window_seconds is, for a
+-- delivery that may have reached its receiver before (an earlier attempt,
+-- or a replay's), the dedup window the receiver advertised (NULL: none,
+-- or a first delivery), and claimed_at the claim's now(), the clock of
+-- created_at: a resend past the window is not sent (resend.go,
+-- resendTooLate). claim_jobs returns it, and fan_out_and_claim an array
+-- of it; the workers read it as one column list (claim.go,
+-- claimedColumns), by name, so attributes added at its end leave a
+-- previous release's reads as they were.
 DO $$
 BEGIN
   IF to_regtype('outbox.claimed_job') IS NULL THEN
@@ -997,7 +1003,16 @@ BEGIN
       event_id bigint, topic text, subject text, payload jsonb, created_at timestamptz,
       traceparent text, tracestate text,
       url text, secret bytea, previous_secret bytea, disabled_reason text,
-      start_in_ms integer, wake_on_outcome boolean, replay_yields boolean);
+      start_in_ms integer, wake_on_outcome boolean, replay_yields boolean,
+      resend_window_seconds bigint, claimed_at timestamptz);
+  END IF;
+  IF NOT EXISTS (SELECT 1
+                 FROM pg_attribute
+                 WHERE attrelid = (SELECT typrelid FROM pg_type WHERE oid = 'outbox.claimed_job'::regtype)
+                   AND attname = 'resend_window_seconds') THEN
+    ALTER TYPE outbox.claimed_job
+      ADD ATTRIBUTE resend_window_seconds bigint,
+      ADD ATTRIBUTE claimed_at timestamptz;
   END IF;
 END
 $$;
@@ -1215,7 +1230,7 @@ BEGIN
       LIMIT batch
     ))
     RETURNING j.id, j.kind, j.attempt, j.max_attempts, j.endpoint_id, j.event_id,
-              j.replay_id, j.lane_key
+              j.replay_id, j.lane_key, j.attempted_at
   ),
   -- Whether the claim filled what it could take: each endpoint's room
   -- and replay room, and the subscribers' share of the batch. A job
@@ -1273,7 +1288,12 @@ BEGIN
            OR CASE WHEN c.endpoint_id IS NULL THEN sf.full
                    ELSE coalesce(fl.room_full OR (c.replay_id IS NOT NULL AND fl.replay_full AND NOT fl.narrowed), true)
               END,
-         c.replay_id IS NOT NULL AND coalesce(fl.narrowed, false)
+         c.replay_id IS NOT NULL AND coalesce(fl.narrowed, false),
+         -- A first attempt of a live delivery cannot be a duplicate:
+         -- no earlier request of it exists. A replay's may resend what
+         -- an earlier job delivered.
+         CASE WHEN c.attempt > 1 OR c.replay_id IS NOT NULL THEN ep.dedup_window_seconds END,
+         c.attempted_at
   FROM claimed AS c
   JOIN outbox.events AS e ON e.id = c.event_id
   CROSS JOIN subscribers_filled AS sf

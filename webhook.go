@@ -211,6 +211,9 @@ func (s *webhookSender) deliver(ctx context.Context, job Job) error {
 	if ep.DisabledReason != nil {
 		return s.notSent(job, fmt.Errorf("endpoint %d is disabled (%s); not sent", job.EndpointID, *ep.DisabledReason))
 	}
+	if err := resendTooLate(job); err != nil {
+		return s.notSent(job, err)
+	}
 	// The transport follows the endpoint's URL as it is now, so a queued
 	// delivery follows a PATCH from https: to mailto: or back.
 	if strings.HasPrefix(ep.URL, mailtoPrefix) {
