@@ -192,13 +192,15 @@ func defaultConfig() Config {
 }
 
 // derive sets the settings that follow from others: the inbox window,
-// unless it was given, and the resend horizon the receiver_window_short
-// alert holds receivers' windows against.
+// unless it was given, the resend horizon the receiver_window_short
+// alert holds receivers' windows against, and the retention interval
+// retention_failed awaits cycles by.
 func (c *Config) derive(inboxGiven bool) {
 	if !inboxGiven {
 		c.Retention.Inbox = c.defaultInboxRetention()
 	}
 	c.Alerts.ResendHorizon = resendHorizon(c.Retention.Events, c.Workers.MaxAttempts)
+	c.Alerts.RetentionInterval = c.Retention.Interval
 }
 
 // derivePoolMode sets what transaction mode changes (notify.go, the pool

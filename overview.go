@@ -35,6 +35,11 @@ type AlertConfig struct {
 	// attempts, not a setting of its own: receiver_window_short fires for
 	// an endpoint whose receiver advertises a dedup window it outlasts.
 	ResendHorizon time.Duration
+	// RetentionInterval is the retention sweep's cadence
+	// (-retention-interval), not a setting of its own: retention_failed
+	// fires when no cycle has completed for retentionStaleIntervals of
+	// it. 0: no sweeps are expected, and none is missed.
+	RetentionInterval time.Duration
 }
 
 // bloatMinDeadRows is the least dead rows a table_bloat alert is raised
@@ -57,6 +62,16 @@ type Overview struct {
 	TableBytes               TableBytes     `json:"table_bytes"`
 	Tables                   []TableHealth  `json:"tables"`
 	OldestXactAgeSeconds     float64        `json:"oldest_xact_age_seconds"`
+	// OldestPreparedXact is the oldest transaction of this database
+	// prepared for two-phase commit (nil: none). Until it is committed or
+	// rolled back it holds back vacuum as an open one does, and no session
+	// shows it: it outlives the session that prepared it, and restarts.
+	OldestPreparedXact *PreparedXact `json:"oldest_prepared_xact"`
+	// ReplicationSlots are the cluster's slots that keep an xmin or a
+	// catalog_xmin, the oldest first, at most maxListedSlots: a slot's
+	// xmin holds back vacuum in every database, its catalog_xmin (a
+	// logical slot's) the system catalogs', for as long as it stays.
+	ReplicationSlots []SlotHold `json:"replication_slots"`
 	// NotifyQueueUsage is the share (0..1) of PostgreSQL's 8 GB NOTIFY queue
 	// in use. A full queue makes every transaction that notifies fail at
 	// COMMIT, and outbox.record notifies: business writes would fail. It
@@ -135,6 +150,28 @@ type TableHealth struct {
 	IndexBytes     int64      `json:"index_bytes"`
 	TotalBytes     int64      `json:"total_bytes"`
 }
+
+// PreparedXact is a transaction prepared for two-phase commit.
+type PreparedXact struct {
+	GID        string  `json:"gid"`
+	AgeSeconds float64 `json:"age_seconds"`
+}
+
+// SlotHold is a replication slot that holds back vacuum's horizon. Ages
+// are in transactions (PostgreSQL's age()), nil for what the slot does
+// not keep: a slot records no time, and until PostgreSQL 17 not even
+// since when it is unused.
+type SlotHold struct {
+	Name           string `json:"name"`
+	Type           string `json:"type"` // physical or logical
+	Active         bool   `json:"active"`
+	XminAge        *int64 `json:"xmin_age"`
+	CatalogXminAge *int64 `json:"catalog_xmin_age"`
+}
+
+// maxListedSlots bounds the overview's list of slots: a cluster has a
+// few, and the oldest come first.
+const maxListedSlots = 20
 
 // RetentionCycle is the outcome of one retention cycle.
 type RetentionCycle struct {
@@ -242,6 +279,37 @@ WHERE datname = current_database()
   AND backend_xmin IS NOT NULL
   AND pid <> pg_backend_pid()`
 
+// oldestPreparedSQL is this database's oldest prepared transaction. One
+// of another database holds back only that database's horizon, as a
+// session there does.
+const oldestPreparedSQL = `
+SELECT gid, extract(epoch FROM now() - prepared)::float8
+FROM pg_prepared_xacts
+WHERE database = current_database()
+ORDER BY prepared
+LIMIT 1`
+
+// replicationSlotsSQL lists the slots that keep an xmin or a
+// catalog_xmin, in every database of the cluster: a slot's xmin holds
+// back every database's horizon.
+const replicationSlotsSQL = `
+SELECT slot_name, slot_type, active, age(xmin), age(catalog_xmin)
+FROM pg_replication_slots
+WHERE xmin IS NOT NULL OR catalog_xmin IS NOT NULL
+ORDER BY greatest(age(xmin), age(catalog_xmin)) DESC, slot_name
+LIMIT $1`
+
+// retentionSweptSQL reads when a retention cycle last completed, by any
+// replica (the last cycle's row, and each replica's swept_at, stamped by
+// its heartbeat: one survives the other's write failing), and since when
+// the replicas running now have been up, with the clock both are stamped
+// by.
+const retentionSweptSQL = `
+SELECT now(),
+       greatest((SELECT finished_at FROM outbox.retention_last_cycle),
+                (SELECT max(swept_at) FROM outbox.replicas)),
+       (SELECT min(started_at) FROM outbox.replicas)`
+
 // readOverview gathers the overview in a read-only, repeatable-read
 // transaction, so all its numbers describe one moment, and decides the
 // alerts they raise.
@@ -257,7 +325,7 @@ func readOverview(ctx context.Context, db *sql.DB, alerts AlertConfig) (Overview
 	if err != nil {
 		return o, err
 	}
-	if err := readDatabaseHealth(ctx, tx, &o); err != nil {
+	if err := readDatabaseHealth(ctx, tx, &o, &starts); err != nil {
 		return o, err
 	}
 	o.Alerts = evaluateAlerts(alerts, o, starts)
@@ -303,9 +371,9 @@ func readPipelineState(ctx context.Context, tx *sql.Tx, o *Overview) (alertStart
 }
 
 // readDatabaseHealth reads into o how the database keeps up: the tables'
-// sizes and dead rows, the oldest snapshot holding vacuum back, the NOTIFY
-// queue, and the last retention cycle.
-func readDatabaseHealth(ctx context.Context, tx *sql.Tx, o *Overview) error {
+// sizes and dead rows, what holds vacuum back, the NOTIFY queue, and the
+// last retention cycle, with when a cycle was last seen into starts.
+func readDatabaseHealth(ctx context.Context, tx *sql.Tx, o *Overview, starts *alertStarts) error {
 	var err error
 	if o.Tables, err = readTableHealth(ctx, tx); err != nil {
 		return err
@@ -320,19 +388,63 @@ func readDatabaseHealth(ctx context.Context, tx *sql.Tx, o *Overview) error {
 			o.TableBytes.Inbox = h.TotalBytes
 		}
 	}
-	if err := tx.QueryRowContext(ctx, oldestXactSQL).Scan(&o.OldestXactAgeSeconds); err != nil {
-		return fmt.Errorf("overview: oldest transaction: %w", err)
+	if err := readHorizonHolders(ctx, tx, o); err != nil {
+		return err
 	}
 	if err := tx.QueryRowContext(ctx, `SELECT pg_notification_queue_usage()`).Scan(&o.NotifyQueueUsage); err != nil {
 		return fmt.Errorf("overview: notification queue: %w", err)
 	}
+	return readRetention(ctx, tx, o, starts)
+}
+
+// readHorizonHolders reads into o what holds back vacuum's horizon: the
+// oldest open transaction of a session, the oldest prepared transaction,
+// and the replication slots that keep an xmin.
+func readHorizonHolders(ctx context.Context, tx *sql.Tx, o *Overview) error {
+	if err := tx.QueryRowContext(ctx, oldestXactSQL).Scan(&o.OldestXactAgeSeconds); err != nil {
+		return fmt.Errorf("overview: oldest transaction: %w", err)
+	}
+	var p PreparedXact
+	err := tx.QueryRowContext(ctx, oldestPreparedSQL).Scan(&p.GID, &p.AgeSeconds)
+	switch {
+	case err == nil:
+		o.OldestPreparedXact = &p
+	case !errors.Is(err, sql.ErrNoRows):
+		return fmt.Errorf("overview: prepared transactions: %w", err)
+	}
+	if o.ReplicationSlots, err = queryAll(ctx, tx, scanSlotHold, replicationSlotsSQL, maxListedSlots); err != nil {
+		return fmt.Errorf("overview: replication slots: %w", err)
+	}
+	return nil
+}
+
+func scanSlotHold(row rowScanner) (SlotHold, error) {
+	var h SlotHold
+	err := row.Scan(&h.Name, &h.Type, &h.Active, &h.XminAge, &h.CatalogXminAge)
+	return h, err
+}
+
+// readRetention reads into o the last retention cycle, and into starts
+// since when a completed cycle is awaited: the last one's end, or the
+// oldest running replica's start if that is later (a fleet back after a
+// downtime is given its intervals, and one whose sweeps never ran is
+// judged from its start).
+func readRetention(ctx context.Context, tx *sql.Tx, o *Overview, starts *alertStarts) error {
 	var last RetentionCycle
-	err = tx.QueryRowContext(ctx, `SELECT finished_at, error FROM outbox.retention_last_cycle`).Scan(&last.FinishedAt, &last.Error)
+	err := tx.QueryRowContext(ctx, `SELECT finished_at, error FROM outbox.retention_last_cycle`).Scan(&last.FinishedAt, &last.Error)
 	switch {
 	case err == nil:
 		o.RetentionLastCycle = &last
 	case !errors.Is(err, sql.ErrNoRows):
 		return fmt.Errorf("overview: retention: %w", err)
+	}
+	var swept, up sql.NullTime
+	if err := tx.QueryRowContext(ctx, retentionSweptSQL).Scan(&starts.Now, &swept, &up); err != nil {
+		return fmt.Errorf("overview: retention: %w", err)
+	}
+	starts.SweepAwaited = swept
+	if up.Valid && (!swept.Valid || up.Time.After(swept.Time)) {
+		starts.SweepAwaited = up
 	}
 	return nil
 }
@@ -409,7 +521,18 @@ type alertStarts struct {
 	FirstDiscarded sql.NullTime
 	FirstDisabled  sql.NullTime
 	FirstPaused    sql.NullTime
+	// SweepAwaited is since when a completed retention cycle is awaited
+	// (readRetention); Now is the database's clock, which stamped it.
+	SweepAwaited sql.NullTime
+	Now          time.Time
 }
+
+// retentionStaleIntervals is how many retention intervals may pass without
+// a completed cycle before retention_failed fires: a replica's first cycle
+// comes within one interval of its start (its jitter), and every cycle
+// within one of the last; three leave room for a long cycle and a replica
+// that took the lock over, not for a sweep that hangs or never runs.
+const retentionStaleIntervals = 3
 
 // notifyQueueAlertShare: half full leaves hours to act at any sane rate,
 // and a healthy queue is near 0.
@@ -512,20 +635,78 @@ func tableBloatAlerts(cfg AlertConfig, o Overview, _ alertStarts) []Alert {
 	return alerts
 }
 
+// oldTransactionAlert fires for each thing that holds back vacuum's
+// horizon: a session's transaction or a prepared one open longer than
+// XactAge, and a replication slot that keeps an xmin with no consumer
+// connected, which nothing will ever advance. A slot records no time, so
+// an active one's hold is its consumer's to watch (a standby's long
+// query holds it through hot_standby_feedback); the overview lists it.
 func oldTransactionAlert(cfg AlertConfig, o Overview, _ alertStarts) []Alert {
-	xactAge := time.Duration(o.OldestXactAgeSeconds * float64(time.Second))
-	if xactAge <= cfg.XactAge {
-		return nil
+	var alerts []Alert
+	if xactAge := time.Duration(o.OldestXactAgeSeconds * float64(time.Second)); xactAge > cfg.XactAge {
+		alerts = append(alerts, Alert{
+			Message: fmt.Sprintf("a transaction in this database has held its snapshot for %s (threshold %s): vacuum can remove no row deleted since. "+
+				"Find it in pg_stat_activity (oldest xact_start) and end it", xactAge.Round(time.Second), cfg.XactAge),
+			Since: time.Now().Add(-xactAge), startKnown: true,
+		})
 	}
-	return []Alert{{
-		Message: fmt.Sprintf("a transaction in this database has held its snapshot for %s (threshold %s): vacuum can remove no row deleted since. "+
-			"Find it in pg_stat_activity (oldest xact_start) and end it", xactAge.Round(time.Second), cfg.XactAge),
-		Since: time.Now().Add(-xactAge), startKnown: true,
-	}}
+	if p := o.OldestPreparedXact; p != nil {
+		if age := time.Duration(p.AgeSeconds * float64(time.Second)); age > cfg.XactAge {
+			alerts = append(alerts, Alert{
+				Message: fmt.Sprintf("a transaction prepared for two-phase commit (gid %q) has been open for %s (threshold %s): vacuum can remove no row deleted since, "+
+					"and no session shows it. COMMIT PREPARED or ROLLBACK PREPARED it once its coordinator is known to be gone", p.GID, age.Round(time.Second), cfg.XactAge),
+				Since: time.Now().Add(-age), startKnown: true,
+			})
+		}
+	}
+	for _, s := range o.ReplicationSlots {
+		if s.Active {
+			continue
+		}
+		alerts = append(alerts, Alert{
+			Message: fmt.Sprintf("replication slot %q (%s) has no consumer connected and keeps %s: vacuum can remove no row deleted since, and nothing advances it. "+
+				"Reconnect its consumer, or drop it with pg_drop_replication_slot if that consumer is gone", s.Name, s.Type, slotHoldText(s)),
+			Since: time.Now(), Level: max(deref(s.XminAge), deref(s.CatalogXminAge)),
+		})
+	}
+	return alerts
 }
 
-func retentionFailedAlert(_ AlertConfig, o Overview, _ alertStarts) []Alert {
+// slotHoldText says what a slot keeps, and how many transactions old.
+func slotHoldText(s SlotHold) string {
+	var held []string
+	if s.XminAge != nil {
+		held = append(held, fmt.Sprintf("an xmin %d transactions old (every table of every database)", *s.XminAge))
+	}
+	if s.CatalogXminAge != nil {
+		held = append(held, fmt.Sprintf("a catalog_xmin %d transactions old (the system catalogs)", *s.CatalogXminAge))
+	}
+	return strings.Join(held, " and ")
+}
+
+// deref is *n, or 0 for nil.
+func deref(n *int64) int64 {
+	if n == nil {
+		return 0
+	}
+	return *n
+}
+
+// retentionFailedAlert fires while storage bounds are not enforced: the
+// last cycle failed, or none has completed for retentionStaleIntervals
+// intervals (a sweep that hangs, or never runs, records no failure).
+func retentionFailedAlert(cfg AlertConfig, o Overview, at alertStarts) []Alert {
 	c := o.RetentionLastCycle
+	stale := cfg.RetentionInterval * retentionStaleIntervals
+	if idle := at.Now.Sub(at.SweepAwaited.Time); cfg.RetentionInterval > 0 && at.SweepAwaited.Valid && idle > stale {
+		msg := fmt.Sprintf("no retention cycle has completed for %s (%d intervals of %s), so storage bounds are not being enforced: "+
+			"the sweep hangs or does not run; look for the retention loop in the replicas' logs and for a session holding the retention lock",
+			idle.Round(time.Second), retentionStaleIntervals, cfg.RetentionInterval)
+		if c != nil && c.Error != "" {
+			msg += "; the last cycle failed: " + c.Error
+		}
+		return []Alert{{Message: msg, Since: at.SweepAwaited.Time.Add(stale), startKnown: true}}
+	}
 	if c == nil || c.Error == "" {
 		return nil
 	}
