@@ -1,5 +1,6 @@
 // resend.go: the dedup rule that bounds every resend of an event, by a
-// replay (replay.go) or by hand (jobs.go), against the receiver's dedup
+// replay (replay.go), by hand (jobs.go) or after a hold (the claim's
+// resendTooLate, which webhook.go applies), against the receiver's dedup
 // window, and the inbox's own retention (main.go) by the same rule.
 
 package main
