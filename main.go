@@ -867,7 +867,7 @@ func startPipeline(cfg Config, db *sql.DB, box *secretBox, dsn string, allowAddr
 	}, logger)
 	p.workers.replica = registry
 	// The relay starts once the workers it claims for exist
-	// (relay.go, fan_out_and_claim).
+	// (relay.go, fan_out_claiming).
 	p.relay.workers = p.workers.claimer
 	start("relay", func(ctx context.Context) error {
 		if cfg.PoolMode == poolModeTransaction {

@@ -1601,7 +1601,7 @@ BEGIN
 END
 $$;
 
--- fan_out_and_claim is a batch pass of fan_out and, in the same
+-- fan_out_claiming is a batch pass of fan_out and, in the same
 -- transaction, a claim of up to in_claim_batch due jobs for the relay's
 -- own workers (claim_jobs, with in_replica and in_answered), when the pass
 -- enqueued jobs and was not full. A pass that is not full is the relay
@@ -1611,10 +1611,10 @@ $$;
 -- on every event's way to its receiver. A full pass is a backlog, which
 -- the workers claim at their own pace. The claim sees the pass's jobs: it
 -- runs after it, in the same transaction.
-DROP FUNCTION IF EXISTS outbox.fan_out_and_claim(integer, jsonb, integer, double precision, text, integer, bigint, bigint[]);
-CREATE FUNCTION outbox.fan_out_and_claim(in_batch integer, in_subscribers jsonb, in_max_attempts integer,
-                                         in_breaker_delay double precision, in_origin text,
-                                         in_claim_batch integer, in_replica bigint, in_answered bigint[])
+DROP FUNCTION IF EXISTS outbox.fan_out_claiming(integer, jsonb, integer, double precision, text, integer, bigint, bigint[]);
+CREATE FUNCTION outbox.fan_out_claiming(in_batch integer, in_subscribers jsonb, in_max_attempts integer,
+                                        in_breaker_delay double precision, in_origin text,
+                                        in_claim_batch integer, in_replica bigint, in_answered bigint[])
 RETURNS TABLE (out_fanned bigint, out_jobs bigint, out_claimed outbox.claimed_job[])
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -2453,3 +2453,102 @@ CREATE TABLE IF NOT EXISTS outbox.replicas (
 -- when its replica is declared dead, and the jobs' history keeps the id.
 ALTER TABLE outbox.jobs
   ADD COLUMN IF NOT EXISTS held_by bigint;
+
+--------------------------------------------------------------------------------
+-- Calls of release 0.1.0, kept while its replicas roll; a later release drops them
+--------------------------------------------------------------------------------
+
+-- Upgrades roll (docs/upgrades.md): this file is applied while replicas of
+-- the previous release, 0.1.0, still run, and they keep calling what they
+-- called. These are those of their calls whose function this release
+-- changed, with 0.1.0's arguments and result columns, each a thin wrapper
+-- of this release's function, so that both releases do the same work. The
+-- release after this one, whose previous release no longer calls them,
+-- drops them (upgrade_test.go runs 0.1.0's own binary beside this one, and
+-- sends each call as 0.1.0's Go code sends it).
+
+-- 0.1.0's relay pass of a batch (relay.go, relayBatchSQL): fan_out without
+-- the event id.
+DROP FUNCTION IF EXISTS outbox.fan_out(integer, jsonb, integer, double precision, text);
+CREATE FUNCTION outbox.fan_out(in_batch integer, in_subscribers jsonb, in_max_attempts integer,
+                               in_breaker_delay double precision, in_origin text)
+RETURNS TABLE (out_fanned bigint, out_jobs bigint)
+LANGUAGE sql VOLATILE
+AS $$
+  SELECT f.out_fanned, f.out_jobs
+  FROM outbox.fan_out(in_batch, NULL, in_subscribers, in_max_attempts, in_breaker_delay, in_origin) AS f
+$$;
+
+-- 0.1.0's row-by-row retry after a batch failed (relay.go, relayRowSQL):
+-- fan_out of that one event.
+DROP FUNCTION IF EXISTS outbox.fan_out_event(bigint, jsonb, integer, double precision, text);
+CREATE FUNCTION outbox.fan_out_event(in_event_id bigint, in_subscribers jsonb, in_max_attempts integer,
+                                     in_breaker_delay double precision, in_origin text)
+RETURNS TABLE (out_fanned bigint, out_jobs bigint)
+LANGUAGE sql VOLATILE
+AS $$
+  SELECT f.out_fanned, f.out_jobs
+  FROM outbox.fan_out(1, in_event_id, in_subscribers, in_max_attempts, in_breaker_delay, in_origin) AS f
+$$;
+
+-- 0.1.0's pass that claims for its workers (relay.go, relayClaimSQL):
+-- fan_out_claiming, with a row per claimed job, each carrying the pass's
+-- counts, and one row of counts and NULLs when it claimed none.
+DROP FUNCTION IF EXISTS outbox.fan_out_and_claim(integer, jsonb, integer, double precision, text, integer, bigint, bigint[]);
+CREATE FUNCTION outbox.fan_out_and_claim(in_batch integer, in_subscribers jsonb, in_max_attempts integer,
+                                         in_breaker_delay double precision, in_origin text,
+                                         in_claim_batch integer, in_replica bigint, in_answered bigint[])
+RETURNS TABLE (out_fanned bigint, out_jobs bigint,
+               id bigint, kind text, attempt integer, max_attempts integer,
+               endpoint_id bigint,
+               event_id bigint, topic text, subject text, payload jsonb, created_at timestamptz,
+               traceparent text, tracestate text,
+               url text, secret bytea, previous_secret bytea, disabled_reason text,
+               start_in_ms integer, wake_on_outcome boolean, replay_yields boolean)
+LANGUAGE sql VOLATILE
+AS $$
+  SELECT p.out_fanned, p.out_jobs, c.*
+  FROM outbox.fan_out_claiming(in_batch, in_subscribers, in_max_attempts, in_breaker_delay, in_origin,
+                               in_claim_batch, in_replica, in_answered) AS p
+  LEFT JOIN LATERAL unnest(p.out_claimed) AS c ON true
+$$;
+
+-- 0.1.0's completer (outcome.go, recordOutcomesSQL): a batch of outcomes
+-- as 27 parallel arrays, made into record_outcomes' rows. Its "none" for a
+-- status code and a duration kept on a job is -1 where the rows say null;
+-- a 0 status or endpoint in an attempt means none in both.
+DROP FUNCTION IF EXISTS outbox.record_outcomes(bigint[], integer[], text[], bigint[], text[], integer[], integer[],
+  bigint[], integer[], bigint[], integer[], integer[], text[], text[], boolean[], text[], bigint[], integer[], integer,
+  bigint[], boolean[], integer[], bigint[], integer, bigint[], bigint[], bigint[]);
+CREATE FUNCTION outbox.record_outcomes(
+  in_ids bigint[], in_attempts integer[], in_states text[], in_delays bigint[], in_errors text[],
+  in_statuses integer[], in_durations integer[],
+  in_attempt_job_ids bigint[], in_attempt_numbers integer[], in_attempt_endpoints bigint[],
+  in_attempt_durations integer[], in_attempt_statuses integer[], in_attempt_errors text[],
+  in_attempt_excerpts text[], in_attempt_kept boolean[], in_attempt_classes text[],
+  in_attempt_minutes bigint[], in_attempt_buckets integer[], in_buckets integer,
+  in_health_ids bigint[], in_health_succeeded boolean[], in_health_failures integer[], in_health_holds bigint[],
+  in_breaker_threshold integer, in_gone_ids bigint[], in_window_ids bigint[], in_window_seconds bigint[])
+RETURNS void
+LANGUAGE sql VOLATILE
+AS $$
+  SELECT outbox.record_outcomes(
+    (SELECT coalesce(json_agg(o ORDER BY o.i), '[]')
+     FROM (SELECT u.i, u.id, u.attempt, u.state, u.delay_ms, u.error,
+                  nullif(u.status_code, -1) AS status_code, nullif(u.duration_ms, -1) AS duration_ms
+           FROM unnest(in_ids, in_attempts, in_states, in_delays, in_errors, in_statuses, in_durations)
+                WITH ORDINALITY AS u(id, attempt, state, delay_ms, error, status_code, duration_ms, i)) AS o),
+    (SELECT coalesce(json_agg(a ORDER BY a.i), '[]')
+     FROM unnest(in_attempt_job_ids, in_attempt_numbers, in_attempt_endpoints, in_attempt_durations,
+                 in_attempt_statuses, in_attempt_errors, in_attempt_excerpts, in_attempt_kept,
+                 in_attempt_classes, in_attempt_minutes, in_attempt_buckets)
+          WITH ORDINALITY AS a(job_id, attempt, endpoint_id, duration_ms, status_code, error, excerpt, kept,
+                               class, minute, bucket, i)),
+    (SELECT coalesce(json_agg(h ORDER BY h.i), '[]')
+     FROM unnest(in_health_ids, in_health_succeeded, in_health_failures, in_health_holds)
+          WITH ORDINALITY AS h(id, succeeded, failures, hold_ms, i)),
+    coalesce(in_gone_ids, '{}'),
+    (SELECT coalesce(json_agg(w ORDER BY w.i), '[]')
+     FROM unnest(in_window_ids, in_window_seconds) WITH ORDINALITY AS w(id, seconds, i)),
+    in_breaker_threshold, in_buckets)
+$$;
