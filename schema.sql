@@ -2467,6 +2467,19 @@ ALTER TABLE outbox.jobs
 -- drops them (upgrade_test.go runs 0.1.0's own binary beside this one, and
 -- sends each call as 0.1.0's Go code sends it).
 
+-- 0.1.0's claim of a batch of events, which its own fan_out and
+-- fan_out_and_claim call from their bodies: a call of them that began
+-- before this file committed (waiting for a lock this file's transaction
+-- held) runs its body's statements after, against this schema.
+DROP FUNCTION IF EXISTS outbox.mark_fanned_out(integer);
+CREATE FUNCTION outbox.mark_fanned_out(in_batch integer)
+RETURNS TABLE (id bigint, topic text, subject text, payload jsonb)
+LANGUAGE sql VOLATILE
+AS $$
+  SELECT m.id, m.topic, m.subject, m.payload
+  FROM outbox.mark_fanned_out(in_batch, NULL) AS m
+$$;
+
 -- 0.1.0's relay pass of a batch (relay.go, relayBatchSQL): fan_out without
 -- the event id.
 DROP FUNCTION IF EXISTS outbox.fan_out(integer, jsonb, integer, double precision, text);
