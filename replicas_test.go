@@ -41,7 +41,8 @@ func TestReplicaDefaults(t *testing.T) {
 
 // testReplica is a replica as a test registers it: no process behind it.
 func testReplica(version string, pid int) replicaSelf {
-	return replicaSelf{Host: "test-host", PID: pid, Version: version, Revision: "abc123", Workers: 8, Listens: true}
+	return replicaSelf{Host: "test-host", PID: pid, Version: version, Revision: "abc123",
+		SchemaVersion: schemaVersionOf(schemaChecksum()), Workers: 8, Listens: true}
 }
 
 // A replica registers with what it is, heartbeats, shows on the overview
@@ -586,6 +587,51 @@ func TestKilledReplicaJobsAreRescuedByHeartbeat(t *testing.T) {
 		held, p.events, took.Round(100*time.Millisecond), defaultConfig().Replicas.DeadAfter, defaultConfig().Replicas.Heartbeat)
 }
 
+// Builds are told apart by release, revision and schema, not the release
+// alone: two builds of one release from revisions abc123 and def456 are
+// mixed versions, and so are two of one revision whose schemas differ (the
+// next release's migration under way, before its release string
+// changed); two replicas of one build are not. Each replica's row says
+// what it recorded.
+func TestMixedVersionsCompareReleaseRevisionAndSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, _ := newTestDB(t)
+	build := func(release, revision, schema string) replicaSelf {
+		return replicaSelf{Host: "test-host", PID: 1, Version: release, Revision: revision, SchemaVersion: schema, Workers: 8}
+	}
+	for _, c := range []struct {
+		name  string
+		a, b  replicaSelf
+		mixed bool
+	}{
+		{"one build", build("0.2.0", "abc123", "5f0c1e2d3a4b"), build("0.2.0", "abc123", "5f0c1e2d3a4b"), false},
+		{"revisions abc123 and def456", build("0.2.0", "abc123", "5f0c1e2d3a4b"), build("0.2.0", "def456", "5f0c1e2d3a4b"), true},
+		{"schemas", build("0.2.0", "abc123", "5f0c1e2d3a4b"), build("0.2.0", "abc123", "9e8d7c6b5a41"), true},
+		{"releases", build("0.2.0", "abc123", "5f0c1e2d3a4b"), build("0.3.0", "abc123", "5f0c1e2d3a4b"), true},
+		{"a release that recorded no schema", build("0.1.0", "", ""), build("0.2.0", "", "5f0c1e2d3a4b"), true},
+	} {
+		mustExec(t, db, `DELETE FROM outbox.replicas`)
+		for _, self := range []replicaSelf{c.a, c.b} {
+			if err := newReplicaRegistry(db, defaultConfig().Replicas, self, testLogger(t)).register(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		o, err := readOverview(ctx, db, defaultConfig().Alerts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got [][3]string
+		for _, r := range o.Replicas {
+			got = append(got, [3]string{r.Version, r.Revision, r.SchemaVersion})
+		}
+		want := [][3]string{{c.a.Version, c.a.Revision, c.a.SchemaVersion}, {c.b.Version, c.b.Revision, c.b.SchemaVersion}}
+		if diff := cmp.Diff(want, got); diff != "" || o.MixedVersions != c.mixed {
+			t.Errorf("%s: replicas (-want +got):\n%s\nmixed_versions %t, want %t", c.name, diff, o.MixedVersions, c.mixed)
+		}
+	}
+}
+
 // /api/overview and the panel list the live replicas, mark the one that
 // answered and the sweeper, and flag mixed versions; the panel stays
 // without JavaScript.
@@ -639,7 +685,8 @@ func TestOverviewListsReplicasAndFlagsMixedVersions(t *testing.T) {
 	}
 
 	status, page := panelPage(t, srv, "/")
-	for _, s := range []string{`id="mixed-versions"`, fmt.Sprintf(`id="replica-%d"`, a.ID()), fmt.Sprintf(`id="replica-%d"`, b.ID()), "(this one)", "0.2.0", "sweeper"} {
+	for _, s := range []string{`id="mixed-versions"`, fmt.Sprintf(`id="replica-%d"`, a.ID()), fmt.Sprintf(`id="replica-%d"`, b.ID()), "(this one)", "0.2.0", "sweeper",
+		"abc123", "schema " + schemaVersionOf(schemaChecksum())} {
 		if !strings.Contains(page, s) {
 			t.Errorf("the panel's overview lacks %q", s)
 		}
@@ -648,3 +695,4 @@ func TestOverviewListsReplicasAndFlagsMixedVersions(t *testing.T) {
 		t.Errorf("panel overview: status %d, <script> present: %t; want 200 and none", status, strings.Contains(strings.ToLower(page), "<script"))
 	}
 }
+

@@ -2426,7 +2426,8 @@ CREATE TABLE IF NOT EXISTS outbox.replicas (
   host       text        NOT NULL,
   pid        integer     NOT NULL,
   -- The release (version.go) and the VCS revision it was built from
-  -- ('' when unknown): the overview flags replicas of different releases.
+  -- ('' when unknown): with schema_version (below), what the overview
+  -- compares to flag replicas of different builds.
   version    text        NOT NULL,
   revision   text        NOT NULL DEFAULT '',
   -- What it runs: every replica relays, runs workers and may sweep; these
@@ -2444,6 +2445,41 @@ CREATE TABLE IF NOT EXISTS outbox.replicas (
   CONSTRAINT replicas_workers_nonnegative CHECK (workers >= 0),
   CONSTRAINT replicas_dead_after_positive CHECK (dead_after > interval '0')
 );
+
+-- What else tells builds and processes apart, added after the table (a
+-- release before them inserts rows without them, and gets the defaults):
+--
+--   schema_version  the schema its binary carries: the start of the
+--                   checksum of schema.sql and schema_indexes.sql
+--                   (migrate.go), '' from a release that did not record
+--                   it. Two builds of one release and revision can differ
+--                   here (a build from a modified tree), and two builds
+--                   whose schemas differ are a roll under way.
+--   pid_namespace   the kernel boot and the pid namespace its pid is a
+--                   number of ('' when unknown, off Linux): only a process
+--                   of the same boot and namespace can look that pid up.
+--   pid_start       when that process started, in clock ticks after boot
+--                   (NULL when unknown): a pid used again by a later
+--                   process has a later start.
+--
+-- With the last two, a replica starting on the same host declares dead at
+-- once a registration whose process is gone (rescue.go), instead of
+-- waiting out its dead_after: a restart after a crash rescues its
+-- predecessor's jobs as it starts.
+ALTER TABLE outbox.replicas
+  ADD COLUMN IF NOT EXISTS schema_version text NOT NULL DEFAULT '',
+  ADD COLUMN IF NOT EXISTS pid_namespace text NOT NULL DEFAULT '',
+  ADD COLUMN IF NOT EXISTS pid_start bigint;
+
+DO $$
+BEGIN
+  ALTER TABLE outbox.replicas
+    ADD CONSTRAINT replicas_schema_version_length CHECK (length(schema_version) <= 64),
+    ADD CONSTRAINT replicas_pid_namespace_length CHECK (length(pid_namespace) <= 200);
+EXCEPTION WHEN duplicate_object THEN
+  NULL;
+END
+$$;
 
 -- held_by is the replica whose claim last marked the job running
 -- (outbox.claim_jobs), meaningful while it runs: the dead-replica rescue
