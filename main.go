@@ -693,6 +693,11 @@ func registerReplica(ctx context.Context, db *sql.DB, cfg Config, logger *slog.L
 		return nil, err
 	}
 	logger.Info("registered as a replica", "replica", registry.ID(), "heartbeat", cfg.Replicas.Heartbeat, "dead_after", cfg.Replicas.DeadAfter)
+	// A predecessor on this host that crashed is declared dead now, so
+	// that the rescuer's first pass returns its jobs to the queue.
+	if _, err := declareGoneProcessesDead(ctx, db, self, registry.ID(), logger); err != nil {
+		logger.Warn("looking for this host's replicas whose process is gone failed; their jobs wait for their dead_after", "err", err)
+	}
 	return registry, nil
 }
 
