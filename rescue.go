@@ -242,12 +242,15 @@ func (r *rescuer) rescueDeadReplicas(ctx context.Context) (int64, error) {
 // localReplicasSQL lists the other registrations from this host whose pid
 // is a number of this process's pid namespace in this boot ($2,
 // replicaSelf.PIDNamespace): those whose process this one can look up.
+// One row per process there, and up to $4.
 const localReplicasSQL = `
 SELECT id, pid, coalesce(pid_start, 0)
 FROM outbox.replicas
 WHERE host = $1
   AND pid_namespace = $2
-  AND id <> $3`
+  AND id <> $3
+ORDER BY id
+LIMIT $4`
 
 // localReplica is a row of localReplicasSQL.
 type localReplica struct {
@@ -274,16 +277,15 @@ RETURNING id, host, pid, extract(epoch FROM now() - last_seen)::float8`
 // declareGoneProcessesDead declares dead, at once, the replicas registered
 // from this host and pid namespace whose process is gone (processGone):
 // after a crash and a restart, the predecessor's row would otherwise keep
-// its running jobs for its whole dead_after (15 s), and the restart, or
-// any replica there, can see that its process no longer runs. The
-// rescuer's next pass, the first of a process that just started, rescues
-// their jobs. self is this process, registered as selfID. It declares
+// its running jobs for its whole dead_after (15 s), though the restart can
+// see that its process no longer runs. The rescuer's next pass, the first
+// of a process that just started, rescues their jobs. self is this process, registered as selfID. It declares
 // nothing when this process does not know its pid namespace (off Linux).
 func declareGoneProcessesDead(ctx context.Context, db *sql.DB, self replicaSelf, selfID int64, logger *slog.Logger) (int, error) {
 	if self.PIDNamespace == "" {
 		return 0, nil
 	}
-	local, err := queryAll(ctx, db, scanLocalReplica, localReplicasSQL, self.Host, self.PIDNamespace, selfID)
+	local, err := queryAll(ctx, db, scanLocalReplica, localReplicasSQL, self.Host, self.PIDNamespace, selfID, rescueBatch)
 	if err != nil {
 		return 0, fmt.Errorf("list this host's replicas: %w", err)
 	}

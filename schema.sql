@@ -2452,9 +2452,10 @@ CREATE TABLE IF NOT EXISTS outbox.replicas (
 --   schema_version  the schema its binary carries: the start of the
 --                   checksum of schema.sql and schema_indexes.sql
 --                   (migrate.go), '' from a release that did not record
---                   it. Two builds of one release and revision can differ
---                   here (a build from a modified tree), and two builds
---                   whose schemas differ are a roll under way.
+--                   it. Two builds of one release and revision differ
+--                   here when one was built from a tree whose schema
+--                   files were changed; replicas whose schemas differ are
+--                   a roll under way.
 --   pid_namespace   the kernel boot and the pid namespace its pid is a
 --                   number of ('' when unknown, off Linux): only a process
 --                   of the same boot and namespace can look that pid up.
@@ -2503,10 +2504,10 @@ ALTER TABLE outbox.jobs
 -- drops them (upgrade_test.go runs 0.1.0's own binary beside this one, and
 -- sends each call as 0.1.0's Go code sends it).
 
--- 0.1.0's claim of a batch of events, which its own fan_out and
--- fan_out_and_claim call from their bodies: a call of them that began
--- before this file committed (waiting for a lock this file's transaction
--- held) runs its body's statements after, against this schema.
+-- 0.1.0's claim of a batch of events, which its own fan_out calls from its
+-- body: a call of 0.1.0's fan_out or fan_out_and_claim that began before
+-- this file committed (waiting for a lock this file's transaction held)
+-- runs its body's statements after, against this schema.
 DROP FUNCTION IF EXISTS outbox.mark_fanned_out(integer);
 CREATE FUNCTION outbox.mark_fanned_out(in_batch integer)
 RETURNS TABLE (id bigint, topic text, subject text, payload jsonb)
