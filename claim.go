@@ -1,7 +1,7 @@
 // claim.go: claiming due jobs, the step between the job table and the
 // workers. The claimed job and its columns are declared here once; the
 // workers' own claims and the relay's claim in its pass (relay.go,
-// outbox.fan_out_and_claim) both take slots of the same pool through it.
+// outbox.fan_out_claiming) both take slots of the same pool through it.
 
 package main
 
@@ -172,7 +172,7 @@ func (c *claimer) release() {
 }
 
 // reserve takes up to n free slots for a claim the relay makes in its
-// pass (relay.go, outbox.fan_out_and_claim), and reports how many: none
+// pass (relay.go, outbox.fan_out_claiming), and reports how many: none
 // while Run is not running, or while its own claim is counting and
 // filling slots (the relay then leaves the claim to it). A reservation of
 // any slot must be ended by handOff, which Run's shutdown waits for.
@@ -337,7 +337,7 @@ func scanClaimedJob(row rowScanner, sent time.Time) (Job, error) {
 }
 
 // claimedRow is an outbox.claimed_job, in claimedColumns' order, as
-// outbox.claim_jobs returns them and outbox.fan_out_and_claim an array of
+// outbox.claim_jobs returns them and outbox.fan_out_claiming an array of
 // them. Every one may be NULL: the relay's row for a pass that claimed no
 // job has none.
 type claimedRow struct {

@@ -695,6 +695,11 @@ func registerReplica(ctx context.Context, db *sql.DB, cfg Config, logger *slog.L
 		return nil, err
 	}
 	logger.Info("registered as a replica", "replica", registry.ID(), "heartbeat", cfg.Replicas.Heartbeat, "dead_after", cfg.Replicas.DeadAfter)
+	// A predecessor on this host that crashed is declared dead now, so
+	// that the rescuer's first pass returns its jobs to the queue.
+	if _, err := declareGoneProcessesDead(ctx, db, self, registry.ID(), logger); err != nil {
+		logger.Warn("looking for this host's replicas whose process is gone failed; their jobs wait for their dead_after", "err", err)
+	}
 	return registry, nil
 }
 
@@ -869,7 +874,7 @@ func startPipeline(cfg Config, db *sql.DB, box *secretBox, dsn string, allowAddr
 	}, logger)
 	p.workers.replica = registry
 	// The relay starts once the workers it claims for exist
-	// (relay.go, fan_out_and_claim).
+	// (relay.go, fan_out_claiming).
 	p.relay.workers = p.workers.claimer
 	start("relay", func(ctx context.Context) error {
 		if cfg.PoolMode == poolModeTransaction {

@@ -205,7 +205,7 @@ func writeRelayCounters(p *promWriter, r *relay) {
 	p.counter("outboxd_relay_events_total", "Events fanned out by the relay.", r.eventsFanned.Load())
 	p.counter("outboxd_relay_jobs_enqueued_total", "Jobs enqueued by the relay.", r.jobsEnqueued.Load())
 	p.counter("outboxd_relay_row_failures_total", "Failed relay attempts counted against single events.", r.rowFailures.Load())
-	p.counter("outboxd_relay_jobs_claimed_total", "Jobs claimed by relay passes that keep up, for this process's workers (outbox.fan_out_and_claim).", r.jobsClaimed.Load())
+	p.counter("outboxd_relay_jobs_claimed_total", "Jobs claimed by relay passes that keep up, for this process's workers (outbox.fan_out_claiming).", r.jobsClaimed.Load())
 }
 
 func writeWorkerCounters(p *promWriter, w *workerPool) {

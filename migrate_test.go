@@ -577,7 +577,10 @@ type rollingReplica struct {
 	registry *replicaRegistry
 }
 
-func startRollingReplica(t *testing.T, dsn, name, version string) *rollingReplica {
+// startRollingReplica starts a replica that says of itself what a build
+// whose schema is m's would: this binary's release and revision, m's
+// schema.
+func startRollingReplica(t *testing.T, dsn, name string, m migration) *rollingReplica {
 	t.Helper()
 	db, err := openDB(context.Background(), dsn, 10)
 	if err != nil {
@@ -595,7 +598,8 @@ func startRollingReplica(t *testing.T, dsn, name, version string) *rollingReplic
 	workerCfg.Concurrency = 4
 	ctx, cancel := context.WithCancel(context.Background())
 	registry := newReplicaRegistry(db, defaultConfig().Replicas,
-		replicaSelf{Host: "rolling-test", PID: os.Getpid(), Version: version, Workers: workerCfg.Concurrency}, testLogger(t))
+		replicaSelf{Host: "rolling-test", PID: os.Getpid(), Version: version, Revision: readBuildInfo().Revision,
+			SchemaVersion: schemaVersionOf(m.checksum()), Workers: workerCfg.Concurrency}, testLogger(t))
 	if err := registry.register(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -621,9 +625,9 @@ func (r *rollingReplica) stop() {
 	r.db.Close()
 }
 
-// versionsListed is the releases the overview lists, and whether it
-// flags them mixed.
-func versionsListed(t *testing.T, db *sql.DB) ([]string, bool) {
+// schemasListed is the schema versions the overview lists, and whether
+// it flags the replicas' builds mixed.
+func schemasListed(t *testing.T, db *sql.DB) ([]string, bool) {
 	t.Helper()
 	o, err := readOverview(context.Background(), db, defaultConfig().Alerts)
 	if err != nil {
@@ -631,7 +635,7 @@ func versionsListed(t *testing.T, db *sql.DB) ([]string, bool) {
 	}
 	var versions []string
 	for _, r := range o.Replicas {
-		versions = append(versions, r.Version)
+		versions = append(versions, r.SchemaVersion)
 	}
 	slices.Sort(versions)
 	return versions, o.MixedVersions
@@ -643,7 +647,10 @@ func versionsListed(t *testing.T, db *sql.DB) ([]string, bool) {
 // The replica still on this release delivers after the schema change it
 // does not know, the next release delivers, and no event is lost.
 // (The next release is this code plus a schema change: what the test
-// exercises is the migration's effect on a running pipeline.)
+// exercises is the migration's effect on a running pipeline, and that the
+// overview tells the two builds apart by the schema each records, their
+// release and revision being the same. The previous release's own binary
+// rolls in TestRollingUpgradeFromThePreviousReleaseLosesNothing.)
 func TestRollingUpgradeWithASchemaChangeLosesNothing(t *testing.T) {
 	t.Parallel()
 	db, dsn := newTestDB(t)
@@ -674,8 +681,9 @@ func TestRollingUpgradeWithASchemaChangeLosesNothing(t *testing.T) {
 	}
 	defer func() { stop.Store(true); producers.Wait() }()
 
-	a := startRollingReplica(t, dsn, "a (this release)", "N")
-	b := startRollingReplica(t, dsn, "b (this release)", "N")
+	this := newMigration(nil)
+	a := startRollingReplica(t, dsn, "a (this release)", this)
+	b := startRollingReplica(t, dsn, "b (this release)", this)
 	waitFor(t, "both replicas delivering", 30*time.Second, func() bool {
 		return effectsBy(a.name, 0) > 0 && effectsBy(b.name, 0) > 0
 	})
@@ -695,7 +703,7 @@ func TestRollingUpgradeWithASchemaChangeLosesNothing(t *testing.T) {
 	if err := db.QueryRow(`SELECT max(id) FROM outbox.events`).Scan(&migrated); err != nil {
 		t.Fatal(err)
 	}
-	a2 := startRollingReplica(t, dsn, "a (next release)", "N+1")
+	a2 := startRollingReplica(t, dsn, "a (next release)", next)
 	// If the wait below fails, what each replica did and what was left.
 	defer func() {
 		if t.Failed() {
@@ -709,9 +717,12 @@ func TestRollingUpgradeWithASchemaChangeLosesNothing(t *testing.T) {
 		return effectsBy(a2.name, migrated) >= 20 && effectsBy(b.name, migrated) >= 20
 	})
 
-	// Halfway, the overview lists both releases and flags the mix.
-	if versions, mixed := versionsListed(t, db); !slices.Equal(versions, []string{"N", "N+1"}) || !mixed {
-		t.Errorf("halfway through the roll the overview lists %v, mixed %t; want [N N+1], mixed", versions, mixed)
+	// Halfway, the overview lists both schemas and flags the mix: the two
+	// builds share release and revision, and differ in their schema alone.
+	halfway := []string{schemaVersionOf(this.checksum()), schemaVersionOf(next.checksum())}
+	slices.Sort(halfway)
+	if schemas, mixed := schemasListed(t, db); !slices.Equal(schemas, halfway) || !mixed {
+		t.Errorf("halfway through the roll the overview lists schemas %v, mixed %t; want %v, mixed", schemas, mixed, halfway)
 	}
 
 	// Then b: the schema is in place, so its migration changes nothing.
@@ -723,13 +734,14 @@ func TestRollingUpgradeWithASchemaChangeLosesNothing(t *testing.T) {
 	if logs.String() != "" {
 		t.Errorf("the second replica of the next release migrated again:\n%s", logs.String())
 	}
-	b2 := startRollingReplica(t, dsn, "b (next release)", "N+1")
+	b2 := startRollingReplica(t, dsn, "b (next release)", next)
 	waitFor(t, "the second replica of the next release delivering", 30*time.Second, func() bool {
 		return effectsBy(b2.name, migrated) >= 20
 	})
 
-	if versions, mixed := versionsListed(t, db); !slices.Equal(versions, []string{"N+1", "N+1"}) || mixed {
-		t.Errorf("after the roll the overview lists %v, mixed %t; want [N+1 N+1], not mixed", versions, mixed)
+	after := []string{schemaVersionOf(next.checksum()), schemaVersionOf(next.checksum())}
+	if schemas, mixed := schemasListed(t, db); !slices.Equal(schemas, after) || mixed {
+		t.Errorf("after the roll the overview lists schemas %v, mixed %t; want %v, not mixed", schemas, mixed, after)
 	}
 
 	stop.Store(true)

@@ -84,8 +84,9 @@ type Overview struct {
 	// endpoints advertised, shortest first, at most maxReceiverWindows.
 	ReceiverWindows []ReceiverWindow `json:"receiver_windows"`
 	// Replicas are the live replicas (replicas.go), oldest first, with
-	// what each runs; MixedVersions says they run more than one release
-	// (a rolling upgrade in progress, or one left halfway).
+	// what each runs; MixedVersions says they run more than one build:
+	// release, revision or schema (a rolling upgrade in progress, or one
+	// left halfway).
 	Replicas      []Replica        `json:"replicas"`
 	MixedVersions bool             `json:"mixed_versions"`
 	Alerts        []Alert          `json:"alerts"`

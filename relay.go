@@ -63,7 +63,7 @@ type relay struct {
 	eventsFanned atomic.Int64
 	jobsEnqueued atomic.Int64
 	rowFailures  atomic.Int64
-	jobsClaimed  atomic.Int64 // by passes, for this process's workers (fan_out_and_claim)
+	jobsClaimed  atomic.Int64 // by passes, for this process's workers (fan_out_claiming)
 	passTime     *histogram   // one pass's statement (with its claim for the workers, if any), seconds
 	// notifyOrigin, when this process listens, names its relay's
 	// transactions in their NOTIFY to the workers, so that the listener
@@ -71,7 +71,7 @@ type relay struct {
 	// for itself (notify.go, wakeups.origin); "" otherwise.
 	notifyOrigin string
 	// workers, if set, claims for this process's workers: a pass that is
-	// not full claims the jobs it makes for them (fan_out_and_claim).
+	// not full claims the jobs it makes for them (fan_out_claiming).
 	workers *claimer
 	// backlog says the last pass was full: the next one reserves no
 	// slots of the workers, which would sit idle through a pass that
@@ -218,7 +218,7 @@ type passResult struct {
 	Failed   int // events whose relay failed this pass
 	Poisoned int // events poisoned this pass
 	// HandedOff is the due jobs the pass claimed for this process's
-	// workers (fan_out_and_claim), and HandOffFull whether they filled
+	// workers (fan_out_claiming), and HandOffFull whether they filled
 	// the slots reserved for them, so that more may be due.
 	HandedOff   int
 	HandOffFull bool
@@ -315,14 +315,14 @@ func (r *relay) reserveWorkers() int {
 }
 
 // fanOutAndClaimSQL is a batch pass that also claims for this process's
-// workers (schema.sql, outbox.fan_out_and_claim): $1 to $5 as fanOutSQL's
+// workers (schema.sql, outbox.fan_out_claiming): $1 to $5 as fanOutSQL's
 // $1 and $3 to $6, then $6 the slots reserved, $7 the replica, $8 the
 // workers' answered deliveries (claim.go, claimJobsSQL). Its one row
 // carries the claimed jobs as an array, one row each here; a pass that
 // claimed none is one row of counts and NULLs.
 const fanOutAndClaimSQL = `
 SELECT pass.out_fanned, pass.out_jobs, ` + claimedColumns + `
-FROM outbox.fan_out_and_claim($1, $2, $3, $4, $5, $6, $7, $8) AS pass
+FROM outbox.fan_out_claiming($1, $2, $3, $4, $5, $6, $7, $8) AS pass
 LEFT JOIN LATERAL unnest(pass.out_claimed) ON true`
 
 // fanOutAndClaim runs a pass (fanOutAndClaimSQL) that claims into reserved

@@ -15,12 +15,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -59,8 +62,27 @@ type replicaSelf struct {
 	PID      int
 	Version  string
 	Revision string
-	Workers  int  // job slots (-workers)
-	Listens  bool // LISTENs for wake-ups (not -disable-listen)
+	// SchemaVersion is the start of the binary's schema checksum
+	// (schemaVersionOf).
+	SchemaVersion string
+	// PIDNamespace and PIDStart say which process PID is: the kernel boot
+	// and pid namespace it is a number of, and when it started (clock
+	// ticks after boot); "" and 0 when unknown (thisProcess).
+	PIDNamespace string
+	PIDStart     int64
+	Workers      int  // job slots (-workers)
+	Listens      bool // LISTENs for wake-ups (not -disable-listen)
+}
+
+// schemaVersionLength is how much of the schema checksum a replica
+// records: 48 bits tell a release's schemas apart as well as 256 do, and
+// fit in the panel's list.
+const schemaVersionLength = 12
+
+// schemaVersionOf is what a replica records of a schema checksum
+// (migrate.go, migration.checksum).
+func schemaVersionOf(checksum string) string {
+	return checksum[:min(len(checksum), schemaVersionLength)]
 }
 
 // currentReplica is this process as its row describes it: workers job
@@ -68,14 +90,68 @@ type replicaSelf struct {
 func currentReplica(workers int, listens bool) replicaSelf {
 	host, _ := os.Hostname()
 	b := readBuildInfo()
+	pid := os.Getpid()
+	namespace, started := thisProcess(pid)
 	return replicaSelf{
-		Host:     truncate(host, 255),
-		PID:      os.Getpid(),
-		Version:  b.Release,
-		Revision: truncate(b.Revision, 100),
-		Workers:  workers,
-		Listens:  listens,
+		Host:          truncate(host, 255),
+		PID:           pid,
+		Version:       b.Release,
+		Revision:      truncate(b.Revision, 100),
+		SchemaVersion: schemaVersionOf(schemaChecksum()),
+		PIDNamespace:  namespace,
+		PIDStart:      started,
+		Workers:       workers,
+		Listens:       listens,
 	}
+}
+
+// thisProcess says which process pid, this one, is, so that a replica
+// starting later on the same host can tell whether it still runs
+// (rescue.go, processGone): the kernel boot and the pid namespace its
+// number belongs to (two containers on one kernel number their processes
+// apart, each from 1, and a reboot numbers them again), and when it
+// started, in clock ticks after boot (a later process given the same
+// number started later). Linux's /proc holds both; elsewhere, or without
+// /proc, it returns "" and 0, and no replica judges this one by its pid.
+func thisProcess(pid int) (namespace string, started int64) {
+	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return "", 0
+	}
+	ns, err := os.Readlink("/proc/self/ns/pid") // "pid:[4026531836]"
+	if err != nil {
+		return "", 0
+	}
+	_, started, err = readProcStat(pid)
+	if err != nil {
+		return "", 0
+	}
+	return strings.TrimSpace(string(boot)) + " " + ns, started
+}
+
+// readProcStat reads, from /proc/<pid>/stat, the process's state (R, S,
+// Z for a zombie, ...) and its start in clock ticks after boot (fields 3
+// and 22; proc(5)). The command name, field 2, is in parentheses and may
+// hold anything, parentheses and spaces too: the fields after it follow
+// the last ')'.
+func readProcStat(pid int) (state byte, started int64, err error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
+	}
+	fields := strings.Fields(string(b[i+1:]))
+	if len(fields) < 20 || len(fields[0]) != 1 {
+		return 0, 0, fmt.Errorf("/proc/%d/stat: %d fields after the command name, want at least 20", pid, len(fields))
+	}
+	started, err = strconv.ParseInt(fields[19], 10, 64)
+	if err != nil {
+		return 0, 0, fmt.Errorf("/proc/%d/stat: start time: %w", pid, err)
+	}
+	return fields[0][0], started, nil
 }
 
 // replicaRegistry is this process's row: its id for the claims, and the
@@ -134,8 +210,9 @@ func (r *replicaRegistry) forget(id int64) bool {
 // registerReplicaSQL inserts this process's row; the database stamps its
 // times.
 const registerReplicaSQL = `
-INSERT INTO outbox.replicas (host, pid, version, revision, workers, listens, dead_after)
-VALUES ($1, $2, $3, $4, $5, $6, make_interval(secs => $7))
+INSERT INTO outbox.replicas (host, pid, version, revision, schema_version, pid_namespace, pid_start,
+                             workers, listens, dead_after)
+VALUES ($1, $2, $3, $4, $5, $6, nullif($7::bigint, 0), $8, $9, make_interval(secs => $10))
 RETURNING id`
 
 // register inserts a new row for this process and makes its id the one
@@ -144,7 +221,8 @@ func (r *replicaRegistry) register(ctx context.Context) error {
 	var id int64
 	s := r.self
 	if err := r.db.QueryRowContext(ctx, registerReplicaSQL,
-		s.Host, s.PID, s.Version, s.Revision, s.Workers, s.Listens, r.cfg.DeadAfter.Seconds()).Scan(&id); err != nil {
+		s.Host, s.PID, s.Version, s.Revision, s.SchemaVersion, s.PIDNamespace, s.PIDStart,
+		s.Workers, s.Listens, r.cfg.DeadAfter.Seconds()).Scan(&id); err != nil {
 		return fmt.Errorf("register replica: %w", err)
 	}
 	r.id.Store(id)
@@ -240,16 +318,19 @@ func (r *replicaRegistry) deregister(ctx context.Context) error {
 
 // Replica is one live replica, as the overview lists it.
 type Replica struct {
-	ID        int64      `json:"id"`
-	Host      string     `json:"host"`
-	PID       int        `json:"pid"`
-	Version   string     `json:"version"`
-	Revision  string     `json:"revision"`
-	Workers   int        `json:"workers"`
-	Listens   bool       `json:"listens"`
-	SweptAt   *time.Time `json:"swept_at"` // its sweeper's last retention cycle; nil: none yet
-	StartedAt time.Time  `json:"started_at"`
-	LastSeen  time.Time  `json:"last_seen"`
+	ID       int64  `json:"id"`
+	Host     string `json:"host"`
+	PID      int    `json:"pid"`
+	Version  string `json:"version"`
+	Revision string `json:"revision"`
+	// SchemaVersion is the start of its schema's checksum; "" from a
+	// release that did not record it.
+	SchemaVersion string     `json:"schema_version"`
+	Workers       int        `json:"workers"`
+	Listens       bool       `json:"listens"`
+	SweptAt       *time.Time `json:"swept_at"` // its sweeper's last retention cycle; nil: none yet
+	StartedAt     time.Time  `json:"started_at"`
+	LastSeen      time.Time  `json:"last_seen"`
 	// LastSeenAgeSeconds is how long ago, by the database's clock.
 	LastSeenAgeSeconds float64 `json:"last_seen_age_seconds"`
 	// Sweeper marks the replica whose sweeper ran the latest retention
@@ -266,7 +347,7 @@ const maxListedReplicas = 100
 // listReplicasSQL reads the live replicas, oldest first: those seen
 // within their dead_after. Rows past it wait for the rescuer.
 const listReplicasSQL = `
-SELECT id, host, pid, version, revision, workers, listens, swept_at, started_at, last_seen,
+SELECT id, host, pid, version, revision, schema_version, workers, listens, swept_at, started_at, last_seen,
        extract(epoch FROM now() - last_seen)::float8
 FROM outbox.replicas
 WHERE last_seen >= now() - dead_after
@@ -274,7 +355,7 @@ ORDER BY started_at, id
 LIMIT $1`
 
 // readReplicas lists the live replicas, marks the sweeper, and says
-// whether they run more than one release.
+// whether they run more than one build: release, revision or schema.
 func readReplicas(ctx context.Context, q interface {
 	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
 }) (replicas []Replica, mixed bool, err error) {
@@ -287,7 +368,7 @@ func readReplicas(ctx context.Context, q interface {
 		if r.SweptAt != nil && (sweeper < 0 || r.SweptAt.After(*replicas[sweeper].SweptAt)) {
 			sweeper = i
 		}
-		mixed = mixed || r.Version != replicas[0].Version
+		mixed = mixed || r.build() != replicas[0].build()
 	}
 	if sweeper >= 0 {
 		replicas[sweeper].Sweeper = true
@@ -295,9 +376,14 @@ func readReplicas(ctx context.Context, q interface {
 	return replicas, mixed, nil
 }
 
+// build is what tells builds apart, as replicaSelf.build.
+func (r Replica) build() [3]string {
+	return [3]string{r.Version, r.Revision, r.SchemaVersion}
+}
+
 func scanReplica(row rowScanner) (Replica, error) {
 	var r Replica
-	err := row.Scan(&r.ID, &r.Host, &r.PID, &r.Version, &r.Revision, &r.Workers, &r.Listens,
+	err := row.Scan(&r.ID, &r.Host, &r.PID, &r.Version, &r.Revision, &r.SchemaVersion, &r.Workers, &r.Listens,
 		&r.SweptAt, &r.StartedAt, &r.LastSeen, &r.LastSeenAgeSeconds)
 	return r, err
 }

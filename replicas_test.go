@@ -13,6 +13,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -41,7 +43,8 @@ func TestReplicaDefaults(t *testing.T) {
 
 // testReplica is a replica as a test registers it: no process behind it.
 func testReplica(version string, pid int) replicaSelf {
-	return replicaSelf{Host: "test-host", PID: pid, Version: version, Revision: "abc123", Workers: 8, Listens: true}
+	return replicaSelf{Host: "test-host", PID: pid, Version: version, Revision: "abc123",
+		SchemaVersion: schemaVersionOf(schemaChecksum()), Workers: 8, Listens: true}
 }
 
 // A replica registers with what it is, heartbeats, shows on the overview
@@ -586,6 +589,51 @@ func TestKilledReplicaJobsAreRescuedByHeartbeat(t *testing.T) {
 		held, p.events, took.Round(100*time.Millisecond), defaultConfig().Replicas.DeadAfter, defaultConfig().Replicas.Heartbeat)
 }
 
+// Builds are told apart by release, revision and schema, not the release
+// alone: two builds of one release from revisions abc123 and def456 are
+// mixed versions, and so are two of one revision whose schemas differ (the
+// next release's migration under way, before its release string
+// changed); two replicas of one build are not. Each replica's row says
+// what it recorded.
+func TestMixedVersionsCompareReleaseRevisionAndSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, _ := newTestDB(t)
+	build := func(release, revision, schema string) replicaSelf {
+		return replicaSelf{Host: "test-host", PID: 1, Version: release, Revision: revision, SchemaVersion: schema, Workers: 8}
+	}
+	for _, c := range []struct {
+		name  string
+		a, b  replicaSelf
+		mixed bool
+	}{
+		{"one build", build("0.2.0", "abc123", "5f0c1e2d3a4b"), build("0.2.0", "abc123", "5f0c1e2d3a4b"), false},
+		{"revisions abc123 and def456", build("0.2.0", "abc123", "5f0c1e2d3a4b"), build("0.2.0", "def456", "5f0c1e2d3a4b"), true},
+		{"schemas", build("0.2.0", "abc123", "5f0c1e2d3a4b"), build("0.2.0", "abc123", "9e8d7c6b5a41"), true},
+		{"releases", build("0.2.0", "abc123", "5f0c1e2d3a4b"), build("0.3.0", "abc123", "5f0c1e2d3a4b"), true},
+		{"a release that recorded no schema", build("0.1.0", "", ""), build("0.2.0", "", "5f0c1e2d3a4b"), true},
+	} {
+		mustExec(t, db, `DELETE FROM outbox.replicas`)
+		for _, self := range []replicaSelf{c.a, c.b} {
+			if err := newReplicaRegistry(db, defaultConfig().Replicas, self, testLogger(t)).register(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		o, err := readOverview(ctx, db, defaultConfig().Alerts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got [][3]string
+		for _, r := range o.Replicas {
+			got = append(got, [3]string{r.Version, r.Revision, r.SchemaVersion})
+		}
+		want := [][3]string{{c.a.Version, c.a.Revision, c.a.SchemaVersion}, {c.b.Version, c.b.Revision, c.b.SchemaVersion}}
+		if diff := cmp.Diff(want, got); diff != "" || o.MixedVersions != c.mixed {
+			t.Errorf("%s: replicas (-want +got):\n%s\nmixed_versions %t, want %t", c.name, diff, o.MixedVersions, c.mixed)
+		}
+	}
+}
+
 // /api/overview and the panel list the live replicas, mark the one that
 // answered and the sweeper, and flag mixed versions; the panel stays
 // without JavaScript.
@@ -639,7 +687,8 @@ func TestOverviewListsReplicasAndFlagsMixedVersions(t *testing.T) {
 	}
 
 	status, page := panelPage(t, srv, "/")
-	for _, s := range []string{`id="mixed-versions"`, fmt.Sprintf(`id="replica-%d"`, a.ID()), fmt.Sprintf(`id="replica-%d"`, b.ID()), "(this one)", "0.2.0", "sweeper"} {
+	for _, s := range []string{`id="mixed-versions"`, fmt.Sprintf(`id="replica-%d"`, a.ID()), fmt.Sprintf(`id="replica-%d"`, b.ID()), "(this one)", "0.2.0", "sweeper",
+		"abc123", "schema " + schemaVersionOf(schemaChecksum())} {
 		if !strings.Contains(page, s) {
 			t.Errorf("the panel's overview lacks %q", s)
 		}
@@ -647,4 +696,157 @@ func TestOverviewListsReplicasAndFlagsMixedVersions(t *testing.T) {
 	if status != http.StatusOK || strings.Contains(strings.ToLower(page), "<script") {
 		t.Errorf("panel overview: status %d, <script> present: %t; want 200 and none", status, strings.Contains(strings.ToLower(page), "<script"))
 	}
+}
+
+// A replica starting on a host declares dead at once the registrations of
+// that host whose process is gone, and the rescuer's first pass returns
+// their running jobs to the queue, though each was seen just now, well
+// inside its dead_after of 15 s: a restart after kill -9 rescues its
+// predecessor's deliveries as it starts. Gone means no process has the
+// pid, or the one that has it started at another time (pid 1 of a
+// restarted container). A live process's registration stays, as does one
+// of another host, of another pid namespace on this host (another
+// container) or of a release that recorded no process: none of those can
+// be looked up from here.
+func TestRestartDeclaresItsGonePredecessorDeadAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, _ := newTestDB(t)
+	cfg := defaultConfig()
+	self := currentReplica(cfg.Workers.Concurrency, true)
+	if self.PIDNamespace == "" {
+		needProc(t)
+	}
+	ended := exec.Command("true")
+	if err := ended.Run(); err != nil {
+		t.Fatal(err)
+	}
+	live := exec.Command("sleep", "600")
+	if err := live.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { live.Process.Kill(); live.Wait() })
+	_, liveStart, err := readProcStat(live.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	for _, c := range []struct {
+		name        string
+		host, ns    string
+		pid         int
+		started     int64
+		wantRescued bool
+	}{
+		{"ended, on this host", self.Host, self.PIDNamespace, ended.Process.Pid, self.PIDStart, true},
+		{"its pid now another process's", self.Host, self.PIDNamespace, live.Process.Pid, liveStart - 1, true},
+		{"alive, on this host", self.Host, self.PIDNamespace, live.Process.Pid, liveStart, false},
+		{"ended, on another host", "another-host", self.PIDNamespace, ended.Process.Pid, self.PIDStart, false},
+		{"ended, in another pid namespace of this host", self.Host, self.PIDNamespace + "0", ended.Process.Pid, self.PIDStart, false},
+		{"of a release that recorded no process", self.Host, "", ended.Process.Pid, 0, false},
+	} {
+		row := replicaSelf{Host: c.host, PID: c.pid, Version: version, PIDNamespace: c.ns, PIDStart: c.started, Workers: 1}
+		reg := newReplicaRegistry(db, ReplicaConfig{Heartbeat: 3 * time.Second, DeadAfter: 15 * time.Second}, row, testLogger(t))
+		if err := reg.register(ctx); err != nil {
+			t.Fatal(err)
+		}
+		job := enqueueJob(t, db, "restart-test", 18)
+		mustExec(t, db, `UPDATE outbox.jobs SET state = 'running', attempt = 1, attempted_at = now(), held_by = $1, errors = jsonb_build_array($2::text) WHERE id = $3`,
+			reg.ID(), c.name, job)
+	}
+
+	// This process starts as outboxd does, then its rescuer's first pass.
+	if _, err := registerReplica(ctx, db, cfg, testLogger(t)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newRescuer(db, cfg.Workers, cfg.Replicas, testLogger(t)).rescueDeadReplicas(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := db.Query(`SELECT errors ->> 0, state = 'retryable' FROM outbox.jobs WHERE kind = 'restart-test' ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	got := map[string]bool{}
+	for rows.Next() {
+		var name string
+		var rescued bool
+		if err := rows.Scan(&name, &rescued); err != nil {
+			t.Fatal(err)
+		}
+		got[name] = rescued
+	}
+	want := map[string]bool{
+		"ended, on this host":                          true,
+		"its pid now another process's":                true,
+		"alive, on this host":                          false,
+		"ended, on another host":                       false,
+		"ended, in another pid namespace of this host": false,
+		"of a release that recorded no process":        false,
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("jobs rescued at once, by their replica (-want +got):\n%s", diff)
+	}
+}
+
+// needProc skips a test that needs Linux's /proc, and fails it where
+// CI=true, which runs on Linux.
+func needProc(t *testing.T) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatal("no /proc/sys/kernel/random/boot_id or /proc/self/ns/pid: this test needs Linux's /proc")
+	}
+	t.Skip("no /proc/sys/kernel/random/boot_id or /proc/self/ns/pid: this test needs Linux's /proc")
+}
+
+// After a kill -9 of a single outboxd mid-delivery, its restart on the
+// same host rescues the jobs its predecessor was running as it starts,
+// and delivers every event. The predecessor stated a dead_after of 10
+// minutes and the horizon is the default 90 s, so within the wait only
+// the restart's look at the predecessor's pid can return them. The time
+// from the restart to the last delivery is logged, not asserted.
+func TestRestartAfterKillRescuesItsPredecessorsJobsAtOnce(t *testing.T) {
+	t.Parallel()
+	if self := currentReplica(1, true); self.PIDNamespace == "" {
+		needProc(t)
+	}
+	db, dsn := newTestDB(t)
+	p := &replicaPair{db: db, recv: newHoldingReceiver(t)}
+	mustExec(t, db, `INSERT INTO outbox.endpoints (url, secret) VALUES ($1, decode(repeat('ab', 32), 'hex'))`,
+		"http://"+p.recv.addr+"/hook")
+	args := []string{
+		"-database-url", withApplicationName(dsn, "outboxd-victim"),
+		"-admin-token", faultAdminToken,
+		"-allow-private-endpoints",
+		"-relay-sweep", "200ms",
+		"-job-poll", "200ms",
+		"-workers", "4",
+		"-replica-dead-after", "10m",
+	}
+	p.victim = &faultReplica{t: t, name: "outboxd-victim", args: args, logPath: filepath.Join(t.TempDir(), "outboxd.log")}
+	p.victim.start()
+	t.Cleanup(p.victim.kill)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("outboxd's log ends:\n%s", tail(p.victim.logPath, 30))
+		}
+	})
+	p.holdVictim(t)
+	p.record(t, 100)
+	p.victim.kill()
+	held := p.recv.releaseHeld() // answered into dead connections
+
+	restarted := time.Now()
+	p.victim.start()
+	waitFor(t, "every event delivered after the restart", 60*time.Second, func() bool { return p.unfinished(t) == 0 })
+	took := time.Since(restarted)
+	rescued, horizon := p.rescuedBy(t)
+	if rescued == 0 || horizon != 0 {
+		t.Errorf("%d jobs rescued from the killed replica and %d by the horizon; want some from the replica, none by the horizon", rescued, horizon)
+	}
+	if b, err := os.ReadFile(p.victim.logPath); err != nil || !strings.Contains(string(b), "its process on this host is gone") {
+		t.Errorf("the restart did not log declaring its predecessor dead (%v)", err)
+	}
+	t.Logf("kill -9 with %d requests in flight, then a restart: all %d events delivered %s after the restart (the killed replica's dead_after 10m)",
+		held, p.events, took.Round(100*time.Millisecond))
 }

@@ -1,6 +1,10 @@
 // rescue.go: the rescuer, which returns to the queue the jobs whose worker
-// died. Two ways to know it died:
+// died. Three ways to know it died:
 //
+//   - its process is gone, seen by a replica starting on the same host
+//     (declareGoneProcessesDead): a restart after a crash declares its
+//     predecessor dead as it registers, and the rescuer's first pass
+//     rescues its jobs, without waiting out its dead_after;
 //   - its replica stopped heartbeating (replicas.go): a replica not seen
 //     within its dead_after (15 s) is declared dead, its row deleted, and
 //     every job still running under its id is rescued, within seconds;
@@ -18,10 +22,14 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"github.com/lib/pq"
 )
 
 // rescuer returns jobs whose worker died to the queue.
@@ -229,4 +237,95 @@ func (r *rescuer) rescueDeadReplicas(ctx context.Context) (int64, error) {
 		r.logger.Warn("rescued the running jobs of replicas no longer registered", "jobs", total)
 	}
 	return total, nil
+}
+
+// localReplicasSQL lists the other registrations from this host whose pid
+// is a number of this process's pid namespace in this boot ($2,
+// replicaSelf.PIDNamespace): those whose process this one can look up.
+// One row per process there, and up to $4.
+const localReplicasSQL = `
+SELECT id, pid, coalesce(pid_start, 0)
+FROM outbox.replicas
+WHERE host = $1
+  AND pid_namespace = $2
+  AND id <> $3
+ORDER BY id
+LIMIT $4`
+
+// localReplica is a row of localReplicasSQL.
+type localReplica struct {
+	ID      int64
+	PID     int
+	Started int64 // clock ticks after boot; 0 unknown
+}
+
+func scanLocalReplica(row rowScanner) (localReplica, error) {
+	var l localReplica
+	err := row.Scan(&l.ID, &l.PID, &l.Started)
+	return l, err
+}
+
+// declareGoneSQL declares dead the replicas $1, whose process is gone:
+// their rows are deleted, as declareDeadReplicasSQL deletes those of
+// replicas that stopped heartbeating, and their jobs are then orphans
+// (rescueOrphanedJobsSQL).
+const declareGoneSQL = `
+DELETE FROM outbox.replicas
+WHERE id = ANY ($1)
+RETURNING id, host, pid, extract(epoch FROM now() - last_seen)::float8`
+
+// declareGoneProcessesDead declares dead, at once, the replicas registered
+// from this host and pid namespace whose process is gone (processGone):
+// after a crash and a restart, the predecessor's row would otherwise keep
+// its running jobs for its whole dead_after (15 s), though the restart can
+// see that its process no longer runs. The rescuer's next pass, the first
+// of a process that just started, rescues their jobs. self is this process, registered as selfID. It declares
+// nothing when this process does not know its pid namespace (off Linux).
+func declareGoneProcessesDead(ctx context.Context, db *sql.DB, self replicaSelf, selfID int64, logger *slog.Logger) (int, error) {
+	if self.PIDNamespace == "" {
+		return 0, nil
+	}
+	local, err := queryAll(ctx, db, scanLocalReplica, localReplicasSQL, self.Host, self.PIDNamespace, selfID, rescueBatch)
+	if err != nil {
+		return 0, fmt.Errorf("list this host's replicas: %w", err)
+	}
+	var gone []int64
+	for _, l := range local {
+		if processGone(l.PID, l.Started) {
+			gone = append(gone, l.ID)
+		}
+	}
+	if len(gone) == 0 {
+		return 0, nil
+	}
+	dead, err := queryAll(ctx, db, scanDeadReplica, declareGoneSQL, pq.Array(gone))
+	if err != nil {
+		return 0, fmt.Errorf("declare dead the replicas whose process is gone: %w", err)
+	}
+	for _, d := range dead {
+		logger.Warn("replica declared dead: its process on this host is gone; its running jobs are rescued now",
+			"replica", d.ID, "pid", d.PID, "silent", time.Duration(d.SilentSecs*float64(time.Second)).Round(time.Millisecond))
+	}
+	return len(dead), nil
+}
+
+// processGone reports whether the process numbered pid in this pid
+// namespace, which started at started (clock ticks after boot), has ended:
+// no process has that number, the one that has it is a zombie, or it
+// started at another time (the number was given to a later process, as
+// pid 1 is to every container's first). When it cannot tell (no /proc, or
+// a process it may not look at) it says no: a live replica declared dead
+// would have its deliveries in flight sent again.
+func processGone(pid int, started int64) bool {
+	if pid <= 0 || started <= 0 {
+		return false
+	}
+	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		return true
+	}
+	state, now, err := readProcStat(pid)
+	if err != nil {
+		return false
+	}
+	return state == 'Z' || state == 'X' || now != started
 }

@@ -1623,7 +1623,7 @@ BEGIN
 END
 $$;
 
--- fan_out_and_claim is a batch pass of fan_out and, in the same
+-- fan_out_claiming is a batch pass of fan_out and, in the same
 -- transaction, a claim of up to in_claim_batch due jobs for the relay's
 -- own workers (claim_jobs, with in_replica and in_answered), when the pass
 -- enqueued jobs and was not full. A pass that is not full is the relay
@@ -1633,10 +1633,10 @@ $$;
 -- on every event's way to its receiver. A full pass is a backlog, which
 -- the workers claim at their own pace. The claim sees the pass's jobs: it
 -- runs after it, in the same transaction.
-DROP FUNCTION IF EXISTS outbox.fan_out_and_claim(integer, jsonb, integer, double precision, text, integer, bigint, bigint[]);
-CREATE FUNCTION outbox.fan_out_and_claim(in_batch integer, in_subscribers jsonb, in_max_attempts integer,
-                                         in_breaker_delay double precision, in_origin text,
-                                         in_claim_batch integer, in_replica bigint, in_answered bigint[])
+DROP FUNCTION IF EXISTS outbox.fan_out_claiming(integer, jsonb, integer, double precision, text, integer, bigint, bigint[]);
+CREATE FUNCTION outbox.fan_out_claiming(in_batch integer, in_subscribers jsonb, in_max_attempts integer,
+                                        in_breaker_delay double precision, in_origin text,
+                                        in_claim_batch integer, in_replica bigint, in_answered bigint[])
 RETURNS TABLE (out_fanned bigint, out_jobs bigint, out_claimed outbox.claimed_job[])
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -2451,7 +2451,8 @@ CREATE TABLE IF NOT EXISTS outbox.replicas (
   host       text        NOT NULL,
   pid        integer     NOT NULL,
   -- The release (version.go) and the VCS revision it was built from
-  -- ('' when unknown): the overview flags replicas of different releases.
+  -- ('' when unknown): with schema_version (below), what the overview
+  -- compares to flag replicas of different builds.
   version    text        NOT NULL,
   revision   text        NOT NULL DEFAULT '',
   -- What it runs: every replica relays, runs workers and may sweep; these
@@ -2470,6 +2471,42 @@ CREATE TABLE IF NOT EXISTS outbox.replicas (
   CONSTRAINT replicas_dead_after_positive CHECK (dead_after > interval '0')
 );
 
+-- What else tells builds and processes apart, added after the table (a
+-- release before them inserts rows without them, and gets the defaults):
+--
+--   schema_version  the schema its binary carries: the start of the
+--                   checksum of schema.sql and schema_indexes.sql
+--                   (migrate.go), '' from a release that did not record
+--                   it. Two builds of one release and revision differ
+--                   here when one was built from a tree whose schema
+--                   files were changed; replicas whose schemas differ are
+--                   a roll under way.
+--   pid_namespace   the kernel boot and the pid namespace its pid is a
+--                   number of ('' when unknown, off Linux): only a process
+--                   of the same boot and namespace can look that pid up.
+--   pid_start       when that process started, in clock ticks after boot
+--                   (NULL when unknown): a pid used again by a later
+--                   process has a later start.
+--
+-- With the last two, a replica starting on the same host declares dead at
+-- once a registration whose process is gone (rescue.go), instead of
+-- waiting out its dead_after: a restart after a crash rescues its
+-- predecessor's jobs as it starts.
+ALTER TABLE outbox.replicas
+  ADD COLUMN IF NOT EXISTS schema_version text NOT NULL DEFAULT '',
+  ADD COLUMN IF NOT EXISTS pid_namespace text NOT NULL DEFAULT '',
+  ADD COLUMN IF NOT EXISTS pid_start bigint;
+
+DO $$
+BEGIN
+  ALTER TABLE outbox.replicas
+    ADD CONSTRAINT replicas_schema_version_length CHECK (length(schema_version) <= 64),
+    ADD CONSTRAINT replicas_pid_namespace_length CHECK (length(pid_namespace) <= 200);
+EXCEPTION WHEN duplicate_object THEN
+  NULL;
+END
+$$;
+
 -- held_by is the replica whose claim last marked the job running
 -- (outbox.claim_jobs), meaningful while it runs: the dead-replica rescue
 -- finds a dead replica's jobs by it, among the running ones
@@ -2478,3 +2515,115 @@ CREATE TABLE IF NOT EXISTS outbox.replicas (
 -- when its replica is declared dead, and the jobs' history keeps the id.
 ALTER TABLE outbox.jobs
   ADD COLUMN IF NOT EXISTS held_by bigint;
+
+--------------------------------------------------------------------------------
+-- Calls of release 0.1.0, kept while its replicas roll; a later release drops them
+--------------------------------------------------------------------------------
+
+-- Upgrades roll (docs/upgrades.md): this file is applied while replicas of
+-- the previous release, 0.1.0, still run, and they keep calling what they
+-- called. These are those of their calls whose function this release
+-- changed, with 0.1.0's arguments and result columns, each a thin wrapper
+-- of this release's function, so that both releases do the same work. The
+-- release after this one, whose previous release no longer calls them,
+-- drops them (upgrade_test.go runs 0.1.0's own binary beside this one, and
+-- sends each call as 0.1.0's Go code sends it).
+
+-- 0.1.0's claim of a batch of events, which its own fan_out calls from its
+-- body: a call of 0.1.0's fan_out or fan_out_and_claim that began before
+-- this file committed (waiting for a lock this file's transaction held)
+-- runs its body's statements after, against this schema.
+DROP FUNCTION IF EXISTS outbox.mark_fanned_out(integer);
+CREATE FUNCTION outbox.mark_fanned_out(in_batch integer)
+RETURNS TABLE (id bigint, topic text, subject text, payload jsonb)
+LANGUAGE sql VOLATILE
+AS $$
+  SELECT m.id, m.topic, m.subject, m.payload
+  FROM outbox.mark_fanned_out(in_batch, NULL) AS m
+$$;
+
+-- 0.1.0's relay pass of a batch (relay.go, relayBatchSQL): fan_out without
+-- the event id.
+DROP FUNCTION IF EXISTS outbox.fan_out(integer, jsonb, integer, double precision, text);
+CREATE FUNCTION outbox.fan_out(in_batch integer, in_subscribers jsonb, in_max_attempts integer,
+                               in_breaker_delay double precision, in_origin text)
+RETURNS TABLE (out_fanned bigint, out_jobs bigint)
+LANGUAGE sql VOLATILE
+AS $$
+  SELECT f.out_fanned, f.out_jobs
+  FROM outbox.fan_out(in_batch, NULL, in_subscribers, in_max_attempts, in_breaker_delay, in_origin) AS f
+$$;
+
+-- 0.1.0's row-by-row retry after a batch failed (relay.go, relayRowSQL):
+-- fan_out of that one event.
+DROP FUNCTION IF EXISTS outbox.fan_out_event(bigint, jsonb, integer, double precision, text);
+CREATE FUNCTION outbox.fan_out_event(in_event_id bigint, in_subscribers jsonb, in_max_attempts integer,
+                                     in_breaker_delay double precision, in_origin text)
+RETURNS TABLE (out_fanned bigint, out_jobs bigint)
+LANGUAGE sql VOLATILE
+AS $$
+  SELECT f.out_fanned, f.out_jobs
+  FROM outbox.fan_out(1, in_event_id, in_subscribers, in_max_attempts, in_breaker_delay, in_origin) AS f
+$$;
+
+-- 0.1.0's pass that claims for its workers (relay.go, relayClaimSQL):
+-- fan_out_claiming, with a row per claimed job, each carrying the pass's
+-- counts, and one row of counts and NULLs when it claimed none.
+DROP FUNCTION IF EXISTS outbox.fan_out_and_claim(integer, jsonb, integer, double precision, text, integer, bigint, bigint[]);
+CREATE FUNCTION outbox.fan_out_and_claim(in_batch integer, in_subscribers jsonb, in_max_attempts integer,
+                                         in_breaker_delay double precision, in_origin text,
+                                         in_claim_batch integer, in_replica bigint, in_answered bigint[])
+RETURNS TABLE (out_fanned bigint, out_jobs bigint,
+               id bigint, kind text, attempt integer, max_attempts integer,
+               endpoint_id bigint,
+               event_id bigint, topic text, subject text, payload jsonb, created_at timestamptz,
+               traceparent text, tracestate text,
+               url text, secret bytea, previous_secret bytea, disabled_reason text,
+               start_in_ms integer, wake_on_outcome boolean, replay_yields boolean)
+LANGUAGE sql VOLATILE
+AS $$
+  SELECT p.out_fanned, p.out_jobs, c.*
+  FROM outbox.fan_out_claiming(in_batch, in_subscribers, in_max_attempts, in_breaker_delay, in_origin,
+                               in_claim_batch, in_replica, in_answered) AS p
+  LEFT JOIN LATERAL unnest(p.out_claimed) AS c ON true
+$$;
+
+-- 0.1.0's completer (outcome.go, recordOutcomesSQL): a batch of outcomes
+-- as 27 parallel arrays, made into record_outcomes' rows. Its "none" for a
+-- status code and a duration kept on a job is -1 where the rows say null;
+-- a 0 status or endpoint in an attempt means none in both.
+DROP FUNCTION IF EXISTS outbox.record_outcomes(bigint[], integer[], text[], bigint[], text[], integer[], integer[],
+  bigint[], integer[], bigint[], integer[], integer[], text[], text[], boolean[], text[], bigint[], integer[], integer,
+  bigint[], boolean[], integer[], bigint[], integer, bigint[], bigint[], bigint[]);
+CREATE FUNCTION outbox.record_outcomes(
+  in_ids bigint[], in_attempts integer[], in_states text[], in_delays bigint[], in_errors text[],
+  in_statuses integer[], in_durations integer[],
+  in_attempt_job_ids bigint[], in_attempt_numbers integer[], in_attempt_endpoints bigint[],
+  in_attempt_durations integer[], in_attempt_statuses integer[], in_attempt_errors text[],
+  in_attempt_excerpts text[], in_attempt_kept boolean[], in_attempt_classes text[],
+  in_attempt_minutes bigint[], in_attempt_buckets integer[], in_buckets integer,
+  in_health_ids bigint[], in_health_succeeded boolean[], in_health_failures integer[], in_health_holds bigint[],
+  in_breaker_threshold integer, in_gone_ids bigint[], in_window_ids bigint[], in_window_seconds bigint[])
+RETURNS void
+LANGUAGE sql VOLATILE
+AS $$
+  SELECT outbox.record_outcomes(
+    (SELECT coalesce(json_agg(o ORDER BY o.i), '[]')
+     FROM (SELECT u.i, u.id, u.attempt, u.state, u.delay_ms, u.error,
+                  nullif(u.status_code, -1) AS status_code, nullif(u.duration_ms, -1) AS duration_ms
+           FROM unnest(in_ids, in_attempts, in_states, in_delays, in_errors, in_statuses, in_durations)
+                WITH ORDINALITY AS u(id, attempt, state, delay_ms, error, status_code, duration_ms, i)) AS o),
+    (SELECT coalesce(json_agg(a ORDER BY a.i), '[]')
+     FROM unnest(in_attempt_job_ids, in_attempt_numbers, in_attempt_endpoints, in_attempt_durations,
+                 in_attempt_statuses, in_attempt_errors, in_attempt_excerpts, in_attempt_kept,
+                 in_attempt_classes, in_attempt_minutes, in_attempt_buckets)
+          WITH ORDINALITY AS a(job_id, attempt, endpoint_id, duration_ms, status_code, error, excerpt, kept,
+                               class, minute, bucket, i)),
+    (SELECT coalesce(json_agg(h ORDER BY h.i), '[]')
+     FROM unnest(in_health_ids, in_health_succeeded, in_health_failures, in_health_holds)
+          WITH ORDINALITY AS h(id, succeeded, failures, hold_ms, i)),
+    coalesce(in_gone_ids, '{}'),
+    (SELECT coalesce(json_agg(w ORDER BY w.i), '[]')
+     FROM unnest(in_window_ids, in_window_seconds) WITH ORDINALITY AS w(id, seconds, i)),
+    in_breaker_threshold, in_buckets)
+$$;

@@ -1,0 +1,621 @@
+// upgrade_test.go: a rolling upgrade from the previous release's own code:
+// its binary, built from its commit, beside this one on one database, and
+// its SQL calls, sent as it sends them, against this release's schema.
+
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/lib/pq"
+)
+
+// previousRelease is the commit of the release before this one (0.1.0),
+// whose replicas this release's migration must keep working until they
+// stop (docs/upgrades.md).
+const (
+	previousRelease        = "e5d1140"
+	previousReleaseVersion = "0.1.0"
+)
+
+// The previous release's calls of the functions this release changed,
+// word for word as its Go code sends them (relay.go, deliver.go,
+// outcome.go and, for its registration, replicas.go at previousRelease).
+const (
+	previousClaimedColumns = `
+       id, kind, attempt, max_attempts, endpoint_id,
+       event_id, topic, subject, payload, created_at,
+       traceparent, tracestate,
+       url, secret, previous_secret, disabled_reason,
+       start_in_ms, wake_on_outcome, replay_yields`
+	previousFanOutSQL         = `SELECT out_fanned, out_jobs FROM outbox.fan_out($1, $2, $3, $4, $5)`
+	previousFanOutEventSQL    = `SELECT out_fanned, out_jobs FROM outbox.fan_out_event($1, $2, $3, $4, $5)`
+	previousFanOutAndClaimSQL = `SELECT out_fanned, out_jobs, ` + previousClaimedColumns + `
+FROM outbox.fan_out_and_claim($1, $2, $3, $4, $5, $6, $7, $8)`
+	previousClaimJobsSQL      = `SELECT ` + previousClaimedColumns + ` FROM outbox.claim_jobs($1, $2, $3)`
+	previousRecordOutcomesSQL = `SELECT outbox.record_outcomes(` +
+		`$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, ` +
+		`$19, $20, $21, $22, $23, $24, $25, $26, $27)`
+	previousRegisterReplicaSQL = `
+INSERT INTO outbox.replicas (host, pid, version, revision, workers, listens, dead_after)
+VALUES ($1, $2, $3, $4, $5, $6, make_interval(secs => $7))
+RETURNING id`
+)
+
+// previousClaimedJob is a row of the previous release's claims: the ids it
+// reads (the rest it scans as they come).
+type previousClaimedJob struct {
+	fanned, jobs int64
+	id, eventID  sql.NullInt64
+}
+
+// previousClaim runs one of the previous release's claims and keeps, of
+// each row, the pass's counts (when withCounts) and the job and its event.
+func previousClaim(t *testing.T, db *sql.DB, withCounts bool, query string, args ...any) []previousClaimedJob {
+	t.Helper()
+	rows, err := db.Query(query, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []previousClaimedJob
+	for rows.Next() {
+		var j previousClaimedJob
+		var rest [17]any
+		dest := []any{&j.id, &rest[0], &rest[1], &rest[2], &rest[3], &j.eventID}
+		for i := 4; i < len(rest); i++ {
+			dest = append(dest, &rest[i])
+		}
+		if withCounts {
+			dest = append([]any{&j.fanned, &j.jobs}, dest...)
+		}
+		if err := rows.Scan(dest...); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, j)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// Every call the previous release makes of a function this release
+// changed still works on this release's schema, with the previous
+// release's arguments and result columns, and does what it did: the relay's
+// batch, its row-by-row retry and its pass that claims, the workers' claim,
+// and the completer's 27 arrays, whose "none" (-1) for a status and a
+// duration the job must keep as NULL.
+func TestPreviousReleaseCallsKeepWorking(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	var endpointID, replicaID int64
+	if err := db.QueryRow(`INSERT INTO outbox.endpoints (url, secret) VALUES ('https://receiver.example/hook', $1) RETURNING id`,
+		make([]byte, 32)).Scan(&endpointID); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.QueryRow(previousRegisterReplicaSQL, "previous-host", 1, previousReleaseVersion, "", 4, true, 15.0).Scan(&replicaID); err != nil {
+		t.Fatalf("the previous release's registration: %v", err)
+	}
+	var events [3]int64
+	for i := range events {
+		events[i] = recordEventOrFatal(t, db, fmt.Sprintf("s%d", i))
+	}
+	noSubscribers, answered := "[]", pq.Array([]int64{})
+
+	var fanned, jobs int64
+	if err := db.QueryRow(previousFanOutSQL, 1, noSubscribers, 18, 300.0, "").Scan(&fanned, &jobs); err != nil {
+		t.Fatalf("the previous release's relay pass: %v", err)
+	}
+	if fanned != 1 || jobs != 1 {
+		t.Errorf("the previous release's relay pass of 1 fanned %d events into %d jobs, want 1 into 1", fanned, jobs)
+	}
+	claimed := previousClaim(t, db, false, previousClaimJobsSQL, 10, replicaID, answered)
+	if len(claimed) != 1 || claimed[0].eventID.Int64 != events[0] {
+		t.Fatalf("the previous release's claim took %+v, want the job of event %d", claimed, events[0])
+	}
+	completed := claimed[0].id.Int64
+
+	if err := db.QueryRow(previousFanOutEventSQL, events[2], noSubscribers, 18, 300.0, "").Scan(&fanned, &jobs); err != nil {
+		t.Fatalf("the previous release's row-by-row relay: %v", err)
+	}
+	if fanned != 1 || jobs != 1 {
+		t.Errorf("the previous release's row-by-row relay of event %d fanned %d events into %d jobs, want 1 into 1", events[2], fanned, jobs)
+	}
+	claimed = previousClaim(t, db, true, previousFanOutAndClaimSQL, 10, noSubscribers, 18, 300.0, "", 5, replicaID, answered)
+	if len(claimed) != 2 || claimed[0].fanned != 1 || claimed[0].jobs != 1 || claimed[1].fanned != 1 || claimed[1].jobs != 1 {
+		t.Fatalf("the previous release's pass that claims returned %+v, want 2 jobs, each row with 1 event fanned into 1 job", claimed)
+	}
+	retried, unkept := claimed[0].id.Int64, claimed[1].id.Int64
+	if none := previousClaim(t, db, true, previousFanOutAndClaimSQL, 10, noSubscribers, 18, 300.0, "", 5, replicaID, answered); len(none) != 1 || none[0].id.Valid || none[0].fanned != 0 {
+		t.Errorf("a pass with nothing to do returned %+v, want one row of counts and no job", none)
+	}
+
+	recordPreviousOutcomes(t, db, endpointID, completed, retried, unkept)
+	checkPreviousOutcomes(t, db, endpointID, completed, retried, unkept)
+}
+
+func recordEventOrFatal(t *testing.T, db *sql.DB, subject string) int64 {
+	t.Helper()
+	id, err := recordEvent(context.Background(), db, "upgrade.test", subject, json.RawMessage(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// recordPreviousOutcomes writes three outcomes as the previous release's
+// completer does: completed with its 200 kept on the job; retryable after
+// a 500; completed with its attempt kept in deliveries (status and
+// duration -1 on the job: none). The endpoint: a success and one failure
+// after it, and a dedup window of a day.
+func recordPreviousOutcomes(t *testing.T, db *sql.DB, endpointID, completed, retried, unkept int64) {
+	t.Helper()
+	minute := time.Now().Truncate(time.Minute).Unix()
+	_, err := db.Exec(previousRecordOutcomesSQL,
+		pq.Array([]int64{completed, retried, unkept}), pq.Array([]int64{1, 1, 1}),
+		pq.Array([]string{"completed", "retryable", "completed"}), pq.Array([]int64{0, 60_000, 0}),
+		pq.Array([]string{"", "HTTP 500", ""}),
+		pq.Array([]int64{200, -1, -1}), pq.Array([]int64{12, -1, -1}),
+		pq.Array([]int64{completed, retried, unkept}), pq.Array([]int64{1, 1, 1}),
+		pq.Array([]int64{endpointID, endpointID, endpointID}), pq.Array([]int64{12, 30, 40}),
+		pq.Array([]int64{200, 500, 200}), pq.Array([]string{"", "HTTP 500", ""}),
+		pq.Array([]string{"", "oops", ""}), pq.Array([]bool{true, false, false}),
+		pq.Array([]string{"success", "5xx", "success"}),
+		pq.Array([]int64{minute, minute, minute}), pq.Array([]int64{0, 0, 1}), statsBuckets,
+		pq.Array([]int64{endpointID}), pq.Array([]bool{true}), pq.Array([]int64{1}), pq.Array([]int64{0}),
+		5, pq.Array([]int64{}), pq.Array([]int64{endpointID}), pq.Array([]int64{86_400}))
+	if err != nil {
+		t.Fatalf("the previous release's record_outcomes: %v", err)
+	}
+}
+
+// checkPreviousOutcomes checks what recordPreviousOutcomes wrote.
+func checkPreviousOutcomes(t *testing.T, db *sql.DB, endpointID, completed, retried, unkept int64) {
+	t.Helper()
+	type job struct {
+		state              string
+		status, durationMS sql.NullInt64
+		errors             int
+	}
+	for _, c := range []struct {
+		id   int64
+		want job
+	}{
+		{completed, job{"completed", sql.NullInt64{Int64: 200, Valid: true}, sql.NullInt64{Int64: 12, Valid: true}, 0}},
+		{retried, job{state: "retryable", errors: 1}},
+		{unkept, job{state: "completed"}},
+	} {
+		var got job
+		if err := db.QueryRow(`SELECT state, status_code, duration_ms, jsonb_array_length(errors) FROM outbox.jobs WHERE id = $1`, c.id).
+			Scan(&got.state, &got.status, &got.durationMS, &got.errors); err != nil {
+			t.Fatal(err)
+		}
+		if got != c.want {
+			t.Errorf("job %d after the previous release's outcomes: %+v, want %+v", c.id, got, c.want)
+		}
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE job_id IN ($1, $2) AND status_code IN (500, 200)`, retried, unkept); n != 2 {
+		t.Errorf("%d attempts kept in deliveries, want 2 (the 500 and the success its job did not keep)", n)
+	}
+	var attempts, successes, failed5xx int
+	if err := db.QueryRow(`SELECT attempts, successes, failed_5xx FROM outbox.delivery_stats WHERE endpoint_id = $1`, endpointID).
+		Scan(&attempts, &successes, &failed5xx); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 3 || successes != 2 || failed5xx != 1 {
+		t.Errorf("statistics: %d attempts, %d successes, %d 5xx; want 3, 2, 1", attempts, successes, failed5xx)
+	}
+	var failures int
+	var failing bool
+	var window sql.NullInt64
+	if err := db.QueryRow(`SELECT consecutive_failures, failing_since IS NOT NULL, dedup_window_seconds FROM outbox.endpoints WHERE id = $1`, endpointID).
+		Scan(&failures, &failing, &window); err != nil {
+		t.Fatal(err)
+	}
+	if failures != 1 || !failing || window.Int64 != 86_400 {
+		t.Errorf("endpoint: %d consecutive failures, failing %t, window %v; want 1, true, 86400", failures, failing, window)
+	}
+}
+
+// needGitHistory fails the test where CI=true, and skips it elsewhere:
+// the rolling upgrade needs the previous release's commit, which a shallow
+// clone lacks.
+func needGitHistory(t *testing.T, why string) {
+	t.Helper()
+	msg := fmt.Sprintf("the rolling upgrade from release %s needs commit %s of this repository, git and the go tool: %s "+
+		"(a shallow clone lacks the commit: git fetch --unshallow)", previousReleaseVersion, previousRelease, why)
+	if os.Getenv("CI") == "true" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+}
+
+// buildPreviousRelease checks out previousRelease in a git worktree under
+// a temporary folder and builds it, returning the binary.
+func buildPreviousRelease(t *testing.T) string {
+	t.Helper()
+	if _, err := exec.LookPath("git"); err != nil {
+		needGitHistory(t, "git is not installed")
+	}
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		needGitHistory(t, "go is not installed")
+	}
+	if out, err := exec.Command("git", "rev-parse", "--verify", "--quiet", previousRelease+"^{commit}").CombinedOutput(); err != nil {
+		needGitHistory(t, fmt.Sprintf("the commit is not in this clone (git rev-parse: %v%s)", err, strings.TrimRight("; "+string(out), "; \n")))
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src")
+	if out, err := exec.Command("git", "worktree", "add", "--detach", src, previousRelease).CombinedOutput(); err != nil {
+		t.Fatalf("git worktree add %s: %v\n%s", previousRelease, err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("git", "worktree", "remove", "--force", src).CombinedOutput(); err != nil {
+			t.Errorf("git worktree remove: %v\n%s", err, out)
+		}
+	})
+	bin := filepath.Join(dir, "outboxd-"+previousReleaseVersion)
+	build := exec.Command(goTool, "build", "-o", bin, ".")
+	build.Dir = src
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build of release %s: %v\n%s", previousReleaseVersion, err, out)
+	}
+	return bin
+}
+
+// newEmptyTestDB is a fresh database with nothing in it, dropped when t
+// ends: the previous release migrates it as it would a new installation.
+func newEmptyTestDB(t *testing.T) (*sql.DB, string) {
+	t.Helper()
+	name := fmt.Sprintf("outboxd_test_%d_%d", os.Getpid(), harness.seq.Add(1))
+	admin, err := sql.Open("postgres", harness.adminDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if _, err := admin.Exec("CREATE DATABASE " + name); err != nil {
+		t.Fatalf("create test database: %v", err)
+	}
+	dsn := dsnWithDB(harness.adminDSN, name)
+	db, err := newDBPool(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		db.Close()
+		admin, err := sql.Open("postgres", harness.adminDSN)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer admin.Close()
+		if _, err := admin.Exec("DROP DATABASE IF EXISTS " + name + " WITH (FORCE)"); err != nil {
+			t.Errorf("drop test database: %v", err)
+		}
+	})
+	return db, dsn
+}
+
+// upgradeReplica is one outboxd process of either release.
+type upgradeReplica struct {
+	name   string
+	addr   string
+	cmd    *exec.Cmd
+	log    syncBuffer
+	exited chan struct{}
+	err    error // Wait's, once exited is closed
+}
+
+const upgradeAdminToken = "upgrade-token-0123456789"
+
+// startUpgradeReplica runs bin (with env added) as outboxd on dsn and
+// waits until it is healthy: it has applied its schema.
+func startUpgradeReplica(t *testing.T, name, bin, dsn string, env ...string) *upgradeReplica {
+	t.Helper()
+	r := &upgradeReplica{name: name, addr: freeAddr(t), exited: make(chan struct{})}
+	r.cmd = exec.Command(bin, "-addr", r.addr, "-allow-private-endpoints")
+	r.cmd.Env = append(os.Environ(), append(env, "DATABASE_URL="+dsn, "OUTBOXD_ADMIN_TOKEN="+upgradeAdminToken)...)
+	r.cmd.Stdout, r.cmd.Stderr = io.Discard, &r.log
+	if err := r.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { r.err = r.cmd.Wait(); close(r.exited) }()
+	t.Cleanup(func() {
+		r.cmd.Process.Kill()
+		<-r.exited
+		if t.Failed() {
+			t.Logf("%s's log:\n%s", r.name, r.log.String())
+		}
+	})
+	awaitHealthy(t, r.addr, r.exited)
+	return r
+}
+
+// stop sends SIGTERM and waits for a clean exit.
+func (r *upgradeReplica) stop(t *testing.T) {
+	t.Helper()
+	if err := r.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-r.exited:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("%s still running 60s after SIGTERM", r.name)
+	}
+	if r.err != nil {
+		t.Errorf("%s exited after SIGTERM with %v, want status 0", r.name, r.err)
+	}
+}
+
+// api calls r's JSON API as the admin and decodes the answer into out.
+func (r *upgradeReplica) api(t *testing.T, method, path, body string, out any) {
+	t.Helper()
+	req, err := http.NewRequest(method, "http://"+r.addr+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+upgradeAdminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("%s %s on %s: %s %s", method, path, r.name, resp.Status, b)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// upgradeReceiver accepts every webhook and keeps, per event id, the
+// releases that delivered it (from the User-Agent, outboxd/<release>).
+type upgradeReceiver struct {
+	mu sync.Mutex // protects byEvent
+	// byEvent maps an event id to the releases that delivered it.
+	byEvent map[int64]map[string]bool
+}
+
+func (rc *upgradeReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, r.Body)
+	var id int64
+	if _, err := fmt.Sscan(r.Header.Get("webhook-id"), &id); err != nil {
+		http.Error(w, "no webhook-id", http.StatusBadRequest)
+		return
+	}
+	release := strings.TrimPrefix(r.Header.Get("User-Agent"), "outboxd/")
+	rc.mu.Lock()
+	if rc.byEvent[id] == nil {
+		rc.byEvent[id] = map[string]bool{}
+	}
+	rc.byEvent[id][release] = true
+	rc.mu.Unlock()
+}
+
+// deliveredBy counts the events with an id above after that release
+// delivered.
+func (rc *upgradeReceiver) deliveredBy(release string, after int64) int {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	n := 0
+	for id, releases := range rc.byEvent {
+		if id > after && releases[release] {
+			n++
+		}
+	}
+	return n
+}
+
+// missing counts the events of ids that no release delivered.
+func (rc *upgradeReceiver) missing(ids []int64) int {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	n := 0
+	for _, id := range ids {
+		if len(rc.byEvent[id]) == 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// upgradeProducers record events, each in a transaction of its own, at a
+// steady pace, and keep the longest transaction.
+type upgradeProducers struct {
+	stop atomic.Bool
+	wg   sync.WaitGroup
+
+	mu      sync.Mutex // protects the fields below
+	longest time.Duration
+	err     error // the first a producer met; it stopped there
+}
+
+// startUpgradeProducers starts n producers, each recording an event every
+// interval.
+func startUpgradeProducers(db *sql.DB, n int, interval time.Duration) *upgradeProducers {
+	p := &upgradeProducers{}
+	for i := range n {
+		p.wg.Go(func() {
+			tick := time.NewTicker(interval)
+			defer tick.Stop()
+			for seq := 0; !p.stop.Load(); seq++ {
+				took, err := p.produce(db, fmt.Sprintf("%d-%d", i, seq))
+				p.mu.Lock()
+				p.longest = max(p.longest, took)
+				if err != nil && p.err == nil {
+					p.err = err
+				}
+				p.mu.Unlock()
+				if err != nil {
+					return
+				}
+				<-tick.C
+			}
+		})
+	}
+	return p
+}
+
+// produce records one event in a transaction of its own, as an
+// application does with its business write, and says how long the
+// transaction took, BEGIN to COMMIT.
+func (p *upgradeProducers) produce(db *sql.DB, subject string) (time.Duration, error) {
+	began := time.Now()
+	tx, err := db.Begin()
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback()
+	if _, err := recordEvent(context.Background(), tx, "upgrade.test", subject, json.RawMessage(`{}`)); err != nil {
+		return time.Since(began), err
+	}
+	err = tx.Commit()
+	return time.Since(began), err
+}
+
+// stopAndWait stops the producers, and returns the longest transaction and
+// the first error any met.
+func (p *upgradeProducers) stopAndWait() (time.Duration, error) {
+	p.stop.Store(true)
+	p.wg.Wait()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.longest, p.err
+}
+
+// upgradeOverview is what the test reads of GET /api/overview.
+type upgradeOverview struct {
+	Replicas []struct {
+		Version       string `json:"version"`
+		SchemaVersion string `json:"schema_version"`
+	} `json:"replicas"`
+	MixedVersions bool `json:"mixed_versions"`
+}
+
+// The rolling upgrade DESIGN.md promises, from the previous release's own
+// code: a replica of release 0.1.0 (built from its commit) delivers while
+// producers record; a replica of this release starts beside it, migrates
+// under that load and delivers too, with the overview flagging mixed
+// versions (told apart by what each replica records, not by labels this
+// test sets); then the old replica stops. Every event recorded is
+// delivered (lost 0), the old replica's calls keep working after the
+// migration (it delivers events recorded after it, and logs no error), and
+// no producer transaction takes over 1 s.
+func TestRollingUpgradeFromThePreviousReleaseLosesNothing(t *testing.T) {
+	t.Parallel()
+	previous := buildPreviousRelease(t)
+	db, dsn := newEmptyTestDB(t)
+	// Counts the calls of each SQL function, for the check that the old
+	// replica called this release's wrappers.
+	mustExec(t, db, `DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET track_functions = ''all''', current_database()); END $$`)
+	receiver := &upgradeReceiver{byEvent: map[int64]map[string]bool{}}
+	hooks := httptest.NewServer(receiver)
+	defer hooks.Close()
+
+	old := startUpgradeReplica(t, "release "+previousReleaseVersion, previous, dsn)
+	var endpoint Endpoint
+	old.api(t, "POST", "/api/endpoints", fmt.Sprintf(`{"url": %q, "topics": ["upgrade.*"]}`, hooks.URL+"/hook"), &endpoint)
+
+	// 4 producers at 25 events/s each: below what one replica delivers on
+	// a loaded machine, so the backlog stays short while one migrates.
+	producers := startUpgradeProducers(db, 4, 40*time.Millisecond)
+	defer producers.stopAndWait()
+	waitFor(t, "the previous release delivering", 30*time.Second, func() bool {
+		return receiver.deliveredBy(previousReleaseVersion, 0) >= 100
+	})
+
+	// This release starts beside it and migrates under the load.
+	current := startUpgradeReplica(t, "release "+version, os.Args[0], dsn, "OUTBOXD_TEST_RUN_MAIN=1")
+	var migrated int64
+	if err := db.QueryRow(`SELECT max(id) FROM outbox.events`).Scan(&migrated); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "both releases delivering events recorded after the migration", 60*time.Second, func() bool {
+		return receiver.deliveredBy(previousReleaseVersion, migrated) >= 100 && receiver.deliveredBy(version, migrated) >= 100
+	})
+	// Each replica lists what it recorded of itself: the old release its
+	// release alone, this one its schema too.
+	var o upgradeOverview
+	current.api(t, "GET", "/api/overview", "", &o)
+	var builds []string
+	for _, r := range o.Replicas {
+		builds = append(builds, r.Version+" schema "+r.SchemaVersion)
+	}
+	slices.Sort(builds)
+	want := []string{previousReleaseVersion + " schema ", version + " schema " + schemaVersionOf(schemaChecksum())}
+	if diff := cmp.Diff(want, builds); diff != "" || !o.MixedVersions {
+		t.Errorf("with both releases running the overview lists (-want +got):\n%s\nmixed_versions %t, want true", diff, o.MixedVersions)
+	}
+
+	old.stop(t)
+	if errs := loggedErrors(old.log.String()); len(errs) > 0 {
+		t.Errorf("the previous release logged errors while this release's schema was in place:\n%s", strings.Join(errs, "\n"))
+	}
+	// Its relay's pass and its completer ran through this release's
+	// wrappers of them (counted once the old replica's sessions ended).
+	for _, f := range []string{
+		"outbox.fan_out_and_claim(integer, jsonb, integer, double precision, text, integer, bigint, bigint[])",
+		"outbox.record_outcomes(bigint[], integer[], text[], bigint[], text[], integer[], integer[], " +
+			"bigint[], integer[], bigint[], integer[], integer[], text[], text[], boolean[], text[], bigint[], integer[], integer, " +
+			"bigint[], boolean[], integer[], bigint[], integer, bigint[], bigint[], bigint[])",
+	} {
+		if n := queryInt(t, db, `SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions WHERE funcid = $1::regprocedure`, f); n == 0 {
+			t.Errorf("the previous release never called %s after the migration", f)
+		}
+	}
+	current.api(t, "GET", "/api/overview", "", &o)
+	if len(o.Replicas) != 1 || o.Replicas[0].Version != version || o.MixedVersions {
+		t.Errorf("after the roll the overview lists %+v, mixed %t; want this release alone, not mixed", o.Replicas, o.MixedVersions)
+	}
+
+	longest, err := producers.stopAndWait()
+	if err != nil {
+		t.Fatalf("producer: %v", err)
+	}
+	ids, err := queryAll(context.Background(), db, scanID, `SELECT id FROM outbox.events ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if t.Failed() {
+			t.Logf("%d of the %d events recorded through the roll were never delivered", receiver.missing(ids), len(ids))
+		}
+	}()
+	waitFor(t, "every recorded event delivered", 60*time.Second, func() bool { return receiver.missing(ids) == 0 })
+	t.Logf("%d events recorded through the roll, all delivered; longest producer transaction %s", len(ids), longest)
+	if longest > time.Second {
+		t.Errorf("a producer transaction took %s during the roll, want at most 1s", longest)
+	}
+	current.stop(t)
+}
+
+// loggedErrors are the lines of an outboxd text log that report an
+// error, at any level: a relay batch that failed is a warning.
+func loggedErrors(log string) []string {
+	var out []string
+	for line := range strings.Lines(log) {
+		if strings.Contains(line, "level=ERROR") || strings.Contains(line, " err=") {
+			out = append(out, strings.TrimSpace(line))
+		}
+	}
+	return out
+}
