@@ -2582,7 +2582,12 @@ RETURNS TABLE (out_fanned bigint, out_jobs bigint,
                start_in_ms integer, wake_on_outcome boolean, replay_yields boolean)
 LANGUAGE sql VOLATILE
 AS $$
-  SELECT p.out_fanned, p.out_jobs, c.*
+  SELECT p.out_fanned, p.out_jobs,
+         c.id, c.kind, c.attempt, c.max_attempts, c.endpoint_id,
+         c.event_id, c.topic, c.subject, c.payload, c.created_at,
+         c.traceparent, c.tracestate,
+         c.url, c.secret, c.previous_secret, c.disabled_reason,
+         c.start_in_ms, c.wake_on_outcome, c.replay_yields
   FROM outbox.fan_out_claiming(in_batch, in_subscribers, in_max_attempts, in_breaker_delay, in_origin,
                                in_claim_batch, in_replica, in_answered) AS p
   LEFT JOIN LATERAL unnest(p.out_claimed) AS c ON true
