@@ -299,3 +299,22 @@ func writeDeliveryStatsMetrics(w io.Writer, st DeliveryStats) error {
 	}
 	return p.err
 }
+
+// writeTraceRepairMetrics writes how many times outbox.record repaired a
+// trace context: a counter in the database, kept for every producer by
+// sequences (schema.sql, trace_repairs_*), the same on every replica
+// (aggregate it with max, not sum). A repair's name is its header and
+// what was done to it: traceparent_dropped, tracestate_truncated, ...
+func writeTraceRepairMetrics(w io.Writer, repairs traceRepairs) error {
+	p := &promWriter{w: bufio.NewWriter(w)}
+	p.family("outboxd_trace_context_repairs_total", "counter",
+		"Trace contexts outbox.record repaired instead of failing the recording, by header and action (dropped, downgraded from a later version, truncated); every producer's.")
+	for _, repair := range sortedKeys(repairs) {
+		header, action, _ := strings.Cut(repair, "_")
+		p.sample("outboxd_trace_context_repairs_total", `header="`+labelValue(header)+`",action="`+labelValue(action)+`"`, float64(repairs[repair]))
+	}
+	if p.err == nil {
+		p.err = p.w.Flush()
+	}
+	return p.err
+}

@@ -170,17 +170,17 @@ CREATE TABLE IF NOT EXISTS outbox.events (
   CONSTRAINT events_fanned_or_poisoned CHECK (fanned_out_at IS NULL OR poisoned_at IS NULL)
 );
 
--- Every event row is updated once (fanned_out_at) and deleted once
--- (retention): a high-churn table. Vacuum it after 2% of its rows are dead
--- instead of PostgreSQL's default 20%, so the claim index stays small.
 -- Trace context (W3C): a producer inside a trace sets outbox.traceparent
 -- (and outbox.tracestate) for its transaction, SET LOCAL or set_config(...,
 -- true); outbox.record and the watch triggers store it with the event, and
 -- every delivery sends it as the traceparent and tracestate headers, so
--- the receiver's trace continues from the business write. Only version 00
--- with non-zero ids is stored; anything else fails the recording
--- transaction, never a delivery later. NOT VALID: rows stored before the
--- columns existed hold NULL, and need no scan of the table.
+-- the receiver's trace continues from the business write. outbox.record
+-- passes what the transaction set through outbox.trace_context, which
+-- keeps what is valid and drops or cuts the rest, so these CHECKs never
+-- fail a recording: a trace is not worth a business write. They stay as
+-- the rule for what is stored, which every delivery sends as it is. NOT
+-- VALID: rows stored before the columns existed hold NULL, and need no
+-- scan of the table.
 ALTER TABLE outbox.events
   ADD COLUMN IF NOT EXISTS traceparent text,
   ADD COLUMN IF NOT EXISTS tracestate text;
@@ -203,6 +203,9 @@ EXCEPTION WHEN duplicate_object THEN
 END
 $$;
 
+-- Every event row is updated once (fanned_out_at) and deleted once
+-- (retention): a high-churn table. Vacuum it after 2% of its rows are dead
+-- instead of PostgreSQL's default 20%, so the claim index stays small.
 ALTER TABLE outbox.events SET (
   autovacuum_vacuum_scale_factor = 0.02,
   autovacuum_analyze_scale_factor = 0.02
@@ -370,6 +373,113 @@ CREATE OR REPLACE TRIGGER events_notify_relay
   AFTER INSERT ON outbox.events
   FOR EACH STATEMENT EXECUTE FUNCTION outbox.notify_events();
 
+-- trace_context is the W3C Trace Context a recording stores, from the
+-- traceparent and tracestate its transaction set: what is valid is kept,
+-- the rest dropped or cut, as the specification has a receiver do, and
+-- never an error. repairs names what it did, for outbox.record to count:
+--
+--   traceparent_dropped     not a traceparent: a version that is not two
+--                           lower-case hex digits, version ff, version 00
+--                           with anything but its four fields, an id of
+--                           zeros, a later version shorter than 55
+--                           characters. The trace restarts at the
+--                           receiver; the tracestate goes with it.
+--   traceparent_downgraded  a later version, read as 00 from its first 55
+--                           characters when what follows them starts with
+--                           '-': its ids and the sampled bit of its flags,
+--                           the only flag 00 defines.
+--   tracestate_dropped      not a list of key=value members, a key twice,
+--                           or no traceparent to go with.
+--   tracestate_truncated    more than 32 members, or more than 512
+--                           characters: whole members dropped, members
+--                           over 128 characters first, then from the end.
+--
+-- Blanks around a traceparent and around members are optional white space;
+-- empty members are dropped. Only the first 33 members are read: the
+-- rest would go anyway, and a list of thousands costs no more than that.
+CREATE OR REPLACE FUNCTION outbox.trace_context(in_traceparent text, in_tracestate text,
+                                                OUT traceparent text, OUT tracestate text, OUT repairs text[])
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+DECLARE
+  members text[];
+  keys    text[] := '{}';
+  m       text;
+  i       integer;
+BEGIN
+  repairs := '{}';
+  traceparent := btrim(in_traceparent, E' \t');
+  IF traceparent ~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$' THEN
+    NULL;
+  ELSIF traceparent ~ '^(?!00|ff)[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-|$)' THEN
+    traceparent := '00-' || substr(traceparent, 4, 50) || '0'
+                   || CASE WHEN strpos('13579bdf', substr(traceparent, 55, 1)) > 0 THEN '1' ELSE '0' END;
+    repairs := repairs || 'traceparent_downgraded'::text;
+  ELSIF traceparent <> '' THEN
+    traceparent := NULL;
+  END IF;
+  IF traceparent ~ '^00-(0{32}-|[0-9a-f]{32}-0{16}-)' THEN
+    traceparent := NULL;
+  END IF;
+  IF traceparent = '' THEN
+    traceparent := NULL;
+  ELSIF traceparent IS NULL AND btrim(in_traceparent, E' \t') <> '' THEN
+    repairs := array_remove(repairs, 'traceparent_downgraded') || 'traceparent_dropped'::text;
+  END IF;
+
+  members := ARRAY(
+    SELECT btrim(u.member, E' \t')
+    FROM unnest(string_to_array(in_tracestate, ',')) WITH ORDINALITY AS u(member, n)
+    WHERE btrim(u.member, E' \t') <> ''
+    ORDER BY u.n
+    LIMIT 33);
+  IF cardinality(members) = 0 THEN
+    RETURN;
+  END IF;
+  IF traceparent IS NULL THEN
+    repairs := repairs || 'tracestate_dropped'::text;
+    RETURN;
+  END IF;
+  IF cardinality(members) > 32 THEN
+    members := members[1:32];
+    repairs := repairs || 'tracestate_truncated'::text;
+  END IF;
+  -- A key: a lower-case letter or digit, then up to 255 of a-z 0-9 _ - * / @.
+  -- A value: up to 256 printable ASCII characters but , and =, not ending
+  -- in a space.
+  FOREACH m IN ARRAY members LOOP
+    IF m !~ '^[a-z0-9][a-z0-9_*/@-]{0,255}=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]$'
+       OR split_part(m, '=', 1) = ANY (keys) THEN
+      repairs := array_remove(repairs, 'tracestate_truncated') || 'tracestate_dropped'::text;
+      RETURN;
+    END IF;
+    keys := keys || split_part(m, '=', 1);
+  END LOOP;
+  WHILE length(array_to_string(members, ',')) > 512 LOOP
+    i := coalesce(
+      (SELECT max(u.n) FROM unnest(members) WITH ORDINALITY AS u(member, n) WHERE length(u.member) > 128),
+      cardinality(members));
+    members := members[:i - 1] || members[i + 1:];
+    IF NOT 'tracestate_truncated' = ANY (repairs) THEN
+      repairs := repairs || 'tracestate_truncated'::text;
+    END IF;
+  END LOOP;
+  tracestate := array_to_string(members, ',');
+END
+$$;
+
+-- Trace context repaired is counted in one sequence per repair that
+-- trace_context names, read by /metrics (outbox.go, readTraceRepairs):
+-- nextval neither waits for nor holds up another transaction, and the
+-- recording that repairs nothing never calls it. A sequence counts outside
+-- transactions, so a repair counts even if its recording rolls back, and
+-- after a crash a count may jump ahead by up to 32 (PostgreSQL logs a
+-- sequence's values 32 ahead).
+CREATE SEQUENCE IF NOT EXISTS outbox.trace_repairs_traceparent_dropped;
+CREATE SEQUENCE IF NOT EXISTS outbox.trace_repairs_traceparent_downgraded;
+CREATE SEQUENCE IF NOT EXISTS outbox.trace_repairs_tracestate_dropped;
+CREATE SEQUENCE IF NOT EXISTS outbox.trace_repairs_tracestate_truncated;
+
 -- record is the producer API. Call it inside the transaction that makes the
 -- business change: the event exists if and only if that transaction commits.
 --
@@ -385,6 +495,10 @@ CREATE OR REPLACE TRIGGER events_notify_relay
 -- one it uses. EXECUTE is revoked from PUBLIC below, so only the roles
 -- granted it can record (docs/security.md, database privileges).
 --
+-- The transaction's trace context, if it set one, goes through
+-- trace_context, and each repair it made is counted; a recording without
+-- one reads the two settings and nothing more.
+--
 -- PL/pgSQL, not SQL: PostgreSQL plans a SQL function's statement anew at
 -- every call (a function with SECURITY DEFINER or SET is never inlined),
 -- and keeps a PL/pgSQL function's plan for the session. In the producer's
@@ -397,11 +511,19 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
   recorded_id bigint;
+  tp          text := nullif(current_setting('outbox.traceparent', true), '');
+  ts          text := nullif(current_setting('outbox.tracestate', true), '');
+  repairs     text[];
 BEGIN
+  IF tp IS NOT NULL OR ts IS NOT NULL THEN
+    SELECT c.traceparent, c.tracestate, c.repairs INTO tp, ts, repairs
+    FROM outbox.trace_context(tp, ts) AS c;
+    IF cardinality(repairs) > 0 THEN
+      PERFORM nextval(('outbox.trace_repairs_' || r)::regclass) FROM unnest(repairs) AS r;
+    END IF;
+  END IF;
   INSERT INTO outbox.events (topic, subject, payload, traceparent, tracestate)
-  VALUES (record.topic, coalesce(record.subject, ''), coalesce(record.payload, '{}'),
-          nullif(current_setting('outbox.traceparent', true), ''),
-          nullif(current_setting('outbox.tracestate', true), ''))
+  VALUES (record.topic, coalesce(record.subject, ''), coalesce(record.payload, '{}'), tp, ts)
   RETURNING events.id INTO recorded_id;
   RETURN recorded_id;
 END
