@@ -395,66 +395,78 @@ CREATE OR REPLACE TRIGGER events_notify_relay
 --                           over 128 characters first, then from the end.
 --
 -- Blanks around a traceparent and around members are optional white space;
--- empty members are dropped. Only the first 33 members are read: the
--- rest would go anyway, and a list of thousands costs no more than that.
+-- empty members are dropped. Members after the 32nd are not read: they
+-- would go anyway.
+--
+-- Its cost is added to every traced recording, so it is written in string
+-- functions (length, substr, translate) and regular expressions without
+-- counted repetition: PostgreSQL's regular expression engine matches a
+-- pattern such as [0-9a-f]{32} or [a-z]{0,255} ten to a hundred times
+-- slower than one with * (measure: a count(*) over generate_series of
+-- each pattern against one tracestate member).
 CREATE OR REPLACE FUNCTION outbox.trace_context(in_traceparent text, in_tracestate text,
                                                 OUT traceparent text, OUT tracestate text, OUT repairs text[])
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 DECLARE
-  members text[];
+  members text[] := '{}';
   keys    text[] := '{}';
   m       text;
+  eq      integer;
   i       integer;
 BEGIN
   repairs := '{}';
-  traceparent := btrim(in_traceparent, E' \t');
-  IF traceparent ~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$' THEN
-    NULL;
-  ELSIF traceparent ~ '^(?!00|ff)[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-|$)' THEN
-    traceparent := '00-' || substr(traceparent, 4, 50) || '0'
-                   || CASE WHEN strpos('13579bdf', substr(traceparent, 55, 1)) > 0 THEN '1' ELSE '0' END;
-    repairs := repairs || 'traceparent_downgraded'::text;
-  ELSIF traceparent <> '' THEN
-    traceparent := NULL;
-  END IF;
-  IF traceparent ~ '^00-(0{32}-|[0-9a-f]{32}-0{16}-)' THEN
-    traceparent := NULL;
-  END IF;
-  IF traceparent = '' THEN
-    traceparent := NULL;
-  ELSIF traceparent IS NULL AND btrim(in_traceparent, E' \t') <> '' THEN
-    repairs := array_remove(repairs, 'traceparent_downgraded') || 'traceparent_dropped'::text;
+  traceparent := nullif(btrim(in_traceparent, E' \t'), '');
+  IF traceparent IS NOT NULL THEN
+    -- Fields at 1, 4, 37 and 54, of lower-case hex, the ids not all zeros.
+    IF length(traceparent) >= 55
+       AND substr(traceparent, 3, 1) = '-' AND substr(traceparent, 36, 1) = '-' AND substr(traceparent, 53, 1) = '-'
+       AND translate(left(traceparent, 2) || substr(traceparent, 4, 32) || substr(traceparent, 37, 16) || substr(traceparent, 54, 2),
+                     '0123456789abcdef', '') = ''
+       AND substr(traceparent, 4, 32) <> '00000000000000000000000000000000'
+       AND substr(traceparent, 37, 16) <> '0000000000000000'
+       AND left(traceparent, 2) <> 'ff'
+       AND (length(traceparent) = 55 OR (left(traceparent, 2) <> '00' AND substr(traceparent, 56, 1) = '-')) THEN
+      IF left(traceparent, 2) <> '00' THEN
+        traceparent := '00-' || substr(traceparent, 4, 50) || '0'
+                       || CASE WHEN strpos('13579bdf', substr(traceparent, 55, 1)) > 0 THEN '1' ELSE '0' END;
+        repairs := repairs || 'traceparent_downgraded'::text;
+      END IF;
+    ELSE
+      traceparent := NULL;
+      repairs := repairs || 'traceparent_dropped'::text;
+    END IF;
   END IF;
 
-  members := ARRAY(
-    SELECT btrim(u.member, E' \t')
-    FROM unnest(string_to_array(in_tracestate, ',')) WITH ORDINALITY AS u(member, n)
-    WHERE btrim(u.member, E' \t') <> ''
-    ORDER BY u.n
-    LIMIT 33);
-  IF cardinality(members) = 0 THEN
-    RETURN;
+  IF coalesce(btrim(in_tracestate, E' \t,'), '') = '' THEN
+    RETURN; -- no member
   END IF;
   IF traceparent IS NULL THEN
     repairs := repairs || 'tracestate_dropped'::text;
     RETURN;
   END IF;
-  IF cardinality(members) > 32 THEN
-    members := members[1:32];
-    repairs := repairs || 'tracestate_truncated'::text;
-  END IF;
-  -- A key: a lower-case letter or digit, then up to 255 of a-z 0-9 _ - * / @.
-  -- A value: up to 256 printable ASCII characters but , and =, not ending
-  -- in a space.
-  FOREACH m IN ARRAY members LOOP
-    IF m !~ '^[a-z0-9][a-z0-9_*/@-]{0,255}=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]$'
-       OR split_part(m, '=', 1) = ANY (keys) THEN
-      repairs := array_remove(repairs, 'tracestate_truncated') || 'tracestate_dropped'::text;
+  FOREACH m IN ARRAY array_remove(string_to_array(in_tracestate, ','), '') LOOP
+    m := btrim(m, E' \t');
+    CONTINUE WHEN m = '';
+    IF cardinality(members) = 32 THEN
+      repairs := repairs || 'tracestate_truncated'::text;
+      EXIT;
+    END IF;
+    -- A key: a lower-case letter or digit, then up to 255 of a-z 0-9 _ - *
+    -- / @. A value: 1 to 256 printable ASCII characters but , and =, not
+    -- ending in a space.
+    eq := strpos(m, '=');
+    IF NOT (eq BETWEEN 2 AND 257 AND length(m) - eq BETWEEN 1 AND 256
+            AND m ~ '^[a-z0-9][a-z0-9_*/@-]*=[\x20-\x2b\x2d-\x3c\x3e-\x7e]*[\x21-\x2b\x2d-\x3c\x3e-\x7e]$')
+       OR left(m, eq - 1) = ANY (keys) THEN
+      repairs := repairs || 'tracestate_dropped'::text;
       RETURN;
     END IF;
-    keys := keys || split_part(m, '=', 1);
+    keys := keys || left(m, eq - 1);
+    members := members || m;
   END LOOP;
+  -- Over 512 characters: whole members go, the last of those over 128
+  -- characters first, then the last.
   WHILE length(array_to_string(members, ',')) > 512 LOOP
     i := coalesce(
       (SELECT max(u.n) FROM unnest(members) WITH ORDINALITY AS u(member, n) WHERE length(u.member) > 128),
@@ -513,13 +525,16 @@ DECLARE
   recorded_id bigint;
   tp          text := nullif(current_setting('outbox.traceparent', true), '');
   ts          text := nullif(current_setting('outbox.tracestate', true), '');
-  repairs     text[];
+  tc          record;
 BEGIN
   IF tp IS NOT NULL OR ts IS NOT NULL THEN
-    SELECT c.traceparent, c.tracestate, c.repairs INTO tp, ts, repairs
-    FROM outbox.trace_context(tp, ts) AS c;
-    IF cardinality(repairs) > 0 THEN
-      PERFORM nextval(('outbox.trace_repairs_' || r)::regclass) FROM unnest(repairs) AS r;
+    -- An assignment, not a SELECT INTO: PL/pgSQL evaluates it as an
+    -- expression, without running a query.
+    tc := outbox.trace_context(tp, ts);
+    tp := tc.traceparent;
+    ts := tc.tracestate;
+    IF cardinality(tc.repairs) > 0 THEN
+      PERFORM nextval(('outbox.trace_repairs_' || r)::regclass) FROM unnest(tc.repairs) AS r;
     END IF;
   END IF;
   INSERT INTO outbox.events (topic, subject, payload, traceparent, tracestate)
