@@ -47,7 +47,11 @@ type Job struct {
 	// place waits for the next claim, or replayYield for one of its own
 	// (outbox.claim_jobs, replay_yields).
 	yieldsToLive bool
-	Event        Event
+	// committedAt is when the event's transaction committed, as the relay
+	// kept it (outbox.events.committed_at), or the event's created_at
+	// where it kept none: where the time to the first 2xx starts.
+	committedAt time.Time
+	Event       Event
 }
 
 // deliveryEndpoint is an endpoint as one attempt sees it.
@@ -269,7 +273,8 @@ const claimedColumns = `
        event_id, topic, subject, payload, created_at,
        traceparent, tracestate,
        url, secret, previous_secret, disabled_reason,
-       start_in_ms, wake_on_outcome, replay_yields`
+       start_in_ms, wake_on_outcome, replay_yields,
+       committed_at`
 
 // claim takes up to n due jobs in one statement, under this process's
 // replica id. Without one (declared dead, not registered again yet) it
@@ -337,7 +342,7 @@ type claimedRow struct {
 	kind, topic, subject, url                                sql.NullString
 	traceparent, tracestate, disabledReason                  *string
 	payload, secret, previous                                []byte
-	createdAt                                                sql.NullTime
+	createdAt, committedAt                                   sql.NullTime
 	wakeOnOutcome, yieldsToLive                              sql.NullBool
 }
 
@@ -346,7 +351,8 @@ func (r *claimedRow) dest() []any {
 	return []any{&r.id, &r.kind, &r.attempt, &r.maxAttempts, &r.endpointID,
 		&r.eventID, &r.topic, &r.subject, &r.payload, &r.createdAt,
 		&r.traceparent, &r.tracestate,
-		&r.url, &r.secret, &r.previous, &r.disabledReason, &r.startInMS, &r.wakeOnOutcome, &r.yieldsToLive}
+		&r.url, &r.secret, &r.previous, &r.disabledReason, &r.startInMS, &r.wakeOnOutcome, &r.yieldsToLive,
+		&r.committedAt}
 }
 
 // job is the row as a Job claimed by a statement sent at sent, and
@@ -363,6 +369,7 @@ func (r *claimedRow) job(sent time.Time) (Job, bool) {
 		EndpointID:    r.endpointID.Int64,
 		wakeOnOutcome: r.wakeOnOutcome.Bool,
 		yieldsToLive:  r.yieldsToLive.Bool,
+		committedAt:   r.committedAt.Time,
 		Event: Event{
 			ID:          r.eventID.Int64,
 			Topic:       r.topic.String,

@@ -232,7 +232,7 @@ func writeDeliveryCounters(p *promWriter, d *deliveryMetrics) {
 		p.sample("outboxd_deliveries_total", `outcome="`+labelValue(o)+`"`, float64(outcomes[o]))
 	}
 	p.histogramFamily("outboxd_delivery_duration_seconds", "Duration of one webhook delivery attempt.", d.latency)
-	p.family("outboxd_commit_to_first_2xx_seconds", "histogram", "Time from an event's commit to its first 2xx answer, by endpoint.")
+	p.family("outboxd_commit_to_first_2xx_seconds", "histogram", "Time from an event's commit (outbox.events.committed_at) to its first 2xx answer, by endpoint.")
 	for _, ep := range d.commitTo2xx.labels() {
 		p.histogram("outboxd_commit_to_first_2xx_seconds", `endpoint="`+labelValue(ep)+`"`, d.commitTo2xx.With(ep))
 	}

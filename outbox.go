@@ -186,9 +186,13 @@ func readTraceRepairs(ctx context.Context, db *sql.DB) (traceRepairs, error) {
 	return repairs, nil
 }
 
+// requeueEventSQL makes the event look unrelayed, so it keeps the row's
+// commit time first (schema.sql, outbox.commit_time): the relay's claim
+// could not tell this change from the recording's.
 const requeueEventSQL = `
-UPDATE outbox.events
-SET poisoned_at = NULL,
+UPDATE outbox.events AS e
+SET committed_at = outbox.commit_time(e, e.xmin),
+    poisoned_at = NULL,
     relay_attempts = 0,
     relay_error = NULL
 WHERE id = $1

@@ -153,9 +153,12 @@ CREATE TABLE IF NOT EXISTS outbox.events (
   topic          text        NOT NULL,
   subject        text        NOT NULL DEFAULT '',
   payload        jsonb       NOT NULL DEFAULT '{}',
-  -- now() is the recording transaction's start time; used for display,
-  -- retention and latency, never to decide what to relay.
-  created_at     timestamptz NOT NULL DEFAULT now(),
+  -- When the event was recorded: the clock at the insert, not now(), the
+  -- start of the producer's transaction, which may have begun long before
+  -- (committed_at, below). Used for display, replays, the webhook's
+  -- timestamp and latency where the commit's time is not known; never to
+  -- decide what to relay.
+  created_at     timestamptz NOT NULL DEFAULT clock_timestamp(),
   fanned_out_at  timestamptz,
   relay_attempts integer     NOT NULL DEFAULT 0,
   relay_error    text,
@@ -203,6 +206,46 @@ EXCEPTION WHEN duplicate_object THEN
 END
 $$;
 
+-- Databases created while created_at defaulted to now().
+ALTER TABLE outbox.events ALTER COLUMN created_at SET DEFAULT clock_timestamp();
+
+-- committed_at is when the recording transaction committed, as closely as
+-- PostgreSQL tells: where the time from commit to first 2xx starts
+-- (webhook.go). The insert cannot know it, so it starts NULL; the first
+-- change outboxd makes to the row sets it with commit_time (below), and no
+-- later change alters it. That change is the relay's claim
+-- (mark_fanned_out), or before it a relay failure (relay.go) or a requeue
+-- (outbox.go).
+ALTER TABLE outbox.events
+  ADD COLUMN IF NOT EXISTS committed_at timestamptz;
+
+-- commit_time is what committed_at becomes at a change of event row ev,
+-- whose xmin is ev_xmin, read before the change replaces it:
+--   - the value it has, once set;
+--   - for a row nobody changed since its insert, so that its xmin is the
+--     recording transaction, that transaction's commit timestamp where
+--     track_commit_timestamp is on (pg_xact_commit_timestamp raises an
+--     error where it is off, and answers NULL for a transaction that
+--     committed before it was turned on);
+--   - else created_at, the clock at the insert: a lower bound, short of
+--     the commit by whatever the transaction did after its insert.
+-- A row changed without committed_at set (by a release before the column)
+-- has relay_attempts or relay_error set, and gets created_at: its xmin
+-- is the change's, not the recording's. VOLATILE, like
+-- pg_xact_commit_timestamp, so that it can be inlined into the UPDATEs.
+CREATE OR REPLACE FUNCTION outbox.commit_time(ev outbox.events, ev_xmin xid)
+RETURNS timestamptz
+LANGUAGE sql VOLATILE
+AS $$
+  SELECT coalesce(
+    ev.committed_at,
+    CASE WHEN ev.relay_attempts = 0 AND ev.relay_error IS NULL
+              AND current_setting('track_commit_timestamp')::boolean
+         THEN pg_xact_commit_timestamp(ev_xmin)
+    END,
+    ev.created_at)
+$$;
+
 -- Every event row is updated once (fanned_out_at) and deleted once
 -- (retention): a high-churn table. Vacuum it after 2% of its rows are dead
 -- instead of PostgreSQL's default 20%, so the claim index stays small.
@@ -244,10 +287,12 @@ $$;
 -- mark_fanned_out is the relay's claim (fan_out): it claims up to in_batch
 -- events with claim_unfanned, or with in_event_id that one event if it is
 -- still waiting, marks them fanned out, and returns what the fan-out reads
--- of them, in the caller's transaction. enable_seqscan = off has the
--- UPDATE fetch the claimed rows by key, where a planner that thinks index
--- reads expensive (a high random_page_cost) would scan the whole backlog
--- for 200 rows.
+-- of them, in the caller's transaction. Marking them, it keeps each one's
+-- commit time (commit_time): the UPDATE's expressions read the row as it
+-- was, its xmin still the recording transaction's. enable_seqscan = off
+-- has the UPDATE fetch the claimed rows by key, where a planner that
+-- thinks index reads expensive (a high random_page_cost) would scan the
+-- whole backlog for 200 rows.
 --
 -- The claim comes first, in a statement of its own: each statement of a
 -- PL/pgSQL function sees the rows committed when it began, so the UPDATE
@@ -277,7 +322,8 @@ BEGIN
   END IF;
   RETURN QUERY
   UPDATE outbox.events AS e
-  SET fanned_out_at = now()
+  SET fanned_out_at = now(),
+      committed_at = outbox.commit_time(e, e.xmin)
   WHERE e.id = ANY (claimed)
   RETURNING e.id, e.topic, e.subject, e.payload;
 END
@@ -1137,6 +1183,22 @@ BEGIN
 END
 $$;
 
+-- Attributes added after the first release that had the type, each at the
+-- end, so that a claim selecting the columns it knows by name (an older
+-- release's, during a rolling upgrade) reads them as before.
+-- committed_at: the event's commit time as the relay kept it
+-- (events.committed_at), or its created_at where none was kept.
+DO $$
+BEGIN
+  IF NOT EXISTS (
+    SELECT 1 FROM pg_attribute
+    WHERE attrelid = 'outbox.claimed_job'::regclass AND attname = 'committed_at' AND NOT attisdropped
+  ) THEN
+    ALTER TYPE outbox.claimed_job ADD ATTRIBUTE committed_at timestamptz;
+  END IF;
+END
+$$;
+
 DROP FUNCTION IF EXISTS outbox.claim_jobs(integer);
 DROP FUNCTION IF EXISTS outbox.claim_jobs(integer, integer);
 DROP FUNCTION IF EXISTS outbox.claim_jobs(integer, bigint);
@@ -1408,7 +1470,8 @@ BEGIN
            OR CASE WHEN c.endpoint_id IS NULL THEN sf.full
                    ELSE coalesce(fl.room_full OR (c.replay_id IS NOT NULL AND fl.replay_full AND NOT fl.narrowed), true)
               END,
-         c.replay_id IS NOT NULL AND coalesce(fl.narrowed, false)
+         c.replay_id IS NOT NULL AND coalesce(fl.narrowed, false),
+         coalesce(e.committed_at, e.created_at)
   FROM claimed AS c
   JOIN outbox.events AS e ON e.id = c.event_id
   CROSS JOIN subscribers_filled AS sf
