@@ -104,7 +104,8 @@ type traceContext struct {
 // outbox.trace_context). Several tracestate fields are one list, joined
 // with commas (RFC 9110 field order); several traceparent fields are
 // joined the same way, which makes them the invalid value they are.
-// Bytes that are not UTF-8 become U+FFFD, which no trace context holds.
+// Bytes that are not UTF-8 become U+FFFD, which no trace context holds,
+// and NULs go: set_config would refuse either, failing the recording.
 func traceContextOf(h http.Header) traceContext {
 	text := func(name string) string {
 		v := strings.Join(h.Values(name), ",")
