@@ -108,8 +108,7 @@ func handleRecordEvent(a *admin) apiFunc {
 			return 0, nil, err
 		}
 		// A caller inside a trace passes it on, as its request's headers.
-		tc := traceContext{Traceparent: r.Header.Get("traceparent"), Tracestate: r.Header.Get("tracestate")}
-		id, err := recordEventTraced(r.Context(), a.db, tc, req.Topic, req.Subject, req.Payload)
+		id, err := recordEventTraced(r.Context(), a.db, traceContextOf(r.Header), req.Topic, req.Subject, req.Payload)
 		return http.StatusCreated, map[string]int64{"id": id}, err
 	}
 }
@@ -537,12 +536,22 @@ func handleMetrics(a *admin) http.Handler {
 			http.Error(w, "read delivery stats failed", status)
 			return
 		}
+		repairs, err := readTraceRepairs(r.Context(), a.db)
+		if err != nil {
+			status, _ := a.failed(r, fmt.Errorf("metrics: %w", err))
+			http.Error(w, "read trace repairs failed", status)
+			return
+		}
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 		if err := writeMetrics(w, o, a.counters); err != nil {
 			a.logger.Warn("metrics: write", "err", err)
 			return
 		}
 		if err := writeDeliveryStatsMetrics(w, st); err != nil {
+			a.logger.Warn("metrics: write", "err", err)
+			return
+		}
+		if err := writeTraceRepairMetrics(w, repairs); err != nil {
 			a.logger.Warn("metrics: write", "err", err)
 		}
 	})

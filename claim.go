@@ -54,7 +54,11 @@ type Job struct {
 	// they say whether the attempt would come too late (resendTooLate).
 	resendWindow time.Duration
 	claimedAt    time.Time
-	Event        Event
+	// committedAt is when the event's transaction committed, as the relay
+	// kept it (outbox.events.committed_at), or the event's created_at
+	// where it kept none: where the time to the first 2xx starts.
+	committedAt time.Time
+	Event       Event
 }
 
 // deliveryEndpoint is an endpoint as one attempt sees it.
@@ -277,7 +281,8 @@ const claimedColumns = `
        traceparent, tracestate,
        url, secret, previous_secret, disabled_reason,
        start_in_ms, wake_on_outcome, replay_yields,
-       resend_window_seconds, claimed_at`
+       resend_window_seconds, claimed_at,
+       committed_at`
 
 // claim takes up to n due jobs in one statement, under this process's
 // replica id. Without one (declared dead, not registered again yet) it
@@ -346,7 +351,7 @@ type claimedRow struct {
 	kind, topic, subject, url                                sql.NullString
 	traceparent, tracestate, disabledReason                  *string
 	payload, secret, previous                                []byte
-	createdAt, claimedAt                                     sql.NullTime
+	createdAt, claimedAt, committedAt                        sql.NullTime
 	wakeOnOutcome, yieldsToLive                              sql.NullBool
 }
 
@@ -356,7 +361,7 @@ func (r *claimedRow) dest() []any {
 		&r.eventID, &r.topic, &r.subject, &r.payload, &r.createdAt,
 		&r.traceparent, &r.tracestate,
 		&r.url, &r.secret, &r.previous, &r.disabledReason, &r.startInMS, &r.wakeOnOutcome, &r.yieldsToLive,
-		&r.resendWindowSeconds, &r.claimedAt}
+		&r.resendWindowSeconds, &r.claimedAt, &r.committedAt}
 }
 
 // job is the row as a Job claimed by a statement sent at sent, and
@@ -375,6 +380,7 @@ func (r *claimedRow) job(sent time.Time) (Job, bool) {
 		yieldsToLive:  r.yieldsToLive.Bool,
 		resendWindow:  time.Duration(r.resendWindowSeconds.Int64) * time.Second,
 		claimedAt:     r.claimedAt.Time,
+		committedAt:   r.committedAt.Time,
 		Event: Event{
 			ID:          r.eventID.Int64,
 			Topic:       r.topic.String,

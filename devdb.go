@@ -110,7 +110,11 @@ func launchServer(bin, dir, logPath string, settings []string, cred *syscall.Cre
 	}
 	defer logFile.Close() // the child keeps its own descriptor
 
-	args := []string{"-D", filepath.Join(dir, "pgdata"), "-k", dir, "-c", "listen_addresses=", "-c", "port=5432"}
+	// track_commit_timestamp lets the relay read when each event's
+	// transaction committed, where the latency to its first 2xx starts
+	// (schema.sql, outbox.commit_time); without it, the insert's clock.
+	args := []string{"-D", filepath.Join(dir, "pgdata"), "-k", dir, "-c", "listen_addresses=", "-c", "port=5432",
+		"-c", "track_commit_timestamp=on"}
 	for _, s := range settings {
 		args = append(args, "-c", s)
 	}

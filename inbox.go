@@ -255,9 +255,11 @@ SET event_id = $3
 WHERE source = $1
   AND webhook_id = $2`
 
-// receive records a verified webhook as a local event, once per webhook-id.
-// It returns the new event's id, or duplicate.
-func receive(ctx context.Context, db *sql.DB, source, webhookID, topic string, wh receivedWebhook) (eventID int64, duplicate bool, err error) {
+// receive records a verified webhook as a local event, once per webhook-id,
+// under the trace context the delivery carried (tc), so that a chain of
+// senders continues one trace. It returns the new event's id, or
+// duplicate.
+func receive(ctx context.Context, db *sql.DB, source, webhookID, topic string, wh receivedWebhook, tc traceContext) (eventID int64, duplicate bool, err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, false, fmt.Errorf("receive webhook: %w", err)
@@ -270,6 +272,11 @@ func receive(ctx context.Context, db *sql.DB, source, webhookID, topic string, w
 		return 0, false, fmt.Errorf("receive webhook: dedup: %w", err)
 	}
 	if !duplicate {
+		if tc != (traceContext{}) {
+			if err := setTraceContext(ctx, tx, tc); err != nil {
+				return 0, false, fmt.Errorf("receive webhook: %w", err)
+			}
+		}
 		if eventID, err = recordEvent(ctx, tx, topic, wh.Subject, wh.Data); err != nil {
 			return 0, false, err
 		}
@@ -358,7 +365,7 @@ func verifyAndReceive(ctx context.Context, db *sql.DB, box *secretBox, name stri
 	if err := json.Unmarshal(raw, &wh); err != nil || wh.Type == "" {
 		return 0, false, fmt.Errorf(`%w: body must be a JSON object with a "type"`, errInvalid)
 	}
-	return receive(ctx, db, name, webhookID, prefix+wh.Type, wh)
+	return receive(ctx, db, name, webhookID, prefix+wh.Type, wh, traceContextOf(header))
 }
 
 // Refusal classes, the columns of outbox.inbox_stats that count them

@@ -232,7 +232,7 @@ func writeDeliveryCounters(p *promWriter, d *deliveryMetrics) {
 		p.sample("outboxd_deliveries_total", `outcome="`+labelValue(o)+`"`, float64(outcomes[o]))
 	}
 	p.histogramFamily("outboxd_delivery_duration_seconds", "Duration of one webhook delivery attempt.", d.latency)
-	p.family("outboxd_commit_to_first_2xx_seconds", "histogram", "Time from an event's commit to its first 2xx answer, by endpoint.")
+	p.family("outboxd_commit_to_first_2xx_seconds", "histogram", "Time from an event's commit (outbox.events.committed_at) to its first 2xx answer, by endpoint.")
 	for _, ep := range d.commitTo2xx.labels() {
 		p.histogram("outboxd_commit_to_first_2xx_seconds", `endpoint="`+labelValue(ep)+`"`, d.commitTo2xx.With(ep))
 	}
@@ -293,6 +293,25 @@ func writeDeliveryStatsMetrics(w io.Writer, st DeliveryStats) error {
 		if q.ms != nil {
 			p.sample("outboxd_delivery_stats_last_hour_commit_to_first_2xx_seconds", `quantile="`+q.label+`"`, *q.ms/1000)
 		}
+	}
+	if p.err == nil {
+		p.err = p.w.Flush()
+	}
+	return p.err
+}
+
+// writeTraceRepairMetrics writes how many times outbox.record repaired a
+// trace context: a counter in the database, kept for every producer by
+// sequences (schema.sql, trace_repairs_*), the same on every replica
+// (aggregate it with max, not sum). A repair's name is its header and
+// what was done to it: traceparent_dropped, tracestate_truncated, ...
+func writeTraceRepairMetrics(w io.Writer, repairs traceRepairs) error {
+	p := &promWriter{w: bufio.NewWriter(w)}
+	p.family("outboxd_trace_context_repairs_total", "counter",
+		"Trace contexts outbox.record repaired instead of failing the recording, by header and action (dropped, downgraded from a later version, truncated); every producer's.")
+	for _, repair := range sortedKeys(repairs) {
+		header, action, _ := strings.Cut(repair, "_")
+		p.sample("outboxd_trace_context_repairs_total", `header="`+labelValue(header)+`",action="`+labelValue(action)+`"`, float64(repairs[repair]))
 	}
 	if p.err == nil {
 		p.err = p.w.Flush()

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"regexp"
 	"slices"
 	"strings"
@@ -98,12 +99,39 @@ type traceContext struct {
 	Traceparent, Tracestate string
 }
 
+// traceContextOf is the trace context of an HTTP request's headers, as
+// text PostgreSQL can hold, for outbox.record to judge (schema.sql,
+// outbox.trace_context). Several tracestate fields are one list, joined
+// with commas (RFC 9110 field order); several traceparent fields are
+// joined the same way, which makes them the invalid value they are.
+// Bytes that are not UTF-8 become U+FFFD, which no trace context holds,
+// and NULs go: set_config would refuse either, failing the recording.
+func traceContextOf(h http.Header) traceContext {
+	text := func(name string) string {
+		v := strings.Join(h.Values(name), ",")
+		return strings.ReplaceAll(strings.ToValidUTF8(v, "\uFFFD"), "\x00", "")
+	}
+	return traceContext{Traceparent: text("traceparent"), Tracestate: text("tracestate")}
+}
+
+// setTraceContextSQL sets a trace context for the rest of a transaction,
+// as a producer's SET LOCAL does.
+const setTraceContextSQL = `SELECT set_config('outbox.traceparent', $1, true), set_config('outbox.tracestate', $2, true)`
+
+// setTraceContext makes tc the trace context outbox.record stores in tx.
+// Whatever tc holds, the recording goes on: outbox.record keeps what is
+// valid of it and drops the rest.
+func setTraceContext(ctx context.Context, tx *sql.Tx, tc traceContext) error {
+	if _, err := tx.ExecContext(ctx, setTraceContextSQL, tc.Traceparent, tc.Tracestate); err != nil {
+		return fmt.Errorf("set trace context: %w", err)
+	}
+	return nil
+}
+
 // recordEventTraced is recordEvent in a transaction of its own that
-// carries tc the way a producer's transaction does: in the settings
-// outbox.traceparent and outbox.tracestate, which outbox.record stores. A
-// malformed value is the caller's input: schema.sql refuses it.
+// carries tc the way a producer's transaction does.
 func recordEventTraced(ctx context.Context, db *sql.DB, tc traceContext, topic, subject string, payload json.RawMessage) (int64, error) {
-	if tc.Traceparent == "" {
+	if tc == (traceContext{}) {
 		return recordEvent(ctx, db, topic, subject, payload)
 	}
 	tx, err := db.BeginTx(ctx, nil)
@@ -111,25 +139,10 @@ func recordEventTraced(ctx context.Context, db *sql.DB, tc traceContext, topic, 
 		return 0, fmt.Errorf("record event: %w", err)
 	}
 	defer tx.Rollback()
-	_, err = tx.ExecContext(ctx, `SELECT set_config('outbox.traceparent', $1, true), set_config('outbox.tracestate', $2, true)`,
-		tc.Traceparent, tc.Tracestate)
-	if pqErr := pq.As(err); pqErr != nil && pqErr.Code.Class() == "22" {
-		return 0, fmt.Errorf("%w: trace context: %w", errInvalid, err) // not text PostgreSQL can hold
-	}
-	if err != nil {
-		return 0, fmt.Errorf("record event: trace context: %w", err)
+	if err := setTraceContext(ctx, tx, tc); err != nil {
+		return 0, fmt.Errorf("record event: %w", err)
 	}
 	id, err := recordEvent(ctx, tx, topic, subject, payload)
-	if pqErr := pq.As(err, pqerror.CheckViolation); pqErr != nil {
-		// schema.sql's CHECKs decide; this says what they want.
-		switch pqErr.Constraint {
-		case "events_traceparent_format":
-			return 0, fmt.Errorf("%w: traceparent is not a W3C trace context: want version 00, "+
-				"00-<trace id: 32 lower-case hex digits>-<parent id: 16>-<flags: 2>, neither id all zeros (%s)", errInvalid, pqErr.Constraint)
-		case "events_tracestate_format":
-			return 0, fmt.Errorf("%w: tracestate must be at most 512 printable ASCII characters (%s)", errInvalid, pqErr.Constraint)
-		}
-	}
 	if err != nil {
 		return 0, err
 	}
@@ -139,9 +152,48 @@ func recordEventTraced(ctx context.Context, db *sql.DB, tc traceContext, topic, 
 	return id, nil
 }
 
+// traceRepairsSQL reads the counts of trace contexts outbox.record
+// repaired, one sequence per repair (schema.sql, trace_repairs_*): a
+// sequence that was never used has no last_value yet.
+const traceRepairsSQL = `
+SELECT substr(sequencename, length('trace_repairs_') + 1), coalesce(last_value, 0)
+FROM pg_sequences
+WHERE schemaname = 'outbox'
+  AND starts_with(sequencename, 'trace_repairs_')
+ORDER BY 1`
+
+// traceRepairs is how many times outbox.record repaired a trace context,
+// by repair (outbox.trace_context names them).
+type traceRepairs map[string]int64
+
+// readTraceRepairs reads the counts: every replica's recordings, and
+// every producer's.
+func readTraceRepairs(ctx context.Context, db *sql.DB) (traceRepairs, error) {
+	type count struct {
+		repair string
+		n      int64
+	}
+	counts, err := queryAll(ctx, db, func(row rowScanner) (count, error) {
+		var c count
+		return c, row.Scan(&c.repair, &c.n)
+	}, traceRepairsSQL)
+	if err != nil {
+		return nil, fmt.Errorf("read trace repairs: %w", err)
+	}
+	repairs := traceRepairs{}
+	for _, c := range counts {
+		repairs[c.repair] = c.n
+	}
+	return repairs, nil
+}
+
+// requeueEventSQL makes the event look unrelayed, so it keeps the row's
+// commit time first (schema.sql, outbox.commit_time): the relay's claim
+// could not tell this change from the recording's.
 const requeueEventSQL = `
-UPDATE outbox.events
-SET poisoned_at = NULL,
+UPDATE outbox.events AS e
+SET committed_at = outbox.commit_time(e, e.xmin),
+    poisoned_at = NULL,
     relay_attempts = 0,
     relay_error = NULL
 WHERE id = $1

@@ -378,9 +378,12 @@ func (r *relay) unfanned(ctx context.Context) ([]int64, error) {
 
 // recordFailureSQL counts a failed relay of one row and poisons it at the
 // limit. The row is locked by nobody now: its own transaction rolled back.
+// A first failure may be the row's first change: it keeps the row's commit
+// time (schema.sql, outbox.commit_time) before its xmin becomes this one's.
 const recordFailureSQL = `
-UPDATE outbox.events
-SET relay_attempts = relay_attempts + 1,
+UPDATE outbox.events AS e
+SET committed_at = outbox.commit_time(e, e.xmin),
+    relay_attempts = relay_attempts + 1,
     relay_error = $2,
     poisoned_at = CASE WHEN relay_attempts + 1 >= $3 THEN now() END
 WHERE id = $1

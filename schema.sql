@@ -153,9 +153,12 @@ CREATE TABLE IF NOT EXISTS outbox.events (
   topic          text        NOT NULL,
   subject        text        NOT NULL DEFAULT '',
   payload        jsonb       NOT NULL DEFAULT '{}',
-  -- now() is the recording transaction's start time; used for display,
-  -- retention and latency, never to decide what to relay.
-  created_at     timestamptz NOT NULL DEFAULT now(),
+  -- When the event was recorded: the clock at the insert, not now(), the
+  -- start of the producer's transaction, which may have begun long before
+  -- (committed_at, below). Used for display, replays, the webhook's
+  -- timestamp and latency where the commit's time is not known; never to
+  -- decide what to relay.
+  created_at     timestamptz NOT NULL DEFAULT clock_timestamp(),
   fanned_out_at  timestamptz,
   relay_attempts integer     NOT NULL DEFAULT 0,
   relay_error    text,
@@ -170,17 +173,17 @@ CREATE TABLE IF NOT EXISTS outbox.events (
   CONSTRAINT events_fanned_or_poisoned CHECK (fanned_out_at IS NULL OR poisoned_at IS NULL)
 );
 
--- Every event row is updated once (fanned_out_at) and deleted once
--- (retention): a high-churn table. Vacuum it after 2% of its rows are dead
--- instead of PostgreSQL's default 20%, so the claim index stays small.
 -- Trace context (W3C): a producer inside a trace sets outbox.traceparent
 -- (and outbox.tracestate) for its transaction, SET LOCAL or set_config(...,
 -- true); outbox.record and the watch triggers store it with the event, and
 -- every delivery sends it as the traceparent and tracestate headers, so
--- the receiver's trace continues from the business write. Only version 00
--- with non-zero ids is stored; anything else fails the recording
--- transaction, never a delivery later. NOT VALID: rows stored before the
--- columns existed hold NULL, and need no scan of the table.
+-- the receiver's trace continues from the business write. outbox.record
+-- passes what the transaction set through outbox.trace_context, which
+-- keeps what is valid and drops or cuts the rest, so these CHECKs never
+-- fail a recording: a trace is not worth a business write. They stay as
+-- the rule for what is stored, which every delivery sends as it is. NOT
+-- VALID: rows stored before the columns existed hold NULL, and need no
+-- scan of the table.
 ALTER TABLE outbox.events
   ADD COLUMN IF NOT EXISTS traceparent text,
   ADD COLUMN IF NOT EXISTS tracestate text;
@@ -203,6 +206,49 @@ EXCEPTION WHEN duplicate_object THEN
 END
 $$;
 
+-- Databases created while created_at defaulted to now().
+ALTER TABLE outbox.events ALTER COLUMN created_at SET DEFAULT clock_timestamp();
+
+-- committed_at is when the recording transaction committed, as closely as
+-- PostgreSQL tells: where the time from commit to first 2xx starts
+-- (webhook.go). The insert cannot know it, so it starts NULL; the first
+-- change outboxd makes to the row sets it with commit_time (below), and no
+-- later change alters it. That change is the relay's claim
+-- (mark_fanned_out), or before it a relay failure (relay.go) or a requeue
+-- (outbox.go).
+ALTER TABLE outbox.events
+  ADD COLUMN IF NOT EXISTS committed_at timestamptz;
+
+-- commit_time is what committed_at becomes at a change of event row ev,
+-- whose xmin is ev_xmin, read before the change replaces it:
+--   - the value it has, once set;
+--   - for a row nobody changed since its insert, so that its xmin is the
+--     recording transaction, that transaction's commit timestamp where
+--     track_commit_timestamp is on (pg_xact_commit_timestamp raises an
+--     error where it is off, and answers NULL for a transaction that
+--     committed before it was turned on);
+--   - else created_at, the clock at the insert: a lower bound, short of
+--     the commit by whatever the transaction did after its insert.
+-- A row changed without committed_at set (by a release before the column)
+-- has relay_attempts or relay_error set, and gets created_at: its xmin
+-- is the change's, not the recording's. VOLATILE, like
+-- pg_xact_commit_timestamp, so that it can be inlined into the UPDATEs.
+CREATE OR REPLACE FUNCTION outbox.commit_time(ev outbox.events, ev_xmin xid)
+RETURNS timestamptz
+LANGUAGE sql VOLATILE
+AS $$
+  SELECT coalesce(
+    ev.committed_at,
+    CASE WHEN ev.relay_attempts = 0 AND ev.relay_error IS NULL
+              AND current_setting('track_commit_timestamp')::boolean
+         THEN pg_xact_commit_timestamp(ev_xmin)
+    END,
+    ev.created_at)
+$$;
+
+-- Every event row is updated once (fanned_out_at) and deleted once
+-- (retention): a high-churn table. Vacuum it after 2% of its rows are dead
+-- instead of PostgreSQL's default 20%, so the claim index stays small.
 ALTER TABLE outbox.events SET (
   autovacuum_vacuum_scale_factor = 0.02,
   autovacuum_analyze_scale_factor = 0.02
@@ -241,10 +287,12 @@ $$;
 -- mark_fanned_out is the relay's claim (fan_out): it claims up to in_batch
 -- events with claim_unfanned, or with in_event_id that one event if it is
 -- still waiting, marks them fanned out, and returns what the fan-out reads
--- of them, in the caller's transaction. enable_seqscan = off has the
--- UPDATE fetch the claimed rows by key, where a planner that thinks index
--- reads expensive (a high random_page_cost) would scan the whole backlog
--- for 200 rows.
+-- of them, in the caller's transaction. Marking them, it keeps each one's
+-- commit time (commit_time): the UPDATE's expressions read the row as it
+-- was, its xmin still the recording transaction's. enable_seqscan = off
+-- has the UPDATE fetch the claimed rows by key, where a planner that
+-- thinks index reads expensive (a high random_page_cost) would scan the
+-- whole backlog for 200 rows.
 --
 -- The claim comes first, in a statement of its own: each statement of a
 -- PL/pgSQL function sees the rows committed when it began, so the UPDATE
@@ -274,7 +322,8 @@ BEGIN
   END IF;
   RETURN QUERY
   UPDATE outbox.events AS e
-  SET fanned_out_at = now()
+  SET fanned_out_at = now(),
+      committed_at = outbox.commit_time(e, e.xmin)
   WHERE e.id = ANY (claimed)
   RETURNING e.id, e.topic, e.subject, e.payload;
 END
@@ -370,6 +419,125 @@ CREATE OR REPLACE TRIGGER events_notify_relay
   AFTER INSERT ON outbox.events
   FOR EACH STATEMENT EXECUTE FUNCTION outbox.notify_events();
 
+-- trace_context is the W3C Trace Context a recording stores, from the
+-- traceparent and tracestate its transaction set: what is valid is kept,
+-- the rest dropped or cut, as the specification has a receiver do, and
+-- never an error. repairs names what it did, for outbox.record to count:
+--
+--   traceparent_dropped     not a traceparent: a version that is not two
+--                           lower-case hex digits, version ff, version 00
+--                           with anything but its four fields, an id of
+--                           zeros, a later version shorter than 55
+--                           characters. The trace restarts at the
+--                           receiver; the tracestate goes with it.
+--   traceparent_downgraded  a later version, read as 00 from its first 55
+--                           characters when what follows them starts with
+--                           '-': its ids and the sampled bit of its flags,
+--                           the only flag 00 defines.
+--   tracestate_dropped      not a list of key=value members, a key twice,
+--                           or no traceparent to go with.
+--   tracestate_truncated    more than 32 members, or more than 512
+--                           characters: whole members dropped, members
+--                           over 128 characters first, then from the end.
+--
+-- Blanks around a traceparent and around members are optional white space;
+-- empty members are dropped. Members after the 32nd are not read: they
+-- would go anyway.
+--
+-- Its cost is added to every traced recording, so it is written in string
+-- functions (length, substr, translate) and regular expressions without
+-- counted repetition: PostgreSQL's regular expression engine matches a
+-- pattern such as [0-9a-f]{32} or [a-z]{0,255} ten to a hundred times
+-- slower than one with * (measure: a count(*) over generate_series of
+-- each pattern against one tracestate member).
+CREATE OR REPLACE FUNCTION outbox.trace_context(in_traceparent text, in_tracestate text,
+                                                OUT traceparent text, OUT tracestate text, OUT repairs text[])
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+DECLARE
+  members text[] := '{}';
+  keys    text[] := '{}';
+  m       text;
+  eq      integer;
+  i       integer;
+BEGIN
+  repairs := '{}';
+  traceparent := nullif(btrim(in_traceparent, E' \t'), '');
+  IF traceparent IS NOT NULL THEN
+    -- Fields at 1, 4, 37 and 54, of lower-case hex, the ids not all zeros.
+    IF length(traceparent) >= 55
+       AND substr(traceparent, 3, 1) = '-' AND substr(traceparent, 36, 1) = '-' AND substr(traceparent, 53, 1) = '-'
+       AND translate(left(traceparent, 2) || substr(traceparent, 4, 32) || substr(traceparent, 37, 16) || substr(traceparent, 54, 2),
+                     '0123456789abcdef', '') = ''
+       AND substr(traceparent, 4, 32) <> '00000000000000000000000000000000'
+       AND substr(traceparent, 37, 16) <> '0000000000000000'
+       AND left(traceparent, 2) <> 'ff'
+       AND (length(traceparent) = 55 OR (left(traceparent, 2) <> '00' AND substr(traceparent, 56, 1) = '-')) THEN
+      IF left(traceparent, 2) <> '00' THEN
+        traceparent := '00-' || substr(traceparent, 4, 50) || '0'
+                       || CASE WHEN strpos('13579bdf', substr(traceparent, 55, 1)) > 0 THEN '1' ELSE '0' END;
+        repairs := repairs || 'traceparent_downgraded'::text;
+      END IF;
+    ELSE
+      traceparent := NULL;
+      repairs := repairs || 'traceparent_dropped'::text;
+    END IF;
+  END IF;
+
+  IF coalesce(btrim(in_tracestate, E' \t,'), '') = '' THEN
+    RETURN; -- no member
+  END IF;
+  IF traceparent IS NULL THEN
+    repairs := repairs || 'tracestate_dropped'::text;
+    RETURN;
+  END IF;
+  FOREACH m IN ARRAY array_remove(string_to_array(in_tracestate, ','), '') LOOP
+    m := btrim(m, E' \t');
+    CONTINUE WHEN m = '';
+    IF cardinality(members) = 32 THEN
+      repairs := repairs || 'tracestate_truncated'::text;
+      EXIT;
+    END IF;
+    -- A key: a lower-case letter or digit, then up to 255 of a-z 0-9 _ - *
+    -- / @. A value: 1 to 256 printable ASCII characters but , and =, not
+    -- ending in a space.
+    eq := strpos(m, '=');
+    IF NOT (eq BETWEEN 2 AND 257 AND length(m) - eq BETWEEN 1 AND 256
+            AND m ~ '^[a-z0-9][a-z0-9_*/@-]*=[\x20-\x2b\x2d-\x3c\x3e-\x7e]*[\x21-\x2b\x2d-\x3c\x3e-\x7e]$')
+       OR left(m, eq - 1) = ANY (keys) THEN
+      repairs := repairs || 'tracestate_dropped'::text;
+      RETURN;
+    END IF;
+    keys := keys || left(m, eq - 1);
+    members := members || m;
+  END LOOP;
+  -- Over 512 characters: whole members go, the last of those over 128
+  -- characters first, then the last.
+  WHILE length(array_to_string(members, ',')) > 512 LOOP
+    i := coalesce(
+      (SELECT max(u.n) FROM unnest(members) WITH ORDINALITY AS u(member, n) WHERE length(u.member) > 128),
+      cardinality(members));
+    members := members[:i - 1] || members[i + 1:];
+    IF NOT 'tracestate_truncated' = ANY (repairs) THEN
+      repairs := repairs || 'tracestate_truncated'::text;
+    END IF;
+  END LOOP;
+  tracestate := array_to_string(members, ',');
+END
+$$;
+
+-- Trace context repaired is counted in one sequence per repair that
+-- trace_context names, read by /metrics (outbox.go, readTraceRepairs):
+-- nextval neither waits for nor holds up another transaction, and the
+-- recording that repairs nothing never calls it. A sequence counts outside
+-- transactions, so a repair counts even if its recording rolls back, and
+-- after a crash a count may jump ahead by up to 32 (PostgreSQL logs a
+-- sequence's values 32 ahead).
+CREATE SEQUENCE IF NOT EXISTS outbox.trace_repairs_traceparent_dropped;
+CREATE SEQUENCE IF NOT EXISTS outbox.trace_repairs_traceparent_downgraded;
+CREATE SEQUENCE IF NOT EXISTS outbox.trace_repairs_tracestate_dropped;
+CREATE SEQUENCE IF NOT EXISTS outbox.trace_repairs_tracestate_truncated;
+
 -- record is the producer API. Call it inside the transaction that makes the
 -- business change: the event exists if and only if that transaction commits.
 --
@@ -385,6 +553,10 @@ CREATE OR REPLACE TRIGGER events_notify_relay
 -- one it uses. EXECUTE is revoked from PUBLIC below, so only the roles
 -- granted it can record (docs/security.md, database privileges).
 --
+-- The transaction's trace context, if it set one, goes through
+-- trace_context, and each repair it made is counted; a recording without
+-- one reads the two settings and nothing more.
+--
 -- PL/pgSQL, not SQL: PostgreSQL plans a SQL function's statement anew at
 -- every call (a function with SECURITY DEFINER or SET is never inlined),
 -- and keeps a PL/pgSQL function's plan for the session. In the producer's
@@ -397,11 +569,22 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
   recorded_id bigint;
+  tp          text := nullif(current_setting('outbox.traceparent', true), '');
+  ts          text := nullif(current_setting('outbox.tracestate', true), '');
+  tc          record;
 BEGIN
+  IF tp IS NOT NULL OR ts IS NOT NULL THEN
+    -- An assignment, not a SELECT INTO: PL/pgSQL evaluates it as an
+    -- expression, without running a query.
+    tc := outbox.trace_context(tp, ts);
+    tp := tc.traceparent;
+    ts := tc.tracestate;
+    IF cardinality(tc.repairs) > 0 THEN
+      PERFORM nextval(('outbox.trace_repairs_' || r)::regclass) FROM unnest(tc.repairs) AS r;
+    END IF;
+  END IF;
   INSERT INTO outbox.events (topic, subject, payload, traceparent, tracestate)
-  VALUES (record.topic, coalesce(record.subject, ''), coalesce(record.payload, '{}'),
-          nullif(current_setting('outbox.traceparent', true), ''),
-          nullif(current_setting('outbox.tracestate', true), ''))
+  VALUES (record.topic, coalesce(record.subject, ''), coalesce(record.payload, '{}'), tp, ts)
   RETURNING events.id INTO recorded_id;
   RETURN recorded_id;
 END
@@ -990,10 +1173,13 @@ $$;
 -- or a replay's), the dedup window the receiver advertised (NULL: none,
 -- or a first delivery), and claimed_at the claim's now(), the clock of
 -- created_at: a resend past the window is not sent (resend.go,
--- resendTooLate). claim_jobs returns it, and fan_out_and_claim an array
--- of it; the workers read it as one column list (claim.go,
--- claimedColumns), by name, so attributes added at its end leave a
--- previous release's reads as they were.
+-- resendTooLate). committed_at is the event's commit time as the relay
+-- kept it (events.committed_at), or its created_at where none was kept:
+-- where the time to the first 2xx starts. claim_jobs returns it, and
+-- fan_out_claiming an array of it; the workers read it as one column list
+-- (claim.go, claimedColumns), by name. A later release adds attributes at
+-- its end (ALTER TYPE ... ADD ATTRIBUTE), so that a previous release's
+-- reads stay as they were.
 DO $$
 BEGIN
   IF to_regtype('outbox.claimed_job') IS NULL THEN
@@ -1004,15 +1190,7 @@ BEGIN
       traceparent text, tracestate text,
       url text, secret bytea, previous_secret bytea, disabled_reason text,
       start_in_ms integer, wake_on_outcome boolean, replay_yields boolean,
-      resend_window_seconds bigint, claimed_at timestamptz);
-  END IF;
-  IF NOT EXISTS (SELECT 1
-                 FROM pg_attribute
-                 WHERE attrelid = (SELECT typrelid FROM pg_type WHERE oid = 'outbox.claimed_job'::regtype)
-                   AND attname = 'resend_window_seconds') THEN
-    ALTER TYPE outbox.claimed_job
-      ADD ATTRIBUTE resend_window_seconds bigint,
-      ADD ATTRIBUTE claimed_at timestamptz;
+      resend_window_seconds bigint, claimed_at timestamptz, committed_at timestamptz);
   END IF;
 END
 $$;
@@ -1293,7 +1471,8 @@ BEGIN
          -- no earlier request of it exists. A replay's may resend what
          -- an earlier job delivered.
          CASE WHEN c.attempt > 1 OR c.replay_id IS NOT NULL THEN ep.dedup_window_seconds END,
-         c.attempted_at
+         c.attempted_at,
+         coalesce(e.committed_at, e.created_at)
   FROM claimed AS c
   JOIN outbox.events AS e ON e.id = c.event_id
   CROSS JOIN subscribers_filled AS sf

@@ -237,12 +237,13 @@ func TestDeliveryStatsCountRealDeliveries(t *testing.T) {
 	b := createTestEndpoint(t, srv, refusedURL, "b.*")
 	// Each success's event was committed this long before its delivery:
 	// in the middle of its bucket, far from either bound, so the time the
-	// test itself takes cannot move it.
+	// test itself takes cannot move it. Set as the commit time the relay
+	// keeps (outbox.commit_time keeps one already set).
 	ago := map[string]string{"ok-1.2s": "1.2 seconds", "ok-7s": "7 seconds", "ok-40s": "40 seconds"}
 	for _, subject := range []string{"ok-1.2s", "ok-7s", "ok-40s", "e500", "e404", "moved", "slow"} {
 		id := record(t, db, "a.thing", subject)
 		if d, ok := ago[subject]; ok {
-			mustExec(t, db, `UPDATE outbox.events SET created_at = now() - $2::interval WHERE id = $1`, id, d)
+			mustExec(t, db, `UPDATE outbox.events SET committed_at = now() - $2::interval WHERE id = $1`, id, d)
 		}
 	}
 	record(t, db, "b.thing", "r-1")

@@ -247,7 +247,7 @@ func (s *webhookSender) deliver(ctx context.Context, job Job) error {
 		// Only an answer that accepted the webhook speaks for the
 		// receiver's dedup: an error page may come from a proxy.
 		attempt.DedupWindow, attempt.DedupWindowRead = parseDedupWindow(ans.dedupWindow), true
-		attempt.CommitTo2xx = time.Since(job.Event.CreatedAt)
+		attempt.CommitTo2xx = time.Since(job.committedAt)
 	}
 	attempt.Hold = endpointHold(ans.status, outcome)
 	s.observe(job, attempt, change, sendErr)
@@ -378,7 +378,7 @@ func (s *webhookSender) deliverMail(ctx context.Context, job Job, ep deliveryEnd
 	attempt := deliveryAttempt{Duration: time.Since(start), Class: classifyAttempt(0, err)}
 	change := endpointSucceeded
 	if err == nil {
-		attempt.CommitTo2xx = time.Since(job.Event.CreatedAt)
+		attempt.CommitTo2xx = time.Since(job.committedAt)
 	} else {
 		change = endpointFailed
 		err = fmt.Errorf("mail: %w", err)
