@@ -40,12 +40,12 @@ type Job struct {
 	// wakeOnOutcome, from the claim, says that recording this job's
 	// outcome may let due work be claimed at once: the claim filled its
 	// endpoint's room or replay share (or the subscribers' share of the
-	// batch), or it heads an ordered lane (outbox.claim_jobs).
+	// batch), or it heads an ordered lane (outbox.claim_due_jobs).
 	wakeOnOutcome bool
 	// yieldsToLive, from the claim, marks a replayed delivery claimed
 	// into a replay lane narrowed by live traffic: when it ends, its
 	// place waits for the next claim, or replayYield for one of its own
-	// (outbox.claim_jobs, replay_yields).
+	// (outbox.claim_due_jobs, replay_yields).
 	yieldsToLive bool
 	// resendWindow is, for a delivery that may have reached its receiver
 	// before (an earlier attempt, or a replay's), the dedup window the
@@ -93,7 +93,7 @@ type claimer struct {
 	// answered are the deliveries whose attempt has succeeded and whose
 	// outcome the completer has not written yet: each claim passes them,
 	// so that an endpoint's cap counts requests in flight, not outcomes
-	// waiting for their batch's commit (schema.sql, outbox.claim_jobs).
+	// waiting for their batch's commit (schema.sql, outbox.claim_due_jobs).
 	answered answeredJobs
 
 	// mu guards the fields below it, and is held by fill from counting
@@ -269,9 +269,9 @@ const claimTimeout = 10 * time.Second
 // claimJobsSQL takes up to $1 due jobs, soonest first, marks them running
 // with their next attempt number, held by replica $2 (NULL: none), and
 // returns each with its event and, for a delivery, its endpoint. The
-// statement is schema.sql's outbox.claim_jobs, which pins its plan and
+// statement is schema.sql's outbox.claim_due_jobs, which pins its plan and
 // reads everything in one snapshot.
-const claimJobsSQL = `SELECT ` + claimedColumns + ` FROM outbox.claim_jobs($1, $2, $3)`
+const claimJobsSQL = `SELECT ` + claimedColumns + ` FROM outbox.claim_due_jobs($1, $2, $3)`
 
 // claimedColumns are the attributes of schema.sql's outbox.claimed_job, in
 // the order claimedRow.dest scans them: the one list every claim selects.
@@ -342,7 +342,7 @@ func scanClaimedJob(row rowScanner, sent time.Time) (Job, error) {
 }
 
 // claimedRow is an outbox.claimed_job, in claimedColumns' order, as
-// outbox.claim_jobs returns them and outbox.fan_out_claiming an array of
+// outbox.claim_due_jobs returns them and outbox.fan_out_claiming an array of
 // them. Every one may be NULL: the relay's row for a pass that claimed no
 // job has none.
 type claimedRow struct {

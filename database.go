@@ -108,7 +108,7 @@ func newDBPool(dsn string) (*sql.DB, error) {
 
 // beginPipelineTx begins a transaction of the pipeline's own bookkeeping:
 // a relay pass, a subscriber's batch (the claim and the completer are
-// single statements that set the same for themselves: outbox.claim_jobs,
+// single statements that set the same for themselves: outbox.claim_due_jobs,
 // outbox.record_outcomes). Its commit does not wait for the WAL to reach
 // the disk (synchronous_commit = off, for this transaction only). A crash
 // of the database can lose such commits, those of at most about three

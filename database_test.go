@@ -102,7 +102,7 @@ func TestOnlyThePipelinesCommitsSkipTheFlush(t *testing.T) {
 	got := []string{
 		commitSetting("a pipeline transaction", pipeline, ""),
 		commitSetting("the next transaction on its connection", plain, ""),
-		commitSetting("a claim", plain, `SELECT * FROM outbox.claim_jobs(1)`),
+		commitSetting("a claim", plain, `SELECT * FROM outbox.claim_due_jobs(1)`),
 		commitSetting("a batch of outcomes", plain, recordOutcomesSQL, noOutcomes...),
 		commitSetting("a record", plain, `SELECT outbox.record('order.paid', 'o-1', '{}')`),
 	}

@@ -273,7 +273,7 @@ func (p *workerPool) runBatch(ctx context.Context, batch []Job) []jobResult {
 // a failed attempt, not a dead process.
 func (p *workerPool) runJob(ctx context.Context, job Job) jobResult {
 	if wait := time.Until(job.startAt); wait > 0 {
-		// At most a second (outbox.claim_jobs); a shutdown that cancels
+		// At most a second (outbox.claim_due_jobs); a shutdown that cancels
 		// the jobs cancels the wait, and the attempt fails as cancelled.
 		timer := time.NewTimer(wait)
 		select {

@@ -237,7 +237,7 @@ func TestJobClaimReturnsEveryJobItMarksRunning(t *testing.T) {
 		rows, err := db.Query(`
 			SELECT c.id::text
 			FROM (SELECT pg_sleep(0.5)) AS snapshot_first
-			CROSS JOIN LATERAL outbox.claim_jobs(100) AS c`)
+			CROSS JOIN LATERAL outbox.claim_due_jobs(100) AS c`)
 		if err != nil {
 			done <- claimResult{err: err}
 			return
@@ -529,7 +529,7 @@ func TestWorkerShutdownFinishesAClaimInFlight(t *testing.T) {
 	go func() { done <- wp.Run(ctx, nil) }()
 	waitFor(t, "the claim waiting for the table lock", 10*time.Second, func() bool {
 		return queryInt(t, db, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%claim_jobs%'`) == 1
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%claim_due_jobs%'`) == 1
 	})
 	cancel() // SIGTERM while the claim waits
 	if err := lock.Commit(); err != nil {

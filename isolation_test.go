@@ -17,7 +17,7 @@ import (
 )
 
 // Endpoint isolation (docs/endpoints.md): every endpoint is a
-// lane of outbox.claim_jobs, and its trouble stays its own.
+// lane of outbox.claim_due_jobs, and its trouble stays its own.
 
 // concurrency counts the requests a handler is serving at once, and the
 // most it ever served at once.
@@ -128,7 +128,7 @@ func TestClaimSharesTheBatchBetweenLanes(t *testing.T) {
 		SELECT 'sub:x', outbox.record('t', i::text, '{}'), 18 FROM generate_series(1, 5) AS i`)
 
 	got := map[string]int{}
-	rows := queryStrings(t, db, `SELECT coalesce(ep.url, c.kind) FROM outbox.claim_jobs(20) AS c
+	rows := queryStrings(t, db, `SELECT coalesce(ep.url, c.kind) FROM outbox.claim_due_jobs(20) AS c
 		LEFT JOIN outbox.endpoints AS ep ON ep.id = c.endpoint_id`)
 	for _, lane := range rows {
 		got[lane]++
@@ -184,7 +184,7 @@ func TestRateLimitSpacesRequestsAcrossReplicas(t *testing.T) {
 	var starts []time.Time
 	claimAll := func(db *sql.DB) error {
 		for range 10 {
-			rows, err := db.Query(`SELECT now() + start_in_ms * interval '1 millisecond' FROM outbox.claim_jobs(100)`)
+			rows, err := db.Query(`SELECT now() + start_in_ms * interval '1 millisecond' FROM outbox.claim_due_jobs(100)`)
 			if err != nil {
 				return err
 			}
@@ -523,7 +523,7 @@ func TestClaimDoesNotCountAnsweredJobsAgainstTheCap(t *testing.T) {
 		FROM generate_series(1, 2) AS i`, endpoint)
 	claim := func(answered string) []int64 {
 		t.Helper()
-		ids, err := queryAll(context.Background(), db, scanID, `SELECT id FROM outbox.claim_jobs(10, NULL, $1::bigint[])`, answered)
+		ids, err := queryAll(context.Background(), db, scanID, `SELECT id FROM outbox.claim_due_jobs(10, NULL, $1::bigint[])`, answered)
 		if err != nil {
 			t.Fatal(err)
 		}

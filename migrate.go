@@ -271,7 +271,7 @@ func (m migration) applySchema(ctx context.Context, conn *sql.Conn) error {
 // that window a few round trips instead of the whole file, and the order
 // follows the pipeline's busiest transactions:
 //   - a claim locks its replica's row in outbox.replicas before anything
-//     else (claim_jobs), then outbox.jobs, and outbox.events last;
+//     else (claim_due_jobs), then outbox.jobs, and outbox.events last;
 //   - a completer updates outbox.jobs, then writes deliveries and
 //     delivery_stats;
 //   - a job inserted outside the relay (a replay, a retry) locks

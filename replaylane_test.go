@@ -73,7 +73,7 @@ func TestClaimAsksWhetherLiveFlowsOncePerLane(t *testing.T) {
 		t.Fatal(err)
 	}
 	var claimed int
-	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM outbox.claim_jobs(100)`).Scan(&claimed); err != nil {
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM outbox.claim_due_jobs(100)`).Scan(&claimed); err != nil {
 		t.Fatal(err)
 	}
 	var calls int
@@ -159,7 +159,7 @@ func claimBatch(t *testing.T, db *sql.DB, batch int) (live, replayed int) {
 	t.Helper()
 	for _, r := range queryStrings(t, db, `
 		SELECT (j.replay_id IS NOT NULL)::text
-		FROM outbox.claim_jobs(`+strconv.Itoa(batch)+`) AS c
+		FROM outbox.claim_due_jobs(`+strconv.Itoa(batch)+`) AS c
 		JOIN outbox.jobs AS j ON j.id = c.id`) {
 		if r == "true" {
 			replayed++
@@ -236,7 +236,7 @@ func TestClaimTakesLiveOfAnyEndpointFirst(t *testing.T) {
 	replayFor(t, api, a.ID)
 	mustExec(t, db, `UPDATE outbox.jobs SET scheduled_at = now() - interval '1 hour' WHERE replay_id IS NOT NULL`)
 	recordFor(t, db, busy, 1)
-	got := queryStrings(t, db, `SELECT c.endpoint_id::text FROM outbox.claim_jobs(1) AS c`)
+	got := queryStrings(t, db, `SELECT c.endpoint_id::text FROM outbox.claim_due_jobs(1) AS c`)
 	if len(got) != 1 || got[0] != itoa(b.ID) {
 		t.Errorf("a claim of 1 took the jobs of endpoints %v, want the live delivery of endpoint %d", got, b.ID)
 	}
@@ -362,7 +362,7 @@ func TestReplayLaneNarrowsWhileLiveFlows(t *testing.T) {
 				t.Helper()
 				return queryStrings(t, db, `
 					SELECT (j.replay_id IS NOT NULL)::text || ' ' || c.wake_on_outcome::text || ' ' || c.replay_yields::text
-					FROM outbox.claim_jobs(100, NULL::bigint, '{}') AS c
+					FROM outbox.claim_due_jobs(100, NULL::bigint, '{}') AS c
 					JOIN outbox.jobs AS j ON j.id = c.id
 					ORDER BY j.replay_id IS NULL, j.id`)
 			}
@@ -867,7 +867,7 @@ func TestClaimSaysWhichOutcomesFreeAPlace(t *testing.T) {
 
 	got := queryStrings(t, db, `
 		SELECT ep.url || ' ' || (j.replay_id IS NOT NULL)::text || ' ' || c.wake_on_outcome::text
-		FROM outbox.claim_jobs(100, NULL::bigint) AS c
+		FROM outbox.claim_due_jobs(100, NULL::bigint) AS c
 		JOIN outbox.jobs AS j ON j.id = c.id
 		JOIN outbox.endpoints AS ep ON ep.id = c.endpoint_id
 		ORDER BY ep.url, j.id`)

@@ -396,7 +396,7 @@ INSERT INTO outbox.relay_state DEFAULT VALUES ON CONFLICT DO NOTHING;
 -- which may predate (a) whatever the lock says, so it always notifies.
 --
 -- 1868722290 is 0x6f627072, "obpr", notify.go's recordingLockClass. It is
--- the only two-key advisory lock with that first key: claim_jobs' lane
+-- the only two-key advisory lock with that first key: claim_due_jobs' lane
 -- locks use hashtext('outbox.claim_jobs'), advance_lanes' ones
 -- hashtext('outbox.advance_lanes') and hashtext('outbox.advance_lanes/lane'),
 -- and outboxd's one-key locks (schema, retention, owner mail) live in
@@ -791,7 +791,7 @@ $$;
 -- 2xx without the header clears it, and so does a new URL; any other
 -- answer leaves it. NULL: none advertised. Replays and retries by hand to
 -- the endpoint are clamped to it (replay.go), a delivery that may have
--- reached the receiver before is not sent again past it (outbox.claim_jobs,
+-- reached the receiver before is not sent again past it (outbox.claim_due_jobs,
 -- resend.go), and the overview alerts while it is shorter than this
 -- sender's resend horizon.
 ALTER TABLE outbox.endpoints
@@ -810,7 +810,7 @@ EXCEPTION WHEN duplicate_object THEN
 END
 $$;
 
--- An endpoint is a lane of its own (outbox.claim_jobs): its trouble holds
+-- An endpoint is a lane of its own (outbox.claim_due_jobs): its trouble holds
 -- up its own deliveries and nobody else's. The columns the claim reads:
 --
 --   max_in_flight         at most this many of its deliveries run at once,
@@ -971,7 +971,7 @@ ALTER TABLE outbox.jobs
 -- the events of a window (kind 'replay', replay.go) or its discarded
 -- deliveries (kind 'retry_discarded', jobs.go). The jobs it enqueues or
 -- sets to run again carry its id (jobs.replay_id) and run in the
--- endpoint's replay lane (outbox.claim_jobs): behind its live deliveries,
+-- endpoint's replay lane (outbox.claim_due_jobs): behind its live deliveries,
 -- and at most replay_width(endpoint, max_in_flight) at once. Its columns:
 --
 --   window_from, window_to, topics  what a 'replay' selected (the window
@@ -1076,7 +1076,7 @@ $$;
 -- jobs_waiting_without_endpoint, jobs_running_by_endpoint,
 -- jobs_running_replay_by_endpoint: schema_indexes.sql.
 
--- claim_jobs is the workers' claim (claim.go). It takes up to batch due
+-- claim_due_jobs is the workers' claim (claim.go). It takes up to batch due
 -- jobs, marks them running with their next attempt number, and returns
 -- each with its event and, for a delivery, its endpoint as it is at the
 -- claim, so an attempt costs no second query.
@@ -1175,7 +1175,7 @@ $$;
 -- created_at: a resend past the window is not sent (resend.go,
 -- resendTooLate). committed_at is the event's commit time as the relay
 -- kept it (events.committed_at), or its created_at where none was kept:
--- where the time to the first 2xx starts. claim_jobs returns it, and
+-- where the time to the first 2xx starts. claim_due_jobs returns it, and
 -- fan_out_claiming an array of it; the workers read it as one column list
 -- (claim.go, claimedColumns), by name. A later release adds attributes at
 -- its end (ALTER TYPE ... ADD ATTRIBUTE), so that a previous release's
@@ -1195,11 +1195,8 @@ BEGIN
 END
 $$;
 
-DROP FUNCTION IF EXISTS outbox.claim_jobs(integer);
-DROP FUNCTION IF EXISTS outbox.claim_jobs(integer, integer);
-DROP FUNCTION IF EXISTS outbox.claim_jobs(integer, bigint);
-DROP FUNCTION IF EXISTS outbox.claim_jobs(integer, bigint, bigint[]);
-CREATE FUNCTION outbox.claim_jobs(batch integer, replica bigint DEFAULT NULL, answered bigint[] DEFAULT '{}')
+DROP FUNCTION IF EXISTS outbox.claim_due_jobs(integer, bigint, bigint[]);
+CREATE FUNCTION outbox.claim_due_jobs(batch integer, replica bigint DEFAULT NULL, answered bigint[] DEFAULT '{}')
 RETURNS SETOF outbox.claimed_job
 LANGUAGE plpgsql VOLATILE
 ROWS 100
@@ -1804,7 +1801,7 @@ $$;
 
 -- fan_out_claiming is a batch pass of fan_out and, in the same
 -- transaction, a claim of up to in_claim_batch due jobs for the relay's
--- own workers (claim_jobs, with in_replica and in_answered), when the pass
+-- own workers (claim_due_jobs, with in_replica and in_answered), when the pass
 -- enqueued jobs and was not full. A pass that is not full is the relay
 -- keeping up, one to a few events a pass: its deliveries are claimed as
 -- they are made, where otherwise the workers, woken after its commit, would
@@ -1824,7 +1821,7 @@ BEGIN
   FROM outbox.fan_out(in_batch, NULL, in_subscribers, in_max_attempts, in_breaker_delay, in_origin) AS f;
   out_claimed := '{}';
   IF out_jobs > 0 AND out_fanned < in_batch AND in_claim_batch > 0 THEN
-    out_claimed := ARRAY(SELECT c FROM outbox.claim_jobs(in_claim_batch, in_replica, in_answered) AS c);
+    out_claimed := ARRAY(SELECT c FROM outbox.claim_due_jobs(in_claim_batch, in_replica, in_answered) AS c);
   END IF;
   RETURN NEXT;
 END
@@ -2187,7 +2184,7 @@ $$;
 -- (fanout_stats, a probe of at most two rows by key). While they do, its
 -- replay lane is narrowed (replay_width), and the claim lets a replayed
 -- delivery's place be taken by the next claim the live ones bring
--- (outbox.claim_jobs, replay_yields). The dry run's estimate (replay.go,
+-- (outbox.claim_due_jobs, replay_yields). The dry run's estimate (replay.go,
 -- previewReplay) reads it too.
 --
 -- PL/pgSQL, not SQL: a SQL function whose body holds a subquery is never
@@ -2209,7 +2206,7 @@ END
 $$;
 
 -- replay_width is how many of endpoint ep's replayed deliveries may run
--- at once (outbox.claim_jobs): its replay_share of max_in_flight while it
+-- at once (outbox.claim_due_jobs): its replay_share of max_in_flight while it
 -- is quiet, and one while live deliveries flow to it (live_flows). A
 -- replay's requests compete with the live ones for more than the
 -- receiver: the same workers, claims and outcome batches, the same
@@ -2217,7 +2214,7 @@ $$;
 -- is its rate, not its lane (docs/performance.md).
 -- Replayed deliveries already running when live ones begin finish; the
 -- lane narrows as they do. The rule is replay_width(live, max_in_flight),
--- for a caller that has asked live_flows already (outbox.claim_jobs); an
+-- for a caller that has asked live_flows already (outbox.claim_due_jobs); an
 -- expression without a subquery, which PostgreSQL inlines.
 CREATE OR REPLACE FUNCTION outbox.replay_width(live boolean, max_in_flight integer)
 RETURNS integer
@@ -2687,7 +2684,7 @@ END
 $$;
 
 -- held_by is the replica whose claim last marked the job running
--- (outbox.claim_jobs), meaningful while it runs: the dead-replica rescue
+-- (outbox.claim_due_jobs), meaningful while it runs: the dead-replica rescue
 -- finds a dead replica's jobs by it, among the running ones
 -- (jobs_running_by_attempted_at: no index of its own, since running jobs
 -- are at most the replicas' worker slots). No foreign key: the row goes
@@ -2707,6 +2704,31 @@ ALTER TABLE outbox.jobs
 -- release after this one, whose previous release no longer calls them,
 -- drops them (upgrade_test.go runs 0.1.0's own binary beside this one, and
 -- sends each call as 0.1.0's Go code sends it).
+
+-- 0.1.0's claim (deliver.go, claimJobsSQL), which its own
+-- fan_out_and_claim also calls from its body, selecting every column: a
+-- call that began before this file committed runs its body's statements
+-- after, against this schema, so the function keeps 0.1.0's name and
+-- exactly 0.1.0's columns, while this release's workers call
+-- claim_due_jobs.
+DROP FUNCTION IF EXISTS outbox.claim_jobs(integer, bigint, bigint[]);
+CREATE FUNCTION outbox.claim_jobs(batch integer, replica bigint, answered bigint[])
+RETURNS TABLE (id bigint, kind text, attempt integer, max_attempts integer,
+               endpoint_id bigint,
+               event_id bigint, topic text, subject text, payload jsonb, created_at timestamptz,
+               traceparent text, tracestate text,
+               url text, secret bytea, previous_secret bytea, disabled_reason text,
+               start_in_ms integer, wake_on_outcome boolean, replay_yields boolean)
+LANGUAGE sql VOLATILE
+ROWS 100
+AS $$
+  SELECT c.id, c.kind, c.attempt, c.max_attempts, c.endpoint_id,
+         c.event_id, c.topic, c.subject, c.payload, c.created_at,
+         c.traceparent, c.tracestate,
+         c.url, c.secret, c.previous_secret, c.disabled_reason,
+         c.start_in_ms, c.wake_on_outcome, c.replay_yields
+  FROM outbox.claim_due_jobs(batch, replica, answered) AS c
+$$;
 
 -- 0.1.0's claim of a batch of events, which its own fan_out calls from its
 -- body: a call of 0.1.0's fan_out or fan_out_and_claim that began before

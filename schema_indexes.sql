@@ -48,7 +48,7 @@ CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_by_replay_state
   ON outbox.jobs (replay_id, state, finalized_at)
   WHERE replay_id IS NOT NULL;
 
--- Serve the workers' claim (outbox.claim_jobs), one lane at a time:
+-- Serve the workers' claim (outbox.claim_due_jobs), one lane at a time:
 -- an endpoint's live waiting jobs, soonest first; its replayed ones, the
 -- same way; and the jobs of no endpoint (in-process subscribers, owner
 -- notifications, deliveries of a deleted endpoint), soonest first.
