@@ -1,13 +1,18 @@
 // faults_test.go: the black-box fault suite. Two outboxd processes share a
 // PostgreSQL cluster that belongs to this test alone (so the test may
 // restart it); producers write business rows with their events, some
-// rolling back on purpose; a receiver logs every webhook; and seeded faults
-// break things at random points: SIGKILL of a replica mid relay pass and mid
-// delivery, pg_terminate_backend of every connection (LISTEN included), a
-// restart of the server, a receiver that answers 500, hangs, cuts the
-// connection or is down, and notifications suppressed at the source. Then
-// faults_checker_test.go judges the run from the business table and the
-// receiver's log.
+// rolling back on purpose, a fifth of them on a few subjects in order; the
+// receivers (faults_receiver_test.go) log every webhook, pass one
+// endpoint's on to outboxd's own inbox (a chain), and take one endpoint's
+// mail over SMTP; one endpoint orders by subject; halfway through, two
+// endpoints are replayed the events recorded before the first fault.
+// Seeded faults break things at random points: SIGKILL of a replica with
+// a relay pass open and mid delivery, pg_terminate_backend of every
+// connection (each replica's LISTEN included), a restart of the server,
+// receivers that answer 500, hang, cut the connection or are down, and
+// notifications suppressed at the source. Each fault confirms that it hit what it aims at, or fails
+// the test. Then faults_checker_test.go judges the run from the business
+// table and the receivers' log.
 // TestFaultSuiteBehindPgBouncer runs the same suite with the replicas and
 // the producers behind PgBouncer in transaction pooling mode.
 //
@@ -19,10 +24,7 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
 	"database/sql"
 	"encoding/base64"
 	"encoding/json"
@@ -31,11 +33,11 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -44,6 +46,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/lib/pq"
 )
 
 // faultRunConfig is the size of a run, from OUTBOXD_FAULTS_* variables.
@@ -90,23 +94,51 @@ func faultRunConfigFromEnv(t *testing.T) faultRunConfig {
 	return cfg
 }
 
-// The producers' topics, and the endpoints that subscribe to each: the
-// checker's expectation, written out by hand rather than computed by
-// outboxd's matcher. "all" subscribes to everything, so every event
-// reaches the receiver at least there.
+// faultLaneTopic is the topic of the producers' ordered events: each
+// bumps its subject's counter (fault_lanes), one of faultLaneSubjects.
+const faultLaneTopic = "lane.step"
+
+var faultLaneSubjects = []string{"lane-a", "lane-b", "lane-c", "lane-d", "lane-e", "lane-f"}
+
+// faultEndpoint is one endpoint of the run, as registered.
+type faultEndpoint struct {
+	name     string
+	topics   []string
+	ordering string // "" for the default
+}
+
+// The producers' topics, the endpoints, and the endpoints that get each
+// topic: the checker's expectation, written out by hand rather than
+// computed by outboxd's matcher. "all" subscribes to everything, so every
+// event reaches the receiver at least there; the chain's events come back
+// from the inbox under the source's prefix, as events of their own.
 var (
-	faultTopics      = []string{"order.created", "order.paid", "user.signup", "audit.note"}
+	faultTopics    = []string{"order.created", "order.paid", "user.signup", "audit.note", faultLaneTopic}
+	faultEndpoints = []faultEndpoint{
+		{name: "orders", topics: []string{"order.*"}},
+		{name: "billing", topics: []string{"order.paid", "user.signup"}},
+		{name: "all", topics: []string{}},
+		{name: "lanes", topics: []string{"lane.*"}, ordering: "subject"},
+		{name: faultChainEndpoint, topics: []string{"user.signup"}},
+		{name: faultMailEndpoint, topics: []string{"audit.note"}},
+	}
 	faultSubscribers = map[string][]string{
-		"order.created": {"orders", "all"},
-		"order.paid":    {"orders", "billing", "all"},
-		"user.signup":   {"billing", "all"},
-		"audit.note":    {"all"},
+		"order.created":     {"orders", "all"},
+		"order.paid":        {"orders", "billing", "all"},
+		"user.signup":       {"billing", "all", faultChainEndpoint},
+		"audit.note":        {"all", faultMailEndpoint},
+		faultLaneTopic:      {"lanes", "all"},
+		"chain.user.signup": {"all"},
 	}
-	faultEndpointTopics = map[string][]string{
-		"orders":  {"order.*"},
-		"billing": {"order.paid", "user.signup"},
-		"all":     {},
-	}
+	faultDerived = map[string]string{"user.signup": "chain.user.signup"}
+	faultOrdered = []string{"lanes"}
+	// The replay halfway: of user.signup only, which both endpoints take,
+	// recorded before the first fault. A replayed delivery keeps its
+	// attempts (replay.go, retrySetSQL), so a replay of an event that
+	// failed under a fault would wait out a longer backoff when it fails
+	// again (81 s on its third attempt) than the run has.
+	faultReplayed      = []string{"billing", faultChainEndpoint}
+	faultReplayedTopic = []string{"user.signup"}
 )
 
 // Timings of the replicas under test: short, so every fault heals in
@@ -119,7 +151,7 @@ const (
 	faultAdminToken     = "faults-admin-token-0123456789"
 )
 
-func faultReplicaArgs(dsn string) []string {
+func faultReplicaArgs(dsn, smtpURL string) []string {
 	return []string{
 		"-database-url", dsn,
 		"-admin-token", faultAdminToken,
@@ -135,7 +167,22 @@ func faultReplicaArgs(dsn string) []string {
 		"-workers", "8",
 		"-db-max-conns", "8",
 		"-shutdown-grace", "5s",
+		"-smtp-url", smtpURL,
+		"-smtp-from", "outboxd@" + faultMailHost,
 	}
+}
+
+// faultServerSettings are the cluster's. A backend whose client died
+// mid-statement otherwise finishes the statement and commits it (the
+// server only notices when it next reads or writes the socket); with the
+// check it ends the session and rolls back, as for a client that dies
+// between statements, so that kill-mid-relay can see the pass it cut
+// rolled back. PostgreSQL has the check on Linux only.
+func faultServerSettings() []string {
+	if runtime.GOOS != "linux" {
+		return nil
+	}
+	return []string{"client_connection_check_interval=100ms"}
 }
 
 // TestFaultSuiteLosesNothing is the suite; see the file comment.
@@ -167,22 +214,25 @@ func faultSuite(t *testing.T, viaPgBouncer bool) {
 	h.check()
 }
 
-// faultHarness is one run: the cluster, the replicas, the receiver, the
-// producers' ledger and the faults.
+// faultHarness is one run: the cluster, the replicas, the receivers, the
+// producers' ledger, the faults and the replays.
 type faultHarness struct {
 	t      *testing.T
 	cfg    faultRunConfig
 	rng    *rand.Rand
 	dir    string // the cluster's data folder
 	logger *slog.Logger
+	began  time.Time // before the first event: the replays' start
 
 	clusterMu sync.Mutex // protects cluster
 	cluster   *cluster
 	bouncer   *pgBouncer // in front of the cluster for replicas and producers; nil: none
 
-	admin    *sql.DB // the test's own connections: application_name faults-admin
-	recv     *faultReceiver
-	replicas map[string]*faultReplica
+	admin     *sql.DB // the test's own connections: application_name faults-admin
+	recv      *faultReceiver
+	mail      *faultMailSink
+	replicas  map[string]*faultReplica
+	endpoints map[string]int64 // name -> id
 
 	committed atomic.Int64 // producer transactions committed
 	bursts    atomic.Int64 // names each burst's keys
@@ -191,7 +241,8 @@ type faultHarness struct {
 	notCommitted []string
 	ambiguous    []string // COMMIT failed: the business table says what happened
 
-	faults []injectedFault
+	faults  []injectedFault
+	replays []faultReplay
 }
 
 func newFaultHarness(t *testing.T, cfg faultRunConfig, viaPgBouncer bool) *faultHarness {
@@ -201,13 +252,14 @@ func newFaultHarness(t *testing.T, cfg faultRunConfig, viaPgBouncer bool) *fault
 		rng:    rand.New(rand.NewPCG(cfg.Seed, 0x6661756c7473)),
 		dir:    t.TempDir(),
 		logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		began:  time.Now().Add(-time.Second),
 	}
 	if os.Geteuid() == 0 {
 		// The server runs as postgres and must reach the folder.
 		os.Chmod(filepath.Dir(h.dir), 0o755)
 		os.Chmod(h.dir, 0o755)
 	}
-	c, err := startCluster(context.Background(), h.dir, h.logger)
+	c, err := startCluster(context.Background(), h.dir, h.logger, faultServerSettings()...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,18 +293,36 @@ func newFaultHarness(t *testing.T, cfg faultRunConfig, viaPgBouncer bool) *fault
 	}
 	h.admin.SetMaxOpenConns(cfg.Producers + 4)
 	t.Cleanup(func() { h.admin.Close() })
-	mustExec(t, h.admin, `
+	h.createBusinessTables()
+	h.startReplicas(viaPgBouncer)
+	h.installRelayGate()
+	return h
+}
+
+// createBusinessTables makes the producers' tables: the business rows,
+// and a counter per ordered subject.
+func (h *faultHarness) createBusinessTables() {
+	mustExec(h.t, h.admin, `
 		CREATE TABLE IF NOT EXISTS fault_orders (
 		  key        text        PRIMARY KEY,
 		  topic      text        NOT NULL,
 		  amount     integer     NOT NULL,
 		  created_at timestamptz NOT NULL DEFAULT now()
 		)`)
+	mustExec(h.t, h.admin, `CREATE TABLE IF NOT EXISTS fault_lanes (subject text PRIMARY KEY, n integer NOT NULL)`)
+	mustExec(h.t, h.admin, `INSERT INTO fault_lanes SELECT unnest($1::text[]), 0 ON CONFLICT DO NOTHING`, pq.Array(faultLaneSubjects))
+}
 
-	h.recv = newFaultReceiver(t)
+// startReplicas starts the receivers and the two replicas.
+func (h *faultHarness) startReplicas(viaPgBouncer bool) {
+	t := h.t
+	h.recv = newFaultReceiver(t, func() []string {
+		return []string{h.replicas["a"].address(), h.replicas["b"].address()}
+	})
+	h.mail = newFaultMailSink(t, h.recv)
 	h.replicas = map[string]*faultReplica{}
 	for _, name := range []string{"a", "b"} {
-		args := faultReplicaArgs(h.clientDSN("outboxd-" + name))
+		args := faultReplicaArgs(h.clientDSN("outboxd-"+name), h.mail.url())
 		if viaPgBouncer {
 			args = append(args, "-pool-mode", "transaction")
 		}
@@ -269,7 +339,36 @@ func newFaultHarness(t *testing.T, cfg faultRunConfig, viaPgBouncer bool) *fault
 			}
 		}
 	})
-	return h
+}
+
+// faultRelayGate is the first key of the advisory locks installRelayGate's
+// trigger takes; the second is the hash of the session's application_name
+// (one replica's gate), then 0 (everyone's).
+const faultRelayGate = 0x66617567
+
+// installRelayGate adds the test's own trigger to outbox.jobs (the
+// replicas have migrated): every statement that inserts jobs, a relay
+// pass's among them once it has claimed and marked its events, takes the
+// gate's locks shared at its end, its replica's and then everyone's. Not
+// held by the test, they never wait; held (kill-mid-relay), they keep
+// such a pass waiting with its work done and its transaction open. One replica's
+// gate comes first so that the pass held is that replica's: a pass held
+// first holds every later one of any replica back at the rows both write
+// (outbox.fanout_stats), before that later one reaches the gate.
+func (h *faultHarness) installRelayGate() {
+	mustExec(h.t, h.admin, `
+		CREATE OR REPLACE FUNCTION public.fault_relay_gate() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+		  IF EXISTS (SELECT 1 FROM inserted) THEN
+		    PERFORM pg_advisory_xact_lock_shared(`+strconv.Itoa(faultRelayGate)+`, hashtext(current_setting('application_name')));
+		    PERFORM pg_advisory_xact_lock_shared(`+strconv.Itoa(faultRelayGate)+`, 0);
+		  END IF;
+		  RETURN NULL;
+		END $$`)
+	mustExec(h.t, h.admin, `
+		CREATE TRIGGER fault_relay_gate AFTER INSERT ON outbox.jobs
+		REFERENCING NEW TABLE AS inserted
+		FOR EACH STATEMENT EXECUTE FUNCTION public.fault_relay_gate()`)
 }
 
 // dsn is the cluster's outboxd database, with application_name set so the
@@ -311,21 +410,39 @@ func (h *faultHarness) api(method, path string, in, out any) int {
 	return resp.StatusCode
 }
 
-// registerEndpoints creates the receiver's endpoints through the API.
+// registerEndpoints creates the endpoints through the API, and the inbox
+// source the chain endpoint sends to, with the endpoint's secret.
 func (h *faultHarness) registerEndpoints() {
-	for name, topics := range faultEndpointTopics {
-		var ep endpointWithSecret
-		status := h.api("POST", "/api/endpoints", map[string]any{
-			"url": "http://" + h.recv.addr + "/hooks/" + name, "topics": topics,
-		}, &ep)
-		if status != http.StatusCreated {
-			h.t.Fatalf("create endpoint %s: status %d", name, status)
+	h.endpoints = map[string]int64{}
+	url := map[string]string{faultMailEndpoint: "mailto:faults@example.com"}
+	var chainSecret string
+	for _, fe := range faultEndpoints {
+		in := map[string]any{"url": "http://" + h.recv.addr + "/hooks/" + fe.name, "topics": fe.topics}
+		if u, ok := url[fe.name]; ok {
+			in["url"] = u
 		}
+		if fe.ordering != "" {
+			in["ordering"] = fe.ordering
+		}
+		var ep endpointWithSecret
+		if status := h.api("POST", "/api/endpoints", in, &ep); status != http.StatusCreated {
+			h.t.Fatalf("create endpoint %s: status %d", fe.name, status)
+		}
+		h.endpoints[fe.name] = ep.ID
 		key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(ep.Secret, "whsec_"))
 		if err != nil {
-			h.t.Fatalf("endpoint %s: secret %q: %v", name, ep.Secret, err)
+			h.t.Fatalf("endpoint %s: secret %q: %v", fe.name, ep.Secret, err)
 		}
-		h.recv.setSecret(name, key)
+		h.recv.setSecret(fe.name, key)
+		if fe.name == faultChainEndpoint {
+			chainSecret = ep.Secret
+		}
+	}
+	status := h.api("POST", "/api/sources", map[string]any{
+		"name": faultChainSource, "secret": chainSecret, "topic_prefix": "chain.",
+	}, &struct{}{})
+	if status != http.StatusCreated {
+		h.t.Fatalf("create inbox source %s: status %d", faultChainSource, status)
 	}
 }
 
@@ -368,26 +485,41 @@ func (h *faultHarness) produce(ctx context.Context) {
 				case <-tokens:
 				}
 				key := fmt.Sprintf("p%d-%d", p, seq)
-				topic := faultTopics[rng.IntN(len(faultTopics))]
-				h.produceOne(ctx, db, key, topic, rng.IntN(10_000), rng.IntN(10) == 0)
+				topic, subject := faultTopics[rng.IntN(len(faultTopics))], key
+				if topic == faultLaneTopic {
+					subject = faultLaneSubjects[rng.IntN(len(faultLaneSubjects))]
+				}
+				h.produceOne(ctx, db, key, topic, subject, rng.IntN(10_000), rng.IntN(10) == 0)
 			}
 		})
 	}
 	wg.Wait()
 }
 
-// produceOne is one producer transaction.
-func (h *faultHarness) produceOne(ctx context.Context, db *sql.DB, key, topic string, amount int, rollback bool) {
+// produceOne is one producer transaction. An ordered event first bumps
+// its subject's counter: the row lock orders the subject's transactions,
+// so its events' n follow their commit order, and a rollback gives its n
+// back, so each subject's committed events are 1, 2, 3, ...
+func (h *faultHarness) produceOne(ctx context.Context, db *sql.DB, key, topic, subject string, amount int, rollback bool) {
 	err := func() error {
 		tx, err := db.BeginTx(ctx, nil)
 		if err != nil {
 			return err
 		}
 		defer tx.Rollback()
+		payload := map[string]any{"key": key, "amount": amount}
+		if topic == faultLaneTopic {
+			var n int
+			if err := tx.QueryRow(`UPDATE fault_lanes SET n = n + 1 WHERE subject = $1 RETURNING n`, subject).Scan(&n); err != nil {
+				return err
+			}
+			payload["n"] = n
+		}
 		if _, err := tx.Exec(`INSERT INTO fault_orders (key, topic, amount) VALUES ($1, $2, $3)`, key, topic, amount); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(`SELECT outbox.record($1, $2, jsonb_build_object('key', $2::text, 'amount', $3::integer))`, topic, key, amount); err != nil {
+		b, _ := json.Marshal(payload) // strings and numbers: cannot fail
+		if _, err := tx.Exec(`SELECT outbox.record($1, $2, $3::jsonb)`, topic, subject, string(b)); err != nil {
 			return err
 		}
 		if rollback {
@@ -446,7 +578,8 @@ var faultKinds = []string{
 
 // injectFaults deals cfg.Faults faults (every kind once before any twice)
 // at seeded points of the producers' progress, one at a time, each healed
-// before the next.
+// before the next. Right before the middle one it replays faultReplayed,
+// so the faults after it land among the replay's deliveries.
 func (h *faultHarness) injectFaults(ctx context.Context) {
 	points := make([]int64, h.cfg.Faults)
 	for i := range points {
@@ -463,6 +596,9 @@ func (h *faultHarness) injectFaults(ctx context.Context) {
 		deck = deck[1:]
 		for h.committed.Load() < at && ctx.Err() == nil {
 			time.Sleep(20 * time.Millisecond) // polling the producers' progress
+		}
+		if i == len(points)/2 {
+			h.replay()
 		}
 		f := injectedFault{Kind: kind, Start: time.Now()}
 		var hit bool
@@ -511,12 +647,14 @@ func (h *faultHarness) inject(kind string) (detail string, interrupts, hit bool)
 		go h.burst(50)
 		start := time.Now()
 		h.recv.down()
+		h.mail.down()
 		time.Sleep(window) // the fault's window
 		h.recv.up()
+		h.mail.up()
 		n := h.unansweredSince(start)
 		// Closing the server cuts requests it had accepted and not
 		// yet answered.
-		return fmt.Sprintf("listener closed for %s, %d attempts unanswered", window, n), true, n > 0
+		return fmt.Sprintf("listeners closed for %s, %d attempts unanswered", window, n), true, n > 0
 	case "notify-off":
 		window *= 2
 		h.execRetry(`ALTER TABLE outbox.events DISABLE TRIGGER events_notify_relay`)
@@ -528,6 +666,32 @@ func (h *faultHarness) inject(kind string) (detail string, interrupts, hit bool)
 		return fmt.Sprintf("NOTIFY triggers disabled for %s, a burst committed unheard: %t", window, silent), false, silent
 	}
 	panic("unknown fault " + kind)
+}
+
+// replay asks for every event of faultReplayedTopic recorded from the
+// run's start to its first fault to be sent again to each of
+// faultReplayed, through the API, as an operator would. The checker holds
+// it to what a replay promises: each event those endpoints had finished
+// with arrives again, once more.
+func (h *faultHarness) replay() {
+	r := faultReplay{Endpoints: faultReplayed, Topics: faultReplayedTopic, Until: time.Now(), Start: time.Now()}
+	if len(h.faults) > 0 {
+		r.Until = h.faults[0].Start
+	}
+	var details []string
+	for _, name := range faultReplayed {
+		var res ReplayResult
+		status := h.api("POST", fmt.Sprintf("/api/endpoints/%d/replay", h.endpoints[name]), map[string]any{
+			"since": h.began.UTC().Format(time.RFC3339Nano), "until": r.Until.UTC().Format(time.RFC3339Nano),
+			"topics": faultReplayedTopic}, &res)
+		if status != http.StatusOK || res.Jobs == 0 {
+			h.t.Errorf("replay of %s: status %d, %d deliveries; want 200 and some", name, status, res.Jobs)
+		}
+		details = append(details, fmt.Sprintf("%s %d deliveries", name, res.Jobs))
+	}
+	r.End = time.Now()
+	h.replays = append(h.replays, r)
+	h.t.Logf("replay at %d committed: %s", h.committed.Load(), strings.Join(details, ", "))
 }
 
 // unansweredSince counts the webhook attempts since start that got no
@@ -566,41 +730,114 @@ func (h *faultHarness) execRetry(query string) {
 	}
 }
 
-// killMidRelay commits a burst and SIGKILLs the victim while one of its
-// relay transactions is open (its backend is in a claim or a fan-out, not
-// idle), then restarts it.
-//
-// A relay pass is one statement of some 20 ms, so the poll runs without a
-// pause, and a burst that passes unseen is followed by another.
+// killMidRelay holds the victim's relay gate (installRelayGate), commits
+// a burst, and SIGKILLs the victim while one of its relay passes waits at
+// the gate with events claimed and marked. It hits when that pass's
+// transaction rolled back with the kill: its backend ended and, with
+// everyone's gate held so that no other pass can commit, the pass's
+// events are still un-fanned and have no jobs. Then it lets the gates go
+// and restarts the victim.
 func (h *faultHarness) killMidRelay(victim *faultReplica) (string, bool) {
-	caught := false
-	for try := 0; try < 10 && !caught; try++ {
-		h.burst(300)
-		deadline := time.Now().Add(3 * time.Second)
-		for !caught && time.Now().Before(deadline) {
-			var n int
-			err := h.admin.QueryRow(`
-				SELECT count(*)
-				FROM pg_stat_activity
-				WHERE application_name = $1
-				  AND state <> 'idle'
-				  AND (query LIKE '%outbox.fan_out(%'
-				       OR query LIKE '%outbox.mark_fanned_out(%'
-				       OR query LIKE '%outbox.claim_unfanned(%'
-				       OR (query LIKE '%FROM outbox.events%' AND query LIKE '%SKIP LOCKED%'))`,
-				"outboxd-"+victim.name).Scan(&n)
-			caught = err == nil && n > 0
+	gate, err := h.admin.Begin()
+	if err != nil {
+		return fmt.Sprintf("hold the relay gate: %v", err), false
+	}
+	defer gate.Rollback()
+	if _, err := gate.Exec(`SELECT pg_advisory_xact_lock($1, hashtext($2))`, faultRelayGate, "outboxd-"+victim.name); err != nil {
+		return fmt.Sprintf("hold the relay gate: %v", err), false
+	}
+	pass, open := h.awaitOpenPass(victim)
+	if open {
+		// Passes that got through the victim's gate before end their
+		// transactions; every later one waits.
+		if _, err := gate.Exec(`SELECT pg_advisory_xact_lock($1, 0)`, faultRelayGate); err != nil {
+			open = false
+			pass.detail = fmt.Sprintf("; hold everyone's gate: %v", err)
 		}
 	}
 	victim.kill()
+	if !open {
+		gate.Rollback()
+		victim.start()
+		return fmt.Sprintf("SIGKILL outboxd-%s, but no relay pass of it was seen open with events%s; restarted", victim.name, pass.detail), false
+	}
+	if runtime.GOOS != "linux" {
+		// No client_connection_check_interval (faultServerSettings):
+		// end the dead client's session as the server would on noticing.
+		h.admin.Exec(`SELECT pg_terminate_backend($1)`, pass.pid)
+	}
+	gone := h.awaitBackendGone(pass.pid)
+	var fanned, jobs int
+	err = h.admin.QueryRow(`
+		SELECT (SELECT count(*) FROM outbox.events WHERE id = ANY($1) AND fanned_out_at IS NOT NULL),
+		       (SELECT count(*) FROM outbox.jobs WHERE event_id = ANY($1))`, pq.Array(pass.events)).Scan(&fanned, &jobs)
+	gate.Rollback()
 	victim.start()
-	return fmt.Sprintf("SIGKILL outboxd-%s, relay transaction open: %t; restarted", victim.name, caught), caught
+	if err != nil {
+		return fmt.Sprintf("SIGKILL outboxd-%s with a relay pass open; read its events: %v", victim.name, err), false
+	}
+	return fmt.Sprintf("SIGKILL outboxd-%s with a relay pass open over %d events; its backend gone: %t; then %d of them fanned out, %d jobs for them; restarted",
+		victim.name, len(pass.events), gone, fanned, jobs), gone && fanned == 0 && jobs == 0
 }
 
-// killMidDelivery has the receiver hold a request from the victim, SIGKILLs
-// the victim while it waits for the answer, then lets the receiver do the
-// work and answer into the dead connection: the receiver has the event,
-// outboxd does not know. The victim is restarted.
+// openPass is a relay pass waiting at the gate: its backend, and the
+// events its transaction claimed.
+type openPass struct {
+	pid    int
+	events []int64
+	detail string // why it is not open after all
+}
+
+// awaitOpenPassSQL finds a relay pass of application $1 waiting at the
+// gate, and the events it marked: the rows whose current version (un-fanned,
+// as every other transaction still sees it) its transaction updated.
+const awaitOpenPassSQL = `
+SELECT a.pid, array_agg(e.id ORDER BY e.id)
+FROM pg_stat_activity AS a
+JOIN outbox.events AS e ON e.xmax = a.backend_xid
+WHERE a.application_name = $1
+  AND a.wait_event_type = 'Lock'
+  AND a.wait_event = 'advisory'
+  AND a.query LIKE '%outbox.fan_out%'
+  AND e.fanned_out_at IS NULL
+GROUP BY a.pid
+LIMIT 1`
+
+// awaitOpenPass commits bursts until a relay pass of victim waits at the
+// gate with events, for at most a few bursts: the first is one.
+func (h *faultHarness) awaitOpenPass(victim *faultReplica) (openPass, bool) {
+	for range 3 {
+		h.burst(300)
+		deadline := time.Now().Add(3 * time.Second)
+		for time.Now().Before(deadline) {
+			var p openPass
+			err := h.admin.QueryRow(awaitOpenPassSQL, "outboxd-"+victim.name).Scan(&p.pid, pq.Array(&p.events))
+			if err == nil {
+				return p, true
+			}
+			time.Sleep(20 * time.Millisecond) // polling pg_stat_activity
+		}
+	}
+	return openPass{}, false
+}
+
+// awaitBackendGone waits until backend pid has ended.
+func (h *faultHarness) awaitBackendGone(pid int) bool {
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		var n int
+		if err := h.admin.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n); err == nil && n == 0 {
+			return true
+		}
+		time.Sleep(20 * time.Millisecond) // polling pg_stat_activity
+	}
+	return false
+}
+
+// killMidDelivery has the receivers hold a request from the victim,
+// SIGKILLs the victim while it waits for the answer, then lets the
+// receiver do the work and answer into the dead connection: the receiver
+// has the event, outboxd does not know. The victim is restarted.
 func (h *faultHarness) killMidDelivery(victim *faultReplica) (string, bool) {
 	held := h.recv.hold(victim.pid())
 	go h.burst(50) // traffic, in case the producers are done
@@ -616,33 +853,112 @@ func (h *faultHarness) killMidDelivery(victim *faultReplica) (string, bool) {
 	return fmt.Sprintf("SIGKILL outboxd-%s with %d of its requests held (caught: %t); restarted", victim.name, n, caught), caught
 }
 
+// listenersSQL lists the replicas' LISTEN connections: an idle backend
+// whose last statement was a LISTEN, or the listener's ping, an empty
+// query (lib/pq's Listener.Ping).
+const listenersSQL = `
+SELECT application_name, pid
+FROM pg_stat_activity
+WHERE datname = current_database()
+  AND backend_type = 'client backend'
+  AND application_name IN ('outboxd-a', 'outboxd-b')
+  AND state = 'idle'
+  AND (query ILIKE 'listen %' OR query = '')`
+
 // terminateBackends cuts every connection to the database but the test's
 // own: both replicas' pools and LISTEN connections, and the producers'.
+// It hits when each replica's listener was among the cut and listens
+// again on a new connection; behind the pooler the replicas do not
+// LISTEN (-pool-mode transaction), and the server connections it lends
+// are what there is to cut.
 func (h *faultHarness) terminateBackends() (string, bool) {
-	var total, listeners int
-	err := h.admin.QueryRow(`
-		SELECT count(*), count(*) FILTER (WHERE query ILIKE 'listen%')
+	before, err := h.listeners()
+	if err != nil {
+		return fmt.Sprintf("list the listeners: %v", err), false
+	}
+	var cut []int64
+	err = h.admin.QueryRow(`
+		SELECT coalesce(array_agg(pid), '{}')
 		FROM (
-		  SELECT query, pg_terminate_backend(pid)
+		  SELECT pid, pg_terminate_backend(pid)
 		  FROM pg_stat_activity
 		  WHERE datname = current_database()
 		    AND backend_type = 'client backend'
 		    AND pid <> pg_backend_pid()
 		    AND application_name <> 'faults-admin'
-		) AS t`).Scan(&total, &listeners)
+		) AS t`).Scan(pq.Array(&cut))
 	if err != nil {
 		return fmt.Sprintf("terminate failed: %v", err), false
 	}
-	return fmt.Sprintf("pg_terminate_backend of %d connections, %d of them LISTEN", total, listeners), total > 0
+	if h.bouncer != nil {
+		return fmt.Sprintf("pg_terminate_backend of %d connections (the pooler's), %d LISTEN among them", len(cut), len(before)),
+			len(cut) > 0 && len(before) == 0
+	}
+	var missed []string
+	for _, name := range []string{"outboxd-a", "outboxd-b"} {
+		pids := before[name]
+		if len(pids) == 0 || slices.ContainsFunc(pids, func(pid int64) bool { return !slices.Contains(cut, pid) }) {
+			missed = append(missed, fmt.Sprintf("%s's listener %v not among the cut", name, pids))
+		}
+	}
+	again := h.awaitListenersAgain(before)
+	return fmt.Sprintf("pg_terminate_backend of %d connections; LISTEN connections before %v; listening again on new ones: %t%s",
+		len(cut), before, again, strings.Join(append([]string{""}, missed...), "; ")), len(missed) == 0 && again
+}
+
+// listeners is listenersSQL's backends by replica.
+func (h *faultHarness) listeners() (map[string][]int64, error) {
+	rows, err := h.admin.Query(listenersSQL)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string][]int64{}
+	for rows.Next() {
+		var name string
+		var pid int64
+		if err := rows.Scan(&name, &pid); err != nil {
+			return nil, err
+		}
+		out[name] = append(out[name], pid)
+	}
+	return out, rows.Err()
+}
+
+// awaitListenersAgain waits until none of the backends before lives and
+// each replica has a LISTEN connection of a new backend: its listener
+// lost its connection and made another.
+func (h *faultHarness) awaitListenersAgain(before map[string][]int64) bool {
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		now, err := h.listeners()
+		renewed := err == nil
+		for _, name := range []string{"outboxd-a", "outboxd-b"} {
+			renewed = renewed && slices.ContainsFunc(now[name], func(pid int64) bool { return !slices.Contains(before[name], pid) })
+			for _, pid := range before[name] {
+				renewed = renewed && !slices.Contains(now[name], pid)
+			}
+		}
+		if renewed {
+			return true
+		}
+		time.Sleep(50 * time.Millisecond) // polling pg_stat_activity
+	}
+	return false
 }
 
 // restartPostgres stops the server (fast shutdown, or an immediate one
 // that leaves crash recovery to the start), keeps it down for window and
-// starts it again on the same data folder and socket.
+// starts it again on the same data folder and socket. It hits when the
+// server answering afterwards is a new postmaster: a later
+// pg_postmaster_start_time.
 func (h *faultHarness) restartPostgres(window time.Duration) (string, bool) {
+	before, err := h.postmasterStart()
+	if err != nil {
+		return fmt.Sprintf("postmaster start time before: %v", err), false
+	}
 	immediate := h.rng.IntN(2) == 0
 	h.clusterMu.Lock()
-	defer h.clusterMu.Unlock()
 	how := "fast"
 	if immediate {
 		how = "immediate"
@@ -652,30 +968,64 @@ func (h *faultHarness) restartPostgres(window time.Duration) (string, bool) {
 		h.cluster.Stop()
 	}
 	time.Sleep(window) // the server is down for this long
-	c, err := startCluster(context.Background(), h.dir, h.logger)
+	c, err := startCluster(context.Background(), h.dir, h.logger, faultServerSettings()...)
 	if err != nil {
+		h.clusterMu.Unlock()
 		h.t.Fatalf("restart postgres: %v", err)
 	}
 	h.cluster = c
-	// startCluster returned once the new server answered: it went down
-	// and came back.
-	return fmt.Sprintf("%s shutdown, down for %s, started again", how, window), true
+	h.clusterMu.Unlock()
+	after, err := h.postmasterStart()
+	if err != nil {
+		return fmt.Sprintf("%s shutdown, down for %s; postmaster start time after: %v", how, window, err), false
+	}
+	return fmt.Sprintf("%s shutdown, down for %s, postmaster started %s, then %s", how, window,
+		before.Format("15:04:05.000"), after.Format("15:04:05.000")), after.After(before)
 }
 
-// awaitQuiescence waits until every committed row's event reached every
+// postmasterStart is the server's pg_postmaster_start_time, asked until
+// it answers: the test's own pooled connections die with the server.
+func (h *faultHarness) postmasterStart() (time.Time, error) {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var t time.Time
+		err := h.admin.QueryRow(`SELECT pg_postmaster_start_time()`).Scan(&t)
+		if err == nil || time.Now().After(deadline) {
+			return t, err
+		}
+		time.Sleep(100 * time.Millisecond) // the server is still coming up
+	}
+}
+
+// faultLongWait is the longest backoff the suite waits out: the second
+// attempt's (2⁴ = 16 s) and its ±10%. A delivery cut by faults three times
+// (a kill's rescue counts as an attempt, and a replayed delivery keeps
+// the attempts of its first life) waits 3⁴ = 81 s, longer than the rest of
+// the run; the suite then retries it by hand, as an operator would.
+const faultLongWait = 20 * time.Second
+
+// awaitQuiescence waits until every committed row's events reached every
 // subscribing endpoint and outboxd has nothing left to do, or gives up
 // and lets the checker say what is missing.
 func (h *faultHarness) awaitQuiescence() {
 	timeout := max(3*time.Minute, time.Duration(h.cfg.Events)*5*time.Millisecond)
 	deadline := time.Now().Add(timeout)
 	start := time.Now()
+	retried := 0
+	defer func() {
+		if retried > 0 {
+			h.t.Logf("retried by hand %d deliveries that waited longer than %s", retried, faultLongWait)
+		}
+	}()
 	for time.Now().Before(deadline) {
-		committed, err := h.businessRows()
+		retried += h.retryLongWaits()
+		committed, _, err := h.businessRows()
 		if err == nil && h.missingPairs(committed) == 0 {
 			var open int
 			err := h.admin.QueryRow(`
 				SELECT (SELECT count(*) FROM outbox.events WHERE fanned_out_at IS NULL)
-				     + (SELECT count(*) FROM outbox.jobs WHERE state IN ('available', 'running', 'retryable'))`).Scan(&open)
+				     + (SELECT count(*) FROM outbox.jobs WHERE state IN ('available', 'running', 'retryable'))
+				     + (SELECT count(*) FROM outbox.replays WHERE enqueued_at IS NULL AND cancelled_at IS NULL)`).Scan(&open)
 			if err == nil && open == 0 {
 				h.t.Logf("quiescent %s after the last fault", time.Since(start).Round(time.Millisecond))
 				return
@@ -686,33 +1036,71 @@ func (h *faultHarness) awaitQuiescence() {
 	h.t.Errorf("not quiescent after %s", timeout)
 }
 
-// businessRows is the business table: key -> topic.
-func (h *faultHarness) businessRows() (map[string]string, error) {
-	rows, err := h.admin.Query(`SELECT key, topic FROM fault_orders`)
+// retryLongWaits retries by hand (POST /api/jobs/{id}/retry, which only
+// brings a waiting job's next attempt forward) every job due more than
+// faultLongWait from now, and returns how many.
+func (h *faultHarness) retryLongWaits() int {
+	rows, err := h.admin.Query(`
+		SELECT id
+		FROM outbox.jobs
+		WHERE state = 'retryable'
+		  AND scheduled_at > now() + make_interval(secs => $1)
+		ORDER BY id`, faultLongWait.Seconds())
 	if err != nil {
-		return nil, err
+		return 0 // the next poll asks again
 	}
-	defer rows.Close()
-	m := map[string]string{}
+	var ids []int64
 	for rows.Next() {
-		var k, topic string
-		if err := rows.Scan(&k, &topic); err != nil {
-			return nil, err
+		var id int64
+		if rows.Scan(&id) == nil {
+			ids = append(ids, id)
 		}
-		m[k] = topic
 	}
-	return m, rows.Err()
+	rows.Close()
+	for _, id := range ids {
+		if status := h.api("POST", fmt.Sprintf("/api/jobs/%d/retry", id), nil, nil); status != http.StatusOK {
+			h.t.Errorf("retry job %d by hand: status %d", id, status)
+		}
+	}
+	return len(ids)
 }
 
-// missingPairs counts (row, subscribing endpoint) pairs the receiver has
-// not accepted yet.
+// businessRows is the business table: key -> topic, and key -> the start
+// of its transaction, which recorded its event.
+func (h *faultHarness) businessRows() (topics map[string]string, recorded map[string]time.Time, err error) {
+	rows, err := h.admin.Query(`SELECT key, topic, created_at FROM fault_orders`)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	topics, recorded = map[string]string{}, map[string]time.Time{}
+	for rows.Next() {
+		var k, topic string
+		var at time.Time
+		if err := rows.Scan(&k, &topic, &at); err != nil {
+			return nil, nil, err
+		}
+		topics[k], recorded[k] = topic, at
+	}
+	return topics, recorded, rows.Err()
+}
+
+// missingPairs counts (row, topic, subscribing endpoint) triples the
+// receivers have not accepted yet: each row's own event, and the event the
+// inbox records for it where its topic is chained.
 func (h *faultHarness) missingPairs(committed map[string]string) int {
 	got := h.recv.acceptedPairs()
 	missing := 0
 	for key, topic := range committed {
-		for _, ep := range faultSubscribers[topic] {
-			if !got[[2]string{ep, key}] {
-				missing++
+		topics := []string{topic}
+		if d, ok := faultDerived[topic]; ok {
+			topics = append(topics, d)
+		}
+		for _, tp := range topics {
+			for _, ep := range faultSubscribers[tp] {
+				if !got[faultPair{ep, key, tp}] {
+					missing++
+				}
 			}
 		}
 	}
@@ -732,7 +1120,7 @@ func (h *faultHarness) stopReplicas() {
 // check runs the checker, the database's end state and the summary line.
 func (h *faultHarness) check() {
 	t := h.t
-	committed, err := h.businessRows()
+	committed, recorded, err := h.businessRows()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -742,10 +1130,14 @@ func (h *faultHarness) check() {
 	h.ledgerMu.Unlock()
 	res := checkFaultRun(checkInput{
 		Committed:    committed,
+		Recorded:     recorded,
 		NotCommitted: notCommitted,
 		Subscribers:  faultSubscribers,
+		Derived:      faultDerived,
+		Ordered:      faultOrdered,
 		Log:          h.recv.deliveries(),
 		Faults:       h.faults,
+		Replays:      h.replays,
 		Slack:        faultJobTimeout,
 	})
 	for _, p := range res.Problems {
@@ -754,47 +1146,70 @@ func (h *faultHarness) check() {
 	for _, u := range res.Unexplained {
 		t.Errorf("unexplained duplicate: %s", u)
 	}
-
-	// Hop 1 seen from the outbox itself: one event per committed row,
-	// none for a row that did not commit. outboxd's own events (outboxd.*:
-	// an endpoint turned failing under a receiver fault) have no business
-	// row by design.
-	var rowsWithoutOne, eventsWithoutRow int
-	err = h.admin.QueryRow(`
-		SELECT (SELECT count(*)
-		        FROM fault_orders o
-		        LEFT JOIN (SELECT subject, topic, count(*) AS n FROM outbox.events GROUP BY subject, topic) e
-		          ON e.subject = o.key AND e.topic = o.topic
-		        WHERE coalesce(e.n, 0) <> 1),
-		       (SELECT count(*) FROM outbox.events e
-		        WHERE e.topic NOT LIKE 'outboxd.%'
-		          AND NOT EXISTS (SELECT 1 FROM fault_orders o WHERE o.key = e.subject))`).Scan(&rowsWithoutOne, &eventsWithoutRow)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rowsWithoutOne != 0 || eventsWithoutRow != 0 {
-		t.Errorf("outbox.events: %d business rows without exactly one event, %d events without a business row", rowsWithoutOne, eventsWithoutRow)
-	}
-	// The end state: nothing un-fanned, poisoned, waiting, running or
-	// discarded (no fault here outlasts the retry schedule).
-	var unfanned, poisoned, open, discarded int
-	err = h.admin.QueryRow(`
-		SELECT (SELECT count(*) FROM outbox.events WHERE fanned_out_at IS NULL),
-		       (SELECT count(*) FROM outbox.events WHERE poisoned_at IS NOT NULL),
-		       (SELECT count(*) FROM outbox.jobs WHERE state IN ('available', 'running', 'retryable')),
-		       (SELECT count(*) FROM outbox.jobs WHERE state = 'discarded')`).Scan(&unfanned, &poisoned, &open, &discarded)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if unfanned+poisoned+open+discarded != 0 {
-		t.Errorf("end state: %d un-fanned, %d poisoned, %d jobs not finished, %d discarded; want all 0", unfanned, poisoned, open, discarded)
-	}
-
+	h.checkDatabase()
 	t.Logf("%d transactions did not commit (%d on purpose or cut before COMMIT), %d COMMITs cut by a fault (the business table decided)",
 		len(notCommitted)+ambiguous, len(notCommitted), ambiguous)
+	t.Logf("deliveries by endpoint: %v", res.ByEndpoint)
 	t.Log(res.summaryLine(len(h.faults), h.cfg.Seed))
 	if res.Lost > 0 {
 		t.Errorf("lost %d deliveries", res.Lost)
+	}
+}
+
+// checkDatabaseSQL counts, from the outbox itself (hop 1, and the inbox's
+// once), the business rows without exactly one event of their topic, or
+// of the topic the inbox derives from theirs ($1, $2: topic and derived
+// topic), and the events of no business row. outboxd's own events
+// (outboxd.*: an endpoint turned failing under a receiver fault) have no
+// business row by design.
+const checkDatabaseSQL = `
+WITH e AS (
+  SELECT payload->>'key' AS key, topic, count(*) AS n
+  FROM outbox.events
+  WHERE topic NOT LIKE 'outboxd.%'
+  GROUP BY 1, 2
+),
+want AS (
+  SELECT key, topic FROM fault_orders
+  UNION ALL
+  SELECT o.key, d.derived
+  FROM fault_orders AS o
+  JOIN unnest($1::text[], $2::text[]) AS d(topic, derived) ON d.topic = o.topic
+)
+SELECT (SELECT count(*) FROM want AS w LEFT JOIN e ON e.key = w.key AND e.topic = w.topic WHERE coalesce(e.n, 0) <> 1),
+       (SELECT coalesce(sum(e.n), 0) FROM e WHERE NOT EXISTS (SELECT 1 FROM want AS w WHERE w.key = e.key AND w.topic = e.topic))`
+
+// checkDatabase checks the outbox's own record and its end state.
+func (h *faultHarness) checkDatabase() {
+	t := h.t
+	var topics, derived []string
+	for tp, d := range faultDerived {
+		topics, derived = append(topics, tp), append(derived, d)
+	}
+	var rowsWithoutOne, eventsWithoutRow int
+	if err := h.admin.QueryRow(checkDatabaseSQL, pq.Array(topics), pq.Array(derived)).Scan(&rowsWithoutOne, &eventsWithoutRow); err != nil {
+		t.Fatal(err)
+	}
+	if rowsWithoutOne != 0 || eventsWithoutRow != 0 {
+		t.Errorf("outbox.events: %d business rows without exactly one event of their own or their inbox topic, %d events without a business row",
+			rowsWithoutOne, eventsWithoutRow)
+	}
+	// The end state: nothing un-fanned, poisoned, waiting, running or
+	// discarded (no fault here outlasts the retry schedule), and every
+	// replay enqueued.
+	var unfanned, poisoned, open, discarded, replaying int
+	err := h.admin.QueryRow(`
+		SELECT (SELECT count(*) FROM outbox.events WHERE fanned_out_at IS NULL),
+		       (SELECT count(*) FROM outbox.events WHERE poisoned_at IS NOT NULL),
+		       (SELECT count(*) FROM outbox.jobs WHERE state IN ('available', 'running', 'retryable')),
+		       (SELECT count(*) FROM outbox.jobs WHERE state = 'discarded'),
+		       (SELECT count(*) FROM outbox.replays WHERE enqueued_at IS NULL AND cancelled_at IS NULL)`).Scan(&unfanned, &poisoned, &open, &discarded, &replaying)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if unfanned+poisoned+open+discarded+replaying != 0 {
+		t.Errorf("end state: %d un-fanned, %d poisoned, %d jobs not finished, %d discarded, %d replays still enqueuing; want all 0",
+			unfanned, poisoned, open, discarded, replaying)
 	}
 }
 
@@ -882,268 +1297,4 @@ func (r *faultReplica) terminate() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.err
-}
-
-// receiverMode is how the receiver treats a request.
-type receiverMode int
-
-const (
-	modeNormal receiverMode = iota // accept: 200
-	mode500                        // answer 500
-	modeHang                       // answer nothing until the sender gives up
-	modeClose                      // close the connection without an answer
-	modeHold                       // hold requests from one process until released, then accept
-)
-
-// faultReceiver is the webhook receiver: an HTTP server on a fixed port
-// that can be taken down and brought back, and that logs every request.
-type faultReceiver struct {
-	t    *testing.T
-	addr string
-	port int
-
-	mu       sync.Mutex // protects the fields below
-	srv      *http.Server
-	secrets  map[string][]byte
-	log      []faultDelivery
-	accepted map[[2]string]bool // (endpoint, subject)
-	mode     receiverMode
-	servedBy map[receiverMode]int // requests taken in each mode
-	holdPID  int
-	held     chan struct{} // closed when the first request is held
-	heldN    int
-	unheld   chan struct{} // closed to let held requests through
-}
-
-func newFaultReceiver(t *testing.T) *faultReceiver {
-	rc := &faultReceiver{t: t, secrets: map[string][]byte{}, accepted: map[[2]string]bool{}, servedBy: map[receiverMode]int{}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc.addr = ln.Addr().String()
-	rc.port = ln.Addr().(*net.TCPAddr).Port
-	rc.serve(ln)
-	t.Cleanup(func() {
-		rc.mu.Lock()
-		defer rc.mu.Unlock()
-		rc.srv.Close()
-	})
-	return rc
-}
-
-func (rc *faultReceiver) serve(ln net.Listener) {
-	srv := &http.Server{Handler: rc, ErrorLog: nil}
-	rc.mu.Lock()
-	rc.srv = srv
-	rc.mu.Unlock()
-	go srv.Serve(ln)
-}
-
-// down closes the listener and every connection, answered or not.
-func (rc *faultReceiver) down() {
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	rc.srv.Close()
-}
-
-// up listens again on the same port.
-func (rc *faultReceiver) up() {
-	var ln net.Listener
-	var err error
-	for range 100 {
-		if ln, err = net.Listen("tcp", rc.addr); err == nil {
-			break
-		}
-		time.Sleep(50 * time.Millisecond) // the port may take a moment to free
-	}
-	if err != nil {
-		rc.t.Fatalf("receiver up again on %s: %v", rc.addr, err)
-	}
-	rc.serve(ln)
-}
-
-func (rc *faultReceiver) setSecret(endpoint string, key []byte) {
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	rc.secrets[endpoint] = key
-}
-
-func (rc *faultReceiver) setMode(m receiverMode, pid int) {
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	rc.mode, rc.holdPID = m, pid
-}
-
-// hold makes the receiver hold every request from process pid; the channel
-// closes when the first one is held.
-func (rc *faultReceiver) hold(pid int) <-chan struct{} {
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	rc.mode, rc.holdPID, rc.heldN = modeHold, pid, 0
-	rc.held, rc.unheld = make(chan struct{}), make(chan struct{})
-	return rc.held
-}
-
-// release lets held requests through (accepted) and returns to normal. It
-// returns how many were held.
-func (rc *faultReceiver) release() int {
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	rc.mode = modeNormal
-	close(rc.unheld)
-	return rc.heldN
-}
-
-// served is how many requests the receiver has taken in mode m.
-func (rc *faultReceiver) served(m receiverMode) int {
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	return rc.servedBy[m]
-}
-
-func (rc *faultReceiver) deliveries() []faultDelivery {
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	return slices.Clone(rc.log)
-}
-
-func (rc *faultReceiver) acceptedPairs() map[[2]string]bool {
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	out := make(map[[2]string]bool, len(rc.accepted))
-	for k := range rc.accepted {
-		out[k] = true
-	}
-	return out
-}
-
-func (rc *faultReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	body, _ := io.ReadAll(http.MaxBytesReader(w, r.Body, 2<<20))
-	var msg struct {
-		ID      string `json:"id"`
-		Type    string `json:"type"`
-		Subject string `json:"subject"`
-	}
-	json.Unmarshal(body, &msg)
-	d := faultDelivery{
-		Endpoint:  strings.TrimPrefix(r.URL.Path, "/hooks/"),
-		WebhookID: r.Header.Get("webhook-id"),
-		BodyID:    msg.ID,
-		Subject:   msg.Subject,
-		Topic:     msg.Type,
-		Arrived:   time.Now(),
-	}
-	rc.mu.Lock()
-	d.SigOK = verifyFaultSignature(rc.secrets[d.Endpoint], r.Header, body)
-	mode, holdPID, held, unheld := rc.mode, rc.holdPID, rc.held, rc.unheld
-	if mode == modeHold {
-		if owned, err := connOwnedBy(holdPID, r.RemoteAddr, rc.port); err == nil && !owned {
-			mode = modeNormal
-		}
-		// Where /proc cannot tell (not Linux), every request is held.
-	}
-	rc.servedBy[mode]++
-	if mode == modeHold {
-		if rc.heldN == 0 {
-			close(held)
-		}
-		rc.heldN++
-	}
-	rc.mu.Unlock()
-
-	switch mode {
-	case mode500:
-		d.Outcome = "500"
-		http.Error(w, "injected failure", http.StatusInternalServerError)
-	case modeHang:
-		d.Outcome = "hung"
-		select {
-		case <-r.Context().Done():
-		case <-time.After(time.Minute):
-		}
-	case modeClose:
-		d.Outcome = "closed"
-		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
-			conn.Close()
-		}
-	case modeHold:
-		<-unheld
-		d.Outcome, d.Accepted = "held", true
-		w.WriteHeader(http.StatusOK)
-	default:
-		d.Outcome, d.Accepted = "accepted", true
-		w.WriteHeader(http.StatusOK)
-	}
-	rc.mu.Lock()
-	rc.log = append(rc.log, d)
-	if d.Accepted {
-		rc.accepted[[2]string{d.Endpoint, d.Subject}] = true
-	}
-	rc.mu.Unlock()
-}
-
-// verifyFaultSignature checks a Standard Webhooks signature the way a
-// receiver would, written here rather than borrowed from signature.go.
-func verifyFaultSignature(key []byte, h http.Header, body []byte) bool {
-	if len(key) == 0 {
-		return false
-	}
-	mac := hmac.New(sha256.New, key)
-	fmt.Fprintf(mac, "%s.%s.", h.Get("webhook-id"), h.Get("webhook-timestamp"))
-	mac.Write(body)
-	want := []byte("v1," + base64.StdEncoding.EncodeToString(mac.Sum(nil)))
-	for _, sig := range strings.Fields(h.Get("webhook-signature")) {
-		if hmac.Equal([]byte(sig), want) {
-			return true
-		}
-	}
-	return false
-}
-
-// connOwnedBy reports whether the TCP connection from remote (a request's
-// RemoteAddr) to serverPort belongs to process pid: the socket's inode
-// from /proc/net/tcp, looked for among pid's open files. Linux only; an
-// error elsewhere.
-func connOwnedBy(pid int, remote string, serverPort int) (bool, error) {
-	_, portText, err := net.SplitHostPort(remote)
-	if err != nil {
-		return false, err
-	}
-	clientPort, err := strconv.Atoi(portText)
-	if err != nil {
-		return false, err
-	}
-	f, err := os.Open("/proc/net/tcp")
-	if err != nil {
-		return false, err
-	}
-	defer f.Close()
-	inode := ""
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 10 {
-			continue
-		}
-		local, peer := fields[1], fields[2]
-		if strings.HasSuffix(local, fmt.Sprintf(":%04X", clientPort)) && strings.HasSuffix(peer, fmt.Sprintf(":%04X", serverPort)) {
-			inode = fields[9]
-			break
-		}
-	}
-	if inode == "" {
-		return false, nil
-	}
-	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
-	if err != nil {
-		return false, err
-	}
-	want := "socket:[" + inode + "]"
-	for _, fd := range fds {
-		if link, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil && link == want {
-			return true, nil
-		}
-	}
-	return false, nil
 }

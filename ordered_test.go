@@ -146,6 +146,14 @@ func produceSerialized(t *testing.T, db *sql.DB, topic string, subjects []string
 // replicas deliver, and the receiver fails the first attempt of every 7th
 // event. Still no request for a subject's event n+1 arrives before its
 // event n was accepted, and no subject ever has two requests at once.
+//
+// One relay's transaction is kept open over subject a's event 2 (the test
+// holds its row, as a relay that claimed it and has not committed does),
+// while the relays fan out a's later events: those must wait for it, held,
+// even with the lane's event 1 delivered and nothing running in it, until
+// event 2 is fanned out. That is advance_lanes' rule that an earlier
+// un-fanned event of the subject holds the lane; without it a's event 3
+// is delivered before its event 2.
 func TestOrderedLaneDeliversEachSubjectInCommitOrder(t *testing.T) {
 	t.Parallel()
 	db, dsn := newTestDB(t)
@@ -157,6 +165,23 @@ func TestOrderedLaneDeliversEachSubjectInCommitOrder(t *testing.T) {
 	}
 	subjects := []string{"a", "b", "c", "d", "e"}
 	const perSubject = 30
+	topic := topicFor(rc.srv.URL) + ".e"
+
+	// Each subject's first two events, before any relay runs; then a's
+	// event 2 is claimed by a transaction that stays open.
+	produceSerialized(t, db, topic, subjects, 2, 4)
+	open, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Rollback()
+	var held int64
+	if err := open.QueryRow(`
+		SELECT id FROM outbox.events
+		WHERE subject = 'a' AND payload->>'n' = '2'
+		FOR UPDATE`).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -173,7 +198,7 @@ func TestOrderedLaneDeliversEachSubjectInCommitOrder(t *testing.T) {
 		relays.Go(func() { r.Run(ctx, nil, nil) })
 		runWebhookWorkers(t, replica, 30*time.Second)
 	}
-	produceSerialized(t, db, topicFor(rc.srv.URL)+".e", subjects, perSubject, 8)
+	produceSerialized(t, db, topic, subjects, perSubject-2, 8)
 	defer func() {
 		if t.Failed() {
 			rc.mu.Lock()
@@ -184,6 +209,31 @@ func TestOrderedLaneDeliversEachSubjectInCommitOrder(t *testing.T) {
 			t.Logf("unfanned: %d", queryInt(t, db, `SELECT count(*) FROM outbox.events WHERE fanned_out_at IS NULL`))
 		}
 	}()
+
+	waitFor(t, "every subject but a delivered, a's event 1 finished and its later events fanned out", 60*time.Second, func() bool {
+		for _, s := range subjects[1:] {
+			if rc.acceptedUpTo(s) != perSubject {
+				return false
+			}
+		}
+		return queryInt(t, db, `
+			SELECT count(*) FROM outbox.events
+			WHERE subject = 'a' AND id <> $1 AND fanned_out_at IS NULL`, held) == 0 &&
+			queryInt(t, db, `
+			SELECT count(*) FROM outbox.jobs
+			WHERE endpoint_id = $1 AND lane_key = 'a' AND event_id < $2 AND state = 'completed'`, ep.ID, held) == 1
+	})
+	if n := queryInt(t, db, `
+		SELECT count(*) FROM outbox.jobs
+		WHERE endpoint_id = $1 AND lane_key = 'a' AND event_id > $2
+		  AND (state <> 'available' OR scheduled_at < 'infinity')`, ep.ID, held); n != 0 || rc.acceptedUpTo("a") != 1 {
+		t.Errorf("with a's event 2 still to be fanned out, %d of its later deliveries left their turn and n=%d is accepted; want 0 and n=1",
+			n, rc.acceptedUpTo("a"))
+	}
+	if err := open.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+
 	waitFor(t, "every subject's events accepted", 60*time.Second, func() bool {
 		for _, s := range subjects {
 			if rc.acceptedUpTo(s) != perSubject {
