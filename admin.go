@@ -1,7 +1,8 @@
 // admin.go: the HTTP surface: every route, and who may use it: the admin
-// token on the API, and on the panel a session, signed in and out here.
-// The JSON handlers are in api.go, the panel's pages in panel.go, and
-// what serving a request takes is in httpserve.go and request.go.
+// token on the API, and on the panel a session, signed in and out here,
+// and ended for good when the token changes. The JSON handlers are in
+// api.go, the panel's pages in panel.go, and what serving a request takes
+// is in httpserve.go (the budget of wrong tokens among it) and request.go.
 
 package main
 
