@@ -5,7 +5,9 @@
 # Docker engine runs.
 #
 #   docker build -t outboxd .
-#   docker run -e DATABASE_URL=postgres://... -e OUTBOXD_ADMIN_TOKEN=... -p 8080:8080 outboxd
+#   docker run -e DATABASE_URL=postgres://... -e OUTBOXD_ADMIN_TOKEN="$(openssl rand -hex 32)" \
+#     -e OUTBOXD_PUBLIC_URL=https://outboxd.example.com \
+#     -e OUTBOXD_TRUSTED_PROXIES=10.0.0.5 -p 8080:8080 outboxd
 
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
@@ -22,7 +24,13 @@ USER nonroot:nonroot
 # wants TLS or the word that something in front terminates it: a
 # container is reached through its platform's proxy or port mapping, so
 # the image says so; mount a certificate and set OUTBOXD_TLS_CERT and
-# OUTBOXD_TLS_KEY to serve HTTPS itself. OUTBOXD_ADMIN_TOKEN must be set.
+# OUTBOXD_TLS_KEY to serve HTTPS itself. OUTBOXD_ADMIN_TOKEN must be set,
+# and strong (docs/security.md, the admin token). Set OUTBOXD_PUBLIC_URL
+# to the https URL browsers use: served plain HTTP, outboxd learns only
+# from it that its session cookie must be Secure, and sends HSTS. Set
+# OUTBOXD_TRUSTED_PROXIES to the proxy's address, so that the throttle on
+# wrong tokens counts each client's address rather than the proxy's;
+# none is trusted by default, as the image cannot know which is in front.
 ENV OUTBOXD_ADDR=0.0.0.0:8080 \
     OUTBOXD_INSECURE_HTTP=1
 EXPOSE 8080

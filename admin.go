@@ -1,21 +1,26 @@
 // admin.go: the HTTP surface: every route, and who may use it: the admin
-// token on the API, and on the panel a session, signed in and out here.
-// The JSON handlers are in api.go, the panel's pages in panel.go, and
-// what serving a request takes is in httpserve.go and request.go.
+// token on the API, and on the panel a session, signed in and out here,
+// and ended for good when the token changes. The JSON handlers are in
+// api.go, the panel's pages in panel.go, and what serving a request takes
+// is in httpserve.go (the budget of wrong tokens among it) and request.go.
 
 package main
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
+	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -107,16 +112,25 @@ func routes(a *admin) http.Handler {
 
 	// Browsers may not make state-changing requests across origins; API
 	// clients without Origin or Sec-Fetch-Site headers are unaffected.
-	return withRequestID(withDeadline(a.deadline(), securityHeaders(http.NewCrossOriginProtection().Handler(mux))))
+	return withRequestID(withDeadline(a.deadline(), securityHeaders(a.overHTTPS, http.NewCrossOriginProtection().Handler(mux))))
 }
 
 // requireToken lets a request through with "Authorization: Bearer <token>"
-// (compared in constant time) or a live panel session.
+// (compared in constant time) or a live panel session. A wrong bearer
+// token counts against its address (checkToken); one from an address
+// past its budget is answered 429, unchecked.
 func (a *admin) requireToken(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if bearerValid(a.token, r) {
-			next.ServeHTTP(w, r)
-			return
+		if got, sent := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); sent {
+			switch verdict, retry := a.checkToken(r, got, authViaBearer); verdict {
+			case tokenAccepted:
+				next.ServeHTTP(w, r)
+				return
+			case tokenThrottled:
+				w.Header().Set("Retry-After", strconv.Itoa(retry))
+				writeError(w, http.StatusTooManyRequests, fmt.Errorf("too many wrong admin tokens from this address: try again in %d s", retry))
+				return
+			}
 		}
 		ok, err := a.hasSession(r)
 		switch {
@@ -131,15 +145,18 @@ func (a *admin) requireToken(next http.Handler) http.Handler {
 	})
 }
 
-func bearerValid(token string, r *http.Request) bool {
-	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	return ok && tokenEqual(got, token)
-}
-
 // tokenEqual compares in constant time: an early mismatch takes as long
 // as a late one, so timing tells an attacker nothing about the token.
 func tokenEqual(got, want string) bool {
 	return subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
+}
+
+// checkToken judges a token sent via a way (authViaBearer, authViaSignIn)
+// against the admin token, from r's client address (clientAddr): a
+// throttled verdict comes with the seconds until that address may try
+// again.
+func (a *admin) checkToken(r *http.Request, token, via string) (tokenVerdict, int) {
+	return a.auth.check(a.clientAddr(r), via, tokenEqual(token, a.token))
 }
 
 // requireSession sends a browser without a session to the sign-in form.
@@ -148,11 +165,7 @@ func tokenEqual(got, want string) bool {
 func (a *admin) requireSession(next http.Handler) http.Handler {
 	return a.servePage(func(w http.ResponseWriter, r *http.Request) error {
 		if t := queryOf(r).text("token"); t != "" && r.Method == http.MethodGet {
-			if !tokenEqual(t, a.token) {
-				a.refuseSignIn(w)
-				return nil
-			}
-			if err := a.startSession(w, r); err != nil {
+			if signedIn, err := a.signInWith(w, r, t); !signedIn || err != nil {
 				return err
 			}
 			u := *r.URL
@@ -185,9 +198,21 @@ func handleLoginForm(a *admin) pageFunc {
 	}
 }
 
-// refuseSignIn shows the sign-in form again, saying the token was wrong.
-func (a *admin) refuseSignIn(w http.ResponseWriter) {
-	a.panel.render(w, http.StatusUnauthorized, "login", page{Title: "Sign in", Data: "That token is not right."})
+// signInWith signs the browser in with token, typed into the sign-in
+// form or carried by the panel's URL, and reports true; or shows the form
+// again, saying why not, and reports false.
+func (a *admin) signInWith(w http.ResponseWriter, r *http.Request, token string) (bool, error) {
+	switch verdict, retry := a.checkToken(r, token, authViaSignIn); verdict {
+	case tokenThrottled:
+		w.Header().Set("Retry-After", strconv.Itoa(retry))
+		a.panel.render(w, http.StatusTooManyRequests, "login", page{Title: "Sign in",
+			Data: fmt.Sprintf("Too many wrong tokens from your address: try again in %d seconds.", retry)})
+		return false, nil
+	case tokenRefused:
+		a.panel.render(w, http.StatusUnauthorized, "login", page{Title: "Sign in", Data: "That token is not right."})
+		return false, nil
+	}
+	return true, a.startSession(w, r)
 }
 
 // handleLogin is POST /login: the token typed in signs the browser in.
@@ -198,11 +223,7 @@ func handleLogin(a *admin) pageFunc {
 		if f.err != nil {
 			return f.err
 		}
-		if !tokenEqual(token, a.token) {
-			a.refuseSignIn(w)
-			return nil
-		}
-		if err := a.startSession(w, r); err != nil {
+		if signedIn, err := a.signInWith(w, r, token); !signedIn || err != nil {
 			return err
 		}
 		http.Redirect(w, r, "/", http.StatusSeeOther)
@@ -224,7 +245,9 @@ func handleLogout(a *admin) pageFunc {
 // sessionCookie is the panel's session: a random id of sessionIDBytes,
 // hex-encoded. The database knows it only by its HMAC under the token
 // (outbox.panel_sessions in schema.sql), so neither the token nor a usable
-// cookie sits in a table, and changing the token signs every session out.
+// cookie sits in a table, and changing the token signs every session out:
+// for good, as the start with the new token deletes them all
+// (keepSessionsOfToken).
 const sessionCookie = "outboxd_session"
 
 const (
@@ -313,8 +336,6 @@ func (a *admin) hasSession(r *http.Request) (bool, error) {
 }
 
 // startSession signs the browser in: a new session, and its cookie.
-// Secure is set wherever browsers keep a Secure cookie: over TLS and on
-// loopback.
 func (a *admin) startSession(w http.ResponseWriter, r *http.Request) error {
 	id := make([]byte, sessionIDBytes)
 	rand.Read(id)
@@ -322,15 +343,65 @@ func (a *admin) startSession(w http.ResponseWriter, r *http.Request) error {
 		a.sessionHash(id), sessionLifetime.Seconds(), sessionSweep, maxSessions-1); err != nil {
 		return fmt.Errorf("start session: %w", err)
 	}
+	a.setSessionCookie(w, r, hex.EncodeToString(id), int(sessionLifetime.Seconds()))
+	return nil
+}
+
+// setSessionCookie sets the session cookie to value for maxAge seconds
+// (negative: forget it). It is Secure wherever the browser reached
+// outboxd over HTTPS (overHTTPS: the public URL says so, TLS, or a trusted
+// proxy) and on loopback, where browsers keep a Secure cookie over plain
+// HTTP.
+func (a *admin) setSessionCookie(w http.ResponseWriter, r *http.Request, value string, maxAge int) {
 	http.SetCookie(w, &http.Cookie{
 		Name:     sessionCookie,
-		Value:    hex.EncodeToString(id),
+		Value:    value,
 		Path:     "/",
-		MaxAge:   int(sessionLifetime.Seconds()),
+		MaxAge:   maxAge,
 		HttpOnly: true,
-		Secure:   r.TLS != nil || isLoopbackHost(r.Host),
+		Secure:   a.overHTTPS(r) || isLoopbackHost(r.Host),
 		SameSite: http.SameSiteStrictMode,
 	})
+}
+
+// sessionTokenSQL records fingerprint $1 as the admin token's and, if it
+// differs from the one recorded (or none is), deletes every session: at
+// most the table's bound (maxSessions live, and the expired ones each
+// sign-in sweeps), so in one statement. It answers whether the token
+// changed and how many sessions ended.
+const sessionTokenSQL = `
+WITH changed AS (
+  INSERT INTO outbox.panel_session_token AS t (fingerprint)
+  VALUES ($1)
+  ON CONFLICT (only_row) DO UPDATE
+  SET fingerprint = EXCLUDED.fingerprint,
+      changed_at = now()
+  WHERE t.fingerprint <> EXCLUDED.fingerprint
+  RETURNING 1
+), ended AS (
+  DELETE FROM outbox.panel_sessions
+  WHERE EXISTS (SELECT 1 FROM changed)
+  RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM changed), (SELECT count(*) FROM ended)`
+
+// keepSessionsOfToken runs at start: sessions signed in under another
+// admin token than token are deleted, so that none comes back with that
+// token, should it come back. The token is known to the database by its
+// HMAC of a fixed text, which tells nothing of a token of the strength
+// start asks (validateAdminToken) and shares no value with a session's
+// HMAC.
+func keepSessionsOfToken(ctx context.Context, db *sql.DB, token string, logger *slog.Logger) error {
+	mac := hmac.New(sha256.New, []byte(token))
+	mac.Write([]byte("outboxd admin token fingerprint"))
+	var changed bool
+	var ended int64
+	if err := db.QueryRowContext(ctx, sessionTokenSQL, mac.Sum(nil)).Scan(&changed, &ended); err != nil {
+		return fmt.Errorf("record the admin token's sessions: %w", err)
+	}
+	if changed && ended > 0 {
+		logger.Info("the admin token changed: every panel session is signed out", "sessions", ended)
+	}
 	return nil
 }
 
@@ -345,7 +416,7 @@ func (a *admin) endSession(w http.ResponseWriter, r *http.Request) error {
 			return fmt.Errorf("end session: %w", err)
 		}
 	}
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	a.setSessionCookie(w, r, "", -1)
 	return nil
 }
 

@@ -73,17 +73,22 @@ func testAdmin(t *testing.T, db *sql.DB, policy endpointPolicy, logger *slog.Log
 	if err != nil {
 		t.Fatal(err)
 	}
+	counters := &processCounters{deliveries: newDeliveryMetrics(), auth: newAuthMetrics()}
+	auth := newAuthLimiter(counters.auth, logger)
+	alerts := defaultConfig().Alerts
+	alerts.AuthFailures = auth.recentFailures
 	return &admin{
 		db:              db,
 		token:           testToken,
-		alerts:          defaultConfig().Alerts,
-		counters:        &processCounters{deliveries: newDeliveryMetrics()},
+		alerts:          alerts,
+		counters:        counters,
 		panel:           pnl,
 		endpoints:       policy,
 		eventsRetention: 7 * 24 * time.Hour,
 		maxAttempts:     18,
 		logger:          logger,
 		box:             box,
+		auth:            auth,
 	}
 }
 

@@ -134,3 +134,65 @@ func newDeliveryMetrics() *deliveryMetrics {
 		commitTo2xx: newHistogramVec(latencyBuckets),
 	}
 }
+
+// authFailureWindow is how far back authMetrics.recent counts wrong
+// admin tokens, in whole minutes, the current one included: the window
+// the auth_failures alert (overview.go) judges a burst in.
+const authFailureWindow = 5 * time.Minute
+
+const authWindowMinutes = int64(authFailureWindow / time.Minute)
+
+// The ways an admin token comes: as a bearer token, on /api/ and
+// /metrics, or typed into the panel's sign-in (or in its URL).
+const (
+	authViaBearer = "bearer"
+	authViaSignIn = "sign_in"
+)
+
+// authMetrics count the wrong admin tokens this process was sent, by the
+// way they came (authViaBearer, authViaSignIn): those checked and
+// found wrong, and those refused unchecked, their address over its
+// budget; and both within the last authFailureWindow.
+type authMetrics struct {
+	wrong     *counterVec
+	throttled *counterVec
+	mu        sync.Mutex // protects minutes
+	// minutes[m % len] counts minute m's wrong and refused tokens, m
+	// being minutes since the Unix epoch.
+	minutes [authWindowMinutes]struct{ minute, n int64 }
+}
+
+func newAuthMetrics() *authMetrics {
+	return &authMetrics{wrong: newCounterVec(), throttled: newCounterVec()}
+}
+
+// failed counts a token sent via at, wrong or refused unchecked.
+func (m *authMetrics) failed(via string, throttled bool, at time.Time) {
+	if throttled {
+		m.throttled.Add(via, 1)
+	} else {
+		m.wrong.Add(via, 1)
+	}
+	minute := at.Unix() / 60
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	slot := &m.minutes[minute%authWindowMinutes]
+	if slot.minute != minute {
+		slot.minute, slot.n = minute, 0
+	}
+	slot.n++
+}
+
+// recent is how many tokens failed within authFailureWindow of at.
+func (m *authMetrics) recent(at time.Time) int64 {
+	minute := at.Unix() / 60
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var n int64
+	for _, slot := range m.minutes {
+		if minute-slot.minute < authWindowMinutes && slot.minute <= minute {
+			n += slot.n
+		}
+	}
+	return n
+}

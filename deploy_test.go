@@ -4,6 +4,7 @@
 package main
 
 import (
+	"io"
 	"os"
 	"regexp"
 	"strings"
@@ -86,5 +87,34 @@ func TestSystemdUnitSandboxesTheService(t *testing.T) {
 		if got := directives[key]; len(got) != 1 || got[0] != want {
 			t.Errorf("%s=%q, want %q", key, got, want)
 		}
+	}
+}
+
+// The example settings file parses as outboxd reads it, and is refused as
+// it stands: its admin token is a placeholder. With a generated token it
+// starts, served for a proxy on the host with the public URL set.
+func TestEnvExampleRefusesItsPlaceholderToken(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile("deploy/outboxd.env.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if k, v, ok := strings.Cut(line, "="); ok && !strings.HasPrefix(line, "#") {
+			env[k] = v
+		}
+	}
+	_, err = parseConfig(nil, envFrom(env), io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "-admin-token (OUTBOXD_ADMIN_TOKEN) is a placeholder") {
+		t.Errorf("the example as it stands: %v, want its placeholder token refused", err)
+	}
+	env["OUTBOXD_ADMIN_TOKEN"] = randomToken()
+	cfg, err := parseConfig(nil, envFrom(env), io.Discard)
+	if err != nil {
+		t.Fatalf("the example with a generated token: %v", err)
+	}
+	if u, _ := parsePublicURL(cfg.PublicURL); u == nil || u.Scheme != "https" || len(cfg.TrustedProxies) == 0 {
+		t.Errorf("the example sets public URL %q and trusted proxies %q; want an https URL and the proxy", cfg.PublicURL, cfg.TrustedProxies.String())
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/netip"
 	"regexp"
 	"slices"
 	"strconv"
@@ -252,6 +253,8 @@ func configArgs(cfg Config) []string {
 	flag("tls-cert", cfg.TLSCert)
 	flag("tls-key", cfg.TLSKey)
 	flag("insecure-http", cfg.InsecureHTTP)
+	flag("public-url", cfg.PublicURL)
+	flag("trusted-proxies", cfg.TrustedProxies.String())
 	return args
 }
 
@@ -289,6 +292,7 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add("-job-max-attempts=100", "")
 	f.Add("", "OUTBOXD_LOG_LEVEL=WARN-3\nOUTBOXD_DEMO=true\nOUTBOXD_DATA_DIR=")
 	f.Add("-database-url=host=/tmp port=5432 dbname=x", "")
+	f.Add("-public-url=https://outboxd.example.com", "OUTBOXD_TRUSTED_PROXIES=10.0.0.1/8, 192.168.1.7,::ffff:10.1.0.0/112")
 	f.Add("secrets\nrotate-key\n-secrets-key=AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=", "OUTBOXD_SECRETS_OLD_KEY=AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=")
 	f.Fuzz(func(t *testing.T, argText, envText string) {
 		var args []string
@@ -309,7 +313,7 @@ func FuzzParseConfig(f *testing.F) {
 		if err != nil {
 			t.Fatalf("accepted %q with %v, but its rendering %q is refused: %v", args, env, configArgs(cfg), err)
 		}
-		if diff := cmp.Diff(cfg, again); diff != "" {
+		if diff := cmp.Diff(cfg, again, cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })); diff != "" {
 			t.Errorf("re-parsed configuration differs (-first +again):\n%s", diff)
 		}
 	})

@@ -1,13 +1,15 @@
 // httpserve.go: how every request is served, below the routes (admin.go)
 // and the handlers (api.go, panel.go): what the handlers share (admin),
-// the deadline, id and headers every request gets, the two shapes a
-// handler takes (a JSON answer or a page), and how a failure becomes a
-// status, told and logged once; and the two reads the API and the panel
-// both show.
+// the deadline, id and headers every request gets, who sent it and over
+// what (the proxies in front tell), the budget of wrong admin tokens each
+// client address has, the two shapes a handler takes (a JSON answer or a
+// page), and how a failure becomes a status, told and logged once; and
+// the two reads the API and the panel both show.
 
 package main
 
 import (
+	"container/list"
 	"context"
 	"crypto/rand"
 	"database/sql"
@@ -16,8 +18,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
+	"net/url"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -45,6 +50,15 @@ type admin struct {
 	// box seals the secrets of endpoints and sources; nil without
 	// -secrets-key (secrets.go).
 	box *secretBox
+	// publicURL is where browsers reach outboxd (-public-url); nil
+	// when it is not set.
+	publicURL *url.URL
+	// trustedProxies may say whom they forward and over what scheme
+	// (-trusted-proxies).
+	trustedProxies prefixList
+	// auth slows and counts wrong admin tokens, per client address
+	// (admin.go).
+	auth *authLimiter
 }
 
 // requestTimeout bounds every request: its context ends then, which
@@ -105,14 +119,25 @@ func requestID(r *http.Request) string {
 	return id
 }
 
+// hstsMaxAge is how long a browser that reached outboxd over HTTPS
+// refuses to reach it over plain HTTP: a year, the least the browsers'
+// HSTS preload lists accept, and longer than the months an operator may
+// go between two visits to the panel. Without includeSubDomains: outboxd
+// speaks for its own host, not for its domain's others.
+const hstsMaxAge = 365 * 24 * time.Hour
+
 // securityHeaders: no framing, no sniffing, no inline script anywhere (the
 // panel has none), no referrer leaking a URL, and no answer kept by a
 // browser or a proxy (pages and answers show secrets, whsec_ ones among
 // them, and state that is stale a second later); the static assets
-// alone say otherwise.
-func securityHeaders(next http.Handler) http.Handler {
+// alone say otherwise. A request that came over HTTPS (overHTTPS) gets
+// HSTS.
+func securityHeaders(overHTTPS func(*http.Request) bool, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
+		if overHTTPS(r) {
+			h.Set("Strict-Transport-Security", fmt.Sprintf("max-age=%d", int64(hstsMaxAge.Seconds())))
+		}
 		h.Set("Cache-Control", "no-store")
 		h.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 		h.Set("X-Frame-Options", "DENY")
@@ -120,6 +145,213 @@ func securityHeaders(next http.Handler) http.Handler {
 		h.Set("Referrer-Policy", "no-referrer")
 		next.ServeHTTP(w, r)
 	})
+}
+
+// overHTTPS reports whether the browser reached outboxd over HTTPS:
+// -public-url says so, outboxd terminated TLS itself, or a trusted proxy
+// in front did and says so in X-Forwarded-Proto (the first value: the
+// scheme the outermost proxy was reached over).
+func (a *admin) overHTTPS(r *http.Request) bool {
+	switch {
+	case r.TLS != nil:
+		return true
+	case a.publicURL != nil && a.publicURL.Scheme == "https":
+		return true
+	case !a.trustedProxies.contains(peerAddr(r)):
+		return false
+	}
+	first, _, _ := strings.Cut(r.Header.Get("X-Forwarded-Proto"), ",")
+	return strings.EqualFold(strings.TrimSpace(first), "https")
+}
+
+// clientAddr is the address a request came from: its peer's, unless the
+// peer is a trusted proxy; then the nearest address in X-Forwarded-For
+// that is not one, read from the right, where each proxy appends the
+// peer it heard from. Whatever a client writes there itself sits to the
+// left of the address its proxy appended, and is never reached, unless
+// that address is a trusted proxy's too.
+func (a *admin) clientAddr(r *http.Request) netip.Addr {
+	client := peerAddr(r)
+	if !a.trustedProxies.contains(client) {
+		return client
+	}
+	var hops []string
+	for _, v := range r.Header.Values("X-Forwarded-For") {
+		hops = append(hops, strings.Split(v, ",")...)
+	}
+	for i := len(hops) - 1; i >= 0; i-- {
+		hop, ok := parseHop(strings.TrimSpace(hops[i]))
+		if !ok {
+			return client // a proxy wrote no address: its peer is all we know
+		}
+		if client = hop; !a.trustedProxies.contains(hop) {
+			break
+		}
+	}
+	return client
+}
+
+// parseHop reads one X-Forwarded-For entry: an address, or an address
+// and port as some proxies write it (1.2.3.4:5678, [2001:db8::1]:5678).
+func parseHop(s string) (netip.Addr, bool) {
+	if a, err := netip.ParseAddr(s); err == nil {
+		return a.Unmap(), true
+	}
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap.Addr().Unmap(), true
+	}
+	return netip.Addr{}, false
+}
+
+// peerAddr is the address of r's connection's other end; the zero
+// address if it has none (a test's request).
+func peerAddr(r *http.Request) netip.Addr {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return netip.Addr{}
+	}
+	return ap.Addr().Unmap()
+}
+
+// A token's verdict: right, wrong, or not checked because its address
+// sent too many wrong ones.
+type tokenVerdict int
+
+const (
+	tokenAccepted tokenVerdict = iota
+	tokenRefused
+	tokenThrottled
+)
+
+// Each client address may send authFailureBurst wrong admin tokens, and
+// one more every authFailureRefill after: an operator mistyping or
+// pasting the wrong token a few times never meets the limit, and a
+// guesser gets 14,400 tries a day, nothing against the 2^128 tokens start
+// allows (validateAdminToken). An address past its budget is answered
+// 429 with Retry-After, its tokens unchecked, so that what it sends tells
+// it nothing; and at once: a delay would hold a goroutine, and a
+// connection, for every try, which is what an attacker would pay for.
+// The budget is each address's: a right token from any other address is
+// never refused, and sessions already signed in go on, from any address.
+const (
+	authFailureBurst  = 10
+	authFailureRefill = 6 * time.Second
+)
+
+// maxAuthBudgets bounds the addresses remembered at once: at about 200
+// bytes each, 2 MB. An address is forgotten once its budget has refilled
+// (authFailureBurst × authFailureRefill after its last wrong token); past
+// the bound the one that failed longest ago is, whose budget is the
+// fullest. More addresses than that failing within a minute are an
+// attack no per-address budget stops: auth_failures fires for it.
+const maxAuthBudgets = 10_000
+
+// authLimiter keeps the budget of wrong admin tokens of each client
+// address that sent one recently, and counts them all (authMetrics).
+// IPv6 clients are budgeted by /64, the least a site is given, so that
+// one host cannot spend the addresses of its network one by one.
+type authLimiter struct {
+	metrics *authMetrics
+	logger  *slog.Logger
+	now     func() time.Time // time.Now; a test's stands still
+	mu      sync.Mutex       // protects following fields
+	budgets map[netip.Prefix]*list.Element
+	order   list.List // of *authBudget, the least recently failed first
+}
+
+// authBudget is one address's wrong tokens: it had tokens left after
+// its last, at. logged says its running out was logged: once until it is
+// forgotten, however often it runs out meanwhile.
+type authBudget struct {
+	key    netip.Prefix
+	tokens float64
+	at     time.Time
+	logged bool
+}
+
+func newAuthLimiter(metrics *authMetrics, logger *slog.Logger) *authLimiter {
+	return &authLimiter{metrics: metrics, logger: logger, now: time.Now, budgets: map[netip.Prefix]*list.Element{}}
+}
+
+// recentFailures is how many wrong tokens were sent within
+// authFailureWindow: what the auth_failures alert judges.
+func (l *authLimiter) recentFailures() int64 { return l.metrics.recent(l.now()) }
+
+// left is how many wrong tokens b may still send at now.
+func (b *authBudget) left(now time.Time) float64 {
+	return min(authFailureBurst, b.tokens+float64(now.Sub(b.at))/float64(authFailureRefill))
+}
+
+// check judges a token from client that was right or not; a throttled
+// verdict carries the seconds until client may try again. The first wrong
+// token that spends an address's last try is logged, naming it.
+func (l *authLimiter) check(client netip.Addr, via string, right bool) (tokenVerdict, int) {
+	verdict, retry, spent := l.judge(budgetKey(client), via, right, l.now())
+	if spent {
+		l.logger.Warn("too many wrong admin tokens from one address: its tokens are refused unchecked until its budget refills",
+			"client", client, "via", via, "burst", authFailureBurst, "refill", authFailureRefill)
+	}
+	return verdict, retry
+}
+
+// judge is check under the lock: spent says that this wrong token was
+// key's last try, for the first time since key was remembered.
+func (l *authLimiter) judge(key netip.Prefix, via string, right bool, now time.Time) (verdict tokenVerdict, retry int, spent bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.forget(now)
+	e := l.budgets[key]
+	if e != nil && e.Value.(*authBudget).left(now) < 1 {
+		l.metrics.failed(via, true, now)
+		return tokenThrottled, retryAfter(e.Value.(*authBudget), now), false
+	}
+	if right {
+		return tokenAccepted, 0, false
+	}
+	l.metrics.failed(via, false, now)
+	if e == nil {
+		if l.order.Len() >= maxAuthBudgets {
+			delete(l.budgets, l.order.Remove(l.order.Front()).(*authBudget).key)
+		}
+		e = l.order.PushBack(&authBudget{key: key, tokens: authFailureBurst, at: now})
+		l.budgets[key] = e
+	}
+	b := e.Value.(*authBudget)
+	b.tokens, b.at = b.left(now)-1, now
+	l.order.MoveToBack(e)
+	spent = b.tokens < 1 && !b.logged
+	b.logged = b.logged || spent
+	return tokenRefused, 0, spent
+}
+
+// forget drops the budgets refilled by now from the front of the order,
+// that of their last wrong token, up to the first that has not: what it
+// leaves behind is bounded by maxAuthBudgets all the same.
+func (l *authLimiter) forget(now time.Time) {
+	for e := l.order.Front(); e != nil; e = l.order.Front() {
+		b := e.Value.(*authBudget)
+		if b.left(now) < authFailureBurst {
+			return
+		}
+		l.order.Remove(e)
+		delete(l.budgets, b.key)
+	}
+}
+
+// retryAfter is the whole seconds until b may send a token again.
+func retryAfter(b *authBudget, now time.Time) int {
+	wait := time.Duration((1 - b.left(now)) * float64(authFailureRefill))
+	return max(1, int((wait+time.Second-1)/time.Second))
+}
+
+// budgetKey is the address a budget is kept for: an IPv4 address, or an
+// IPv6 address's /64.
+func budgetKey(a netip.Addr) netip.Prefix {
+	if a.Is4() {
+		return netip.PrefixFrom(a, 32)
+	}
+	p, _ := a.Prefix(64) // the zero address (no peer) keys the zero prefix
+	return p
 }
 
 // apiFunc is a JSON handler, the one shape of them all: it answers status

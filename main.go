@@ -32,15 +32,18 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/lib/pq"
 )
@@ -120,6 +123,16 @@ type Config struct {
 	TLSCert      string
 	TLSKey       string
 	InsecureHTTP bool
+	// PublicURL is where browsers reach outboxd, through whatever proxy
+	// is in front (https://outboxd.example.com): the one thing that
+	// tells outboxd, served plain HTTP by a proxy that terminates TLS,
+	// that its cookies must be Secure and that it may send HSTS. Empty:
+	// the scheme of each request as it arrived (validatePublicURL).
+	PublicURL string
+	// TrustedProxies are the proxies in front whose X-Forwarded-For and
+	// X-Forwarded-Proto outboxd believes (clientAddr, httpserve.go); from
+	// any other peer those headers are the client's own, and ignored.
+	TrustedProxies prefixList
 }
 
 // The secrets commands (secrets.go): both seal every stored secret under
@@ -340,6 +353,8 @@ func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&cfg.TLSCert, "tls-cert", cfg.TLSCert, "PEM certificate (chain) file; with -tls-key, serve HTTPS")
 	fs.StringVar(&cfg.TLSKey, "tls-key", cfg.TLSKey, "PEM private key file of -tls-cert")
 	fs.BoolVar(&cfg.InsecureHTTP, "insecure-http", cfg.InsecureHTTP, "serve plain HTTP on an address other than loopback (behind a proxy that terminates TLS)")
+	fs.StringVar(&cfg.PublicURL, "public-url", cfg.PublicURL, "the http(s) URL browsers reach outboxd at, through any proxy in front; https makes the session cookie Secure and sends HSTS")
+	fs.Var(&cfg.TrustedProxies, "trusted-proxies", "comma-separated addresses or CIDR prefixes of the proxies in front, whose X-Forwarded-For and X-Forwarded-Proto are believed")
 	fs.Usage = func() { printUsage(fs, cfg.Command) }
 	return fs
 }
@@ -476,8 +491,11 @@ func (c Config) validateService() error {
 	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
 		return fmt.Errorf("%s: %q is not host:port: %w", setting("addr"), c.Addr, err)
 	}
-	if c.AdminToken != "" && len(c.AdminToken) < 16 {
-		return fmt.Errorf("%s must be at least 16 characters, got %d", setting("admin-token"), len(c.AdminToken))
+	if err := validateAdminToken(c.AdminToken); err != nil {
+		return err
+	}
+	if _, err := parsePublicURL(c.PublicURL); err != nil {
+		return err
 	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		return fmt.Errorf("%s must be text or json, got %q", setting("log-format"), c.LogFormat)
@@ -518,6 +536,102 @@ func (c Config) validateSecrets() error {
 		return fmt.Errorf("outboxd %s needs the key it rotates out in %s", c.Command, setting("secrets-old-key"))
 	}
 	return nil
+}
+
+// minAdminTokenBits is the least estimated entropy a configured admin
+// token may have (validateAdminToken): 128 bits, a random UUID's or a
+// 16-byte key's, beyond any guessing, online (throttled at one address's
+// authFailureRefill, admin.go) or offline (the token's fingerprint in
+// outbox.panel_session_token). The token outboxd generates has 192.
+const minAdminTokenBits = 128
+
+// validateAdminToken refuses a configured admin token that is a
+// placeholder or easy to guess. Its entropy is estimated as if it were
+// random: length × log2 of the alphabet its characters come from
+// (adminTokenAlphabet), at least minAdminTokenBits; and no character
+// may make up more than a third of it, which refuses a repetition the
+// estimate rates by its length (aaaa..., abab...) and leaves a random
+// token alone: at the shortest length the estimate allows, a third is
+// reached by chance once in 7,500 tokens of digits alone, once in 29,000
+// of hex digits, and far more rarely in any larger alphabet. The
+// estimate cannot see a phrase: it refuses what is short, repeated or of
+// one kind. Errors name the setting, never the token.
+func validateAdminToken(token string) error {
+	if token == "" {
+		return nil // generated at start
+	}
+	const generate = "generate one, such as with openssl rand -hex 32"
+	if lower := strings.ToLower(token); strings.Contains(lower, "change-me") || strings.Contains(lower, "changeme") {
+		return fmt.Errorf("%s is a placeholder (change-me...): %s", setting("admin-token"), generate)
+	}
+	n := utf8.RuneCountInString(token)
+	alphabet, kinds := adminTokenAlphabet(token)
+	if bits := float64(n) * math.Log2(float64(alphabet)); bits < minAdminTokenBits {
+		return fmt.Errorf("%s is too easy to guess: %d characters of %s (an alphabet of %d) make an estimated %.0f bits, at least %d are needed; %s",
+			setting("admin-token"), n, kinds, alphabet, bits, minAdminTokenBits, generate)
+	}
+	counts := map[rune]int{}
+	for _, r := range token {
+		if counts[r]++; 3*counts[r] > n {
+			return fmt.Errorf("%s is too easy to guess: one character makes up more than a third of its %d; %s", setting("admin-token"), n, generate)
+		}
+	}
+	return nil
+}
+
+// adminTokenAlphabet is the size of the alphabet token's characters come
+// from, and its name: 10 for digits alone, 16 for hex digits alone;
+// otherwise the sum of the kinds present, lowercase letters 26, capitals
+// 26, digits 10, and 33 for any other (ASCII's punctuation and space).
+func adminTokenAlphabet(token string) (int, string) {
+	var lower, upper, digit, other bool
+	hex := true
+	for _, r := range token {
+		switch {
+		case 'a' <= r && r <= 'z':
+			lower, hex = true, hex && r <= 'f'
+		case 'A' <= r && r <= 'Z':
+			upper, hex = true, hex && r <= 'F'
+		case '0' <= r && r <= '9':
+			digit = true
+		default:
+			other, hex = true, false
+		}
+	}
+	switch {
+	case digit && !lower && !upper && !other:
+		return 10, "digits"
+	case hex:
+		return 16, "hex digits"
+	}
+	size, kinds := 0, []string{}
+	for _, k := range []struct {
+		present bool
+		name    string
+		size    int
+	}{{lower, "lowercase letters", 26}, {upper, "capitals", 26}, {digit, "digits", 10}, {other, "other characters", 33}} {
+		if k.present {
+			size, kinds = size+k.size, append(kinds, k.name)
+		}
+	}
+	return size, strings.Join(kinds, ", ")
+}
+
+// parsePublicURL is -public-url, nil when it is empty. outboxd's pages
+// link and redirect by absolute paths, so it is served from the root of
+// its URL: a path is refused, as are credentials, a query and a fragment.
+func parsePublicURL(s string) (*url.URL, error) {
+	if s == "" {
+		return nil, nil
+	}
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Opaque != "" ||
+		u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+		return nil, fmt.Errorf("%s must be an absolute http or https URL of outboxd's root, such as https://outboxd.example.com, got %q",
+			setting("public-url"), s)
+	}
+	u.Path = ""
+	return u, nil
 }
 
 // secretBox is the sealing -secrets-key and -secrets-old-key configure:
@@ -679,7 +793,7 @@ func runService(ctx context.Context, cfg Config, db *sql.DB, dsn string, box *se
 		loops.start("demo", demoRun.Run)
 	}
 
-	a, err := newAdmin(cfg, db, box, p, demoRun, logger)
+	a, err := newAdmin(ctx, cfg, db, box, p, demoRun, logger)
 	if err != nil {
 		return err
 	}
@@ -734,17 +848,32 @@ func (g *loopGroup) stop() {
 }
 
 // newAdmin is what the HTTP side needs of the configuration, the database
-// and the running pipeline.
-func newAdmin(cfg Config, db *sql.DB, box *secretBox, p *pipeline, demoRun *demo, logger *slog.Logger) (*admin, error) {
+// and the running pipeline. The sessions of any other admin token end
+// here (keepSessionsOfToken).
+func newAdmin(ctx context.Context, cfg Config, db *sql.DB, box *secretBox, p *pipeline, demoRun *demo, logger *slog.Logger) (*admin, error) {
 	pnl, err := newPanel(logger)
 	if err != nil {
 		return nil, err
 	}
+	token := adminToken(cfg, logger)
+	if err := keepSessionsOfToken(ctx, db, token, logger); err != nil {
+		return nil, err
+	}
+	publicURL, _ := parsePublicURL(cfg.PublicURL) // validated
+	if publicURL == nil && cfg.InsecureHTTP {
+		logger.Warn("plain HTTP for a proxy in front, and no public URL: the session cookie is Secure, and HSTS sent, only where a trusted proxy says https; "+
+			"set -public-url (OUTBOXD_PUBLIC_URL) to the https URL browsers use", "trusted_proxies", cfg.TrustedProxies.String())
+	}
+	counters := p.counters()
+	counters.auth = newAuthMetrics()
+	auth := newAuthLimiter(counters.auth, logger)
+	alerts := cfg.Alerts
+	alerts.AuthFailures = auth.recentFailures
 	return &admin{
 		db:              db,
-		token:           adminToken(cfg, logger),
-		alerts:          cfg.Alerts,
-		counters:        p.counters(),
+		token:           token,
+		alerts:          alerts,
+		counters:        counters,
 		panel:           pnl,
 		eventsRetention: cfg.Retention.Events,
 		maxAttempts:     cfg.Workers.MaxAttempts,
@@ -754,9 +883,12 @@ func newAdmin(cfg Config, db *sql.DB, box *secretBox, p *pipeline, demoRun *demo
 			RotationWindow: cfg.Webhooks.SecretRotationWindow,
 			InboxWindow:    advertisedWindow(cfg.Retention.Inbox, cfg.Retention.Interval),
 		},
-		metricsPublic: cfg.MetricsPublic,
-		logger:        logger,
-		box:           box,
+		metricsPublic:  cfg.MetricsPublic,
+		logger:         logger,
+		box:            box,
+		publicURL:      publicURL,
+		trustedProxies: cfg.TrustedProxies,
+		auth:           auth,
 	}, nil
 }
 
@@ -797,8 +929,12 @@ func adminToken(cfg Config, logger *slog.Logger) string {
 		return cfg.AdminToken
 	}
 	token := randomToken()
+	base := httpScheme(cfg) + "://" + cfg.Addr
+	if u, _ := parsePublicURL(cfg.PublicURL); u != nil {
+		base = u.String() // where a browser reaches the panel
+	}
 	logger.Info("admin token generated; set -admin-token to keep one across restarts",
-		"panel_url", httpScheme(cfg)+"://"+cfg.Addr+"/?token="+token)
+		"panel_url", base+"/?token="+token)
 	return token
 }
 

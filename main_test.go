@@ -120,7 +120,7 @@ func TestParseConfigRefusesBadSettings(t *testing.T) {
 		{nil, map[string]string{"OUTBOXD_JOB_TIMEOUT": "-1s"}, "-job-timeout (OUTBOXD_JOB_TIMEOUT)"},
 		{nil, map[string]string{"OUTBOXD_ADDR": "8080"}, "-addr (OUTBOXD_ADDR)"},
 		{nil, map[string]string{"DATABASE_URL": "postgres://%zz"}, "-database-url (DATABASE_URL)"},
-		{nil, map[string]string{"OUTBOXD_ADMIN_TOKEN": "short"}, "-admin-token (OUTBOXD_ADMIN_TOKEN) must be at least 16"},
+		{nil, map[string]string{"OUTBOXD_ADMIN_TOKEN": "short"}, "-admin-token (OUTBOXD_ADMIN_TOKEN) is too easy to guess: 5 characters"},
 		{nil, map[string]string{"OUTBOXD_LOG_FORMAT": "xml"}, "-log-format (OUTBOXD_LOG_FORMAT)"},
 		{nil, map[string]string{"OUTBOXD_LOG_LEVEL": "loud"}, "OUTBOXD_LOG_LEVEL"},
 		{[]string{"-no-such-flag"}, nil, "flag provided but not defined: -no-such-flag"},

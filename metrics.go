@@ -153,6 +153,7 @@ type processCounters struct {
 	notifier   *ownerNotifier
 	retention  *sweeper // its cycles, anomaly-cap stops and rows pruned; nil without one
 	registry   *replicaRegistry
+	auth       *authMetrics // wrong admin tokens, counted by the HTTP side
 }
 
 // addTo adds to an overview what this process knows beside the database:
@@ -196,6 +197,25 @@ func (c *processCounters) write(p *promWriter) {
 	}
 	if c.retention != nil {
 		writeRetentionCounters(p, c.retention)
+	}
+	if c.auth != nil {
+		writeAuthCounters(p, c.auth)
+	}
+}
+
+// writeAuthCounters writes the wrong admin tokens by way, both ways
+// always, 0 included, so that a rate over them exists before the first.
+func writeAuthCounters(p *promWriter, m *authMetrics) {
+	p.family("outboxd_auth_failures_total", "counter", "Wrong admin tokens checked and refused (401), by way: a bearer token (bearer) or the panel's sign-in (sign_in).")
+	writeByVia(p, "outboxd_auth_failures_total", m.wrong)
+	p.family("outboxd_auth_throttled_total", "counter", "Admin tokens refused unchecked (429), their client address past its budget of wrong ones, by way.")
+	writeByVia(p, "outboxd_auth_throttled_total", m.throttled)
+}
+
+func writeByVia(p *promWriter, name string, by *counterVec) {
+	n := by.Snapshot()
+	for _, via := range []string{authViaBearer, authViaSignIn} {
+		p.sample(name, `via="`+via+`"`, float64(n[via]))
 	}
 }
 

@@ -40,6 +40,11 @@ type AlertConfig struct {
 	// fires when no cycle has completed for retentionStaleIntervals of
 	// it. 0: no sweeps are expected, and none is missed.
 	RetentionInterval time.Duration
+	// AuthFailures is how many wrong admin tokens this process was sent
+	// within authFailureWindow (authMetrics, counters.go), not a setting:
+	// the HTTP side sets it, and auth_failures fires on it. Nil: none
+	// are counted (a test's overview).
+	AuthFailures func() int64
 }
 
 // bloatMinDeadRows is the least dead rows a table_bloat alert is raised
@@ -562,6 +567,7 @@ var alertRules = []alertRule{
 	{"receiver_window_short", "/endpoints", receiverWindowAlert},
 	{"endpoint_disabled", "/endpoints", endpointDisabledAlert},
 	{"endpoint_paused", "/endpoints", endpointPausedAlert},
+	{"auth_failures", "/#replicas", authFailuresAlert},
 }
 
 // evaluateAlerts decides which alerts fire. It is pure so a table test can
@@ -772,6 +778,33 @@ func endpointPausedAlert(_ AlertConfig, o Overview, at alertStarts) []Alert {
 			"and is held past the receiver's dedup window is discarded at the resume, not sent twice",
 			o.Endpoints.Paused, o.Endpoints.PausedQueued),
 		Since: at.FirstPaused.Time, Level: o.Endpoints.Paused, startKnown: true,
+	}}
+}
+
+// authFailuresAlertCount is the wrong admin tokens within
+// authFailureWindow at which auth_failures fires: above an operator's
+// typos and a script polling every 10 s with a stale token (30), at the
+// pace of one address guessing as fast as its budget lets it (60 in its
+// first 5 minutes, 50 in every 5 after), and far below a burst.
+const authFailuresAlertCount = 50
+
+// authFailuresAlert fires on a burst of wrong admin tokens sent to this
+// replica: someone guessing it, or a client with a stale one. The
+// counts are each replica's own, so the alert is too; the replicas
+// table it links to says which one this is.
+func authFailuresAlert(cfg AlertConfig, _ Overview, _ alertStarts) []Alert {
+	if cfg.AuthFailures == nil {
+		return nil
+	}
+	n := cfg.AuthFailures()
+	if n < authFailuresAlertCount {
+		return nil
+	}
+	return []Alert{{
+		Message: fmt.Sprintf("this replica was sent %d wrong admin tokens in the last %s (threshold %d): someone may be guessing it, or a client has an old one. "+
+			"outboxd_auth_failures_total and outboxd_auth_throttled_total count them by way, and the log names each address that ran out of tries",
+			n, authFailureWindow, authFailuresAlertCount),
+		Since: time.Now(), Level: n,
 	}}
 }
 

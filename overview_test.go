@@ -325,7 +325,8 @@ func TestEveryAlertLinksToItsPage(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
 	srv := newTestAdmin(t, db)
-	cfg := AlertConfig{BacklogRows: 1000, BacklogAge: 5 * time.Minute, DeadRatio: 0.2, XactAge: time.Hour, ResendHorizon: time.Hour}
+	cfg := AlertConfig{BacklogRows: 1000, BacklogAge: 5 * time.Minute, DeadRatio: 0.2, XactAge: time.Hour, ResendHorizon: time.Hour,
+		AuthFailures: func() int64 { return 50 }}
 	everything := Overview{
 		Backlog: 1001, Poisoned: 1,
 		Jobs:                 JobCounts{Discarded: 1},
@@ -351,6 +352,7 @@ func TestEveryAlertLinksToItsPage(t *testing.T) {
 		"receiver_window_short": "/endpoints",
 		"endpoint_disabled":     "/endpoints",
 		"endpoint_paused":       "/endpoints",
+		"auth_failures":         "/#replicas",
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("alert links (-want +got):\n%s", diff)

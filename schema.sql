@@ -2485,7 +2485,8 @@ ALTER TABLE outbox.inbox_sources
 
 -- One row per browser signed in to the panel (admin.go). The cookie holds
 -- a random id; the row holds only its HMAC under the admin token, so the
--- table gives away no cookie, and a new token signs every session out.
+-- table gives away no cookie, and a new token signs every session out
+-- (outbox.panel_session_token, below, for good).
 -- Sign-in inserts the row, valid for 12 hours; sign-out deletes it, so a
 -- copy of the cookie is refused by every replica from then on, as is an
 -- expired one. The table is bounded without a sweep: each sign-in deletes
@@ -2502,6 +2503,20 @@ CREATE TABLE IF NOT EXISTS outbox.panel_sessions (
 -- ones newest first past the 1,000th.
 CREATE INDEX IF NOT EXISTS panel_sessions_by_expires_at
   ON outbox.panel_sessions (expires_at);
+
+-- The admin token the sessions above were signed in under, known by a
+-- fingerprint (its HMAC of a fixed text, admin.go): one row. A session's
+-- HMAC holds only for the token it was made under, but a token that comes
+-- back would bring its sessions back with it; so a start with a token
+-- other than the one recorded deletes every session, in the statement
+-- that records the new one. A start with the same token keeps them.
+CREATE TABLE IF NOT EXISTS outbox.panel_session_token (
+  only_row    boolean     PRIMARY KEY DEFAULT true,
+  fingerprint bytea       NOT NULL,
+  changed_at  timestamptz NOT NULL DEFAULT now(),
+  CONSTRAINT panel_session_token_one_row CHECK (only_row),
+  CONSTRAINT panel_session_token_fingerprint_length CHECK (length(fingerprint) = 32)
+);
 
 --------------------------------------------------------------------------------
 -- Alert acknowledgements: seen by an operator, on every replica's panel
