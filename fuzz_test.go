@@ -229,6 +229,8 @@ func configArgs(cfg Config) []string {
 	flag("alert-backlog-age", cfg.Alerts.BacklogAge)
 	flag("alert-dead-ratio", cfg.Alerts.DeadRatio)
 	flag("alert-xact-age", cfg.Alerts.XactAge)
+	flag("alert-endpoint-success-below", cfg.Alerts.EndpointSuccessBelow)
+	flag("alert-endpoint-failing-for", cfg.Alerts.EndpointFailingFor)
 	flag("metrics-public", cfg.MetricsPublic)
 	flag("webhook-timeout", cfg.Webhooks.Timeout)
 	flag("webhook-secret-rotation-window", cfg.Webhooks.SecretRotationWindow)

@@ -178,10 +178,11 @@ func defaultConfig() Config {
 			OwnerNotifyPerHour: 5,
 		},
 		Alerts: AlertConfig{
-			BacklogRows: 1000,
-			BacklogAge:  5 * time.Minute,
-			DeadRatio:   0.2,
-			XactAge:     time.Hour,
+			BacklogRows:          1000,
+			BacklogAge:           5 * time.Minute,
+			DeadRatio:            0.2,
+			XactAge:              time.Hour,
+			EndpointSuccessBelow: 0.5, EndpointFailingFor: 3 * time.Minute, // AlertConfig says why
 		},
 		Retention: RetentionConfig{
 			Events: 7 * 24 * time.Hour,
@@ -299,6 +300,16 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 // configFlags declares every flag of cfg, with cfg's values as defaults,
 // on a new flag set writing its usage to stderr. One flag a line: a long
 // list is the point of this function.
+// alertFlags registers the alert thresholds, AlertConfig's settings.
+func alertFlags(fs *flag.FlagSet, a *AlertConfig) {
+	fs.IntVar(&a.BacklogRows, "alert-backlog", a.BacklogRows, "un-fanned events above which events_backlog fires")
+	fs.DurationVar(&a.BacklogAge, "alert-backlog-age", a.BacklogAge, "age of the oldest un-fanned event above which events_backlog fires")
+	fs.Float64Var(&a.DeadRatio, "alert-dead-ratio", a.DeadRatio, "share of dead rows in outbox.events or outbox.jobs above which table_bloat fires")
+	fs.DurationVar(&a.XactAge, "alert-xact-age", a.XactAge, "age of the oldest snapshot-holding transaction above which old_transaction fires")
+	fs.Float64Var(&a.EndpointSuccessBelow, "alert-endpoint-success-below", a.EndpointSuccessBelow, "share of an endpoint's attempts succeeding below which, for -alert-endpoint-failing-for, endpoint_failing fires")
+	fs.DurationVar(&a.EndpointFailingFor, "alert-endpoint-failing-for", a.EndpointFailingFor, "how long an endpoint's success rate stays below -alert-endpoint-success-below before endpoint_failing fires")
+}
+
 func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("outboxd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -325,10 +336,7 @@ func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&cfg.Workers.RescueInterval, "job-rescue-interval", cfg.Workers.RescueInterval, "interval at which the rescuer looks for stuck jobs")
 	fs.DurationVar(&cfg.Replicas.Heartbeat, "replica-heartbeat", cfg.Replicas.Heartbeat, "interval at which this replica stamps its row in outbox.replicas, and looks for replicas that stopped")
 	fs.DurationVar(&cfg.Replicas.DeadAfter, "replica-dead-after", cfg.Replicas.DeadAfter, "a replica without a heartbeat for this long is declared dead and its running jobs are rescued; at least 3 heartbeats")
-	fs.IntVar(&cfg.Alerts.BacklogRows, "alert-backlog", cfg.Alerts.BacklogRows, "un-fanned events above which events_backlog fires")
-	fs.DurationVar(&cfg.Alerts.BacklogAge, "alert-backlog-age", cfg.Alerts.BacklogAge, "age of the oldest un-fanned event above which events_backlog fires")
-	fs.Float64Var(&cfg.Alerts.DeadRatio, "alert-dead-ratio", cfg.Alerts.DeadRatio, "share of dead rows in outbox.events or outbox.jobs above which table_bloat fires")
-	fs.DurationVar(&cfg.Alerts.XactAge, "alert-xact-age", cfg.Alerts.XactAge, "age of the oldest snapshot-holding transaction above which old_transaction fires")
+	alertFlags(fs, &cfg.Alerts)
 	fs.BoolVar(&cfg.MetricsPublic, "metrics-public", cfg.MetricsPublic, "serve /metrics without the admin token")
 	fs.DurationVar(&cfg.Webhooks.Timeout, "webhook-timeout", cfg.Webhooks.Timeout, "time limit of one webhook request, reading the answer included")
 	fs.DurationVar(&cfg.Webhooks.SecretRotationWindow, "webhook-secret-rotation-window", cfg.Webhooks.SecretRotationWindow, "how long a rotated-out endpoint secret still signs deliveries")
@@ -421,6 +429,8 @@ func (c Config) validate() error {
 		durationIn("alert-backlog-age", c.Alerts.BacklogAge, time.Second, 7*24*time.Hour),
 		durationIn("alert-xact-age", c.Alerts.XactAge, time.Second, 7*24*time.Hour),
 		shareIn("alert-dead-ratio", c.Alerts.DeadRatio),
+		shareIn("alert-endpoint-success-below", c.Alerts.EndpointSuccessBelow),
+		durationIn("alert-endpoint-failing-for", c.Alerts.EndpointFailingFor, time.Second, 24*time.Hour),
 		durationIn("webhook-timeout", c.Webhooks.Timeout, 10*time.Millisecond, 10*time.Minute),
 		durationIn("webhook-secret-rotation-window", c.Webhooks.SecretRotationWindow, 0, 30*24*time.Hour),
 		validateRetryHorizon(c.Workers.MaxAttempts, c.Retention.Events),

@@ -45,6 +45,16 @@ type AlertConfig struct {
 	// the HTTP side sets it, and auth_failures fires on it. Nil: none
 	// are counted (a test's overview).
 	AuthFailures func() int64
+	// EndpointSuccessBelow and EndpointFailingFor: endpoint_failing fires
+	// for an endpoint whose attempts succeeded less than this share of
+	// the time over the last EndpointFailingFor, with failed attempts at
+	// both ends of it (to the minute: delivery_stats counts by minute),
+	// or whose circuit breaker is open. Half keeps a receiver that
+	// answers most requests off the alert, and three minutes is past a
+	// deploy's restart of a receiver and well before the breaker's
+	// backoff makes its deliveries hours late.
+	EndpointSuccessBelow float64
+	EndpointFailingFor   time.Duration
 }
 
 // bloatMinDeadRows is the least dead rows a table_bloat alert is raised
@@ -92,10 +102,16 @@ type Overview struct {
 	// what each runs; MixedVersions says they run more than one build:
 	// release, revision or schema (a rolling upgrade in progress, or one
 	// left halfway).
-	Replicas      []Replica        `json:"replicas"`
-	MixedVersions bool             `json:"mixed_versions"`
-	Alerts        []Alert          `json:"alerts"`
-	Pruned        map[string]int64 `json:"pruned"`
+	Replicas      []Replica `json:"replicas"`
+	MixedVersions bool      `json:"mixed_versions"`
+	// EndpointHealth are the enabled, paused and disabled endpoints in
+	// trouble (breaker open, failing, or a failed attempt within
+	// EndpointFailingFor), by id, at most maxEndpointHealth, each with
+	// Health decided: "failing" (endpoint_failing fires for it) or
+	// "degraded".
+	EndpointHealth []EndpointHealth `json:"endpoint_health"`
+	Alerts         []Alert          `json:"alerts"`
+	Pruned         map[string]int64 `json:"pruned"`
 }
 
 // ReceiverWindow is the dedup window an endpoint's receiver advertised.
@@ -334,6 +350,9 @@ func readOverview(ctx context.Context, db *sql.DB, alerts AlertConfig) (Overview
 	if err := readDatabaseHealth(ctx, tx, &o, &starts); err != nil {
 		return o, err
 	}
+	if o.EndpointHealth, err = readEndpointHealth(ctx, tx, alerts, 0, starts.Now); err != nil {
+		return o, fmt.Errorf("overview: %w", err)
+	}
 	o.Alerts = evaluateAlerts(alerts, o, starts)
 	acks, err := queryAll(ctx, tx, scanAlertAck, alertAcksSQL)
 	if err != nil {
@@ -544,6 +563,21 @@ const retentionStaleIntervals = 3
 // and a healthy queue is near 0.
 const notifyQueueAlertShare = 0.5
 
+// EndpointsFailing and EndpointsDegraded count the endpoints in trouble
+// by health, for the overview's tiles.
+func (o Overview) EndpointsFailing() int  { return countHealth(o.EndpointHealth, healthFailing) }
+func (o Overview) EndpointsDegraded() int { return countHealth(o.EndpointHealth, healthDegraded) }
+
+func countHealth(hs []EndpointHealth, health string) int {
+	n := 0
+	for _, h := range hs {
+		if h.Health == health && !h.Paused && !h.Disabled {
+			n++
+		}
+	}
+	return n
+}
+
 // alertRule is one alert: its name, the panel page that shows what it
 // counts (the rows to act on, the endpoints it names, or, for the
 // database's own health, the overview's table figures), and fire, which
@@ -557,6 +591,7 @@ type alertRule struct {
 
 // alertRules are every alert, in the order the overview lists them.
 var alertRules = []alertRule{
+	{"endpoint_failing", "/endpoints", endpointFailingAlerts},
 	{"events_backlog", "/events?state=unfanned", backlogAlert},
 	{"events_poisoned", "/events?state=poisoned", poisonedAlert},
 	{"jobs_discarded", "/jobs?state=discarded", discardedAlert},
@@ -576,7 +611,10 @@ func evaluateAlerts(cfg AlertConfig, o Overview, at alertStarts) []Alert {
 	alerts := []Alert{}
 	for _, rule := range alertRules {
 		for _, a := range rule.fire(cfg, o, at) {
-			a.Name, a.Link = rule.name, rule.link
+			a.Name = rule.name
+			if a.Link == "" { // endpoint_failing links each endpoint's page
+				a.Link = rule.link
+			}
 			alerts = append(alerts, a)
 		}
 	}
@@ -875,4 +913,167 @@ func acknowledgeAlert(ctx context.Context, db *sql.DB, cfg AlertConfig, name str
 	// The overview just read is the one acknowledged: no second read.
 	applyAcks(o.Alerts, []alertAck{ack})
 	return o.Alerts[worst], nil
+}
+
+// EndpointHealth is an endpoint in trouble as the overview reads it: the
+// facts failingAt decides its Health from, and its last error.
+type EndpointHealth struct {
+	ID int64 `json:"id"`
+	// Name is how an operator knows it: its description, else its URL.
+	Name     string `json:"name"`
+	Paused   bool   `json:"paused"`
+	Disabled bool   `json:"disabled"`
+	// BreakerOpenedAt is set while its circuit breaker is open, after
+	// ConsecutiveFailures reached -breaker-threshold.
+	BreakerOpenedAt     *time.Time `json:"breaker_opened_at"`
+	ConsecutiveFailures int64      `json:"consecutive_failures"`
+	FailingSince        *time.Time `json:"failing_since"`
+	// Attempts and Successes are counted over the minutes that overlap
+	// the last EndpointFailingFor; FirstFailed and LastFailed are the
+	// first and the last of those minutes with a failed attempt.
+	Attempts    int64      `json:"attempts"`
+	Successes   int64      `json:"successes"`
+	FirstFailed *time.Time `json:"first_failed_minute"`
+	LastFailed  *time.Time `json:"last_failed_minute"`
+	// LastStatus, LastError and LastErrorAt are its last failed attempt
+	// (nil status: no answer came).
+	LastStatus  *int       `json:"last_status"`
+	LastError   string     `json:"last_error"`
+	LastErrorAt *time.Time `json:"last_error_at"`
+	// Health is "failing" or "degraded" (failingAt).
+	Health string `json:"health"`
+}
+
+// The health of an endpoint in trouble: failing raises endpoint_failing;
+// degraded (a failed attempt, a blip) does not.
+const (
+	healthFailing  = "failing"
+	healthDegraded = "degraded"
+)
+
+// maxEndpointHealth bounds the endpoints in trouble the overview reads.
+const maxEndpointHealth = 100
+
+// endpointHealthSQL reads the endpoints in trouble ($2: only that one; 0:
+// all): breaker open, failing, or a failed attempt in the minutes that
+// overlap the last $1 seconds. The minutes come from
+// delivery_stats_by_minute, a few rows an endpoint; the last error from
+// deliveries_by_endpoint_finished_at, one row an endpoint in trouble
+// (every row of outbox.deliveries is a failed attempt: the one that
+// completes a job is on the job).
+const endpointHealthSQL = `
+WITH recent AS (
+  SELECT endpoint_id,
+         sum(attempts) AS attempts,
+         sum(successes) AS successes,
+         min(minute) FILTER (WHERE successes < attempts) AS first_failed,
+         max(minute) FILTER (WHERE successes < attempts) AS last_failed
+  FROM outbox.delivery_stats
+  WHERE minute >= date_trunc('minute', now() - make_interval(secs => $1))
+    AND ($2 = 0 OR endpoint_id = $2)
+  GROUP BY endpoint_id
+)
+SELECT ep.id, coalesce(nullif(ep.description, ''), ep.url),
+       ep.paused_at IS NOT NULL, ep.disabled_at IS NOT NULL,
+       ep.breaker_opened_at, ep.consecutive_failures, ep.failing_since,
+       coalesce(r.attempts, 0), coalesce(r.successes, 0), r.first_failed, r.last_failed,
+       last.status_code, coalesce(last.error, ''), last.finished_at
+FROM outbox.endpoints AS ep
+LEFT JOIN recent AS r ON r.endpoint_id = ep.id
+LEFT JOIN LATERAL (
+  SELECT d.status_code, d.error, d.finished_at
+  FROM outbox.deliveries AS d
+  WHERE d.endpoint_id = ep.id
+  ORDER BY d.finished_at DESC
+  LIMIT 1
+) AS last ON true
+WHERE (ep.breaker_opened_at IS NOT NULL OR ep.failing_since IS NOT NULL OR r.first_failed IS NOT NULL)
+  AND ($2 = 0 OR ep.id = $2)
+ORDER BY ep.id
+LIMIT $3`
+
+func scanEndpointHealth(row rowScanner) (EndpointHealth, error) {
+	var h EndpointHealth
+	err := row.Scan(&h.ID, &h.Name, &h.Paused, &h.Disabled,
+		&h.BreakerOpenedAt, &h.ConsecutiveFailures, &h.FailingSince,
+		&h.Attempts, &h.Successes, &h.FirstFailed, &h.LastFailed,
+		&h.LastStatus, &h.LastError, &h.LastErrorAt)
+	return h, err
+}
+
+// readEndpointHealth reads the endpoints in trouble (id: only that one;
+// 0: all) and decides each one's health at now, the database's clock.
+func readEndpointHealth(ctx context.Context, q interface {
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+}, cfg AlertConfig, id int64, now time.Time) ([]EndpointHealth, error) {
+	hs, err := queryAll(ctx, q, scanEndpointHealth, endpointHealthSQL, cfg.EndpointFailingFor.Seconds(), id, maxEndpointHealth)
+	if err != nil {
+		return nil, fmt.Errorf("endpoint health: %w", err)
+	}
+	for i := range hs {
+		hs[i].Health = healthDegraded
+		if _, failing := failingAt(cfg, hs[i], now); failing {
+			hs[i].Health = healthFailing
+		}
+	}
+	return hs, nil
+}
+
+// failingAt decides whether endpoint_failing fires for h at now,
+// and since when it is known to be failing (zero: not known). Paused and
+// disabled endpoints are excluded: an operator or the sweep has already
+// acted, and endpoint_paused or endpoint_disabled say so. An open breaker
+// is failing; so is a success rate below the threshold with failures
+// from the window's start to its last minute, so that one failed
+// attempt, however lonely, is a blip and never fails on its own.
+func failingAt(cfg AlertConfig, h EndpointHealth, now time.Time) (time.Time, bool) {
+	if h.Paused || h.Disabled {
+		return time.Time{}, false
+	}
+	if h.BreakerOpenedAt != nil {
+		return *h.BreakerOpenedAt, true
+	}
+	if h.Attempts == 0 || h.FirstFailed == nil || h.LastFailed == nil {
+		return time.Time{}, false
+	}
+	below := float64(h.Successes) < cfg.EndpointSuccessBelow*float64(h.Attempts)
+	spans := !h.FirstFailed.After(now.Add(-cfg.EndpointFailingFor)) &&
+		!h.LastFailed.Before(now.Truncate(time.Minute).Add(-time.Minute))
+	return time.Time{}, below && spans
+}
+
+// endpointFailingAlerts fire once for each failing endpoint, naming it,
+// why, and its last error, and linking to its page. Their level is how
+// many endpoints fail, so that an acknowledgement holds until another
+// one does.
+func endpointFailingAlerts(cfg AlertConfig, o Overview, at alertStarts) []Alert {
+	var alerts []Alert
+	for _, h := range o.EndpointHealth {
+		since, failing := failingAt(cfg, h, at.Now)
+		if !failing {
+			continue
+		}
+		why := fmt.Sprintf("its circuit breaker is open (%d attempts failed in a row): one attempt at a time, new deliveries 5 minutes late", h.ConsecutiveFailures)
+		if since.IsZero() {
+			why = fmt.Sprintf("%d of its %d attempts in the last %s succeeded (threshold %.0f%%)",
+				h.Successes, h.Attempts, cfg.EndpointFailingFor, 100*cfg.EndpointSuccessBelow)
+		}
+		last := "no error recorded"
+		if h.LastError != "" {
+			last = "last error: " + attemptCause(h.LastError)
+		}
+		alerts = append(alerts, Alert{
+			Message:    fmt.Sprintf("endpoint %q is failing: %s; %s", h.Name, why, last),
+			Since:      since,
+			startKnown: !since.IsZero(),
+			Link:       fmt.Sprintf("/endpoints/%d", h.ID),
+		})
+	}
+	for i := range alerts {
+		alerts[i].Level = int64(len(alerts))
+		if alerts[i].Since.IsZero() {
+			alerts[i].Since = at.Now
+		}
+	}
+	return alerts
 }

@@ -8,11 +8,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/lib/pq"
@@ -531,4 +534,40 @@ func formatLatencyMS(ms *float64) string {
 		return "≤ " + strconv.FormatFloat(*ms/1000, 'g', -1, 64) + " s"
 	}
 	return "≤ " + strconv.FormatFloat(*ms/60_000, 'g', -1, 64) + " min"
+}
+
+// splitAttemptError splits a failed attempt's error into its cause and
+// the start of the answer the sender quoted after it (webhook.go: the
+// cause, then ": " and the excerpt, Go-quoted), unquoted: "receiver
+// answered 500" and {"error":"down"}, not one line of escaped quotes.
+// An error that quotes nothing is all cause.
+func splitAttemptError(e string) (cause, body string) {
+	for i := 0; ; {
+		j := strings.Index(e[i:], `: "`)
+		if j < 0 {
+			return e, ""
+		}
+		at := i + j
+		if unquoted, err := strconv.Unquote(e[at+2:]); err == nil {
+			return e[:at], unquoted
+		}
+		i = at + 1
+	}
+}
+
+// attemptCause is a failed attempt's error without the answer it quotes.
+func attemptCause(e string) string {
+	cause, _ := splitAttemptError(e)
+	return cause
+}
+
+// prettyBody is an answer's body as the panel shows it: indented when
+// it is JSON, as it came otherwise (an excerpt cut short is no longer
+// JSON, and is shown as cut).
+func prettyBody(body string) string {
+	var b bytes.Buffer
+	if json.Valid([]byte(body)) && json.Indent(&b, []byte(body), "", "  ") == nil {
+		return b.String()
+	}
+	return body
 }
