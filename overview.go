@@ -940,6 +940,8 @@ type EndpointHealth struct {
 	LastStatus  *int       `json:"last_status"`
 	LastError   string     `json:"last_error"`
 	LastErrorAt *time.Time `json:"last_error_at"`
+	// LastAnswer is the start of that attempt's answer, as stored.
+	LastAnswer string `json:"last_answer"`
 	// Health is "failing" or "degraded" (failingAt).
 	Health string `json:"health"`
 }
@@ -977,11 +979,11 @@ SELECT ep.id, coalesce(nullif(ep.description, ''), ep.url),
        ep.paused_at IS NOT NULL, ep.disabled_at IS NOT NULL,
        ep.breaker_opened_at, ep.consecutive_failures, ep.failing_since,
        coalesce(r.attempts, 0), coalesce(r.successes, 0), r.first_failed, r.last_failed,
-       last.status_code, coalesce(last.error, ''), last.finished_at
+       last.status_code, coalesce(last.error, ''), last.finished_at, coalesce(last.response_excerpt, '')
 FROM outbox.endpoints AS ep
 LEFT JOIN recent AS r ON r.endpoint_id = ep.id
 LEFT JOIN LATERAL (
-  SELECT d.status_code, d.error, d.finished_at
+  SELECT d.status_code, d.error, d.finished_at, d.response_excerpt
   FROM outbox.deliveries AS d
   WHERE d.endpoint_id = ep.id
   ORDER BY d.finished_at DESC
@@ -997,15 +999,22 @@ func scanEndpointHealth(row rowScanner) (EndpointHealth, error) {
 	err := row.Scan(&h.ID, &h.Name, &h.Paused, &h.Disabled,
 		&h.BreakerOpenedAt, &h.ConsecutiveFailures, &h.FailingSince,
 		&h.Attempts, &h.Successes, &h.FirstFailed, &h.LastFailed,
-		&h.LastStatus, &h.LastError, &h.LastErrorAt)
+		&h.LastStatus, &h.LastError, &h.LastErrorAt, &h.LastAnswer)
 	return h, err
 }
 
 // readEndpointHealth reads the endpoints in trouble (id: only that one;
-// 0: all) and decides each one's health at now, the database's clock.
+// 0: all) and decides each one's health at now, the database's clock
+// (zero: read it).
 func readEndpointHealth(ctx context.Context, q interface {
 	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+	QueryRowContext(context.Context, string, ...any) *sql.Row
 }, cfg AlertConfig, id int64, now time.Time) ([]EndpointHealth, error) {
+	if now.IsZero() {
+		if err := q.QueryRowContext(ctx, `SELECT now()`).Scan(&now); err != nil {
+			return nil, fmt.Errorf("endpoint health: %w", err)
+		}
+	}
 	hs, err := queryAll(ctx, q, scanEndpointHealth, endpointHealthSQL, cfg.EndpointFailingFor.Seconds(), id, maxEndpointHealth)
 	if err != nil {
 		return nil, fmt.Errorf("endpoint health: %w", err)

@@ -36,6 +36,24 @@ var pageNames = []string{"login", "error", "overview", "events", "event", "jobs"
 
 // newPanel parses every page's templates: one that does not parse stops
 // the start rather than the first request for it.
+// An answer longer than answerShownLen bytes or answerShownLines lines
+// is shown cut, on one line, with the whole of it one click away: a
+// receiver's error page must not push the next row off the screen.
+const (
+	answerShownLen   = 160
+	answerShownLines = 6
+)
+
+// attemptAnswer is what a failed attempt's answer column shows: the
+// answer's start as stored, else the one its error quotes, unquoted and
+// indented when it is JSON; shown once, not in the error beside it too.
+func attemptAnswer(errText, excerpt string) string {
+	if excerpt == "" {
+		_, excerpt = splitAttemptError(errText)
+	}
+	return prettyBody(excerpt)
+}
+
 func newPanel(logger *slog.Logger) (*panel, error) {
 	funcs := template.FuncMap{
 		"rfc3339": func(t any) string {
@@ -51,6 +69,10 @@ func newPanel(logger *slog.Logger) (*panel, error) {
 		"percent":   func(f float64) string { return strconv.FormatFloat(100*f, 'f', 1, 64) + "%" },
 		"latency":   formatLatencyMS,
 		"jobErrors": decodeJobErrors,
+		"cause":     attemptCause,
+		"answer":    attemptAnswer,
+		"long":      func(s string) bool { return len(s) > answerShownLen || strings.Count(s, "\n") > answerShownLines },
+		"short":     func(s string) string { return truncate(strings.Join(strings.Fields(s), " "), answerShownLen) },
 		"join":      strings.Join,
 		"build":     readBuildInfo().String, // the same line as outboxd version
 	}

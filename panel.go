@@ -407,6 +407,10 @@ func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin,
 	if err != nil {
 		return err
 	}
+	health, err := readEndpointHealth(r.Context(), a.db, a.alerts, id, time.Time{})
+	if err != nil {
+		return err
+	}
 	status, form := http.StatusOK, fieldsOf(ep)
 	if view.refused != nil {
 		status, form = http.StatusBadRequest, *view.refused
@@ -415,6 +419,7 @@ func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin,
 		Flash: view.flash,
 		Data: struct {
 			Endpoint        Endpoint
+			Cause           endpointCause
 			Stats           EndpointStats
 			Secret          string
 			Form            endpointFields
@@ -427,9 +432,35 @@ func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin,
 			Queue           DeliveryQueue
 			Failures        []FailureGroup
 			FailureAttempts int
-		}{ep, st, view.secret, form, view.refusal, endpointBounds(), view.preview, replays, replayShare(ep.MaxInFlight), windows,
+		}{ep, causeOf(ep, health), st, view.secret, form, view.refusal, endpointBounds(), view.preview, replays, replayShare(ep.MaxInFlight), windows,
 			queue, failures, recentFailureAttempts}})
 	return nil
+}
+
+// endpointCause is the top of an endpoint's page, what an operator
+// paged at night reads first: its state, with a failing endpoint told
+// from a degraded one (endpoint_failing's rule, failingAt), and its last
+// failed attempt. Health is nil when it is in no trouble.
+type endpointCause struct {
+	State  string
+	Health *EndpointHealth
+}
+
+// causeOf is ep's cause as its page shows it: paused and disabled as
+// they are, else failing or degraded as its health says, else enabled.
+func causeOf(ep Endpoint, health []EndpointHealth) endpointCause {
+	c := endpointCause{State: ep.State}
+	if len(health) == 0 {
+		if c.State == endpointFailing { // failed since the health's window
+			c.State = healthDegraded
+		}
+		return c
+	}
+	c.Health = &health[0]
+	if c.State == endpointEnabled || c.State == endpointFailing {
+		c.State = c.Health.Health
+	}
+	return c
 }
 
 // statsWindowView is one window of an endpoint's delivery statistics as

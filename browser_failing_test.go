@@ -1,0 +1,107 @@
+// browser_failing_test.go: the on-call path in a browser: an endpoint
+// answering 500 raises endpoint_failing on the overview, whose link leads
+// to the endpoint's page, where the last error comes before any chart.
+
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// execute runs script in the page and returns what it returns, decoded.
+func (d *webDriver) execute(script string, out any) {
+	d.t.Helper()
+	if err := json.Unmarshal(d.call("POST", "/execute/sync", map[string]any{"script": script, "args": []any{}}), out); err != nil {
+		d.t.Fatalf("execute %q: %v", script, err)
+	}
+}
+
+func TestFailingEndpointPathInBrowser(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	a := testAdmin(t, db, testPolicy, testLogger(t), nil)
+	// A short threshold, so that the first minute of failures is enough;
+	// the rule's edges at the defaults are TestEndpointFailingAlertEdges'.
+	a.alerts.EndpointFailingFor = time.Second
+	srv := httptest.NewServer(routes(a))
+	t.Cleanup(srv.Close)
+
+	rc := newReceiver(t, func(_ int, w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusInternalServerError)
+		fmt.Fprint(w, `{"error":"upstream database unavailable"}`)
+	})
+	var ep int64
+	if err := db.QueryRow(`INSERT INTO outbox.endpoints (url, description, secret) VALUES ($1, 'Orders service', decode(repeat('ab', 32), 'hex')) RETURNING id`,
+		rc.srv.URL+"/hook").Scan(&ep); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		record(t, db, "order.paid", fmt.Sprint(i))
+	}
+	relayAll(t, db)
+	runWebhookWorkers(t, db, 5*time.Second)
+
+	waitFor(t, "endpoint_failing on the overview", 30*time.Second, func() bool {
+		o, err := readOverview(context.Background(), db, a.alerts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.ContainsFunc(o.Alerts, func(al Alert) bool { return al.Name == "endpoint_failing" })
+	})
+
+	br := startBrowser(t)
+	br.open(srv.URL + "/login")
+	br.typeInto("input[name=token]", testToken)
+	br.click("form.login button")
+	br.find("#alert-endpoint_failing")
+	msg := br.text("#alert-endpoint_failing")
+	for _, want := range []string{`"Orders service"`, "last error: webhook: answered 500 Internal Server Error"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("the alert reads %q, want it to say %s", msg, want)
+		}
+	}
+	var tile string
+	br.execute(`return document.getElementById('tile-failing').className`, &tile)
+	if tile != "tile-bad" {
+		t.Errorf("the failing tile's class is %q, want tile-bad", tile)
+	}
+	br.screenshot(filepath.Join(artifactDir, "panel-failing-endpoint.png"))
+
+	br.click("#alert-endpoint_failing strong a")
+	br.find("#last-error")
+	if got := br.text("h1"); !strings.Contains(got, "Orders service") {
+		t.Errorf("the alert's link leads to %q, want the endpoint's page", got)
+	}
+	if got := br.text("#last-error"); !strings.HasPrefix(got, "webhook: answered 500") {
+		t.Errorf("the endpoint page's last error reads %q", got)
+	}
+	if got := br.text("#last-answer"); !strings.Contains(got, `"error": "upstream database unavailable"`) {
+		t.Errorf("the last answer reads %q, want it unescaped and indented", got)
+	}
+	// The last error precedes the first chart in the page, and is on the
+	// first screen (the window is 1280 × 1000).
+	var first struct {
+		BeforeChart bool `json:"before_chart"`
+		OnScreen    bool `json:"on_screen"`
+	}
+	br.execute(`const e = document.getElementById('last-error'), f = document.querySelector('figure');
+		return {before_chart: !!(e.compareDocumentPosition(f) & Node.DOCUMENT_POSITION_FOLLOWING),
+		        on_screen: e.getBoundingClientRect().bottom <= window.innerHeight};`, &first)
+	if !first.BeforeChart || !first.OnScreen {
+		t.Errorf("the last error: before the first chart %v, on the first screen %v; want both", first.BeforeChart, first.OnScreen)
+	}
+	if got := br.text("#state"); got != "failing" {
+		t.Errorf("the endpoint's state reads %q, want failing", got)
+	}
+	br.screenshot(filepath.Join(artifactDir, "panel-failing-endpoint-page.png"))
+}
