@@ -179,7 +179,7 @@ func handleListEndpoints(a *admin) apiFunc {
 	return func(r *http.Request) (int, any, error) {
 		q := queryOf(r)
 		afterID := q.integer("after", 0, 0, math.MaxInt64, "after %q is not an endpoint id")
-		limit := q.limit(maxEndpointPage)
+		limit := q.limit(maxEndpointPage, maxEndpointPage)
 		if q.err != nil {
 			return 0, nil, q.err
 		}
@@ -231,7 +231,7 @@ func handleDeleteEndpoint(a *admin) apiFunc {
 		if err != nil {
 			return 0, nil, err
 		}
-		return http.StatusNoContent, nil, deleteEndpoint(r.Context(), a.db, id)
+		return http.StatusNoContent, nil, deleteEndpoint(r.Context(), a.db, id, a.logger)
 	}
 }
 
@@ -468,7 +468,7 @@ func handleRotateSourceSecret(a *admin) apiFunc {
 func handleListSubjects(a *admin) apiFunc {
 	return func(r *http.Request) (int, any, error) {
 		q := queryOf(r)
-		prefix, limit := q.text("prefix"), q.limit(maxSubjectPage)
+		prefix, limit := q.text("prefix"), q.limit(maxSubjectPage, maxSubjectPage)
 		after := subjectCursor{Subject: q.text("after"), Topic: q.text("after_topic")}
 		if q.err != nil {
 			return 0, nil, q.err
@@ -603,7 +603,7 @@ func advertiseDedupWindow(window time.Duration, next http.Handler) http.Handler 
 }
 
 // inboxError is the answer the inbox gives a delivery it did not record,
-// where statusOf's is not that answer: 404 for an unknown source, 413 past
+// where answerOf's is not that answer: 404 for an unknown source, 413 past
 // the body bound, 400 for a request that is malformed, 401 for one that is
 // well formed but not authentic (or too old or new to tell), and 503 when
 // the source could not be read, without telling the sender why.

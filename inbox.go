@@ -390,8 +390,9 @@ const maxRefusalReasonLen = 200
 
 // refusalClass is the class of a delivery verifyAndReceive did not record
 // for a reason of the request's (the status inboxError gives it), or ""
-// for none: success, a source that could not be read, the database's
-// failure. Those are not the sender's doing, and are not counted.
+// for none: success, a source that could not be read or the database's
+// failure (not the sender's doing), and a body that never arrived (its
+// request ended with it, leaving nothing to count it with).
 func refusalClass(err error) string {
 	if err == nil {
 		return ""
@@ -401,7 +402,7 @@ func refusalClass(err error) string {
 	switch {
 	case errors.Is(err, errUnknownSource):
 		return refusedUnknownSource
-	case errors.Is(err, errSourceUnreadable):
+	case errors.Is(err, errSourceUnreadable), errors.Is(err, errBodyRead):
 		return ""
 	case tooBig:
 		return refusedTooLarge

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/lib/pq"
 	"github.com/lib/pq/pqerror"
@@ -56,6 +57,18 @@ const maxSubjectLen = 500
 // it to 400.
 var errInvalid = errors.New("invalid input")
 
+// fieldError is the database's refusal of one field of the caller's
+// input where its error cannot say which (a value jsonb cannot hold names
+// no column): field names it, for the answer to tell (httpserve.go,
+// inputRefusal).
+type fieldError struct {
+	field string
+	err   error
+}
+
+func (e *fieldError) Error() string { return e.field + ": " + e.err.Error() }
+func (e *fieldError) Unwrap() error { return e.err }
+
 // validateEvent checks an event before it is recorded.
 func validateEvent(topic, subject string, payload json.RawMessage) error {
 	if !topicPattern.MatchString(topic) {
@@ -63,6 +76,11 @@ func validateEvent(topic, subject string, payload json.RawMessage) error {
 	}
 	if len(subject) > maxSubjectLen {
 		return fmt.Errorf("%w: subject is %d bytes, at most %d", errInvalid, len(subject), maxSubjectLen)
+	}
+	if !utf8.ValidString(subject) || strings.ContainsRune(subject, 0) {
+		// PostgreSQL's text would refuse it (SQLSTATE 22021); said here,
+		// a refusal by outbox.record can only be the payload's.
+		return fmt.Errorf("%w: subject must be UTF-8 text without NUL", errInvalid)
 	}
 	if len(payload) > 0 && !json.Valid(payload) {
 		return fmt.Errorf("%w: payload is not valid JSON", errInvalid)
@@ -85,7 +103,7 @@ func recordEvent(ctx context.Context, q queryer, topic, subject string, payload 
 		// JSON that Go accepts and jsonb does not (invalid UTF-8, an
 		// escaped NUL, a lone surrogate), or a payload over the size
 		// check: the caller's input, not a server fault.
-		return 0, fmt.Errorf("%w: record event: %w", errInvalid, err)
+		return 0, fmt.Errorf("%w: record event: %w", errInvalid, &fieldError{field: "payload", err: err})
 	}
 	if err != nil {
 		return 0, fmt.Errorf("record event: %w", err)

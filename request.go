@@ -6,6 +6,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -15,6 +16,7 @@ import (
 	"math"
 	"net/http"
 	"net/url"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -49,23 +51,109 @@ func isText(s string) bool {
 	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
 }
 
-// decodeJSON reads one JSON object from the (bounded) body, refusing
-// unknown fields (a typo in a field name is an error, not a silent
-// default).
+// errBodyRead marks a failure to read a request's body off its connection:
+// the client stalled past the server's read timeout, or went away. It is
+// not a body that arrived and is wrong, and its text (the socket's
+// addresses) is not the client's business: answerOf (httpserve.go)
+// answers it without it.
+var errBodyRead = errors.New("read request body")
+
+// markedBody is a request body whose read failures wrap errBodyRead,
+// except the bound's own (*http.MaxBytesError, a 413).
+type markedBody struct{ io.ReadCloser }
+
+func (b markedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF {
+		if _, tooBig := errors.AsType[*http.MaxBytesError](err); !tooBig {
+			err = fmt.Errorf("%w: %w", errBodyRead, err)
+		}
+	}
+	return n, err
+}
+
+// decodeJSON reads one JSON object from the (bounded) body into v, a
+// pointer to a struct, strictly: a name must be a field's name as its tag
+// spells it (encoding/json alone takes "TOPIC" for "topic"), no object in
+// the body may name a member twice (PostgreSQL's jsonb keeps the last of
+// two, other readers the first, so the two would disagree on what was
+// sent), and an unknown field is an error (a typo in a field name is not
+// a silent default).
 func decodeJSON(r *http.Request, v any) error {
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		if tooBig, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			return fmt.Errorf("request body larger than %d bytes: %w", tooBig.Limit, err)
 		}
+		return fmt.Errorf("request body: %w", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("%w: request body: %v", errInvalid, err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return fmt.Errorf("%w: request body: more than one JSON value", errInvalid)
 	}
+	// The decoder has checked the syntax and the nesting depth (10,000),
+	// which bounds checkJSONNames's recursion.
+	fields := map[string]bool{}
+	if t := reflect.TypeOf(v).Elem(); t.Kind() == reflect.Struct {
+		for f := range t.Fields() {
+			if name, _, _ := strings.Cut(f.Tag.Get("json"), ","); name != "" && name != "-" {
+				fields[name] = true
+			} else if name == "" && f.IsExported() {
+				fields[f.Name] = true
+			}
+		}
+	}
+	if err := checkJSONNames(json.NewDecoder(bytes.NewReader(body)), fields); err != nil {
+		return fmt.Errorf("%w: request body: %v", errInvalid, err)
+	}
 	return nil
+}
+
+// checkJSONNames reads one JSON value from dec, which the decoder has
+// already found well formed, and refuses a name given twice in one object
+// at any depth, and, in the object it reads when fields is not nil, a
+// name that is not exactly one of fields (the decoder took it by its
+// case-insensitive match).
+func checkJSONNames(dec *json.Decoder, fields map[string]bool) error {
+	tok, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	switch tok {
+	case json.Delim('{'):
+		seen := map[string]bool{}
+		for dec.More() {
+			tok, err := dec.Token()
+			if err != nil {
+				return err
+			}
+			name, _ := tok.(string)
+			switch {
+			case seen[name]:
+				return fmt.Errorf("%q given twice in one object", name)
+			case fields != nil && !fields[name]:
+				return fmt.Errorf("unknown field %q (names are case-sensitive)", name)
+			}
+			seen[name] = true
+			if err := checkJSONNames(dec, nil); err != nil {
+				return err
+			}
+		}
+	case json.Delim('['):
+		for dec.More() {
+			if err := checkJSONNames(dec, nil); err != nil {
+				return err
+			}
+		}
+	default:
+		return nil // a scalar: nothing to close
+	}
+	_, err = dec.Token() // the closing delimiter
+	return err
 }
 
 // decodeOptionalJSON is decodeJSON for a body that may be left out, which
@@ -91,11 +179,13 @@ func queryOf(r *http.Request) *query { return &query{values: r.URL.Query()} }
 
 // formOf reads the fields of a panel form, a body of at most limit bytes.
 func formOf(w http.ResponseWriter, r *http.Request, limit int64) *query {
-	r.Body = http.MaxBytesReader(w, r.Body, limit)
+	r.Body = markedBody{http.MaxBytesReader(w, r.Body, limit)}
 	q := &query{}
 	if err := r.ParseForm(); err != nil {
 		if _, tooBig := errors.AsType[*http.MaxBytesError](err); tooBig {
 			q.err = fmt.Errorf("form larger than %d bytes: %w", limit, err)
+		} else if errors.Is(err, errBodyRead) {
+			q.err = fmt.Errorf("form: %w", err)
 		} else {
 			q.err = fmt.Errorf("%w: form: %v", errInvalid, err)
 		}
@@ -122,14 +212,16 @@ func (q *query) text(name string) string {
 }
 
 // natural is an optional non-negative integer: an id to page from or to
-// filter by, or a page size that the list then bounds. Absent, 0.
+// filter by. Absent, 0.
 func (q *query) natural(name string) int64 {
 	return q.integer(name, 0, 0, math.MaxInt64, name+`: %q is not a non-negative integer`)
 }
 
-// limit is ?limit=, a page size from 1 to most; absent, most.
-func (q *query) limit(most int) int {
-	return int(q.integer("limit", int64(most), 1, int64(most), `limit %q must be between 1 and `+strconv.Itoa(most)))
+// limit is ?limit=, a page size: the one rule of every list is 1 to
+// most, absent meaning def; 0, a negative number or more than most is
+// refused, never read as "the default" or cut to most.
+func (q *query) limit(def, most int) int {
+	return int(q.integer("limit", int64(def), 1, int64(most), `limit %q must be between 1 and `+strconv.Itoa(most)))
 }
 
 // integer is an optional integer parameter: absent, def; present, one from
@@ -164,13 +256,13 @@ func (q *query) instant(name string) time.Time {
 func eventFilterFrom(q *query) EventFilter {
 	return EventFilter{Topic: q.text("topic"), Subject: q.text("subject"), State: q.text("state"),
 		Outcome: q.text("outcome"), Since: q.instant("since"), Until: q.instant("until"),
-		Before: q.natural("before"), After: q.natural("after"), Limit: int(q.natural("limit"))}
+		Before: q.natural("before"), After: q.natural("after"), Limit: q.limit(defaultPageSize, maxEventPage)}
 }
 
 // jobFilterFrom reads the job list's filter from the query.
 func jobFilterFrom(q *query) JobFilter {
 	return JobFilter{State: q.text("state"), Before: q.natural("before"), EventID: q.natural("event_id"),
-		EndpointID: q.natural("endpoint_id"), Limit: int(q.natural("limit"))}
+		EndpointID: q.natural("endpoint_id"), Limit: q.limit(defaultPageSize, maxEventPage)}
 }
 
 // idPage is one page of a list read newest first and paged by id, the

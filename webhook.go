@@ -224,15 +224,20 @@ func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 	return min(d, maxRetryAfter), true
 }
 
+// errEndpointDeleted ends a delivery whose endpoint was deleted: the
+// operator's doing, logged once by the delete (deleteEndpoint), so the
+// workers end each such job quietly (deliver.go, outcome).
+var errEndpointDeleted = errors.New("endpoint deleted; not sent")
+
 // deliver runs one attempt of a webhook job. Its error, if any, is the
 // classified outcome that decideOutcome reads.
 func (s *webhookSender) deliver(ctx context.Context, job Job) error {
 	if job.EndpointID == 0 {
-		return s.notSent(job, errors.New("endpoint deleted; not sent"))
+		return s.notSent(job, errEndpointDeleted)
 	}
 	ep := job.endpoint
 	if ep == nil {
-		return s.notSent(job, fmt.Errorf("endpoint %d deleted; not sent", job.EndpointID))
+		return s.notSent(job, fmt.Errorf("endpoint %d: %w", job.EndpointID, errEndpointDeleted))
 	}
 	if ep.DisabledReason != nil {
 		return s.notSent(job, fmt.Errorf("endpoint %d is disabled (%s); not sent", job.EndpointID, *ep.DisabledReason))
