@@ -95,7 +95,10 @@ func (pg idPage[F, T]) answer(name string) map[string]any {
 }
 
 // handleRecordEvent is POST /api/events: one event, recorded in its own
-// transaction, answered 201 with its id.
+// transaction, answered 201 with its id. With an Idempotency-Key, a
+// retry of a request already recorded records nothing and answers 200
+// with the first event's id and Idempotent-Replayed: true; the key with
+// another request answers 422.
 func handleRecordEvent(a *admin) apiFunc {
 	type request struct {
 		Topic   string          `json:"topic"`
@@ -103,12 +106,25 @@ func handleRecordEvent(a *admin) apiFunc {
 		Payload json.RawMessage `json:"payload"`
 	}
 	return func(r *http.Request) (int, any, error) {
+		key, err := idempotencyKey(r.Header)
+		if err != nil {
+			return 0, nil, err
+		}
 		var req request
 		if err := decodeJSON(r, &req); err != nil {
 			return 0, nil, err
 		}
 		// A caller inside a trace passes it on, as its request's headers.
-		id, err := recordEventTraced(r.Context(), a.db, traceContextOf(r.Header), req.Topic, req.Subject, req.Payload)
+		tc := traceContextOf(r.Header)
+		if key == "" {
+			id, err := recordEventTraced(r.Context(), a.db, tc, req.Topic, req.Subject, req.Payload)
+			return http.StatusCreated, map[string]int64{"id": id}, err
+		}
+		id, replayed, err := recordEventOnce(r.Context(), a.db, key, tc, req.Topic, req.Subject, req.Payload)
+		if replayed {
+			return http.StatusOK, withHeader{header: http.Header{headerIdempotentReplayed: {"true"}},
+				body: map[string]int64{"id": id}}, err
+		}
 		return http.StatusCreated, map[string]int64{"id": id}, err
 	}
 }

@@ -142,6 +142,12 @@ func (a *admin) serveJSON(h apiFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r.Body = markedBody{http.MaxBytesReader(w, r.Body, maxRequestBody)}
 		status, body, err := h(r)
+		if wh, ok := body.(withHeader); ok {
+			for name, values := range wh.header {
+				w.Header()[name] = values
+			}
+			body = wh.body
+		}
 		switch {
 		case err != nil:
 			a.answerFailure(w, r, err)
@@ -153,6 +159,14 @@ func (a *admin) serveJSON(h apiFunc) http.Handler {
 			}
 		}
 	})
+}
+
+// withHeader is a JSON handler's answer with header fields besides, for
+// the few answers whose body does not say all (a replayed POST
+// /api/events says so in Idempotent-Replayed).
+type withHeader struct {
+	header http.Header
+	body   any
 }
 
 // answerFailure answers a JSON request that failed with err, as failed
@@ -243,6 +257,8 @@ func answerOf(err error) (int, string) {
 		status = http.StatusBadRequest
 	case errors.Is(err, errNotFound):
 		status = http.StatusNotFound
+	case errors.Is(err, errIdempotencyKeyReused):
+		status = http.StatusUnprocessableEntity
 	case errors.Is(err, context.DeadlineExceeded):
 		status = http.StatusServiceUnavailable
 	default:
@@ -300,6 +316,7 @@ var constraintRules = map[string]string{
 	"endpoints_max_in_flight_range":     "max_in_flight: 1 to 1000",
 	"endpoints_rate_limit_range":        "rate_limit_per_second: 0.01 to 10000",
 	"endpoints_ordering_known":          `ordering: "none" or "subject"`,
+	"idempotency_keys_key_length":       "Idempotency-Key: 1 to 255 characters",
 }
 
 // valueRules says, by SQLSTATE, what is wrong with a value PostgreSQL

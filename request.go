@@ -156,6 +156,31 @@ func checkJSONNames(dec *json.Decoder, fields map[string]bool) error {
 	return err
 }
 
+// The idempotency headers of POST /api/events, as Stripe names them (and
+// the IETF draft "The Idempotency-Key HTTP Header Field" the request's).
+const (
+	headerIdempotencyKey     = "Idempotency-Key"
+	headerIdempotentReplayed = "Idempotent-Replayed"
+)
+
+// idempotencyKey is the request's Idempotency-Key: "" without one; 1 to
+// maxIdempotencyKeyLen printable ASCII characters, given once, or the
+// request is refused.
+func idempotencyKey(h http.Header) (string, error) {
+	values := h.Values(headerIdempotencyKey)
+	switch {
+	case len(values) == 0:
+		return "", nil
+	case len(values) > 1:
+		return "", fmt.Errorf("%w: %s given %d times, want once", errInvalid, headerIdempotencyKey, len(values))
+	}
+	key := values[0]
+	if len(key) < 1 || len(key) > maxIdempotencyKeyLen || strings.ContainsFunc(key, func(r rune) bool { return r < ' ' || r > '~' }) {
+		return "", fmt.Errorf("%w: %s must be 1 to %d printable ASCII characters", errInvalid, headerIdempotencyKey, maxIdempotencyKeyLen)
+	}
+	return key, nil
+}
+
 // decodeOptionalJSON is decodeJSON for a body that may be left out, which
 // leaves v as it is.
 func decodeOptionalJSON(r *http.Request, v any) error {
