@@ -95,8 +95,6 @@ func decodeJSON(r *http.Request, v any) error {
 	if _, err := dec.Token(); err != io.EOF {
 		return fmt.Errorf("%w: request body: more than one JSON value", errInvalid)
 	}
-	// The decoder has checked the syntax and the nesting depth (10,000),
-	// which bounds checkJSONNames's recursion.
 	fields := map[string]bool{}
 	if t := reflect.TypeOf(v).Elem(); t.Kind() == reflect.Struct {
 		for f := range t.Fields() {
@@ -107,53 +105,59 @@ func decodeJSON(r *http.Request, v any) error {
 			}
 		}
 	}
-	if err := checkJSONNames(json.NewDecoder(bytes.NewReader(body)), fields); err != nil {
+	if err := checkJSONNames(body, fields); err != nil {
 		return fmt.Errorf("%w: request body: %v", errInvalid, err)
 	}
 	return nil
 }
 
-// checkJSONNames reads one JSON value from dec, which the decoder has
-// already found well formed, and refuses a name given twice in one object
-// at any depth, and, in the object it reads when fields is not nil, a
-// name that is not exactly one of fields (the decoder took it by its
-// case-insensitive match).
-func checkJSONNames(dec *json.Decoder, fields map[string]bool) error {
-	tok, err := dec.Token()
-	if err != nil {
-		return err
-	}
-	switch tok {
-	case json.Delim('{'):
-		seen := map[string]bool{}
-		for dec.More() {
-			tok, err := dec.Token()
-			if err != nil {
-				return err
+// checkJSONNames walks data, JSON the decoder has already found well
+// formed, and refuses a name given twice in one object at any depth, and,
+// in the outermost object, a name that is not exactly one of fields (the
+// decoder took it by its case-insensitive match). It scans the bytes:
+// json.Decoder's tokens cost several times the decode itself on a body of
+// many small objects.
+func checkJSONNames(data []byte, fields map[string]bool) error {
+	var objects []map[string]bool // the names seen in each open object; nil for an array
+	atName := false               // the next string is a name, not a value
+	for i := 0; i < len(data); i++ {
+		switch data[i] {
+		case '{':
+			objects, atName = append(objects, map[string]bool{}), true
+		case '[':
+			objects, atName = append(objects, nil), false
+		case '}', ']':
+			objects, atName = objects[:len(objects)-1], false
+		case ',':
+			atName = objects[len(objects)-1] != nil
+		case '"':
+			end, escaped := i+1, false
+			for data[end] != '"' {
+				if data[end] == '\\' {
+					end, escaped = end+1, true
+				}
+				end++
 			}
-			name, _ := tok.(string)
-			switch {
-			case seen[name]:
-				return fmt.Errorf("%q given twice in one object", name)
-			case fields != nil && !fields[name]:
-				return fmt.Errorf("unknown field %q (names are case-sensitive)", name)
+			if atName {
+				name := string(data[i+1 : end])
+				if escaped {
+					if err := json.Unmarshal(data[i:end+1], &name); err != nil {
+						return err
+					}
+				}
+				seen := objects[len(objects)-1]
+				switch {
+				case seen[name]:
+					return fmt.Errorf("%q given twice in one object", name)
+				case len(objects) == 1 && !fields[name]:
+					return fmt.Errorf("unknown field %q (names are case-sensitive)", name)
+				}
+				seen[name], atName = true, false
 			}
-			seen[name] = true
-			if err := checkJSONNames(dec, nil); err != nil {
-				return err
-			}
+			i = end
 		}
-	case json.Delim('['):
-		for dec.More() {
-			if err := checkJSONNames(dec, nil); err != nil {
-				return err
-			}
-		}
-	default:
-		return nil // a scalar: nothing to close
 	}
-	_, err = dec.Token() // the closing delimiter
-	return err
+	return nil
 }
 
 // The idempotency headers of POST /api/events, as Stripe names them (and

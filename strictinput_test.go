@@ -31,6 +31,7 @@ func TestJSONBodiesAreDecodedStrictly(t *testing.T) {
 		{"a field in upper case", "/api/events", `{"TOPIC": "order.paid", "payload": {}}`, `unknown field "TOPIC" (names are case-sensitive)`},
 		{"a field in mixed case", "/api/events", `{"topic": "order.paid", "Payload": {}}`, `unknown field "Payload"`},
 		{"a field given twice", "/api/events", `{"topic": "order.paid", "topic": "order.refunded", "payload": {}}`, `"topic" given twice in one object`},
+		{"a field given twice, once escaped", "/api/events", `{"topic": "order.paid", "\u0074opic": "order.refunded"}`, `"topic" given twice in one object`},
 		{"a payload member given twice", "/api/events", `{"topic": "order.paid", "payload": {"a": {"cents": 1, "cents": 2}}}`, `"cents" given twice in one object`},
 		{"an unknown field", "/api/events", `{"topic": "order.paid", "payload": {}, "id": 7}`, `unknown field "id"`},
 		{"an endpoint field in another case", "/api/endpoints", `{"URL": "https://hooks.example.com/"}`, `unknown field "URL"`},
@@ -46,8 +47,14 @@ func TestJSONBodiesAreDecodedStrictly(t *testing.T) {
 	}
 	// The same names spelled right, once each, are taken: arrays of
 	// objects repeat names across objects, not within one.
-	if status, body := api.do("POST", "/api/events", `{"topic": "order.paid", "payload": {"lines": [{"sku": 1}, {"sku": 2}]}}`); status != http.StatusCreated {
-		t.Errorf("a well-formed event: %d %s, want 201", status, body)
+	// Strings that hold JSON's punctuation are values, not structure.
+	for _, body := range []string{
+		`{"topic": "order.paid", "payload": {"lines": [{"sku": 1}, {"sku": 2}]}}`,
+		`{"topic": "order.paid", "payload": {"a": "x,\"a\": {[", "b": ["a", "a", {"a": 1}], "c": {"a": 2}}}`,
+	} {
+		if status, resp := api.do("POST", "/api/events", body); status != http.StatusCreated {
+			t.Errorf("%s: %d %s, want 201", body, status, resp)
+		}
 	}
 }
 
