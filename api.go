@@ -95,7 +95,10 @@ func (pg idPage[F, T]) answer(name string) map[string]any {
 }
 
 // handleRecordEvent is POST /api/events: one event, recorded in its own
-// transaction, answered 201 with its id.
+// transaction, answered 201 with its id. With an Idempotency-Key, a
+// retry of a request already recorded records nothing and answers 200
+// with the first event's id and Idempotent-Replayed: true; the key with
+// another request answers 422.
 func handleRecordEvent(a *admin) apiFunc {
 	type request struct {
 		Topic   string          `json:"topic"`
@@ -103,12 +106,25 @@ func handleRecordEvent(a *admin) apiFunc {
 		Payload json.RawMessage `json:"payload"`
 	}
 	return func(r *http.Request) (int, any, error) {
+		key, err := idempotencyKey(r.Header)
+		if err != nil {
+			return 0, nil, err
+		}
 		var req request
 		if err := decodeJSON(r, &req); err != nil {
 			return 0, nil, err
 		}
 		// A caller inside a trace passes it on, as its request's headers.
-		id, err := recordEventTraced(r.Context(), a.db, traceContextOf(r.Header), req.Topic, req.Subject, req.Payload)
+		tc := traceContextOf(r.Header)
+		if key == "" {
+			id, err := recordEventTraced(r.Context(), a.db, tc, req.Topic, req.Subject, req.Payload)
+			return http.StatusCreated, map[string]int64{"id": id}, err
+		}
+		id, replayed, err := recordEventOnce(r.Context(), a.db, key, tc, req.Topic, req.Subject, req.Payload)
+		if replayed {
+			return http.StatusOK, withHeader{header: http.Header{headerIdempotentReplayed: {"true"}},
+				body: map[string]int64{"id": id}}, err
+		}
 		return http.StatusCreated, map[string]int64{"id": id}, err
 	}
 }
@@ -179,7 +195,7 @@ func handleListEndpoints(a *admin) apiFunc {
 	return func(r *http.Request) (int, any, error) {
 		q := queryOf(r)
 		afterID := q.integer("after", 0, 0, math.MaxInt64, "after %q is not an endpoint id")
-		limit := q.limit(maxEndpointPage)
+		limit := q.limit(maxEndpointPage, maxEndpointPage)
 		if q.err != nil {
 			return 0, nil, q.err
 		}
@@ -231,7 +247,7 @@ func handleDeleteEndpoint(a *admin) apiFunc {
 		if err != nil {
 			return 0, nil, err
 		}
-		return http.StatusNoContent, nil, deleteEndpoint(r.Context(), a.db, id)
+		return http.StatusNoContent, nil, deleteEndpoint(r.Context(), a.db, id, a.logger)
 	}
 }
 
@@ -468,7 +484,7 @@ func handleRotateSourceSecret(a *admin) apiFunc {
 func handleListSubjects(a *admin) apiFunc {
 	return func(r *http.Request) (int, any, error) {
 		q := queryOf(r)
-		prefix, limit := q.text("prefix"), q.limit(maxSubjectPage)
+		prefix, limit := q.text("prefix"), q.limit(maxSubjectPage, maxSubjectPage)
 		after := subjectCursor{Subject: q.text("after"), Topic: q.text("after_topic")}
 		if q.err != nil {
 			return 0, nil, q.err
@@ -603,7 +619,7 @@ func advertiseDedupWindow(window time.Duration, next http.Handler) http.Handler 
 }
 
 // inboxError is the answer the inbox gives a delivery it did not record,
-// where statusOf's is not that answer: 404 for an unknown source, 413 past
+// where answerOf's is not that answer: 404 for an unknown source, 413 past
 // the body bound, 400 for a request that is malformed, 401 for one that is
 // well formed but not authentic (or too old or new to tell), and 503 when
 // the source could not be read, without telling the sender why.

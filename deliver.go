@@ -494,7 +494,11 @@ func (p *workerPool) outcome(job Job, err error, start time.Time) jobResult {
 		p.logger.Warn("job failed; will retry", attrs("retry_in", res.Delay.Round(time.Second), "err", err)...)
 	case jobDiscarded:
 		p.discarded.Add(1)
-		p.logger.Error("job discarded", attrs("max_attempts", job.MaxAttempts, "err", err)...)
+		level := slog.LevelError
+		if errors.Is(err, errEndpointDeleted) {
+			level = slog.LevelDebug // the delete logged them all, once
+		}
+		p.logger.Log(context.Background(), level, "job discarded", attrs("max_attempts", job.MaxAttempts, "err", err)...)
 	}
 	return res
 }

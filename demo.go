@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"net/netip"
 	"sync/atomic"
 	"time"
 )
@@ -52,18 +53,36 @@ const demoEndpointDescription = "outboxd -demo receiver"
 // /demo/hook of outboxd's own listener, so a first run shows every hop.
 type demo struct {
 	db      *sql.DB
-	box     *secretBox // seals the endpoint's secret, as the API would
+	box     *secretBox     // seals the endpoint's secret, as the API would
+	addr    netip.AddrPort // outboxd's listener, where the receiver is
 	hookURL string
 	logger  *slog.Logger
 	secret  atomic.Pointer[webhookSecret]
+	// endpointID is the demo's endpoint, once ensureEndpoint has it: the
+	// one endpoint the guard's exemption is for (exemption).
+	endpointID atomic.Int64
 	// failEvery makes the receiver answer 503 to one request in so many,
 	// so the retries and the failing state show too.
 	failEvery int64
 	requests  atomic.Int64
 }
 
-func newDemo(db *sql.DB, box *secretBox, hookURL string, logger *slog.Logger) *demo {
-	return &demo{db: db, box: box, hookURL: hookURL, failEvery: 25, logger: logger.With("loop", "demo")}
+// newDemo is the demo for outboxd listening on addr.
+func newDemo(db *sql.DB, box *secretBox, addr netip.AddrPort, logger *slog.Logger) *demo {
+	return &demo{db: db, box: box, addr: addr, hookURL: "http://" + addr.String() + "/demo/hook",
+		failEvery: 25, logger: logger.With("loop", "demo")}
+}
+
+// exemption lets the demo's endpoint, and it alone, reach its receiver on
+// outboxd's listener, with the address guard kept for every other
+// endpoint: a client of its own that reaches that one address, used for
+// that endpoint's id at that exact URL (webhook.go, guardExemption).
+func (d *demo) exemption(timeout time.Duration) *guardExemption {
+	return &guardExemption{
+		endpointID: d.endpointID.Load,
+		url:        d.hookURL,
+		client:     newSafeHTTPClient(safeHTTPOptions{Timeout: timeout, Concurrency: 1, AllowAddrs: []netip.AddrPort{d.addr}}),
+	}
 }
 
 // Run creates the sample table and writes to it every demoInterval until
@@ -133,7 +152,9 @@ func (d *demo) ensureEndpoint(ctx context.Context) error {
 	in := endpointInput{URL: &url, Topics: &topics, Description: &desc}
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		_, err = createEndpoint(ctx, d.db, d.box, in, secret)
+		var e Endpoint
+		e, err = createEndpoint(ctx, d.db, d.box, in, secret)
+		id = e.ID
 	case err == nil:
 		if _, err = updateEndpoint(ctx, d.db, id, in); err == nil {
 			_, err = rotateEndpointSecret(ctx, d.db, d.box, id, secret, 0)
@@ -146,6 +167,7 @@ func (d *demo) ensureEndpoint(ctx context.Context) error {
 		return fmt.Errorf("demo: endpoint: %w", err)
 	}
 	d.secret.Store(&secret)
+	d.endpointID.Store(id)
 	return nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -471,14 +472,22 @@ func updateEndpointOnce(ctx context.Context, db *sql.DB, id int64, in endpointIn
 	return e, nil
 }
 
-// deleteEndpointSQL removes an endpoint. Its jobs stay, with endpoint_id
-// set to NULL (schema.sql), and end without a request when they run.
-// Its ordered lanes are released first (releaseLanesSQL): a held delivery
-// of no endpoint would never be due.
+// deleteEndpointSQL removes an endpoint and answers how many of its
+// deliveries were waiting. Its jobs stay, with endpoint_id set to NULL
+// (schema.sql), and end without a request when they run. Its ordered
+// lanes are released first (releaseLanesSQL): a held delivery of no
+// endpoint would never be due.
 const deleteEndpointSQL = `
-WITH released AS (` + releaseLanesSQL + `)
+WITH released AS (` + releaseLanesSQL + `),
+waiting AS (
+  SELECT count(*) AS n
+  FROM outbox.jobs
+  WHERE endpoint_id = $1
+    AND state IN ('available', 'retryable')
+)
 DELETE FROM outbox.endpoints
-WHERE id = $1`
+WHERE id = $1
+RETURNING (SELECT n FROM waiting)`
 
 // deleteEndpointTries bounds deleteEndpoint's and updateEndpoint's tries
 // after a deadlock, and deadlockBackoff is the pause before the second
@@ -515,19 +524,21 @@ func retryAfterDeadlock(ctx context.Context, try func() error) error {
 // then their endpoints. The two can deadlock, and PostgreSQL then aborts
 // the one that has waited longer, mostly the delete: it tries again
 // (retryAfterDeadlock), and meets the completer's transaction done or
-// waits for it.
-func deleteEndpoint(ctx context.Context, db *sql.DB, id int64) error {
-	var res sql.Result
-	err := retryAfterDeadlock(ctx, func() (err error) {
-		res, err = db.ExecContext(ctx, deleteEndpointSQL, id)
-		return err
+// waits for it. It logs the delete once, with the deliveries it leaves
+// to end without a request, each of which the workers then end quietly
+// (errEndpointDeleted) rather than as a failure apiece.
+func deleteEndpoint(ctx context.Context, db *sql.DB, id int64, logger *slog.Logger) error {
+	var waiting int64
+	err := retryAfterDeadlock(ctx, func() error {
+		return db.QueryRowContext(ctx, deleteEndpointSQL, id).Scan(&waiting)
 	})
+	if errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("endpoint %d: %w", id, errNotFound)
+	}
 	if err != nil {
 		return fmt.Errorf("delete endpoint %d: %w", id, err)
 	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return fmt.Errorf("endpoint %d: %w", id, errNotFound)
-	}
+	logger.Info("endpoint deleted; its waiting deliveries end without a request", "endpoint_id", id, "deliveries", waiting)
 	return nil
 }
 

@@ -323,7 +323,7 @@ func TestDeleteEndpointOutlivesADeadlockWithTheCompleter(t *testing.T) {
 	}
 	defer deleter.Close()
 	deleted := make(chan error, 1)
-	go func() { deleted <- deleteEndpoint(context.Background(), deleter, ep.ID) }()
+	go func() { deleted <- deleteEndpoint(context.Background(), deleter, ep.ID, testLogger(t)) }()
 	waitFor(t, "the delete waiting for the job's lock", 30*time.Second, func() bool {
 		return queryInt(t, db, `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%DELETE FROM outbox.endpoints%'`) == 1

@@ -17,13 +17,18 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
+	"os"
 	"regexp"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/lib/pq"
+	"github.com/lib/pq/pqerror"
 )
 
 // admin is what the HTTP handlers need, built once in run.
@@ -367,8 +372,14 @@ const maxRequestBody = 1<<20 + 4096
 // the same way.
 func (a *admin) serveJSON(h apiFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		r.Body = http.MaxBytesReader(w, r.Body, maxRequestBody)
+		r.Body = markedBody{http.MaxBytesReader(w, r.Body, maxRequestBody)}
 		status, body, err := h(r)
+		if wh, ok := body.(withHeader); ok {
+			for name, values := range wh.header {
+				w.Header()[name] = values
+			}
+			body = wh.body
+		}
 		switch {
 		case err != nil:
 			a.answerFailure(w, r, err)
@@ -380,6 +391,14 @@ func (a *admin) serveJSON(h apiFunc) http.Handler {
 			}
 		}
 	})
+}
+
+// withHeader is a JSON handler's answer with header fields besides, for
+// the few answers whose body does not say all (a replayed POST
+// /api/events says so in Idempotent-Replayed).
+type withHeader struct {
+	header http.Header
+	body   any
 }
 
 // answerFailure answers a JSON request that failed with err, as failed
@@ -407,53 +426,179 @@ func (a *admin) servePage(h pageFunc) http.Handler {
 
 // failed is the status a failed request answers and the error it tells,
 // and the one place that logs it: a 5xx is the server's fault, which the
-// operator must see once; a 4xx is the client's, and its answer says all
-// there is. A request that outran requestTimeout failed for that, whatever
-// its cancelled query said.
+// operator must see once, with the error whole; a 4xx is the client's,
+// and its answer says all there is. The error told is answerOf's text,
+// never the driver's or the socket's. A request that outran
+// requestTimeout failed for that, whatever its cancelled query said.
 func (a *admin) failed(r *http.Request, err error) (int, error) {
-	if errors.Is(r.Context().Err(), context.Canceled) {
+	status, text := answerOf(err)
+	switch {
+	case status == http.StatusRequestTimeout:
+		// The body stalled: the server's read timeout also ended the
+		// request's context, but the client is there to read a 408.
+		a.logger.Debug("request body not received in time", "method", r.Method, "path", r.URL.Path,
+			"request_id", requestID(r), "err", err)
+		return status, errors.New(text)
+	case errors.Is(r.Context().Err(), context.Canceled):
 		// The client went away and its cancelled query failed: nobody
 		// reads this answer, and it is not the server's fault.
 		a.logger.Debug("request abandoned by its client", "method", r.Method, "path", r.URL.Path, "request_id", requestID(r))
-		return statusClientClosedRequest, err
+		return statusClientClosedRequest, errors.New("client closed the request")
+	case errors.Is(r.Context().Err(), context.DeadlineExceeded):
+		status, text = http.StatusServiceUnavailable, fmt.Sprintf("request took longer than %s", a.deadline())
 	}
-	if errors.Is(r.Context().Err(), context.DeadlineExceeded) {
-		err = &httpError{status: http.StatusServiceUnavailable, text: fmt.Sprintf("request took longer than %s", a.deadline()), err: err}
-	}
-	status := statusOf(err)
 	if status >= 500 {
 		a.logger.Error("request failed", "method", r.Method, "path", r.URL.Path, "status", status,
 			"request_id", requestID(r), "err", err)
 	}
-	return status, err
+	return status, errors.New(text)
 }
 
 // statusClientClosedRequest is the status of a request whose client left
 // before its answer (nginx's 499): written to no one, but not a 5xx.
 const statusClientClosedRequest = 499
 
-// statusOf maps an error to its HTTP status: the one place that does.
-func statusOf(err error) int {
-	if he, ok := errors.AsType[*httpError](err); ok {
-		return he.status
-	}
-	var tooBig *http.MaxBytesError
+// answerOf maps a failure to its HTTP status and the message its answer
+// tells: the one place that does. The message never holds a driver's
+// error text or a socket's address, which only the log shows:
+//   - an httpError tells its text, when it chose one;
+//   - a body that stalled past the server's read timeout is a 408, one
+//     that broke off a 400, each with a plain message;
+//   - the database's refusal of a value the client gave (a CHECK, a NOT
+//     NULL, a value its type cannot hold) is a 400 naming the field and
+//     its rule (inputRefusal);
+//   - a 5xx names the operation that failed, its cause cut off
+//     (operationOf).
+func answerOf(err error) (int, string) {
+	he, _ := errors.AsType[*httpError](err)
+	var status int
+	_, tooBig := errors.AsType[*http.MaxBytesError](err)
+	refusal, refused := inputRefusal(err)
 	switch {
-	case errors.As(err, &tooBig):
-		return http.StatusRequestEntityTooLarge
+	case he != nil:
+		status = he.status
+	case errors.Is(err, errBodyRead) && errors.Is(err, os.ErrDeadlineExceeded):
+		return http.StatusRequestTimeout, "request body not received within the server's read timeout"
+	case errors.Is(err, errBodyRead):
+		return http.StatusBadRequest, "request body broke off before its end"
+	case refused:
+		return http.StatusBadRequest, refusal
+	case tooBig:
+		status = http.StatusRequestEntityTooLarge
 	case errors.Is(err, errInvalid):
-		return http.StatusBadRequest
+		status = http.StatusBadRequest
 	case errors.Is(err, errNotFound):
-		return http.StatusNotFound
+		status = http.StatusNotFound
+	case errors.Is(err, errIdempotencyKeyReused):
+		status = http.StatusUnprocessableEntity
 	case errors.Is(err, context.DeadlineExceeded):
-		return http.StatusServiceUnavailable
+		status = http.StatusServiceUnavailable
 	default:
-		return http.StatusInternalServerError
+		status = http.StatusInternalServerError
 	}
+	switch {
+	case he != nil && he.text != "":
+		return status, he.text
+	case status >= 500:
+		return status, operationOf(err)
+	}
+	return status, strings.TrimPrefix(err.Error(), errInvalid.Error()+": ")
+}
+
+// operationOf is a server error's text without its cause when the cause
+// is the driver's or the network's (a SQLSTATE message, an address):
+// "create source: pq: ..." tells "create source: database error". An
+// error whose text does not end in its cause's, as every wrap here does
+// (%w last), tells nothing but that it failed.
+func operationOf(err error) string {
+	var cause error
+	what := "database error"
+	if pqErr, ok := errors.AsType[*pq.Error](err); ok {
+		cause = pqErr
+	} else if netErr, ok := errors.AsType[net.Error](err); ok {
+		cause, what = netErr, "network error"
+	}
+	text := err.Error()
+	if cause == nil {
+		return text
+	}
+	if op, ok := strings.CutSuffix(text, ": "+cause.Error()); ok {
+		return op + ": " + what
+	}
+	return "internal error: " + what
+}
+
+// constraintRules names, for every CHECK an API request can break, the
+// field it gave and the rule, which the 400 tells in place of the
+// constraint: the Go code checks most of them first, and these are the
+// last word (schema.sql). TestConstraintRulesNameSchemaConstraints holds
+// the names to the schema.
+var constraintRules = map[string]string{
+	"events_topic_format":               "topic: 1-200 characters of letters, digits and _ . : / - (not starting with a symbol)",
+	"events_subject_length":             "subject: at most 500 characters",
+	"events_payload_size":               "payload: at most 1 MiB (1,048,576 bytes) as PostgreSQL stores it",
+	"inbox_webhook_id_length":           "webhook-id: 1 to 256 characters",
+	"inbox_sources_name_format":         "name: 1-50 of a-z 0-9 _ -",
+	"inbox_sources_topic_prefix_format": "topic_prefix: empty, or up to 100 topic characters",
+	"inbox_sources_secret_length":       "secret: 24 to 64 bytes",
+	"endpoints_url_scheme":              "url: http://, https:// or mailto:, at most 2048 bytes",
+	"endpoints_description_length":      "description: at most 1000 characters",
+	"endpoints_owner_email_length":      "owner_email: at most 254 characters",
+	"endpoints_topics_count":            "topics: at most 100",
+	"endpoints_max_in_flight_range":     "max_in_flight: 1 to 1000",
+	"endpoints_rate_limit_range":        "rate_limit_per_second: 0.01 to 10000",
+	"endpoints_ordering_known":          `ordering: "none" or "subject"`,
+	"idempotency_keys_key_length":       "Idempotency-Key: 1 to 255 characters",
+}
+
+// valueRules says, by SQLSTATE, what is wrong with a value PostgreSQL
+// could not take as its column's type; the field comes from the error
+// (inputRefusal).
+var valueRules = map[pqerror.Code]string{
+	pqerror.InvalidTextRepresentation:   "not valid for its type (for JSON: a lone UTF-16 surrogate escape)",
+	pqerror.UntranslatableCharacter:     `\u0000 is not allowed (PostgreSQL's text and jsonb hold no NUL)`,
+	pqerror.CharacterNotInRepertoire:    "must be UTF-8 text without NUL",
+	pqerror.StringDataRightTruncation:   "too long",
+	pqerror.NumericValueOutOfRange:      "number out of range",
+	pqerror.InvalidParameterValue:       "not a value this field takes",
+	pqerror.DatetimeFieldOverflow:       "not a valid time",
+	pqerror.InvalidDatetimeFormat:       "not a valid time",
+	pqerror.NullValueNotAllowed:         "required",
+	pqerror.NotNullViolation:            "required",
+	pqerror.InvalidBinaryRepresentation: "not valid for its type",
+}
+
+// inputRefusal is the 400's message for the database's refusal of a value
+// the client gave, and whether err is one: a CHECK (constraintRules) or a
+// NOT NULL broken, or a value of class 22 (data exception). The field is
+// the constraint's, the column's, or the one the operation named
+// (fieldError), else "request".
+func inputRefusal(err error) (string, bool) {
+	pqErr := pq.As(err)
+	if pqErr == nil {
+		return "", false
+	}
+	if rule, ok := constraintRules[pqErr.Constraint]; ok && pqErr.Code == pqerror.CheckViolation {
+		return rule, true
+	}
+	if pqErr.Code.Class() != "22" && pqErr.Code != pqerror.CheckViolation && pqErr.Code != pqerror.NotNullViolation {
+		return "", false
+	}
+	field := "request"
+	if fe, ok := errors.AsType[*fieldError](err); ok {
+		field = fe.field
+	} else if pqErr.Column != "" {
+		field = pqErr.Column
+	}
+	rule, ok := valueRules[pqErr.Code]
+	if !ok {
+		rule = "a value outside what the database accepts"
+	}
+	return field + ": " + rule, true
 }
 
 // httpError is an error that picks its own answer, for the few failures
-// that are not the domain's errors statusOf maps. text, when set, is what
+// that are not the domain's errors answerOf maps. text, when set, is what
 // the client is told instead of err, which then only the log shows.
 type httpError struct {
 	status int
@@ -488,15 +633,10 @@ func writeJSON(w http.ResponseWriter, status int, v any) error {
 	return err
 }
 
-// writeError answers {"error": "..."}; a server error's text is the
-// operation that failed, which is what the operator needs, unless the
-// error chose what the client is told.
+// writeError answers {"error": "..."}: err's text as failed (answerOf)
+// made it, or a text the caller wrote.
 func writeError(w http.ResponseWriter, status int, err error) {
-	msg := strings.TrimPrefix(err.Error(), errInvalid.Error()+": ")
-	if he, ok := errors.AsType[*httpError](err); ok && he.text != "" {
-		msg = he.text
-	}
-	writeJSON(w, status, map[string]string{"error": msg})
+	writeJSON(w, status, map[string]string{"error": err.Error()})
 }
 
 // overview is the overview with what the process counted beside the

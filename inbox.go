@@ -86,6 +86,12 @@ type sourceInput struct {
 	TopicPrefix *string `json:"topic_prefix"`
 }
 
+// minSourceSecretLen is the shortest source secret outboxd takes or
+// verifies with: Standard Webhooks asks for 24 bytes (192 bits) at least.
+// Every byte short of that is a factor of 256 off a forger's work: with a
+// 1-byte secret, one forged webhook in 256 tries verifies.
+const minSourceSecretLen = 24
+
 // parseSourceSecret reads a given secret, or makes one when none is given.
 func parseSourceSecret(text string) (webhookSecret, error) {
 	if text == "" {
@@ -95,10 +101,29 @@ func parseSourceSecret(text string) (webhookSecret, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: secret: %v", errInvalid, err)
 	}
-	if len(s) > maxSecretLen {
-		return nil, fmt.Errorf("%w: secret is %d bytes, at most %d", errInvalid, len(s), maxSecretLen)
+	if len(s) < minSourceSecretLen || len(s) > maxSecretLen {
+		return nil, fmt.Errorf("%w: secret is %d bytes; Standard Webhooks asks for %d to %d (leave it out to have one generated)",
+			errInvalid, len(s), minSourceSecretLen, maxSecretLen)
 	}
 	return s, nil
+}
+
+// errWeakSourceSecret is a source whose every stored secret is shorter
+// than minSourceSecretLen (stored before outboxd refused such secrets):
+// nothing it receives verifies until it is rotated, since a webhook signed
+// with it could be forged.
+var errWeakSourceSecret = errors.New("source secret too short to verify with")
+
+// strongSecrets is secrets without those shorter than minSourceSecretLen,
+// or errWeakSourceSecret, naming the rotation that mends it, when none is
+// left.
+func strongSecrets(name string, secrets [][]byte) ([][]byte, error) {
+	strong := slices.DeleteFunc(slices.Clone(secrets), func(s []byte) bool { return len(s) < minSourceSecretLen })
+	if len(strong) == 0 {
+		return nil, fmt.Errorf("%w: %d bytes, under the %d Standard Webhooks asks; rotate it (POST /api/sources/%s/rotate-secret) and give the sender the new one",
+			errWeakSourceSecret, len(secrets[0]), minSourceSecretLen, name)
+	}
+	return strong, nil
 }
 
 const createSourceSQL = `
@@ -354,6 +379,10 @@ func verifyAndReceive(ctx context.Context, db *sql.DB, box *secretBox, name stri
 	if err != nil {
 		return 0, false, fmt.Errorf("%w: read body: %w", errInvalid, err)
 	}
+	secrets, err = strongSecrets(name, secrets)
+	if err != nil {
+		return 0, false, &unverifiedError{err}
+	}
 	if err := verifyWebhook(secrets, header, raw, now); err != nil {
 		return 0, false, &unverifiedError{err}
 	}
@@ -390,8 +419,9 @@ const maxRefusalReasonLen = 200
 
 // refusalClass is the class of a delivery verifyAndReceive did not record
 // for a reason of the request's (the status inboxError gives it), or ""
-// for none: success, a source that could not be read, the database's
-// failure. Those are not the sender's doing, and are not counted.
+// for none: success, a source that could not be read or the database's
+// failure (not the sender's doing), and a body that never arrived (its
+// request ended with it, leaving nothing to count it with).
 func refusalClass(err error) string {
 	if err == nil {
 		return ""
@@ -401,7 +431,7 @@ func refusalClass(err error) string {
 	switch {
 	case errors.Is(err, errUnknownSource):
 		return refusedUnknownSource
-	case errors.Is(err, errSourceUnreadable):
+	case errors.Is(err, errSourceUnreadable), errors.Is(err, errBodyRead):
 		return ""
 	case tooBig:
 		return refusedTooLarge

@@ -305,3 +305,68 @@ func TestInboxAdvertisesItsDedupWindow(t *testing.T) {
 		t.Errorf("inbox keeping its records: %d with webhook-dedup-window %q, want 200 without it", status, window)
 	}
 }
+
+// A source's secret is 24 to 64 bytes, as Standard Webhooks asks: one
+// given through the API outside that range is refused with a 400 saying
+// the rule, and none given generates 32 bytes. A shorter secret stored
+// before the rule verifies nothing, not even a delivery it signed, and
+// the refusal the Inbox page shows says to rotate it; once rotated, the
+// sender's deliveries under the new secret are recorded.
+func TestInboxSourceSecretsAre24To64Bytes(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	for _, tc := range []struct {
+		secret string
+		want   int
+	}{
+		{"whsec_AA==", http.StatusBadRequest},
+		{webhookSecret(bytes.Repeat([]byte{7}, 23)).Encode(), http.StatusBadRequest},
+		{webhookSecret(bytes.Repeat([]byte{7}, 24)).Encode(), http.StatusCreated},
+		{webhookSecret(bytes.Repeat([]byte{7}, 64)).Encode(), http.StatusCreated},
+		{webhookSecret(bytes.Repeat([]byte{7}, 65)).Encode(), http.StatusBadRequest},
+	} {
+		n, _ := parseWebhookSecret(tc.secret)
+		body, _ := json.Marshal(map[string]string{"name": "s" + strconv.Itoa(len(n)), "secret": tc.secret})
+		status, resp := api.do("POST", "/api/sources", string(body))
+		if status != tc.want || status == http.StatusBadRequest && !strings.Contains(errorOf(t, resp), "Standard Webhooks asks for 24 to 64") {
+			t.Errorf("a %d-byte secret: %d %s, want %d (a 400 saying 24 to 64)", len(n), status, resp, tc.want)
+		}
+	}
+	if key := api.createSource("generated", ""); len(key) != 32 {
+		t.Errorf("a generated secret is %d bytes, want 32", len(key))
+	}
+	if status, resp := api.do("POST", "/api/sources/s24/rotate-secret", `{"secret": "whsec_AA=="}`); status != http.StatusBadRequest {
+		t.Errorf("rotating to a 1-byte secret: %d %s, want 400", status, resp)
+	}
+
+	mustExec(t, db, `INSERT INTO outbox.inbox_sources (name, secret, topic_prefix) VALUES ('legacy', '\x01', 'legacy.')`)
+	url := api.srv.URL + "/webhooks/legacy"
+	body := []byte(`{"type": "invoice.paid", "data": {}}`)
+	if status := postWebhook(t, url, []byte{1}, "w-1", time.Now(), body, nil); status != http.StatusUnauthorized {
+		t.Errorf("a delivery signed with the stored 1-byte secret: %d, want 401", status)
+	}
+	var reason string
+	if err := db.QueryRow(`SELECT last_refusal_reason FROM outbox.inbox_stats WHERE source = 'legacy'`).Scan(&reason); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(reason, "1 bytes, under the 24 Standard Webhooks asks; rotate it (POST /api/sources/legacy/rotate-secret)") {
+		t.Errorf("the refusal's reason %q does not say to rotate the short secret", reason)
+	}
+	status, resp := api.do("POST", "/api/sources/legacy/rotate-secret", "")
+	if status != http.StatusOK {
+		t.Fatalf("rotate: %d %s", status, resp)
+	}
+	var rotated inboxSourceWithSecret
+	json.Unmarshal(resp, &rotated)
+	key, _ := parseWebhookSecret(rotated.Secret)
+	if status := postWebhook(t, url, []byte{1}, "w-2", time.Now(), body, nil); status != http.StatusUnauthorized {
+		t.Errorf("the 1-byte secret inside its rotation window: %d, want 401", status)
+	}
+	if status := postWebhook(t, url, key, "w-3", time.Now(), body, nil); status != http.StatusOK {
+		t.Errorf("a delivery signed with the rotated secret: %d, want 200", status)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.events WHERE topic = 'legacy.invoice.paid'`); n != 1 {
+		t.Errorf("%d events recorded, want only the one the rotated secret signed", n)
+	}
+}

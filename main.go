@@ -35,7 +35,6 @@ import (
 	"math"
 	"net"
 	"net/http"
-	"net/netip"
 	"net/url"
 	"os"
 	"os/signal"
@@ -776,10 +775,8 @@ func runService(ctx context.Context, cfg Config, db *sql.DB, dsn string, box *se
 	}
 	defer ln.Close()
 	var demoRun *demo
-	var demoAddrs []netip.AddrPort // the one internal address deliveries may reach
 	if cfg.Demo {
-		demoRun = newDemo(db, box, "http://"+ln.Addr().String()+"/demo/hook", logger)
-		demoAddrs = append(demoAddrs, ln.Addr().(*net.TCPAddr).AddrPort())
+		demoRun = newDemo(db, box, ln.Addr().(*net.TCPAddr).AddrPort(), logger)
 	}
 
 	registry, err := registerReplica(ctx, db, cfg, logger)
@@ -795,7 +792,7 @@ func runService(ctx context.Context, cfg Config, db *sql.DB, dsn string, box *se
 		leave(registry, p, logger)
 		logger.Info("stopped")
 	}()
-	p = startPipeline(cfg, db, box, dsn, demoAddrs, registry, loops.start, logger)
+	p = startPipeline(cfg, db, box, dsn, demoRun, registry, loops.start, logger)
 	// The heartbeat stamps swept_at after a cycle of this process's sweeper.
 	registry.sweeps = p.retention.cycles.Load
 	heartbeat.start("replicas", registry.Run)
@@ -983,9 +980,10 @@ type pipeline struct {
 }
 
 // startPipeline builds every loop in the order events move through them
-// and starts each with start, which owns its goroutine. Deliveries may
-// reach allowAddrs whatever the address guard says (-demo's receiver).
-func startPipeline(cfg Config, db *sql.DB, box *secretBox, dsn string, allowAddrs []netip.AddrPort, registry *replicaRegistry, start func(string, func(context.Context) error), logger *slog.Logger) *pipeline {
+// and starts each with start, which owns its goroutine. With -demo
+// (demoRun), the demo's own endpoint reaches its receiver on outboxd's
+// listener whatever the address guard says, and no other endpoint does.
+func startPipeline(cfg Config, db *sql.DB, box *secretBox, dsn string, demoRun *demo, registry *replicaRegistry, start func(string, func(context.Context) error), logger *slog.Logger) *pipeline {
 	p := pipeline{registry: registry}
 	wake := newWakeups()
 	relayWake := wake.events
@@ -1007,12 +1005,14 @@ func startPipeline(cfg Config, db *sql.DB, box *secretBox, dsn string, allowAddr
 		AllowPrivate: cfg.AllowPrivateEndpoints,
 		Timeout:      cfg.Webhooks.Timeout,
 		Concurrency:  cfg.Workers.Concurrency,
-		AllowAddrs:   allowAddrs,
 	})
 	p.deliveries = newDeliveryMetrics()
 	mail := newMailer(cfg.Mail)
 	logger.Info("mail settings", "smtp", mail, "from", cfg.Mail.From)
 	webhooks := newWebhookSender(db, box, webhookClient, p.deliveries, mail, logger)
+	if demoRun != nil {
+		webhooks.exempt = demoRun.exemption(cfg.Webhooks.Timeout)
+	}
 	p.notifier = newOwnerNotifier(db, mail, cfg.Mail.OwnerNotifyPerHour, logger)
 	p.workers = newWorkerPool(db, cfg.Workers, cfg.ShutdownGrace, subscribers, map[string]jobHandler{
 		webhookJobKind:     webhooks.deliver,

@@ -3,7 +3,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"database/sql"
 	"encoding/json"
 	"errors"
@@ -13,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/lib/pq"
 	"github.com/lib/pq/pqerror"
@@ -56,6 +59,18 @@ const maxSubjectLen = 500
 // it to 400.
 var errInvalid = errors.New("invalid input")
 
+// fieldError is the database's refusal of one field of the caller's
+// input where its error cannot say which (a value jsonb cannot hold names
+// no column): field names it, for the answer to tell (httpserve.go,
+// inputRefusal).
+type fieldError struct {
+	field string
+	err   error
+}
+
+func (e *fieldError) Error() string { return e.field + ": " + e.err.Error() }
+func (e *fieldError) Unwrap() error { return e.err }
+
 // validateEvent checks an event before it is recorded.
 func validateEvent(topic, subject string, payload json.RawMessage) error {
 	if !topicPattern.MatchString(topic) {
@@ -63,6 +78,11 @@ func validateEvent(topic, subject string, payload json.RawMessage) error {
 	}
 	if len(subject) > maxSubjectLen {
 		return fmt.Errorf("%w: subject is %d bytes, at most %d", errInvalid, len(subject), maxSubjectLen)
+	}
+	if !utf8.ValidString(subject) || strings.ContainsRune(subject, 0) {
+		// PostgreSQL's text would refuse it (SQLSTATE 22021); said here,
+		// a refusal by outbox.record can only be the payload's.
+		return fmt.Errorf("%w: subject must be UTF-8 text without NUL", errInvalid)
 	}
 	if len(payload) > 0 && !json.Valid(payload) {
 		return fmt.Errorf("%w: payload is not valid JSON", errInvalid)
@@ -85,7 +105,7 @@ func recordEvent(ctx context.Context, q queryer, topic, subject string, payload 
 		// JSON that Go accepts and jsonb does not (invalid UTF-8, an
 		// escaped NUL, a lone surrogate), or a payload over the size
 		// check: the caller's input, not a server fault.
-		return 0, fmt.Errorf("%w: record event: %w", errInvalid, err)
+		return 0, fmt.Errorf("%w: record event: %w", errInvalid, &fieldError{field: "payload", err: err})
 	}
 	if err != nil {
 		return 0, fmt.Errorf("record event: %w", err)
@@ -150,6 +170,117 @@ func recordEventTraced(ctx context.Context, db *sql.DB, tc traceContext, topic, 
 		return 0, fmt.Errorf("record event: %w", err)
 	}
 	return id, nil
+}
+
+// errIdempotencyKeyReused is a request whose Idempotency-Key an earlier,
+// different request recorded an event under (the HTTP layer's 422).
+var errIdempotencyKeyReused = errors.New("idempotency key reused")
+
+// maxIdempotencyKeyLen bounds an Idempotency-Key, as schema.sql's
+// idempotency_keys_key_length does: 255 characters, Stripe's bound, holds
+// a UUID or a client's own composite key with room to spare.
+const maxIdempotencyKeyLen = 255
+
+// requestDigest is what two requests under one Idempotency-Key must share
+// to be the same request: a SHA-256 of the topic, the subject and the
+// payload without insignificant whitespace (a client that re-encodes its
+// retry is still retrying). The trace context is not part of it: a retry
+// is a new span.
+func requestDigest(topic, subject string, payload json.RawMessage) []byte {
+	if len(payload) == 0 {
+		payload = json.RawMessage(`{}`) // what recordEvent records
+	}
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, payload); err != nil {
+		compact.Reset()
+		compact.Write(payload) // validateEvent refuses it before it counts
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "%d:%s%d:%s", len(topic), topic, len(subject), subject)
+	h.Write(compact.Bytes())
+	return h.Sum(nil)
+}
+
+const findIdempotencyKeySQL = `
+SELECT request_digest, event_id
+FROM outbox.idempotency_keys
+WHERE key = $1`
+
+// idempotentRounds bounds recordEventOnce: a round that loses its key to
+// a concurrent request reads the winner's row in the next; a third is
+// needed only if retention pruned that row in between.
+const idempotentRounds = 3
+
+// recordEventOnce is recordEventTraced for a request with an
+// Idempotency-Key: the first request with key records the event and the
+// key in one transaction; a later one records nothing and answers the
+// first event's id (replayed), or errIdempotencyKeyReused when it asks
+// for another event. Concurrent requests with one key record one event:
+// the key's primary key makes the second insert wait for the first's
+// transaction, and insert nothing once that commits.
+func recordEventOnce(ctx context.Context, db *sql.DB, key string, tc traceContext, topic, subject string, payload json.RawMessage) (id int64, replayed bool, err error) {
+	if err := validateEvent(topic, subject, payload); err != nil {
+		return 0, false, err
+	}
+	digest := requestDigest(topic, subject, payload)
+	for round := 1; ; round++ {
+		var stored []byte
+		err := db.QueryRowContext(ctx, findIdempotencyKeySQL, key).Scan(&stored, &id)
+		switch {
+		case err == nil && bytes.Equal(stored, digest):
+			return id, true, nil
+		case err == nil:
+			return 0, false, fmt.Errorf("%w: Idempotency-Key %q recorded event %d for a different request; a new request takes a new key",
+				errIdempotencyKeyReused, key, id)
+		case !errors.Is(err, sql.ErrNoRows):
+			return 0, false, fmt.Errorf("record event: read idempotency key: %w", err)
+		}
+		id, won, err := recordEventKeyed(ctx, db, key, digest, tc, topic, subject, payload)
+		if err != nil || won {
+			return id, false, err
+		}
+		if round == idempotentRounds {
+			return 0, false, fmt.Errorf("record event: idempotency key %q lost to a concurrent request %d times", key, round)
+		}
+	}
+}
+
+// insertIdempotencyKeySQL keeps the key with its event. A concurrent
+// transaction that inserted the key waits this one out; once it commits,
+// this inserts nothing.
+const insertIdempotencyKeySQL = `
+INSERT INTO outbox.idempotency_keys (key, request_digest, event_id)
+VALUES ($1, $2, $3)
+ON CONFLICT (key) DO NOTHING`
+
+// recordEventKeyed records the event and its key in one transaction,
+// under tc. won is false, and nothing is recorded, when a concurrent
+// request's transaction committed the key first.
+func recordEventKeyed(ctx context.Context, db *sql.DB, key string, digest []byte, tc traceContext, topic, subject string, payload json.RawMessage) (id int64, won bool, err error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, false, fmt.Errorf("record event: %w", err)
+	}
+	defer tx.Rollback()
+	if tc != (traceContext{}) {
+		if err := setTraceContext(ctx, tx, tc); err != nil {
+			return 0, false, fmt.Errorf("record event: %w", err)
+		}
+	}
+	if id, err = recordEvent(ctx, tx, topic, subject, payload); err != nil {
+		return 0, false, err
+	}
+	res, err := tx.ExecContext(ctx, insertIdempotencyKeySQL, key, digest, id)
+	if err != nil {
+		return 0, false, fmt.Errorf("record event: keep idempotency key: %w", err)
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		return 0, false, err // rolled back: the winner's event is the one
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, false, fmt.Errorf("record event: %w", err)
+	}
+	return id, true, nil
 }
 
 // traceRepairsSQL reads the counts of trace contexts outbox.record

@@ -697,7 +697,7 @@ func (c endpointClick) edit() (string, error) {
 }
 
 func (c endpointClick) delete() (string, error) {
-	if err := deleteEndpoint(c.r.Context(), c.a.db, c.id); err != nil {
+	if err := deleteEndpoint(c.r.Context(), c.a.db, c.id, c.a.logger); err != nil {
 		return "", err
 	}
 	http.Redirect(c.w, c.r, "/endpoints?done="+url.QueryEscape(fmt.Sprintf("Endpoint %d deleted.", c.id)), http.StatusSeeOther)

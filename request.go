@@ -6,6 +6,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -15,6 +16,7 @@ import (
 	"math"
 	"net/http"
 	"net/url"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -49,23 +51,138 @@ func isText(s string) bool {
 	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
 }
 
-// decodeJSON reads one JSON object from the (bounded) body, refusing
-// unknown fields (a typo in a field name is an error, not a silent
-// default).
+// errBodyRead marks a failure to read a request's body off its connection:
+// the client stalled past the server's read timeout, or went away. It is
+// not a body that arrived and is wrong, and its text (the socket's
+// addresses) is not the client's business: answerOf (httpserve.go)
+// answers it without it.
+var errBodyRead = errors.New("read request body")
+
+// markedBody is a request body whose read failures wrap errBodyRead,
+// except the bound's own (*http.MaxBytesError, a 413).
+type markedBody struct{ io.ReadCloser }
+
+func (b markedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF {
+		if _, tooBig := errors.AsType[*http.MaxBytesError](err); !tooBig {
+			err = fmt.Errorf("%w: %w", errBodyRead, err)
+		}
+	}
+	return n, err
+}
+
+// decodeJSON reads one JSON object from the (bounded) body into v, a
+// pointer to a struct, strictly: a name must be a field's name as its tag
+// spells it (encoding/json alone takes "TOPIC" for "topic"), no object in
+// the body may name a member twice (PostgreSQL's jsonb keeps the last of
+// two, other readers the first, so the two would disagree on what was
+// sent), and an unknown field is an error (a typo in a field name is not
+// a silent default).
 func decodeJSON(r *http.Request, v any) error {
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		if tooBig, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			return fmt.Errorf("request body larger than %d bytes: %w", tooBig.Limit, err)
 		}
+		return fmt.Errorf("request body: %w", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("%w: request body: %v", errInvalid, err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return fmt.Errorf("%w: request body: more than one JSON value", errInvalid)
 	}
+	fields := map[string]bool{}
+	if t := reflect.TypeOf(v).Elem(); t.Kind() == reflect.Struct {
+		for f := range t.Fields() {
+			if name, _, _ := strings.Cut(f.Tag.Get("json"), ","); name != "" && name != "-" {
+				fields[name] = true
+			} else if name == "" && f.IsExported() {
+				fields[f.Name] = true
+			}
+		}
+	}
+	if err := checkJSONNames(body, fields); err != nil {
+		return fmt.Errorf("%w: request body: %v", errInvalid, err)
+	}
 	return nil
+}
+
+// checkJSONNames walks data, JSON the decoder has already found well
+// formed, and refuses a name given twice in one object at any depth, and,
+// in the outermost object, a name that is not exactly one of fields (the
+// decoder took it by its case-insensitive match). It scans the bytes:
+// json.Decoder's tokens cost several times the decode itself on a body of
+// many small objects.
+func checkJSONNames(data []byte, fields map[string]bool) error {
+	var objects []map[string]bool // the names seen in each open object; nil for an array
+	atName := false               // the next string is a name, not a value
+	for i := 0; i < len(data); i++ {
+		switch data[i] {
+		case '{':
+			objects, atName = append(objects, map[string]bool{}), true
+		case '[':
+			objects, atName = append(objects, nil), false
+		case '}', ']':
+			objects, atName = objects[:len(objects)-1], false
+		case ',':
+			atName = objects[len(objects)-1] != nil
+		case '"':
+			end, escaped := i+1, false
+			for data[end] != '"' {
+				if data[end] == '\\' {
+					end, escaped = end+1, true
+				}
+				end++
+			}
+			if atName {
+				name := string(data[i+1 : end])
+				if escaped {
+					if err := json.Unmarshal(data[i:end+1], &name); err != nil {
+						return err
+					}
+				}
+				seen := objects[len(objects)-1]
+				switch {
+				case seen[name]:
+					return fmt.Errorf("%q given twice in one object", name)
+				case len(objects) == 1 && !fields[name]:
+					return fmt.Errorf("unknown field %q (names are case-sensitive)", name)
+				}
+				seen[name], atName = true, false
+			}
+			i = end
+		}
+	}
+	return nil
+}
+
+// The idempotency headers of POST /api/events, as Stripe names them (and
+// the IETF draft "The Idempotency-Key HTTP Header Field" the request's).
+const (
+	headerIdempotencyKey     = "Idempotency-Key"
+	headerIdempotentReplayed = "Idempotent-Replayed"
+)
+
+// idempotencyKey is the request's Idempotency-Key: "" without one; 1 to
+// maxIdempotencyKeyLen printable ASCII characters, given once, or the
+// request is refused.
+func idempotencyKey(h http.Header) (string, error) {
+	values := h.Values(headerIdempotencyKey)
+	switch {
+	case len(values) == 0:
+		return "", nil
+	case len(values) > 1:
+		return "", fmt.Errorf("%w: %s given %d times, want once", errInvalid, headerIdempotencyKey, len(values))
+	}
+	key := values[0]
+	if len(key) < 1 || len(key) > maxIdempotencyKeyLen || strings.ContainsFunc(key, func(r rune) bool { return r < ' ' || r > '~' }) {
+		return "", fmt.Errorf("%w: %s must be 1 to %d printable ASCII characters", errInvalid, headerIdempotencyKey, maxIdempotencyKeyLen)
+	}
+	return key, nil
 }
 
 // decodeOptionalJSON is decodeJSON for a body that may be left out, which
@@ -91,11 +208,13 @@ func queryOf(r *http.Request) *query { return &query{values: r.URL.Query()} }
 
 // formOf reads the fields of a panel form, a body of at most limit bytes.
 func formOf(w http.ResponseWriter, r *http.Request, limit int64) *query {
-	r.Body = http.MaxBytesReader(w, r.Body, limit)
+	r.Body = markedBody{http.MaxBytesReader(w, r.Body, limit)}
 	q := &query{}
 	if err := r.ParseForm(); err != nil {
 		if _, tooBig := errors.AsType[*http.MaxBytesError](err); tooBig {
 			q.err = fmt.Errorf("form larger than %d bytes: %w", limit, err)
+		} else if errors.Is(err, errBodyRead) {
+			q.err = fmt.Errorf("form: %w", err)
 		} else {
 			q.err = fmt.Errorf("%w: form: %v", errInvalid, err)
 		}
@@ -122,14 +241,16 @@ func (q *query) text(name string) string {
 }
 
 // natural is an optional non-negative integer: an id to page from or to
-// filter by, or a page size that the list then bounds. Absent, 0.
+// filter by. Absent, 0.
 func (q *query) natural(name string) int64 {
 	return q.integer(name, 0, 0, math.MaxInt64, name+`: %q is not a non-negative integer`)
 }
 
-// limit is ?limit=, a page size from 1 to most; absent, most.
-func (q *query) limit(most int) int {
-	return int(q.integer("limit", int64(most), 1, int64(most), `limit %q must be between 1 and `+strconv.Itoa(most)))
+// limit is ?limit=, a page size: the one rule of every list is 1 to
+// most, absent meaning def; 0, a negative number or more than most is
+// refused, never read as "the default" or cut to most.
+func (q *query) limit(def, most int) int {
+	return int(q.integer("limit", int64(def), 1, int64(most), `limit %q must be between 1 and `+strconv.Itoa(most)))
 }
 
 // integer is an optional integer parameter: absent, def; present, one from
@@ -164,13 +285,13 @@ func (q *query) instant(name string) time.Time {
 func eventFilterFrom(q *query) EventFilter {
 	return EventFilter{Topic: q.text("topic"), Subject: q.text("subject"), State: q.text("state"),
 		Outcome: q.text("outcome"), Since: q.instant("since"), Until: q.instant("until"),
-		Before: q.natural("before"), After: q.natural("after"), Limit: int(q.natural("limit"))}
+		Before: q.natural("before"), After: q.natural("after"), Limit: q.limit(defaultPageSize, maxEventPage)}
 }
 
 // jobFilterFrom reads the job list's filter from the query.
 func jobFilterFrom(q *query) JobFilter {
 	return JobFilter{State: q.text("state"), Before: q.natural("before"), EventID: q.natural("event_id"),
-		EndpointID: q.natural("endpoint_id"), Limit: int(q.natural("limit"))}
+		EndpointID: q.natural("endpoint_id"), Limit: q.limit(defaultPageSize, maxEventPage)}
 }
 
 // idPage is one page of a list read newest first and paged by id, the

@@ -194,6 +194,21 @@ WHERE ctid = ANY(ARRAY(
   FOR UPDATE SKIP LOCKED
 ))`
 
+// deleteIdempotencyKeysSQL deletes POST /api/events's idempotency keys
+// kept before the cutoff (the events window: a key answers as long as
+// events retention promises), oldest first along
+// idempotency_keys_by_created_at.
+const deleteIdempotencyKeysSQL = `
+DELETE FROM outbox.idempotency_keys
+WHERE key IN (
+  SELECT key
+  FROM outbox.idempotency_keys
+  WHERE created_at < now() - make_interval(secs => $1)
+  ORDER BY created_at
+  LIMIT $2
+  FOR UPDATE SKIP LOCKED
+)`
+
 // newSweeps is the table of sweeps, in the order a cycle runs them. Adding
 // a table is one line here and one window in RetentionConfig.
 //
@@ -205,11 +220,14 @@ WHERE ctid = ANY(ARRAY(
 //     first error) then leaves inbox records that outlive their events, the
 //     safe direction: a dedup record without its event costs a few bytes, an
 //     event without its dedup record can be delivered twice. Never reorder.
+//     Idempotency keys go after events for the same reason: a key without
+//     its event answers its id and records nothing.
 func newSweeps(cfg RetentionConfig) []*sweep {
 	return []*sweep{
 		{name: "jobs_completed", table: "outbox.jobs", window: cfg.CompletedJobs, deleteSQL: deleteFinishedJobsSQL(jobCompleted)},
 		{name: "jobs_discarded", table: "outbox.jobs", window: cfg.DiscardedJobs, deleteSQL: deleteFinishedJobsSQL(jobDiscarded)},
 		{name: "events", table: "outbox.events", window: cfg.Events, deleteSQL: deleteEventsSQL},
+		{name: "idempotency_keys", table: "outbox.idempotency_keys", window: cfg.Events, deleteSQL: deleteIdempotencyKeysSQL},
 		{name: "inbox", table: "outbox.inbox", window: cfg.Inbox, deleteSQL: deleteInboxSQL},
 		{name: "delivery_stats", table: "outbox.delivery_stats", window: cfg.DeliveryStats, deleteSQL: deleteStatsSQL("outbox.delivery_stats")},
 		{name: "fanout_stats", table: "outbox.fanout_stats", window: cfg.DeliveryStats, deleteSQL: deleteStatsSQL("outbox.fanout_stats")},

@@ -704,6 +704,39 @@ END
 $$;
 
 --------------------------------------------------------------------------------
+-- Idempotency keys: POST /api/events records once per key
+--------------------------------------------------------------------------------
+
+-- One row per Idempotency-Key a POST /api/events carried (outbox.go,
+-- recordEventOnce): the key, a SHA-256 of the request it came with
+-- (topic, subject and payload) and the event it recorded. The row and its
+-- event are written in one transaction, so a crash keeps both or neither;
+-- a later request with the key finds the row and records nothing: the
+-- same request is answered the event's id, another is refused. The
+-- primary key makes concurrent requests with one key record one event:
+-- the second insert waits for the first's transaction and, once that
+-- commits, inserts nothing (its own event rolls back with it).
+--
+-- The retention sweep deletes rows older than events retention
+-- (retention.go, after the events, in batches), so a key answers for as
+-- long as events retention promises. No foreign key to outbox.events, as
+-- for the inbox: events are pruned first, and a key that outlives its
+-- event answers the id and records nothing, the safe direction.
+CREATE TABLE IF NOT EXISTS outbox.idempotency_keys (
+  key            text        PRIMARY KEY,
+  request_digest bytea       NOT NULL,
+  event_id       bigint      NOT NULL,
+  created_at     timestamptz NOT NULL DEFAULT now(),
+
+  CONSTRAINT idempotency_keys_key_length CHECK (length(key) BETWEEN 1 AND 255),
+  CONSTRAINT idempotency_keys_request_digest_length CHECK (length(request_digest) = 32)
+);
+
+-- Serves the retention sweep's oldest-first delete.
+CREATE INDEX IF NOT EXISTS idempotency_keys_by_created_at
+  ON outbox.idempotency_keys (created_at);
+
+--------------------------------------------------------------------------------
 -- Endpoints: where webhooks go
 --------------------------------------------------------------------------------
 

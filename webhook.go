@@ -78,6 +78,32 @@ type webhookSender struct {
 	// box opens the endpoint's secrets, which the claim reads as stored
 	// (secrets.go).
 	box *secretBox
+	// exempt, with -demo, is the one delivery the address guard lets
+	// reach an internal address; nil otherwise.
+	exempt *guardExemption
+}
+
+// guardExemption is the one endpoint whose deliveries may reach an
+// address the guard refuses: -demo's own receiver, on outboxd's listener.
+// It is keyed by the endpoint's id and its exact URL, and its client
+// reaches the listener's address alone (safeHTTPOptions.AllowAddrs), so
+// no other endpoint reaches outboxd through it (not one whose name
+// resolves to the listener, nor one at the receiver's very URL), and no
+// other path of outboxd is reached from it (redirects are not followed).
+type guardExemption struct {
+	endpointID func() int64 // 0 until the endpoint exists
+	url        string
+	client     *http.Client
+}
+
+// clientFor is the client a delivery to ep (endpoint id) goes through: the
+// exemption's for the exempt endpoint at its exact URL, the guarded one
+// for every other.
+func (s *webhookSender) clientFor(id int64, ep deliveryEndpoint) *http.Client {
+	if e := s.exempt; e != nil && id != 0 && id == e.endpointID() && ep.URL == e.url {
+		return e.client
+	}
+	return s.client
 }
 
 // mail is nil when no SMTP server is configured: mailto: jobs then
@@ -198,15 +224,20 @@ func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 	return min(d, maxRetryAfter), true
 }
 
+// errEndpointDeleted ends a delivery whose endpoint was deleted: the
+// operator's doing, logged once by the delete (deleteEndpoint), so the
+// workers end each such job quietly (deliver.go, outcome).
+var errEndpointDeleted = errors.New("endpoint deleted; not sent")
+
 // deliver runs one attempt of a webhook job. Its error, if any, is the
 // classified outcome that decideOutcome reads.
 func (s *webhookSender) deliver(ctx context.Context, job Job) error {
 	if job.EndpointID == 0 {
-		return s.notSent(job, errors.New("endpoint deleted; not sent"))
+		return s.notSent(job, errEndpointDeleted)
 	}
 	ep := job.endpoint
 	if ep == nil {
-		return s.notSent(job, fmt.Errorf("endpoint %d deleted; not sent", job.EndpointID))
+		return s.notSent(job, fmt.Errorf("endpoint %d: %w", job.EndpointID, errEndpointDeleted))
 	}
 	if ep.DisabledReason != nil {
 		return s.notSent(job, fmt.Errorf("endpoint %d is disabled (%s); not sent", job.EndpointID, *ep.DisabledReason))
@@ -233,7 +264,7 @@ func (s *webhookSender) deliver(ctx context.Context, job Job) error {
 	}
 
 	start := time.Now()
-	ans, sendErr := s.post(ctx, signing, job.Event, body)
+	ans, sendErr := s.post(ctx, s.clientFor(job.EndpointID, *ep), signing, job.Event, body)
 	attempt := deliveryAttempt{Duration: time.Since(start), StatusCode: ans.status, ResponseExcerpt: ans.excerpt,
 		Class: classifyAttempt(ans.status, sendErr)}
 	change, outcome := classifyWebhookResponse(ans.status, ans.retryAfter, sendErr, time.Now())
@@ -281,8 +312,9 @@ type webhookAnswer struct {
 	excerpt     string // the start of the body, as text
 }
 
-// post sends one signed request and reads a bounded part of the answer.
-func (s *webhookSender) post(ctx context.Context, ep deliveryEndpoint, ev Event, body []byte) (webhookAnswer, error) {
+// post sends one signed request through client and reads a bounded part
+// of the answer.
+func (s *webhookSender) post(ctx context.Context, client *http.Client, ep deliveryEndpoint, ev Event, body []byte) (webhookAnswer, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.URL, bytes.NewReader(body))
 	if err != nil {
 		return webhookAnswer{}, err
@@ -298,7 +330,7 @@ func (s *webhookSender) post(ctx context.Context, ep deliveryEndpoint, ev Event,
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", s.userAgent)
-	resp, err := s.client.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return webhookAnswer{}, err
 	}

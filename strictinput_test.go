@@ -1,0 +1,174 @@
+// strictinput_test.go: what the API reads is read one way: JSON names as
+// the docs spell them, once each; one page-size rule for every list; the
+// inbox's body bound where the docs put it; and an endpoint's delete told
+// once in the log, not once per delivery it leaves.
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A JSON body is read strictly: a field name in another case, a name given
+// twice (at the top or inside the payload) and an unknown name are each a
+// 400 that names the problem, and record nothing.
+func TestJSONBodiesAreDecodedStrictly(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	for _, tc := range []struct {
+		name, path, body, want string
+	}{
+		{"a field in upper case", "/api/events", `{"TOPIC": "order.paid", "payload": {}}`, `unknown field "TOPIC" (names are case-sensitive)`},
+		{"a field in mixed case", "/api/events", `{"topic": "order.paid", "Payload": {}}`, `unknown field "Payload"`},
+		{"a field given twice", "/api/events", `{"topic": "order.paid", "topic": "order.refunded", "payload": {}}`, `"topic" given twice in one object`},
+		{"a field given twice, once escaped", "/api/events", `{"topic": "order.paid", "\u0074opic": "order.refunded"}`, `"topic" given twice in one object`},
+		{"a payload member given twice", "/api/events", `{"topic": "order.paid", "payload": {"a": {"cents": 1, "cents": 2}}}`, `"cents" given twice in one object`},
+		{"an unknown field", "/api/events", `{"topic": "order.paid", "payload": {}, "id": 7}`, `unknown field "id"`},
+		{"an endpoint field in another case", "/api/endpoints", `{"URL": "https://hooks.example.com/"}`, `unknown field "URL"`},
+		{"a source field given twice", "/api/sources", `{"name": "a", "name": "b"}`, `"name" given twice`},
+	} {
+		status, body := api.do("POST", tc.path, tc.body)
+		if status != http.StatusBadRequest || !strings.Contains(errorOf(t, body), tc.want) {
+			t.Errorf("%s: %d %s, want 400 naming %s", tc.name, status, body, tc.want)
+		}
+	}
+	if n := queryInt(t, db, `SELECT (SELECT count(*) FROM outbox.events) + (SELECT count(*) FROM outbox.endpoints) + (SELECT count(*) FROM outbox.inbox_sources)`); n != 0 {
+		t.Errorf("%d rows written from refused bodies, want 0", n)
+	}
+	// The same names spelled right, once each, are taken: arrays of
+	// objects repeat names across objects, not within one.
+	// Strings that hold JSON's punctuation are values, not structure.
+	for _, body := range []string{
+		`{"topic": "order.paid", "payload": {"lines": [{"sku": 1}, {"sku": 2}]}}`,
+		`{"topic": "order.paid", "payload": {"a": "x,\"a\": {[", "b": ["a", "a", {"a": 1}], "c": {"a": 2}}}`,
+	} {
+		if status, resp := api.do("POST", "/api/events", body); status != http.StatusCreated {
+			t.Errorf("%s: %d %s, want 201", body, status, resp)
+		}
+	}
+}
+
+// One rule for ?limit= on every list: 1 up to the list's maximum; 0, a
+// negative number or more than the maximum is a 400 that says the range.
+func TestEveryListTakesOneLimitRule(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	for _, list := range []struct {
+		path string
+		most int
+	}{
+		{"/api/events", 500},
+		{"/api/jobs", 500},
+		{"/api/endpoints", 500},
+		{"/api/subjects", 200},
+	} {
+		for _, limit := range []string{"0", "-1", strconv.Itoa(list.most + 1), "ten"} {
+			status, body := api.do("GET", list.path+"?limit="+limit, "")
+			want := fmt.Sprintf("must be between 1 and %d", list.most)
+			if status != http.StatusBadRequest || !strings.Contains(errorOf(t, body), want) {
+				t.Errorf("%s?limit=%s: %d %s, want 400 saying %q", list.path, limit, status, body, want)
+			}
+		}
+		for _, limit := range []string{"1", strconv.Itoa(list.most)} {
+			if status, body := api.do("GET", list.path+"?limit="+limit, ""); status != http.StatusOK {
+				t.Errorf("%s?limit=%s: %d %s, want 200", list.path, limit, status, body)
+			}
+		}
+	}
+}
+
+// The inbox takes a body of exactly its bound, 1 MiB for a payload and
+// 4 KiB for the webhook around it, and answers 413 to one byte more.
+func TestInboxBodyBoundIsExact(t *testing.T) {
+	t.Parallel()
+	const bound = 1<<20 + 4<<10 // docs/inbox.md: 1,052,672 bytes
+	if maxInboxBody != bound {
+		t.Fatalf("maxInboxBody = %d, want %d", maxInboxBody, bound)
+	}
+	for _, doc := range []string{"docs/inbox.md", "docs/guarantees.md"} {
+		if text := strings.Join(strings.Fields(readDoc(t, doc)), " "); !strings.Contains(text, "413 for a body over 1,052,672 bytes") && !strings.Contains(text, "413 over 1,052,672 bytes") ||
+			strings.Contains(text, "413 over 1 MiB,") {
+			t.Errorf("%s does not give the inbox's bound as 1,052,672 bytes", doc)
+		}
+	}
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	secret := api.createSource("billing", "")
+	url := api.srv.URL + "/webhooks/billing"
+	webhook := []byte(`{"type":"invoice.paid","data":{"cents":1200}}`)
+	// JSON allows trailing white space: the body is a valid webhook of
+	// exactly the size wanted, signed as sent.
+	sized := func(n int) []byte { return append(bytes.Clone(webhook), bytes.Repeat([]byte(" "), n-len(webhook))...) }
+	if status := postWebhook(t, url, secret, "at-bound", time.Now(), sized(bound), nil); status != http.StatusOK {
+		t.Errorf("a body of exactly %d bytes: %d, want 200", bound, status)
+	}
+	if status := postWebhook(t, url, secret, "past-bound", time.Now(), sized(bound+1), nil); status != http.StatusRequestEntityTooLarge {
+		t.Errorf("a body of %d bytes: %d, want 413", bound+1, status)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.inbox`); n != 1 {
+		t.Errorf("%d webhooks recorded, want the one at the bound", n)
+	}
+}
+
+// Deleting an endpoint with deliveries waiting logs one line at info that
+// counts them; the workers then end each without a request and without an
+// error line apiece.
+func TestDeletingAnEndpointLogsOnceNotPerDelivery(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	var logs syncBuffer
+	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	api := &testAPI{t: t, srv: newTestServerLogging(t, db, testPolicy, logger)}
+	rc := newReceiver(t, nil)
+	ep := api.createEndpoint(rc.srv.URL + "/gone")
+	const waiting = 20
+	for i := range waiting {
+		record(t, db, "t", strconv.Itoa(i))
+	}
+	relayAll(t, db)
+	if status, body := api.do("DELETE", "/api/endpoints/"+itoa(ep.ID), ""); status != http.StatusNoContent {
+		t.Fatalf("delete: %d %s", status, body)
+	}
+
+	cfg := defaultConfig().Workers
+	cfg.PollInterval, cfg.Concurrency = 20*time.Millisecond, 8
+	client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: 10 * time.Second})
+	wp := newWorkerPool(db, cfg, time.Minute, newSubscriberRegistry(),
+		map[string]jobHandler{webhookJobKind: newWebhookSender(db, nil, client, nil, nil, logger).deliver}, logger)
+	runUntilTestEnds(t, wp)
+	waitFor(t, "every delivery of the deleted endpoint to end", 30*time.Second, func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'discarded'`) == waiting
+	})
+
+	log := logs.String()
+	deleted := regexp.MustCompile(`(?m)^.*level=INFO msg="endpoint deleted.*$`).FindAllString(log, -1)
+	if len(deleted) != 1 || !strings.Contains(deleted[0], "endpoint_id="+itoa(ep.ID)) || !strings.Contains(deleted[0], "deliveries="+strconv.Itoa(waiting)) {
+		t.Errorf("delete log lines %q, want one at INFO with endpoint_id=%d deliveries=%d", deleted, ep.ID, waiting)
+	}
+	if n := strings.Count(log, "level=ERROR"); n != 0 {
+		t.Errorf("%d ERROR lines for the deleted endpoint's deliveries, want none:\n%s", n, log)
+	}
+	if n := len(rc.requests()); n != 0 {
+		t.Errorf("the deleted endpoint's receiver got %d requests, want none", n)
+	}
+}
+
+// runUntilTestEnds runs wp until the test ends.
+func runUntilTestEnds(t *testing.T, wp *workerPool) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- wp.Run(ctx, nil) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
