@@ -130,18 +130,7 @@ func newTestDB(t testing.TB) (*sql.DB, string) {
 		t.Fatal(err)
 	}
 	db.SetMaxOpenConns(20)
-	t.Cleanup(func() {
-		db.Close()
-		admin, err := sql.Open("postgres", harness.adminDSN)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer admin.Close()
-		if _, err := admin.Exec("DROP DATABASE IF EXISTS " + name + " WITH (FORCE)"); err != nil {
-			t.Errorf("drop test database: %v", err)
-		}
-	})
+	dropOnCleanup(t, db, name)
 	return db, dsn
 }
 
@@ -199,4 +188,20 @@ func refuseDeletes(t testing.TB, db *sql.DB, table, message string) {
 		END $$`)
 	mustExec(t, db, `CREATE TRIGGER refuse_delete BEFORE DELETE ON `+table+
 		` FOR EACH STATEMENT EXECUTE FUNCTION refuse_delete('`+strings.ReplaceAll(message, "'", "''")+`')`)
+}
+
+// dropOnCleanup closes db and drops its database, name, when t ends.
+func dropOnCleanup(t testing.TB, db *sql.DB, name string) {
+	t.Cleanup(func() {
+		db.Close()
+		admin, err := sql.Open("postgres", harness.adminDSN)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer admin.Close()
+		if _, err := admin.Exec("DROP DATABASE IF EXISTS " + name + " WITH (FORCE)"); err != nil {
+			t.Errorf("drop test database: %v", err)
+		}
+	})
 }

@@ -299,18 +299,7 @@ func newEmptyTestDB(t *testing.T) (*sql.DB, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		db.Close()
-		admin, err := sql.Open("postgres", harness.adminDSN)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer admin.Close()
-		if _, err := admin.Exec("DROP DATABASE IF EXISTS " + name + " WITH (FORCE)"); err != nil {
-			t.Errorf("drop test database: %v", err)
-		}
-	})
+	dropOnCleanup(t, db, name)
 	return db, dsn
 }
 
