@@ -705,30 +705,40 @@ func (c endpointClick) delete() (string, error) {
 }
 
 // handleSubjects is GET /subjects: the subject index by prefix, a page at
-// a time.
+// a time; with internal=1, outboxd's own events (alerts about endpoints),
+// kept apart so that endpoint 1's alert is not listed beside order 1.
 func (p *panel) handleSubjects(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		q := queryOf(r)
-		prefix := q.text("prefix")
+		prefix, internal := q.text("prefix"), q.text("internal") == "1"
 		after := subjectCursor{Subject: q.text("after"), Topic: q.text("after_topic")}
 		if q.err != nil {
 			return q.err
 		}
-		subjects, err := listSubjects(r.Context(), a.db, prefix, after, defaultPageSize)
+		list := listSubjects
+		if internal {
+			list = listInternalSubjects
+		}
+		subjects, err := list(r.Context(), a.db, prefix, after, defaultPageSize)
 		if err != nil {
 			return err
 		}
 		var next string
 		if len(subjects) == defaultPageSize {
 			c := cursorAfter(subjects)
-			next = "/subjects?" + url.Values{"prefix": {prefix}, "after": {c.Subject}, "after_topic": {c.Topic}}.Encode()
+			v := url.Values{"prefix": {prefix}, "after": {c.Subject}, "after_topic": {c.Topic}}
+			if internal {
+				v.Set("internal", "1")
+			}
+			next = "/subjects?" + v.Encode()
 		}
 		p.render(w, http.StatusOK, "subjects", page{Title: "Subjects", Nav: "subjects", SignedIn: true,
 			Data: struct {
 				Prefix   string
+				Internal bool
 				Subjects []SubjectEntry
 				Next     string
-			}{prefix, subjects, next}})
+			}{prefix, internal, subjects, next}})
 		return nil
 	}
 }
