@@ -371,7 +371,7 @@ func TestEveryAlertLinksToItsPage(t *testing.T) {
 	// links to shows each endpoint's.
 	id := createTestEndpoint(t, srv, "https://a.example/hook")
 	mustExec(t, db, `UPDATE outbox.endpoints SET dedup_window_seconds = 60, dedup_window_seen_at = now() WHERE id = $1`, id)
-	if _, page := panelPage(t, srv, got["receiver_window_short"]); !strings.Contains(page, `<td class="dedup-window">60 s</td>`) {
+	if _, page := panelPage(t, srv, got["receiver_window_short"]); !strings.Contains(page, `<td class="dedup-window">1m</td>`) {
 		t.Errorf("receiver_window_short links to %s, which does not show endpoint %d's 60 s window", got["receiver_window_short"], id)
 	}
 }

@@ -64,9 +64,10 @@ func newPanel(logger *slog.Logger) (*panel, error) {
 		},
 		"ago":       func(t any) string { return ago(asTime(t), time.Now()) },
 		"clock":     func(t any) string { return asTime(t).UTC().Format("2006-01-02 15:04:05 UTC") },
-		"seconds":   func(s float64) string { return (time.Duration(s) * time.Second).String() },
+		"seconds":   seconds,
 		"bytes":     formatBytes,
 		"percent":   func(f float64) string { return strconv.FormatFloat(100*f, 'f', 1, 64) + "%" },
+		"rate":      func(part, whole int64) float64 { return float64(part) / float64(whole) },
 		"latency":   formatLatencyMS,
 		"jobErrors": decodeJobErrors,
 		"cause":     attemptCause,
@@ -152,19 +153,46 @@ func ago(t, now time.Time) string {
 	}
 }
 
+// roughDuration is a duration for people, in its two largest units with
+// a zero second unit left out: "45s", "1m 30s", "3h 5m", "7d 23h" (a
+// dedup window of 687600 s). Every duration the panel shows goes through
+// it, so one page never says "191h0m0s" while another says "7d".
 func roughDuration(d time.Duration) string {
+	const day = 24 * time.Hour
+	two := func(big int64, bigUnit string, small int64, smallUnit string) string {
+		if small == 0 {
+			return fmt.Sprintf("%d%s", big, bigUnit)
+		}
+		return fmt.Sprintf("%d%s %d%s", big, bigUnit, small, smallUnit)
+	}
 	switch {
 	case d < time.Second:
 		return "<1s"
 	case d < time.Minute:
-		return fmt.Sprintf("%ds", int(d.Seconds()))
+		return fmt.Sprintf("%ds", int64(d/time.Second))
 	case d < time.Hour:
-		return fmt.Sprintf("%dm", int(d.Minutes()))
-	case d < 48*time.Hour:
-		return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
+		return two(int64(d/time.Minute), "m", int64(d%time.Minute/time.Second), "s")
+	case d < day:
+		return two(int64(d/time.Hour), "h", int64(d%time.Hour/time.Minute), "m")
 	default:
-		return fmt.Sprintf("%dd", int(d.Hours()/24))
+		return two(int64(d/day), "d", int64(d%day/time.Hour), "h")
 	}
+}
+
+// seconds is roughDuration of a count of seconds, as the overview and
+// the endpoints keep them (a nil pointer: none, "—").
+func seconds(v any) string {
+	switch s := v.(type) {
+	case float64:
+		return roughDuration(time.Duration(s * float64(time.Second)))
+	case int64:
+		return roughDuration(time.Duration(s) * time.Second)
+	case *int64:
+		if s != nil {
+			return roughDuration(time.Duration(*s) * time.Second)
+		}
+	}
+	return "—"
 }
 
 func formatBytes(n int64) string {

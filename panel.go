@@ -224,19 +224,56 @@ func (p *panel) handleEndpoints(a *admin) pageFunc {
 // renderEndpoints lists the endpoints above the form for a new one, which
 // shows form as typed and, after a refusal, why (formError).
 func (p *panel) renderEndpoints(w http.ResponseWriter, r *http.Request, a *admin, status int, flash string, form endpointFields, formError string) error {
-	eps, err := listEndpoints(r.Context(), a.db, 0, maxEndpointPage)
+	rows, err := readEndpointRows(r.Context(), a.db)
 	if err != nil {
 		return err
 	}
 	p.render(w, status, "endpoints", page{Title: "Endpoints", Nav: "endpoints", SignedIn: true,
 		Flash: flash,
 		Data: struct {
-			Endpoints []Endpoint
+			Endpoints []endpointRow
 			Form      endpointFields
 			FormError string
 			Bounds    deliveryBounds
-		}{eps, form, formError, endpointBounds()}})
+			CountCap  int64
+		}{rows, form, formError, endpointBounds(), summaryCountCap}})
 	return nil
+}
+
+// endpointRow is one line of the endpoints list: the endpoint and how it
+// is doing.
+type endpointRow struct {
+	Endpoint
+	Summary EndpointSummary
+}
+
+// Name is how an operator knows the endpoint: its description, else its
+// URL.
+func (e endpointRow) Name() string {
+	if e.Description != "" {
+		return e.Description
+	}
+	return e.URL
+}
+
+func readEndpointRows(ctx context.Context, db *sql.DB) ([]endpointRow, error) {
+	eps, err := listEndpoints(ctx, db, 0, maxEndpointPage)
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]int64, len(eps))
+	for i, e := range eps {
+		ids[i] = e.ID
+	}
+	sums, err := readEndpointSummaries(ctx, db, ids)
+	if err != nil {
+		return nil, err
+	}
+	rows := make([]endpointRow, len(eps))
+	for i, e := range eps {
+		rows[i] = endpointRow{e, sums[e.ID]}
+	}
+	return rows, nil
 }
 
 // maxEndpointForm bounds the body of every form on the endpoint pages.

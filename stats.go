@@ -571,3 +571,87 @@ func prettyBody(body string) string {
 	}
 	return body
 }
+
+// EndpointSummary is what the endpoints list shows of one endpoint
+// beside its settings: its last hour's attempts, its queue, and its last
+// failed attempt.
+type EndpointSummary struct {
+	// Attempts and Successes are summed over the minutes of the last hour.
+	Attempts  int64
+	Successes int64
+	// Queued are due now, Scheduled wait for a later time (a retry's
+	// backoff); each counted up to summaryCountCap.
+	Queued    int64
+	Scheduled int64
+	// LastStatus, LastError and LastErrorAt are its last failed attempt
+	// (nil status: no answer came; zero time: none is kept).
+	LastStatus  *int
+	LastError   string
+	LastErrorAt *time.Time
+}
+
+// summaryCountCap bounds each queue count of the endpoints list: a list
+// of maxEndpointPage endpoints reads at most this many index entries of
+// each lane per endpoint, and a larger queue shows as "1000+".
+const summaryCountCap = 1000
+
+// endpointSummariesSQL reads the summary of endpoints $1 (an id array):
+// the last hour by the primary key of delivery_stats, the waiting jobs
+// of each lane by its index (jobs_waiting_live_by_endpoint,
+// jobs_waiting_replay_by_endpoint), at most $2 each, and the last failed
+// attempt by deliveries_by_endpoint_finished_at (a 2xx there is an
+// outcome fenced out, not a failure).
+const endpointSummariesSQL = `
+SELECT ep.id, coalesce(s.attempts, 0), coalesce(s.successes, 0),
+       q.queued, q.scheduled,
+       last.status_code, coalesce(last.error, ''), last.finished_at
+FROM unnest($1::bigint[]) AS ep (id)
+LEFT JOIN LATERAL (
+  SELECT sum(attempts) AS attempts, sum(successes) AS successes
+  FROM outbox.delivery_stats
+  WHERE endpoint_id = ep.id
+    AND minute >= date_trunc('minute', now() - interval '1 hour')
+) AS s ON true
+CROSS JOIN LATERAL (
+  SELECT count(*) FILTER (WHERE w.scheduled_at <= now()) AS queued,
+         count(*) FILTER (WHERE w.scheduled_at > now() AND w.scheduled_at < 'infinity') AS scheduled
+  FROM (
+    (SELECT scheduled_at FROM outbox.jobs
+     WHERE endpoint_id = ep.id AND state IN ('available', 'retryable') AND replay_id IS NULL
+     LIMIT $2)
+    UNION ALL
+    (SELECT scheduled_at FROM outbox.jobs
+     WHERE endpoint_id = ep.id AND state IN ('available', 'retryable') AND replay_id IS NOT NULL
+     LIMIT $2)
+  ) AS w
+) AS q
+LEFT JOIN LATERAL (
+  SELECT d.status_code, d.error, d.finished_at
+  FROM outbox.deliveries AS d
+  WHERE d.endpoint_id = ep.id
+    AND NOT coalesce(d.status_code BETWEEN 200 AND 299, false)
+  ORDER BY d.finished_at DESC
+  LIMIT 1
+) AS last ON true`
+
+// readEndpointSummaries reads the summaries of the endpoints ids, by id.
+func readEndpointSummaries(ctx context.Context, db *sql.DB, ids []int64) (map[int64]EndpointSummary, error) {
+	rows, err := db.QueryContext(ctx, endpointSummariesSQL, pq.Array(ids), summaryCountCap)
+	if err != nil {
+		return nil, fmt.Errorf("endpoint summaries: %w", err)
+	}
+	defer rows.Close()
+	out := make(map[int64]EndpointSummary, len(ids))
+	for rows.Next() {
+		var id int64
+		var s EndpointSummary
+		if err := rows.Scan(&id, &s.Attempts, &s.Successes, &s.Queued, &s.Scheduled, &s.LastStatus, &s.LastError, &s.LastErrorAt); err != nil {
+			return nil, fmt.Errorf("endpoint summaries: %w", err)
+		}
+		out[id] = s
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("endpoint summaries: %w", err)
+	}
+	return out, nil
+}
