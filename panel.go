@@ -156,16 +156,65 @@ func (p *panel) handleJobs(a *admin) pageFunc {
 		if err != nil {
 			return err
 		}
+		counts, err := countJobStates(r.Context(), a.db, pg.filter.EndpointID)
+		if err != nil {
+			return err
+		}
 		p.render(w, http.StatusOK, "jobs", page{Title: "Jobs", Nav: "jobs", SignedIn: true,
 			Flash: flash(r),
 			Data: struct {
 				Filter JobFilter
-				States []string
+				States []jobStateCount
 				Jobs   []JobView
 				Next   string
-			}{pg.filter, []string{"", "available", "running", "retryable", "completed", "discarded"}, pg.rows, pg.olderLink(r, pg.filter.Limit)}})
+			}{pg.filter, counts, pg.rows, pg.olderLink(r, pg.filter.Limit)}})
 		return nil
 	}
+}
+
+// jobStateCount is one state link of the jobs page: the state ("" for
+// all) and how many jobs it holds, up to jobStateCountCap (Capped: more).
+type jobStateCount struct {
+	State  string
+	Count  int64
+	Capped bool
+}
+
+// jobStateCountCap bounds each state's count on the jobs page: a day of
+// completed jobs may be millions, and "10000+" says enough.
+const jobStateCountCap = 10000
+
+// jobStateCountsSQL counts the jobs of each state, of endpoint $1 (0:
+// any), each count reading at most $2 rows.
+const jobStateCountsSQL = `
+SELECT s.state::text,
+       (SELECT count(*)
+        FROM (SELECT 1
+              FROM outbox.jobs AS j
+              WHERE j.state = s.state
+                AND ($1::bigint = 0 OR j.endpoint_id = $1::bigint)
+              LIMIT $2) AS c)
+FROM unnest(ARRAY['available', 'running', 'retryable', 'completed', 'discarded']::outbox.job_state[]) WITH ORDINALITY AS s (state, n)
+ORDER BY s.n`
+
+// countJobStates reads the jobs page's state links: all first, then each
+// state in the order a job passes through them.
+func countJobStates(ctx context.Context, db *sql.DB, endpointID int64) ([]jobStateCount, error) {
+	states, err := queryAll(ctx, db, func(row rowScanner) (jobStateCount, error) {
+		var c jobStateCount
+		err := row.Scan(&c.State, &c.Count)
+		c.Capped = c.Count >= jobStateCountCap
+		return c, err
+	}, jobStateCountsSQL, endpointID, jobStateCountCap)
+	if err != nil {
+		return nil, fmt.Errorf("count jobs by state: %w", err)
+	}
+	all := jobStateCount{}
+	for _, c := range states {
+		all.Count += c.Count
+		all.Capped = all.Capped || c.Capped
+	}
+	return append([]jobStateCount{all}, states...), nil
 }
 
 // handleRetry is POST /jobs/{id}/retry.
