@@ -480,7 +480,8 @@ func handleRotateSourceSecret(a *admin) apiFunc {
 
 // handleListSubjects is GET /api/subjects?prefix=&after=&after_topic=&limit=:
 // the subject index by prefix, {"subjects": [...], "next_after",
-// "next_after_topic"}, in (subject, topic) order.
+// "next_after_topic"}, in natural order (subjects.go), outboxd's own topics
+// left out.
 func handleListSubjects(a *admin) apiFunc {
 	return func(r *http.Request) (int, any, error) {
 		q := queryOf(r)
