@@ -12,28 +12,6 @@ import (
 	"time"
 )
 
-// upsertSubjectsSQL keeps the latest event of each subject and topic
-// among the events rows yields (id, topic, subject, payload): the relay's
-// fan-out (relay.go) passes the events it marks. The WHERE on the conflict
-// makes it monotonic: an event with a lower id than the one kept (relayed
-// late, or a legacy job run again) changes nothing. Of several events of
-// one topic and subject, the highest id is the one written, as if each had
-// been upserted in turn. Rows go in (subject, topic) order, the one lock
-// order for every relay.
-func upsertSubjectsSQL(rows string) string {
-	return `
-INSERT INTO outbox.subjects AS s (subject, topic, last_event_id, payload, updated_at)
-SELECT DISTINCT ON (r.subject, r.topic) r.subject, r.topic, r.id, r.payload, now()
-FROM (` + rows + `) AS r
-WHERE r.subject <> ''
-ORDER BY r.subject, r.topic, r.id DESC
-ON CONFLICT (subject, topic) DO UPDATE
-SET last_event_id = EXCLUDED.last_event_id,
-    payload = EXCLUDED.payload,
-    updated_at = EXCLUDED.updated_at
-WHERE s.last_event_id < EXCLUDED.last_event_id`
-}
-
 // SubjectEntry is one row of the subject index.
 type SubjectEntry struct {
 	Subject     string          `json:"subject"`
