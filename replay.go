@@ -124,9 +124,10 @@ func (r replayRange) args() (until sql.NullTime, topics any, through sql.NullInt
 // endpoint's filter passes, as the fan-out tests it (outbox.fan_out,
 // silent: unknown is no match); the filter is the endpoint's as each
 // batch reads it. replaySQL enqueues them and replayCountSQL counts
-// them, so a dry run counts what the replay enqueues (TestReplayDryRunCountsWhatTheReplayEnqueues). Both lists of
-// patterns are split once, in the statement's one-row CTEs, and tested
-// against each event with topic_selected (schema.sql), which the planner
+// them, so a dry run counts what the replay enqueues
+// (TestReplayDryRunCountsWhatTheReplayEnqueues). Both lists of patterns
+// are split once, in the statement's one-row CTEs, and tested against
+// each event with topic_selected (schema.sql), which the planner
 // inlines: the walk passes every event of the window, of every topic.
 const replayCandidatesSQL = `
 WITH endpoint AS (
