@@ -11,7 +11,9 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -371,5 +373,69 @@ func TestFilterPreviewCounts(t *testing.T) {
 		if msg := errorOf(t, body); status != http.StatusBadRequest || !strings.Contains(msg, tc.want) {
 			t.Errorf("POST %s %s = %d %q, want 400 containing %q", tc.path, tc.body, status, msg, tc.want)
 		}
+	}
+}
+
+// The endpoint page shows the filter, what it kept out, and a form that
+// previews another one on the spot, saving nothing; its edit form sets
+// and removes the filter, and a bad one is refused with why.
+func TestEndpointPageShowsAndPreviewsTheFilter(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	ep := createFilteredEndpoint(t, api, "http://127.0.0.1:1/hook", paidFilter, "order.*")
+	mustExec(t, db, `SELECT outbox.record('order.paid', 's' || i, jsonb_build_object('status', 'paid', 'amount_cents', i * 100))
+		FROM generate_series(1, 30) AS i`) // 20 of them above 1000 cents
+	relayAll(t, db)
+	browser := signIn(t, api.srv)
+	path := api.srv.URL + "/endpoints/" + itoa(ep.ID)
+	post := func(action string, form url.Values) (int, string) {
+		t.Helper()
+		resp, err := browser.PostForm(path+"/"+action, form)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+
+	code, page := panelPage(t, api.srv, "/endpoints/"+itoa(ep.ID))
+	if code != http.StatusOK {
+		t.Fatalf("endpoint page = %d", code)
+	}
+	for _, want := range []string{
+		`<code id="filter">$.status == &#34;paid&#34; &amp;&amp; $.amount_cents &gt; 1000</code>`,
+		`<span id="filtered-1h">10</span>`, `<span id="filtered-24h">10</span>`,
+		`action="/endpoints/` + itoa(ep.ID) + `/filter-preview"`,
+	} {
+		if !strings.Contains(page, want) {
+			t.Errorf("endpoint page lacks %s", want)
+		}
+	}
+
+	code, page = post("filter-preview", url.Values{"filter": {`$.amount_cents > 2500`}, "limit": {"20"}})
+	if code != http.StatusOK || !strings.Contains(page, `<strong id="filter-preview-matched">5</strong> of the newest <span id="filter-preview-events">20</span>`) {
+		t.Errorf("preview = %d, want 5 of the newest 20:\n%s", code, between(page, `<section id="filter-section">`, `</section>`))
+	}
+	if got := api.endpoint(ep.ID).Filter; got == nil || *got != paidFilter {
+		t.Errorf("the preview changed the filter to %v", got)
+	}
+	code, page = post("filter-preview", url.Values{"filter": {`$.amount_cents >`}})
+	if code != http.StatusOK || !strings.Contains(page, `id="filter-preview-refused"`) || !strings.Contains(page, "filter: syntax error") {
+		t.Errorf("preview of a bad filter = %d, want its refusal shown:\n%s", code, between(page, `<section id="filter-section">`, `</section>`))
+	}
+
+	form := url.Values{"url": {"http://127.0.0.1:1/hook"}, "topics": {"order.*"}, "max_in_flight": {"16"}, "ordering": {"none"}}
+	form.Set("filter", `$.a`)
+	if code, page := post("edit", form); code != http.StatusBadRequest || !strings.Contains(page, "filter: not a predicate") {
+		t.Errorf("edit with a bad filter = %d, want 400 saying why", code)
+	}
+	form.Set("filter", "")
+	if code, _ := post("edit", form); code != http.StatusSeeOther {
+		t.Errorf("edit without a filter = %d, want 303", code)
+	}
+	if got := api.endpoint(ep.ID).Filter; got != nil {
+		t.Errorf("filter after an edit that emptied it: %q, want none", *got)
 	}
 }
