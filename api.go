@@ -345,14 +345,14 @@ func handleFilterPreview(a *admin) apiFunc {
 	type request struct {
 		Topics []string `json:"topics"`
 		Filter *string  `json:"filter"`
-		Limit  int      `json:"limit"`
+		Limit  *int     `json:"limit"`
 	}
 	return func(r *http.Request) (int, any, error) {
 		var in request
 		if err := decodeJSON(r, &in); err != nil {
 			return 0, nil, err
 		}
-		pv, err := previewFilter(r.Context(), a.db, FilterPreviewRequest{Topics: in.Topics, Filter: in.Filter, Limit: in.Limit})
+		pv, err := previewFilter(r.Context(), a.db, FilterPreviewRequest{Topics: in.Topics, Filter: in.Filter, Limit: filterPreviewLimit(in.Limit)})
 		return http.StatusOK, pv, err
 	}
 }
@@ -363,10 +363,10 @@ func handleFilterPreview(a *admin) apiFunc {
 func handleEndpointFilterPreview(a *admin) apiFunc {
 	type request struct {
 		Filter nullable[string] `json:"filter"`
-		Limit  int              `json:"limit"`
+		Limit  *int             `json:"limit"`
 	}
 	return byIDWithBody(decodeOptionalJSON, func(ctx context.Context, id int64, in request) (FilterPreview, error) {
-		return previewEndpointFilter(ctx, a.db, id, in.Filter.Value, !in.Filter.Set, in.Limit)
+		return previewEndpointFilter(ctx, a.db, id, in.Filter.Value, !in.Filter.Set, filterPreviewLimit(in.Limit))
 	})
 }
 

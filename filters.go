@@ -40,6 +40,15 @@ type FilterPreviewRequest struct {
 	Limit  int
 }
 
+// filterPreviewLimit is the limit a request gave, or the default when it
+// gave none; validate checks its range.
+func filterPreviewLimit(given *int) int {
+	if given == nil {
+		return defaultFilterPreviewLimit
+	}
+	return *given
+}
+
 // FilterPreview is a preview's answer: of the newest Events events of the
 // topics (at most Limit, found among the newest filterPreviewWalk),
 // Matched would have been delivered; Unknown of the others are those on
@@ -60,9 +69,6 @@ type FilterPreview struct {
 // validate checks the request's topics and limit; checkFilter checks the
 // filter, against the database.
 func (q *FilterPreviewRequest) validate() error {
-	if q.Limit == 0 {
-		q.Limit = defaultFilterPreviewLimit
-	}
 	if q.Limit < 1 || q.Limit > maxFilterPreviewLimit {
 		return fmt.Errorf("%w: limit must be between 1 and %d events, got %d", errInvalid, maxFilterPreviewLimit, q.Limit)
 	}

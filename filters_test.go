@@ -365,6 +365,7 @@ func TestFilterPreviewCounts(t *testing.T) {
 
 	for _, tc := range []struct{ path, body, want string }{
 		{"/api/endpoints/filter-preview", `{"topics": ["order.*"], "limit": 10001}`, "limit must be between 1 and 10000"},
+		{"/api/endpoints/filter-preview", `{"topics": ["order.*"], "limit": 0}`, "limit must be between 1 and 10000"},
 		{"/api/endpoints/filter-preview", `{"topics": ["order.*"], "filter": "$.a ="}`, "filter: syntax error"},
 		{"/api/endpoints/filter-preview", `{"topics": ["bad topic"]}`, "topic pattern"},
 		{"/api/endpoints/" + itoa(ep.ID) + "/filter-preview", `{"filter": "$.a"}`, "filter: not a predicate"},
