@@ -439,4 +439,24 @@ func TestEndpointPageShowsAndPreviewsTheFilter(t *testing.T) {
 	if got := api.endpoint(ep.ID).Filter; got != nil {
 		t.Errorf("filter after an edit that emptied it: %q, want none", *got)
 	}
+
+	form.Set("filter", `$.region == "eu"`)
+	resp, err := browser.PostForm(api.srv.URL+"/endpoints", form)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || queryInt(t, db, `SELECT count(*) FROM outbox.endpoints WHERE filter = '$.region == "eu"'`) != 1 {
+		t.Errorf("create with a filter = %d, want 200 and the endpoint stored with it", resp.StatusCode)
+	}
+	form.Set("filter", `$.region ==`)
+	resp, err = browser.PostForm(api.srv.URL+"/endpoints", form)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "filter: syntax error") || !strings.Contains(string(b), `value="$.region ==`) {
+		t.Errorf("create with a bad filter = %d, want 400 saying why with the form as typed", resp.StatusCode)
+	}
 }

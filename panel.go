@@ -440,7 +440,9 @@ func (p *panel) handleCreateEndpoint(a *admin) pageFunc {
 		}
 		secret := newWebhookSecret()
 		ep, err := createEndpoint(r.Context(), a.db, a.box, in, secret)
-		if err != nil {
+		if errors.Is(err, errInvalid) { // a filter PostgreSQL refuses (checkFilter)
+			return p.renderEndpoints(w, r, a, http.StatusBadRequest, "", fs, refusal(err))
+		} else if err != nil {
 			return err
 		}
 		return p.renderEndpoint(w, r, a, ep.ID, endpointView{
