@@ -157,6 +157,17 @@ func TestStatsCountWhatTheFilterKeptOut(t *testing.T) {
 			t.Errorf("GET %s: the series filtered out %d, want %d", tc.path, series, tc.filteredOut)
 		}
 	}
+	req, _ := http.NewRequest("GET", api.srv.URL+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+testToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics := parseMetrics(t, resp.Body)
+	resp.Body.Close()
+	if got := metrics["outboxd_delivery_stats_last_hour_filtered_out"]; got != 10 {
+		t.Errorf("/metrics outboxd_delivery_stats_last_hour_filtered_out = %v, want 10", got)
+	}
 }
 
 // A filter is echoed by every answer, changed and removed by PATCH (left
