@@ -89,10 +89,12 @@ func (q *FilterPreviewRequest) validate() error {
 // filterPreviewSQL runs filter $2 (NULL: none) over the newest $3 events
 // that topic patterns $1 select among the newest $4, as the fan-out does:
 // jsonb_path_match with silent => true, unknown (NULL) no match. The
-// patterns are split once and tested with topic_selected, as a replay's
-// walk does (replay.go).
+// patterns are split once (MATERIALIZED: inlined, topic_split ran again
+// for every event the walk passed) and tested with topic_selected, as a
+// replay's walk does (replay.go). The walk reads the primary key
+// backwards and stops at $3 events of the topics or $4 events in all.
 const filterPreviewSQL = `
-WITH pattern AS (
+WITH pattern AS MATERIALIZED (
   SELECT t.names, t.prefixes, t.every_topic
   FROM outbox.topic_split($1) AS t
 ),
