@@ -899,6 +899,76 @@ EXCEPTION WHEN duplicate_object THEN
 END
 $$;
 
+-- filter narrows what an endpoint receives beyond its topics: a SQL/JSON
+-- path predicate over the event's payload, in jsonb_path_match's syntax
+-- ('$.status == "paid" && $.amount_cents > 1000'), kept as it was written
+-- for the API to echo; NULL: every event of its topics (docs/filters.md).
+-- filter_path is it parsed, once, when it is written: the fan-out tests it
+-- against every event its topics pass, and a text would be parsed again
+-- for each. A filter that does not parse fails the write here; the Go side
+-- says why before it comes to that (filters.go, checkFilter).
+ALTER TABLE outbox.endpoints
+  ADD COLUMN IF NOT EXISTS filter text,
+  ADD COLUMN IF NOT EXISTS filter_path jsonpath GENERATED ALWAYS AS (filter::jsonpath) STORED;
+
+-- filter_problem says why a parsed filter may not be stored, or NULL when
+-- it may. jsonb_path_match with silent => true turns what a payload can
+-- cause (a missing member, a wrong type, a division by zero) into
+-- unknown, which the fan-out counts as no match; what remains are errors
+-- of the filter itself, which would fail every fan-out of its topics and
+-- poison the events, so they are refused here:
+--   - a variable ($name): the fan-out passes none, and a missing one
+--     raises;
+--   - .datetime(): comparing a time with a zone to one without raises
+--     unless a time zone is given (jsonb_path_match_tz, which depends on
+--     the session's TimeZone); ISO 8601 strings compare in order as
+--     strings;
+--   - not a predicate ('$.a'): evaluated on an empty object, a predicate
+--     answers exactly one true, false or unknown (null), whatever the
+--     payload; a path answers its items ('$.a' none, '$' the object).
+-- Variables and methods are found in the normalised text PostgreSQL
+-- prints for the path, with its string literals (member names among
+-- them) emptied first: a variable prints as $"name", a member as ."name".
+-- PL/pgSQL, so that the probe runs only after the variable check passed:
+-- a SQL function's CASE could be folded with its constant arguments, the
+-- probe first.
+CREATE OR REPLACE FUNCTION outbox.filter_problem(f jsonpath)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+DECLARE
+  bare text := regexp_replace(f::text, '"(\\.|[^"\\])*"', '""', 'g');
+  probe jsonb;
+BEGIN
+  IF f IS NULL THEN
+    RETURN NULL;
+  END IF;
+  IF bare ~ '\$""' THEN
+    RETURN 'a filter may not use variables ($name): none are passed to it';
+  END IF;
+  IF bare ~ '\.datetime\(' THEN
+    RETURN '.datetime() is not supported (comparing times with and without a time zone raises an error); compare ISO 8601 strings instead, e.g. $.at >= "2026-01-01"';
+  END IF;
+  probe := jsonb_path_query_array('{}'::jsonb, f, '{}'::jsonb, true);
+  IF jsonb_array_length(probe) <> 1 OR jsonb_typeof(probe -> 0) NOT IN ('boolean', 'null') THEN
+    RETURN 'not a predicate: it selects values rather than answering true or false (write a comparison, e.g. $.paid == true rather than $.paid)';
+  END IF;
+  RETURN NULL;
+END
+$$;
+
+-- At most 4,096 bytes (filters.go, maxFilterLen): a filter is a
+-- predicate, not a program.
+DO $$
+BEGIN
+  ALTER TABLE outbox.endpoints
+    ADD CONSTRAINT endpoints_filter_length CHECK (length(filter) <= 4096),
+    ADD CONSTRAINT endpoints_filter_allowed CHECK (outbox.filter_problem(filter_path) IS NULL);
+EXCEPTION WHEN duplicate_object THEN
+  NULL;
+END
+$$;
+
 -- Serves the fan-out: the enabled endpoints, read for every relay pass.
 CREATE INDEX IF NOT EXISTS endpoints_enabled_by_id
   ON outbox.endpoints (id)
@@ -1689,8 +1759,9 @@ $$;
 
 -- fan_out is the relay's transaction (relay.go): it claims and marks
 -- events, then enqueues one job per (event, matching subscriber) and one
--- webhook job per (event, enabled endpoint whose topics match), in one
--- statement, one round trip and one transaction. With in_event_id NULL it
+-- webhook job per (event, enabled endpoint whose topics match and whose
+-- filter, if it has one, the payload passes), in one statement, one round
+-- trip and one transaction. With in_event_id NULL it
 -- claims a batch of up to in_batch events (mark_fanned_out); with an id,
 -- that one event, for the row-by-row retry after a batch failed (another
 -- relay may have relayed it meanwhile, and then it claims nothing).
@@ -1704,6 +1775,12 @@ $$;
 -- Every part reads the claimed rows once, from what the UPDATE returned.
 -- Topics are matched once per distinct topic of the batch, not once per
 -- event: a batch holds a handful of topics, and topic_matches is not cheap.
+-- An endpoint's filter is tested once per event its topics select
+-- (routed), on the path parsed when it was stored (filter_path), with
+-- silent => true: an error the payload causes (a wrong type, a missing
+-- member in strict mode, a result that is not a boolean) answers unknown,
+-- and unknown is no match, never a failed pass. filter_problem keeps out
+-- the filters whose errors silent does not cover.
 --
 -- A coalescing subscriber gets one job per topic and subject of the batch,
 -- for its highest event id (DISTINCT ON keeps the first row of each (kind,
@@ -1711,17 +1788,19 @@ $$;
 -- coalesced: each event is a fact. Inserts go in id order, so the job
 -- table's indexes grow at their right edge.
 --
--- Each endpoint's deliveries are counted for its statistics (fanout_stats)
--- in endpoint order: relays adding to the same minute's rows lock them in
--- one order. The row also keeps when the last of them was fanned out, which
+-- Each endpoint's deliveries, and the events its filter kept from it, are
+-- counted for its statistics (fanout_stats) in endpoint order: relays
+-- adding to the same minute's rows lock them in one order. The row also keeps when the last of them was fanned out, which
 -- narrows the endpoint's replay lane while live deliveries flow
 -- (replay_width). The subject index (subjects) is kept here too, in the
 -- transaction that marks the events fanned out: as a job per subject it
 -- would cost an insert, a claim and a completion, each a new row version
 -- in every index of the job table.
 --
--- Then the ordered lanes that got deliveries advance (advance_lanes), so a
--- delivery is never held behind nothing. The commit does not wait for the
+-- Then the ordered lanes of the batch's events advance (advance_lanes), so
+-- a delivery is never held behind nothing: those that got a delivery, and
+-- those whose event the filter kept out, behind which advance_lanes held a
+-- later event of the subject while this one waited to be fanned out. The commit does not wait for the
 -- WAL to reach the disk: a crash before the flush rolls the transaction
 -- back whole, and the events are claimed again (database.go,
 -- beginPipelineTx, says why that loses nothing). The parameters are named in_*, so that no name in the
@@ -1758,10 +1837,17 @@ BEGIN
     JOIN topics AS t ON outbox.topic_matches(s.topics, t.topic)
   ),
   endpoint_subscriptions AS (
-    SELECT ep.id AS endpoint_id, ep.breaker_opened_at, ep.ordering, t.topic
+    SELECT ep.id AS endpoint_id, ep.breaker_opened_at, ep.ordering, ep.filter_path, t.topic
     FROM outbox.endpoints AS ep
     JOIN topics AS t ON outbox.topic_matches(ep.topics, t.topic)
     WHERE ep.disabled_at IS NULL
+  ),
+  routed AS (
+    SELECT m.id, m.subject, es.endpoint_id, es.breaker_opened_at, es.ordering,
+           es.filter_path IS NULL
+             OR coalesce(jsonb_path_match(m.payload, es.filter_path, silent => true), false) AS passes
+    FROM marked AS m
+    JOIN endpoint_subscriptions AS es ON es.topic = m.topic
   ),
   enqueued AS (
     INSERT INTO outbox.jobs (kind, event_id, max_attempts)
@@ -1785,28 +1871,31 @@ BEGIN
   ),
   webhooks AS (
     INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, scheduled_at, lane_key)
-    SELECT 'webhook', m.id, es.endpoint_id, in_max_attempts,
-           CASE WHEN es.ordering = 'subject' THEN 'infinity'
-                WHEN es.breaker_opened_at IS NULL THEN now()
+    SELECT 'webhook', r.id, r.endpoint_id, in_max_attempts,
+           CASE WHEN r.ordering = 'subject' THEN 'infinity'
+                WHEN r.breaker_opened_at IS NULL THEN now()
                 ELSE now() + make_interval(secs => in_breaker_delay) END,
-           CASE WHEN es.ordering = 'subject' THEN m.subject END
-    FROM marked AS m
-    JOIN endpoint_subscriptions AS es ON es.topic = m.topic
-    ORDER BY m.id, es.endpoint_id
-    RETURNING endpoint_id, lane_key
+           CASE WHEN r.ordering = 'subject' THEN r.subject END
+    FROM routed AS r
+    WHERE r.passes
+    ORDER BY r.id, r.endpoint_id
+    RETURNING 1
   ),
   lanes AS (
-    SELECT DISTINCT w.endpoint_id, w.lane_key FROM webhooks AS w WHERE w.lane_key IS NOT NULL
+    SELECT DISTINCT r.endpoint_id, r.subject AS lane_key FROM routed AS r WHERE r.ordering = 'subject'
   ),
   produced AS (
-    INSERT INTO outbox.fanout_stats AS f (endpoint_id, minute, deliveries, last_fanned_at)
-    SELECT w.endpoint_id, date_trunc('minute', now()), count(*), now()
-    FROM webhooks AS w
-    GROUP BY w.endpoint_id
-    ORDER BY w.endpoint_id
+    INSERT INTO outbox.fanout_stats AS f (endpoint_id, minute, deliveries, filtered_out, last_fanned_at)
+    SELECT r.endpoint_id, date_trunc('minute', now()),
+           count(*) FILTER (WHERE r.passes), count(*) FILTER (WHERE NOT r.passes),
+           CASE WHEN bool_or(r.passes) THEN now() END
+    FROM routed AS r
+    GROUP BY r.endpoint_id
+    ORDER BY r.endpoint_id
     ON CONFLICT (endpoint_id, minute) DO UPDATE
     SET deliveries = f.deliveries + EXCLUDED.deliveries,
-        last_fanned_at = EXCLUDED.last_fanned_at
+        filtered_out = f.filtered_out + EXCLUDED.filtered_out,
+        last_fanned_at = coalesce(EXCLUDED.last_fanned_at, f.last_fanned_at)
   ),
   indexed AS (
     INSERT INTO outbox.subjects AS s (subject, topic, last_event_id, payload, updated_at)
@@ -1995,6 +2084,15 @@ CREATE INDEX IF NOT EXISTS fanout_stats_by_minute
 -- it costs no write of its own.
 ALTER TABLE outbox.fanout_stats
   ADD COLUMN IF NOT EXISTS last_fanned_at timestamptz;
+
+-- filtered_out is how many of the events that the endpoint's topics
+-- selected in that minute its filter kept from it (outbox.endpoints,
+-- filter), counted by the same upsert: one row per endpoint and pass, as
+-- the deliveries are, never one per event. A row of an endpoint whose
+-- filter kept every event of a pass has deliveries 0 and no
+-- last_fanned_at.
+ALTER TABLE outbox.fanout_stats
+  ADD COLUMN IF NOT EXISTS filtered_out bigint NOT NULL DEFAULT 0;
 
 --------------------------------------------------------------------------------
 -- Outcomes: a batch of attempts' results, written in one transaction
