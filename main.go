@@ -75,6 +75,9 @@ type Config struct {
 	// addresses: for development and tests only.
 	AllowPrivateEndpoints bool
 	Demo                  bool
+	// EgressProxy is the HTTP CONNECT proxy every delivery goes through
+	// (safehttp.go, egressProxy); empty: straight to the receiver.
+	EgressProxy string
 
 	// DisableListen turns LISTEN/NOTIFY off and leaves the sweeps to do all
 	// the waking. PoolMode transaction implies it: poolers in transaction
@@ -182,6 +185,7 @@ func defaultConfig() Config {
 			DeadRatio:            0.2,
 			XactAge:              time.Hour,
 			EndpointSuccessBelow: 0.5, EndpointFailingFor: 3 * time.Minute, // AlertConfig says why
+			ClientCertExpiry: 14 * 24 * time.Hour,
 		},
 		Retention: RetentionConfig{
 			Events: 7 * 24 * time.Hour,
@@ -307,6 +311,7 @@ func alertFlags(fs *flag.FlagSet, a *AlertConfig) {
 	fs.DurationVar(&a.XactAge, "alert-xact-age", a.XactAge, "age of the oldest snapshot-holding transaction above which old_transaction fires")
 	fs.Float64Var(&a.EndpointSuccessBelow, "alert-endpoint-success-below", a.EndpointSuccessBelow, "share of an endpoint's attempts succeeding below which, for -alert-endpoint-failing-for, endpoint_failing fires")
 	fs.DurationVar(&a.EndpointFailingFor, "alert-endpoint-failing-for", a.EndpointFailingFor, "how long an endpoint's success rate stays below -alert-endpoint-success-below before endpoint_failing fires")
+	fs.DurationVar(&a.ClientCertExpiry, "alert-client-cert-expiry", a.ClientCertExpiry, "how long before an endpoint's client certificate expires client_certificate_expiring fires")
 }
 
 func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
@@ -319,6 +324,7 @@ func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "log format: text or json")
 	fs.TextVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log level: debug, info, warn or error")
 	fs.BoolVar(&cfg.AllowPrivateEndpoints, "allow-private-endpoints", cfg.AllowPrivateEndpoints, "deliver to loopback and private addresses (development and tests only)")
+	fs.StringVar(&cfg.EgressProxy, "egress-proxy", cfg.EgressProxy, "HTTP CONNECT proxy every webhook and probe goes through: http(s)://[user:password@]host:port; empty: connect directly")
 	fs.BoolVar(&cfg.Demo, "demo", cfg.Demo, "create a watched sample table and write to it, to show events flowing")
 	fs.BoolVar(&cfg.DisableListen, "disable-listen", cfg.DisableListen, "do not LISTEN; rely on the sweeps alone (-pool-mode transaction implies it)")
 	fs.StringVar(&cfg.PoolMode, "pool-mode", cfg.PoolMode, "session, or transaction behind a pooler in transaction mode (PgBouncer): no LISTEN, -relay-sweep 1s unless given, retention locks per batch")
@@ -430,6 +436,8 @@ func (c Config) validate() error {
 		shareIn("alert-dead-ratio", c.Alerts.DeadRatio),
 		shareIn("alert-endpoint-success-below", c.Alerts.EndpointSuccessBelow),
 		durationIn("alert-endpoint-failing-for", c.Alerts.EndpointFailingFor, time.Second, 24*time.Hour),
+		durationIn("alert-client-cert-expiry", c.Alerts.ClientCertExpiry, 0, 365*24*time.Hour),
+		validateEgressProxy(c.EgressProxy),
 		durationIn("webhook-timeout", c.Webhooks.Timeout, 10*time.Millisecond, 10*time.Minute),
 		durationIn("webhook-secret-rotation-window", c.Webhooks.SecretRotationWindow, 0, 30*24*time.Hour),
 		validateRetryHorizon(c.Workers.MaxAttempts, c.Retention.Events),
@@ -1001,11 +1009,16 @@ func startPipeline(cfg Config, db *sql.DB, box *secretBox, dsn string, demoRun *
 
 	// One client for every delivery: its pool keeps connections alive per
 	// host, and its dialer refuses internal addresses (safehttp.go).
-	webhookClient := newSafeHTTPClient(safeHTTPOptions{
+	webhookOptions := safeHTTPOptions{
 		AllowPrivate: cfg.AllowPrivateEndpoints,
 		Timeout:      cfg.Webhooks.Timeout,
 		Concurrency:  cfg.Workers.Concurrency,
-	})
+	}
+	if cfg.EgressProxy != "" {
+		webhookOptions.Proxy, _ = parseEgressProxy(cfg.EgressProxy) // validated at start
+		logger.Info("deliveries go through an egress proxy", "proxy", webhookOptions.Proxy.Redacted())
+	}
+	webhookClient := newSafeHTTPClient(webhookOptions)
 	p.deliveries = newDeliveryMetrics()
 	mail := newMailer(cfg.Mail)
 	logger.Info("mail settings", "smtp", mail, "from", cfg.Mail.From)

@@ -55,6 +55,11 @@ type AlertConfig struct {
 	// backoff makes its deliveries hours late.
 	EndpointSuccessBelow float64
 	EndpointFailingFor   time.Duration
+	// ClientCertExpiry: client_certificate_expiring fires this long
+	// before an endpoint's client certificate expires. Two weeks leave
+	// a receiver's owner a week or two of working days to issue a new
+	// one, in a process that can involve another team.
+	ClientCertExpiry time.Duration
 }
 
 // bloatMinDeadRows is the least dead rows a table_bloat alert is raised
