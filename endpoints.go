@@ -63,6 +63,12 @@ type Endpoint struct {
 	// is disabled for failure, and re-enable it at the first 2xx.
 	RecoveryProbes bool     `json:"recovery_probes"`
 	Recovery       recovery `json:"recovery"`
+	// ClientCertificate and CACertificate describe the endpoint's TLS
+	// material (clientcert.go); ClientKeySet says that a key is stored,
+	// which no answer ever shows.
+	ClientCertificate *certificateInfo `json:"client_certificate"`
+	ClientKeySet      bool             `json:"client_key_set"`
+	CACertificate     *certificateInfo `json:"ca_certificate"`
 }
 
 // recovery is what the prober did to an endpoint, as the API shows it:
@@ -163,6 +169,46 @@ type endpointInput struct {
 	RateLimitPerSecond nullable[float64] `json:"rate_limit_per_second"`
 	// RecoveryProbes is true unless given false (probe.go).
 	RecoveryProbes *bool `json:"recovery_probes"`
+	// ClientCertificate and ClientKey (PEM) are given together, or both
+	// null to remove them; CACertificate (PEM) null removes it
+	// (clientcert.go).
+	ClientCertificate nullable[string] `json:"client_certificate"`
+	ClientKey         nullable[string] `json:"client_key"`
+	CACertificate     nullable[string] `json:"ca_certificate"`
+}
+
+// validateTLS checks the endpoint's TLS material, if given, as of now.
+func (in *endpointInput) validateTLS(now time.Time) error {
+	if in.ClientCertificate.Set != in.ClientKey.Set || (in.ClientCertificate.Value == nil) != (in.ClientKey.Value == nil) {
+		return fmt.Errorf("%w: client_certificate and client_key go together: give both, or both null to remove them", errInvalid)
+	}
+	if cert, key := in.ClientCertificate.Value, in.ClientKey.Value; cert != nil {
+		pair, err := parseClientPair(*cert, *key)
+		if err == nil {
+			err = checkClientCertificateUsable(pair.Leaf, now)
+		}
+		if err != nil {
+			return fmt.Errorf("%w: %w", errInvalid, err)
+		}
+	}
+	if ca := in.CACertificate.Value; ca != nil {
+		if _, err := parseCAPool(*ca); err != nil {
+			return fmt.Errorf("%w: %w", errInvalid, err)
+		}
+	}
+	return nil
+}
+
+// clientTLSColumns are the input's TLS material as stored for endpoint
+// id: the certificate, its key sealed by box, its expiry, and the CA.
+func (in endpointInput) clientTLSColumns(box *secretBox, id int64) (cert *string, key []byte, expires *time.Time, ca *string) {
+	if cert = in.ClientCertificate.Value; cert != nil {
+		key = box.sealBlob(endpointKeyRow(id), []byte(*in.ClientKey.Value))
+		if info := describeCertificate(cert); info != nil {
+			expires = &info.NotAfter
+		}
+	}
+	return cert, key, expires, in.CACertificate.Value
 }
 
 // nullable is a JSON field that tells absent (Set false) from null (Set,
@@ -235,7 +281,7 @@ func (in *endpointInput) validate(allowPrivate bool) error {
 		return fmt.Errorf("%w: rate_limit_per_second must be between %g and %g requests a second, or null for none, got %g",
 			errInvalid, minRateLimit, float64(maxRateLimit), *r)
 	}
-	return nil
+	return in.validateTLS(time.Now())
 }
 
 // validateOwnerEmail accepts a bare address (a@example.com), the form a
@@ -269,10 +315,12 @@ const endpointColumns = `
   created_at, updated_at,
   disabled_cause, recovery_probes,
   outbox.probe_due_at(disabled_cause, recovery_probes, url, disabled_at, next_probe_at),
-  last_probe_at, last_probe_error, recovered_at, recovered_reason`
+  last_probe_at, last_probe_error, recovered_at, recovered_reason,
+  client_certificate, client_key IS NOT NULL, ca_certificate`
 
 func scanEndpoint(row rowScanner) (Endpoint, error) {
 	var e Endpoint
+	var clientCert, caCert *string
 	err := row.Scan(&e.ID, &e.URL, &e.Description, &e.OwnerEmail, pq.Array(&e.Topics),
 		&e.FailingSince, &e.DisabledAt, &e.DisabledReason, &e.PausedAt, &e.PreviousSecretExpiresAt,
 		&e.DedupWindowSeconds, &e.DedupWindowSeenAt,
@@ -281,10 +329,12 @@ func scanEndpoint(row rowScanner) (Endpoint, error) {
 		&e.CreatedAt, &e.UpdatedAt,
 		&e.DisabledCause, &e.RecoveryProbes,
 		&e.Recovery.NextProbeAt, &e.Recovery.LastProbeAt, &e.Recovery.LastProbeError,
-		&e.Recovery.RecoveredAt, &e.Recovery.RecoveredReason)
+		&e.Recovery.RecoveredAt, &e.Recovery.RecoveredReason,
+		&clientCert, &e.ClientKeySet, &caCert)
 	if err != nil {
 		return e, err
 	}
+	e.ClientCertificate, e.CACertificate = describeCertificate(clientCert), describeCertificate(caCert)
 	if e.Topics == nil {
 		e.Topics = []string{}
 	}
@@ -326,9 +376,11 @@ SELECT nextval(pg_get_serial_sequence('outbox.endpoints', 'id'))`
 // from the column's own sequence.
 const createEndpointSQL = `
 INSERT INTO outbox.endpoints (id, url, description, owner_email, topics, secret,
-                              max_in_flight, rate_limit_per_second, recovery_probes, ordering)
+                              max_in_flight, rate_limit_per_second, recovery_probes, ordering,
+                              client_certificate, client_key, client_certificate_expires_at, ca_certificate)
 OVERRIDING SYSTEM VALUE
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, coalesce($9, true), coalesce($10, 'none'))
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, coalesce($9, true), coalesce($10, 'none'),
+        $11, $12, $13, $14)
 RETURNING` + endpointColumns
 
 // createEndpoint stores a validated endpoint with its first secret, sealed
@@ -356,9 +408,11 @@ func createEndpoint(ctx context.Context, db *sql.DB, box *secretBox, in endpoint
 	if err := db.QueryRowContext(ctx, nextEndpointIDSQL).Scan(&id); err != nil {
 		return Endpoint{}, fmt.Errorf("create endpoint: draw id: %w", err)
 	}
+	cert, key, expires, ca := in.clientTLSColumns(box, id)
 	e, err := scanEndpoint(db.QueryRowContext(ctx, createEndpointSQL,
 		id, *in.URL, description, ownerEmail, pq.Array(topics), box.seal(endpointSecretRow(id), secret),
-		maxInFlight, in.RateLimitPerSecond.Value, in.RecoveryProbes, in.Ordering))
+		maxInFlight, in.RateLimitPerSecond.Value, in.RecoveryProbes, in.Ordering,
+		cert, key, expires, ca))
 	if err != nil {
 		return e, fmt.Errorf("create endpoint: %w", err)
 	}
@@ -408,6 +462,10 @@ SET url = coalesce($2, url),
     rate_limit_per_second = CASE WHEN $7 THEN $8 ELSE rate_limit_per_second END,
     recovery_probes = coalesce($9, recovery_probes),
     ordering = coalesce($10, ordering),
+    client_certificate = CASE WHEN $11::boolean THEN $12::text ELSE client_certificate END,
+    client_key = CASE WHEN $11::boolean THEN $13::bytea ELSE client_key END,
+    client_certificate_expires_at = CASE WHEN $11::boolean THEN $14::timestamptz ELSE client_certificate_expires_at END,
+    ca_certificate = CASE WHEN $15::boolean THEN $16::text ELSE ca_certificate END,
     updated_at = now()
 WHERE id = $1
 RETURNING` + endpointColumns
@@ -434,16 +492,16 @@ WHERE endpoint_id = $1
 // can deadlock, like a delete (deleteEndpoint), and the update is tried
 // again the same way: the whole transaction, at most deleteEndpointTries
 // times.
-func updateEndpoint(ctx context.Context, db *sql.DB, id int64, in endpointInput) (Endpoint, error) {
+func updateEndpoint(ctx context.Context, db *sql.DB, box *secretBox, id int64, in endpointInput) (Endpoint, error) {
 	var e Endpoint
 	err := retryAfterDeadlock(ctx, func() (err error) {
-		e, err = updateEndpointOnce(ctx, db, id, in)
+		e, err = updateEndpointOnce(ctx, db, box, id, in)
 		return err
 	})
 	return e, err
 }
 
-func updateEndpointOnce(ctx context.Context, db *sql.DB, id int64, in endpointInput) (Endpoint, error) {
+func updateEndpointOnce(ctx context.Context, db *sql.DB, box *secretBox, id int64, in endpointInput) (Endpoint, error) {
 	var topics any // NULL unless given; an empty list is given and means all
 	if in.Topics != nil {
 		topics = pq.Array(append([]string{}, *in.Topics...))
@@ -453,8 +511,10 @@ func updateEndpointOnce(ctx context.Context, db *sql.DB, id int64, in endpointIn
 		return Endpoint{}, fmt.Errorf("update endpoint %d: %w", id, err)
 	}
 	defer tx.Rollback()
+	cert, key, expires, ca := in.clientTLSColumns(box, id)
 	e, err := scanOneEndpoint(tx.QueryRowContext(ctx, updateEndpointSQL, id, in.URL, in.Description, in.OwnerEmail, topics,
-		in.MaxInFlight, in.RateLimitPerSecond.Set, in.RateLimitPerSecond.Value, in.RecoveryProbes, in.Ordering), "update", id)
+		in.MaxInFlight, in.RateLimitPerSecond.Set, in.RateLimitPerSecond.Value, in.RecoveryProbes, in.Ordering,
+		in.ClientCertificate.Set, cert, key, expires, in.CACertificate.Set, ca), "update", id)
 	if err != nil {
 		return e, err
 	}

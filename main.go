@@ -1023,6 +1023,7 @@ func startPipeline(cfg Config, db *sql.DB, box *secretBox, dsn string, demoRun *
 	mail := newMailer(cfg.Mail)
 	logger.Info("mail settings", "smtp", mail, "from", cfg.Mail.From)
 	webhooks := newWebhookSender(db, box, webhookClient, p.deliveries, mail, logger)
+	webhooks.endpointTLS = newEndpointClients(db, box, webhookOptions, webhookClient)
 	if demoRun != nil {
 		webhooks.exempt = demoRun.exemption(cfg.Webhooks.Timeout)
 	}

@@ -778,7 +778,7 @@ func (c endpointClick) edit() (string, error) {
 	} else if err != nil {
 		return "", err
 	}
-	_, err = updateEndpoint(c.r.Context(), c.a.db, c.id, in)
+	_, err = updateEndpoint(c.r.Context(), c.a.db, c.a.box, c.id, in)
 	return "Saved.", err
 }
 

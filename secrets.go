@@ -196,6 +196,72 @@ func (b *secretBox) open(row string, stored []byte) ([]byte, error) {
 	return padded[1 : 1+n], nil
 }
 
+// An endpoint's client key (clientcert.go) is longer than any secret and
+// of any length, so it is sealed in a layout of its own, padded to
+// nothing:
+//
+//	sealed     version 2 (1) | key id (4) | nonce (12) | ciphertext | tag (16)
+//	plaintext  the key's PEM text, which starts with "-" (-----BEGIN)
+//
+// Its row identity is endpointKeyRow's, so a sealed key opens only as the
+// key of the endpoint it was written for, never as a secret.
+const (
+	sealedBlobVersion = 2
+	sealedBlobMinLen  = sealedHeaderLen + 12 + 16
+)
+
+func endpointKeyRow(id int64) string { return endpointSecretRow(id) + " client key" }
+
+// sealBlob is data as it is stored in row: sealed under the current key,
+// or, without a key, data itself.
+func (b *secretBox) sealBlob(row string, data []byte) []byte {
+	if b == nil {
+		return data
+	}
+	sealed := make([]byte, sealedHeaderLen, sealedBlobMinLen+len(data))
+	sealed[0] = sealedBlobVersion
+	copy(sealed[1:], b.current.id[:])
+	return b.current.aead.Seal(sealed, nil, data, additionalData(sealed[:sealedHeaderLen], row))
+}
+
+// isSealedBlob tells a sealed blob from plaintext PEM by its first byte.
+func isSealedBlob(stored []byte) bool { return len(stored) > 0 && stored[0] == sealedBlobVersion }
+
+// openBlob is the data stored in row: plaintext as it is, a sealed value
+// opened with the key that sealed it, or an error that says why not.
+func (b *secretBox) openBlob(row string, stored []byte) ([]byte, error) {
+	if !isSealedBlob(stored) {
+		return stored, nil
+	}
+	if len(stored) < sealedBlobMinLen {
+		return nil, fmt.Errorf("%s: %d bytes, too short to be sealed", row, len(stored))
+	}
+	key, err := b.keyFor(row, sealedKeyID(stored))
+	if err != nil {
+		return nil, err
+	}
+	data, err := key.aead.Open(nil, nil, stored[sealedHeaderLen:], additionalData(stored[:sealedHeaderLen], row))
+	if err != nil {
+		return nil, fmt.Errorf("%s does not open under key %s: it was changed, or copied from another row", row, key.id)
+	}
+	return data, nil
+}
+
+// keyFor is the key of this box with id, or an error naming the setting
+// that lacks it.
+func (b *secretBox) keyFor(row string, id keyID) (*sealKey, error) {
+	switch {
+	case b == nil:
+		return nil, fmt.Errorf("%s is sealed under key %s, and %s is not set", row, id, setting("secrets-key"))
+	case id == b.current.id:
+		return &b.current, nil
+	case b.old != nil && id == b.old.id:
+		return b.old, nil
+	}
+	return nil, fmt.Errorf("%s is sealed under key %s, which is neither %s (key %s) nor %s",
+		row, id, setting("secrets-key"), b.current.id, setting("secrets-old-key"))
+}
+
 // openAll opens every secret of row, in order.
 func (b *secretBox) openAll(row string, stored [][]byte) ([][]byte, error) {
 	secrets := make([][]byte, 0, len(stored))

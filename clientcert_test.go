@@ -1,0 +1,390 @@
+// Tests for endpoints' TLS material: mutual TLS against real TLS servers
+// on loopback, a private CA trusted per endpoint, the key sealed and never
+// answered, rotation, and the expiry alert.
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"database/sql"
+	"encoding/json"
+	"encoding/pem"
+	"io"
+	"log"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// testCA is a private certificate authority for one test.
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pem  string
+}
+
+var testSerial = struct {
+	sync.Mutex
+	n int64
+}{n: 1}
+
+func nextSerial() *big.Int {
+	testSerial.Lock()
+	defer testSerial.Unlock()
+	testSerial.n++
+	return big.NewInt(testSerial.n)
+}
+
+func newTestCA(t *testing.T, name string) *testCA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: nextSerial(), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	return &testCA{cert: cert, key: key, pem: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))}
+}
+
+func (ca *testCA) pool() *x509.CertPool {
+	p := x509.NewCertPool()
+	p.AddCert(ca.cert)
+	return p
+}
+
+// issued is a certificate the CA issued, with its key, in PEM and as a
+// tls.Certificate.
+type issued struct {
+	certPEM, keyPEM string
+	pair            tls.Certificate
+}
+
+// issue signs a certificate for cn valid from notBefore to notAfter, for
+// usage (client or server; a server one names 127.0.0.1).
+func (ca *testCA) issue(t *testing.T, cn string, usage x509.ExtKeyUsage, notBefore, notAfter time.Time) issued {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: nextSerial(), Subject: pkix.Name{CommonName: cn},
+		NotBefore: notBefore, NotAfter: notAfter,
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
+	}
+	if usage == x509.ExtKeyUsageServerAuth {
+		tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, _ := x509.MarshalPKCS8PrivateKey(key)
+	out := issued{
+		certPEM: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})),
+		keyPEM:  string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})),
+	}
+	if out.pair, err = tls.X509KeyPair([]byte(out.certPEM), []byte(out.keyPEM)); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func (ca *testCA) client(t *testing.T, cn string) issued {
+	t.Helper()
+	return ca.issue(t, cn, x509.ExtKeyUsageClientAuth, time.Now().Add(-time.Hour), time.Now().Add(20*24*time.Hour))
+}
+
+// mtlsReceiver is an HTTPS receiver on loopback whose certificate the
+// private serverCA issued, and which, if clientCA is not nil, requires a
+// client certificate clientCA issued. It records the subject of each
+// client certificate it was shown.
+func mtlsReceiver(t *testing.T, serverCA, clientCA *testCA) (*httptest.Server, func() []string) {
+	t.Helper()
+	var mu sync.Mutex
+	var subjects []string
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		subject := "(none)"
+		if len(r.TLS.PeerCertificates) > 0 {
+			subject = r.TLS.PeerCertificates[0].Subject.CommonName
+		}
+		mu.Lock()
+		subjects = append(subjects, subject)
+		mu.Unlock()
+	}))
+	cert := serverCA.issue(t, "receiver", x509.ExtKeyUsageServerAuth, time.Now().Add(-time.Hour), time.Now().Add(24*time.Hour))
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert.pair}}
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshakes are the point
+	if clientCA != nil {
+		srv.TLS.ClientAuth = tls.RequireAndVerifyClientCert
+		srv.TLS.ClientCAs = clientCA.pool()
+	}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return srv, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string{}, subjects...)
+	}
+}
+
+// endpointBody is a POST /api/endpoints body for url on topic t, with the
+// given TLS fields.
+func endpointBody(url string, tlsFields map[string]any) string {
+	body := map[string]any{"url": url, "topics": []string{"t"}}
+	for k, v := range tlsFields {
+		body[k] = v
+	}
+	b, _ := json.Marshal(body)
+	return string(b)
+}
+
+func (a *testAPI) createTLSEndpoint(url string, tlsFields map[string]any) Endpoint {
+	a.t.Helper()
+	status, body := a.do("POST", "/api/endpoints", endpointBody(url, tlsFields))
+	if status != http.StatusCreated {
+		a.t.Fatalf("create endpoint with %v: %d %s", keysOf(tlsFields), status, body)
+	}
+	var e Endpoint
+	if err := json.Unmarshal(body, &e); err != nil {
+		a.t.Fatal(err)
+	}
+	return e
+}
+
+func keysOf(m map[string]any) []string {
+	var keys []string
+	for k := range m {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// tlsWorkers runs one pass of workers whose sender builds endpoints'
+// clients as outboxd's does, reading the material at every delivery.
+func tlsWorkers(t *testing.T, db *sql.DB, box *secretBox) func() {
+	t.Helper()
+	opts := safeHTTPOptions{AllowPrivate: true, Timeout: 10 * time.Second}
+	client := newSafeHTTPClient(opts)
+	sender := newWebhookSender(db, box, client, nil, nil, testLogger(t))
+	sender.endpointTLS = newEndpointClients(db, box, opts, client)
+	sender.endpointTLS.recheck = 0
+	wp := newWorkerPool(db, defaultConfig().Workers, time.Minute, newSubscriberRegistry(), map[string]jobHandler{webhookJobKind: sender.deliver}, testLogger(t))
+	return func() {
+		t.Helper()
+		if _, err := wp.workOnce(context.Background(), 10); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestEndpointMutualTLS: a receiver that requires a client certificate
+// from its own CA, and presents one from another private CA, is reached
+// by the endpoint that carries both; without the client certificate, or
+// without the CA, the delivery fails at the handshake and is retried.
+func TestEndpointMutualTLS(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	serverCA, clientCA := newTestCA(t, "receivers' CA"), newTestCA(t, "senders' CA")
+	receiver, subjects := mtlsReceiver(t, serverCA, clientCA)
+	client := clientCA.client(t, "outboxd")
+	api := newTestAPI(t, db, testPolicy)
+	full := api.createTLSEndpoint(receiver.URL+"/full", map[string]any{
+		"client_certificate": client.certPEM, "client_key": client.keyPEM, "ca_certificate": serverCA.pem})
+	noCert := api.createTLSEndpoint(receiver.URL+"/no-cert", map[string]any{"ca_certificate": serverCA.pem})
+	noCA := api.createTLSEndpoint(receiver.URL+"/no-ca", map[string]any{
+		"client_certificate": client.certPEM, "client_key": client.keyPEM})
+
+	event := record(t, db, "t", "s")
+	relayAll(t, db)
+	tlsWorkers(t, db, nil)()
+
+	if diff := cmp.Diff([]string{"outboxd"}, subjects()); diff != "" {
+		t.Errorf("client certificates the receiver saw (-want +got):\n%s", diff)
+	}
+	if s := readJob(t, db, webhookJob(t, db, event, full.ID)).State; s != "completed" {
+		t.Errorf("delivery with certificate and CA: %s, want completed", s)
+	}
+	for _, tc := range []struct {
+		ep   Endpoint
+		want string
+	}{
+		{noCert, "certificate required"},
+		{noCA, "certificate signed by unknown authority"},
+	} {
+		job := webhookJob(t, db, event, tc.ep.ID)
+		jobErr, _, _ := firstAttemptOf(t, db, job)
+		if !strings.Contains(jobErr, tc.want) {
+			t.Errorf("delivery to %s: error %q, want it to say %q", tc.ep.URL, jobErr, tc.want)
+		}
+		if s := readJob(t, db, job).State; s != "retryable" {
+			t.Errorf("delivery to %s: %s, want retryable", tc.ep.URL, s)
+		}
+	}
+}
+
+// TestEndpointClientCertificateRotates: a PATCH with a new pair is the
+// certificate the next delivery presents, and one with both null removes
+// it.
+func TestEndpointClientCertificateRotates(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	box := testBox(t, testSecretsKey(3), "")
+	serverCA, clientCA := newTestCA(t, "receivers' CA"), newTestCA(t, "senders' CA")
+	receiver, subjects := mtlsReceiver(t, serverCA, clientCA)
+	api := newSealingTestAPI(t, db, box)
+	first, second := clientCA.client(t, "first"), clientCA.client(t, "second")
+	ep := api.createTLSEndpoint(receiver.URL, map[string]any{
+		"client_certificate": first.certPEM, "client_key": first.keyPEM, "ca_certificate": serverCA.pem})
+	work := tlsWorkers(t, db, box)
+
+	record(t, db, "t", "before")
+	relayAll(t, db)
+	work()
+	patch := func(fields map[string]any) Endpoint {
+		t.Helper()
+		b, _ := json.Marshal(fields)
+		status, body := api.do("PATCH", "/api/endpoints/"+itoa(ep.ID), string(b))
+		var e Endpoint
+		if err := json.Unmarshal(body, &e); status != http.StatusOK || err != nil {
+			t.Fatalf("PATCH: %d %s", status, body)
+		}
+		return e
+	}
+	if got := patch(map[string]any{"client_certificate": second.certPEM, "client_key": second.keyPEM}); got.ClientCertificate == nil || got.ClientCertificate.Subject != "CN=second" {
+		t.Errorf("PATCH answered client_certificate %+v, want CN=second", got.ClientCertificate)
+	}
+	record(t, db, "t", "after")
+	relayAll(t, db)
+	work()
+	if diff := cmp.Diff([]string{"first", "second"}, subjects()); diff != "" {
+		t.Errorf("client certificates the receiver saw (-want +got):\n%s", diff)
+	}
+
+	removed := patch(map[string]any{"client_certificate": nil, "client_key": nil})
+	if removed.ClientCertificate != nil || removed.ClientKeySet || removed.CACertificate == nil {
+		t.Errorf("after removing the pair: certificate %+v, key set %t, CA %+v; want none, false, the CA kept",
+			removed.ClientCertificate, removed.ClientKeySet, removed.CACertificate)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.endpoints WHERE client_key IS NULL AND client_certificate_expires_at IS NULL`); n != 1 {
+		t.Errorf("%d endpoints without key and expiry, want 1", n)
+	}
+}
+
+// TestEndpointClientKeyIsNeverAnsweredAndSealedAtRest: the key appears in
+// no answer (create, get, list, PATCH) nor on the endpoint's page, and
+// with -secrets-key it is stored sealed, opening only as its endpoint's.
+func TestEndpointClientKeyIsNeverAnsweredAndSealedAtRest(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	box := testBox(t, testSecretsKey(2), "")
+	srv := newSealingTestServer(t, db, testPolicy, box)
+	api := &testAPI{t: t, srv: srv}
+	client := newTestCA(t, "senders' CA").client(t, "outboxd")
+	keyBody := strings.Split(client.keyPEM, "\n")[1] // a line of the key's base64
+
+	status, created := api.do("POST", "/api/endpoints", endpointBody("https://hooks.example.com/a", map[string]any{
+		"client_certificate": client.certPEM, "client_key": client.keyPEM}))
+	if status != http.StatusCreated {
+		t.Fatalf("create: %d %s", status, created)
+	}
+	var ep Endpoint
+	json.Unmarshal(created, &ep)
+	_, got := api.do("GET", "/api/endpoints/"+itoa(ep.ID), "")
+	_, list := api.do("GET", "/api/endpoints", "")
+	_, patched := api.do("PATCH", "/api/endpoints/"+itoa(ep.ID), `{"description": "mTLS"}`)
+	_, page := panelPage(t, srv, "/endpoints/"+itoa(ep.ID))
+	for name, answer := range map[string]string{"create": string(created), "get": string(got), "list": string(list), "patch": string(patched), "page": page} {
+		if strings.Contains(answer, "PRIVATE KEY") || strings.Contains(answer, keyBody) {
+			t.Errorf("the %s answer shows the client key", name)
+		}
+	}
+	var answered Endpoint
+	json.Unmarshal(got, &answered)
+	want := &certificateInfo{Subject: "CN=outboxd", Issuer: "CN=senders' CA", NotAfter: client.pair.Leaf.NotAfter.UTC().Truncate(time.Second)}
+	if c := answered.ClientCertificate; c == nil || c.Subject != want.Subject || c.Issuer != want.Issuer || !c.NotAfter.Equal(want.NotAfter) || len(c.SHA256) != 64 {
+		t.Errorf("client_certificate answered %+v, want %+v with a fingerprint", c, want)
+	}
+	if !answered.ClientKeySet {
+		t.Error("client_key_set false, want true")
+	}
+	if !strings.Contains(page, want.NotAfter.Format("2006-01-02")) || !strings.Contains(page, "CN=outboxd") {
+		t.Error("the endpoint's page shows neither the client certificate's subject nor its expiry")
+	}
+
+	var stored []byte
+	if err := db.QueryRow(`SELECT client_key FROM outbox.endpoints WHERE id = $1`, ep.ID).Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(stored, []byte("PRIVATE KEY")) || bytes.Contains(stored, []byte(keyBody)) || stored[0] != sealedBlobVersion {
+		t.Fatalf("stored client key is not sealed: %q", stored[:min(len(stored), 40)])
+	}
+	if opened, err := box.openBlob(endpointKeyRow(ep.ID), stored); err != nil || string(opened) != client.keyPEM {
+		t.Errorf("opening the stored key: %v; want the key given", err)
+	}
+	if _, err := box.openBlob(endpointKeyRow(ep.ID+1), stored); err == nil {
+		t.Error("the sealed key opened as another endpoint's")
+	}
+	if _, err := (*secretBox)(nil).openBlob(endpointKeyRow(ep.ID), stored); err == nil || !strings.Contains(err.Error(), "-secrets-key (OUTBOXD_SECRETS_KEY) is not set") {
+		t.Errorf("opening without a key: %v, want the setting named", err)
+	}
+}
+
+// TestEndpointTLSMaterialIsValidated: each kind of bad material answers
+// 400 naming its field and the problem.
+func TestEndpointTLSMaterialIsValidated(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	ca := newTestCA(t, "senders' CA")
+	good, other := ca.client(t, "good"), ca.client(t, "other")
+	expired := ca.issue(t, "expired", x509.ExtKeyUsageClientAuth, time.Now().Add(-48*time.Hour), time.Now().Add(-time.Hour))
+	serverOnly := ca.issue(t, "server", x509.ExtKeyUsageServerAuth, time.Now().Add(-time.Hour), time.Now().Add(time.Hour))
+	for _, tc := range []struct {
+		name   string
+		fields map[string]any
+		want   string
+	}{
+		{"certificate not PEM", map[string]any{"client_certificate": "hello", "client_key": good.keyPEM}, "client_certificate is not PEM"},
+		{"certificate corrupt", map[string]any{"client_certificate": strings.Replace(good.certPEM, "M", "A", 5), "client_key": good.keyPEM}, "client_certificate: certificate 1:"},
+		{"key not PEM", map[string]any{"client_certificate": good.certPEM, "client_key": "hello"}, "client_key is not PEM"},
+		{"key of another certificate", map[string]any{"client_certificate": good.certPEM, "client_key": other.keyPEM}, "client_key does not match client_certificate"},
+		{"expired", map[string]any{"client_certificate": expired.certPEM, "client_key": expired.keyPEM}, "client_certificate expired at"},
+		{"server certificate", map[string]any{"client_certificate": serverOnly.certPEM, "client_key": serverOnly.keyPEM}, "does not include TLS client authentication"},
+		{"certificate alone", map[string]any{"client_certificate": good.certPEM}, "client_certificate and client_key go together"},
+		{"key alone", map[string]any{"client_key": good.keyPEM}, "client_certificate and client_key go together"},
+		{"key in the certificate field", map[string]any{"client_certificate": good.keyPEM, "client_key": good.keyPEM}, `client_certificate holds a PEM block of type \"PRIVATE KEY\"`},
+		{"CA not PEM", map[string]any{"ca_certificate": "hello"}, "ca_certificate is not PEM"},
+		{"CA too long", map[string]any{"ca_certificate": strings.Repeat(ca.pem, 80)}, "ca_certificate is"},
+	} {
+		status, body := api.do("POST", "/api/endpoints", endpointBody("https://hooks.example.com/a", tc.fields))
+		if status != http.StatusBadRequest || !strings.Contains(string(body), tc.want) {
+			t.Errorf("%s: %d %s, want 400 saying %q", tc.name, status, body, tc.want)
+		}
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.endpoints`); n != 0 {
+		t.Errorf("%d endpoints stored, want none", n)
+	}
+}
