@@ -388,3 +388,57 @@ func TestEndpointTLSMaterialIsValidated(t *testing.T) {
 		t.Errorf("%d endpoints stored, want none", n)
 	}
 }
+
+// TestClientCertificateExpiryAlert: client_certificate_expiring fires
+// -alert-client-cert-expiry (14 days by default) before an endpoint's
+// client certificate expires, once for each such endpoint, and for one
+// that has expired; not for one further out, nor a disabled endpoint's.
+func TestClientCertificateExpiryAlert(t *testing.T) {
+	t.Parallel()
+	if got := defaultConfig().Alerts.ClientCertExpiry; got != 14*24*time.Hour {
+		t.Errorf("-alert-client-cert-expiry defaults to %s, want 336h (14 days)", got)
+	}
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	ca := newTestCA(t, "senders' CA")
+	withCert := func(name string, validFor time.Duration) Endpoint {
+		t.Helper()
+		c := ca.issue(t, name, x509.ExtKeyUsageClientAuth, time.Now().Add(-time.Hour), time.Now().Add(validFor))
+		return api.createTLSEndpoint("https://"+name+".example.com/hook", map[string]any{"client_certificate": c.certPEM, "client_key": c.keyPEM})
+	}
+	soon := withCert("soon", 13*24*time.Hour)
+	withCert("later", 15*24*time.Hour)
+	expired := withCert("expired", 30*24*time.Hour)
+	// A certificate cannot be registered expired; one registered earlier
+	// runs out while it is set.
+	mustExec(t, db, `UPDATE outbox.endpoints SET client_certificate_expires_at = now() - interval '1 day' WHERE id = $1`, expired.ID)
+	disabled := withCert("disabled", 24*time.Hour)
+	if status, body := api.do("POST", "/api/endpoints/"+itoa(disabled.ID)+"/disable", ""); status != http.StatusOK {
+		t.Fatalf("disable: %d %s", status, body)
+	}
+
+	o, err := readOverview(context.Background(), db, defaultConfig().Alerts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, a := range o.Alerts {
+		if a.Name == "client_certificate_expiring" {
+			got = append(got, a.Link)
+			if a.Level != 2 {
+				t.Errorf("alert %q at level %d, want 2 (the endpoints it fires for)", a.Message, a.Level)
+			}
+		}
+	}
+	want := []string{"/endpoints/" + itoa(expired.ID), "/endpoints/" + itoa(soon.ID)}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("client_certificate_expiring alerts (-want +got):\n%s", diff)
+	}
+
+	// A shorter setting leaves only the expired one.
+	cfg := defaultConfig().Alerts
+	cfg.ClientCertExpiry = 12 * 24 * time.Hour
+	if alerts := clientCertificateAlerts(cfg, o, alertStarts{Now: time.Now()}); len(alerts) != 1 || !strings.Contains(alerts[0].Message, "expired at") {
+		t.Errorf("with 12 days: %+v, want the expired certificate's alert alone", alerts)
+	}
+}
