@@ -442,3 +442,53 @@ func TestClientCertificateExpiryAlert(t *testing.T) {
 		t.Errorf("with 12 days: %+v, want the expired certificate's alert alone", alerts)
 	}
 }
+
+// TestSecretsCommandsSealClientKeys: `secrets encrypt` seals client keys
+// stored before -secrets-key was set, `secrets rotate-key` moves them to
+// the new key, and a second run rewrites none; each still opens as the
+// key given.
+func TestSecretsCommandsSealClientKeys(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy) // no key: stored as given
+	client := newTestCA(t, "senders' CA").client(t, "outboxd")
+	ep := api.createTLSEndpoint("https://hooks.example.com/a", map[string]any{"client_certificate": client.certPEM, "client_key": client.keyPEM})
+	stored := func() []byte {
+		t.Helper()
+		var key []byte
+		if err := db.QueryRow(`SELECT client_key FROM outbox.endpoints WHERE id = $1`, ep.ID).Scan(&key); err != nil {
+			t.Fatal(err)
+		}
+		return key
+	}
+	if string(stored()) != client.keyPEM {
+		t.Fatal("without -secrets-key, the key is not stored as given")
+	}
+	ctx := context.Background()
+	box1, box2 := testBox(t, testSecretsKey(1), ""), testBox(t, testSecretsKey(2), testSecretsKey(1))
+	for _, step := range []struct {
+		name string
+		box  *secretBox
+		want int
+	}{
+		{"encrypt", box1, 1}, {"encrypt again", box1, 0}, {"rotate-key", box2, 1}, {"rotate-key again", box2, 0},
+	} {
+		sealed, err := sealStoredSecrets(ctx, db, step.box, testLogger(t))
+		if err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		if got := sealed[clientKeysColumn]; got != step.want {
+			t.Errorf("%s rewrote %d client keys, want %d", step.name, got, step.want)
+		}
+		key := stored()
+		if !isSealedBlob(key) || sealedKeyID(key) != step.box.current.id {
+			t.Errorf("after %s the key is not sealed under the current key", step.name)
+		}
+		if opened, err := step.box.openBlob(endpointKeyRow(ep.ID), key); err != nil || string(opened) != client.keyPEM {
+			t.Errorf("after %s the key does not open as the one given: %v", step.name, err)
+		}
+	}
+	if _, err := testBox(t, testSecretsKey(2), "").openBlob(endpointKeyRow(ep.ID), stored()); err != nil {
+		t.Errorf("after rotate-key the old key is still needed: %v", err)
+	}
+}

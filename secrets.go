@@ -377,7 +377,77 @@ func sealStoredSecrets(ctx context.Context, db *sql.DB, box *secretBox, logger *
 		}
 		logger.Info("secrets sealed under the current key", "table", t.name, "rows_rewritten", sealed[t.name], "key_id", box.current.id)
 	}
+	for after := int64(0); ; {
+		last, n, more, err := sealClientKeysPage(ctx, db, box, after)
+		sealed[clientKeysColumn] += n
+		if err != nil {
+			return sealed, err
+		}
+		if !more {
+			break
+		}
+		after = last
+	}
+	logger.Info("client keys sealed under the current key", "column", clientKeysColumn, "rows_rewritten", sealed[clientKeysColumn], "key_id", box.current.id)
 	return sealed, nil
+}
+
+// clientKeysColumn names the endpoints' client keys (clientcert.go) in
+// what sealStoredSecrets reports.
+const clientKeysColumn = "outbox.endpoints.client_key"
+
+// clientKeysPageSQL locks and reads the client keys of at most $2
+// endpoints after id $1, as secretTable's pageSQL does the secrets.
+const clientKeysPageSQL = `
+SELECT id, client_key
+FROM outbox.endpoints
+WHERE id > $1
+  AND client_key IS NOT NULL
+ORDER BY id
+LIMIT $2
+FOR NO KEY UPDATE`
+
+const clientKeyUpdateSQL = `
+UPDATE outbox.endpoints
+SET client_key = $2
+WHERE id = $1`
+
+// sealClientKeysPage is sealSecretsPage for client keys: one batch after
+// endpoint id after, returning the last id read, the keys rewritten and
+// whether the page was full.
+func sealClientKeysPage(ctx context.Context, db *sql.DB, box *secretBox, after int64) (last int64, rewritten int, more bool, err error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, 0, false, fmt.Errorf("seal client keys: %w", err)
+	}
+	defer tx.Rollback()
+	type storedKey struct {
+		id  int64
+		key []byte
+	}
+	rows, err := queryAll(ctx, tx, func(row rowScanner) (k storedKey, err error) { return k, row.Scan(&k.id, &k.key) }, clientKeysPageSQL, after, sealBatch)
+	if err != nil {
+		return 0, 0, false, fmt.Errorf("seal client keys: read: %w", err)
+	}
+	for _, r := range rows {
+		last = r.id
+		if isSealedBlob(r.key) && len(r.key) >= sealedBlobMinLen && sealedKeyID(r.key) == box.current.id {
+			continue
+		}
+		row := endpointKeyRow(r.id)
+		key, err := box.openBlob(row, r.key)
+		if err != nil {
+			return 0, 0, false, fmt.Errorf("seal client keys: %w", err)
+		}
+		if _, err := tx.ExecContext(ctx, clientKeyUpdateSQL, r.id, box.sealBlob(row, key)); err != nil {
+			return 0, 0, false, fmt.Errorf("seal %s: %w", row, err)
+		}
+		rewritten++
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, 0, false, fmt.Errorf("seal client keys: commit: %w", err)
+	}
+	return last, rewritten, len(rows) == sealBatch, nil
 }
 
 // sealSecretsPage is one batch of sealStoredSecrets: the rows of t after
@@ -429,10 +499,12 @@ func sealSecretsPage(ctx context.Context, db *sql.DB, box *secretBox, t secretTa
 }
 
 // countSealedSQL counts the rows whose secret is sealed: longer than $1,
-// maxSecretLen, as isSealed tells them.
+// maxSecretLen, as isSealed tells them; and the client keys sealed
+// (isSealedBlob: first byte sealedBlobVersion, 2).
 const countSealedSQL = `
 SELECT (SELECT count(*) FROM outbox.endpoints WHERE length(secret) > $1)
-     + (SELECT count(*) FROM outbox.inbox_sources WHERE length(secret) > $1)`
+     + (SELECT count(*) FROM outbox.inbox_sources WHERE length(secret) > $1)
+     + (SELECT count(*) FROM outbox.endpoints WHERE get_byte(client_key, 0) = 2)`
 
 // warnSealedWithoutKey says at start, rather than at the first delivery,
 // that secrets are sealed and this process has no key to open them: its
