@@ -492,3 +492,29 @@ func TestSecretsCommandsSealClientKeys(t *testing.T) {
 		t.Errorf("after rotate-key the old key is still needed: %v", err)
 	}
 }
+
+// TestRecoveryProbePresentsTheClientCertificate: a probe to a disabled
+// mTLS endpoint goes through the endpoint's own client, so a receiver
+// that requires the certificate answers it, and the endpoint recovers.
+func TestRecoveryProbePresentsTheClientCertificate(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	serverCA, clientCA := newTestCA(t, "receivers' CA"), newTestCA(t, "senders' CA")
+	receiver, subjects := mtlsReceiver(t, serverCA, clientCA)
+	client := clientCA.client(t, "outboxd")
+	api := newTestAPI(t, db, testPolicy)
+	ep := api.createTLSEndpoint(receiver.URL+"/hook", map[string]any{
+		"client_certificate": client.certPEM, "client_key": client.keyPEM, "ca_certificate": serverCA.pem})
+	p := newTestProber(t, db, nil)
+	opts := safeHTTPOptions{AllowPrivate: true, Timeout: 5 * time.Second}
+	p.endpointTLS = newEndpointClients(db, nil, opts, newSafeHTTPClient(opts))
+
+	disableForFailure(t, db, 61*time.Minute, ep.ID)
+	round := probeRoundOf(t, p)
+	if round.Probed != 1 || len(round.Recovered) != 1 {
+		t.Errorf("probed %d, recovered %v; want the one endpoint probed and recovered", round.Probed, round.Recovered)
+	}
+	if diff := cmp.Diff([]string{"outboxd"}, subjects()); diff != "" {
+		t.Errorf("client certificates the receiver saw (-want +got):\n%s", diff)
+	}
+}

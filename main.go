@@ -1023,7 +1023,10 @@ func startPipeline(cfg Config, db *sql.DB, box *secretBox, dsn string, demoRun *
 	mail := newMailer(cfg.Mail)
 	logger.Info("mail settings", "smtp", mail, "from", cfg.Mail.From)
 	webhooks := newWebhookSender(db, box, webhookClient, p.deliveries, mail, logger)
-	webhooks.endpointTLS = newEndpointClients(db, box, webhookOptions, webhookClient)
+	// Deliveries and probes share the clients of endpoints with TLS
+	// material, as they share webhookClient.
+	endpointTLS := newEndpointClients(db, box, webhookOptions, webhookClient)
+	webhooks.endpointTLS = endpointTLS
 	if demoRun != nil {
 		webhooks.exempt = demoRun.exemption(cfg.Webhooks.Timeout)
 	}
@@ -1049,6 +1052,7 @@ func startPipeline(cfg Config, db *sql.DB, box *secretBox, dsn string, demoRun *
 	p.rescuer = newRescuer(db, cfg.Workers, cfg.Replicas, logger)
 	start("rescuer", p.rescuer.Run)
 	p.prober = newProber(db, box, webhookClient, cfg.Retention.Events, cfg.Workers.MaxAttempts, logger)
+	p.prober.endpointTLS = endpointTLS
 	start("prober", p.prober.Run)
 
 	host, _ := os.Hostname()
