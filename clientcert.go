@@ -113,7 +113,7 @@ func parseClientPair(certPEM, keyPEM string) (tls.Certificate, error) {
 	return pair, nil
 }
 
-// parsePrivateKey reads one unencrypted PEM private key: PKCS #8, PKCS #1
+// parsePrivateKey reads one unencrypted PEM private key: PKCS8, PKCS1
 // (RSA) or SEC 1 (EC), the forms openssl writes.
 func parsePrivateKey(text string) (crypto.Signer, error) {
 	if len(text) > maxPEMLen {
