@@ -184,8 +184,7 @@ func defaultConfig() Config {
 			BacklogAge:           5 * time.Minute,
 			DeadRatio:            0.2,
 			XactAge:              time.Hour,
-			EndpointSuccessBelow: 0.5, EndpointFailingFor: 3 * time.Minute, // AlertConfig says why
-			ClientCertExpiry: 14 * 24 * time.Hour,
+			EndpointSuccessBelow: 0.5, EndpointFailingFor: 3 * time.Minute, ClientCertExpiry: 14 * 24 * time.Hour, // AlertConfig says why
 		},
 		Retention: RetentionConfig{
 			Events: 7 * 24 * time.Hour,
@@ -987,6 +986,24 @@ type pipeline struct {
 	registry   *replicaRegistry
 }
 
+// deliveryClients are the clients deliveries and recovery probes share:
+// one for every endpoint, whose pool keeps connections alive per host and
+// whose dialer refuses internal addresses (safehttp.go), and those of
+// endpoints with TLS material of their own (clientcert.go).
+func deliveryClients(cfg Config, db *sql.DB, box *secretBox, logger *slog.Logger) (*http.Client, *endpointClients) {
+	opts := safeHTTPOptions{
+		AllowPrivate: cfg.AllowPrivateEndpoints,
+		Timeout:      cfg.Webhooks.Timeout,
+		Concurrency:  cfg.Workers.Concurrency,
+	}
+	if cfg.EgressProxy != "" {
+		opts.Proxy, _ = parseEgressProxy(cfg.EgressProxy) // validated at start
+		logger.Info("deliveries go through an egress proxy", "proxy", opts.Proxy.Redacted())
+	}
+	client := newSafeHTTPClient(opts)
+	return client, newEndpointClients(db, box, opts, client)
+}
+
 // startPipeline builds every loop in the order events move through them
 // and starts each with start, which owns its goroutine. With -demo
 // (demoRun), the demo's own endpoint reaches its receiver on outboxd's
@@ -1007,25 +1024,11 @@ func startPipeline(cfg Config, db *sql.DB, box *secretBox, dsn string, demoRun *
 	p.relay = newRelay(db, cfg.Relay, cfg.Workers.MaxAttempts, fanOutTargets(subscribers), logger)
 	p.relay.notifyOrigin = notifyOrigin // the listener skips what the relay pokes
 
-	// One client for every delivery: its pool keeps connections alive per
-	// host, and its dialer refuses internal addresses (safehttp.go).
-	webhookOptions := safeHTTPOptions{
-		AllowPrivate: cfg.AllowPrivateEndpoints,
-		Timeout:      cfg.Webhooks.Timeout,
-		Concurrency:  cfg.Workers.Concurrency,
-	}
-	if cfg.EgressProxy != "" {
-		webhookOptions.Proxy, _ = parseEgressProxy(cfg.EgressProxy) // validated at start
-		logger.Info("deliveries go through an egress proxy", "proxy", webhookOptions.Proxy.Redacted())
-	}
-	webhookClient := newSafeHTTPClient(webhookOptions)
+	webhookClient, endpointTLS := deliveryClients(cfg, db, box, logger)
 	p.deliveries = newDeliveryMetrics()
 	mail := newMailer(cfg.Mail)
 	logger.Info("mail settings", "smtp", mail, "from", cfg.Mail.From)
 	webhooks := newWebhookSender(db, box, webhookClient, p.deliveries, mail, logger)
-	// Deliveries and probes share the clients of endpoints with TLS
-	// material, as they share webhookClient.
-	endpointTLS := newEndpointClients(db, box, webhookOptions, webhookClient)
 	webhooks.endpointTLS = endpointTLS
 	if demoRun != nil {
 		webhooks.exempt = demoRun.exemption(cfg.Webhooks.Timeout)

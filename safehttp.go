@@ -509,16 +509,23 @@ func (d *safeDialer) dialContext(ctx context.Context, network, address string) (
 		}
 	}
 
-	// In the resolver's order (RFC 6724 preference), one at a time; the
-	// first error is the one worth reporting, as net.Dialer does.
+	return d.dialFirst(ctx, network, addrs, port)
+}
+
+// dialFirst connects to the first of addrs (vetted) on port that answers,
+// directly or through the egress proxy: in the resolver's order (RFC 6724
+// preference), one at a time; the first error is the one worth
+// reporting, as net.Dialer does.
+func (d *safeDialer) dialFirst(ctx context.Context, network string, addrs []netip.Addr, port string) (net.Conn, error) {
 	var firstErr error
 	for _, ip := range addrs {
+		target := net.JoinHostPort(ip.Unmap().String(), port)
 		var conn net.Conn
 		var err error
 		if d.proxy != nil {
-			conn, err = d.proxy.connect(ctx, net.JoinHostPort(ip.Unmap().String(), port))
+			conn, err = d.proxy.connect(ctx, target)
 		} else {
-			conn, err = d.dialer.DialContext(ctx, network, net.JoinHostPort(ip.Unmap().String(), port))
+			conn, err = d.dialer.DialContext(ctx, network, target)
 		}
 		if err == nil {
 			return conn, nil

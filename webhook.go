@@ -262,21 +262,20 @@ func (s *webhookSender) deliver(ctx context.Context, job Job) error {
 		return permanentError{err}
 	}
 	signing := *ep
-	if signing.Secrets, err = s.box.openAll(endpointSecretRow(job.EndpointID), ep.Secrets); err != nil {
-		// A key this process lacks: retried, so that a replica given the
-		// key (or this one, restarted with it) delivers it.
+	signing.Secrets, err = s.box.openAll(endpointSecretRow(job.EndpointID), ep.Secrets)
+	var client *http.Client
+	if err == nil {
+		client, err = s.clientFor(ctx, job.EndpointID, *ep)
+	}
+	if err != nil {
+		// A key this process lacks (a secret's or the client key's), or
+		// the endpoint's TLS material unread: retried, so that a replica
+		// given the key (or this one, restarted with it) delivers it.
 		err = fmt.Errorf("%w; not sent", err)
 		job.recordAttempt(deliveryAttempt{Error: err.Error()}, endpointUnchanged)
 		return err
 	}
 
-	client, err := s.clientFor(ctx, job.EndpointID, *ep)
-	if err != nil {
-		// Retried, as a secret this process cannot open is.
-		err = fmt.Errorf("%w; not sent", err)
-		job.recordAttempt(deliveryAttempt{Error: err.Error()}, endpointUnchanged)
-		return err
-	}
 	start := time.Now()
 	ans, sendErr := s.post(ctx, client, signing, job.Event, body)
 	attempt := deliveryAttempt{Duration: time.Since(start), StatusCode: ans.status, ResponseExcerpt: ans.excerpt,
