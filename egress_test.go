@@ -40,7 +40,7 @@ type connectProxy struct {
 
 // newConnectProxy starts a proxy, spoken to over TLS if overTLS, and
 // returns it with its URL (user, if not nil, in its userinfo).
-func newConnectProxy(t *testing.T, overTLS bool, user *url.Userinfo) (*connectProxy, *url.URL) {
+func newConnectProxy(t testing.TB, overTLS bool, user *url.Userinfo) (*connectProxy, *url.URL) {
 	t.Helper()
 	p := &connectProxy{}
 	var tunnels sync.WaitGroup
@@ -321,5 +321,33 @@ func TestEgressProxySetting(t *testing.T) {
 		if _, err := parseConfig(nil, envFrom(map[string]string{"OUTBOXD_EGRESS_PROXY": good}), io.Discard); err != nil {
 			t.Errorf("OUTBOXD_EGRESS_PROXY=%q: %v, want accepted", good, err)
 		}
+	}
+}
+
+// BenchmarkEgressProxy compares a delivery's round trip directly and
+// through a CONNECT proxy on loopback, over kept-alive connections (one
+// CONNECT per connection, not per request): go test -run '^$' -bench
+// BenchmarkEgressProxy -benchtime 2000x.
+func BenchmarkEgressProxy(b *testing.B) {
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	defer receiver.Close()
+	proxy, proxyURL := newConnectProxy(b, false, nil)
+	for _, bc := range []struct {
+		name  string
+		proxy *url.URL
+	}{{"direct", nil}, {"proxy", proxyURL}} {
+		b.Run(bc.name, func(b *testing.B) {
+			client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: 5 * time.Second, Proxy: bc.proxy})
+			defer client.CloseIdleConnections()
+			for b.Loop() {
+				resp, err := client.Post(receiver.URL, "application/json", strings.NewReader(`{}`))
+				if err != nil {
+					b.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			b.ReportMetric(float64(len(proxy.seen())), "connects")
+		})
 	}
 }
