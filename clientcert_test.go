@@ -518,3 +518,27 @@ func TestRecoveryProbePresentsTheClientCertificate(t *testing.T) {
 		t.Errorf("client certificates the receiver saw (-want +got):\n%s", diff)
 	}
 }
+
+// TestEndpointTLSMaterialNeedsHTTPS: TLS material on an endpoint TLS does
+// not reach is refused, whether the material or the URL comes second.
+func TestEndpointTLSMaterialNeedsHTTPS(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	ca := newTestCA(t, "receivers' CA")
+	for _, url := range []string{"http://hooks.example.com/a", "mailto:ops@example.com"} {
+		status, body := api.do("POST", "/api/endpoints", endpointBody(url, map[string]any{"ca_certificate": ca.pem}))
+		if status != http.StatusBadRequest || !strings.Contains(string(body), "https:// url only") {
+			t.Errorf("CA on %s: %d %s, want 400 saying https only", url, status, body)
+		}
+	}
+	ep := api.createTLSEndpoint("https://hooks.example.com/a", map[string]any{"ca_certificate": ca.pem})
+	status, body := api.do("PATCH", "/api/endpoints/"+itoa(ep.ID), `{"url": "http://hooks.example.com/a"}`)
+	if status != http.StatusBadRequest || !strings.Contains(string(body), "for an https:// url only") {
+		t.Errorf("PATCH to http with a CA set: %d %s, want 400 saying https only", status, body)
+	}
+	status, body = api.do("PATCH", "/api/endpoints/"+itoa(ep.ID), `{"url": "http://hooks.example.com/a", "ca_certificate": null}`)
+	if status != http.StatusOK {
+		t.Errorf("PATCH to http removing the CA: %d %s, want 200", status, body)
+	}
+}

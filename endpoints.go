@@ -182,6 +182,9 @@ func (in *endpointInput) validateTLS(now time.Time) error {
 	if in.ClientCertificate.Set != in.ClientKey.Set || (in.ClientCertificate.Value == nil) != (in.ClientKey.Value == nil) {
 		return fmt.Errorf("%w: client_certificate and client_key go together: give both, or both null to remove them", errInvalid)
 	}
+	if in.URL != nil && !strings.HasPrefix(*in.URL, "https://") && (in.ClientCertificate.Value != nil || in.CACertificate.Value != nil) {
+		return fmt.Errorf("%w: client_certificate and ca_certificate are for an https:// url only", errInvalid)
+	}
 	if cert, key := in.ClientCertificate.Value, in.ClientKey.Value; cert != nil {
 		pair, err := parseClientPair(*cert, *key)
 		if err == nil {

@@ -548,6 +548,7 @@ var constraintRules = map[string]string{
 	"endpoints_max_in_flight_range":     "max_in_flight: 1 to 1000",
 	"endpoints_rate_limit_range":        "rate_limit_per_second: 0.01 to 10000",
 	"endpoints_ordering_known":          `ordering: "none" or "subject"`,
+	"endpoints_tls_material_https":      "client_certificate, ca_certificate: for an https:// url only; remove them (null) to use another",
 	"idempotency_keys_key_length":       "Idempotency-Key: 1 to 255 characters",
 }
 

@@ -2535,7 +2535,12 @@ BEGIN
     ),
     ADD CONSTRAINT endpoints_client_certificate_length CHECK (length(client_certificate) <= 32768),
     ADD CONSTRAINT endpoints_client_key_length CHECK (length(client_key) <= 32768 + 33),
-    ADD CONSTRAINT endpoints_ca_certificate_length CHECK (length(ca_certificate) <= 32768);
+    ADD CONSTRAINT endpoints_ca_certificate_length CHECK (length(ca_certificate) <= 32768),
+    -- Only TLS carries them: on an http:// or mailto: endpoint they would
+    -- be kept and never used.
+    ADD CONSTRAINT endpoints_tls_material_https CHECK (
+      (client_certificate IS NULL AND ca_certificate IS NULL) OR url LIKE 'https://%'
+    );
 EXCEPTION WHEN duplicate_object THEN
   NULL;
 END
