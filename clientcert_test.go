@@ -542,3 +542,75 @@ func TestEndpointTLSMaterialNeedsHTTPS(t *testing.T) {
 		t.Errorf("PATCH to http removing the CA: %d %s, want 200", status, body)
 	}
 }
+
+// TestEndpointClientsFollowTheStoredMaterial: the workers' client for an
+// endpoint is built once and kept while its material is unchanged, built
+// again once a PATCH changes it (read at most every endpointTLSRecheck,
+// 10 s), the shared one for an endpoint without material or deleted; a
+// key sealed under a key this process lacks sends nothing, naming the
+// setting.
+func TestEndpointClientsFollowTheStoredMaterial(t *testing.T) {
+	t.Parallel()
+	if endpointTLSRecheck != 10*time.Second {
+		t.Errorf("endpointTLSRecheck is %s, want the 10s docs/endpoints.md names", endpointTLSRecheck)
+	}
+	db, _ := newTestDB(t)
+	box := testBox(t, testSecretsKey(4), "")
+	api := newSealingTestAPI(t, db, box)
+	ca := newTestCA(t, "senders' CA")
+	first, second := ca.client(t, "first"), ca.client(t, "second")
+	ep := api.createTLSEndpoint("https://hooks.example.com/a", map[string]any{"client_certificate": first.certPEM, "client_key": first.keyPEM})
+	plain := api.createEndpoint("https://hooks.example.com/plain")
+	opts := safeHTTPOptions{AllowPrivate: true, Timeout: 5 * time.Second}
+	shared := newSafeHTTPClient(opts)
+	clients := newEndpointClients(db, box, opts, shared)
+	ctx := context.Background()
+	clientOf := func(id int64) *http.Client {
+		t.Helper()
+		c, err := clients.client(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	presented := func(c *http.Client) string {
+		certs := c.Transport.(*http.Transport).TLSClientConfig.Certificates
+		if len(certs) == 0 {
+			return "(none)"
+		}
+		return certs[0].Leaf.Subject.CommonName
+	}
+
+	a := clientOf(ep.ID)
+	if a == shared || presented(a) != "first" {
+		t.Fatalf("endpoint with a certificate: shared %t, presents %s; want its own client presenting first", a == shared, presented(a))
+	}
+	if clientOf(plain.ID) != shared {
+		t.Error("an endpoint without material does not get the shared client")
+	}
+	b, _ := json.Marshal(map[string]any{"client_certificate": second.certPEM, "client_key": second.keyPEM})
+	if status, body := api.do("PATCH", "/api/endpoints/"+itoa(ep.ID), string(b)); status != http.StatusOK {
+		t.Fatalf("PATCH: %d %s", status, body)
+	}
+	if clientOf(ep.ID) != a {
+		t.Error("the material was read again within endpointTLSRecheck")
+	}
+	clients.recheck = 0
+	rebuilt := clientOf(ep.ID)
+	if rebuilt == a || presented(rebuilt) != "second" {
+		t.Errorf("after the PATCH: presents %s, want a new client presenting second", presented(rebuilt))
+	}
+	if clientOf(ep.ID) != rebuilt {
+		t.Error("unchanged material built a new client")
+	}
+
+	if _, err := newEndpointClients(db, nil, opts, shared).client(ctx, ep.ID); err == nil || !strings.Contains(err.Error(), "-secrets-key (OUTBOXD_SECRETS_KEY) is not set") {
+		t.Errorf("without the sealing key: %v, want an error naming the setting", err)
+	}
+	if status, _ := api.do("DELETE", "/api/endpoints/"+itoa(ep.ID), ""); status != http.StatusNoContent {
+		t.Fatalf("delete: %d", status)
+	}
+	if clientOf(ep.ID) != shared {
+		t.Error("a deleted endpoint does not fall back to the shared client")
+	}
+}
