@@ -56,9 +56,9 @@ type AlertConfig struct {
 	EndpointSuccessBelow float64
 	EndpointFailingFor   time.Duration
 	// ClientCertExpiry: client_certificate_expiring fires this long
-	// before an endpoint's client certificate expires. Two weeks leave
-	// a receiver's owner a week or two of working days to issue a new
-	// one, in a process that can involve another team.
+	// before an endpoint's client certificate expires. Two weeks are ten
+	// working days to have a new one issued, often by another team's CA,
+	// before the receiver refuses every delivery.
 	ClientCertExpiry time.Duration
 }
 
@@ -134,6 +134,12 @@ type ReceiverWindow struct {
 type ClientCertificateExpiry struct {
 	EndpointID int64     `json:"endpoint_id"`
 	NotAfter   time.Time `json:"not_after"`
+}
+
+func scanClientCertificateExpiry(row rowScanner) (ClientCertificateExpiry, error) {
+	var c ClientCertificateExpiry
+	err := row.Scan(&c.EndpointID, &c.NotAfter)
+	return c, err
 }
 
 // maxReceiverWindows bounds the overview's list of receivers' windows;
@@ -411,10 +417,7 @@ func readPipelineState(ctx context.Context, tx *sql.Tx, o *Overview) (alertStart
 	if o.ReceiverWindows, err = queryAll(ctx, tx, scanReceiverWindow, overviewReceiverWindowsSQL, maxReceiverWindows); err != nil {
 		return starts, fmt.Errorf("overview: receivers' windows: %w", err)
 	}
-	scanCert := func(row rowScanner) (c ClientCertificateExpiry, err error) {
-		return c, row.Scan(&c.EndpointID, &c.NotAfter)
-	}
-	if o.ClientCertificates, err = queryAll(ctx, tx, scanCert, overviewClientCertificatesSQL, maxReceiverWindows); err != nil {
+	if o.ClientCertificates, err = queryAll(ctx, tx, scanClientCertificateExpiry, overviewClientCertificatesSQL, maxReceiverWindows); err != nil {
 		return starts, fmt.Errorf("overview: client certificates: %w", err)
 	}
 	if o.Replicas, o.MixedVersions, err = readReplicas(ctx, tx); err != nil {
