@@ -351,3 +351,50 @@ func BenchmarkEgressProxy(b *testing.B) {
 		})
 	}
 }
+
+// TestRunDeliversThroughTheEgressProxy: outboxd started with
+// OUTBOXD_EGRESS_PROXY sends its deliveries through the proxy, asking it
+// for the receiver's address, and logs the proxy without its password.
+func TestRunDeliversThroughTheEgressProxy(t *testing.T) {
+	t.Parallel()
+	db, dsn := newTestDB(t)
+	receiver, received := hostReceiver(t, false)
+	proxy, proxyURL := newConnectProxy(t, false, url.UserPassword("relay", "s3cret-pw"))
+	addr := freeAddr(t)
+	token := strings.Repeat("0123456789abcdef", 3)
+	var logs syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		run(ctx, []string{"-addr", addr}, envFrom(map[string]string{
+			"DATABASE_URL": dsn, "OUTBOXD_ADMIN_TOKEN": token, "OUTBOXD_ALLOW_PRIVATE_ENDPOINTS": "true",
+			"OUTBOXD_EGRESS_PROXY": proxyURL.String(), "OUTBOXD_JOB_POLL": "50ms",
+		}), io.Discard, &logs)
+	}()
+	defer func() { cancel(); <-exited }()
+	awaitHealthy(t, addr, exited)
+
+	req, _ := http.NewRequest("POST", "http://"+addr+"/api/endpoints", strings.NewReader(`{"url": "`+receiver.URL+`/hook", "topics": ["t"]}`))
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("create endpoint: %s", resp.Status)
+	}
+	if _, err := recordEvent(context.Background(), db, "t", "s", nil); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the delivery through the proxy", 30*time.Second, func() bool { return len(received()) == 1 })
+	if diff := cmp.Diff([]string{strings.TrimPrefix(receiver.URL, "http://")}, proxy.seen()); diff != "" {
+		t.Errorf("CONNECTs (-want +got):\n%s", diff)
+	}
+	cancel()
+	<-exited
+	if !strings.Contains(logs.String(), "deliveries go through an egress proxy") || strings.Contains(logs.String(), "s3cret-pw") {
+		t.Errorf("the start log does not name the proxy, or shows its password:\n%s", logs.String())
+	}
+}
