@@ -233,9 +233,12 @@ SELECT client_certificate, client_key, ca_certificate
 FROM outbox.endpoints
 WHERE id = $1`
 
-// client is the client for a delivery to endpoint id. An error (the
-// database, or a key this process cannot open) sends nothing: sent
-// without its certificate, the delivery would only be refused.
+// client is the client for a delivery to endpoint id. A failed read
+// keeps the client built from the last one, if any: the database
+// failing for a moment stops no delivery that would have gone out
+// before. Otherwise an error (the database, or a key this process cannot
+// open) sends nothing: sent without its certificate, the delivery would
+// only be refused.
 func (c *endpointClients) client(ctx context.Context, id int64) (*http.Client, error) {
 	now := time.Now()
 	c.mu.Lock()
@@ -253,11 +256,14 @@ func (c *endpointClients) client(ctx context.Context, id int64) (*http.Client, e
 		c.mu.Unlock()
 		return c.shared, nil // deleted meanwhile: the next claim ends its jobs
 	}
-	if err != nil {
-		return nil, fmt.Errorf("read tls material of endpoint %d: %w", id, err)
-	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if err != nil {
+		if e := c.entries[id]; e != nil {
+			return c.or(e.client), nil
+		}
+		return nil, fmt.Errorf("read tls material of endpoint %d: %w", id, err)
+	}
 	if e := c.entries[id]; e != nil && e.material.equal(m) {
 		e.readAt = now
 		return c.or(e.client), nil

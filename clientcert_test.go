@@ -614,3 +614,35 @@ func TestEndpointClientsFollowTheStoredMaterial(t *testing.T) {
 		t.Error("a deleted endpoint does not fall back to the shared client")
 	}
 }
+
+// TestEndpointClientsKeepTheLastClientWhenTheReadFails: a failed read of
+// the material keeps the client built from the last one; with none built
+// yet, it sends nothing and says why.
+func TestEndpointClientsKeepTheLastClientWhenTheReadFails(t *testing.T) {
+	t.Parallel()
+	db, dsn := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	client := newTestCA(t, "senders' CA").client(t, "outboxd")
+	ep := api.createTLSEndpoint("https://hooks.example.com/a", map[string]any{"client_certificate": client.certPEM, "client_key": client.keyPEM})
+	other := api.createTLSEndpoint("https://hooks.example.com/b", map[string]any{"client_certificate": client.certPEM, "client_key": client.keyPEM})
+	failing, err := sql.Open("postgres", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := safeHTTPOptions{AllowPrivate: true, Timeout: 5 * time.Second}
+	shared := newSafeHTTPClient(opts)
+	clients := newEndpointClients(failing, nil, opts, shared)
+	clients.recheck = 0
+	ctx := context.Background()
+	built, err := clients.client(ctx, ep.ID)
+	if err != nil || built == shared {
+		t.Fatalf("first read: %v (shared %t), want the endpoint's own client", err, built == shared)
+	}
+	failing.Close() // every later read fails
+	if got, err := clients.client(ctx, ep.ID); err != nil || got != built {
+		t.Errorf("a failed read: %v (same client %t), want the client built before", err, got == built)
+	}
+	if _, err := clients.client(ctx, other.ID); err == nil || !strings.Contains(err.Error(), "read tls material of endpoint") {
+		t.Errorf("a failed first read: %v, want the read named", err)
+	}
+}
