@@ -235,7 +235,7 @@ func handleUpdateEndpoint(a *admin) apiFunc {
 		if err := in.validate(a.endpoints.AllowPrivate); err != nil {
 			return Endpoint{}, err
 		}
-		return updateEndpoint(ctx, a.db, id, in)
+		return updateEndpoint(ctx, a.db, a.box, id, in)
 	})
 }
 

@@ -156,7 +156,7 @@ func (d *demo) ensureEndpoint(ctx context.Context) error {
 		e, err = createEndpoint(ctx, d.db, d.box, in, secret)
 		id = e.ID
 	case err == nil:
-		if _, err = updateEndpoint(ctx, d.db, id, in); err == nil {
+		if _, err = updateEndpoint(ctx, d.db, d.box, id, in); err == nil {
 			_, err = rotateEndpointSecret(ctx, d.db, d.box, id, secret, 0)
 		}
 		if err == nil {

@@ -67,6 +67,12 @@ type Endpoint struct {
 	// of its topics must pass to be delivered to it (docs/filters.md);
 	// nil: every event of its topics.
 	Filter *string `json:"filter"`
+	// ClientCertificate and CACertificate describe the endpoint's TLS
+	// material (clientcert.go); ClientKeySet says that a key is stored,
+	// which no answer ever shows.
+	ClientCertificate *certificateInfo `json:"client_certificate"`
+	ClientKeySet      bool             `json:"client_key_set"`
+	CACertificate     *certificateInfo `json:"ca_certificate"`
 }
 
 // recovery is what the prober did to an endpoint, as the API shows it:
@@ -169,6 +175,49 @@ type endpointInput struct {
 	RecoveryProbes *bool `json:"recovery_probes"`
 	// Filter given as null removes the filter (checkFilter).
 	Filter nullable[string] `json:"filter"`
+	// ClientCertificate and ClientKey (PEM) are given together, or both
+	// null to remove them; CACertificate (PEM) null removes it
+	// (clientcert.go).
+	ClientCertificate nullable[string] `json:"client_certificate"`
+	ClientKey         nullable[string] `json:"client_key"`
+	CACertificate     nullable[string] `json:"ca_certificate"`
+}
+
+// validateTLS checks the endpoint's TLS material, if given, as of now.
+func (in *endpointInput) validateTLS(now time.Time) error {
+	if in.ClientCertificate.Set != in.ClientKey.Set || (in.ClientCertificate.Value == nil) != (in.ClientKey.Value == nil) {
+		return fmt.Errorf("%w: client_certificate and client_key go together: give both, or both null to remove them", errInvalid)
+	}
+	if in.URL != nil && !strings.HasPrefix(*in.URL, "https://") && (in.ClientCertificate.Value != nil || in.CACertificate.Value != nil) {
+		return fmt.Errorf("%w: client_certificate and ca_certificate are for an https:// url only", errInvalid)
+	}
+	if cert, key := in.ClientCertificate.Value, in.ClientKey.Value; cert != nil {
+		pair, err := parseClientPair(*cert, *key)
+		if err == nil {
+			err = checkClientCertificateUsable(pair.Leaf, now)
+		}
+		if err != nil {
+			return fmt.Errorf("%w: %w", errInvalid, err)
+		}
+	}
+	if ca := in.CACertificate.Value; ca != nil {
+		if _, err := parseCAPool(*ca); err != nil {
+			return fmt.Errorf("%w: %w", errInvalid, err)
+		}
+	}
+	return nil
+}
+
+// clientTLSColumns are the input's TLS material as stored for endpoint
+// id: the certificate, its key sealed by box, its expiry, and the CA.
+func (in endpointInput) clientTLSColumns(box *secretBox, id int64) (cert *string, key []byte, expires *time.Time, ca *string) {
+	if cert = in.ClientCertificate.Value; cert != nil {
+		key = box.sealBlob(endpointKeyRow(id), []byte(*in.ClientKey.Value))
+		if info := describeCertificate(cert); info != nil {
+			expires = &info.NotAfter
+		}
+	}
+	return cert, key, expires, in.CACertificate.Value
 }
 
 // nullable is a JSON field that tells absent (Set false) from null (Set,
@@ -241,7 +290,7 @@ func (in *endpointInput) validate(allowPrivate bool) error {
 		return fmt.Errorf("%w: rate_limit_per_second must be between %g and %g requests a second, or null for none, got %g",
 			errInvalid, minRateLimit, float64(maxRateLimit), *r)
 	}
-	return nil
+	return in.validateTLS(time.Now())
 }
 
 // validateOwnerEmail accepts a bare address (a@example.com), the form a
@@ -276,10 +325,11 @@ const endpointColumns = `
   disabled_cause, recovery_probes,
   outbox.probe_due_at(disabled_cause, recovery_probes, url, disabled_at, next_probe_at),
   last_probe_at, last_probe_error, recovered_at, recovered_reason,
-  filter`
+  filter, client_certificate, client_key IS NOT NULL, ca_certificate`
 
 func scanEndpoint(row rowScanner) (Endpoint, error) {
 	var e Endpoint
+	var clientCert, caCert *string
 	err := row.Scan(&e.ID, &e.URL, &e.Description, &e.OwnerEmail, pq.Array(&e.Topics),
 		&e.FailingSince, &e.DisabledAt, &e.DisabledReason, &e.PausedAt, &e.PreviousSecretExpiresAt,
 		&e.DedupWindowSeconds, &e.DedupWindowSeenAt,
@@ -289,10 +339,11 @@ func scanEndpoint(row rowScanner) (Endpoint, error) {
 		&e.DisabledCause, &e.RecoveryProbes,
 		&e.Recovery.NextProbeAt, &e.Recovery.LastProbeAt, &e.Recovery.LastProbeError,
 		&e.Recovery.RecoveredAt, &e.Recovery.RecoveredReason,
-		&e.Filter)
+		&e.Filter, &clientCert, &e.ClientKeySet, &caCert)
 	if err != nil {
 		return e, err
 	}
+	e.ClientCertificate, e.CACertificate = describeCertificate(clientCert), describeCertificate(caCert)
 	if e.Topics == nil {
 		e.Topics = []string{}
 	}
@@ -335,10 +386,10 @@ SELECT nextval(pg_get_serial_sequence('outbox.endpoints', 'id'))`
 const createEndpointSQL = `
 INSERT INTO outbox.endpoints (id, url, description, owner_email, topics, secret,
                               max_in_flight, rate_limit_per_second, recovery_probes, ordering,
-                              filter)
+                              filter, client_certificate, client_key, client_certificate_expires_at, ca_certificate)
 OVERRIDING SYSTEM VALUE
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, coalesce($9, true), coalesce($10, 'none'),
-        $11)
+        $11, $12, $13, $14, $15)
 RETURNING` + endpointColumns
 
 // createEndpoint stores a validated endpoint with its first secret, sealed
@@ -369,10 +420,11 @@ func createEndpoint(ctx context.Context, db *sql.DB, box *secretBox, in endpoint
 	if err := db.QueryRowContext(ctx, nextEndpointIDSQL).Scan(&id); err != nil {
 		return Endpoint{}, fmt.Errorf("create endpoint: draw id: %w", err)
 	}
+	cert, key, expires, ca := in.clientTLSColumns(box, id)
 	e, err := scanEndpoint(db.QueryRowContext(ctx, createEndpointSQL,
 		id, *in.URL, description, ownerEmail, pq.Array(topics), box.seal(endpointSecretRow(id), secret),
 		maxInFlight, in.RateLimitPerSecond.Value, in.RecoveryProbes, in.Ordering,
-		in.Filter.Value))
+		in.Filter.Value, cert, key, expires, ca))
 	if err != nil {
 		return e, fmt.Errorf("create endpoint: %w", err)
 	}
@@ -423,6 +475,10 @@ SET url = coalesce($2, url),
     recovery_probes = coalesce($9, recovery_probes),
     ordering = coalesce($10, ordering),
     filter = CASE WHEN $11 THEN $12 ELSE filter END,
+    client_certificate = CASE WHEN $13::boolean THEN $14::text ELSE client_certificate END,
+    client_key = CASE WHEN $13::boolean THEN $15::bytea ELSE client_key END,
+    client_certificate_expires_at = CASE WHEN $13::boolean THEN $16::timestamptz ELSE client_certificate_expires_at END,
+    ca_certificate = CASE WHEN $17::boolean THEN $18::text ELSE ca_certificate END,
     updated_at = now()
 WHERE id = $1
 RETURNING` + endpointColumns
@@ -449,16 +505,16 @@ WHERE endpoint_id = $1
 // can deadlock, like a delete (deleteEndpoint), and the update is tried
 // again the same way: the whole transaction, at most deleteEndpointTries
 // times.
-func updateEndpoint(ctx context.Context, db *sql.DB, id int64, in endpointInput) (Endpoint, error) {
+func updateEndpoint(ctx context.Context, db *sql.DB, box *secretBox, id int64, in endpointInput) (Endpoint, error) {
 	var e Endpoint
 	err := retryAfterDeadlock(ctx, func() (err error) {
-		e, err = updateEndpointOnce(ctx, db, id, in)
+		e, err = updateEndpointOnce(ctx, db, box, id, in)
 		return err
 	})
 	return e, err
 }
 
-func updateEndpointOnce(ctx context.Context, db *sql.DB, id int64, in endpointInput) (Endpoint, error) {
+func updateEndpointOnce(ctx context.Context, db *sql.DB, box *secretBox, id int64, in endpointInput) (Endpoint, error) {
 	var topics any // NULL unless given; an empty list is given and means all
 	if in.Topics != nil {
 		topics = pq.Array(append([]string{}, *in.Topics...))
@@ -471,9 +527,11 @@ func updateEndpointOnce(ctx context.Context, db *sql.DB, id int64, in endpointIn
 	if err := checkFilter(ctx, tx, in.Filter.Value); err != nil {
 		return Endpoint{}, err
 	}
+	cert, key, expires, ca := in.clientTLSColumns(box, id)
 	e, err := scanOneEndpoint(tx.QueryRowContext(ctx, updateEndpointSQL, id, in.URL, in.Description, in.OwnerEmail, topics,
 		in.MaxInFlight, in.RateLimitPerSecond.Set, in.RateLimitPerSecond.Value, in.RecoveryProbes, in.Ordering,
-		in.Filter.Set, in.Filter.Value), "update", id)
+		in.Filter.Set, in.Filter.Value,
+		in.ClientCertificate.Set, cert, key, expires, in.CACertificate.Set, ca), "update", id)
 	if err != nil {
 		return e, err
 	}

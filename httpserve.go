@@ -550,6 +550,7 @@ var constraintRules = map[string]string{
 	"endpoints_ordering_known":          `ordering: "none" or "subject"`,
 	"endpoints_filter_length":           "filter: at most 4096 bytes",
 	"endpoints_filter_allowed":          "filter: a predicate, without variables or .datetime()",
+	"endpoints_tls_material_https":      "client_certificate, ca_certificate: for an https:// url only; remove them (null) to use another",
 	"idempotency_keys_key_length":       "Idempotency-Key: 1 to 255 characters",
 }
 

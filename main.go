@@ -75,6 +75,9 @@ type Config struct {
 	// addresses: for development and tests only.
 	AllowPrivateEndpoints bool
 	Demo                  bool
+	// EgressProxy is the HTTP CONNECT proxy every delivery goes through
+	// (safehttp.go, egressProxy); empty: straight to the receiver.
+	EgressProxy string
 
 	// DisableListen turns LISTEN/NOTIFY off and leaves the sweeps to do all
 	// the waking. PoolMode transaction implies it: poolers in transaction
@@ -181,7 +184,7 @@ func defaultConfig() Config {
 			BacklogAge:           5 * time.Minute,
 			DeadRatio:            0.2,
 			XactAge:              time.Hour,
-			EndpointSuccessBelow: 0.5, EndpointFailingFor: 3 * time.Minute, // AlertConfig says why
+			EndpointSuccessBelow: 0.5, EndpointFailingFor: 3 * time.Minute, ClientCertExpiry: 14 * 24 * time.Hour, // AlertConfig says why
 		},
 		Retention: RetentionConfig{
 			Events: 7 * 24 * time.Hour,
@@ -307,6 +310,7 @@ func alertFlags(fs *flag.FlagSet, a *AlertConfig) {
 	fs.DurationVar(&a.XactAge, "alert-xact-age", a.XactAge, "age of the oldest snapshot-holding transaction above which old_transaction fires")
 	fs.Float64Var(&a.EndpointSuccessBelow, "alert-endpoint-success-below", a.EndpointSuccessBelow, "share of an endpoint's attempts succeeding below which, for -alert-endpoint-failing-for, endpoint_failing fires")
 	fs.DurationVar(&a.EndpointFailingFor, "alert-endpoint-failing-for", a.EndpointFailingFor, "how long an endpoint's success rate stays below -alert-endpoint-success-below before endpoint_failing fires")
+	fs.DurationVar(&a.ClientCertExpiry, "alert-client-cert-expiry", a.ClientCertExpiry, "how long before an endpoint's client certificate expires client_certificate_expiring fires")
 }
 
 func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
@@ -319,6 +323,7 @@ func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "log format: text or json")
 	fs.TextVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log level: debug, info, warn or error")
 	fs.BoolVar(&cfg.AllowPrivateEndpoints, "allow-private-endpoints", cfg.AllowPrivateEndpoints, "deliver to loopback and private addresses (development and tests only)")
+	fs.StringVar(&cfg.EgressProxy, "egress-proxy", cfg.EgressProxy, "HTTP CONNECT proxy every webhook and probe goes through: http(s)://[user:password@]host:port; empty: connect directly")
 	fs.BoolVar(&cfg.Demo, "demo", cfg.Demo, "create a watched sample table and write to it, to show events flowing")
 	fs.BoolVar(&cfg.DisableListen, "disable-listen", cfg.DisableListen, "do not LISTEN; rely on the sweeps alone (-pool-mode transaction implies it)")
 	fs.StringVar(&cfg.PoolMode, "pool-mode", cfg.PoolMode, "session, or transaction behind a pooler in transaction mode (PgBouncer): no LISTEN, -relay-sweep 1s unless given, retention locks per batch")
@@ -430,6 +435,8 @@ func (c Config) validate() error {
 		shareIn("alert-dead-ratio", c.Alerts.DeadRatio),
 		shareIn("alert-endpoint-success-below", c.Alerts.EndpointSuccessBelow),
 		durationIn("alert-endpoint-failing-for", c.Alerts.EndpointFailingFor, time.Second, 24*time.Hour),
+		durationIn("alert-client-cert-expiry", c.Alerts.ClientCertExpiry, 0, 365*24*time.Hour),
+		validateEgressProxy(c.EgressProxy),
 		durationIn("webhook-timeout", c.Webhooks.Timeout, 10*time.Millisecond, 10*time.Minute),
 		durationIn("webhook-secret-rotation-window", c.Webhooks.SecretRotationWindow, 0, 30*24*time.Hour),
 		validateRetryHorizon(c.Workers.MaxAttempts, c.Retention.Events),
@@ -979,6 +986,24 @@ type pipeline struct {
 	registry   *replicaRegistry
 }
 
+// deliveryClients are the clients deliveries and recovery probes share:
+// one for every endpoint, whose pool keeps connections alive per host and
+// whose dialer refuses internal addresses (safehttp.go), and those of
+// endpoints with TLS material of their own (clientcert.go).
+func deliveryClients(cfg Config, db *sql.DB, box *secretBox, logger *slog.Logger) (*http.Client, *endpointClients) {
+	opts := safeHTTPOptions{
+		AllowPrivate: cfg.AllowPrivateEndpoints,
+		Timeout:      cfg.Webhooks.Timeout,
+		Concurrency:  cfg.Workers.Concurrency,
+	}
+	if cfg.EgressProxy != "" {
+		opts.Proxy, _ = parseEgressProxy(cfg.EgressProxy) // validated at start
+		logger.Info("deliveries go through an egress proxy", "proxy", opts.Proxy.Redacted())
+	}
+	client := newSafeHTTPClient(opts)
+	return client, newEndpointClients(db, box, opts, client)
+}
+
 // startPipeline builds every loop in the order events move through them
 // and starts each with start, which owns its goroutine. With -demo
 // (demoRun), the demo's own endpoint reaches its receiver on outboxd's
@@ -999,17 +1024,12 @@ func startPipeline(cfg Config, db *sql.DB, box *secretBox, dsn string, demoRun *
 	p.relay = newRelay(db, cfg.Relay, cfg.Workers.MaxAttempts, fanOutTargets(subscribers), logger)
 	p.relay.notifyOrigin = notifyOrigin // the listener skips what the relay pokes
 
-	// One client for every delivery: its pool keeps connections alive per
-	// host, and its dialer refuses internal addresses (safehttp.go).
-	webhookClient := newSafeHTTPClient(safeHTTPOptions{
-		AllowPrivate: cfg.AllowPrivateEndpoints,
-		Timeout:      cfg.Webhooks.Timeout,
-		Concurrency:  cfg.Workers.Concurrency,
-	})
+	webhookClient, endpointTLS := deliveryClients(cfg, db, box, logger)
 	p.deliveries = newDeliveryMetrics()
 	mail := newMailer(cfg.Mail)
 	logger.Info("mail settings", "smtp", mail, "from", cfg.Mail.From)
 	webhooks := newWebhookSender(db, box, webhookClient, p.deliveries, mail, logger)
+	webhooks.endpointTLS = endpointTLS
 	if demoRun != nil {
 		webhooks.exempt = demoRun.exemption(cfg.Webhooks.Timeout)
 	}
@@ -1035,6 +1055,7 @@ func startPipeline(cfg Config, db *sql.DB, box *secretBox, dsn string, demoRun *
 	p.rescuer = newRescuer(db, cfg.Workers, cfg.Replicas, logger)
 	start("rescuer", p.rescuer.Run)
 	p.prober = newProber(db, box, webhookClient, cfg.Retention.Events, cfg.Workers.MaxAttempts, logger)
+	p.prober.endpointTLS = endpointTLS
 	start("prober", p.prober.Run)
 
 	host, _ := os.Hostname()

@@ -55,6 +55,11 @@ type AlertConfig struct {
 	// backoff makes its deliveries hours late.
 	EndpointSuccessBelow float64
 	EndpointFailingFor   time.Duration
+	// ClientCertExpiry: client_certificate_expiring fires this long
+	// before an endpoint's client certificate expires. Two weeks are ten
+	// working days to have a new one issued, often by another team's CA,
+	// before the receiver refuses every delivery.
+	ClientCertExpiry time.Duration
 }
 
 // bloatMinDeadRows is the least dead rows a table_bloat alert is raised
@@ -98,6 +103,10 @@ type Overview struct {
 	// ReceiverWindows are the dedup windows the receivers of enabled
 	// endpoints advertised, shortest first, at most maxReceiverWindows.
 	ReceiverWindows []ReceiverWindow `json:"receiver_windows"`
+	// ClientCertificates are the client certificates of endpoints not
+	// disabled (clientcert.go), the soonest to expire first, at most
+	// maxReceiverWindows.
+	ClientCertificates []ClientCertificateExpiry `json:"client_certificates"`
 	// Replicas are the live replicas (replicas.go), oldest first, with
 	// what each runs; MixedVersions says they run more than one build:
 	// release, revision or schema (a rolling upgrade in progress, or one
@@ -118,6 +127,19 @@ type Overview struct {
 type ReceiverWindow struct {
 	EndpointID int64 `json:"endpoint_id"`
 	Seconds    int64 `json:"seconds"`
+}
+
+// ClientCertificateExpiry is when an endpoint's client certificate
+// expires.
+type ClientCertificateExpiry struct {
+	EndpointID int64     `json:"endpoint_id"`
+	NotAfter   time.Time `json:"not_after"`
+}
+
+func scanClientCertificateExpiry(row rowScanner) (ClientCertificateExpiry, error) {
+	var c ClientCertificateExpiry
+	err := row.Scan(&c.EndpointID, &c.NotAfter)
+	return c, err
 }
 
 // maxReceiverWindows bounds the overview's list of receivers' windows;
@@ -260,6 +282,16 @@ WHERE dedup_window_seconds IS NOT NULL
 ORDER BY dedup_window_seconds, id
 LIMIT $1`
 
+// overviewClientCertificatesSQL reads the client certificates of
+// endpoints that still get deliveries, the soonest to expire first.
+const overviewClientCertificatesSQL = `
+SELECT id, client_certificate_expires_at
+FROM outbox.endpoints
+WHERE client_certificate_expires_at IS NOT NULL
+  AND disabled_at IS NULL
+ORDER BY client_certificate_expires_at, id
+LIMIT $1`
+
 // overviewJobsSQL counts jobs by state: in all, those scheduled later, and
 // those due whose endpoint is paused (held, not due: a paused endpoint is
 // claimed from only once resumed, and the overview shows what it holds
@@ -384,6 +416,9 @@ func readPipelineState(ctx context.Context, tx *sql.Tx, o *Overview) (alertStart
 	var err error
 	if o.ReceiverWindows, err = queryAll(ctx, tx, scanReceiverWindow, overviewReceiverWindowsSQL, maxReceiverWindows); err != nil {
 		return starts, fmt.Errorf("overview: receivers' windows: %w", err)
+	}
+	if o.ClientCertificates, err = queryAll(ctx, tx, scanClientCertificateExpiry, overviewClientCertificatesSQL, maxReceiverWindows); err != nil {
+		return starts, fmt.Errorf("overview: client certificates: %w", err)
 	}
 	if o.Replicas, o.MixedVersions, err = readReplicas(ctx, tx); err != nil {
 		return starts, fmt.Errorf("overview: %w", err)
@@ -603,6 +638,34 @@ var alertRules = []alertRule{
 	{"endpoint_disabled", "/endpoints", endpointDisabledAlert},
 	{"endpoint_paused", "/endpoints", endpointPausedAlert},
 	{"auth_failures", "/#replicas", authFailuresAlert},
+	{"client_certificate_expiring", "/endpoints", clientCertificateAlerts},
+}
+
+// clientCertificateAlerts fire for each endpoint whose client certificate
+// expires within ClientCertExpiry, or has expired: its receiver will
+// refuse every delivery from then on. Each links its endpoint's page,
+// where a PATCH with a new pair ends it.
+func clientCertificateAlerts(cfg AlertConfig, o Overview, at alertStarts) []Alert {
+	var alerts []Alert
+	for _, c := range o.ClientCertificates {
+		left := c.NotAfter.Sub(at.Now)
+		if left >= cfg.ClientCertExpiry {
+			continue
+		}
+		when := fmt.Sprintf("expires in %s, at %s", left.Round(time.Hour), c.NotAfter.UTC().Format(time.RFC3339))
+		if left <= 0 {
+			when = "expired at " + c.NotAfter.UTC().Format(time.RFC3339) + ": its receiver refuses every delivery"
+		}
+		alerts = append(alerts, Alert{
+			Message: fmt.Sprintf("endpoint %d's client certificate %s; PATCH it a new client_certificate and client_key", c.EndpointID, when),
+			Since:   c.NotAfter.Add(-cfg.ClientCertExpiry), startKnown: true,
+			Link: fmt.Sprintf("/endpoints/%d", c.EndpointID),
+		})
+	}
+	for i := range alerts {
+		alerts[i].Level = int64(len(alerts))
+	}
+	return alerts
 }
 
 // evaluateAlerts decides which alerts fire. It is pure so a table test can

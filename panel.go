@@ -793,7 +793,7 @@ func (c endpointClick) edit() (string, error) {
 	} else if err != nil {
 		return "", err
 	}
-	_, err = updateEndpoint(c.r.Context(), c.a.db, c.id, in)
+	_, err = updateEndpoint(c.r.Context(), c.a.db, c.a.box, c.id, in)
 	if errors.Is(err, errInvalid) { // a filter PostgreSQL refuses (checkFilter)
 		return "", c.p.renderEndpoint(c.w, c.r, c.a, c.id, endpointView{refused: &fs, refusal: refusal(err)})
 	}

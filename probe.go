@@ -66,6 +66,9 @@ type prober struct {
 	maxAttempts     int
 	interval        time.Duration
 	logger          *slog.Logger
+	// endpointTLS, if set, are the clients of endpoints with TLS
+	// material (clientcert.go), which probes present as deliveries do.
+	endpointTLS *endpointClients
 }
 
 func newProber(db *sql.DB, box *secretBox, client *http.Client, eventsRetention time.Duration, maxAttempts int, logger *slog.Logger) *prober {
@@ -252,7 +255,13 @@ func (p *prober) send(ctx context.Context, pr claimedProbe) (int, error) {
 	setWebhookHeaders(req.Header, secrets, probeID(pr.endpointID, pr.at), time.Now(), body)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", p.userAgent)
-	resp, err := p.client.Do(req)
+	client := p.client
+	if p.endpointTLS != nil {
+		if client, err = p.endpointTLS.client(ctx, pr.endpointID); err != nil {
+			return 0, fmt.Errorf("probe: %w; not sent", err)
+		}
+	}
+	resp, err := client.Do(req)
 	if err != nil {
 		return 0, fmt.Errorf("probe: %w", err)
 	}

@@ -3,8 +3,11 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -340,6 +343,19 @@ type safeHTTPOptions struct {
 	// guard says of them: -demo's own receiver on outboxd's listener, so
 	// that the demo needs no guard turned off for every endpoint.
 	AllowAddrs []netip.AddrPort
+	// Proxy, if set, is the HTTP CONNECT proxy every connection goes
+	// through (-egress-proxy). The target is still resolved and judged
+	// here, and the proxy is asked for the vetted address, never the
+	// name, so it cannot resolve the name to somewhere else.
+	Proxy *url.URL
+	// ProxyRootCAs verify an https:// proxy; nil: the system's roots.
+	ProxyRootCAs *x509.CertPool
+	// ClientCertificate, if set, is presented to a receiver that asks
+	// for one (an endpoint's client_certificate, clientcert.go).
+	ClientCertificate *tls.Certificate
+	// RootCAs, if set, are the only authorities a receiver's certificate
+	// may chain to (an endpoint's ca_certificate); nil: the system's.
+	RootCAs *x509.CertPool
 }
 
 // newSafeHTTPClient returns the client for every request to a user-given
@@ -370,6 +386,13 @@ func newSafeHTTPClient(opts safeHTTPOptions) *http.Client {
 		lookup:       lookup,
 		dialer:       newSafeDialer(opts.AllowPrivate, allowAddrs),
 	}
+	if opts.Proxy != nil {
+		d.proxy = newEgressProxy(opts.Proxy, opts.ProxyRootCAs)
+	}
+	tlsConfig := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: opts.RootCAs}
+	if cert := opts.ClientCertificate; cert != nil {
+		tlsConfig.Certificates = []tls.Certificate{*cert}
+	}
 	return &http.Client{
 		Transport: &http.Transport{
 			// An environment proxy would connect for us, to addresses
@@ -378,7 +401,7 @@ func newSafeHTTPClient(opts safeHTTPOptions) *http.Client {
 			DialContext: d.dialContext,
 			// A custom DialContext turns HTTP/2 off unless forced.
 			ForceAttemptHTTP2: true,
-			TLSClientConfig:   &tls.Config{MinVersion: tls.VersionTLS12},
+			TLSClientConfig:   tlsConfig,
 			// The client's Timeout already covers this; repeated on the
 			// transport so the bound holds for anyone who reuses it.
 			ResponseHeaderTimeout:  timeout,
@@ -443,6 +466,7 @@ type safeDialer struct {
 	allowAddrs   []netip.AddrPort
 	lookup       func(ctx context.Context, network, host string) ([]netip.Addr, error)
 	dialer       *net.Dialer
+	proxy        *egressProxy // nil: connect directly
 }
 
 func (d *safeDialer) dialContext(ctx context.Context, network, address string) (net.Conn, error) {
@@ -485,11 +509,24 @@ func (d *safeDialer) dialContext(ctx context.Context, network, address string) (
 		}
 	}
 
-	// In the resolver's order (RFC 6724 preference), one at a time; the
-	// first error is the one worth reporting, as net.Dialer does.
+	return d.dialFirst(ctx, network, addrs, port)
+}
+
+// dialFirst connects to the first of addrs (vetted) on port that answers,
+// directly or through the egress proxy: in the resolver's order (RFC 6724
+// preference), one at a time; the first error is the one worth
+// reporting, as net.Dialer does.
+func (d *safeDialer) dialFirst(ctx context.Context, network string, addrs []netip.Addr, port string) (net.Conn, error) {
 	var firstErr error
 	for _, ip := range addrs {
-		conn, err := d.dialer.DialContext(ctx, network, net.JoinHostPort(ip.Unmap().String(), port))
+		target := net.JoinHostPort(ip.Unmap().String(), port)
+		var conn net.Conn
+		var err error
+		if d.proxy != nil {
+			conn, err = d.proxy.connect(ctx, target)
+		} else {
+			conn, err = d.dialer.DialContext(ctx, network, target)
+		}
 		if err == nil {
 			return conn, nil
 		}
@@ -501,6 +538,133 @@ func (d *safeDialer) dialContext(ctx context.Context, network, address string) (
 		}
 	}
 	return nil, firstErr
+}
+
+// egressProxy is -egress-proxy: an HTTP CONNECT proxy every delivery
+// goes through. It is the operator's choice, so no guard judges its own
+// address (it may well be on loopback); safeDialer judges each target
+// before asking the proxy for it.
+type egressProxy struct {
+	addr string      // host:port
+	tls  *tls.Config // nil: an http:// proxy, spoken to in the clear
+	// auth is the Proxy-Authorization value, from the URL's userinfo; ""
+	// sends none.
+	auth   string
+	dialer *net.Dialer
+}
+
+// newEgressProxy is the proxy at u, which parseEgressProxy accepted;
+// roots verify an https:// proxy (nil: the system's).
+func newEgressProxy(u *url.URL, roots *x509.CertPool) *egressProxy {
+	p := &egressProxy{dialer: &net.Dialer{Timeout: safeDialTimeout}}
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+	}
+	p.addr = net.JoinHostPort(u.Hostname(), port)
+	if u.Scheme == "https" {
+		p.tls = &tls.Config{MinVersion: tls.VersionTLS12, ServerName: u.Hostname(), RootCAs: roots}
+	}
+	if u.User != nil {
+		password, _ := u.User.Password()
+		p.auth = "Basic " + base64.StdEncoding.EncodeToString([]byte(u.User.Username()+":"+password))
+	}
+	return p
+}
+
+// connect opens a tunnel through the proxy to target, an address (IP and
+// port) the caller has vetted. The transport then speaks HTTP, or TLS
+// with the endpoint's host name for SNI and verification, through it.
+func (p *egressProxy) connect(ctx context.Context, target string) (net.Conn, error) {
+	conn, err := p.dialer.DialContext(ctx, "tcp", p.addr)
+	if err != nil {
+		return nil, fmt.Errorf("egress proxy %s: %w", p.addr, err)
+	}
+	// The exchange below reads and writes without deadlines of its own:
+	// closing the connection is what ends it when ctx does.
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	tunnel, err := p.handshake(conn, target)
+	if !stop() {
+		conn.Close()
+		return nil, fmt.Errorf("egress proxy %s: connect %s: %w", p.addr, target, ctx.Err())
+	}
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("egress proxy %s: connect %s: %w", p.addr, target, err)
+	}
+	return tunnel, nil
+}
+
+// handshake speaks TLS to an https:// proxy, then asks it for target.
+func (p *egressProxy) handshake(conn net.Conn, target string) (net.Conn, error) {
+	if p.tls != nil {
+		tc := tls.Client(conn, p.tls)
+		if err := tc.Handshake(); err != nil {
+			return nil, fmt.Errorf("tls: %w", err)
+		}
+		conn = tc
+	}
+	req := &http.Request{Method: http.MethodConnect, URL: &url.URL{Opaque: target}, Host: target, Header: http.Header{}}
+	if p.auth != "" {
+		req.Header.Set("Proxy-Authorization", p.auth)
+	}
+	if err := req.Write(conn); err != nil {
+		return nil, err
+	}
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, req)
+	if err != nil {
+		return nil, fmt.Errorf("read answer: %w", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("proxy answered %s", resp.Status)
+	}
+	if br.Buffered() > 0 {
+		// Neither HTTP nor TLS lets a server speak first, so this is
+		// a proxy that does not tunnel what it is sent.
+		return nil, errors.New("proxy sent data ahead of the tunnel")
+	}
+	return conn, nil
+}
+
+// parseEgressProxy reads -egress-proxy: an http:// or https:// URL of a
+// CONNECT proxy, with an optional user:password for Basic
+// authentication, and nothing else. Its errors never quote the password.
+func parseEgressProxy(raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		if ue, ok := errors.AsType[*url.Error](err); ok {
+			err = ue.Err // it quotes the whole URL, password included
+		}
+		return nil, err
+	}
+	shown := u.Redacted()
+	switch {
+	case u.Scheme != "http" && u.Scheme != "https":
+		return nil, fmt.Errorf("%q: scheme must be http or https", shown)
+	case u.Opaque != "" || u.Hostname() == "":
+		return nil, fmt.Errorf("%q: want http(s)://[user:password@]host[:port]", shown)
+	case u.Path != "" && u.Path != "/", u.RawQuery != "", u.Fragment != "":
+		return nil, fmt.Errorf("%q: a proxy URL has no path, query or fragment", shown)
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return nil, fmt.Errorf("%q: port out of range", shown)
+		}
+	}
+	return u, nil
+}
+
+// validateEgressProxy checks -egress-proxy at start; empty is none.
+func validateEgressProxy(raw string) error {
+	if raw == "" {
+		return nil
+	}
+	if _, err := parseEgressProxy(raw); err != nil {
+		return fmt.Errorf("%s: %w", setting("egress-proxy"), err)
+	}
+	return nil
 }
 
 // readLimited reads r up to n bytes (n >= 0). truncated reports that r held

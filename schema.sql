@@ -2610,6 +2610,40 @@ ALTER TABLE outbox.inbox_sources
     OR (length(secret) = 98 AND get_byte(secret, 0) = 1)
   );
 
+-- An endpoint's TLS material (clientcert.go): the client certificate (PEM,
+-- leaf first) and its private key that deliveries present to a receiver
+-- asking for mutual TLS, set and removed together, with the leaf's expiry
+-- kept beside them for the overview's client_certificate_expiring alert;
+-- and ca_certificate (PEM), the only authorities the receiver's own
+-- certificate may chain to. The key is PEM text, or with -secrets-key
+-- sealed (secrets.go, sealBlob: first byte 2). 32 kB each is maxPEMLen;
+-- a sealed key is 33 bytes longer.
+ALTER TABLE outbox.endpoints
+  ADD COLUMN IF NOT EXISTS client_certificate text,
+  ADD COLUMN IF NOT EXISTS client_key bytea,
+  ADD COLUMN IF NOT EXISTS client_certificate_expires_at timestamptz,
+  ADD COLUMN IF NOT EXISTS ca_certificate text;
+
+DO $$
+BEGIN
+  ALTER TABLE outbox.endpoints
+    ADD CONSTRAINT endpoints_client_certificate_pair CHECK (
+      (client_certificate IS NULL) = (client_key IS NULL)
+      AND (client_certificate IS NULL) = (client_certificate_expires_at IS NULL)
+    ),
+    ADD CONSTRAINT endpoints_client_certificate_length CHECK (length(client_certificate) <= 32768),
+    ADD CONSTRAINT endpoints_client_key_length CHECK (length(client_key) <= 32768 + 33),
+    ADD CONSTRAINT endpoints_ca_certificate_length CHECK (length(ca_certificate) <= 32768),
+    -- Only TLS carries them: on an http:// or mailto: endpoint they would
+    -- be kept and never used.
+    ADD CONSTRAINT endpoints_tls_material_https CHECK (
+      (client_certificate IS NULL AND ca_certificate IS NULL) OR url LIKE 'https://%'
+    );
+EXCEPTION WHEN duplicate_object THEN
+  NULL;
+END
+$$;
+
 --------------------------------------------------------------------------------
 -- Panel sessions: revocable, and the same on every replica
 --------------------------------------------------------------------------------

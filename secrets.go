@@ -196,6 +196,72 @@ func (b *secretBox) open(row string, stored []byte) ([]byte, error) {
 	return padded[1 : 1+n], nil
 }
 
+// An endpoint's client key (clientcert.go) is longer than any secret and
+// of any length, so it is sealed in a layout of its own, padded to
+// nothing:
+//
+//	sealed     version 2 (1) | key id (4) | nonce (12) | ciphertext | tag (16)
+//	plaintext  the key's PEM text, which starts with "-" (-----BEGIN)
+//
+// Its row identity is endpointKeyRow's, so a sealed key opens only as the
+// key of the endpoint it was written for, never as a secret.
+const (
+	sealedBlobVersion = 2
+	sealedBlobMinLen  = sealedHeaderLen + 12 + 16
+)
+
+func endpointKeyRow(id int64) string { return endpointSecretRow(id) + " client key" }
+
+// sealBlob is data as it is stored in row: sealed under the current key,
+// or, without a key, data itself.
+func (b *secretBox) sealBlob(row string, data []byte) []byte {
+	if b == nil {
+		return data
+	}
+	sealed := make([]byte, sealedHeaderLen, sealedBlobMinLen+len(data))
+	sealed[0] = sealedBlobVersion
+	copy(sealed[1:], b.current.id[:])
+	return b.current.aead.Seal(sealed, nil, data, additionalData(sealed[:sealedHeaderLen], row))
+}
+
+// isSealedBlob tells a sealed blob from plaintext PEM by its first byte.
+func isSealedBlob(stored []byte) bool { return len(stored) > 0 && stored[0] == sealedBlobVersion }
+
+// openBlob is the data stored in row: plaintext as it is, a sealed value
+// opened with the key that sealed it, or an error that says why not.
+func (b *secretBox) openBlob(row string, stored []byte) ([]byte, error) {
+	if !isSealedBlob(stored) {
+		return stored, nil
+	}
+	if len(stored) < sealedBlobMinLen {
+		return nil, fmt.Errorf("%s: %d bytes, too short to be sealed", row, len(stored))
+	}
+	key, err := b.keyFor(row, sealedKeyID(stored))
+	if err != nil {
+		return nil, err
+	}
+	data, err := key.aead.Open(nil, nil, stored[sealedHeaderLen:], additionalData(stored[:sealedHeaderLen], row))
+	if err != nil {
+		return nil, fmt.Errorf("%s does not open under key %s: it was changed, or copied from another row", row, key.id)
+	}
+	return data, nil
+}
+
+// keyFor is the key of this box with id, or an error naming the setting
+// that lacks it.
+func (b *secretBox) keyFor(row string, id keyID) (*sealKey, error) {
+	switch {
+	case b == nil:
+		return nil, fmt.Errorf("%s is sealed under key %s, and %s is not set", row, id, setting("secrets-key"))
+	case id == b.current.id:
+		return &b.current, nil
+	case b.old != nil && id == b.old.id:
+		return b.old, nil
+	}
+	return nil, fmt.Errorf("%s is sealed under key %s, which is neither %s (key %s) nor %s",
+		row, id, setting("secrets-key"), b.current.id, setting("secrets-old-key"))
+}
+
 // openAll opens every secret of row, in order.
 func (b *secretBox) openAll(row string, stored [][]byte) ([][]byte, error) {
 	secrets := make([][]byte, 0, len(stored))
@@ -311,7 +377,77 @@ func sealStoredSecrets(ctx context.Context, db *sql.DB, box *secretBox, logger *
 		}
 		logger.Info("secrets sealed under the current key", "table", t.name, "rows_rewritten", sealed[t.name], "key_id", box.current.id)
 	}
+	for after := int64(0); ; {
+		last, n, more, err := sealClientKeysPage(ctx, db, box, after)
+		sealed[clientKeysColumn] += n
+		if err != nil {
+			return sealed, err
+		}
+		if !more {
+			break
+		}
+		after = last
+	}
+	logger.Info("client keys sealed under the current key", "column", clientKeysColumn, "rows_rewritten", sealed[clientKeysColumn], "key_id", box.current.id)
 	return sealed, nil
+}
+
+// clientKeysColumn names the endpoints' client keys (clientcert.go) in
+// what sealStoredSecrets reports.
+const clientKeysColumn = "outbox.endpoints.client_key"
+
+// clientKeysPageSQL locks and reads the client keys of at most $2
+// endpoints after id $1, as secretTable's pageSQL does the secrets.
+const clientKeysPageSQL = `
+SELECT id, client_key
+FROM outbox.endpoints
+WHERE id > $1
+  AND client_key IS NOT NULL
+ORDER BY id
+LIMIT $2
+FOR NO KEY UPDATE`
+
+const clientKeyUpdateSQL = `
+UPDATE outbox.endpoints
+SET client_key = $2
+WHERE id = $1`
+
+// sealClientKeysPage is sealSecretsPage for client keys: one batch after
+// endpoint id after, returning the last id read, the keys rewritten and
+// whether the page was full.
+func sealClientKeysPage(ctx context.Context, db *sql.DB, box *secretBox, after int64) (last int64, rewritten int, more bool, err error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, 0, false, fmt.Errorf("seal client keys: %w", err)
+	}
+	defer tx.Rollback()
+	type storedKey struct {
+		id  int64
+		key []byte
+	}
+	rows, err := queryAll(ctx, tx, func(row rowScanner) (k storedKey, err error) { return k, row.Scan(&k.id, &k.key) }, clientKeysPageSQL, after, sealBatch)
+	if err != nil {
+		return 0, 0, false, fmt.Errorf("seal client keys: read: %w", err)
+	}
+	for _, r := range rows {
+		last = r.id
+		if isSealedBlob(r.key) && len(r.key) >= sealedBlobMinLen && sealedKeyID(r.key) == box.current.id {
+			continue
+		}
+		row := endpointKeyRow(r.id)
+		key, err := box.openBlob(row, r.key)
+		if err != nil {
+			return 0, 0, false, fmt.Errorf("seal client keys: %w", err)
+		}
+		if _, err := tx.ExecContext(ctx, clientKeyUpdateSQL, r.id, box.sealBlob(row, key)); err != nil {
+			return 0, 0, false, fmt.Errorf("seal %s: %w", row, err)
+		}
+		rewritten++
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, 0, false, fmt.Errorf("seal client keys: commit: %w", err)
+	}
+	return last, rewritten, len(rows) == sealBatch, nil
 }
 
 // sealSecretsPage is one batch of sealStoredSecrets: the rows of t after
@@ -363,10 +499,12 @@ func sealSecretsPage(ctx context.Context, db *sql.DB, box *secretBox, t secretTa
 }
 
 // countSealedSQL counts the rows whose secret is sealed: longer than $1,
-// maxSecretLen, as isSealed tells them.
+// maxSecretLen, as isSealed tells them; and the client keys sealed
+// (isSealedBlob: first byte sealedBlobVersion, 2).
 const countSealedSQL = `
 SELECT (SELECT count(*) FROM outbox.endpoints WHERE length(secret) > $1)
-     + (SELECT count(*) FROM outbox.inbox_sources WHERE length(secret) > $1)`
+     + (SELECT count(*) FROM outbox.inbox_sources WHERE length(secret) > $1)
+     + (SELECT count(*) FROM outbox.endpoints WHERE get_byte(client_key, 0) = 2)`
 
 // warnSealedWithoutKey says at start, rather than at the first delivery,
 // that secrets are sealed and this process has no key to open them: its

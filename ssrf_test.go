@@ -1,6 +1,6 @@
 // ssrf_test.go: the SSRF conformance table. Every way of writing an
 // address that a webhook must never reach, checked at registration and at
-// delivery; the README's table is rendered from ssrfForms, and a test fails
+// delivery, directly and through -egress-proxy; the README's table is rendered from ssrfForms, and a test fails
 // when the two differ.
 
 package main
@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	neturl "net/url"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -44,7 +45,19 @@ const (
 	refused       = "refused"
 	accepted      = "accepted (a name: checked at dial)"
 	refusedAtDial = "refused at dial"
+	// refusedBeforeConnect is every refused form through -egress-proxy:
+	// the target is judged before the proxy is asked for it.
+	refusedBeforeConnect = "refused before CONNECT (the proxy sees nothing)"
 )
+
+// proxied is what a delivery through -egress-proxy does: the same as
+// directly, the refusal coming before any CONNECT.
+func (f ssrfForm) proxied() string {
+	if f.delivered == refusedAtDial {
+		return refusedBeforeConnect
+	}
+	return f.delivered
+}
 
 var ssrfForms = []ssrfForm{
 	{"IPv4 literal", "loopback", "127.0.0.1", nil, false, refused, refusedAtDial},
@@ -97,6 +110,8 @@ func TestSSRFConformance(t *testing.T) {
 	t.Parallel()
 	internal, hits := countingServer(t)
 	port := internal.Listener.Addr().(*net.TCPAddr).Port
+	proxy, proxyURL := newConnectProxy(t, false, nil)
+	var redirectorAddr atomic.Value // the redirector's URL, once it runs
 	for _, f := range ssrfForms {
 		t.Run(f.testName(), func(t *testing.T) {
 			t.Parallel()
@@ -104,33 +119,16 @@ func TestSSRFConformance(t *testing.T) {
 			if got := registration(url); got != f.registered {
 				t.Errorf("registering %s: %s, want %s", url, got, f.registered)
 			}
-			// The resolver answers the name as written and as the
-			// transport's IDNA mapping spells it.
-			names := map[string][]string{f.host: f.answers, strings.TrimSuffix(f.host, "."): f.answers}
-			if folded, err := foldHost(f.host); err == nil {
-				names[folded] = f.answers
-			}
-			lookup := fakeLookup(names)
-			if f.rebind {
-				var lookups atomic.Int64
-				lookup = func(context.Context, string, string) ([]netip.Addr, error) {
-					if lookups.Add(1) == 1 {
-						return []netip.Addr{netip.MustParseAddr("93.184.215.14")}, nil
-					}
-					return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
+			for _, through := range []*neturl.URL{nil, proxyURL} {
+				client := newSafeHTTPClient(safeHTTPOptions{Timeout: 5 * time.Second, LookupIP: ssrfLookup(t, f), Proxy: through})
+				resp, err := client.Post(url, "application/json", strings.NewReader(`{}`))
+				if err == nil {
+					resp.Body.Close()
+					t.Fatalf("delivering to %s (proxy %v): %s, want the dial refused", url, through, resp.Status)
 				}
-				if addrs, _ := lookup(context.Background(), "ip", f.host); forbiddenIPReason(addrs[0]) != "" {
-					t.Fatal("the rebinding name's first answer must pass a check made at registration")
+				if !errors.Is(err, errForbiddenAddress) {
+					t.Fatalf("delivering to %s (proxy %v): %v, want the dial refused (errForbiddenAddress)", url, through, err)
 				}
-			}
-			client := newSafeHTTPClient(safeHTTPOptions{Timeout: 5 * time.Second, LookupIP: lookup})
-			resp, err := client.Post(url, "application/json", strings.NewReader(`{}`))
-			if err == nil {
-				resp.Body.Close()
-				t.Fatalf("delivering to %s: %s, want the dial refused", url, resp.Status)
-			}
-			if !errors.Is(err, errForbiddenAddress) {
-				t.Fatalf("delivering to %s: %v, want the dial refused (errForbiddenAddress)", url, err)
 			}
 		})
 	}
@@ -143,21 +141,55 @@ func TestSSRFConformance(t *testing.T) {
 		// the redirect must stop on its own, not by the guard.
 		redirector := httptest.NewServer(http.RedirectHandler(internal.URL+"/admin", http.StatusFound))
 		t.Cleanup(redirector.Close)
-		client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: 5 * time.Second})
-		resp, err := client.Post(redirector.URL, "application/json", strings.NewReader(`{}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusFound {
-			t.Errorf("delivering to a redirector: %s, want the 302 itself", resp.Status)
+		redirectorAddr.Store(redirector.URL)
+		for _, through := range []*neturl.URL{nil, proxyURL} {
+			client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: 5 * time.Second, Proxy: through})
+			resp, err := client.Post(redirector.URL, "application/json", strings.NewReader(`{}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusFound {
+				t.Errorf("delivering to a redirector (proxy %v): %s, want the 302 itself", through, resp.Status)
+			}
+			client.CloseIdleConnections()
 		}
 	})
 	t.Cleanup(func() {
 		if n := hits.Load(); n != 0 {
 			t.Errorf("the internal server received %d requests, want 0", n)
 		}
+		// The redirector's one CONNECT is all the proxy may have seen.
+		if seen := proxy.seen(); len(seen) != 1 || seen[0] != strings.TrimPrefix(redirectorAddr.Load().(string), "http://") {
+			t.Errorf("the proxy was asked to CONNECT to %v, want the redirector alone", seen)
+		}
 	})
+}
+
+// ssrfLookup is a resolver answering f's name as an attacker's DNS would:
+// as written and as the transport's IDNA mapping spells it, and for the
+// rebinding form a public address to the first lookup (which this makes,
+// as registration would) and loopback to every later one.
+func ssrfLookup(t *testing.T, f ssrfForm) func(context.Context, string, string) ([]netip.Addr, error) {
+	t.Helper()
+	if !f.rebind {
+		names := map[string][]string{f.host: f.answers, strings.TrimSuffix(f.host, "."): f.answers}
+		if folded, err := foldHost(f.host); err == nil {
+			names[folded] = f.answers
+		}
+		return fakeLookup(names)
+	}
+	var lookups atomic.Int64
+	lookup := func(context.Context, string, string) ([]netip.Addr, error) {
+		if lookups.Add(1) == 1 {
+			return []netip.Addr{netip.MustParseAddr("93.184.215.14")}, nil
+		}
+		return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
+	}
+	if addrs, _ := lookup(context.Background(), "ip", f.host); forbiddenIPReason(addrs[0]) != "" {
+		t.Fatal("the rebinding name's first answer must pass a check made at registration")
+	}
+	return lookup
 }
 
 // testName is the form's subtest name, as go test prints it.
@@ -183,14 +215,14 @@ const (
 // ssrfTable renders the conformance table as the README shows it.
 func ssrfTable() string {
 	var b strings.Builder
-	b.WriteString("| form | written as | at registration | at delivery | test |\n|---|---|---|---|---|\n")
+	b.WriteString("| form | written as | at registration | at delivery | through -egress-proxy | test |\n|---|---|---|---|---|---|\n")
 	for _, f := range append(ssrfForms[:len(ssrfForms):len(ssrfForms)], ssrfRedirect) {
 		host := "`" + f.host + "`"
 		if len(f.answers) > 0 && !strings.ContainsAny(f.host[:1], "0123456789") {
 			host += " → " + strings.Join(f.answers, ", ")
 		}
 		test := "`TestSSRFConformance/" + f.testName() + "`"
-		fmt.Fprintf(&b, "| %s: %s | %s | %s | %s | %s |\n", f.group, f.name, host, f.registered, f.delivered, test)
+		fmt.Fprintf(&b, "| %s: %s | %s | %s | %s | %s | %s |\n", f.group, f.name, host, f.registered, f.delivered, f.proxied(), test)
 	}
 	return b.String()
 }

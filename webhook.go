@@ -81,6 +81,9 @@ type webhookSender struct {
 	// exempt, with -demo, is the one delivery the address guard lets
 	// reach an internal address; nil otherwise.
 	exempt *guardExemption
+	// endpointTLS are the clients of endpoints with TLS material
+	// (clientcert.go); nil sends every delivery through client.
+	endpointTLS *endpointClients
 }
 
 // guardExemption is the one endpoint whose deliveries may reach an
@@ -97,13 +100,17 @@ type guardExemption struct {
 }
 
 // clientFor is the client a delivery to ep (endpoint id) goes through: the
-// exemption's for the exempt endpoint at its exact URL, the guarded one
-// for every other.
-func (s *webhookSender) clientFor(id int64, ep deliveryEndpoint) *http.Client {
+// exemption's for the exempt endpoint at its exact URL, the endpoint's
+// own for one with a client certificate or CA, the guarded one for every
+// other.
+func (s *webhookSender) clientFor(ctx context.Context, id int64, ep deliveryEndpoint) (*http.Client, error) {
 	if e := s.exempt; e != nil && id != 0 && id == e.endpointID() && ep.URL == e.url {
-		return e.client
+		return e.client, nil
 	}
-	return s.client
+	if s.endpointTLS != nil {
+		return s.endpointTLS.client(ctx, id)
+	}
+	return s.client, nil
 }
 
 // mail is nil when no SMTP server is configured: mailto: jobs then
@@ -255,16 +262,22 @@ func (s *webhookSender) deliver(ctx context.Context, job Job) error {
 		return permanentError{err}
 	}
 	signing := *ep
-	if signing.Secrets, err = s.box.openAll(endpointSecretRow(job.EndpointID), ep.Secrets); err != nil {
-		// A key this process lacks: retried, so that a replica given the
-		// key (or this one, restarted with it) delivers it.
+	signing.Secrets, err = s.box.openAll(endpointSecretRow(job.EndpointID), ep.Secrets)
+	var client *http.Client
+	if err == nil {
+		client, err = s.clientFor(ctx, job.EndpointID, *ep)
+	}
+	if err != nil {
+		// A key this process lacks (a secret's or the client key's), or
+		// the endpoint's TLS material unread: retried, so that a replica
+		// given the key (or this one, restarted with it) delivers it.
 		err = fmt.Errorf("%w; not sent", err)
 		job.recordAttempt(deliveryAttempt{Error: err.Error()}, endpointUnchanged)
 		return err
 	}
 
 	start := time.Now()
-	ans, sendErr := s.post(ctx, s.clientFor(job.EndpointID, *ep), signing, job.Event, body)
+	ans, sendErr := s.post(ctx, client, signing, job.Event, body)
 	attempt := deliveryAttempt{Duration: time.Since(start), StatusCode: ans.status, ResponseExcerpt: ans.excerpt,
 		Class: classifyAttempt(ans.status, sendErr)}
 	change, outcome := classifyWebhookResponse(ans.status, ans.retryAfter, sendErr, time.Now())
