@@ -799,7 +799,7 @@ func TestJobsRetryEveryDiscarded(t *testing.T) {
 	}
 
 	_, page := panelPage(t, api.srv, "/jobs?state=discarded")
-	if !strings.Contains(page, `<form method="post" action="/jobs/retry-discarded"><button>Retry every discarded job</button>`) {
+	if !strings.Contains(page, `<form method="post" action="/jobs/retry-discarded"><button>Send every discarded job again</button>`) {
 		t.Fatalf("the discarded list of every endpoint has no retry-all button:\n%s", page)
 	}
 	browser := signIn(t, api.srv)
@@ -811,8 +811,8 @@ func TestJobsRetryEveryDiscarded(t *testing.T) {
 	if diff := cmp.Diff(want, jobs()); diff != "" {
 		t.Errorf("jobs after the retry, by id (-want +got):\n%s", diff)
 	}
-	done := "5 discarded jobs will run now: 3 deliveries to 2 endpoints, each endpoint's in its replay lane, and 2 jobs of no endpoint." +
-		fmt.Sprintf(" 1 deliveries stay discarded, their events older than a resend may be: endpoint %d, 1; each endpoint's page says why.", b.ID)
+	done := "5 discarded jobs will be sent again: 3 deliveries to 2 endpoints and 2 jobs of no endpoint." +
+		fmt.Sprintf(" 1 deliveries stay discarded: their events are too old to send again safely: endpoint %d, 1; each endpoint's page says why.", b.ID)
 	location := resp.Header.Get("Location")
 	if wantLocation := "/jobs?state=discarded&done=" + url.QueryEscape(done); resp.StatusCode != http.StatusSeeOther || location != wantLocation {
 		t.Fatalf("the retry answered %d to %q, want 303 to %q", resp.StatusCode, location, wantLocation)

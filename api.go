@@ -180,11 +180,33 @@ func handleRetryJob(a *admin) apiFunc {
 // handleRetryEveryDiscarded is POST /api/jobs/retry-discarded: every
 // discarded job runs again, each endpoint's deliveries as
 // POST /api/endpoints/{id}/retry-discarded runs them; answered with what
-// was retried and skipped, in all and per endpoint.
+// was retried and skipped, in all and per endpoint. An optional body,
+// a DiscardedFilter, narrows it to one group of GET /api/jobs/discarded.
 func handleRetryEveryDiscarded(a *admin) apiFunc {
 	return func(r *http.Request) (int, any, error) {
-		res, err := retryEveryDiscarded(r.Context(), a.db, a.eventsRetention, a.maxAttempts)
+		var f DiscardedFilter
+		if r.ContentLength != 0 {
+			if err := decodeJSON(r, &f); err != nil {
+				return 0, nil, err
+			}
+		}
+		res, err := retryEveryDiscarded(r.Context(), a.db, f, a.eventsRetention, a.maxAttempts)
 		return http.StatusOK, res, err
+	}
+}
+
+// handleDiscardedGroups is GET /api/jobs/discarded?endpoint_id=:
+// {"groups": [...]}, the discarded jobs grouped by endpoint and last
+// error, the most recent first.
+func handleDiscardedGroups(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		q := queryOf(r)
+		endpointID := q.natural("endpoint_id")
+		if q.err != nil {
+			return 0, nil, q.err
+		}
+		groups, err := listDiscardedGroups(r.Context(), a.db, endpointID)
+		return http.StatusOK, map[string][]DiscardedGroup{"groups": groups}, err
 	}
 }
 

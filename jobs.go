@@ -200,11 +200,16 @@ type RetryResult struct {
 	ReplayID int64  `json:"replay_id"`
 }
 
+// lastErrorSQL is a job's last error, the one it was discarded with: ''
+// for a job discarded without an attempt (a cancelled replay's).
+const lastErrorSQL = `coalesce(j.errors -> -1 ->> 'error', '')`
+
 // retryDiscardedSQL retries up to $2 of endpoint $1's discarded jobs
-// whose events were recorded at or after $3 (NULL: any), as jobs of replay
-// $4; with $1 = 0, the discarded jobs of no endpoint (in-process
-// subscribers, owner notifications, deliveries of a deleted endpoint),
-// with $3 NULL and $4 = 0: live, as retryJobSQL retries one of them.
+// whose events were recorded at or after $3 (NULL: any) and whose last
+// error is $5 (NULL: any), as jobs of replay $4; with $1 = 0, the
+// discarded jobs of no endpoint (in-process subscribers, owner
+// notifications, deliveries of a deleted endpoint), with $3 NULL and
+// $4 = 0: live, as retryJobSQL retries one of them.
 const retryDiscardedSQL = `
 WITH discarded AS (
   SELECT j.id
@@ -213,6 +218,7 @@ WITH discarded AS (
   WHERE (j.endpoint_id = $1 OR ($1 = 0 AND j.endpoint_id IS NULL))
     AND j.state = 'discarded'
     AND ($3::timestamptz IS NULL OR e.created_at >= $3)
+    AND ($5::text IS NULL OR ` + lastErrorSQL + ` = $5::text)
   ORDER BY j.id
   LIMIT $2
   FOR UPDATE OF j SKIP LOCKED
@@ -224,21 +230,30 @@ WHERE outbox.jobs.id = discarded.id
 RETURNING outbox.jobs.endpoint_id, outbox.jobs.lane_key`
 
 // tooOldDiscardedSQL counts an endpoint's discarded jobs whose events were
-// recorded before $2: the ones retryDiscarded leaves.
+// recorded before $2 and whose last error is $3 (NULL: any): the ones
+// retryDiscarded leaves.
 const tooOldDiscardedSQL = `
 SELECT count(*)
 FROM outbox.jobs AS j
 JOIN outbox.events AS e ON e.id = j.event_id
 WHERE j.endpoint_id = $1
   AND j.state = 'discarded'
-  AND e.created_at < $2`
+  AND e.created_at < $2
+  AND ($3::text IS NULL OR ` + lastErrorSQL + ` = $3::text)`
 
 // retryDiscarded retries the discarded deliveries of an endpoint, in
 // batches of manualBatch, and wakes the workers. Like a replay, it resends
 // only events resendCutoff allows, and says how many it left; and like a
 // replay's, its jobs join a replay of their own (kind retry_discarded),
 // which runs in the endpoint's replay lane and can be cancelled.
-func retryDiscarded(ctx context.Context, db *sql.DB, endpointID int64, eventsRetention time.Duration, maxAttempts int) (res RetryResult, err error) {
+func retryDiscarded(ctx context.Context, db *sql.DB, endpointID int64, eventsRetention time.Duration, maxAttempts int) (RetryResult, error) {
+	return retryDiscardedWithError(ctx, db, endpointID, nil, eventsRetention, maxAttempts)
+}
+
+// retryDiscardedWithError is retryDiscarded for the deliveries whose last
+// attempt failed with exactly lastError (nil: any): one row of the
+// discarded jobs grouped by endpoint and error (listDiscardedGroups).
+func retryDiscardedWithError(ctx context.Context, db *sql.DB, endpointID int64, lastError *string, eventsRetention time.Duration, maxAttempts int) (res RetryResult, err error) {
 	ep, err := getEndpoint(ctx, db, endpointID)
 	if err != nil {
 		return res, err
@@ -257,7 +272,7 @@ func retryDiscarded(ctx context.Context, db *sql.DB, endpointID int64, eventsRet
 	}
 	defer func() { err = errors.Join(err, endEnqueue(ctx, db, res.ReplayID)) }()
 	for {
-		n, err := putBack(ctx, db, res.ReplayID, retryDiscardedSQL, endpointID, manualBatch, cutoff, res.ReplayID)
+		n, err := putBack(ctx, db, res.ReplayID, retryDiscardedSQL, endpointID, manualBatch, cutoff, res.ReplayID, lastError)
 		if errors.Is(err, errReplayCancelled) {
 			break
 		}
@@ -270,7 +285,7 @@ func retryDiscarded(ctx context.Context, db *sql.DB, endpointID int64, eventsRet
 		}
 	}
 	if bounded {
-		if err := db.QueryRowContext(ctx, tooOldDiscardedSQL, endpointID, from).Scan(&res.Skipped); err != nil {
+		if err := db.QueryRowContext(ctx, tooOldDiscardedSQL, endpointID, from, lastError).Scan(&res.Skipped); err != nil {
 			return res, fmt.Errorf("retry discarded jobs of endpoint %d: %w", endpointID, err)
 		}
 	}
@@ -301,31 +316,59 @@ type EndpointRetryResult struct {
 	RetryResult
 }
 
-// discardedEndpointsSQL lists the endpoints with a discarded delivery, by
+// DiscardedFilter narrows a retry of every discarded job to one group of
+// them; the zero filter is every discarded job.
+type DiscardedFilter struct {
+	EndpointID      int64   `json:"endpoint_id"`      // 0: every endpoint's
+	WithoutEndpoint bool    `json:"without_endpoint"` // only the jobs of no endpoint
+	Error           *string `json:"error"`            // only jobs whose last attempt failed with exactly this error
+}
+
+func (f DiscardedFilter) validate() error {
+	if f.EndpointID < 0 {
+		return fmt.Errorf("%w: endpoint_id %d is not an endpoint id", errInvalid, f.EndpointID)
+	}
+	if f.EndpointID != 0 && f.WithoutEndpoint {
+		return fmt.Errorf("%w: endpoint_id and without_endpoint exclude each other", errInvalid)
+	}
+	return nil
+}
+
+// discardedEndpointsSQL lists the endpoints with a discarded delivery
+// whose last error is $1 (NULL: any), by
 // jobs_finished_by_state_finalized_at: the discarded jobs, which the job
 // cleaner keeps for a week.
 const discardedEndpointsSQL = `
-SELECT DISTINCT endpoint_id
-FROM outbox.jobs
-WHERE state = 'discarded'
-  AND endpoint_id IS NOT NULL
-ORDER BY endpoint_id`
+SELECT DISTINCT j.endpoint_id
+FROM outbox.jobs AS j
+WHERE j.state = 'discarded'
+  AND j.endpoint_id IS NOT NULL
+  AND ($1::text IS NULL OR ` + lastErrorSQL + ` = $1::text)
+ORDER BY j.endpoint_id`
 
-// retryEveryDiscarded retries every discarded job: each endpoint's
-// deliveries through retryDiscarded, so that they run in its replay lane
-// and only as far back as a resend to it may go; then the jobs of no
-// endpoint, in batches of manualBatch, as retryJob retries one. An
-// endpoint deleted meanwhile is passed over: its deliveries are then of
-// no endpoint, and retried as such.
-func retryEveryDiscarded(ctx context.Context, db *sql.DB, eventsRetention time.Duration, maxAttempts int) (BulkRetryResult, error) {
+// retryEveryDiscarded retries every discarded job f selects: each
+// endpoint's deliveries through retryDiscardedWithError, so that they run
+// in its replay lane and only as far back as a resend to it may go; then
+// the jobs of no endpoint, in batches of manualBatch, as retryJob retries
+// one. An endpoint deleted meanwhile is passed over: its deliveries are
+// then of no endpoint, and retried as such.
+func retryEveryDiscarded(ctx context.Context, db *sql.DB, f DiscardedFilter, eventsRetention time.Duration, maxAttempts int) (BulkRetryResult, error) {
 	res := BulkRetryResult{Endpoints: []EndpointRetryResult{}}
-	ids, err := queryAll(ctx, db, scanID, discardedEndpointsSQL)
-	if err != nil {
-		return res, fmt.Errorf("retry discarded jobs: %w", err)
+	if err := f.validate(); err != nil {
+		return res, err
+	}
+	ids := []int64{f.EndpointID}
+	if f.WithoutEndpoint {
+		ids = nil
+	} else if f.EndpointID == 0 {
+		var err error
+		if ids, err = queryAll(ctx, db, scanID, discardedEndpointsSQL, f.Error); err != nil {
+			return res, fmt.Errorf("retry discarded jobs: %w", err)
+		}
 	}
 	for _, id := range ids {
-		r, err := retryDiscarded(ctx, db, id, eventsRetention, maxAttempts)
-		if errors.Is(err, errNotFound) {
+		r, err := retryDiscardedWithError(ctx, db, id, f.Error, eventsRetention, maxAttempts)
+		if errors.Is(err, errNotFound) && f.EndpointID == 0 {
 			continue
 		}
 		if err != nil {
@@ -335,8 +378,8 @@ func retryEveryDiscarded(ctx context.Context, db *sql.DB, eventsRetention time.D
 		res.Jobs += r.Jobs
 		res.Skipped += r.Skipped
 	}
-	for {
-		n, err := putBack(ctx, db, 0, retryDiscardedSQL, 0, manualBatch, nil, 0)
+	for f.EndpointID == 0 {
+		n, err := putBack(ctx, db, 0, retryDiscardedSQL, 0, manualBatch, nil, 0, f.Error)
 		if err != nil {
 			return res, fmt.Errorf("retry discarded jobs of no endpoint: %w", err)
 		}
@@ -347,6 +390,54 @@ func retryEveryDiscarded(ctx context.Context, db *sql.DB, eventsRetention time.D
 	}
 	res.Jobs += res.WithoutEndpoint
 	return res, nil
+}
+
+// DiscardedGroup is the discarded jobs of one endpoint (none: EndpointID
+// nil) that failed last with one error: what the panel's discarded list
+// shows as one row with one retry button.
+type DiscardedGroup struct {
+	EndpointID   *int64    `json:"endpoint_id"`
+	EndpointName string    `json:"endpoint_name"` // its description, else its URL
+	Error        string    `json:"error"`
+	Jobs         int64     `json:"jobs"`
+	FirstSeen    time.Time `json:"first_seen"` // when the first of them was discarded
+	LastSeen     time.Time `json:"last_seen"`
+}
+
+// maxDiscardedGroups bounds the groups listed: past a hundred distinct
+// errors, the errors themselves vary (an id or a time in each), and the
+// endpoint's page is the better view.
+const maxDiscardedGroups = 100
+
+// discardedGroupsSQL groups the discarded jobs, of endpoint $1 (0: any),
+// by endpoint and last error, the most recent group first, at most $2.
+const discardedGroupsSQL = `
+SELECT j.endpoint_id,
+       coalesce(nullif(ep.description, ''), ep.url, ''),
+       ` + lastErrorSQL + `,
+       count(*),
+       min(j.finalized_at),
+       max(j.finalized_at)
+FROM outbox.jobs AS j
+LEFT JOIN outbox.endpoints AS ep ON ep.id = j.endpoint_id
+WHERE j.state = 'discarded'
+  AND ($1::bigint = 0 OR j.endpoint_id = $1::bigint)
+GROUP BY 1, 2, 3
+ORDER BY max(j.finalized_at) DESC, 1, 3
+LIMIT $2`
+
+// listDiscardedGroups reads the discarded jobs grouped by endpoint and
+// error.
+func listDiscardedGroups(ctx context.Context, db *sql.DB, endpointID int64) ([]DiscardedGroup, error) {
+	groups, err := queryAll(ctx, db, func(row rowScanner) (DiscardedGroup, error) {
+		var g DiscardedGroup
+		err := row.Scan(&g.EndpointID, &g.EndpointName, &g.Error, &g.Jobs, &g.FirstSeen, &g.LastSeen)
+		return g, err
+	}, discardedGroupsSQL, endpointID, maxDiscardedGroups)
+	if err != nil {
+		return nil, fmt.Errorf("group discarded jobs: %w", err)
+	}
+	return groups, nil
 }
 
 // eventOutcomesSQL counts the jobs of a page of events ($1), through

@@ -160,14 +160,21 @@ func (p *panel) handleJobs(a *admin) pageFunc {
 		if err != nil {
 			return err
 		}
+		var groups []DiscardedGroup
+		if jobState(pg.filter.State) == jobDiscarded {
+			if groups, err = listDiscardedGroups(r.Context(), a.db, pg.filter.EndpointID); err != nil {
+				return err
+			}
+		}
 		p.render(w, http.StatusOK, "jobs", page{Title: "Jobs", Nav: "jobs", SignedIn: true,
 			Flash: flash(r),
 			Data: struct {
-				Filter JobFilter
-				States []jobStateCount
-				Jobs   []JobView
-				Next   string
-			}{pg.filter, counts, pg.rows, pg.olderLink(r, pg.filter.Limit)}})
+				Filter    JobFilter
+				States    []jobStateCount
+				Discarded []DiscardedGroup
+				Jobs      []JobView
+				Next      string
+			}{pg.filter, counts, groups, pg.rows, pg.olderLink(r, pg.filter.Limit)}})
 		return nil
 	}
 }
@@ -232,12 +239,22 @@ func (p *panel) handleRetry(a *admin) pageFunc {
 	}
 }
 
-// handleRetryEveryDiscarded is POST /jobs/retry-discarded, the button of
-// the job list filtered to discarded jobs of every endpoint: it retries
-// them all, and the list says what it did.
+// handleRetryEveryDiscarded is POST /jobs/retry-discarded, the buttons of
+// the job list filtered to discarded jobs: one a group (its endpoint_id,
+// or without_endpoint, and its error as form fields) retries that group;
+// the one without fields, every discarded job. The list says what it did.
 func (p *panel) handleRetryEveryDiscarded(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		res, err := retryEveryDiscarded(r.Context(), a.db, a.eventsRetention, a.maxAttempts)
+		form := formOf(w, r, maxEndpointForm)
+		f := DiscardedFilter{EndpointID: form.natural("endpoint_id"), WithoutEndpoint: form.text("without_endpoint") != ""}
+		if form.values.Has("error") {
+			e := form.text("error")
+			f.Error = &e
+		}
+		if form.err != nil {
+			return form.err
+		}
+		res, err := retryEveryDiscarded(r.Context(), a.db, f, a.eventsRetention, a.maxAttempts)
 		if err != nil {
 			return err
 		}
@@ -249,10 +266,10 @@ func (p *panel) handleRetryEveryDiscarded(a *admin) pageFunc {
 // summary is what a retry of every discarded job did, as the panel says it.
 func (res BulkRetryResult) summary() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d discarded jobs will run now: %d deliveries to %d endpoints, each endpoint's in its replay lane, and %d jobs of no endpoint.",
+	fmt.Fprintf(&b, "%d discarded jobs will be sent again: %d deliveries to %d endpoints and %d jobs of no endpoint.",
 		res.Jobs, res.Jobs-res.WithoutEndpoint, len(res.Endpoints), res.WithoutEndpoint)
 	if res.Skipped > 0 {
-		fmt.Fprintf(&b, " %d deliveries stay discarded, their events older than a resend may be:", res.Skipped)
+		fmt.Fprintf(&b, " %d deliveries stay discarded: their events are too old to send again safely:", res.Skipped)
 		for _, e := range res.Endpoints {
 			if e.Skipped > 0 {
 				fmt.Fprintf(&b, " endpoint %d, %d;", e.EndpointID, e.Skipped)
