@@ -878,7 +878,7 @@ func TestEventsShowWhereTheyWent(t *testing.T) {
 	if diff := cmp.Diff(&EventOutcome{Jobs: 3, Completed: 1, Discarded: 1, Pending: 1}, page.Events[0].Outcome); diff != "" {
 		t.Errorf("event %d's outcome (-want +got):\n%s", ev, diff)
 	}
-	if _, html := panelPage(t, api.srv, "/events"); !strings.Contains(html, `<td class="outcome">delivered to 1 of 3, <span class="bad">1 failed</span>, 1 pending</td>`) {
+	if _, html := panelPage(t, api.srv, "/events"); !strings.Contains(html, `<span class="badge badge-ok">delivered 1</span>`) || !strings.Contains(html, `<span class="badge badge-bad">1 failed</span>`) || !strings.Contains(html, `<span class="badge badge-wait">1 queued</span>`) {
 		t.Errorf("the panel's stream does not say where the event went:\n%s", html)
 	}
 }

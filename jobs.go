@@ -20,6 +20,9 @@ type JobView struct {
 	Kind       string `json:"kind"`
 	EventID    int64  `json:"event_id"`
 	EndpointID *int64 `json:"endpoint_id"` // a delivery's endpoint; null for other kinds, or once it was deleted
+	// EndpointName is how an operator knows that endpoint: its
+	// description, else its URL.
+	EndpointName string `json:"endpoint_name,omitempty"`
 	// ReplayID is the replay (or retry of discarded deliveries) the job
 	// runs for, in its endpoint's replay lane; null for a live delivery.
 	ReplayID    *int64    `json:"replay_id"`
@@ -59,16 +62,21 @@ func (f *JobFilter) validate() error {
 }
 
 const listJobsSQL = `
-SELECT id, kind, event_id, endpoint_id, replay_id, state::text, attempt, max_attempts,
-       created_at, nullif(scheduled_at, 'infinity'), scheduled_at = 'infinity',
-       attempted_at, finalized_at, errors
-FROM outbox.jobs
-WHERE ($1::bigint = 0 OR id < $1::bigint)
-  AND ($2 = '' OR state = $2::outbox.job_state)
-  AND ($3::bigint = 0 OR event_id = $3::bigint)
-  AND ($5::bigint = 0 OR endpoint_id = $5::bigint)
-ORDER BY id DESC
+SELECT j.id, j.kind, j.event_id, j.endpoint_id, ` + endpointNameSQL + `, j.replay_id, j.state::text,
+       j.attempt, j.max_attempts, j.created_at, nullif(j.scheduled_at, 'infinity'),
+       j.scheduled_at = 'infinity', j.attempted_at, j.finalized_at, j.errors
+FROM outbox.jobs AS j
+LEFT JOIN outbox.endpoints AS ep ON ep.id = j.endpoint_id
+WHERE ($1::bigint = 0 OR j.id < $1::bigint)
+  AND ($2 = '' OR j.state = $2::outbox.job_state)
+  AND ($3::bigint = 0 OR j.event_id = $3::bigint)
+  AND ($5::bigint = 0 OR j.endpoint_id = $5::bigint)
+ORDER BY j.id DESC
 LIMIT $4`
+
+// endpointNameSQL is the name of endpoint ep, as endpointRow.Name says
+// it: its description, else its URL; '' for none.
+const endpointNameSQL = `coalesce(nullif(ep.description, ''), ep.url, '')`
 
 // listJobs reads one page of jobs.
 func listJobs(ctx context.Context, db *sql.DB, f JobFilter) ([]JobView, error) {
@@ -85,7 +93,7 @@ func listJobs(ctx context.Context, db *sql.DB, f JobFilter) ([]JobView, error) {
 func scanJobView(row rowScanner) (JobView, error) {
 	var j JobView
 	var errs []byte
-	err := row.Scan(&j.ID, &j.Kind, &j.EventID, &j.EndpointID, &j.ReplayID, &j.State, &j.Attempt, &j.MaxAttempts,
+	err := row.Scan(&j.ID, &j.Kind, &j.EventID, &j.EndpointID, &j.EndpointName, &j.ReplayID, &j.State, &j.Attempt, &j.MaxAttempts,
 		&j.CreatedAt, &j.ScheduledAt, &j.WaitingForTurn, &j.AttemptedAt, &j.FinalizedAt, &errs)
 	j.Errors = errs
 	return j, err
@@ -413,7 +421,7 @@ const maxDiscardedGroups = 100
 // by endpoint and last error, the most recent group first, at most $2.
 const discardedGroupsSQL = `
 SELECT j.endpoint_id,
-       coalesce(nullif(ep.description, ''), ep.url, ''),
+       ` + endpointNameSQL + `,
        ` + lastErrorSQL + `,
        count(*),
        min(j.finalized_at),
@@ -479,4 +487,115 @@ func addEventOutcomes(ctx context.Context, db *sql.DB, events []Event) error {
 		events[i].Outcome = &o
 	}
 	return nil
+}
+
+// outcomeBadge is one coloured badge of the events list: how many of an
+// event's jobs stand one way, and why ("2 retrying, breaker open"), with
+// the endpoints they go to.
+type outcomeBadge struct {
+	Reason    string
+	Class     string // ok, bad, warn or wait: the badge's colour
+	Jobs      int64
+	Endpoints []endpointLink
+}
+
+// endpointLink is an endpoint named for a link to its page; ID 0 for the
+// jobs of no endpoint (in-process subscribers, owner notifications).
+type endpointLink struct {
+	ID   int64
+	Name string
+}
+
+// Text is the badge's words: "delivered 3", else the count first.
+func (b outcomeBadge) Text() string {
+	if b.Reason == reasonDelivered {
+		return fmt.Sprintf("delivered %d", b.Jobs)
+	}
+	return fmt.Sprintf("%d %s", b.Jobs, b.Reason)
+}
+
+// The reasons a job stands where it does, in the order the badges show
+// them, each with its colour: what finished first, then what holds the
+// rest back, the operator's part before the receiver's.
+const reasonDelivered = "delivered"
+
+var outcomeReasons = []struct{ reason, class string }{
+	{reasonDelivered, "ok"},
+	{"failed", "bad"},
+	{"endpoint disabled", "bad"},
+	{"endpoint paused", "wait"},
+	{"retrying, breaker open", "warn"},
+	{"queued, breaker open", "warn"},
+	{"held: the receiver asked to wait", "warn"},
+	{"retrying", "warn"},
+	{"sending", "wait"},
+	{"waiting for its turn", "wait"},
+	{"queued", "wait"},
+}
+
+// outcomeBadgesSQL counts the jobs of a page of events ($1) by why they
+// stand where they do and by endpoint, through jobs_by_event_id. The
+// reasons are outcomeReasons'.
+const outcomeBadgesSQL = `
+SELECT j.event_id,
+       CASE
+         WHEN j.state = 'completed' THEN 'delivered'
+         WHEN j.state = 'discarded' THEN 'failed'
+         WHEN ep.disabled_at IS NOT NULL THEN 'endpoint disabled'
+         WHEN ep.paused_at IS NOT NULL THEN 'endpoint paused'
+         WHEN j.state = 'running' THEN 'sending'
+         WHEN ep.breaker_opened_at IS NOT NULL AND j.state = 'retryable' THEN 'retrying, breaker open'
+         WHEN ep.breaker_opened_at IS NOT NULL THEN 'queued, breaker open'
+         WHEN ep.held_until > now() THEN 'held: the receiver asked to wait'
+         WHEN j.state = 'retryable' THEN 'retrying'
+         WHEN j.scheduled_at = 'infinity' THEN 'waiting for its turn'
+         ELSE 'queued'
+       END,
+       coalesce(j.endpoint_id, 0),
+       ` + endpointNameSQL + `,
+       count(*)
+FROM outbox.jobs AS j
+LEFT JOIN outbox.endpoints AS ep ON ep.id = j.endpoint_id
+WHERE j.event_id = ANY($1::bigint[])
+GROUP BY 1, 2, 3, 4
+ORDER BY 1, 3`
+
+// readOutcomeBadges reads the badges of a page of events, by event id,
+// each event's in outcomeReasons' order.
+func readOutcomeBadges(ctx context.Context, db *sql.DB, events []Event) (map[int64][]outcomeBadge, error) {
+	ids := make([]int64, len(events))
+	for i, e := range events {
+		ids[i] = e.ID
+	}
+	type counted struct {
+		eventID int64
+		reason  string
+		ep      endpointLink
+		jobs    int64
+	}
+	rows, err := queryAll(ctx, db, func(row rowScanner) (counted, error) {
+		var c counted
+		err := row.Scan(&c.eventID, &c.reason, &c.ep.ID, &c.ep.Name, &c.jobs)
+		return c, err
+	}, outcomeBadgesSQL, pq.Array(ids))
+	if err != nil {
+		return nil, fmt.Errorf("event outcome badges: %w", err)
+	}
+	byEvent := map[int64][]outcomeBadge{}
+	for _, r := range outcomeReasons {
+		for _, c := range rows {
+			if c.reason != r.reason {
+				continue
+			}
+			badges := byEvent[c.eventID]
+			if n := len(badges); n == 0 || badges[n-1].Reason != r.reason {
+				badges = append(badges, outcomeBadge{Reason: r.reason, Class: r.class})
+			}
+			b := &badges[len(badges)-1]
+			b.Jobs += c.jobs
+			b.Endpoints = append(b.Endpoints, c.ep)
+			byEvent[c.eventID] = badges
+		}
+	}
+	return byEvent, nil
 }

@@ -49,6 +49,10 @@ func (p *panel) handleEvents(a *admin) pageFunc {
 		if err != nil {
 			return err
 		}
+		badges, err := readOutcomeBadges(r.Context(), a.db, pg.rows)
+		if err != nil {
+			return err
+		}
 		p.render(w, http.StatusOK, "events", page{Title: "Events", Nav: "events", SignedIn: true,
 			Flash: flash(r),
 			Data: struct {
@@ -56,10 +60,11 @@ func (p *panel) handleEvents(a *admin) pageFunc {
 				States       []string
 				Outcomes     []string
 				Events       []Event
+				Badges       map[int64][]outcomeBadge
 				Newer, Older string
 				Since, Until string
 			}{pg.filter, []string{"", "unfanned", "fanned", "poisoned"}, []string{"", "delivered", "failed", "pending"},
-				pg.rows, pageLink(r, "after", pg.after), pageLink(r, "before", pg.before),
+				pg.rows, badges, pageLink(r, "after", pg.after), pageLink(r, "before", pg.before),
 				formTime(pg.filter.Since), formTime(pg.filter.Until)}})
 		return nil
 	}
@@ -160,6 +165,10 @@ func (p *panel) handleJobs(a *admin) pageFunc {
 		if err != nil {
 			return err
 		}
+		endpointName, err := filterEndpointName(r.Context(), a.db, pg.filter.EndpointID)
+		if err != nil {
+			return err
+		}
 		var groups []DiscardedGroup
 		if jobState(pg.filter.State) == jobDiscarded {
 			if groups, err = listDiscardedGroups(r.Context(), a.db, pg.filter.EndpointID); err != nil {
@@ -169,14 +178,32 @@ func (p *panel) handleJobs(a *admin) pageFunc {
 		p.render(w, http.StatusOK, "jobs", page{Title: "Jobs", Nav: "jobs", SignedIn: true,
 			Flash: flash(r),
 			Data: struct {
-				Filter    JobFilter
-				States    []jobStateCount
-				Discarded []DiscardedGroup
-				Jobs      []JobView
-				Next      string
-			}{pg.filter, counts, groups, pg.rows, pg.olderLink(r, pg.filter.Limit)}})
+				Filter       JobFilter
+				EndpointName string
+				States       []jobStateCount
+				Discarded    []DiscardedGroup
+				Jobs         []JobView
+				Next         string
+			}{pg.filter, endpointName, counts, groups, pg.rows, pg.olderLink(r, pg.filter.Limit)}})
 		return nil
 	}
+}
+
+// filterEndpointName is the name of the endpoint the jobs list is
+// filtered to (id; 0: none, ""): its description, else its URL; one
+// deleted since keeps its jobs, and is named by its id.
+func filterEndpointName(ctx context.Context, db *sql.DB, id int64) (string, error) {
+	if id == 0 {
+		return "", nil
+	}
+	ep, err := getEndpoint(ctx, db, id)
+	if errors.Is(err, errNotFound) {
+		return fmt.Sprintf("endpoint %d (deleted)", id), nil
+	}
+	if err != nil {
+		return "", err
+	}
+	return endpointRow{Endpoint: ep}.Name(), nil
 }
 
 // jobStateCount is one state link of the jobs page: the state ("" for
