@@ -75,7 +75,7 @@ ORDER BY j.id DESC
 LIMIT $4`
 
 // endpointNameSQL is the name of endpoint ep, as endpointRow.Name says
-// it: its description, else its URL; ” for none.
+// it: its description, else its URL; empty for none.
 const endpointNameSQL = `coalesce(nullif(ep.description, ''), ep.url, '')`
 
 // listJobs reads one page of jobs.
@@ -208,7 +208,7 @@ type RetryResult struct {
 	ReplayID int64  `json:"replay_id"`
 }
 
-// lastErrorSQL is a job's last error, the one it was discarded with: ”
+// lastErrorSQL is a job's last error, the one it was discarded with; empty
 // for a job discarded without an attempt (a cancelled replay's).
 const lastErrorSQL = `coalesce(j.errors -> -1 ->> 'error', '')`
 
