@@ -75,6 +75,9 @@ func newPanel(logger *slog.Logger) (*panel, error) {
 		"long":      func(s string) bool { return len(s) > answerShownLen || strings.Count(s, "\n") > answerShownLines },
 		"short":     func(s string) string { return truncate(strings.Join(strings.Fields(s), " "), answerShownLen) },
 		"join":      strings.Join,
+		"timeInput": func(name, label, value string, required bool) timeField {
+			return timeField{Name: name, Label: label, Value: value, Required: required, Pattern: timeInputPattern}
+		},
 		"build":     readBuildInfo().String, // the same line as outboxd version
 	}
 	p := &panel{pages: map[string]*template.Template{}, logger: logger}
@@ -206,4 +209,50 @@ func formatBytes(n int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// The panel's one way to type a time: UTC, 24-hour, "2026-05-01 14:30"
+// (seconds optional), in a plain text field every page draws with the
+// "timeinput" template: a browser's own date picker shows 12-hour times in
+// its local zone, and RFC 3339 is not for typing at night.
+const (
+	timeInputLayout  = "2006-01-02 15:04"
+	timeInputPattern = `\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}(:\d{2})?`
+)
+
+// timeInputLayouts are what parseTimeInput reads: the field as typed,
+// with or without seconds, with a T as a datetime-local field sends it,
+// and RFC 3339 as the panel's own hidden fields and links carry it.
+var timeInputLayouts = []string{"2006-01-02 15:04:05", timeInputLayout, "2006-01-02T15:04:05", "2006-01-02T15:04", time.RFC3339Nano}
+
+// parseTimeInput reads the time field name, in UTC unless it says
+// otherwise; a refusal (errInvalid: a 400 page) names the field.
+func parseTimeInput(name, s string) (time.Time, error) {
+	s = strings.TrimSpace(s)
+	for _, layout := range timeInputLayouts {
+		if t, err := time.Parse(layout, s); err == nil {
+			return t, nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("%w: %s %q is not a UTC time such as 2026-05-01 14:30", errInvalid, name, s)
+}
+
+// timeInputValue is t as a time field shows it back: UTC, to the minute
+// unless it has seconds; "" when zero.
+func timeInputValue(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	t = t.UTC()
+	if t.Second() != 0 || t.Nanosecond() != 0 {
+		return t.Format("2006-01-02 15:04:05")
+	}
+	return t.Format(timeInputLayout)
+}
+
+// timeField is one time input as the "timeinput" template draws it.
+type timeField struct {
+	Name, Label, Value string
+	Required           bool
+	Pattern            string
 }

@@ -45,7 +45,11 @@ func (p *panel) handleOverview(a *admin) pageFunc {
 // handleEvents is GET /events: the stream, filtered, a page at a time.
 func (p *panel) handleEvents(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		pg, err := readEventPage(r, a.db)
+		rq, err := withTimeInputs(r, "since", "until")
+		if err != nil {
+			return err
+		}
+		pg, err := readEventPage(rq, a.db)
 		if err != nil {
 			return err
 		}
@@ -65,7 +69,7 @@ func (p *panel) handleEvents(a *admin) pageFunc {
 				Since, Until string
 			}{pg.filter, []string{"", "unfanned", "fanned", "poisoned"}, []string{"", "delivered", "failed", "pending"},
 				pg.rows, badges, pageLink(r, "after", pg.after), pageLink(r, "before", pg.before),
-				formTime(pg.filter.Since), formTime(pg.filter.Until)}})
+				timeInputValue(pg.filter.Since), timeInputValue(pg.filter.Until)}})
 		return nil
 	}
 }
@@ -84,12 +88,23 @@ func pageLink(r *http.Request, cursor string, id int64) string {
 	return r.URL.Path + "?" + q.Encode()
 }
 
-// formTime is a time as a filter form shows it back, RFC 3339; "" when zero.
-func formTime(t time.Time) string {
-	if t.IsZero() {
-		return ""
+// withTimeInputs is r with its time parameters (names) as the API reads
+// them, RFC 3339: the panel's fields take them as timeinput types them.
+// One that does not read as a time is refused naming its field.
+func withTimeInputs(r *http.Request, names ...string) (*http.Request, error) {
+	q := r.URL.Query()
+	for _, name := range names {
+		if s := q.Get(name); s != "" {
+			t, err := parseTimeInput(name, s)
+			if err != nil {
+				return nil, err
+			}
+			q.Set(name, t.Format(time.RFC3339Nano))
+		}
 	}
-	return t.Format(time.RFC3339Nano)
+	r2 := r.Clone(r.Context())
+	r2.URL.RawQuery = q.Encode()
+	return r2, nil
 }
 
 // olderLink is the panel's link to the page after this one: this page's
@@ -774,9 +789,9 @@ func (c endpointClick) cancelReplay() (string, error) {
 	return fmt.Sprintf("Replay %d cancelled: its waiting deliveries were discarded without a request; %d already running will finish.", v.ID, v.Running), nil
 }
 
-// readReplayForm reads the replay form: since and until as a browser's
-// datetime-local field sends them (UTC, with seconds or without) or as
-// the Confirm button posts them (RFC 3339), until optional; topics as the
+// readReplayForm reads the replay form: since and until as timeinput
+// types them or as the Confirm button posts them (RFC 3339), until
+// optional; topics as the
 // edit form takes them, separated by spaces or commas, returned as typed
 // too.
 func readReplayForm(f *query) (ReplayRequest, string, error) {
@@ -786,28 +801,16 @@ func readReplayForm(f *query) (ReplayRequest, string, error) {
 	}
 	var req ReplayRequest
 	var err error
-	if req.Since, err = parseFormTime(sinceField); err != nil {
-		return req, "", fmt.Errorf("%w: replay from %q is not a date and time", errInvalid, sinceField)
+	if req.Since, err = parseTimeInput("replay from", sinceField); err != nil {
+		return req, "", err
 	}
 	if untilField != "" {
-		if req.Until, err = parseFormTime(untilField); err != nil {
-			return req, "", fmt.Errorf("%w: replay until %q is not a date and time", errInvalid, untilField)
+		if req.Until, err = parseTimeInput("replay until", untilField); err != nil {
+			return req, "", err
 		}
 	}
 	req.Topics = strings.FieldsFunc(topics, func(c rune) bool { return c == ' ' || c == ',' })
 	return req, strings.Join(req.Topics, " "), nil
-}
-
-// parseFormTime reads a time field of the panel, in UTC.
-func parseFormTime(field string) (time.Time, error) {
-	var err error
-	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05", "2006-01-02T15:04"} {
-		var t time.Time
-		if t, err = time.Parse(layout, field); err == nil {
-			return t, nil
-		}
-	}
-	return time.Time{}, err
 }
 
 // edit saves the form; a refused one is shown again as typed, with why.

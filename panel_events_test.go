@@ -2,9 +2,11 @@ package main
 
 import (
 	"fmt"
+	"net/url"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The events list says where an event went in coloured badges, each with
@@ -52,5 +54,74 @@ WHERE id = ANY($1::bigint[])`, fmt.Sprintf("{%d,%d}", eps[3], eps[4]))
 	_, filtered := panelPage(t, api.srv, fmt.Sprintf("/jobs?endpoint_id=%d", eps[0]))
 	if h1 := regexp.MustCompile(`<h1>.*?</h1>`).FindString(filtered); !strings.Contains(h1, ">Orders service</a>") {
 		t.Errorf("the filtered jobs list's heading %s does not name the endpoint", h1)
+	}
+}
+
+// Every time field of the panel is the same UTC, 24-hour text field
+// ("2026-01-01 02:00"): the events filter reads it without RFC 3339, the
+// endpoint's replay form has no 12-hour picker, and a time that does not
+// read answers a 400 page naming its field.
+func TestPanelTimeFieldsAreUTC24Hour(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	ep := api.createEndpoint("https://a.example/hook")
+	var ids []int64
+	for h := range 4 {
+		var id int64
+		if err := db.QueryRow(`INSERT INTO outbox.events (topic, subject, created_at, fanned_out_at)
+VALUES ('order.paid', $1, timestamptz '2026-01-01 00:00:00Z' + $2 * interval '1 hour', now()) RETURNING id`, fmt.Sprint(h), h).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+
+	status, page := panelPage(t, api.srv, "/events?topic=order.paid&since=2026-01-01+01:00&until=2026-01-01T03:00")
+	if status != 200 {
+		t.Fatalf("GET /events with typed times: %d\n%s", status, page)
+	}
+	var listed []string
+	for _, m := range regexp.MustCompile(`<td><a href="/events/(\d+)">`).FindAllStringSubmatch(page, -1) {
+		listed = append(listed, m[1])
+	}
+	if want := []string{itoa(ids[2]), itoa(ids[1])}; strings.Join(listed, ",") != strings.Join(want, ",") {
+		t.Errorf("events from 01:00 until 03:00 listed %v, want %v", listed, want)
+	}
+	field := func(name, value string) string {
+		return `<input name="` + name + `" value="` + value + `" pattern="\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}(:\d{2})?" placeholder="YYYY-MM-DD HH:MM"`
+	}
+	for _, want := range []string{field("since", "2026-01-01 01:00"), field("until", "2026-01-01 03:00"), "Since <small>(UTC)</small>"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the events filter lacks %s", want)
+		}
+	}
+
+	_, endpointPage := panelPage(t, api.srv, "/endpoints/"+itoa(ep.ID))
+	for _, p := range []string{page, endpointPage} {
+		if strings.Contains(p, "datetime-local") || strings.Contains(p, "RFC 3339") {
+			t.Errorf("a page still asks for a browser's local picker or RFC 3339:\n%s", p)
+		}
+	}
+	if !strings.Contains(endpointPage, field("since", "")) || !strings.Contains(endpointPage, field("until", "")) {
+		t.Errorf("the replay form's times are not the panel's time field:\n%s", endpointPage)
+	}
+	code, preview, _ := postPanelForm(t, signIn(t, api.srv), api.srv, "/endpoints/"+itoa(ep.ID)+"/replay",
+		url.Values{"dry_run": {"1"}, "since": {time.Now().UTC().Add(-time.Hour).Format("2006-01-02 15:04")}})
+	if code != 200 || !strings.Contains(preview, `id="replay-preview"`) {
+		t.Errorf("a replay from a typed UTC time answered %d:\n%s", code, preview)
+	}
+
+	for _, bad := range []struct{ path, want string }{
+		{"/events?since=yesterday", `since &#34;yesterday&#34; is not a UTC time such as 2026-05-01 14:30`},
+		{"/events?until=2026-01-01+3pm", `until &#34;2026-01-01 3pm&#34; is not a UTC time such as 2026-05-01 14:30`},
+	} {
+		if status, page := panelPage(t, api.srv, bad.path); status != 400 || !strings.Contains(page, bad.want) {
+			t.Errorf("GET %s: %d, want 400 saying %s:\n%s", bad.path, status, bad.want, page)
+		}
+	}
+	code, refused, _ := postPanelForm(t, signIn(t, api.srv), api.srv, "/endpoints/"+itoa(ep.ID)+"/replay",
+		url.Values{"dry_run": {"1"}, "since": {"01/02/2026 10:00 PM"}})
+	if want := `replay from &#34;01/02/2026 10:00 PM&#34; is not a UTC time`; code != 400 || !strings.Contains(refused, want) {
+		t.Errorf("a replay from a 12-hour time answered %d, want 400 saying %s:\n%s", code, want, refused)
 	}
 }
