@@ -78,7 +78,7 @@ func newPanel(logger *slog.Logger) (*panel, error) {
 		"timeInput": func(name, label, value string, required bool) timeField {
 			return timeField{Name: name, Label: label, Value: value, Required: required, Pattern: timeInputPattern}
 		},
-		"build":     readBuildInfo().String, // the same line as outboxd version
+		"build": readBuildInfo().String, // the same line as outboxd version
 	}
 	p := &panel{pages: map[string]*template.Template{}, logger: logger}
 	for _, name := range pageNames {
