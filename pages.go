@@ -69,7 +69,8 @@ func newPanel(logger *slog.Logger) (*panel, error) {
 		"percent":   func(f float64) string { return strconv.FormatFloat(100*f, 'f', 1, 64) + "%" },
 		"rate":      func(part, whole int64) float64 { return float64(part) / float64(whole) },
 		"latency":   formatLatencyMS,
-		"jobErrors": decodeJobErrors,
+		"jobErrors": viewJobErrors,
+		"payload":   func(raw []byte) string { return prettyBody(string(raw)) },
 		"cause":     attemptCause,
 		"answer":    attemptAnswer,
 		"long":      func(s string) bool { return len(s) > answerShownLen || strings.Count(s, "\n") > answerShownLines },
@@ -130,6 +131,39 @@ func decodeJobErrors(raw json.RawMessage) []jobError {
 	var errs []jobError
 	json.Unmarshal(raw, &errs) // written by outboxd's own SQL; a bad value shows as none
 	return errs
+}
+
+// jobErrorRun is attempts First to Last of a job, in a row, that failed
+// with one cause (the error without the answer it quotes), the last of
+// them at At: eighteen attempts against a dead receiver are one line.
+type jobErrorRun struct {
+	First, Last int
+	At          time.Time
+	Cause       string
+}
+
+// jobErrorsView is a job's errors as its row shows them: the runs of one
+// cause, and the last attempt's answer once, unescaped (attemptAnswer).
+type jobErrorsView struct {
+	Runs   []jobErrorRun
+	Answer string
+}
+
+func viewJobErrors(raw json.RawMessage) jobErrorsView {
+	var v jobErrorsView
+	errs := decodeJobErrors(raw)
+	for _, e := range errs {
+		cause := attemptCause(e.Error)
+		if n := len(v.Runs); n > 0 && v.Runs[n-1].Cause == cause {
+			v.Runs[n-1].Last, v.Runs[n-1].At = e.Attempt, e.At
+			continue
+		}
+		v.Runs = append(v.Runs, jobErrorRun{First: e.Attempt, Last: e.Attempt, At: e.At, Cause: cause})
+	}
+	if len(errs) > 0 {
+		v.Answer = attemptAnswer(errs[len(errs)-1].Error, "")
+	}
+	return v
 }
 
 func asTime(v any) time.Time {

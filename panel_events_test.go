@@ -2,6 +2,9 @@ package main
 
 import (
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"regexp"
 	"strings"
@@ -124,4 +127,59 @@ VALUES ('order.paid', $1, timestamptz '2026-01-01 00:00:00Z' + $2 * interval '1 
 	if want := `replay from &#34;01/02/2026 10:00 PM&#34; is not a UTC time`; code != 400 || !strings.Contains(refused, want) {
 		t.Errorf("a replay from a 12-hour time answered %d, want 400 saying %s:\n%s", code, want, refused)
 	}
+}
+
+// An event's payload is indented and wraps, whole however long; its jobs'
+// errors read once: eighteen attempts that failed alike are one line, and
+// the receiver's answer shows once, unescaped.
+func TestEventPayloadFormattedAndErrorsOnce(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	ep := api.createEndpoint("https://a.example/hook")
+	long := strings.Repeat("abcdefghij", 300) // 3000 characters, no space to break at
+	var ev int64
+	if err := db.QueryRow(`SELECT outbox.record('order.paid', 'o-1', jsonb_build_object('note', $1::text, 'items', jsonb_build_array(1, 2)))`, long).Scan(&ev); err != nil {
+		t.Fatal(err)
+	}
+	relayAll(t, db)
+	mustExec(t, db, `UPDATE outbox.jobs SET state = 'discarded', attempt = 18, attempted_at = now(), finalized_at = now(),
+  errors = (SELECT jsonb_agg(jsonb_build_object('attempt', i, 'at', now(), 'error',
+              'webhook: answered 500 Internal Server Error: "{\"error\":\"upstream database unavailable\"}"')) FROM generate_series(1, 18) AS i)
+WHERE endpoint_id = $1`, ep.ID)
+
+	_, page := panelPage(t, api.srv, "/events/"+itoa(ev))
+	payload := regexp.MustCompile(`(?s)<pre class="payload" id="payload">(.*?)</pre>`).FindStringSubmatch(page)
+	if payload == nil {
+		t.Fatalf("the event page has no payload block:\n%s", page)
+	}
+	want := "{\n  &#34;note&#34;: &#34;" + long + "&#34;,\n  &#34;items&#34;: [\n    1,\n    2\n  ]\n}"
+	if payload[1] != want {
+		t.Errorf("the payload reads\n%s\nwant it indented and whole", payload[1])
+	}
+	errs := regexp.MustCompile(`(?s)<td><div class="err">.*?</td>`).FindString(page)
+	if n := strings.Count(errs, `<div class="err">`); n != 1 || !strings.Contains(errs, `#1–#18 <time`) || !strings.Contains(errs, `: webhook: answered 500 Internal Server Error</div>`) {
+		t.Errorf("18 alike attempts read as %d lines, want one #1–#18:\n%s", n, errs)
+	}
+	if n := strings.Count(page, "upstream database unavailable"); n != 1 || !strings.Contains(errs, `<pre class="answer">{
+  &#34;error&#34;: &#34;upstream database unavailable&#34;
+}</pre>`) {
+		t.Errorf("the answer shows %d times, want once, indented and unescaped:\n%s", n, errs)
+	}
+	css := readStyle(t, api.srv)
+	if !regexp.MustCompile(`pre\.payload \{[^}]*white-space: pre-wrap;[^}]*overflow-wrap: anywhere`).MatchString(css) {
+		t.Errorf("style.css does not wrap the payload")
+	}
+}
+
+// readStyle is the panel's stylesheet.
+func readStyle(t *testing.T, srv *httptest.Server) string {
+	t.Helper()
+	resp, err := http.Get(srv.URL + "/static/style.css")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	css, _ := io.ReadAll(resp.Body)
+	return string(css)
 }
