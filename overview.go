@@ -173,6 +173,39 @@ type TableHealth struct {
 	TotalBytes     int64      `json:"total_bytes"`
 }
 
+// The panel's table list shows a table once it has tableShownMinRows
+// rows (live and dead) or tableShownMinBytes on disk: a table of fifty
+// rows that is 98% dead costs nothing, and its ratio only hides the ones
+// that matter. The row bound is table_bloat's (bloatMinDeadRows).
+const (
+	tableShownMinRows  = bloatMinDeadRows
+	tableShownMinBytes = 64 << 20
+)
+
+// Matters says whether the panel lists h (tableShownMinRows).
+func (h TableHealth) Matters() bool {
+	return h.LiveRows+h.DeadRows >= tableShownMinRows || h.TotalBytes >= tableShownMinBytes
+}
+
+// smallTables is what the panel says of the tables it does not list: how
+// many, and their size in all.
+type smallTables struct {
+	Count int
+	Bytes int64
+}
+
+// SmallTables sums the tables the panel does not list (Matters).
+func (o Overview) SmallTables() smallTables {
+	var st smallTables
+	for _, h := range o.Tables {
+		if !h.Matters() {
+			st.Count++
+			st.Bytes += h.TotalBytes
+		}
+	}
+	return st
+}
+
 // PreparedXact is a transaction prepared for two-phase commit.
 type PreparedXact struct {
 	GID        string  `json:"gid"`
