@@ -64,6 +64,7 @@ func newPanel(logger *slog.Logger) (*panel, error) {
 		},
 		"ago":       func(t any) string { return ago(asTime(t), time.Now()) },
 		"clock":     func(t any) string { return asTime(t).UTC().Format("2006-01-02 15:04:05 UTC") },
+		"minute":    func(t any) string { return asTime(t).UTC().Format("15:04") },
 		"seconds":   seconds,
 		"bytes":     formatBytes,
 		"percent":   func(f float64) string { return strconv.FormatFloat(100*f, 'f', 1, 64) + "%" },

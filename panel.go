@@ -906,10 +906,11 @@ func (p *panel) renderSources(w http.ResponseWriter, r *http.Request, a *admin, 
 // when it sent nothing in the 24 hours, which the page says instead of
 // drawing flat lines.
 type inboxStatsView struct {
-	Name    string
-	Windows []titledInboxStats
-	Recent  []InboxRefusal // the last 24 hours'
-	Quiet   bool
+	Name     string
+	Windows  []titledInboxStats
+	Recent   []InboxRefusal      // the last 24 hours'
+	ByMinute []InboxRefusalCount // the last hour's, every reason with its count
+	Quiet    bool
 }
 
 type titledInboxStats struct {
@@ -923,7 +924,7 @@ func newInboxStatsView(name string, st InboxSourceStats) inboxStatsView {
 		return inboxChartSVG(st, fmt.Sprintf("webhooks to %s received, duplicate and refused, %s", name, title))
 	}
 	quiet := st.LastDay.Received+st.LastDay.Duplicates+st.LastDay.Refused == 0
-	return inboxStatsView{Name: name, Recent: st.LastDay.RecentRefusals, Quiet: quiet, Windows: []titledInboxStats{
+	return inboxStatsView{Name: name, Recent: st.LastDay.RecentRefusals, ByMinute: st.LastHour.RefusalsByMinute, Quiet: quiet, Windows: []titledInboxStats{
 		{"last hour", st.LastHour, chart(st.LastHour, "per minute over the last hour")},
 		{"last 24 h", st.LastDay, chart(st.LastDay, "per 15 minutes over the last 24 hours")},
 	}}
