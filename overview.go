@@ -258,6 +258,29 @@ type Alert struct {
 	startKnown bool
 }
 
+// alertView is an alert as the overview lists it, with an HTML id of its
+// own: alert-<name> for the first firing of a name, alert-<name>-2 and on
+// for the next (endpoint_failing fires once an endpoint), so that a link
+// or a test names one.
+type alertView struct {
+	Alert
+	HTMLID string
+}
+
+// AlertViews is the overview's alerts, each with its HTML id.
+func (o Overview) AlertViews() []alertView {
+	seen := map[string]int{}
+	views := make([]alertView, len(o.Alerts))
+	for i, a := range o.Alerts {
+		seen[a.Name]++
+		views[i] = alertView{Alert: a, HTMLID: "alert-" + a.Name}
+		if n := seen[a.Name]; n > 1 {
+			views[i].HTMLID = fmt.Sprintf("alert-%s-%d", a.Name, n)
+		}
+	}
+	return views
+}
+
 // overviewEventsSQL reads the backlog through the claim's partial index and
 // the poisoned rows through theirs.
 const overviewEventsSQL = `
@@ -661,7 +684,7 @@ func backlogAlert(cfg AlertConfig, o Overview, at alertStarts) []Alert {
 	}
 	return []Alert{{
 		Message: fmt.Sprintf("%d events wait for the relay (threshold %d), the oldest for %s (threshold %s)",
-			o.Backlog, cfg.BacklogRows, oldestAge.Round(time.Second), cfg.BacklogAge),
+			o.Backlog, cfg.BacklogRows, roughDuration(oldestAge), roughDuration(cfg.BacklogAge)),
 		Since: at.OldestUnfanned.Time, Level: o.Backlog, startKnown: true,
 	}}
 }
@@ -724,7 +747,7 @@ func oldTransactionAlert(cfg AlertConfig, o Overview, _ alertStarts) []Alert {
 	if xactAge := time.Duration(o.OldestXactAgeSeconds * float64(time.Second)); xactAge > cfg.XactAge {
 		alerts = append(alerts, Alert{
 			Message: fmt.Sprintf("a transaction in this database has held its snapshot for %s (threshold %s): vacuum can remove no row deleted since. "+
-				"Find it in pg_stat_activity (oldest xact_start) and end it", xactAge.Round(time.Second), cfg.XactAge),
+				"Find it in pg_stat_activity (oldest xact_start) and end it", roughDuration(xactAge), roughDuration(cfg.XactAge)),
 			Since: time.Now().Add(-xactAge), startKnown: true,
 		})
 	}
@@ -732,7 +755,7 @@ func oldTransactionAlert(cfg AlertConfig, o Overview, _ alertStarts) []Alert {
 		if age := time.Duration(p.AgeSeconds * float64(time.Second)); age > cfg.XactAge {
 			alerts = append(alerts, Alert{
 				Message: fmt.Sprintf("a transaction prepared for two-phase commit (gid %q) has been open for %s (threshold %s): vacuum can remove no row deleted since, "+
-					"and no session shows it. COMMIT PREPARED or ROLLBACK PREPARED it once its coordinator is known to be gone", p.GID, age.Round(time.Second), cfg.XactAge),
+					"and no session shows it. COMMIT PREPARED or ROLLBACK PREPARED it once its coordinator is known to be gone", p.GID, roughDuration(age), roughDuration(cfg.XactAge)),
 				Since: time.Now().Add(-age), startKnown: true,
 			})
 		}
@@ -779,7 +802,7 @@ func retentionFailedAlert(cfg AlertConfig, o Overview, at alertStarts) []Alert {
 	if idle := at.Now.Sub(at.SweepAwaited.Time); cfg.RetentionInterval > 0 && at.SweepAwaited.Valid && idle > stale {
 		msg := fmt.Sprintf("no retention cycle has completed for %s (%d intervals of %s), so storage bounds are not being enforced: "+
 			"the sweep hangs or does not run; look for the retention loop in the replicas' logs and for a session holding the retention lock",
-			idle.Round(time.Second), retentionStaleIntervals, cfg.RetentionInterval)
+			roughDuration(idle), retentionStaleIntervals, roughDuration(cfg.RetentionInterval))
 		if c != nil && c.Error != "" {
 			msg += "; the last cycle failed: " + c.Error
 		}
@@ -794,6 +817,9 @@ func retentionFailedAlert(cfg AlertConfig, o Overview, at alertStarts) []Alert {
 	}}
 }
 
+// receiverWindowAlert's durations stay exact, unlike the other alerts'
+// rough ones: a window and a horizon that differ by minutes would read
+// alike in days and hours.
 func receiverWindowAlert(cfg AlertConfig, o Overview, _ alertStarts) []Alert {
 	short := shortReceiverWindows(o.ReceiverWindows, cfg.ResendHorizon)
 	if len(short) == 0 {
@@ -874,7 +900,7 @@ func authFailuresAlert(cfg AlertConfig, _ Overview, _ alertStarts) []Alert {
 	return []Alert{{
 		Message: fmt.Sprintf("this replica was sent %d wrong admin tokens in the last %s (threshold %d): someone may be guessing it, or a client has an old one. "+
 			"outboxd_auth_failures_total and outboxd_auth_throttled_total count them by way, and the log names each address that ran out of tries",
-			n, authFailureWindow, authFailuresAlertCount),
+			n, roughDuration(authFailureWindow), authFailuresAlertCount),
 		Since: time.Now(), Level: n,
 	}}
 }
@@ -1098,7 +1124,7 @@ func endpointFailingAlerts(cfg AlertConfig, o Overview, at alertStarts) []Alert 
 		why := fmt.Sprintf("its circuit breaker is open (%d attempts failed in a row): one attempt at a time, new deliveries 5 minutes late", h.ConsecutiveFailures)
 		if since.IsZero() {
 			why = fmt.Sprintf("%d of its %d attempts in the last %s succeeded (threshold %.0f%%)",
-				h.Successes, h.Attempts, cfg.EndpointFailingFor, 100*cfg.EndpointSuccessBelow)
+				h.Successes, h.Attempts, roughDuration(cfg.EndpointFailingFor), 100*cfg.EndpointSuccessBelow)
 		}
 		last := "no error recorded"
 		if h.LastError != "" {

@@ -453,3 +453,39 @@ func TestOverviewShowsEachFactOnceAndOnlyTablesThatMatter(t *testing.T) {
 		}
 	}
 }
+
+// Two firings of one alert have ids of their own on the overview, and
+// alert messages give durations as people write them ("3m", "5m"), not
+// as Go prints them ("3m0s").
+func TestAlertIDsUniqueAndDurationsRough(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	a := api.createEndpoint("https://a.example/hook")
+	b := api.createEndpoint("https://b.example/hook")
+	mustExec(t, db, `UPDATE outbox.endpoints SET breaker_opened_at = now(), consecutive_failures = 5, failing_since = now() WHERE id IN ($1, $2)`, a.ID, b.ID)
+	_, html := panelPage(t, api.srv, "/")
+	ids := regexp.MustCompile(`<div class="alert[^"]*" id="([^"]+)">`).FindAllStringSubmatch(html, -1)
+	var got []string
+	for _, m := range ids {
+		got = append(got, m[1])
+	}
+	if strings.Join(got, " ") != "alert-endpoint_failing alert-endpoint_failing-2" {
+		t.Errorf("the overview's alert ids are %v, want alert-endpoint_failing and alert-endpoint_failing-2", got)
+	}
+
+	cfg := defaultConfig().Alerts
+	now := time.Date(2025, 3, 1, 12, 0, 30, 0, time.UTC)
+	first, last := time.Date(2025, 3, 1, 11, 57, 0, 0, time.UTC), time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	o := Overview{Backlog: 3, OldestUnfannedAgeSeconds: 400, EndpointHealth: []EndpointHealth{
+		{ID: 7, Name: "orders", Successes: 0, Attempts: 10, FirstFailed: &first, LastFailed: &last}}}
+	for _, al := range evaluateAlerts(cfg, o, alertStarts{Now: now}) {
+		if regexp.MustCompile(`\d+[hm]0s\b`).MatchString(al.Message) {
+			t.Errorf("%s prints a Go duration: %s", al.Name, al.Message)
+		}
+		want := map[string]string{"events_backlog": "the oldest for 6m 40s (threshold 5m)", "endpoint_failing": "in the last 3m succeeded"}[al.Name]
+		if want != "" && !strings.Contains(al.Message, want) {
+			t.Errorf("%s reads %q, want it to say %q", al.Name, al.Message, want)
+		}
+	}
+}
