@@ -82,7 +82,7 @@ func TestFailingEndpointPathInBrowser(t *testing.T) {
 	if tile != "tile-bad" {
 		t.Errorf("the failing tile's class is %q, want tile-bad", tile)
 	}
-	br.screenshot(filepath.Join(artifactDir, "panel-failing-endpoint.png"))
+	screenshot(t, br, "panel-failing-endpoint.png")
 
 	br.click("#alert-endpoint_failing strong a")
 	br.find("#last-error")
@@ -110,7 +110,7 @@ func TestFailingEndpointPathInBrowser(t *testing.T) {
 	if got := br.text("#state"); got != "failing" {
 		t.Errorf("the endpoint's state reads %q, want failing", got)
 	}
-	br.screenshot(filepath.Join(artifactDir, "panel-failing-endpoint-page.png"))
+	screenshot(t, br, "panel-failing-endpoint-page.png")
 
 	retryDiscardedGroupInBrowser(t, br, srv.URL, db, ep, rc, &healthy)
 }
