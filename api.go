@@ -222,6 +222,9 @@ func handleListEndpoints(a *admin) apiFunc {
 			return 0, nil, q.err
 		}
 		endpoints, err := listEndpoints(r.Context(), a.db, afterID, limit)
+		if err == nil {
+			err = withHealth(r.Context(), a.db, a.alerts, endpoints)
+		}
 		return http.StatusOK, map[string][]Endpoint{"endpoints": endpoints}, err
 	}
 }
@@ -246,7 +249,12 @@ func handleCreateEndpoint(a *admin) apiFunc {
 // handleGetEndpoint is GET /api/endpoints/{id}, without its secret.
 func handleGetEndpoint(a *admin) apiFunc {
 	return byID(func(ctx context.Context, id int64) (Endpoint, error) {
-		return getEndpoint(ctx, a.db, id)
+		ep, err := getEndpoint(ctx, a.db, id)
+		if err != nil {
+			return ep, err
+		}
+		eps := []Endpoint{ep}
+		return eps[0], withHealth(ctx, a.db, a.alerts, eps)
 	})
 }
 

@@ -1087,6 +1087,32 @@ func readEndpointHealth(ctx context.Context, q interface {
 	return hs, nil
 }
 
+// withHealth sets the State of eps as the panel reads it: an endpoint
+// that failed since its last success is "failing" where endpoint_failing
+// holds for it, else "degraded" (as getEndpoint derives it, from its
+// breaker alone). The health of one endpoint is read for one, of every
+// endpoint in trouble for more.
+func withHealth(ctx context.Context, db *sql.DB, cfg AlertConfig, eps []Endpoint) error {
+	var id int64
+	if len(eps) == 1 {
+		id = eps[0].ID
+	}
+	hs, err := readEndpointHealth(ctx, db, cfg, id, time.Time{})
+	if err != nil {
+		return err
+	}
+	byID := make(map[int64]string, len(hs))
+	for _, h := range hs {
+		byID[h.ID] = h.Health
+	}
+	for i := range eps {
+		if eps[i].State == endpointDegraded && byID[eps[i].ID] == healthFailing {
+			eps[i].State = endpointFailing
+		}
+	}
+	return nil
+}
+
 // failingAt decides whether endpoint_failing fires for h at now,
 // and since when it is known to be failing (zero: not known). Paused and
 // disabled endpoints are excluded: an operator or the sweep has already

@@ -332,7 +332,7 @@ func (p *panel) handleEndpoints(a *admin) pageFunc {
 // renderEndpoints lists the endpoints above the form for a new one, which
 // shows form as typed and, after a refusal, why (formError).
 func (p *panel) renderEndpoints(w http.ResponseWriter, r *http.Request, a *admin, status int, flash string, form endpointFields, formError string) error {
-	rows, err := readEndpointRows(r.Context(), a.db)
+	rows, err := readEndpointRows(r.Context(), a.db, a.alerts)
 	if err != nil {
 		return err
 	}
@@ -364,9 +364,12 @@ func (e endpointRow) Name() string {
 	return e.URL
 }
 
-func readEndpointRows(ctx context.Context, db *sql.DB) ([]endpointRow, error) {
+func readEndpointRows(ctx context.Context, db *sql.DB, cfg AlertConfig) ([]endpointRow, error) {
 	eps, err := listEndpoints(ctx, db, 0, maxEndpointPage)
 	if err != nil {
+		return nil, err
+	}
+	if err := withHealth(ctx, db, cfg, eps); err != nil {
 		return nil, err
 	}
 	ids := make([]int64, len(eps))
@@ -602,7 +605,7 @@ func causeOf(ep Endpoint, health []EndpointHealth) endpointCause {
 		return c
 	}
 	c.Health = &health[0]
-	if c.State == endpointEnabled || c.State == endpointFailing {
+	if c.State == endpointEnabled || c.State == endpointFailing || c.State == endpointDegraded {
 		c.State = c.Health.Health
 	}
 	return c
