@@ -500,7 +500,8 @@ type outcomeBadge struct {
 }
 
 // endpointLink is an endpoint named for a link to its page; ID 0 for the
-// jobs of no endpoint (in-process subscribers, owner notifications).
+// jobs of no endpoint (in-process subscribers, owner notifications),
+// named by their kind ("sub:log").
 type endpointLink struct {
 	ID   int64
 	Name string
@@ -552,7 +553,7 @@ SELECT j.event_id,
          ELSE 'queued'
        END,
        coalesce(j.endpoint_id, 0),
-       ` + endpointNameSQL + `,
+       coalesce(nullif(ep.description, ''), ep.url, j.kind),
        count(*)
 FROM outbox.jobs AS j
 LEFT JOIN outbox.endpoints AS ep ON ep.id = j.endpoint_id
