@@ -196,8 +196,8 @@ func handleRetryEveryDiscarded(a *admin) apiFunc {
 }
 
 // handleDiscardedGroups is GET /api/jobs/discarded?endpoint_id=:
-// {"groups": [...]}, the discarded jobs grouped by endpoint and last
-// error, the most recent first.
+// {"groups": [...], "partial"}, the discarded jobs grouped by endpoint
+// and last error, the most recent first.
 func handleDiscardedGroups(a *admin) apiFunc {
 	return func(r *http.Request) (int, any, error) {
 		q := queryOf(r)
@@ -206,7 +206,7 @@ func handleDiscardedGroups(a *admin) apiFunc {
 			return 0, nil, q.err
 		}
 		groups, err := listDiscardedGroups(r.Context(), a.db, endpointID)
-		return http.StatusOK, map[string][]DiscardedGroup{"groups": groups}, err
+		return http.StatusOK, groups, err
 	}
 }
 

@@ -163,4 +163,20 @@ WHERE endpoint_id = $1 AND errors -> -1 ->> 'error' = $2`, endpointID, errText).
 		!strings.Contains(refusal["error"], "without_endpoint") {
 		t.Errorf("a filter of an endpoint and of none answered %d %v, want 400 naming without_endpoint", code, refusal)
 	}
+
+	// Past the newest 10,000 discarded jobs the groups are of those, and
+	// say so; their buttons still send every one.
+	if maxDiscardedGrouped != 10_000 || maxDiscardedGroups != 100 {
+		t.Fatalf("grouping bounds %d jobs, %d groups; want 10000 and 100", maxDiscardedGrouped, maxDiscardedGroups)
+	}
+	mustExec(t, db, `WITH e AS (INSERT INTO outbox.events (topic, subject, fanned_out_at)
+                              SELECT 'order.paid', 'bulk-' || i, now() FROM generate_series(1, 10000) AS i RETURNING id)
+INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, state, attempt, attempted_at, finalized_at, errors)
+SELECT 'webhook', e.id, $1, 18, 'discarded', 1, now(), now(),
+       jsonb_build_array(jsonb_build_object('attempt', 1, 'at', now(), 'error', $2::text))
+FROM e`, b.ID, down)
+	_, page = panelPage(t, api.srv, "/jobs?state=discarded")
+	if !strings.Contains(page, `<p id="discarded-partial">Grouped from the newest 10000 discarded jobs`) || !strings.Contains(page, "<button>Send them again</button>") {
+		t.Errorf("10,001 discarded jobs grouped without saying the groups are of the newest 10000:\n%s", between(page, "<h2>Discarded", "</table>"))
+	}
 }

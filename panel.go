@@ -184,7 +184,7 @@ func (p *panel) handleJobs(a *admin) pageFunc {
 		if err != nil {
 			return err
 		}
-		var groups []DiscardedGroup
+		var groups DiscardedGroups
 		if jobState(pg.filter.State) == jobDiscarded {
 			if groups, err = listDiscardedGroups(r.Context(), a.db, pg.filter.EndpointID); err != nil {
 				return err
@@ -196,7 +196,7 @@ func (p *panel) handleJobs(a *admin) pageFunc {
 				Filter       JobFilter
 				EndpointName string
 				States       []jobStateCount
-				Discarded    []DiscardedGroup
+				Discarded    DiscardedGroups
 				Jobs         []JobView
 				Next         string
 			}{pg.filter, endpointName, counts, groups, pg.rows, pg.olderLink(r, pg.filter.Limit)}})
