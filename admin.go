@@ -52,6 +52,8 @@ func routes(a *admin) http.Handler {
 	apiRoute("POST /api/endpoints/{id}/rotate-secret", handleRotateEndpointSecret(a))
 	apiRoute("POST /api/endpoints/{id}/replay", handleReplayEndpoint(a))
 	apiRoute("POST /api/endpoints/{id}/retry-discarded", handleRetryDiscarded(a))
+	apiRoute("POST /api/endpoints/filter-preview", handleFilterPreview(a))
+	apiRoute("POST /api/endpoints/{id}/filter-preview", handleEndpointFilterPreview(a))
 	apiRoute("GET /api/endpoints/{id}/replays", handleListReplays(a))
 	apiRoute("POST /api/endpoints/{id}/replays/{replay_id}/cancel", handleCancelReplay(a))
 	apiRoute("GET /api/endpoints/{id}/deliveries", handleEndpointDeliveries(a))

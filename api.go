@@ -367,6 +367,39 @@ func handleReplayEndpoint(a *admin) apiFunc {
 	})
 }
 
+// handleFilterPreview is POST /api/endpoints/filter-preview {"topics",
+// "filter", "limit"}: what an endpoint of those topics with that filter
+// (not yet saved; null or left out: none) would have received of the
+// newest limit events (default 500, at most 10,000) of its topics.
+func handleFilterPreview(a *admin) apiFunc {
+	type request struct {
+		Topics []string `json:"topics"`
+		Filter *string  `json:"filter"`
+		Limit  *int     `json:"limit"`
+	}
+	return func(r *http.Request) (int, any, error) {
+		var in request
+		if err := decodeJSON(r, &in); err != nil {
+			return 0, nil, err
+		}
+		pv, err := previewFilter(r.Context(), a.db, FilterPreviewRequest{Topics: in.Topics, Filter: in.Filter, Limit: filterPreviewLimit(in.Limit)})
+		return http.StatusOK, pv, err
+	}
+}
+
+// handleEndpointFilterPreview is POST /api/endpoints/{id}/filter-preview
+// {"filter", "limit"}, with an optional body: the preview over the
+// endpoint's topics, of "filter" if given (null: none), else of its own.
+func handleEndpointFilterPreview(a *admin) apiFunc {
+	type request struct {
+		Filter nullable[string] `json:"filter"`
+		Limit  *int             `json:"limit"`
+	}
+	return byIDWithBody(decodeOptionalJSON, func(ctx context.Context, id int64, in request) (FilterPreview, error) {
+		return previewEndpointFilter(ctx, a.db, id, in.Filter.Value, !in.Filter.Set, filterPreviewLimit(in.Limit))
+	})
+}
+
 // handleRetryDiscarded is POST /api/endpoints/{id}/retry-discarded:
 // {"jobs": n, "skipped": m, "message", "replay_id"}, the discarded
 // deliveries that run again and those too old to, and the replay they

@@ -41,17 +41,23 @@ func BenchmarkRecord(b *testing.B) {
 }
 
 // BenchmarkRelayPass times one relay pass: a full batch of 200 events
-// fanned out to 1 and to 4 subscribers, and the pass of a relay keeping up
-// with a steady rate, one event to one endpoint, where what a statement
-// costs whatever it carries weighs most.
+// fanned out to 1 and to 4 subscribers, and to 4 endpoints (none with a
+// filter: what every endpoint's share of a pass costs), and the pass of a
+// relay keeping up with a steady rate, one event to one endpoint, where
+// what a statement costs whatever it carries weighs most. The filtered
+// case gives the 4 endpoints a filter every event passes, so that it
+// enqueues as many jobs: the cost of evaluating it (docs/filters.md).
 func BenchmarkRelayPass(b *testing.B) {
 	for _, tc := range []struct {
 		name                           string
 		events, subscribers, endpoints int
+		filter                         *string
 	}{
-		{"subscribers=1", 200, 1, 0},
-		{"subscribers=4", 200, 4, 0},
-		{"events=1/endpoints=1", 1, 0, 1},
+		{"subscribers=1", 200, 1, 0, nil},
+		{"subscribers=4", 200, 4, 0, nil},
+		{"events=1/endpoints=1", 1, 0, 1, nil},
+		{"events=200/endpoints=4", 200, 0, 4, nil},
+		{"events=200/endpoints=4/filtered", 200, 0, 4, new("$.i > 0 && $.i < 1000000")},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			db, _ := newTestDB(b)
@@ -62,6 +68,9 @@ func BenchmarkRelayPass(b *testing.B) {
 			}
 			for range tc.endpoints {
 				mustExec(b, db, `INSERT INTO outbox.endpoints (url, secret, topics) VALUES ('https://hooks.example/bench', decode(repeat('ab', 32), 'hex'), '{bench.*}')`)
+				if tc.filter != nil {
+					mustExec(b, db, `UPDATE outbox.endpoints SET filter = $1`, *tc.filter)
+				}
 			}
 			r := newTestRelay(b, db, defaultConfig().Relay, subs...)
 			var events int

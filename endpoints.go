@@ -66,6 +66,10 @@ type Endpoint struct {
 	// is disabled for failure, and re-enable it at the first 2xx.
 	RecoveryProbes bool     `json:"recovery_probes"`
 	Recovery       recovery `json:"recovery"`
+	// Filter is a SQL/JSON path predicate over the payload that an event
+	// of its topics must pass to be delivered to it (docs/filters.md);
+	// nil: every event of its topics.
+	Filter *string `json:"filter"`
 }
 
 // recovery is what the prober did to an endpoint, as the API shows it:
@@ -167,6 +171,8 @@ type endpointInput struct {
 	RateLimitPerSecond nullable[float64] `json:"rate_limit_per_second"`
 	// RecoveryProbes is true unless given false (probe.go).
 	RecoveryProbes *bool `json:"recovery_probes"`
+	// Filter given as null removes the filter (checkFilter).
+	Filter nullable[string] `json:"filter"`
 }
 
 // nullable is a JSON field that tells absent (Set false) from null (Set,
@@ -273,7 +279,8 @@ const endpointColumns = `
   created_at, updated_at,
   disabled_cause, recovery_probes,
   outbox.probe_due_at(disabled_cause, recovery_probes, url, disabled_at, next_probe_at),
-  last_probe_at, last_probe_error, recovered_at, recovered_reason`
+  last_probe_at, last_probe_error, recovered_at, recovered_reason,
+  filter`
 
 func scanEndpoint(row rowScanner) (Endpoint, error) {
 	var e Endpoint
@@ -285,7 +292,8 @@ func scanEndpoint(row rowScanner) (Endpoint, error) {
 		&e.CreatedAt, &e.UpdatedAt,
 		&e.DisabledCause, &e.RecoveryProbes,
 		&e.Recovery.NextProbeAt, &e.Recovery.LastProbeAt, &e.Recovery.LastProbeError,
-		&e.Recovery.RecoveredAt, &e.Recovery.RecoveredReason)
+		&e.Recovery.RecoveredAt, &e.Recovery.RecoveredReason,
+		&e.Filter)
 	if err != nil {
 		return e, err
 	}
@@ -335,9 +343,11 @@ SELECT nextval(pg_get_serial_sequence('outbox.endpoints', 'id'))`
 // from the column's own sequence.
 const createEndpointSQL = `
 INSERT INTO outbox.endpoints (id, url, description, owner_email, topics, secret,
-                              max_in_flight, rate_limit_per_second, recovery_probes, ordering)
+                              max_in_flight, rate_limit_per_second, recovery_probes, ordering,
+                              filter)
 OVERRIDING SYSTEM VALUE
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, coalesce($9, true), coalesce($10, 'none'))
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, coalesce($9, true), coalesce($10, 'none'),
+        $11)
 RETURNING` + endpointColumns
 
 // createEndpoint stores a validated endpoint with its first secret, sealed
@@ -361,13 +371,17 @@ func createEndpoint(ctx context.Context, db *sql.DB, box *secretBox, in endpoint
 	if in.MaxInFlight != nil {
 		maxInFlight = *in.MaxInFlight
 	}
+	if err := checkFilter(ctx, db, in.Filter.Value); err != nil {
+		return Endpoint{}, err
+	}
 	var id int64
 	if err := db.QueryRowContext(ctx, nextEndpointIDSQL).Scan(&id); err != nil {
 		return Endpoint{}, fmt.Errorf("create endpoint: draw id: %w", err)
 	}
 	e, err := scanEndpoint(db.QueryRowContext(ctx, createEndpointSQL,
 		id, *in.URL, description, ownerEmail, pq.Array(topics), box.seal(endpointSecretRow(id), secret),
-		maxInFlight, in.RateLimitPerSecond.Value, in.RecoveryProbes, in.Ordering))
+		maxInFlight, in.RateLimitPerSecond.Value, in.RecoveryProbes, in.Ordering,
+		in.Filter.Value))
 	if err != nil {
 		return e, fmt.Errorf("create endpoint: %w", err)
 	}
@@ -417,6 +431,7 @@ SET url = coalesce($2, url),
     rate_limit_per_second = CASE WHEN $7 THEN $8 ELSE rate_limit_per_second END,
     recovery_probes = coalesce($9, recovery_probes),
     ordering = coalesce($10, ordering),
+    filter = CASE WHEN $11 THEN $12 ELSE filter END,
     updated_at = now()
 WHERE id = $1
 RETURNING` + endpointColumns
@@ -462,8 +477,12 @@ func updateEndpointOnce(ctx context.Context, db *sql.DB, id int64, in endpointIn
 		return Endpoint{}, fmt.Errorf("update endpoint %d: %w", id, err)
 	}
 	defer tx.Rollback()
+	if err := checkFilter(ctx, tx, in.Filter.Value); err != nil {
+		return Endpoint{}, err
+	}
 	e, err := scanOneEndpoint(tx.QueryRowContext(ctx, updateEndpointSQL, id, in.URL, in.Description, in.OwnerEmail, topics,
-		in.MaxInFlight, in.RateLimitPerSecond.Set, in.RateLimitPerSecond.Value, in.RecoveryProbes, in.Ordering), "update", id)
+		in.MaxInFlight, in.RateLimitPerSecond.Set, in.RateLimitPerSecond.Value, in.RecoveryProbes, in.Ordering,
+		in.Filter.Set, in.Filter.Value), "update", id)
 	if err != nil {
 		return e, err
 	}
@@ -646,4 +665,42 @@ func disableReason(raw string) (string, error) {
 		return "", fmt.Errorf("%w: reason must be at most %d bytes of text", errInvalid, maxDisabledReasonLen)
 	}
 	return reason, nil
+}
+
+// maxFilterLen bounds an endpoint's filter, in bytes: a filter is a
+// predicate, not a program. schema.sql's endpoints_filter_length repeats it.
+const maxFilterLen = 4096
+
+// checkFilterSQL parses $1 as PostgreSQL parses a stored filter and says
+// what keeps it from being stored (outbox.filter_problem), NULL if nothing.
+const checkFilterSQL = `SELECT outbox.filter_problem($1::jsonpath)`
+
+// checkFilter refuses a filter that could not be stored, saying why:
+// PostgreSQL's own parse error, or filter_problem's reason (a variable,
+// .datetime(), not a predicate). nil is no filter, and passes.
+func checkFilter(ctx context.Context, q queryer, filter *string) error {
+	if filter == nil {
+		return nil
+	}
+	f := *filter
+	switch {
+	case strings.TrimSpace(f) == "":
+		return fmt.Errorf("%w: filter is empty: give a predicate such as $.status == \"paid\", or null for every event of the topics", errInvalid)
+	case len(f) > maxFilterLen:
+		return fmt.Errorf("%w: filter is %d bytes, at most %d", errInvalid, len(f), maxFilterLen)
+	case strings.ContainsRune(f, 0):
+		return fmt.Errorf("%w: filter contains a NUL character", errInvalid)
+	}
+	var problem sql.NullString
+	err := q.QueryRowContext(ctx, checkFilterSQL, f).Scan(&problem)
+	if pqErr := pq.As(err); pqErr != nil && (pqErr.Code == pqerror.SyntaxError || pqErr.Code.Class() == "22") {
+		return fmt.Errorf("%w: filter: %s", errInvalid, pqErr.Message)
+	}
+	if err != nil {
+		return fmt.Errorf("check filter: %w", err)
+	}
+	if problem.Valid {
+		return fmt.Errorf("%w: filter: %s", errInvalid, problem.String)
+	}
+	return nil
 }

@@ -548,6 +548,8 @@ var constraintRules = map[string]string{
 	"endpoints_max_in_flight_range":     "max_in_flight: 1 to 1000",
 	"endpoints_rate_limit_range":        "rate_limit_per_second: 0.01 to 10000",
 	"endpoints_ordering_known":          `ordering: "none" or "subject"`,
+	"endpoints_filter_length":           "filter: at most 4096 bytes",
+	"endpoints_filter_allowed":          "filter: a predicate, without variables or .datetime()",
 	"idempotency_keys_key_length":       "Idempotency-Key: 1 to 255 characters",
 }
 

@@ -293,6 +293,8 @@ func writeDeliveryStatsMetrics(w io.Writer, st DeliveryStats) error {
 	p := &promWriter{w: bufio.NewWriter(w)}
 	p.family("outboxd_delivery_stats_last_hour_produced", "gauge", "Deliveries fanned out in the last 60 minutes, the current one included; every replica's.")
 	p.sample("outboxd_delivery_stats_last_hour_produced", "", float64(st.Produced))
+	p.family("outboxd_delivery_stats_last_hour_filtered_out", "gauge", "Events that endpoints' filters kept from them in the last 60 minutes, the current one included; every replica's.")
+	p.sample("outboxd_delivery_stats_last_hour_filtered_out", "", float64(st.FilteredOut))
 	p.family("outboxd_delivery_stats_last_hour_attempts", "gauge", "Delivery attempts in the last 60 minutes, the current one included, by outcome; every replica's.")
 	c := st.FailuresByClass
 	for _, o := range []struct {

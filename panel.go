@@ -401,6 +401,8 @@ type endpointFields struct {
 	// Ordering is "subject" or "none"; empty (a form without it) is none
 	// on create and no change on edit.
 	Ordering string
+	// Filter empty is none: on edit, it removes the filter.
+	Filter string
 }
 
 // deliveryBounds are the bounds the forms' number fields carry, so that a
@@ -426,6 +428,7 @@ func readEndpointFields(f *query) (endpointFields, error) {
 		MaxInFlight:        strings.TrimSpace(f.text("max_in_flight")),
 		RateLimitPerSecond: strings.TrimSpace(f.text("rate_limit_per_second")),
 		Ordering:           strings.TrimSpace(f.text("ordering")),
+		Filter:             strings.TrimSpace(f.text("filter")),
 	}
 	return fs, f.err
 }
@@ -434,6 +437,9 @@ func readEndpointFields(f *query) (endpointFields, error) {
 func fieldsOf(e Endpoint) endpointFields {
 	fs := endpointFields{URL: e.URL, Topics: strings.Join(e.Topics, " "), Description: e.Description,
 		OwnerEmail: e.OwnerEmail, MaxInFlight: strconv.Itoa(e.MaxInFlight), Ordering: e.Ordering}
+	if e.Filter != nil {
+		fs.Filter = *e.Filter
+	}
 	if e.RateLimitPerSecond != nil {
 		fs.RateLimitPerSecond = strconv.FormatFloat(*e.RateLimitPerSecond, 'f', -1, 64)
 	}
@@ -459,6 +465,10 @@ func (fs endpointFields) input(allowPrivate bool) (endpointInput, error) {
 	}
 	if fs.Ordering != "" {
 		in.Ordering = &fs.Ordering
+	}
+	in.Filter.Set = true
+	if fs.Filter != "" {
+		in.Filter.Value = &fs.Filter
 	}
 	if fs.RateLimitPerSecond != "" {
 		rate, err := strconv.ParseFloat(fs.RateLimitPerSecond, 64)
@@ -492,7 +502,9 @@ func (p *panel) handleCreateEndpoint(a *admin) pageFunc {
 		}
 		secret := newWebhookSecret()
 		ep, err := createEndpoint(r.Context(), a.db, a.box, in, secret)
-		if err != nil {
+		if errors.Is(err, errInvalid) { // a filter PostgreSQL refuses (checkFilter)
+			return p.renderEndpoints(w, r, a, http.StatusBadRequest, "", fs, refusal(err))
+		} else if err != nil {
 			return err
 		}
 		return p.renderEndpoint(w, r, a, ep.ID, endpointView{
@@ -527,6 +539,7 @@ type endpointView struct {
 	refused       *endpointFields
 	refusal       string
 	preview       *replayPreviewView
+	filterPreview *filterPreviewView
 }
 
 // renderEndpoint shows one endpoint as view says.
@@ -580,8 +593,9 @@ func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin,
 			Queue           DeliveryQueue
 			Failures        []FailureGroup
 			FailureAttempts int
+			FilterPreview   *filterPreviewView
 		}{ep, causeOf(ep, health), st, view.secret, form, view.refusal, endpointBounds(), view.preview, replays, replayShare(ep.MaxInFlight), windows,
-			queue, failures, recentFailureAttempts}})
+			queue, failures, recentFailureAttempts, view.filterPreview}})
 	return nil
 }
 
@@ -684,6 +698,7 @@ var endpointActions = map[string]func(endpointClick) (done string, err error){
 	"retry-discarded": endpointClick.retryDiscarded,
 	"replay":          endpointClick.replay,
 	"cancel-replay":   endpointClick.cancelReplay,
+	"filter-preview":  endpointClick.filterPreview,
 	"edit":            endpointClick.edit,
 	"delete":          endpointClick.delete,
 }
@@ -829,7 +844,42 @@ func (c endpointClick) edit() (string, error) {
 		return "", err
 	}
 	_, err = updateEndpoint(c.r.Context(), c.a.db, c.id, in)
+	if errors.Is(err, errInvalid) { // a filter PostgreSQL refuses (checkFilter)
+		return "", c.p.renderEndpoint(c.w, c.r, c.a, c.id, endpointView{refused: &fs, refusal: refusal(err)})
+	}
 	return "Saved.", err
+}
+
+// filterPreviewView is the filter preview form's answer on the endpoint's
+// page: the preview, or why its filter was refused, with the filter as
+// typed.
+type filterPreviewView struct {
+	FilterPreview
+	Typed, Refusal string
+}
+
+// filterPreview is the filter preview form: the filter typed (empty:
+// none) over the newest events of the endpoint's topics, shown on its
+// page; nothing is saved.
+func (c endpointClick) filterPreview() (string, error) {
+	typed := strings.TrimSpace(c.form.text("filter"))
+	limit := int(c.form.integer("limit", defaultFilterPreviewLimit, 1, maxFilterPreviewLimit, "limit %q is not a number of events"))
+	if c.form.err != nil {
+		return "", c.form.err
+	}
+	var filter *string
+	if typed != "" {
+		filter = &typed
+	}
+	view := &filterPreviewView{Typed: typed}
+	pv, err := previewEndpointFilter(c.r.Context(), c.a.db, c.id, filter, false, limit)
+	if errors.Is(err, errInvalid) {
+		view.Refusal = refusal(err)
+	} else if err != nil {
+		return "", err
+	}
+	view.FilterPreview = pv
+	return "", c.p.renderEndpoint(c.w, c.r, c.a, c.id, endpointView{filterPreview: view})
 }
 
 func (c endpointClick) delete() (string, error) {

@@ -120,15 +120,18 @@ func (r replayRange) args() (until sql.NullTime, topics any, through sql.NullInt
 // replayCandidatesSQL is one batch of a replay: up to $4 fanned-out events
 // with ids above $3 and up to $7 (NULL: no end), recorded at or after $2
 // and before $5 (NULL: no end), that the endpoint's topics select and,
-// unless $6 is empty, the replay's topics too. replaySQL enqueues them and
-// replayCountSQL counts them, so a dry run counts what the replay
-// enqueues (TestReplayDryRunCountsWhatTheReplayEnqueues). Both lists of
-// patterns are split once, in the statement's one-row CTEs, and tested
-// against each event with topic_selected (schema.sql), which the planner
+// unless $6 is empty, the replay's topics too, and whose payload the
+// endpoint's filter passes, as the fan-out tests it (outbox.fan_out,
+// silent: unknown is no match); the filter is the endpoint's as each
+// batch reads it. replaySQL enqueues them and replayCountSQL counts
+// them, so a dry run counts what the replay enqueues
+// (TestReplayDryRunCountsWhatTheReplayEnqueues). Both lists of patterns
+// are split once, in the statement's one-row CTEs, and tested against
+// each event with topic_selected (schema.sql), which the planner
 // inlines: the walk passes every event of the window, of every topic.
 const replayCandidatesSQL = `
 WITH endpoint AS (
-  SELECT ep.id, ep.ordering, t.names, t.prefixes, t.every_topic
+  SELECT ep.id, ep.ordering, ep.filter_path, t.names, t.prefixes, t.every_topic
   FROM outbox.endpoints AS ep, outbox.topic_split(ep.topics) AS t
   WHERE ep.id = $1
     AND ep.disabled_at IS NULL
@@ -147,6 +150,7 @@ candidates AS (
     AND ($7::bigint IS NULL OR e.id <= $7)
     AND outbox.topic_selected(e.topic, endpoint.names, endpoint.prefixes, endpoint.every_topic)
     AND (narrowed.by_endpoint_alone OR outbox.topic_selected(e.topic, narrowed.names, narrowed.prefixes, narrowed.every_topic))
+    AND (endpoint.filter_path IS NULL OR jsonb_path_match(e.payload, endpoint.filter_path, silent => true))
   ORDER BY e.id
   LIMIT $4
 )`

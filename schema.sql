@@ -899,6 +899,76 @@ EXCEPTION WHEN duplicate_object THEN
 END
 $$;
 
+-- filter narrows what an endpoint receives beyond its topics: a SQL/JSON
+-- path predicate over the event's payload, in jsonb_path_match's syntax
+-- ('$.status == "paid" && $.amount_cents > 1000'), kept as it was written
+-- for the API to echo; NULL: every event of its topics (docs/filters.md).
+-- filter_path is it parsed, once, when it is written: the fan-out tests it
+-- against every event its topics pass, and a text would be parsed again
+-- for each. A filter that does not parse fails the write here; the Go side
+-- says why before it comes to that (filters.go, checkFilter).
+ALTER TABLE outbox.endpoints
+  ADD COLUMN IF NOT EXISTS filter text,
+  ADD COLUMN IF NOT EXISTS filter_path jsonpath GENERATED ALWAYS AS (filter::jsonpath) STORED;
+
+-- filter_problem says why a parsed filter may not be stored, or NULL when
+-- it may. jsonb_path_match with silent => true turns what a payload can
+-- cause (a missing member, a wrong type, a division by zero) into
+-- unknown, which the fan-out counts as no match; what remains are errors
+-- of the filter itself, which would fail every fan-out of its topics and
+-- poison the events, so they are refused here:
+--   - a variable ($name): the fan-out passes none, and a missing one
+--     raises;
+--   - .datetime(): comparing a time with a zone to one without raises
+--     unless a time zone is given (jsonb_path_match_tz, which depends on
+--     the session's TimeZone); ISO 8601 strings compare in order as
+--     strings;
+--   - not a predicate ('$.a'): evaluated on an empty object, a predicate
+--     answers exactly one true, false or unknown (null), whatever the
+--     payload; a path answers its items ('$.a' none, '$' the object).
+-- Variables and methods are found in the normalised text PostgreSQL
+-- prints for the path, with its string literals (member names among
+-- them) emptied first: a variable prints as $"name", a member as ."name".
+-- PL/pgSQL, so that the probe runs only after the variable check passed:
+-- a SQL function's CASE could be folded with its constant arguments, the
+-- probe first.
+CREATE OR REPLACE FUNCTION outbox.filter_problem(f jsonpath)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+DECLARE
+  bare text := regexp_replace(f::text, '"(\\.|[^"\\])*"', '""', 'g');
+  probe jsonb;
+BEGIN
+  IF f IS NULL THEN
+    RETURN NULL;
+  END IF;
+  IF bare ~ '\$""' THEN
+    RETURN 'a filter may not use variables ($name): none are passed to it';
+  END IF;
+  IF bare ~ '\.datetime\(' THEN
+    RETURN '.datetime() is not supported (comparing times with and without a time zone raises an error); compare ISO 8601 strings instead, e.g. $.at >= "2026-01-01"';
+  END IF;
+  probe := jsonb_path_query_array('{}'::jsonb, f, '{}'::jsonb, true);
+  IF jsonb_array_length(probe) <> 1 OR jsonb_typeof(probe -> 0) NOT IN ('boolean', 'null') THEN
+    RETURN 'not a predicate: it selects values rather than answering true or false (write a comparison, e.g. $.paid == true rather than $.paid)';
+  END IF;
+  RETURN NULL;
+END
+$$;
+
+-- At most 4,096 bytes (filters.go, maxFilterLen): a filter is a
+-- predicate, not a program.
+DO $$
+BEGIN
+  ALTER TABLE outbox.endpoints
+    ADD CONSTRAINT endpoints_filter_length CHECK (length(filter) <= 4096),
+    ADD CONSTRAINT endpoints_filter_allowed CHECK (outbox.filter_problem(filter_path) IS NULL);
+EXCEPTION WHEN duplicate_object THEN
+  NULL;
+END
+$$;
+
 -- Serves the fan-out: the enabled endpoints, read for every relay pass.
 CREATE INDEX IF NOT EXISTS endpoints_enabled_by_id
   ON outbox.endpoints (id)
@@ -1689,8 +1759,9 @@ $$;
 
 -- fan_out is the relay's transaction (relay.go): it claims and marks
 -- events, then enqueues one job per (event, matching subscriber) and one
--- webhook job per (event, enabled endpoint whose topics match), in one
--- statement, one round trip and one transaction. With in_event_id NULL it
+-- webhook job per (event, enabled endpoint whose topics match and whose
+-- filter, if it has one, the payload passes), in one statement, one round
+-- trip and one transaction. With in_event_id NULL it
 -- claims a batch of up to in_batch events (mark_fanned_out); with an id,
 -- that one event, for the row-by-row retry after a batch failed (another
 -- relay may have relayed it meanwhile, and then it claims nothing).
@@ -1704,6 +1775,12 @@ $$;
 -- Every part reads the claimed rows once, from what the UPDATE returned.
 -- Topics are matched once per distinct topic of the batch, not once per
 -- event: a batch holds a handful of topics, and topic_matches is not cheap.
+-- An endpoint's filter is tested once per event its topics select
+-- (routed), on the path parsed when it was stored (filter_path), with
+-- silent => true: an error the payload causes (a wrong type, a missing
+-- member in strict mode, a result that is not a boolean) answers unknown,
+-- and unknown is no match, never a failed pass. filter_problem keeps out
+-- the filters whose errors silent does not cover.
 --
 -- A coalescing subscriber gets one job per topic and subject of the batch,
 -- for its highest event id (DISTINCT ON keeps the first row of each (kind,
@@ -1711,17 +1788,19 @@ $$;
 -- coalesced: each event is a fact. Inserts go in id order, so the job
 -- table's indexes grow at their right edge.
 --
--- Each endpoint's deliveries are counted for its statistics (fanout_stats)
--- in endpoint order: relays adding to the same minute's rows lock them in
--- one order. The row also keeps when the last of them was fanned out, which
+-- Each endpoint's deliveries, and the events its filter kept from it, are
+-- counted for its statistics (fanout_stats) in endpoint order: relays
+-- adding to the same minute's rows lock them in one order. The row also keeps when the last of them was fanned out, which
 -- narrows the endpoint's replay lane while live deliveries flow
 -- (replay_width). The subject index (subjects) is kept here too, in the
 -- transaction that marks the events fanned out: as a job per subject it
 -- would cost an insert, a claim and a completion, each a new row version
 -- in every index of the job table.
 --
--- Then the ordered lanes that got deliveries advance (advance_lanes), so a
--- delivery is never held behind nothing. The commit does not wait for the
+-- Then the ordered lanes of the batch's events advance (advance_lanes), so
+-- a delivery is never held behind nothing: those that got a delivery, and
+-- those whose event the filter kept out, behind which advance_lanes held a
+-- later event of the subject while this one waited to be fanned out. The commit does not wait for the
 -- WAL to reach the disk: a crash before the flush rolls the transaction
 -- back whole, and the events are claimed again (database.go,
 -- beginPipelineTx, says why that loses nothing). The parameters are named in_*, so that no name in the
@@ -1758,10 +1837,17 @@ BEGIN
     JOIN topics AS t ON outbox.topic_matches(s.topics, t.topic)
   ),
   endpoint_subscriptions AS (
-    SELECT ep.id AS endpoint_id, ep.breaker_opened_at, ep.ordering, t.topic
+    SELECT ep.id AS endpoint_id, ep.breaker_opened_at, ep.ordering, ep.filter_path, t.topic
     FROM outbox.endpoints AS ep
     JOIN topics AS t ON outbox.topic_matches(ep.topics, t.topic)
     WHERE ep.disabled_at IS NULL
+  ),
+  routed AS (
+    SELECT m.id, m.subject, es.endpoint_id, es.breaker_opened_at, es.ordering,
+           es.filter_path IS NULL
+             OR coalesce(jsonb_path_match(m.payload, es.filter_path, silent => true), false) AS passes
+    FROM marked AS m
+    JOIN endpoint_subscriptions AS es ON es.topic = m.topic
   ),
   enqueued AS (
     INSERT INTO outbox.jobs (kind, event_id, max_attempts)
@@ -1785,28 +1871,31 @@ BEGIN
   ),
   webhooks AS (
     INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, scheduled_at, lane_key)
-    SELECT 'webhook', m.id, es.endpoint_id, in_max_attempts,
-           CASE WHEN es.ordering = 'subject' THEN 'infinity'
-                WHEN es.breaker_opened_at IS NULL THEN now()
+    SELECT 'webhook', r.id, r.endpoint_id, in_max_attempts,
+           CASE WHEN r.ordering = 'subject' THEN 'infinity'
+                WHEN r.breaker_opened_at IS NULL THEN now()
                 ELSE now() + make_interval(secs => in_breaker_delay) END,
-           CASE WHEN es.ordering = 'subject' THEN m.subject END
-    FROM marked AS m
-    JOIN endpoint_subscriptions AS es ON es.topic = m.topic
-    ORDER BY m.id, es.endpoint_id
-    RETURNING endpoint_id, lane_key
+           CASE WHEN r.ordering = 'subject' THEN r.subject END
+    FROM routed AS r
+    WHERE r.passes
+    ORDER BY r.id, r.endpoint_id
+    RETURNING 1
   ),
   lanes AS (
-    SELECT DISTINCT w.endpoint_id, w.lane_key FROM webhooks AS w WHERE w.lane_key IS NOT NULL
+    SELECT DISTINCT r.endpoint_id, r.subject AS lane_key FROM routed AS r WHERE r.ordering = 'subject'
   ),
   produced AS (
-    INSERT INTO outbox.fanout_stats AS f (endpoint_id, minute, deliveries, last_fanned_at)
-    SELECT w.endpoint_id, date_trunc('minute', now()), count(*), now()
-    FROM webhooks AS w
-    GROUP BY w.endpoint_id
-    ORDER BY w.endpoint_id
+    INSERT INTO outbox.fanout_stats AS f (endpoint_id, minute, deliveries, filtered_out, last_fanned_at)
+    SELECT r.endpoint_id, date_trunc('minute', now()),
+           count(*) FILTER (WHERE r.passes), count(*) FILTER (WHERE NOT r.passes),
+           CASE WHEN bool_or(r.passes) THEN now() END
+    FROM routed AS r
+    GROUP BY r.endpoint_id
+    ORDER BY r.endpoint_id
     ON CONFLICT (endpoint_id, minute) DO UPDATE
     SET deliveries = f.deliveries + EXCLUDED.deliveries,
-        last_fanned_at = EXCLUDED.last_fanned_at
+        filtered_out = f.filtered_out + EXCLUDED.filtered_out,
+        last_fanned_at = coalesce(EXCLUDED.last_fanned_at, f.last_fanned_at)
   ),
   indexed AS (
     INSERT INTO outbox.subjects AS s (subject, topic, last_event_id, payload, updated_at)
@@ -1995,6 +2084,15 @@ CREATE INDEX IF NOT EXISTS fanout_stats_by_minute
 -- it costs no write of its own.
 ALTER TABLE outbox.fanout_stats
   ADD COLUMN IF NOT EXISTS last_fanned_at timestamptz;
+
+-- filtered_out is how many of the events that the endpoint's topics
+-- selected in that minute its filter kept from it (outbox.endpoints,
+-- filter), counted by the same upsert: one row per endpoint and pass, as
+-- the deliveries are, never one per event. A row of an endpoint whose
+-- filter kept every event of a pass has deliveries 0 and no
+-- last_fanned_at.
+ALTER TABLE outbox.fanout_stats
+  ADD COLUMN IF NOT EXISTS filtered_out bigint NOT NULL DEFAULT 0;
 
 --------------------------------------------------------------------------------
 -- Outcomes: a batch of attempts' results, written in one transaction
@@ -2752,143 +2850,14 @@ ALTER TABLE outbox.jobs
   ADD COLUMN IF NOT EXISTS held_by bigint;
 
 --------------------------------------------------------------------------------
--- Calls of release 0.1.0, kept while its replicas roll; a later release drops them
+-- Calls of earlier releases, dropped
 --------------------------------------------------------------------------------
 
--- Upgrades roll (docs/upgrades.md): this file is applied while replicas of
--- the previous release, 0.1.0, still run, and they keep calling what they
--- called. These are those of their calls whose function this release
--- changed, with 0.1.0's arguments and result columns, each a thin wrapper
--- of this release's function, so that both releases do the same work. The
--- release after this one, whose previous release no longer calls them,
--- drops them (upgrade_test.go runs 0.1.0's own binary beside this one, and
--- sends each call as 0.1.0's Go code sends it).
-
--- 0.1.0's claim (deliver.go, claimJobsSQL), which its own
--- fan_out_and_claim also calls from its body, selecting every column: a
--- call that began before this file committed runs its body's statements
--- after, against this schema, so the function keeps 0.1.0's name and
--- exactly 0.1.0's columns, while this release's workers call
--- claim_due_jobs.
-DROP FUNCTION IF EXISTS outbox.claim_jobs(integer, bigint, bigint[]);
-CREATE FUNCTION outbox.claim_jobs(batch integer, replica bigint, answered bigint[])
-RETURNS TABLE (id bigint, kind text, attempt integer, max_attempts integer,
-               endpoint_id bigint,
-               event_id bigint, topic text, subject text, payload jsonb, created_at timestamptz,
-               traceparent text, tracestate text,
-               url text, secret bytea, previous_secret bytea, disabled_reason text,
-               start_in_ms integer, wake_on_outcome boolean, replay_yields boolean)
-LANGUAGE sql VOLATILE
-ROWS 100
-AS $$
-  SELECT c.id, c.kind, c.attempt, c.max_attempts, c.endpoint_id,
-         c.event_id, c.topic, c.subject, c.payload, c.created_at,
-         c.traceparent, c.tracestate,
-         c.url, c.secret, c.previous_secret, c.disabled_reason,
-         c.start_in_ms, c.wake_on_outcome, c.replay_yields
-  FROM outbox.claim_due_jobs(batch, replica, answered) AS c
-$$;
-
--- 0.1.0's claim of a batch of events, which its own fan_out calls from its
--- body: a call of 0.1.0's fan_out or fan_out_and_claim that began before
--- this file committed (waiting for a lock this file's transaction held)
--- runs its body's statements after, against this schema.
-DROP FUNCTION IF EXISTS outbox.mark_fanned_out(integer);
-CREATE FUNCTION outbox.mark_fanned_out(in_batch integer)
-RETURNS TABLE (id bigint, topic text, subject text, payload jsonb)
-LANGUAGE sql VOLATILE
-AS $$
-  SELECT m.id, m.topic, m.subject, m.payload
-  FROM outbox.mark_fanned_out(in_batch, NULL) AS m
-$$;
-
--- 0.1.0's relay pass of a batch (relay.go, relayBatchSQL): fan_out without
--- the event id.
-DROP FUNCTION IF EXISTS outbox.fan_out(integer, jsonb, integer, double precision, text);
-CREATE FUNCTION outbox.fan_out(in_batch integer, in_subscribers jsonb, in_max_attempts integer,
-                               in_breaker_delay double precision, in_origin text)
-RETURNS TABLE (out_fanned bigint, out_jobs bigint)
-LANGUAGE sql VOLATILE
-AS $$
-  SELECT f.out_fanned, f.out_jobs
-  FROM outbox.fan_out(in_batch, NULL, in_subscribers, in_max_attempts, in_breaker_delay, in_origin) AS f
-$$;
-
--- 0.1.0's row-by-row retry after a batch failed (relay.go, relayRowSQL):
--- fan_out of that one event.
-DROP FUNCTION IF EXISTS outbox.fan_out_event(bigint, jsonb, integer, double precision, text);
-CREATE FUNCTION outbox.fan_out_event(in_event_id bigint, in_subscribers jsonb, in_max_attempts integer,
-                                     in_breaker_delay double precision, in_origin text)
-RETURNS TABLE (out_fanned bigint, out_jobs bigint)
-LANGUAGE sql VOLATILE
-AS $$
-  SELECT f.out_fanned, f.out_jobs
-  FROM outbox.fan_out(1, in_event_id, in_subscribers, in_max_attempts, in_breaker_delay, in_origin) AS f
-$$;
-
--- 0.1.0's pass that claims for its workers (relay.go, relayClaimSQL):
--- fan_out_claiming, with a row per claimed job, each carrying the pass's
--- counts, and one row of counts and NULLs when it claimed none.
+-- Upgrades roll one release at a time (docs/upgrades.md): a release keeps
+-- the calls of the release before it working while that release's replicas
+-- roll, and the release after drops them. Release 0.1.0's calls, which
+-- 0.2.0 kept as thin wrappers, go: no replica of 0.2.0 calls them. (Its
+-- fan_out, fan_out_event, mark_fanned_out and 27-array record_outcomes are
+-- dropped above, where this release makes their successors.)
 DROP FUNCTION IF EXISTS outbox.fan_out_and_claim(integer, jsonb, integer, double precision, text, integer, bigint, bigint[]);
-CREATE FUNCTION outbox.fan_out_and_claim(in_batch integer, in_subscribers jsonb, in_max_attempts integer,
-                                         in_breaker_delay double precision, in_origin text,
-                                         in_claim_batch integer, in_replica bigint, in_answered bigint[])
-RETURNS TABLE (out_fanned bigint, out_jobs bigint,
-               id bigint, kind text, attempt integer, max_attempts integer,
-               endpoint_id bigint,
-               event_id bigint, topic text, subject text, payload jsonb, created_at timestamptz,
-               traceparent text, tracestate text,
-               url text, secret bytea, previous_secret bytea, disabled_reason text,
-               start_in_ms integer, wake_on_outcome boolean, replay_yields boolean)
-LANGUAGE sql VOLATILE
-AS $$
-  SELECT p.out_fanned, p.out_jobs,
-         c.id, c.kind, c.attempt, c.max_attempts, c.endpoint_id,
-         c.event_id, c.topic, c.subject, c.payload, c.created_at,
-         c.traceparent, c.tracestate,
-         c.url, c.secret, c.previous_secret, c.disabled_reason,
-         c.start_in_ms, c.wake_on_outcome, c.replay_yields
-  FROM outbox.fan_out_claiming(in_batch, in_subscribers, in_max_attempts, in_breaker_delay, in_origin,
-                               in_claim_batch, in_replica, in_answered) AS p
-  LEFT JOIN LATERAL unnest(p.out_claimed) AS c ON true
-$$;
-
--- 0.1.0's completer (outcome.go, recordOutcomesSQL): a batch of outcomes
--- as 27 parallel arrays, made into record_outcomes' rows. Its "none" for a
--- status code and a duration kept on a job is -1 where the rows say null;
--- a 0 status or endpoint in an attempt means none in both.
-DROP FUNCTION IF EXISTS outbox.record_outcomes(bigint[], integer[], text[], bigint[], text[], integer[], integer[],
-  bigint[], integer[], bigint[], integer[], integer[], text[], text[], boolean[], text[], bigint[], integer[], integer,
-  bigint[], boolean[], integer[], bigint[], integer, bigint[], bigint[], bigint[]);
-CREATE FUNCTION outbox.record_outcomes(
-  in_ids bigint[], in_attempts integer[], in_states text[], in_delays bigint[], in_errors text[],
-  in_statuses integer[], in_durations integer[],
-  in_attempt_job_ids bigint[], in_attempt_numbers integer[], in_attempt_endpoints bigint[],
-  in_attempt_durations integer[], in_attempt_statuses integer[], in_attempt_errors text[],
-  in_attempt_excerpts text[], in_attempt_kept boolean[], in_attempt_classes text[],
-  in_attempt_minutes bigint[], in_attempt_buckets integer[], in_buckets integer,
-  in_health_ids bigint[], in_health_succeeded boolean[], in_health_failures integer[], in_health_holds bigint[],
-  in_breaker_threshold integer, in_gone_ids bigint[], in_window_ids bigint[], in_window_seconds bigint[])
-RETURNS void
-LANGUAGE sql VOLATILE
-AS $$
-  SELECT outbox.record_outcomes(
-    (SELECT coalesce(json_agg(o ORDER BY o.i), '[]')
-     FROM (SELECT u.i, u.id, u.attempt, u.state, u.delay_ms, u.error,
-                  nullif(u.status_code, -1) AS status_code, nullif(u.duration_ms, -1) AS duration_ms
-           FROM unnest(in_ids, in_attempts, in_states, in_delays, in_errors, in_statuses, in_durations)
-                WITH ORDINALITY AS u(id, attempt, state, delay_ms, error, status_code, duration_ms, i)) AS o),
-    (SELECT coalesce(json_agg(a ORDER BY a.i), '[]')
-     FROM unnest(in_attempt_job_ids, in_attempt_numbers, in_attempt_endpoints, in_attempt_durations,
-                 in_attempt_statuses, in_attempt_errors, in_attempt_excerpts, in_attempt_kept,
-                 in_attempt_classes, in_attempt_minutes, in_attempt_buckets)
-          WITH ORDINALITY AS a(job_id, attempt, endpoint_id, duration_ms, status_code, error, excerpt, kept,
-                               class, minute, bucket, i)),
-    (SELECT coalesce(json_agg(h ORDER BY h.i), '[]')
-     FROM unnest(in_health_ids, in_health_succeeded, in_health_failures, in_health_holds)
-          WITH ORDINALITY AS h(id, succeeded, failures, hold_ms, i)),
-    coalesce(in_gone_ids, '{}'),
-    (SELECT coalesce(json_agg(w ORDER BY w.i), '[]')
-     FROM unnest(in_window_ids, in_window_seconds) WITH ORDINALITY AS w(id, seconds, i)),
-    in_breaker_threshold, in_buckets)
-$$;
+DROP FUNCTION IF EXISTS outbox.claim_jobs(integer, bigint, bigint[]);

@@ -111,6 +111,9 @@ type DeliveryStats struct {
 	// Produced is the deliveries the relay fanned out in the window
 	// (outbox.fanout_stats).
 	Produced int64 `json:"produced"`
+	// FilteredOut is the events of its topics that the endpoint's filter
+	// kept from it in the window (fanout_stats.filtered_out).
+	FilteredOut int64 `json:"filtered_out"`
 	statsCounts
 	// SuccessRate is successes / attempts; null without attempts.
 	SuccessRate *float64 `json:"success_rate"`
@@ -175,6 +178,7 @@ type latencyBucketView struct {
 type statsMinute struct {
 	Minute       time.Time `json:"minute"`
 	Produced     int64     `json:"produced"`
+	FilteredOut  int64     `json:"filtered_out"`
 	Delivered    int64     `json:"delivered"`
 	Failed       int64     `json:"failed"`
 	LatencyP50MS *float64  `json:"latency_p50_ms"`
@@ -225,22 +229,24 @@ JOIN latency AS l ON l.minute = c.minute
 ORDER BY c.minute`
 
 // producedByMinuteSQL sums outbox.fanout_stats by minute from $1 on, of
-// endpoint $2, or of every endpoint with $2 = 0.
+// endpoint $2, or of every endpoint with $2 = 0: the deliveries fanned
+// out, and the events filters kept out.
 const producedByMinuteSQL = `
-SELECT minute, sum(deliveries)::bigint
+SELECT minute, sum(deliveries)::bigint, sum(filtered_out)::bigint
 FROM outbox.fanout_stats
 WHERE minute >= $1
   AND ($2 = 0 OR endpoint_id = $2)
 GROUP BY minute`
 
 type producedMinute struct {
-	minute time.Time
-	n      int64
+	minute   time.Time
+	n        int64
+	filtered int64
 }
 
 func scanProducedMinute(row rowScanner) (producedMinute, error) {
 	var p producedMinute
-	err := row.Scan(&p.minute, &p.n)
+	err := row.Scan(&p.minute, &p.n, &p.filtered)
 	return p, err
 }
 
@@ -434,19 +440,21 @@ func (m statsMinutes) window(window string) DeliveryStats {
 		st.add(r.statsCounts)
 		st.latency.add(&r.latency)
 	}
-	producedAt := make(map[int64]int64, len(m.produced))
+	producedAt := make(map[int64]producedMinute, len(m.produced))
 	for _, p := range m.produced {
 		if p.minute.Before(st.From) {
 			continue
 		}
-		producedAt[p.minute.Unix()] = p.n
+		producedAt[p.minute.Unix()] = p
 		st.Produced += p.n
+		st.FilteredOut += p.filtered
 	}
 	st.Series = make([]statsMinute, minutes)
 	for i := range st.Series {
 		t := st.From.Add(time.Duration(i) * time.Minute)
 		r := byMinute[t.Unix()]
-		st.Series[i] = statsMinute{Minute: t, Produced: producedAt[t.Unix()], Delivered: r.Successes, Failed: r.Failures,
+		p := producedAt[t.Unix()]
+		st.Series[i] = statsMinute{Minute: t, Produced: p.n, FilteredOut: p.filtered, Delivered: r.Successes, Failed: r.Failures,
 			LatencyP50MS: quantileMS(&r.latency, 0.5), LatencyP99MS: quantileMS(&r.latency, 0.99)}
 	}
 	if st.Attempts > 0 {

@@ -27,37 +27,42 @@ import (
 	"github.com/lib/pq"
 )
 
-// previousRelease is the commit of the release before this one (0.1.0),
+// previousRelease is the commit of the release before this one (0.2.0),
 // whose replicas this release's migration must keep working until they
 // stop (docs/upgrades.md).
 const (
-	previousRelease        = "e5d1140"
-	previousReleaseVersion = "0.1.0"
+	previousRelease        = "c85d961"
+	previousReleaseVersion = "0.2.0"
 )
 
-// The previous release's calls of the functions this release changed,
-// word for word as its Go code sends them (relay.go, deliver.go,
-// outcome.go and, for its registration, replicas.go at previousRelease).
+// The previous release's calls of the pipeline's functions, word for word
+// as its Go code sends them (relay.go, claim.go and completer.go at
+// previousRelease): a change to one of these functions' arguments or
+// result columns breaks its replicas while they roll.
 const (
 	previousClaimedColumns = `
        id, kind, attempt, max_attempts, endpoint_id,
        event_id, topic, subject, payload, created_at,
        traceparent, tracestate,
        url, secret, previous_secret, disabled_reason,
-       start_in_ms, wake_on_outcome, replay_yields`
-	previousFanOutSQL         = `SELECT out_fanned, out_jobs FROM outbox.fan_out($1, $2, $3, $4, $5)`
-	previousFanOutEventSQL    = `SELECT out_fanned, out_jobs FROM outbox.fan_out_event($1, $2, $3, $4, $5)`
-	previousFanOutAndClaimSQL = `SELECT out_fanned, out_jobs, ` + previousClaimedColumns + `
-FROM outbox.fan_out_and_claim($1, $2, $3, $4, $5, $6, $7, $8)`
-	previousClaimJobsSQL      = `SELECT ` + previousClaimedColumns + ` FROM outbox.claim_jobs($1, $2, $3)`
-	previousRecordOutcomesSQL = `SELECT outbox.record_outcomes(` +
-		`$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, ` +
-		`$19, $20, $21, $22, $23, $24, $25, $26, $27)`
-	previousRegisterReplicaSQL = `
-INSERT INTO outbox.replicas (host, pid, version, revision, workers, listens, dead_after)
-VALUES ($1, $2, $3, $4, $5, $6, make_interval(secs => $7))
-RETURNING id`
+       start_in_ms, wake_on_outcome, replay_yields,
+       resend_window_seconds, claimed_at,
+       committed_at`
+	previousFanOutSQL         = `SELECT out_fanned, out_jobs FROM outbox.fan_out($1, $2, $3, $4, $5, $6)`
+	previousFanOutAndClaimSQL = `
+SELECT pass.out_fanned, pass.out_jobs, ` + previousClaimedColumns + `
+FROM outbox.fan_out_claiming($1, $2, $3, $4, $5, $6, $7, $8) AS pass
+LEFT JOIN LATERAL unnest(pass.out_claimed) ON true`
+	previousClaimJobsSQL      = `SELECT ` + previousClaimedColumns + ` FROM outbox.claim_due_jobs($1, $2, $3)`
+	previousRecordOutcomesSQL = `SELECT outbox.record_outcomes($1, $2, $3, $4, $5, $6, $7)`
 )
+
+// previousReleaseWrappers are the functions schema.sql keeps only for the
+// previous release's replicas (its section "Calls of release ..."), as
+// regprocedure names: the rolling upgrade checks that the old replica
+// really called each. Empty while this release changed none of the
+// previous release's calls.
+var previousReleaseWrappers = []string{}
 
 // previousClaimedJob is a row of the previous release's claims: the ids it
 // reads (the rest it scans as they come).
@@ -78,7 +83,7 @@ func previousClaim(t *testing.T, db *sql.DB, withCounts bool, query string, args
 	var out []previousClaimedJob
 	for rows.Next() {
 		var j previousClaimedJob
-		var rest [17]any
+		var rest [20]any
 		dest := []any{&j.id, &rest[0], &rest[1], &rest[2], &rest[3], &j.eventID}
 		for i := 4; i < len(rest); i++ {
 			dest = append(dest, &rest[i])
@@ -97,12 +102,10 @@ func previousClaim(t *testing.T, db *sql.DB, withCounts bool, query string, args
 	return out
 }
 
-// Every call the previous release makes of a function this release
-// changed still works on this release's schema, with the previous
-// release's arguments and result columns, and does what it did: the relay's
-// batch, its row-by-row retry and its pass that claims, the workers' claim,
-// and the completer's 27 arrays, whose "none" (-1) for a status and a
-// duration the job must keep as NULL.
+// Every call the previous release's pipeline makes still works on this
+// release's schema, with the previous release's arguments and result
+// columns, and does what it did: the relay's batch, its row-by-row retry
+// and its pass that claims, the workers' claim, and the completer's rows.
 func TestPreviousReleaseCallsKeepWorking(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
@@ -111,8 +114,9 @@ func TestPreviousReleaseCallsKeepWorking(t *testing.T) {
 		make([]byte, 32)).Scan(&endpointID); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.QueryRow(previousRegisterReplicaSQL, "previous-host", 1, previousReleaseVersion, "", 4, true, 15.0).Scan(&replicaID); err != nil {
-		t.Fatalf("the previous release's registration: %v", err)
+	if err := db.QueryRow(`INSERT INTO outbox.replicas (host, pid, version, workers, listens, dead_after)
+VALUES ('previous-host', 1, $1, 4, true, make_interval(secs => 15)) RETURNING id`, previousReleaseVersion).Scan(&replicaID); err != nil {
+		t.Fatal(err)
 	}
 	var events [3]int64
 	for i := range events {
@@ -121,7 +125,7 @@ func TestPreviousReleaseCallsKeepWorking(t *testing.T) {
 	noSubscribers, answered := "[]", pq.Array([]int64{})
 
 	var fanned, jobs int64
-	if err := db.QueryRow(previousFanOutSQL, 1, noSubscribers, 18, 300.0, "").Scan(&fanned, &jobs); err != nil {
+	if err := db.QueryRow(previousFanOutSQL, 1, nil, noSubscribers, 18, 300.0, "").Scan(&fanned, &jobs); err != nil {
 		t.Fatalf("the previous release's relay pass: %v", err)
 	}
 	if fanned != 1 || jobs != 1 {
@@ -133,7 +137,7 @@ func TestPreviousReleaseCallsKeepWorking(t *testing.T) {
 	}
 	completed := claimed[0].id.Int64
 
-	if err := db.QueryRow(previousFanOutEventSQL, events[2], noSubscribers, 18, 300.0, "").Scan(&fanned, &jobs); err != nil {
+	if err := db.QueryRow(previousFanOutSQL, 1, events[2], noSubscribers, 18, 300.0, "").Scan(&fanned, &jobs); err != nil {
 		t.Fatalf("the previous release's row-by-row relay: %v", err)
 	}
 	if fanned != 1 || jobs != 1 {
@@ -162,27 +166,30 @@ func recordEventOrFatal(t *testing.T, db *sql.DB, subject string) int64 {
 }
 
 // recordPreviousOutcomes writes three outcomes as the previous release's
-// completer does: completed with its 200 kept on the job; retryable after
-// a 500; completed with its attempt kept in deliveries (status and
-// duration -1 on the job: none). The endpoint: a success and one failure
-// after it, and a dedup window of a day.
+// completer does, its rows as JSON written out here (a change to this
+// release's outcomeRows must not change what is tested): completed with
+// its 200 kept on the job; retryable after a 500; completed with its
+// attempt kept in deliveries (no status or duration on the job). The
+// endpoint: a success and one failure after it, and a dedup window of a
+// day.
 func recordPreviousOutcomes(t *testing.T, db *sql.DB, endpointID, completed, retried, unkept int64) {
 	t.Helper()
 	minute := time.Now().Truncate(time.Minute).Unix()
-	_, err := db.Exec(previousRecordOutcomesSQL,
-		pq.Array([]int64{completed, retried, unkept}), pq.Array([]int64{1, 1, 1}),
-		pq.Array([]string{"completed", "retryable", "completed"}), pq.Array([]int64{0, 60_000, 0}),
-		pq.Array([]string{"", "HTTP 500", ""}),
-		pq.Array([]int64{200, -1, -1}), pq.Array([]int64{12, -1, -1}),
-		pq.Array([]int64{completed, retried, unkept}), pq.Array([]int64{1, 1, 1}),
-		pq.Array([]int64{endpointID, endpointID, endpointID}), pq.Array([]int64{12, 30, 40}),
-		pq.Array([]int64{200, 500, 200}), pq.Array([]string{"", "HTTP 500", ""}),
-		pq.Array([]string{"", "oops", ""}), pq.Array([]bool{true, false, false}),
-		pq.Array([]string{"success", "5xx", "success"}),
-		pq.Array([]int64{minute, minute, minute}), pq.Array([]int64{0, 0, 1}), statsBuckets,
-		pq.Array([]int64{endpointID}), pq.Array([]bool{true}), pq.Array([]int64{1}), pq.Array([]int64{0}),
-		5, pq.Array([]int64{}), pq.Array([]int64{endpointID}), pq.Array([]int64{86_400}))
-	if err != nil {
+	outcomes := fmt.Sprintf(`[
+{"id": %d, "attempt": 1, "state": "completed", "delay_ms": 0, "error": "", "status_code": 200, "duration_ms": 12},
+{"id": %d, "attempt": 1, "state": "retryable", "delay_ms": 60000, "error": "HTTP 500", "status_code": null, "duration_ms": null},
+{"id": %d, "attempt": 1, "state": "completed", "delay_ms": 0, "error": "", "status_code": null, "duration_ms": null}]`,
+		completed, retried, unkept)
+	attempt := `{"job_id": %d, "attempt": 1, "endpoint_id": %d, "duration_ms": %d, "status_code": %d, "error": %q, ` +
+		`"excerpt": %q, "kept": %t, "class": %q, "minute": %d, "bucket": %d}`
+	attempts := "[" + strings.Join([]string{
+		fmt.Sprintf(attempt, completed, endpointID, 12, 200, "", "", true, "success", minute, 0),
+		fmt.Sprintf(attempt, retried, endpointID, 30, 500, "HTTP 500", "oops", false, "5xx", minute, 0),
+		fmt.Sprintf(attempt, unkept, endpointID, 40, 200, "", "", false, "success", minute, 1),
+	}, ",") + "]"
+	health := fmt.Sprintf(`[{"id": %d, "succeeded": true, "failures": 1, "hold_ms": 0}]`, endpointID)
+	windows := fmt.Sprintf(`[{"id": %d, "seconds": 86400}]`, endpointID)
+	if _, err := db.Exec(previousRecordOutcomesSQL, outcomes, attempts, health, pq.Array([]int64{}), windows, 5, statsBuckets); err != nil {
 		t.Fatalf("the previous release's record_outcomes: %v", err)
 	}
 }
@@ -501,7 +508,7 @@ type upgradeOverview struct {
 }
 
 // The rolling upgrade DESIGN.md promises, from the previous release's own
-// code: a replica of release 0.1.0 (built from its commit) delivers while
+// code: a replica of the previous release (built from its commit) delivers while
 // producers record; a replica of this release starts beside it, migrates
 // under that load and delivers too, with the overview flagging mixed
 // versions (told apart by what each replica records, not by labels this
@@ -541,8 +548,8 @@ func TestRollingUpgradeFromThePreviousReleaseLosesNothing(t *testing.T) {
 	waitFor(t, "both releases delivering events recorded after the migration", 60*time.Second, func() bool {
 		return receiver.deliveredBy(previousReleaseVersion, migrated) >= 100 && receiver.deliveredBy(version, migrated) >= 100
 	})
-	// Each replica lists what it recorded of itself: the old release its
-	// release alone, this one its schema too.
+	// Each replica lists what it recorded of itself: its release and the
+	// schema it was built with.
 	var o upgradeOverview
 	current.api(t, "GET", "/api/overview", "", &o)
 	var builds []string
@@ -550,7 +557,10 @@ func TestRollingUpgradeFromThePreviousReleaseLosesNothing(t *testing.T) {
 		builds = append(builds, r.Version+" schema "+r.SchemaVersion)
 	}
 	slices.Sort(builds)
-	want := []string{previousReleaseVersion + " schema ", version + " schema " + schemaVersionOf(schemaChecksum())}
+	want := []string{
+		previousReleaseVersion + " schema " + schemaVersionOf(releaseSchemas[previousReleaseVersion]),
+		version + " schema " + schemaVersionOf(schemaChecksum()),
+	}
 	if diff := cmp.Diff(want, builds); diff != "" || !o.MixedVersions {
 		t.Errorf("with both releases running the overview lists (-want +got):\n%s\nmixed_versions %t, want true", diff, o.MixedVersions)
 	}
@@ -559,14 +569,9 @@ func TestRollingUpgradeFromThePreviousReleaseLosesNothing(t *testing.T) {
 	if errs := loggedErrors(old.log.String()); len(errs) > 0 {
 		t.Errorf("the previous release logged errors while this release's schema was in place:\n%s", strings.Join(errs, "\n"))
 	}
-	// Its relay's pass and its completer ran through this release's
-	// wrappers of them (counted once the old replica's sessions ended).
-	for _, f := range []string{
-		"outbox.fan_out_and_claim(integer, jsonb, integer, double precision, text, integer, bigint, bigint[])",
-		"outbox.record_outcomes(bigint[], integer[], text[], bigint[], text[], integer[], integer[], " +
-			"bigint[], integer[], bigint[], integer[], integer[], text[], text[], boolean[], text[], bigint[], integer[], integer, " +
-			"bigint[], boolean[], integer[], bigint[], integer, bigint[], bigint[], bigint[])",
-	} {
+	// It called what this release keeps for it alone (counted once the old
+	// replica's sessions ended).
+	for _, f := range previousReleaseWrappers {
 		if n := queryInt(t, db, `SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions WHERE funcid = $1::regprocedure`, f); n == 0 {
 			t.Errorf("the previous release never called %s after the migration", f)
 		}

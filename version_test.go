@@ -10,6 +10,7 @@ import "testing"
 // release recorded here.
 var releaseSchemas = map[string]string{
 	"0.2.0": "5ed975c4a51e03735e0097fd9436c19e5b2dd37a26afc21e0a5ea1248906094b",
+	"0.3.0": "75b479d7b3e152a151494a1db802d9f672f684b77f11277e451bb9e507615262",
 }
 
 // Two builds whose schemas differ report different releases: the replica
