@@ -39,6 +39,7 @@ func routes(a *admin) http.Handler {
 	apiRoute("GET /api/jobs", handleListJobs(a))
 	apiRoute("POST /api/jobs/{id}/retry", handleRetryJob(a))
 	apiRoute("POST /api/jobs/retry-discarded", handleRetryEveryDiscarded(a))
+	apiRoute("GET /api/jobs/discarded", handleDiscardedGroups(a))
 	apiRoute("GET /api/endpoints", handleListEndpoints(a))
 	apiRoute("POST /api/endpoints", handleCreateEndpoint(a))
 	apiRoute("GET /api/endpoints/{id}", handleGetEndpoint(a))

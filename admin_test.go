@@ -799,7 +799,7 @@ func TestJobsRetryEveryDiscarded(t *testing.T) {
 	}
 
 	_, page := panelPage(t, api.srv, "/jobs?state=discarded")
-	if !strings.Contains(page, `<form method="post" action="/jobs/retry-discarded"><button>Retry every discarded job</button>`) {
+	if !strings.Contains(page, `<form method="post" action="/jobs/retry-discarded"><button>Send every discarded job again</button>`) {
 		t.Fatalf("the discarded list of every endpoint has no retry-all button:\n%s", page)
 	}
 	browser := signIn(t, api.srv)
@@ -811,8 +811,8 @@ func TestJobsRetryEveryDiscarded(t *testing.T) {
 	if diff := cmp.Diff(want, jobs()); diff != "" {
 		t.Errorf("jobs after the retry, by id (-want +got):\n%s", diff)
 	}
-	done := "5 discarded jobs will run now: 3 deliveries to 2 endpoints, each endpoint's in its replay lane, and 2 jobs of no endpoint." +
-		fmt.Sprintf(" 1 deliveries stay discarded, their events older than a resend may be: endpoint %d, 1; each endpoint's page says why.", b.ID)
+	done := "5 discarded jobs will be sent again: 3 deliveries to 2 endpoints and 2 jobs of no endpoint." +
+		fmt.Sprintf(" 1 deliveries stay discarded: their events are too old to send again safely: endpoint %d, 1; each endpoint's page says why.", b.ID)
 	location := resp.Header.Get("Location")
 	if wantLocation := "/jobs?state=discarded&done=" + url.QueryEscape(done); resp.StatusCode != http.StatusSeeOther || location != wantLocation {
 		t.Fatalf("the retry answered %d to %q, want 303 to %q", resp.StatusCode, location, wantLocation)
@@ -878,7 +878,7 @@ func TestEventsShowWhereTheyWent(t *testing.T) {
 	if diff := cmp.Diff(&EventOutcome{Jobs: 3, Completed: 1, Discarded: 1, Pending: 1}, page.Events[0].Outcome); diff != "" {
 		t.Errorf("event %d's outcome (-want +got):\n%s", ev, diff)
 	}
-	if _, html := panelPage(t, api.srv, "/events"); !strings.Contains(html, `<td class="outcome">delivered to 1 of 3, <span class="bad">1 failed</span>, 1 pending</td>`) {
+	if _, html := panelPage(t, api.srv, "/events"); !strings.Contains(html, `<span class="badge badge-ok">delivered 1</span>`) || !strings.Contains(html, `<span class="badge badge-bad">1 failed</span>`) || !strings.Contains(html, `<span class="badge badge-wait">1 queued</span>`) {
 		t.Errorf("the panel's stream does not say where the event went:\n%s", html)
 	}
 }

@@ -180,11 +180,33 @@ func handleRetryJob(a *admin) apiFunc {
 // handleRetryEveryDiscarded is POST /api/jobs/retry-discarded: every
 // discarded job runs again, each endpoint's deliveries as
 // POST /api/endpoints/{id}/retry-discarded runs them; answered with what
-// was retried and skipped, in all and per endpoint.
+// was retried and skipped, in all and per endpoint. An optional body,
+// a DiscardedFilter, narrows it to one group of GET /api/jobs/discarded.
 func handleRetryEveryDiscarded(a *admin) apiFunc {
 	return func(r *http.Request) (int, any, error) {
-		res, err := retryEveryDiscarded(r.Context(), a.db, a.eventsRetention, a.maxAttempts)
+		var f DiscardedFilter
+		if r.ContentLength != 0 {
+			if err := decodeJSON(r, &f); err != nil {
+				return 0, nil, err
+			}
+		}
+		res, err := retryEveryDiscarded(r.Context(), a.db, f, a.eventsRetention, a.maxAttempts)
 		return http.StatusOK, res, err
+	}
+}
+
+// handleDiscardedGroups is GET /api/jobs/discarded?endpoint_id=:
+// {"groups": [...], "partial"}, the discarded jobs grouped by endpoint
+// and last error, the most recent first.
+func handleDiscardedGroups(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		q := queryOf(r)
+		endpointID := q.natural("endpoint_id")
+		if q.err != nil {
+			return 0, nil, q.err
+		}
+		groups, err := listDiscardedGroups(r.Context(), a.db, endpointID)
+		return http.StatusOK, groups, err
 	}
 }
 
@@ -200,6 +222,9 @@ func handleListEndpoints(a *admin) apiFunc {
 			return 0, nil, q.err
 		}
 		endpoints, err := listEndpoints(r.Context(), a.db, afterID, limit)
+		if err == nil {
+			err = withHealth(r.Context(), a.db, a.alerts, endpoints)
+		}
 		return http.StatusOK, map[string][]Endpoint{"endpoints": endpoints}, err
 	}
 }
@@ -224,7 +249,12 @@ func handleCreateEndpoint(a *admin) apiFunc {
 // handleGetEndpoint is GET /api/endpoints/{id}, without its secret.
 func handleGetEndpoint(a *admin) apiFunc {
 	return byID(func(ctx context.Context, id int64) (Endpoint, error) {
-		return getEndpoint(ctx, a.db, id)
+		ep, err := getEndpoint(ctx, a.db, id)
+		if err != nil {
+			return ep, err
+		}
+		eps := []Endpoint{ep}
+		return eps[0], withHealth(ctx, a.db, a.alerts, eps)
 	})
 }
 

@@ -6,13 +6,16 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -35,7 +38,11 @@ func TestFailingEndpointPathInBrowser(t *testing.T) {
 	srv := httptest.NewServer(routes(a))
 	t.Cleanup(srv.Close)
 
+	var healthy atomic.Bool // the receiver answers 500 until the fix is in
 	rc := newReceiver(t, func(_ int, w http.ResponseWriter, _ *http.Request) {
+		if healthy.Load() {
+			return
+		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusInternalServerError)
 		fmt.Fprint(w, `{"error":"upstream database unavailable"}`)
@@ -75,7 +82,7 @@ func TestFailingEndpointPathInBrowser(t *testing.T) {
 	if tile != "tile-bad" {
 		t.Errorf("the failing tile's class is %q, want tile-bad", tile)
 	}
-	br.screenshot(filepath.Join(artifactDir, "panel-failing-endpoint.png"))
+	screenshot(t, br, "panel-failing-endpoint.png")
 
 	br.click("#alert-endpoint_failing strong a")
 	br.find("#last-error")
@@ -103,5 +110,66 @@ func TestFailingEndpointPathInBrowser(t *testing.T) {
 	if got := br.text("#state"); got != "failing" {
 		t.Errorf("the endpoint's state reads %q, want failing", got)
 	}
-	br.screenshot(filepath.Join(artifactDir, "panel-failing-endpoint-page.png"))
+	screenshot(t, br, "panel-failing-endpoint-page.png")
+
+	retryDiscardedGroupInBrowser(t, br, srv.URL, db, ep, rc, &healthy)
+}
+
+// retryDiscardedGroupInBrowser is the end of the night: the 3 deliveries
+// have used up their attempts, the receiver is fixed, and one button of
+// the discarded list, the group of its endpoint and its error, sends all
+// 3 again.
+func retryDiscardedGroupInBrowser(t *testing.T, br *webDriver, base string, db *sql.DB, ep int64, rc *receiver, healthy *atomic.Bool) {
+	t.Helper()
+	waitFor(t, "the 3 deliveries to fail", 30*time.Second, func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'retryable'`, ep) == 3
+	})
+	// Out of attempts: discarded as the workers would leave them, with
+	// their errors.
+	mustExec(t, db, `UPDATE outbox.jobs SET state = 'discarded', finalized_at = now() WHERE endpoint_id = $1 AND state = 'retryable'`, ep)
+	healthy.Store(true)
+	failed := len(rc.requests())
+
+	br.open(base + "/jobs?state=discarded")
+	br.find("#discarded-groups")
+	if n := br.count("#discarded-groups tr.discarded-group"); n != 1 {
+		t.Fatalf("%d groups of discarded deliveries, want 1: one endpoint, one error", n)
+	}
+	row := br.text("#discarded-groups tr.discarded-group")
+	for _, want := range []string{"Orders service", "webhook: answered 500 Internal Server Error", "Send these 3 again"} {
+		if !strings.Contains(row, want) {
+			t.Errorf("the discarded group reads %q, want it to say %q", row, want)
+		}
+	}
+	screenshot(t, br, "panel-jobs-discarded.png")
+	br.click("#discarded-groups tr.discarded-group button")
+	br.find(".flash")
+	if got := br.text(".flash"); !strings.HasPrefix(got, "3 discarded jobs will be sent again") {
+		t.Errorf("after the group's retry the list says %q", got)
+	}
+	waitFor(t, "the receiver to get the 3 deliveries again", 30*time.Second, func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'completed'`, ep) == 3
+	})
+	got := map[string]bool{}
+	for _, req := range rc.requests()[failed:] {
+		got[req.Header.Get("webhook-id")] = true
+	}
+	if len(got) != 3 {
+		t.Errorf("the receiver got %d distinct events after the retry, want the 3 discarded ones", len(got))
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'discarded'`); n != 0 {
+		t.Errorf("%d jobs still discarded after the group's retry", n)
+	}
+}
+
+// screenshot saves the page as name under artifactDir, and under the
+// folder OUTBOXD_SCREENSHOTS names when it is set: `OUTBOXD_SCREENSHOTS=docs
+// go test -run InBrowser .` renews the pictures docs/panel.md shows, which
+// a plain run leaves alone.
+func screenshot(t *testing.T, br *webDriver, name string) {
+	t.Helper()
+	br.screenshot(filepath.Join(artifactDir, name))
+	if dir := os.Getenv("OUTBOXD_SCREENSHOTS"); dir != "" {
+		br.screenshot(filepath.Join(dir, name))
+	}
 }

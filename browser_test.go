@@ -251,7 +251,7 @@ func TestPanelInBrowser(t *testing.T) {
 	}
 
 	b.open(srv.URL + "/jobs?state=discarded")
-	b.click(`td form button`)
+	b.click(`table.jobs td form button`)
 	if got := b.text(".flash"); !strings.Contains(got, "will run now") {
 		t.Errorf("after retry the page says %q", got)
 	}

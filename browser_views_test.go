@@ -111,7 +111,7 @@ func TestPanelOperatorViewsInBrowser(t *testing.T) {
 	br.open(srv.URL + "/jobs?state=discarded")
 	br.click(`form[action="/jobs/retry-discarded"] button`)
 	br.find(".flash")
-	if got := br.text(".flash"); !strings.HasPrefix(got, "1 discarded jobs will run now: 1 deliveries to 1 endpoints") {
+	if got := br.text(".flash"); !strings.HasPrefix(got, "1 discarded jobs will be sent again: 1 deliveries to 1 endpoints") {
 		t.Errorf("after the retry of every discarded job the list says %q", got)
 	}
 	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'available'`, b); n != 1 {

@@ -30,6 +30,10 @@ const (
 	dchartPlotW                    = dchartW - dchartLeft - dchartRight
 	dchartPlotH                    = dchartH - dchartTop - dchartBottom
 	dchartLegendY, dchartLegendGap = 16.0, 200.0
+	// dchartUnitX is the baseline of the turned y unit: its 12-px glyphs
+	// end left of x = 17, the y labels (at most "10000", about 35 units,
+	// right-aligned at 58) start right of x = 23.
+	dchartUnitX = 14.0
 )
 
 // niceAxis is the top of a y axis for values up to v: the smallest of 1,
@@ -90,6 +94,25 @@ func countChartSVG(c countChart) template.HTML {
 		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f">no minutes to draw</text></svg>`, dchartLeft, dchartH/2)
 		return template.HTML(b.String()) // constant text and numbers only
 	}
+	first := firstWithData(len(c.times), func(i int) bool {
+		for _, l := range c.lines {
+			if l.values[i] != 0 {
+				return true
+			}
+		}
+		return false
+	})
+	if first == len(c.times) {
+		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f">nothing recorded in this window</text></svg>`, dchartLeft, dchartH/2)
+		return template.HTML(b.String()) // constant text and numbers only
+	}
+	first = min(first, len(c.times)-2)
+	c.times = c.times[first:]
+	lines := make([]countLine, len(c.lines))
+	for i, l := range c.lines {
+		lines[i] = countLine{class: l.class, name: l.name, values: l.values[first:]}
+	}
+	c.lines = lines
 	var top float64 = 1
 	totals := make([]int64, len(c.lines))
 	for i, l := range c.lines {
@@ -108,8 +131,8 @@ func countChartSVG(c countChart) template.HTML {
 		fmt.Fprintf(&b, `<line class="grid" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>`, dchartLeft, y(v), dchartW-dchartRight, y(v))
 		fmt.Fprintf(&b, `<text class="ylabel" x="%.1f" y="%.1f" text-anchor="end">%s</text>`, dchartLeft-6, y(v)+4, formatCount(v))
 	}
-	fmt.Fprintf(&b, `<text class="unit" x="%.1f" y="%.1f">per %s</text>`, 4.0, dchartTop-8, spanName(c.step))
-	timeAxis(&b, c.times, c.step, x, y(0))
+	yUnit(&b, "per "+spanName(c.step))
+	timeAxis(&b, c.times, c.step, first > 0, x, y(0))
 
 	var legendEntries []legendEntry
 	for i, l := range c.lines {
@@ -185,17 +208,48 @@ func formatCount(v float64) string {
 	return strconv.FormatFloat(v, 'f', 1, 64)
 }
 
+// firstWithData is the first of n points that has data (has), n when
+// none has: a chart starts there, so that the minutes before a service
+// started, or before anything happened in the window, are not drawn as
+// zeros, nor a young service's first hour squeezed into a day's last
+// pixels.
+func firstWithData(n int, has func(int) bool) int {
+	for i := range n {
+		if has(i) {
+			return i
+		}
+	}
+	return n
+}
+
+// yUnit writes the y axis' unit along the axis, turned, in the left
+// margin: clear of the top tick's label and of the legend above the plot.
+func yUnit(b *strings.Builder, unit string) {
+	fmt.Fprintf(b, `<text class="unit" transform="translate(%.1f %.1f) rotate(-90)" text-anchor="middle">%s</text>`,
+		dchartUnitX, dchartTop+dchartPlotH/2, unit)
+}
+
 // timeAxis draws the x axis of a series of points step apart at height
 // y0: a tick at each whole step of UTC time (between two points when the
-// points are buckets that do not start on it), and its unit.
-func timeAxis(b *strings.Builder, times []time.Time, step time.Duration, x func(float64) float64, y0 float64) {
+// points are buckets that do not start on it), and its unit; trimmed,
+// the window's start was cut to its first point with data, and the unit
+// says so.
+func timeAxis(b *strings.Builder, times []time.Time, step time.Duration, trimmed bool, x func(float64) float64, y0 float64) {
 	first, last := times[0], times[len(times)-1]
 	tick := timeTickEvery(len(times) * int(step/time.Minute))
 	fmt.Fprintf(b, `<line class="axis" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>`, dchartLeft, y0, dchartW-dchartRight, y0)
+	var ticks []time.Time
 	for t := first.Truncate(tick); !t.After(last); t = t.Add(tick) {
-		if t.Before(first) {
-			continue
+		if !t.Before(first) {
+			ticks = append(ticks, t)
 		}
+	}
+	if len(ticks) == 0 {
+		// A span shorter than a tick (a young service's minutes): its
+		// ends, so that the axis still reads as times.
+		ticks = []time.Time{first, last}
+	}
+	for _, t := range ticks {
 		i := float64(t.Sub(first)) / float64(step)
 		fmt.Fprintf(b, `<line class="tick" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>`, x(i), y0, x(i), y0+5)
 		fmt.Fprintf(b, `<text class="xlabel" x="%.1f" y="%.1f" text-anchor="middle">%s</text>`, x(i), y0+18, t.UTC().Format("15:04"))
@@ -204,8 +258,12 @@ func timeAxis(b *strings.Builder, times []time.Time, step time.Duration, x func(
 	if step != time.Minute {
 		points = "one point per " + spanName(step) + "; the last holds the current minute"
 	}
-	fmt.Fprintf(b, `<text class="unit" x="%.1f" y="%.1f" text-anchor="end">time (UTC), %s</text>`,
-		dchartW-dchartRight, dchartH-6, points)
+	from := ""
+	if trimmed {
+		from = " from " + first.UTC().Format("15:04") + ", the first minute with data"
+	}
+	fmt.Fprintf(b, `<text class="unit" x="%.1f" y="%.1f" text-anchor="end">time (UTC)%s, %s</text>`,
+		dchartW-dchartRight, dchartH-6, from, points)
 }
 
 // legendEntry is one line of a chart's legend: its class (the line's
@@ -239,6 +297,13 @@ func latencyChartSVG(series []statsMinute, label string) template.HTML {
 		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f">no minutes to draw</text></svg>`, dchartLeft, dchartH/2)
 		return template.HTML(b.String()) // constant text and numbers only
 	}
+	first := firstWithData(len(series), func(i int) bool { return series[i].LatencyP50MS != nil || series[i].LatencyP99MS != nil })
+	if first == len(series) {
+		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f">no delivery succeeded in this window</text></svg>`, dchartLeft, dchartH/2)
+		return template.HTML(b.String()) // constant text and numbers only
+	}
+	first = min(first, len(series)-2)
+	series = series[first:]
 	lo, hi := math.Log10(1), math.Log10(3_600_000)
 	x := func(i float64) float64 { return dchartLeft + dchartPlotW*i/float64(len(series)-1) }
 	y := func(ms float64) float64 {
@@ -249,8 +314,8 @@ func latencyChartSVG(series []statsMinute, label string) template.HTML {
 		fmt.Fprintf(&b, `<line class="grid" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>`, dchartLeft, y(t.ms), dchartW-dchartRight, y(t.ms))
 		fmt.Fprintf(&b, `<text class="ylabel" x="%.1f" y="%.1f" text-anchor="end">%s</text>`, dchartLeft-6, y(t.ms)+4, t.label)
 	}
-	fmt.Fprintf(&b, `<text class="unit" x="%.1f" y="%.1f">commit → first 2xx (log)</text>`, 4.0, dchartTop-8)
-	timeAxis(&b, seriesTimes(series), time.Minute, x, y(1))
+	yUnit(&b, "commit → first 2xx (log)")
+	timeAxis(&b, seriesTimes(series), time.Minute, first > 0, x, y(1))
 	path := func(class string, value func(statsMinute) *float64) {
 		fmt.Fprintf(&b, `<path class="%s" d="`, class)
 		move := true

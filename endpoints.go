@@ -25,7 +25,10 @@ type Endpoint struct {
 	OwnerEmail  string   `json:"owner_email"`
 	Topics      []string `json:"topics"`
 	// State is derived: "disabled" if DisabledAt is set, else "paused" if
-	// PausedAt is, else "failing" if FailingSince is, else "enabled".
+	// PausedAt is, else, if FailingSince is, "failing" when
+	// endpoint_failing holds for it (its breaker is open, or its success
+	// rate stays below the threshold) and "degraded" when it does not;
+	// else "enabled".
 	State          string     `json:"state"`
 	FailingSince   *time.Time `json:"failing_since"`
 	DisabledAt     *time.Time `json:"disabled_at"`
@@ -132,6 +135,7 @@ func (e Endpoint) dedupWindow() time.Duration {
 const (
 	endpointEnabled  = "enabled"
 	endpointFailing  = "failing"
+	endpointDegraded = "degraded"
 	endpointPaused   = "paused"
 	endpointDisabled = "disabled"
 )
@@ -352,8 +356,13 @@ func scanEndpoint(row rowScanner) (Endpoint, error) {
 		e.State = endpointDisabled
 	case e.PausedAt != nil:
 		e.State = endpointPaused
-	case e.FailingSince != nil:
+	case e.FailingSince != nil && e.Breaker.OpenedAt != nil:
 		e.State = endpointFailing
+	case e.FailingSince != nil:
+		// Failed since its last success, its breaker closed: degraded,
+		// as the panel says, unless endpoint_failing's success-rate rule
+		// holds for it, which withHealth (overview.go) reads.
+		e.State = endpointDegraded
 	default:
 		e.State = endpointEnabled
 	}

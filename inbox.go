@@ -467,18 +467,30 @@ ON CONFLICT (minute, source) DO UPDATE
 SET received = s.received + excluded.received,
     duplicates = s.duplicates + excluded.duplicates`
 
-// countRefusedSQL adds one refusal of class $2 to source $1's minute and
-// makes $3, of class $2, the minute's last reason.
+// maxRefusalReasons bounds the distinct reasons a source's minute keeps
+// (inbox_stats.refusal_reasons); past it a refusal counts under its class
+// and otherRefusalReasons. Twenty tell one sender's mistakes apart, and
+// bound the row however it varies them.
+const (
+	maxRefusalReasons   = 20
+	otherRefusalReasons = "(other reasons)"
+)
+
+// countRefusedSQL adds one refusal of class $2 to source $1's minute,
+// counts its reason $3 among the minute's reasons (at most $4 of them,
+// then under otherRefusalReasons) and makes it the minute's last.
 const countRefusedSQL = `
 INSERT INTO outbox.inbox_stats AS s (minute, source, bad_signature, stale_timestamp, unknown_source,
-                                     too_large, malformed, last_refusal_reason, last_refusal_class, last_refused_at)
+                                     too_large, malformed, last_refusal_reason, last_refusal_class, last_refused_at,
+                                     refusal_reasons)
 VALUES (date_trunc('minute', now()), $1,
         ($2::text = 'bad_signature')::int,
         ($2::text = 'stale_timestamp')::int,
         ($2::text = 'unknown_source')::int,
         ($2::text = 'too_large')::int,
         ($2::text = 'malformed')::int,
-        $3, $2, now())
+        $3, $2, now(),
+        jsonb_build_object($2::text || ' ' || $3::text, 1))
 ON CONFLICT (minute, source) DO UPDATE
 SET bad_signature = s.bad_signature + excluded.bad_signature,
     stale_timestamp = s.stale_timestamp + excluded.stale_timestamp,
@@ -487,7 +499,14 @@ SET bad_signature = s.bad_signature + excluded.bad_signature,
     malformed = s.malformed + excluded.malformed,
     last_refusal_reason = excluded.last_refusal_reason,
     last_refusal_class = excluded.last_refusal_class,
-    last_refused_at = excluded.last_refused_at`
+    last_refused_at = excluded.last_refused_at,
+    refusal_reasons = (
+      SELECT jsonb_set(s.refusal_reasons, ARRAY[k.key], to_jsonb(coalesce((s.refusal_reasons ->> k.key)::bigint, 0) + 1))
+      FROM (SELECT CASE WHEN s.refusal_reasons ? ($2::text || ' ' || $3::text)
+                          OR (SELECT count(*) FROM jsonb_object_keys(s.refusal_reasons)) < $4::int
+                        THEN $2::text || ' ' || $3::text
+                        ELSE $2::text || ' ` + otherRefusalReasons + `'
+                   END AS key) AS k)`
 
 // countRefusal counts a refusal of class for source name with one
 // statement of its own (there is no transaction to join: nothing else is
@@ -497,7 +516,7 @@ func countRefusal(ctx context.Context, db *sql.DB, name, class string, refusal e
 	if class == refusedUnknownSource {
 		source = unknownSourceBucket
 	}
-	if _, err := db.ExecContext(ctx, countRefusedSQL, source, class, refusalReason(refusal)); err != nil {
+	if _, err := db.ExecContext(ctx, countRefusedSQL, source, class, refusalReason(refusal), maxRefusalReasons); err != nil {
 		return fmt.Errorf("count refused webhook: %w", err)
 	}
 	return nil
@@ -534,6 +553,62 @@ type InboxStats struct {
 	// points, newest first, at most maxRecentRefusals: each point keeps
 	// only its last reason, so a reason given in between is not here.
 	RecentRefusals []InboxRefusal `json:"recent_refusals"`
+	// RefusalsByMinute is every reason refused in each minute of the
+	// last hour with its count, newest minute first, the most frequent
+	// first within it, at most maxRefusalRows; only in last_hour.
+	RefusalsByMinute []InboxRefusalCount `json:"refusals_by_minute,omitempty"`
+}
+
+// InboxRefusalCount is how many refusals of one class and reason a
+// source's minute counted.
+type InboxRefusalCount struct {
+	Minute time.Time `json:"minute"`
+	Class  string    `json:"class"`
+	Reason string    `json:"reason"`
+	Count  int64     `json:"count"`
+}
+
+// maxRefusalRows bounds a source's RefusalsByMinute: an hour of a
+// sender's every mistake is a page to read, not a log to scroll.
+const maxRefusalRows = 60
+
+// refusalsByMinuteSQL reads every source's refusal reasons of the last
+// $1 minutes (the current one included), at most $2 a source, newest
+// minute first, by the primary key.
+const refusalsByMinuteSQL = `
+SELECT source, minute, class, reason, n
+FROM (
+  SELECT s.source, s.minute, split_part(r.key, ' ', 1) AS class,
+         substr(r.key, strpos(r.key, ' ') + 1) AS reason, r.value::bigint AS n,
+         row_number() OVER (PARTITION BY s.source ORDER BY s.minute DESC, r.value::bigint DESC, r.key) AS rank
+  FROM outbox.inbox_stats AS s,
+       jsonb_each_text(s.refusal_reasons) AS r (key, value)
+  WHERE s.minute >= date_trunc('minute', now()) - make_interval(mins => $1 - 1)
+) AS ranked
+WHERE rank <= $2
+ORDER BY source, minute DESC, n DESC, class, reason`
+
+// addRefusalsByMinute reads the last hour's refusal reasons of every
+// source that has statistics into its LastHour.
+func (in inboxStatsReading) addRefusalsByMinute(ctx context.Context, db *sql.DB) error {
+	type row struct {
+		source string
+		InboxRefusalCount
+	}
+	rows, err := queryAll(ctx, db, func(rs rowScanner) (row, error) {
+		var r row
+		err := rs.Scan(&r.source, &r.Minute, &r.Class, &r.Reason, &r.Count)
+		return r, err
+	}, refusalsByMinuteSQL, statsWindows["1h"], maxRefusalRows)
+	if err != nil {
+		return fmt.Errorf("read inbox refusals: %w", err)
+	}
+	for _, r := range rows {
+		if st, ok := in.bySource[r.source]; ok {
+			st.LastHour.RefusalsByMinute = append(st.LastHour.RefusalsByMinute, r.InboxRefusalCount)
+		}
+	}
+	return nil
 }
 
 // InboxPoint is what a source sent in one point's span of a series.
@@ -655,7 +730,7 @@ func readInboxStats(ctx context.Context, db *sql.DB) (inboxStatsReading, error) 
 		st.LastHour.settleRefusals()
 		st.LastDay.settleRefusals()
 	}
-	return in, nil
+	return in, in.addRefusalsByMinute(ctx, db)
 }
 
 // of is source name's numbers: zero, with a series of zeros, when it

@@ -11,6 +11,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"html/template"
 	"net/http"
 	"strings"
 	"testing"
@@ -107,6 +108,7 @@ func TestInboxStatsCountEveryClassAndTheLastReason(t *testing.T) {
 		}
 		w.LastRefusedAt = nil
 		w.SeriesStepMinutes, w.Series, w.RecentRefusals = 0, nil, nil // TestInboxStatsOverTime's
+		w.RefusalsByMinute = nil                                      // TestInboxKeepsEveryRefusalReasonOfAMinute's
 		if diff := cmp.Diff(wantBilling, w); diff != "" {
 			t.Errorf("billing's stats in GET /api/sources (-want +got):\n%s", diff)
 		}
@@ -415,5 +417,94 @@ func TestInboxStatsConcurrentDeliveriesAddUp(t *testing.T) {
 	}
 	if n := queryInt(t, db, `SELECT count(*) FROM outbox.events`); n != 11 {
 		t.Errorf("%d events, want 11", n)
+	}
+}
+
+// A minute keeps every refusal reason with its count, not only its last:
+// in the database, in GET /api/sources and on the Inbox page; and at most
+// maxRefusalReasons of them, the rest counted under their class and
+// "(other reasons)".
+func TestInboxKeepsEveryRefusalReasonOfAMinute(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	secret := api.createSource("billing", "")
+	url := api.srv.URL + "/webhooks/billing"
+	body := []byte(`{"type":"invoice.paid","subject":"inv-7","data":{"cents":1200}}`)
+	other := newWebhookSecret()
+	for _, tc := range []struct {
+		secret []byte
+		ts     time.Time
+		edit   func(http.Header)
+		want   int
+	}{
+		{other, time.Now(), nil, http.StatusUnauthorized},
+		{other, time.Now(), nil, http.StatusUnauthorized},
+		{secret, time.Now().Add(-6 * time.Minute), nil, http.StatusUnauthorized},
+		{secret, time.Now(), func(h http.Header) { h.Del(headerWebhookSignature) }, http.StatusBadRequest},
+	} {
+		if status := postWebhook(t, url, tc.secret, "1", tc.ts, body, tc.edit); status != tc.want {
+			t.Fatalf("status %d, want %d", status, tc.want)
+		}
+	}
+	byClass := map[string]int{}
+	rows, err := db.Query(`SELECT split_part(r.key, ' ', 1), sum(r.value::bigint) FROM outbox.inbox_stats AS s, jsonb_each_text(s.refusal_reasons) AS r
+WHERE s.source = 'billing' GROUP BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var class string
+		var n int
+		if err := rows.Scan(&class, &n); err != nil {
+			t.Fatal(err)
+		}
+		byClass[class] = n
+	}
+	rows.Close()
+	if diff := cmp.Diff(map[string]int{"bad_signature": 2, "stale_timestamp": 1, "malformed": 1}, byClass); diff != "" {
+		t.Errorf("refusal reasons kept, by class (-want +got):\n%s", diff)
+	}
+
+	var list struct{ Sources []InboxSource }
+	if code := apiCall(t, api.srv, "GET", "/api/sources", "", &list); code != http.StatusOK || len(list.Sources) != 1 {
+		t.Fatalf("GET /api/sources: %d %+v", code, list)
+	}
+	counts := map[string]int64{}
+	for _, r := range list.Sources[0].Stats.LastHour.RefusalsByMinute {
+		counts[r.Class+" "+r.Reason] += r.Count
+	}
+	if len(counts) != 3 {
+		t.Errorf("the API's refusals by minute %+v, want 3 reasons", counts)
+	}
+	_, page := panelPage(t, api.srv, "/sources")
+	table := between(page, `<table class="refusals-by-minute">`, `</table>`)
+	for key, n := range counts {
+		class, reason, _ := strings.Cut(key, " ")
+		row := fmt.Sprintf(`<td><code>%s</code></td><td><small>%s</small></td><td class="count">%d</td>`, class, template.HTMLEscapeString(reason), n)
+		if !strings.Contains(table, row) {
+			t.Errorf("the Inbox page's refusals by minute lack %s:\n%s", row, table)
+		}
+	}
+
+	// A sender that varies its mistakes: one transaction is one minute
+	// (now() stands still in it), 25 reasons counted, 20 kept.
+	tx, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	for i := range 25 {
+		if _, err := tx.Exec(countRefusedSQL, "varied", "malformed", fmt.Sprintf("reason %d", i), maxRefusalReasons); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var keys, others int
+	if err := tx.QueryRow(`SELECT (SELECT count(*) FROM jsonb_object_keys(refusal_reasons)), coalesce((refusal_reasons ->> 'malformed (other reasons)')::int, 0)
+FROM outbox.inbox_stats WHERE source = 'varied'`).Scan(&keys, &others); err != nil {
+		t.Fatal(err)
+	}
+	if keys != 21 || others != 5 {
+		t.Errorf("25 reasons in a minute kept as %d keys with %d under other reasons, want 20 reasons and 5 others (21 keys)", keys, others)
 	}
 }

@@ -20,6 +20,9 @@ type JobView struct {
 	Kind       string `json:"kind"`
 	EventID    int64  `json:"event_id"`
 	EndpointID *int64 `json:"endpoint_id"` // a delivery's endpoint; null for other kinds, or once it was deleted
+	// EndpointName is how an operator knows that endpoint: its
+	// description, else its URL.
+	EndpointName string `json:"endpoint_name,omitempty"`
 	// ReplayID is the replay (or retry of discarded deliveries) the job
 	// runs for, in its endpoint's replay lane; null for a live delivery.
 	ReplayID    *int64    `json:"replay_id"`
@@ -59,16 +62,21 @@ func (f *JobFilter) validate() error {
 }
 
 const listJobsSQL = `
-SELECT id, kind, event_id, endpoint_id, replay_id, state::text, attempt, max_attempts,
-       created_at, nullif(scheduled_at, 'infinity'), scheduled_at = 'infinity',
-       attempted_at, finalized_at, errors
-FROM outbox.jobs
-WHERE ($1::bigint = 0 OR id < $1::bigint)
-  AND ($2 = '' OR state = $2::outbox.job_state)
-  AND ($3::bigint = 0 OR event_id = $3::bigint)
-  AND ($5::bigint = 0 OR endpoint_id = $5::bigint)
-ORDER BY id DESC
+SELECT j.id, j.kind, j.event_id, j.endpoint_id, ` + endpointNameSQL + `, j.replay_id, j.state::text,
+       j.attempt, j.max_attempts, j.created_at, nullif(j.scheduled_at, 'infinity'),
+       j.scheduled_at = 'infinity', j.attempted_at, j.finalized_at, j.errors
+FROM outbox.jobs AS j
+LEFT JOIN outbox.endpoints AS ep ON ep.id = j.endpoint_id
+WHERE ($1::bigint = 0 OR j.id < $1::bigint)
+  AND ($2 = '' OR j.state = $2::outbox.job_state)
+  AND ($3::bigint = 0 OR j.event_id = $3::bigint)
+  AND ($5::bigint = 0 OR j.endpoint_id = $5::bigint)
+ORDER BY j.id DESC
 LIMIT $4`
+
+// endpointNameSQL is the name of endpoint ep, as endpointRow.Name says
+// it: its description, else its URL; empty for none.
+const endpointNameSQL = `coalesce(nullif(ep.description, ''), ep.url, '')`
 
 // listJobs reads one page of jobs.
 func listJobs(ctx context.Context, db *sql.DB, f JobFilter) ([]JobView, error) {
@@ -85,7 +93,7 @@ func listJobs(ctx context.Context, db *sql.DB, f JobFilter) ([]JobView, error) {
 func scanJobView(row rowScanner) (JobView, error) {
 	var j JobView
 	var errs []byte
-	err := row.Scan(&j.ID, &j.Kind, &j.EventID, &j.EndpointID, &j.ReplayID, &j.State, &j.Attempt, &j.MaxAttempts,
+	err := row.Scan(&j.ID, &j.Kind, &j.EventID, &j.EndpointID, &j.EndpointName, &j.ReplayID, &j.State, &j.Attempt, &j.MaxAttempts,
 		&j.CreatedAt, &j.ScheduledAt, &j.WaitingForTurn, &j.AttemptedAt, &j.FinalizedAt, &errs)
 	j.Errors = errs
 	return j, err
@@ -200,11 +208,16 @@ type RetryResult struct {
 	ReplayID int64  `json:"replay_id"`
 }
 
+// lastErrorSQL is a job's last error, the one it was discarded with; empty
+// for a job discarded without an attempt (a cancelled replay's).
+const lastErrorSQL = `coalesce(j.errors -> -1 ->> 'error', '')`
+
 // retryDiscardedSQL retries up to $2 of endpoint $1's discarded jobs
-// whose events were recorded at or after $3 (NULL: any), as jobs of replay
-// $4; with $1 = 0, the discarded jobs of no endpoint (in-process
-// subscribers, owner notifications, deliveries of a deleted endpoint),
-// with $3 NULL and $4 = 0: live, as retryJobSQL retries one of them.
+// whose events were recorded at or after $3 (NULL: any) and whose last
+// error is $5 (NULL: any), as jobs of replay $4; with $1 = 0, the
+// discarded jobs of no endpoint (in-process subscribers, owner
+// notifications, deliveries of a deleted endpoint), with $3 NULL and
+// $4 = 0: live, as retryJobSQL retries one of them.
 const retryDiscardedSQL = `
 WITH discarded AS (
   SELECT j.id
@@ -213,6 +226,7 @@ WITH discarded AS (
   WHERE (j.endpoint_id = $1 OR ($1 = 0 AND j.endpoint_id IS NULL))
     AND j.state = 'discarded'
     AND ($3::timestamptz IS NULL OR e.created_at >= $3)
+    AND ($5::text IS NULL OR ` + lastErrorSQL + ` = $5::text)
   ORDER BY j.id
   LIMIT $2
   FOR UPDATE OF j SKIP LOCKED
@@ -224,21 +238,30 @@ WHERE outbox.jobs.id = discarded.id
 RETURNING outbox.jobs.endpoint_id, outbox.jobs.lane_key`
 
 // tooOldDiscardedSQL counts an endpoint's discarded jobs whose events were
-// recorded before $2: the ones retryDiscarded leaves.
+// recorded before $2 and whose last error is $3 (NULL: any): the ones
+// retryDiscarded leaves.
 const tooOldDiscardedSQL = `
 SELECT count(*)
 FROM outbox.jobs AS j
 JOIN outbox.events AS e ON e.id = j.event_id
 WHERE j.endpoint_id = $1
   AND j.state = 'discarded'
-  AND e.created_at < $2`
+  AND e.created_at < $2
+  AND ($3::text IS NULL OR ` + lastErrorSQL + ` = $3::text)`
 
 // retryDiscarded retries the discarded deliveries of an endpoint, in
 // batches of manualBatch, and wakes the workers. Like a replay, it resends
 // only events resendCutoff allows, and says how many it left; and like a
 // replay's, its jobs join a replay of their own (kind retry_discarded),
 // which runs in the endpoint's replay lane and can be cancelled.
-func retryDiscarded(ctx context.Context, db *sql.DB, endpointID int64, eventsRetention time.Duration, maxAttempts int) (res RetryResult, err error) {
+func retryDiscarded(ctx context.Context, db *sql.DB, endpointID int64, eventsRetention time.Duration, maxAttempts int) (RetryResult, error) {
+	return retryDiscardedWithError(ctx, db, endpointID, nil, eventsRetention, maxAttempts)
+}
+
+// retryDiscardedWithError is retryDiscarded for the deliveries whose last
+// attempt failed with exactly lastError (nil: any): one row of the
+// discarded jobs grouped by endpoint and error (listDiscardedGroups).
+func retryDiscardedWithError(ctx context.Context, db *sql.DB, endpointID int64, lastError *string, eventsRetention time.Duration, maxAttempts int) (res RetryResult, err error) {
 	ep, err := getEndpoint(ctx, db, endpointID)
 	if err != nil {
 		return res, err
@@ -257,7 +280,7 @@ func retryDiscarded(ctx context.Context, db *sql.DB, endpointID int64, eventsRet
 	}
 	defer func() { err = errors.Join(err, endEnqueue(ctx, db, res.ReplayID)) }()
 	for {
-		n, err := putBack(ctx, db, res.ReplayID, retryDiscardedSQL, endpointID, manualBatch, cutoff, res.ReplayID)
+		n, err := putBack(ctx, db, res.ReplayID, retryDiscardedSQL, endpointID, manualBatch, cutoff, res.ReplayID, lastError)
 		if errors.Is(err, errReplayCancelled) {
 			break
 		}
@@ -270,7 +293,7 @@ func retryDiscarded(ctx context.Context, db *sql.DB, endpointID int64, eventsRet
 		}
 	}
 	if bounded {
-		if err := db.QueryRowContext(ctx, tooOldDiscardedSQL, endpointID, from).Scan(&res.Skipped); err != nil {
+		if err := db.QueryRowContext(ctx, tooOldDiscardedSQL, endpointID, from, lastError).Scan(&res.Skipped); err != nil {
 			return res, fmt.Errorf("retry discarded jobs of endpoint %d: %w", endpointID, err)
 		}
 	}
@@ -301,31 +324,59 @@ type EndpointRetryResult struct {
 	RetryResult
 }
 
-// discardedEndpointsSQL lists the endpoints with a discarded delivery, by
+// DiscardedFilter narrows a retry of every discarded job to one group of
+// them; the zero filter is every discarded job.
+type DiscardedFilter struct {
+	EndpointID      int64   `json:"endpoint_id"`      // 0: every endpoint's
+	WithoutEndpoint bool    `json:"without_endpoint"` // only the jobs of no endpoint
+	Error           *string `json:"error"`            // only jobs whose last attempt failed with exactly this error
+}
+
+func (f DiscardedFilter) validate() error {
+	if f.EndpointID < 0 {
+		return fmt.Errorf("%w: endpoint_id %d is not an endpoint id", errInvalid, f.EndpointID)
+	}
+	if f.EndpointID != 0 && f.WithoutEndpoint {
+		return fmt.Errorf("%w: endpoint_id and without_endpoint exclude each other", errInvalid)
+	}
+	return nil
+}
+
+// discardedEndpointsSQL lists the endpoints with a discarded delivery
+// whose last error is $1 (NULL: any), by
 // jobs_finished_by_state_finalized_at: the discarded jobs, which the job
 // cleaner keeps for a week.
 const discardedEndpointsSQL = `
-SELECT DISTINCT endpoint_id
-FROM outbox.jobs
-WHERE state = 'discarded'
-  AND endpoint_id IS NOT NULL
-ORDER BY endpoint_id`
+SELECT DISTINCT j.endpoint_id
+FROM outbox.jobs AS j
+WHERE j.state = 'discarded'
+  AND j.endpoint_id IS NOT NULL
+  AND ($1::text IS NULL OR ` + lastErrorSQL + ` = $1::text)
+ORDER BY j.endpoint_id`
 
-// retryEveryDiscarded retries every discarded job: each endpoint's
-// deliveries through retryDiscarded, so that they run in its replay lane
-// and only as far back as a resend to it may go; then the jobs of no
-// endpoint, in batches of manualBatch, as retryJob retries one. An
-// endpoint deleted meanwhile is passed over: its deliveries are then of
-// no endpoint, and retried as such.
-func retryEveryDiscarded(ctx context.Context, db *sql.DB, eventsRetention time.Duration, maxAttempts int) (BulkRetryResult, error) {
+// retryEveryDiscarded retries every discarded job f selects: each
+// endpoint's deliveries through retryDiscardedWithError, so that they run
+// in its replay lane and only as far back as a resend to it may go; then
+// the jobs of no endpoint, in batches of manualBatch, as retryJob retries
+// one. An endpoint deleted meanwhile is passed over: its deliveries are
+// then of no endpoint, and retried as such.
+func retryEveryDiscarded(ctx context.Context, db *sql.DB, f DiscardedFilter, eventsRetention time.Duration, maxAttempts int) (BulkRetryResult, error) {
 	res := BulkRetryResult{Endpoints: []EndpointRetryResult{}}
-	ids, err := queryAll(ctx, db, scanID, discardedEndpointsSQL)
-	if err != nil {
-		return res, fmt.Errorf("retry discarded jobs: %w", err)
+	if err := f.validate(); err != nil {
+		return res, err
+	}
+	ids := []int64{f.EndpointID}
+	if f.WithoutEndpoint {
+		ids = nil
+	} else if f.EndpointID == 0 {
+		var err error
+		if ids, err = queryAll(ctx, db, scanID, discardedEndpointsSQL, f.Error); err != nil {
+			return res, fmt.Errorf("retry discarded jobs: %w", err)
+		}
 	}
 	for _, id := range ids {
-		r, err := retryDiscarded(ctx, db, id, eventsRetention, maxAttempts)
-		if errors.Is(err, errNotFound) {
+		r, err := retryDiscardedWithError(ctx, db, id, f.Error, eventsRetention, maxAttempts)
+		if errors.Is(err, errNotFound) && f.EndpointID == 0 {
 			continue
 		}
 		if err != nil {
@@ -335,8 +386,8 @@ func retryEveryDiscarded(ctx context.Context, db *sql.DB, eventsRetention time.D
 		res.Jobs += r.Jobs
 		res.Skipped += r.Skipped
 	}
-	for {
-		n, err := putBack(ctx, db, 0, retryDiscardedSQL, 0, manualBatch, nil, 0)
+	for f.EndpointID == 0 {
+		n, err := putBack(ctx, db, 0, retryDiscardedSQL, 0, manualBatch, nil, 0, f.Error)
 		if err != nil {
 			return res, fmt.Errorf("retry discarded jobs of no endpoint: %w", err)
 		}
@@ -346,6 +397,79 @@ func retryEveryDiscarded(ctx context.Context, db *sql.DB, eventsRetention time.D
 		}
 	}
 	res.Jobs += res.WithoutEndpoint
+	return res, nil
+}
+
+// DiscardedGroup is the discarded jobs of one endpoint (none: EndpointID
+// nil) that failed last with one error: what the panel's discarded list
+// shows as one row with one retry button.
+type DiscardedGroup struct {
+	EndpointID   *int64    `json:"endpoint_id"`
+	EndpointName string    `json:"endpoint_name"` // its description, else its URL
+	Error        string    `json:"error"`
+	Jobs         int64     `json:"jobs"`
+	FirstSeen    time.Time `json:"first_seen"` // when the first of them was discarded
+	LastSeen     time.Time `json:"last_seen"`
+}
+
+// maxDiscardedGroups bounds the groups listed: past a hundred distinct
+// errors, the errors themselves vary (an id or a time in each), and the
+// endpoint's page is the better view.
+const maxDiscardedGroups = 100
+
+// maxDiscardedGrouped bounds the discarded jobs grouped: the newest
+// 10,000, read backwards through jobs_finished_by_state_finalized_at.
+// A week of a dead receiver's deliveries may be millions; grouping all
+// of 100,000 took 760 ms, the newest 10,000 48 ms (docs/panel.md). A
+// group's retry still sends every discarded job of its endpoint and
+// error, however old.
+const maxDiscardedGrouped = 10_000
+
+// discardedGroupsSQL groups the newest $3 discarded jobs, of endpoint $1
+// (0: any), by endpoint and last error, the most recent group first, at
+// most $2.
+const discardedGroupsSQL = `
+SELECT j.endpoint_id,
+       ` + endpointNameSQL + `,
+       ` + lastErrorSQL + `,
+       count(*),
+       min(j.finalized_at),
+       max(j.finalized_at)
+FROM (SELECT endpoint_id, errors, finalized_at
+      FROM outbox.jobs
+      WHERE state = 'discarded'
+        AND ($1::bigint = 0 OR endpoint_id = $1::bigint)
+      ORDER BY finalized_at DESC
+      LIMIT $3) AS j
+LEFT JOIN outbox.endpoints AS ep ON ep.id = j.endpoint_id
+GROUP BY 1, 2, 3
+ORDER BY max(j.finalized_at) DESC, 1, 3
+LIMIT $2`
+
+// DiscardedGroups is the discarded jobs grouped by endpoint and error;
+// Partial says only the newest maxDiscardedGrouped of them were read.
+type DiscardedGroups struct {
+	Groups  []DiscardedGroup `json:"groups"`
+	Partial bool             `json:"partial"`
+}
+
+// listDiscardedGroups reads the discarded jobs grouped by endpoint and
+// error.
+func listDiscardedGroups(ctx context.Context, db *sql.DB, endpointID int64) (DiscardedGroups, error) {
+	groups, err := queryAll(ctx, db, func(row rowScanner) (DiscardedGroup, error) {
+		var g DiscardedGroup
+		err := row.Scan(&g.EndpointID, &g.EndpointName, &g.Error, &g.Jobs, &g.FirstSeen, &g.LastSeen)
+		return g, err
+	}, discardedGroupsSQL, endpointID, maxDiscardedGroups, maxDiscardedGrouped)
+	if err != nil {
+		return DiscardedGroups{}, fmt.Errorf("group discarded jobs: %w", err)
+	}
+	res := DiscardedGroups{Groups: groups}
+	var read int64
+	for _, g := range groups {
+		read += g.Jobs
+	}
+	res.Partial = read >= maxDiscardedGrouped || len(groups) == maxDiscardedGroups
 	return res, nil
 }
 
@@ -388,4 +512,116 @@ func addEventOutcomes(ctx context.Context, db *sql.DB, events []Event) error {
 		events[i].Outcome = &o
 	}
 	return nil
+}
+
+// outcomeBadge is one coloured badge of the events list: how many of an
+// event's jobs stand one way, and why ("2 retrying, breaker open"), with
+// the endpoints they go to.
+type outcomeBadge struct {
+	Reason    string
+	Class     string // ok, bad, warn or wait: the badge's colour
+	Jobs      int64
+	Endpoints []endpointLink
+}
+
+// endpointLink is an endpoint named for a link to its page; ID 0 for the
+// jobs of no endpoint (in-process subscribers, owner notifications),
+// named by their kind ("sub:log").
+type endpointLink struct {
+	ID   int64
+	Name string
+}
+
+// Text is the badge's words: "delivered 3", else the count first.
+func (b outcomeBadge) Text() string {
+	if b.Reason == reasonDelivered {
+		return fmt.Sprintf("delivered %d", b.Jobs)
+	}
+	return fmt.Sprintf("%d %s", b.Jobs, b.Reason)
+}
+
+// The reasons a job stands where it does, in the order the badges show
+// them, each with its colour: what finished first, then what holds the
+// rest back, the operator's part before the receiver's.
+const reasonDelivered = "delivered"
+
+var outcomeReasons = []struct{ reason, class string }{
+	{reasonDelivered, "ok"},
+	{"failed", "bad"},
+	{"endpoint disabled", "bad"},
+	{"endpoint paused", "wait"},
+	{"retrying, breaker open", "warn"},
+	{"queued, breaker open", "warn"},
+	{"held: the receiver asked to wait", "warn"},
+	{"retrying", "warn"},
+	{"sending", "wait"},
+	{"waiting for its turn", "wait"},
+	{"queued", "wait"},
+}
+
+// outcomeBadgesSQL counts the jobs of a page of events ($1) by why they
+// stand where they do and by endpoint, through jobs_by_event_id. The
+// reasons are outcomeReasons'.
+const outcomeBadgesSQL = `
+SELECT j.event_id,
+       CASE
+         WHEN j.state = 'completed' THEN 'delivered'
+         WHEN j.state = 'discarded' THEN 'failed'
+         WHEN ep.disabled_at IS NOT NULL THEN 'endpoint disabled'
+         WHEN ep.paused_at IS NOT NULL THEN 'endpoint paused'
+         WHEN j.state = 'running' THEN 'sending'
+         WHEN ep.breaker_opened_at IS NOT NULL AND j.state = 'retryable' THEN 'retrying, breaker open'
+         WHEN ep.breaker_opened_at IS NOT NULL THEN 'queued, breaker open'
+         WHEN ep.held_until > now() THEN 'held: the receiver asked to wait'
+         WHEN j.state = 'retryable' THEN 'retrying'
+         WHEN j.scheduled_at = 'infinity' THEN 'waiting for its turn'
+         ELSE 'queued'
+       END,
+       coalesce(j.endpoint_id, 0),
+       coalesce(nullif(ep.description, ''), ep.url, j.kind),
+       count(*)
+FROM outbox.jobs AS j
+LEFT JOIN outbox.endpoints AS ep ON ep.id = j.endpoint_id
+WHERE j.event_id = ANY($1::bigint[])
+GROUP BY 1, 2, 3, 4
+ORDER BY 1, 3`
+
+// readOutcomeBadges reads the badges of a page of events, by event id,
+// each event's in outcomeReasons' order.
+func readOutcomeBadges(ctx context.Context, db *sql.DB, events []Event) (map[int64][]outcomeBadge, error) {
+	ids := make([]int64, len(events))
+	for i, e := range events {
+		ids[i] = e.ID
+	}
+	type counted struct {
+		eventID int64
+		reason  string
+		ep      endpointLink
+		jobs    int64
+	}
+	rows, err := queryAll(ctx, db, func(row rowScanner) (counted, error) {
+		var c counted
+		err := row.Scan(&c.eventID, &c.reason, &c.ep.ID, &c.ep.Name, &c.jobs)
+		return c, err
+	}, outcomeBadgesSQL, pq.Array(ids))
+	if err != nil {
+		return nil, fmt.Errorf("event outcome badges: %w", err)
+	}
+	byEvent := map[int64][]outcomeBadge{}
+	for _, r := range outcomeReasons {
+		for _, c := range rows {
+			if c.reason != r.reason {
+				continue
+			}
+			badges := byEvent[c.eventID]
+			if n := len(badges); n == 0 || badges[n-1].Reason != r.reason {
+				badges = append(badges, outcomeBadge{Reason: r.reason, Class: r.class})
+			}
+			b := &badges[len(badges)-1]
+			b.Jobs += c.jobs
+			b.Endpoints = append(b.Endpoints, c.ep)
+			byEvent[c.eventID] = badges
+		}
+	}
+	return byEvent, nil
 }

@@ -195,6 +195,39 @@ type TableHealth struct {
 	TotalBytes     int64      `json:"total_bytes"`
 }
 
+// The panel's table list shows a table once it has tableShownMinRows
+// rows (live and dead) or tableShownMinBytes on disk: a table of fifty
+// rows that is 98% dead costs nothing, and its ratio only hides the ones
+// that matter. The row bound is table_bloat's (bloatMinDeadRows).
+const (
+	tableShownMinRows  = bloatMinDeadRows
+	tableShownMinBytes = 64 << 20
+)
+
+// Matters says whether the panel lists h (tableShownMinRows).
+func (h TableHealth) Matters() bool {
+	return h.LiveRows+h.DeadRows >= tableShownMinRows || h.TotalBytes >= tableShownMinBytes
+}
+
+// smallTables is what the panel says of the tables it does not list: how
+// many, and their size in all.
+type smallTables struct {
+	Count int
+	Bytes int64
+}
+
+// SmallTables sums the tables the panel does not list (Matters).
+func (o Overview) SmallTables() smallTables {
+	var st smallTables
+	for _, h := range o.Tables {
+		if !h.Matters() {
+			st.Count++
+			st.Bytes += h.TotalBytes
+		}
+	}
+	return st
+}
+
 // PreparedXact is a transaction prepared for two-phase commit.
 type PreparedXact struct {
 	GID        string  `json:"gid"`
@@ -245,6 +278,29 @@ type Alert struct {
 	// that begins after an acknowledgement is a new one; alerts that know
 	// no start (their Since is now) are acknowledged by level alone.
 	startKnown bool
+}
+
+// alertView is an alert as the overview lists it, with an HTML id of its
+// own: alert-<name> for the first firing of a name, alert-<name>-2 and on
+// for the next (endpoint_failing fires once an endpoint), so that a link
+// or a test names one.
+type alertView struct {
+	Alert
+	HTMLID string
+}
+
+// AlertViews is the overview's alerts, each with its HTML id.
+func (o Overview) AlertViews() []alertView {
+	seen := map[string]int{}
+	views := make([]alertView, len(o.Alerts))
+	for i, a := range o.Alerts {
+		seen[a.Name]++
+		views[i] = alertView{Alert: a, HTMLID: "alert-" + a.Name}
+		if n := seen[a.Name]; n > 1 {
+			views[i].HTMLID = fmt.Sprintf("alert-%s-%d", a.Name, n)
+		}
+	}
+	return views
 }
 
 // overviewEventsSQL reads the backlog through the claim's partial index and
@@ -691,7 +747,7 @@ func backlogAlert(cfg AlertConfig, o Overview, at alertStarts) []Alert {
 	}
 	return []Alert{{
 		Message: fmt.Sprintf("%d events wait for the relay (threshold %d), the oldest for %s (threshold %s)",
-			o.Backlog, cfg.BacklogRows, oldestAge.Round(time.Second), cfg.BacklogAge),
+			o.Backlog, cfg.BacklogRows, roughDuration(oldestAge), roughDuration(cfg.BacklogAge)),
 		Since: at.OldestUnfanned.Time, Level: o.Backlog, startKnown: true,
 	}}
 }
@@ -754,7 +810,7 @@ func oldTransactionAlert(cfg AlertConfig, o Overview, _ alertStarts) []Alert {
 	if xactAge := time.Duration(o.OldestXactAgeSeconds * float64(time.Second)); xactAge > cfg.XactAge {
 		alerts = append(alerts, Alert{
 			Message: fmt.Sprintf("a transaction in this database has held its snapshot for %s (threshold %s): vacuum can remove no row deleted since. "+
-				"Find it in pg_stat_activity (oldest xact_start) and end it", xactAge.Round(time.Second), cfg.XactAge),
+				"Find it in pg_stat_activity (oldest xact_start) and end it", roughDuration(xactAge), roughDuration(cfg.XactAge)),
 			Since: time.Now().Add(-xactAge), startKnown: true,
 		})
 	}
@@ -762,7 +818,7 @@ func oldTransactionAlert(cfg AlertConfig, o Overview, _ alertStarts) []Alert {
 		if age := time.Duration(p.AgeSeconds * float64(time.Second)); age > cfg.XactAge {
 			alerts = append(alerts, Alert{
 				Message: fmt.Sprintf("a transaction prepared for two-phase commit (gid %q) has been open for %s (threshold %s): vacuum can remove no row deleted since, "+
-					"and no session shows it. COMMIT PREPARED or ROLLBACK PREPARED it once its coordinator is known to be gone", p.GID, age.Round(time.Second), cfg.XactAge),
+					"and no session shows it. COMMIT PREPARED or ROLLBACK PREPARED it once its coordinator is known to be gone", p.GID, roughDuration(age), roughDuration(cfg.XactAge)),
 				Since: time.Now().Add(-age), startKnown: true,
 			})
 		}
@@ -809,7 +865,7 @@ func retentionFailedAlert(cfg AlertConfig, o Overview, at alertStarts) []Alert {
 	if idle := at.Now.Sub(at.SweepAwaited.Time); cfg.RetentionInterval > 0 && at.SweepAwaited.Valid && idle > stale {
 		msg := fmt.Sprintf("no retention cycle has completed for %s (%d intervals of %s), so storage bounds are not being enforced: "+
 			"the sweep hangs or does not run; look for the retention loop in the replicas' logs and for a session holding the retention lock",
-			idle.Round(time.Second), retentionStaleIntervals, cfg.RetentionInterval)
+			roughDuration(idle), retentionStaleIntervals, roughDuration(cfg.RetentionInterval))
 		if c != nil && c.Error != "" {
 			msg += "; the last cycle failed: " + c.Error
 		}
@@ -824,6 +880,9 @@ func retentionFailedAlert(cfg AlertConfig, o Overview, at alertStarts) []Alert {
 	}}
 }
 
+// receiverWindowAlert's durations stay exact, unlike the other alerts'
+// rough ones: a window and a horizon that differ by minutes would read
+// alike in days and hours.
 func receiverWindowAlert(cfg AlertConfig, o Overview, _ alertStarts) []Alert {
 	short := shortReceiverWindows(o.ReceiverWindows, cfg.ResendHorizon)
 	if len(short) == 0 {
@@ -904,7 +963,7 @@ func authFailuresAlert(cfg AlertConfig, _ Overview, _ alertStarts) []Alert {
 	return []Alert{{
 		Message: fmt.Sprintf("this replica was sent %d wrong admin tokens in the last %s (threshold %d): someone may be guessing it, or a client has an old one. "+
 			"outboxd_auth_failures_total and outboxd_auth_throttled_total count them by way, and the log names each address that ran out of tries",
-			n, authFailureWindow, authFailuresAlertCount),
+			n, roughDuration(authFailureWindow), authFailuresAlertCount),
 		Since: time.Now(), Level: n,
 	}}
 }
@@ -1091,6 +1150,32 @@ func readEndpointHealth(ctx context.Context, q interface {
 	return hs, nil
 }
 
+// withHealth sets the State of eps as the panel reads it: an endpoint
+// that failed since its last success is "failing" where endpoint_failing
+// holds for it, else "degraded" (as getEndpoint derives it, from its
+// breaker alone). The health of one endpoint is read for one, of every
+// endpoint in trouble for more.
+func withHealth(ctx context.Context, db *sql.DB, cfg AlertConfig, eps []Endpoint) error {
+	var id int64
+	if len(eps) == 1 {
+		id = eps[0].ID
+	}
+	hs, err := readEndpointHealth(ctx, db, cfg, id, time.Time{})
+	if err != nil {
+		return err
+	}
+	byID := make(map[int64]string, len(hs))
+	for _, h := range hs {
+		byID[h.ID] = h.Health
+	}
+	for i := range eps {
+		if eps[i].State == endpointDegraded && byID[eps[i].ID] == healthFailing {
+			eps[i].State = endpointFailing
+		}
+	}
+	return nil
+}
+
 // failingAt decides whether endpoint_failing fires for h at now,
 // and since when it is known to be failing (zero: not known). Paused and
 // disabled endpoints are excluded: an operator or the sweep has already
@@ -1128,7 +1213,7 @@ func endpointFailingAlerts(cfg AlertConfig, o Overview, at alertStarts) []Alert 
 		why := fmt.Sprintf("its circuit breaker is open (%d attempts failed in a row): one attempt at a time, new deliveries 5 minutes late", h.ConsecutiveFailures)
 		if since.IsZero() {
 			why = fmt.Sprintf("%d of its %d attempts in the last %s succeeded (threshold %.0f%%)",
-				h.Successes, h.Attempts, cfg.EndpointFailingFor, 100*cfg.EndpointSuccessBelow)
+				h.Successes, h.Attempts, roughDuration(cfg.EndpointFailingFor), 100*cfg.EndpointSuccessBelow)
 		}
 		last := "no error recorded"
 		if h.LastError != "" {

@@ -8,6 +8,7 @@ import (
 	"database/sql"
 	"fmt"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -229,9 +230,14 @@ func TestOverviewSplitsWaitingJobsIntoDueAndLater(t *testing.T) {
 		t.Errorf("backlog %d, delivery backlog %d; want 1 and 7", o.Backlog, o.DeliveryBacklog)
 	}
 	_, html := panelPage(t, newTestAdmin(t, db), "/")
-	for id, want := range map[string]int64{"backlog": 1, "delivery-backlog": 7, "due-now": 3, "scheduled-later": 3, "running": 1, "retryable": 3} {
+	for id, want := range map[string]int64{"backlog": 1, "due-now": 3, "scheduled-later": 3, "running": 1} {
 		if span := fmt.Sprintf(`<span class="n" id="%s">%d</span>`, id, want); !strings.Contains(html, span) {
 			t.Errorf("the overview has no %s", span)
+		}
+	}
+	for _, want := range []string{`<span id="delivery-backlog">7</span> unfinished`, `retryable 3</a>`, `available 3</a>`} {
+		if !strings.Contains(html, want) {
+			t.Errorf("the overview has no %s", want)
 		}
 	}
 }
@@ -402,5 +408,84 @@ func TestOverviewCountsAPausedEndpointsDeliveriesAsHeldNotDue(t *testing.T) {
 	got := [4]int64{o.Jobs.DueNow, o.Jobs.ScheduledLater, o.Endpoints.PausedQueued, o.DeliveryBacklog}
 	if got != [4]int64{1, 1, 3, 4} {
 		t.Errorf("due now, scheduled later, held by the pause, delivery backlog = %v; want [1 1 3 4]", got)
+	}
+}
+
+// The overview shows each fact once: with every unfinished job scheduled
+// later, its number is one figure, not three (the delivery backlog, the
+// scheduled, the available); and the table list leaves out the tables
+// too small for their dead rows to matter, saying how many it left out.
+func TestOverviewShowsEachFactOnceAndOnlyTablesThatMatter(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	mustExec(t, db, `SELECT outbox.record('t', 's', '{}')`)
+	mustExec(t, db, `
+		INSERT INTO outbox.jobs (kind, event_id, max_attempts, state, attempt, scheduled_at)
+		SELECT 'sub:x', (SELECT max(id) FROM outbox.events), 18, 'available', 0, now() + interval '5 minutes'
+		FROM generate_series(1, 7)`)
+	_, html := panelPage(t, newTestAdmin(t, db), "/")
+	if n := len(regexp.MustCompile(`<span class="n"[^>]*>7</span>`).FindAllString(html, -1)); n != 1 {
+		t.Errorf("the 7 jobs scheduled later are %d figures on the overview, want 1", n)
+	}
+	if !strings.Contains(html, `<span class="n" id="scheduled-later">7</span>`) {
+		t.Error("the overview does not show the 7 jobs scheduled later")
+	}
+	// A fresh database: every table is tiny, so none is listed.
+	tables := regexp.MustCompile(`(?s)<h2 id="tables">.*?</table>`).FindString(html)
+	if strings.Contains(tables, "<td>events</td>") || strings.Contains(tables, "<td>jobs</td>") {
+		t.Errorf("the overview lists tiny tables:\n%s", tables)
+	}
+	if !regexp.MustCompile(`<p id="small-tables">\d+ tables under 10000 rows and 64 MB not listed`).MatchString(html) {
+		t.Errorf("the overview does not say it left tiny tables out:\n%s", html)
+	}
+	for _, tc := range []struct {
+		h    TableHealth
+		want bool
+	}{
+		{TableHealth{LiveRows: 1, DeadRows: 49}, false}, // 98% dead, 50 rows
+		{TableHealth{LiveRows: 5_000, DeadRows: 4_999}, false},
+		{TableHealth{LiveRows: 5_000, DeadRows: 5_000}, true},
+		{TableHealth{LiveRows: 10, TotalBytes: 64 << 20}, true},
+		{TableHealth{LiveRows: 10, TotalBytes: 64<<20 - 1}, false},
+	} {
+		if got := tc.h.Matters(); got != tc.want {
+			t.Errorf("%+v matters: %v, want %v", tc.h, got, tc.want)
+		}
+	}
+}
+
+// Two firings of one alert have ids of their own on the overview, and
+// alert messages give durations as people write them ("3m", "5m"), not
+// as Go prints them ("3m0s").
+func TestAlertIDsUniqueAndDurationsRough(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	a := api.createEndpoint("https://a.example/hook")
+	b := api.createEndpoint("https://b.example/hook")
+	mustExec(t, db, `UPDATE outbox.endpoints SET breaker_opened_at = now(), consecutive_failures = 5, failing_since = now() WHERE id IN ($1, $2)`, a.ID, b.ID)
+	_, html := panelPage(t, api.srv, "/")
+	ids := regexp.MustCompile(`<div class="alert[^"]*" id="([^"]+)">`).FindAllStringSubmatch(html, -1)
+	var got []string
+	for _, m := range ids {
+		got = append(got, m[1])
+	}
+	if strings.Join(got, " ") != "alert-endpoint_failing alert-endpoint_failing-2" {
+		t.Errorf("the overview's alert ids are %v, want alert-endpoint_failing and alert-endpoint_failing-2", got)
+	}
+
+	cfg := defaultConfig().Alerts
+	now := time.Date(2025, 3, 1, 12, 0, 30, 0, time.UTC)
+	first, last := time.Date(2025, 3, 1, 11, 57, 0, 0, time.UTC), time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	o := Overview{Backlog: 3, OldestUnfannedAgeSeconds: 400, EndpointHealth: []EndpointHealth{
+		{ID: 7, Name: "orders", Successes: 0, Attempts: 10, FirstFailed: &first, LastFailed: &last}}}
+	for _, al := range evaluateAlerts(cfg, o, alertStarts{Now: now}) {
+		if regexp.MustCompile(`\d+[hm]0s\b`).MatchString(al.Message) {
+			t.Errorf("%s prints a Go duration: %s", al.Name, al.Message)
+		}
+		want := map[string]string{"events_backlog": "the oldest for 6m 40s (threshold 5m)", "endpoint_failing": "in the last 3m succeeded"}[al.Name]
+		if want != "" && !strings.Contains(al.Message, want) {
+			t.Errorf("%s reads %q, want it to say %q", al.Name, al.Message, want)
+		}
 	}
 }

@@ -64,18 +64,23 @@ func newPanel(logger *slog.Logger) (*panel, error) {
 		},
 		"ago":       func(t any) string { return ago(asTime(t), time.Now()) },
 		"clock":     func(t any) string { return asTime(t).UTC().Format("2006-01-02 15:04:05 UTC") },
+		"minute":    func(t any) string { return asTime(t).UTC().Format("15:04") },
 		"seconds":   seconds,
 		"bytes":     formatBytes,
 		"percent":   func(f float64) string { return strconv.FormatFloat(100*f, 'f', 1, 64) + "%" },
 		"rate":      func(part, whole int64) float64 { return float64(part) / float64(whole) },
 		"latency":   formatLatencyMS,
-		"jobErrors": decodeJobErrors,
+		"jobErrors": viewJobErrors,
+		"payload":   func(raw []byte) string { return prettyBody(string(raw)) },
 		"cause":     attemptCause,
 		"answer":    attemptAnswer,
 		"long":      func(s string) bool { return len(s) > answerShownLen || strings.Count(s, "\n") > answerShownLines },
 		"short":     func(s string) string { return truncate(strings.Join(strings.Fields(s), " "), answerShownLen) },
 		"join":      strings.Join,
-		"build":     readBuildInfo().String, // the same line as outboxd version
+		"timeInput": func(name, label, value string, required bool) timeField {
+			return timeField{Name: name, Label: label, Value: value, Required: required, Pattern: timeInputPattern}
+		},
+		"build": readBuildInfo().String, // the same line as outboxd version
 	}
 	p := &panel{pages: map[string]*template.Template{}, logger: logger}
 	for _, name := range pageNames {
@@ -127,6 +132,39 @@ func decodeJobErrors(raw json.RawMessage) []jobError {
 	var errs []jobError
 	json.Unmarshal(raw, &errs) // written by outboxd's own SQL; a bad value shows as none
 	return errs
+}
+
+// jobErrorRun is attempts First to Last of a job, in a row, that failed
+// with one cause (the error without the answer it quotes), the last of
+// them at At: eighteen attempts against a dead receiver are one line.
+type jobErrorRun struct {
+	First, Last int
+	At          time.Time
+	Cause       string
+}
+
+// jobErrorsView is a job's errors as its row shows them: the runs of one
+// cause, and the last attempt's answer once, unescaped (attemptAnswer).
+type jobErrorsView struct {
+	Runs   []jobErrorRun
+	Answer string
+}
+
+func viewJobErrors(raw json.RawMessage) jobErrorsView {
+	var v jobErrorsView
+	errs := decodeJobErrors(raw)
+	for _, e := range errs {
+		cause := attemptCause(e.Error)
+		if n := len(v.Runs); n > 0 && v.Runs[n-1].Cause == cause {
+			v.Runs[n-1].Last, v.Runs[n-1].At = e.Attempt, e.At
+			continue
+		}
+		v.Runs = append(v.Runs, jobErrorRun{First: e.Attempt, Last: e.Attempt, At: e.At, Cause: cause})
+	}
+	if len(errs) > 0 {
+		v.Answer = attemptAnswer(errs[len(errs)-1].Error, "")
+	}
+	return v
 }
 
 func asTime(v any) time.Time {
@@ -206,4 +244,50 @@ func formatBytes(n int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// The panel's one way to type a time: UTC, 24-hour, "2026-05-01 14:30"
+// (seconds optional), in a plain text field every page draws with the
+// "timeinput" template: a browser's own date picker shows 12-hour times in
+// its local zone, and RFC 3339 is not for typing at night.
+const (
+	timeInputLayout  = "2006-01-02 15:04"
+	timeInputPattern = `\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}(:\d{2})?`
+)
+
+// timeInputLayouts are what parseTimeInput reads: the field as typed,
+// with or without seconds, with a T as a datetime-local field sends it,
+// and RFC 3339 as the panel's own hidden fields and links carry it.
+var timeInputLayouts = []string{"2006-01-02 15:04:05", timeInputLayout, "2006-01-02T15:04:05", "2006-01-02T15:04", time.RFC3339Nano}
+
+// parseTimeInput reads the time field name, in UTC unless it says
+// otherwise; a refusal (errInvalid: a 400 page) names the field.
+func parseTimeInput(name, s string) (time.Time, error) {
+	s = strings.TrimSpace(s)
+	for _, layout := range timeInputLayouts {
+		if t, err := time.Parse(layout, s); err == nil {
+			return t, nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("%w: %s %q is not a UTC time such as 2026-05-01 14:30", errInvalid, name, s)
+}
+
+// timeInputValue is t as a time field shows it back: UTC, to the minute
+// unless it has seconds; "" when zero.
+func timeInputValue(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	t = t.UTC()
+	if t.Second() != 0 || t.Nanosecond() != 0 {
+		return t.Format("2006-01-02 15:04:05")
+	}
+	return t.Format(timeInputLayout)
+}
+
+// timeField is one time input as the "timeinput" template draws it.
+type timeField struct {
+	Name, Label, Value string
+	Required           bool
+	Pattern            string
 }

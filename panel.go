@@ -45,7 +45,15 @@ func (p *panel) handleOverview(a *admin) pageFunc {
 // handleEvents is GET /events: the stream, filtered, a page at a time.
 func (p *panel) handleEvents(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		pg, err := readEventPage(r, a.db)
+		rq, err := withTimeInputs(r, "since", "until")
+		if err != nil {
+			return err
+		}
+		pg, err := readEventPage(rq, a.db)
+		if err != nil {
+			return err
+		}
+		badges, err := readOutcomeBadges(r.Context(), a.db, pg.rows)
 		if err != nil {
 			return err
 		}
@@ -56,11 +64,12 @@ func (p *panel) handleEvents(a *admin) pageFunc {
 				States       []string
 				Outcomes     []string
 				Events       []Event
+				Badges       map[int64][]outcomeBadge
 				Newer, Older string
 				Since, Until string
 			}{pg.filter, []string{"", "unfanned", "fanned", "poisoned"}, []string{"", "delivered", "failed", "pending"},
-				pg.rows, pageLink(r, "after", pg.after), pageLink(r, "before", pg.before),
-				formTime(pg.filter.Since), formTime(pg.filter.Until)}})
+				pg.rows, badges, pageLink(r, "after", pg.after), pageLink(r, "before", pg.before),
+				timeInputValue(pg.filter.Since), timeInputValue(pg.filter.Until)}})
 		return nil
 	}
 }
@@ -79,12 +88,23 @@ func pageLink(r *http.Request, cursor string, id int64) string {
 	return r.URL.Path + "?" + q.Encode()
 }
 
-// formTime is a time as a filter form shows it back, RFC 3339; "" when zero.
-func formTime(t time.Time) string {
-	if t.IsZero() {
-		return ""
+// withTimeInputs is r with its time parameters (names) as the API reads
+// them, RFC 3339: the panel's fields take them as timeinput types them.
+// One that does not read as a time is refused naming its field.
+func withTimeInputs(r *http.Request, names ...string) (*http.Request, error) {
+	q := r.URL.Query()
+	for _, name := range names {
+		if s := q.Get(name); s != "" {
+			t, err := parseTimeInput(name, s)
+			if err != nil {
+				return nil, err
+			}
+			q.Set(name, t.Format(time.RFC3339Nano))
+		}
 	}
-	return t.Format(time.RFC3339Nano)
+	r2 := r.Clone(r.Context())
+	r2.URL.RawQuery = q.Encode()
+	return r2, nil
 }
 
 // olderLink is the panel's link to the page after this one: this page's
@@ -160,16 +180,45 @@ func (p *panel) handleJobs(a *admin) pageFunc {
 		if err != nil {
 			return err
 		}
+		endpointName, err := filterEndpointName(r.Context(), a.db, pg.filter.EndpointID)
+		if err != nil {
+			return err
+		}
+		var groups DiscardedGroups
+		if jobState(pg.filter.State) == jobDiscarded {
+			if groups, err = listDiscardedGroups(r.Context(), a.db, pg.filter.EndpointID); err != nil {
+				return err
+			}
+		}
 		p.render(w, http.StatusOK, "jobs", page{Title: "Jobs", Nav: "jobs", SignedIn: true,
 			Flash: flash(r),
 			Data: struct {
-				Filter JobFilter
-				States []jobStateCount
-				Jobs   []JobView
-				Next   string
-			}{pg.filter, counts, pg.rows, pg.olderLink(r, pg.filter.Limit)}})
+				Filter       JobFilter
+				EndpointName string
+				States       []jobStateCount
+				Discarded    DiscardedGroups
+				Jobs         []JobView
+				Next         string
+			}{pg.filter, endpointName, counts, groups, pg.rows, pg.olderLink(r, pg.filter.Limit)}})
 		return nil
 	}
+}
+
+// filterEndpointName is the name of the endpoint the jobs list is
+// filtered to (id; 0: none, ""): its description, else its URL; one
+// deleted since keeps its jobs, and is named by its id.
+func filterEndpointName(ctx context.Context, db *sql.DB, id int64) (string, error) {
+	if id == 0 {
+		return "", nil
+	}
+	ep, err := getEndpoint(ctx, db, id)
+	if errors.Is(err, errNotFound) {
+		return fmt.Sprintf("endpoint %d (deleted)", id), nil
+	}
+	if err != nil {
+		return "", err
+	}
+	return endpointRow{Endpoint: ep}.Name(), nil
 }
 
 // jobStateCount is one state link of the jobs page: the state ("" for
@@ -232,12 +281,22 @@ func (p *panel) handleRetry(a *admin) pageFunc {
 	}
 }
 
-// handleRetryEveryDiscarded is POST /jobs/retry-discarded, the button of
-// the job list filtered to discarded jobs of every endpoint: it retries
-// them all, and the list says what it did.
+// handleRetryEveryDiscarded is POST /jobs/retry-discarded, the buttons of
+// the job list filtered to discarded jobs: one a group (its endpoint_id,
+// or without_endpoint, and its error as form fields) retries that group;
+// the one without fields, every discarded job. The list says what it did.
 func (p *panel) handleRetryEveryDiscarded(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		res, err := retryEveryDiscarded(r.Context(), a.db, a.eventsRetention, a.maxAttempts)
+		form := formOf(w, r, maxEndpointForm)
+		f := DiscardedFilter{EndpointID: form.natural("endpoint_id"), WithoutEndpoint: form.text("without_endpoint") != ""}
+		if form.values.Has("error") {
+			e := form.text("error")
+			f.Error = &e
+		}
+		if form.err != nil {
+			return form.err
+		}
+		res, err := retryEveryDiscarded(r.Context(), a.db, f, a.eventsRetention, a.maxAttempts)
 		if err != nil {
 			return err
 		}
@@ -249,10 +308,10 @@ func (p *panel) handleRetryEveryDiscarded(a *admin) pageFunc {
 // summary is what a retry of every discarded job did, as the panel says it.
 func (res BulkRetryResult) summary() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d discarded jobs will run now: %d deliveries to %d endpoints, each endpoint's in its replay lane, and %d jobs of no endpoint.",
+	fmt.Fprintf(&b, "%d discarded jobs will be sent again: %d deliveries to %d endpoints and %d jobs of no endpoint.",
 		res.Jobs, res.Jobs-res.WithoutEndpoint, len(res.Endpoints), res.WithoutEndpoint)
 	if res.Skipped > 0 {
-		fmt.Fprintf(&b, " %d deliveries stay discarded, their events older than a resend may be:", res.Skipped)
+		fmt.Fprintf(&b, " %d deliveries stay discarded: their events are too old to send again safely:", res.Skipped)
 		for _, e := range res.Endpoints {
 			if e.Skipped > 0 {
 				fmt.Fprintf(&b, " endpoint %d, %d;", e.EndpointID, e.Skipped)
@@ -273,7 +332,7 @@ func (p *panel) handleEndpoints(a *admin) pageFunc {
 // renderEndpoints lists the endpoints above the form for a new one, which
 // shows form as typed and, after a refusal, why (formError).
 func (p *panel) renderEndpoints(w http.ResponseWriter, r *http.Request, a *admin, status int, flash string, form endpointFields, formError string) error {
-	rows, err := readEndpointRows(r.Context(), a.db)
+	rows, err := readEndpointRows(r.Context(), a.db, a.alerts)
 	if err != nil {
 		return err
 	}
@@ -305,9 +364,12 @@ func (e endpointRow) Name() string {
 	return e.URL
 }
 
-func readEndpointRows(ctx context.Context, db *sql.DB) ([]endpointRow, error) {
+func readEndpointRows(ctx context.Context, db *sql.DB, cfg AlertConfig) ([]endpointRow, error) {
 	eps, err := listEndpoints(ctx, db, 0, maxEndpointPage)
 	if err != nil {
+		return nil, err
+	}
+	if err := withHealth(ctx, db, cfg, eps); err != nil {
 		return nil, err
 	}
 	ids := make([]int64, len(eps))
@@ -557,7 +619,7 @@ func causeOf(ep Endpoint, health []EndpointHealth) endpointCause {
 		return c
 	}
 	c.Health = &health[0]
-	if c.State == endpointEnabled || c.State == endpointFailing {
+	if c.State == endpointEnabled || c.State == endpointFailing || c.State == endpointDegraded {
 		c.State = c.Health.Health
 	}
 	return c
@@ -745,9 +807,9 @@ func (c endpointClick) cancelReplay() (string, error) {
 	return fmt.Sprintf("Replay %d cancelled: its waiting deliveries were discarded without a request; %d already running will finish.", v.ID, v.Running), nil
 }
 
-// readReplayForm reads the replay form: since and until as a browser's
-// datetime-local field sends them (UTC, with seconds or without) or as
-// the Confirm button posts them (RFC 3339), until optional; topics as the
+// readReplayForm reads the replay form: since and until as timeinput
+// types them or as the Confirm button posts them (RFC 3339), until
+// optional; topics as the
 // edit form takes them, separated by spaces or commas, returned as typed
 // too.
 func readReplayForm(f *query) (ReplayRequest, string, error) {
@@ -757,28 +819,16 @@ func readReplayForm(f *query) (ReplayRequest, string, error) {
 	}
 	var req ReplayRequest
 	var err error
-	if req.Since, err = parseFormTime(sinceField); err != nil {
-		return req, "", fmt.Errorf("%w: replay from %q is not a date and time", errInvalid, sinceField)
+	if req.Since, err = parseTimeInput("replay from", sinceField); err != nil {
+		return req, "", err
 	}
 	if untilField != "" {
-		if req.Until, err = parseFormTime(untilField); err != nil {
-			return req, "", fmt.Errorf("%w: replay until %q is not a date and time", errInvalid, untilField)
+		if req.Until, err = parseTimeInput("replay until", untilField); err != nil {
+			return req, "", err
 		}
 	}
 	req.Topics = strings.FieldsFunc(topics, func(c rune) bool { return c == ' ' || c == ',' })
 	return req, strings.Join(req.Topics, " "), nil
-}
-
-// parseFormTime reads a time field of the panel, in UTC.
-func parseFormTime(field string) (time.Time, error) {
-	var err error
-	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05", "2006-01-02T15:04"} {
-		var t time.Time
-		if t, err = time.Parse(layout, field); err == nil {
-			return t, nil
-		}
-	}
-	return time.Time{}, err
 }
 
 // edit saves the form; a refused one is shown again as typed, with why.
@@ -909,10 +959,11 @@ func (p *panel) renderSources(w http.ResponseWriter, r *http.Request, a *admin, 
 // when it sent nothing in the 24 hours, which the page says instead of
 // drawing flat lines.
 type inboxStatsView struct {
-	Name    string
-	Windows []titledInboxStats
-	Recent  []InboxRefusal // the last 24 hours'
-	Quiet   bool
+	Name     string
+	Windows  []titledInboxStats
+	Recent   []InboxRefusal      // the last 24 hours'
+	ByMinute []InboxRefusalCount // the last hour's, every reason with its count
+	Quiet    bool
 }
 
 type titledInboxStats struct {
@@ -926,7 +977,7 @@ func newInboxStatsView(name string, st InboxSourceStats) inboxStatsView {
 		return inboxChartSVG(st, fmt.Sprintf("webhooks to %s received, duplicate and refused, %s", name, title))
 	}
 	quiet := st.LastDay.Received+st.LastDay.Duplicates+st.LastDay.Refused == 0
-	return inboxStatsView{Name: name, Recent: st.LastDay.RecentRefusals, Quiet: quiet, Windows: []titledInboxStats{
+	return inboxStatsView{Name: name, Recent: st.LastDay.RecentRefusals, ByMinute: st.LastHour.RefusalsByMinute, Quiet: quiet, Windows: []titledInboxStats{
 		{"last hour", st.LastHour, chart(st.LastHour, "per minute over the last hour")},
 		{"last 24 h", st.LastDay, chart(st.LastDay, "per 15 minutes over the last 24 hours")},
 	}}

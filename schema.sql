@@ -2530,6 +2530,17 @@ ALTER TABLE outbox.inbox_stats
       last_refusal_class IN ('bad_signature', 'stale_timestamp', 'unknown_source', 'too_large', 'malformed')
     );
 
+-- Every refusal reason of the minute with its count, keyed by class, a
+-- space and the reason ({"bad_signature no signature matches": 3}): the
+-- last reason alone hid the others a sender got in the same minute. At
+-- most 20 reasons a row (inbox.go, maxRefusalReasons); past them a
+-- refusal counts under its class and "(other reasons)", so that a sender
+-- varying its mistakes cannot grow the row without bound. Refusals
+-- counted by a replica older than the column are in the class counts
+-- only.
+ALTER TABLE outbox.inbox_stats
+  ADD COLUMN IF NOT EXISTS refusal_reasons jsonb NOT NULL DEFAULT '{}';
+
 --------------------------------------------------------------------------------
 -- Subject index: the latest event per subject (an in-process subscriber)
 --------------------------------------------------------------------------------

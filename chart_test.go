@@ -1,0 +1,64 @@
+package main
+
+import (
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A young service's day: the chart starts at its first minute with data,
+// whose first point sits on the y axis, and says so; none of the 1,430
+// minutes before is drawn as a zero. The y unit stands turned in the left
+// margin, clear of the top label and of the legend.
+func TestChartStartsAtFirstDataAndUnitClear(t *testing.T) {
+	t.Parallel()
+	start := time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC)
+	series := make([]statsMinute, 1440)
+	for i := range series {
+		series[i].Minute = start.Add(time.Duration(i) * time.Minute)
+	}
+	p50 := 5.0
+	for i := 1430; i < 1440; i++ {
+		series[i].Delivered = 3
+		series[i].LatencyP50MS = &p50
+	}
+	svg := string(deliveryChartSVG(series, "deliveries"))
+	points := regexp.MustCompile(`<polyline class="delivered" points="([^"]*)"`).FindStringSubmatch(svg)
+	if points == nil {
+		t.Fatalf("no delivered line:\n%s", svg)
+	}
+	xy := strings.Fields(points[1])
+	if len(xy) != 10 {
+		t.Errorf("the delivered line has %d points, want the 10 minutes with data", len(xy))
+	}
+	if len(xy) > 0 && !strings.HasPrefix(xy[0], "64.0,") {
+		t.Errorf("the first point is at %s, want on the y axis (x 64)", xy[0])
+	}
+	if !strings.Contains(svg, "time (UTC) from 23:50, the first minute with data") {
+		t.Errorf("the time axis does not say it starts at the first minute with data:\n%s", svg)
+	}
+	unit := `<text class="unit" transform="translate(14.0 135.0) rotate(-90)" text-anchor="middle">per minute</text>`
+	if !strings.Contains(svg, unit) {
+		t.Errorf("the y unit is not turned in the left margin (%s):\n%s", unit, svg)
+	}
+	latency := string(latencyChartSVG(series, "latency"))
+	d := regexp.MustCompile(`<path class="p50" d="([^"]*)"`).FindStringSubmatch(latency)
+	if d == nil || !strings.HasPrefix(d[1], "M64.0,") || strings.Count(d[1], "L") != 9 {
+		t.Errorf("the latency chart's p50 path %q, want it to start on the y axis and join the 10 minutes", d)
+	}
+	if !strings.Contains(latency, `rotate(-90)" text-anchor="middle">commit → first 2xx (log)</text>`) {
+		t.Errorf("the latency chart's unit is not turned in the left margin")
+	}
+
+	// A window with nothing in it says so instead of a flat line.
+	empty := string(deliveryChartSVG(series[:60], "deliveries"))
+	if !strings.Contains(empty, "nothing recorded in this window") || strings.Contains(empty, "<polyline") {
+		t.Errorf("an empty hour draws:\n%s", empty)
+	}
+	// Data from the first minute: nothing cut, nothing said.
+	full := string(deliveryChartSVG(series[1430:], "deliveries"))
+	if strings.Contains(full, "first minute with data") {
+		t.Error("a chart with data from its first minute says it was cut")
+	}
+}
