@@ -138,26 +138,27 @@ func TestEndpointFailingFromDatabase(t *testing.T) {
 		t.Errorf("the alert's message %q carries escaped quotes", a.Message)
 	}
 
-	// The API's state says what the panel says: dead fails by its
-	// success rate (its breaker closed), blip's one failure is degraded.
+	// The API's health says what the panel says: dead fails by its
+	// success rate (its breaker closed), blip's one failure is degraded;
+	// both keep the contract's state, failing.
 	srv := newTestAdmin(t, db)
 	want := map[int64]string{dead: "failing", blip: "degraded"}
 	var listed struct{ Endpoints []Endpoint }
 	apiCall(t, srv, "GET", "/api/endpoints", "", &listed)
 	got := map[int64]string{}
 	for _, e := range listed.Endpoints {
-		got[e.ID] = e.State
+		got[e.ID] = e.Health
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("GET /api/endpoints' states (-want +got):\n%s", diff)
+		t.Errorf("GET /api/endpoints' health (-want +got):\n%s", diff)
 	}
 	for id, state := range want {
 		var e Endpoint
 		apiCall(t, srv, "GET", fmt.Sprintf("/api/endpoints/%d", id), "", &e)
 		_, page := panelPage(t, srv, fmt.Sprintf("/endpoints/%d", id))
 		panelState := regexp.MustCompile(`<dd id="state" class="endpoint-(\w+)">`).FindStringSubmatch(page)
-		if e.State != state || panelState == nil || panelState[1] != state {
-			t.Errorf("endpoint %d: the API says %s, its page %v; want both %s", id, e.State, panelState, state)
+		if e.Health != state || e.State != "failing" || panelState == nil || panelState[1] != state {
+			t.Errorf("endpoint %d: the API says health %s state %s, its page %v; want health and page %s, state failing", id, e.Health, e.State, panelState, state)
 		}
 		_, list := panelPage(t, srv, "/endpoints")
 		if row := fmt.Sprintf(`<td class="endpoint-%s">%s`, state, state); !strings.Contains(between(list, fmt.Sprintf(`<tr id="endpoint-%d">`, id), "</tr>"), row) {

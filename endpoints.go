@@ -25,11 +25,15 @@ type Endpoint struct {
 	OwnerEmail  string   `json:"owner_email"`
 	Topics      []string `json:"topics"`
 	// State is derived: "disabled" if DisabledAt is set, else "paused" if
-	// PausedAt is, else, if FailingSince is, "failing" when
+	// PausedAt is, else "failing" if FailingSince is, else "enabled": the
+	// four values of the API's contract, which programs switch on.
+	State string `json:"state"`
+	// Health says how bad a failure is, as the panel does: "ok" while no
+	// delivery has failed since the last success, "failing" where
 	// endpoint_failing holds for it (its breaker is open, or its success
-	// rate stays below the threshold) and "degraded" when it does not;
-	// else "enabled".
-	State          string     `json:"state"`
+	// rate stays below the threshold: withHealth, overview.go), and
+	// "degraded" after a failure that does not make it fail.
+	Health         string     `json:"health"`
 	FailingSince   *time.Time `json:"failing_since"`
 	DisabledAt     *time.Time `json:"disabled_at"`
 	DisabledReason *string    `json:"disabled_reason"`
@@ -135,7 +139,6 @@ func (e Endpoint) dedupWindow() time.Duration {
 const (
 	endpointEnabled  = "enabled"
 	endpointFailing  = "failing"
-	endpointDegraded = "degraded"
 	endpointPaused   = "paused"
 	endpointDisabled = "disabled"
 )
@@ -356,15 +359,21 @@ func scanEndpoint(row rowScanner) (Endpoint, error) {
 		e.State = endpointDisabled
 	case e.PausedAt != nil:
 		e.State = endpointPaused
-	case e.FailingSince != nil && e.Breaker.OpenedAt != nil:
-		e.State = endpointFailing
 	case e.FailingSince != nil:
-		// Failed since its last success, its breaker closed: degraded,
-		// as the panel says, unless endpoint_failing's success-rate rule
-		// holds for it, which withHealth (overview.go) reads.
-		e.State = endpointDegraded
+		e.State = endpointFailing
 	default:
 		e.State = endpointEnabled
+	}
+	switch {
+	case e.FailingSince == nil:
+		e.Health = healthOK
+	case e.Breaker.OpenedAt != nil:
+		e.Health = healthFailing
+	default:
+		// Failed since its last success, its breaker closed: degraded,
+		// unless endpoint_failing's success-rate rule holds for it, which
+		// withHealth (overview.go) reads.
+		e.Health = healthDegraded
 	}
 	e.Breaker.State = breakerClosed
 	if e.Breaker.OpenedAt != nil {

@@ -119,7 +119,7 @@ func TestEndpointAPILifecycle(t *testing.T) {
 	id := int64(created["id"].(float64))
 	want := Endpoint{
 		ID: id, URL: "https://hooks.example.com/outboxd", Description: "billing", OwnerEmail: "ops@example.com",
-		Topics: []string{"order.*", "user.created"}, State: "enabled",
+		Topics: []string{"order.*", "user.created"}, State: "enabled", Health: "ok",
 		MaxInFlight: 16, Ordering: "none", Breaker: breaker{State: "closed"}, RecoveryProbes: true,
 	}
 	ignoreTimes := cmp.FilterPath(func(p cmp.Path) bool {

@@ -1073,6 +1073,7 @@ type EndpointHealth struct {
 const (
 	healthFailing  = "failing"
 	healthDegraded = "degraded"
+	healthOK       = "ok" // no failure since the last success
 )
 
 // maxEndpointHealth bounds the endpoints in trouble the overview reads.
@@ -1169,8 +1170,8 @@ func withHealth(ctx context.Context, db *sql.DB, cfg AlertConfig, eps []Endpoint
 		byID[h.ID] = h.Health
 	}
 	for i := range eps {
-		if eps[i].State == endpointDegraded && byID[eps[i].ID] == healthFailing {
-			eps[i].State = endpointFailing
+		if eps[i].Health == healthDegraded && byID[eps[i].ID] == healthFailing {
+			eps[i].Health = healthFailing
 		}
 	}
 	return nil

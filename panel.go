@@ -619,7 +619,7 @@ func causeOf(ep Endpoint, health []EndpointHealth) endpointCause {
 		return c
 	}
 	c.Health = &health[0]
-	if c.State == endpointEnabled || c.State == endpointFailing || c.State == endpointDegraded {
+	if c.State == endpointEnabled || c.State == endpointFailing {
 		c.State = c.Health.Health
 	}
 	return c

@@ -533,10 +533,11 @@ func TestEndpointStateFollowsDeliveries(t *testing.T) {
 	relayAll(t, db)
 	firstJob := webhookJob(t, db, first, ep.ID)
 	waitFor(t, "the first delivery to fail", 10*time.Second, func() bool { return readJob(t, db, firstJob).State == "retryable" })
-	// One failure, its breaker closed: degraded, as the panel says
-	// (TestEndpointFailingFromDatabase), with failing_since set.
-	if e := api.endpoint(ep.ID); e.State != "degraded" || e.FailingSince == nil {
-		t.Fatalf("after a failure: state %s, failing_since %v; want degraded", e.State, e.FailingSince)
+	// One failure, its breaker closed: failing in the contract's state,
+	// with failing_since set, and degraded in its health, as the panel
+	// says (TestEndpointFailingFromDatabase).
+	if e := api.endpoint(ep.ID); e.State != "failing" || e.Health != "degraded" || e.FailingSince == nil {
+		t.Fatalf("after a failure: state %s, health %s, failing_since %v; want failing, degraded", e.State, e.Health, e.FailingSince)
 	}
 
 	// Failing, with one failure of the 5 that open its breaker: a new
@@ -716,8 +717,8 @@ func TestWebhookSlowReceiverTimesOut(t *testing.T) {
 	if status.Valid || durationMS < int(timeout.Milliseconds()) || durationMS > 5000 || !strings.Contains(errText, "Timeout") {
 		t.Errorf("attempt: status %v, %d ms, error %q; want no status, about %s, a timeout", status, durationMS, errText, timeout)
 	}
-	if s := api.endpoint(ep.ID).State; s != "degraded" {
-		t.Errorf("endpoint state %s after a timeout, want degraded (failed once, its breaker closed)", s)
+	if h := api.endpoint(ep.ID).Health; h != "degraded" {
+		t.Errorf("endpoint health %s after a timeout, want degraded (failed once, its breaker closed)", h)
 	}
 }
 
