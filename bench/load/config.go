@@ -49,7 +49,7 @@ type scenarioConfig struct {
 const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 
 // modes are -mode's values, in the order the usage text lists them.
-var modes = []string{"drain", "keepup", "isolation", "flaky", "dead", "ratelimit", "stuck", "replay", "ordered"}
+var modes = []string{"drain", "keepup", "isolation", "flaky", "dead", "ratelimit", "stuck", "replay", "ordered", "producers"}
 
 // modeHelp is one line a mode for the usage text.
 var modeHelp = []string{
@@ -62,6 +62,7 @@ var modeHelp = []string{
 	"stuck      an ordered endpoint with one subject refused for -fail-for",
 	"replay     live events alone and beside a replay of -events started through the API",
 	"ordered    drains to one endpoint with ordering none and subject, in turn",
+	"producers  outbox.record against a plain insert, with outboxd relaying, then stopped",
 }
 
 // databaseName is what -database accepts: a plain lowercase identifier,
@@ -145,7 +146,7 @@ func (c *scenarioConfig) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.AcceptWithin, "accept-within", c.AcceptWithin, "flaky: the bound on every event's commit to first 2xx")
 	fs.Float64Var(&c.RateLimit, "rate-limit", c.RateLimit, "ratelimit: the endpoint's rate_limit_per_second")
 	fs.IntVar(&c.Replicas, "replicas", c.Replicas, "drain, ratelimit: outboxd processes delivering from the one database (drain: 1, ratelimit: 2)")
-	fs.IntVar(&c.Rounds, "rounds", c.Rounds, "isolation, stuck, replay, ordered: rounds of a baseline phase and a phase with the scenario's trouble (stuck: 3, ordered: 2)")
+	fs.IntVar(&c.Rounds, "rounds", c.Rounds, "isolation, stuck, replay, ordered, producers: rounds of a baseline phase and a phase with the scenario's trouble (stuck: 3, ordered: 2, producers: 2)")
 	fs.IntVar(&c.MaxInFlight, "max-in-flight", c.MaxInFlight, "ratelimit, stuck, replay, ordered: the endpoint's max_in_flight; 0 leaves outboxd's default (ordered: the child's workers, as drain)")
 	fs.DurationVar(&c.FailFor, "fail-for", c.FailFor, "stuck: how long the failing subject's requests are answered 500 (10s)")
 	fs.IntVar(&c.Subjects, "subjects", c.Subjects, "stuck and ordered: distinct subjects the events take in turn (stuck: 100, ordered: 1000)")
@@ -208,6 +209,7 @@ var scenarioDefaults = map[string]scenarioDefault{
 	"stuck":     {duration: 30 * time.Second, rate: 50, failFor: 10 * time.Second, subjects: 100, rounds: 3},
 	"replay":    {duration: 60 * time.Second, rate: replayLiveRate, events: 100_000},
 	"ordered":   {duration: 30 * time.Second, events: 20_000, subjects: 1000, rounds: 2},
+	"producers": {duration: 15 * time.Second, rounds: 2},
 }
 
 // applyScenarioDefaults gives a scenario its own numbers for the flags

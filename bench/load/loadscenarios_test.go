@@ -223,6 +223,8 @@ func TestLoadScenarioDefaults(t *testing.T) {
 		// subjects, two rounds.
 		{[]string{"-mode", "stuck"}, numbers{30 * time.Second, 50, 100_000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 3, 10 * time.Second, 100}},
 		{[]string{"-mode", "replay"}, numbers{60 * time.Second, 320, 100_000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 1, 0, 0}},
+		// producers: 15 s phases, two rounds of a plain insert and outbox.record.
+		{[]string{"-mode", "producers"}, numbers{15 * time.Second, 0, 100_000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 2, 0, 0}},
 		{[]string{"-mode", "ordered"}, numbers{30 * time.Second, 0, 20_000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 2, 0, 1000}},
 		{[]string{"-mode", "stuck", "-fail-for", "2s", "-subjects", "5", "-rounds", "1", "-max-in-flight", "4"},
 			numbers{30 * time.Second, 50, 100_000, 0, 0.1, 2 * time.Minute, 20, 2, 4, 1, 2 * time.Second, 5}},
@@ -615,5 +617,39 @@ func TestMachineCPUReadsProcStat(t *testing.T) {
 	}
 	if busy <= 0 || total <= busy {
 		t.Errorf("busy %d of %d ticks: want some busy time, and less than all of it", busy, total)
+	}
+}
+
+// The producers scenario measures outbox.record against a plain insert in
+// alternating phases, then with outboxd stopped, and reports the medians'
+// ratios against their targets.
+func TestLoadProducersScenarioComparesWithAPlainInsert(t *testing.T) {
+	t.Parallel()
+	var s producersSummary
+	runScenario(t, &s, "-mode", "producers", "-duration", "1s", "-rounds", "3", "-producers", "2")
+	if len(s.Plain) != 3 || len(s.Record) != 3 {
+		t.Fatalf("%d plain and %d record phases, want 3 of each", len(s.Plain), len(s.Record))
+	}
+	for i := range s.Plain {
+		if s.Plain[i] <= 0 || s.Record[i] <= 0 {
+			t.Errorf("round %d: %g plain and %g record commits a second, want both above 0", i, s.Plain[i], s.Record[i])
+		}
+	}
+	if want := median(s.Record) / median(s.Plain); !near(s.Ratio, want, 1e-9) || s.Met != (s.Ratio >= 0.8) {
+		t.Errorf("ratio %g (met %v), want %g, met iff >= 0.8", s.Ratio, s.Met, want)
+	}
+	if want := s.RecordIdle / s.PlainIdle; s.RecordIdle <= 0 || !near(s.IdleRatio, want, 1e-9) || s.IdleMet != (s.IdleRatio >= 0.3) {
+		t.Errorf("with outboxd stopped: ratio %g (met %v) of %g and %g, want %g, met iff >= 0.3", s.IdleRatio, s.IdleMet, s.RecordIdle, s.PlainIdle, want)
+	}
+}
+
+func TestMedianOfOddAndEvenCounts(t *testing.T) {
+	for _, tc := range []struct {
+		xs   []float64
+		want float64
+	}{{nil, 0}, {[]float64{3}, 3}, {[]float64{5, 1, 3}, 3}, {[]float64{4, 1, 3, 2}, 2.5}} {
+		if got := median(tc.xs); got != tc.want {
+			t.Errorf("median(%v) = %g, want %g", tc.xs, got, tc.want)
+		}
 	}
 }

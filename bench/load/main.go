@@ -68,4 +68,5 @@ var modeRunners = map[string]func(context.Context, config, loadRun) error{
 	"stuck":     runStuck,
 	"replay":    runReplay,
 	"ordered":   runOrdered,
+	"producers": runProducers,
 }

@@ -23,6 +23,12 @@ const recordSQL = `SELECT outbox.record($1, $2, '{"load": true}')`
 // database commits), and returns how many committed and how long it took.
 // Subjects are prefix, the producer's number, a dash and a sequence.
 func produce(ctx context.Context, db *sql.DB, topic, prefix string, producers int, rate float64, d time.Duration) (int64, time.Duration) {
+	return produceWith(ctx, db, recordSQL, topic, prefix, producers, rate, d)
+}
+
+// produceWith is produce with query, which takes the topic and the
+// subject, as each transaction.
+func produceWith(ctx context.Context, db *sql.DB, query, topic, prefix string, producers int, rate float64, d time.Duration) (int64, time.Duration) {
 	var committed atomic.Int64
 	runCtx, stop := context.WithTimeout(ctx, d)
 	defer stop()
@@ -31,7 +37,7 @@ func produce(ctx context.Context, db *sql.DB, topic, prefix string, producers in
 	paced(runCtx, producers, rate, func(p int) {
 		subject := fmt.Sprintf("%s%d-%d", prefix, p, seq[p])
 		seq[p]++
-		if _, err := db.ExecContext(runCtx, recordSQL, topic, subject); err == nil {
+		if _, err := db.ExecContext(runCtx, query, topic, subject); err == nil {
 			committed.Add(1)
 		}
 	})
