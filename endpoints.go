@@ -63,6 +63,9 @@ type Endpoint struct {
 	// is disabled for failure, and re-enable it at the first 2xx.
 	RecoveryProbes bool     `json:"recovery_probes"`
 	Recovery       recovery `json:"recovery"`
+	// OwnerID is the owner who may see and manage it through the portal
+	// (owners.go); nil: the admin's alone.
+	OwnerID *int64 `json:"owner_id"`
 }
 
 // recovery is what the prober did to an endpoint, as the API shows it:
@@ -163,6 +166,9 @@ type endpointInput struct {
 	RateLimitPerSecond nullable[float64] `json:"rate_limit_per_second"`
 	// RecoveryProbes is true unless given false (probe.go).
 	RecoveryProbes *bool `json:"recovery_probes"`
+	// OwnerID given as null leaves the endpoint to the admin alone; only
+	// the admin's token sets it (claimInput, owners.go).
+	OwnerID nullable[int64] `json:"owner_id"`
 }
 
 // nullable is a JSON field that tells absent (Set false) from null (Set,
@@ -269,7 +275,8 @@ const endpointColumns = `
   created_at, updated_at,
   disabled_cause, recovery_probes,
   outbox.probe_due_at(disabled_cause, recovery_probes, url, disabled_at, next_probe_at),
-  last_probe_at, last_probe_error, recovered_at, recovered_reason`
+  last_probe_at, last_probe_error, recovered_at, recovered_reason,
+  owner_id`
 
 func scanEndpoint(row rowScanner) (Endpoint, error) {
 	var e Endpoint
@@ -281,7 +288,8 @@ func scanEndpoint(row rowScanner) (Endpoint, error) {
 		&e.CreatedAt, &e.UpdatedAt,
 		&e.DisabledCause, &e.RecoveryProbes,
 		&e.Recovery.NextProbeAt, &e.Recovery.LastProbeAt, &e.Recovery.LastProbeError,
-		&e.Recovery.RecoveredAt, &e.Recovery.RecoveredReason)
+		&e.Recovery.RecoveredAt, &e.Recovery.RecoveredReason,
+		&e.OwnerID)
 	if err != nil {
 		return e, err
 	}
@@ -326,9 +334,11 @@ SELECT nextval(pg_get_serial_sequence('outbox.endpoints', 'id'))`
 // from the column's own sequence.
 const createEndpointSQL = `
 INSERT INTO outbox.endpoints (id, url, description, owner_email, topics, secret,
-                              max_in_flight, rate_limit_per_second, recovery_probes, ordering)
+                              max_in_flight, rate_limit_per_second, recovery_probes, ordering,
+                              owner_id)
 OVERRIDING SYSTEM VALUE
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, coalesce($9, true), coalesce($10, 'none'))
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, coalesce($9, true), coalesce($10, 'none'),
+        $11)
 RETURNING` + endpointColumns
 
 // createEndpoint stores a validated endpoint with its first secret, sealed
@@ -358,7 +368,8 @@ func createEndpoint(ctx context.Context, db *sql.DB, box *secretBox, in endpoint
 	}
 	e, err := scanEndpoint(db.QueryRowContext(ctx, createEndpointSQL,
 		id, *in.URL, description, ownerEmail, pq.Array(topics), box.seal(endpointSecretRow(id), secret),
-		maxInFlight, in.RateLimitPerSecond.Value, in.RecoveryProbes, in.Ordering))
+		maxInFlight, in.RateLimitPerSecond.Value, in.RecoveryProbes, in.Ordering,
+		in.OwnerID.Value))
 	if err != nil {
 		return e, fmt.Errorf("create endpoint: %w", err)
 	}
@@ -408,6 +419,7 @@ SET url = coalesce($2, url),
     rate_limit_per_second = CASE WHEN $7 THEN $8 ELSE rate_limit_per_second END,
     recovery_probes = coalesce($9, recovery_probes),
     ordering = coalesce($10, ordering),
+    owner_id = CASE WHEN $11 THEN $12 ELSE owner_id END,
     updated_at = now()
 WHERE id = $1
 RETURNING` + endpointColumns
@@ -454,7 +466,8 @@ func updateEndpointOnce(ctx context.Context, db *sql.DB, id int64, in endpointIn
 	}
 	defer tx.Rollback()
 	e, err := scanOneEndpoint(tx.QueryRowContext(ctx, updateEndpointSQL, id, in.URL, in.Description, in.OwnerEmail, topics,
-		in.MaxInFlight, in.RateLimitPerSecond.Set, in.RateLimitPerSecond.Value, in.RecoveryProbes, in.Ordering), "update", id)
+		in.MaxInFlight, in.RateLimitPerSecond.Set, in.RateLimitPerSecond.Value, in.RecoveryProbes, in.Ordering,
+		in.OwnerID.Set, in.OwnerID.Value), "update", id)
 	if err != nil {
 		return e, err
 	}

@@ -64,6 +64,9 @@ type admin struct {
 	// auth slows and counts wrong admin tokens, per client address
 	// (admin.go).
 	auth *authLimiter
+	// signinLinks is how long a sign-in link for an owner stays good
+	// (-signin-link-lifetime, owners.go).
+	signinLinks time.Duration
 }
 
 // requestTimeout bounds every request: its context ends then, which

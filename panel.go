@@ -273,7 +273,7 @@ func (p *panel) handleEndpoints(a *admin) pageFunc {
 // renderEndpoints lists the endpoints above the form for a new one, which
 // shows form as typed and, after a refusal, why (formError).
 func (p *panel) renderEndpoints(w http.ResponseWriter, r *http.Request, a *admin, status int, flash string, form endpointFields, formError string) error {
-	rows, err := readEndpointRows(r.Context(), a.db)
+	rows, err := readEndpointRows(r.Context(), a.db, principalOf(r))
 	if err != nil {
 		return err
 	}
@@ -305,8 +305,8 @@ func (e endpointRow) Name() string {
 	return e.URL
 }
 
-func readEndpointRows(ctx context.Context, db *sql.DB) ([]endpointRow, error) {
-	eps, err := listEndpoints(ctx, db, 0, maxEndpointPage)
+func readEndpointRows(ctx context.Context, db *sql.DB, who principal) ([]endpointRow, error) {
+	eps, err := listEndpointsFor(ctx, db, who, 0, maxEndpointPage)
 	if err != nil {
 		return nil, err
 	}
@@ -428,11 +428,15 @@ func (p *panel) handleCreateEndpoint(a *admin) pageFunc {
 		} else if err != nil {
 			return err
 		}
+		if err := claimInput(r.Context(), a.db, principalOf(r), &in, true); err != nil {
+			return err
+		}
 		secret := newWebhookSecret()
 		ep, err := createEndpoint(r.Context(), a.db, a.box, in, secret)
 		if err != nil {
 			return err
 		}
+		noteAuditSubject(r, strconv.FormatInt(ep.ID, 10))
 		return p.renderEndpoint(w, r, a, ep.ID, endpointView{
 			flash:  "Endpoint created. Copy its secret now: it is not shown again.",
 			secret: secret.Encode()})

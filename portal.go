@@ -1,0 +1,282 @@
+// portal.go: the owners' portal beside the admin's API: the owners'
+// routes of the API, their panel sessions, and the sign-in links the
+// admin makes to hand to an owner (docs/owners.md). Signing in with a
+// token or a link is admin.go's.
+
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"time"
+)
+
+// handleListOwners is GET /api/owners: {"owners": [...]}, without tokens.
+func handleListOwners(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		owners, err := listOwners(r.Context(), a.db)
+		return http.StatusOK, map[string][]Owner{"owners": owners}, err
+	}
+}
+
+// handleCreateOwner is POST /api/owners {"name"}: the owner, answered 201
+// with its token, which is shown this once.
+func handleCreateOwner(a *admin) apiFunc {
+	type request struct {
+		Name string `json:"name"`
+	}
+	return func(r *http.Request) (int, any, error) {
+		var req request
+		if err := decodeJSON(r, &req); err != nil {
+			return 0, nil, err
+		}
+		o, err := createOwner(r.Context(), a.db, req.Name)
+		return http.StatusCreated, o, err
+	}
+}
+
+// handleDeleteOwner is DELETE /api/owners/{id}, answered 204: its
+// endpoints stay, the admin's alone.
+func handleDeleteOwner(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		id, err := pathID(r)
+		if err != nil {
+			return 0, nil, err
+		}
+		return http.StatusNoContent, nil, deleteOwner(r.Context(), a.db, id)
+	}
+}
+
+// handleRotateOwnerToken is POST /api/owners/{id}/rotate-token: the owner
+// with a new token; the old one, and every session signed in with it,
+// end at once.
+func handleRotateOwnerToken(a *admin) apiFunc {
+	return byID(func(ctx context.Context, id int64) (ownerWithToken, error) {
+		return rotateOwnerToken(ctx, a.db, id)
+	})
+}
+
+// signinLink is a sign-in link as the API answers it.
+type signinLink struct {
+	OwnerID   int64     `json:"owner_id"`
+	URL       string    `json:"url"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// handleCreateSigninLink is POST /api/owners/{id}/signin-links: a link
+// that signs a browser in as the owner, once, within
+// -signin-link-lifetime; answered 201.
+func handleCreateSigninLink(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		id, err := pathID(r)
+		if err != nil {
+			return 0, nil, err
+		}
+		link, err := makeSigninLink(r, a, id)
+		return http.StatusCreated, link, err
+	}
+}
+
+// handleSigninLinkPage is POST /endpoints/{id}/signin-link: the admin's
+// button on an endpoint's page, which shows a sign-in link for the
+// endpoint's owner, once, on a page rendered, not redirected to: the link
+// signs in, so it stays out of URLs and the history.
+func handleSigninLinkPage(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		id, err := pathID(r)
+		if err != nil {
+			return err
+		}
+		ep, err := getEndpoint(r.Context(), a.db, id)
+		if err != nil {
+			return err
+		}
+		if ep.OwnerID == nil {
+			return fmt.Errorf("%w: endpoint %d has no owner to make a sign-in link for; set its owner_id first", errInvalid, id)
+		}
+		o, err := getOwner(r.Context(), a.db, *ep.OwnerID)
+		if err != nil {
+			return err
+		}
+		link, err := makeSigninLink(r, a, o.ID)
+		if err != nil {
+			return err
+		}
+		a.panel.render(w, http.StatusOK, "signin-link", page{Title: "Sign-in link", Nav: "endpoints", SignedIn: true,
+			Data: struct {
+				Owner    Owner
+				Endpoint Endpoint
+				Link     signinLink
+				Lifetime time.Duration
+			}{o, ep, link, a.signinLinks}})
+		return nil
+	}
+}
+
+// signinCodePrefix marks a sign-in link's code, as ownerTokenPrefix does a
+// token; signinCodeBytes of randomness leave nothing to guess within a
+// link's hour.
+const (
+	signinCodePrefix = "obl_"
+	signinCodeBytes  = 32
+)
+
+// makeSigninLink makes a link for owner id, good for a.signinLinks, on
+// the URL browsers reach outboxd at: -public-url, else the one r came to.
+func makeSigninLink(r *http.Request, a *admin, ownerID int64) (signinLink, error) {
+	if _, err := getOwner(r.Context(), a.db, ownerID); err != nil {
+		return signinLink{}, err
+	}
+	b := make([]byte, signinCodeBytes)
+	rand.Read(b)
+	code := signinCodePrefix + hex.EncodeToString(b)
+	expires, err := storeSigninLink(r.Context(), a.db, signinCodeHash(code), ownerID, a.signinLinks)
+	if err != nil {
+		return signinLink{}, err
+	}
+	base := url.URL{Scheme: "http", Host: r.Host}
+	if a.overHTTPS(r) {
+		base.Scheme = "https"
+	}
+	if a.publicURL != nil {
+		base = *a.publicURL
+	}
+	link := base.JoinPath("signin")
+	link.RawQuery = url.Values{"code": {code}}.Encode()
+	return signinLink{OwnerID: ownerID, URL: link.String(), ExpiresAt: expires}, nil
+}
+
+// signinCodeHash is what the table keeps of a link's code.
+func signinCodeHash(code string) []byte {
+	sum := sha256.Sum256([]byte(code))
+	return sum[:]
+}
+
+// storeSigninLinkSQL records link $1 for owner $2, good for $5 seconds,
+// first deleting up to $3 expired links and up to $3 live ones beyond the
+// newest $4, as startSessionSQL bounds the sessions.
+const storeSigninLinkSQL = `
+WITH swept AS (
+  DELETE FROM outbox.owner_signin_links
+  WHERE code_hash IN (
+    (SELECT code_hash
+     FROM outbox.owner_signin_links
+     WHERE expires_at <= now()
+     ORDER BY expires_at
+     LIMIT $3)
+    UNION ALL
+    (SELECT code_hash
+     FROM outbox.owner_signin_links
+     WHERE expires_at > now()
+     ORDER BY expires_at DESC
+     OFFSET $4
+     LIMIT $3)
+  )
+)
+INSERT INTO outbox.owner_signin_links (code_hash, owner_id, expires_at)
+VALUES ($1, $2, now() + make_interval(secs => $5))
+RETURNING expires_at`
+
+func storeSigninLink(ctx context.Context, db *sql.DB, hash []byte, ownerID int64, lifetime time.Duration) (time.Time, error) {
+	var expires time.Time
+	err := db.QueryRowContext(ctx, storeSigninLinkSQL, hash, ownerID, sessionSweep, maxSessions-1, lifetime.Seconds()).Scan(&expires)
+	if err != nil {
+		return expires, fmt.Errorf("make sign-in link: %w", err)
+	}
+	return expires, nil
+}
+
+// useSigninLinkSQL deletes link $1 if it is still good and answers its
+// owner: the read and the delete are one statement, so of two uses racing
+// one finds the row and the other finds none.
+const useSigninLinkSQL = `
+WITH used AS (
+  DELETE FROM outbox.owner_signin_links
+  WHERE code_hash = $1
+    AND expires_at > now()
+  RETURNING owner_id
+)
+SELECT` + ownerColumns + `
+FROM outbox.owners
+WHERE id = (SELECT owner_id FROM used)`
+
+// useSigninLink is the owner link code signs in, using it up; nil if it
+// is no link, expired, or used already.
+func useSigninLink(ctx context.Context, db *sql.DB, code string) (*Owner, error) {
+	o, err := scanOwner(db.QueryRowContext(ctx, useSigninLinkSQL, signinCodeHash(code)))
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("use sign-in link: %w", err)
+	}
+	return &o, nil
+}
+
+// startOwnerSessionSQL is startSessionSQL for an owner's session ($5).
+const startOwnerSessionSQL = `
+WITH swept AS (
+  DELETE FROM outbox.owner_sessions
+  WHERE id_hash IN (
+    (SELECT id_hash
+     FROM outbox.owner_sessions
+     WHERE expires_at <= now()
+     ORDER BY expires_at
+     LIMIT $3)
+    UNION ALL
+    (SELECT id_hash
+     FROM outbox.owner_sessions
+     WHERE expires_at > now()
+     ORDER BY expires_at DESC
+     OFFSET $4
+     LIMIT $3)
+  )
+)
+INSERT INTO outbox.owner_sessions (id_hash, expires_at, owner_id)
+VALUES ($1, now() + make_interval(secs => $2), $5)`
+
+// startOwnerSession records session hash for owner ownerID.
+func startOwnerSession(ctx context.Context, db *sql.DB, hash []byte, ownerID int64) error {
+	_, err := db.ExecContext(ctx, startOwnerSessionSQL, hash, sessionLifetime.Seconds(), sessionSweep, maxSessions-1, ownerID)
+	return err
+}
+
+const ownerSessionSQL = `
+SELECT` + ownerColumns + `
+FROM outbox.owners
+WHERE id = (
+  SELECT owner_id
+  FROM outbox.owner_sessions
+  WHERE id_hash = $1
+    AND expires_at > now()
+)`
+
+// ownerSessionOf is the owner session hash is signed in as, or nil.
+func ownerSessionOf(ctx context.Context, db *sql.DB, hash []byte) (*Owner, error) {
+	o, err := scanOwner(db.QueryRowContext(ctx, ownerSessionSQL, hash))
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("read owner session: %w", err)
+	}
+	return &o, nil
+}
+
+const endOwnerSessionSQL = `
+DELETE FROM outbox.owner_sessions
+WHERE id_hash = $1`
+
+func endOwnerSession(ctx context.Context, db *sql.DB, hash []byte) error {
+	if _, err := db.ExecContext(ctx, endOwnerSessionSQL, hash); err != nil {
+		return fmt.Errorf("end owner session: %w", err)
+	}
+	return nil
+}
