@@ -202,12 +202,13 @@ func defaultConfig() Config {
 			// about the last change or two of a quiet one.
 			Audit: 90 * 24 * time.Hour,
 		},
-		// An hour to pass a link on and open it; short enough that one
-		// found later in a mailbox has expired.
-		SigninLinkLifetime: time.Hour,
 		DBMaxConns:    20,
 		DatabaseWait:  time.Minute,
 		ShutdownGrace: 30 * time.Second,
+
+		// An hour to pass a link on and open it; short enough that one
+		// found later in a mailbox has expired.
+		SigninLinkLifetime: time.Hour,
 	}
 	c.derive(false)
 	return c
