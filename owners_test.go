@@ -250,6 +250,28 @@ func sameAnswer(a, b string, idA, idB int64) bool {
 		strings.ReplaceAll(b, "endpoint "+strconv.FormatInt(idB, 10), "endpoint ID")
 }
 
+// contractAudience is who docs/owners.md says may use a route, read from
+// its path alone: an owner has its endpoint list, its endpoints' routes
+// and the audit trail; every other route is the admin's. The walks below
+// hold each route's declaration to it, so that a route declared wider
+// than the contract fails as surely as one enforced narrower.
+func contractAudience(pattern string) audience {
+	_, path, found := strings.Cut(pattern, " ")
+	if !found {
+		path = pattern
+	}
+	path = strings.TrimPrefix(path, "/api")
+	switch {
+	case path == "/" || path == "/endpoints" || path == "/audit":
+		return forEveryone
+	case path == "/endpoints/{id}/signin-link":
+		return forAdmin
+	case path == "/endpoints/{id}" || strings.HasPrefix(path, "/endpoints/{id}/"):
+		return forOwnedEndpoint
+	}
+	return forAdmin
+}
+
 // TestEveryRouteDeclaresItsAudience walks admin.go's list of API routes:
 // every route declares who may use it, and an owner's token gets what
 // the declaration says: 403 on the admin's routes, on another owner's
@@ -261,6 +283,9 @@ func TestEveryRouteDeclaresItsAudience(t *testing.T) {
 	for _, rt := range apiRoutes(w.a) {
 		t.Run(rt.pattern, func(t *testing.T) {
 			body := "{}"
+			if want := contractAudience(rt.pattern); rt.who != want && rt.who != audienceUndeclared {
+				t.Errorf("%s is declared for %s; docs/owners.md gives it to %s", rt.pattern, rt.who, want)
+			}
 			switch rt.who {
 			case audienceUndeclared:
 				t.Fatalf("%s declares no audience: give it forAdmin, forOwnedEndpoint or forEveryone", rt.pattern)
@@ -325,6 +350,9 @@ func TestEveryPageDeclaresItsAudience(t *testing.T) {
 	browser := signInAs(t, w.srv, w.mine.Token)
 	for _, rt := range pageRoutes(w.a) {
 		t.Run(rt.pattern, func(t *testing.T) {
+			if want := contractAudience(rt.pattern); rt.who != want && rt.who != audienceUndeclared {
+				t.Errorf("%s is declared for %s; docs/owners.md gives it to %s", rt.pattern, rt.who, want)
+			}
 			var form url.Values
 			if strings.HasPrefix(rt.pattern, "POST ") {
 				form = url.Values{"url": {"http://127.0.0.1:9/hook"}}
