@@ -242,6 +242,7 @@ func TestSweepStopsCycleAtAnomalyCap(t *testing.T) {
 		{Sweep: "delivery_stats", Table: "outbox.delivery_stats"},
 		{Sweep: "fanout_stats", Table: "outbox.fanout_stats"},
 		{Sweep: "inbox_stats", Table: "outbox.inbox_stats"},
+		{Sweep: "audit_log", Table: "outbox.audit_log"},
 	}
 	if diff := cmp.Diff(want, s.Stats()); diff != "" {
 		t.Errorf("stats (-want +got):\n%s", diff)
@@ -275,6 +276,7 @@ func TestRetentionWindowZeroLeavesTablesUntouched(t *testing.T) {
 
 	cfg := defaultConfig().Retention
 	cfg.Events, cfg.CompletedJobs, cfg.DiscardedJobs, cfg.Inbox, cfg.DeliveryStats = 0, 0, 0, 0, 0
+	cfg.Audit = 0
 	res := sweepOnce(t, newTestSweeper(t, db, cfg))
 	if diff := cmp.Diff(map[string]int64{}, res.Deleted); diff != "" {
 		t.Errorf("all windows 0: deleted (-want +got):\n%s", diff)
