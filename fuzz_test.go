@@ -257,6 +257,8 @@ func configArgs(cfg Config) []string {
 	flag("insecure-http", cfg.InsecureHTTP)
 	flag("public-url", cfg.PublicURL)
 	flag("trusted-proxies", cfg.TrustedProxies.String())
+	flag("audit-retention", cfg.Retention.Audit)
+	flag("signin-link-lifetime", cfg.SigninLinkLifetime)
 	return args
 }
 
