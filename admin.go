@@ -491,6 +491,67 @@ func (a *admin) startSession(w http.ResponseWriter, r *http.Request, who princip
 	return nil
 }
 
+// startOwnerSessionSQL is startSessionSQL for an owner's session ($5).
+const startOwnerSessionSQL = `
+WITH swept AS (
+  DELETE FROM outbox.owner_sessions
+  WHERE id_hash IN (
+    (SELECT id_hash
+     FROM outbox.owner_sessions
+     WHERE expires_at <= now()
+     ORDER BY expires_at
+     LIMIT $3)
+    UNION ALL
+    (SELECT id_hash
+     FROM outbox.owner_sessions
+     WHERE expires_at > now()
+     ORDER BY expires_at DESC
+     OFFSET $4
+     LIMIT $3)
+  )
+)
+INSERT INTO outbox.owner_sessions (id_hash, expires_at, owner_id)
+VALUES ($1, now() + make_interval(secs => $2), $5)`
+
+// startOwnerSession records session hash for owner ownerID.
+func startOwnerSession(ctx context.Context, db *sql.DB, hash []byte, ownerID int64) error {
+	_, err := db.ExecContext(ctx, startOwnerSessionSQL, hash, sessionLifetime.Seconds(), sessionSweep, maxSessions-1, ownerID)
+	return err
+}
+
+const ownerSessionSQL = `
+SELECT` + ownerColumns + `
+FROM outbox.owners
+WHERE id = (
+  SELECT owner_id
+  FROM outbox.owner_sessions
+  WHERE id_hash = $1
+    AND expires_at > now()
+)`
+
+// ownerSessionOf is the owner session hash is signed in as, or nil.
+func ownerSessionOf(ctx context.Context, db *sql.DB, hash []byte) (*Owner, error) {
+	o, err := scanOwner(db.QueryRowContext(ctx, ownerSessionSQL, hash))
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("read owner session: %w", err)
+	}
+	return &o, nil
+}
+
+const endOwnerSessionSQL = `
+DELETE FROM outbox.owner_sessions
+WHERE id_hash = $1`
+
+func endOwnerSession(ctx context.Context, db *sql.DB, hash []byte) error {
+	if _, err := db.ExecContext(ctx, endOwnerSessionSQL, hash); err != nil {
+		return fmt.Errorf("end owner session: %w", err)
+	}
+	return nil
+}
+
 // setSessionCookie sets the session cookie to value for maxAge seconds
 // (negative: forget it). It is Secure wherever the browser reached
 // outboxd over HTTPS (overHTTPS: the public URL says so, TLS, or a trusted

@@ -51,6 +51,11 @@ type AuditEntry struct {
 	Fields []string `json:"fields"`
 }
 
+// defaultAuditRetention is how long entries are kept unless
+// -audit-retention says otherwise: a quarter, to answer "who changed this
+// endpoint" about the last change or two of a quiet one.
+const defaultAuditRetention = 90 * 24 * time.Hour
+
 // Bounds on what one entry holds: schema.sql's audit_log_lengths repeats
 // them. A body of more fields than maxAuditFields is told by its first.
 const (

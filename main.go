@@ -198,18 +198,13 @@ func defaultConfig() Config {
 			BatchSize:            retentionBatchMax,
 			AnomalyCap:           1_000_000,
 			EndpointDisableAfter: 5 * 24 * time.Hour,
-			// Audit: a quarter, to answer "who changed this endpoint"
-			// about the last change or two of a quiet one.
-			Audit: 90 * 24 * time.Hour,
+			Audit:                defaultAuditRetention,
 		},
 		DBMaxConns:    20,
 		DatabaseWait:  time.Minute,
 		ShutdownGrace: 30 * time.Second,
-
-		// An hour to pass a link on and open it; short enough that one
-		// found later in a mailbox has expired.
-		SigninLinkLifetime: time.Hour,
 	}
+	c.SigninLinkLifetime = defaultSigninLinkLifetime
 	c.derive(false)
 	return c
 }

@@ -1,7 +1,6 @@
-// portal.go: the owners' portal beside the admin's API: the owners'
-// routes of the API, their panel sessions, and the sign-in links the
-// admin makes to hand to an owner (docs/owners.md). Signing in with a
-// token or a link is admin.go's.
+// portal.go: the owners' routes of the API, and the sign-in links the
+// admin makes to hand to an owner (docs/owners.md). Signing in, with a
+// token or a link, and the sessions it starts are admin.go's.
 
 package main
 
@@ -120,6 +119,11 @@ func handleSigninLinkPage(a *admin) pageFunc {
 	}
 }
 
+// defaultSigninLinkLifetime is how long a sign-in link is good unless
+// -signin-link-lifetime says otherwise: an hour to pass it on and open
+// it, short enough that one found later in a mailbox has expired.
+const defaultSigninLinkLifetime = time.Hour
+
 // signinCodePrefix marks a sign-in link's code, as ownerTokenPrefix does a
 // token; signinCodeBytes of randomness leave nothing to guess within a
 // link's hour.
@@ -159,6 +163,15 @@ func signinCodeHash(code string) []byte {
 	return sum[:]
 }
 
+// maxSigninLinks bounds the links table as maxSessions bounds the
+// sessions': a link past it revokes the oldest live one. signinLinkSweep
+// is the most expired links one new link deletes: more than the one it
+// adds, so that expired rows cannot pile up.
+const (
+	maxSigninLinks  = 1000
+	signinLinkSweep = 100
+)
+
 // storeSigninLinkSQL records link $1 for owner $2, good for $5 seconds,
 // first deleting up to $3 expired links and up to $3 live ones beyond the
 // newest $4, as startSessionSQL bounds the sessions.
@@ -186,7 +199,7 @@ RETURNING expires_at`
 
 func storeSigninLink(ctx context.Context, db *sql.DB, hash []byte, ownerID int64, lifetime time.Duration) (time.Time, error) {
 	var expires time.Time
-	err := db.QueryRowContext(ctx, storeSigninLinkSQL, hash, ownerID, sessionSweep, maxSessions-1, lifetime.Seconds()).Scan(&expires)
+	err := db.QueryRowContext(ctx, storeSigninLinkSQL, hash, ownerID, signinLinkSweep, maxSigninLinks-1, lifetime.Seconds()).Scan(&expires)
 	if err != nil {
 		return expires, fmt.Errorf("make sign-in link: %w", err)
 	}
@@ -218,65 +231,4 @@ func useSigninLink(ctx context.Context, db *sql.DB, code string) (*Owner, error)
 		return nil, fmt.Errorf("use sign-in link: %w", err)
 	}
 	return &o, nil
-}
-
-// startOwnerSessionSQL is startSessionSQL for an owner's session ($5).
-const startOwnerSessionSQL = `
-WITH swept AS (
-  DELETE FROM outbox.owner_sessions
-  WHERE id_hash IN (
-    (SELECT id_hash
-     FROM outbox.owner_sessions
-     WHERE expires_at <= now()
-     ORDER BY expires_at
-     LIMIT $3)
-    UNION ALL
-    (SELECT id_hash
-     FROM outbox.owner_sessions
-     WHERE expires_at > now()
-     ORDER BY expires_at DESC
-     OFFSET $4
-     LIMIT $3)
-  )
-)
-INSERT INTO outbox.owner_sessions (id_hash, expires_at, owner_id)
-VALUES ($1, now() + make_interval(secs => $2), $5)`
-
-// startOwnerSession records session hash for owner ownerID.
-func startOwnerSession(ctx context.Context, db *sql.DB, hash []byte, ownerID int64) error {
-	_, err := db.ExecContext(ctx, startOwnerSessionSQL, hash, sessionLifetime.Seconds(), sessionSweep, maxSessions-1, ownerID)
-	return err
-}
-
-const ownerSessionSQL = `
-SELECT` + ownerColumns + `
-FROM outbox.owners
-WHERE id = (
-  SELECT owner_id
-  FROM outbox.owner_sessions
-  WHERE id_hash = $1
-    AND expires_at > now()
-)`
-
-// ownerSessionOf is the owner session hash is signed in as, or nil.
-func ownerSessionOf(ctx context.Context, db *sql.DB, hash []byte) (*Owner, error) {
-	o, err := scanOwner(db.QueryRowContext(ctx, ownerSessionSQL, hash))
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		return nil, nil
-	case err != nil:
-		return nil, fmt.Errorf("read owner session: %w", err)
-	}
-	return &o, nil
-}
-
-const endOwnerSessionSQL = `
-DELETE FROM outbox.owner_sessions
-WHERE id_hash = $1`
-
-func endOwnerSession(ctx context.Context, db *sql.DB, hash []byte) error {
-	if _, err := db.ExecContext(ctx, endOwnerSessionSQL, hash); err != nil {
-		return fmt.Errorf("end owner session: %w", err)
-	}
-	return nil
 }
