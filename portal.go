@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strconv"
 	"time"
 )
 
@@ -60,6 +61,74 @@ func handleRotateOwnerToken(a *admin) apiFunc {
 	return byID(func(ctx context.Context, id int64) (ownerWithToken, error) {
 		return rotateOwnerToken(ctx, a.db, id)
 	})
+}
+
+// readDeliveredEvent is event eventID as endpoint endpointID's owner may
+// see it: the request its deliveries sent (the event, its payload among
+// it) and the jobs it made for that endpoint, with each attempt's error;
+// not found, as for an event that does not exist, when it made none.
+func readDeliveredEvent(ctx context.Context, db *sql.DB, endpointID, eventID int64) (eventWithJobs, error) {
+	jobs, err := listJobs(ctx, db, JobFilter{EventID: eventID, EndpointID: endpointID, Limit: maxEventPage})
+	if err != nil {
+		return eventWithJobs{}, err
+	}
+	if len(jobs) == 0 {
+		return eventWithJobs{}, fmt.Errorf("event %d: %w", eventID, errNotFound)
+	}
+	ev, err := getEvent(ctx, db, eventID)
+	return eventWithJobs{Event: ev, Jobs: jobs}, err
+}
+
+// eventIDOf is the path value event_id, as pathID reads id.
+func eventIDOf(r *http.Request) (int64, error) {
+	id, err := strconv.ParseInt(r.PathValue("event_id"), 10, 64)
+	if err != nil || id <= 0 {
+		return 0, fmt.Errorf("%w: event_id %q is not a positive integer", errInvalid, r.PathValue("event_id"))
+	}
+	return id, nil
+}
+
+// handleEndpointEvent is GET /api/endpoints/{id}/events/{event_id}: an
+// event the endpoint was sent, with its deliveries to that endpoint; for
+// an owner, who may not read the event stream, what its receiver was sent.
+func handleEndpointEvent(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		id, err := pathID(r)
+		if err != nil {
+			return 0, nil, err
+		}
+		eventID, err := eventIDOf(r)
+		if err != nil {
+			return 0, nil, err
+		}
+		ev, err := readDeliveredEvent(r.Context(), a.db, id, eventID)
+		return http.StatusOK, ev, err
+	}
+}
+
+// handleEndpointEventPage is GET /endpoints/{id}/events/{event_id}, the
+// same on the panel: the page an owner's attempts link to.
+func handleEndpointEventPage(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		id, err := pathID(r)
+		if err != nil {
+			return err
+		}
+		eventID, err := eventIDOf(r)
+		if err != nil {
+			return err
+		}
+		ev, err := readDeliveredEvent(r.Context(), a.db, id, eventID)
+		if err != nil {
+			return err
+		}
+		a.panel.render(w, http.StatusOK, "delivery", page{Title: fmt.Sprintf("Event %d", eventID), Nav: "endpoints", SignedIn: true,
+			Data: struct {
+				EndpointID int64
+				Event      eventWithJobs
+			}{id, ev}})
+		return nil
+	}
 }
 
 // signinLink is a sign-in link as the API answers it.
