@@ -86,6 +86,13 @@ func TestOwnerPortalInBrowser(t *testing.T) {
 	if n := br.count("#make-signin-link"); n != 0 {
 		t.Error("the owner is offered to make sign-in links")
 	}
+	// An attempt's event shows the owner what its receiver was sent.
+	br.execute(`[...document.querySelectorAll('h2')].find(h => h.textContent === 'Recent attempts').nextElementSibling.querySelector('tbody a').click(); return true`, new(bool))
+	br.find("#payload")
+	if got := br.text("#payload"); !strings.Contains(got, `"subject"`) {
+		t.Errorf("the attempt's event shows the payload %q", got)
+	}
+	br.open(fmt.Sprintf("%s/endpoints/%d", srv.URL, ep.ID))
 	br.click("#pause")
 	br.find("#resume")
 	br.screenshot(filepath.Join(artifactDir, "portal-endpoint.png"))
