@@ -678,3 +678,29 @@ func TestOwnerSeesWhatItsEndpointWasSent(t *testing.T) {
 		t.Errorf("the owner's event page shows no payload:\n%s", page)
 	}
 }
+
+// The links table stays bounded however many links the admin makes: each
+// new one deletes the expired ones and the live ones past the newest 1000.
+func TestSigninLinksStayBounded(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	o, err := createOwner(t.Context(), db, "many links")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, `INSERT INTO outbox.owner_signin_links (code_hash, owner_id, expires_at)
+		SELECT sha256(convert_to('expired ' || i, 'UTF8')), $1, now() - interval '1 minute' FROM generate_series(1, 150) AS i`, o.ID)
+	mustExec(t, db, `INSERT INTO outbox.owner_signin_links (code_hash, owner_id, expires_at)
+		SELECT sha256(convert_to('live ' || i, 'UTF8')), $1, now() + interval '1 hour' FROM generate_series(1, 1005) AS i`, o.ID)
+	if _, err := storeSigninLink(t.Context(), db, signinCodeHash("obl_new"), o.ID, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	expired := queryInt(t, db, `SELECT count(*) FROM outbox.owner_signin_links WHERE expires_at <= now()`)
+	live := queryInt(t, db, `SELECT count(*) FROM outbox.owner_signin_links WHERE expires_at > now()`)
+	if expired != 50 || live != 1000 {
+		t.Errorf("after one new link: %d expired (want 150 - 100 = 50) and %d live (want the newest 1000)", expired, live)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.owner_signin_links WHERE code_hash = $1`, signinCodeHash("obl_new")); n != 1 {
+		t.Error("the new link is not among the live ones")
+	}
+}
