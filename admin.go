@@ -110,6 +110,9 @@ func pageRoutes(a *admin) []pageRoute {
 		{"GET /subjects", forAdmin, p.handleSubjects(a)},
 		{"POST /alerts/{name}/acknowledge", forAdmin, p.handleAcknowledgeAlert(a)},
 		{"GET /audit", forEveryone, handleAuditPage(a)},
+		{"GET /owners", forAdmin, handleOwnersPage(a)},
+		{"POST /owners", forAdmin, handleCreateOwnerPage(a)},
+		{"POST /owners/{id}/{action}", forAdmin, handleOwnerAction(a)},
 	}
 }
 

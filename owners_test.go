@@ -19,6 +19,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 // callAs sends a request with "Authorization: Bearer token" and returns
@@ -702,5 +704,54 @@ func TestSigninLinksStayBounded(t *testing.T) {
 	}
 	if n := queryInt(t, db, `SELECT count(*) FROM outbox.owner_signin_links WHERE code_hash = $1`, signinCodeHash("obl_new")); n != 1 {
 		t.Error("the new link is not among the live ones")
+	}
+}
+
+// The admin's Owners page creates an owner and shows its token once,
+// replaces a token, and deletes an owner; each is in the audit trail.
+func TestOwnersPageCreatesRotatesAndDeletes(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	srv := newTestAdmin(t, db)
+	admin := signIn(t, srv)
+	tokenOf := regexp.MustCompile(`id="owner-token">(obo_[0-9a-f]+)<`)
+
+	status, page := browse(t, admin, srv, "POST", "/owners", url.Values{"name": {"Ops"}})
+	m := tokenOf.FindStringSubmatch(page)
+	if status != 200 || m == nil {
+		t.Fatalf("create an owner on the panel = %d:\n%s", status, page)
+	}
+	first := m[1]
+	if status, _ := callAs(t, srv, first, "GET", "/api/endpoints", ""); status != 200 {
+		t.Errorf("the panel's new token = %d, want 200", status)
+	}
+	if _, page := browse(t, admin, srv, "GET", "/owners", nil); tokenOf.MatchString(page) || !strings.Contains(page, `id="owner-1"`) {
+		t.Errorf("the owners list shows a token, or not the owner:\n%s", page)
+	}
+	_, page = browse(t, admin, srv, "POST", "/owners/1/rotate-token", url.Values{})
+	if m = tokenOf.FindStringSubmatch(page); m == nil || m[1] == first {
+		t.Fatalf("rotate on the panel shows no new token:\n%s", page)
+	}
+	if status, _ := callAs(t, srv, first, "GET", "/api/endpoints", ""); status != 401 {
+		t.Errorf("the replaced token = %d, want 401", status)
+	}
+	if status, page := browse(t, admin, srv, "POST", "/owners", url.Values{"name": {""}}); status != 400 || !strings.Contains(page, "name") {
+		t.Errorf("an owner without a name = %d:\n%s", status, page)
+	}
+	if status, _ := browse(t, admin, srv, "POST", "/owners/1/delete", url.Values{}); status != http.StatusSeeOther {
+		t.Errorf("delete on the panel = %d, want 303", status)
+	}
+	if status, _ := callAs(t, srv, m[1], "GET", "/api/endpoints", ""); status != 401 {
+		t.Errorf("a deleted owner's token = %d, want 401", status)
+	}
+	var trail struct{ Entries []AuditEntry }
+	decodeAs(t, srv, testToken, "GET", "/api/audit", "", 200, &trail)
+	want := []auditLine{
+		{Actor: "admin", Via: "panel", Action: "POST /owners/{id}/delete", Kind: "owner", Subject: "1"},
+		{Actor: "admin", Via: "panel", Action: "POST /owners/{id}/rotate-token", Kind: "owner", Subject: "1"},
+		{Actor: "admin", Via: "panel", Action: "POST /owners", Kind: "owner", Subject: "1", Fields: "name"},
+	}
+	if diff := cmp.Diff(want, linesOf(trail.Entries)); diff != "" {
+		t.Errorf("the panel's owner changes in the trail (-want +got):\n%s", diff)
 	}
 }

@@ -131,6 +131,72 @@ func handleEndpointEventPage(a *admin) pageFunc {
 	}
 }
 
+// renderOwners is the admin's page of owners: the list, a form for a new
+// one, and created's token (a new owner's, or a rotated one), shown once.
+func renderOwners(w http.ResponseWriter, r *http.Request, a *admin, flash string, created *ownerWithToken) error {
+	owners, err := listOwners(r.Context(), a.db)
+	if err != nil {
+		return err
+	}
+	a.panel.render(w, http.StatusOK, "owners", page{Title: "Owners", Nav: "owners", SignedIn: true, Flash: flash,
+		Data: struct {
+			Owners  []Owner
+			Created *ownerWithToken
+		}{owners, created}})
+	return nil
+}
+
+// handleOwnersPage is GET /owners.
+func handleOwnersPage(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		return renderOwners(w, r, a, flash(r), nil)
+	}
+}
+
+// handleCreateOwnerPage is POST /owners: the list again, with the new
+// owner's token.
+func handleCreateOwnerPage(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		f := formOf(w, r, 4096)
+		name := f.text("name")
+		if f.err != nil {
+			return f.err
+		}
+		o, err := createOwner(r.Context(), a.db, name)
+		if err != nil {
+			return err
+		}
+		noteAuditSubject(r, strconv.FormatInt(o.ID, 10))
+		return renderOwners(w, r, a, fmt.Sprintf("Owner %s created. Hand over its token now: it is not shown again.", o.Name), &o)
+	}
+}
+
+// handleOwnerAction is POST /owners/{id}/{action}: rotate-token shows
+// the new token, delete leaves for the list.
+func handleOwnerAction(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		id, err := pathID(r)
+		if err != nil {
+			return err
+		}
+		switch r.PathValue("action") {
+		case "rotate-token":
+			o, err := rotateOwnerToken(r.Context(), a.db, id)
+			if err != nil {
+				return err
+			}
+			return renderOwners(w, r, a, fmt.Sprintf("Token of %s replaced; the old one, and its sessions, ended.", o.Name), &o)
+		case "delete":
+			if err := deleteOwner(r.Context(), a.db, id); err != nil {
+				return err
+			}
+			http.Redirect(w, r, "/owners?done="+url.QueryEscape(fmt.Sprintf("Owner %d deleted; its endpoints are the admin's alone.", id)), http.StatusSeeOther)
+			return nil
+		}
+		return fmt.Errorf("%w: no action %q", errNotFound, r.PathValue("action"))
+	}
+}
+
 // signinLink is a sign-in link as the API answers it.
 type signinLink struct {
 	OwnerID   int64     `json:"owner_id"`
