@@ -182,7 +182,7 @@ func (a *admin) requireToken(next http.Handler) http.Handler {
 				return
 			case verdict == tokenThrottled:
 				w.Header().Set("Retry-After", strconv.Itoa(retry))
-				writeError(w, http.StatusTooManyRequests, fmt.Errorf("too many wrong admin tokens from this address: try again in %d s", retry))
+				writeError(w, http.StatusTooManyRequests, fmt.Errorf("too many wrong tokens from this address: try again in %d s", retry))
 				return
 			}
 		}

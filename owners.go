@@ -241,8 +241,11 @@ func withPrincipal(r *http.Request, who principal) *http.Request {
 }
 
 // principalOf is who sent r, as requireToken or requireSession found.
-func principalOf(r *http.Request) principal {
-	who, _ := r.Context().Value(principalKey{}).(principal)
+func principalOf(r *http.Request) principal { return principalIn(r.Context()) }
+
+// principalIn is principalOf for a handler that has only the context.
+func principalIn(ctx context.Context) principal {
+	who, _ := ctx.Value(principalKey{}).(principal)
 	return who
 }
 
@@ -354,9 +357,11 @@ WHERE id > $1
 ORDER BY id
 LIMIT $2`
 
-// listEndpointsFor is the page of endpoints who may see: all of them for
-// the admin, its own for an owner, none for nobody.
-func listEndpointsFor(ctx context.Context, db *sql.DB, who principal, afterID int64, limit int) ([]Endpoint, error) {
+// listEndpointsFor is the page of endpoints the request's sender
+// (principalIn) may see: all of them for the admin, its own for an owner,
+// none for nobody.
+func listEndpointsFor(ctx context.Context, db *sql.DB, afterID int64, limit int) ([]Endpoint, error) {
+	who := principalIn(ctx)
 	switch {
 	case who.admin:
 		return listEndpoints(ctx, db, afterID, limit)
@@ -370,12 +375,14 @@ func listEndpointsFor(ctx context.Context, db *sql.DB, who principal, afterID in
 	return endpoints, nil
 }
 
-// claimInput makes a new endpoint's or a change's owner_id who's to give:
+// claimInput makes a new endpoint's or a change's owner_id what its
+// sender (principalIn) may give:
 // the admin's as given (an owner that exists, or null for none); an
 // owner's endpoint is its own, and an owner_id it gives is refused rather
 // than ignored, so that a client that meant another owner learns it
 // cannot. creating gives an owner's new endpoint its owner.
-func claimInput(ctx context.Context, db *sql.DB, who principal, in *endpointInput, creating bool) error {
+func claimInput(ctx context.Context, db *sql.DB, in *endpointInput, creating bool) error {
+	who := principalIn(ctx)
 	if !who.admin {
 		if in.OwnerID.Set {
 			return fmt.Errorf("%w: owner_id: an owner's token cannot set it; the endpoints it creates are its own", errInvalid)
