@@ -337,7 +337,9 @@ func handleSigninLinkForm(a *admin) pageFunc {
 
 // handleSigninWithLink is POST /signin: the link's code signs the browser
 // in as its owner, once. A code that is no good spends the address's
-// budget of wrong tokens, as a wrong token does.
+// budget of wrong tokens, as a wrong token does; an address past its
+// budget is refused before the code is looked at, so that the refusal
+// does not use up a good link.
 func handleSigninWithLink(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		f := formOf(w, r, 4096)
@@ -345,11 +347,16 @@ func handleSigninWithLink(a *admin) pageFunc {
 		if f.err != nil {
 			return f.err
 		}
-		o, err := useSigninLink(r.Context(), a.db, code)
-		if err != nil {
-			return err
+		client := a.clientAddr(r)
+		var o *Owner
+		if throttled, _ := a.auth.throttled(client); !throttled {
+			var err error
+			if o, err = useSigninLink(r.Context(), a.db, code); err != nil {
+				return err
+			}
 		}
-		switch verdict, retry := a.auth.check(a.clientAddr(r), authViaSignIn, o != nil); verdict {
+		// Throttled, the check counts the try and spends nothing.
+		switch verdict, retry := a.auth.check(client, authViaSignIn, o != nil); verdict {
 		case tokenThrottled:
 			w.Header().Set("Retry-After", strconv.Itoa(retry))
 			a.panel.render(w, http.StatusTooManyRequests, "login", page{Title: "Sign in",

@@ -302,6 +302,20 @@ func (l *authLimiter) check(client netip.Addr, via string, right bool) (tokenVer
 	return verdict, retry
 }
 
+// throttled reports whether client is past its budget, with the seconds
+// until it may try again, spending nothing: for a check whose try uses
+// something up (a sign-in link), made before it.
+func (l *authLimiter) throttled(client netip.Addr) (bool, int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.now()
+	l.forget(now)
+	if e := l.budgets[budgetKey(client)]; e != nil && e.Value.(*authBudget).left(now) < 1 {
+		return true, retryAfter(e.Value.(*authBudget), now)
+	}
+	return false, 0
+}
+
 // judge is check under the lock: spent says that this wrong token was
 // key's last try, for the first time since key was remembered.
 func (l *authLimiter) judge(key netip.Prefix, via string, right bool, now time.Time) (verdict tokenVerdict, retry int, spent bool) {

@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -753,5 +754,32 @@ func TestOwnersPageCreatesRotatesAndDeletes(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, linesOf(trail.Entries)); diff != "" {
 		t.Errorf("the panel's owner changes in the trail (-want +got):\n%s", diff)
+	}
+}
+
+// An address past its budget of wrong tokens is refused a sign-in link
+// without the link being used up: the owner signs in with it once the
+// budget refills.
+func TestThrottledAddressDoesNotSpendASigninLink(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	a := testAdmin(t, db, testPolicy, testLogger(t), nil)
+	start, passed := time.Now(), atomic.Int64{} // the limiter's clock, read by the handlers
+	a.auth.now = func() time.Time { return start.Add(time.Duration(passed.Load())) }
+	srv := httptest.NewServer(routes(a))
+	t.Cleanup(srv.Close)
+	o := newOwner(t, srv, "behind a busy NAT")
+	code, _ := signinLinkFor(t, srv, o.ID)
+	for i := range 10 {
+		if status, _ := useLink(t, srv, fmt.Sprintf("obl_wrong%d", i)); status != 401 {
+			t.Fatalf("wrong code %d = %d, want 401", i+1, status)
+		}
+	}
+	if status, _ := useLink(t, srv, code); status != 429 {
+		t.Fatalf("the right code after 10 wrong ones = %d, want 429", status)
+	}
+	passed.Store(int64(6 * time.Second)) // one try refilled
+	if status, _ := useLink(t, srv, code); status != http.StatusSeeOther {
+		t.Errorf("the link after the budget refilled = %d, want 303: the throttled try used it up", status)
 	}
 }
