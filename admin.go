@@ -64,6 +64,7 @@ func apiRoutes(a *admin) []apiRoute {
 		{"GET /api/endpoints/{id}/deliveries", forOwnedEndpoint, handleEndpointDeliveries(a)},
 		{"GET /api/endpoints/{id}/stats", forOwnedEndpoint, handleEndpointStatsWindow(a)},
 		{"GET /api/endpoints/{id}/events/{event_id}", forOwnedEndpoint, handleEndpointEvent(a)},
+		{"GET /api/endpoints/{id}/alerts", forOwnedEndpoint, handleEndpointAlerts(a)},
 		{"GET /api/stats", forAdmin, handleStats(a)},
 		{"GET /api/sources", forAdmin, handleListSources(a)},
 		{"POST /api/sources", forAdmin, handleCreateSource(a)},

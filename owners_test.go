@@ -783,3 +783,25 @@ func TestThrottledAddressDoesNotSpendASigninLink(t *testing.T) {
 		t.Errorf("the link after the budget refilled = %d, want 303: the throttled try used it up", status)
 	}
 }
+
+// An owner reads its endpoint's alerts, as the overview has them.
+func TestOwnerReadsItsEndpointsAlerts(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	srv := newTestAdmin(t, db)
+	o := newOwner(t, srv, "paged")
+	failing, quiet := endpointAs(t, srv, o.Token, 0), endpointAs(t, srv, o.Token, 0)
+	adminsFailing := endpointAs(t, srv, testToken, 0)
+	mustExec(t, db, `UPDATE outbox.endpoints SET breaker_opened_at = now(), consecutive_failures = 5, failing_since = now() WHERE id IN ($1, $2)`,
+		failing.ID, adminsFailing.ID)
+
+	var got struct{ Alerts []Alert }
+	decodeAs(t, srv, o.Token, "GET", fmt.Sprintf("/api/endpoints/%d/alerts", failing.ID), "", 200, &got)
+	if len(got.Alerts) != 1 || got.Alerts[0].Name != "endpoint_failing" || got.Alerts[0].Link != fmt.Sprintf("/endpoints/%d", failing.ID) {
+		t.Errorf("the failing endpoint's alerts = %+v, want its endpoint_failing alone", got.Alerts)
+	}
+	decodeAs(t, srv, o.Token, "GET", fmt.Sprintf("/api/endpoints/%d/alerts", quiet.ID), "", 200, &got)
+	if len(got.Alerts) != 0 {
+		t.Errorf("a quiet endpoint's alerts = %+v, want none", got.Alerts)
+	}
+}

@@ -197,6 +197,29 @@ func handleOwnerAction(a *admin) pageFunc {
 	}
 }
 
+// handleEndpointAlerts is GET /api/endpoints/{id}/alerts: the alerts
+// firing now that name the endpoint (endpoint_failing links its page), as
+// the overview has them, acknowledgements and all: what an owner, who may
+// not read the overview, may see of its endpoint's alerts.
+func handleEndpointAlerts(a *admin) apiFunc {
+	return byID(func(ctx context.Context, id int64) (map[string][]Alert, error) {
+		if _, err := getEndpoint(ctx, a.db, id); err != nil {
+			return nil, err
+		}
+		o, err := a.overview(ctx)
+		if err != nil {
+			return nil, err
+		}
+		link, alerts := fmt.Sprintf("/endpoints/%d", id), []Alert{}
+		for _, al := range o.Alerts {
+			if al.Link == link {
+				alerts = append(alerts, al)
+			}
+		}
+		return map[string][]Alert{"alerts": alerts}, nil
+	})
+}
+
 // signinLink is a sign-in link as the API answers it.
 type signinLink struct {
 	OwnerID   int64     `json:"owner_id"`
