@@ -797,7 +797,8 @@ func TestOwnerReadsItsEndpointsAlerts(t *testing.T) {
 
 	var got struct{ Alerts []Alert }
 	decodeAs(t, srv, o.Token, "GET", fmt.Sprintf("/api/endpoints/%d/alerts", failing.ID), "", 200, &got)
-	if len(got.Alerts) != 1 || got.Alerts[0].Name != "endpoint_failing" || got.Alerts[0].Link != fmt.Sprintf("/endpoints/%d", failing.ID) {
+	if len(got.Alerts) != 1 || got.Alerts[0].Name != "endpoint_failing" || got.Alerts[0].Link != fmt.Sprintf("/endpoints/%d", failing.ID) ||
+		got.Alerts[0].Level != 1 { // not the 2 endpoints failing in all
 		t.Errorf("the failing endpoint's alerts = %+v, want its endpoint_failing alone", got.Alerts)
 	}
 	decodeAs(t, srv, o.Token, "GET", fmt.Sprintf("/api/endpoints/%d/alerts", quiet.ID), "", 200, &got)

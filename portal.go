@@ -213,6 +213,9 @@ func handleEndpointAlerts(a *admin) apiFunc {
 		link, alerts := fmt.Sprintf("/endpoints/%d", id), []Alert{}
 		for _, al := range o.Alerts {
 			if al.Link == link {
+				// The overview's level counts every endpoint failing,
+				// which is not an owner's to know; this one is 1.
+				al.Level = 1
 				alerts = append(alerts, al)
 			}
 		}
