@@ -25,46 +25,108 @@ import (
 	"time"
 )
 
-// routes is every route of outboxd in one place.
+// apiRoute is one route of the JSON API and who may use it (owners.go):
+// every route declares its audience, and TestEveryRouteDeclaresItsAudience
+// walks this list to hold each one to it.
+type apiRoute struct {
+	pattern string
+	who     audience
+	h       apiFunc
+}
+
+// apiRoutes is every route of the JSON API, each behind a token (the
+// admin's or an owner's) or a panel session.
+func apiRoutes(a *admin) []apiRoute {
+	return []apiRoute{
+		{"GET /api/overview", forAdmin, handleOverview(a)},
+		{"POST /api/alerts/{name}/acknowledge", forAdmin, handleAcknowledgeAlert(a)},
+		{"GET /api/events", forAdmin, handleListEvents(a)},
+		{"POST /api/events", forAdmin, handleRecordEvent(a)},
+		{"GET /api/events/{id}", forAdmin, handleGetEvent(a)},
+		{"POST /api/events/{id}/requeue", forAdmin, handleRequeueEvent(a)},
+		{"GET /api/jobs", forAdmin, handleListJobs(a)},
+		{"POST /api/jobs/{id}/retry", forAdmin, handleRetryJob(a)},
+		{"POST /api/jobs/retry-discarded", forAdmin, handleRetryEveryDiscarded(a)},
+		{"GET /api/jobs/discarded", forAdmin, handleDiscardedGroups(a)},
+		{"GET /api/endpoints", forEveryone, handleListEndpoints(a)},
+		{"POST /api/endpoints", forEveryone, handleCreateEndpoint(a)},
+		{"GET /api/endpoints/{id}", forOwnedEndpoint, handleGetEndpoint(a)},
+		{"PATCH /api/endpoints/{id}", forOwnedEndpoint, handleUpdateEndpoint(a)},
+		{"DELETE /api/endpoints/{id}", forOwnedEndpoint, handleDeleteEndpoint(a)},
+		{"POST /api/endpoints/{id}/enable", forOwnedEndpoint, handleEnableEndpoint(a)},
+		{"POST /api/endpoints/{id}/pause", forOwnedEndpoint, handlePauseEndpoint(a)},
+		{"POST /api/endpoints/{id}/resume", forOwnedEndpoint, handleResumeEndpoint(a)},
+		{"POST /api/endpoints/{id}/disable", forOwnedEndpoint, handleDisableEndpoint(a)},
+		{"POST /api/endpoints/{id}/rotate-secret", forOwnedEndpoint, handleRotateEndpointSecret(a)},
+		{"POST /api/endpoints/{id}/replay", forOwnedEndpoint, handleReplayEndpoint(a)},
+		{"POST /api/endpoints/{id}/retry-discarded", forOwnedEndpoint, handleRetryDiscarded(a)},
+		{"POST /api/endpoints/filter-preview", forAdmin, handleFilterPreview(a)},
+		{"POST /api/endpoints/{id}/filter-preview", forOwnedEndpoint, handleEndpointFilterPreview(a)},
+		{"GET /api/endpoints/{id}/replays", forOwnedEndpoint, handleListReplays(a)},
+		{"POST /api/endpoints/{id}/replays/{replay_id}/cancel", forOwnedEndpoint, handleCancelReplay(a)},
+		{"GET /api/endpoints/{id}/deliveries", forOwnedEndpoint, handleEndpointDeliveries(a)},
+		{"GET /api/endpoints/{id}/stats", forOwnedEndpoint, handleEndpointStatsWindow(a)},
+		{"GET /api/endpoints/{id}/events/{event_id}", forOwnedEndpoint, handleEndpointEvent(a)},
+		{"GET /api/endpoints/{id}/alerts", forOwnedEndpoint, handleEndpointAlerts(a)},
+		{"GET /api/stats", forAdmin, handleStats(a)},
+		{"GET /api/sources", forAdmin, handleListSources(a)},
+		{"POST /api/sources", forAdmin, handleCreateSource(a)},
+		{"DELETE /api/sources/{name}", forAdmin, handleDeleteSource(a)},
+		{"POST /api/sources/{name}/rotate-secret", forAdmin, handleRotateSourceSecret(a)},
+		{"GET /api/subjects", forAdmin, handleListSubjects(a)},
+		{"GET /api/owners", forAdmin, handleListOwners(a)},
+		{"POST /api/owners", forAdmin, handleCreateOwner(a)},
+		{"DELETE /api/owners/{id}", forAdmin, handleDeleteOwner(a)},
+		{"POST /api/owners/{id}/rotate-token", forAdmin, handleRotateOwnerToken(a)},
+		{"POST /api/owners/{id}/signin-links", forAdmin, handleCreateSigninLink(a)},
+		{"GET /api/audit", forEveryone, handleListAudit(a)},
+		{"/api/", forEveryone, handleNoRoute()},
+	}
+}
+
+// pageRoute is one page of the panel and who may see it, as apiRoute.
+type pageRoute struct {
+	pattern string
+	who     audience
+	h       pageFunc
+}
+
+// pageRoutes is every page of the panel behind a session.
+func pageRoutes(a *admin) []pageRoute {
+	p := a.panel
+	return []pageRoute{
+		{"GET /{$}", forAdmin, p.handleOverview(a)},
+		{"GET /events", forAdmin, p.handleEvents(a)},
+		{"GET /events/{id}", forAdmin, p.handleEvent(a)},
+		{"POST /events/{id}/requeue", forAdmin, p.handleRequeue(a)},
+		{"GET /endpoints", forEveryone, p.handleEndpoints(a)},
+		{"POST /endpoints", forEveryone, p.handleCreateEndpoint(a)},
+		{"GET /endpoints/{id}", forOwnedEndpoint, p.handleEndpoint(a)},
+		{"GET /endpoints/{id}/events/{event_id}", forOwnedEndpoint, handleEndpointEventPage(a)},
+		{"POST /endpoints/{id}/signin-link", forAdmin, handleSigninLinkPage(a)},
+		{"POST /endpoints/{id}/{action}", forOwnedEndpoint, p.handleEndpointAction(a)},
+		{"GET /sources", forAdmin, p.handleSources(a)},
+		{"POST /sources", forAdmin, p.handleCreateSource(a)},
+		{"POST /sources/{name}/{action}", forAdmin, p.handleSourceAction(a)},
+		{"GET /jobs", forAdmin, p.handleJobs(a)},
+		{"POST /jobs/{id}/retry", forAdmin, p.handleRetry(a)},
+		{"POST /jobs/retry-discarded", forAdmin, p.handleRetryEveryDiscarded(a)},
+		{"GET /subjects", forAdmin, p.handleSubjects(a)},
+		{"POST /alerts/{name}/acknowledge", forAdmin, p.handleAcknowledgeAlert(a)},
+		{"GET /audit", forEveryone, handleAuditPage(a)},
+		{"GET /owners", forAdmin, handleOwnersPage(a)},
+		{"POST /owners", forAdmin, handleCreateOwnerPage(a)},
+		{"POST /owners/{id}/{action}", forAdmin, handleOwnerAction(a)},
+	}
+}
+
+// routes is every route of outboxd in one place: the API's and the
+// panel's lists above, and the open routes beside them.
 func routes(a *admin) http.Handler {
-	// The JSON API, every route of it behind the admin token.
 	api := http.NewServeMux()
-	apiRoute := func(pattern string, h apiFunc) { api.Handle(pattern, a.serveJSON(h)) }
-	apiRoute("GET /api/overview", handleOverview(a))
-	apiRoute("POST /api/alerts/{name}/acknowledge", handleAcknowledgeAlert(a))
-	apiRoute("GET /api/events", handleListEvents(a))
-	apiRoute("POST /api/events", handleRecordEvent(a))
-	apiRoute("GET /api/events/{id}", handleGetEvent(a))
-	apiRoute("POST /api/events/{id}/requeue", handleRequeueEvent(a))
-	apiRoute("GET /api/jobs", handleListJobs(a))
-	apiRoute("POST /api/jobs/{id}/retry", handleRetryJob(a))
-	apiRoute("POST /api/jobs/retry-discarded", handleRetryEveryDiscarded(a))
-	apiRoute("GET /api/jobs/discarded", handleDiscardedGroups(a))
-	apiRoute("GET /api/endpoints", handleListEndpoints(a))
-	apiRoute("POST /api/endpoints", handleCreateEndpoint(a))
-	apiRoute("GET /api/endpoints/{id}", handleGetEndpoint(a))
-	apiRoute("PATCH /api/endpoints/{id}", handleUpdateEndpoint(a))
-	apiRoute("DELETE /api/endpoints/{id}", handleDeleteEndpoint(a))
-	apiRoute("POST /api/endpoints/{id}/enable", handleEnableEndpoint(a))
-	apiRoute("POST /api/endpoints/{id}/pause", handlePauseEndpoint(a))
-	apiRoute("POST /api/endpoints/{id}/resume", handleResumeEndpoint(a))
-	apiRoute("POST /api/endpoints/{id}/disable", handleDisableEndpoint(a))
-	apiRoute("POST /api/endpoints/{id}/rotate-secret", handleRotateEndpointSecret(a))
-	apiRoute("POST /api/endpoints/{id}/replay", handleReplayEndpoint(a))
-	apiRoute("POST /api/endpoints/{id}/retry-discarded", handleRetryDiscarded(a))
-	apiRoute("POST /api/endpoints/filter-preview", handleFilterPreview(a))
-	apiRoute("POST /api/endpoints/{id}/filter-preview", handleEndpointFilterPreview(a))
-	apiRoute("GET /api/endpoints/{id}/replays", handleListReplays(a))
-	apiRoute("POST /api/endpoints/{id}/replays/{replay_id}/cancel", handleCancelReplay(a))
-	apiRoute("GET /api/endpoints/{id}/deliveries", handleEndpointDeliveries(a))
-	apiRoute("GET /api/endpoints/{id}/stats", handleEndpointStatsWindow(a))
-	apiRoute("GET /api/stats", handleStats(a))
-	apiRoute("GET /api/sources", handleListSources(a))
-	apiRoute("POST /api/sources", handleCreateSource(a))
-	apiRoute("DELETE /api/sources/{name}", handleDeleteSource(a))
-	apiRoute("POST /api/sources/{name}/rotate-secret", handleRotateSourceSecret(a))
-	apiRoute("GET /api/subjects", handleListSubjects(a))
-	apiRoute("/api/", handleNoRoute())
+	for _, rt := range apiRoutes(a) {
+		api.Handle(rt.pattern, a.serveJSON(a.audited(rt.pattern, a.allowAPI(rt.who, rt.h))))
+	}
 
 	mux := http.NewServeMux()
 	mux.Handle("/api/", a.requireToken(api))
@@ -73,7 +135,7 @@ func routes(a *admin) http.Handler {
 	if a.metricsPublic {
 		mux.Handle("GET /metrics", handleMetrics(a))
 	} else {
-		mux.Handle("GET /metrics", a.requireToken(handleMetrics(a)))
+		mux.Handle("GET /metrics", a.requireToken(a.adminsOnly(handleMetrics(a))))
 	}
 	// The inbox authenticates each request by its source's signature, not
 	// by the admin token: senders hold no token.
@@ -83,7 +145,6 @@ func routes(a *admin) http.Handler {
 	}
 
 	// The panel: HTML pages for a browser, signed in by a session cookie.
-	p := a.panel
 	static, _ := fs.Sub(staticFS, "static")
 	staticFiles := http.StripPrefix("/static/", http.FileServerFS(static))
 	mux.Handle("GET /static/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -95,56 +156,61 @@ func routes(a *admin) http.Handler {
 	mux.Handle("GET /login", a.servePage(handleLoginForm(a)))
 	mux.Handle("POST /login", a.servePage(handleLogin(a)))
 	mux.Handle("POST /logout", a.servePage(handleLogout(a)))
-	pageRoute := func(pattern string, h pageFunc) { mux.Handle(pattern, a.requireSession(a.servePage(h))) }
-	pageRoute("GET /{$}", p.handleOverview(a))
-	pageRoute("GET /events", p.handleEvents(a))
-	pageRoute("GET /events/{id}", p.handleEvent(a))
-	pageRoute("POST /events/{id}/requeue", p.handleRequeue(a))
-	pageRoute("GET /endpoints", p.handleEndpoints(a))
-	pageRoute("POST /endpoints", p.handleCreateEndpoint(a))
-	pageRoute("GET /endpoints/{id}", p.handleEndpoint(a))
-	pageRoute("POST /endpoints/{id}/{action}", p.handleEndpointAction(a))
-	pageRoute("GET /sources", p.handleSources(a))
-	pageRoute("POST /sources", p.handleCreateSource(a))
-	pageRoute("POST /sources/{name}/{action}", p.handleSourceAction(a))
-	pageRoute("GET /jobs", p.handleJobs(a))
-	pageRoute("POST /jobs/{id}/retry", p.handleRetry(a))
-	pageRoute("POST /jobs/retry-discarded", p.handleRetryEveryDiscarded(a))
-	pageRoute("GET /subjects", p.handleSubjects(a))
-	pageRoute("POST /alerts/{name}/acknowledge", p.handleAcknowledgeAlert(a))
+	mux.Handle("GET /signin", a.servePage(handleSigninLinkForm(a)))
+	mux.Handle("POST /signin", a.servePage(handleSigninWithLink(a)))
+	for _, rt := range pageRoutes(a) {
+		mux.Handle(rt.pattern, a.requireSession(a.servePage(a.auditedPage(a.allowPage(rt.who, rt.h)))))
+	}
 
 	// Browsers may not make state-changing requests across origins; API
 	// clients without Origin or Sec-Fetch-Site headers are unaffected.
 	return withRequestID(withDeadline(a.deadline(), securityHeaders(a.overHTTPS, http.NewCrossOriginProtection().Handler(mux))))
 }
 
-// requireToken lets a request through with "Authorization: Bearer <token>"
-// (compared in constant time) or a live panel session. A wrong bearer
-// token counts against its address (checkToken); one from an address
-// past its budget is answered 429, unchecked.
+// requireToken lets a request through as its principal (owners.go): the
+// admin for "Authorization: Bearer <admin token>" (compared in constant
+// time), an owner for its token, or whoever a live panel session is. A
+// wrong bearer token, the admin's or an owner's, counts against its
+// address (checkToken); one from an address past its budget is answered
+// 429, unchecked.
 func (a *admin) requireToken(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if got, sent := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); sent {
-			switch verdict, retry := a.checkToken(r, got, authViaBearer); verdict {
-			case tokenAccepted:
-				next.ServeHTTP(w, r)
+			who, verdict, retry, err := a.checkToken(r, got, authViaBearer)
+			switch {
+			case err != nil:
+				a.answerFailure(w, r, err)
 				return
-			case tokenThrottled:
+			case verdict == tokenAccepted:
+				next.ServeHTTP(w, withPrincipal(r, who))
+				return
+			case verdict == tokenThrottled:
 				w.Header().Set("Retry-After", strconv.Itoa(retry))
-				writeError(w, http.StatusTooManyRequests, fmt.Errorf("too many wrong admin tokens from this address: try again in %d s", retry))
+				writeError(w, http.StatusTooManyRequests, fmt.Errorf("too many wrong tokens from this address: try again in %d s", retry))
 				return
 			}
 		}
-		ok, err := a.hasSession(r)
+		who, err := a.sessionOf(r)
 		switch {
 		case err != nil:
 			a.answerFailure(w, r, err)
-		case !ok:
+		case !who.admin && who.owner == nil:
 			w.Header().Set("WWW-Authenticate", `Bearer realm="outboxd"`)
 			writeError(w, http.StatusUnauthorized, errors.New("missing or wrong admin token"))
 		default:
-			next.ServeHTTP(w, r)
+			next.ServeHTTP(w, withPrincipal(r, who))
 		}
+	})
+}
+
+// adminsOnly serves next to the admin, and answers an owner 403.
+func (a *admin) adminsOnly(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := a.allowed(r, forAdmin); err != nil {
+			a.answerFailure(w, r, err)
+			return
+		}
+		next.ServeHTTP(w, r)
 	})
 }
 
@@ -155,11 +221,22 @@ func tokenEqual(got, want string) bool {
 }
 
 // checkToken judges a token sent via a way (authViaBearer, authViaSignIn)
-// against the admin token, from r's client address (clientAddr): a
-// throttled verdict comes with the seconds until that address may try
-// again.
-func (a *admin) checkToken(r *http.Request, token, via string) (tokenVerdict, int) {
-	return a.auth.check(a.clientAddr(r), via, tokenEqual(token, a.token))
+// against the admin token and then the owners' (ownerOfToken), from r's
+// client address (clientAddr): an accepted verdict comes with whose token
+// it is, a throttled one with the seconds until that address may try
+// again. A wrong owner's token spends the same budget as a wrong admin
+// token: the budget is of guesses, whoever they aim at.
+func (a *admin) checkToken(r *http.Request, token, via string) (principal, tokenVerdict, int, error) {
+	who := principal{admin: tokenEqual(token, a.token)}
+	if !who.admin {
+		o, err := ownerOfToken(r.Context(), a.db, token)
+		if err != nil {
+			return principal{}, tokenRefused, 0, err
+		}
+		who.owner = o
+	}
+	verdict, retry := a.auth.check(a.clientAddr(r), via, who.admin || who.owner != nil)
+	return who, verdict, retry, nil
 }
 
 // requireSession sends a browser without a session to the sign-in form.
@@ -178,7 +255,8 @@ func (a *admin) requireSession(next http.Handler) http.Handler {
 			http.Redirect(w, r, u.RequestURI(), http.StatusSeeOther)
 			return nil
 		}
-		signedIn, err := a.hasSession(r)
+		who, err := a.sessionOf(r)
+		signedIn := who.admin || who.owner != nil
 		switch {
 		case err != nil:
 			return err
@@ -187,7 +265,10 @@ func (a *admin) requireSession(next http.Handler) http.Handler {
 		case !signedIn:
 			http.Redirect(w, r, "/login", http.StatusSeeOther)
 		default:
-			next.ServeHTTP(w, r)
+			if who.owner != nil {
+				w = portalWriter{w, who.owner.Name}
+			}
+			next.ServeHTTP(w, withPrincipal(r, who))
 		}
 		return nil
 	})
@@ -205,7 +286,11 @@ func handleLoginForm(a *admin) pageFunc {
 // form or carried by the panel's URL, and reports true; or shows the form
 // again, saying why not, and reports false.
 func (a *admin) signInWith(w http.ResponseWriter, r *http.Request, token string) (bool, error) {
-	switch verdict, retry := a.checkToken(r, token, authViaSignIn); verdict {
+	who, verdict, retry, err := a.checkToken(r, token, authViaSignIn)
+	if err != nil {
+		return false, err
+	}
+	switch verdict {
 	case tokenThrottled:
 		w.Header().Set("Retry-After", strconv.Itoa(retry))
 		a.panel.render(w, http.StatusTooManyRequests, "login", page{Title: "Sign in",
@@ -215,7 +300,7 @@ func (a *admin) signInWith(w http.ResponseWriter, r *http.Request, token string)
 		a.panel.render(w, http.StatusUnauthorized, "login", page{Title: "Sign in", Data: "That token is not right."})
 		return false, nil
 	}
-	return true, a.startSession(w, r)
+	return true, a.startSession(w, r, who)
 }
 
 // handleLogin is POST /login: the token typed in signs the browser in.
@@ -229,7 +314,67 @@ func handleLogin(a *admin) pageFunc {
 		if signedIn, err := a.signInWith(w, r, token); !signedIn || err != nil {
 			return err
 		}
-		http.Redirect(w, r, "/", http.StatusSeeOther)
+		http.Redirect(w, r, homeOf(token), http.StatusSeeOther)
+		return nil
+	}
+}
+
+// homeOf is where signing in with token lands: an owner's endpoints, or
+// the admin's overview.
+func homeOf(token string) string {
+	if strings.HasPrefix(token, ownerTokenPrefix) {
+		return "/endpoints"
+	}
+	return "/"
+}
+
+// handleSigninLinkForm is GET /signin?code=: a sign-in link's page, whose
+// button signs in. The GET itself uses nothing up: a mail scanner or a
+// chat's preview that fetches the link must not spend its one use.
+func handleSigninLinkForm(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		code := queryOf(r).text("code")
+		a.panel.render(w, http.StatusOK, "signin", page{Title: "Sign in", Data: code})
+		return nil
+	}
+}
+
+// handleSigninWithLink is POST /signin: the link's code signs the browser
+// in as its owner, once. A code that is no good spends the address's
+// budget of wrong tokens, as a wrong token does; an address past its
+// budget is refused before the code is looked at, so that the refusal
+// does not use up a good link.
+func handleSigninWithLink(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		f := formOf(w, r, 4096)
+		code := f.text("code")
+		if f.err != nil {
+			return f.err
+		}
+		client := a.clientAddr(r)
+		var o *Owner
+		if throttled, _ := a.auth.throttled(client); !throttled {
+			var err error
+			if o, err = useSigninLink(r.Context(), a.db, code); err != nil {
+				return err
+			}
+		}
+		// Throttled, the check counts the try and spends nothing.
+		switch verdict, retry := a.auth.check(client, authViaSignIn, o != nil); verdict {
+		case tokenThrottled:
+			w.Header().Set("Retry-After", strconv.Itoa(retry))
+			a.panel.render(w, http.StatusTooManyRequests, "login", page{Title: "Sign in",
+				Data: fmt.Sprintf("Too many wrong tokens from your address: try again in %d seconds.", retry)})
+			return nil
+		case tokenRefused:
+			a.panel.render(w, http.StatusUnauthorized, "login", page{Title: "Sign in",
+				Data: "That sign-in link is used up or expired: ask for a new one, or sign in with your token."})
+			return nil
+		}
+		if err := a.startSession(w, r, principal{owner: o}); err != nil {
+			return err
+		}
+		http.Redirect(w, r, "/endpoints", http.StatusSeeOther)
 		return nil
 	}
 }
@@ -324,29 +469,102 @@ func sessionID(r *http.Request) []byte {
 	return id
 }
 
-// hasSession reports whether r carries a session that is signed in and
-// not expired: one row lookup, which every replica answers alike.
-func (a *admin) hasSession(r *http.Request) (bool, error) {
+// sessionOf is who r's session is signed in as: the admin, an owner
+// (ownerSessionOf), or nobody, for no session or one ended or expired;
+// one row lookup for the admin's, which every replica answers alike.
+func (a *admin) sessionOf(r *http.Request) (principal, error) {
 	id := sessionID(r)
 	if id == nil {
-		return false, nil
+		return principal{}, nil
 	}
 	var live bool
 	if err := a.db.QueryRowContext(r.Context(), sessionLiveSQL, a.sessionHash(id)).Scan(&live); err != nil {
-		return false, fmt.Errorf("read session: %w", err)
+		return principal{}, fmt.Errorf("read session: %w", err)
 	}
-	return live, nil
+	if live {
+		return principal{admin: true}, nil
+	}
+	o, err := ownerSessionOf(r.Context(), a.db, a.sessionHash(id))
+	return principal{owner: o}, err
 }
 
-// startSession signs the browser in: a new session, and its cookie.
-func (a *admin) startSession(w http.ResponseWriter, r *http.Request) error {
+// startSession signs the browser in as who: a new session, and its
+// cookie.
+func (a *admin) startSession(w http.ResponseWriter, r *http.Request, who principal) error {
 	id := make([]byte, sessionIDBytes)
 	rand.Read(id)
-	if _, err := a.db.ExecContext(r.Context(), startSessionSQL,
-		a.sessionHash(id), sessionLifetime.Seconds(), sessionSweep, maxSessions-1); err != nil {
+	var err error
+	if who.owner != nil {
+		err = startOwnerSession(r.Context(), a.db, a.sessionHash(id), who.owner.ID)
+	} else {
+		_, err = a.db.ExecContext(r.Context(), startSessionSQL,
+			a.sessionHash(id), sessionLifetime.Seconds(), sessionSweep, maxSessions-1)
+	}
+	if err != nil {
 		return fmt.Errorf("start session: %w", err)
 	}
 	a.setSessionCookie(w, r, hex.EncodeToString(id), int(sessionLifetime.Seconds()))
+	return nil
+}
+
+// startOwnerSessionSQL is startSessionSQL for an owner's session ($5).
+const startOwnerSessionSQL = `
+WITH swept AS (
+  DELETE FROM outbox.owner_sessions
+  WHERE id_hash IN (
+    (SELECT id_hash
+     FROM outbox.owner_sessions
+     WHERE expires_at <= now()
+     ORDER BY expires_at
+     LIMIT $3)
+    UNION ALL
+    (SELECT id_hash
+     FROM outbox.owner_sessions
+     WHERE expires_at > now()
+     ORDER BY expires_at DESC
+     OFFSET $4
+     LIMIT $3)
+  )
+)
+INSERT INTO outbox.owner_sessions (id_hash, expires_at, owner_id)
+VALUES ($1, now() + make_interval(secs => $2), $5)`
+
+// startOwnerSession records session hash for owner ownerID.
+func startOwnerSession(ctx context.Context, db *sql.DB, hash []byte, ownerID int64) error {
+	_, err := db.ExecContext(ctx, startOwnerSessionSQL, hash, sessionLifetime.Seconds(), sessionSweep, maxSessions-1, ownerID)
+	return err
+}
+
+const ownerSessionSQL = `
+SELECT` + ownerColumns + `
+FROM outbox.owners
+WHERE id = (
+  SELECT owner_id
+  FROM outbox.owner_sessions
+  WHERE id_hash = $1
+    AND expires_at > now()
+)`
+
+// ownerSessionOf is the owner session hash is signed in as, or nil.
+func ownerSessionOf(ctx context.Context, db *sql.DB, hash []byte) (*Owner, error) {
+	o, err := scanOwner(db.QueryRowContext(ctx, ownerSessionSQL, hash))
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("read owner session: %w", err)
+	}
+	return &o, nil
+}
+
+const endOwnerSessionSQL = `
+DELETE FROM outbox.owner_sessions
+WHERE id_hash = $1`
+
+func endOwnerSession(ctx context.Context, db *sql.DB, hash []byte) error {
+	if _, err := db.ExecContext(ctx, endOwnerSessionSQL, hash); err != nil {
+		return fmt.Errorf("end owner session: %w", err)
+	}
 	return nil
 }
 
@@ -417,6 +635,9 @@ func (a *admin) endSession(w http.ResponseWriter, r *http.Request) error {
 	if id := sessionID(r); id != nil {
 		if _, err := a.db.ExecContext(r.Context(), endSessionSQL, a.sessionHash(id)); err != nil {
 			return fmt.Errorf("end session: %w", err)
+		}
+		if err := endOwnerSession(r.Context(), a.db, a.sessionHash(id)); err != nil {
+			return err
 		}
 	}
 	a.setSessionCookie(w, r, "", -1)

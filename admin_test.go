@@ -89,6 +89,7 @@ func testAdmin(t *testing.T, db *sql.DB, policy endpointPolicy, logger *slog.Log
 		logger:          logger,
 		box:             box,
 		auth:            auth,
+		signinLinks:     time.Hour,
 	}
 }
 

@@ -221,7 +221,7 @@ func handleListEndpoints(a *admin) apiFunc {
 		if q.err != nil {
 			return 0, nil, q.err
 		}
-		endpoints, err := listEndpoints(r.Context(), a.db, afterID, limit)
+		endpoints, err := listEndpointsFor(r.Context(), a.db, afterID, limit)
 		if err == nil {
 			err = withHealth(r.Context(), a.db, a.alerts, endpoints)
 		}
@@ -238,6 +238,9 @@ func handleCreateEndpoint(a *admin) apiFunc {
 			return 0, nil, err
 		}
 		if err := in.validate(a.endpoints.AllowPrivate); err != nil {
+			return 0, nil, err
+		}
+		if err := claimInput(r.Context(), a.db, &in, true); err != nil {
 			return 0, nil, err
 		}
 		secret := newWebhookSecret()
@@ -263,6 +266,9 @@ func handleGetEndpoint(a *admin) apiFunc {
 func handleUpdateEndpoint(a *admin) apiFunc {
 	return byIDWithBody(decodeJSON, func(ctx context.Context, id int64, in endpointInput) (Endpoint, error) {
 		if err := in.validate(a.endpoints.AllowPrivate); err != nil {
+			return Endpoint{}, err
+		}
+		if err := claimInput(ctx, a.db, &in, false); err != nil {
 			return Endpoint{}, err
 		}
 		return updateEndpoint(ctx, a.db, a.box, id, in)

@@ -80,6 +80,9 @@ type Endpoint struct {
 	ClientCertificate *certificateInfo `json:"client_certificate"`
 	ClientKeySet      bool             `json:"client_key_set"`
 	CACertificate     *certificateInfo `json:"ca_certificate"`
+	// OwnerID is the owner who may see and manage it through the portal
+	// (owners.go); nil: the admin's alone.
+	OwnerID *int64 `json:"owner_id"`
 }
 
 // recovery is what the prober did to an endpoint, as the API shows it:
@@ -188,6 +191,9 @@ type endpointInput struct {
 	ClientCertificate nullable[string] `json:"client_certificate"`
 	ClientKey         nullable[string] `json:"client_key"`
 	CACertificate     nullable[string] `json:"ca_certificate"`
+	// OwnerID given as null leaves the endpoint to the admin alone; only
+	// the admin's token sets it (claimInput, owners.go).
+	OwnerID nullable[int64] `json:"owner_id"`
 }
 
 // validateTLS checks the endpoint's TLS material, if given, as of now.
@@ -332,7 +338,8 @@ const endpointColumns = `
   disabled_cause, recovery_probes,
   outbox.probe_due_at(disabled_cause, recovery_probes, url, disabled_at, next_probe_at),
   last_probe_at, last_probe_error, recovered_at, recovered_reason,
-  filter, client_certificate, client_key IS NOT NULL, ca_certificate`
+  filter, client_certificate, client_key IS NOT NULL, ca_certificate,
+  owner_id`
 
 func scanEndpoint(row rowScanner) (Endpoint, error) {
 	var e Endpoint
@@ -346,7 +353,8 @@ func scanEndpoint(row rowScanner) (Endpoint, error) {
 		&e.DisabledCause, &e.RecoveryProbes,
 		&e.Recovery.NextProbeAt, &e.Recovery.LastProbeAt, &e.Recovery.LastProbeError,
 		&e.Recovery.RecoveredAt, &e.Recovery.RecoveredReason,
-		&e.Filter, &clientCert, &e.ClientKeySet, &caCert)
+		&e.Filter, &clientCert, &e.ClientKeySet, &caCert,
+		&e.OwnerID)
 	if err != nil {
 		return e, err
 	}
@@ -404,10 +412,11 @@ SELECT nextval(pg_get_serial_sequence('outbox.endpoints', 'id'))`
 const createEndpointSQL = `
 INSERT INTO outbox.endpoints (id, url, description, owner_email, topics, secret,
                               max_in_flight, rate_limit_per_second, recovery_probes, ordering,
-                              filter, client_certificate, client_key, client_certificate_expires_at, ca_certificate)
+                              filter, client_certificate, client_key, client_certificate_expires_at, ca_certificate,
+                              owner_id)
 OVERRIDING SYSTEM VALUE
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, coalesce($9, true), coalesce($10, 'none'),
-        $11, $12, $13, $14, $15)
+        $11, $12, $13, $14, $15, $16)
 RETURNING` + endpointColumns
 
 // createEndpoint stores a validated endpoint with its first secret, sealed
@@ -442,7 +451,8 @@ func createEndpoint(ctx context.Context, db *sql.DB, box *secretBox, in endpoint
 	e, err := scanEndpoint(db.QueryRowContext(ctx, createEndpointSQL,
 		id, *in.URL, description, ownerEmail, pq.Array(topics), box.seal(endpointSecretRow(id), secret),
 		maxInFlight, in.RateLimitPerSecond.Value, in.RecoveryProbes, in.Ordering,
-		in.Filter.Value, cert, key, expires, ca))
+		in.Filter.Value, cert, key, expires, ca,
+		in.OwnerID.Value))
 	if err != nil {
 		return e, fmt.Errorf("create endpoint: %w", err)
 	}
@@ -497,6 +507,7 @@ SET url = coalesce($2, url),
     client_key = CASE WHEN $13::boolean THEN $15::bytea ELSE client_key END,
     client_certificate_expires_at = CASE WHEN $13::boolean THEN $16::timestamptz ELSE client_certificate_expires_at END,
     ca_certificate = CASE WHEN $17::boolean THEN $18::text ELSE ca_certificate END,
+    owner_id = CASE WHEN $19 THEN $20 ELSE owner_id END,
     updated_at = now()
 WHERE id = $1
 RETURNING` + endpointColumns
@@ -549,7 +560,8 @@ func updateEndpointOnce(ctx context.Context, db *sql.DB, box *secretBox, id int6
 	e, err := scanOneEndpoint(tx.QueryRowContext(ctx, updateEndpointSQL, id, in.URL, in.Description, in.OwnerEmail, topics,
 		in.MaxInFlight, in.RateLimitPerSecond.Set, in.RateLimitPerSecond.Value, in.RecoveryProbes, in.Ordering,
 		in.Filter.Set, in.Filter.Value,
-		in.ClientCertificate.Set, cert, key, expires, in.CACertificate.Set, ca), "update", id)
+		in.ClientCertificate.Set, cert, key, expires, in.CACertificate.Set, ca,
+		in.OwnerID.Set, in.OwnerID.Value), "update", id)
 	if err != nil {
 		return e, err
 	}

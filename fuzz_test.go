@@ -231,6 +231,7 @@ func configArgs(cfg Config) []string {
 	flag("alert-xact-age", cfg.Alerts.XactAge)
 	flag("alert-endpoint-success-below", cfg.Alerts.EndpointSuccessBelow)
 	flag("alert-endpoint-failing-for", cfg.Alerts.EndpointFailingFor)
+	flag("alert-client-cert-expiry", cfg.Alerts.ClientCertExpiry)
 	flag("metrics-public", cfg.MetricsPublic)
 	flag("webhook-timeout", cfg.Webhooks.Timeout)
 	flag("webhook-secret-rotation-window", cfg.Webhooks.SecretRotationWindow)
@@ -257,6 +258,9 @@ func configArgs(cfg Config) []string {
 	flag("insecure-http", cfg.InsecureHTTP)
 	flag("public-url", cfg.PublicURL)
 	flag("trusted-proxies", cfg.TrustedProxies.String())
+	flag("audit-retention", cfg.Retention.Audit)
+	flag("signin-link-lifetime", cfg.SigninLinkLifetime)
+	flag("egress-proxy", cfg.EgressProxy)
 	return args
 }
 

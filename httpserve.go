@@ -64,6 +64,9 @@ type admin struct {
 	// auth slows and counts wrong admin tokens, per client address
 	// (admin.go).
 	auth *authLimiter
+	// signinLinks is how long a sign-in link for an owner stays good
+	// (-signin-link-lifetime, owners.go).
+	signinLinks time.Duration
 }
 
 // requestTimeout bounds every request: its context ends then, which
@@ -297,6 +300,20 @@ func (l *authLimiter) check(client netip.Addr, via string, right bool) (tokenVer
 			"client", client, "via", via, "burst", authFailureBurst, "refill", authFailureRefill)
 	}
 	return verdict, retry
+}
+
+// throttled reports whether client is past its budget, with the seconds
+// until it may try again, spending nothing: for a check whose try uses
+// something up (a sign-in link), made before it.
+func (l *authLimiter) throttled(client netip.Addr) (bool, int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.now()
+	l.forget(now)
+	if e := l.budgets[budgetKey(client)]; e != nil && e.Value.(*authBudget).left(now) < 1 {
+		return true, retryAfter(e.Value.(*authBudget), now)
+	}
+	return false, 0
 }
 
 // judge is check under the lock: spent says that this wrong token was

@@ -135,6 +135,9 @@ type Config struct {
 	// X-Forwarded-Proto outboxd believes (clientAddr, httpserve.go); from
 	// any other peer those headers are the client's own, and ignored.
 	TrustedProxies prefixList
+	// SigninLinkLifetime is how long a sign-in link the admin makes for an
+	// owner (owners.go) stays good, unless it is used first.
+	SigninLinkLifetime time.Duration
 }
 
 // The secrets commands (secrets.go): both seal every stored secret under
@@ -198,11 +201,13 @@ func defaultConfig() Config {
 			BatchSize:            retentionBatchMax,
 			AnomalyCap:           1_000_000,
 			EndpointDisableAfter: 5 * 24 * time.Hour,
+			Audit:                defaultAuditRetention,
 		},
 		DBMaxConns:    20,
 		DatabaseWait:  time.Minute,
 		ShutdownGrace: 30 * time.Second,
 	}
+	c.SigninLinkLifetime = defaultSigninLinkLifetime
 	c.derive(false)
 	return c
 }
@@ -353,6 +358,8 @@ func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
 	fs.IntVar(&cfg.Retention.BatchSize, "retention-batch", cfg.Retention.BatchSize, "most rows one retention DELETE removes")
 	fs.DurationVar(&cfg.Retention.EndpointDisableAfter, "endpoint-disable-after", cfg.Retention.EndpointDisableAfter, "disable an endpoint failing continuously this long; 0 never does")
 	fs.IntVar(&cfg.Retention.AnomalyCap, "retention-anomaly-cap", cfg.Retention.AnomalyCap, "most rows one sweep deletes in a cycle before it stops and warns")
+	fs.DurationVar(&cfg.Retention.Audit, "audit-retention", cfg.Retention.Audit, "delete audit trail entries this long after the change they record; 0 keeps them")
+	fs.DurationVar(&cfg.SigninLinkLifetime, "signin-link-lifetime", cfg.SigninLinkLifetime, "how long a sign-in link made for an endpoint owner stays good; each signs in once")
 	fs.StringVar(&cfg.Mail.SMTPURL, "smtp-url", cfg.Mail.SMTPURL, "SMTP server for mailto: endpoints and owner notifications: smtp://user:pass@host:port (STARTTLS when offered) or smtps://...; empty: mail jobs complete and log")
 	fs.StringVar(&cfg.Mail.From, "smtp-from", cfg.Mail.From, "sender address of every mail")
 	fs.StringVar(&cfg.Mail.MessageIDHost, "smtp-message-id-host", cfg.Mail.MessageIDHost, "host part of Message-ID <event id@host>; empty: the domain of -smtp-from")
@@ -454,6 +461,8 @@ func (c Config) validate() error {
 		intIn("retention-batch", c.Retention.BatchSize, 1, retentionBatchMax),
 		durationIn("endpoint-disable-after", c.Retention.EndpointDisableAfter, 0, maxRetention),
 		intIn("retention-anomaly-cap", c.Retention.AnomalyCap, 1, 1_000_000_000),
+		durationIn("audit-retention", c.Retention.Audit, 0, maxRetention),
+		durationIn("signin-link-lifetime", c.SigninLinkLifetime, time.Minute, 7*24*time.Hour),
 		c.validateInboxRetention(),
 	)
 }
@@ -903,6 +912,7 @@ func newAdmin(ctx context.Context, cfg Config, db *sql.DB, box *secretBox, p *pi
 		publicURL:      publicURL,
 		trustedProxies: cfg.TrustedProxies,
 		auth:           auth,
+		signinLinks:    cfg.SigninLinkLifetime,
 	}, nil
 }
 

@@ -32,7 +32,8 @@ type panel struct {
 
 // pageNames are the templates that are pages; each is parsed with the
 // layout and the shared job table.
-var pageNames = []string{"login", "error", "overview", "events", "event", "jobs", "endpoints", "endpoint", "subjects", "sources"}
+var pageNames = []string{"login", "error", "overview", "events", "event", "jobs", "endpoints", "endpoint", "subjects", "sources",
+	"signin", "signin-link", "audit", "delivery", "owners"}
 
 // newPanel parses every page's templates: one that does not parse stops
 // the start rather than the first request for it.
@@ -101,10 +102,39 @@ type page struct {
 	SignedIn bool
 	Flash    string
 	Data     any
+	// Portal is the name of the owner signed in (docs/owners.md), whose
+	// pages show only the owner's own; "" for the admin. render sets it.
+	Portal string
+}
+
+// portalWriter is the ResponseWriter of a request signed in as an owner,
+// which tells render whose portal the page is: the layout's navigation
+// shows that owner only the pages it may see.
+type portalWriter struct {
+	http.ResponseWriter
+	owner string
+}
+
+func (w portalWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// portalOf is the owner w's page is for, found through the writers
+// wrapping it; "" for the admin's.
+func portalOf(w http.ResponseWriter) string {
+	for {
+		switch v := w.(type) {
+		case portalWriter:
+			return v.owner
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = v.Unwrap()
+		default:
+			return ""
+		}
+	}
 }
 
 // render executes page name with pg and answers it with status.
 func (p *panel) render(w http.ResponseWriter, status int, name string, pg page) {
+	pg.Portal = portalOf(w)
 	var buf bytes.Buffer
 	if err := p.pages[name].ExecuteTemplate(&buf, "layout", pg); err != nil {
 		p.logger.Error("render panel page", "page", name, "err", err)

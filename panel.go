@@ -365,7 +365,7 @@ func (e endpointRow) Name() string {
 }
 
 func readEndpointRows(ctx context.Context, db *sql.DB, cfg AlertConfig) ([]endpointRow, error) {
-	eps, err := listEndpoints(ctx, db, 0, maxEndpointPage)
+	eps, err := listEndpointsFor(ctx, db, 0, maxEndpointPage)
 	if err != nil {
 		return nil, err
 	}
@@ -500,6 +500,9 @@ func (p *panel) handleCreateEndpoint(a *admin) pageFunc {
 		} else if err != nil {
 			return err
 		}
+		if err := claimInput(r.Context(), a.db, &in, true); err != nil {
+			return err
+		}
 		secret := newWebhookSecret()
 		ep, err := createEndpoint(r.Context(), a.db, a.box, in, secret)
 		if errors.Is(err, errInvalid) { // a filter PostgreSQL refuses (checkFilter)
@@ -507,6 +510,7 @@ func (p *panel) handleCreateEndpoint(a *admin) pageFunc {
 		} else if err != nil {
 			return err
 		}
+		noteAuditSubject(r, strconv.FormatInt(ep.ID, 10))
 		return p.renderEndpoint(w, r, a, ep.ID, endpointView{
 			flash:  "Endpoint created. Copy its secret now: it is not shown again.",
 			secret: secret.Encode()})

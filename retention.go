@@ -65,6 +65,9 @@ type RetentionConfig struct {
 	// weekend's outage and the 18-attempt retry horizon (about four days),
 	// so a receiver back within the horizon loses nothing. 0 never disables.
 	EndpointDisableAfter time.Duration
+	// Audit: audit trail entries are deleted this long after the change
+	// they record (audit.go).
+	Audit time.Duration
 }
 
 // retentionBatchMax bounds one DELETE statement: 5,000 rows hold row locks
@@ -209,6 +212,19 @@ WHERE key IN (
   FOR UPDATE SKIP LOCKED
 )`
 
+// deleteAuditSQL deletes audit trail entries recorded before the cutoff,
+// oldest first along audit_log_by_at.
+const deleteAuditSQL = `
+DELETE FROM outbox.audit_log
+WHERE id IN (
+  SELECT id
+  FROM outbox.audit_log
+  WHERE at < now() - make_interval(secs => $1)
+  ORDER BY at, id
+  LIMIT $2
+  FOR UPDATE SKIP LOCKED
+)`
+
 // newSweeps is the table of sweeps, in the order a cycle runs them. Adding
 // a table is one line here and one window in RetentionConfig.
 //
@@ -232,6 +248,7 @@ func newSweeps(cfg RetentionConfig) []*sweep {
 		{name: "delivery_stats", table: "outbox.delivery_stats", window: cfg.DeliveryStats, deleteSQL: deleteStatsSQL("outbox.delivery_stats")},
 		{name: "fanout_stats", table: "outbox.fanout_stats", window: cfg.DeliveryStats, deleteSQL: deleteStatsSQL("outbox.fanout_stats")},
 		{name: "inbox_stats", table: "outbox.inbox_stats", window: cfg.DeliveryStats, deleteSQL: deleteStatsSQL("outbox.inbox_stats")},
+		{name: "audit_log", table: "outbox.audit_log", window: cfg.Audit, deleteSQL: deleteAuditSQL},
 	}
 }
 

@@ -122,7 +122,7 @@ func TestEventsRetentionDeletesOnlyOldFannedEvents(t *testing.T) {
 
 	res := sweepOnce(t, newTestSweeper(t, db, cfg))
 	// The completed job went first (the job cleaner), then both old events.
-	if diff := cmp.Diff(map[string]int64{"jobs_completed": 1, "jobs_discarded": 0, "events": 2, "idempotency_keys": 0, "inbox": 0, "delivery_stats": 0, "fanout_stats": 0, "inbox_stats": 0}, res.Deleted); diff != "" {
+	if diff := cmp.Diff(map[string]int64{"jobs_completed": 1, "jobs_discarded": 0, "events": 2, "idempotency_keys": 0, "inbox": 0, "delivery_stats": 0, "fanout_stats": 0, "inbox_stats": 0, "audit_log": 0}, res.Deleted); diff != "" {
 		t.Errorf("deleted (-want +got):\n%s", diff)
 	}
 	want := []int64{oldUnfanned, oldPoisoned, freshFanned, freshUnfanned, lateFanned}
@@ -158,7 +158,7 @@ func TestEventsRetentionKeepsEventsOfUnfinishedJobs(t *testing.T) {
 	// Past its window the discarded job goes, and its event with it.
 	mustExec(t, db, `UPDATE outbox.jobs SET finalized_at = now() - interval '8 days' WHERE state = 'discarded'`)
 	res = sweepOnce(t, newTestSweeper(t, db, cfg))
-	if diff := cmp.Diff(map[string]int64{"jobs_completed": 0, "jobs_discarded": 1, "events": 1, "idempotency_keys": 0, "inbox": 0, "delivery_stats": 0, "fanout_stats": 0, "inbox_stats": 0}, res.Deleted); diff != "" {
+	if diff := cmp.Diff(map[string]int64{"jobs_completed": 0, "jobs_discarded": 1, "events": 1, "idempotency_keys": 0, "inbox": 0, "delivery_stats": 0, "fanout_stats": 0, "inbox_stats": 0, "audit_log": 0}, res.Deleted); diff != "" {
 		t.Errorf("second cycle deleted (-want +got):\n%s", diff)
 	}
 	if got := ids(t, db, `SELECT event_id FROM outbox.jobs WHERE state = 'discarded'`); len(got) != 0 {
@@ -242,6 +242,7 @@ func TestSweepStopsCycleAtAnomalyCap(t *testing.T) {
 		{Sweep: "delivery_stats", Table: "outbox.delivery_stats"},
 		{Sweep: "fanout_stats", Table: "outbox.fanout_stats"},
 		{Sweep: "inbox_stats", Table: "outbox.inbox_stats"},
+		{Sweep: "audit_log", Table: "outbox.audit_log"},
 	}
 	if diff := cmp.Diff(want, s.Stats()); diff != "" {
 		t.Errorf("stats (-want +got):\n%s", diff)
@@ -275,6 +276,7 @@ func TestRetentionWindowZeroLeavesTablesUntouched(t *testing.T) {
 
 	cfg := defaultConfig().Retention
 	cfg.Events, cfg.CompletedJobs, cfg.DiscardedJobs, cfg.Inbox, cfg.DeliveryStats = 0, 0, 0, 0, 0
+	cfg.Audit = 0
 	res := sweepOnce(t, newTestSweeper(t, db, cfg))
 	if diff := cmp.Diff(map[string]int64{}, res.Deleted); diff != "" {
 		t.Errorf("all windows 0: deleted (-want +got):\n%s", diff)
@@ -286,7 +288,7 @@ func TestRetentionWindowZeroLeavesTablesUntouched(t *testing.T) {
 	cfg = defaultConfig().Retention
 	cfg.Events = 0
 	res = sweepOnce(t, newTestSweeper(t, db, cfg))
-	if diff := cmp.Diff(map[string]int64{"jobs_completed": 1, "jobs_discarded": 1, "inbox": 0, "delivery_stats": 0, "fanout_stats": 0, "inbox_stats": 0}, res.Deleted); diff != "" {
+	if diff := cmp.Diff(map[string]int64{"jobs_completed": 1, "jobs_discarded": 1, "inbox": 0, "delivery_stats": 0, "fanout_stats": 0, "inbox_stats": 0, "audit_log": 0}, res.Deleted); diff != "" {
 		t.Errorf("events window 0: deleted (-want +got):\n%s", diff)
 	}
 	if n := queryInt(t, db, `SELECT count(*) FROM outbox.events`); n != 3 {
@@ -309,7 +311,7 @@ func TestJobCleanerDeletesOldFinishedJobs(t *testing.T) {
 	}
 
 	res := sweepOnce(t, newTestSweeper(t, db, defaultConfig().Retention))
-	if diff := cmp.Diff(map[string]int64{"jobs_completed": 1, "jobs_discarded": 1, "events": 0, "idempotency_keys": 0, "inbox": 0, "delivery_stats": 0, "fanout_stats": 0, "inbox_stats": 0}, res.Deleted); diff != "" {
+	if diff := cmp.Diff(map[string]int64{"jobs_completed": 1, "jobs_discarded": 1, "events": 0, "idempotency_keys": 0, "inbox": 0, "delivery_stats": 0, "fanout_stats": 0, "inbox_stats": 0, "audit_log": 0}, res.Deleted); diff != "" {
 		t.Errorf("deleted (-want +got):\n%s", diff)
 	}
 	if diff := cmp.Diff(keep, ids(t, db, `SELECT id FROM outbox.jobs ORDER BY id`)); diff != "" {

@@ -2695,6 +2695,115 @@ CREATE TABLE IF NOT EXISTS outbox.panel_session_token (
 );
 
 --------------------------------------------------------------------------------
+-- Owners: the people an endpoint belongs to, and their portal
+--------------------------------------------------------------------------------
+
+-- One row per owner (owners.go), created, given a new token and
+-- deleted by the admin. An owner signs in to /api/ and the panel with its
+-- token, obo_ + a selector + a verifier: the row holds the selector, which
+-- finds it, and the SHA-256 of the verifier, compared in constant time; so
+-- the table holds nothing that signs in. Rotation replaces both: the old
+-- token is refused from the commit on, on every replica. Bounded by the
+-- admin, who creates every row.
+CREATE TABLE IF NOT EXISTS outbox.owners (
+  id               bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  name             text        NOT NULL,
+  token_selector   text        NOT NULL,
+  token_hash       bytea       NOT NULL,
+  created_at       timestamptz NOT NULL DEFAULT now(),
+  token_rotated_at timestamptz NOT NULL DEFAULT now(),
+
+  CONSTRAINT owners_name_length CHECK (length(name) BETWEEN 1 AND 200),
+  CONSTRAINT owners_token_selector_format CHECK (token_selector ~ '^[0-9a-f]{24}$'),
+  CONSTRAINT owners_token_hash_length CHECK (length(token_hash) = 32),
+  CONSTRAINT owners_token_selector_unique UNIQUE (token_selector)
+);
+
+-- An endpoint's owner, who may see and manage it through the portal; NULL:
+-- the admin's alone. Deleting an owner leaves its endpoints to the admin.
+-- A replica of the release before owners never reads it, and creates
+-- endpoints without one. Index endpoints_by_owner_id: schema_indexes.sql.
+ALTER TABLE outbox.endpoints
+  ADD COLUMN IF NOT EXISTS owner_id bigint REFERENCES outbox.owners (id) ON DELETE SET NULL;
+
+-- One row per browser signed in as an owner: the twin of
+-- outbox.panel_sessions, in a table of its own so that a replica of the
+-- release before owners, which reads only panel_sessions and takes every
+-- row there for the admin's, never sees an owner's session. Bounded like
+-- it: every sign-in deletes up to 100 expired rows and the live ones past
+-- the newest 1,000. Rotating an owner's token or deleting the owner ends
+-- its sessions.
+CREATE TABLE IF NOT EXISTS outbox.owner_sessions (
+  id_hash    bytea       PRIMARY KEY,
+  owner_id   bigint      NOT NULL REFERENCES outbox.owners (id) ON DELETE CASCADE,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  expires_at timestamptz NOT NULL,
+  CONSTRAINT owner_sessions_id_hash_length CHECK (length(id_hash) = 32)
+);
+
+-- Serves the sign-in's deletions, as panel_sessions_by_expires_at does.
+CREATE INDEX IF NOT EXISTS owner_sessions_by_expires_at
+  ON outbox.owner_sessions (expires_at);
+
+-- Serves the ending of one owner's sessions (rotation, delete's cascade).
+CREATE INDEX IF NOT EXISTS owner_sessions_by_owner_id
+  ON outbox.owner_sessions (owner_id);
+
+-- Sign-in links the admin hands to an owner (owners.go): the link holds a
+-- random code, the row its SHA-256. A link signs in once: the sign-in
+-- deletes the row in the statement that reads it, so two clicks racing
+-- get one session between them. It expires after -signin-link-lifetime
+-- (1 h). Bounded like the sessions: every new link deletes up to 100
+-- expired rows, and the live ones past the newest 1,000.
+CREATE TABLE IF NOT EXISTS outbox.owner_signin_links (
+  code_hash  bytea       PRIMARY KEY,
+  owner_id   bigint      NOT NULL REFERENCES outbox.owners (id) ON DELETE CASCADE,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  expires_at timestamptz NOT NULL,
+  CONSTRAINT owner_signin_links_code_hash_length CHECK (length(code_hash) = 32)
+);
+
+CREATE INDEX IF NOT EXISTS owner_signin_links_by_expires_at
+  ON outbox.owner_signin_links (expires_at);
+
+--------------------------------------------------------------------------------
+-- The audit trail: who changed an endpoint, an owner or a source, and when
+--------------------------------------------------------------------------------
+
+-- One row per change made through the API or the panel (audit.go): who
+-- (the admin, or which owner, by id and by the name it had), what (the
+-- route, and the fields a JSON body gave, never their values: a body may
+-- hold a secret), to what (the subject's kind and id or name; endpoint_id
+-- also for a change to an endpoint, which its owner may read), and when.
+-- Nothing references the rows, and they reference nothing, so that an
+-- entry outlives what it tells of. Retention deletes rows older than
+-- -audit-retention (90 days), in batches (retention.go).
+CREATE TABLE IF NOT EXISTS outbox.audit_log (
+  id           bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  at           timestamptz NOT NULL DEFAULT now(),
+  actor        text        NOT NULL,
+  owner_id     bigint,
+  owner_name   text,
+  via          text        NOT NULL,
+  action       text        NOT NULL,
+  subject_kind text        NOT NULL,
+  subject      text        NOT NULL,
+  endpoint_id  bigint,
+  fields       text[]      NOT NULL DEFAULT '{}',
+
+  CONSTRAINT audit_log_actor_known CHECK (actor IN ('admin', 'owner')),
+  CONSTRAINT audit_log_owner_with_actor CHECK ((actor = 'owner') = (owner_id IS NOT NULL)),
+  CONSTRAINT audit_log_via_known CHECK (via IN ('api', 'panel')),
+  CONSTRAINT audit_log_subject_kind_known CHECK (subject_kind IN ('endpoint', 'owner', 'source')),
+  CONSTRAINT audit_log_lengths CHECK (
+    length(action) <= 200 AND length(subject) <= 200 AND length(coalesce(owner_name, '')) <= 200
+    AND cardinality(fields) <= 50
+  )
+);
+
+-- Indexes audit_log_by_at and audit_log_by_endpoint_id: schema_indexes.sql.
+
+--------------------------------------------------------------------------------
 -- Alert acknowledgements: seen by an operator, on every replica's panel
 --------------------------------------------------------------------------------
 

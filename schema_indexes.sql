@@ -155,3 +155,20 @@ DROP INDEX CONCURRENTLY IF EXISTS outbox.jobs_waiting_by_endpoint;
 DROP INDEX CONCURRENTLY IF EXISTS outbox.jobs_unfinished_by_lane;
 DROP INDEX CONCURRENTLY IF EXISTS outbox.jobs_unfinished_by_lane_event;
 DROP INDEX CONCURRENTLY IF EXISTS outbox.jobs_by_state_finalized_at;
+
+-- Serves an owner's endpoint list and the ownership check of every route
+-- under /api/endpoints/{id} an owner's token calls (owners.go), and the
+-- SET NULL of an owner's delete.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS endpoints_by_owner_id
+  ON outbox.endpoints (owner_id)
+  WHERE owner_id IS NOT NULL;
+
+-- Serves the audit trail's pages, newest first, and its retention
+-- (retention.go), oldest first.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS audit_log_by_at
+  ON outbox.audit_log (at, id);
+
+-- Serves an owner's page of the audit trail: its endpoints' entries.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS audit_log_by_endpoint_id
+  ON outbox.audit_log (endpoint_id, id)
+  WHERE endpoint_id IS NOT NULL;

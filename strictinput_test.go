@@ -72,6 +72,7 @@ func TestEveryListTakesOneLimitRule(t *testing.T) {
 		{"/api/jobs", 500},
 		{"/api/endpoints", 500},
 		{"/api/subjects", 200},
+		{"/api/audit", 500},
 	} {
 		for _, limit := range []string{"0", "-1", strconv.Itoa(list.most + 1), "ten"} {
 			status, body := api.do("GET", list.path+"?limit="+limit, "")

@@ -1,0 +1,403 @@
+// owners.go: owners, the people endpoints belong to (docs/owners.md):
+// their tokens, stored hashed; who a request comes from, the admin or an
+// owner; what each route lets an owner do (its audience, which admin.go's
+// route list declares for every route); and the sign-in links the admin
+// hands to an owner.
+
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// Owner is one row of outbox.owners as the API shows it, without its
+// token, which is shown only by create and rotate-token.
+type Owner struct {
+	ID             int64     `json:"id"`
+	Name           string    `json:"name"`
+	CreatedAt      time.Time `json:"created_at"`
+	TokenRotatedAt time.Time `json:"token_rotated_at"`
+}
+
+// ownerWithToken is the answer to create and rotate-token.
+type ownerWithToken struct {
+	Owner
+	Token string `json:"token"` // obo_...
+}
+
+// An owner's token is ownerTokenPrefix, then a selector and a verifier in
+// hex: the prefix tells it at a glance (in a log, a secret scanner's
+// rules) from the admin token and a whsec_ secret; the selector finds the
+// owner's row without comparing secrets in a B-tree, and the verifier is
+// compared, as its SHA-256, in constant time. 32 random bytes of verifier
+// leave nothing to guess, so a plain SHA-256 (no salt, no stretching) is
+// all the table needs to hold nothing that signs in.
+const (
+	ownerTokenPrefix   = "obo_"
+	ownerSelectorBytes = 12
+	ownerVerifierBytes = 32
+	ownerTokenLen      = len(ownerTokenPrefix) + 2*(ownerSelectorBytes+ownerVerifierBytes)
+	maxOwnerNameLen    = 200 // schema.sql's owners_name_length repeats it
+)
+
+// newOwnerToken draws a token, answering it, its selector and the hash the
+// table keeps of its verifier.
+func newOwnerToken() (token, selector string, hash []byte) {
+	b := make([]byte, ownerSelectorBytes+ownerVerifierBytes)
+	rand.Read(b)
+	selector = hex.EncodeToString(b[:ownerSelectorBytes])
+	sum := sha256.Sum256(b[ownerSelectorBytes:])
+	return ownerTokenPrefix + hex.EncodeToString(b), selector, sum[:]
+}
+
+// parseOwnerToken splits a token into its selector and its verifier's
+// hash; ok is false for anything not shaped as an owner's token.
+func parseOwnerToken(token string) (selector string, hash []byte, ok bool) {
+	rest, found := strings.CutPrefix(token, ownerTokenPrefix)
+	if !found || len(token) != ownerTokenLen {
+		return "", nil, false
+	}
+	b, err := hex.DecodeString(rest)
+	if err != nil || hex.EncodeToString(b) != rest { // lower-case hex only, as drawn
+		return "", nil, false
+	}
+	sum := sha256.Sum256(b[ownerSelectorBytes:])
+	return rest[:2*ownerSelectorBytes], sum[:], true
+}
+
+const ownerColumns = `
+  id, name, created_at, token_rotated_at`
+
+func scanOwner(row rowScanner) (Owner, error) {
+	var o Owner
+	err := row.Scan(&o.ID, &o.Name, &o.CreatedAt, &o.TokenRotatedAt)
+	return o, err
+}
+
+// validOwnerName refuses a name the panel could not show on one line.
+func validOwnerName(name string) error {
+	switch {
+	case strings.TrimSpace(name) == "":
+		return fmt.Errorf(`%w: "name" is required`, errInvalid)
+	case !isText(name) || strings.ContainsAny(name, "\r\n"):
+		return fmt.Errorf("%w: name must be one line of UTF-8 text without NUL", errInvalid)
+	case utf8.RuneCountInString(name) > maxOwnerNameLen:
+		return fmt.Errorf("%w: name is %d characters, at most %d", errInvalid, utf8.RuneCountInString(name), maxOwnerNameLen)
+	}
+	return nil
+}
+
+const createOwnerSQL = `
+INSERT INTO outbox.owners (name, token_selector, token_hash)
+VALUES ($1, $2, $3)
+RETURNING` + ownerColumns
+
+// createOwner stores a new owner and answers it with its token, which
+// exists nowhere else from then on.
+func createOwner(ctx context.Context, db *sql.DB, name string) (ownerWithToken, error) {
+	if err := validOwnerName(name); err != nil {
+		return ownerWithToken{}, err
+	}
+	token, selector, hash := newOwnerToken()
+	o, err := scanOwner(db.QueryRowContext(ctx, createOwnerSQL, name, selector, hash))
+	if err != nil {
+		return ownerWithToken{}, fmt.Errorf("create owner: %w", err)
+	}
+	return ownerWithToken{Owner: o, Token: token}, nil
+}
+
+// listOwnersSQL is every owner: the admin creates each one, and a page
+// of them all is what the endpoint page's owner list needs.
+const listOwnersSQL = `
+SELECT` + ownerColumns + `
+FROM outbox.owners
+ORDER BY id
+LIMIT $1`
+
+// maxOwners bounds one answer of GET /api/owners.
+const maxOwners = 1000
+
+func listOwners(ctx context.Context, db *sql.DB) ([]Owner, error) {
+	owners, err := queryAll(ctx, db, scanOwner, listOwnersSQL, maxOwners)
+	if err != nil {
+		return nil, fmt.Errorf("list owners: %w", err)
+	}
+	return owners, nil
+}
+
+const getOwnerSQL = `
+SELECT` + ownerColumns + `
+FROM outbox.owners
+WHERE id = $1`
+
+func getOwner(ctx context.Context, db *sql.DB, id int64) (Owner, error) {
+	o, err := scanOwner(db.QueryRowContext(ctx, getOwnerSQL, id))
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return o, fmt.Errorf("owner %d: %w", id, errNotFound)
+	case err != nil:
+		return o, fmt.Errorf("get owner %d: %w", id, err)
+	}
+	return o, nil
+}
+
+// deleteOwnerSQL deletes an owner; its sessions and sign-in links go with
+// it, and its endpoints stay, the admin's alone (schema.sql).
+const deleteOwnerSQL = `
+DELETE FROM outbox.owners
+WHERE id = $1`
+
+func deleteOwner(ctx context.Context, db *sql.DB, id int64) error {
+	res, err := db.ExecContext(ctx, deleteOwnerSQL, id)
+	if err != nil {
+		return fmt.Errorf("delete owner %d: %w", id, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("owner %d: %w", id, errNotFound)
+	}
+	return nil
+}
+
+// rotateOwnerTokenSQL gives owner $1 a new token and signs its browsers
+// out: a session begun with the old token must not outlive it.
+const rotateOwnerTokenSQL = `
+WITH ended AS (
+  DELETE FROM outbox.owner_sessions
+  WHERE owner_id = $1
+)
+UPDATE outbox.owners
+SET token_selector = $2,
+    token_hash = $3,
+    token_rotated_at = now()
+WHERE id = $1
+RETURNING` + ownerColumns
+
+// rotateOwnerToken replaces owner id's token: the old one is refused from
+// the commit on.
+func rotateOwnerToken(ctx context.Context, db *sql.DB, id int64) (ownerWithToken, error) {
+	token, selector, hash := newOwnerToken()
+	o, err := scanOwner(db.QueryRowContext(ctx, rotateOwnerTokenSQL, id, selector, hash))
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return ownerWithToken{}, fmt.Errorf("owner %d: %w", id, errNotFound)
+	case err != nil:
+		return ownerWithToken{}, fmt.Errorf("rotate owner %d's token: %w", id, err)
+	}
+	return ownerWithToken{Owner: o, Token: token}, nil
+}
+
+const ownerByTokenSQL = `
+SELECT token_hash,` + ownerColumns + `
+FROM outbox.owners
+WHERE token_selector = $1`
+
+// ownerOfToken is the owner whose token token is, or nil if it is no
+// owner's. Only the selector is looked up; the verifier's hash is
+// compared in constant time.
+func ownerOfToken(ctx context.Context, db *sql.DB, token string) (*Owner, error) {
+	selector, hash, ok := parseOwnerToken(token)
+	if !ok {
+		return nil, nil
+	}
+	var stored []byte
+	var o Owner
+	err := db.QueryRowContext(ctx, ownerByTokenSQL, selector).Scan(&stored, &o.ID, &o.Name, &o.CreatedAt, &o.TokenRotatedAt)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("read owner token: %w", err)
+	case subtle.ConstantTimeCompare(stored, hash) != 1:
+		return nil, nil
+	}
+	return &o, nil
+}
+
+// principal is who a request comes from: the admin, an owner, or (the
+// zero value) nobody, which every audience refuses and every scoped read
+// answers empty: a route served without authentication fails closed.
+type principal struct {
+	admin bool
+	owner *Owner
+}
+
+// principalKey keys the principal in a request's context.
+type principalKey struct{}
+
+// withPrincipal is r as who sent it.
+func withPrincipal(r *http.Request, who principal) *http.Request {
+	return r.WithContext(context.WithValue(r.Context(), principalKey{}, who))
+}
+
+// principalOf is who sent r, as requireToken or requireSession found.
+func principalOf(r *http.Request) principal { return principalIn(r.Context()) }
+
+// principalIn is principalOf for a handler that has only the context.
+func principalIn(ctx context.Context) principal {
+	who, _ := ctx.Value(principalKey{}).(principal)
+	return who
+}
+
+// ownerID is the owner's id, or nil for the admin (and nobody).
+func (p principal) ownerID() *int64 {
+	if p.owner == nil {
+		return nil
+	}
+	return &p.owner.ID
+}
+
+// audience is who may use a route: every route in admin.go's list
+// declares one, and a route without one (audienceUndeclared) is the
+// admin's alone, which TestEveryRouteDeclaresItsAudience refuses.
+type audience int
+
+const (
+	audienceUndeclared audience = iota
+	// forAdmin: the admin alone; an owner is answered 403.
+	forAdmin
+	// forOwnedEndpoint: a route under an endpoint's {id}: the admin, and
+	// the endpoint's owner; another owner is answered 404, as for an
+	// endpoint that does not exist.
+	forOwnedEndpoint
+	// forEveryone: the admin and every owner, the handler reading only
+	// what principalOf may see (an owner's endpoints, its audit entries).
+	forEveryone
+)
+
+func (who audience) String() string {
+	return [...]string{"undeclared", "admin", "owned endpoint", "everyone"}[who]
+}
+
+// errAdminsOnly is an owner's answer on a route of the admin's.
+var errAdminsOnly = &httpError{status: http.StatusForbidden,
+	text: "an owner's token may use /api/endpoints, its endpoints' routes and /api/audit; this route is the admin's"}
+
+// allowed reports whether r's principal may use a route for who; a false
+// answer comes with the error to answer, a 403 or, for an endpoint it
+// does not own, the 404 of an endpoint that does not exist.
+func (a *admin) allowed(r *http.Request, who audience) error {
+	p := principalOf(r)
+	switch {
+	case p.admin:
+		return nil
+	case p.owner == nil:
+		return &httpError{status: http.StatusUnauthorized, text: "missing or wrong token"}
+	case who == forEveryone:
+		return nil
+	case who != forOwnedEndpoint:
+		return errAdminsOnly
+	}
+	id, err := pathID(r)
+	if err != nil {
+		return err
+	}
+	owns, err := ownsEndpoint(r.Context(), a.db, p.owner.ID, id)
+	if err != nil {
+		return err
+	}
+	if !owns {
+		return fmt.Errorf("endpoint %d: %w", id, errNotFound) // the text getEndpoint's 404 has
+	}
+	return nil
+}
+
+const ownsEndpointSQL = `
+SELECT EXISTS (
+  SELECT 1
+  FROM outbox.endpoints
+  WHERE id = $1
+    AND owner_id = $2
+)`
+
+func ownsEndpoint(ctx context.Context, db *sql.DB, ownerID, endpointID int64) (bool, error) {
+	var owns bool
+	if err := db.QueryRowContext(ctx, ownsEndpointSQL, endpointID, ownerID).Scan(&owns); err != nil {
+		return false, fmt.Errorf("check endpoint %d's owner: %w", endpointID, err)
+	}
+	return owns, nil
+}
+
+// allowAPI serves h to the principals who may use it.
+func (a *admin) allowAPI(who audience, h apiFunc) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		if err := a.allowed(r, who); err != nil {
+			return 0, nil, err
+		}
+		return h(r)
+	}
+}
+
+// allowPage is allowAPI for a panel page.
+func (a *admin) allowPage(who audience, h pageFunc) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		if err := a.allowed(r, who); err != nil {
+			return err
+		}
+		return h(w, r)
+	}
+}
+
+// listOwnerEndpointsSQL is listEndpointsSQL for one owner's endpoints.
+const listOwnerEndpointsSQL = `
+SELECT` + endpointColumns + `
+FROM outbox.endpoints
+WHERE id > $1
+  AND owner_id = $3
+ORDER BY id
+LIMIT $2`
+
+// listEndpointsFor is the page of endpoints the request's sender
+// (principalIn) may see: all of them for the admin, its own for an owner,
+// none for nobody.
+func listEndpointsFor(ctx context.Context, db *sql.DB, afterID int64, limit int) ([]Endpoint, error) {
+	who := principalIn(ctx)
+	switch {
+	case who.admin:
+		return listEndpoints(ctx, db, afterID, limit)
+	case who.owner == nil:
+		return []Endpoint{}, nil
+	}
+	endpoints, err := queryAll(ctx, db, scanEndpoint, listOwnerEndpointsSQL, afterID, limit, who.owner.ID)
+	if err != nil {
+		return nil, fmt.Errorf("list owner %d's endpoints: %w", who.owner.ID, err)
+	}
+	return endpoints, nil
+}
+
+// claimInput makes a new endpoint's or a change's owner_id what its
+// sender (principalIn) may give:
+// the admin's as given (an owner that exists, or null for none); an
+// owner's endpoint is its own, and an owner_id it gives is refused rather
+// than ignored, so that a client that meant another owner learns it
+// cannot. creating gives an owner's new endpoint its owner.
+func claimInput(ctx context.Context, db *sql.DB, in *endpointInput, creating bool) error {
+	who := principalIn(ctx)
+	if !who.admin {
+		if in.OwnerID.Set {
+			return fmt.Errorf("%w: owner_id: an owner's token cannot set it; the endpoints it creates are its own", errInvalid)
+		}
+		if creating && who.owner != nil {
+			in.OwnerID = nullable[int64]{Set: true, Value: &who.owner.ID}
+		}
+		return nil
+	}
+	if in.OwnerID.Value != nil {
+		if _, err := getOwner(ctx, db, *in.OwnerID.Value); errors.Is(err, errNotFound) {
+			return fmt.Errorf("%w: owner_id %d: no such owner", errInvalid, *in.OwnerID.Value)
+		} else if err != nil {
+			return err
+		}
+	}
+	return nil
+}

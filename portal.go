@@ -1,0 +1,395 @@
+// portal.go: the owners' routes of the API, and the sign-in links the
+// admin makes to hand to an owner (docs/owners.md). Signing in, with a
+// token or a link, and the sessions it starts are admin.go's.
+
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+)
+
+// handleListOwners is GET /api/owners: {"owners": [...]}, without tokens.
+func handleListOwners(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		owners, err := listOwners(r.Context(), a.db)
+		return http.StatusOK, map[string][]Owner{"owners": owners}, err
+	}
+}
+
+// handleCreateOwner is POST /api/owners {"name"}: the owner, answered 201
+// with its token, which is shown this once.
+func handleCreateOwner(a *admin) apiFunc {
+	type request struct {
+		Name string `json:"name"`
+	}
+	return func(r *http.Request) (int, any, error) {
+		var req request
+		if err := decodeJSON(r, &req); err != nil {
+			return 0, nil, err
+		}
+		o, err := createOwner(r.Context(), a.db, req.Name)
+		return http.StatusCreated, o, err
+	}
+}
+
+// handleDeleteOwner is DELETE /api/owners/{id}, answered 204: its
+// endpoints stay, the admin's alone.
+func handleDeleteOwner(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		id, err := pathID(r)
+		if err != nil {
+			return 0, nil, err
+		}
+		return http.StatusNoContent, nil, deleteOwner(r.Context(), a.db, id)
+	}
+}
+
+// handleRotateOwnerToken is POST /api/owners/{id}/rotate-token: the owner
+// with a new token; the old one, and every session signed in with it,
+// end at once.
+func handleRotateOwnerToken(a *admin) apiFunc {
+	return byID(func(ctx context.Context, id int64) (ownerWithToken, error) {
+		return rotateOwnerToken(ctx, a.db, id)
+	})
+}
+
+// readDeliveredEvent is event eventID as endpoint endpointID's owner may
+// see it: the request its deliveries sent (the event, its payload among
+// it) and the jobs it made for that endpoint, with each attempt's error;
+// not found, as for an event that does not exist, when it made none.
+func readDeliveredEvent(ctx context.Context, db *sql.DB, endpointID, eventID int64) (eventWithJobs, error) {
+	jobs, err := listJobs(ctx, db, JobFilter{EventID: eventID, EndpointID: endpointID, Limit: maxEventPage})
+	if err != nil {
+		return eventWithJobs{}, err
+	}
+	if len(jobs) == 0 {
+		return eventWithJobs{}, fmt.Errorf("event %d: %w", eventID, errNotFound)
+	}
+	ev, err := getEvent(ctx, db, eventID)
+	return eventWithJobs{Event: ev, Jobs: jobs}, err
+}
+
+// eventIDOf is the path value event_id, as pathID reads id.
+func eventIDOf(r *http.Request) (int64, error) {
+	id, err := strconv.ParseInt(r.PathValue("event_id"), 10, 64)
+	if err != nil || id <= 0 {
+		return 0, fmt.Errorf("%w: event_id %q is not a positive integer", errInvalid, r.PathValue("event_id"))
+	}
+	return id, nil
+}
+
+// handleEndpointEvent is GET /api/endpoints/{id}/events/{event_id}: an
+// event the endpoint was sent, with its deliveries to that endpoint; for
+// an owner, who may not read the event stream, what its receiver was sent.
+func handleEndpointEvent(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		id, err := pathID(r)
+		if err != nil {
+			return 0, nil, err
+		}
+		eventID, err := eventIDOf(r)
+		if err != nil {
+			return 0, nil, err
+		}
+		ev, err := readDeliveredEvent(r.Context(), a.db, id, eventID)
+		return http.StatusOK, ev, err
+	}
+}
+
+// handleEndpointEventPage is GET /endpoints/{id}/events/{event_id}, the
+// same on the panel: the page an owner's attempts link to.
+func handleEndpointEventPage(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		id, err := pathID(r)
+		if err != nil {
+			return err
+		}
+		eventID, err := eventIDOf(r)
+		if err != nil {
+			return err
+		}
+		ev, err := readDeliveredEvent(r.Context(), a.db, id, eventID)
+		if err != nil {
+			return err
+		}
+		a.panel.render(w, http.StatusOK, "delivery", page{Title: fmt.Sprintf("Event %d", eventID), Nav: "endpoints", SignedIn: true,
+			Data: struct {
+				EndpointID int64
+				Event      eventWithJobs
+			}{id, ev}})
+		return nil
+	}
+}
+
+// renderOwners is the admin's page of owners: the list, a form for a new
+// one, and created's token (a new owner's, or a rotated one), shown once.
+func renderOwners(w http.ResponseWriter, r *http.Request, a *admin, flash string, created *ownerWithToken) error {
+	owners, err := listOwners(r.Context(), a.db)
+	if err != nil {
+		return err
+	}
+	a.panel.render(w, http.StatusOK, "owners", page{Title: "Owners", Nav: "owners", SignedIn: true, Flash: flash,
+		Data: struct {
+			Owners  []Owner
+			Created *ownerWithToken
+		}{owners, created}})
+	return nil
+}
+
+// handleOwnersPage is GET /owners.
+func handleOwnersPage(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		return renderOwners(w, r, a, flash(r), nil)
+	}
+}
+
+// handleCreateOwnerPage is POST /owners: the list again, with the new
+// owner's token.
+func handleCreateOwnerPage(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		f := formOf(w, r, 4096)
+		name := f.text("name")
+		if f.err != nil {
+			return f.err
+		}
+		o, err := createOwner(r.Context(), a.db, name)
+		if err != nil {
+			return err
+		}
+		noteAuditSubject(r, strconv.FormatInt(o.ID, 10))
+		return renderOwners(w, r, a, fmt.Sprintf("Owner %s created. Hand over its token now: it is not shown again.", o.Name), &o)
+	}
+}
+
+// handleOwnerAction is POST /owners/{id}/{action}: rotate-token shows
+// the new token, delete leaves for the list.
+func handleOwnerAction(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		id, err := pathID(r)
+		if err != nil {
+			return err
+		}
+		switch r.PathValue("action") {
+		case "rotate-token":
+			o, err := rotateOwnerToken(r.Context(), a.db, id)
+			if err != nil {
+				return err
+			}
+			return renderOwners(w, r, a, fmt.Sprintf("Token of %s replaced; the old one, and its sessions, ended.", o.Name), &o)
+		case "delete":
+			if err := deleteOwner(r.Context(), a.db, id); err != nil {
+				return err
+			}
+			http.Redirect(w, r, "/owners?done="+url.QueryEscape(fmt.Sprintf("Owner %d deleted; its endpoints are the admin's alone.", id)), http.StatusSeeOther)
+			return nil
+		}
+		return fmt.Errorf("%w: no action %q", errNotFound, r.PathValue("action"))
+	}
+}
+
+// handleEndpointAlerts is GET /api/endpoints/{id}/alerts: the alerts
+// firing now that name the endpoint (endpoint_failing links its page), as
+// the overview has them, acknowledgements and all: what an owner, who may
+// not read the overview, may see of its endpoint's alerts.
+func handleEndpointAlerts(a *admin) apiFunc {
+	return byID(func(ctx context.Context, id int64) (map[string][]Alert, error) {
+		if _, err := getEndpoint(ctx, a.db, id); err != nil {
+			return nil, err
+		}
+		o, err := a.overview(ctx)
+		if err != nil {
+			return nil, err
+		}
+		link, alerts := fmt.Sprintf("/endpoints/%d", id), []Alert{}
+		for _, al := range o.Alerts {
+			if al.Link == link {
+				// The overview's level counts every endpoint failing,
+				// which is not an owner's to know; this one is 1.
+				al.Level = 1
+				alerts = append(alerts, al)
+			}
+		}
+		return map[string][]Alert{"alerts": alerts}, nil
+	})
+}
+
+// signinLink is a sign-in link as the API answers it.
+type signinLink struct {
+	OwnerID   int64     `json:"owner_id"`
+	URL       string    `json:"url"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// handleCreateSigninLink is POST /api/owners/{id}/signin-links: a link
+// that signs a browser in as the owner, once, within
+// -signin-link-lifetime; answered 201.
+func handleCreateSigninLink(a *admin) apiFunc {
+	return func(r *http.Request) (int, any, error) {
+		id, err := pathID(r)
+		if err != nil {
+			return 0, nil, err
+		}
+		link, err := makeSigninLink(r, a, id)
+		return http.StatusCreated, link, err
+	}
+}
+
+// handleSigninLinkPage is POST /endpoints/{id}/signin-link: the admin's
+// button on an endpoint's page, which shows a sign-in link for the
+// endpoint's owner, once, on a page rendered, not redirected to: the link
+// signs in, so it stays out of URLs and the history.
+func handleSigninLinkPage(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		id, err := pathID(r)
+		if err != nil {
+			return err
+		}
+		ep, err := getEndpoint(r.Context(), a.db, id)
+		if err != nil {
+			return err
+		}
+		if ep.OwnerID == nil {
+			return fmt.Errorf("%w: endpoint %d has no owner to make a sign-in link for; set its owner_id first", errInvalid, id)
+		}
+		o, err := getOwner(r.Context(), a.db, *ep.OwnerID)
+		if err != nil {
+			return err
+		}
+		link, err := makeSigninLink(r, a, o.ID)
+		if err != nil {
+			return err
+		}
+		a.panel.render(w, http.StatusOK, "signin-link", page{Title: "Sign-in link", Nav: "endpoints", SignedIn: true,
+			Data: struct {
+				Owner    Owner
+				Endpoint Endpoint
+				Link     signinLink
+				Lifetime time.Duration
+			}{o, ep, link, a.signinLinks}})
+		return nil
+	}
+}
+
+// defaultSigninLinkLifetime is how long a sign-in link is good unless
+// -signin-link-lifetime says otherwise: an hour to pass it on and open
+// it, short enough that one found later in a mailbox has expired.
+const defaultSigninLinkLifetime = time.Hour
+
+// signinCodePrefix marks a sign-in link's code, as ownerTokenPrefix does a
+// token; signinCodeBytes of randomness leave nothing to guess within a
+// link's hour.
+const (
+	signinCodePrefix = "obl_"
+	signinCodeBytes  = 32
+)
+
+// makeSigninLink makes a link for owner id, good for a.signinLinks, on
+// the URL browsers reach outboxd at: -public-url, else the one r came to.
+func makeSigninLink(r *http.Request, a *admin, ownerID int64) (signinLink, error) {
+	if _, err := getOwner(r.Context(), a.db, ownerID); err != nil {
+		return signinLink{}, err
+	}
+	b := make([]byte, signinCodeBytes)
+	rand.Read(b)
+	code := signinCodePrefix + hex.EncodeToString(b)
+	expires, err := storeSigninLink(r.Context(), a.db, signinCodeHash(code), ownerID, a.signinLinks)
+	if err != nil {
+		return signinLink{}, err
+	}
+	base := url.URL{Scheme: "http", Host: r.Host}
+	if a.overHTTPS(r) {
+		base.Scheme = "https"
+	}
+	if a.publicURL != nil {
+		base = *a.publicURL
+	}
+	link := base.JoinPath("signin")
+	link.RawQuery = url.Values{"code": {code}}.Encode()
+	return signinLink{OwnerID: ownerID, URL: link.String(), ExpiresAt: expires}, nil
+}
+
+// signinCodeHash is what the table keeps of a link's code.
+func signinCodeHash(code string) []byte {
+	sum := sha256.Sum256([]byte(code))
+	return sum[:]
+}
+
+// maxSigninLinks bounds the links table as maxSessions bounds the
+// sessions': a link past it revokes the oldest live one. signinLinkSweep
+// is the most expired links one new link deletes: more than the one it
+// adds, so that expired rows cannot pile up.
+const (
+	maxSigninLinks  = 1000
+	signinLinkSweep = 100
+)
+
+// storeSigninLinkSQL records link $1 for owner $2, good for $5 seconds,
+// first deleting up to $3 expired links and up to $3 live ones beyond the
+// newest $4, as startSessionSQL bounds the sessions.
+const storeSigninLinkSQL = `
+WITH swept AS (
+  DELETE FROM outbox.owner_signin_links
+  WHERE code_hash IN (
+    (SELECT code_hash
+     FROM outbox.owner_signin_links
+     WHERE expires_at <= now()
+     ORDER BY expires_at
+     LIMIT $3)
+    UNION ALL
+    (SELECT code_hash
+     FROM outbox.owner_signin_links
+     WHERE expires_at > now()
+     ORDER BY expires_at DESC
+     OFFSET $4
+     LIMIT $3)
+  )
+)
+INSERT INTO outbox.owner_signin_links (code_hash, owner_id, expires_at)
+VALUES ($1, $2, now() + make_interval(secs => $5))
+RETURNING expires_at`
+
+func storeSigninLink(ctx context.Context, db *sql.DB, hash []byte, ownerID int64, lifetime time.Duration) (time.Time, error) {
+	var expires time.Time
+	err := db.QueryRowContext(ctx, storeSigninLinkSQL, hash, ownerID, signinLinkSweep, maxSigninLinks-1, lifetime.Seconds()).Scan(&expires)
+	if err != nil {
+		return expires, fmt.Errorf("make sign-in link: %w", err)
+	}
+	return expires, nil
+}
+
+// useSigninLinkSQL deletes link $1 if it is still good and answers its
+// owner: the read and the delete are one statement, so of two uses racing
+// one finds the row and the other finds none.
+const useSigninLinkSQL = `
+WITH used AS (
+  DELETE FROM outbox.owner_signin_links
+  WHERE code_hash = $1
+    AND expires_at > now()
+  RETURNING owner_id
+)
+SELECT` + ownerColumns + `
+FROM outbox.owners
+WHERE id = (SELECT owner_id FROM used)`
+
+// useSigninLink is the owner link code signs in, using it up; nil if it
+// is no link, expired, or used already.
+func useSigninLink(ctx context.Context, db *sql.DB, code string) (*Owner, error) {
+	o, err := scanOwner(db.QueryRowContext(ctx, useSigninLinkSQL, signinCodeHash(code)))
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("use sign-in link: %w", err)
+	}
+	return &o, nil
+}
