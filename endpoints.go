@@ -139,6 +139,14 @@ func (e Endpoint) dedupWindow() time.Duration {
 }
 
 // The derived states of an endpoint.
+// The health of an endpoint: failing raises endpoint_failing (overview.go);
+// degraded (a failed attempt, a blip) does not.
+const (
+	healthFailing  = "failing"
+	healthDegraded = "degraded"
+	healthOK       = "ok" // no failure since the last success
+)
+
 const (
 	endpointEnabled  = "enabled"
 	endpointFailing  = "failing"

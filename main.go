@@ -182,27 +182,8 @@ func defaultConfig() Config {
 		Mail: MailConfig{
 			OwnerNotifyPerHour: 5,
 		},
-		Alerts: AlertConfig{
-			BacklogRows:          1000,
-			BacklogAge:           5 * time.Minute,
-			DeadRatio:            0.2,
-			XactAge:              time.Hour,
-			EndpointSuccessBelow: 0.5, EndpointFailingFor: 3 * time.Minute, ClientCertExpiry: 14 * 24 * time.Hour, // AlertConfig says why
-		},
-		Retention: RetentionConfig{
-			Events: 7 * 24 * time.Hour,
-			// Inbox: defaultInboxRetention, from the settings it must cover.
-			CompletedJobs: 24 * time.Hour,
-			DiscardedJobs: 7 * 24 * time.Hour,
-			// DeliveryStats: a week, to compare today with the same day
-			// last week; 10,080 rows an endpoint at most.
-			DeliveryStats:        7 * 24 * time.Hour,
-			Interval:             time.Hour,
-			BatchSize:            retentionBatchMax,
-			AnomalyCap:           1_000_000,
-			EndpointDisableAfter: 5 * 24 * time.Hour,
-			Audit:                defaultAuditRetention,
-		},
+		Alerts:    defaultAlerts(),
+		Retention: defaultRetention(),
 		DBMaxConns:    20,
 		DatabaseWait:  time.Minute,
 		ShutdownGrace: 30 * time.Second,
@@ -210,6 +191,39 @@ func defaultConfig() Config {
 	c.SigninLinkLifetime = defaultSigninLinkLifetime
 	c.derive(false)
 	return c
+}
+
+// defaultAlerts are the alerts' thresholds (AlertConfig says why each).
+func defaultAlerts() AlertConfig {
+	return AlertConfig{
+		BacklogRows:          1000,
+		BacklogAge:           5 * time.Minute,
+		DeadRatio:            0.2,
+		XactAge:              time.Hour,
+		EndpointSuccessBelow: 0.5,
+		EndpointFailingFor:   3 * time.Minute,
+		ClientCertExpiry:     14 * 24 * time.Hour,
+	}
+}
+
+// defaultRetention is how long each table keeps its rows, and how the
+// sweeps delete them.
+func defaultRetention() RetentionConfig {
+	return RetentionConfig{
+		Events: 7 * 24 * time.Hour,
+		// Inbox: defaultInboxRetention, from the settings it must cover
+		// (derive).
+		CompletedJobs: 24 * time.Hour,
+		DiscardedJobs: 7 * 24 * time.Hour,
+		// DeliveryStats: a week, to compare today with the same day last
+		// week; 10,080 rows an endpoint at most.
+		DeliveryStats:        7 * 24 * time.Hour,
+		Interval:             time.Hour,
+		BatchSize:            retentionBatchMax,
+		AnomalyCap:           1_000_000,
+		EndpointDisableAfter: 5 * 24 * time.Hour,
+		Audit:                defaultAuditRetention,
+	}
 }
 
 // derive sets the settings that follow from others: the inbox window,

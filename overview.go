@@ -1068,14 +1068,6 @@ type EndpointHealth struct {
 	Health string `json:"health"`
 }
 
-// The health of an endpoint in trouble: failing raises endpoint_failing;
-// degraded (a failed attempt, a blip) does not.
-const (
-	healthFailing  = "failing"
-	healthDegraded = "degraded"
-	healthOK       = "ok" // no failure since the last success
-)
-
 // maxEndpointHealth bounds the endpoints in trouble the overview reads.
 const maxEndpointHealth = 100
 
