@@ -58,7 +58,11 @@ type Job struct {
 	// kept it (outbox.events.committed_at), or the event's created_at
 	// where it kept none: where the time to the first 2xx starts.
 	committedAt time.Time
-	Event       Event
+	// laneLimit is, from a claim ahead (claimJobsSQL), the most requests
+	// this process may have in flight to the job's endpoint; 0 from any
+	// other claim, which sets none (endpointGates).
+	laneLimit int
+	Event     Event
 }
 
 // deliveryEndpoint is an endpoint as one attempt sees it.
@@ -95,6 +99,10 @@ type claimer struct {
 	// so that an endpoint's cap counts requests in flight, not outcomes
 	// waiting for their batch's commit (schema.sql, outbox.claim_due_jobs).
 	answered answeredJobs
+	// gates hold each endpoint's requests from this process to the limit
+	// its latest claim ahead set: a claim takes more of an endpoint's
+	// jobs than may be in flight, and they start as requests end.
+	gates endpointGates
 
 	// mu guards the fields below it, and is held by fill from counting
 	// free slots to starting the jobs claimed into them, so that no
@@ -125,6 +133,7 @@ func newClaimer(db *sql.DB, slots int, pool jobStarter) *claimer {
 		slots:     make(chan struct{}, slots),
 		slotFreed: make(chan struct{}, 1),
 		answered:  answeredJobs{ids: map[int64]struct{}{}},
+		gates:     endpointGates{byEndpoint: map[int64]*endpointGate{}},
 		claims:    newHistogram(latencyBuckets),
 	}
 }
@@ -269,9 +278,12 @@ const claimTimeout = 10 * time.Second
 // claimJobsSQL takes up to $1 due jobs, soonest first, marks them running
 // with their next attempt number, held by replica $2 (NULL: none), and
 // returns each with its event and, for a delivery, its endpoint. The
-// statement is schema.sql's outbox.claim_due_jobs, which pins its plan and
-// reads everything in one snapshot.
-const claimJobsSQL = `SELECT ` + claimedColumns + ` FROM outbox.claim_due_jobs($1, $2, $3)`
+// statement is schema.sql's outbox.claim_lane_jobs, which pins its plan
+// and reads everything in one snapshot. It claims ahead: for a healthy
+// endpoint, up to twice the requests this replica may have in flight
+// (lane_limit), so that a request ending starts the next one here and
+// then, not at the next claim's commit (endpointGates).
+const claimJobsSQL = `SELECT ` + claimedColumns + ` FROM outbox.claim_lane_jobs($1, $2, $3, true)`
 
 // claimedColumns are the attributes of schema.sql's outbox.claimed_job, in
 // the order claimedRow.dest scans them: the one list every claim selects.
@@ -282,7 +294,7 @@ const claimedColumns = `
        url, secret, previous_secret, disabled_reason,
        start_in_ms, wake_on_outcome, replay_yields,
        resend_window_seconds, claimed_at,
-       committed_at`
+       committed_at, lane_limit`
 
 // claim takes up to n due jobs in one statement, under this process's
 // replica id. Without one (declared dead, not registered again yet) it
@@ -304,6 +316,11 @@ func (c *claimer) claim(ctx context.Context, n int) ([]Job, error) {
 	if err != nil {
 		c.claimFailed(replica, err)
 		return nil, fmt.Errorf("claim jobs: %w", err)
+	}
+	for _, j := range jobs {
+		if j.laneLimit > 0 {
+			c.gates.setLimit(j.EndpointID, j.laneLimit)
+		}
 	}
 	return jobs, nil
 }
@@ -347,7 +364,7 @@ func scanClaimedJob(row rowScanner, sent time.Time) (Job, error) {
 // job has none.
 type claimedRow struct {
 	id, attempt, maxAttempts, endpointID, eventID, startInMS sql.NullInt64
-	resendWindowSeconds                                      sql.NullInt64
+	resendWindowSeconds, laneLimit                           sql.NullInt64
 	kind, topic, subject, url                                sql.NullString
 	traceparent, tracestate, disabledReason                  *string
 	payload, secret, previous                                []byte
@@ -361,7 +378,7 @@ func (r *claimedRow) dest() []any {
 		&r.eventID, &r.topic, &r.subject, &r.payload, &r.createdAt,
 		&r.traceparent, &r.tracestate,
 		&r.url, &r.secret, &r.previous, &r.disabledReason, &r.startInMS, &r.wakeOnOutcome, &r.yieldsToLive,
-		&r.resendWindowSeconds, &r.claimedAt, &r.committedAt}
+		&r.resendWindowSeconds, &r.claimedAt, &r.committedAt, &r.laneLimit}
 }
 
 // job is the row as a Job claimed by a statement sent at sent, and
@@ -381,6 +398,7 @@ func (r *claimedRow) job(sent time.Time) (Job, bool) {
 		resendWindow:  time.Duration(r.resendWindowSeconds.Int64) * time.Second,
 		claimedAt:     r.claimedAt.Time,
 		committedAt:   r.committedAt.Time,
+		laneLimit:     int(r.laneLimit.Int64),
 		Event: Event{
 			ID:          r.eventID.Int64,
 			Topic:       r.topic.String,
@@ -403,6 +421,12 @@ func (r *claimedRow) job(sent time.Time) (Job, bool) {
 	return j, true
 }
 
+// sendsRequest says whether the job's attempt may reach a receiver: a
+// delivery to an endpoint that still exists and is not disabled.
+func (j Job) sendsRequest() bool {
+	return j.EndpointID != 0 && j.endpoint != nil && j.endpoint.DisabledReason == nil
+}
+
 // recordAttempt leaves what an attempt did on its job, for the completer
 // to write with the job's outcome (recordOutcomes).
 func (j Job) recordAttempt(a deliveryAttempt, change endpointChange) {
@@ -410,4 +434,102 @@ func (j Job) recordAttempt(a deliveryAttempt, change endpointChange) {
 		return // not run by a worker pool: nobody would write it
 	}
 	*j.attempt = attemptRecord{deliveryAttempt: a, EndpointID: j.EndpointID, Change: change, At: time.Now(), set: true}
+}
+
+// endpointGates hold this process's requests to each endpoint to the
+// limit its latest claim ahead set (Job.laneLimit): the endpoint's cap
+// less the deliveries of other replicas running at that claim. A claim
+// ahead takes up to twice that, so that when a request ends the next
+// starts here at once, where a claim of its own would make it wait for
+// the claim's statement and commit while the endpoint's place stood
+// empty: a place is held while a request is in flight.
+//
+// Why the cap holds across replicas (outbox.claim_lane_jobs): every
+// claim counts each other replica's running jobs whole, those waiting
+// at its gates included. A claim ahead at time t keeps this process's
+// requests to the cap less the others' jobs at t, and the others' jobs
+// only shrink until one of them claims, whose claim counts this
+// process's jobs, the waiting ones too. Every job with an endpoint
+// passes its gate, also those claimed by the relay's pass (which sets no
+// limit: its claim counts this process's waiting jobs as in flight, so
+// whatever it takes may start). Limits are set only by the workers'
+// claims, one at a time (claimer.fill), in the order they were taken.
+type endpointGates struct {
+	mu         sync.Mutex
+	byEndpoint map[int64]*endpointGate
+}
+
+// endpointGate is one endpoint's: its limit (0: none set yet), its
+// requests in flight, and the jobs waiting for one to end, first come
+// first in. Kept once made: a limit dropped while jobs of a claim ahead
+// were about to enter would let them all in.
+type endpointGate struct {
+	limit    int
+	inFlight int
+	waiting  []chan struct{}
+}
+
+// gate is endpointID's gate; g.mu is held.
+func (g *endpointGates) gate(endpointID int64) *endpointGate {
+	e := g.byEndpoint[endpointID]
+	if e == nil {
+		e = new(endpointGate)
+		g.byEndpoint[endpointID] = e
+	}
+	return e
+}
+
+// setLimit sets endpointID's limit, letting in whom a higher one admits.
+func (g *endpointGates) setLimit(endpointID int64, limit int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	e := g.gate(endpointID)
+	e.limit = limit
+	e.admit()
+}
+
+// admit lets waiting jobs in while the limit allows; g.mu is held.
+func (e *endpointGate) admit() {
+	for len(e.waiting) > 0 && e.inFlight < e.limit {
+		close(e.waiting[0])
+		e.waiting = e.waiting[1:]
+		e.inFlight++
+	}
+}
+
+// enter waits for a place for one request to endpointID, until ctx ends,
+// and returns the call that gives it back when the request has ended.
+func (g *endpointGates) enter(ctx context.Context, endpointID int64) (leave func(), err error) {
+	leave = func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		e := g.byEndpoint[endpointID]
+		e.inFlight--
+		e.admit()
+	}
+	g.mu.Lock()
+	e := g.gate(endpointID)
+	if len(e.waiting) == 0 && (e.limit == 0 || e.inFlight < e.limit) {
+		e.inFlight++
+		g.mu.Unlock()
+		return leave, nil
+	}
+	in := make(chan struct{})
+	e.waiting = append(e.waiting, in)
+	g.mu.Unlock()
+	select {
+	case <-in:
+		return leave, nil
+	case <-ctx.Done():
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if i := slices.Index(e.waiting, in); i >= 0 {
+		e.waiting = slices.Delete(e.waiting, i, i+1)
+		return nil, ctx.Err()
+	}
+	// Let in as ctx ended: give the place to the next.
+	e.inFlight--
+	e.admit()
+	return nil, ctx.Err()
 }

@@ -282,6 +282,15 @@ func (p *workerPool) runJob(ctx context.Context, job Job) jobResult {
 		}
 		timer.Stop()
 	}
+	if job.sendsRequest() {
+		// A claim ahead holds more of an endpoint's jobs than may be in
+		// flight: the rest wait here for a request to end (endpointGates).
+		leave, err := p.gates.enter(ctx, job.EndpointID)
+		if err != nil {
+			return p.outcome(job, fmt.Errorf("waiting for a place in endpoint %d's requests: %w", job.EndpointID, err), time.Now())
+		}
+		defer leave()
+	}
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.AttemptTimeout)
 	defer cancel()
 	start := time.Now()

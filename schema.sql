@@ -1228,8 +1228,20 @@ BEGIN
 END
 $$;
 
-DROP FUNCTION IF EXISTS outbox.claim_due_jobs(integer, bigint, bigint[]);
-CREATE FUNCTION outbox.claim_due_jobs(batch integer, replica bigint DEFAULT NULL, answered bigint[] DEFAULT '{}')
+-- lane_limit, added later: the most requests the claiming replica may
+-- have in flight to the job's endpoint, as claim_lane_jobs with ahead
+-- (below) counts it; NULL from every other claim.
+DO $$
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                 WHERE attrelid = 'outbox.claimed_job'::regclass AND attname = 'lane_limit' AND NOT attisdropped) THEN
+    ALTER TYPE outbox.claimed_job ADD ATTRIBUTE lane_limit integer;
+  END IF;
+END
+$$;
+
+DROP FUNCTION IF EXISTS outbox.claim_lane_jobs(integer, bigint, bigint[], boolean);
+CREATE FUNCTION outbox.claim_lane_jobs(batch integer, replica bigint, answered bigint[], ahead boolean)
 RETURNS SETOF outbox.claimed_job
 LANGUAGE plpgsql VOLATILE
 ROWS 100
@@ -1253,6 +1265,7 @@ BEGIN
   PERFORM set_config('synchronous_commit', 'off', true);
   -- NULL would leave every running job uncounted: no cap at all.
   answered := coalesce(answered, '{}');
+  ahead := coalesce(ahead, false);
   IF replica IS NOT NULL THEN
     PERFORM 1 FROM outbox.replicas AS r WHERE r.id = replica FOR KEY SHARE;
     IF NOT FOUND THEN
@@ -1318,9 +1331,15 @@ BEGIN
         AND (ep.held_until IS NULL OR ep.held_until <= now())
         AND (ep.rate_limit_per_second IS NULL OR ep.rate_next_at IS NULL
              OR ep.rate_next_at <= now() + interval '1 second')
-        AND (SELECT count(*) FROM outbox.jobs AS r
-             WHERE r.endpoint_id = ep.id AND r.state = 'running' AND r.id <> ALL (answered))
-            < CASE WHEN ep.breaker_opened_at IS NULL THEN ep.max_in_flight ELSE 1 END
+        AND (SELECT CASE WHEN ahead AND replica IS NOT NULL AND ep.breaker_opened_at IS NULL
+                              AND ep.rate_limit_per_second IS NULL AND ep.consecutive_failures = 0
+                         THEN 2 * (ep.max_in_flight - count(*) FILTER (WHERE r.held_by IS DISTINCT FROM replica))
+                              - count(*) FILTER (WHERE r.held_by = replica AND r.id <> ALL (answered))
+                         ELSE CASE WHEN ep.breaker_opened_at IS NULL THEN ep.max_in_flight ELSE 1 END
+                              - count(*) FILTER (WHERE r.id <> ALL (answered))
+                    END
+             FROM outbox.jobs AS r
+             WHERE r.endpoint_id = ep.id AND r.state = 'running') > 0
         AND (w.live_at IS NOT NULL
              OR (SELECT count(*) FROM outbox.jobs AS r
                  WHERE r.endpoint_id = ep.id AND r.state = 'running' AND r.replay_id IS NOT NULL
@@ -1345,10 +1364,7 @@ BEGIN
            greatest(least(
              CASE WHEN ep.disabled_at IS NOT NULL THEN batch
                   ELSE least(
-                    CASE WHEN ep.breaker_opened_at IS NULL THEN ep.max_in_flight ELSE 1 END
-                      - (SELECT count(*) FROM outbox.jobs AS r
-                         WHERE r.endpoint_id = ep.id AND r.state = 'running'
-                           AND r.id <> ALL (answered))::integer,
+                    rc.room,
                     CASE WHEN ep.rate_limit_per_second IS NULL THEN batch
                          ELSE 1 + floor(ep.rate_limit_per_second * extract(epoch FROM
                                 now() + interval '1 second' - greatest(now(), ep.rate_next_at)))::integer
@@ -1365,12 +1381,33 @@ BEGIN
            -- with a share of 1 (a cap under 8) the width does not change,
            -- but a replayed delivery's end still need not wake a claim of
            -- its own.
-           lf.live AS narrowed
+           lf.live AS narrowed,
+           rc.lane_limit
     FROM unnest(lanes) WITH ORDINALITY AS l(id, lane_order)
     JOIN outbox.endpoints AS ep ON ep.id = l.id
     -- The width of replay_width, asked once: OFFSET 0 keeps the subquery
     -- whole, where flattened each use of live would call the function.
     CROSS JOIN LATERAL (SELECT outbox.live_flows(ep.id) AS live OFFSET 0) AS lf
+    -- The lane's room for new jobs and, claiming ahead, the limit of the
+    -- claiming replica's requests in flight (above): one read of the
+    -- endpoint's running jobs.
+    CROSS JOIN LATERAL (
+      SELECT CASE WHEN ahead AND replica IS NOT NULL AND ep.breaker_opened_at IS NULL
+                       AND ep.rate_limit_per_second IS NULL AND ep.consecutive_failures = 0
+                  THEN 2 * (n.cap - n.others) - n.own
+                  ELSE n.cap - n.holders
+             END AS room,
+             CASE WHEN ahead AND replica IS NOT NULL AND ep.disabled_at IS NULL
+                  THEN n.cap - n.others
+             END AS lane_limit
+      FROM (SELECT CASE WHEN ep.breaker_opened_at IS NULL THEN ep.max_in_flight ELSE 1 END AS cap,
+                   count(*) FILTER (WHERE r.id <> ALL (answered))::integer AS holders,
+                   count(*) FILTER (WHERE r.held_by IS DISTINCT FROM replica)::integer AS others,
+                   count(*) FILTER (WHERE r.held_by = replica AND r.id <> ALL (answered))::integer AS own
+            FROM outbox.jobs AS r
+            WHERE r.endpoint_id = ep.id AND r.state = 'running') AS n
+      OFFSET 0
+    ) AS rc
   ),
   -- Each lane's due jobs, locked, in due order: the live ones first, up
   -- to its room; then the replayed ones, in the room the live ones left
@@ -1378,7 +1415,7 @@ BEGIN
   -- ones' limit reads how many live ones were locked, which must not read
   -- them a second time.
   live_jobs AS MATERIALIZED (
-    SELECT l.id, l.lane_order, l.room, l.replay_room, l.narrowed, ARRAY(
+    SELECT l.id, l.lane_order, l.room, l.replay_room, l.narrowed, l.lane_limit, ARRAY(
       SELECT w.id
       FROM outbox.jobs AS w
       WHERE w.endpoint_id = l.id
@@ -1392,7 +1429,7 @@ BEGIN
     FROM lane AS l
   ),
   lane_jobs AS MATERIALIZED (
-    SELECT lj.id, lj.lane_order, lj.room, lj.replay_room, lj.narrowed, lj.ids AS live_ids, ARRAY(
+    SELECT lj.id, lj.lane_order, lj.room, lj.replay_room, lj.narrowed, lj.lane_limit, lj.ids AS live_ids, ARRAY(
       SELECT w.id
       FROM outbox.jobs AS w
       WHERE w.endpoint_id = lj.id
@@ -1455,7 +1492,7 @@ BEGIN
   -- batches a second beside a replay, and the CPU they cost was what
   -- live deliveries waited for.
   filled AS (
-    SELECT lj.id, lj.narrowed,
+    SELECT lj.id, lj.narrowed, lj.lane_limit,
            cardinality(lj.live_ids) + cardinality(lj.replay_ids) >= lj.room AS room_full,
            cardinality(lj.replay_ids) >= lj.replay_room AS replay_full
     FROM lane_jobs AS lj
@@ -1502,7 +1539,8 @@ BEGIN
          -- an earlier job delivered.
          CASE WHEN c.attempt > 1 OR c.replay_id IS NOT NULL THEN ep.dedup_window_seconds END,
          c.attempted_at,
-         coalesce(e.committed_at, e.created_at)
+         coalesce(e.committed_at, e.created_at),
+         fl.lane_limit
   FROM claimed AS c
   JOIN outbox.events AS e ON e.id = c.event_id
   CROSS JOIN subscribers_filled AS sf
@@ -1510,6 +1548,19 @@ BEGIN
   LEFT JOIN paced AS p ON p.id = c.id
   LEFT JOIN filled AS fl ON fl.id = c.endpoint_id;
 END
+$$;
+
+-- claim_due_jobs is claim_lane_jobs without ahead: every running job not
+-- answered holds its endpoint's place, so that every job it claims may
+-- start at once. The relay's claim (fan_out_claiming) and the releases
+-- before claim_lane_jobs call it.
+DROP FUNCTION IF EXISTS outbox.claim_due_jobs(integer, bigint, bigint[]);
+CREATE FUNCTION outbox.claim_due_jobs(batch integer, replica bigint DEFAULT NULL, answered bigint[] DEFAULT '{}')
+RETURNS SETOF outbox.claimed_job
+LANGUAGE sql VOLATILE
+ROWS 100
+AS $$
+  SELECT * FROM outbox.claim_lane_jobs(batch, replica, answered, false)
 $$;
 
 --------------------------------------------------------------------------------
