@@ -1,0 +1,240 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/lib/pq"
+)
+
+// Claims ahead (claim.go, endpointGates; schema.sql,
+// outbox.claim_lane_jobs): a replica holds up to twice the requests it
+// may have in flight to a healthy endpoint, and starts the rest as
+// requests end.
+
+// registeredReplica registers a replica row for a test and returns it.
+func registeredReplica(t *testing.T, db *sql.DB, pid int) *replicaRegistry {
+	t.Helper()
+	r := newReplicaRegistry(db, defaultConfig().Replicas, testReplica("0.1.0", pid), testLogger(t))
+	if err := r.register(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// claimAhead runs outbox.claim_lane_jobs with ahead for replica, with the
+// answered jobs, and returns the ids claimed and their lane limits.
+func claimAhead(t *testing.T, db *sql.DB, replica int64, answered []int64) (ids []int64, limits []int64) {
+	t.Helper()
+	rows, err := db.Query(`SELECT id, coalesce(lane_limit, 0) FROM outbox.claim_lane_jobs(50, $1, $2, true)`,
+		replica, pq.Array(append([]int64{}, answered...)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, limit int64
+		if err := rows.Scan(&id, &limit); err != nil {
+			t.Fatal(err)
+		}
+		ids, limits = append(ids, id), append(limits, limit)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return ids, limits
+}
+
+// insertEndpointWithJobs inserts an endpoint of cap maxInFlight and n due
+// deliveries to it, and returns its id.
+func insertEndpointWithJobs(t *testing.T, db *sql.DB, url string, maxInFlight, n int) int64 {
+	t.Helper()
+	var endpoint int64
+	if err := db.QueryRow(`INSERT INTO outbox.endpoints (url, secret, max_in_flight)
+		VALUES ($1, decode(repeat('ab', 32), 'hex'), $2) RETURNING id`, url, maxInFlight).Scan(&endpoint); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, `
+		INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, scheduled_at)
+		SELECT 'webhook', outbox.record('t', i::text, '{}'), $1, 18, now() - interval '1 minute'
+		FROM generate_series(1, $2) AS i`, endpoint, n)
+	return endpoint
+}
+
+// A claim ahead of a healthy endpoint with a cap of 2 takes 4 jobs and
+// says 2 may be in flight; with those 4 running it takes none, and
+// neither does another replica's claim, ahead or not, which counts them
+// all; 2 of them answered, it takes 2 more. An endpoint that has just
+// failed is claimed no further than its cap.
+func TestClaimAheadTakesTwiceTheLimitAndOtherReplicasCountIt(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	a := registeredReplica(t, db, 401)
+	b := registeredReplica(t, db, 402)
+	insertEndpointWithJobs(t, db, "https://healthy.example.com/", 2, 10)
+
+	first, limits := claimAhead(t, db, a.ID(), nil)
+	if len(first) != 4 {
+		t.Fatalf("a's first claim ahead took %v, want 4 jobs: twice the cap of 2", first)
+	}
+	for _, l := range limits {
+		if l != 2 {
+			t.Errorf("lane limits %v, want 2 for each job: the cap, no other replica running any", limits)
+			break
+		}
+	}
+	if got, _ := claimAhead(t, db, a.ID(), nil); len(got) != 0 {
+		t.Errorf("a's claim with its 4 jobs running took %v, want none", got)
+	}
+	if got, _ := claimAhead(t, db, b.ID(), nil); len(got) != 0 {
+		t.Errorf("b's claim ahead beside a's 4 running jobs took %v, want none", got)
+	}
+	if got := queryInt(t, db, `SELECT count(*) FROM outbox.claim_due_jobs(50, $1)`, b.ID()); got != 0 {
+		t.Errorf("b's claim_due_jobs beside a's 4 running jobs took %d, want none", got)
+	}
+	if got, _ := claimAhead(t, db, a.ID(), first[:2]); len(got) != 2 {
+		t.Errorf("a's claim with 2 of its 4 jobs answered took %v, want 2", got)
+	}
+
+	failing := insertEndpointWithJobs(t, db, "https://failing.example.com/", 2, 10)
+	mustExec(t, db, `UPDATE outbox.endpoints SET consecutive_failures = 1 WHERE id = $1`, failing)
+	got, limits := claimAhead(t, db, a.ID(), nil)
+	if len(got) != 2 || limits[0] != 2 {
+		t.Errorf("a's claim of an endpoint that has just failed took %v with limits %v, want 2 jobs, its cap, limit 2", got, limits)
+	}
+}
+
+// runRegisteredWebhookWorkers is runWebhookWorkers as a registered
+// replica: its claims go ahead.
+func runRegisteredWebhookWorkers(t *testing.T, db *sql.DB, pid int) {
+	t.Helper()
+	cfg := defaultConfig().Workers
+	cfg.PollInterval = 20 * time.Millisecond
+	cfg.Concurrency = 8
+	client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: 30 * time.Second})
+	wp := newWorkerPool(db, cfg, time.Minute, newSubscriberRegistry(), map[string]jobHandler{webhookJobKind: newWebhookSender(db, nil, client, nil, nil, testLogger(t)).deliver}, testLogger(t))
+	wp.replica = registeredReplica(t, db, pid)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- wp.Run(ctx, nil) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+// A replica claiming ahead holds more of an endpoint's jobs running than
+// its cap of 2 (4 when its first request arrives: twice the cap), and its
+// receiver still never sees more than 2 requests at once: the gate holds
+// the rest until one ends.
+func TestClaimAheadKeepsRequestsWithinTheCap(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	var inFlight concurrency
+	runningAtFirst := make(chan int, 1)
+	slow := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		inFlight.enter()
+		defer inFlight.leave()
+		if n == 1 {
+			var running int
+			if err := db.QueryRow(`SELECT count(*) FROM outbox.jobs WHERE state = 'running'`).Scan(&running); err != nil {
+				t.Error(err)
+			}
+			runningAtFirst <- running
+		}
+		time.Sleep(20 * time.Millisecond) // the receiver's work, so requests overlap
+	})
+	createTunedEndpoint(t, api, slow.srv.URL, `"max_in_flight": 2`)
+	recordFor(t, db, slow.srv.URL, 30)
+	runRegisteredWebhookWorkers(t, db, 501)
+	waitFor(t, "30 deliveries", 30*time.Second, func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'completed'`) == 30
+	})
+	if peak := inFlight.peak.Load(); peak != 2 {
+		t.Errorf("the receiver saw %d requests at once, want the cap, 2", peak)
+	}
+	if n := <-runningAtFirst; n != 4 {
+		t.Errorf("%d jobs were running at the first request, want 4: twice the cap, claimed ahead", n)
+	}
+}
+
+// Two registered replicas, each claiming ahead with 8 workers, respect
+// one endpoint's cap of 3 together.
+func TestTwoReplicasClaimingAheadRespectOneCap(t *testing.T) {
+	t.Parallel()
+	db, dsn := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	var inFlight concurrency
+	slow := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		inFlight.enter()
+		defer inFlight.leave()
+		time.Sleep(20 * time.Millisecond)
+	})
+	createTunedEndpoint(t, api, slow.srv.URL, `"max_in_flight": 3`)
+	recordFor(t, db, slow.srv.URL, 60)
+	for i := range 2 {
+		replica, err := openDB(context.Background(), dsn, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { replica.Close() })
+		runRegisteredWebhookWorkers(t, replica, 601+i)
+	}
+	waitFor(t, "60 deliveries", 30*time.Second, func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'completed'`) == 60
+	})
+	if peak := inFlight.peak.Load(); peak > 3 || peak < 2 {
+		t.Errorf("the receiver saw %d requests at once from two replicas, want at most the cap, 3 (and more than 1)", peak)
+	}
+}
+
+// The gate lets in up to its limit, in arrival order, a waiting job as
+// a request ends, and gives up a wait when its context ends.
+func TestEndpointGateAdmitsUpToItsLimit(t *testing.T) {
+	t.Parallel()
+	g := endpointGates{byEndpoint: map[int64]*endpointGate{}}
+	g.setLimit(7, 2)
+	ctx := context.Background()
+	leave1, _ := g.enter(ctx, 7)
+	leave2, _ := g.enter(ctx, 7)
+	third := make(chan func(), 1)
+	go func() {
+		leave, err := g.enter(ctx, 7)
+		if err != nil {
+			panic(fmt.Sprint("third enter: ", err))
+		}
+		third <- leave
+	}()
+	waitFor(t, "the third to wait", 5*time.Second, func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return len(g.byEndpoint[7].waiting) == 1
+	})
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := g.enter(cancelled, 7); err == nil {
+		t.Error("an enter whose context ended got a place at a full gate")
+	}
+	select {
+	case <-third:
+		t.Fatal("a third request entered a gate of limit 2 with 2 in flight")
+	default:
+	}
+	leave1()
+	leave3 := <-third
+	g.mu.Lock()
+	inFlight, waiting := g.byEndpoint[7].inFlight, len(g.byEndpoint[7].waiting)
+	g.mu.Unlock()
+	if inFlight != 2 || waiting != 0 {
+		t.Errorf("after one left: %d in flight and %d waiting, want 2 and 0", inFlight, waiting)
+	}
+	leave2()
+	leave3()
+	if leave, err := g.enter(ctx, 8); err != nil {
+		t.Errorf("an endpoint with no limit set refused a request: %v", err)
+	} else {
+		leave()
+	}
+}
