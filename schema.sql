@@ -1109,7 +1109,7 @@ $$;
 -- jobs_waiting_without_endpoint, jobs_running_by_endpoint,
 -- jobs_running_replay_by_endpoint: schema_indexes.sql.
 
--- claim_due_jobs is the workers' claim (claim.go). It takes up to batch due
+-- claim_lane_jobs is the workers' claim (claim.go). It takes up to batch due
 -- jobs, marks them running with their next attempt number, and returns
 -- each with its event and, for a delivery, its endpoint as it is at the
 -- claim, so an attempt costs no second query.
@@ -1197,6 +1197,26 @@ $$;
 -- its place until its outcome, and what it does to the endpoint, is
 -- written.) Another replica's claims count them until their outcome is
 -- written, which delays, never overloads.
+--
+-- ahead lets a replica hold a healthy endpoint's jobs ahead of its
+-- requests: a registered replica (replica set) claiming for an endpoint
+-- that is enabled, has no rate limit, and whose breaker is closed and last
+-- attempt did not fail (consecutive_failures 0) takes room up to
+--
+--   2 * lane_limit - its own running jobs not answered, where
+--   lane_limit = its cap - the running jobs of every other replica
+--
+-- and returns lane_limit with each job: the most requests the replica may
+-- have in flight to the endpoint. It starts the jobs beyond that as its
+-- requests end (claim.go, endpointGates), so an endpoint's place is held
+-- while a request is in flight, not from one claim's commit to the next.
+-- The cap holds over replicas because every claim, with ahead or not,
+-- counts another replica's running jobs whole, those waiting in it
+-- included: a replica's requests stay within its cap less the others'
+-- jobs at its latest claim, and theirs only shrink until they claim again,
+-- counting its jobs. Any other lane, and every claim without ahead
+-- (claim_due_jobs: the relay's, and a previous release's), takes its room
+-- as above, every job it claims free to start at once.
 --
 -- claimed_job is a claimed job as the workers run it: the job, its event
 -- and, for a delivery, its endpoint; start_in_ms is its place in its
