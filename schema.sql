@@ -248,10 +248,23 @@ $$;
 
 -- Every event row is updated once (fanned_out_at) and deleted once
 -- (retention): a high-churn table. Vacuum it after 2% of its rows are dead
--- instead of PostgreSQL's default 20%, so the claim index stays small.
+-- instead of PostgreSQL's default 20%, so the claim index stays small, and
+-- after 2% of them were inserted (a bulk write, a backlog), so that the
+-- first claims after it do not walk the visibility of every page. Its
+-- vacuum is not throttled (cost delay 0): the relay's claims walk the dead
+-- entries at the front of events_unfanned_by_id until a vacuum removes
+-- them, and a throttled vacuum of a large backlog reaches them late, at
+-- PostgreSQL's default pace for any table. fillfactor
+-- 90 leaves a page room for the fanned-out version of its rows (the
+-- update cannot be HOT: fanned_out_at is in the claim index's predicate),
+-- so the relay's update dirties the page it read, not one more.
+-- TestQueueTablesVacuumAggressively pins these numbers.
 ALTER TABLE outbox.events SET (
   autovacuum_vacuum_scale_factor = 0.02,
-  autovacuum_analyze_scale_factor = 0.02
+  autovacuum_analyze_scale_factor = 0.02,
+  autovacuum_vacuum_insert_scale_factor = 0.02,
+  autovacuum_vacuum_cost_delay = 0,
+  fillfactor = 90
 );
 
 -- Index events_unfanned_by_id: schema_indexes.sql.
@@ -965,9 +978,17 @@ CREATE TABLE IF NOT EXISTS outbox.jobs (
   CONSTRAINT jobs_attempted_when_running CHECK (state <> 'running' OR attempted_at IS NOT NULL)
 );
 
+-- The job table churns as the events table does, twice over: every row
+-- is updated when claimed and when finished, neither update HOT (state is
+-- in the claim indexes' predicates), and deleted by the job cleaner. The
+-- same vacuum settings as outbox.events, for the same reasons, and
+-- fillfactor 80: room on a page for both new versions of its rows.
 ALTER TABLE outbox.jobs SET (
   autovacuum_vacuum_scale_factor = 0.02,
-  autovacuum_analyze_scale_factor = 0.02
+  autovacuum_analyze_scale_factor = 0.02,
+  autovacuum_vacuum_insert_scale_factor = 0.02,
+  autovacuum_vacuum_cost_delay = 0,
+  fillfactor = 80
 );
 
 -- A webhook job names its endpoint. Deleting the endpoint keeps the job
@@ -2040,6 +2061,18 @@ CREATE TABLE IF NOT EXISTS outbox.delivery_stats (
 CREATE INDEX IF NOT EXISTS delivery_stats_by_minute
   ON outbox.delivery_stats (minute);
 
+-- A row of the current minute is updated by every outcome batch, a few
+-- hundred times a minute, never in an indexed column: HOT updates, as long
+-- as its page has room for the new version. fillfactor 50 keeps that room,
+-- and a vacuum after 50 dead versions whatever the table's size (scale
+-- factor 0) keeps the page pruned. fanout_stats, updated by every relay
+-- pass, likewise.
+ALTER TABLE outbox.delivery_stats SET (
+  fillfactor = 50,
+  autovacuum_vacuum_scale_factor = 0,
+  autovacuum_vacuum_threshold = 50
+);
+
 -- One row per endpoint and minute in which the relay fanned deliveries out
 -- to it: how many (a replay's and a retry by hand's are not counted: they
 -- send again what was produced before). The relay's fan-out statement
@@ -2060,6 +2093,12 @@ CREATE TABLE IF NOT EXISTS outbox.fanout_stats (
 -- delivery_stats_by_minute does.
 CREATE INDEX IF NOT EXISTS fanout_stats_by_minute
   ON outbox.fanout_stats (minute);
+
+ALTER TABLE outbox.fanout_stats SET (
+  fillfactor = 50,
+  autovacuum_vacuum_scale_factor = 0,
+  autovacuum_vacuum_threshold = 50
+);
 
 -- last_fanned_at is when the relay last fanned deliveries out to the
 -- endpoint in that minute: set by the same upsert that counts them, so
