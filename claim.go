@@ -8,6 +8,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -454,19 +455,50 @@ func (j Job) recordAttempt(a deliveryAttempt, change endpointChange) {
 // limit: its claim counts this process's waiting jobs as in flight, so
 // whatever it takes may start). Limits are set only by the workers'
 // claims, one at a time (claimer.fill), in the order they were taken.
+//
+// A job waits at most gateWait, holding its worker, and is then released
+// unsent: back in the queue as before its claim (jobReleased), so that a
+// receiver that slows down holds its cap of workers, not twice it. An
+// answer that failed or asked to wait (a Retry-After) releases every job
+// waiting for that endpoint, and a Retry-After every job that comes to
+// its gate before the hold ends: the next claim sees the endpoint as that
+// answer left it, as it would have without claims ahead.
 type endpointGates struct {
 	mu         sync.Mutex
 	byEndpoint map[int64]*endpointGate
 }
 
+// gateWait bounds a job's wait at its endpoint's gate: long enough for
+// the requests of a receiver answering in milliseconds to make room many
+// times over, short enough that a hanging one holds the waiting jobs'
+// workers for no longer than a claim's round trip or two would.
+const gateWait = 250 * time.Millisecond
+
+// errReleased is a gate's answer to a job it sends back unsent.
+var errReleased = errors.New("released unsent: its endpoint's requests did not make room")
+
+// jobReleased is the outcome of a job released unsent: not a state of
+// outbox.job_state but what outbox.record_outcomes reads as one, putting
+// the job back as it was before its claim.
+const jobReleased jobState = "released"
+
 // endpointGate is one endpoint's: its limit (0: none set yet), its
-// requests in flight, and the jobs waiting for one to end, first come
-// first in. Kept once made: a limit dropped while jobs of a claim ahead
-// were about to enter would let them all in.
+// requests in flight, the jobs waiting for one to end, first come first
+// in, and until when an answer asked it to wait. Kept once made: a limit
+// dropped while jobs of a claim ahead were about to enter would let them
+// all in.
 type endpointGate struct {
-	limit    int
-	inFlight int
-	waiting  []chan struct{}
+	limit     int
+	inFlight  int
+	waiting   []*gateWaiter
+	heldUntil time.Time
+}
+
+// gateWaiter is a job waiting at a gate: in is closed when it may go, or
+// is released (released set first).
+type gateWaiter struct {
+	in       chan struct{}
+	released bool
 }
 
 // gate is endpointID's gate; g.mu is held.
@@ -491,14 +523,36 @@ func (g *endpointGates) setLimit(endpointID int64, limit int) {
 // admit lets waiting jobs in while the limit allows; g.mu is held.
 func (e *endpointGate) admit() {
 	for len(e.waiting) > 0 && e.inFlight < e.limit {
-		close(e.waiting[0])
+		close(e.waiting[0].in)
 		e.waiting = e.waiting[1:]
 		e.inFlight++
 	}
 }
 
-// enter waits for a place for one request to endpointID, until ctx ends,
-// and returns the call that gives it back when the request has ended.
+// answered notes what a request to endpointID got: a failure releases
+// the jobs waiting for it, and a hold (a Retry-After) them and those that
+// come before it ends.
+func (g *endpointGates) answered(endpointID int64, failed bool, hold time.Duration) {
+	if !failed && hold <= 0 {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	e := g.gate(endpointID)
+	if until := time.Now().Add(hold); hold > 0 && until.After(e.heldUntil) {
+		e.heldUntil = until
+	}
+	for _, w := range e.waiting {
+		w.released = true
+		close(w.in)
+	}
+	e.waiting = nil
+}
+
+// enter waits for a place for one request to endpointID, at most
+// gateWait and until ctx ends, and returns the call that gives it back
+// when the request has ended; errReleased if the job is to go back to
+// the queue unsent.
 func (g *endpointGates) enter(ctx context.Context, endpointID int64) (leave func(), err error) {
 	leave = func() {
 		g.mu.Lock()
@@ -509,27 +563,45 @@ func (g *endpointGates) enter(ctx context.Context, endpointID int64) (leave func
 	}
 	g.mu.Lock()
 	e := g.gate(endpointID)
+	if time.Now().Before(e.heldUntil) {
+		g.mu.Unlock()
+		return nil, errReleased
+	}
 	if len(e.waiting) == 0 && (e.limit == 0 || e.inFlight < e.limit) {
 		e.inFlight++
 		g.mu.Unlock()
 		return leave, nil
 	}
-	in := make(chan struct{})
-	e.waiting = append(e.waiting, in)
+	w := &gateWaiter{in: make(chan struct{})}
+	e.waiting = append(e.waiting, w)
 	g.mu.Unlock()
+	return leave, g.wait(ctx, e, w)
+}
+
+// wait is enter's wait for w at e; it returns nil when w is let in.
+func (g *endpointGates) wait(ctx context.Context, e *endpointGate, w *gateWaiter) error {
+	timer := time.NewTimer(gateWait)
+	defer timer.Stop()
+	var err error
 	select {
-	case <-in:
-		return leave, nil
+	case <-w.in:
+	case <-timer.C:
+		err = errReleased
 	case <-ctx.Done():
+		err = ctx.Err()
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if i := slices.Index(e.waiting, in); i >= 0 {
+	if i := slices.Index(e.waiting, w); i >= 0 {
 		e.waiting = slices.Delete(e.waiting, i, i+1)
-		return nil, ctx.Err()
+		return err
 	}
-	// Let in as ctx ended: give the place to the next.
-	e.inFlight--
-	e.admit()
-	return nil, ctx.Err()
+	if w.released {
+		return errReleased
+	}
+	if err != nil { // let in as the wait ended: give the place to the next
+		e.inFlight--
+		e.admit()
+	}
+	return err
 }

@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"slices"
 	"net/http"
 	"testing"
 	"time"
@@ -69,7 +71,8 @@ func insertEndpointWithJobs(t *testing.T, db *sql.DB, url string, maxInFlight, n
 // says 2 may be in flight; with those 4 running it takes none, and
 // neither does another replica's claim, ahead or not, which counts them
 // all; 2 of them answered, it takes 2 more. An endpoint that has just
-// failed is claimed no further than its cap.
+// failed, or whose requests have run longer than 250 ms, is claimed no
+// further than its cap.
 func TestClaimAheadTakesTwiceTheLimitAndOtherReplicasCountIt(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
@@ -96,8 +99,24 @@ func TestClaimAheadTakesTwiceTheLimitAndOtherReplicasCountIt(t *testing.T) {
 	if got := queryInt(t, db, `SELECT count(*) FROM outbox.claim_due_jobs(50, $1)`, b.ID()); got != 0 {
 		t.Errorf("b's claim_due_jobs beside a's 4 running jobs took %d, want none", got)
 	}
-	if got, _ := claimAhead(t, db, a.ID(), first[:2]); len(got) != 2 {
-		t.Errorf("a's claim with 2 of its 4 jobs answered took %v, want 2", got)
+	// Claimed just now, as the claims of a receiver that answers at once
+	// are, however slowly this test runs.
+	fresh := func() { mustExec(t, db, `UPDATE outbox.jobs SET attempted_at = now() WHERE state = 'running'`) }
+	fresh()
+	second, _ := claimAhead(t, db, a.ID(), first[:2])
+	if len(second) != 2 {
+		t.Errorf("a's claim with 2 of its 4 jobs answered took %v, want 2", second)
+	}
+	// All of the first 4 answered, the 2 after them running, one of them
+	// for 300 ms: no room beyond the cap's, which they hold.
+	fresh()
+	mustExec(t, db, `UPDATE outbox.jobs SET attempted_at = now() - interval '300 milliseconds' WHERE id = $1`, second[0])
+	if got, _ := claimAhead(t, db, a.ID(), first); len(got) != 0 {
+		t.Errorf("a's claim beside a request running 300 ms took %v, want none: its cap of 2 is held", got)
+	}
+	fresh()
+	if got, _ := claimAhead(t, db, a.ID(), first); len(got) != 2 {
+		t.Errorf("a's claim beside 2 requests running just now took %v, want 2 ahead", got)
 	}
 
 	failing := insertEndpointWithJobs(t, db, "https://failing.example.com/", 2, 10)
@@ -236,5 +255,70 @@ func TestEndpointGateAdmitsUpToItsLimit(t *testing.T) {
 		t.Errorf("an endpoint with no limit set refused a request: %v", err)
 	} else {
 		leave()
+	}
+}
+
+// A job waits at a gate at most gateWait (250 ms) and is then released
+// unsent; a failed answer releases the jobs waiting, and a Retry-After
+// also those that come before the hold ends.
+func TestEndpointGateReleasesWhatWaits(t *testing.T) {
+	t.Parallel()
+	if gateWait != 250*time.Millisecond {
+		t.Errorf("gateWait %s, want 250ms", gateWait)
+	}
+	g := endpointGates{byEndpoint: map[int64]*endpointGate{}}
+	g.setLimit(7, 1)
+	ctx := context.Background()
+	leave, err := g.enter(ctx, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	if _, err := g.enter(ctx, 7); !errors.Is(err, errReleased) || time.Since(began) < gateWait {
+		t.Errorf("a job at a full gate: %v after %s, want released after %s", err, time.Since(began), gateWait)
+	}
+	waiting := make(chan error, 1)
+	go func() {
+		_, err := g.enter(ctx, 7)
+		waiting <- err
+	}()
+	waitFor(t, "a job to wait", 5*time.Second, func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return len(g.byEndpoint[7].waiting) == 1
+	})
+	g.answered(7, true, 0)
+	if err := <-waiting; !errors.Is(err, errReleased) {
+		t.Errorf("a job waiting when a request failed: %v, want released", err)
+	}
+	g.answered(7, false, time.Minute)
+	leave()
+	if _, err := g.enter(ctx, 7); !errors.Is(err, errReleased) {
+		t.Errorf("a job coming to a free gate during a Retry-After hold: %v, want released", err)
+	}
+}
+
+// A released outcome puts its job back as it was before its claim: its
+// attempt not counted, available or retryable as before, due where it was.
+func TestReleasedOutcomePutsTheJobBack(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	ep := insertEndpointWithJobs(t, db, "https://released.example.com/", 4, 2)
+	mustExec(t, db, `UPDATE outbox.jobs SET attempt = 1, state = 'retryable' WHERE id = (SELECT max(id) FROM outbox.jobs)`)
+	jobs, err := newWorkerPool(db, defaultConfig().Workers, time.Minute, newSubscriberRegistry(), nil, testLogger(t)).claim(context.Background(), 10)
+	if err != nil || len(jobs) != 2 {
+		t.Fatalf("claimed %d: %v", len(jobs), err)
+	}
+	var results []jobResult
+	for _, j := range jobs {
+		results = append(results, jobResult{ID: j.ID, Attempt: j.Attempt, jobOutcome: jobOutcome{State: jobReleased}})
+	}
+	if err := writeOutcomes(context.Background(), db, results, 5); err != nil {
+		t.Fatal(err)
+	}
+	got := queryStrings(t, db, fmt.Sprintf(`SELECT state || ' ' || attempt || ' ' || (scheduled_at < now() - interval '30 seconds')
+		FROM outbox.jobs WHERE endpoint_id = %d ORDER BY id`, ep))
+	if want := []string{"available 0 true", "retryable 1 true"}; !slices.Equal(got, want) {
+		t.Errorf("released jobs %q, want %q", got, want)
 	}
 }

@@ -1221,8 +1221,11 @@ $$;
 --
 -- ahead lets a replica hold a healthy endpoint's jobs ahead of its
 -- requests: a registered replica (replica set) claiming for an endpoint
--- that is enabled, has no rate limit, and whose breaker is closed and last
--- attempt did not fail (consecutive_failures 0) takes room up to
+-- that is enabled, has no rate limit, whose breaker is closed and last
+-- attempt did not fail (consecutive_failures 0), and none of whose jobs
+-- it holds unanswered was claimed more than 250 ms ago (the receiver
+-- answers quickly: claim.go, gateWait, releases what waits longer) takes
+-- room up to
 --
 --   2 * lane_limit - its own running jobs not answered, where
 --   lane_limit = its cap - the running jobs of every other replica
@@ -1374,6 +1377,8 @@ BEGIN
              OR ep.rate_next_at <= now() + interval '1 second')
         AND (SELECT CASE WHEN ahead AND replica IS NOT NULL AND ep.breaker_opened_at IS NULL
                               AND ep.rate_limit_per_second IS NULL AND ep.consecutive_failures = 0
+                              AND count(*) FILTER (WHERE r.held_by = replica AND r.id <> ALL (answered)
+                                                     AND r.attempted_at < now() - interval '250 milliseconds') = 0
                          THEN 2 * (ep.max_in_flight - count(*) FILTER (WHERE r.held_by IS DISTINCT FROM replica))
                               - count(*) FILTER (WHERE r.held_by = replica AND r.id <> ALL (answered))
                          ELSE CASE WHEN ep.breaker_opened_at IS NULL THEN ep.max_in_flight ELSE 1 END
@@ -1435,6 +1440,7 @@ BEGIN
     CROSS JOIN LATERAL (
       SELECT CASE WHEN ahead AND replica IS NOT NULL AND ep.breaker_opened_at IS NULL
                        AND ep.rate_limit_per_second IS NULL AND ep.consecutive_failures = 0
+                       AND n.slow = 0
                   THEN 2 * (n.cap - n.others) - n.own
                   ELSE n.cap - n.holders
              END AS room,
@@ -1444,7 +1450,9 @@ BEGIN
       FROM (SELECT CASE WHEN ep.breaker_opened_at IS NULL THEN ep.max_in_flight ELSE 1 END AS cap,
                    count(*) FILTER (WHERE r.id <> ALL (answered))::integer AS holders,
                    count(*) FILTER (WHERE r.held_by IS DISTINCT FROM replica)::integer AS others,
-                   count(*) FILTER (WHERE r.held_by = replica AND r.id <> ALL (answered))::integer AS own
+                   count(*) FILTER (WHERE r.held_by = replica AND r.id <> ALL (answered))::integer AS own,
+                   count(*) FILTER (WHERE r.held_by = replica AND r.id <> ALL (answered)
+                                      AND r.attempted_at < now() - interval '250 milliseconds')::integer AS slow
             FROM outbox.jobs AS r
             WHERE r.endpoint_id = ep.id AND r.state = 'running') AS n
       OFFSET 0
@@ -2137,7 +2145,10 @@ ALTER TABLE outbox.fanout_stats
 --
 --  1. the jobs' outcomes, each fenced on (id, attempt, running): an
 --     outcome of an attempt that is no longer its job's current one
---     changes nothing;
+--     changes nothing. State 'released' is a job claimed ahead that never
+--     sent its request (claim.go, endpointGates): it goes back to the
+--     queue as it was before the claim, its attempt not counted, due
+--     where it was;
 --  2. advance_lanes for the ordered lanes whose delivery finished, in the
 --     same transaction: never a moment with a lane held and nothing
 --     running;
@@ -2183,7 +2194,10 @@ BEGIN
 
   WITH recorded AS (
     UPDATE outbox.jobs AS j
-    SET state = o.state::outbox.job_state,
+    SET state = CASE WHEN o.state <> 'released' THEN o.state
+                     WHEN j.attempt > 1 THEN 'retryable'
+                     ELSE 'available' END::outbox.job_state,
+        attempt = CASE WHEN o.state = 'released' THEN j.attempt - 1 ELSE j.attempt END,
         scheduled_at = CASE WHEN o.state = 'retryable'
                             THEN now() + o.delay_ms * interval '1 millisecond'
                             ELSE j.scheduled_at END,
