@@ -322,3 +322,48 @@ func TestReleasedOutcomePutsTheJobBack(t *testing.T) {
 		t.Errorf("released jobs %q, want %q", got, want)
 	}
 }
+
+// A receiver that hangs, claimed ahead, holds its cap of workers and no
+// more: the jobs claimed ahead of its 2 hanging requests go back to the
+// queue unsent within gateWait, and the healthy endpoint beside it gets
+// every delivery.
+func TestHangingReceiverClaimedAheadHoldsOnlyItsCap(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	release := make(chan struct{})
+	var hung concurrency
+	bad := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		hung.enter()
+		defer hung.leave()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		w.WriteHeader(http.StatusInternalServerError)
+	})
+	good := newReceiver(t, nil)
+	createTunedEndpoint(t, api, bad.srv.URL, `"max_in_flight": 2`)
+	createTunedEndpoint(t, api, good.srv.URL, `"max_in_flight": 2`)
+	recordFor(t, db, bad.srv.URL, 40)
+	runRegisteredWebhookWorkers(t, db, 701)
+	defer close(release)
+
+	waitFor(t, "the hanging receiver to hold its cap", 10*time.Second, func() bool { return hung.now.Load() == 2 })
+	waitFor(t, "the jobs claimed ahead to go back", 10*time.Second, func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'running'`) == 2
+	})
+	recordFor(t, db, good.srv.URL, 10)
+	waitFor(t, "the healthy endpoint's 10 deliveries", 10*time.Second, func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'completed'`) == 10
+	})
+	if peak := hung.peak.Load(); peak != 2 {
+		t.Errorf("the hanging receiver saw %d requests at once, want its cap, 2", peak)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'running'`); n != 2 {
+		t.Errorf("%d jobs running, want the hanging endpoint's 2", n)
+	}
+	if n := queryInt(t, db, `SELECT max(attempt) FROM outbox.jobs WHERE state = 'available'`); n != 0 {
+		t.Errorf("a job sent back unsent has attempt %d, want 0: a release counts no attempt", n)
+	}
+}
