@@ -5,8 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"slices"
 	"net/http"
+	"slices"
 	"testing"
 	"time"
 
