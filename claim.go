@@ -284,7 +284,7 @@ const claimTimeout = 10 * time.Second
 // endpoint, up to twice the requests this replica may have in flight
 // (lane_limit), so that a request ending starts the next one here and
 // then, not at the next claim's commit (endpointGates).
-const claimJobsSQL = `SELECT ` + claimedColumns + ` FROM outbox.claim_lane_jobs($1, $2, $3, true)`
+const claimJobsSQL = `SELECT ` + claimedColumns + ` FROM outbox.claim_lane_jobs($1, $2, $3, true, $4)`
 
 // claimedColumns are the attributes of schema.sql's outbox.claimed_job, in
 // the order claimedRow.dest scans them: the one list every claim selects.
@@ -311,7 +311,7 @@ func (c *claimer) claim(ctx context.Context, n int) ([]Job, error) {
 	sent := time.Now()
 	c.claimsBegun.Add(1)
 	scan := func(row rowScanner) (Job, error) { return scanClaimedJob(row, sent) }
-	jobs, err := queryAll(ctx, c.db, scan, claimJobsSQL, n, replica, pq.Array(c.answered.list()))
+	jobs, err := queryAll(ctx, c.db, scan, claimJobsSQL, n, replica, pq.Array(c.answered.list()), pq.Array(c.gates.cooling()))
 	c.claims.Observe(time.Since(sent).Seconds())
 	c.claimedJobs.Add(int64(len(jobs)))
 	if err != nil {
@@ -458,7 +458,9 @@ func (j Job) recordAttempt(a deliveryAttempt, change endpointChange) {
 //
 // A job waits at most gateWait, holding its worker, and is then released
 // unsent: back in the queue as before its claim (jobReleased), so that a
-// receiver that slows down holds its cap of workers, not twice it. An
+// receiver that slows down holds its cap of workers, not twice it; its
+// endpoint is then cooling for gateCooling, claimed no further than its
+// cap (cooling). An
 // answer that failed or asked to wait (a Retry-After) releases every job
 // waiting for that endpoint, and a Retry-After every job that comes to
 // its gate before the hold ends: the next claim sees the endpoint as that
@@ -474,6 +476,11 @@ type endpointGates struct {
 // workers for no longer than a claim's round trip or two would.
 const gateWait = 250 * time.Millisecond
 
+// gateCooling is how long an endpoint that released a job is claimed no
+// further than its cap: a receiver answering in a little more than
+// gateWait would otherwise have every claim ahead of it released.
+const gateCooling = time.Second
+
 // errReleased is a gate's answer to a job it sends back unsent.
 var errReleased = errors.New("released unsent: its endpoint's requests did not make room")
 
@@ -488,10 +495,11 @@ const jobReleased jobState = "released"
 // dropped while jobs of a claim ahead were about to enter would let them
 // all in.
 type endpointGate struct {
-	limit     int
-	inFlight  int
-	waiting   []*gateWaiter
-	heldUntil time.Time
+	limit        int
+	inFlight     int
+	waiting      []*gateWaiter
+	heldUntil    time.Time
+	lastReleased time.Time
 }
 
 // gateWaiter is a job waiting at a gate: in is closed when it may go, or
@@ -499,6 +507,20 @@ type endpointGate struct {
 type gateWaiter struct {
 	in       chan struct{}
 	released bool
+}
+
+// cooling lists the endpoints that released a job within gateCooling:
+// never nil, which the claim would take for an SQL NULL.
+func (g *endpointGates) cooling() []int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	ids := []int64{}
+	for id, e := range g.byEndpoint {
+		if time.Since(e.lastReleased) < gateCooling {
+			ids = append(ids, id)
+		}
+	}
+	return ids
 }
 
 // gate is endpointID's gate; g.mu is held.
@@ -546,6 +568,9 @@ func (g *endpointGates) answered(endpointID int64, failed bool, hold time.Durati
 		w.released = true
 		close(w.in)
 	}
+	if len(e.waiting) > 0 {
+		e.lastReleased = time.Now()
+	}
 	e.waiting = nil
 }
 
@@ -564,6 +589,7 @@ func (g *endpointGates) enter(ctx context.Context, endpointID int64) (leave func
 	g.mu.Lock()
 	e := g.gate(endpointID)
 	if time.Now().Before(e.heldUntil) {
+		e.lastReleased = time.Now()
 		g.mu.Unlock()
 		return nil, errReleased
 	}
@@ -594,6 +620,9 @@ func (g *endpointGates) wait(ctx context.Context, e *endpointGate, w *gateWaiter
 	defer g.mu.Unlock()
 	if i := slices.Index(e.waiting, w); i >= 0 {
 		e.waiting = slices.Delete(e.waiting, i, i+1)
+		if errors.Is(err, errReleased) {
+			e.lastReleased = time.Now()
+		}
 		return err
 	}
 	if w.released {

@@ -29,11 +29,12 @@ func registeredReplica(t *testing.T, db *sql.DB, pid int) *replicaRegistry {
 }
 
 // claimAhead runs outbox.claim_lane_jobs with ahead for replica, with the
-// answered jobs, and returns the ids claimed and their lane limits.
-func claimAhead(t *testing.T, db *sql.DB, replica int64, answered []int64) (ids []int64, limits []int64) {
+// answered jobs and the endpoints cooling, and returns the ids claimed and
+// their lane limits.
+func claimAhead(t *testing.T, db *sql.DB, replica int64, answered []int64, cooling ...int64) (ids []int64, limits []int64) {
 	t.Helper()
-	rows, err := db.Query(`SELECT id, coalesce(lane_limit, 0) FROM outbox.claim_lane_jobs(50, $1, $2, true)`,
-		replica, pq.Array(append([]int64{}, answered...)))
+	rows, err := db.Query(`SELECT id, coalesce(lane_limit, 0) FROM outbox.claim_lane_jobs(50, $1, $2, true, $3)`,
+		replica, pq.Array(append([]int64{}, answered...)), pq.Array(cooling))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,8 +72,8 @@ func insertEndpointWithJobs(t *testing.T, db *sql.DB, url string, maxInFlight, n
 // says 2 may be in flight; with those 4 running it takes none, and
 // neither does another replica's claim, ahead or not, which counts them
 // all; 2 of them answered, it takes 2 more. An endpoint that has just
-// failed, or whose requests have run longer than 250 ms, is claimed no
-// further than its cap.
+// failed, whose requests have run longer than 250 ms, or that is cooling
+// after a release, is claimed no further than its cap.
 func TestClaimAheadTakesTwiceTheLimitAndOtherReplicasCountIt(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
@@ -119,9 +120,14 @@ func TestClaimAheadTakesTwiceTheLimitAndOtherReplicasCountIt(t *testing.T) {
 		t.Errorf("a's claim beside 2 requests running just now took %v, want 2 ahead", got)
 	}
 
+	cooling := insertEndpointWithJobs(t, db, "https://cooling.example.com/", 2, 10)
+	if got, _ := claimAhead(t, db, a.ID(), nil, cooling); len(got) != 2 {
+		t.Errorf("a's claim of an endpoint cooling after a release took %v, want 2 jobs, its cap", got)
+	}
+
 	failing := insertEndpointWithJobs(t, db, "https://failing.example.com/", 2, 10)
 	mustExec(t, db, `UPDATE outbox.endpoints SET consecutive_failures = 1 WHERE id = $1`, failing)
-	got, limits := claimAhead(t, db, a.ID(), nil)
+	got, limits := claimAhead(t, db, a.ID(), nil, cooling)
 	if len(got) != 2 || limits[0] != 2 {
 		t.Errorf("a's claim of an endpoint that has just failed took %v with limits %v, want 2 jobs, its cap, limit 2", got, limits)
 	}
@@ -259,7 +265,7 @@ func TestEndpointGateAdmitsUpToItsLimit(t *testing.T) {
 }
 
 // A job waits at a gate at most gateWait (250 ms) and is then released
-// unsent; a failed answer releases the jobs waiting, and a Retry-After
+// unsent, its endpoint cooling for a second; a failed answer releases the jobs waiting, and a Retry-After
 // also those that come before the hold ends.
 func TestEndpointGateReleasesWhatWaits(t *testing.T) {
 	t.Parallel()
@@ -273,9 +279,15 @@ func TestEndpointGateReleasesWhatWaits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if got := g.cooling(); len(got) != 0 {
+		t.Errorf("endpoints cooling before any release: %v, want none", got)
+	}
 	began := time.Now()
 	if _, err := g.enter(ctx, 7); !errors.Is(err, errReleased) || time.Since(began) < gateWait {
 		t.Errorf("a job at a full gate: %v after %s, want released after %s", err, time.Since(began), gateWait)
+	}
+	if got := g.cooling(); !slices.Equal(got, []int64{7}) || gateCooling != time.Second {
+		t.Errorf("endpoints cooling after a release: %v for %s, want [7] for 1s", got, gateCooling)
 	}
 	waiting := make(chan error, 1)
 	go func() {

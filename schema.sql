@@ -1224,8 +1224,10 @@ $$;
 -- that is enabled, has no rate limit, whose breaker is closed and last
 -- attempt did not fail (consecutive_failures 0), and none of whose jobs
 -- it holds unanswered was claimed more than 250 ms ago (the receiver
--- answers quickly: claim.go, gateWait, releases what waits longer) takes
--- room up to
+-- answers quickly: claim.go, gateWait, releases what waits longer), and
+-- that is not cooling (the replica released a job of it unsent within
+-- the last second: a receiver slower than that wait is not claimed ahead
+-- again and again, each time for nothing) takes room up to
 --
 --   2 * lane_limit - its own running jobs not answered, where
 --   lane_limit = its cap - the running jobs of every other replica
@@ -1285,7 +1287,9 @@ END
 $$;
 
 DROP FUNCTION IF EXISTS outbox.claim_lane_jobs(integer, bigint, bigint[], boolean);
-CREATE FUNCTION outbox.claim_lane_jobs(batch integer, replica bigint, answered bigint[], ahead boolean)
+DROP FUNCTION IF EXISTS outbox.claim_lane_jobs(integer, bigint, bigint[], boolean, bigint[]);
+CREATE FUNCTION outbox.claim_lane_jobs(batch integer, replica bigint, answered bigint[], ahead boolean,
+                                       cooling bigint[])
 RETURNS SETOF outbox.claimed_job
 LANGUAGE plpgsql VOLATILE
 ROWS 100
@@ -1310,6 +1314,7 @@ BEGIN
   -- NULL would leave every running job uncounted: no cap at all.
   answered := coalesce(answered, '{}');
   ahead := coalesce(ahead, false);
+  cooling := coalesce(cooling, '{}');
   IF replica IS NOT NULL THEN
     PERFORM 1 FROM outbox.replicas AS r WHERE r.id = replica FOR KEY SHARE;
     IF NOT FOUND THEN
@@ -1377,6 +1382,7 @@ BEGIN
              OR ep.rate_next_at <= now() + interval '1 second')
         AND (SELECT CASE WHEN ahead AND replica IS NOT NULL AND ep.breaker_opened_at IS NULL
                               AND ep.rate_limit_per_second IS NULL AND ep.consecutive_failures = 0
+                              AND ep.id <> ALL (cooling)
                               AND count(*) FILTER (WHERE r.held_by = replica AND r.id <> ALL (answered)
                                                      AND r.attempted_at < now() - interval '250 milliseconds') = 0
                          THEN 2 * (ep.max_in_flight - count(*) FILTER (WHERE r.held_by IS DISTINCT FROM replica))
@@ -1440,7 +1446,7 @@ BEGIN
     CROSS JOIN LATERAL (
       SELECT CASE WHEN ahead AND replica IS NOT NULL AND ep.breaker_opened_at IS NULL
                        AND ep.rate_limit_per_second IS NULL AND ep.consecutive_failures = 0
-                       AND n.slow = 0
+                       AND ep.id <> ALL (cooling) AND n.slow = 0
                   THEN 2 * (n.cap - n.others) - n.own
                   ELSE n.cap - n.holders
              END AS room,
@@ -1609,7 +1615,7 @@ RETURNS SETOF outbox.claimed_job
 LANGUAGE sql VOLATILE
 ROWS 100
 AS $$
-  SELECT * FROM outbox.claim_lane_jobs(batch, replica, answered, false)
+  SELECT * FROM outbox.claim_lane_jobs(batch, replica, answered, false, '{}')
 $$;
 
 --------------------------------------------------------------------------------
