@@ -60,10 +60,11 @@ type Job struct {
 	// where it kept none: where the time to the first 2xx starts.
 	committedAt time.Time
 	// laneLimit is, from a claim ahead (claimJobsSQL), the most requests
-	// this process may have in flight to the job's endpoint; 0 from any
-	// other claim, which sets none (endpointGates).
-	laneLimit int
-	Event     Event
+	// this process may have in flight to the job's endpoint (laneLimited);
+	// any other claim sets none (endpointGates).
+	laneLimit   int
+	laneLimited bool
+	Event       Event
 }
 
 // deliveryEndpoint is an endpoint as one attempt sees it.
@@ -319,7 +320,7 @@ func (c *claimer) claim(ctx context.Context, n int) ([]Job, error) {
 		return nil, fmt.Errorf("claim jobs: %w", err)
 	}
 	for _, j := range jobs {
-		if j.laneLimit > 0 {
+		if j.laneLimited {
 			c.gates.setLimit(j.EndpointID, j.laneLimit)
 		}
 	}
@@ -400,6 +401,7 @@ func (r *claimedRow) job(sent time.Time) (Job, bool) {
 		claimedAt:     r.claimedAt.Time,
 		committedAt:   r.committedAt.Time,
 		laneLimit:     int(r.laneLimit.Int64),
+		laneLimited:   r.laneLimit.Valid,
 		Event: Event{
 			ID:          r.eventID.Int64,
 			Topic:       r.topic.String,
@@ -489,13 +491,15 @@ var errReleased = errors.New("released unsent: its endpoint's requests did not m
 // the job back as it was before its claim.
 const jobReleased jobState = "released"
 
-// endpointGate is one endpoint's: its limit (0: none set yet), its
+// endpointGate is one endpoint's: its limit (if limited; none before a
+// claim ahead set one), its
 // requests in flight, the jobs waiting for one to end, first come first
 // in, and until when an answer asked it to wait. Kept once made: a limit
 // dropped while jobs of a claim ahead were about to enter would let them
 // all in.
 type endpointGate struct {
 	limit        int
+	limited      bool
 	inFlight     int
 	waiting      []*gateWaiter
 	heldUntil    time.Time
@@ -538,13 +542,13 @@ func (g *endpointGates) setLimit(endpointID int64, limit int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	e := g.gate(endpointID)
-	e.limit = limit
+	e.limit, e.limited = limit, true
 	e.admit()
 }
 
 // admit lets waiting jobs in while the limit allows; g.mu is held.
 func (e *endpointGate) admit() {
-	for len(e.waiting) > 0 && e.inFlight < e.limit {
+	for len(e.waiting) > 0 && (!e.limited || e.inFlight < e.limit) {
 		close(e.waiting[0].in)
 		e.waiting = e.waiting[1:]
 		e.inFlight++
@@ -593,7 +597,7 @@ func (g *endpointGates) enter(ctx context.Context, endpointID int64) (leave func
 		g.mu.Unlock()
 		return nil, errReleased
 	}
-	if len(e.waiting) == 0 && (e.limit == 0 || e.inFlight < e.limit) {
+	if len(e.waiting) == 0 && (!e.limited || e.inFlight < e.limit) {
 		e.inFlight++
 		g.mu.Unlock()
 		return leave, nil

@@ -308,6 +308,11 @@ func TestEndpointGateReleasesWhatWaits(t *testing.T) {
 	if _, err := g.enter(ctx, 7); !errors.Is(err, errReleased) {
 		t.Errorf("a job coming to a free gate during a Retry-After hold: %v, want released", err)
 	}
+	// Other replicas hold the whole cap: a limit of 0 lets nothing in.
+	g.setLimit(9, 0)
+	if _, err := g.enter(ctx, 9); !errors.Is(err, errReleased) {
+		t.Errorf("a job at a gate of limit 0: %v, want released", err)
+	}
 }
 
 // A released outcome puts its job back as it was before its claim: its
