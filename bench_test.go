@@ -141,6 +141,69 @@ func BenchmarkClaimAndComplete(b *testing.B) {
 	}
 }
 
+// BenchmarkPipelineFloor runs the pipeline's statements alone, with no
+// HTTP and no waiting between them, at the batch sizes the pipeline uses:
+// per op, 200 recorded events (untimed) fanned out to one endpoint by one
+// relay pass (outbox.fan_out, -relay-batch 200), their 200 deliveries
+// claimed by two workers' claims of claimBatchMax (100), and completed by
+// one outcome statement per claim, every attempt a 2xx counted in the
+// statistics. Its events/s is the most that PostgreSQL lets one
+// endpoint's deliveries through the pipeline on this machine: the floor
+// that docs/performance.md sets beside the drain.
+func BenchmarkPipelineFloor(b *testing.B) {
+	db, _ := newTestDB(b)
+	ctx := context.Background()
+	quiet := slog.New(slog.DiscardHandler)
+	endpoint := int64(queryInt(b, db, `INSERT INTO outbox.endpoints (url, secret, topics, max_in_flight)
+		VALUES ('https://hooks.example.com/floor', decode(repeat('ab', 32), 'hex'), '{bench.*}', 1000) RETURNING id`))
+	relay := newRelay(db, defaultConfig().Relay, 18, []jobTarget{}, quiet)
+	wp := newWorkerPool(db, defaultConfig().Workers, time.Minute, newSubscriberRegistry(), nil, quiet)
+	const perOp = 200
+	var delivered int
+	var fanOut, claims, outcomes time.Duration // each statement kind's share of the op
+	for b.Loop() {
+		b.StopTimer()
+		recordN(b, db, "bench.floor", perOp)
+		b.StartTimer()
+		began := time.Now()
+		if res, err := relay.relayOnce(ctx); err != nil || res.Fanned != perOp || res.Jobs != perOp {
+			b.Fatalf("relay pass: %+v, %v", res, err)
+		}
+		fanOut += time.Since(began)
+		for claimed := 0; claimed < perOp; {
+			began = time.Now()
+			jobs, err := wp.claim(ctx, claimBatchMax)
+			claims += time.Since(began)
+			if err != nil || len(jobs) == 0 {
+				b.Fatalf("claimed %d of %d: %v", len(jobs), perOp-claimed, err)
+			}
+			results := make([]jobResult, len(jobs))
+			for i, j := range jobs {
+				results[i] = jobResult{ID: j.ID, Attempt: j.Attempt, jobOutcome: jobOutcome{State: jobCompleted},
+					record: &attemptRecord{
+						deliveryAttempt: deliveryAttempt{Duration: time.Millisecond, StatusCode: http.StatusNoContent,
+							Class: classSuccess, CommitTo2xx: 5 * time.Millisecond},
+						EndpointID: endpoint, Change: endpointSucceeded, At: time.Now(), set: true,
+					}}
+			}
+			began = time.Now()
+			if err := wp.recordOutcomes(ctx, results); err != nil {
+				b.Fatal(err)
+			}
+			outcomes += time.Since(began)
+			claimed += len(jobs)
+		}
+		delivered += perOp
+	}
+	b.ReportMetric(float64(delivered)/b.Elapsed().Seconds(), "events/s")
+	for _, part := range []struct {
+		unit string
+		d    time.Duration
+	}{{"fan-out-ms/op", fanOut}, {"claims-ms/op", claims}, {"outcomes-ms/op", outcomes}} {
+		b.ReportMetric(float64(part.d.Milliseconds())/float64(b.N), part.unit)
+	}
+}
+
 // BenchmarkWebhookDelivery times one webhook attempt as a worker runs it:
 // encode the body, sign it, POST it to an httptest receiver over a kept
 // connection, classify the answer. The attempt's record is written later,

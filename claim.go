@@ -8,6 +8,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -58,6 +59,11 @@ type Job struct {
 	// kept it (outbox.events.committed_at), or the event's created_at
 	// where it kept none: where the time to the first 2xx starts.
 	committedAt time.Time
+	// laneLimit is, from a claim ahead (claimJobsSQL), the most requests
+	// this process may have in flight to the job's endpoint (laneLimited);
+	// any other claim sets none (endpointGates).
+	laneLimit   int
+	laneLimited bool
 	Event       Event
 }
 
@@ -95,6 +101,10 @@ type claimer struct {
 	// so that an endpoint's cap counts requests in flight, not outcomes
 	// waiting for their batch's commit (schema.sql, outbox.claim_due_jobs).
 	answered answeredJobs
+	// gates hold each endpoint's requests from this process to the limit
+	// its latest claim ahead set: a claim takes more of an endpoint's
+	// jobs than may be in flight, and they start as requests end.
+	gates endpointGates
 
 	// mu guards the fields below it, and is held by fill from counting
 	// free slots to starting the jobs claimed into them, so that no
@@ -125,6 +135,7 @@ func newClaimer(db *sql.DB, slots int, pool jobStarter) *claimer {
 		slots:     make(chan struct{}, slots),
 		slotFreed: make(chan struct{}, 1),
 		answered:  answeredJobs{ids: map[int64]struct{}{}},
+		gates:     endpointGates{byEndpoint: map[int64]*endpointGate{}},
 		claims:    newHistogram(latencyBuckets),
 	}
 }
@@ -269,9 +280,12 @@ const claimTimeout = 10 * time.Second
 // claimJobsSQL takes up to $1 due jobs, soonest first, marks them running
 // with their next attempt number, held by replica $2 (NULL: none), and
 // returns each with its event and, for a delivery, its endpoint. The
-// statement is schema.sql's outbox.claim_due_jobs, which pins its plan and
-// reads everything in one snapshot.
-const claimJobsSQL = `SELECT ` + claimedColumns + ` FROM outbox.claim_due_jobs($1, $2, $3)`
+// statement is schema.sql's outbox.claim_lane_jobs, which pins its plan
+// and reads everything in one snapshot. It claims ahead: for a healthy
+// endpoint, up to twice the requests this replica may have in flight
+// (lane_limit), so that a request ending starts the next one here and
+// then, not at the next claim's commit (endpointGates).
+const claimJobsSQL = `SELECT ` + claimedColumns + ` FROM outbox.claim_lane_jobs($1, $2, $3, true, $4)`
 
 // claimedColumns are the attributes of schema.sql's outbox.claimed_job, in
 // the order claimedRow.dest scans them: the one list every claim selects.
@@ -282,7 +296,7 @@ const claimedColumns = `
        url, secret, previous_secret, disabled_reason,
        start_in_ms, wake_on_outcome, replay_yields,
        resend_window_seconds, claimed_at,
-       committed_at`
+       committed_at, lane_limit`
 
 // claim takes up to n due jobs in one statement, under this process's
 // replica id. Without one (declared dead, not registered again yet) it
@@ -298,12 +312,17 @@ func (c *claimer) claim(ctx context.Context, n int) ([]Job, error) {
 	sent := time.Now()
 	c.claimsBegun.Add(1)
 	scan := func(row rowScanner) (Job, error) { return scanClaimedJob(row, sent) }
-	jobs, err := queryAll(ctx, c.db, scan, claimJobsSQL, n, replica, pq.Array(c.answered.list()))
+	jobs, err := queryAll(ctx, c.db, scan, claimJobsSQL, n, replica, pq.Array(c.answered.list()), pq.Array(c.gates.cooling()))
 	c.claims.Observe(time.Since(sent).Seconds())
 	c.claimedJobs.Add(int64(len(jobs)))
 	if err != nil {
 		c.claimFailed(replica, err)
 		return nil, fmt.Errorf("claim jobs: %w", err)
+	}
+	for _, j := range jobs {
+		if j.laneLimited {
+			c.gates.setLimit(j.EndpointID, j.laneLimit)
+		}
 	}
 	return jobs, nil
 }
@@ -347,7 +366,7 @@ func scanClaimedJob(row rowScanner, sent time.Time) (Job, error) {
 // job has none.
 type claimedRow struct {
 	id, attempt, maxAttempts, endpointID, eventID, startInMS sql.NullInt64
-	resendWindowSeconds                                      sql.NullInt64
+	resendWindowSeconds, laneLimit                           sql.NullInt64
 	kind, topic, subject, url                                sql.NullString
 	traceparent, tracestate, disabledReason                  *string
 	payload, secret, previous                                []byte
@@ -361,7 +380,7 @@ func (r *claimedRow) dest() []any {
 		&r.eventID, &r.topic, &r.subject, &r.payload, &r.createdAt,
 		&r.traceparent, &r.tracestate,
 		&r.url, &r.secret, &r.previous, &r.disabledReason, &r.startInMS, &r.wakeOnOutcome, &r.yieldsToLive,
-		&r.resendWindowSeconds, &r.claimedAt, &r.committedAt}
+		&r.resendWindowSeconds, &r.claimedAt, &r.committedAt, &r.laneLimit}
 }
 
 // job is the row as a Job claimed by a statement sent at sent, and
@@ -381,6 +400,8 @@ func (r *claimedRow) job(sent time.Time) (Job, bool) {
 		resendWindow:  time.Duration(r.resendWindowSeconds.Int64) * time.Second,
 		claimedAt:     r.claimedAt.Time,
 		committedAt:   r.committedAt.Time,
+		laneLimit:     int(r.laneLimit.Int64),
+		laneLimited:   r.laneLimit.Valid,
 		Event: Event{
 			ID:          r.eventID.Int64,
 			Topic:       r.topic.String,
@@ -403,6 +424,12 @@ func (r *claimedRow) job(sent time.Time) (Job, bool) {
 	return j, true
 }
 
+// sendsRequest says whether the job's attempt may reach a receiver: a
+// delivery to an endpoint that still exists and is not disabled.
+func (j Job) sendsRequest() bool {
+	return j.EndpointID != 0 && j.endpoint != nil && j.endpoint.DisabledReason == nil
+}
+
 // recordAttempt leaves what an attempt did on its job, for the completer
 // to write with the job's outcome (recordOutcomes).
 func (j Job) recordAttempt(a deliveryAttempt, change endpointChange) {
@@ -410,4 +437,204 @@ func (j Job) recordAttempt(a deliveryAttempt, change endpointChange) {
 		return // not run by a worker pool: nobody would write it
 	}
 	*j.attempt = attemptRecord{deliveryAttempt: a, EndpointID: j.EndpointID, Change: change, At: time.Now(), set: true}
+}
+
+// endpointGates hold this process's requests to each endpoint to the
+// limit its latest claim ahead set (Job.laneLimit): the endpoint's cap
+// less the deliveries of other replicas running at that claim. A claim
+// ahead takes up to twice that, so that when a request ends the next
+// starts here at once, where a claim of its own would make it wait for
+// the claim's statement and commit while the endpoint's place stood
+// empty: a place is held while a request is in flight.
+//
+// Why the cap holds across replicas (outbox.claim_lane_jobs): every
+// claim counts each other replica's running jobs whole, those waiting
+// at its gates included. A claim ahead at time t keeps this process's
+// requests to the cap less the others' jobs at t, and the others' jobs
+// only shrink until one of them claims, whose claim counts this
+// process's jobs, the waiting ones too. Every job with an endpoint
+// passes its gate, also those claimed by the relay's pass (which sets no
+// limit: its claim counts this process's waiting jobs as in flight, so
+// whatever it takes may start). Limits are set only by the workers'
+// claims, one at a time (claimer.fill), in the order they were taken.
+//
+// A job waits at most gateWait, holding its worker, and is then released
+// unsent: back in the queue as before its claim (jobReleased), so that a
+// receiver that slows down holds its cap of workers, not twice it; its
+// endpoint is then cooling for gateCooling, claimed no further than its
+// cap (cooling). An
+// answer that failed or asked to wait (a Retry-After) releases every job
+// waiting for that endpoint, and a Retry-After every job that comes to
+// its gate before the hold ends: the next claim sees the endpoint as that
+// answer left it, as it would have without claims ahead.
+type endpointGates struct {
+	mu         sync.Mutex
+	byEndpoint map[int64]*endpointGate
+}
+
+// gateWait bounds a job's wait at its endpoint's gate: long enough for
+// the requests of a receiver answering in milliseconds to make room many
+// times over, short enough that a hanging one holds the waiting jobs'
+// workers for no longer than a claim's round trip or two would.
+const gateWait = 250 * time.Millisecond
+
+// gateCooling is how long an endpoint that released a job is claimed no
+// further than its cap: a receiver answering in a little more than
+// gateWait would otherwise have every claim ahead of it released.
+const gateCooling = time.Second
+
+// errReleased is a gate's answer to a job it sends back unsent.
+var errReleased = errors.New("released unsent: its endpoint's requests did not make room")
+
+// jobReleased is the outcome of a job released unsent: not a state of
+// outbox.job_state but what outbox.record_outcomes reads as one, putting
+// the job back as it was before its claim.
+const jobReleased jobState = "released"
+
+// endpointGate is one endpoint's: its limit (if limited; none before a
+// claim ahead set one), its
+// requests in flight, the jobs waiting for one to end, first come first
+// in, and until when an answer asked it to wait. Kept once made: a limit
+// dropped while jobs of a claim ahead were about to enter would let them
+// all in.
+type endpointGate struct {
+	limit        int
+	limited      bool
+	inFlight     int
+	waiting      []*gateWaiter
+	heldUntil    time.Time
+	lastReleased time.Time
+}
+
+// gateWaiter is a job waiting at a gate: in is closed when it may go, or
+// is released (released set first).
+type gateWaiter struct {
+	in       chan struct{}
+	released bool
+}
+
+// cooling lists the endpoints that released a job within gateCooling:
+// never nil, which the claim would take for an SQL NULL.
+func (g *endpointGates) cooling() []int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	ids := []int64{}
+	for id, e := range g.byEndpoint {
+		if time.Since(e.lastReleased) < gateCooling {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// gate is endpointID's gate; g.mu is held.
+func (g *endpointGates) gate(endpointID int64) *endpointGate {
+	e := g.byEndpoint[endpointID]
+	if e == nil {
+		e = new(endpointGate)
+		g.byEndpoint[endpointID] = e
+	}
+	return e
+}
+
+// setLimit sets endpointID's limit, letting in whom a higher one admits.
+func (g *endpointGates) setLimit(endpointID int64, limit int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	e := g.gate(endpointID)
+	e.limit, e.limited = limit, true
+	e.admit()
+}
+
+// admit lets waiting jobs in while the limit allows; g.mu is held.
+func (e *endpointGate) admit() {
+	for len(e.waiting) > 0 && (!e.limited || e.inFlight < e.limit) {
+		close(e.waiting[0].in)
+		e.waiting = e.waiting[1:]
+		e.inFlight++
+	}
+}
+
+// answered notes what a request to endpointID got: a failure releases
+// the jobs waiting for it, and a hold (a Retry-After) them and those that
+// come before it ends.
+func (g *endpointGates) answered(endpointID int64, failed bool, hold time.Duration) {
+	if !failed && hold <= 0 {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	e := g.gate(endpointID)
+	if until := time.Now().Add(hold); hold > 0 && until.After(e.heldUntil) {
+		e.heldUntil = until
+	}
+	for _, w := range e.waiting {
+		w.released = true
+		close(w.in)
+	}
+	if len(e.waiting) > 0 {
+		e.lastReleased = time.Now()
+	}
+	e.waiting = nil
+}
+
+// enter waits for a place for one request to endpointID, at most
+// gateWait and until ctx ends, and returns the call that gives it back
+// when the request has ended; errReleased if the job is to go back to
+// the queue unsent.
+func (g *endpointGates) enter(ctx context.Context, endpointID int64) (leave func(), err error) {
+	leave = func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		e := g.byEndpoint[endpointID]
+		e.inFlight--
+		e.admit()
+	}
+	g.mu.Lock()
+	e := g.gate(endpointID)
+	if time.Now().Before(e.heldUntil) {
+		e.lastReleased = time.Now()
+		g.mu.Unlock()
+		return nil, errReleased
+	}
+	if len(e.waiting) == 0 && (!e.limited || e.inFlight < e.limit) {
+		e.inFlight++
+		g.mu.Unlock()
+		return leave, nil
+	}
+	w := &gateWaiter{in: make(chan struct{})}
+	e.waiting = append(e.waiting, w)
+	g.mu.Unlock()
+	return leave, g.wait(ctx, e, w)
+}
+
+// wait is enter's wait for w at e; it returns nil when w is let in.
+func (g *endpointGates) wait(ctx context.Context, e *endpointGate, w *gateWaiter) error {
+	timer := time.NewTimer(gateWait)
+	defer timer.Stop()
+	var err error
+	select {
+	case <-w.in:
+	case <-timer.C:
+		err = errReleased
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if i := slices.Index(e.waiting, w); i >= 0 {
+		e.waiting = slices.Delete(e.waiting, i, i+1)
+		if errors.Is(err, errReleased) {
+			e.lastReleased = time.Now()
+		}
+		return err
+	}
+	if w.released {
+		return errReleased
+	}
+	if err != nil { // let in as the wait ended: give the place to the next
+		e.inFlight--
+		e.admit()
+	}
+	return err
 }

@@ -248,10 +248,23 @@ $$;
 
 -- Every event row is updated once (fanned_out_at) and deleted once
 -- (retention): a high-churn table. Vacuum it after 2% of its rows are dead
--- instead of PostgreSQL's default 20%, so the claim index stays small.
+-- instead of PostgreSQL's default 20%, so the claim index stays small, and
+-- after 2% of them were inserted (a bulk write, a backlog), so that the
+-- first claims after it do not walk the visibility of every page. Its
+-- vacuum is not throttled (cost delay 0): the relay's claims walk the dead
+-- entries at the front of events_unfanned_by_id until a vacuum removes
+-- them, and a throttled vacuum of a large backlog reaches them late, at
+-- PostgreSQL's default pace for any table. fillfactor
+-- 90 leaves a page room for the fanned-out version of its rows (the
+-- update cannot be HOT: fanned_out_at is in the claim index's predicate),
+-- so the relay's update dirties the page it read, not one more.
+-- TestQueueTablesVacuumAggressively pins these numbers.
 ALTER TABLE outbox.events SET (
   autovacuum_vacuum_scale_factor = 0.02,
-  autovacuum_analyze_scale_factor = 0.02
+  autovacuum_analyze_scale_factor = 0.02,
+  autovacuum_vacuum_insert_scale_factor = 0.02,
+  autovacuum_vacuum_cost_delay = 0,
+  fillfactor = 90
 );
 
 -- Index events_unfanned_by_id: schema_indexes.sql.
@@ -1035,9 +1048,17 @@ CREATE TABLE IF NOT EXISTS outbox.jobs (
   CONSTRAINT jobs_attempted_when_running CHECK (state <> 'running' OR attempted_at IS NOT NULL)
 );
 
+-- The job table churns as the events table does, twice over: every row
+-- is updated when claimed and when finished, neither update HOT (state is
+-- in the claim indexes' predicates), and deleted by the job cleaner. The
+-- same vacuum settings as outbox.events, for the same reasons, and
+-- fillfactor 80: room on a page for both new versions of its rows.
 ALTER TABLE outbox.jobs SET (
   autovacuum_vacuum_scale_factor = 0.02,
-  autovacuum_analyze_scale_factor = 0.02
+  autovacuum_analyze_scale_factor = 0.02,
+  autovacuum_vacuum_insert_scale_factor = 0.02,
+  autovacuum_vacuum_cost_delay = 0,
+  fillfactor = 80
 );
 
 -- A webhook job names its endpoint. Deleting the endpoint keeps the job
@@ -1179,7 +1200,7 @@ $$;
 -- jobs_waiting_without_endpoint, jobs_running_by_endpoint,
 -- jobs_running_replay_by_endpoint: schema_indexes.sql.
 
--- claim_due_jobs is the workers' claim (claim.go). It takes up to batch due
+-- claim_lane_jobs is the workers' claim (claim.go). It takes up to batch due
 -- jobs, marks them running with their next attempt number, and returns
 -- each with its event and, for a delivery, its endpoint as it is at the
 -- claim, so an attempt costs no second query.
@@ -1268,6 +1289,31 @@ $$;
 -- written.) Another replica's claims count them until their outcome is
 -- written, which delays, never overloads.
 --
+-- ahead lets a replica hold a healthy endpoint's jobs ahead of its
+-- requests: a registered replica (replica set) claiming for an endpoint
+-- that is enabled, has no rate limit, whose breaker is closed and last
+-- attempt did not fail (consecutive_failures 0), and none of whose jobs
+-- it holds unanswered was claimed more than 250 ms ago (the receiver
+-- answers quickly: claim.go, gateWait, releases what waits longer), and
+-- that is not cooling (the replica released a job of it unsent within
+-- the last second: a receiver slower than that wait is not claimed ahead
+-- again and again, each time for nothing) takes room up to
+--
+--   2 * lane_limit - its own running jobs not answered, where
+--   lane_limit = its cap - the running jobs of every other replica
+--
+-- and returns lane_limit with each job: the most requests the replica may
+-- have in flight to the endpoint. It starts the jobs beyond that as its
+-- requests end (claim.go, endpointGates), so an endpoint's place is held
+-- while a request is in flight, not from one claim's commit to the next.
+-- The cap holds over replicas because every claim, with ahead or not,
+-- counts another replica's running jobs whole, those waiting in it
+-- included: a replica's requests stay within its cap less the others'
+-- jobs at its latest claim, and theirs only shrink until they claim again,
+-- counting its jobs. Any other lane, and every claim without ahead
+-- (claim_due_jobs: the relay's, and a previous release's), takes its room
+-- as above, every job it claims free to start at once.
+--
 -- claimed_job is a claimed job as the workers run it: the job, its event
 -- and, for a delivery, its endpoint; start_in_ms is its place in its
 -- endpoint's rate limit, wake_on_outcome and replay_yields what its end
@@ -1298,8 +1344,22 @@ BEGIN
 END
 $$;
 
-DROP FUNCTION IF EXISTS outbox.claim_due_jobs(integer, bigint, bigint[]);
-CREATE FUNCTION outbox.claim_due_jobs(batch integer, replica bigint DEFAULT NULL, answered bigint[] DEFAULT '{}')
+-- lane_limit, added later: the most requests the claiming replica may
+-- have in flight to the job's endpoint, as claim_lane_jobs with ahead
+-- (below) counts it; NULL from every other claim.
+DO $$
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                 WHERE attrelid = 'outbox.claimed_job'::regclass AND attname = 'lane_limit' AND NOT attisdropped) THEN
+    ALTER TYPE outbox.claimed_job ADD ATTRIBUTE lane_limit integer;
+  END IF;
+END
+$$;
+
+DROP FUNCTION IF EXISTS outbox.claim_lane_jobs(integer, bigint, bigint[], boolean);
+DROP FUNCTION IF EXISTS outbox.claim_lane_jobs(integer, bigint, bigint[], boolean, bigint[]);
+CREATE FUNCTION outbox.claim_lane_jobs(batch integer, replica bigint, answered bigint[], ahead boolean,
+                                       cooling bigint[])
 RETURNS SETOF outbox.claimed_job
 LANGUAGE plpgsql VOLATILE
 ROWS 100
@@ -1323,6 +1383,8 @@ BEGIN
   PERFORM set_config('synchronous_commit', 'off', true);
   -- NULL would leave every running job uncounted: no cap at all.
   answered := coalesce(answered, '{}');
+  ahead := coalesce(ahead, false);
+  cooling := coalesce(cooling, '{}');
   IF replica IS NOT NULL THEN
     PERFORM 1 FROM outbox.replicas AS r WHERE r.id = replica FOR KEY SHARE;
     IF NOT FOUND THEN
@@ -1388,9 +1450,18 @@ BEGIN
         AND (ep.held_until IS NULL OR ep.held_until <= now())
         AND (ep.rate_limit_per_second IS NULL OR ep.rate_next_at IS NULL
              OR ep.rate_next_at <= now() + interval '1 second')
-        AND (SELECT count(*) FROM outbox.jobs AS r
-             WHERE r.endpoint_id = ep.id AND r.state = 'running' AND r.id <> ALL (answered))
-            < CASE WHEN ep.breaker_opened_at IS NULL THEN ep.max_in_flight ELSE 1 END
+        AND (SELECT CASE WHEN ahead AND replica IS NOT NULL AND ep.breaker_opened_at IS NULL
+                              AND ep.rate_limit_per_second IS NULL AND ep.consecutive_failures = 0
+                              AND ep.id <> ALL (cooling)
+                              AND count(*) FILTER (WHERE r.held_by = replica AND r.id <> ALL (answered)
+                                                     AND r.attempted_at < now() - interval '250 milliseconds') = 0
+                         THEN 2 * (ep.max_in_flight - count(*) FILTER (WHERE r.held_by IS DISTINCT FROM replica))
+                              - count(*) FILTER (WHERE r.held_by = replica AND r.id <> ALL (answered))
+                         ELSE CASE WHEN ep.breaker_opened_at IS NULL THEN ep.max_in_flight ELSE 1 END
+                              - count(*) FILTER (WHERE r.id <> ALL (answered))
+                    END
+             FROM outbox.jobs AS r
+             WHERE r.endpoint_id = ep.id AND r.state = 'running') > 0
         AND (w.live_at IS NOT NULL
              OR (SELECT count(*) FROM outbox.jobs AS r
                  WHERE r.endpoint_id = ep.id AND r.state = 'running' AND r.replay_id IS NOT NULL
@@ -1415,10 +1486,7 @@ BEGIN
            greatest(least(
              CASE WHEN ep.disabled_at IS NOT NULL THEN batch
                   ELSE least(
-                    CASE WHEN ep.breaker_opened_at IS NULL THEN ep.max_in_flight ELSE 1 END
-                      - (SELECT count(*) FROM outbox.jobs AS r
-                         WHERE r.endpoint_id = ep.id AND r.state = 'running'
-                           AND r.id <> ALL (answered))::integer,
+                    rc.room,
                     CASE WHEN ep.rate_limit_per_second IS NULL THEN batch
                          ELSE 1 + floor(ep.rate_limit_per_second * extract(epoch FROM
                                 now() + interval '1 second' - greatest(now(), ep.rate_next_at)))::integer
@@ -1435,12 +1503,36 @@ BEGIN
            -- with a share of 1 (a cap under 8) the width does not change,
            -- but a replayed delivery's end still need not wake a claim of
            -- its own.
-           lf.live AS narrowed
+           lf.live AS narrowed,
+           rc.lane_limit
     FROM unnest(lanes) WITH ORDINALITY AS l(id, lane_order)
     JOIN outbox.endpoints AS ep ON ep.id = l.id
     -- The width of replay_width, asked once: OFFSET 0 keeps the subquery
     -- whole, where flattened each use of live would call the function.
     CROSS JOIN LATERAL (SELECT outbox.live_flows(ep.id) AS live OFFSET 0) AS lf
+    -- The lane's room for new jobs and, claiming ahead, the limit of the
+    -- claiming replica's requests in flight (above): one read of the
+    -- endpoint's running jobs.
+    CROSS JOIN LATERAL (
+      SELECT CASE WHEN ahead AND replica IS NOT NULL AND ep.breaker_opened_at IS NULL
+                       AND ep.rate_limit_per_second IS NULL AND ep.consecutive_failures = 0
+                       AND ep.id <> ALL (cooling) AND n.slow = 0
+                  THEN 2 * (n.cap - n.others) - n.own
+                  ELSE n.cap - n.holders
+             END AS room,
+             CASE WHEN ahead AND replica IS NOT NULL AND ep.disabled_at IS NULL
+                  THEN n.cap - n.others
+             END AS lane_limit
+      FROM (SELECT CASE WHEN ep.breaker_opened_at IS NULL THEN ep.max_in_flight ELSE 1 END AS cap,
+                   count(*) FILTER (WHERE r.id <> ALL (answered))::integer AS holders,
+                   count(*) FILTER (WHERE r.held_by IS DISTINCT FROM replica)::integer AS others,
+                   count(*) FILTER (WHERE r.held_by = replica AND r.id <> ALL (answered))::integer AS own,
+                   count(*) FILTER (WHERE r.held_by = replica AND r.id <> ALL (answered)
+                                      AND r.attempted_at < now() - interval '250 milliseconds')::integer AS slow
+            FROM outbox.jobs AS r
+            WHERE r.endpoint_id = ep.id AND r.state = 'running') AS n
+      OFFSET 0
+    ) AS rc
   ),
   -- Each lane's due jobs, locked, in due order: the live ones first, up
   -- to its room; then the replayed ones, in the room the live ones left
@@ -1448,7 +1540,7 @@ BEGIN
   -- ones' limit reads how many live ones were locked, which must not read
   -- them a second time.
   live_jobs AS MATERIALIZED (
-    SELECT l.id, l.lane_order, l.room, l.replay_room, l.narrowed, ARRAY(
+    SELECT l.id, l.lane_order, l.room, l.replay_room, l.narrowed, l.lane_limit, ARRAY(
       SELECT w.id
       FROM outbox.jobs AS w
       WHERE w.endpoint_id = l.id
@@ -1462,7 +1554,7 @@ BEGIN
     FROM lane AS l
   ),
   lane_jobs AS MATERIALIZED (
-    SELECT lj.id, lj.lane_order, lj.room, lj.replay_room, lj.narrowed, lj.ids AS live_ids, ARRAY(
+    SELECT lj.id, lj.lane_order, lj.room, lj.replay_room, lj.narrowed, lj.lane_limit, lj.ids AS live_ids, ARRAY(
       SELECT w.id
       FROM outbox.jobs AS w
       WHERE w.endpoint_id = lj.id
@@ -1525,7 +1617,7 @@ BEGIN
   -- batches a second beside a replay, and the CPU they cost was what
   -- live deliveries waited for.
   filled AS (
-    SELECT lj.id, lj.narrowed,
+    SELECT lj.id, lj.narrowed, lj.lane_limit,
            cardinality(lj.live_ids) + cardinality(lj.replay_ids) >= lj.room AS room_full,
            cardinality(lj.replay_ids) >= lj.replay_room AS replay_full
     FROM lane_jobs AS lj
@@ -1572,7 +1664,8 @@ BEGIN
          -- an earlier job delivered.
          CASE WHEN c.attempt > 1 OR c.replay_id IS NOT NULL THEN ep.dedup_window_seconds END,
          c.attempted_at,
-         coalesce(e.committed_at, e.created_at)
+         coalesce(e.committed_at, e.created_at),
+         fl.lane_limit
   FROM claimed AS c
   JOIN outbox.events AS e ON e.id = c.event_id
   CROSS JOIN subscribers_filled AS sf
@@ -1580,6 +1673,19 @@ BEGIN
   LEFT JOIN paced AS p ON p.id = c.id
   LEFT JOIN filled AS fl ON fl.id = c.endpoint_id;
 END
+$$;
+
+-- claim_due_jobs is claim_lane_jobs without ahead: every running job not
+-- answered holds its endpoint's place, so that every job it claims may
+-- start at once. The relay's claim (fan_out_claiming) and the releases
+-- before claim_lane_jobs call it.
+DROP FUNCTION IF EXISTS outbox.claim_due_jobs(integer, bigint, bigint[]);
+CREATE FUNCTION outbox.claim_due_jobs(batch integer, replica bigint DEFAULT NULL, answered bigint[] DEFAULT '{}')
+RETURNS SETOF outbox.claimed_job
+LANGUAGE sql VOLATILE
+ROWS 100
+AS $$
+  SELECT * FROM outbox.claim_lane_jobs(batch, replica, answered, false, '{}')
 $$;
 
 --------------------------------------------------------------------------------
@@ -2058,6 +2164,18 @@ CREATE TABLE IF NOT EXISTS outbox.delivery_stats (
 CREATE INDEX IF NOT EXISTS delivery_stats_by_minute
   ON outbox.delivery_stats (minute);
 
+-- A row of the current minute is updated by every outcome batch, a few
+-- hundred times a minute, never in an indexed column: HOT updates, as long
+-- as its page has room for the new version. fillfactor 50 keeps that room,
+-- and a vacuum after 50 dead versions whatever the table's size (scale
+-- factor 0) keeps the page pruned. fanout_stats, updated by every relay
+-- pass, likewise.
+ALTER TABLE outbox.delivery_stats SET (
+  fillfactor = 50,
+  autovacuum_vacuum_scale_factor = 0,
+  autovacuum_vacuum_threshold = 50
+);
+
 -- One row per endpoint and minute in which the relay fanned deliveries out
 -- to it: how many (a replay's and a retry by hand's are not counted: they
 -- send again what was produced before). The relay's fan-out statement
@@ -2078,6 +2196,12 @@ CREATE TABLE IF NOT EXISTS outbox.fanout_stats (
 -- delivery_stats_by_minute does.
 CREATE INDEX IF NOT EXISTS fanout_stats_by_minute
   ON outbox.fanout_stats (minute);
+
+ALTER TABLE outbox.fanout_stats SET (
+  fillfactor = 50,
+  autovacuum_vacuum_scale_factor = 0,
+  autovacuum_vacuum_threshold = 50
+);
 
 -- last_fanned_at is when the relay last fanned deliveries out to the
 -- endpoint in that minute: set by the same upsert that counts them, so
@@ -2125,7 +2249,10 @@ ALTER TABLE outbox.fanout_stats
 --
 --  1. the jobs' outcomes, each fenced on (id, attempt, running): an
 --     outcome of an attempt that is no longer its job's current one
---     changes nothing;
+--     changes nothing. State 'released' is a job claimed ahead that never
+--     sent its request (claim.go, endpointGates): it goes back to the
+--     queue as it was before the claim, its attempt not counted, due
+--     where it was;
 --  2. advance_lanes for the ordered lanes whose delivery finished, in the
 --     same transaction: never a moment with a lane held and nothing
 --     running;
@@ -2171,7 +2298,10 @@ BEGIN
 
   WITH recorded AS (
     UPDATE outbox.jobs AS j
-    SET state = o.state::outbox.job_state,
+    SET state = CASE WHEN o.state <> 'released' THEN o.state
+                     WHEN j.attempt > 1 THEN 'retryable'
+                     ELSE 'available' END::outbox.job_state,
+        attempt = CASE WHEN o.state = 'released' THEN j.attempt - 1 ELSE j.attempt END,
         scheduled_at = CASE WHEN o.state = 'retryable'
                             THEN now() + o.delay_ms * interval '1 millisecond'
                             ELSE j.scheduled_at END,

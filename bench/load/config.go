@@ -42,6 +42,10 @@ type scenarioConfig struct {
 	Replicas     int           // drain, ratelimit: outboxd processes against the database
 	VacuumEvery  time.Duration // replay: how often the queue tables are vacuumed during the phases; 0: only before each
 	AnswerAfter  time.Duration // replay: the receiver's wait before each 2xx; 0: at once
+	// DefaultEndpoint: drain and keepup register their endpoint with
+	// outboxd's default delivery settings (its max_in_flight included),
+	// as a new user would, instead of a cap of the child's workers.
+	DefaultEndpoint bool
 }
 
 // defaultDatabaseURL is the server a run uses unless -database-url or
@@ -151,6 +155,7 @@ func (c *scenarioConfig) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.FailFor, "fail-for", c.FailFor, "stuck: how long the failing subject's requests are answered 500 (10s)")
 	fs.IntVar(&c.Subjects, "subjects", c.Subjects, "stuck and ordered: distinct subjects the events take in turn (stuck: 100, ordered: 1000)")
 	fs.DurationVar(&c.AnswerAfter, "answer-after", c.AnswerAfter, "replay: how long the receiver takes to answer each request 200, a stand-in for a receiver farther than loopback; 0: at once")
+	fs.BoolVar(&c.DefaultEndpoint, "default-endpoint", c.DefaultEndpoint, "drain, keepup: register the endpoint with outboxd's default delivery settings (max_in_flight 16), as a new user would, instead of max_in_flight set to the child's workers")
 	fs.DurationVar(&c.VacuumEvery, "vacuum-every", c.VacuumEvery, "replay: vacuum the queue tables this often during the phases, a stand-in for autovacuum where it is off; 0: only before each phase")
 }
 

@@ -311,7 +311,7 @@ func costReading(ctx context.Context, c *child) (map[string]float64, error) {
 var workerCostMetrics = []string{
 	"outboxd_job_claim_seconds_count", "outboxd_job_claim_seconds_sum", "outboxd_jobs_claimed_total",
 	"outboxd_job_outcome_batch_seconds_count", "outboxd_job_outcome_batch_seconds_sum", "outboxd_job_outcomes_written_total",
-	"outboxd_relay_passes_total", "outboxd_relay_pass_seconds_sum",
+	"outboxd_relay_passes_total", "outboxd_relay_pass_seconds_sum", "outboxd_relay_jobs_claimed_total",
 	machineBusy, machineTotal,
 }
 
@@ -336,7 +336,8 @@ type workerFigures struct {
 	JobsPerBatch      float64 `json:"jobs_per_outcome_batch"`
 	RelayPassesPerSec float64 `json:"relay_passes_per_second"`
 	RelayPassMS       float64 `json:"relay_pass_ms"` // mean
-	MachineBusy       float64 `json:"machine_busy"`  // the share of every CPU's time spent busy
+	RelayJobsPerPass  float64 `json:"relay_jobs_claimed_per_pass"`
+	MachineBusy       float64 `json:"machine_busy"` // the share of every CPU's time spent busy
 }
 
 func (w workerCost) figures() workerFigures {
@@ -356,13 +357,14 @@ func (w workerCost) figures() workerFigures {
 		JobsPerBatch:      per(d["outboxd_job_outcomes_written_total"], d["outboxd_job_outcome_batch_seconds_count"]),
 		RelayPassesPerSec: per(d["outboxd_relay_passes_total"], w.seconds),
 		RelayPassMS:       1000 * per(d["outboxd_relay_pass_seconds_sum"], d["outboxd_relay_passes_total"]),
+		RelayJobsPerPass:  per(d["outboxd_relay_jobs_claimed_total"], d["outboxd_relay_passes_total"]),
 		MachineBusy:       per(d[machineBusy], d[machineTotal]),
 	}
 }
 
 func (f workerFigures) String() string {
-	return fmt.Sprintf("%.0f claims/s of %.1f ms and %.1f jobs, %.0f outcome batches/s of %.1f ms and %.1f jobs, %.0f relay passes/s of %.1f ms; the machine's CPUs %.0f%% busy",
-		f.ClaimsPerSecond, f.ClaimMS, f.JobsPerClaim, f.OutcomeBatchesPS, f.OutcomeBatchMS, f.JobsPerBatch, f.RelayPassesPerSec, f.RelayPassMS, 100*f.MachineBusy)
+	return fmt.Sprintf("%.0f claims/s of %.1f ms and %.1f jobs, %.0f outcome batches/s of %.1f ms and %.1f jobs, %.0f relay passes/s of %.1f ms claiming %.1f jobs; the machine's CPUs %.0f%% busy",
+		f.ClaimsPerSecond, f.ClaimMS, f.JobsPerClaim, f.OutcomeBatchesPS, f.OutcomeBatchMS, f.JobsPerBatch, f.RelayPassesPerSec, f.RelayPassMS, f.RelayJobsPerPass, 100*f.MachineBusy)
 }
 
 // orderViolations counts, over every subject, the events accepted before

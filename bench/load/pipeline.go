@@ -18,8 +18,9 @@ import (
 // per-endpoint cap (max_in_flight, 16 by default), which would otherwise
 // hold one endpoint to a quarter of the default 64 workers. The child
 // inherits this process's environment, so OUTBOXD_WORKERS counts as it
-// does for the child.
-func (g *rig) pipelineEndpoint(ctx context.Context) (*receiver, error) {
+// does for the child. With defaults (-default-endpoint) the endpoint has
+// outboxd's own settings instead: what a new user's endpoint gets.
+func (g *rig) pipelineEndpoint(ctx context.Context, defaults bool) (*receiver, error) {
 	if err := g.start(ctx, 1); err != nil {
 		return nil, err
 	}
@@ -27,7 +28,14 @@ func (g *rig) pipelineEndpoint(ctx context.Context) (*receiver, error) {
 	if err != nil {
 		return nil, err
 	}
-	_, err = g.endpoint(ctx, recv, endpointSettings{Topics: []string{"load.*"}, MaxInFlight: childWorkers(g.extra, os.Getenv)})
+	settings := endpointSettings{Topics: []string{"load.*"}, MaxInFlight: childWorkers(g.extra, os.Getenv)}
+	if defaults {
+		settings.MaxInFlight = 0
+	}
+	ep, err := g.endpoint(ctx, recv, settings)
+	if err == nil {
+		fmt.Fprintf(g.stdout, "endpoint max_in_flight %d\n", ep.MaxInFlight)
+	}
 	return recv, err
 }
 
@@ -36,7 +44,7 @@ func (g *rig) pipelineEndpoint(ctx context.Context) (*receiver, error) {
 func runDrain(ctx context.Context, cfg config, run loadRun) error {
 	g := newRig(cfg, run)
 	defer g.Close(ctx)
-	recv, err := g.pipelineEndpoint(ctx)
+	recv, err := g.pipelineEndpoint(ctx, cfg.DefaultEndpoint)
 	if err != nil {
 		return err
 	}
@@ -75,14 +83,24 @@ func replicasNote(n int) string {
 func runKeepUp(ctx context.Context, cfg config, run loadRun) error {
 	g := newRig(cfg, run)
 	defer g.Close(ctx)
-	recv, err := g.pipelineEndpoint(ctx)
+	recv, err := g.pipelineEndpoint(ctx, cfg.DefaultEndpoint)
 	if err != nil {
 		return err
 	}
 	cpu := startCPUMeter(ctx, run.db)
 	g.measure(cpu)
+	before, err := costReading(ctx, g.children[0])
+	if err != nil {
+		return err
+	}
 	committed, elapsed := produce(ctx, run.db, "load.event", "p", cfg.Producers, cfg.Rate, cfg.Duration)
 	deliveredDuring := recv.Unique()
+	after, err := costReading(ctx, g.children[0])
+	if err != nil {
+		return err
+	}
+	var cost workerCost
+	cost.add(before, after, elapsed)
 	// The producers' backends count too: at a steady rate an event's
 	// statements (its insert, a relay pass, an outcome) cost more than the
 	// rows they carry, and a change to any of them shows here.
@@ -104,6 +122,7 @@ func runKeepUp(ctx context.Context, cfg config, run loadRun) error {
 	fmt.Fprintf(out, "commit->2xx latency p50 %s p95 %s p99 %s max %s\n", p[0], p[1], p[2], p[3])
 	fmt.Fprintln(out, cpuReport)
 	fmt.Fprintf(out, "backlog at end %d (events + jobs), drained in %s; duplicates %d\n", left, drain.Round(time.Millisecond), recv.Duplicates())
+	fmt.Fprintf(out, "workers during the run: %s\n", cost.figures())
 	fmt.Fprintf(out, "outboxd peak RSS %s\n", g.children[0].PeakRSS())
 	return nil
 }
