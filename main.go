@@ -182,8 +182,8 @@ func defaultConfig() Config {
 		Mail: MailConfig{
 			OwnerNotifyPerHour: 5,
 		},
-		Alerts:    defaultAlerts(),
-		Retention: defaultRetention(),
+		Alerts:        defaultAlerts(),
+		Retention:     defaultRetention(),
 		DBMaxConns:    20,
 		DatabaseWait:  time.Minute,
 		ShutdownGrace: 30 * time.Second,
