@@ -285,10 +285,14 @@ const claimTimeout = 10 * time.Second
 // endpoint, up to twice the requests this replica may have in flight
 // (lane_limit), so that a request ending starts the next one here and
 // then, not at the next claim's commit (endpointGates).
-const claimJobsSQL = `SELECT ` + claimedColumns + ` FROM outbox.claim_lane_jobs($1, $2, $3, true, $4)`
+const claimJobsSQL = `
+SELECT ` + claimedColumns + `, claim.lane_limit
+FROM outbox.claim_lane_jobs($1, $2, $3, true, $4) AS claim, LATERAL (SELECT (claim.job).*) AS job`
 
 // claimedColumns are the attributes of schema.sql's outbox.claimed_job, in
-// the order claimedRow.dest scans them: the one list every claim selects.
+// the order claimedRow.dest scans them: the one list every claim selects,
+// followed by the claim's lane_limit (claimJobsSQL), or NULL where the
+// claim does not claim ahead (relay.go, fanOutAndClaimSQL).
 const claimedColumns = `
        id, kind, attempt, max_attempts, endpoint_id,
        event_id, topic, subject, payload, created_at,
@@ -296,7 +300,7 @@ const claimedColumns = `
        url, secret, previous_secret, disabled_reason,
        start_in_ms, wake_on_outcome, replay_yields,
        resend_window_seconds, claimed_at,
-       committed_at, lane_limit`
+       committed_at`
 
 // claim takes up to n due jobs in one statement, under this process's
 // replica id. Without one (declared dead, not registered again yet) it
@@ -360,10 +364,10 @@ func scanClaimedJob(row rowScanner, sent time.Time) (Job, error) {
 	return j, nil
 }
 
-// claimedRow is an outbox.claimed_job, in claimedColumns' order, as
-// outbox.claim_due_jobs returns them and outbox.fan_out_claiming an array of
-// them. Every one may be NULL: the relay's row for a pass that claimed no
-// job has none.
+// claimedRow is an outbox.claimed_job and its lane limit, in
+// claimedColumns' order, as claimJobsSQL and the relay's fanOutAndClaimSQL
+// select them. Every one may be NULL: the relay's row for a pass that
+// claimed no job has none.
 type claimedRow struct {
 	id, attempt, maxAttempts, endpointID, eventID, startInMS sql.NullInt64
 	resendWindowSeconds, laneLimit                           sql.NullInt64

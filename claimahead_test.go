@@ -33,7 +33,7 @@ func registeredReplica(t *testing.T, db *sql.DB, pid int) *replicaRegistry {
 // their lane limits.
 func claimAhead(t *testing.T, db *sql.DB, replica int64, answered []int64, cooling ...int64) (ids []int64, limits []int64) {
 	t.Helper()
-	rows, err := db.Query(`SELECT id, coalesce(lane_limit, 0) FROM outbox.claim_lane_jobs(50, $1, $2, true, $3)`,
+	rows, err := db.Query(`SELECT (c.job).id, coalesce(c.lane_limit, 0) FROM outbox.claim_lane_jobs(50, $1, $2, true, $3) AS c`,
 		replica, pq.Array(append([]int64{}, answered...)), pq.Array(cooling))
 	if err != nil {
 		t.Fatal(err)

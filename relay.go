@@ -321,7 +321,7 @@ func (r *relay) reserveWorkers() int {
 // carries the claimed jobs as an array, one row each here; a pass that
 // claimed none is one row of counts and NULLs.
 const fanOutAndClaimSQL = `
-SELECT pass.out_fanned, pass.out_jobs, ` + claimedColumns + `
+SELECT pass.out_fanned, pass.out_jobs, ` + claimedColumns + `, NULL::integer AS lane_limit
 FROM outbox.fan_out_claiming($1, $2, $3, $4, $5, $6, $7, $8) AS pass
 LEFT JOIN LATERAL unnest(pass.out_claimed) ON true`
 

@@ -1326,9 +1326,9 @@ $$;
 -- kept it (events.committed_at), or its created_at where none was kept:
 -- where the time to the first 2xx starts. claim_due_jobs returns it, and
 -- fan_out_claiming an array of it; the workers read it as one column list
--- (claim.go, claimedColumns), by name. A later release adds attributes at
--- its end (ALTER TYPE ... ADD ATTRIBUTE), so that a previous release's
--- reads stay as they were.
+-- (claim.go, claimedColumns), by name. Its attributes stay as they are:
+-- what a later release adds goes in a type of its own (claimed_lane_job),
+-- since a previous release's sessions keep plans that hold this one.
 DO $$
 BEGIN
   IF to_regtype('outbox.claimed_job') IS NULL THEN
@@ -1344,14 +1344,17 @@ BEGIN
 END
 $$;
 
--- lane_limit, added later: the most requests the claiming replica may
--- have in flight to the job's endpoint, as claim_lane_jobs with ahead
--- (below) counts it; NULL from every other claim.
+-- claimed_lane_job is a job claim_lane_jobs claimed, with lane_limit: the
+-- most requests the claiming replica may have in flight to the job's
+-- endpoint, as a claim with ahead counts it (NULL from any other claim).
+-- A type of its own, not an attribute added to claimed_job: a previous
+-- release's sessions keep plans of fan_out_claiming, whose result holds
+-- claimed_job, and a changed row type fails them ("function return row
+-- and query-specified return row do not match") until they end.
 DO $$
 BEGIN
-  IF NOT EXISTS (SELECT 1 FROM pg_attribute
-                 WHERE attrelid = 'outbox.claimed_job'::regclass AND attname = 'lane_limit' AND NOT attisdropped) THEN
-    ALTER TYPE outbox.claimed_job ADD ATTRIBUTE lane_limit integer;
+  IF to_regtype('outbox.claimed_lane_job') IS NULL THEN
+    CREATE TYPE outbox.claimed_lane_job AS (job outbox.claimed_job, lane_limit integer);
   END IF;
 END
 $$;
@@ -1360,7 +1363,7 @@ DROP FUNCTION IF EXISTS outbox.claim_lane_jobs(integer, bigint, bigint[], boolea
 DROP FUNCTION IF EXISTS outbox.claim_lane_jobs(integer, bigint, bigint[], boolean, bigint[]);
 CREATE FUNCTION outbox.claim_lane_jobs(batch integer, replica bigint, answered bigint[], ahead boolean,
                                        cooling bigint[])
-RETURNS SETOF outbox.claimed_job
+RETURNS SETOF outbox.claimed_lane_job
 LANGUAGE plpgsql VOLATILE
 ROWS 100
 SET enable_sort = off
@@ -1645,7 +1648,7 @@ BEGIN
     WHERE ep.id = n.endpoint_id
       AND l.rate IS NOT NULL
   )
-  SELECT c.id, c.kind, c.attempt, c.max_attempts, c.endpoint_id,
+  SELECT ROW(c.id, c.kind, c.attempt, c.max_attempts, c.endpoint_id,
          e.id, e.topic, e.subject, e.payload, e.created_at,
          e.traceparent, e.tracestate,
          ep.url, ep.secret,
@@ -1664,7 +1667,7 @@ BEGIN
          -- an earlier job delivered.
          CASE WHEN c.attempt > 1 OR c.replay_id IS NOT NULL THEN ep.dedup_window_seconds END,
          c.attempted_at,
-         coalesce(e.committed_at, e.created_at),
+         coalesce(e.committed_at, e.created_at))::outbox.claimed_job,
          fl.lane_limit
   FROM claimed AS c
   JOIN outbox.events AS e ON e.id = c.event_id
@@ -1685,7 +1688,7 @@ RETURNS SETOF outbox.claimed_job
 LANGUAGE sql VOLATILE
 ROWS 100
 AS $$
-  SELECT * FROM outbox.claim_lane_jobs(batch, replica, answered, false, '{}')
+  SELECT (l.job).* FROM outbox.claim_lane_jobs(batch, replica, answered, false, '{}') AS l
 $$;
 
 --------------------------------------------------------------------------------

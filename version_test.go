@@ -10,7 +10,7 @@ import "testing"
 // release recorded here.
 var releaseSchemas = map[string]string{
 	"0.2.0": "5ed975c4a51e03735e0097fd9436c19e5b2dd37a26afc21e0a5ea1248906094b",
-	"0.3.0": "eb2ce62b57c4b91387194623b58a534698d3fef57c445b12f05127a97d664c30",
+	"0.3.0": "cf7750a4ed49c9d2f5f6121665297dec3737e1f335776f5b2813e230fe3925bf",
 }
 
 // Two builds whose schemas differ report different releases: the replica
