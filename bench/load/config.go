@@ -155,7 +155,7 @@ func (c *scenarioConfig) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.FailFor, "fail-for", c.FailFor, "stuck: how long the failing subject's requests are answered 500 (10s)")
 	fs.IntVar(&c.Subjects, "subjects", c.Subjects, "stuck and ordered: distinct subjects the events take in turn (stuck: 100, ordered: 1000)")
 	fs.DurationVar(&c.AnswerAfter, "answer-after", c.AnswerAfter, "replay: how long the receiver takes to answer each request 200, a stand-in for a receiver farther than loopback; 0: at once")
-	fs.BoolVar(&c.DefaultEndpoint, "default-endpoint", c.DefaultEndpoint, "drain, keepup: register the endpoint with outboxd's default delivery settings (max_in_flight 16), as a new user would, instead of max_in_flight set to the child's workers")
+	fs.BoolVar(&c.DefaultEndpoint, "default-endpoint", c.DefaultEndpoint, "drain, keepup, producers: register the endpoint with outboxd's default delivery settings (max_in_flight 16), as a new user would, instead of max_in_flight set to the child's workers")
 	fs.DurationVar(&c.VacuumEvery, "vacuum-every", c.VacuumEvery, "replay: vacuum the queue tables this often during the phases, a stand-in for autovacuum where it is off; 0: only before each phase")
 }
 

@@ -36,7 +36,7 @@ type producerPhases struct {
 func runProducers(ctx context.Context, cfg config, run loadRun) error {
 	g := newRig(cfg, run)
 	defer g.Close(ctx)
-	recv, err := g.pipelineEndpoint(ctx)
+	recv, err := g.pipelineEndpoint(ctx, cfg.DefaultEndpoint)
 	if err != nil {
 		return err
 	}
