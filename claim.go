@@ -221,6 +221,7 @@ take:
 func (c *claimer) handOff(jobs []Job, reserved int) {
 	defer c.running.Done()
 	c.claimsBegun.Add(1) // a claim was made: replayed deliveries' places are taken (claimUnlessClaimed)
+	c.gates.claimed(jobs)
 	batches := c.pool.batches(jobs)
 	for _, batch := range batches {
 		c.pool.start(batch)
@@ -323,11 +324,7 @@ func (c *claimer) claim(ctx context.Context, n int) ([]Job, error) {
 		c.claimFailed(replica, err)
 		return nil, fmt.Errorf("claim jobs: %w", err)
 	}
-	for _, j := range jobs {
-		if j.laneLimited {
-			c.gates.setLimit(j.EndpointID, j.laneLimit)
-		}
-	}
+	c.gates.claimed(jobs)
 	return jobs, nil
 }
 
@@ -541,13 +538,27 @@ func (g *endpointGates) gate(endpointID int64) *endpointGate {
 	return e
 }
 
-// setLimit sets endpointID's limit, letting in whom a higher one admits.
-func (g *endpointGates) setLimit(endpointID int64, limit int) {
+// claimed notes a claim's jobs, in the order it took them: a claim ahead
+// sets its endpoint's limit, letting in whom a higher one admits; and any
+// claim of an endpoint's job ends this process's hold of it. The claim
+// read the endpoint's hold as the database keeps it (held_until, which
+// every replica's claims read, on the database's clock), so a job it
+// returns is due: the process's own hold only keeps back the jobs claimed
+// before the answer that asked to wait.
+func (g *endpointGates) claimed(jobs []Job) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	e := g.gate(endpointID)
-	e.limit, e.limited = limit, true
-	e.admit()
+	for _, j := range jobs {
+		if j.EndpointID == 0 {
+			continue
+		}
+		e := g.gate(j.EndpointID)
+		e.heldUntil = time.Time{}
+		if j.laneLimited {
+			e.limit, e.limited = j.laneLimit, true
+			e.admit()
+		}
+	}
 }
 
 // admit lets waiting jobs in while the limit allows; g.mu is held.

@@ -220,7 +220,7 @@ func TestTwoReplicasClaimingAheadRespectOneCap(t *testing.T) {
 func TestEndpointGateAdmitsUpToItsLimit(t *testing.T) {
 	t.Parallel()
 	g := endpointGates{byEndpoint: map[int64]*endpointGate{}}
-	g.setLimit(7, 2)
+	g.claimed([]Job{{EndpointID: 7, laneLimit: 2, laneLimited: true}})
 	ctx := context.Background()
 	leave1, _ := g.enter(ctx, 7)
 	leave2, _ := g.enter(ctx, 7)
@@ -273,7 +273,7 @@ func TestEndpointGateReleasesWhatWaits(t *testing.T) {
 		t.Errorf("gateWait %s, want 250ms", gateWait)
 	}
 	g := endpointGates{byEndpoint: map[int64]*endpointGate{}}
-	g.setLimit(7, 1)
+	g.claimed([]Job{{EndpointID: 7, laneLimit: 1, laneLimited: true}})
 	ctx := context.Background()
 	leave, err := g.enter(ctx, 7)
 	if err != nil {
@@ -309,7 +309,7 @@ func TestEndpointGateReleasesWhatWaits(t *testing.T) {
 		t.Errorf("a job coming to a free gate during a Retry-After hold: %v, want released", err)
 	}
 	// Other replicas hold the whole cap: a limit of 0 lets nothing in.
-	g.setLimit(9, 0)
+	g.claimed([]Job{{EndpointID: 9, laneLimit: 0, laneLimited: true}})
 	if _, err := g.enter(ctx, 9); !errors.Is(err, errReleased) {
 		t.Errorf("a job at a gate of limit 0: %v, want released", err)
 	}
