@@ -762,7 +762,9 @@ func TestRollingUpgradeWithASchemaChangeLosesNothing(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ran := func(id int64) bool { return queryInt(t, db, `SELECT count(*) FROM effects WHERE event_id = $1`, id) > 0 }
+			ran := func(id int64) bool {
+				return queryInt(t, db, `SELECT count(*) FROM effects WHERE event_id = $1`, id) > 0
+			}
 			view := func(id int64) string {
 				return fmt.Sprintf("the subscriber ran it %d times; the rescuer returned %d jobs to the queue",
 					queryInt(t, db, `SELECT count(*) FROM effects WHERE event_id = $1`, id), rescued)
