@@ -214,7 +214,7 @@ ALTER TABLE outbox.events ALTER COLUMN created_at SET DEFAULT clock_timestamp();
 -- (webhook.go). The insert cannot know it, so it starts NULL; the first
 -- change outboxd makes to the row sets it with commit_time (below), and no
 -- later change alters it. That change is the relay's claim
--- (mark_fanned_out), or before it a relay failure (relay.go) or a requeue
+-- (mark_claimed_fanned_out), or before it a relay failure (relay.go) or a requeue
 -- (outbox.go).
 ALTER TABLE outbox.events
   ADD COLUMN IF NOT EXISTS committed_at timestamptz;
@@ -257,7 +257,7 @@ ALTER TABLE outbox.events SET (
 -- Index events_unfanned_by_id: schema_indexes.sql.
 
 -- claim_unfanned locks up to batch un-fanned events, oldest first, for the
--- caller's transaction: mark_fanned_out's claim, and the relay's list of
+-- caller's transaction: claim_to_fan_out's batch, and the relay's list of
 -- rows to retry one by one after a batch failed (relay.go), which must not
 -- mark them, since the marking may be what fails. It is a function to
 -- carry SET enable_sort = off, which leaves walking events_unfanned_by_id
@@ -313,8 +313,8 @@ BEGIN
 END
 $$;
 
--- mark_fanned_out marks the events in_claimed (claim_to_fan_out) fanned
--- out and returns what the fan-out reads of them, in the caller's
+-- mark_claimed_fanned_out marks the events in_claimed (claim_to_fan_out)
+-- fanned out and returns what the fan-out reads of them, in the caller's
 -- transaction. Marking them, it keeps each one's commit time
 -- (commit_time): the UPDATE's expressions read the row as it was, its
 -- xmin still the recording transaction's. enable_seqscan = off has the
@@ -327,9 +327,7 @@ $$;
 -- UPDATE sees every row the claim locked. (The other way round, a claim
 -- made by a function called from the UPDATE runs later than the UPDATE's
 -- snapshot and can lock a row that the UPDATE does not see.)
-DROP FUNCTION IF EXISTS outbox.mark_fanned_out(integer);
-DROP FUNCTION IF EXISTS outbox.mark_fanned_out(integer, bigint);
-CREATE OR REPLACE FUNCTION outbox.mark_fanned_out(in_claimed bigint[])
+CREATE OR REPLACE FUNCTION outbox.mark_claimed_fanned_out(in_claimed bigint[])
 RETURNS TABLE (id bigint, topic text, subject text, payload jsonb)
 LANGUAGE plpgsql VOLATILE
 SET enable_seqscan = off
@@ -341,6 +339,25 @@ BEGIN
       committed_at = outbox.commit_time(e, e.xmin)
   WHERE e.id = ANY (in_claimed)
   RETURNING e.id, e.topic, e.subject, e.payload;
+END
+$$;
+
+-- mark_fanned_out claims (claim_to_fan_out) and marks
+-- (mark_claimed_fanned_out) in one call. This release's fan_out no longer
+-- calls it; the previous release's did, and a relay pass of a replica of it
+-- under way while a migration replaces fan_out still may, so it stays until
+-- the release after this one.
+DROP FUNCTION IF EXISTS outbox.mark_fanned_out(integer);
+DROP FUNCTION IF EXISTS outbox.mark_fanned_out(integer, bigint);
+CREATE FUNCTION outbox.mark_fanned_out(in_batch integer, in_event_id bigint)
+RETURNS TABLE (id bigint, topic text, subject text, payload jsonb)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+  claimed bigint[];
+BEGIN
+  claimed := outbox.claim_to_fan_out(in_batch, in_event_id);
+  RETURN QUERY SELECT m.id, m.topic, m.subject, m.payload FROM outbox.mark_claimed_fanned_out(claimed) AS m;
 END
 $$;
 
@@ -1845,7 +1862,7 @@ BEGIN
   claimed := outbox.claim_to_fan_out(in_batch, in_event_id);
   WITH marked AS (
     SELECT m.id, m.topic, m.subject, m.payload
-    FROM outbox.mark_fanned_out(claimed) AS m
+    FROM outbox.mark_claimed_fanned_out(claimed) AS m
   ),
   topics AS (
     SELECT DISTINCT m.topic FROM marked AS m
