@@ -54,7 +54,13 @@ func describeUndelivered(t *testing.T, db *sql.DB, ids []int64, received func(in
 		}
 		fmt.Fprintf(&b, "\n  receiver: %s", view(id))
 	}
-	fmt.Fprintf(&b, "\nreplicas listed: %s", describeReplicas(db))
+	fmt.Fprintf(&b, "\nreplicas listed: %s", describeRows(db, "replicas",
+		`SELECT id || ' ' || version || ' pid ' || pid || ' last seen ' || last_seen::text FROM outbox.replicas ORDER BY id`))
+	// An event fanned out before an endpoint's creation, by the relay's
+	// clock, goes to no endpoint: the endpoints' times tell.
+	fmt.Fprintf(&b, "\nendpoints: %s", describeRows(db, "endpoints",
+		`SELECT id || ' topics ' || topics::text || ' created ' || created_at::text || ' disabled ' || coalesce(disabled_at::text, 'no')
+FROM outbox.endpoints ORDER BY id LIMIT 10`))
 	t.Log(b.String())
 }
 
@@ -104,18 +110,19 @@ func describeJobs(db *sql.DB, eventID int64) []string {
 	return out
 }
 
-func describeReplicas(db *sql.DB) string {
-	rows, err := db.QueryContext(context.Background(),
-		`SELECT id || ' ' || version || ' pid ' || pid || ' last seen ' || last_seen::text FROM outbox.replicas ORDER BY id`)
+// describeRows joins the one text column query returns, or says why it
+// could not read what.
+func describeRows(db *sql.DB, what, query string) string {
+	rows, err := db.QueryContext(context.Background(), query)
 	if err != nil {
-		return fmt.Sprintf("reading the replicas: %v", err)
+		return fmt.Sprintf("reading the %s: %v", what, err)
 	}
 	defer rows.Close()
 	var out []string
 	for rows.Next() {
 		var s string
 		if err := rows.Scan(&s); err != nil {
-			return fmt.Sprintf("reading the replicas: %v", err)
+			return fmt.Sprintf("reading the %s: %v", what, err)
 		}
 		out = append(out, s)
 	}
