@@ -346,10 +346,11 @@ $$;
 -- (mark_claimed_fanned_out) in one call. This release's fan_out no longer
 -- calls it; the previous release's did, and a relay pass of a replica of it
 -- under way while a migration replaces fan_out still may, so it stays until
--- the release after this one.
+-- the release after this one. Replaced, not dropped and made again: a pass
+-- of that release that planned its call before a migration and runs it
+-- after finds the function it planned.
 DROP FUNCTION IF EXISTS outbox.mark_fanned_out(integer);
-DROP FUNCTION IF EXISTS outbox.mark_fanned_out(integer, bigint);
-CREATE FUNCTION outbox.mark_fanned_out(in_batch integer, in_event_id bigint)
+CREATE OR REPLACE FUNCTION outbox.mark_fanned_out(in_batch integer, in_event_id bigint)
 RETURNS TABLE (id bigint, topic text, subject text, payload jsonb)
 LANGUAGE plpgsql VOLATILE
 AS $$
