@@ -214,7 +214,7 @@ ALTER TABLE outbox.events ALTER COLUMN created_at SET DEFAULT clock_timestamp();
 -- (webhook.go). The insert cannot know it, so it starts NULL; the first
 -- change outboxd makes to the row sets it with commit_time (below), and no
 -- later change alters it. That change is the relay's claim
--- (mark_fanned_out), or before it a relay failure (relay.go) or a requeue
+-- (mark_claimed_fanned_out), or before it a relay failure (relay.go) or a requeue
 -- (outbox.go).
 ALTER TABLE outbox.events
   ADD COLUMN IF NOT EXISTS committed_at timestamptz;
@@ -270,7 +270,7 @@ ALTER TABLE outbox.events SET (
 -- Index events_unfanned_by_id: schema_indexes.sql.
 
 -- claim_unfanned locks up to batch un-fanned events, oldest first, for the
--- caller's transaction: mark_fanned_out's claim, and the relay's list of
+-- caller's transaction: claim_to_fan_out's batch, and the relay's list of
 -- rows to retry one by one after a batch failed (relay.go), which must not
 -- mark them, since the marking may be what fails. It is a function to
 -- carry SET enable_sort = off, which leaves walking events_unfanned_by_id
@@ -297,48 +297,81 @@ BEGIN
 END
 $$;
 
--- mark_fanned_out is the relay's claim (fan_out): it claims up to in_batch
--- events with claim_unfanned, or with in_event_id that one event if it is
--- still waiting, marks them fanned out, and returns what the fan-out reads
--- of them, in the caller's transaction. Marking them, it keeps each one's
--- commit time (commit_time): the UPDATE's expressions read the row as it
--- was, its xmin still the recording transaction's. enable_seqscan = off
--- has the UPDATE fetch the claimed rows by key, where a planner that
--- thinks index reads expensive (a high random_page_cost) would scan the
--- whole backlog for 200 rows.
+-- claim_to_fan_out is the relay's claim (fan_out): it locks up to
+-- in_batch events with claim_unfanned, or with in_event_id that one event
+-- if it is still waiting, for the caller's transaction, and returns their
+-- ids. fan_out calls it in a statement of its own, before the statement
+-- that reads the endpoints: each statement of a PL/pgSQL function sees the
+-- rows committed when it began, so the endpoints are read as they were
+-- after the claim, and every endpoint committed before an event it claimed
+-- gets the event. (Claimed from inside the statement that reads the
+-- endpoints, an event committed after that statement began could be
+-- claimed while an endpoint committed before the event was not seen: the
+-- event was marked fanned out with no delivery to it.)
+CREATE OR REPLACE FUNCTION outbox.claim_to_fan_out(in_batch integer, in_event_id bigint)
+RETURNS bigint[]
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+  IF in_event_id IS NULL THEN
+    RETURN ARRAY(SELECT outbox.claim_unfanned(in_batch));
+  END IF;
+  RETURN ARRAY(
+    SELECT e.id
+    FROM outbox.events AS e
+    WHERE e.id = in_event_id
+      AND e.fanned_out_at IS NULL
+      AND e.poisoned_at IS NULL
+    FOR UPDATE OF e SKIP LOCKED);
+END
+$$;
+
+-- mark_claimed_fanned_out marks the events in_claimed (claim_to_fan_out)
+-- fanned out and returns what the fan-out reads of them, in the caller's
+-- transaction. Marking them, it keeps each one's commit time
+-- (commit_time): the UPDATE's expressions read the row as it was, its
+-- xmin still the recording transaction's. enable_seqscan = off has the
+-- UPDATE fetch the claimed rows by key, where a planner that thinks index
+-- reads expensive (a high random_page_cost) would scan the whole backlog
+-- for 200 rows.
 --
--- The claim comes first, in a statement of its own: each statement of a
--- PL/pgSQL function sees the rows committed when it began, so the UPDATE
--- sees every row the claim locked. (The other way round, a claim made by a
--- function called from the UPDATE runs later than the UPDATE's snapshot
--- and can lock a row that the UPDATE does not see.)
-DROP FUNCTION IF EXISTS outbox.mark_fanned_out(integer);
-DROP FUNCTION IF EXISTS outbox.mark_fanned_out(integer, bigint);
-CREATE FUNCTION outbox.mark_fanned_out(in_batch integer, in_event_id bigint)
+-- The claim comes first, in a statement before this one: each statement
+-- of a PL/pgSQL function sees the rows committed when it began, so the
+-- UPDATE sees every row the claim locked. (The other way round, a claim
+-- made by a function called from the UPDATE runs later than the UPDATE's
+-- snapshot and can lock a row that the UPDATE does not see.)
+CREATE OR REPLACE FUNCTION outbox.mark_claimed_fanned_out(in_claimed bigint[])
 RETURNS TABLE (id bigint, topic text, subject text, payload jsonb)
 LANGUAGE plpgsql VOLATILE
 SET enable_seqscan = off
 AS $$
-DECLARE
-  claimed bigint[];
 BEGIN
-  IF in_event_id IS NULL THEN
-    claimed := ARRAY(SELECT outbox.claim_unfanned(in_batch));
-  ELSE
-    claimed := ARRAY(
-      SELECT e.id
-      FROM outbox.events AS e
-      WHERE e.id = in_event_id
-        AND e.fanned_out_at IS NULL
-        AND e.poisoned_at IS NULL
-      FOR UPDATE OF e SKIP LOCKED);
-  END IF;
   RETURN QUERY
   UPDATE outbox.events AS e
   SET fanned_out_at = now(),
       committed_at = outbox.commit_time(e, e.xmin)
-  WHERE e.id = ANY (claimed)
+  WHERE e.id = ANY (in_claimed)
   RETURNING e.id, e.topic, e.subject, e.payload;
+END
+$$;
+
+-- mark_fanned_out claims (claim_to_fan_out) and marks
+-- (mark_claimed_fanned_out) in one call. This release's fan_out no longer
+-- calls it; the previous release's did, and a relay pass of a replica of it
+-- under way while a migration replaces fan_out still may, so it stays until
+-- the release after this one. Replaced, not dropped and made again: a pass
+-- of that release that planned its call before a migration and runs it
+-- after finds the function it planned.
+DROP FUNCTION IF EXISTS outbox.mark_fanned_out(integer);
+CREATE OR REPLACE FUNCTION outbox.mark_fanned_out(in_batch integer, in_event_id bigint)
+RETURNS TABLE (id bigint, topic text, subject text, payload jsonb)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+  claimed bigint[];
+BEGIN
+  claimed := outbox.claim_to_fan_out(in_batch, in_event_id);
+  RETURN QUERY SELECT m.id, m.topic, m.subject, m.payload FROM outbox.mark_claimed_fanned_out(claimed) AS m;
 END
 $$;
 
@@ -1871,7 +1904,7 @@ $$;
 -- webhook job per (event, enabled endpoint whose topics match and whose
 -- filter, if it has one, the payload passes), in one statement, one round
 -- trip and one transaction. With in_event_id NULL it
--- claims a batch of up to in_batch events (mark_fanned_out); with an id,
+-- claims a batch of up to in_batch events (claim_to_fan_out); with an id,
 -- that one event, for the row-by-row retry after a batch failed (another
 -- relay may have relayed it meanwhile, and then it claims nothing).
 --
@@ -1926,6 +1959,7 @@ LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
+  claimed bigint[];
   lane_endpoints bigint[];
   lane_keys text[];
 BEGIN
@@ -1933,9 +1967,12 @@ BEGIN
   IF in_origin <> '' THEN
     PERFORM set_config('outbox.relay_origin', in_origin, true);
   END IF;
+  -- Claimed before the statement below begins, which then sees every
+  -- endpoint committed before a claimed event (claim_to_fan_out).
+  claimed := outbox.claim_to_fan_out(in_batch, in_event_id);
   WITH marked AS (
     SELECT m.id, m.topic, m.subject, m.payload
-    FROM outbox.mark_fanned_out(in_batch, in_event_id) AS m
+    FROM outbox.mark_claimed_fanned_out(claimed) AS m
   ),
   topics AS (
     SELECT DISTINCT m.topic FROM marked AS m
