@@ -10,7 +10,7 @@ import "testing"
 // release recorded here.
 var releaseSchemas = map[string]string{
 	"0.2.0": "5ed975c4a51e03735e0097fd9436c19e5b2dd37a26afc21e0a5ea1248906094b",
-	"0.3.0": "cf7750a4ed49c9d2f5f6121665297dec3737e1f335776f5b2813e230fe3925bf",
+	"0.3.0": "6e9c2e175957d1587271ecdd9c8fb8ebe450817aa2f69c36598fb4ab3d3599e1",
 }
 
 // Two builds whose schemas differ report different releases: the replica
