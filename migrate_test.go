@@ -456,7 +456,7 @@ func (p *stallProbe) longestDuring(from, to time.Time) (longest time.Duration, w
 	return longest, writes
 }
 
-// Issue 19: a migration under write load stalls producers for at most
+// A migration under write load stalls producers for at most
 // 1 s. Four producers write while a migration with a pending index on
 // outbox.jobs runs; the longest single write stays under 1 s. The same
 // build as the migration used to run it, inside a transaction, is the
@@ -641,7 +641,7 @@ func schemasListed(t *testing.T, db *sql.DB) ([]string, bool) {
 	return versions, o.MixedVersions
 }
 
-// Issue 19's rolling upgrade: two replicas of this release deliver while
+// A rolling upgrade: two replicas of this release deliver while
 // producers record; one is replaced by the next release, which migrates
 // (a column and an index on outbox.jobs) under that load, then the other.
 // The replica still on this release delivers after the schema change it
