@@ -348,17 +348,7 @@ func TestHangingReceiverClaimedAheadHoldsOnlyItsCap(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
 	api := newTestAPI(t, db, testPolicy)
-	release := make(chan struct{})
-	var hung concurrency
-	bad := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
-		hung.enter()
-		defer hung.leave()
-		select {
-		case <-release:
-		case <-r.Context().Done():
-		}
-		w.WriteHeader(http.StatusInternalServerError)
-	})
+	bad, release, hung := newHangingReceiver(t)
 	good := newReceiver(t, nil)
 	createTunedEndpoint(t, api, bad.srv.URL, `"max_in_flight": 2`)
 	createTunedEndpoint(t, api, good.srv.URL, `"max_in_flight": 2`)

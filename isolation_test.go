@@ -67,17 +67,12 @@ func recordFor(t *testing.T, db *sql.DB, url string, n int) {
 	relayAll(t, db)
 }
 
-// A receiver that hangs holds only its own cap of workers: the healthy
-// endpoint beside it gets every delivery while the hanging one has 40
-// queued, and the hanging receiver never sees more requests at once than
-// its cap. (Before endpoints were lanes, the 40 took all 8 workers.)
-func TestHangingReceiverHoldsOnlyItsCap(t *testing.T) {
-	t.Parallel()
-	db, _ := newTestDB(t)
-	api := newTestAPI(t, db, testPolicy)
-	release := make(chan struct{})
-	var hung concurrency
-	bad := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+// newHangingReceiver is a receiver whose every request hangs until
+// release is closed (or the request ends), then answers 500; hung counts
+// its requests at once.
+func newHangingReceiver(t *testing.T) (bad *receiver, release chan struct{}, hung *concurrency) {
+	release, hung = make(chan struct{}), new(concurrency)
+	bad = newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
 		hung.enter()
 		defer hung.leave()
 		select {
@@ -86,6 +81,18 @@ func TestHangingReceiverHoldsOnlyItsCap(t *testing.T) {
 		}
 		w.WriteHeader(http.StatusInternalServerError)
 	})
+	return bad, release, hung
+}
+
+// A receiver that hangs holds only its own cap of workers: the healthy
+// endpoint beside it gets every delivery while the hanging one has 40
+// queued, and the hanging receiver never sees more requests at once than
+// its cap. (Before endpoints were lanes, the 40 took all 8 workers.)
+func TestHangingReceiverHoldsOnlyItsCap(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	bad, release, hung := newHangingReceiver(t)
 	good := newReceiver(t, nil)
 	createTunedEndpoint(t, api, bad.srv.URL, `"max_in_flight": 2`)
 	createTunedEndpoint(t, api, good.srv.URL, `"max_in_flight": 2`)
