@@ -39,13 +39,19 @@ func noRedirect(jar http.CookieJar) *http.Client {
 	return &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 }
 
-// signIn signs a browser in through the panel's form; its jar holds the
-// session cookie.
+// signIn signs a browser in through the panel's form with the admin's
+// token; its jar holds the session cookie.
 func signIn(t *testing.T, srv *httptest.Server) *http.Client {
+	t.Helper()
+	return signInAs(t, srv, testToken)
+}
+
+// signInAs signs a browser in through the form with token.
+func signInAs(t *testing.T, srv *httptest.Server, token string) *http.Client {
 	t.Helper()
 	jar, _ := cookiejar.New(nil)
 	browser := noRedirect(jar)
-	resp, err := browser.PostForm(srv.URL+"/login", url.Values{"token": {testToken}})
+	resp, err := browser.PostForm(srv.URL+"/login", url.Values{"token": {token}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -79,22 +79,6 @@ func endpointAs(t *testing.T, srv *httptest.Server, token string, ownerID int64)
 	return e
 }
 
-// signInAs signs a browser in through the form with token.
-func signInAs(t *testing.T, srv *httptest.Server, token string) *http.Client {
-	t.Helper()
-	jar, _ := cookiejar.New(nil)
-	browser := noRedirect(jar)
-	resp, err := browser.PostForm(srv.URL+"/login", url.Values{"token": {token}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusSeeOther {
-		t.Fatalf("sign-in = %d, want 303", resp.StatusCode)
-	}
-	return browser
-}
-
 // browse sends a panel request (a form when form is not nil) with browser.
 func browse(t *testing.T, browser *http.Client, srv *httptest.Server, method, path string, form url.Values) (int, string) {
 	t.Helper()
