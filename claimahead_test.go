@@ -189,30 +189,9 @@ func TestClaimAheadKeepsRequestsWithinTheCap(t *testing.T) {
 // one endpoint's cap of 3 together.
 func TestTwoReplicasClaimingAheadRespectOneCap(t *testing.T) {
 	t.Parallel()
-	db, dsn := newTestDB(t)
-	api := newTestAPI(t, db, testPolicy)
-	var inFlight concurrency
-	slow := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
-		inFlight.enter()
-		defer inFlight.leave()
-		time.Sleep(20 * time.Millisecond)
-	})
-	createTunedEndpoint(t, api, slow.srv.URL, `"max_in_flight": 3`)
-	recordFor(t, db, slow.srv.URL, 60)
-	for i := range 2 {
-		replica, err := openDB(context.Background(), dsn, 10)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { replica.Close() })
+	twoReplicasAgainstACapOf3(t, func(t *testing.T, replica *sql.DB, i int) {
 		runRegisteredWebhookWorkers(t, replica, 601+i)
-	}
-	waitFor(t, "60 deliveries", 30*time.Second, func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'completed'`) == 60
 	})
-	if peak := inFlight.peak.Load(); peak > 3 || peak < 2 {
-		t.Errorf("the receiver saw %d requests at once from two replicas, want at most the cap, 3 (and more than 1)", peak)
-	}
 }
 
 // The gate lets in up to its limit, in arrival order, a waiting job as

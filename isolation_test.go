@@ -150,6 +150,17 @@ func TestClaimSharesTheBatchBetweenLanes(t *testing.T) {
 // together: the cap is counted in the database, not in a process.
 func TestTwoReplicasRespectOneCap(t *testing.T) {
 	t.Parallel()
+	twoReplicasAgainstACapOf3(t, func(t *testing.T, replica *sql.DB, _ int) {
+		runWebhookWorkers(t, replica, 30*time.Second)
+	})
+}
+
+// twoReplicasAgainstACapOf3 starts two replicas with start (each on a
+// pool of its own, i its number) against one endpoint whose cap is 3 and
+// whose receiver takes 20 ms a request, records 60 events for it, and
+// checks that the receiver never saw more than 3 requests at once, nor
+// fewer than 2 (the replicas ran side by side).
+func twoReplicasAgainstACapOf3(t *testing.T, start func(t *testing.T, replica *sql.DB, i int)) {
 	db, dsn := newTestDB(t)
 	api := newTestAPI(t, db, testPolicy)
 	var inFlight concurrency
@@ -160,13 +171,13 @@ func TestTwoReplicasRespectOneCap(t *testing.T) {
 	})
 	createTunedEndpoint(t, api, slow.srv.URL, `"max_in_flight": 3`)
 	recordFor(t, db, slow.srv.URL, 60)
-	for range 2 {
+	for i := range 2 {
 		replica, err := openDB(context.Background(), dsn, 10)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { replica.Close() })
-		runWebhookWorkers(t, replica, 30*time.Second)
+		start(t, replica, i)
 	}
 	waitFor(t, "60 deliveries", 30*time.Second, func() bool {
 		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'completed'`) == 60
