@@ -160,6 +160,8 @@ func defaultConfig() Config {
 			BatchSize:            200,
 			MaxFailures:          5,
 			SweepInterval:        time.Minute,
+			BusyLinger:           100 * time.Millisecond,
+			BusyRecheck:          2 * time.Millisecond,
 			FailingEndpointDelay: 5 * time.Minute,
 		},
 		Workers: WorkerConfig{

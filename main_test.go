@@ -81,6 +81,8 @@ func TestDefaultsAreTheStatedNumbers(t *testing.T) {
 		{"relay batch", c.Relay.BatchSize, 200},
 		{"poison after failures", c.Relay.MaxFailures, 5},
 		{"relay sweep", c.Relay.SweepInterval, time.Minute},
+		{"busy relay linger", c.Relay.BusyLinger, 100 * time.Millisecond},
+		{"busy relay re-check", c.Relay.BusyRecheck, 2 * time.Millisecond},
 		{"failing endpoint delay", c.Relay.FailingEndpointDelay, 5 * time.Minute},
 		{"breaker threshold", c.Workers.BreakerThreshold, 5},
 		{"job attempts", c.Workers.MaxAttempts, 18},

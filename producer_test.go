@@ -373,6 +373,49 @@ func TestRelayIsBusyUnderLoadAndIdleAfter(t *testing.T) {
 	}
 }
 
+// A busy relay lingers: after its passes stop finding events it keeps
+// re-checking, the flag still busy, so producers in the gaps of a steady
+// stream do not notify. Here no notification can reach it once it is busy,
+// and its sweep is an hour away: only a re-check relays the event recorded
+// after it went busy.
+func TestBusyRelayRechecksWithoutNotifications(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	ctx := context.Background()
+	first, err := recordEvent(ctx, db, "order.paid", "o-1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	cfg := defaultConfig().Relay
+	cfg.SweepInterval = time.Hour
+	cfg.BusyLinger = time.Hour // the flag must not go idle during the test
+	r := newTestRelay(t, db, cfg, noopSubscriber("all"))
+	wake := make(chan struct{}, 1)
+	wake <- struct{}{} // a notification pending through the first pass: producers outrun it
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx, wake, nil) }()
+	defer func() { cancel(); <-done }()
+
+	relayed := func(id int64) func() bool {
+		return func() bool {
+			return queryInt(t, db, `SELECT count(*) FROM outbox.events WHERE id = $1 AND fanned_out_at IS NOT NULL`, id) == 1
+		}
+	}
+	waitFor(t, "the first event relayed", 10*time.Second, relayed(first))
+	waitFor(t, "the relay to publish busy", 10*time.Second, func() bool { return !relayIdle(t, db) })
+
+	second, err := recordEvent(ctx, db, "order.paid", "o-2", nil) // reads busy: no NOTIFY
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a re-check to relay the event recorded while busy", 10*time.Second, relayed(second))
+	if relayIdle(t, db) {
+		t.Error("the relay published idle within its linger")
+	}
+}
+
 // A lost wake-up costs latency, never the event: with relay_state left
 // busy (a relay that died under load) no producer notifies, the sweep
 // relays the event anyway, and the relay publishes idle again.

@@ -42,6 +42,19 @@ type RelayConfig struct {
 	// SweepInterval is how often the relay runs without a notification. A
 	// lost NOTIFY costs at most this much latency, never an event.
 	SweepInterval time.Duration
+	// BusyLinger is how long a busy relay keeps re-checking, every
+	// BusyRecheck, after a pass that found nothing, before it tells
+	// producers it is idle. Producers under steady load leave gaps of a
+	// few milliseconds between commits; a relay that went idle in every
+	// gap would have them notify again, and a NOTIFY serializes their
+	// commits (schema.sql, outbox.notify_events). 100 ms outlasts the
+	// gaps of any stream fast enough for that to matter, and costs a
+	// relay whose producers stopped 50 empty passes.
+	BusyLinger time.Duration
+	// BusyRecheck is how often a busy relay looks for events while no
+	// pass finds any: what an event committed then waits at most before
+	// a pass claims it, with no notification to wake the relay.
+	BusyRecheck time.Duration
 	// FailingEndpointDelay is how far out new deliveries are scheduled to
 	// an endpoint whose circuit breaker is open (WorkerConfig's
 	// BreakerThreshold): a receiver that is down gets one attempt per
@@ -106,18 +119,20 @@ func newRelay(db *sql.DB, cfg RelayConfig, jobMaxAttempts int, targets []jobTarg
 // (outbox.relay_state). When notifications came in while it drained events,
 // producers are committing faster than it sleeps: it publishes busy, so
 // their commits skip the NOTIFY and its serializing lock, and keeps
-// claiming pass after pass without waiting for one. A pass that finds
-// nothing ends that: it publishes idle, waits for every transaction that
-// may have read busy to end (recorderBarrier), and passes once more before
-// it sleeps. It publishes idle before every sleep, which writes nothing
-// when the flag already says so and resets a flag left busy by a relay
-// that died.
+// claiming pass after pass without waiting for one. Passes that find
+// nothing for BusyLinger end that (a pass that finds nothing while busy is
+// followed by another after BusyRecheck): it publishes idle, waits for
+// every transaction that may have read busy to end (recorderBarrier), and
+// passes once more before it sleeps. It publishes idle before every sleep,
+// which writes nothing when the flag already says so and resets a flag
+// left busy by a relay that died.
 func (r *relay) Run(ctx context.Context, wake <-chan struct{}, jobsWake chan struct{}) error {
 	sweep := time.NewTicker(r.cfg.SweepInterval)
 	defer sweep.Stop()
 	barrier := newRecorderBarrier(r.db, r.logger)
 	defer barrier.stop()
-	busy := false // the flag says busy, and this relay claims without waiting
+	busy := false       // the flag says busy, and this relay claims without waiting
+	var found time.Time // when a pass last found events while busy
 	for {
 		claimed, clean := r.drain(ctx, jobsWake)
 		if ctx.Err() != nil {
@@ -126,6 +141,13 @@ func (r *relay) Run(ctx context.Context, wake <-chan struct{}, jobsWake chan str
 		if wake != nil && clean && claimed > 0 && (busy || woken(wake)) {
 			if !busy {
 				busy = r.publishBusy(ctx)
+			}
+			found = time.Now()
+			continue
+		}
+		if busy && clean && time.Since(found) < r.cfg.BusyLinger {
+			if err := r.recheck(ctx, wake); err != nil {
+				return err
 			}
 			continue
 		}
@@ -141,6 +163,21 @@ func (r *relay) Run(ctx context.Context, wake <-chan struct{}, jobsWake chan str
 		case <-barrier.passed:
 		}
 	}
+}
+
+// recheck waits BusyRecheck before a busy relay's next pass, or less if a
+// notification comes (from a producer that read the flag before it said
+// busy).
+func (r *relay) recheck(ctx context.Context, wake <-chan struct{}) error {
+	t := time.NewTimer(r.cfg.BusyRecheck)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-wake:
+	case <-t.C:
+	}
+	return nil
 }
 
 // woken takes a pending wake-up, if there is one.
