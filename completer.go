@@ -75,8 +75,6 @@ const completeLinger = 10 * time.Millisecond
 
 // completeLoop writes outcomes in batches (gatherOutcomes) until results
 // is closed.
-// completeLoop writes outcomes in batches (gatherOutcomes) until results
-// is closed.
 func (c *completer) completeLoop() {
 	for first := range c.results {
 		batch := c.gatherOutcomes(first)
