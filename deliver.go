@@ -30,8 +30,10 @@ import (
 type WorkerConfig struct {
 	// Concurrency: deliveries wait on the network, not the CPU, and the
 	// more run at once the more jobs each claim and each outcome statement
-	// carries. 64 lets a 2-core machine deliver as fast as 16 producers
-	// commit; 16 fall behind (bench/load -mode keepup, docs/performance.md).
+	// carries, and the less CPU an event costs. 128 lets a 2-core machine
+	// deliver as fast as 16 producers commit; 64 fall behind, their
+	// backlog growing (bench/load -mode keepup, docs/performance.md). Past
+	// 128 a drain gains little, and each worker costs memory.
 	Concurrency int
 	// MaxAttempts: with attempt^4-second backoff, 18 attempts span about
 	// 3.8 days, under the 5-day endpoint disable and the 7-day retention.

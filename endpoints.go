@@ -106,8 +106,8 @@ type breaker struct {
 }
 
 // defaultMaxInFlight is an endpoint's cap unless it says otherwise: a
-// receiver that hangs holds 16 of the 64 default workers, and the other
-// 48 serve everyone else (TestHangingReceiverHoldsOnlyItsCap). schema.sql's
+// receiver that hangs holds 16 of the 128 default workers, and the other
+// 112 serve everyone else (TestHangingReceiverHoldsOnlyItsCap). schema.sql's
 // column default repeats it.
 const defaultMaxInFlight = 16
 

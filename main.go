@@ -165,7 +165,7 @@ func defaultConfig() Config {
 			FailingEndpointDelay: 5 * time.Minute,
 		},
 		Workers: WorkerConfig{
-			Concurrency:      64,
+			Concurrency:      128,
 			MaxAttempts:      18,
 			AttemptTimeout:   30 * time.Second,
 			RescueMargin:     time.Minute,

@@ -85,6 +85,7 @@ func TestDefaultsAreTheStatedNumbers(t *testing.T) {
 		{"busy relay re-check", c.Relay.BusyRecheck, 2 * time.Millisecond},
 		{"failing endpoint delay", c.Relay.FailingEndpointDelay, 5 * time.Minute},
 		{"breaker threshold", c.Workers.BreakerThreshold, 5},
+		{"workers", c.Workers.Concurrency, 128},
 		{"job attempts", c.Workers.MaxAttempts, 18},
 		{"attempt timeout", c.Workers.AttemptTimeout, 30 * time.Second},
 		{"rescue margin", c.Workers.RescueMargin, time.Minute},

@@ -163,14 +163,14 @@ func TestChildSettingReadsFlagsLikeTheChild(t *testing.T) {
 		getenv func(string) string
 		want   int
 	}{
-		{"default", "", noEnv, 64},
-		{"other flags only", "-disable-listen -relay-sweep 10s", noEnv, 64},
+		{"default", "", noEnv, 128},
+		{"other flags only", "-disable-listen -relay-sweep 10s", noEnv, 128},
 		{"separate value", "-workers 8", noEnv, 8},
 		{"with =", "-workers=12", noEnv, 12},
 		{"two dashes", "--workers 16", noEnv, 16},
 		{"the last one wins", "-workers 8 -workers=32", noEnv, 32},
-		{"not a number: the default (the child refuses it)", "-workers x", noEnv, 64},
-		{"a longer flag's prefix is not it", "-workers-extra 9", noEnv, 64},
+		{"not a number: the default (the child refuses it)", "-workers x", noEnv, 128},
+		{"a longer flag's prefix is not it", "-workers-extra 9", noEnv, 128},
 		{"the environment", "", workersEnv, 24},
 		{"a flag over the environment", "-workers 4", workersEnv, 4},
 	} {
@@ -534,8 +534,8 @@ func TestLoadOrderedScenarioComparesDrains(t *testing.T) {
 	if len(s.UnorderedSeconds) != 2 || len(s.OrderedSeconds) != 2 {
 		t.Fatalf("drains %v unordered and %v ordered, want 2 of each", s.UnorderedSeconds, s.OrderedSeconds)
 	}
-	if s.MaxInFlight != 64 {
-		t.Errorf("max_in_flight %d, want the child's 64 workers", s.MaxInFlight)
+	if s.MaxInFlight != 128 {
+		t.Errorf("max_in_flight %d, want the child's 128 workers", s.MaxInFlight)
 	}
 	wantUnordered := 1200 / (s.UnorderedSeconds[0] + s.UnorderedSeconds[1])
 	wantOrdered := 1200 / (s.OrderedSeconds[0] + s.OrderedSeconds[1])

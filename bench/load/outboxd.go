@@ -134,7 +134,7 @@ func readVmHWM(pid int) int64 {
 // outboxd's defaults for the settings the generator reads, as `outboxd
 // -h` prints them.
 const (
-	defaultWorkers          = 64
+	defaultWorkers          = 128
 	defaultBreakerThreshold = 5
 )
 

@@ -16,7 +16,7 @@ import (
 // every load.* event. The endpoint may run as many deliveries at once as
 // the child has workers: drain and keepup measure the pipeline, not the
 // per-endpoint cap (max_in_flight, 16 by default), which would otherwise
-// hold one endpoint to a quarter of the default 64 workers. The child
+// hold one endpoint to an eighth of the default 128 workers. The child
 // inherits this process's environment, so OUTBOXD_WORKERS counts as it
 // does for the child. With defaults (-default-endpoint) the endpoint has
 // outboxd's own settings instead: what a new user's endpoint gets.
