@@ -186,11 +186,22 @@ func (c *claimer) release() {
 	poke(c.slotFreed)
 }
 
+// claimAtFree is how many slots must be free before a claim under load:
+// a quarter of them, so that one claim statement fetches several jobs
+// instead of one.
+func (c *claimer) claimAtFree() int {
+	return max(1, cap(c.slots)/4)
+}
+
 // reserve takes up to n free slots for a claim the relay makes in its
 // pass (relay.go, outbox.fan_out_claiming), and reports how many: none
 // while Run is not running, or while its own claim is counting and
-// filling slots (the relay then leaves the claim to it). A reservation of
-// any slot must be ended by handOff, which Run's shutdown waits for.
+// filling slots (the relay then leaves the claim to it). It leaves
+// claimAtFree slots to the pool's own claims: a relay under load passes
+// back to back, and while its pass held every free slot the pool could
+// claim nothing, its jobs waiting for the relay's claims, which take only
+// what a pass leaves. A reservation of any slot must be ended by handOff,
+// which Run's shutdown waits for.
 func (c *claimer) reserve(n int) int {
 	if !c.mu.TryLock() {
 		return 0
@@ -199,6 +210,7 @@ func (c *claimer) reserve(n int) int {
 	if !c.accepting {
 		return 0
 	}
+	n = min(n, cap(c.slots)-len(c.slots)-c.claimAtFree())
 	reserved := 0
 take:
 	for reserved < n {

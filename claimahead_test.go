@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -351,5 +352,37 @@ func TestHangingReceiverClaimedAheadHoldsOnlyItsCap(t *testing.T) {
 	}
 	if n := queryInt(t, db, `SELECT max(attempt) FROM outbox.jobs WHERE state = 'available'`); n != 0 {
 		t.Errorf("a job sent back unsent has attempt %d, want 0: a release counts no attempt", n)
+	}
+}
+
+// The relay's pass reserves free slots to claim into, but never the last
+// quarter: the pool's own claim waits for that many free slots, and a
+// relay under load passes back to back, so a pass that held every free
+// slot left the pool no claim at all.
+func TestRelayReservationLeavesThePoolItsClaim(t *testing.T) {
+	c := newClaimer(nil, 128, nil)
+	var running sync.WaitGroup
+	c.open(&running)
+	for _, tc := range []struct {
+		busy, want int
+	}{
+		{0, 96},  // 128 free: 32 left to the pool
+		{64, 32}, // 64 free
+		{100, 0}, // 28 free, fewer than the pool waits for
+		{128, 0}, // none free
+	} {
+		for range tc.busy {
+			c.slots <- struct{}{}
+		}
+		got := c.reserve(claimBatchMax)
+		if got != tc.want {
+			t.Errorf("%d of 128 slots busy: the relay reserved %d, want %d", tc.busy, got, tc.want)
+		}
+		if got > 0 {
+			running.Done() // the reservation, as handOff ends it
+		}
+		for range tc.busy + got {
+			<-c.slots
+		}
 	}
 }

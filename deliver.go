@@ -134,12 +134,9 @@ func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 	p.open(&running)
 
 	moreDue := true // a claim filled every free slot: more may be waiting
-	// Under load, wait for a quarter of the slots to free up before the next
-	// claim, so one claim statement fetches several jobs instead of one.
-	claimAtFree := max(1, cap(p.slots)/4)
 	for ctx.Err() == nil {
 		var err error
-		if moreDue, err = p.fill(ctx, claimAtFree, moreDue); err != nil {
+		if moreDue, err = p.fill(ctx, p.claimAtFree(), moreDue); err != nil {
 			p.logger.Error("claim jobs failed", "err", err)
 		}
 		// A claim that filled the free slots claims again as slots free
