@@ -416,6 +416,33 @@ func TestBusyRelayRechecksWithoutNotifications(t *testing.T) {
 	}
 }
 
+// A relay that stops while busy publishes idle as it goes, so that
+// producers notify the relays of other replicas, which may be asleep.
+func TestRelayStoppedWhileBusyPublishesIdle(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	ctx := context.Background()
+	if _, err := recordEvent(ctx, db, "order.paid", "o-1", nil); err != nil {
+		t.Fatal(err)
+	}
+	cfg := defaultConfig().Relay
+	cfg.SweepInterval = time.Hour
+	cfg.BusyLinger = time.Hour // busy until it stops
+	r := newTestRelay(t, db, cfg, noopSubscriber("all"))
+	wake := make(chan struct{}, 1)
+	wake <- struct{}{} // a notification pending through the first pass: it goes busy
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx, wake, nil) }()
+	waitFor(t, "the relay to publish busy", 10*time.Second, func() bool { return !relayIdle(t, db) })
+
+	cancel()
+	<-done
+	if !relayIdle(t, db) {
+		t.Error("the relay stopped and left relay_state busy: producers would not wake another replica's relay")
+	}
+}
+
 // A lost wake-up costs latency, never the event: with relay_state left
 // busy (a relay that died under load) no producer notifies, the sweep
 // relays the event anyway, and the relay publishes idle again.

@@ -131,7 +131,12 @@ func (r *relay) Run(ctx context.Context, wake <-chan struct{}, jobsWake chan str
 	defer sweep.Stop()
 	barrier := newRecorderBarrier(r.db, r.logger)
 	defer barrier.stop()
-	busy := false       // the flag says busy, and this relay claims without waiting
+	busy := false // the flag says busy, and this relay claims without waiting
+	defer func() {
+		if busy {
+			r.publishIdleAtExit()
+		}
+	}()
 	var found time.Time // when a pass last found events while busy
 	for {
 		claimed, clean := r.drain(ctx, jobsWake)
@@ -201,6 +206,20 @@ func (r *relay) publishBusy(ctx context.Context) bool {
 		return false
 	}
 	return true
+}
+
+// publishIdleAtExit sets outbox.relay_state idle as a relay that was busy
+// stops: left busy, it would keep producers from notifying the relays of
+// other replicas, asleep until their sweep, for as long as no relay ran
+// a pass. It cannot wait for the producers that read busy (it is
+// stopping): their events, if no other relay is awake, wait for a sweep,
+// as when a relay dies.
+func (r *relay) publishIdleAtExit() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := publishRelayState(ctx, r.db, true); err != nil {
+		r.logger.Error("relay state idle not published at exit", "err", err)
+	}
 }
 
 // publishIdle sets outbox.relay_state idle and reports whether this call
