@@ -373,44 +373,48 @@ func TestRelayIsBusyUnderLoadAndIdleAfter(t *testing.T) {
 	}
 }
 
+// runBusyRelay records an event and starts a relay whose first pass finds
+// it with a notification pending (producers outrunning it), so that it
+// publishes busy; it stays busy for an hour after its last find, no
+// notification reaches it afterwards, and its sweep is an hour away. It
+// returns once the relay says busy; stop cancels the relay and waits for
+// Run to return.
+func runBusyRelay(t *testing.T, db *sql.DB) (stop func()) {
+	t.Helper()
+	if _, err := recordEvent(context.Background(), db, "order.paid", "o-1", nil); err != nil {
+		t.Fatal(err)
+	}
+	cfg := defaultConfig().Relay
+	cfg.SweepInterval = time.Hour
+	cfg.BusyLinger = time.Hour
+	r := newTestRelay(t, db, cfg, noopSubscriber("all"))
+	wake := make(chan struct{}, 1)
+	wake <- struct{}{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx, wake, nil) }()
+	stop = func() { cancel(); <-done }
+	waitFor(t, "the relay to publish busy", 10*time.Second, func() bool { return !relayIdle(t, db) })
+	return stop
+}
+
 // A busy relay lingers: after its passes stop finding events it keeps
 // re-checking, the flag still busy, so producers in the gaps of a steady
-// stream do not notify. Here no notification can reach it once it is busy,
-// and its sweep is an hour away: only a re-check relays the event recorded
-// after it went busy.
+// stream do not notify. Only a re-check can relay the event recorded
+// after the relay went busy.
 func TestBusyRelayRechecksWithoutNotifications(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
-	ctx := context.Background()
-	first, err := recordEvent(ctx, db, "order.paid", "o-1", nil)
+	stop := runBusyRelay(t, db)
+	defer stop()
+
+	id, err := recordEvent(context.Background(), db, "order.paid", "o-2", nil) // reads busy: no NOTIFY
 	if err != nil {
 		t.Fatal(err)
 	}
-
-	cfg := defaultConfig().Relay
-	cfg.SweepInterval = time.Hour
-	cfg.BusyLinger = time.Hour // the flag must not go idle during the test
-	r := newTestRelay(t, db, cfg, noopSubscriber("all"))
-	wake := make(chan struct{}, 1)
-	wake <- struct{}{} // a notification pending through the first pass: producers outrun it
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(runCtx, wake, nil) }()
-	defer func() { cancel(); <-done }()
-
-	relayed := func(id int64) func() bool {
-		return func() bool {
-			return queryInt(t, db, `SELECT count(*) FROM outbox.events WHERE id = $1 AND fanned_out_at IS NOT NULL`, id) == 1
-		}
-	}
-	waitFor(t, "the first event relayed", 10*time.Second, relayed(first))
-	waitFor(t, "the relay to publish busy", 10*time.Second, func() bool { return !relayIdle(t, db) })
-
-	second, err := recordEvent(ctx, db, "order.paid", "o-2", nil) // reads busy: no NOTIFY
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "a re-check to relay the event recorded while busy", 10*time.Second, relayed(second))
+	waitFor(t, "a re-check to relay the event recorded while busy", 10*time.Second, func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM outbox.events WHERE id = $1 AND fanned_out_at IS NOT NULL`, id) == 1
+	})
 	if relayIdle(t, db) {
 		t.Error("the relay published idle within its linger")
 	}
@@ -421,23 +425,8 @@ func TestBusyRelayRechecksWithoutNotifications(t *testing.T) {
 func TestRelayStoppedWhileBusyPublishesIdle(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
-	ctx := context.Background()
-	if _, err := recordEvent(ctx, db, "order.paid", "o-1", nil); err != nil {
-		t.Fatal(err)
-	}
-	cfg := defaultConfig().Relay
-	cfg.SweepInterval = time.Hour
-	cfg.BusyLinger = time.Hour // busy until it stops
-	r := newTestRelay(t, db, cfg, noopSubscriber("all"))
-	wake := make(chan struct{}, 1)
-	wake <- struct{}{} // a notification pending through the first pass: it goes busy
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(runCtx, wake, nil) }()
-	waitFor(t, "the relay to publish busy", 10*time.Second, func() bool { return !relayIdle(t, db) })
-
-	cancel()
-	<-done
+	stop := runBusyRelay(t, db)
+	stop()
 	if !relayIdle(t, db) {
 		t.Error("the relay stopped and left relay_state busy: producers would not wake another replica's relay")
 	}
