@@ -151,24 +151,26 @@ func runRegisteredWebhookWorkers(t *testing.T, db *sql.DB, pid int) {
 }
 
 // A replica claiming ahead holds more of an endpoint's jobs running than
-// its cap of 2 (4 when its first request arrives: twice the cap), and its
-// receiver still never sees more than 2 requests at once: the gate holds
-// the rest until one ends.
+// its cap of 2 (twice the cap claimed when its first request arrives),
+// and its receiver still never sees more than 2 requests at once: the
+// gate holds the rest until one ends. Claimed is running or completed:
+// on a busy machine the second request can end, and the claim it frees
+// take a fifth job, before the first request's handler reads the table.
 func TestClaimAheadKeepsRequestsWithinTheCap(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
 	api := newTestAPI(t, db, testPolicy)
 	var inFlight concurrency
-	runningAtFirst := make(chan int, 1)
+	claimedAtFirst := make(chan int, 1)
 	slow := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
 		inFlight.enter()
 		defer inFlight.leave()
 		if n == 1 {
-			var running int
-			if err := db.QueryRow(`SELECT count(*) FROM outbox.jobs WHERE state = 'running'`).Scan(&running); err != nil {
+			var claimed int
+			if err := db.QueryRow(`SELECT count(*) FROM outbox.jobs WHERE state IN ('running', 'completed')`).Scan(&claimed); err != nil {
 				t.Error(err)
 			}
-			runningAtFirst <- running
+			claimedAtFirst <- claimed
 		}
 		time.Sleep(20 * time.Millisecond) // the receiver's work, so requests overlap
 	})
@@ -181,8 +183,8 @@ func TestClaimAheadKeepsRequestsWithinTheCap(t *testing.T) {
 	if peak := inFlight.peak.Load(); peak != 2 {
 		t.Errorf("the receiver saw %d requests at once, want the cap, 2", peak)
 	}
-	if n := <-runningAtFirst; n != 4 {
-		t.Errorf("%d jobs were running at the first request, want 4: twice the cap, claimed ahead", n)
+	if n := <-claimedAtFirst; n < 4 {
+		t.Errorf("%d jobs were claimed at the first request, want at least 4: twice the cap, claimed ahead", n)
 	}
 }
 
