@@ -8,6 +8,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"sync"
 	"testing"
 	"time"
 
@@ -377,8 +378,8 @@ func TestRelayIsBusyUnderLoadAndIdleAfter(t *testing.T) {
 // it with a notification pending (producers outrunning it), so that it
 // publishes busy; it stays busy for an hour after its last find, no
 // notification reaches it afterwards, and its sweep is an hour away. It
-// returns once the relay says busy; stop cancels the relay and waits for
-// Run to return.
+// returns once the relay says busy; stop (also run at cleanup) cancels
+// the relay and waits for Run to return.
 func runBusyRelay(t *testing.T, db *sql.DB) (stop func()) {
 	t.Helper()
 	if _, err := recordEvent(context.Background(), db, "order.paid", "o-1", nil); err != nil {
@@ -393,7 +394,8 @@ func runBusyRelay(t *testing.T, db *sql.DB) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx, wake, nil) }()
-	stop = func() { cancel(); <-done }
+	stop = sync.OnceFunc(func() { cancel(); <-done })
+	t.Cleanup(stop)
 	waitFor(t, "the relay to publish busy", 10*time.Second, func() bool { return !relayIdle(t, db) })
 	return stop
 }
@@ -405,8 +407,7 @@ func runBusyRelay(t *testing.T, db *sql.DB) (stop func()) {
 func TestBusyRelayRechecksWithoutNotifications(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
-	stop := runBusyRelay(t, db)
-	defer stop()
+	runBusyRelay(t, db)
 
 	id, err := recordEvent(context.Background(), db, "order.paid", "o-2", nil) // reads busy: no NOTIFY
 	if err != nil {

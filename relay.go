@@ -125,7 +125,7 @@ func newRelay(db *sql.DB, cfg RelayConfig, jobMaxAttempts int, targets []jobTarg
 // every transaction that may have read busy to end (recorderBarrier), and
 // passes once more before it sleeps. It publishes idle before every sleep,
 // which writes nothing when the flag already says so and resets a flag
-// left busy by a relay that died.
+// left busy by a relay that died, and as it returns if it was busy.
 func (r *relay) Run(ctx context.Context, wake <-chan struct{}, jobsWake chan struct{}) error {
 	sweep := time.NewTicker(r.cfg.SweepInterval)
 	defer sweep.Stop()
@@ -217,9 +217,7 @@ func (r *relay) publishBusy(ctx context.Context) bool {
 func (r *relay) publishIdleAtExit() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := publishRelayState(ctx, r.db, true); err != nil {
-		r.logger.Error("relay state idle not published at exit", "err", err)
-	}
+	r.publishIdle(ctx)
 }
 
 // publishIdle sets outbox.relay_state idle and reports whether this call
