@@ -674,10 +674,12 @@ func (h *faultHarness) inject(kind string) (detail string, interrupts, hit bool)
 // it to what a replay promises: each event those endpoints had finished
 // with arrives again, once more.
 func (h *faultHarness) replay() {
-	r := faultReplay{Endpoints: faultReplayed, Topics: faultReplayedTopic, Until: time.Now(), Start: time.Now()}
+	r := faultReplay{Endpoints: faultReplayed, Topics: faultReplayedTopic, Until: time.Now()}
 	if len(h.faults) > 0 {
 		r.Until = h.faults[0].Start
 	}
+	r.Finished = h.finishedDeliveries(r)
+	r.Start = time.Now()
 	var details []string
 	for _, name := range faultReplayed {
 		var res ReplayResult
@@ -691,7 +693,59 @@ func (h *faultHarness) replay() {
 	}
 	r.End = time.Now()
 	h.replays = append(h.replays, r)
-	h.t.Logf("replay at %d committed: %s", h.committed.Load(), strings.Join(details, ", "))
+	h.t.Logf("replay at %d committed: %s; %d deliveries of its topics finished when asked", h.committed.Load(), strings.Join(details, ", "), len(r.Finished))
+}
+
+// finishedDeliveries is, at each endpoint r replays, the business keys
+// of r's topics whose delivery outboxd has finished (completed or
+// discarded): what r, asked next, must send again. They are still
+// finished when its statements run, since only a replay or a retry by
+// hand sets a finished delivery to run again. The checker narrows them to
+// r's window (faultReplay.covers).
+func (h *faultHarness) finishedDeliveries(r faultReplay) map[[2]string]bool {
+	names := map[int64]string{}
+	var ids []int64
+	for _, name := range r.Endpoints {
+		names[h.endpoints[name]] = name
+		ids = append(ids, h.endpoints[name])
+	}
+	const finishedSQL = `
+SELECT j.endpoint_id, e.payload->>'key'
+FROM outbox.jobs AS j
+JOIN outbox.events AS e ON e.id = j.event_id
+WHERE j.endpoint_id = ANY($1)
+  AND e.topic = ANY($2)
+  AND j.state IN ('completed', 'discarded')`
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		finished, err := h.queryFinished(finishedSQL, pq.Array(ids), pq.Array(r.Topics), names)
+		if err == nil {
+			return finished
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("deliveries finished before the replay: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond) // backing off a failed statement
+	}
+}
+
+// queryFinished runs finishedDeliveries' query once.
+func (h *faultHarness) queryFinished(query string, ids, topics any, names map[int64]string) (map[[2]string]bool, error) {
+	rows, err := h.admin.Query(query, ids, topics)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	finished := map[[2]string]bool{}
+	for rows.Next() {
+		var id int64
+		var key string
+		if err := rows.Scan(&id, &key); err != nil {
+			return nil, err
+		}
+		finished[[2]string{names[id], key}] = true
+	}
+	return finished, rows.Err()
 }
 
 // unansweredSince counts the webhook attempts since start that got no
