@@ -797,3 +797,22 @@ func TestRollingUpgradeWithASchemaChangeLosesNothing(t *testing.T) {
 		t.Errorf("%d events delivered twice", dups)
 	}
 }
+
+// The statements that find running jobs through the partial indexes of
+// running jobs (the claim's counts, the completer's outcomes) plan no
+// bitmap scan: a bitmap scan reads every entry of those indexes, dead
+// ones included, and never marks them dead (schema.sql, claim_lane_jobs
+// and record_outcomes say what it cost).
+func TestRunningJobsAreNeverReadByBitmapScan(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	got := queryStrings(t, db, `
+		SELECT p.proname::text
+		FROM pg_proc AS p
+		WHERE p.pronamespace = 'outbox'::regnamespace
+		  AND 'enable_bitmapscan=off' = ANY (p.proconfig)
+		ORDER BY 1`)
+	if diff := cmp.Diff([]string{"claim_lane_jobs", "record_outcomes"}, got); diff != "" {
+		t.Errorf("functions planned without bitmap scans (-want +got):\n%s", diff)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -944,5 +945,48 @@ func TestEndpointQueueAndRecentFailures(t *testing.T) {
 	_, html = panelPage(t, srv, "/endpoints/"+itoa(id))
 	if want := `<dd id="next-attempt"><time datetime="` + now.Add(5*time.Minute).UTC().Format(time.RFC3339) + `"`; !strings.Contains(html, want) {
 		t.Errorf("with nothing due, the endpoint's page has no %s", want)
+	}
+}
+
+// A batch of outcomes written again after its commit's answer was lost
+// changes nothing: the success that completed a job is on the job once,
+// not also in outbox.deliveries, and the endpoint's recent attempts list
+// it once; a success that came after its job was taken from it (rescued,
+// at attempt 2 now) is still kept there.
+func TestOutcomesWrittenTwiceKeepEachSuccessOnce(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	srv := newTestAdmin(t, db)
+	ep := createTestEndpoint(t, srv, "http://127.0.0.1:9/a")
+	done := statsJob(t, db, ep, 1)
+	taken := statsJob(t, db, ep, 2)
+	now := time.Now()
+	batch := []jobResult{
+		attemptResult(done, 1, ep, classSuccess, time.Millisecond, now),
+		attemptResult(taken, 1, ep, classSuccess, time.Millisecond, now),
+	}
+	for _, r := range batch {
+		r.record.StatusCode = 200
+	}
+	wp := newWorkerPool(db, defaultConfig().Workers, time.Minute, newSubscriberRegistry(), nil, testLogger(t))
+	for range 2 {
+		if err := wp.recordOutcomes(context.Background(), batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := ids(t, db, `SELECT job_id FROM outbox.deliveries ORDER BY job_id`); !cmp.Equal(got, []int64{taken}) {
+		t.Errorf("outbox.deliveries holds attempts of jobs %v, want only the taken one's [%d]", got, taken)
+	}
+	recent, err := queryAll(context.Background(), db, scanDeliveryView, recentDeliveriesSQL, ep, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var listed []int64
+	for _, d := range recent {
+		listed = append(listed, d.JobID)
+	}
+	slices.Sort(listed)
+	if !cmp.Equal(listed, []int64{done, taken}) {
+		t.Errorf("the endpoint's recent attempts are of jobs %v, want [%d %d]: each success once", listed, done, taken)
 	}
 }
