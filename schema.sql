@@ -2297,7 +2297,8 @@ ALTER TABLE outbox.fanout_stats
 --     same transaction: never a moment with a lane held and nothing
 --     running;
 --  3. the attempts: a row of deliveries, unless a success whose outcome
---     its job took (kept, and written); and the statistics, which count
+--     its job took (kept, and written now or by this batch's earlier
+--     write); and the statistics, which count
 --     each attempt whose outcome its job took, in a row of delivery_stats
 --     per endpoint and minute. An attempt the fence refused (a worker that
 --     lost its job to the rescuer, or this batch written again after its
