@@ -709,43 +709,31 @@ func (h *faultHarness) finishedDeliveries(r faultReplay) map[[2]string]bool {
 		names[h.endpoints[name]] = name
 		ids = append(ids, h.endpoints[name])
 	}
-	const finishedSQL = `
+	var finished map[[2]string]bool
+	h.retry("deliveries finished before the replay", func() error {
+		rows, err := h.admin.Query(`
 SELECT j.endpoint_id, e.payload->>'key'
 FROM outbox.jobs AS j
 JOIN outbox.events AS e ON e.id = j.event_id
 WHERE j.endpoint_id = ANY($1)
   AND e.topic = ANY($2)
-  AND j.state IN ('completed', 'discarded')`
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		finished, err := h.queryFinished(finishedSQL, pq.Array(ids), pq.Array(r.Topics), names)
-		if err == nil {
-			return finished
+  AND j.state IN ('completed', 'discarded')`, pq.Array(ids), pq.Array(r.Topics))
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			h.t.Fatalf("deliveries finished before the replay: %v", err)
+		defer rows.Close()
+		finished = map[[2]string]bool{}
+		for rows.Next() {
+			var id int64
+			var key string
+			if err := rows.Scan(&id, &key); err != nil {
+				return err
+			}
+			finished[[2]string{names[id], key}] = true
 		}
-		time.Sleep(100 * time.Millisecond) // backing off a failed statement
-	}
-}
-
-// queryFinished runs finishedDeliveries' query once.
-func (h *faultHarness) queryFinished(query string, ids, topics any, names map[int64]string) (map[[2]string]bool, error) {
-	rows, err := h.admin.Query(query, ids, topics)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	finished := map[[2]string]bool{}
-	for rows.Next() {
-		var id int64
-		var key string
-		if err := rows.Scan(&id, &key); err != nil {
-			return nil, err
-		}
-		finished[[2]string{names[id], key}] = true
-	}
-	return finished, rows.Err()
+		return rows.Err()
+	})
+	return finished
 }
 
 // unansweredSince counts the webhook attempts since start that got no
@@ -771,14 +759,24 @@ func (h *faultHarness) unansweredSince(start time.Time) int {
 // execRetry runs an injector statement until it succeeds: a fault must
 // heal even if the statement meets another one.
 func (h *faultHarness) execRetry(query string) {
+	h.retry(query, func() error {
+		_, err := h.admin.Exec(query)
+		return err
+	})
+}
+
+// retry runs the harness's own statements (try) until they succeed, for
+// up to 30 s: they may meet a fault still healing. Then it fails the test,
+// naming what it tried.
+func (h *faultHarness) retry(what string, try func() error) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		_, err := h.admin.Exec(query)
+		err := try()
 		if err == nil {
 			return
 		}
 		if time.Now().After(deadline) {
-			h.t.Fatalf("%s: %v", query, err)
+			h.t.Fatalf("%s: %v", what, err)
 		}
 		time.Sleep(100 * time.Millisecond) // backing off a failed statement
 	}
