@@ -1377,6 +1377,33 @@ BEGIN
 END
 $$;
 
+-- as_claimed_job is the claimed job (claimed_job) that a claim returns for
+-- job id, of kind, at attempt (of max_attempts), to endpoint_id (NULL: a
+-- subscriber's), of replay_id (NULL: live), claimed at attempted_at: its
+-- event e and endpoint ep (a NULL row for a subscriber's), and what the
+-- claim decided of its start and its end. Every claim builds its rows
+-- here: the workers' (claim_lane_jobs) and the relay's (born_running).
+CREATE OR REPLACE FUNCTION outbox.as_claimed_job(id bigint, kind text, attempt integer, max_attempts integer,
+                                                 endpoint_id bigint, replay_id bigint, attempted_at timestamptz,
+                                                 e outbox.events, ep outbox.endpoints, start_in_ms integer,
+                                                 wake_on_outcome boolean, replay_yields boolean)
+RETURNS outbox.claimed_job
+LANGUAGE sql STABLE
+AS $$
+  SELECT ROW(id, kind, attempt, max_attempts, endpoint_id,
+         e.id, e.topic, e.subject, e.payload, e.created_at,
+         e.traceparent, e.tracestate,
+         ep.url, ep.secret,
+         CASE WHEN ep.previous_secret_expires_at > now() THEN ep.previous_secret END,
+         ep.disabled_reason, start_in_ms, wake_on_outcome, replay_yields,
+         -- A first attempt of a live delivery cannot be a duplicate: no
+         -- earlier request of it exists. A replay's may resend what an
+         -- earlier job delivered.
+         CASE WHEN attempt > 1 OR replay_id IS NOT NULL THEN ep.dedup_window_seconds END,
+         attempted_at,
+         coalesce(e.committed_at, e.created_at))::outbox.claimed_job
+$$;
+
 -- claimed_lane_job is a job claim_lane_jobs claimed, with lane_limit: the
 -- most requests the claiming replica may have in flight to the job's
 -- endpoint, as a claim with ahead counts it (NULL from any other claim).
@@ -1681,26 +1708,16 @@ BEGIN
     WHERE ep.id = n.endpoint_id
       AND l.rate IS NOT NULL
   )
-  SELECT ROW(c.id, c.kind, c.attempt, c.max_attempts, c.endpoint_id,
-         e.id, e.topic, e.subject, e.payload, e.created_at,
-         e.traceparent, e.tracestate,
-         ep.url, ep.secret,
-         CASE WHEN ep.previous_secret_expires_at > now() THEN ep.previous_secret END,
-         ep.disabled_reason,
-         coalesce(greatest(0, ceil(extract(epoch FROM p.start_at - now()) * 1000)), 0)::integer,
-         -- An ordered lane's delivery always: its outcome lets the lane's
-         -- next one go (advance_lanes).
-         c.lane_key IS NOT NULL
-           OR CASE WHEN c.endpoint_id IS NULL THEN sf.full
-                   ELSE coalesce(fl.room_full OR (c.replay_id IS NOT NULL AND fl.replay_full AND NOT fl.narrowed), true)
-              END,
-         c.replay_id IS NOT NULL AND coalesce(fl.narrowed, false),
-         -- A first attempt of a live delivery cannot be a duplicate:
-         -- no earlier request of it exists. A replay's may resend what
-         -- an earlier job delivered.
-         CASE WHEN c.attempt > 1 OR c.replay_id IS NOT NULL THEN ep.dedup_window_seconds END,
-         c.attempted_at,
-         coalesce(e.committed_at, e.created_at))::outbox.claimed_job,
+  SELECT outbox.as_claimed_job(c.id, c.kind, c.attempt, c.max_attempts, c.endpoint_id, c.replay_id,
+           c.attempted_at, e, ep,
+           coalesce(greatest(0, ceil(extract(epoch FROM p.start_at - now()) * 1000)), 0)::integer,
+           -- An ordered lane's delivery always: its outcome lets the lane's
+           -- next one go (advance_lanes).
+           c.lane_key IS NOT NULL
+             OR CASE WHEN c.endpoint_id IS NULL THEN sf.full
+                     ELSE coalesce(fl.room_full OR (c.replay_id IS NOT NULL AND fl.replay_full AND NOT fl.narrowed), true)
+                END,
+           c.replay_id IS NOT NULL AND coalesce(fl.narrowed, false)),
          fl.lane_limit
   FROM claimed AS c
   JOIN outbox.events AS e ON e.id = c.event_id
@@ -1899,6 +1916,90 @@ $$;
 -- The fan-out: events into jobs, one relay transaction as one statement
 --------------------------------------------------------------------------------
 
+-- takes_deliveries_running says whether a delivery to endpoint ep may be
+-- born running (fan_out): one that a claim would start at once, its
+-- endpoint's cap the only bound. Not an endpoint that is off, waiting or
+-- paced (disabled, paused, held, breaker open, rate-limited), nor one
+-- that orders by subject, whose deliveries take their turns
+-- (advance_lanes).
+CREATE OR REPLACE FUNCTION outbox.takes_deliveries_running(ep outbox.endpoints)
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+  SELECT ep.disabled_at IS NULL AND ep.paused_at IS NULL
+     AND (ep.held_until IS NULL OR ep.held_until <= now())
+     AND ep.breaker_opened_at IS NULL AND ep.rate_limit_per_second IS NULL
+     AND ep.ordering <> 'subject'
+$$;
+
+-- has_due_live_jobs says whether endpoint ep has a live delivery due and
+-- waiting (jobs_waiting_live_by_endpoint): one a claim would start before
+-- any delivery made after it. PL/pgSQL, so that its plan is made once per
+-- session: a SQL function with a subquery is not inlined, and was planned
+-- again in every statement that called it, 0.3 ms a relay pass.
+CREATE OR REPLACE FUNCTION outbox.has_due_live_jobs(ep bigint)
+RETURNS boolean
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+  RETURN EXISTS (SELECT 1 FROM outbox.jobs AS w
+                 WHERE w.endpoint_id = ep AND w.state IN ('available', 'retryable')
+                   AND w.replay_id IS NULL AND w.scheduled_at <= now());
+END
+$$;
+
+-- lock_born_lanes locks, for the caller's transaction, the lanes of up
+-- to in_batch endpoints that the events in_claimed may reach and that
+-- take deliveries running (takes_deliveries_running), as a claim locks
+-- the lanes it serves (claim_lane_jobs), and returns them. A lane another
+-- claim holds is skipped. enable_seqscan = off: the claimed events are
+-- read by key, whatever the planner thinks of the batch's size.
+CREATE OR REPLACE FUNCTION outbox.lock_born_lanes(in_claimed bigint[], in_batch integer)
+RETURNS bigint[]
+LANGUAGE plpgsql VOLATILE
+SET enable_seqscan = off
+AS $$
+DECLARE
+  claimed_topics text[];
+BEGIN
+  claimed_topics := ARRAY(SELECT DISTINCT e.topic FROM outbox.events AS e WHERE e.id = ANY (in_claimed));
+  RETURN ARRAY(
+    SELECT c.id
+    FROM (
+      SELECT ep.id
+      FROM outbox.endpoints AS ep
+      WHERE outbox.takes_deliveries_running(ep)
+        AND EXISTS (SELECT 1 FROM unnest(claimed_topics) AS t(topic) WHERE outbox.topic_matches(ep.topics, t.topic))
+        AND NOT outbox.has_due_live_jobs(ep.id)
+      ORDER BY ep.id
+      LIMIT in_batch
+    ) AS c
+    WHERE pg_try_advisory_xact_lock(hashtext('outbox.claim_jobs'), (c.id % 2147483647)::integer));
+END
+$$;
+
+-- born_running reads the deliveries in_ids that fan_out made running, as
+-- the workers run them (claimed_job, as claim_lane_jobs returns it): a
+-- first attempt of a live delivery, due at once. Those of in_full_lanes
+-- filled their endpoint's room, and wake a claim when they end.
+-- enable_seqscan = off: a handful of rows, each read by key.
+CREATE OR REPLACE FUNCTION outbox.born_running(in_ids bigint[], in_full_lanes bigint[])
+RETURNS outbox.claimed_job[]
+LANGUAGE plpgsql STABLE
+SET enable_seqscan = off
+AS $$
+BEGIN
+  RETURN ARRAY(
+    SELECT outbox.as_claimed_job(j.id, j.kind, j.attempt, j.max_attempts, j.endpoint_id, j.replay_id,
+                                 j.attempted_at, e, ep, 0, j.endpoint_id = ANY (in_full_lanes), false)
+    FROM outbox.jobs AS j
+    JOIN outbox.events AS e ON e.id = j.event_id
+    JOIN outbox.endpoints AS ep ON ep.id = j.endpoint_id
+    WHERE j.id = ANY (in_ids)
+    ORDER BY j.id);
+END
+$$;
+
 -- fan_out is the relay's transaction (relay.go): it claims and marks
 -- events, then enqueues one job per (event, matching subscriber) and one
 -- webhook job per (event, enabled endpoint whose topics match and whose
@@ -1939,6 +2040,27 @@ $$;
 -- would cost an insert, a claim and a completion, each a new row version
 -- in every index of the job table.
 --
+-- Deliveries born running: given in_claim_batch slots of the relay's own
+-- workers (fan_out_claiming), the pass inserts as running, held by
+-- in_replica at attempt 1, the deliveries a claim would start at once,
+-- and returns them (out_claimed) for the workers to send. A claim right
+-- after the pass would find them and mark them running, a second version
+-- of each row, with an entry in every index of the job table, and a
+-- statement that reads every lane with due work; born running, they are
+-- written once. Only where that changes nothing a claim decides: an
+-- endpoint that takes deliveries running (takes_deliveries_running), with
+-- no older live delivery due (has_due_live_jobs: those go first, by the
+-- workers' claim), in the room its cap leaves (in flight: its running
+-- deliveries, other replicas' included, but in_answered), counted under
+-- the lane's claim lock (lock_born_lanes) in a statement after it, as a
+-- claim counts; no more than in_claim_batch in all, each endpoint's by
+-- event id, the endpoints taking turns. A lane another claim holds gets
+-- none. What a claim would have told the worker of each comes with it
+-- (born_running): a delivery that filled its endpoint's room wakes a
+-- claim when it ends. The claim is lost with the pass when it rolls back,
+-- and a running delivery whose replica dies is rescued like any claimed
+-- one (rescue.go).
+--
 -- Then the ordered lanes of the batch's events advance (advance_lanes), so
 -- a delivery is never held behind nothing: those that got a delivery, and
 -- those whose event the filter kept out, behind which advance_lanes held a
@@ -1952,9 +2074,12 @@ DROP FUNCTION IF EXISTS outbox.fan_out(integer, jsonb, integer, double precision
 DROP FUNCTION IF EXISTS outbox.fan_out(integer, jsonb, integer, double precision, text);
 DROP FUNCTION IF EXISTS outbox.fan_out_event(bigint, jsonb, integer, double precision, text);
 DROP FUNCTION IF EXISTS outbox.fan_out(integer, bigint, jsonb, integer, double precision, text);
+DROP FUNCTION IF EXISTS outbox.fan_out(integer, bigint, jsonb, integer, double precision, text, integer, bigint, bigint[]);
 CREATE FUNCTION outbox.fan_out(in_batch integer, in_event_id bigint, in_subscribers jsonb,
-                               in_max_attempts integer, in_breaker_delay double precision, in_origin text)
-RETURNS TABLE (out_fanned bigint, out_jobs bigint)
+                               in_max_attempts integer, in_breaker_delay double precision, in_origin text,
+                               in_claim_batch integer DEFAULT 0, in_replica bigint DEFAULT NULL,
+                               in_answered bigint[] DEFAULT '{}')
+RETURNS TABLE (out_fanned bigint, out_jobs bigint, out_claimed outbox.claimed_job[])
 LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan
 AS $$
@@ -1962,14 +2087,28 @@ DECLARE
   claimed bigint[];
   lane_endpoints bigint[];
   lane_keys text[];
+  born_lanes bigint[] := '{}';
+  born_ids bigint[];
+  full_lanes bigint[];
 BEGIN
   PERFORM set_config('synchronous_commit', 'off', true);
   IF in_origin <> '' THEN
     PERFORM set_config('outbox.relay_origin', in_origin, true);
   END IF;
+  in_answered := coalesce(in_answered, '{}');
   -- Claimed before the statement below begins, which then sees every
   -- endpoint committed before a claimed event (claim_to_fan_out).
   claimed := outbox.claim_to_fan_out(in_batch, in_event_id);
+  -- The endpoints whose deliveries may be born running (born_room,
+  -- below), locked as a claim locks the lanes it serves, in a statement
+  -- before the one that counts their jobs in flight, which then sees what
+  -- the lock's previous holder claimed.
+  IF coalesce(in_claim_batch, 0) > 0 AND in_replica IS NOT NULL AND cardinality(claimed) > 0 THEN
+    PERFORM 1 FROM outbox.replicas AS r WHERE r.id = in_replica FOR KEY SHARE;
+    IF FOUND THEN
+      born_lanes := outbox.lock_born_lanes(claimed, in_claim_batch);
+    END IF;
+  END IF;
   WITH marked AS (
     SELECT m.id, m.topic, m.subject, m.payload
     FROM outbox.mark_claimed_fanned_out(claimed) AS m
@@ -2015,17 +2154,44 @@ BEGIN
     ORDER BY latest.id
     RETURNING 1
   ),
+  born_room AS (
+    SELECT ep.id AS endpoint_id,
+           ep.max_in_flight - (SELECT count(*) FROM outbox.jobs AS r
+                               WHERE r.endpoint_id = ep.id AND r.state = 'running'
+                                 AND r.id <> ALL (in_answered))::integer AS room
+    FROM outbox.endpoints AS ep
+    WHERE ep.id = ANY (born_lanes)
+      AND outbox.takes_deliveries_running(ep)
+      AND NOT outbox.has_due_live_jobs(ep.id)
+  ),
+  born AS (
+    SELECT b.id, b.endpoint_id, b.room
+    FROM (SELECT r.id, r.endpoint_id, br.room,
+                 row_number() OVER (PARTITION BY r.endpoint_id ORDER BY r.id) AS lane_rank
+          FROM routed AS r
+          JOIN born_room AS br ON br.endpoint_id = r.endpoint_id
+          WHERE r.passes) AS b
+    WHERE b.lane_rank <= b.room
+    ORDER BY b.lane_rank, b.endpoint_id
+    LIMIT in_claim_batch
+  ),
   webhooks AS (
-    INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, scheduled_at, lane_key)
+    INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, scheduled_at, lane_key,
+                             state, attempt, attempted_at, held_by)
     SELECT 'webhook', r.id, r.endpoint_id, in_max_attempts,
            CASE WHEN r.ordering = 'subject' THEN 'infinity'
                 WHEN r.breaker_opened_at IS NULL THEN now()
                 ELSE now() + make_interval(secs => in_breaker_delay) END,
-           CASE WHEN r.ordering = 'subject' THEN r.subject END
+           CASE WHEN r.ordering = 'subject' THEN r.subject END,
+           CASE WHEN b.id IS NULL THEN 'available' ELSE 'running' END::outbox.job_state,
+           CASE WHEN b.id IS NULL THEN 0 ELSE 1 END,
+           CASE WHEN b.id IS NOT NULL THEN now() END,
+           CASE WHEN b.id IS NOT NULL THEN in_replica END
     FROM routed AS r
+    LEFT JOIN born AS b ON b.id = r.id AND b.endpoint_id = r.endpoint_id
     WHERE r.passes
     ORDER BY r.id, r.endpoint_id
-    RETURNING 1
+    RETURNING id, state
   ),
   lanes AS (
     SELECT DISTINCT r.endpoint_id, r.subject AS lane_key FROM routed AS r WHERE r.ordering = 'subject'
@@ -2058,25 +2224,36 @@ BEGIN
   SELECT (SELECT count(*) FROM marked),
          (SELECT count(*) FROM enqueued) + (SELECT count(*) FROM coalesced) + (SELECT count(*) FROM webhooks),
          (SELECT coalesce(array_agg(l.endpoint_id ORDER BY l.endpoint_id, l.lane_key), '{}') FROM lanes AS l),
-         (SELECT coalesce(array_agg(l.lane_key ORDER BY l.endpoint_id, l.lane_key), '{}') FROM lanes AS l)
-  INTO out_fanned, out_jobs, lane_endpoints, lane_keys;
+         (SELECT coalesce(array_agg(l.lane_key ORDER BY l.endpoint_id, l.lane_key), '{}') FROM lanes AS l),
+         ARRAY(SELECT w.id FROM webhooks AS w WHERE w.state = 'running' ORDER BY w.id),
+         ARRAY(SELECT b.endpoint_id FROM born AS b GROUP BY b.endpoint_id, b.room HAVING count(*) >= b.room)
+  INTO out_fanned, out_jobs, lane_endpoints, lane_keys, born_ids, full_lanes;
   IF cardinality(lane_endpoints) > 0 THEN
     PERFORM outbox.advance_lanes(lane_endpoints, lane_keys, true);
+  END IF;
+  out_claimed := '{}';
+  IF cardinality(born_ids) > 0 THEN
+    out_claimed := outbox.born_running(born_ids, full_lanes);
   END IF;
   RETURN NEXT;
 END
 $$;
 
--- fan_out_claiming is a batch pass of fan_out and, in the same
--- transaction, a claim of up to in_claim_batch due jobs for the relay's
--- own workers (claim_due_jobs, with in_replica and in_answered), when the pass
--- enqueued jobs and was not full. A pass that is not full is the relay
--- keeping up, one to a few events a pass: its deliveries are claimed as
--- they are made, where otherwise the workers, woken after its commit, would
--- claim them in a statement and a commit of their own, a few milliseconds
--- on every event's way to its receiver. A full pass is a backlog, which
--- the workers claim at their own pace. The claim sees the pass's jobs: it
--- runs after it, in the same transaction.
+-- fan_out_claiming is a batch pass of fan_out that hands up to
+-- in_claim_batch jobs to the relay's own workers (in_replica's, with
+-- in_answered as the workers' claim takes it): the deliveries fan_out
+-- made running as it inserted them or, when it made none so and the pass
+-- enqueued jobs and was not full, a claim of due jobs (claim_due_jobs) in
+-- the same transaction, after the fan-out, whose jobs it sees: a
+-- subscriber's, an ordered lane's made due, a rate-limited endpoint's. A
+-- pass that is not full is the relay keeping up, one to a few events a
+-- pass: its deliveries start as they are made, where otherwise the
+-- workers, woken after its commit, would claim them in a statement and a
+-- commit of their own, a few milliseconds on every event's way to its
+-- receiver. A full pass is a backlog, which the workers claim at their own
+-- pace. A pass that made deliveries running claims nothing more: the
+-- jobs it left are the workers' to claim, and the relay wakes them for
+-- those (relay.go, drain).
 DROP FUNCTION IF EXISTS outbox.fan_out_claiming(integer, jsonb, integer, double precision, text, integer, bigint, bigint[]);
 CREATE FUNCTION outbox.fan_out_claiming(in_batch integer, in_subscribers jsonb, in_max_attempts integer,
                                         in_breaker_delay double precision, in_origin text,
@@ -2085,10 +2262,10 @@ RETURNS TABLE (out_fanned bigint, out_jobs bigint, out_claimed outbox.claimed_jo
 LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
-  SELECT f.out_fanned, f.out_jobs INTO out_fanned, out_jobs
-  FROM outbox.fan_out(in_batch, NULL, in_subscribers, in_max_attempts, in_breaker_delay, in_origin) AS f;
-  out_claimed := '{}';
-  IF out_jobs > 0 AND out_fanned < in_batch AND in_claim_batch > 0 THEN
+  SELECT f.out_fanned, f.out_jobs, f.out_claimed INTO out_fanned, out_jobs, out_claimed
+  FROM outbox.fan_out(in_batch, NULL, in_subscribers, in_max_attempts, in_breaker_delay, in_origin,
+                      in_claim_batch, in_replica, in_answered) AS f;
+  IF cardinality(out_claimed) = 0 AND out_jobs > 0 AND out_fanned < in_batch AND in_claim_batch > 0 THEN
     out_claimed := ARRAY(SELECT c FROM outbox.claim_due_jobs(in_claim_batch, in_replica, in_answered) AS c);
   END IF;
   RETURN NEXT;
