@@ -84,7 +84,8 @@ type relay struct {
 	// for itself (notify.go, wakeups.origin); "" otherwise.
 	notifyOrigin string
 	// workers, if set, claims for this process's workers: a pass that is
-	// not full claims the jobs it makes for them (fan_out_claiming).
+	// not full hands them the deliveries it makes, inserted running, or
+	// claims due jobs for them (fan_out_claiming).
 	workers *claimer
 	// backlog says the last pass was full: the next one reserves no
 	// slots of the workers, which would sit idle through a pass that
@@ -368,8 +369,9 @@ func (r *relay) reserveWorkers() int {
 	return r.workers.reserve(claimBatchMax)
 }
 
-// fanOutAndClaimSQL is a batch pass that also claims for this process's
-// workers (schema.sql, outbox.fan_out_claiming): $1 to $5 as fanOutSQL's
+// fanOutAndClaimSQL is a batch pass that also hands jobs to this
+// process's workers: deliveries it inserts running, or due jobs it claims
+// (schema.sql, outbox.fan_out_claiming). $1 to $5 are fanOutSQL's
 // $1 and $3 to $6, then $6 the slots reserved, $7 the replica, $8 the
 // workers' answered deliveries (claim.go, claimJobsSQL). Its one row
 // carries the claimed jobs as an array, one row each here; a pass that
