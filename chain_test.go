@@ -396,9 +396,9 @@ func TestChainShortReceiverWindowClampsResendsAndAlerts(t *testing.T) {
 // transaction.
 func queryStrings(t *testing.T, db interface {
 	Query(string, ...any) (*sql.Rows, error)
-}, query string) []string {
+}, query string, args ...any) []string {
 	t.Helper()
-	rows, err := db.Query(query)
+	rows, err := db.Query(query, args...)
 	if err != nil {
 		t.Fatal(err)
 	}

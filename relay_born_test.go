@@ -6,6 +6,7 @@
 package main
 
 import (
+	"context"
 	"database/sql"
 	"testing"
 
@@ -18,24 +19,20 @@ import (
 // returns the jobs it handed over, in order.
 func bornPass(t *testing.T, db *sql.DB, reserved int, replica int64, answered ...int64) []claimedRow {
 	t.Helper()
-	rows, err := db.Query(fanOutAndClaimSQL, 200, `[]`, 18, 300.0, "", reserved, replica, pq.Array(answered))
+	rows, err := queryAll(context.Background(), db, func(row rowScanner) (claimedRow, error) {
+		var c claimedRow
+		var fanned, jobs int
+		err := row.Scan(append([]any{&fanned, &jobs}, c.dest()...)...)
+		return c, err
+	}, fanOutAndClaimSQL, 200, `[]`, 18, 300.0, "", reserved, replica, pq.Array(answered))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rows.Close()
 	var handed []claimedRow
-	for rows.Next() {
-		var c claimedRow
-		var fanned, jobs int
-		if err := rows.Scan(append([]any{&fanned, &jobs}, c.dest()...)...); err != nil {
-			t.Fatal(err)
-		}
+	for _, c := range rows {
 		if c.id.Valid {
 			handed = append(handed, c)
 		}
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
 	}
 	return handed
 }
@@ -69,23 +66,7 @@ func insertEndpoint(t *testing.T, db *sql.DB, topic string, maxInFlight int, set
 // jobStates lists the states of the endpoint's jobs in event order.
 func jobStates(t *testing.T, db *sql.DB, endpoint int64) []string {
 	t.Helper()
-	rows, err := db.Query(`SELECT state FROM outbox.jobs WHERE endpoint_id = $1 ORDER BY event_id`, endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var states []string
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		states = append(states, s)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return states
+	return queryStrings(t, db, `SELECT state::text FROM outbox.jobs WHERE endpoint_id = $1 ORDER BY event_id`, endpoint)
 }
 
 // An endpoint of cap 3 with one delivery of another replica's in flight
@@ -232,21 +213,13 @@ func withoutIdentity(c claimedRow) claimedRow {
 // returns its rows as the workers read them.
 func claimedRowsOf(t *testing.T, db *sql.DB, query string, args ...any) []claimedRow {
 	t.Helper()
-	rows, err := db.Query(query, args...)
+	rows, err := queryAll(context.Background(), db, func(row rowScanner) (claimedRow, error) {
+		var c claimedRow
+		err := row.Scan(c.dest()...)
+		return c, err
+	}, query, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rows.Close()
-	var out []claimedRow
-	for rows.Next() {
-		var c claimedRow
-		if err := rows.Scan(c.dest()...); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, c)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return rows
 }
