@@ -275,9 +275,10 @@ func (m migration) applySchema(ctx context.Context, conn *sql.Conn) error {
 //   - a completer updates outbox.jobs, then writes deliveries and
 //     delivery_stats;
 //   - a job inserted outside the relay (a replay, a retry) locks
-//     outbox.jobs, then the tables its foreign keys name (endpoints,
-//     replays, events), even when the key is NULL: PostgreSQL's check opens
-//     the referenced table before it looks at the key;
+//     outbox.jobs, then the tables it names: replays by its foreign key,
+//     even when the key is NULL (PostgreSQL's check opens the referenced
+//     table before it looks at the key), and endpoints and events by the
+//     statement's reference check (schema.sql, jobs_check_references);
 //   - a producer locks outbox.events, then reads relay_state in its
 //     trigger.
 //

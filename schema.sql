@@ -1061,7 +1061,7 @@ $$;
 CREATE TABLE IF NOT EXISTS outbox.jobs (
   id           bigint           GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
   kind         text             NOT NULL,
-  event_id     bigint           NOT NULL REFERENCES outbox.events (id) ON DELETE CASCADE,
+  event_id     bigint           NOT NULL,
   state        outbox.job_state NOT NULL DEFAULT 'available',
   attempt      integer          NOT NULL DEFAULT 0,
   max_attempts integer          NOT NULL,
@@ -1095,10 +1095,125 @@ ALTER TABLE outbox.jobs SET (
 );
 
 -- A webhook job names its endpoint. Deleting the endpoint keeps the job
--- (SET NULL) so that it ends visibly, discarded with "endpoint deleted",
--- rather than vanishing; its event still cascades as before.
+-- (endpoint_id set NULL) so that it ends visibly, discarded with "endpoint
+-- deleted", rather than vanishing; deleting its event deletes it.
 ALTER TABLE outbox.jobs
-  ADD COLUMN IF NOT EXISTS endpoint_id bigint REFERENCES outbox.endpoints (id) ON DELETE SET NULL;
+  ADD COLUMN IF NOT EXISTS endpoint_id bigint;
+
+-- A job's event and endpoint are held by triggers, a statement at a time,
+-- where foreign keys would check each inserted row with a query of its
+-- own: the relay inserts up to 200 jobs a pass, and those queries were a
+-- quarter of its fan-out (docs/performance.md). What the keys did, the
+-- triggers do, whichever statement writes:
+--   - a statement that inserts jobs (or changes a job's event or
+--     endpoint) locks the rows they name FOR KEY SHARE, as a key's check
+--     does, and fails with foreign_key_violation (23503) if one is gone:
+--     a deletion waits for the inserting transaction, and one that
+--     committed first is seen, the check being a statement of its own;
+--   - deleting events deletes their jobs (ON DELETE CASCADE), and
+--     deleting endpoints sets their jobs' endpoint_id NULL (ON DELETE SET
+--     NULL), in the deleting statement.
+-- jobs_by_event_id and jobs_one_per_event_endpoint serve the deletions.
+CREATE OR REPLACE FUNCTION outbox.jobs_check_references() RETURNS trigger
+LANGUAGE plpgsql
+SET enable_seqscan = off
+AS $$
+DECLARE
+  wanted bigint;
+  found bigint;
+BEGIN
+  SELECT count(DISTINCT n.event_id) INTO wanted FROM new_jobs AS n;
+  SELECT count(*) INTO found
+  FROM (SELECT 1 FROM outbox.events AS e
+        WHERE e.id = ANY (ARRAY(SELECT DISTINCT n.event_id FROM new_jobs AS n))
+        FOR KEY SHARE OF e) AS locked;
+  IF found < wanted THEN
+    RAISE EXCEPTION 'a job names an event that does not exist'
+      USING ERRCODE = 'foreign_key_violation', TABLE = 'jobs', COLUMN = 'event_id';
+  END IF;
+  SELECT count(DISTINCT n.endpoint_id) INTO wanted FROM new_jobs AS n;
+  IF wanted > 0 THEN
+    SELECT count(*) INTO found
+    FROM (SELECT 1 FROM outbox.endpoints AS ep
+          WHERE ep.id = ANY (ARRAY(SELECT DISTINCT n.endpoint_id FROM new_jobs AS n WHERE n.endpoint_id IS NOT NULL))
+          FOR KEY SHARE OF ep) AS locked;
+    IF found < wanted THEN
+      RAISE EXCEPTION 'a job names an endpoint that does not exist'
+        USING ERRCODE = 'foreign_key_violation', TABLE = 'jobs', COLUMN = 'endpoint_id';
+    END IF;
+  END IF;
+  RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox.jobs_check_changed_references() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM 1 FROM outbox.events AS e WHERE e.id = NEW.event_id FOR KEY SHARE OF e;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'a job names an event that does not exist'
+      USING ERRCODE = 'foreign_key_violation', TABLE = 'jobs', COLUMN = 'event_id';
+  END IF;
+  IF NEW.endpoint_id IS NOT NULL THEN
+    PERFORM 1 FROM outbox.endpoints AS ep WHERE ep.id = NEW.endpoint_id FOR KEY SHARE OF ep;
+    IF NOT FOUND THEN
+      RAISE EXCEPTION 'a job names an endpoint that does not exist'
+        USING ERRCODE = 'foreign_key_violation', TABLE = 'jobs', COLUMN = 'endpoint_id';
+    END IF;
+  END IF;
+  RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox.events_delete_jobs() RETURNS trigger
+LANGUAGE plpgsql
+SET enable_seqscan = off
+AS $$
+BEGIN
+  DELETE FROM outbox.jobs AS j WHERE j.event_id = ANY (ARRAY(SELECT g.id FROM gone_events AS g));
+  RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox.endpoints_release_jobs() RETURNS trigger
+LANGUAGE plpgsql
+SET enable_seqscan = off
+AS $$
+BEGIN
+  UPDATE outbox.jobs AS j SET endpoint_id = NULL
+  WHERE j.endpoint_id = ANY (ARRAY(SELECT g.id FROM gone_endpoints AS g));
+  RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS jobs_references ON outbox.jobs;
+CREATE TRIGGER jobs_references
+  AFTER INSERT ON outbox.jobs
+  REFERENCING NEW TABLE AS new_jobs
+  FOR EACH STATEMENT EXECUTE FUNCTION outbox.jobs_check_references();
+DROP TRIGGER IF EXISTS jobs_changed_references ON outbox.jobs;
+CREATE TRIGGER jobs_changed_references
+  AFTER UPDATE OF event_id, endpoint_id ON outbox.jobs
+  FOR EACH ROW
+  WHEN (NEW.event_id IS DISTINCT FROM OLD.event_id
+        OR (NEW.endpoint_id IS NOT NULL AND NEW.endpoint_id IS DISTINCT FROM OLD.endpoint_id))
+  EXECUTE FUNCTION outbox.jobs_check_changed_references();
+DROP TRIGGER IF EXISTS events_delete_jobs ON outbox.events;
+CREATE TRIGGER events_delete_jobs
+  AFTER DELETE ON outbox.events
+  REFERENCING OLD TABLE AS gone_events
+  FOR EACH STATEMENT EXECUTE FUNCTION outbox.events_delete_jobs();
+DROP TRIGGER IF EXISTS endpoints_release_jobs ON outbox.endpoints;
+CREATE TRIGGER endpoints_release_jobs
+  AFTER DELETE ON outbox.endpoints
+  REFERENCING OLD TABLE AS gone_endpoints
+  FOR EACH STATEMENT EXECUTE FUNCTION outbox.endpoints_release_jobs();
+
+-- The foreign keys earlier releases made, dropped now that the triggers
+-- hold what they held.
+ALTER TABLE outbox.jobs
+  DROP CONSTRAINT IF EXISTS jobs_event_id_fkey,
+  DROP CONSTRAINT IF EXISTS jobs_endpoint_id_fkey;
 
 DO $$
 BEGIN
