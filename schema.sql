@@ -1107,41 +1107,38 @@ ALTER TABLE outbox.jobs
 -- triggers do, whichever statement writes:
 --   - a statement that inserts jobs (or changes a job's event or
 --     endpoint) locks the rows they name FOR KEY SHARE, as a key's check
---     does, and fails with foreign_key_violation (23503) if one is gone:
+--     does (lock_job_references, once for the statement's jobs), and
+--     fails with foreign_key_violation (23503) if one is gone:
 --     a deletion waits for the inserting transaction, and one that
 --     committed first is seen, the check being a statement of its own;
 --   - deleting events deletes their jobs (ON DELETE CASCADE), and
 --     deleting endpoints sets their jobs' endpoint_id NULL (ON DELETE SET
 --     NULL), in the deleting statement.
 -- jobs_by_event_id and jobs_one_per_event_endpoint serve the deletions.
-CREATE OR REPLACE FUNCTION outbox.jobs_check_references() RETURNS trigger
+CREATE OR REPLACE FUNCTION outbox.lock_job_references(in_events bigint[], in_endpoints bigint[])
+RETURNS void
 LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $$
-DECLARE
-  wanted bigint;
-  found bigint;
 BEGIN
-  SELECT count(DISTINCT n.event_id) INTO wanted FROM new_jobs AS n;
-  SELECT count(*) INTO found
-  FROM (SELECT 1 FROM outbox.events AS e
-        WHERE e.id = ANY (ARRAY(SELECT DISTINCT n.event_id FROM new_jobs AS n))
-        FOR KEY SHARE OF e) AS locked;
-  IF found < wanted THEN
-    RAISE EXCEPTION 'a job names an event that does not exist'
-      USING ERRCODE = 'foreign_key_violation', TABLE = 'jobs', COLUMN = 'event_id';
+  in_events := ARRAY(SELECT DISTINCT e FROM unnest(in_events) AS e);
+  in_endpoints := ARRAY(SELECT DISTINCT ep FROM unnest(in_endpoints) AS ep WHERE ep IS NOT NULL);
+  IF (SELECT count(*) FROM (SELECT 1 FROM outbox.events AS e
+                            WHERE e.id = ANY (in_events) FOR KEY SHARE OF e) AS locked) < cardinality(in_events)
+     OR (SELECT count(*) FROM (SELECT 1 FROM outbox.endpoints AS ep
+                               WHERE ep.id = ANY (in_endpoints) FOR KEY SHARE OF ep) AS locked) < cardinality(in_endpoints)
+  THEN
+    RAISE EXCEPTION 'a job names an event or an endpoint that does not exist'
+      USING ERRCODE = 'foreign_key_violation', TABLE = 'jobs';
   END IF;
-  SELECT count(DISTINCT n.endpoint_id) INTO wanted FROM new_jobs AS n;
-  IF wanted > 0 THEN
-    SELECT count(*) INTO found
-    FROM (SELECT 1 FROM outbox.endpoints AS ep
-          WHERE ep.id = ANY (ARRAY(SELECT DISTINCT n.endpoint_id FROM new_jobs AS n WHERE n.endpoint_id IS NOT NULL))
-          FOR KEY SHARE OF ep) AS locked;
-    IF found < wanted THEN
-      RAISE EXCEPTION 'a job names an endpoint that does not exist'
-        USING ERRCODE = 'foreign_key_violation', TABLE = 'jobs', COLUMN = 'endpoint_id';
-    END IF;
-  END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox.jobs_check_references() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM outbox.lock_job_references(ARRAY(SELECT n.event_id FROM new_jobs AS n),
+                                     ARRAY(SELECT n.endpoint_id FROM new_jobs AS n));
   RETURN NULL;
 END
 $$;
@@ -1149,18 +1146,7 @@ $$;
 CREATE OR REPLACE FUNCTION outbox.jobs_check_changed_references() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-  PERFORM 1 FROM outbox.events AS e WHERE e.id = NEW.event_id FOR KEY SHARE OF e;
-  IF NOT FOUND THEN
-    RAISE EXCEPTION 'a job names an event that does not exist'
-      USING ERRCODE = 'foreign_key_violation', TABLE = 'jobs', COLUMN = 'event_id';
-  END IF;
-  IF NEW.endpoint_id IS NOT NULL THEN
-    PERFORM 1 FROM outbox.endpoints AS ep WHERE ep.id = NEW.endpoint_id FOR KEY SHARE OF ep;
-    IF NOT FOUND THEN
-      RAISE EXCEPTION 'a job names an endpoint that does not exist'
-        USING ERRCODE = 'foreign_key_violation', TABLE = 'jobs', COLUMN = 'endpoint_id';
-    END IF;
-  END IF;
+  PERFORM outbox.lock_job_references(ARRAY[NEW.event_id], ARRAY[NEW.endpoint_id]);
   RETURN NULL;
 END
 $$;
