@@ -90,6 +90,27 @@ func TestDeletionsCarryToTheJobs(t *testing.T) {
 	}
 }
 
+// Truncating the events while jobs remain is refused, as a foreign key
+// refused it; with the jobs truncated first, it goes.
+func TestEventsAreNotTruncatedUnderTheirJobs(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	event := int64(queryInt(t, db, `SELECT outbox.record('refs', 'a', '{}')`))
+	mustExec(t, db, insertWebhookJobSQL, event, nil)
+
+	var pqErr *pq.Error
+	if _, err := db.Exec(`TRUNCATE outbox.events`); !errors.As(err, &pqErr) || pqErr.Code != "0A000" {
+		t.Errorf("TRUNCATE outbox.events under a job: %v, want refused (0A000)", err)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.events`); n != 1 {
+		t.Errorf("%d events after the refused truncation, want 1", n)
+	}
+	mustExec(t, db, `TRUNCATE outbox.jobs CASCADE`)
+	if _, err := db.Exec(`TRUNCATE outbox.events`); err != nil {
+		t.Errorf("TRUNCATE outbox.events with no job left: %v", err)
+	}
+}
+
 // A deletion and a job insert naming the same row wait for each other as
 // with a foreign key: an event deleted while a job for it is being
 // inserted is deleted after the insert commits, with the job; a job

@@ -1113,7 +1113,8 @@ ALTER TABLE outbox.jobs
 --     committed first is seen, the check being a statement of its own;
 --   - deleting events deletes their jobs (ON DELETE CASCADE), and
 --     deleting endpoints sets their jobs' endpoint_id NULL (ON DELETE SET
---     NULL), in the deleting statement.
+--     NULL), in the deleting statement;
+--   - truncating the events while jobs remain is refused (below).
 -- jobs_by_event_id and jobs_one_per_event_endpoint serve the deletions.
 CREATE OR REPLACE FUNCTION outbox.lock_job_references(in_events bigint[], in_endpoints bigint[])
 RETURNS void
@@ -1172,6 +1173,27 @@ BEGIN
 END
 $$;
 
+-- A key refused to truncate the table it names; a trigger must say so
+-- itself. TRUNCATE outbox.events while jobs remain would leave them
+-- naming no event, so it is refused: truncate outbox.jobs first, in a
+-- statement of its own (in one statement with the events, the trigger
+-- runs before either is emptied, and still finds the jobs). The endpoints
+-- need no guard: outbox.replays' foreign key refuses their truncation.
+CREATE OR REPLACE FUNCTION outbox.events_refuse_truncate() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  IF EXISTS (SELECT 1 FROM outbox.jobs) THEN
+    RAISE EXCEPTION 'outbox.events cannot be truncated while outbox.jobs holds jobs'
+      USING ERRCODE = 'feature_not_supported', HINT = 'Truncate outbox.jobs first, in a statement of its own.';
+  END IF;
+  RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS events_refuse_truncate ON outbox.events;
+CREATE TRIGGER events_refuse_truncate
+  BEFORE TRUNCATE ON outbox.events
+  FOR EACH STATEMENT EXECUTE FUNCTION outbox.events_refuse_truncate();
 DROP TRIGGER IF EXISTS jobs_references ON outbox.jobs;
 CREATE TRIGGER jobs_references
   AFTER INSERT ON outbox.jobs
