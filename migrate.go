@@ -58,8 +58,8 @@ const (
 	// migrateAttempts bounds the tries of schema.sql's transaction, and of
 	// each index statement, that ran out of lock time or were chosen as a
 	// deadlock's victim (a replica starting with a new schema.sql while
-	// others serve traffic: its DDL locks events, then jobs; a relay holds
-	// jobs and waits for events). With the pauses below, a lock held for
+	// others serve traffic meets a transaction that locks the tables in
+	// another order than it does: schemaTablesQuery). With the pauses below, a lock held for
 	// half a minute by someone else is waited out; one held longer is an
 	// error that names the statement, for an operator to look into.
 	migrateAttempts = 10
@@ -266,36 +266,33 @@ func (m migration) applySchema(ctx context.Context, conn *sql.Conn) error {
 // migration locks them, before its first statement: a statement that
 // waits for one table's lock while the transaction holds another can meet
 // a pipeline transaction that holds the one and waits for the other, a
-// deadlock that costs the try its whole lock wait and, as the pipeline
-// keeps making them, every try after it. Locking every table first makes
-// that window a few round trips instead of the whole file, and the order
-// follows the pipeline's busiest transactions:
-//   - a claim locks its replica's row in outbox.replicas before anything
-//     else (claim_due_jobs), then outbox.jobs, and outbox.events last;
-//   - a completer updates outbox.jobs, then writes deliveries and
-//     delivery_stats;
-//   - a job inserted outside the relay (a replay, a retry) locks
-//     outbox.jobs, then the tables it names: replays by its foreign key,
-//     even when the key is NULL (PostgreSQL's check opens the referenced
-//     table before it looks at the key), and endpoints and events by the
-//     statement's reference check (schema.sql, jobs_check_references);
+// deadlock that costs the try its whole lock wait. Locking every table
+// first makes that window the lock phase instead of the whole file, and
+// the order is the one the pipeline's transactions lock them in:
 //   - a producer locks outbox.events, then reads relay_state in its
-//     trigger.
+//     trigger;
+//   - a relay pass locks outbox.events, then its replica's row in
+//     outbox.replicas, then endpoints and jobs; a busy relay starts one
+//     every few milliseconds, so an order with events after another of
+//     its tables loses nearly every try to it;
+//   - a claim and a completer lock outbox.events first, explicitly, then
+//     the claim its replica's row, jobs and endpoints, and the completer
+//     jobs, deliveries, delivery_stats and endpoints (schema.sql,
+//     claim_lane_jobs and record_outcomes).
 //
-// So replicas, then jobs, then the rest, then events and relay_state. No
-// order suits every transaction: the relay locks events before it inserts
-// jobs, and retention deletes events before their jobs; a try that meets
-// one of those mid-way waits out its lock wait and is tried again
-// (TestMigrationUnderWriteLoadStallsProducersBriefly has jobs inserted
-// through the migration, which with jobs locked after endpoints lost
-// nearly every try).
+// So the migration waits for events holding nothing, and a transaction
+// that queues behind it holds none of its tables. What still runs against
+// the order is rare, and a try it costs is tried again: a job inserted
+// outside the relay (a replay) locks jobs before its reference check
+// reads events; and a claim of a release before 0.5.0 locks its replica's
+// row before events.
 const schemaTablesQuery = `
 SELECT c.relname
 FROM pg_class AS c
 WHERE c.relnamespace = to_regnamespace('outbox')
   AND c.relkind IN ('r', 'p')
-ORDER BY c.relname <> 'replicas', c.relname <> 'jobs',
-         c.relname IN ('events', 'relay_state'), c.relname = 'relay_state', c.relname`
+ORDER BY array_position(ARRAY['events', 'replicas', 'jobs', 'deliveries', 'delivery_stats', 'endpoints']::name[], c.relname),
+         c.relname = 'relay_state', c.relname`
 
 // scanString reads a row of one text, for queryAll.
 func scanString(row rowScanner) (string, error) {

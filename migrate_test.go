@@ -49,15 +49,17 @@ func TestMigrationBoundsAreTheDocumentedOnes(t *testing.T) {
 	}
 }
 
-// The order the migration locks the tables in (schemaTablesQuery): a claim
-// locks outbox.replicas first; outbox.jobs next, before the tables that a
-// job insert locks after it, by its foreign-key checks (PostgreSQL opens
-// the referenced table even for a NULL key) and by its reference check
-// (schema.sql, jobs_check_references: endpoints and events), and the ones
-// a completer writes after it; outbox.events and relay_state last, as a
-// producer takes them.
-// With jobs after endpoints, a job insert mid-way held jobs and waited for
-// endpoints while the migration held endpoints and waited for jobs.
+// The order the migration locks the tables in (schemaTablesQuery), held
+// against the order the pipeline's statements lock them in, measured: each
+// statement runs while one table is locked, table by table, and what it
+// holds when it waits is what it locked before that table. A statement
+// that waits for one table holding others, none of which the migration
+// locks before that one, deadlocks a migration that took the table while
+// it ran: the migration waits for what the statement holds. None of the
+// pipeline's statements may. With events locked last, a relay pass
+// waiting for replicas held events; with the claim's replica row locked
+// before events, a claim waiting for events held replicas, jobs and
+// endpoints.
 func TestMigrationLocksTablesInThePipelineOrder(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
@@ -66,31 +68,120 @@ func TestMigrationLocksTablesInThePipelineOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	position := map[string]int{}
-	for i, table := range order {
-		position[table] = i
+	if len(order) < 8 || !slices.Equal(order[:6], []string{"events", "replicas", "jobs", "deliveries", "delivery_stats", "endpoints"}) ||
+		order[len(order)-1] != "relay_state" {
+		t.Fatalf("lock order %v: want events, replicas, jobs, deliveries, delivery_stats, endpoints, ..., relay_state", order)
 	}
-	if len(order) < 4 || order[0] != "replicas" || order[1] != "jobs" ||
-		order[len(order)-2] != "events" || order[len(order)-1] != "relay_state" {
-		t.Fatalf("lock order %v: want replicas, jobs, ..., events, relay_state", order)
+
+	// A delivery running in an ordered lane, whose completion moves the
+	// lane on (advance_lanes reads events), and an event to fan out.
+	replica := registeredReplica(t, db, 502).ID()
+	insertEndpoint(t, db, "order.lane", 100, `ordering = 'subject'`)
+	mustExec(t, db, `SELECT outbox.record('order.lane', 'lane', '{}') FROM generate_series(1, 2)`)
+	bornPass(t, db, 0, replica)
+	running := queryInt(t, db, `SELECT count(*) FROM (`+claimJobsSQL+`) AS c`, 10, replica, "{}", "{}")
+	var job jobResult
+	if err := db.QueryRow(`SELECT id, attempt FROM outbox.jobs WHERE state = 'running'`).Scan(&job.ID, &job.Attempt); err != nil || running != 1 {
+		t.Fatalf("claimed %d deliveries of the ordered lane, want its first (%v)", running, err)
 	}
-	referenced, err := queryAll(ctx, db, scanString, `
-		SELECT DISTINCT c.confrelid::regclass::text
-		FROM pg_constraint AS c
-		WHERE c.conrelid = 'outbox.jobs'::regclass AND c.contype = 'f'`)
+	job.State = jobCompleted
+	completion, err := newOutcomeRows([]jobResult{job}).args(5)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// replays today; a new foreign key of jobs is checked by the same rule.
-	if len(referenced) < 1 {
-		t.Fatalf("outbox.jobs references %v by foreign key, want at least replays", referenced)
+	insertEndpoint(t, db, "order", 100, "")
+	mustExec(t, db, `SELECT outbox.record('order', 's', '{}')`)
+	statements := []struct {
+		name, query string
+		args        []any
+		want        []string // "holds X waiting for Y", the inversions expected
+	}{
+		{"a producer's record", `SELECT outbox.record('order', 's', '{}')`, nil, nil},
+		{"a relay pass that claims", fanOutAndClaimSQL, []any{200, `[]`, 18, 300.0, "", 10, replica, "{}"}, nil},
+		{"a worker's claim", claimJobsSQL, []any{10, replica, "{}", "{}"}, nil},
+		{"a completer's outcomes", recordOutcomesSQL, completion, nil},
 	}
-	for _, name := range append(referenced, "outbox.endpoints", "outbox.events", "outbox.deliveries", "outbox.delivery_stats") {
-		table := strings.TrimPrefix(name, "outbox.")
-		if pos, ok := position[table]; !ok || pos < position["jobs"] {
-			t.Errorf("%s is locked before outbox.jobs (order %v)", name, order)
+	for _, st := range statements {
+		var inversions []string
+		for i, table := range order {
+			held := tablesHeldWaitingFor(t, db, table, st.query, st.args...)
+			// Holding a table the migration locks before this one, the
+			// statement waits for another session: the migration would
+			// still be waiting for the table it holds.
+			if slices.ContainsFunc(held, func(h string) bool { return slices.Index(order, h) < i }) {
+				continue
+			}
+			for _, h := range held {
+				inversions = append(inversions, fmt.Sprintf("holds %s waiting for %s", h, table))
+			}
+		}
+		slices.Sort(inversions)
+		if diff := cmp.Diff(st.want, inversions); diff != "" {
+			t.Errorf("%s against the migration's order %v (-want +got):\n%s", st.name, order, diff)
 		}
 	}
+}
+
+// tablesHeldWaitingFor runs query, in a transaction rolled back after it,
+// while another holds an ACCESS EXCLUSIVE lock of outbox.table, and returns
+// the tables of schema outbox the query held while it waited for that
+// lock: none if it never waited for it.
+func tablesHeldWaitingFor(t *testing.T, db *sql.DB, table, query string, args ...any) []string {
+	t.Helper()
+	ctx := context.Background()
+	holder, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback()
+	if _, err := holder.Exec(`LOCK TABLE outbox.` + pq.QuoteIdentifier(table) + ` IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	probe, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer probe.Rollback()
+	var pid int
+	if err := probe.QueryRow(`SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		rows, err := probe.Query(query, args...)
+		if err == nil {
+			for rows.Next() {
+			}
+			err = rows.Close()
+		}
+		done <- err
+	}()
+	for {
+		var waiting bool
+		if err := db.QueryRow(`SELECT EXISTS (SELECT 1 FROM pg_locks
+			WHERE pid = $1 AND NOT granted AND locktype = 'relation' AND relation = ('outbox.' || $2)::regclass)`, pid, table).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("%s with outbox.%s locked: %v", query, table, err)
+			}
+			return nil
+		case <-time.After(time.Millisecond):
+		}
+	}
+	held := queryStrings(t, db, `SELECT DISTINCT c.relname::text FROM pg_locks AS l JOIN pg_class AS c ON c.oid = l.relation
+		WHERE l.pid = $1 AND l.granted AND l.locktype = 'relation'
+		  AND c.relnamespace = to_regnamespace('outbox') AND c.relkind IN ('r', 'p')`, pid)
+	holder.Rollback()
+	if err := <-done; err != nil {
+		t.Fatalf("%s once outbox.%s was unlocked: %v", query, table, err)
+	}
+	return held
 }
 
 func TestSplitSQL(t *testing.T) {
@@ -458,8 +549,9 @@ func (p *stallProbe) longestDuring(from, to time.Time) (longest time.Duration, w
 }
 
 // A migration under write load stalls producers for at most
-// 1 s. Four producers write while a migration with a pending index on
-// outbox.jobs runs; the longest single write stays under 1 s. The same
+// 1 s. Producers, relay passes and claims write while a migration with a
+// pending index on outbox.jobs runs; the longest single write stays under
+// 1 s, and no try of the migration is lost to them. The same
 // build as the migration used to run it, inside a transaction, is the
 // control: it stalls them for longer, so the bound means something here.
 //
@@ -489,19 +581,28 @@ func TestMigrationUnderWriteLoadStallsProducersBriefly(t *testing.T) {
 	mustExec(t, db, `ANALYZE outbox.jobs`)
 	const pending = `CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_by_slow_key ON outbox.jobs (public.slow_key(id)) WHERE kind = 'old'`
 
-	// Two producers record events, two insert jobs, one row a transaction
-	// each, as an application's INSERTs.
+	// Two producers record events, one row a transaction each, as an
+	// application's INSERTs; two relay passes run back to back, as a busy
+	// relay's do, and fan them out into jobs, which they start running for
+	// a replica's workers until the endpoint's cap is full, then leave
+	// waiting; and two workers' claims run back to back.
+	endpoint := insertEndpoint(t, db, "load", 1000, "")
+	replica := registeredReplica(t, db, 503).ID()
 	produce := func(i int) error {
-		if i%2 == 0 {
-			_, err := db.ExecContext(ctx, `SELECT outbox.record('load', 's', '{}')`)
-			return err
+		var err error
+		switch i % 3 {
+		case 0:
+			_, err = db.ExecContext(ctx, `SELECT outbox.record('load', 's', '{}')`)
+		case 1:
+			_, err = db.ExecContext(ctx, fanOutAndClaimSQL, 200, `[]`, 18, 300.0, "", 10, replica, "{}")
+		case 2:
+			_, err = db.ExecContext(ctx, claimJobsSQL, 10, replica, "{}", "{}")
 		}
-		_, err := db.ExecContext(ctx, `INSERT INTO outbox.jobs (kind, event_id, max_attempts) VALUES ('load', $1, 1)`, eventID)
 		return err
 	}
-	probe := startStallProbe(t, 4, produce)
-	waitFor(t, "producers writing", 10*time.Second, func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE kind = 'load'`) > 10
+	probe := startStallProbe(t, 6, produce)
+	waitFor(t, "producers and passes writing", 10*time.Second, func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1`, endpoint) > 10
 	})
 
 	// The migration a new release brings: schema.sql changed (not yet
@@ -531,6 +632,13 @@ func TestMigrationUnderWriteLoadStallsProducersBriefly(t *testing.T) {
 	if writes < 100 {
 		t.Errorf("%d writes during the migration: the producers were not writing through it", writes)
 	}
+	// Passes and claims lock the migration's tables in its order
+	// (schemaTablesQuery): none begun during the lock phase costs a try.
+	// With outbox.events locked last, nearly every try was lost to the
+	// passes.
+	if n := strings.Count(logs.String(), "migration waited too long for a lock"); n > 0 {
+		t.Errorf("the migration lost %d tries to its locks under load, want none", n)
+	}
 	if state, _ := indexState(t, db, "jobs_by_slow_key"); state != "valid" {
 		t.Errorf("the index built under load is %s, want valid", state)
 	}
@@ -538,7 +646,7 @@ func TestMigrationUnderWriteLoadStallsProducersBriefly(t *testing.T) {
 	// The control: the same build in a transaction, as schema.sql's
 	// CREATE INDEX IF NOT EXISTS used to run it.
 	mustExec(t, db, `DROP INDEX outbox.jobs_by_slow_key`)
-	probe = startStallProbe(t, 4, produce)
+	probe = startStallProbe(t, 6, produce)
 	waitFor(t, "producers writing again", 10*time.Second, func() bool {
 		_, n := probe.longestDuring(time.Now().Add(-time.Hour), time.Now())
 		return n > 10

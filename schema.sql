@@ -1571,6 +1571,11 @@ BEGIN
   answered := coalesce(answered, '{}');
   ahead := coalesce(ahead, false);
   cooling := coalesce(cooling, '{}');
+  -- Tables first in the order a migration locks them (migrate.go,
+  -- schemaTablesQuery), outbox.events before the replica's row: a claim
+  -- that locked the row and then queued for events behind a migration
+  -- would hold what the migration waits for next.
+  LOCK TABLE outbox.events IN ACCESS SHARE MODE;
   IF replica IS NOT NULL THEN
     PERFORM 1 FROM outbox.replicas AS r WHERE r.id = replica FOR KEY SHARE;
     IF NOT FOUND THEN
@@ -2648,6 +2653,10 @@ DECLARE
   lane_keys text[];
 BEGIN
   PERFORM set_config('synchronous_commit', 'off', true);
+  -- outbox.events first, in the order a migration locks the tables
+  -- (migrate.go, schemaTablesQuery): a completion in an ordered lane reads
+  -- events after it updates jobs (advance_lanes).
+  LOCK TABLE outbox.events IN ACCESS SHARE MODE;
 
   WITH recorded AS (
     UPDATE outbox.jobs AS j
