@@ -73,7 +73,7 @@ func (r faultReplay) covers(ep, topic string, recorded time.Time) bool {
 // checkInput is everything the checker reads.
 type checkInput struct {
 	Committed    map[string]string    // business key -> topic, from the business table
-	Recorded     map[string]time.Time // business key -> when its transaction began: its event's recording time
+	Recorded     map[string]time.Time // business key -> when its event was recorded (outbox.events.created_at)
 	NotCommitted []string             // keys whose transaction rolled back (by choice or by error before COMMIT)
 	Subscribers  map[string][]string  // topic -> the endpoints that subscribe to it
 	// Derived: topic -> the topic of the event outboxd's inbox records

@@ -1117,10 +1117,15 @@ func (h *faultHarness) retryLongWaits() int {
 	return len(ids)
 }
 
-// businessRows is the business table: key -> topic, and key -> the start
-// of its transaction, which recorded its event.
+// businessRows is the business table: key -> topic, and key -> when its
+// event was recorded, the event's created_at (the clock at its insert, a
+// few milliseconds into the row's transaction), which a replay's window
+// selects by; the transaction's start for a row whose event is missing.
 func (h *faultHarness) businessRows() (topics map[string]string, recorded map[string]time.Time, err error) {
-	rows, err := h.admin.Query(`SELECT key, topic, created_at FROM fault_orders`)
+	rows, err := h.admin.Query(`
+SELECT o.key, o.topic, coalesce(e.created_at, o.created_at)
+FROM fault_orders AS o
+LEFT JOIN outbox.events AS e ON e.topic = o.topic AND e.payload->>'key' = o.key`)
 	if err != nil {
 		return nil, nil, err
 	}
