@@ -59,9 +59,10 @@ const (
 	// each index statement, that ran out of lock time or were chosen as a
 	// deadlock's victim (a replica starting with a new schema.sql while
 	// others serve traffic meets a transaction that locks the tables in
-	// another order than it does: schemaTablesQuery). With the pauses below, a lock held for
-	// half a minute by someone else is waited out; one held longer is an
-	// error that names the statement, for an operator to look into.
+	// another order than it does: schemaTablesQuery). With the pauses
+	// below, a lock held for half a minute by someone else is waited out;
+	// one held longer is an error that names the statement, for an
+	// operator to look into.
 	migrateAttempts = 10
 	// migrateBackoff is the first pause between tries; it doubles up to
 	// migrateBackoffMax: 0.25, 0.5, 1, 2, 4, 5, 5, 5, 5 s, 27.75 s in all.
@@ -291,7 +292,8 @@ SELECT c.relname
 FROM pg_class AS c
 WHERE c.relnamespace = to_regnamespace('outbox')
   AND c.relkind IN ('r', 'p')
-ORDER BY array_position(ARRAY['events', 'replicas', 'jobs', 'deliveries', 'delivery_stats', 'endpoints']::name[], c.relname),
+ORDER BY array_position(ARRAY['events', 'replicas', 'jobs',
+                              'deliveries', 'delivery_stats', 'endpoints']::name[], c.relname),
          c.relname = 'relay_state', c.relname`
 
 // scanString reads a row of one text, for queryAll.
