@@ -94,17 +94,20 @@ func TestMigrationLocksTablesInThePipelineOrder(t *testing.T) {
 	statements := []struct {
 		name, query string
 		args        []any
-		want        []string // "holds X waiting for Y", the inversions expected
 	}{
-		{"a producer's record", `SELECT outbox.record('order', 's', '{}')`, nil, nil},
-		{"a relay pass that claims", fanOutAndClaimSQL, []any{200, `[]`, 18, 300.0, "", 10, replica, "{}"}, nil},
-		{"a worker's claim", claimJobsSQL, []any{10, replica, "{}", "{}"}, nil},
-		{"a completer's outcomes", recordOutcomesSQL, completion, nil},
+		{"a producer's record", `SELECT outbox.record('order', 's', '{}')`, nil},
+		{"a relay pass that claims", fanOutAndClaimSQL, []any{200, `[]`, 18, 300.0, "", 10, replica, "{}"}},
+		{"a worker's claim", claimJobsSQL, []any{10, replica, "{}", "{}"}},
+		{"a completer's outcomes", recordOutcomesSQL, completion},
 	}
 	for _, st := range statements {
-		var inversions []string
+		var waitedFor, inversions []string
 		for i, table := range order {
-			held := tablesHeldWaitingFor(t, db, table, st.query, st.args...)
+			held, waited := tablesHeldWaitingFor(t, db, table, st.query, st.args...)
+			if !waited {
+				continue
+			}
+			waitedFor = append(waitedFor, table)
 			// Holding a table the migration locks before this one, the
 			// statement waits for another session: the migration would
 			// still be waiting for the table it holds.
@@ -115,9 +118,13 @@ func TestMigrationLocksTablesInThePipelineOrder(t *testing.T) {
 				inversions = append(inversions, fmt.Sprintf("holds %s waiting for %s", h, table))
 			}
 		}
-		slices.Sort(inversions)
-		if diff := cmp.Diff(st.want, inversions); diff != "" {
-			t.Errorf("%s against the migration's order %v (-want +got):\n%s", st.name, order, diff)
+		// Each of them writes or reads events and at least one other
+		// table: a probe that saw fewer measured nothing.
+		if len(waitedFor) < 2 || !slices.Contains(waitedFor, "events") {
+			t.Errorf("%s waited for %v, want events and more", st.name, waitedFor)
+		}
+		if len(inversions) > 0 {
+			t.Errorf("%s against the migration's order %v: %s", st.name, order, strings.Join(inversions, "; "))
 		}
 	}
 }
@@ -125,8 +132,8 @@ func TestMigrationLocksTablesInThePipelineOrder(t *testing.T) {
 // tablesHeldWaitingFor runs query, in a transaction rolled back after it,
 // while another holds an ACCESS EXCLUSIVE lock of outbox.table, and returns
 // the tables of schema outbox the query held while it waited for that
-// lock: none if it never waited for it.
-func tablesHeldWaitingFor(t *testing.T, db *sql.DB, table, query string, args ...any) []string {
+// lock, and whether it waited for it at all.
+func tablesHeldWaitingFor(t *testing.T, db *sql.DB, table, query string, args ...any) (held []string, waited bool) {
 	t.Helper()
 	ctx := context.Background()
 	holder, err := db.BeginTx(ctx, nil)
@@ -170,18 +177,18 @@ func tablesHeldWaitingFor(t *testing.T, db *sql.DB, table, query string, args ..
 			if err != nil {
 				t.Fatalf("%s with outbox.%s locked: %v", query, table, err)
 			}
-			return nil
+			return nil, false
 		case <-time.After(time.Millisecond):
 		}
 	}
-	held := queryStrings(t, db, `SELECT DISTINCT c.relname::text FROM pg_locks AS l JOIN pg_class AS c ON c.oid = l.relation
+	held = queryStrings(t, db, `SELECT DISTINCT c.relname::text FROM pg_locks AS l JOIN pg_class AS c ON c.oid = l.relation
 		WHERE l.pid = $1 AND l.granted AND l.locktype = 'relation'
 		  AND c.relnamespace = to_regnamespace('outbox') AND c.relkind IN ('r', 'p')`, pid)
 	holder.Rollback()
 	if err := <-done; err != nil {
 		t.Fatalf("%s once outbox.%s was unlocked: %v", query, table, err)
 	}
-	return held
+	return held, true
 }
 
 func TestSplitSQL(t *testing.T) {
