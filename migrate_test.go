@@ -59,7 +59,7 @@ func TestMigrationBoundsAreTheDocumentedOnes(t *testing.T) {
 // pipeline's statements may. With events locked last, a relay pass
 // waiting for replicas held events; with the claim's replica row locked
 // before events, a claim waiting for events held replicas, jobs and
-// endpoints.
+// endpoints; a replay's batch, its own row and the endpoint.
 func TestMigrationLocksTablesInThePipelineOrder(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
@@ -91,19 +91,23 @@ func TestMigrationLocksTablesInThePipelineOrder(t *testing.T) {
 	}
 	insertEndpoint(t, db, "order", 100, "")
 	mustExec(t, db, `SELECT outbox.record('order', 's', '{}')`)
+	// A replay of the ordered lane's endpoint being fed, one batch a call.
+	replay := queryInt(t, db, `INSERT INTO outbox.replays (endpoint_id, kind, window_from, window_to, enqueue_after, last_event_id)
+		SELECT id, 'replay', now() - interval '1 hour', now() + interval '1 hour', 0, NULL FROM outbox.endpoints WHERE topics = '{order.lane}' RETURNING id`)
 	statements := []struct {
-		name, query string
-		args        []any
+		name string
+		run  func(tx *sql.Tx) error
 	}{
-		{"a producer's record", `SELECT outbox.record('order', 's', '{}')`, nil},
-		{"a relay pass that claims", fanOutAndClaimSQL, []any{200, `[]`, 18, 300.0, "", 10, replica, "{}"}},
-		{"a worker's claim", claimJobsSQL, []any{10, replica, "{}", "{}"}},
-		{"a completer's outcomes", recordOutcomesSQL, completion},
+		{"a producer's record", execIn(`SELECT outbox.record('order', 's', '{}')`)},
+		{"a relay pass that claims", execIn(fanOutAndClaimSQL, 200, `[]`, 18, 300.0, "", 10, replica, "{}")},
+		{"a worker's claim", execIn(claimJobsSQL, 10, replica, "{}", "{}")},
+		{"a completer's outcomes", execIn(recordOutcomesSQL, completion...)},
+		{"a replay's batch", func(tx *sql.Tx) error { return feedReplayTx(ctx, tx, int64(replay), 18) }},
 	}
 	for _, st := range statements {
 		var waitedFor, inversions []string
 		for i, table := range order {
-			held, waited := tablesHeldWaitingFor(t, db, table, st.query, st.args...)
+			held, waited := tablesHeldWaitingFor(t, db, table, st.run)
 			if !waited {
 				continue
 			}
@@ -129,11 +133,25 @@ func TestMigrationLocksTablesInThePipelineOrder(t *testing.T) {
 	}
 }
 
-// tablesHeldWaitingFor runs query, in a transaction rolled back after it,
+// execIn is a statement to run in a transaction, its rows read and
+// dropped.
+func execIn(query string, args ...any) func(tx *sql.Tx) error {
+	return func(tx *sql.Tx) error {
+		rows, err := tx.Query(query, args...)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+		}
+		return rows.Close()
+	}
+}
+
+// tablesHeldWaitingFor calls run in a transaction rolled back after it,
 // while another holds an ACCESS EXCLUSIVE lock of outbox.table, and returns
-// the tables of schema outbox the query held while it waited for that
-// lock, and whether it waited for it at all.
-func tablesHeldWaitingFor(t *testing.T, db *sql.DB, table, query string, args ...any) (held []string, waited bool) {
+// the tables of schema outbox the transaction held while it waited for
+// that lock, and whether it waited for it at all.
+func tablesHeldWaitingFor(t *testing.T, db *sql.DB, table string, run func(tx *sql.Tx) error) (held []string, waited bool) {
 	t.Helper()
 	ctx := context.Background()
 	holder, err := db.BeginTx(ctx, nil)
@@ -154,15 +172,7 @@ func tablesHeldWaitingFor(t *testing.T, db *sql.DB, table, query string, args ..
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() {
-		rows, err := probe.Query(query, args...)
-		if err == nil {
-			for rows.Next() {
-			}
-			err = rows.Close()
-		}
-		done <- err
-	}()
+	go func() { done <- run(probe) }()
 	for {
 		var waiting bool
 		if err := db.QueryRow(`SELECT EXISTS (SELECT 1 FROM pg_locks
@@ -175,7 +185,7 @@ func tablesHeldWaitingFor(t *testing.T, db *sql.DB, table, query string, args ..
 		select {
 		case err := <-done:
 			if err != nil {
-				t.Fatalf("%s with outbox.%s locked: %v", query, table, err)
+				t.Fatalf("with outbox.%s locked: %v", table, err)
 			}
 			return nil, false
 		case <-time.After(time.Millisecond):
@@ -186,7 +196,7 @@ func tablesHeldWaitingFor(t *testing.T, db *sql.DB, table, query string, args ..
 		  AND c.relnamespace = to_regnamespace('outbox') AND c.relkind IN ('r', 'p')`, pid)
 	holder.Rollback()
 	if err := <-done; err != nil {
-		t.Fatalf("%s once outbox.%s was unlocked: %v", query, table, err)
+		t.Fatalf("once outbox.%s was unlocked: %v", table, err)
 	}
 	return held, true
 }

@@ -399,10 +399,27 @@ func feedReplay(ctx context.Context, db *sql.DB, id int64, maxAttempts int) erro
 		return fmt.Errorf("enqueue replay %d: %w", id, err)
 	}
 	defer tx.Rollback()
+	if err := feedReplayTx(ctx, tx, id, maxAttempts); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("enqueue replay %d: %w", id, err)
+	}
+	return nil
+}
+
+// feedReplayTx is feedReplay's work in tx. It locks outbox.events first,
+// as every pipeline transaction does, in the order a migration locks the
+// tables (migrate.go, schemaTablesQuery): the replay's row is locked,
+// and the batch's statement reads the endpoint, before the events.
+func feedReplayTx(ctx context.Context, tx *sql.Tx, id int64, maxAttempts int) error {
+	if _, err := tx.ExecContext(ctx, `LOCK TABLE outbox.events IN ACCESS SHARE MODE`); err != nil {
+		return fmt.Errorf("enqueue replay %d: %w", id, err)
+	}
 	var endpointID, after int64
 	var r replayRange
 	var topics []string
-	err = tx.QueryRowContext(ctx, lockFeedSQL, id).Scan(&endpointID, &r.from, &r.until, pq.Array(&topics), &after, &r.through)
+	err := tx.QueryRowContext(ctx, lockFeedSQL, id).Scan(&endpointID, &r.from, &r.until, pq.Array(&topics), &after, &r.through)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil
 	}
@@ -416,9 +433,6 @@ func feedReplay(ctx context.Context, db *sql.DB, id int64, maxAttempts int) erro
 	}
 	if _, err := tx.ExecContext(ctx, fedSQL, id, after, jobs, candidates < replayFeedBatch); err != nil {
 		return fmt.Errorf("enqueue replay %d: move its cursor: %w", id, err)
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("enqueue replay %d: %w", id, err)
 	}
 	return nil
 }
