@@ -286,8 +286,10 @@ func (m migration) applySchema(ctx context.Context, conn *sql.Conn) error {
 // that queues behind it holds none of its tables. What still runs against
 // the order is rarer, and a try it costs is tried again: a read that
 // names another outbox table before events in one statement, as a page
-// of the panel can; and a claim of a release before 0.5.0, which locks
-// its replica's row before events.
+// of the panel can; the rescue of a dead replica's jobs, every heartbeat,
+// which names jobs before replicas (rescue.go, rescueOrphanedJobsSQL);
+// and a claim of a release before 0.5.0, which locks its replica's row
+// before events.
 const schemaTablesQuery = `
 SELECT c.relname
 FROM pg_class AS c
