@@ -133,6 +133,21 @@ func beginPipelineTx(ctx context.Context, db *sql.DB) (*sql.Tx, error) {
 	return tx, nil
 }
 
+// lockEventsFirst takes outbox.events, in tx, before anything else: a
+// transaction that goes on to other outbox tables and to events after
+// them does so in the order a migration locks the tables (migrate.go,
+// schemaTablesQuery), so that a migration, which waits for events first,
+// never waits for what the transaction holds while the transaction waits
+// for it. ACCESS SHARE conflicts with nothing but the migration's ACCESS
+// EXCLUSIVE. schema.sql's claim_lane_jobs and record_outcomes begin the
+// same way.
+func lockEventsFirst(ctx context.Context, tx *sql.Tx) error {
+	if _, err := tx.ExecContext(ctx, `LOCK TABLE outbox.events IN ACCESS SHARE MODE`); err != nil {
+		return fmt.Errorf("lock outbox.events first: %w", err)
+	}
+	return nil
+}
+
 // serverSettingRisks are the server settings that, when off, break what
 // outboxd promises: fsync and synchronous_commit let the database
 // acknowledge a commit it has not made durable (an event "recorded" there

@@ -276,20 +276,18 @@ func (m migration) applySchema(ctx context.Context, conn *sql.Conn) error {
 //     outbox.replicas, then endpoints and jobs; a busy relay starts one
 //     every few milliseconds, so an order with events after another of
 //     its tables loses nearly every try to it;
-//   - a claim, a completer and a replay's batch lock outbox.events first,
-//     explicitly, then the claim its replica's row, jobs and endpoints,
-//     the completer jobs, deliveries, delivery_stats and endpoints
-//     (schema.sql, claim_lane_jobs and record_outcomes), and the replay
-//     its own row, the endpoint and jobs (replay.go, feedReplayTx).
+//   - a claim and a completer lock outbox.events first, explicitly, then
+//     the claim its replica's row, jobs and endpoints, the completer
+//     jobs, deliveries, delivery_stats and endpoints (schema.sql,
+//     claim_lane_jobs and record_outcomes); so do a replay's batch, a
+//     rescue and an in-process subscriber's batch (lockEventsFirst).
 //
 // So the migration waits for events holding nothing, and a transaction
 // that queues behind it holds none of its tables. What still runs against
 // the order is rarer, and a try it costs is tried again: a read that
 // names another outbox table before events in one statement, as a page
-// of the panel can; the rescue of a dead replica's jobs, every heartbeat,
-// which names jobs before replicas (rescue.go, rescueOrphanedJobsSQL);
-// and a claim of a release before 0.5.0, which locks its replica's row
-// before events.
+// of the panel can; and a claim of a release before 0.5.0, which locks
+// its replica's row before events.
 const schemaTablesQuery = `
 SELECT c.relname
 FROM pg_class AS c

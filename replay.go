@@ -408,12 +408,11 @@ func feedReplay(ctx context.Context, db *sql.DB, id int64, maxAttempts int) erro
 	return nil
 }
 
-// feedReplayTx is feedReplay's work in tx. It locks outbox.events first,
-// as every pipeline transaction does, in the order a migration locks the
-// tables (migrate.go, schemaTablesQuery): the replay's row is locked,
-// and the batch's statement reads the endpoint, before the events.
+// feedReplayTx is feedReplay's work in tx. It locks outbox.events first
+// (lockEventsFirst): the replay's row is locked, and the batch's
+// statement reads the endpoint, before the events.
 func feedReplayTx(ctx context.Context, tx *sql.Tx, id int64, maxAttempts int) error {
-	if _, err := tx.ExecContext(ctx, `LOCK TABLE outbox.events IN ACCESS SHARE MODE`); err != nil {
+	if err := lockEventsFirst(ctx, tx); err != nil {
 		return fmt.Errorf("enqueue replay %d: %w", id, err)
 	}
 	var endpointID, after int64

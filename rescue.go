@@ -158,6 +158,20 @@ func (r *rescuer) rescueBatchOf(ctx context.Context, query string, args ...any) 
 		return 0, err
 	}
 	defer tx.Rollback()
+	n, err := rescueBatchTx(ctx, tx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return n, tx.Commit()
+}
+
+// rescueBatchTx is rescueBatchOf's work in tx. It locks outbox.events
+// first (lockEventsFirst): the rescue reads jobs and replicas, and the
+// lanes' advance events, after them.
+func rescueBatchTx(ctx context.Context, tx *sql.Tx, query string, args ...any) (int64, error) {
+	if err := lockEventsFirst(ctx, tx); err != nil {
+		return 0, err
+	}
 	rows, err := queryAll(ctx, tx, scanFinishedLane, query, args...)
 	if err != nil {
 		return 0, err
@@ -165,7 +179,7 @@ func (r *rescuer) rescueBatchOf(ctx context.Context, query string, args ...any) 
 	if err := advanceLanes(ctx, tx, finishedLanes(rows)); err != nil {
 		return 0, err
 	}
-	return int64(len(rows)), tx.Commit()
+	return int64(len(rows)), nil
 }
 
 // declareDeadReplicasSQL deletes the rows of the replicas not seen within
