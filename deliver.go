@@ -397,8 +397,9 @@ func (p *workerPool) subscriberTx(ctx context.Context, sub Subscriber, jobs []Jo
 		return nil, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback()
-	// Its jobs are locked before a handler runs, and a handler may record
-	// events (outbox.record), as the completion may advance a lane.
+	// outbox.events first (lockEventsFirst): the jobs are locked before a
+	// handler runs, and a handler may record events (outbox.record), as
+	// the completion may advance a lane.
 	if err := lockEventsFirst(ctx, tx); err != nil {
 		return nil, err
 	}
