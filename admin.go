@@ -76,6 +76,7 @@ func apiRoutes(a *admin) []apiRoute {
 		{"GET /api/subjects", forAdmin, handleListSubjects(a)},
 		{"GET /api/owners", forAdmin, handleListOwners(a)},
 		{"POST /api/owners", forAdmin, handleCreateOwner(a)},
+		{"PATCH /api/owners/{id}", forAdmin, handleUpdateOwner(a)},
 		{"DELETE /api/owners/{id}", forAdmin, handleDeleteOwner(a)},
 		{"POST /api/owners/{id}/rotate-token", forAdmin, handleRotateOwnerToken(a)},
 		{"POST /api/owners/{id}/signin-links", forAdmin, handleCreateSigninLink(a)},

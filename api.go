@@ -5,7 +5,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -100,27 +99,22 @@ func (pg idPage[F, T]) answer(name string) map[string]any {
 // with the first event's id and Idempotent-Replayed: true; the key with
 // another request answers 422.
 func handleRecordEvent(a *admin) apiFunc {
-	type request struct {
-		Topic   string          `json:"topic"`
-		Subject string          `json:"subject"`
-		Payload json.RawMessage `json:"payload"`
-	}
 	return func(r *http.Request) (int, any, error) {
 		key, err := idempotencyKey(r.Header)
 		if err != nil {
 			return 0, nil, err
 		}
-		var req request
+		var req eventInput
 		if err := decodeJSON(r, &req); err != nil {
 			return 0, nil, err
 		}
 		// A caller inside a trace passes it on, as its request's headers.
 		tc := traceContextOf(r.Header)
 		if key == "" {
-			id, err := recordEventTraced(r.Context(), a.db, tc, req.Topic, req.Subject, req.Payload)
+			id, err := recordEventTraced(r.Context(), a.db, tc, req)
 			return http.StatusCreated, map[string]int64{"id": id}, err
 		}
-		id, replayed, err := recordEventOnce(r.Context(), a.db, key, tc, req.Topic, req.Subject, req.Payload)
+		id, replayed, err := recordEventOnce(r.Context(), a.db, key, tc, req)
 		if replayed {
 			return http.StatusOK, withHeader{header: http.Header{headerIdempotentReplayed: {"true"}},
 				body: map[string]int64{"id": id}}, err
@@ -379,16 +373,25 @@ func handleReplayEndpoint(a *admin) apiFunc {
 // newest limit events (default 500, at most 10,000) of its topics.
 func handleFilterPreview(a *admin) apiFunc {
 	type request struct {
-		Topics []string `json:"topics"`
-		Filter *string  `json:"filter"`
-		Limit  *int     `json:"limit"`
+		Topics  []string `json:"topics"`
+		Filter  *string  `json:"filter"`
+		Limit   *int     `json:"limit"`
+		OwnerID *int64   `json:"owner_id"`
 	}
 	return func(r *http.Request) (int, any, error) {
 		var in request
 		if err := decodeJSON(r, &in); err != nil {
 			return 0, nil, err
 		}
-		pv, err := previewFilter(r.Context(), a.db, FilterPreviewRequest{Topics: in.Topics, Filter: in.Filter, Limit: filterPreviewLimit(in.Limit)})
+		if in.OwnerID != nil {
+			if _, err := getOwner(r.Context(), a.db, *in.OwnerID); errors.Is(err, errNotFound) {
+				return 0, nil, fmt.Errorf("%w: owner_id %d: no such owner", errInvalid, *in.OwnerID)
+			} else if err != nil {
+				return 0, nil, err
+			}
+		}
+		pv, err := previewFilter(r.Context(), a.db, FilterPreviewRequest{Topics: in.Topics, Filter: in.Filter,
+			Limit: filterPreviewLimit(in.Limit), OwnerID: in.OwnerID})
 		return http.StatusOK, pv, err
 	}
 }
@@ -595,7 +598,7 @@ func handleReadyz(a *admin) apiFunc {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
 		var ok bool
-		err := a.db.QueryRowContext(ctx, `SELECT to_regprocedure('outbox.record(text, text, jsonb)') IS NOT NULL`).Scan(&ok)
+		err := a.db.QueryRowContext(ctx, `SELECT to_regprocedure('outbox.record(text, text, jsonb, text)') IS NOT NULL`).Scan(&ok)
 		switch {
 		case err != nil:
 			return 0, nil, &httpError{status: http.StatusServiceUnavailable, err: fmt.Errorf("database: %w", err)}

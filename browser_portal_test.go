@@ -28,7 +28,7 @@ func TestOwnerPortalInBrowser(t *testing.T) {
 		fmt.Sprintf(`{"url": %q, "description": "Payments hook", "owner_id": %d}`, rc.srv.URL+"/hook", o.ID), 201, &ep)
 	decodeAs(t, srv, testToken, "POST", "/api/endpoints", `{"url": "http://127.0.0.1:9/other", "description": "Not theirs"}`, 201, &other)
 	for i := range 3 {
-		record(t, db, "payment.settled", fmt.Sprint(i))
+		recordAddressed(t, db, o.Key, "payment.settled", fmt.Sprint(i))
 	}
 	relayAll(t, db)
 	runWebhookWorkers(t, db, 5*time.Second)

@@ -451,12 +451,22 @@ func createEndpoint(ctx context.Context, db *sql.DB, box *secretBox, in endpoint
 	if err := checkFilter(ctx, db, in.Filter.Value); err != nil {
 		return Endpoint{}, err
 	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return Endpoint{}, fmt.Errorf("create endpoint: %w", err)
+	}
+	defer tx.Rollback()
+	if o := principalIn(ctx).owner; o != nil {
+		if err := checkEndpointCount(ctx, tx, o.ID); err != nil {
+			return Endpoint{}, err
+		}
+	}
 	var id int64
-	if err := db.QueryRowContext(ctx, nextEndpointIDSQL).Scan(&id); err != nil {
+	if err := tx.QueryRowContext(ctx, nextEndpointIDSQL).Scan(&id); err != nil {
 		return Endpoint{}, fmt.Errorf("create endpoint: draw id: %w", err)
 	}
 	cert, key, expires, ca := in.clientTLSColumns(box, id)
-	e, err := scanEndpoint(db.QueryRowContext(ctx, createEndpointSQL,
+	e, err := scanEndpoint(tx.QueryRowContext(ctx, createEndpointSQL,
 		id, *in.URL, description, ownerEmail, pq.Array(topics), box.seal(endpointSecretRow(id), secret),
 		maxInFlight, in.RateLimitPerSecond.Value, in.RecoveryProbes, in.Ordering,
 		in.Filter.Value, cert, key, expires, ca,
@@ -464,7 +474,42 @@ func createEndpoint(ctx context.Context, db *sql.DB, box *secretBox, in endpoint
 	if err != nil {
 		return e, fmt.Errorf("create endpoint: %w", err)
 	}
+	if err := tx.Commit(); err != nil {
+		return e, fmt.Errorf("create endpoint: %w", err)
+	}
 	return e, nil
+}
+
+// lockOwnerSQL takes owner $1's row for the rest of the transaction: two
+// endpoints created by one owner at once are counted one after the other.
+const lockOwnerSQL = `
+SELECT max_endpoints
+FROM outbox.owners
+WHERE id = $1
+FOR UPDATE`
+
+// countOwnerEndpointsSQL runs after lockOwnerSQL, in a statement of its
+// own, so that its snapshot sees the endpoint the lock's previous holder
+// created.
+const countOwnerEndpointsSQL = `
+SELECT count(*)
+FROM outbox.endpoints
+WHERE owner_id = $1`
+
+// checkEndpointCount refuses an owner's new endpoint past its
+// max_endpoints, in tx, which then creates it.
+func checkEndpointCount(ctx context.Context, tx *sql.Tx, ownerID int64) error {
+	var most, have int
+	if err := tx.QueryRowContext(ctx, lockOwnerSQL, ownerID).Scan(&most); err != nil {
+		return fmt.Errorf("create endpoint: lock owner %d: %w", ownerID, err)
+	}
+	if err := tx.QueryRowContext(ctx, countOwnerEndpointsSQL, ownerID).Scan(&have); err != nil {
+		return fmt.Errorf("create endpoint: count owner %d's endpoints: %w", ownerID, err)
+	}
+	if have >= most {
+		return fmt.Errorf("%w: this owner has %d endpoints, the most it may have (max_endpoints); delete one first", errInvalid, have)
+	}
+	return nil
 }
 
 const getEndpointSQL = `

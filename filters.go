@@ -38,6 +38,10 @@ type FilterPreviewRequest struct {
 	Topics []string
 	Filter *string
 	Limit  int
+	// OwnerID is whose endpoint the preview is for (nil: an endpoint of
+	// no owner): it counts only the events such an endpoint could
+	// receive (outbox.owner_admits).
+	OwnerID *int64
 }
 
 // filterPreviewLimit is the limit a request gave, or the default when it
@@ -87,24 +91,28 @@ func (q *FilterPreviewRequest) validate() error {
 }
 
 // filterPreviewSQL runs filter $2 (NULL: none) over the newest $3 events
-// that topic patterns $1 select among the newest $4, as the fan-out does:
-// jsonb_path_match with silent => true, unknown (NULL) no match. The
+// that topic patterns $1 select among the newest $4, and that an endpoint
+// of owner $5 (NULL: of no owner) could receive, as the fan-out does:
+// the tenancy boundary (outbox.owner_admits), then jsonb_path_match with
+// silent => true, unknown (NULL) no match. The
 // patterns are split once (MATERIALIZED: inlined, topic_split ran again
 // for every event the walk passed) and tested with topic_selected, as a
 // replay's walk does (replay.go). The walk reads the primary key
 // backwards and stops at $3 events of the topics or $4 events in all.
 const filterPreviewSQL = `
 WITH pattern AS MATERIALIZED (
-  SELECT t.names, t.prefixes, t.every_topic
+  SELECT t.names, t.prefixes, t.every_topic, o.key AS owner_key, o.allowed_topics, o.shared_topics
   FROM outbox.topic_split($1) AS t
+  LEFT JOIN outbox.owners AS o ON o.id = $5
 ),
 latest AS (
   SELECT e.id, e.payload
-  FROM (SELECT id, topic, payload
+  FROM (SELECT id, topic, payload, owner
         FROM outbox.events
         ORDER BY id DESC
         LIMIT $4) AS e, pattern
   WHERE outbox.topic_selected(e.topic, pattern.names, pattern.prefixes, pattern.every_topic)
+    AND outbox.owner_admits(e.owner, e.topic, pattern.owner_key, pattern.allowed_topics, pattern.shared_topics)
   ORDER BY e.id DESC
   LIMIT $3
 ),
@@ -132,7 +140,7 @@ func previewFilter(ctx context.Context, db *sql.DB, req FilterPreviewRequest) (F
 		return FilterPreview{}, err
 	}
 	pv := FilterPreview{Topics: req.Topics, Filter: req.Filter, Limit: req.Limit}
-	err := db.QueryRowContext(ctx, filterPreviewSQL, pq.Array(req.Topics), req.Filter, req.Limit, filterPreviewWalk).Scan(
+	err := db.QueryRowContext(ctx, filterPreviewSQL, pq.Array(req.Topics), req.Filter, req.Limit, filterPreviewWalk, req.OwnerID).Scan(
 		&pv.Events, &pv.Matched, &pv.Unknown, &pv.FirstEventID, &pv.LastEventID)
 	if err != nil {
 		return pv, fmt.Errorf("preview filter: %w", err)
@@ -151,5 +159,5 @@ func previewEndpointFilter(ctx context.Context, db *sql.DB, id int64, filter *st
 	if keepOwn {
 		filter = ep.Filter
 	}
-	return previewFilter(ctx, db, FilterPreviewRequest{Topics: ep.Topics, Filter: filter, Limit: limit})
+	return previewFilter(ctx, db, FilterPreviewRequest{Topics: ep.Topics, Filter: filter, Limit: limit, OwnerID: ep.OwnerID})
 }

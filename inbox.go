@@ -40,8 +40,11 @@ const headerDedupWindow = "webhook-dedup-window"
 // InboxSource is one row of outbox.inbox_sources as the API shows it; the
 // secret only in the answers to create and rotate-secret.
 type InboxSource struct {
-	Name                    string     `json:"name"`
-	TopicPrefix             string     `json:"topic_prefix"`
+	Name        string `json:"name"`
+	TopicPrefix string `json:"topic_prefix"`
+	// Owner is the key its webhooks' events are addressed to (events.owner);
+	// nil: to no owner.
+	Owner                   *string    `json:"owner"`
 	PreviousSecretExpiresAt *time.Time `json:"previous_secret_expires_at"`
 	CreatedAt               time.Time  `json:"created_at"`
 	URLPath                 string     `json:"url_path"` // where the sender posts
@@ -66,24 +69,25 @@ func topicPrefixValid(p string) bool {
 }
 
 const sourceColumns = `
-  name, topic_prefix,
+  name, topic_prefix, owner,
   CASE WHEN previous_secret_expires_at > now() THEN previous_secret_expires_at END,
   created_at`
 
 func scanSource(row rowScanner) (InboxSource, error) {
 	var s InboxSource
-	err := row.Scan(&s.Name, &s.TopicPrefix, &s.PreviousSecretExpiresAt, &s.CreatedAt)
+	err := row.Scan(&s.Name, &s.TopicPrefix, &s.Owner, &s.PreviousSecretExpiresAt, &s.CreatedAt)
 	s.URLPath = "/webhooks/" + s.Name
 	return s, err
 }
 
 // sourceInput is the body of POST /api/sources. Secret is the sender's
 // (whsec_... or bare base64); empty generates one to give the sender.
-// TopicPrefix nil means name + ".".
+// TopicPrefix nil means name + "."; Owner nil, to no owner.
 type sourceInput struct {
 	Name        string  `json:"name"`
 	Secret      string  `json:"secret"`
 	TopicPrefix *string `json:"topic_prefix"`
+	Owner       *string `json:"owner"`
 }
 
 // minSourceSecretLen is the shortest source secret outboxd takes or
@@ -127,8 +131,8 @@ func strongSecrets(name string, secrets [][]byte) ([][]byte, error) {
 }
 
 const createSourceSQL = `
-INSERT INTO outbox.inbox_sources (name, secret, topic_prefix)
-VALUES ($1, $2, $3)
+INSERT INTO outbox.inbox_sources (name, secret, topic_prefix, owner)
+VALUES ($1, $2, $3, $4)
 RETURNING` + sourceColumns
 
 // createSource stores a source with its secret, sealed by box.
@@ -143,11 +147,16 @@ func createSource(ctx context.Context, db *sql.DB, box *secretBox, in sourceInpu
 	if !topicPrefixValid(prefix) {
 		return inboxSourceWithSecret{}, fmt.Errorf("%w: topic_prefix %q must be empty or up to 100 topic characters", errInvalid, prefix)
 	}
+	if in.Owner != nil {
+		if err := validOwnerKey("owner", *in.Owner); err != nil {
+			return inboxSourceWithSecret{}, err
+		}
+	}
 	secret, err := parseSourceSecret(in.Secret)
 	if err != nil {
 		return inboxSourceWithSecret{}, err
 	}
-	s, err := scanSource(db.QueryRowContext(ctx, createSourceSQL, in.Name, box.seal(sourceSecretRow(in.Name), secret), prefix))
+	s, err := scanSource(db.QueryRowContext(ctx, createSourceSQL, in.Name, box.seal(sourceSecretRow(in.Name), secret), prefix, in.Owner))
 	if pq.As(err, pqerror.UniqueViolation) != nil {
 		return inboxSourceWithSecret{}, fmt.Errorf("%w: source %q exists", errInvalid, in.Name)
 	}
@@ -231,31 +240,33 @@ func rotateSourceSecret(ctx context.Context, db *sql.DB, box *secretBox, name st
 const sourceVerifySQL = `
 SELECT secret,
        CASE WHEN previous_secret_expires_at > now() THEN previous_secret END,
-       topic_prefix
+       topic_prefix,
+       coalesce(owner, '')
 FROM outbox.inbox_sources
 WHERE name = $1`
 
 // sourceSecrets reads what verifying a delivery to source name needs: its
 // secrets, opened by box (the current one first, then the previous one
-// inside its rotation window), and its topic prefix. A secret that does
-// not open makes the source unreadable, as a failed read does.
-func sourceSecrets(ctx context.Context, db *sql.DB, box *secretBox, name string) (secrets [][]byte, prefix string, err error) {
+// inside its rotation window), its topic prefix and the owner its events
+// are addressed to ("": none). A secret that does not open makes the
+// source unreadable, as a failed read does.
+func sourceSecrets(ctx context.Context, db *sql.DB, box *secretBox, name string) (secrets [][]byte, prefix, owner string, err error) {
 	var secret, previous []byte
-	err = db.QueryRowContext(ctx, sourceVerifySQL, name).Scan(&secret, &previous, &prefix)
+	err = db.QueryRowContext(ctx, sourceVerifySQL, name).Scan(&secret, &previous, &prefix, &owner)
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, "", fmt.Errorf("%w %q", errUnknownSource, name)
+		return nil, "", "", fmt.Errorf("%w %q", errUnknownSource, name)
 	}
 	if err != nil {
-		return nil, "", fmt.Errorf("%w %q: %w", errSourceUnreadable, name, err)
+		return nil, "", "", fmt.Errorf("%w %q: %w", errSourceUnreadable, name, err)
 	}
 	stored := [][]byte{secret}
 	if previous != nil {
 		stored = append(stored, previous)
 	}
 	if secrets, err = box.openAll(sourceSecretRow(name), stored); err != nil {
-		return nil, "", fmt.Errorf("%w %q: %w", errSourceUnreadable, name, err)
+		return nil, "", "", fmt.Errorf("%w %q: %w", errSourceUnreadable, name, err)
 	}
-	return secrets, prefix, nil
+	return secrets, prefix, owner, nil
 }
 
 // receivedWebhook is the body of a Standard Webhooks delivery as outboxd
@@ -284,7 +295,7 @@ WHERE source = $1
 // under the trace context the delivery carried (tc), so that a chain of
 // senders continues one trace. It returns the new event's id, or
 // duplicate.
-func receive(ctx context.Context, db *sql.DB, source, webhookID, topic string, wh receivedWebhook, tc traceContext) (eventID int64, duplicate bool, err error) {
+func receive(ctx context.Context, db *sql.DB, source, webhookID string, ev eventInput, tc traceContext) (eventID int64, duplicate bool, err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, false, fmt.Errorf("receive webhook: %w", err)
@@ -302,7 +313,7 @@ func receive(ctx context.Context, db *sql.DB, source, webhookID, topic string, w
 				return 0, false, fmt.Errorf("receive webhook: %w", err)
 			}
 		}
-		if eventID, err = recordEvent(ctx, tx, topic, wh.Subject, wh.Data); err != nil {
+		if eventID, err = ev.record(ctx, tx); err != nil {
 			return 0, false, err
 		}
 		if _, err := tx.ExecContext(ctx, setInboxEventSQL, source, webhookID, eventID); err != nil {
@@ -371,7 +382,7 @@ func verifyAndReceive(ctx context.Context, db *sql.DB, box *secretBox, name stri
 	if !namePattern.MatchString(name) {
 		return 0, false, fmt.Errorf("%w %q", errUnknownSource, name)
 	}
-	secrets, prefix, err := sourceSecrets(ctx, db, box, name)
+	secrets, prefix, owner, err := sourceSecrets(ctx, db, box, name)
 	if err != nil {
 		return 0, false, err
 	}
@@ -394,7 +405,8 @@ func verifyAndReceive(ctx context.Context, db *sql.DB, box *secretBox, name stri
 	if err := json.Unmarshal(raw, &wh); err != nil || wh.Type == "" {
 		return 0, false, fmt.Errorf(`%w: body must be a JSON object with a "type"`, errInvalid)
 	}
-	return receive(ctx, db, name, webhookID, prefix+wh.Type, wh, traceContextOf(header))
+	ev := eventInput{Topic: prefix + wh.Type, Subject: wh.Subject, Payload: wh.Data, Owner: owner}
+	return receive(ctx, db, name, webhookID, ev, traceContextOf(header))
 }
 
 // Refusal classes, the columns of outbox.inbox_stats that count them

@@ -37,6 +37,9 @@ type Event struct {
 	// transaction set (outbox.traceparent), sent on every delivery.
 	Traceparent *string `json:"traceparent,omitempty"`
 	Tracestate  *string `json:"tracestate,omitempty"`
+	// Owner is the key of the owner the event is addressed to (outbox.record's
+	// fourth argument); nil: to no owner (docs/owners.md).
+	Owner *string `json:"owner"`
 	// Outcome is where the event's jobs stand, in lists that show it
 	// (the stream); nil elsewhere.
 	Outcome *EventOutcome `json:"outcome,omitempty"`
@@ -71,36 +74,72 @@ type fieldError struct {
 func (e *fieldError) Error() string { return e.field + ": " + e.err.Error() }
 func (e *fieldError) Unwrap() error { return e.err }
 
-// validateEvent checks an event before it is recorded.
-func validateEvent(topic, subject string, payload json.RawMessage) error {
-	if !topicPattern.MatchString(topic) {
-		return fmt.Errorf("%w: topic %q must be 1-200 characters of letters, digits and _ . : / - (not starting with a symbol)", errInvalid, topic)
+// eventInput is an event to record: what POST /api/events takes, and
+// what outbox.record's arguments are.
+type eventInput struct {
+	Topic   string          `json:"topic"`
+	Subject string          `json:"subject"`
+	Payload json.RawMessage `json:"payload"`
+	// Owner addresses the event to the owner with that key; "": to no
+	// owner (docs/owners.md).
+	Owner string `json:"owner"`
+}
+
+// ownerKeyPattern is the form of an owner's key and of the owner an event
+// is addressed to: schema.sql's owners_key_format and events_owner_format
+// constraints enforce it; checked here too so an API caller gets a 400
+// that says so instead of a constraint name. An application's own ids
+// fit it (42, cust_42, 7f3c-..., org:acme, ops@example.com).
+var ownerKeyPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:@/+=-]{0,199}$`)
+
+// validOwnerKey refuses a key no owner can have, naming field.
+func validOwnerKey(field, key string) error {
+	if !ownerKeyPattern.MatchString(key) {
+		return fmt.Errorf("%w: %s %q must be 1-200 characters of letters, digits and _ . : @ / + = - (starting with a letter or digit)", errInvalid, field, key)
 	}
-	if len(subject) > maxSubjectLen {
-		return fmt.Errorf("%w: subject is %d bytes, at most %d", errInvalid, len(subject), maxSubjectLen)
+	return nil
+}
+
+// validate checks an event before it is recorded.
+func (ev eventInput) validate() error {
+	if !topicPattern.MatchString(ev.Topic) {
+		return fmt.Errorf("%w: topic %q must be 1-200 characters of letters, digits and _ . : / - (not starting with a symbol)", errInvalid, ev.Topic)
 	}
-	if !utf8.ValidString(subject) || strings.ContainsRune(subject, 0) {
+	if len(ev.Subject) > maxSubjectLen {
+		return fmt.Errorf("%w: subject is %d bytes, at most %d", errInvalid, len(ev.Subject), maxSubjectLen)
+	}
+	if !utf8.ValidString(ev.Subject) || strings.ContainsRune(ev.Subject, 0) {
 		// PostgreSQL's text would refuse it (SQLSTATE 22021); said here,
 		// a refusal by outbox.record can only be the payload's.
 		return fmt.Errorf("%w: subject must be UTF-8 text without NUL", errInvalid)
 	}
-	if len(payload) > 0 && !json.Valid(payload) {
+	if ev.Owner != "" {
+		if err := validOwnerKey("owner", ev.Owner); err != nil {
+			return err
+		}
+	}
+	if len(ev.Payload) > 0 && !json.Valid(ev.Payload) {
 		return fmt.Errorf("%w: payload is not valid JSON", errInvalid)
 	}
 	return nil
 }
 
-// recordEvent records an event through outbox.record, inside q's transaction
-// when q is a *sql.Tx: the event commits or rolls back with it.
-func recordEvent(ctx context.Context, q queryer, topic, subject string, payload json.RawMessage) (int64, error) {
-	if err := validateEvent(topic, subject, payload); err != nil {
+// recordEventSQL passes "" as NULL, the owner of an event addressed to
+// none.
+const recordEventSQL = `SELECT outbox.record($1, $2, $3, nullif($4, ''))`
+
+// record records ev through outbox.record, inside q's transaction when q
+// is a *sql.Tx: the event commits or rolls back with it.
+func (ev eventInput) record(ctx context.Context, q queryer) (int64, error) {
+	if err := ev.validate(); err != nil {
 		return 0, err
 	}
+	payload := ev.Payload
 	if len(payload) == 0 {
 		payload = json.RawMessage(`{}`)
 	}
 	var id int64
-	err := q.QueryRowContext(ctx, `SELECT outbox.record($1, $2, $3)`, topic, subject, string(payload)).Scan(&id)
+	err := q.QueryRowContext(ctx, recordEventSQL, ev.Topic, ev.Subject, string(payload), ev.Owner).Scan(&id)
 	if pqErr := pq.As(err); pqErr != nil && (pqErr.Code.Class() == "22" || pqErr.Code == pqerror.CheckViolation) {
 		// JSON that Go accepts and jsonb does not (invalid UTF-8, an
 		// escaped NUL, a lone surrogate), or a payload over the size
@@ -111,6 +150,12 @@ func recordEvent(ctx context.Context, q queryer, topic, subject string, payload 
 		return 0, fmt.Errorf("record event: %w", err)
 	}
 	return id, nil
+}
+
+// recordEvent records an event addressed to no owner, inside q's
+// transaction when q is a *sql.Tx.
+func recordEvent(ctx context.Context, q queryer, topic, subject string, payload json.RawMessage) (int64, error) {
+	return eventInput{Topic: topic, Subject: subject, Payload: payload}.record(ctx, q)
 }
 
 // traceContext is a W3C trace context to record an event under; empty
@@ -150,9 +195,9 @@ func setTraceContext(ctx context.Context, tx *sql.Tx, tc traceContext) error {
 
 // recordEventTraced is recordEvent in a transaction of its own that
 // carries tc the way a producer's transaction does.
-func recordEventTraced(ctx context.Context, db *sql.DB, tc traceContext, topic, subject string, payload json.RawMessage) (int64, error) {
+func recordEventTraced(ctx context.Context, db *sql.DB, tc traceContext, ev eventInput) (int64, error) {
 	if tc == (traceContext{}) {
-		return recordEvent(ctx, db, topic, subject, payload)
+		return ev.record(ctx, db)
 	}
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
@@ -162,7 +207,7 @@ func recordEventTraced(ctx context.Context, db *sql.DB, tc traceContext, topic, 
 	if err := setTraceContext(ctx, tx, tc); err != nil {
 		return 0, fmt.Errorf("record event: %w", err)
 	}
-	id, err := recordEvent(ctx, tx, topic, subject, payload)
+	id, err := ev.record(ctx, tx)
 	if err != nil {
 		return 0, err
 	}
@@ -182,11 +227,14 @@ var errIdempotencyKeyReused = errors.New("idempotency key reused")
 const maxIdempotencyKeyLen = 255
 
 // requestDigest is what two requests under one Idempotency-Key must share
-// to be the same request: a SHA-256 of the topic, the subject and the
-// payload without insignificant whitespace (a client that re-encodes its
-// retry is still retrying). The trace context is not part of it: a retry
-// is a new span.
-func requestDigest(topic, subject string, payload json.RawMessage) []byte {
+// to be the same request: a SHA-256 of the topic, the subject, the owner
+// and the payload without insignificant whitespace (a client that
+// re-encodes its retry is still retrying). The owner goes in only when
+// there is one, after an "o", which no compact JSON payload starts with:
+// a request without one digests as it did before events had owners. The
+// trace context is not part of it: a retry is a new span.
+func requestDigest(ev eventInput) []byte {
+	payload := ev.Payload
 	if len(payload) == 0 {
 		payload = json.RawMessage(`{}`) // what recordEvent records
 	}
@@ -196,7 +244,10 @@ func requestDigest(topic, subject string, payload json.RawMessage) []byte {
 		compact.Write(payload) // validateEvent refuses it before it counts
 	}
 	h := sha256.New()
-	fmt.Fprintf(h, "%d:%s%d:%s", len(topic), topic, len(subject), subject)
+	fmt.Fprintf(h, "%d:%s%d:%s", len(ev.Topic), ev.Topic, len(ev.Subject), ev.Subject)
+	if ev.Owner != "" {
+		fmt.Fprintf(h, "o%d:%s", len(ev.Owner), ev.Owner)
+	}
 	h.Write(compact.Bytes())
 	return h.Sum(nil)
 }
@@ -218,11 +269,11 @@ const idempotentRounds = 3
 // for another event. Concurrent requests with one key record one event:
 // the key's primary key makes the second insert wait for the first's
 // transaction, and insert nothing once that commits.
-func recordEventOnce(ctx context.Context, db *sql.DB, key string, tc traceContext, topic, subject string, payload json.RawMessage) (id int64, replayed bool, err error) {
-	if err := validateEvent(topic, subject, payload); err != nil {
+func recordEventOnce(ctx context.Context, db *sql.DB, key string, tc traceContext, ev eventInput) (id int64, replayed bool, err error) {
+	if err := ev.validate(); err != nil {
 		return 0, false, err
 	}
-	digest := requestDigest(topic, subject, payload)
+	digest := requestDigest(ev)
 	for round := 1; ; round++ {
 		var stored []byte
 		err := db.QueryRowContext(ctx, findIdempotencyKeySQL, key).Scan(&stored, &id)
@@ -235,7 +286,7 @@ func recordEventOnce(ctx context.Context, db *sql.DB, key string, tc traceContex
 		case !errors.Is(err, sql.ErrNoRows):
 			return 0, false, fmt.Errorf("record event: read idempotency key: %w", err)
 		}
-		id, won, err := recordEventKeyed(ctx, db, key, digest, tc, topic, subject, payload)
+		id, won, err := recordEventKeyed(ctx, db, key, digest, tc, ev)
 		if err != nil || won {
 			return id, false, err
 		}
@@ -256,7 +307,7 @@ ON CONFLICT (key) DO NOTHING`
 // recordEventKeyed records the event and its key in one transaction,
 // under tc. won is false, and nothing is recorded, when a concurrent
 // request's transaction committed the key first.
-func recordEventKeyed(ctx context.Context, db *sql.DB, key string, digest []byte, tc traceContext, topic, subject string, payload json.RawMessage) (id int64, won bool, err error) {
+func recordEventKeyed(ctx context.Context, db *sql.DB, key string, digest []byte, tc traceContext, ev eventInput) (id int64, won bool, err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, false, fmt.Errorf("record event: %w", err)
@@ -267,7 +318,7 @@ func recordEventKeyed(ctx context.Context, db *sql.DB, key string, digest []byte
 			return 0, false, fmt.Errorf("record event: %w", err)
 		}
 	}
-	if id, err = recordEvent(ctx, tx, topic, subject, payload); err != nil {
+	if id, err = ev.record(ctx, tx); err != nil {
 		return 0, false, err
 	}
 	res, err := tx.ExecContext(ctx, insertIdempotencyKeySQL, key, digest, id)
@@ -347,12 +398,17 @@ func requeueEvent(ctx context.Context, db *sql.DB, id int64) error {
 	return nil
 }
 
+// eventColumns are the columns every query of events reads, in
+// scanEvent's order, of outbox.events as e.
+const eventColumns = `
+  e.id, e.topic, e.subject, e.payload, e.created_at,
+  e.fanned_out_at, e.relay_attempts, e.relay_error, e.poisoned_at,
+  e.traceparent, e.tracestate, e.owner`
+
 const getEventSQL = `
-SELECT id, topic, subject, payload, created_at,
-       fanned_out_at, relay_attempts, relay_error, poisoned_at,
-       traceparent, tracestate
-FROM outbox.events
-WHERE id = $1`
+SELECT` + eventColumns + `
+FROM outbox.events AS e
+WHERE e.id = $1`
 
 // getEvent reads one event.
 func getEvent(ctx context.Context, db *sql.DB, id int64) (Event, error) {
@@ -366,14 +422,13 @@ func getEvent(ctx context.Context, db *sql.DB, id int64) (Event, error) {
 	return e, nil
 }
 
-// scanEvent reads one event in getEventSQL's column order, which every
-// query of events shares.
+// scanEvent reads one event in eventColumns' order.
 func scanEvent(row rowScanner) (Event, error) {
 	var e Event
 	var payload []byte
 	err := row.Scan(&e.ID, &e.Topic, &e.Subject, &payload, &e.CreatedAt,
 		&e.FannedOutAt, &e.RelayAttempts, &e.RelayError, &e.PoisonedAt,
-		&e.Traceparent, &e.Tracestate)
+		&e.Traceparent, &e.Tracestate, &e.Owner)
 	e.Payload = payload
 	return e, err
 }
@@ -444,9 +499,7 @@ func (f *EventFilter) validate() error {
 // than EXISTS in the OR, which PostgreSQL may plan as a hash of every
 // job.
 const listEventsSelectSQL = `
-SELECT id, topic, subject, payload, created_at,
-       fanned_out_at, relay_attempts, relay_error, poisoned_at,
-       traceparent, tracestate
+SELECT` + eventColumns + `
 FROM outbox.events e
 CROSS JOIN LATERAL (
   SELECT count(*) AS jobs,

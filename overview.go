@@ -848,14 +848,6 @@ func slotHoldText(s SlotHold) string {
 	return strings.Join(held, " and ")
 }
 
-// deref is *n, or 0 for nil.
-func deref(n *int64) int64 {
-	if n == nil {
-		return 0
-	}
-	return *n
-}
-
 // retentionFailedAlert fires while storage bounds are not enforced: the
 // last cycle failed, or none has completed for retentionStaleIntervals
 // intervals (a sweep that hangs, or never runs, records no failure).

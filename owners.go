@@ -16,18 +16,40 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/lib/pq"
+	"github.com/lib/pq/pqerror"
 )
 
 // Owner is one row of outbox.owners as the API shows it, without its
 // token, which is shown only by create and rotate-token.
 type Owner struct {
-	ID             int64     `json:"id"`
-	Name           string    `json:"name"`
+	ID   int64  `json:"id"`
+	Name string `json:"name"`
+	// Key is the address of the events its endpoints receive
+	// (outbox.record's fourth argument, events.owner).
+	Key string `json:"key"`
+	ownerGrants
 	CreatedAt      time.Time `json:"created_at"`
 	TokenRotatedAt time.Time `json:"token_rotated_at"`
+}
+
+// ownerGrants are what an owner's endpoints may receive and ask for, as
+// the admin set them (schema.sql, outbox.owners, says what each means).
+type ownerGrants struct {
+	// AllowedTopics: nil, every topic of the events addressed to it.
+	AllowedTopics []string `json:"allowed_topics"`
+	SharedTopics  []string `json:"shared_topics"`
+	MaxEndpoints  int      `json:"max_endpoints"`
+	MaxInFlight   int      `json:"max_in_flight"`
+	// MaxRateLimitPerSecond: nil, any rate limit, and none.
+	MaxRateLimitPerSecond *float64 `json:"max_rate_limit_per_second"`
+	// MaxReplayWindowSeconds: nil, as far back as events are kept.
+	MaxReplayWindowSeconds *int64 `json:"max_replay_window_seconds"`
 }
 
 // ownerWithToken is the answer to create and rotate-token.
@@ -77,12 +99,103 @@ func parseOwnerToken(token string) (selector string, hash []byte, ok bool) {
 }
 
 const ownerColumns = `
-  id, name, created_at, token_rotated_at`
+  id, name, key, allowed_topics, shared_topics,
+  max_endpoints, max_in_flight, max_rate_limit_per_second, max_replay_window_seconds,
+  created_at, token_rotated_at`
 
 func scanOwner(row rowScanner) (Owner, error) {
 	var o Owner
-	err := row.Scan(&o.ID, &o.Name, &o.CreatedAt, &o.TokenRotatedAt)
+	var allowed pq.StringArray
+	err := row.Scan(&o.ID, &o.Name, &o.Key, &allowed, pq.Array(&o.SharedTopics),
+		&o.MaxEndpoints, &o.MaxInFlight, &o.MaxRateLimitPerSecond, &o.MaxReplayWindowSeconds,
+		&o.CreatedAt, &o.TokenRotatedAt)
+	if allowed != nil {
+		o.AllowedTopics = append([]string{}, allowed...)
+	}
+	if o.SharedTopics == nil {
+		o.SharedTopics = []string{}
+	}
 	return o, err
+}
+
+// ownerInput is what POST and PATCH /api/owners take: a field left out
+// keeps its value (on create, its default: schema.sql).
+type ownerInput struct {
+	Name                   *string            `json:"name"`
+	Key                    *string            `json:"key"`
+	AllowedTopics          nullable[[]string] `json:"allowed_topics"`
+	SharedTopics           *[]string          `json:"shared_topics"`
+	MaxEndpoints           *int               `json:"max_endpoints"`
+	MaxInFlight            *int               `json:"max_in_flight"`
+	MaxRateLimitPerSecond  nullable[float64]  `json:"max_rate_limit_per_second"`
+	MaxReplayWindowSeconds nullable[int64]    `json:"max_replay_window_seconds"`
+}
+
+// The ranges of an owner's limits, as schema.sql's owners_*_range
+// constraints hold them.
+const (
+	maxOwnerEndpoints = 10_000
+	maxOwnerTopics    = 100
+)
+
+// validate checks the fields given; creating, a name is required.
+func (in ownerInput) validate(creating bool) error {
+	var errs []error
+	if in.Name != nil || creating {
+		errs = append(errs, validOwnerName(deref(in.Name)))
+	}
+	if in.Key != nil {
+		errs = append(errs, validOwnerKey("key", *in.Key))
+	}
+	for field, patterns := range map[string][]string{"allowed_topics": deref(in.AllowedTopics.Value), "shared_topics": deref(in.SharedTopics)} {
+		if len(patterns) > maxOwnerTopics {
+			errs = append(errs, fmt.Errorf("%w: %s: %d topic patterns, at most %d", errInvalid, field, len(patterns), maxOwnerTopics))
+		}
+		for _, p := range patterns {
+			if err := topicPatternValid(p); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", field, err))
+			}
+		}
+	}
+	if n := in.MaxEndpoints; n != nil && (*n < 0 || *n > maxOwnerEndpoints) {
+		errs = append(errs, fmt.Errorf("%w: max_endpoints must be between 0 and %d, got %d", errInvalid, maxOwnerEndpoints, *n))
+	}
+	if n := in.MaxInFlight; n != nil && (*n < 1 || *n > maxMaxInFlight) {
+		errs = append(errs, fmt.Errorf("%w: max_in_flight must be between 1 and %d, got %d", errInvalid, maxMaxInFlight, *n))
+	}
+	if r := in.MaxRateLimitPerSecond.Value; r != nil && (*r < minRateLimit || *r > maxRateLimit) {
+		errs = append(errs, fmt.Errorf("%w: max_rate_limit_per_second must be between %g and %g, or null for none, got %g", errInvalid, minRateLimit, float64(maxRateLimit), *r))
+	}
+	if w := in.MaxReplayWindowSeconds.Value; w != nil && *w < 0 {
+		errs = append(errs, fmt.Errorf("%w: max_replay_window_seconds must be 0 or more, or null for events retention, got %d", errInvalid, *w))
+	}
+	for _, err := range errs {
+		if err != nil {
+			return err // one at a time, as every other route answers
+		}
+	}
+	return nil
+}
+
+// prefixScanner reads a row whose first column goes to first, and the
+// rest where its caller's Scan says.
+type prefixScanner struct {
+	row   rowScanner
+	first any
+}
+
+func (p prefixScanner) Scan(dest ...any) error { return p.row.Scan(append([]any{p.first}, dest...)...) }
+
+// ptr is a pointer to a copy of v.
+func ptr[T any](v T) *T { return &v }
+
+// deref is *p, or T's zero value for nil.
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
 }
 
 // validOwnerName refuses a name the panel could not show on one line.
@@ -98,23 +211,98 @@ func validOwnerName(name string) error {
 	return nil
 }
 
+// createOwnerSQL stores an owner; a NULL key gets the default
+// (owners_default_key), a NULL limit its column's default.
 const createOwnerSQL = `
-INSERT INTO outbox.owners (name, token_selector, token_hash)
-VALUES ($1, $2, $3)
+INSERT INTO outbox.owners (name, token_selector, token_hash, key, allowed_topics, shared_topics,
+                           max_endpoints, max_in_flight, max_rate_limit_per_second, max_replay_window_seconds)
+VALUES ($1, $2, $3, $4, $5::text[], coalesce($6::text[], '{}'), coalesce($7, 10), coalesce($8, 8), $9, $10)
 RETURNING` + ownerColumns
 
 // createOwner stores a new owner and answers it with its token, which
 // exists nowhere else from then on.
-func createOwner(ctx context.Context, db *sql.DB, name string) (ownerWithToken, error) {
-	if err := validOwnerName(name); err != nil {
+func createOwner(ctx context.Context, db *sql.DB, in ownerInput) (ownerWithToken, error) {
+	if err := in.validate(true); err != nil {
 		return ownerWithToken{}, err
 	}
 	token, selector, hash := newOwnerToken()
-	o, err := scanOwner(db.QueryRowContext(ctx, createOwnerSQL, name, selector, hash))
+	o, err := scanOwner(db.QueryRowContext(ctx, createOwnerSQL, *in.Name, selector, hash, in.Key,
+		nullableArray(in.AllowedTopics.Value), nullableArray(in.SharedTopics),
+		in.MaxEndpoints, in.MaxInFlight, in.MaxRateLimitPerSecond.Value, in.MaxReplayWindowSeconds.Value))
 	if err != nil {
-		return ownerWithToken{}, fmt.Errorf("create owner: %w", err)
+		return ownerWithToken{}, ownerWriteError("create owner", in, err)
 	}
 	return ownerWithToken{Owner: o, Token: token}, nil
+}
+
+// nullableArray is a text[] parameter: NULL for nil.
+func nullableArray(list *[]string) any {
+	if list == nil {
+		return nil
+	}
+	return pq.Array(append([]string{}, *list...))
+}
+
+// ownerWriteError is a refused write of an owner: a key another owner
+// has is the caller's mistake (400), anything else the database's.
+func ownerWriteError(op string, in ownerInput, err error) error {
+	if pqErr := pq.As(err); pqErr != nil && pqErr.Code == pqerror.UniqueViolation && pqErr.Constraint == "owners_key_unique" {
+		return fmt.Errorf("%w: key %q: another owner has it", errInvalid, deref(in.Key))
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+// updateOwnerSQL changes owner $1's given fields (a NULL parameter keeps
+// the column), and brings its endpoints within limits that went down:
+// the admin's change is the owner's new bound, on the endpoints it has
+// as on those it makes.
+const updateOwnerSQL = `
+WITH updated AS (
+  UPDATE outbox.owners
+  SET name = coalesce($2, name),
+      key = coalesce($3, key),
+      allowed_topics = CASE WHEN $4 THEN $5::text[] ELSE allowed_topics END,
+      shared_topics = coalesce($6::text[], shared_topics),
+      max_endpoints = coalesce($7, max_endpoints),
+      max_in_flight = coalesce($8, max_in_flight),
+      max_rate_limit_per_second = CASE WHEN $9 THEN $10 ELSE max_rate_limit_per_second END,
+      max_replay_window_seconds = CASE WHEN $11 THEN $12 ELSE max_replay_window_seconds END
+  WHERE id = $1
+  RETURNING` + ownerColumns + `
+),
+clamped AS (
+  UPDATE outbox.endpoints AS ep
+  SET max_in_flight = least(ep.max_in_flight, u.max_in_flight),
+      rate_limit_per_second = CASE WHEN u.max_rate_limit_per_second IS NULL THEN ep.rate_limit_per_second
+                                   ELSE least(coalesce(ep.rate_limit_per_second, u.max_rate_limit_per_second),
+                                              u.max_rate_limit_per_second) END,
+      updated_at = now()
+  FROM updated AS u
+  WHERE ep.owner_id = u.id
+    AND (ep.max_in_flight > u.max_in_flight
+         OR (u.max_rate_limit_per_second IS NOT NULL
+             AND (ep.rate_limit_per_second IS NULL OR ep.rate_limit_per_second > u.max_rate_limit_per_second)))
+)
+SELECT` + ownerColumns + `
+FROM updated`
+
+// updateOwner changes owner id as in says.
+func updateOwner(ctx context.Context, db *sql.DB, id int64, in ownerInput) (Owner, error) {
+	if err := in.validate(false); err != nil {
+		return Owner{}, err
+	}
+	o, err := scanOwner(db.QueryRowContext(ctx, updateOwnerSQL, id, in.Name, in.Key,
+		in.AllowedTopics.Set, nullableArray(in.AllowedTopics.Value), nullableArray(in.SharedTopics),
+		in.MaxEndpoints, in.MaxInFlight,
+		in.MaxRateLimitPerSecond.Set, in.MaxRateLimitPerSecond.Value,
+		in.MaxReplayWindowSeconds.Set, in.MaxReplayWindowSeconds.Value))
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return o, fmt.Errorf("owner %d: %w", id, errNotFound)
+	case err != nil:
+		return o, ownerWriteError(fmt.Sprintf("update owner %d", id), in, err)
+	}
+	return o, nil
 }
 
 // listOwnersSQL is every owner: the admin creates each one, and a page
@@ -211,8 +399,7 @@ func ownerOfToken(ctx context.Context, db *sql.DB, token string) (*Owner, error)
 		return nil, nil
 	}
 	var stored []byte
-	var o Owner
-	err := db.QueryRowContext(ctx, ownerByTokenSQL, selector).Scan(&stored, &o.ID, &o.Name, &o.CreatedAt, &o.TokenRotatedAt)
+	o, err := scanOwner(prefixScanner{db.QueryRowContext(ctx, ownerByTokenSQL, selector), &stored})
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return nil, nil
@@ -387,10 +574,13 @@ func claimInput(ctx context.Context, db *sql.DB, in *endpointInput, creating boo
 		if in.OwnerID.Set {
 			return fmt.Errorf("%w: owner_id: an owner's token cannot set it; the endpoints it creates are its own", errInvalid)
 		}
-		if creating && who.owner != nil {
+		if who.owner == nil {
+			return nil
+		}
+		if creating {
 			in.OwnerID = nullable[int64]{Set: true, Value: &who.owner.ID}
 		}
-		return nil
+		return who.owner.ownerGrants.limit(in, creating)
 	}
 	if in.OwnerID.Value != nil {
 		if _, err := getOwner(ctx, db, *in.OwnerID.Value); errors.Is(err, errNotFound) {
@@ -400,4 +590,77 @@ func claimInput(ctx context.Context, db *sql.DB, in *endpointInput, creating boo
 		}
 	}
 	return nil
+}
+
+// limit holds an owner's write of its endpoint (in) to what the admin
+// granted it: topics it may receive, and settings no higher than its
+// limits. Creating, the settings it leaves out become the highest it may
+// have where the endpoint's own default is higher. Only what in gives is
+// checked: an endpoint the admin set beyond the limits keeps that until
+// the owner changes the field. The admin's own writes are not limited.
+func (g ownerGrants) limit(in *endpointInput, creating bool) error {
+	if in.Topics != nil || creating {
+		if err := g.coverTopics(deref(in.Topics)); err != nil {
+			return err
+		}
+	}
+	switch {
+	case in.MaxInFlight != nil && *in.MaxInFlight > g.MaxInFlight:
+		return fmt.Errorf("%w: max_in_flight %d: this owner's endpoints may ask for %d at most", errInvalid, *in.MaxInFlight, g.MaxInFlight)
+	case in.MaxInFlight == nil && creating && defaultMaxInFlight > g.MaxInFlight:
+		in.MaxInFlight = ptr(g.MaxInFlight)
+	}
+	if most := g.MaxRateLimitPerSecond; most != nil {
+		rate := in.RateLimitPerSecond
+		switch {
+		case rate.Set && rate.Value == nil:
+			return fmt.Errorf("%w: rate_limit_per_second: this owner's endpoints need one, at most %g a second", errInvalid, *most)
+		case rate.Value != nil && *rate.Value > *most:
+			return fmt.Errorf("%w: rate_limit_per_second %g: this owner's endpoints may ask for %g a second at most", errInvalid, *rate.Value, *most)
+		case !rate.Set && creating:
+			in.RateLimitPerSecond = nullable[float64]{Set: true, Value: ptr(*most)}
+		}
+	}
+	return nil
+}
+
+// coverTopics refuses an endpoint's topic pattern that selects more than
+// the owner may receive: the topics of its own events it is allowed (all
+// when AllowedTopics is nil) and those it is shared. An endpoint's empty
+// list selects every topic, as "*" does. The fan-out keeps to the same
+// grants whatever an endpoint's topics (outbox.owner_admits): this check
+// is there to tell the owner, not to hold the boundary.
+func (g ownerGrants) coverTopics(patterns []string) error {
+	if g.AllowedTopics == nil {
+		return nil
+	}
+	if len(patterns) == 0 {
+		patterns = []string{"*"}
+	}
+	granted := append(append([]string{}, g.AllowedTopics...), g.SharedTopics...)
+	for _, p := range patterns {
+		if !slices.ContainsFunc(granted, func(grant string) bool { return patternCovers(grant, p) }) {
+			may := "no topic"
+			if len(granted) > 0 {
+				may = strings.Join(granted, ", ")
+			}
+			return fmt.Errorf("%w: topics: %q selects topics this owner may not receive; it may receive %s", errInvalid, p, may)
+		}
+	}
+	return nil
+}
+
+// patternCovers reports whether every topic that pattern p selects is
+// selected by grant (outbox.topic_matches' rules: "*" every topic but
+// outboxd's own, "order.*" every topic under "order.", else the name).
+func patternCovers(grant, p string) bool {
+	switch {
+	case grant == p:
+		return true
+	case grant == "*":
+		return !strings.HasPrefix(p, internalTopicPrefix)
+	case strings.HasSuffix(grant, ".*"):
+		return strings.HasPrefix(p, strings.TrimSuffix(grant, "*"))
+	}
+	return false
 }

@@ -211,6 +211,9 @@ func newIsolationWorld(t *testing.T) isolationWorld {
 	srv := httptest.NewServer(routes(a))
 	t.Cleanup(srv.Close)
 	w := isolationWorld{srv: srv, a: a, mine: newOwner(t, srv, "mine"), theirs: newOwner(t, srv, "theirs")}
+	// The walks below make endpoints of mine's, two a route: past the
+	// default max_endpoints, which TestOwnerLimitsHoldItsEndpoints holds.
+	decodeAs(t, srv, testToken, "PATCH", fmt.Sprintf("/api/owners/%d", w.mine.ID), `{"max_endpoints": 1000}`, 200, nil)
 	w.theirsEp = endpointAs(t, srv, w.theirs.Token, 0)
 	w.missing = w.theirsEp.ID + 1000
 	return w
@@ -645,7 +648,7 @@ func TestOwnerSeesWhatItsEndpointWasSent(t *testing.T) {
 	var mine Endpoint
 	decodeAs(t, srv, o.Token, "POST", "/api/endpoints", `{"url": "http://127.0.0.1:9/hook", "topics": ["order.*"]}`, 201, &mine)
 	decodeAs(t, srv, testToken, "POST", "/api/endpoints", `{"url": "http://127.0.0.1:9/other", "topics": ["user.*"]}`, 201, nil)
-	sent, elsewhere := record(t, db, "order.paid", "o-1"), record(t, db, "user.created", "u-1")
+	sent, elsewhere := recordAddressed(t, db, o.Key, "order.paid", "o-1"), record(t, db, "user.created", "u-1")
 	relayAll(t, db)
 
 	var got eventWithJobs
@@ -671,7 +674,7 @@ func TestOwnerSeesWhatItsEndpointWasSent(t *testing.T) {
 func TestSigninLinksStayBounded(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
-	o, err := createOwner(t.Context(), db, "many links")
+	o, err := createOwner(t.Context(), db, ownerInput{Name: ptr("many links")})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/lib/pq"
 	"github.com/lib/pq/pqerror"
 )
@@ -130,7 +131,7 @@ func TestApplicationRoleCanRecordAndNothingElse(t *testing.T) {
 	for _, q := range []string{
 		`CREATE SCHEMA shop AUTHORIZATION ` + appRole,
 		`GRANT USAGE ON SCHEMA outbox TO ` + appRole + `, ` + otherRole,
-		`GRANT EXECUTE ON FUNCTION outbox.record(text, text, jsonb), outbox.watch_row() TO ` + appRole,
+		`GRANT EXECUTE ON FUNCTION outbox.record(text, text, jsonb), outbox.record(text, text, jsonb, text), outbox.watch_row() TO ` + appRole,
 	} {
 		mustExec(t, db, q)
 	}
@@ -139,17 +140,19 @@ func TestApplicationRoleCanRecordAndNothingElse(t *testing.T) {
 
 	app := openAs(t, dsn, appRole)
 	for _, q := range []string{
-		`CREATE TABLE shop.orders (id bigint PRIMARY KEY, status text NOT NULL)`,
-		`SELECT outbox.watch('shop.orders', 'order.changed', ARRAY['status'])`,
+		`CREATE TABLE shop.orders (id bigint PRIMARY KEY, status text NOT NULL, customer text NOT NULL)`,
+		`SELECT outbox.watch('shop.orders', 'order.changed', ARRAY['status'], 'customer')`,
 		`SELECT outbox.record('order.paid', '1', '{}')`,
-		`INSERT INTO shop.orders VALUES (2, 'new')`,
+		`SELECT outbox.record('order.paid', '1', '{}', 'cust_7')`,
+		`INSERT INTO shop.orders VALUES (2, 'new', 'cust_9')`,
 	} {
 		if _, err := app.Exec(q); err != nil {
 			t.Fatalf("as the application role: %s: %v", q, err)
 		}
 	}
-	if n := queryInt(t, db, `SELECT count(*) FROM outbox.events`); n != 2 {
-		t.Errorf("%d events recorded, want 2 (one by call, one by trigger)", n)
+	owners := queryStrings(t, db, `SELECT coalesce(owner, '-') || ' ' || subject FROM outbox.events ORDER BY id`)
+	if diff := cmp.Diff([]string{"- 1", "cust_7 1", "cust_9 2"}, owners); diff != "" {
+		t.Errorf("events recorded, by call and by trigger, as owner and subject (-want +got):\n%s", diff)
 	}
 
 	refused := func(db *sql.DB, q string) {

@@ -316,7 +316,8 @@ WHERE id = $1
   AND disabled_at = $2
   AND disabled_cause = 'failure'
   AND recovery_probes
-RETURNING url, owner_email, recovered_at`
+RETURNING url, owner_email, recovered_at,
+          coalesce((SELECT o.key FROM outbox.owners AS o WHERE o.id = owner_id), '')`
 
 // recover re-enables the endpoint that answered pr with status, records
 // the owner's event with it, then runs the replay's first pass. It
@@ -340,8 +341,9 @@ func (p *prober) recover(ctx context.Context, pr claimedProbe, status int) (bool
 		EndpointID: pr.endpointID, State: endpointRecovered,
 		DisabledAt: &pr.disabledAt, DisabledReason: &pr.disabledReason, RecoveredReason: &reason,
 	}
+	var ownerKey string // the event's address: the endpoint's owner (outbox.endpoint_state_event)
 	err = tx.QueryRowContext(ctx, recoverEndpointSQL, pr.endpointID, pr.disabledAt, reason, from).
-		Scan(&payload.URL, &payload.OwnerEmail, &payload.RecoveredAt)
+		Scan(&payload.URL, &payload.OwnerEmail, &payload.RecoveredAt, &ownerKey)
 	if errors.Is(err, sql.ErrNoRows) {
 		// Opted out since the claim (an operator's disable or enable
 		// ends the failure, and probeFailedSQL then writes nothing).
@@ -354,7 +356,8 @@ func (p *prober) recover(ctx context.Context, pr claimedProbe, status int) (bool
 	if err != nil {
 		return false, fmt.Errorf("recover endpoint %d: %w", pr.endpointID, err)
 	}
-	if _, err := recordEvent(ctx, tx, endpointRecoveredTopic, strconv.FormatInt(pr.endpointID, 10), b); err != nil {
+	recovered := eventInput{Topic: endpointRecoveredTopic, Subject: strconv.FormatInt(pr.endpointID, 10), Payload: b, Owner: ownerKey}
+	if _, err := recovered.record(ctx, tx); err != nil {
 		return false, fmt.Errorf("recover endpoint %d: %w", pr.endpointID, err)
 	}
 	if err := tx.Commit(); err != nil {

@@ -122,8 +122,10 @@ func (r replayRange) args() (until sql.NullTime, topics any, through sql.NullInt
 // and before $5 (NULL: no end), that the endpoint's topics select and,
 // unless $6 is empty, the replay's topics too, and whose payload the
 // endpoint's filter passes, as the fan-out tests it (outbox.fan_out,
-// silent: unknown is no match); the filter is the endpoint's as each
-// batch reads it. replaySQL enqueues them and replayCountSQL counts
+// silent: unknown is no match), within the tenancy boundary the fan-out
+// keeps (outbox.owner_admits): an owner's endpoint replays its owner's
+// events and nobody else's, whatever its topics; the filter and the
+// owner's grants are as each batch reads them. replaySQL enqueues them and replayCountSQL counts
 // them, so a dry run counts what the replay enqueues
 // (TestReplayDryRunCountsWhatTheReplayEnqueues). Both lists of patterns
 // are split once, in the statement's one-row CTEs, and tested against
@@ -131,8 +133,11 @@ func (r replayRange) args() (until sql.NullTime, topics any, through sql.NullInt
 // inlines: the walk passes every event of the window, of every topic.
 const replayCandidatesSQL = `
 WITH endpoint AS (
-  SELECT ep.id, ep.ordering, ep.filter_path, t.names, t.prefixes, t.every_topic
-  FROM outbox.endpoints AS ep, outbox.topic_split(ep.topics) AS t
+  SELECT ep.id, ep.ordering, ep.filter_path, t.names, t.prefixes, t.every_topic,
+         o.key AS owner_key, o.allowed_topics, o.shared_topics
+  FROM outbox.endpoints AS ep
+  CROSS JOIN LATERAL outbox.topic_split(ep.topics) AS t
+  LEFT JOIN outbox.owners AS o ON o.id = ep.owner_id
   WHERE ep.id = $1
     AND ep.disabled_at IS NULL
 ),
@@ -150,6 +155,7 @@ candidates AS (
     AND ($7::bigint IS NULL OR e.id <= $7)
     AND outbox.topic_selected(e.topic, endpoint.names, endpoint.prefixes, endpoint.every_topic)
     AND (narrowed.by_endpoint_alone OR outbox.topic_selected(e.topic, narrowed.names, narrowed.prefixes, narrowed.every_topic))
+    AND outbox.owner_admits(e.owner, e.topic, endpoint.owner_key, endpoint.allowed_topics, endpoint.shared_topics)
     AND (endpoint.filter_path IS NULL OR jsonb_path_match(e.payload, endpoint.filter_path, silent => true))
   ORDER BY e.id
   LIMIT $4
@@ -245,6 +251,16 @@ func planReplay(ctx context.Context, db *sql.DB, id int64, req ReplayRequest, re
 		w.Message = fmt.Sprintf("replay starts at %s, not %s: %s", oldest.Format(time.RFC3339), req.Since.Format(time.RFC3339), why)
 		if !w.From.Before(w.To) {
 			w.Message += fmt.Sprintf("; that is not before its end, %s, so nothing is replayed", w.To.Format(time.RFC3339))
+		}
+	}
+	if o := principalIn(ctx).owner; o != nil && o.MaxReplayWindowSeconds != nil {
+		// The owner's own bound (owners.go), after the dedup rule's: the
+		// later start wins.
+		oldest := now.Add(-time.Duration(*o.MaxReplayWindowSeconds) * time.Second)
+		if w.From.Before(oldest) {
+			w.From, w.Clamped = oldest, true
+			w.Message = fmt.Sprintf("replay starts at %s, not %s: an owner's replays reach back %s at most",
+				oldest.Format(time.RFC3339), req.Since.Format(time.RFC3339), time.Duration(*o.MaxReplayWindowSeconds)*time.Second)
 		}
 	}
 	if ep.State == endpointDisabled {

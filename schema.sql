@@ -125,6 +125,38 @@ AS $$
   SELECT topic = ANY(names) OR topic ^@ ANY(prefixes) OR (every_topic AND NOT topic ^@ 'outboxd.')
 $$;
 
+-- owner_admits is the tenancy boundary (docs/owners.md), written once:
+-- whether an event addressed to event_owner (NULL: to no owner), of
+-- topic, may reach an endpoint whose owner has key owner_key (NULL: an
+-- endpoint of no owner), with that owner's allowed_topics (NULL: every
+-- topic) and shared_topics (outbox.owners):
+--
+--   an endpoint of no owner    the events addressed to no owner;
+--   an owner's endpoint        the events addressed to its owner whose
+--                              topic the owner is allowed, and the events
+--                              addressed to no owner whose topic the owner
+--                              is shared ('{}': none).
+--
+-- Every statement that gives an endpoint an event tests it beside the
+-- endpoint's own topics: the fan-out, a replay and its dry run, the gap
+-- replay of a recovered endpoint, the ordered lanes' hold; and so does
+-- every statement that shows an owner an event: the filter preview and
+-- the portal's event page. An empty allowed list allows nothing, as an
+-- empty shared list shares nothing: only NULL means every topic. One SQL
+-- expression, so that the planner inlines it where it is called.
+CREATE OR REPLACE FUNCTION outbox.owner_admits(event_owner text, topic text, owner_key text,
+                                               allowed_topics text[], shared_topics text[])
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+  SELECT CASE
+    WHEN owner_key IS NULL THEN event_owner IS NULL
+    WHEN event_owner IS NULL THEN cardinality(shared_topics) > 0 AND outbox.topic_matches(shared_topics, topic)
+    ELSE event_owner = owner_key
+         AND (allowed_topics IS NULL OR (cardinality(allowed_topics) > 0 AND outbox.topic_matches(allowed_topics, topic)))
+  END
+$$;
+
 --------------------------------------------------------------------------------
 -- Events: the outbox
 --------------------------------------------------------------------------------
@@ -201,6 +233,28 @@ BEGIN
     ADD CONSTRAINT events_tracestate_format CHECK (
       length(tracestate) <= 512 AND tracestate ~ '^[ -~]*$'
     ) NOT VALID;
+EXCEPTION WHEN duplicate_object THEN
+  NULL;
+END
+$$;
+
+-- owner addresses the event to one owner of endpoints (outbox.owners.key,
+-- a key the application chooses, such as its own customer id): the
+-- fan-out sends an event with an owner only to that owner's endpoints,
+-- and one without (NULL) only to endpoints of no owner and to those whose
+-- owner shares its topic (owner_admits, above). No foreign key: an event
+-- may be addressed to a key no owner has yet, and keeps its address when
+-- an owner is deleted. Its format is the owners' key's (owners_key_format):
+-- an address no owner could have fails the recording, as a bad topic does,
+-- rather than reach nobody unseen. NOT VALID: rows stored before the column hold
+-- NULL, and need no scan of the table.
+ALTER TABLE outbox.events
+  ADD COLUMN IF NOT EXISTS owner text;
+
+DO $$
+BEGIN
+  ALTER TABLE outbox.events
+    ADD CONSTRAINT events_owner_format CHECK (owner ~ '^[A-Za-z0-9][A-Za-z0-9_.:@/+=-]{0,199}$') NOT VALID;
 EXCEPTION WHEN duplicate_object THEN
   NULL;
 END
@@ -340,8 +394,9 @@ $$;
 -- UPDATE sees every row the claim locked. (The other way round, a claim
 -- made by a function called from the UPDATE runs later than the UPDATE's
 -- snapshot and can lock a row that the UPDATE does not see.)
-CREATE OR REPLACE FUNCTION outbox.mark_claimed_fanned_out(in_claimed bigint[])
-RETURNS TABLE (id bigint, topic text, subject text, payload jsonb)
+DROP FUNCTION IF EXISTS outbox.mark_claimed_fanned_out(bigint[]);
+CREATE FUNCTION outbox.mark_claimed_fanned_out(in_claimed bigint[])
+RETURNS TABLE (id bigint, topic text, subject text, payload jsonb, owner text)
 LANGUAGE plpgsql VOLATILE
 SET enable_seqscan = off
 AS $$
@@ -351,7 +406,7 @@ BEGIN
   SET fanned_out_at = now(),
       committed_at = outbox.commit_time(e, e.xmin)
   WHERE e.id = ANY (in_claimed)
-  RETURNING e.id, e.topic, e.subject, e.payload;
+  RETURNING e.id, e.topic, e.subject, e.payload, e.owner;
 END
 $$;
 
@@ -592,6 +647,11 @@ CREATE SEQUENCE IF NOT EXISTS outbox.trace_repairs_tracestate_truncated;
 --   SELECT outbox.record('order.paid', '42', '{"amount": 1200}');
 --   COMMIT;
 --
+-- owner addresses the event to the owner with that key (events.owner,
+-- owner_admits): outbox.record('invoice.paid', 'inv_7', '{...}', 'cust_42')
+-- reaches only the endpoints of the owner whose key is 'cust_42'. NULL or
+-- '' addresses it to no owner.
+--
 -- It runs with the rights of its owner, outboxd's role (SECURITY DEFINER),
 -- so an application role needs only EXECUTE on it, not INSERT on events,
 -- and can record without reading or changing any of outboxd's tables. Its
@@ -607,7 +667,16 @@ CREATE SEQUENCE IF NOT EXISTS outbox.trace_repairs_tracestate_truncated;
 -- every call (a function with SECURITY DEFINER or SET is never inlined),
 -- and keeps a PL/pgSQL function's plan for the session. In the producer's
 -- transaction that planning is about a fifth of what a record costs.
-CREATE OR REPLACE FUNCTION outbox.record(topic text, subject text, payload jsonb)
+DO $$
+BEGIN
+  -- Whether this migration makes the four-argument form, whose grants
+  -- are then copied from the three-argument one (below).
+  PERFORM set_config('outbox.record_owner_is_new',
+                     (to_regprocedure('outbox.record(text, text, jsonb, text)') IS NULL)::text, true);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox.record(topic text, subject text, payload jsonb, owner text)
 RETURNS bigint
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -629,32 +698,61 @@ BEGIN
       PERFORM nextval(('outbox.trace_repairs_' || r)::regclass) FROM unnest(tc.repairs) AS r;
     END IF;
   END IF;
-  INSERT INTO outbox.events (topic, subject, payload, traceparent, tracestate)
-  VALUES (record.topic, coalesce(record.subject, ''), coalesce(record.payload, '{}'), tp, ts)
+  INSERT INTO outbox.events (topic, subject, payload, traceparent, tracestate, owner)
+  VALUES (record.topic, coalesce(record.subject, ''), coalesce(record.payload, '{}'), tp, ts,
+          nullif(record.owner, ''))
   RETURNING events.id INTO recorded_id;
   RETURN recorded_id;
 END
 $$;
 
+-- The three-argument form records an event addressed to no owner: every
+-- call written before owners had keys, and the readiness check of a
+-- replica of the release before (which looks this signature up). Not a
+-- default of the four-argument form: beside this one, a default would
+-- make every three-argument call ambiguous. SECURITY DEFINER like it, so
+-- that a role granted only this form (as roles were before the owner
+-- argument) keeps recording; PL/pgSQL, whose RETURN of a call runs
+-- without planning a statement.
+CREATE OR REPLACE FUNCTION outbox.record(topic text, subject text, payload jsonb)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+  RETURN outbox.record(topic, subject, payload, NULL::text);
+END
+$$;
+
 -- watch_row is the trigger function behind outbox.watch(). TG_ARGV[0] is the
--- topic; the remaining arguments name the table's primary-key columns, whose
--- values (comma-separated) become the event's subject. The payload carries
--- the operation and the row before and after. Like outbox.record, it runs
--- as its owner, so the application's writes record events without any
--- right on outboxd's tables; a table's owner needs EXECUTE on it to
--- install the triggers (outbox.watch).
+-- topic; then, for a watch that addresses its events (owner_column), the
+-- argument 'owner=' and the column whose value is the event's owner; the
+-- remaining arguments name the table's primary-key columns, whose values
+-- (comma-separated) become the event's subject. The payload carries the
+-- operation and the row before and after. Triggers installed before
+-- watches took an owner have no 'owner=' argument, and record as before.
+-- Like outbox.record, it runs as its owner, so the application's writes
+-- record events without any right on outboxd's tables; a table's owner
+-- needs EXECUTE on it to install the triggers (outbox.watch).
 CREATE OR REPLACE FUNCTION outbox.watch_row() RETURNS trigger
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-  row_json jsonb := to_jsonb(CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END);
-  subject  text := '';
-  i        integer;
+  row_json  jsonb := to_jsonb(CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END);
+  subject   text := '';
+  owner     text;
+  first_key integer := 1;
+  i         integer;
 BEGIN
-  FOR i IN 1 .. TG_NARGS - 1 LOOP
-    subject := subject || CASE WHEN i > 1 THEN ',' ELSE '' END
+  IF TG_NARGS > 1 AND starts_with(TG_ARGV[1], 'owner=') THEN
+    owner := row_json ->> substr(TG_ARGV[1], length('owner=') + 1);
+    first_key := 2;
+  END IF;
+  FOR i IN first_key .. TG_NARGS - 1 LOOP
+    subject := subject || CASE WHEN i > first_key THEN ',' ELSE '' END
                        || coalesce(row_json ->> TG_ARGV[i], '');
   END LOOP;
   PERFORM outbox.record(
@@ -665,7 +763,8 @@ BEGIN
       'table', TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME,
       'old',   CASE WHEN TG_OP <> 'INSERT' THEN to_jsonb(OLD) END,
       'new',   CASE WHEN TG_OP <> 'DELETE' THEN to_jsonb(NEW) END
-    )
+    ),
+    owner
   );
   RETURN NULL;
 END
@@ -674,15 +773,42 @@ $$;
 -- Recording is a right to grant, not a default: functions are executable
 -- by PUBLIC unless revoked, and these two run as outboxd's role.
 REVOKE EXECUTE ON FUNCTION outbox.record(text, text, jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION outbox.record(text, text, jsonb, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION outbox.watch_row() FROM PUBLIC;
+
+-- A role granted the three-argument form before the four-argument one
+-- existed is granted that one too, once, as it is made: the
+-- three-argument form calls it, and an application that records keeps
+-- recording across the upgrade.
+DO $$
+DECLARE
+  grantee text;
+BEGIN
+  IF current_setting('outbox.record_owner_is_new', true) = 'true' THEN
+    FOR grantee IN
+      SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END
+      FROM pg_proc AS p, aclexplode(p.proacl) AS a
+      WHERE p.oid = 'outbox.record(text, text, jsonb)'::regprocedure
+        AND a.privilege_type = 'EXECUTE'
+        AND a.grantee <> p.proowner
+    LOOP
+      EXECUTE format('GRANT EXECUTE ON FUNCTION outbox.record(text, text, jsonb, text) TO %s', grantee);
+    END LOOP;
+  END IF;
+END
+$$;
 
 -- watch records an event with the given topic on every INSERT and DELETE of
 -- tbl, and on an UPDATE only when one of the watched columns really changed
 -- (NULL-safe). The check is the UPDATE trigger's WHEN clause, so a no-op
 -- update never even calls the trigger function. An empty or NULL column list
--- watches every column. Calling it again with the same table and topic
--- replaces the triggers; outbox.unwatch removes them.
-CREATE OR REPLACE FUNCTION outbox.watch(tbl regclass, topic text, columns text[])
+-- watches every column. owner_column, when given, names the column whose
+-- value addresses each event to an owner (outbox.record's owner): a
+-- customer_id column makes every change of a customer's row an event for
+-- that customer's endpoints alone. Calling it again with the same table
+-- and topic replaces the triggers; outbox.unwatch removes them.
+DROP FUNCTION IF EXISTS outbox.watch(regclass, text, text[]);
+CREATE OR REPLACE FUNCTION outbox.watch(tbl regclass, topic text, columns text[], owner_column text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -698,7 +824,7 @@ BEGIN
   END IF;
 
   SELECT c INTO missing
-  FROM unnest(coalesce(columns, '{}')) AS c
+  FROM unnest(array_remove(coalesce(columns, '{}') || owner_column, NULL)) AS c
   WHERE NOT EXISTS (
     SELECT 1 FROM pg_attribute a
     WHERE a.attrelid = tbl AND a.attname = c AND a.attnum > 0 AND NOT a.attisdropped
@@ -716,7 +842,8 @@ BEGIN
   WHERE i.indrelid = tbl AND i.indisprimary;
 
   trigger_args := array_to_string(
-    ARRAY(SELECT quote_literal(x) FROM unnest(topic || coalesce(key_columns, '{}')) AS x),
+    ARRAY(SELECT quote_literal(x)
+          FROM unnest(array_remove(ARRAY[topic, 'owner=' || owner_column] || coalesce(key_columns, '{}'), NULL)) AS x),
     ', ');
 
   IF coalesce(cardinality(columns), 0) = 0 THEN
@@ -1898,8 +2025,9 @@ ALTER TABLE outbox.jobs
 
 -- advance_lanes makes the next held delivery of each given lane due: the
 -- one of the lowest event id, if the lane has no active delivery and no
--- earlier event of its subject that the endpoint's topics select is still
--- waiting to be fanned out. That last rule is what makes fan-out order
+-- earlier event of its subject that the endpoint's topics select, and the
+-- tenancy boundary lets it have (owner_admits), is still waiting to be
+-- fanned out. That last rule is what makes fan-out order
 -- commit order: two relays can fan out a subject's events 2 and 3 at
 -- once, and 3's transaction commit first; 3 then waits for 2, whose
 -- relay's own call advances the lane. The un-fanned events are read once
@@ -1980,13 +2108,15 @@ BEGIN
   -- The head of a lane with no active delivery: its held one of the
   -- lowest event id.
   WITH lane AS (
-    SELECT DISTINCT g.endpoint_id, g.lane_key, ep.topics
+    SELECT DISTINCT g.endpoint_id, g.lane_key, ep.topics,
+           o.key AS owner_key, o.allowed_topics, o.shared_topics
     FROM unnest(endpoint_ids, lane_keys) AS g(endpoint_id, lane_key)
     JOIN outbox.endpoints AS ep ON ep.id = g.endpoint_id
+    LEFT JOIN outbox.owners AS o ON o.id = ep.owner_id
     WHERE g.lane_key IS NOT NULL
   ),
   head AS MATERIALIZED (
-    SELECT h.id, h.event_id, l.lane_key, l.topics
+    SELECT h.id, h.event_id, l.lane_key, l.topics, l.owner_key, l.allowed_topics, l.shared_topics
     FROM lane AS l
     CROSS JOIN LATERAL (
       SELECT j.id, j.event_id
@@ -2008,7 +2138,7 @@ BEGIN
     )
   ),
   unfanned AS MATERIALIZED (
-    SELECT e.id, e.subject, e.topic
+    SELECT e.id, e.subject, e.topic, e.owner
     FROM outbox.events AS e
     WHERE e.fanned_out_at IS NULL
       AND e.poisoned_at IS NULL
@@ -2024,6 +2154,7 @@ BEGIN
       WHERE e.subject = h.lane_key
         AND e.id < h.event_id
         AND outbox.topic_matches(h.topics, e.topic)
+        AND outbox.owner_admits(e.owner, e.topic, h.owner_key, h.allowed_topics, h.shared_topics)
     );
   GET DIAGNOSTICS advanced = ROW_COUNT;
   RETURN advanced;
@@ -2152,6 +2283,11 @@ $$;
 -- member in strict mode, a result that is not a boolean) answers unknown,
 -- and unknown is no match, never a failed pass. filter_problem keeps out
 -- the filters whose errors silent does not cover.
+-- An event reaches an endpoint only within the tenancy boundary
+-- (owner_admits): its owner's endpoints for an event addressed to an
+-- owner, endpoints of no owner (and owners sharing its topic) for one
+-- addressed to nobody. An event kept out so is no delivery and no
+-- filtered_out: for that endpoint it does not exist.
 --
 -- A coalescing subscriber gets one job per topic and subject of the batch,
 -- for its highest event id (DISTINCT ON keeps the first row of each (kind,
@@ -2238,7 +2374,7 @@ BEGIN
     END IF;
   END IF;
   WITH marked AS (
-    SELECT m.id, m.topic, m.subject, m.payload
+    SELECT m.id, m.topic, m.subject, m.payload, m.owner
     FROM outbox.mark_claimed_fanned_out(claimed) AS m
   ),
   topics AS (
@@ -2250,9 +2386,11 @@ BEGIN
     JOIN topics AS t ON outbox.topic_matches(s.topics, t.topic)
   ),
   endpoint_subscriptions AS (
-    SELECT ep.id AS endpoint_id, ep.breaker_opened_at, ep.ordering, ep.filter_path, t.topic
+    SELECT ep.id AS endpoint_id, ep.breaker_opened_at, ep.ordering, ep.filter_path, t.topic,
+           o.key AS owner_key, o.allowed_topics, o.shared_topics
     FROM outbox.endpoints AS ep
     JOIN topics AS t ON outbox.topic_matches(ep.topics, t.topic)
+    LEFT JOIN outbox.owners AS o ON o.id = ep.owner_id
     WHERE ep.disabled_at IS NULL
   ),
   routed AS (
@@ -2261,6 +2399,7 @@ BEGIN
              OR coalesce(jsonb_path_match(m.payload, es.filter_path, silent => true), false) AS passes
     FROM marked AS m
     JOIN endpoint_subscriptions AS es ON es.topic = m.topic
+    WHERE outbox.owner_admits(m.owner, m.topic, es.owner_key, es.allowed_topics, es.shared_topics)
   ),
   enqueued AS (
     INSERT INTO outbox.jobs (kind, event_id, max_attempts)
@@ -2869,9 +3008,11 @@ $$;
 -- (disabled_at goes from NULL to set: a 410, the 5-day sweep, an operator),
 -- in the transaction that changes the state, whoever changes it. Topic
 -- outboxd.endpoint.failing or outboxd.endpoint.disabled, subject the
--- endpoint id. The relay fans these out to one owner-notify job each
--- (ownernotify.go); endpoints and subscribers get them only by naming them
--- (topic_matches). last_error is the attempt that caused the change, which
+-- endpoint id, addressed to the endpoint's owner (owner_admits): an
+-- owner's endpoints may receive the news of its own endpoints, and no
+-- one else's; those of the admin's endpoints reach the admin's. The relay
+-- fans these out to one owner-notify job each (ownernotify.go); endpoints
+-- and subscribers get them only by naming them (topic_matches). last_error is the attempt that caused the change, which
 -- the webhook sender records just before, in the same transaction.
 CREATE OR REPLACE FUNCTION outbox.endpoint_state_event() RETURNS trigger
 LANGUAGE plpgsql AS $$
@@ -2893,7 +3034,8 @@ BEGIN
                           WHERE d.endpoint_id = NEW.id
                           ORDER BY d.finished_at DESC
                           LIMIT 1)
-    )
+    ),
+    (SELECT o.key FROM outbox.owners AS o WHERE o.id = NEW.owner_id)
   );
   RETURN NULL;
 END
@@ -2953,6 +3095,22 @@ CREATE TABLE IF NOT EXISTS outbox.inbox_sources (
     (previous_secret IS NULL) = (previous_secret_expires_at IS NULL)
   )
 );
+
+-- owner addresses every event a source's webhooks become to the owner
+-- with that key (events.owner): the webhooks a customer's system sends in
+-- go on to that customer's endpoints alone. NULL: to no owner. The
+-- format is the events' (events_owner_format).
+ALTER TABLE outbox.inbox_sources
+  ADD COLUMN IF NOT EXISTS owner text;
+
+DO $$
+BEGIN
+  ALTER TABLE outbox.inbox_sources
+    ADD CONSTRAINT inbox_sources_owner_format CHECK (owner ~ '^[A-Za-z0-9][A-Za-z0-9_.:@/+=-]{0,199}$');
+EXCEPTION WHEN duplicate_object THEN
+  NULL;
+END
+$$;
 
 -- One row per webhook received and recorded: the dedup record. A second
 -- delivery of the same webhook-id from the same source (a retry, a replay,
@@ -3215,6 +3373,74 @@ CREATE TABLE IF NOT EXISTS outbox.owners (
   CONSTRAINT owners_token_hash_length CHECK (length(token_hash) = 32),
   CONSTRAINT owners_token_selector_unique UNIQUE (token_selector)
 );
+
+-- What an owner receives, and what it may ask for (docs/owners.md). The
+-- admin sets every column; the owner's token changes none of them.
+--
+--   key                        the address events carry to reach this
+--                              owner's endpoints (events.owner): text the
+--                              admin chooses, such as the application's
+--                              own customer id. An owner made without one
+--                              gets 'owner-' and its id (owners_default_key).
+--   allowed_topics             the topics of the events addressed to it that
+--                              its endpoints may receive; NULL: every topic.
+--   shared_topics              the topics of events addressed to no owner
+--                              that its endpoints receive too; '{}': none.
+--   max_endpoints              the most endpoints it may have.
+--   max_in_flight              the highest max_in_flight its endpoints may
+--                              ask for. The defaults, 10 endpoints of 8,
+--                              hold at most 80 of the 128 default workers:
+--                              one owner never takes them all.
+--   max_rate_limit_per_second  the highest rate limit its endpoints may ask
+--                              for; NULL: any, and none.
+--   max_replay_window_seconds  how far back its replays may reach; NULL: as
+--                              far as events retention keeps events.
+--
+-- The API checks an owner's endpoint against these when the owner writes
+-- it (owners.go, ownerLimits); the fan-out and replays test the topics
+-- again (owner_admits), so that narrowing them takes effect at once.
+ALTER TABLE outbox.owners
+  ADD COLUMN IF NOT EXISTS key text,
+  ADD COLUMN IF NOT EXISTS allowed_topics text[],
+  ADD COLUMN IF NOT EXISTS shared_topics text[] NOT NULL DEFAULT '{}',
+  ADD COLUMN IF NOT EXISTS max_endpoints integer NOT NULL DEFAULT 10,
+  ADD COLUMN IF NOT EXISTS max_in_flight integer NOT NULL DEFAULT 8,
+  ADD COLUMN IF NOT EXISTS max_rate_limit_per_second double precision,
+  ADD COLUMN IF NOT EXISTS max_replay_window_seconds bigint;
+
+-- owners_default_key gives an owner made without a key 'owner-' and its
+-- id, which the identity column has drawn before a BEFORE trigger runs:
+-- also for a replica of the release before keys, which inserts none.
+CREATE OR REPLACE FUNCTION outbox.owners_default_key() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  NEW.key := coalesce(NEW.key, 'owner-' || NEW.id);
+  RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER owners_default_key
+  BEFORE INSERT ON outbox.owners
+  FOR EACH ROW EXECUTE FUNCTION outbox.owners_default_key();
+
+UPDATE outbox.owners SET key = 'owner-' || id WHERE key IS NULL;
+ALTER TABLE outbox.owners ALTER COLUMN key SET NOT NULL;
+
+DO $$
+BEGIN
+  ALTER TABLE outbox.owners
+    ADD CONSTRAINT owners_key_unique UNIQUE (key),
+    ADD CONSTRAINT owners_key_format CHECK (key ~ '^[A-Za-z0-9][A-Za-z0-9_.:@/+=-]{0,199}$'),
+    ADD CONSTRAINT owners_allowed_topics_count CHECK (cardinality(allowed_topics) <= 100),
+    ADD CONSTRAINT owners_shared_topics_count CHECK (cardinality(shared_topics) <= 100),
+    ADD CONSTRAINT owners_max_endpoints_range CHECK (max_endpoints BETWEEN 0 AND 10000),
+    ADD CONSTRAINT owners_max_in_flight_range CHECK (max_in_flight BETWEEN 1 AND 1000),
+    ADD CONSTRAINT owners_max_rate_limit_range CHECK (max_rate_limit_per_second BETWEEN 0.01 AND 10000),
+    ADD CONSTRAINT owners_max_replay_window_range CHECK (max_replay_window_seconds >= 0);
+EXCEPTION WHEN duplicate_object OR duplicate_table THEN
+  NULL;
+END
+$$;
 
 -- An endpoint's owner, who may see and manage it through the portal; NULL:
 -- the admin's alone. Deleting an owner leaves its endpoints to the admin.

@@ -174,8 +174,6 @@ func msText(ms *float64) string {
 	return fmt.Sprintf("%gms", *ms)
 }
 
-func ptr[T any](v T) *T { return &v }
-
 // bucketCounts is the non-zero buckets of an answer, as "le_ms:count".
 func bucketCounts(bs []latencyBucketView) []string {
 	var out []string

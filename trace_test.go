@@ -291,7 +291,7 @@ func TestChainCarriesOneTrace(t *testing.T) {
 	ep := apiA.createEndpoint(apiB.srv.URL+"/webhooks/a", "order.*")
 	apiB.createSource("a", ep.Secret)
 	apiB.createEndpoint(rc.srv.URL+"/hook", "a.order.*")
-	if _, err := recordEventTraced(ctx, dbA, traceContext{Traceparent: testTraceparent, Tracestate: testTracestate}, "order.paid", "o-1", nil); err != nil {
+	if _, err := recordEventTraced(ctx, dbA, traceContext{Traceparent: testTraceparent, Tracestate: testTracestate}, eventInput{Topic: "order.paid", Subject: "o-1"}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -320,7 +320,7 @@ func TestChainCarriesOneTrace(t *testing.T) {
 func TestEventPageShowsTheTraceContext(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
-	id, err := recordEventTraced(context.Background(), db, traceContext{Traceparent: testTraceparent}, "order.paid", "o-1", nil)
+	id, err := recordEventTraced(context.Background(), db, traceContext{Traceparent: testTraceparent}, eventInput{Topic: "order.paid", Subject: "o-1"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -102,7 +102,15 @@ func relayAll(t *testing.T, db *sql.DB) {
 // record records one event and returns its id.
 func record(t *testing.T, db *sql.DB, topic, subject string) int64 {
 	t.Helper()
-	id, err := recordEvent(context.Background(), db, topic, subject, json.RawMessage(`{"subject": "`+subject+`"}`))
+	return recordAddressed(t, db, "", topic, subject)
+}
+
+// recordAddressed is record with the event addressed to the owner whose key is
+// owner ("": none).
+func recordAddressed(t *testing.T, db *sql.DB, owner, topic, subject string) int64 {
+	t.Helper()
+	ev := eventInput{Topic: topic, Subject: subject, Payload: json.RawMessage(`{"subject": "` + subject + `"}`), Owner: owner}
+	id, err := ev.record(context.Background(), db)
 	if err != nil {
 		t.Fatal(err)
 	}
