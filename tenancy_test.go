@@ -7,6 +7,7 @@ package main
 
 import (
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"net/http/httptest"
 	"strings"
@@ -256,5 +257,39 @@ func TestEventsAreAddressedThroughTheAPIAndTheInbox(t *testing.T) {
 	}
 	if _, err := db.Exec(`SELECT outbox.record('a.b', '', '{}', 'bad key')`); err == nil {
 		t.Error("outbox.record took an owner no key could be")
+	}
+}
+
+// A source with an owner addresses every event its webhooks become to
+// that owner; one without addresses none.
+func TestInboxSourceAddressesItsEvents(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	status, b := api.do("POST", "/api/sources", `{"name": "acme", "owner": "cust_42"}`)
+	var src inboxSourceWithSecret
+	if status != 201 || json.Unmarshal(b, &src) != nil || src.Owner == nil || *src.Owner != "cust_42" {
+		t.Fatalf("POST /api/sources with an owner = %d %s", status, b)
+	}
+	secret, err := parseWebhookSecret(src.Secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain := api.createSource("plain", "")
+	body := []byte(`{"id":"1","type":"invoice.paid","subject":"inv-7","data":{}}`)
+	for _, s := range []struct {
+		name   string
+		secret []byte
+	}{{"acme", secret}, {"plain", plain}} {
+		if status := postWebhook(t, api.srv.URL+"/webhooks/"+s.name, s.secret, "1", time.Now(), body, nil); status != 200 {
+			t.Fatalf("a webhook to %s: %d", s.name, status)
+		}
+	}
+	got := queryStrings(t, db, `SELECT topic || ' ' || coalesce(owner, '-') FROM outbox.events ORDER BY id`)
+	if diff := cmp.Diff([]string{"acme.invoice.paid cust_42", "plain.invoice.paid -"}, got); diff != "" {
+		t.Errorf("the events received, as topic and owner (-want +got):\n%s", diff)
+	}
+	if status, b := api.do("POST", "/api/sources", `{"name": "bad", "owner": "two words"}`); status != 400 || !strings.Contains(string(b), "owner") {
+		t.Errorf("a source with an owner no key could be = %d %s, want 400", status, b)
 	}
 }
