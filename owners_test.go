@@ -566,6 +566,38 @@ func TestSigninLinksExpireAndSignInOnce(t *testing.T) {
 	}
 }
 
+// Rotating an owner's token, through the API or the Owners page, voids
+// the links made before it, and only that owner's: a link made after it
+// signs in.
+func TestRotatingAnOwnerTokenVoidsItsSigninLinks(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	srv := newTestAdmin(t, db)
+	o, other := newOwner(t, srv, "Rotated"), newOwner(t, srv, "Untouched")
+	admin := signIn(t, srv)
+
+	beforeAPI, _ := signinLinkFor(t, srv, o.ID)
+	othersLink, _ := signinLinkFor(t, srv, other.ID)
+	decodeAs(t, srv, testToken, "POST", fmt.Sprintf("/api/owners/%d/rotate-token", o.ID), "", 200, nil)
+	if status, _ := useLink(t, srv, beforeAPI); status != 401 {
+		t.Errorf("a link made before POST /api/owners/{id}/rotate-token = %d, want 401", status)
+	}
+	beforePage, _ := signinLinkFor(t, srv, o.ID)
+	if status, _ := browse(t, admin, srv, "POST", fmt.Sprintf("/owners/%d/rotate-token", o.ID), url.Values{}); status != 200 {
+		t.Fatalf("rotate on the Owners page = %d, want 200", status)
+	}
+	if status, _ := useLink(t, srv, beforePage); status != 401 {
+		t.Errorf("a link made before the Owners page's rotation = %d, want 401", status)
+	}
+	after, _ := signinLinkFor(t, srv, o.ID)
+	if status, _ := useLink(t, srv, after); status != http.StatusSeeOther {
+		t.Errorf("a link made after the rotation = %d, want 303", status)
+	}
+	if status, _ := useLink(t, srv, othersLink); status != http.StatusSeeOther {
+		t.Errorf("another owner's link, made before the rotation = %d, want 303", status)
+	}
+}
+
 // The admin's endpoint page shows the owner and makes a link to hand over.
 func TestEndpointPageMakesASigninLink(t *testing.T) {
 	t.Parallel()

@@ -55,8 +55,8 @@ func handleDeleteOwner(a *admin) apiFunc {
 }
 
 // handleRotateOwnerToken is POST /api/owners/{id}/rotate-token: the owner
-// with a new token; the old one, and every session signed in with it,
-// end at once.
+// with a new token; the old one, every session signed in with it and
+// every sign-in link not yet used end at once.
 func handleRotateOwnerToken(a *admin) apiFunc {
 	return byID(func(ctx context.Context, id int64) (ownerWithToken, error) {
 		return rotateOwnerToken(ctx, a.db, id)
@@ -185,7 +185,7 @@ func handleOwnerAction(a *admin) pageFunc {
 			if err != nil {
 				return err
 			}
-			return renderOwners(w, r, a, fmt.Sprintf("Token of %s replaced; the old one, and its sessions, ended.", o.Name), &o)
+			return renderOwners(w, r, a, fmt.Sprintf("Token of %s replaced; the old one, its sessions and its sign-in links ended.", o.Name), &o)
 		case "delete":
 			if err := deleteOwner(r.Context(), a.db, id); err != nil {
 				return err
