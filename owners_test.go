@@ -6,6 +6,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -208,8 +209,7 @@ func newIsolationWorld(t *testing.T) isolationWorld {
 	t.Helper()
 	db, _ := newTestDB(t)
 	a := testAdmin(t, db, testPolicy, testLogger(t), nil)
-	srv := httptest.NewServer(routes(a))
-	t.Cleanup(srv.Close)
+	srv := serveAdmin(t, a)
 	w := isolationWorld{srv: srv, a: a, mine: newOwner(t, srv, "mine"), theirs: newOwner(t, srv, "theirs")}
 	w.theirsEp = endpointAs(t, srv, w.theirs.Token, 0)
 	w.missing = w.theirsEp.ID + 1000
@@ -598,14 +598,117 @@ func TestRotatingAnOwnerTokenVoidsItsSigninLinks(t *testing.T) {
 	}
 }
 
+// sendWithHost sends req with browser as if to host (the Host header, not
+// where the request goes) and returns the status and the body.
+func sendWithHost(t *testing.T, browser *http.Client, req *http.Request, host string) (int, string) {
+	t.Helper()
+	req.Host = host
+	resp, err := browser.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(b)
+}
+
+// A sign-in link points at -public-url, else at the address the listener
+// bound, whatever Host header the request that made it came with: the
+// API's and the endpoint page's alike.
+func TestSigninLinkIgnoresTheHostHeader(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	const forged = "evil.example:666"
+	for _, publicURL := range []string{"", "https://outboxd.example.com"} {
+		a := testAdmin(t, db, testPolicy, testLogger(t), nil)
+		a.publicURL, _ = parsePublicURL(publicURL)
+		srv := serveAdmin(t, a)
+		want := srv.URL + "/signin?code=obl_"
+		if publicURL != "" {
+			want = publicURL + "/signin?code=obl_"
+		}
+		o := newOwner(t, srv, "Phished "+publicURL)
+		ep := endpointAs(t, srv, testToken, o.ID)
+
+		req, _ := http.NewRequest("POST", fmt.Sprintf("%s/api/owners/%d/signin-links", srv.URL, o.ID), nil)
+		req.Header.Set("Authorization", "Bearer "+testToken)
+		status, body := sendWithHost(t, http.DefaultClient, req, forged)
+		var link signinLink
+		if err := json.Unmarshal([]byte(body), &link); status != 201 || err != nil || !strings.HasPrefix(link.URL, want) {
+			t.Errorf("-public-url %q: the API's link with Host %s = %d %s, want 201 with a URL starting %s", publicURL, forged, status, body, want)
+		}
+
+		req, _ = http.NewRequest("POST", fmt.Sprintf("%s/endpoints/%d/signin-link", srv.URL, ep.ID), strings.NewReader(""))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		// The client picks a jar's cookies by the Host header.
+		for _, c := range signIn(t, srv).Jar.Cookies(req.URL) {
+			req.AddCookie(c)
+		}
+		status, page := sendWithHost(t, http.DefaultClient, req, forged)
+		m := regexp.MustCompile(`id="signin-link">([^<]+)<`).FindStringSubmatch(page)
+		if status != 200 || m == nil || !strings.HasPrefix(m[1], want) {
+			t.Errorf("-public-url %q: the endpoint page's link with Host %s = %d, %q; want 200 with a URL starting %s", publicURL, forged, status, m, want)
+		}
+	}
+}
+
+// outboxd listening on -addr 127.0.0.1:0 makes its links on the port it
+// was given, not on port 0 nor on a request's Host header.
+func TestSigninLinkIsOnTheBoundAddress(t *testing.T) {
+	t.Parallel()
+	_, dsn := newTestDB(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var stdout syncBuffer
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		if err := run(ctx, []string{"-addr", "127.0.0.1:0", "-admin-token", testToken}, envFrom(map[string]string{"DATABASE_URL": dsn}), &stdout, testWriter{t}); err != nil {
+			t.Errorf("run: %v", err)
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-exited })
+	listening := regexp.MustCompile(`outboxd listening on http://(127\.0\.0\.1:\d+)\n`)
+	waitFor(t, "outboxd to say where it listens", 60*time.Second, func() bool {
+		select {
+		case <-exited:
+			t.Fatal("outboxd exited before it listened")
+		default:
+		}
+		return listening.MatchString(stdout.String())
+	})
+	addr := listening.FindStringSubmatch(stdout.String())[1]
+	if strings.HasSuffix(addr, ":0") {
+		t.Fatalf("outboxd says it listens on %s", addr)
+	}
+
+	call := func(path, body string, out any) {
+		t.Helper()
+		req, _ := http.NewRequest("POST", "http://"+addr+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+testToken)
+		status, body := sendWithHost(t, http.DefaultClient, req, "evil.example:666")
+		if status != 201 || json.Unmarshal([]byte(body), out) != nil {
+			t.Fatalf("POST %s = %d %s, want 201", path, status, body)
+		}
+	}
+	var o ownerWithToken
+	call("/api/owners", `{"name": "Phished"}`, &o)
+	var link signinLink
+	call(fmt.Sprintf("/api/owners/%d/signin-links", o.ID), "", &link)
+	if want := "http://" + addr + "/signin?code=obl_"; !strings.HasPrefix(link.URL, want) {
+		t.Errorf("link %s, want it on %s", link.URL, want)
+	}
+}
+
 // The admin's endpoint page shows the owner and makes a link to hand over.
 func TestEndpointPageMakesASigninLink(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
 	a := testAdmin(t, db, testPolicy, testLogger(t), nil)
 	a.signinLinks = 10 * time.Minute
-	srv := httptest.NewServer(routes(a))
-	t.Cleanup(srv.Close)
+	srv := serveAdmin(t, a)
 	o := newOwner(t, srv, "Handed over")
 	ep := endpointAs(t, srv, testToken, o.ID)
 	unowned := endpointAs(t, srv, testToken, 0)
@@ -782,8 +885,7 @@ func TestThrottledAddressDoesNotSpendASigninLink(t *testing.T) {
 	a := testAdmin(t, db, testPolicy, testLogger(t), nil)
 	start, passed := time.Now(), atomic.Int64{} // the limiter's clock, read by the handlers
 	a.auth.now = func() time.Time { return start.Add(time.Duration(passed.Load())) }
-	srv := httptest.NewServer(routes(a))
-	t.Cleanup(srv.Close)
+	srv := serveAdmin(t, a)
 	o := newOwner(t, srv, "behind a busy NAT")
 	code, _ := signinLinkFor(t, srv, o.ID)
 	for i := range 10 {

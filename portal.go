@@ -294,7 +294,9 @@ const (
 )
 
 // makeSigninLink makes a link for owner id, good for a.signinLinks, on
-// the URL browsers reach outboxd at: -public-url, else the one r came to.
+// -public-url, else on the listener's own address: never on r's Host
+// header, which whoever sends r writes, and which would make the admin
+// hand an owner a link that gives its code to another host.
 func makeSigninLink(r *http.Request, a *admin, ownerID int64) (signinLink, error) {
 	if _, err := getOwner(r.Context(), a.db, ownerID); err != nil {
 		return signinLink{}, err
@@ -306,10 +308,7 @@ func makeSigninLink(r *http.Request, a *admin, ownerID int64) (signinLink, error
 	if err != nil {
 		return signinLink{}, err
 	}
-	base := url.URL{Scheme: "http", Host: r.Host}
-	if a.overHTTPS(r) {
-		base.Scheme = "https"
-	}
+	base := a.listenURL
 	if a.publicURL != nil {
 		base = *a.publicURL
 	}
