@@ -478,7 +478,7 @@ func (c Config) validate() error {
 		durationIn("endpoint-disable-after", c.Retention.EndpointDisableAfter, 0, maxRetention),
 		intIn("retention-anomaly-cap", c.Retention.AnomalyCap, 1, 1_000_000_000),
 		durationIn("audit-retention", c.Retention.Audit, 0, maxRetention),
-		durationIn("signin-link-lifetime", c.SigninLinkLifetime, time.Minute, 7*24*time.Hour),
+		durationIn("signin-link-lifetime", c.SigninLinkLifetime, minSigninLinkLifetime, maxSigninLinkLifetime),
 		c.validateInboxRetention(),
 	)
 }

@@ -702,6 +702,65 @@ func TestSigninLinkIsOnTheBoundAddress(t *testing.T) {
 	}
 }
 
+// POST /api/owners/{id}/signin-links takes an optional body, read as
+// every route's: {"lifetime": "30m"}, a minute to a week; without it, or
+// with null, -signin-link-lifetime. A bad lifetime, malformed JSON and an
+// unknown field are 400s naming the problem, a body past the bound a 413,
+// and none of them makes a link.
+func TestSigninLinkBodyIsChecked(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	a := testAdmin(t, db, testPolicy, testLogger(t), nil)
+	a.signinLinks = 10 * time.Minute
+	srv := serveAdmin(t, a)
+	o := newOwner(t, srv, "Timed")
+	path := fmt.Sprintf("/api/owners/%d/signin-links", o.ID)
+	for _, tc := range []struct {
+		body string
+		want time.Duration // the link's lifetime
+	}{
+		{"", 10 * time.Minute},
+		{`{}`, 10 * time.Minute},
+		{`{"lifetime": null}`, 10 * time.Minute},
+		{`{"lifetime": "30m"}`, 30 * time.Minute},
+		{`{"lifetime": "1m"}`, time.Minute},
+		{`{"lifetime": "168h"}`, 168 * time.Hour},
+	} {
+		var link signinLink
+		decodeAs(t, srv, testToken, "POST", path, tc.body, 201, &link)
+		if d := time.Until(link.ExpiresAt); d < tc.want-time.Minute || d > tc.want+time.Minute {
+			t.Errorf("%s: the link expires in %s, want %s", tc.body, d, tc.want)
+		}
+	}
+	made := queryInt(t, db, `SELECT count(*) FROM outbox.owner_signin_links`)
+
+	for _, tc := range []struct {
+		body   string
+		status int
+		want   string // in the error
+	}{
+		{`{"lifetime": "1000h"}`, 400, "lifetime: 1000h0m0s must be between 1m0s and 168h0m0s"},
+		{`{"lifetime": "168h1s"}`, 400, "lifetime: 168h0m1s must be between"},
+		{`{"lifetime": "59s"}`, 400, "lifetime: 59s must be between"},
+		{`{"lifetime": "-1h"}`, 400, "lifetime: -1h0m0s must be between"},
+		{`{"lifetime": "soon"}`, 400, `lifetime: "soon" is not a duration`},
+		{`{"lifetime": ""}`, 400, `lifetime: "" is not a duration`},
+		{`{"lifetime": 1800}`, 400, "lifetime"},
+		{`{`, 400, "request body"},
+		{`{"lifetime": "30m"} {}`, 400, "more than one JSON value"},
+		{`{"lifetme": "30m"}`, 400, `unknown field "lifetme"`},
+		{`{"lifetime": "` + strings.Repeat("1", 1100<<10) + `m"}`, 413, "larger than"},
+	} {
+		status, b := callAs(t, srv, testToken, "POST", path, tc.body)
+		if status != tc.status || !strings.Contains(errorOf(t, b), tc.want) {
+			t.Errorf("%s: %d %s, want %d naming %q", truncate(tc.body, 40), status, truncate(string(b), 200), tc.status, tc.want)
+		}
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.owner_signin_links`); n != made {
+		t.Errorf("%d links after the refused bodies, want the %d made before", n, made)
+	}
+}
+
 // The admin's endpoint page shows the owner and makes a link to hand over.
 func TestEndpointPageMakesASigninLink(t *testing.T) {
 	t.Parallel()
