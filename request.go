@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -77,8 +78,10 @@ func (b markedBody) Read(p []byte) (int, error) {
 // spells it (encoding/json alone takes "TOPIC" for "topic"), no object in
 // the body may name a member twice (PostgreSQL's jsonb keeps the last of
 // two, other readers the first, so the two would disagree on what was
-// sent), and an unknown field is an error (a typo in a field name is not
-// a silent default).
+// sent), an unknown field is an error (a typo in a field name is not a
+// silent default), and every string, name or value, must be text
+// (checkJSONBody). Every route's body is read here, so these rules hold
+// for each.
 func decodeJSON(r *http.Request, v any) error {
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
@@ -105,59 +108,149 @@ func decodeJSON(r *http.Request, v any) error {
 			}
 		}
 	}
-	if err := checkJSONNames(body, fields); err != nil {
-		return fmt.Errorf("%w: request body: %v", errInvalid, err)
+	if err := checkJSONBody(body, fields); err != nil {
+		return fmt.Errorf("%w: %v", errInvalid, err)
 	}
 	return nil
 }
 
-// checkJSONNames walks data, JSON the decoder has already found well
-// formed, and refuses a name given twice in one object at any depth, and,
-// in the outermost object, a name that is not exactly one of fields (the
-// decoder took it by its case-insensitive match). It scans the bytes:
-// json.Decoder's tokens cost several times the decode itself on a body of
-// many small objects.
-func checkJSONNames(data []byte, fields map[string]bool) error {
-	var objects []map[string]bool // the names seen in each open object; nil for an array
-	atName := false               // the next string is a name, not a value
+// jsonLevel is an object or an array open where checkJSONBody has come to.
+type jsonLevel struct {
+	names  map[string]bool // the object's names seen so far; nil for an array
+	member string          // the object's member being read
+	index  int             // the array's element being read
+}
+
+// checkJSONBody walks data, JSON the decoder has already found well
+// formed, in one pass, and refuses:
+//   - a name given twice in one object at any depth, and, in the
+//     outermost object, a name that is not exactly one of fields (the
+//     decoder took it by its case-insensitive match);
+//   - a string, name or value, that is not text: bytes that are not
+//     UTF-8, or a \ud800-\udfff escape that is not half of a high-low
+//     pair. encoding/json turns both into U+FFFD without a word, which
+//     would store something other than what was sent.
+//
+// The error names where: the path of names and indexes to the string
+// (payload.lines[2].sku), or the object it is a name in. It scans the
+// bytes: json.Decoder's tokens cost several times the decode itself on a
+// body of many small objects.
+func checkJSONBody(data []byte, fields map[string]bool) error {
+	var levels []jsonLevel
+	atName := false // the next string is a name, not a value
 	for i := 0; i < len(data); i++ {
 		switch data[i] {
 		case '{':
-			objects, atName = append(objects, map[string]bool{}), true
+			levels, atName = append(levels, jsonLevel{names: map[string]bool{}}), true
 		case '[':
-			objects, atName = append(objects, nil), false
+			levels, atName = append(levels, jsonLevel{}), false
 		case '}', ']':
-			objects, atName = objects[:len(objects)-1], false
+			levels, atName = levels[:len(levels)-1], false
 		case ',':
-			atName = objects[len(objects)-1] != nil
+			in := &levels[len(levels)-1]
+			atName = in.names != nil
+			in.index++
 		case '"':
-			end, escaped := i+1, false
-			for data[end] != '"' {
-				if data[end] == '\\' {
-					end, escaped = end+1, true
-				}
-				end++
+			end, escaped, problem := scanJSONString(data, i+1)
+			if problem != "" {
+				return fmt.Errorf("%s: %s", jsonPath(levels, atName), problem)
 			}
 			if atName {
 				name := string(data[i+1 : end])
 				if escaped {
 					if err := json.Unmarshal(data[i:end+1], &name); err != nil {
-						return err
+						return fmt.Errorf("request body: %w", err)
 					}
 				}
-				seen := objects[len(objects)-1]
+				in := &levels[len(levels)-1]
 				switch {
-				case seen[name]:
-					return fmt.Errorf("%q given twice in one object", name)
-				case len(objects) == 1 && !fields[name]:
-					return fmt.Errorf("unknown field %q (names are case-sensitive)", name)
+				case in.names[name]:
+					return fmt.Errorf("request body: %q given twice in one object", name)
+				case len(levels) == 1 && !fields[name]:
+					return fmt.Errorf("request body: unknown field %q (names are case-sensitive)", name)
 				}
-				seen[name], atName = true, false
+				in.names[name], in.member, atName = true, name, false
 			}
 			i = end
 		}
 	}
 	return nil
+}
+
+// scanJSONString reads the string of well-formed JSON whose contents
+// start at data[start], up to its closing quote at end. escaped says it
+// holds an escape; problem, when not "", says why it is not text.
+func scanJSONString(data []byte, start int) (end int, escaped bool, problem string) {
+	for j := start; ; j++ {
+		switch c := data[j]; {
+		case c == '"':
+			return j, escaped, ""
+		case c == '\\':
+			escaped, j = true, j+1
+			if data[j] != 'u' {
+				continue
+			}
+			r := hex4(data[j+1:])
+			switch {
+			case !utf16.IsSurrogate(r):
+				j += 4
+			case data[j+5] == '\\' && data[j+6] == 'u' && utf16.DecodeRune(r, hex4(data[j+7:])) != utf8.RuneError:
+				j += 10 // a high-low pair
+			default:
+				return j, escaped, fmt.Sprintf(`\u%04x is a lone UTF-16 surrogate; a character past U+FFFF is escaped as a high-low pair`, r)
+			}
+		case c >= utf8.RuneSelf:
+			r, size := utf8.DecodeRune(data[j:])
+			if r == utf8.RuneError && size == 1 {
+				return j, escaped, fmt.Sprintf("byte 0x%02x is not UTF-8 text", c)
+			}
+			j += size - 1
+		}
+	}
+}
+
+// hex4 is the value of the 4 hex digits b starts with, which well-formed
+// JSON's \u escapes have.
+func hex4(b []byte) rune {
+	var r rune
+	for _, c := range b[:4] {
+		switch {
+		case c >= '0' && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		default:
+			r = r<<4 | rune(c-'A'+10)
+		}
+	}
+	return r
+}
+
+// jsonPath names where checkJSONBody has come to: the names and indexes
+// down to the string being read, or, atName, the object that string is a
+// name in.
+func jsonPath(levels []jsonLevel, atName bool) string {
+	if atName {
+		levels = levels[:len(levels)-1]
+	}
+	var path strings.Builder
+	for _, l := range levels {
+		switch {
+		case l.names == nil:
+			fmt.Fprintf(&path, "[%d]", l.index)
+		case path.Len() > 0:
+			path.WriteString("." + l.member)
+		default:
+			path.WriteString(l.member)
+		}
+	}
+	switch {
+	case atName && path.Len() == 0:
+		return "a field's name"
+	case atName:
+		return "a name in " + path.String()
+	}
+	return path.String()
 }
 
 // The idempotency headers of POST /api/events, as Stripe names them (and

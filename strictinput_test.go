@@ -8,6 +8,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -55,6 +56,65 @@ func TestJSONBodiesAreDecodedStrictly(t *testing.T) {
 		if status, resp := api.do("POST", "/api/events", body); status != http.StatusCreated {
 			t.Errorf("%s: %d %s, want 201", body, status, resp)
 		}
+	}
+}
+
+// Every string of a JSON body, name or value, at any depth, is text:
+// bytes that are not UTF-8 and a UTF-16 surrogate escape without its other
+// half are each a 400 naming where they are, and record nothing, rather
+// than being stored as U+FFFD. Pairs, escaped or not, and every other
+// escape are taken as sent.
+func TestJSONStringsMustBeText(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	event := func(field string) string {
+		return `{"topic": "order.paid", ` + field + `}`
+	}
+	endpoint := func(description string) string {
+		return `{"url": "https://hooks.example.com/", "description": "` + description + `"}`
+	}
+	for _, tc := range []struct {
+		name, path, body, want string
+	}{
+		{"a byte that is not UTF-8", "/api/events", event("\"subject\": \"order-\xff\""), "subject: byte 0xff is not UTF-8 text"},
+		{"a multi-byte character cut short", "/api/events", event("\"subject\": \"\xe6\x9d\""), "subject: byte 0xe6 is not UTF-8 text"},
+		{"an overlong encoding", "/api/events", event("\"subject\": \"\xc0\xaf\""), "subject: byte 0xc0 is not UTF-8 text"},
+		{"a surrogate encoded as UTF-8", "/api/events", event("\"subject\": \"\xed\xa0\x80\""), "subject: byte 0xed is not UTF-8 text"},
+		{"a lone high surrogate", "/api/endpoints", endpoint(`a\ud800b`), `description: \ud800 is a lone UTF-16 surrogate; a character past U+FFFF is escaped as a high-low pair`},
+		{"a high surrogate at the end", "/api/endpoints", endpoint(`a\uDBFF`), `description: \udbff is a lone UTF-16 surrogate; a character past U+FFFF is escaped as a high-low pair`},
+		{"a high surrogate before another escape", "/api/endpoints", endpoint(`\ud800\u0041`), `description: \ud800 is a lone UTF-16 surrogate`},
+		{"two high surrogates", "/api/endpoints", endpoint(`\ud800\ud800`), `description: \ud800 is a lone UTF-16 surrogate`},
+		{"a lone low surrogate", "/api/endpoints", endpoint(`\udc00`), `description: \udc00 is a lone UTF-16 surrogate; a character past U+FFFF is escaped as a high-low pair`},
+		{"a pair the wrong way round", "/api/endpoints", endpoint(`\udc00\ud800`), `description: \udc00 is a lone UTF-16 surrogate`},
+		{"in an array", "/api/endpoints", `{"url": "https://hooks.example.com/", "topics": ["a", "b\udfff"]}`, `topics[1]: \udfff is a lone UTF-16 surrogate`},
+		{"deep in the payload", "/api/events", event(`"payload": {"lines": [{"sku": "A"}, {"sku": "B", "note": "\ud800"}]}`), `payload.lines[1].note: \ud800 is a lone UTF-16 surrogate`},
+		{"in a name in the payload", "/api/events", event(`"payload": {"a": {"k\ud800": 1}}`), `a name in payload.a: \ud800 is a lone UTF-16 surrogate`},
+		{"bytes in a name in the payload", "/api/events", event("\"payload\": {\"\xff\": 1}"), "a name in payload: byte 0xff is not UTF-8 text"},
+		{"in an owner's name", "/api/owners", `{"name": "Ops \ud800"}`, `name: \ud800 is a lone UTF-16 surrogate`},
+	} {
+		status, body := api.do("POST", tc.path, tc.body)
+		if status != http.StatusBadRequest || !strings.Contains(errorOf(t, body), tc.want) {
+			t.Errorf("%s: %d %s, want 400 naming %s", tc.name, status, body, tc.want)
+		}
+	}
+	if n := queryInt(t, db, `SELECT (SELECT count(*) FROM outbox.events) + (SELECT count(*) FROM outbox.endpoints) + (SELECT count(*) FROM outbox.owners)`); n != 0 {
+		t.Errorf("%d rows written from bodies that are not text, want 0", n)
+	}
+
+	// Text arrives as sent: a pair escaped in either case, the same
+	// characters raw, and escapes that are not surrogates.
+	const want = "😀😀😀é\t\"/"
+	status, body := api.do("POST", "/api/events", event(`"subject": "\ud83d\ude00\uD83D\uDE00😀\u00e9\t\"\/", "payload": {"s": "\ud83d\ude00"}`))
+	if status != http.StatusCreated {
+		t.Fatalf("a body of text: %d %s, want 201", status, body)
+	}
+	var subject, payload string
+	if err := db.QueryRow(`SELECT subject, payload->>'s' FROM outbox.events`).Scan(&subject, &payload); err != nil {
+		t.Fatal(err)
+	}
+	if subject != want || payload != "😀" {
+		t.Errorf("stored subject %q and payload %q, want %q and %q", subject, payload, want, "😀")
 	}
 }
 
@@ -172,4 +232,36 @@ func runUntilTestEnds(t *testing.T, wp *workerPool) {
 	done := make(chan error, 1)
 	go func() { done <- wp.Run(ctx, nil) }()
 	t.Cleanup(func() { cancel(); <-done })
+}
+
+// BenchmarkDecodeEventBody is decodeJSON on bodies of POST /api/events, the
+// hot path every check of a body's text runs on: a small event, 1 MiB of
+// small objects, and 1 MiB of text that is not ASCII.
+//
+//	go test -run '^$' -bench DecodeEventBody -count 10 .
+func BenchmarkDecodeEventBody(b *testing.B) {
+	objects := `{"topic": "order.paid", "subject": "order-1", "payload": [` +
+		strings.TrimSuffix(strings.Repeat(`{"sku": "A-100", "qty": 2, "ok": true},`, 1<<20/40), ",") + `]}`
+	text := `{"topic": "order.paid", "subject": "order-1", "payload": {"notes": [` +
+		strings.TrimSuffix(strings.Repeat(`"Grüße aus Köln, 東京の注文 🚀 \u00e9\ud83d\ude00",`, 1<<20/64), ",") + `]}}`
+	for _, tc := range []struct{ name, body string }{
+		{"small", `{"topic": "order.paid", "subject": "order-1234", "payload": {"order_id": 1234, "customer": "c-88", "amount_cents": 4200, "currency": "EUR", "lines": [{"sku": "A-100", "qty": 2}, {"sku": "B-7", "qty": 1}], "note": "leave at the door"}}`},
+		{"objects_1MiB", objects},
+		{"text_1MiB", text},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			var req struct {
+				Topic   string          `json:"topic"`
+				Subject string          `json:"subject"`
+				Payload json.RawMessage `json:"payload"`
+			}
+			b.SetBytes(int64(len(tc.body)))
+			for b.Loop() {
+				r, _ := http.NewRequest("POST", "/api/events", strings.NewReader(tc.body))
+				if err := decodeJSON(r, &req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }
