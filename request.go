@@ -93,7 +93,7 @@ func decodeJSON(r *http.Request, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("%w: request body: %v", errInvalid, err)
+		return fmt.Errorf("%w: %s", errInvalid, decodeProblem(err, v))
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return fmt.Errorf("%w: request body: more than one JSON value", errInvalid)
@@ -112,6 +112,112 @@ func decodeJSON(r *http.Request, v any) error {
 		return fmt.Errorf("%w: %v", errInvalid, err)
 	}
 	return nil
+}
+
+// decodeProblem is the 400's text for err, the decoder's refusal of a
+// body read into v, in JSON's words: encoding/json's errors name Go's
+// types and struct fields ("Go struct field endpointInput.url of type
+// string"), which are outboxd's insides, not the API's. A type refused
+// names the field by its JSON path and the JSON type it takes.
+func decodeProblem(err error, v any) string {
+	if te, ok := errors.AsType[*json.UnmarshalTypeError](err); ok {
+		got := jsonValueNames[te.Value]
+		if got == "" { // "number 1.5": a number the field's type cannot hold
+			got = "the " + te.Value
+		}
+		if te.Field == "" {
+			return fmt.Sprintf("request body: want %s, got %s", jsonTypeName(te.Type, false), got)
+		}
+		// te.Type is the Go type refused: an element's, for an array.
+		if t, ok := fieldType(reflect.TypeOf(v), te.Field); ok && t.Kind() == reflect.Slice && te.Type.Kind() != reflect.Slice {
+			return fmt.Sprintf("%s: want %s, got %s in it", te.Field, jsonTypeName(t, false), got)
+		}
+		return fmt.Sprintf("%s: want %s, got %s", te.Field, jsonTypeName(te.Type, false), got)
+	}
+	if se, ok := errors.AsType[*json.SyntaxError](err); ok {
+		return fmt.Sprintf("request body: not JSON: %v (at byte %d)", se, se.Offset)
+	}
+	switch text := err.Error(); {
+	case errors.Is(err, io.EOF):
+		return "request body: empty; want a JSON object"
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "request body: ends before its JSON does"
+	case strings.HasPrefix(text, "json: unknown field "): // DisallowUnknownFields's, which has no type
+		return "request body: " + strings.TrimPrefix(text, "json: ")
+	default:
+		// No other error of the decoder is the client's to read: a
+		// type's own UnmarshalJSON may word it in Go.
+		return "request body: not what this route takes"
+	}
+}
+
+// jsonValueNames says what UnmarshalTypeError.Value names.
+var jsonValueNames = map[string]string{
+	"string": "a string", "number": "a number", "bool": "true or false",
+	"array": "an array", "object": "an object",
+}
+
+// jsonTypeName is the JSON a value of Go type t is read from, as a 400
+// names it: "a string", "an array of integers"; plural for an array's.
+func jsonTypeName(t reflect.Type, plural bool) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	name := func(one, many string) string {
+		if plural {
+			return many
+		}
+		return one
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return name("a string", "strings")
+	case reflect.Bool:
+		return name("true or false", "booleans")
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return name("an integer", "integers")
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return name("a non-negative integer", "non-negative integers")
+	case reflect.Float32, reflect.Float64:
+		return name("a number", "numbers")
+	case reflect.Slice, reflect.Array:
+		if t.Elem().Kind() == reflect.Uint8 { // encoding/json's base64
+			return name("a base64 string", "base64 strings")
+		}
+		return name("an array of "+jsonTypeName(t.Elem(), true), "arrays")
+	case reflect.Map, reflect.Struct:
+		return name("an object", "objects")
+	}
+	return name("a JSON value", "JSON values")
+}
+
+// fieldType is the Go type of the field of struct type t at path, the
+// JSON names of the fields down to it, dot-separated, as an
+// UnmarshalTypeError's Field gives it; an array's element stands for the
+// array on the way down.
+func fieldType(t reflect.Type, path string) (reflect.Type, bool) {
+	for name := range strings.SplitSeq(path, ".") {
+		for t.Kind() == reflect.Pointer || (t.Kind() == reflect.Slice && t.Elem().Kind() != reflect.Uint8) {
+			t = t.Elem()
+		}
+		if t.Kind() != reflect.Struct {
+			return nil, false
+		}
+		found := false
+		for f := range t.Fields() {
+			if tag, _, _ := strings.Cut(f.Tag.Get("json"), ","); tag == name || (tag == "" && f.Name == name) {
+				t, found = f.Type, true
+				break
+			}
+		}
+		if !found {
+			return nil, false
+		}
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t, true
 }
 
 // jsonLevel is an object or an array open where checkJSONBody has come to.

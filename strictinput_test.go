@@ -118,6 +118,83 @@ func TestJSONStringsMustBeText(t *testing.T) {
 	}
 }
 
+// A body's field of the wrong JSON type is a 400 in JSON's words: the
+// field's JSON path and the JSON type it takes, never a Go type or struct.
+func TestWronglyTypedFieldsAreNamedInJSONTerms(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	for _, tc := range []struct {
+		path, body, want string
+	}{
+		{"/api/endpoints", `{"url": "https://hooks.example.com/", "client_certificate": 5}`, "client_certificate: want a string, got a number"},
+		{"/api/endpoints", `{"url": 5}`, "url: want a string, got a number"},
+		{"/api/endpoints", `{"topics": "order.*"}`, "topics: want an array of strings, got a string"},
+		{"/api/endpoints", `{"topics": ["a", 7]}`, "topics: want an array of strings, got a number in it"},
+		{"/api/endpoints", `{"max_in_flight": 1.5}`, "max_in_flight: want an integer, got the number 1.5"},
+		{"/api/endpoints", `{"max_in_flight": 1e400}`, "max_in_flight: want an integer, got the number 1e400"},
+		{"/api/endpoints", `{"rate_limit_per_second": "fast"}`, "rate_limit_per_second: want a number, got a string"},
+		{"/api/endpoints", `{"recovery_probes": "yes"}`, "recovery_probes: want true or false, got a string"},
+		{"/api/endpoints", `{"owner_id": {"id": 1}}`, "owner_id: want an integer, got an object"},
+		{"/api/endpoints", `[{"url": "https://hooks.example.com/"}]`, "request body: want an object, got an array"},
+		{"/api/events", `"order.paid"`, "request body: want an object, got a string"},
+		{"/api/events", `{"topic": ["order.paid"]}`, "topic: want a string, got an array"},
+		{"/api/events", ``, "request body: empty; want a JSON object"},
+		{"/api/events", `{"topic": "order.paid"`, "request body: ends before its JSON does"},
+		{"/api/events", `{"topic": order}`, "request body: not JSON: invalid character 'o' looking for beginning of value (at byte 11)"},
+	} {
+		status, body := api.do("POST", tc.path, tc.body)
+		if got := errorOf(t, body); status != http.StatusBadRequest || got != tc.want {
+			t.Errorf("POST %s %s: %d %q, want 400 %q", tc.path, tc.body, status, got, tc.want)
+		}
+	}
+}
+
+// No answer of any route that takes a body names a Go type or a Go field
+// path, whatever wrongly typed field it is sent: every POST and PATCH of
+// admin.go's list is sent bodies that are not objects and, if it reads
+// its body (an unknown field is refused), each field name the API takes
+// with a value of each JSON type.
+func TestNoAnswerNamesGoTypes(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	srv := newTestAdmin(t, db)
+	fields := []string{"topic", "subject", "payload", "url", "topics", "description", "owner_email", "max_in_flight",
+		"ordering", "rate_limit_per_second", "recovery_probes", "filter", "client_certificate", "client_key",
+		"ca_certificate", "owner_id", "reason", "since", "until", "dry_run", "limit", "endpoint_id",
+		"without_endpoint", "error", "name", "secret", "topic_prefix", "lifetime"}
+	values := []string{`1.5`, `"x"`, `[1]`, `{"a": 1}`, `true`}
+	goWords := regexp.MustCompile(`Go |main\.|struct`)
+	typed := 0 // answers that name a field's JSON type
+	for _, rt := range apiRoutes(testAdmin(t, db, testPolicy, testLogger(t), nil)) {
+		method, path := concrete(rt.pattern, 1)
+		if method != "POST" && method != "PATCH" {
+			continue
+		}
+		bodies, names := []string{`[]`, `"x"`, `7`, `null`, `{"a": [}`}, fields
+		if _, answer := callAs(t, srv, testToken, method, path, `{"not_a_field": 1}`); !strings.Contains(string(answer), `unknown field \"not_a_field\"`) {
+			names = nil // the route reads no body
+		}
+		for _, name := range names {
+			for _, v := range values {
+				bodies = append(bodies, fmt.Sprintf(`{%q: %s}`, name, v))
+			}
+		}
+		for _, body := range bodies {
+			status, answer := callAs(t, srv, testToken, method, path, body)
+			if goWords.Match(answer) {
+				t.Errorf("%s %s %s = %d %s: names Go", method, path, body, status, answer)
+			}
+			if strings.Contains(string(answer), ": want ") {
+				typed++
+			}
+		}
+	}
+	if typed < 100 {
+		t.Errorf("%d answers named a field's JSON type, want the walk to reach the routes' fields (100 at least)", typed)
+	}
+}
+
 // One rule for ?limit= on every list: 1 up to the list's maximum; 0, a
 // negative number or more than the maximum is a 400 that says the range.
 func TestEveryListTakesOneLimitRule(t *testing.T) {
