@@ -3251,8 +3251,7 @@ CREATE INDEX IF NOT EXISTS owner_sessions_by_owner_id
 -- deletes the row in the statement that reads it, so two clicks racing
 -- get one session between them. It expires after -signin-link-lifetime
 -- (1 h). Bounded like the sessions: every new link deletes up to 100
--- expired rows, and the live ones past the newest 1,000. Rotating an
--- owner's token or deleting the owner voids its links.
+-- expired rows, and the live ones past the newest 1,000.
 CREATE TABLE IF NOT EXISTS outbox.owner_signin_links (
   code_hash  bytea       PRIMARY KEY,
   owner_id   bigint      NOT NULL REFERENCES outbox.owners (id) ON DELETE CASCADE,
