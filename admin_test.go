@@ -45,16 +45,23 @@ func newTestServer(t *testing.T, db *sql.DB, policy endpointPolicy) *httptest.Se
 // newSealingTestServer is newTestServer with secrets sealed by box.
 func newSealingTestServer(t *testing.T, db *sql.DB, policy endpointPolicy, box *secretBox) *httptest.Server {
 	t.Helper()
-	srv := httptest.NewServer(testRoutes(t, db, policy, testLogger(t), box))
-	t.Cleanup(srv.Close)
-	return srv
+	return serveAdmin(t, testAdmin(t, db, policy, testLogger(t), box))
 }
 
 // newTestServerLogging is newTestServer whose handlers log to logger, for
 // a test that reads what they log.
 func newTestServerLogging(t *testing.T, db *sql.DB, policy endpointPolicy, logger *slog.Logger) *httptest.Server {
 	t.Helper()
-	srv := httptest.NewServer(testRoutes(t, db, policy, logger, nil))
+	return serveAdmin(t, testAdmin(t, db, policy, logger, nil))
+}
+
+// serveAdmin serves a's routes on a test server whose listener's address
+// is a's listenURL, as run's is.
+func serveAdmin(t *testing.T, a *admin) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(routes(a))
+	a.listenURL = url.URL{Scheme: "http", Host: srv.Listener.Addr().String()}
+	srv.Start()
 	t.Cleanup(srv.Close)
 	return srv
 }

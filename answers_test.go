@@ -134,9 +134,10 @@ func TestConstraintRulesNameSchemaConstraints(t *testing.T) {
 	}
 }
 
-// Through the API, the database's refusals of an event's payload answer
-// 400 naming the payload and the rule, and a failed query answers 500
-// naming the operation: never the driver's text.
+// Through the API, the refusals of an event's payload, the database's and
+// the one decodeJSON makes first (a lone surrogate), answer 400 naming the
+// payload and the rule, and a failed query answers 500 naming the
+// operation: never the driver's text.
 func TestAPIAnswersTellNoDriverText(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
@@ -144,7 +145,7 @@ func TestAPIAnswersTellNoDriverText(t *testing.T) {
 	for _, tc := range []struct {
 		payload, want string
 	}{
-		{`{"s": "\ud800"}`, "payload: not valid for its type (for JSON: a lone UTF-16 surrogate escape)"},
+		{`{"s": "\ud800"}`, `payload.s: \ud800 is a lone UTF-16 surrogate; a character past U+FFFF is escaped as a high-low pair`},
 		{`{"s": "a\u0000b"}`, `payload: \u0000 is not allowed (PostgreSQL's text and jsonb hold no NUL)`},
 		{`{"s": "` + incompressible(1<<20+100) + `"}`, "payload: at most 1 MiB (1,048,576 bytes) as PostgreSQL stores it"},
 	} {

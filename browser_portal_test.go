@@ -6,7 +6,6 @@ package main
 import (
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,8 +15,7 @@ import (
 func TestOwnerPortalInBrowser(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
-	srv := httptest.NewServer(routes(testAdmin(t, db, testPolicy, testLogger(t), nil)))
-	t.Cleanup(srv.Close)
+	srv := serveAdmin(t, testAdmin(t, db, testPolicy, testLogger(t), nil))
 	rc := newReceiver(t, func(_ int, w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprint(w, `{"received": true}`)

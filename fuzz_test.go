@@ -85,6 +85,57 @@ func FuzzEncodeWebhookBody(f *testing.F) {
 	})
 }
 
+// checkJSONBody refuses a body's text exactly where encoding/json would
+// silently put U+FFFD: for any JSON value v without a U+FFFD of its own,
+// checkJSONBody on {"v": v} calls it not text iff decoding it yields a
+// U+FFFD in a string or a name; and it does not panic on any JSON.
+func FuzzCheckJSONBody(f *testing.F) {
+	for _, seed := range []string{`"plain"`, `"\ud83d\ude00"`, `"\uD83D\uDE00"`, `"\ud800"`, `"\udc00"`,
+		`"\ud800\u0041"`, `"\ud800\ud800"`, `"\udbff\udfff"`, `"a\ud800"`, `["\ud800", 1]`, `{"\ud800": 1}`,
+		`"\\ud800"`, `"\\\ud800"`, "\"\xff\"", "\"\xed\xa0\x80\"", "\"\xc0\xaf\"", "\"Köln 東京 🚀\"",
+		`{"a": {"b": [{"c": "\ud800"}]}}`, `"\u00e9\t\"\/"`} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		body := []byte(`{"v": ` + v + `}`)
+		if !json.Valid(body) {
+			return
+		}
+		err := checkJSONBody(body, map[string]bool{"v": true})
+		lower := strings.ToLower(v)
+		if strings.Contains(lower, `\ufffd`) || strings.ContainsRune(v, utf8.RuneError) || strings.Contains(fmt.Sprint(err), "given twice") {
+			return // U+FFFD sent, or refused before the text was read
+		}
+		var decoded any
+		if err := json.Unmarshal(body, &decoded); err != nil {
+			t.Fatal(err)
+		}
+		replaced := holdsReplacement(decoded)
+		refused := err != nil && (strings.Contains(err.Error(), "is not UTF-8 text") || strings.Contains(err.Error(), "lone UTF-16 surrogate"))
+		if replaced != refused || (err != nil && !refused) {
+			t.Errorf("%q: encoding/json replaces text %v, checkJSONBody: %v", v, replaced, err)
+		}
+	})
+}
+
+// holdsReplacement reports whether a decoded JSON value holds U+FFFD in a
+// string or a name.
+func holdsReplacement(v any) bool {
+	switch v := v.(type) {
+	case string:
+		return strings.ContainsRune(v, utf8.RuneError)
+	case []any:
+		return slices.ContainsFunc(v, holdsReplacement)
+	case map[string]any:
+		for name, member := range v {
+			if holdsReplacement(name) || holdsReplacement(member) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // perByteReplaced is s with each byte of invalid UTF-8 replaced by U+FFFD,
 // as encoding/json writes it.
 func perByteReplaced(s string) string {

@@ -58,6 +58,11 @@ type admin struct {
 	// publicURL is where browsers reach outboxd (-public-url); nil
 	// when it is not set.
 	publicURL *url.URL
+	// listenURL is the scheme outboxd serves and the address its
+	// listener bound (the port it chose for -addr's port 0): where a
+	// sign-in link points without publicURL. Never a request's Host
+	// header, which its sender writes.
+	listenURL url.URL
 	// trustedProxies may say whom they forward and over what scheme
 	// (-trusted-proxies).
 	trustedProxies prefixList

@@ -478,7 +478,7 @@ func (c Config) validate() error {
 		durationIn("endpoint-disable-after", c.Retention.EndpointDisableAfter, 0, maxRetention),
 		intIn("retention-anomaly-cap", c.Retention.AnomalyCap, 1, 1_000_000_000),
 		durationIn("audit-retention", c.Retention.Audit, 0, maxRetention),
-		durationIn("signin-link-lifetime", c.SigninLinkLifetime, time.Minute, 7*24*time.Hour),
+		durationIn("signin-link-lifetime", c.SigninLinkLifetime, minSigninLinkLifetime, maxSigninLinkLifetime),
 		c.validateInboxRetention(),
 	)
 }
@@ -832,7 +832,7 @@ func runService(ctx context.Context, cfg Config, db *sql.DB, dsn string, box *se
 		loops.start("demo", demoRun.Run)
 	}
 
-	a, err := newAdmin(ctx, cfg, db, box, p, demoRun, logger)
+	a, err := newAdmin(ctx, cfg, db, box, p, demoRun, ln.Addr(), logger)
 	if err != nil {
 		return err
 	}
@@ -886,10 +886,10 @@ func (g *loopGroup) stop() {
 	g.wg.Wait()
 }
 
-// newAdmin is what the HTTP side needs of the configuration, the database
-// and the running pipeline. The sessions of any other admin token end
-// here (keepSessionsOfToken).
-func newAdmin(ctx context.Context, cfg Config, db *sql.DB, box *secretBox, p *pipeline, demoRun *demo, logger *slog.Logger) (*admin, error) {
+// newAdmin is what the HTTP side needs of the configuration, the database,
+// the running pipeline and the address the listener bound. The sessions
+// of any other admin token end here (keepSessionsOfToken).
+func newAdmin(ctx context.Context, cfg Config, db *sql.DB, box *secretBox, p *pipeline, demoRun *demo, listening net.Addr, logger *slog.Logger) (*admin, error) {
 	pnl, err := newPanel(logger)
 	if err != nil {
 		return nil, err
@@ -926,6 +926,7 @@ func newAdmin(ctx context.Context, cfg Config, db *sql.DB, box *secretBox, p *pi
 		logger:         logger,
 		box:            box,
 		publicURL:      publicURL,
+		listenURL:      url.URL{Scheme: httpScheme(cfg), Host: listening.String()},
 		trustedProxies: cfg.TrustedProxies,
 		auth:           auth,
 		signinLinks:    cfg.SigninLinkLifetime,

@@ -357,11 +357,18 @@ func deleteOwner(ctx context.Context, db *sql.DB, id int64) error {
 	return nil
 }
 
-// rotateOwnerTokenSQL gives owner $1 a new token and signs its browsers
-// out: a session begun with the old token must not outlive it.
+// rotateOwnerTokenSQL gives owner $1 a new token, signs its browsers out
+// and voids its unused sign-in links, in one statement: neither a session
+// begun with the old token nor a link handed out before the rotation
+// (which the admin may be rotating because it leaked) outlives it. The
+// links table has no index on owner_id: maxSigninLinks bounds it.
 const rotateOwnerTokenSQL = `
 WITH ended AS (
   DELETE FROM outbox.owner_sessions
+  WHERE owner_id = $1
+),
+voided AS (
+  DELETE FROM outbox.owner_signin_links
   WHERE owner_id = $1
 )
 UPDATE outbox.owners
@@ -371,8 +378,8 @@ SET token_selector = $2,
 WHERE id = $1
 RETURNING` + ownerColumns
 
-// rotateOwnerToken replaces owner id's token: the old one is refused from
-// the commit on.
+// rotateOwnerToken replaces owner id's token: the old one, its sessions
+// and the owner's sign-in links are refused from the commit on.
 func rotateOwnerToken(ctx context.Context, db *sql.DB, id int64) (ownerWithToken, error) {
 	token, selector, hash := newOwnerToken()
 	o, err := scanOwner(db.QueryRowContext(ctx, rotateOwnerTokenSQL, id, selector, hash))

@@ -6,6 +6,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -208,8 +209,7 @@ func newIsolationWorld(t *testing.T) isolationWorld {
 	t.Helper()
 	db, _ := newTestDB(t)
 	a := testAdmin(t, db, testPolicy, testLogger(t), nil)
-	srv := httptest.NewServer(routes(a))
-	t.Cleanup(srv.Close)
+	srv := serveAdmin(t, a)
 	w := isolationWorld{srv: srv, a: a, mine: newOwner(t, srv, "mine"), theirs: newOwner(t, srv, "theirs")}
 	// The walks below make endpoints of mine's, two a route: past the
 	// default max_endpoints, which TestOwnerLimitsHoldItsEndpoints holds.
@@ -569,14 +569,208 @@ func TestSigninLinksExpireAndSignInOnce(t *testing.T) {
 	}
 }
 
+// Rotating an owner's token, through the API or the Owners page, voids
+// the links made before it, and only that owner's: a link made after it
+// signs in.
+func TestRotatingAnOwnerTokenVoidsItsSigninLinks(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	srv := newTestAdmin(t, db)
+	o, other := newOwner(t, srv, "Rotated"), newOwner(t, srv, "Untouched")
+	admin := signIn(t, srv)
+
+	beforeAPI, _ := signinLinkFor(t, srv, o.ID)
+	othersLink, _ := signinLinkFor(t, srv, other.ID)
+	decodeAs(t, srv, testToken, "POST", fmt.Sprintf("/api/owners/%d/rotate-token", o.ID), "", 200, nil)
+	if status, _ := useLink(t, srv, beforeAPI); status != 401 {
+		t.Errorf("a link made before POST /api/owners/{id}/rotate-token = %d, want 401", status)
+	}
+	beforePage, _ := signinLinkFor(t, srv, o.ID)
+	if status, _ := browse(t, admin, srv, "POST", fmt.Sprintf("/owners/%d/rotate-token", o.ID), url.Values{}); status != 200 {
+		t.Fatalf("rotate on the Owners page = %d, want 200", status)
+	}
+	if status, _ := useLink(t, srv, beforePage); status != 401 {
+		t.Errorf("a link made before the Owners page's rotation = %d, want 401", status)
+	}
+	after, _ := signinLinkFor(t, srv, o.ID)
+	if status, _ := useLink(t, srv, after); status != http.StatusSeeOther {
+		t.Errorf("a link made after the rotation = %d, want 303", status)
+	}
+	if status, _ := useLink(t, srv, othersLink); status != http.StatusSeeOther {
+		t.Errorf("another owner's link, made before the rotation = %d, want 303", status)
+	}
+}
+
+// sendWithHost sends req with browser as if to host (the Host header, not
+// where the request goes) and returns the status and the body.
+func sendWithHost(t *testing.T, browser *http.Client, req *http.Request, host string) (int, string) {
+	t.Helper()
+	req.Host = host
+	resp, err := browser.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(b)
+}
+
+// A sign-in link points at -public-url, else at the address the listener
+// bound, whatever Host header the request that made it came with: the
+// API's and the endpoint page's alike.
+func TestSigninLinkIgnoresTheHostHeader(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	const forged = "evil.example:666"
+	for _, publicURL := range []string{"", "https://outboxd.example.com"} {
+		a := testAdmin(t, db, testPolicy, testLogger(t), nil)
+		a.publicURL, _ = parsePublicURL(publicURL)
+		srv := serveAdmin(t, a)
+		want := srv.URL + "/signin?code=obl_"
+		if publicURL != "" {
+			want = publicURL + "/signin?code=obl_"
+		}
+		o := newOwner(t, srv, "Phished "+publicURL)
+		ep := endpointAs(t, srv, testToken, o.ID)
+
+		req, _ := http.NewRequest("POST", fmt.Sprintf("%s/api/owners/%d/signin-links", srv.URL, o.ID), nil)
+		req.Header.Set("Authorization", "Bearer "+testToken)
+		status, body := sendWithHost(t, http.DefaultClient, req, forged)
+		var link signinLink
+		if err := json.Unmarshal([]byte(body), &link); status != 201 || err != nil || !strings.HasPrefix(link.URL, want) {
+			t.Errorf("-public-url %q: the API's link with Host %s = %d %s, want 201 with a URL starting %s", publicURL, forged, status, body, want)
+		}
+
+		req, _ = http.NewRequest("POST", fmt.Sprintf("%s/endpoints/%d/signin-link", srv.URL, ep.ID), strings.NewReader(""))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		// The client picks a jar's cookies by the Host header.
+		for _, c := range signIn(t, srv).Jar.Cookies(req.URL) {
+			req.AddCookie(c)
+		}
+		status, page := sendWithHost(t, http.DefaultClient, req, forged)
+		m := regexp.MustCompile(`id="signin-link">([^<]+)<`).FindStringSubmatch(page)
+		if status != 200 || m == nil || !strings.HasPrefix(m[1], want) {
+			t.Errorf("-public-url %q: the endpoint page's link with Host %s = %d, %q; want 200 with a URL starting %s", publicURL, forged, status, m, want)
+		}
+	}
+}
+
+// outboxd listening on -addr 127.0.0.1:0 makes its links on the port it
+// was given, not on port 0 nor on a request's Host header.
+func TestSigninLinkIsOnTheBoundAddress(t *testing.T) {
+	t.Parallel()
+	_, dsn := newTestDB(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var stdout syncBuffer
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		if err := run(ctx, []string{"-addr", "127.0.0.1:0", "-admin-token", testToken}, envFrom(map[string]string{"DATABASE_URL": dsn}), &stdout, testWriter{t}); err != nil {
+			t.Errorf("run: %v", err)
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-exited })
+	listening := regexp.MustCompile(`outboxd listening on http://(127\.0\.0\.1:\d+)\n`)
+	waitFor(t, "outboxd to say where it listens", 60*time.Second, func() bool {
+		select {
+		case <-exited:
+			t.Fatal("outboxd exited before it listened")
+		default:
+		}
+		return listening.MatchString(stdout.String())
+	})
+	addr := listening.FindStringSubmatch(stdout.String())[1]
+	if strings.HasSuffix(addr, ":0") {
+		t.Fatalf("outboxd says it listens on %s", addr)
+	}
+
+	call := func(path, body string, out any) {
+		t.Helper()
+		req, _ := http.NewRequest("POST", "http://"+addr+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+testToken)
+		status, body := sendWithHost(t, http.DefaultClient, req, "evil.example:666")
+		if status != 201 || json.Unmarshal([]byte(body), out) != nil {
+			t.Fatalf("POST %s = %d %s, want 201", path, status, body)
+		}
+	}
+	var o ownerWithToken
+	call("/api/owners", `{"name": "Phished"}`, &o)
+	var link signinLink
+	call(fmt.Sprintf("/api/owners/%d/signin-links", o.ID), "", &link)
+	if want := "http://" + addr + "/signin?code=obl_"; !strings.HasPrefix(link.URL, want) {
+		t.Errorf("link %s, want it on %s", link.URL, want)
+	}
+}
+
+// POST /api/owners/{id}/signin-links takes an optional body, read as
+// every route's: {"lifetime": "30m"}, a minute to a week; without it, or
+// with null, -signin-link-lifetime. A bad lifetime, malformed JSON and an
+// unknown field are 400s naming the problem, a body past the bound a 413,
+// and none of them makes a link.
+func TestSigninLinkBodyIsChecked(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	a := testAdmin(t, db, testPolicy, testLogger(t), nil)
+	a.signinLinks = 10 * time.Minute
+	srv := serveAdmin(t, a)
+	o := newOwner(t, srv, "Timed")
+	path := fmt.Sprintf("/api/owners/%d/signin-links", o.ID)
+	for _, tc := range []struct {
+		body string
+		want time.Duration // the link's lifetime
+	}{
+		{"", 10 * time.Minute},
+		{`{}`, 10 * time.Minute},
+		{`{"lifetime": null}`, 10 * time.Minute},
+		{`{"lifetime": "30m"}`, 30 * time.Minute},
+		{`{"lifetime": "1m"}`, time.Minute},
+		{`{"lifetime": "168h"}`, 168 * time.Hour},
+	} {
+		var link signinLink
+		decodeAs(t, srv, testToken, "POST", path, tc.body, 201, &link)
+		if d := time.Until(link.ExpiresAt); d < tc.want-time.Minute || d > tc.want+time.Minute {
+			t.Errorf("%s: the link expires in %s, want %s", tc.body, d, tc.want)
+		}
+	}
+	made := queryInt(t, db, `SELECT count(*) FROM outbox.owner_signin_links`)
+
+	for _, tc := range []struct {
+		body   string
+		status int
+		want   string // in the error
+	}{
+		{`{"lifetime": "1000h"}`, 400, "lifetime: 1000h0m0s must be between 1m0s and 168h0m0s"},
+		{`{"lifetime": "168h1s"}`, 400, "lifetime: 168h0m1s must be between"},
+		{`{"lifetime": "59s"}`, 400, "lifetime: 59s must be between"},
+		{`{"lifetime": "-1h"}`, 400, "lifetime: -1h0m0s must be between"},
+		{`{"lifetime": "soon"}`, 400, `lifetime: "soon" is not a duration`},
+		{`{"lifetime": ""}`, 400, `lifetime: "" is not a duration`},
+		{`{"lifetime": 1800}`, 400, "lifetime"},
+		{`{`, 400, "request body"},
+		{`{"lifetime": "30m"} {}`, 400, "more than one JSON value"},
+		{`{"lifetme": "30m"}`, 400, `unknown field "lifetme"`},
+		{`{"lifetime": "` + strings.Repeat("1", 1100<<10) + `m"}`, 413, "larger than"},
+	} {
+		status, b := callAs(t, srv, testToken, "POST", path, tc.body)
+		if status != tc.status || !strings.Contains(errorOf(t, b), tc.want) {
+			t.Errorf("%s: %d %s, want %d naming %q", truncate(tc.body, 40), status, truncate(string(b), 200), tc.status, tc.want)
+		}
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.owner_signin_links`); n != made {
+		t.Errorf("%d links after the refused bodies, want the %d made before", n, made)
+	}
+}
+
 // The admin's endpoint page shows the owner and makes a link to hand over.
 func TestEndpointPageMakesASigninLink(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
 	a := testAdmin(t, db, testPolicy, testLogger(t), nil)
 	a.signinLinks = 10 * time.Minute
-	srv := httptest.NewServer(routes(a))
-	t.Cleanup(srv.Close)
+	srv := serveAdmin(t, a)
 	o := newOwner(t, srv, "Handed over")
 	ep := endpointAs(t, srv, testToken, o.ID)
 	unowned := endpointAs(t, srv, testToken, 0)
@@ -753,8 +947,7 @@ func TestThrottledAddressDoesNotSpendASigninLink(t *testing.T) {
 	a := testAdmin(t, db, testPolicy, testLogger(t), nil)
 	start, passed := time.Now(), atomic.Int64{} // the limiter's clock, read by the handlers
 	a.auth.now = func() time.Time { return start.Add(time.Duration(passed.Load())) }
-	srv := httptest.NewServer(routes(a))
-	t.Cleanup(srv.Close)
+	srv := serveAdmin(t, a)
 	o := newOwner(t, srv, "behind a busy NAT")
 	code, _ := signinLinkFor(t, srv, o.ID)
 	for i := range 10 {

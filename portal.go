@@ -60,8 +60,8 @@ func handleDeleteOwner(a *admin) apiFunc {
 }
 
 // handleRotateOwnerToken is POST /api/owners/{id}/rotate-token: the owner
-// with a new token; the old one, and every session signed in with it,
-// end at once.
+// with a new token; the old one, every session signed in with it and
+// every sign-in link not yet used end at once.
 func handleRotateOwnerToken(a *admin) apiFunc {
 	return byID(func(ctx context.Context, id int64) (ownerWithToken, error) {
 		return rotateOwnerToken(ctx, a.db, id)
@@ -211,7 +211,7 @@ func handleOwnerAction(a *admin) pageFunc {
 			if err != nil {
 				return err
 			}
-			return renderOwners(w, r, a, fmt.Sprintf("Token of %s replaced; the old one, and its sessions, ended.", o.Name), &o)
+			return renderOwners(w, r, a, fmt.Sprintf("Token of %s replaced; the old one, its sessions and its sign-in links ended.", o.Name), &o)
 		case "delete":
 			if err := deleteOwner(r.Context(), a.db, id); err != nil {
 				return err
@@ -256,18 +256,45 @@ type signinLink struct {
 	ExpiresAt time.Time `json:"expires_at"`
 }
 
-// handleCreateSigninLink is POST /api/owners/{id}/signin-links: a link
-// that signs a browser in as the owner, once, within
-// -signin-link-lifetime; answered 201.
+// handleCreateSigninLink is POST /api/owners/{id}/signin-links, with an
+// optional body {"lifetime": "30m"}: a link that signs a browser in as the
+// owner, once, within the lifetime given, else -signin-link-lifetime;
+// answered 201.
 func handleCreateSigninLink(a *admin) apiFunc {
+	type request struct {
+		Lifetime *string `json:"lifetime"`
+	}
 	return func(r *http.Request) (int, any, error) {
 		id, err := pathID(r)
 		if err != nil {
 			return 0, nil, err
 		}
-		link, err := makeSigninLink(r, a, id)
+		var req request
+		if err := decodeOptionalJSON(r, &req); err != nil {
+			return 0, nil, err
+		}
+		lifetime := a.signinLinks
+		if req.Lifetime != nil {
+			if lifetime, err = parseSigninLinkLifetime(*req.Lifetime); err != nil {
+				return 0, nil, err
+			}
+		}
+		link, err := makeSigninLink(r, a, id, lifetime)
 		return http.StatusCreated, link, err
 	}
+}
+
+// parseSigninLinkLifetime reads a link's "lifetime", a Go duration
+// ("30m", "2h"), held to the range -signin-link-lifetime has.
+func parseSigninLinkLifetime(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf(`%w: lifetime: %q is not a duration such as "30m" or "24h"`, errInvalid, s)
+	}
+	if d < minSigninLinkLifetime || d > maxSigninLinkLifetime {
+		return 0, fmt.Errorf("%w: lifetime: %s must be between %s and %s", errInvalid, d, minSigninLinkLifetime, maxSigninLinkLifetime)
+	}
+	return d, nil
 }
 
 // handleSigninLinkPage is POST /endpoints/{id}/signin-link: the admin's
@@ -291,7 +318,7 @@ func handleSigninLinkPage(a *admin) pageFunc {
 		if err != nil {
 			return err
 		}
-		link, err := makeSigninLink(r, a, o.ID)
+		link, err := makeSigninLink(r, a, o.ID, a.signinLinks)
 		if err != nil {
 			return err
 		}
@@ -311,6 +338,15 @@ func handleSigninLinkPage(a *admin) pageFunc {
 // it, short enough that one found later in a mailbox has expired.
 const defaultSigninLinkLifetime = time.Hour
 
+// A link's lifetime, -signin-link-lifetime's or one the API's body gives,
+// is a minute to a week: less could end before the link is passed on and
+// opened, and a link signs in whoever holds it, so one forgotten in a
+// mailbox for longer should not.
+const (
+	minSigninLinkLifetime = time.Minute
+	maxSigninLinkLifetime = 7 * 24 * time.Hour
+)
+
 // signinCodePrefix marks a sign-in link's code, as ownerTokenPrefix does a
 // token; signinCodeBytes of randomness leave nothing to guess within a
 // link's hour.
@@ -319,23 +355,22 @@ const (
 	signinCodeBytes  = 32
 )
 
-// makeSigninLink makes a link for owner id, good for a.signinLinks, on
-// the URL browsers reach outboxd at: -public-url, else the one r came to.
-func makeSigninLink(r *http.Request, a *admin, ownerID int64) (signinLink, error) {
+// makeSigninLink makes a link for owner id, good for lifetime, on
+// -public-url, else on the listener's own address: never on r's Host
+// header, which whoever sends r writes, and which would make the admin
+// hand an owner a link that gives its code to another host.
+func makeSigninLink(r *http.Request, a *admin, ownerID int64, lifetime time.Duration) (signinLink, error) {
 	if _, err := getOwner(r.Context(), a.db, ownerID); err != nil {
 		return signinLink{}, err
 	}
 	b := make([]byte, signinCodeBytes)
 	rand.Read(b)
 	code := signinCodePrefix + hex.EncodeToString(b)
-	expires, err := storeSigninLink(r.Context(), a.db, signinCodeHash(code), ownerID, a.signinLinks)
+	expires, err := storeSigninLink(r.Context(), a.db, signinCodeHash(code), ownerID, lifetime)
 	if err != nil {
 		return signinLink{}, err
 	}
-	base := url.URL{Scheme: "http", Host: r.Host}
-	if a.overHTTPS(r) {
-		base.Scheme = "https"
-	}
+	base := a.listenURL
 	if a.publicURL != nil {
 		base = *a.publicURL
 	}

@@ -348,9 +348,9 @@ func TestReplayRefusesBadFilters(t *testing.T) {
 		{"a bad topic pattern", `"since": "` + since + `", "topics": ["order.*", "order paid"]`, `topic pattern "order paid" must be`},
 		{"a pattern with a wildcard inside", `"since": "` + since + `", "topics": ["order.*.paid"]`, `topic pattern "order.*.paid"`},
 		{"too many patterns", `"since": "` + since + `", "topics": ` + string(tooManyJSON), `"topics" has 101 patterns, at most 100`},
-		{"topics not a list", `"since": "` + since + `", "topics": "order.*"`, `cannot unmarshal string`},
+		{"topics not a list", `"since": "` + since + `", "topics": "order.*"`, `topics: want an array of strings, got a string`},
 		{"an unknown field", `"since": "` + since + `", "untill": "` + since + `"`, `unknown field "untill"`},
-		{"dry_run not a boolean", `"since": "` + since + `", "dry_run": "yes"`, `cannot unmarshal string`},
+		{"dry_run not a boolean", `"since": "` + since + `", "dry_run": "yes"`, `dry_run: want true or false, got a string`},
 	} {
 		for _, dryRun := range []string{``, `, "dry_run": true`} {
 			if strings.Contains(tc.fields, `"dry_run"`) && dryRun != "" {

@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -77,8 +78,10 @@ func (b markedBody) Read(p []byte) (int, error) {
 // spells it (encoding/json alone takes "TOPIC" for "topic"), no object in
 // the body may name a member twice (PostgreSQL's jsonb keeps the last of
 // two, other readers the first, so the two would disagree on what was
-// sent), and an unknown field is an error (a typo in a field name is not
-// a silent default).
+// sent), an unknown field is an error (a typo in a field name is not a
+// silent default), and every string, name or value, must be text
+// (checkJSONBody). Every route's body is read here, so these rules hold
+// for each.
 func decodeJSON(r *http.Request, v any) error {
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
@@ -90,7 +93,7 @@ func decodeJSON(r *http.Request, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("%w: request body: %v", errInvalid, err)
+		return fmt.Errorf("%w: %s", errInvalid, decodeProblem(err, v))
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return fmt.Errorf("%w: request body: more than one JSON value", errInvalid)
@@ -105,59 +108,255 @@ func decodeJSON(r *http.Request, v any) error {
 			}
 		}
 	}
-	if err := checkJSONNames(body, fields); err != nil {
-		return fmt.Errorf("%w: request body: %v", errInvalid, err)
+	if err := checkJSONBody(body, fields); err != nil {
+		return fmt.Errorf("%w: %v", errInvalid, err)
 	}
 	return nil
 }
 
-// checkJSONNames walks data, JSON the decoder has already found well
-// formed, and refuses a name given twice in one object at any depth, and,
-// in the outermost object, a name that is not exactly one of fields (the
-// decoder took it by its case-insensitive match). It scans the bytes:
-// json.Decoder's tokens cost several times the decode itself on a body of
-// many small objects.
-func checkJSONNames(data []byte, fields map[string]bool) error {
-	var objects []map[string]bool // the names seen in each open object; nil for an array
-	atName := false               // the next string is a name, not a value
+// decodeProblem is the 400's text for err, the decoder's refusal of a
+// body read into v, in JSON's words: encoding/json's errors name Go's
+// types and struct fields ("Go struct field endpointInput.url of type
+// string"), which are outboxd's insides, not the API's. A type refused
+// names the field by its JSON path and the JSON type it takes.
+func decodeProblem(err error, v any) string {
+	if te, ok := errors.AsType[*json.UnmarshalTypeError](err); ok {
+		got := jsonValueNames[te.Value]
+		if got == "" { // "number 1.5": a number the field's type cannot hold
+			got = "the " + te.Value
+		}
+		if te.Field == "" {
+			return fmt.Sprintf("request body: want %s, got %s", jsonTypeName(te.Type, false), got)
+		}
+		// te.Type is the Go type refused: an element's, for an array.
+		if t, ok := fieldType(reflect.TypeOf(v), te.Field); ok && t.Kind() == reflect.Slice && te.Type.Kind() != reflect.Slice {
+			return fmt.Sprintf("%s: want %s, got %s in it", te.Field, jsonTypeName(t, false), got)
+		}
+		return fmt.Sprintf("%s: want %s, got %s", te.Field, jsonTypeName(te.Type, false), got)
+	}
+	if se, ok := errors.AsType[*json.SyntaxError](err); ok {
+		return fmt.Sprintf("request body: not JSON: %v (at byte %d)", se, se.Offset)
+	}
+	switch text := err.Error(); {
+	case errors.Is(err, io.EOF):
+		return "request body: empty; want a JSON object"
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "request body: ends before its JSON does"
+	case strings.HasPrefix(text, "json: unknown field "): // DisallowUnknownFields's, which has no type
+		return "request body: " + strings.TrimPrefix(text, "json: ")
+	default:
+		// No other error of the decoder is the client's to read: a
+		// type's own UnmarshalJSON may word it in Go.
+		return "request body: not what this route takes"
+	}
+}
+
+// jsonValueNames says what UnmarshalTypeError.Value names.
+var jsonValueNames = map[string]string{
+	"string": "a string", "number": "a number", "bool": "true or false",
+	"array": "an array", "object": "an object",
+}
+
+// jsonTypeName is the JSON a value of Go type t is read from, as a 400
+// names it: "a string", "an array of integers"; plural for an array's.
+func jsonTypeName(t reflect.Type, plural bool) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	name := func(one, many string) string {
+		if plural {
+			return many
+		}
+		return one
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return name("a string", "strings")
+	case reflect.Bool:
+		return name("true or false", "booleans")
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return name("an integer", "integers")
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return name("a non-negative integer", "non-negative integers")
+	case reflect.Float32, reflect.Float64:
+		return name("a number", "numbers")
+	case reflect.Slice, reflect.Array:
+		if t.Elem().Kind() == reflect.Uint8 { // encoding/json's base64
+			return name("a base64 string", "base64 strings")
+		}
+		return name("an array of "+jsonTypeName(t.Elem(), true), "arrays")
+	case reflect.Map, reflect.Struct:
+		return name("an object", "objects")
+	}
+	return name("a JSON value", "JSON values")
+}
+
+// fieldType is the Go type of the field of struct type t at path, the
+// JSON names of the fields down to it, dot-separated, as an
+// UnmarshalTypeError's Field gives it; an array's element stands for the
+// array on the way down.
+func fieldType(t reflect.Type, path string) (reflect.Type, bool) {
+	for name := range strings.SplitSeq(path, ".") {
+		for t.Kind() == reflect.Pointer || (t.Kind() == reflect.Slice && t.Elem().Kind() != reflect.Uint8) {
+			t = t.Elem()
+		}
+		if t.Kind() != reflect.Struct {
+			return nil, false
+		}
+		found := false
+		for f := range t.Fields() {
+			if tag, _, _ := strings.Cut(f.Tag.Get("json"), ","); tag == name || (tag == "" && f.Name == name) {
+				t, found = f.Type, true
+				break
+			}
+		}
+		if !found {
+			return nil, false
+		}
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t, true
+}
+
+// jsonLevel is an object or an array open where checkJSONBody has come to.
+type jsonLevel struct {
+	names  map[string]bool // the object's names seen so far; nil for an array
+	member string          // the object's member being read
+	index  int             // the array's element being read
+}
+
+// checkJSONBody walks data, JSON the decoder has already found well
+// formed, in one pass, and refuses:
+//   - a name given twice in one object at any depth, and, in the
+//     outermost object, a name that is not exactly one of fields (the
+//     decoder took it by its case-insensitive match);
+//   - a string, name or value, that is not text: bytes that are not
+//     UTF-8, or a \ud800-\udfff escape that is not half of a high-low
+//     pair. encoding/json turns both into U+FFFD without a word, which
+//     would store something other than what was sent.
+//
+// The error names where: the path of names and indexes to the string
+// (payload.lines[2].sku), or the object it is a name in. It scans the
+// bytes: json.Decoder's tokens cost several times the decode itself on a
+// body of many small objects.
+func checkJSONBody(data []byte, fields map[string]bool) error {
+	var levels []jsonLevel
+	atName := false // the next string is a name, not a value
 	for i := 0; i < len(data); i++ {
 		switch data[i] {
 		case '{':
-			objects, atName = append(objects, map[string]bool{}), true
+			levels, atName = append(levels, jsonLevel{names: map[string]bool{}}), true
 		case '[':
-			objects, atName = append(objects, nil), false
+			levels, atName = append(levels, jsonLevel{}), false
 		case '}', ']':
-			objects, atName = objects[:len(objects)-1], false
+			levels, atName = levels[:len(levels)-1], false
 		case ',':
-			atName = objects[len(objects)-1] != nil
+			in := &levels[len(levels)-1]
+			atName = in.names != nil
+			in.index++
 		case '"':
-			end, escaped := i+1, false
-			for data[end] != '"' {
-				if data[end] == '\\' {
-					end, escaped = end+1, true
-				}
-				end++
+			end, escaped, problem := scanJSONString(data, i+1)
+			if problem != "" {
+				return fmt.Errorf("%s: %s", jsonPath(levels, atName), problem)
 			}
 			if atName {
 				name := string(data[i+1 : end])
 				if escaped {
 					if err := json.Unmarshal(data[i:end+1], &name); err != nil {
-						return err
+						return fmt.Errorf("request body: %w", err)
 					}
 				}
-				seen := objects[len(objects)-1]
+				in := &levels[len(levels)-1]
 				switch {
-				case seen[name]:
-					return fmt.Errorf("%q given twice in one object", name)
-				case len(objects) == 1 && !fields[name]:
-					return fmt.Errorf("unknown field %q (names are case-sensitive)", name)
+				case in.names[name]:
+					return fmt.Errorf("request body: %q given twice in one object", name)
+				case len(levels) == 1 && !fields[name]:
+					return fmt.Errorf("request body: unknown field %q (names are case-sensitive)", name)
 				}
-				seen[name], atName = true, false
+				in.names[name], in.member, atName = true, name, false
 			}
 			i = end
 		}
 	}
 	return nil
+}
+
+// scanJSONString reads the string of well-formed JSON whose contents
+// start at data[start], up to its closing quote at end. escaped says it
+// holds an escape; problem, when not "", says why it is not text.
+func scanJSONString(data []byte, start int) (end int, escaped bool, problem string) {
+	for j := start; ; j++ {
+		switch c := data[j]; {
+		case c == '"':
+			return j, escaped, ""
+		case c == '\\':
+			escaped, j = true, j+1
+			if data[j] != 'u' {
+				continue
+			}
+			r := hex4(data[j+1:])
+			switch {
+			case !utf16.IsSurrogate(r):
+				j += 4
+			case data[j+5] == '\\' && data[j+6] == 'u' && utf16.DecodeRune(r, hex4(data[j+7:])) != utf8.RuneError:
+				j += 10 // a high-low pair
+			default:
+				return j, escaped, fmt.Sprintf(`\u%04x is a lone UTF-16 surrogate; a character past U+FFFF is escaped as a high-low pair`, r)
+			}
+		case c >= utf8.RuneSelf:
+			r, size := utf8.DecodeRune(data[j:])
+			if r == utf8.RuneError && size == 1 {
+				return j, escaped, fmt.Sprintf("byte 0x%02x is not UTF-8 text", c)
+			}
+			j += size - 1
+		}
+	}
+}
+
+// hex4 is the value of the 4 hex digits b starts with, which well-formed
+// JSON's \u escapes have.
+func hex4(b []byte) rune {
+	var r rune
+	for _, c := range b[:4] {
+		switch {
+		case c >= '0' && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		default:
+			r = r<<4 | rune(c-'A'+10)
+		}
+	}
+	return r
+}
+
+// jsonPath names where checkJSONBody has come to: the names and indexes
+// down to the string being read, or, atName, the object that string is a
+// name in.
+func jsonPath(levels []jsonLevel, atName bool) string {
+	if atName {
+		levels = levels[:len(levels)-1]
+	}
+	var path strings.Builder
+	for _, l := range levels {
+		switch {
+		case l.names == nil:
+			fmt.Fprintf(&path, "[%d]", l.index)
+		case path.Len() > 0:
+			path.WriteString("." + l.member)
+		default:
+			path.WriteString(l.member)
+		}
+	}
+	switch {
+	case atName && path.Len() == 0:
+		return "a field's name"
+	case atName:
+		return "a name in " + path.String()
+	}
+	return path.String()
 }
 
 // The idempotency headers of POST /api/events, as Stripe names them (and
