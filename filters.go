@@ -1,6 +1,7 @@
 // filters.go: the preview of an endpoint's content filter: what a filter,
 // saved or not, would have let through of the latest events of a set of
-// topics. The filter itself is a column of the endpoint (endpoints.go,
+// topics; and the hold the relay puts on a filter that failed its pass.
+// The filter itself is a column of the endpoint (endpoints.go,
 // checkFilter), which PostgreSQL evaluates in the fan-out (schema.sql,
 // outbox.fan_out) and in every replay (replay.go); docs/filters.md says
 // what it takes.
@@ -11,8 +12,11 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
+	"time"
 
 	"github.com/lib/pq"
+	"github.com/lib/pq/pqerror"
 )
 
 // The number of events a preview runs a filter over: limit events by
@@ -152,4 +156,143 @@ func previewEndpointFilter(ctx context.Context, db *sql.DB, id int64, filter *st
 		filter = ep.Filter
 	}
 	return previewFilter(ctx, db, FilterPreviewRequest{Topics: ep.Topics, Filter: filter, Limit: limit})
+}
+
+// heldFilter is an endpoint whose filter holdFailingFilters held, and why.
+type heldFilter struct {
+	EndpointID int64
+	Error      string
+}
+
+// filtersToTrySQL is the enabled endpoints with a filter not held whose
+// topics select one of events $1.
+const filtersToTrySQL = `
+SELECT ep.id, ep.filter
+FROM outbox.endpoints AS ep
+WHERE ep.filter_path IS NOT NULL
+  AND ep.filter_error_at IS NULL
+  AND ep.disabled_at IS NULL
+  AND EXISTS (SELECT 1
+              FROM outbox.events AS e
+              WHERE e.id = ANY ($1)
+                AND outbox.topic_matches(ep.topics, e.topic))
+ORDER BY ep.id`
+
+// tryFilterSQL evaluates endpoint $1's filter as the fan-out does
+// (outbox.fan_out, routed) on each of events $2 its topics select; it
+// counts the verdicts only so that every one is computed.
+const tryFilterSQL = `
+SELECT count(jsonb_path_match(e.payload, ep.filter_path, silent => true))
+FROM outbox.endpoints AS ep
+JOIN outbox.events AS e ON e.id = ANY ($2) AND outbox.topic_matches(ep.topics, e.topic)
+WHERE ep.id = $1`
+
+// holdFilterSQL holds endpoint $1's filter, as $2 read it, with error
+// $3; a filter written again since is tried afresh by the next pass.
+const holdFilterSQL = `
+UPDATE outbox.endpoints
+SET filter_error = $3,
+    filter_error_at = now()
+WHERE id = $1
+  AND filter = $2
+  AND filter_error_at IS NULL`
+
+// holdFailingFilters tries, one endpoint at a time, the filter of every
+// endpoint whose topics select one of events (those of a relay pass that
+// failed), each in a transaction of its own whose statement_timeout is
+// bound, and holds those that fail: an error of the filter's evaluation
+// or the bound reached (filterFault), which in the pass's one statement
+// failed every endpoint's fan-out. It returns those it held; a failure
+// that is not the filter's (the database, the connection) ends it.
+//
+// Why this design: the fan-out evaluates every endpoint's filter in one
+// statement, its cost on the hot path; a guard around each evaluation (a
+// subtransaction for errors) would cost every event of every filtered
+// endpoint, and still could not bound a slow one, as PostgreSQL's only
+// bound on time is per statement. So the pass keeps its one statement
+// under a timeout, and only a pass that failed pays for this: one
+// statement per filtered endpoint of its events, once. A held filter is
+// not evaluated again (its endpoint gets nothing of its topics, counted
+// as filter_errors) until it is written again: evaluated each pass, a
+// filter that fails would fail each pass, and every endpoint would wait
+// for it every time.
+func holdFailingFilters(ctx context.Context, db *sql.DB, events []int64, bound time.Duration) ([]heldFilter, error) {
+	type candidate struct {
+		id     int64
+		filter string
+	}
+	candidates, err := queryAll(ctx, db, func(row rowScanner) (candidate, error) {
+		var c candidate
+		return c, row.Scan(&c.id, &c.filter)
+	}, filtersToTrySQL, pq.Array(events))
+	if err != nil {
+		return nil, fmt.Errorf("hold failing filters: list them: %w", err)
+	}
+	var held []heldFilter
+	for _, c := range candidates {
+		fault, err := tryFilter(ctx, db, c.id, events, bound)
+		if err != nil {
+			return held, err
+		}
+		if fault == "" {
+			continue
+		}
+		if first, last := slices.Min(events), slices.Max(events); first == last {
+			fault = fmt.Sprintf("on event %d: %s", first, fault)
+		} else {
+			fault = fmt.Sprintf("on events %d to %d: %s", first, last, fault)
+		}
+		fault = truncate(fault, maxErrorLen)
+		res, err := db.ExecContext(ctx, holdFilterSQL, c.id, c.filter, fault)
+		if err != nil {
+			return held, fmt.Errorf("hold the filter of endpoint %d: %w", c.id, err)
+		}
+		if n, _ := res.RowsAffected(); n == 1 {
+			held = append(held, heldFilter{EndpointID: c.id, Error: fault})
+		}
+	}
+	return held, nil
+}
+
+// tryFilter evaluates endpoint id's filter on events (tryFilterSQL) in
+// a read-only transaction of its own bounded by bound, and says how it
+// failed ("" if it did not); err is a failure that is not the filter's.
+func tryFilter(ctx context.Context, db *sql.DB, id int64, events []int64, bound time.Duration) (fault string, err error) {
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return "", fmt.Errorf("try the filter of endpoint %d: %w", id, err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, fmt.Sprintf("SET LOCAL statement_timeout = %d", max(bound.Milliseconds(), 1))); err != nil {
+		return "", fmt.Errorf("try the filter of endpoint %d: %w", id, err)
+	}
+	var n int64
+	err = tx.QueryRowContext(ctx, tryFilterSQL, id, pq.Array(events)).Scan(&n)
+	switch pqErr := pq.As(err); {
+	case err == nil:
+		return "", nil
+	case ctx.Err() == nil && pqErr != nil && filterFault(pqErr):
+		if pqErr.Code == pqerror.QueryCanceled {
+			return fmt.Sprintf("the filter ran longer than %s, half the relay's pass timeout", bound), nil
+		}
+		return fmt.Sprintf("the filter failed: %s (SQLSTATE %s)", pqErr.Message, pqErr.Code), nil
+	default:
+		return "", fmt.Errorf("try the filter of endpoint %d: %w", id, err)
+	}
+}
+
+// filterFault tells an error that evaluating a filter raised (a data
+// exception silent does not cover, a missing variable, memory or stack
+// exhausted, the statement timeout) from one that says nothing about the
+// filter: a lost connection, a shutdown, a conflict, a full disk.
+func filterFault(e *pq.Error) bool {
+	switch e.Code.Class() {
+	case "08", "25", "40", "58":
+		return false
+	case "53":
+		return e.Code == pqerror.OutOfMemory
+	case "57":
+		return e.Code == pqerror.QueryCanceled
+	}
+	return true
 }

@@ -471,3 +471,109 @@ func TestEndpointPageShowsAndPreviewsTheFilter(t *testing.T) {
 		t.Errorf("create with a bad filter = %d, want 400 saying why with the form as typed", resp.StatusCode)
 	}
 }
+
+// exponentialFilter is the security probe's filter: keyvalue() applied to
+// its own result 14 times makes 3^13 objects of each member of the
+// payload, seconds and gigabytes for a payload of two members. The rules
+// refuse it now (filter_problem); a test stores it by SQL, around them.
+var exponentialFilter = "exists($" + strings.Repeat(".keyvalue()", 14) + " ? (@ == 7))"
+
+// storeFilterAroundTheRules gives endpoint id filter by SQL, with the
+// rule that would refuse it dropped from this test's database: a filter
+// stored before the rules, or by hand.
+func storeFilterAroundTheRules(t *testing.T, db *sql.DB, id int64, filter string) {
+	t.Helper()
+	mustExec(t, db, `ALTER TABLE outbox.endpoints DROP CONSTRAINT IF EXISTS endpoints_filter_allowed`)
+	mustExec(t, db, `UPDATE outbox.endpoints SET filter = $2 WHERE id = $1`, id, filter)
+}
+
+// A filter that fails the relay's pass (one raises an error silent does
+// not cover, one runs far past the pass's timeout) costs its own endpoint
+// its events, and no other endpoint anything: the pass is held for the
+// timeout once, the failing filters are held with their error shown, the
+// endpoint without a filter gets every event, none is poisoned, and the
+// next pass neither evaluates the held filters nor times out. Writing the
+// filter again lifts the hold.
+func TestFilterThatFailsAPassCostsOnlyItsEndpoint(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	plain := createFilteredEndpoint(t, api, "http://127.0.0.1:1/plain", "", "order.*")
+	slow := createFilteredEndpoint(t, api, "http://127.0.0.1:1/slow", "", "order.*")
+	raising := createFilteredEndpoint(t, api, "http://127.0.0.1:1/raising", "", "order.*")
+	storeFilterAroundTheRules(t, db, slow.ID, exponentialFilter)
+	// A date compared with a time with a zone raises, silent or not.
+	storeFilterAroundTheRules(t, db, raising.ID, `$.at.datetime() < "2026-01-01T00:00:00+00:00".datetime()`)
+
+	first := []int64{
+		recordPayload(t, db, "order.paid", "a", `{"status": "paid", "at": "2026-01-01"}`),
+		recordPayload(t, db, "order.paid", "b", `{"status": "new", "at": "2026-01-02"}`),
+	}
+	cfg := defaultConfig().Relay
+	cfg.PassTimeout = 2 * time.Second
+	r := newTestRelay(t, db, cfg)
+	res, err := r.relayOnce(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(passResult{Claimed: 2, Fanned: 2, Jobs: 2}, res); diff != "" {
+		t.Errorf("pass (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(first, jobEvents(t, db, plain.ID)); diff != "" {
+		t.Errorf("the endpoint without a filter's jobs (-want +got):\n%s", diff)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.events WHERE fanned_out_at IS NULL OR relay_attempts > 0 OR poisoned_at IS NOT NULL`); n != 0 {
+		t.Errorf("%d events not fanned out cleanly", n)
+	}
+	for _, tc := range []struct {
+		ep   Endpoint
+		want string
+	}{
+		{slow, "the filter ran longer than 1s"},
+		{raising, "cannot convert value from date to timestamptz"},
+	} {
+		got := api.endpoint(tc.ep.ID)
+		if got.FilterError == nil || got.FilterErrorAt == nil || !strings.Contains(*got.FilterError, tc.want) {
+			t.Errorf("endpoint %s: filter_error %v at %v, want it held with an error containing %q", tc.ep.URL, got.FilterError, got.FilterErrorAt, tc.want)
+		}
+		if n := len(jobEvents(t, db, tc.ep.ID)); n != 0 {
+			t.Errorf("endpoint %s: %d jobs, want none while its filter is held", tc.ep.URL, n)
+		}
+	}
+	if n := r.filtersHeld.Load(); n != 2 {
+		t.Errorf("%d filters held, want 2", n)
+	}
+
+	timeouts := r.passTimeouts.Load()
+	second := recordPayload(t, db, "order.paid", "c", `{"status": "paid", "at": "2026-01-03"}`)
+	if res, err := r.relayOnce(context.Background()); err != nil || res.Fanned != 1 || res.Jobs != 1 {
+		t.Errorf("the next pass: %+v, %v; want the one event fanned out to the one endpoint", res, err)
+	}
+	if n := r.passTimeouts.Load(); n != timeouts {
+		t.Errorf("the next pass timed out: the held filter was evaluated again")
+	}
+	if diff := cmp.Diff(append(first, second), jobEvents(t, db, plain.ID)); diff != "" {
+		t.Errorf("the endpoint without a filter's jobs (-want +got):\n%s", diff)
+	}
+
+	var st DeliveryStats
+	if code := apiCall(t, api.srv, "GET", "/api/endpoints/"+itoa(slow.ID)+"/stats", "", &st); code != http.StatusOK {
+		t.Fatalf("stats = %d", code)
+	}
+	if st.FilterErrors != 3 || st.FilteredOut != 0 || st.Produced != 0 {
+		t.Errorf("the held endpoint's stats: %d filter errors, %d filtered out, %d produced; want 3, 0, 0", st.FilterErrors, st.FilteredOut, st.Produced)
+	}
+	_, page := panelPage(t, api.srv, "/endpoints/"+itoa(raising.ID))
+	if !strings.Contains(page, `id="filter-error"`) || !strings.Contains(page, "cannot convert value from date to timestamptz") {
+		t.Errorf("the endpoint page does not show the held filter's error")
+	}
+	if status, body := api.do("POST", "/api/endpoints/"+itoa(raising.ID)+"/replay", `{"since": "2026-01-01T00:00:00Z", "dry_run": true}`); status != http.StatusBadRequest || !strings.Contains(errorOf(t, body), "held after an error") {
+		t.Errorf("dry run of a replay while the filter is held = %d %s, want 400", status, body)
+	}
+	if status, body := api.do("PATCH", "/api/endpoints/"+itoa(raising.ID), `{"filter": "$.status == \"paid\""}`); status != http.StatusOK {
+		t.Fatalf("PATCH filter = %d %s", status, body)
+	}
+	if got := api.endpoint(raising.ID); got.FilterError != nil || got.FilterErrorAt != nil {
+		t.Errorf("a filter written again is still held: %v", *got.FilterError)
+	}
+}

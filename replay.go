@@ -122,8 +122,8 @@ func (r replayRange) args() (until sql.NullTime, topics any, through sql.NullInt
 // and before $5 (NULL: no end), that the endpoint's topics select and,
 // unless $6 is empty, the replay's topics too, and whose payload the
 // endpoint's filter passes, as the fan-out tests it (outbox.fan_out,
-// silent: unknown is no match); the filter is the endpoint's as each
-// batch reads it. replaySQL enqueues them and replayCountSQL counts
+// silent: unknown is no match; a filter held after an error passes
+// nothing); the filter is the endpoint's as each batch reads it. replaySQL enqueues them and replayCountSQL counts
 // them, so a dry run counts what the replay enqueues
 // (TestReplayDryRunCountsWhatTheReplayEnqueues). Both lists of patterns
 // are split once, in the statement's one-row CTEs, and tested against
@@ -131,7 +131,7 @@ func (r replayRange) args() (until sql.NullTime, topics any, through sql.NullInt
 // inlines: the walk passes every event of the window, of every topic.
 const replayCandidatesSQL = `
 WITH endpoint AS (
-  SELECT ep.id, ep.ordering, ep.filter_path, t.names, t.prefixes, t.every_topic
+  SELECT ep.id, ep.ordering, ep.filter_path, ep.filter_error_at, t.names, t.prefixes, t.every_topic
   FROM outbox.endpoints AS ep, outbox.topic_split(ep.topics) AS t
   WHERE ep.id = $1
     AND ep.disabled_at IS NULL
@@ -150,7 +150,8 @@ candidates AS (
     AND ($7::bigint IS NULL OR e.id <= $7)
     AND outbox.topic_selected(e.topic, endpoint.names, endpoint.prefixes, endpoint.every_topic)
     AND (narrowed.by_endpoint_alone OR outbox.topic_selected(e.topic, narrowed.names, narrowed.prefixes, narrowed.every_topic))
-    AND (endpoint.filter_path IS NULL OR jsonb_path_match(e.payload, endpoint.filter_path, silent => true))
+    AND (endpoint.filter_path IS NULL
+         OR (endpoint.filter_error_at IS NULL AND jsonb_path_match(e.payload, endpoint.filter_path, silent => true)))
   ORDER BY e.id
   LIMIT $4
 )`
@@ -249,6 +250,9 @@ func planReplay(ctx context.Context, db *sql.DB, id int64, req ReplayRequest, re
 	}
 	if ep.State == endpointDisabled {
 		return w, ep, fmt.Errorf("%w: endpoint %d is disabled; enable it before replaying", errInvalid, id)
+	}
+	if ep.FilterError != nil {
+		return w, ep, fmt.Errorf("%w: endpoint %d's filter is held after an error (%s); write its filter again before replaying", errInvalid, id, *ep.FilterError)
 	}
 	return w, ep, nil
 }

@@ -1015,6 +1015,37 @@ EXCEPTION WHEN duplicate_object THEN
 END
 $$;
 
+-- filter_error says why the relay stopped evaluating the endpoint's
+-- filter, and filter_error_at since when: the filter raised an error that
+-- silent does not cover, or ran past its share of a relay pass (relay.go,
+-- holdFailingFilters). Every pass shares one statement, so a filter that
+-- fails it fails every endpoint's fan-out; held, the filter is not
+-- evaluated, and every event of the endpoint's topics counts as not
+-- matched for it (fanout_stats.filter_errors) until its filter is written
+-- again, which clears both (the same text tries it again). Only the relay
+-- sets them, after trying the filter alone on the events of the pass that
+-- failed; the API and the panel show them.
+ALTER TABLE outbox.endpoints
+  ADD COLUMN IF NOT EXISTS filter_error text,
+  ADD COLUMN IF NOT EXISTS filter_error_at timestamptz;
+
+DO $$
+BEGIN
+  ALTER TABLE outbox.endpoints
+    ADD CONSTRAINT endpoints_filter_error_with_time CHECK ((filter_error IS NULL) = (filter_error_at IS NULL)),
+    ADD CONSTRAINT endpoints_filter_error_length CHECK (length(filter_error) <= 2100);
+EXCEPTION WHEN duplicate_object THEN
+  NULL;
+END
+$$;
+
+-- Serves the fan-out: the endpoints whose filter is held, read once by a
+-- pass that meets a filtered endpoint (outbox.fan_out, routed). Almost
+-- always empty.
+CREATE INDEX IF NOT EXISTS endpoints_filter_held
+  ON outbox.endpoints (id)
+  WHERE filter_error_at IS NOT NULL;
+
 -- Serves the fan-out: the enabled endpoints, read for every relay pass.
 CREATE INDEX IF NOT EXISTS endpoints_enabled_by_id
   ON outbox.endpoints (id)
@@ -2151,7 +2182,11 @@ $$;
 -- silent => true: an error the payload causes (a wrong type, a missing
 -- member in strict mode, a result that is not a boolean) answers unknown,
 -- and unknown is no match, never a failed pass. filter_problem keeps out
--- the filters whose errors silent does not cover.
+-- the filters whose errors silent does not cover. A filter the relay held
+-- after it failed a pass anyway (endpoints.filter_error_at) is not
+-- evaluated: passes is NULL, no delivery, counted in filter_errors; the
+-- held endpoints are read once per statement (a hashed subplan), and
+-- only when an event meets a filtered endpoint.
 --
 -- A coalescing subscriber gets one job per topic and subject of the batch,
 -- for its highest event id (DISTINCT ON keeps the first row of each (kind,
@@ -2257,8 +2292,10 @@ BEGIN
   ),
   routed AS (
     SELECT m.id, m.subject, es.endpoint_id, es.breaker_opened_at, es.ordering,
-           es.filter_path IS NULL
-             OR coalesce(jsonb_path_match(m.payload, es.filter_path, silent => true), false) AS passes
+           CASE WHEN es.filter_path IS NULL THEN true
+                WHEN es.endpoint_id IN (SELECT h.id FROM outbox.endpoints AS h WHERE h.filter_error_at IS NOT NULL)
+                THEN NULL
+                ELSE coalesce(jsonb_path_match(m.payload, es.filter_path, silent => true), false) END AS passes
     FROM marked AS m
     JOIN endpoint_subscriptions AS es ON es.topic = m.topic
   ),
@@ -2325,9 +2362,10 @@ BEGIN
     SELECT DISTINCT r.endpoint_id, r.subject AS lane_key FROM routed AS r WHERE r.ordering = 'subject'
   ),
   produced AS (
-    INSERT INTO outbox.fanout_stats AS f (endpoint_id, minute, deliveries, filtered_out, last_fanned_at)
+    INSERT INTO outbox.fanout_stats AS f (endpoint_id, minute, deliveries, filtered_out, filter_errors, last_fanned_at)
     SELECT r.endpoint_id, date_trunc('minute', now()),
            count(*) FILTER (WHERE r.passes), count(*) FILTER (WHERE NOT r.passes),
+           count(*) FILTER (WHERE r.passes IS NULL),
            CASE WHEN bool_or(r.passes) THEN now() END
     FROM routed AS r
     GROUP BY r.endpoint_id
@@ -2335,6 +2373,7 @@ BEGIN
     ON CONFLICT (endpoint_id, minute) DO UPDATE
     SET deliveries = f.deliveries + EXCLUDED.deliveries,
         filtered_out = f.filtered_out + EXCLUDED.filtered_out,
+        filter_errors = f.filter_errors + EXCLUDED.filter_errors,
         last_fanned_at = coalesce(EXCLUDED.last_fanned_at, f.last_fanned_at)
   ),
   indexed AS (
@@ -2562,6 +2601,13 @@ ALTER TABLE outbox.fanout_stats
 -- last_fanned_at.
 ALTER TABLE outbox.fanout_stats
   ADD COLUMN IF NOT EXISTS filtered_out bigint NOT NULL DEFAULT 0;
+
+-- filter_errors is how many of them the endpoint did not get because its
+-- filter was held after an error (outbox.endpoints, filter_error): not
+-- matched, as filtered_out, but for a fault of the filter rather than a
+-- verdict on the payload.
+ALTER TABLE outbox.fanout_stats
+  ADD COLUMN IF NOT EXISTS filter_errors bigint NOT NULL DEFAULT 0;
 
 --------------------------------------------------------------------------------
 -- Outcomes: a batch of attempts' results, written in one transaction
