@@ -14,6 +14,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -575,5 +576,123 @@ func TestFilterThatFailsAPassCostsOnlyItsEndpoint(t *testing.T) {
 	}
 	if got := api.endpoint(raising.ID); got.FilterError != nil || got.FilterErrorAt != nil {
 		t.Errorf("a filter written again is still held: %v", *got.FilterError)
+	}
+}
+
+// docsFilterExamples is every filter of docs/filters.md's table of
+// examples, as written there (the table escapes |).
+func docsFilterExamples(t *testing.T) []string {
+	t.Helper()
+	doc := readDoc(t, "docs/filters.md")
+	_, section, ok := strings.Cut(doc, "\n## Examples\n")
+	if !ok {
+		t.Fatal("docs/filters.md has no Examples section")
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	row := regexp.MustCompile("(?m)^\\| `(.+?)` \\|")
+	var examples []string
+	for _, m := range row.FindAllStringSubmatch(section, -1) {
+		examples = append(examples, strings.ReplaceAll(m[1], `\|`, "|"))
+	}
+	if len(examples) < 10 {
+		t.Fatalf("found %d examples in docs/filters.md, want its whole table", len(examples))
+	}
+	return examples
+}
+
+// The rules that bound a filter's cost refuse what would grow faster than
+// the payload, each answering 400 with the rule's reason, by POST and
+// PATCH alike, and refuse it to a direct SQL write too; every example
+// docs/filters.md gives, and what stays linear (chained wildcards, one
+// keyvalue(), arithmetic between paths), is accepted.
+func TestFilterRulesBoundItsCost(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	ep := createFilteredEndpoint(t, api, "http://127.0.0.1:1/hook", paidFilter, "order.*")
+	path := "/api/endpoints/" + itoa(ep.ID)
+
+	keyvalues := func(n int) string {
+		return "exists($" + strings.Repeat(".keyvalue()", n) + " ? (@ == 7))"
+	}
+	for _, tc := range []struct{ filter, want string }{
+		{exponentialFilter, "filter: keyvalue() may appear once"},
+		{keyvalues(12), "filter: keyvalue() may appear once"},
+		{keyvalues(2), "filter: keyvalue() may appear once"},
+		{`exists($.keyvalue() ? (@.value.keyvalue().size() > 1))`, "filter: keyvalue() may appear once"},
+		{`$.** == 1`, "filter: .** (any level) is not allowed"},
+		{`exists($.a.**{2 to last} ? (@ == 1))`, "filter: .** (any level) is not allowed"},
+		{`$.a[0,0][0,0] == 1`, "filter: a subscript is [*], a number"},
+		{`$.a[$.i] == 1`, "filter: a subscript is [*], a number"},
+		{`$.a == $.b`, "filter: a comparison of two paths"},
+		{`$.items[*].price < $.limits[*]`, "filter: a comparison of two paths"},
+		{`$.a == -$.b && $.c == 1`, "filter: a comparison of two paths"},
+		{`exists($.items[*] ? (@.a == @.b))`, "filter: a comparison of two paths"},
+		{`exists($.items[*] ? (@.sku == $.wanted))`, "filter: $ inside a filter expression"},
+		{`exists($.a ? (exists(@.b ? (@ == $.c))))`, "filter: $ inside a filter expression"},
+		{`$.a like_regex "^(a*)\\1$"`, "filter: a like_regex pattern may not use backreferences"},
+		{`$.a like_regex "a(?=b)"`, "filter: a like_regex pattern may not use lookahead or lookbehind"},
+		{`$.a like_regex "(?<!b)a"`, "filter: a like_regex pattern may not use lookahead or lookbehind"},
+		{strings.Repeat(`$.a like_regex "x" || `, 8) + `$.a like_regex "y"`, "filter: like_regex may appear at most 8 times"},
+	} {
+		b, _ := json.Marshal(map[string]any{"url": "http://127.0.0.1:1/bad", "filter": tc.filter})
+		for _, req := range []struct{ method, path string }{{"POST", "/api/endpoints"}, {"PATCH", path}} {
+			status, body := api.do(req.method, req.path, string(b))
+			if msg := errorOf(t, body); status != http.StatusBadRequest || !strings.HasPrefix(msg, tc.want) {
+				t.Errorf("%s %s filter %q = %d %q, want 400 starting %q", req.method, req.path, tc.filter, status, msg, tc.want)
+			}
+		}
+		if _, err := db.Exec(`UPDATE outbox.endpoints SET filter = $1`, tc.filter); err == nil || !strings.Contains(err.Error(), "endpoints_filter_allowed") {
+			t.Errorf("filter %q written by SQL: %v, want endpoints_filter_allowed to refuse it", tc.filter, err)
+		}
+	}
+
+	accepted := append(docsFilterExamples(t),
+		// Each step of a path goes one level down the payload, so a path
+		// meets each value at most once however many wildcards it chains.
+		`$.*.*.* == 1`,
+		`$[*][*][*] == 1`,
+		`exists($.items[*] ? (@.sku == "A" && @.qty > 2))`,
+		`exists($.tags.keyvalue() ? (@.key starts with "x"))`,
+		`$.a[last - 1] == 1 && $.a[1 to last] == 2`,
+		`$.total == $.net + $.tax`,
+		`$.a like_regex "\\\\1"`, // a backslash, then 1: no backreference
+		`$."$weird" == "@" && $."[0,0]" == "$.a == $.b"`,
+	)
+	for _, filter := range accepted {
+		b, _ := json.Marshal(map[string]any{"filter": filter})
+		if status, body := api.do("PATCH", path, string(b)); status != http.StatusOK {
+			t.Errorf("PATCH filter %q = %d %s, want it accepted", filter, status, body)
+		}
+	}
+}
+
+// A database whose endpoint stored a filter that the rules now refuse,
+// under the constraint of before, gets it held by the migration, which
+// names the rule; every other write of the row goes through, and the
+// fan-out leaves the filter unevaluated.
+func TestMigrationHoldsFiltersTheRulesRefuse(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	ep := createFilteredEndpoint(t, api, "http://127.0.0.1:1/old", "", "order.*")
+	storeFilterAroundTheRules(t, db, ep.ID, exponentialFilter)
+	mustExec(t, db, `ALTER TABLE outbox.endpoints ADD CONSTRAINT endpoints_filter_allowed
+		CHECK (outbox.filter_problem(filter_path) IS NULL) NOT VALID`)
+	mustExec(t, db, `DELETE FROM outbox.schema_applied`)
+	if err := migrate(context.Background(), db); err != nil {
+		t.Fatal(err)
+	}
+	got := api.endpoint(ep.ID)
+	if got.FilterError == nil || !strings.Contains(*got.FilterError, "keyvalue() may appear once") {
+		t.Fatalf("filter_error %v, want the filter held naming its rule", got.FilterError)
+	}
+	if status, body := api.do("PATCH", "/api/endpoints/"+itoa(ep.ID), `{"description": "kept"}`); status != http.StatusOK {
+		t.Errorf("PATCH description = %d %s, want the row writable", status, body)
+	}
+	recordPayload(t, db, "order.paid", "a", `{"status": "paid", "amount_cents": 1500}`)
+	relayAll(t, db)
+	if n := queryInt(t, db, `SELECT filter_errors FROM outbox.fanout_stats WHERE endpoint_id = $1`, ep.ID); n != 1 {
+		t.Errorf("%d filter errors counted, want the one event", n)
 	}
 }
