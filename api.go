@@ -388,7 +388,8 @@ func handleFilterPreview(a *admin) apiFunc {
 		if err := decodeJSON(r, &in); err != nil {
 			return 0, nil, err
 		}
-		pv, err := previewFilter(r.Context(), a.db, FilterPreviewRequest{Topics: in.Topics, Filter: in.Filter, Limit: filterPreviewLimit(in.Limit)})
+		pv, err := previewFilter(r.Context(), a.db, FilterPreviewRequest{Topics: in.Topics, Filter: in.Filter, Limit: filterPreviewLimit(in.Limit),
+			Timeout: a.previewTimeout})
 		return http.StatusOK, pv, err
 	}
 }
@@ -402,7 +403,7 @@ func handleEndpointFilterPreview(a *admin) apiFunc {
 		Limit  *int             `json:"limit"`
 	}
 	return byIDWithBody(decodeOptionalJSON, func(ctx context.Context, id int64, in request) (FilterPreview, error) {
-		return previewEndpointFilter(ctx, a.db, id, in.Filter.Value, !in.Filter.Set, filterPreviewLimit(in.Limit))
+		return previewEndpointFilter(ctx, a.db, id, in.Filter.Value, !in.Filter.Set, filterPreviewLimit(in.Limit), a.previewTimeout)
 	})
 }
 

@@ -9,6 +9,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
@@ -27,6 +28,14 @@ const (
 	maxFilterPreviewLimit     = 10_000
 )
 
+// filterPreviewTimeout bounds a preview's statement (SET LOCAL
+// statement_timeout, in the preview's own transaction): 10,000 events
+// under a filter within the rules take well under a second, and a
+// filter that runs longer over the events at hand (very large payloads,
+// say) answers 400 saying it was too costly to preview, rather than hold
+// a connection and a CPU until the request's deadline ends it as a 503.
+const filterPreviewTimeout = 5 * time.Second
+
 // filterPreviewWalk is how many of the newest events, of every topic, a
 // preview looks through for the ones its topics select: the walk is the
 // primary key read backwards, bounded, where a topic that is rare among
@@ -42,6 +51,8 @@ type FilterPreviewRequest struct {
 	Topics []string
 	Filter *string
 	Limit  int
+	// Timeout bounds its statement; 0: filterPreviewTimeout.
+	Timeout time.Duration
 }
 
 // filterPreviewLimit is the limit a request gave, or the default when it
@@ -136,8 +147,20 @@ func previewFilter(ctx context.Context, db *sql.DB, req FilterPreviewRequest) (F
 		return FilterPreview{}, err
 	}
 	pv := FilterPreview{Topics: req.Topics, Filter: req.Filter, Limit: req.Limit}
-	err := db.QueryRowContext(ctx, filterPreviewSQL, pq.Array(req.Topics), req.Filter, req.Limit, filterPreviewWalk).Scan(
+	timeout := cmp.Or(req.Timeout, filterPreviewTimeout)
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return pv, fmt.Errorf("preview filter: %w", err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, fmt.Sprintf("SET LOCAL statement_timeout = %d", max(timeout.Milliseconds(), 1))); err != nil {
+		return pv, fmt.Errorf("preview filter: %w", err)
+	}
+	err = tx.QueryRowContext(ctx, filterPreviewSQL, pq.Array(req.Topics), req.Filter, req.Limit, filterPreviewWalk).Scan(
 		&pv.Events, &pv.Matched, &pv.Unknown, &pv.FirstEventID, &pv.LastEventID)
+	if pq.As(err, pqerror.QueryCanceled) != nil && ctx.Err() == nil {
+		return pv, fmt.Errorf("%w: filter: too costly to preview: it ran past %s over the newest %d events of the topics; try a smaller limit or a simpler filter", errInvalid, timeout, req.Limit)
+	}
 	if err != nil {
 		return pv, fmt.Errorf("preview filter: %w", err)
 	}
@@ -147,7 +170,8 @@ func previewFilter(ctx context.Context, db *sql.DB, req FilterPreviewRequest) (F
 // previewEndpointFilter is previewFilter over endpoint id's topics, with
 // its own filter unless keepOwn is false, when filter (nil: none) is
 // tried instead: what it would have received had it had that filter.
-func previewEndpointFilter(ctx context.Context, db *sql.DB, id int64, filter *string, keepOwn bool, limit int) (FilterPreview, error) {
+// timeout bounds it as FilterPreviewRequest's does.
+func previewEndpointFilter(ctx context.Context, db *sql.DB, id int64, filter *string, keepOwn bool, limit int, timeout time.Duration) (FilterPreview, error) {
 	ep, err := getEndpoint(ctx, db, id)
 	if err != nil {
 		return FilterPreview{}, err
@@ -155,7 +179,7 @@ func previewEndpointFilter(ctx context.Context, db *sql.DB, id int64, filter *st
 	if keepOwn {
 		filter = ep.Filter
 	}
-	return previewFilter(ctx, db, FilterPreviewRequest{Topics: ep.Topics, Filter: filter, Limit: limit})
+	return previewFilter(ctx, db, FilterPreviewRequest{Topics: ep.Topics, Filter: filter, Limit: limit, Timeout: timeout})
 }
 
 // heldFilter is an endpoint whose filter holdFailingFilters held, and why.

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"regexp"
 	"strings"
@@ -694,5 +695,38 @@ func TestMigrationHoldsFiltersTheRulesRefuse(t *testing.T) {
 	relayAll(t, db)
 	if n := queryInt(t, db, `SELECT filter_errors FROM outbox.fanout_stats WHERE endpoint_id = $1`, ep.ID); n != 1 {
 		t.Errorf("%d filter errors counted, want the one event", n)
+	}
+}
+
+// A preview runs under a statement timeout in its own transaction: a
+// filter within the rules that is too slow over the events at hand (here
+// products of 131,000-digit numbers, a tenth of a second or more each)
+// answers 400 saying so, on both routes, and a cheap one over the same
+// events still answers.
+func TestCostlyFilterPreviewAnswers400(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	a := testAdmin(t, db, testPolicy, testLogger(t), nil)
+	a.previewTimeout = 100 * time.Millisecond
+	api := &testAPI{t: t, srv: httptest.NewServer(routes(a))}
+	t.Cleanup(api.srv.Close)
+	ep := createFilteredEndpoint(t, api, "http://127.0.0.1:1/hook", "", "big.*")
+	mustExec(t, db, `SELECT outbox.record('big.numbers', 's' || i,
+		jsonb_build_object('a', repeat('7', 131000)::numeric, 'b', repeat('3', 131000)::numeric))
+		FROM generate_series(1, 20) AS i`)
+
+	costly := `$.a * $.b > 0`
+	for _, tc := range []struct{ path, body string }{
+		{"/api/endpoints/filter-preview", `{"topics": ["big.*"], "filter": "` + costly + `"}`},
+		{"/api/endpoints/" + itoa(ep.ID) + "/filter-preview", `{"filter": "` + costly + `"}`},
+	} {
+		status, body := api.do("POST", tc.path, tc.body)
+		if msg := errorOf(t, body); status != http.StatusBadRequest || !strings.Contains(msg, "filter: too costly to preview") {
+			t.Errorf("POST %s %s = %d %q, want 400 saying it is too costly to preview", tc.path, tc.body, status, msg)
+		}
+	}
+	var pv FilterPreview
+	if code := apiCall(t, api.srv, "POST", "/api/endpoints/filter-preview", `{"topics": ["big.*"], "filter": "$.a > 0"}`, &pv); code != http.StatusOK || pv.Events != 20 || pv.Matched != 20 {
+		t.Errorf("a cheap filter's preview = %d %+v, want 20 of 20", code, pv)
 	}
 }
