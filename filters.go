@@ -279,15 +279,20 @@ func holdFailingFilters(ctx context.Context, db *sql.DB, events []int64, bound t
 }
 
 // tryFilter evaluates endpoint id's filter on events (tryFilterSQL) in
-// a read-only transaction of its own bounded by bound, and says how it
-// failed ("" if it did not); err is a failure that is not the filter's.
+// a read-only transaction of its own bounded by bound (0: none, as the
+// relay's passes then have none), and says how it failed ("" if it did
+// not); err is a failure that is not the filter's.
 func tryFilter(ctx context.Context, db *sql.DB, id int64, events []int64, bound time.Duration) (fault string, err error) {
 	tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		return "", fmt.Errorf("try the filter of endpoint %d: %w", id, err)
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, fmt.Sprintf("SET LOCAL statement_timeout = %d", max(bound.Milliseconds(), 1))); err != nil {
+	ms := int64(0)
+	if bound > 0 {
+		ms = max(bound.Milliseconds(), 1)
+	}
+	if _, err := tx.ExecContext(ctx, fmt.Sprintf("SET LOCAL statement_timeout = %d", ms)); err != nil {
 		return "", fmt.Errorf("try the filter of endpoint %d: %w", id, err)
 	}
 	var n int64

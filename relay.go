@@ -308,7 +308,7 @@ func (r *relay) relayOnce(ctx context.Context) (passResult, error) {
 		held, holdErr := r.holdFailingFilters(ctx, err)
 		if holdErr != nil {
 			r.count(res)
-			return res, holdErr
+			return res, errors.Join(err, holdErr)
 		}
 		if held > 0 {
 			res, err = r.batchPass(ctx)
