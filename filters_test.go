@@ -2,7 +2,10 @@
 // PostgreSQL: the fan-out delivers what a filter passes and nothing else,
 // an error on a payload is no match, a bad filter is refused with why,
 // replays, dry runs and the probe's gap replay apply it, the statistics
-// count what it kept out, and the preview counts what it would pass.
+// count what it kept out, and the preview counts what it would pass; a
+// filter whose cost would grow faster than the payload is refused, one
+// that fails the relay's pass anyway is held for its endpoint alone, and
+// a preview too costly to run answers 400.
 
 package main
 
@@ -474,10 +477,10 @@ func TestEndpointPageShowsAndPreviewsTheFilter(t *testing.T) {
 	}
 }
 
-// exponentialFilter is the security probe's filter: keyvalue() applied to
-// its own result 14 times makes 3^13 objects of each member of the
-// payload, seconds and gigabytes for a payload of two members. The rules
-// refuse it now (filter_problem); a test stores it by SQL, around them.
+// exponentialFilter applies keyvalue() to its own result 14 times, which
+// makes 3^13 objects of each member of the payload: seconds and
+// gigabytes for a payload of two members. The rules refuse it
+// (filter_problem); a test stores it by SQL, around them.
 var exponentialFilter = "exists($" + strings.Repeat(".keyvalue()", 14) + " ? (@ == 7))"
 
 // storeFilterAroundTheRules gives endpoint id filter by SQL, with the
