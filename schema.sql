@@ -2360,9 +2360,10 @@ $$;
 -- and unknown is no match, never a failed pass. filter_problem keeps out
 -- the filters whose errors silent does not cover. A filter the relay held
 -- after it failed a pass anyway (endpoints.filter_error_at) is not
--- evaluated: passes is NULL, no delivery, counted in filter_errors; the
--- held endpoints are read once per statement (a hashed subplan), and
--- only when an event meets a filtered endpoint.
+-- evaluated: passes is NULL, no delivery, counted in filter_errors. The
+-- held endpoints are read once per statement (ARRAY(...) is an InitPlan,
+-- run when first needed: only when an event meets a filtered endpoint);
+-- as IN (SELECT ...) the planner may re-run the subquery for every row.
 --
 -- A coalescing subscriber gets one job per topic and subject of the batch,
 -- for its highest event id (DISTINCT ON keeps the first row of each (kind,
@@ -2469,7 +2470,7 @@ BEGIN
   routed AS (
     SELECT m.id, m.subject, es.endpoint_id, es.breaker_opened_at, es.ordering,
            CASE WHEN es.filter_path IS NULL THEN true
-                WHEN es.endpoint_id IN (SELECT h.id FROM outbox.endpoints AS h WHERE h.filter_error_at IS NOT NULL)
+                WHEN es.endpoint_id = ANY (ARRAY(SELECT h.id FROM outbox.endpoints AS h WHERE h.filter_error_at IS NOT NULL))
                 THEN NULL
                 ELSE coalesce(jsonb_path_match(m.payload, es.filter_path, silent => true), false) END AS passes
     FROM marked AS m
