@@ -1179,36 +1179,40 @@ END
 $$;
 
 -- At most 4,096 bytes (filters.go, maxFilterLen): a filter is a
--- predicate, not a program. A filter the relay holds (filter_error_at)
--- is never evaluated, and may break the rules: one that an earlier
--- release stored, under rules that bounded no cost, is held as this
--- release arrives (below), and every other write of its row still goes
--- through. Writing the filter again lifts the hold and faces the rules.
+-- predicate, not a program.
 DO $$
 BEGIN
   ALTER TABLE outbox.endpoints
-    ADD CONSTRAINT endpoints_filter_length CHECK (length(filter) <= 4096),
-    ADD CONSTRAINT endpoints_filter_allowed CHECK (filter_error_at IS NOT NULL OR outbox.filter_problem(filter_path) IS NULL);
+    ADD CONSTRAINT endpoints_filter_length CHECK (length(filter) <= 4096);
 EXCEPTION WHEN duplicate_object THEN
   NULL;
 END
 $$;
 
--- A database made before filters were held carries a constraint without
--- the hold, checked with filter_problem's rules of today: replace it,
--- once, holding the filters they refuse, each with the rule that
--- refuses it.
+-- endpoints_filter_allowed holds every filter to filter_problem's rules,
+-- but a held one (filter_error_at), which is never evaluated. A filter
+-- stored under earlier rules that today's refuse is held here, as the
+-- schema changes, with the rule that refuses it: its endpoint gets no
+-- event of its topics until the filter is written again, and every other
+-- write of its row goes through (a CHECK is evaluated on every update of
+-- the row, the completer's of its health among them). A database made
+-- before filters were held carries the constraint without the hold:
+-- replaced, once.
 DO $$
 BEGIN
-  IF NOT EXISTS (SELECT 1 FROM pg_constraint
-                 WHERE conrelid = 'outbox.endpoints'::regclass AND conname = 'endpoints_filter_allowed'
-                   AND pg_get_constraintdef(oid) LIKE '%filter_error_at%') THEN
+  IF EXISTS (SELECT 1 FROM pg_constraint
+             WHERE conrelid = 'outbox.endpoints'::regclass AND conname = 'endpoints_filter_allowed'
+               AND pg_get_constraintdef(oid) NOT LIKE '%filter_error_at%') THEN
     ALTER TABLE outbox.endpoints DROP CONSTRAINT endpoints_filter_allowed;
-    UPDATE outbox.endpoints
-    SET filter_error = 'stored before the rules that bound a filter''s cost, which refuse it: ' || outbox.filter_problem(filter_path),
-        filter_error_at = now()
-    WHERE filter_error_at IS NULL
-      AND outbox.filter_problem(filter_path) IS NOT NULL;
+  END IF;
+  UPDATE outbox.endpoints
+  SET filter_error = 'stored under earlier rules, which today''s refuse: ' || outbox.filter_problem(filter_path),
+      filter_error_at = now()
+  WHERE filter_path IS NOT NULL
+    AND filter_error_at IS NULL
+    AND outbox.filter_problem(filter_path) IS NOT NULL;
+  IF NOT EXISTS (SELECT 1 FROM pg_constraint
+                 WHERE conrelid = 'outbox.endpoints'::regclass AND conname = 'endpoints_filter_allowed') THEN
     ALTER TABLE outbox.endpoints
       ADD CONSTRAINT endpoints_filter_allowed CHECK (filter_error_at IS NOT NULL OR outbox.filter_problem(filter_path) IS NULL);
   END IF;

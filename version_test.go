@@ -12,7 +12,7 @@ var releaseSchemas = map[string]string{
 	"0.2.0": "5ed975c4a51e03735e0097fd9436c19e5b2dd37a26afc21e0a5ea1248906094b",
 	"0.3.0": "6e9c2e175957d1587271ecdd9c8fb8ebe450817aa2f69c36598fb4ab3d3599e1",
 	"0.4.0": "9429820bbc8762022040b6ec993748040e8beff6b2ec2e65fe884b3a245ecbbe",
-	"0.5.0": "f87e0ea36c2f30ef5967b225ea3ff1392c52f1082861e0f2039fcaefe23d8534",
+	"0.5.0": "d95d419e0d82b4789deaf329b39d455a4fb28ee95ea1b3648437525d2522e726",
 }
 
 // Two builds whose schemas differ report different releases: the replica
