@@ -391,7 +391,7 @@ func handleFilterPreview(a *admin) apiFunc {
 			}
 		}
 		pv, err := previewFilter(r.Context(), a.db, FilterPreviewRequest{Topics: in.Topics, Filter: in.Filter,
-			Limit: filterPreviewLimit(in.Limit), OwnerID: in.OwnerID})
+			Limit: filterPreviewLimit(in.Limit), OwnerID: in.OwnerID, Timeout: a.previewTimeout})
 		return http.StatusOK, pv, err
 	}
 }
@@ -405,7 +405,7 @@ func handleEndpointFilterPreview(a *admin) apiFunc {
 		Limit  *int             `json:"limit"`
 	}
 	return byIDWithBody(decodeOptionalJSON, func(ctx context.Context, id int64, in request) (FilterPreview, error) {
-		return previewEndpointFilter(ctx, a.db, id, in.Filter.Value, !in.Filter.Set, filterPreviewLimit(in.Limit))
+		return previewEndpointFilter(ctx, a.db, id, in.Filter.Value, !in.Filter.Set, filterPreviewLimit(in.Limit), a.previewTimeout)
 	})
 }
 

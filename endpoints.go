@@ -74,6 +74,12 @@ type Endpoint struct {
 	// of its topics must pass to be delivered to it (docs/filters.md);
 	// nil: every event of its topics.
 	Filter *string `json:"filter"`
+	// FilterError says why the relay stopped evaluating the filter, and
+	// FilterErrorAt since when: it failed a relay pass (an error silent
+	// does not cover, or too long a run), and until the filter is written
+	// again no event of its topics is delivered to it (docs/filters.md).
+	FilterError   *string    `json:"filter_error"`
+	FilterErrorAt *time.Time `json:"filter_error_at"`
 	// ClientCertificate and CACertificate describe the endpoint's TLS
 	// material (clientcert.go); ClientKeySet says that a key is stored,
 	// which no answer ever shows.
@@ -347,7 +353,7 @@ const endpointColumns = `
   outbox.probe_due_at(disabled_cause, recovery_probes, url, disabled_at, next_probe_at),
   last_probe_at, last_probe_error, recovered_at, recovered_reason,
   filter, client_certificate, client_key IS NOT NULL, ca_certificate,
-  owner_id`
+  owner_id, filter_error, filter_error_at`
 
 func scanEndpoint(row rowScanner) (Endpoint, error) {
 	var e Endpoint
@@ -362,7 +368,7 @@ func scanEndpoint(row rowScanner) (Endpoint, error) {
 		&e.Recovery.NextProbeAt, &e.Recovery.LastProbeAt, &e.Recovery.LastProbeError,
 		&e.Recovery.RecoveredAt, &e.Recovery.RecoveredReason,
 		&e.Filter, &clientCert, &e.ClientKeySet, &caCert,
-		&e.OwnerID)
+		&e.OwnerID, &e.FilterError, &e.FilterErrorAt)
 	if err != nil {
 		return e, err
 	}
@@ -541,7 +547,8 @@ func listEndpoints(ctx context.Context, db *sql.DB, afterID int64, limit int) ([
 }
 
 // updateEndpointSQL changes the given fields; a NULL parameter keeps the
-// column as it is. A new URL may be another receiver: the window the old
+// column as it is. A filter written, even as it was, is evaluated again:
+// the relay's hold on it (filter_error) goes. A new URL may be another receiver: the window the old
 // one advertised goes (on the right of SET, url is the old value).
 const updateEndpointSQL = `
 UPDATE outbox.endpoints
@@ -556,6 +563,8 @@ SET url = coalesce($2, url),
     recovery_probes = coalesce($9, recovery_probes),
     ordering = coalesce($10, ordering),
     filter = CASE WHEN $11 THEN $12 ELSE filter END,
+    filter_error = CASE WHEN $11 THEN NULL ELSE filter_error END,
+    filter_error_at = CASE WHEN $11 THEN NULL ELSE filter_error_at END,
     client_certificate = CASE WHEN $13::boolean THEN $14::text ELSE client_certificate END,
     client_key = CASE WHEN $13::boolean THEN $15::bytea ELSE client_key END,
     client_certificate_expires_at = CASE WHEN $13::boolean THEN $16::timestamptz ELSE client_certificate_expires_at END,

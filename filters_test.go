@@ -2,7 +2,10 @@
 // PostgreSQL: the fan-out delivers what a filter passes and nothing else,
 // an error on a payload is no match, a bad filter is refused with why,
 // replays, dry runs and the probe's gap replay apply it, the statistics
-// count what it kept out, and the preview counts what it would pass.
+// count what it kept out, and the preview counts what it would pass; a
+// filter whose cost would grow faster than the payload is refused, one
+// that fails the relay's pass anyway is held for its endpoint alone, and
+// a preview too costly to run answers 400.
 
 package main
 
@@ -13,7 +16,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -469,5 +474,262 @@ func TestEndpointPageShowsAndPreviewsTheFilter(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "filter: syntax error") || !strings.Contains(string(b), `value="$.region ==`) {
 		t.Errorf("create with a bad filter = %d, want 400 saying why with the form as typed", resp.StatusCode)
+	}
+}
+
+// exponentialFilter applies keyvalue() to its own result 14 times, which
+// makes 3^13 objects of each member of the payload: seconds and
+// gigabytes for a payload of two members. The rules refuse it
+// (filter_problem); a test stores it by SQL, around them.
+var exponentialFilter = "exists($" + strings.Repeat(".keyvalue()", 14) + " ? (@ == 7))"
+
+// storeFilterAroundTheRules gives endpoint id filter by SQL, with the
+// rule that would refuse it dropped from this test's database: a filter
+// stored before the rules, or by hand.
+func storeFilterAroundTheRules(t *testing.T, db *sql.DB, id int64, filter string) {
+	t.Helper()
+	mustExec(t, db, `ALTER TABLE outbox.endpoints DROP CONSTRAINT IF EXISTS endpoints_filter_allowed`)
+	mustExec(t, db, `UPDATE outbox.endpoints SET filter = $2 WHERE id = $1`, id, filter)
+}
+
+// A filter that fails the relay's pass (one raises an error silent does
+// not cover, one runs far past the pass's timeout) costs its own endpoint
+// its events, and no other endpoint anything: the pass is held for the
+// timeout once, the failing filters are held with their error shown, the
+// endpoint without a filter gets every event, none is poisoned, and the
+// next pass neither evaluates the held filters nor times out. Writing the
+// filter again lifts the hold.
+func TestFilterThatFailsAPassCostsOnlyItsEndpoint(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	plain := createFilteredEndpoint(t, api, "http://127.0.0.1:1/plain", "", "order.*")
+	slow := createFilteredEndpoint(t, api, "http://127.0.0.1:1/slow", "", "order.*")
+	raising := createFilteredEndpoint(t, api, "http://127.0.0.1:1/raising", "", "order.*")
+	storeFilterAroundTheRules(t, db, slow.ID, exponentialFilter)
+	// A date compared with a time with a zone raises, silent or not.
+	storeFilterAroundTheRules(t, db, raising.ID, `$.at.datetime() < "2026-01-01T00:00:00+00:00".datetime()`)
+
+	first := []int64{
+		recordPayload(t, db, "order.paid", "a", `{"status": "paid", "at": "2026-01-01"}`),
+		recordPayload(t, db, "order.paid", "b", `{"status": "new", "at": "2026-01-02"}`),
+	}
+	cfg := defaultConfig().Relay
+	cfg.PassTimeout = 2 * time.Second
+	r := newTestRelay(t, db, cfg)
+	res, err := r.relayOnce(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(passResult{Claimed: 2, Fanned: 2, Jobs: 2}, res); diff != "" {
+		t.Errorf("pass (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(first, jobEvents(t, db, plain.ID)); diff != "" {
+		t.Errorf("the endpoint without a filter's jobs (-want +got):\n%s", diff)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.events WHERE fanned_out_at IS NULL OR relay_attempts > 0 OR poisoned_at IS NOT NULL`); n != 0 {
+		t.Errorf("%d events not fanned out cleanly", n)
+	}
+	for _, tc := range []struct {
+		ep   Endpoint
+		want string
+	}{
+		{slow, "the filter ran longer than 1s"},
+		{raising, "cannot convert value from date to timestamptz"},
+	} {
+		got := api.endpoint(tc.ep.ID)
+		if got.FilterError == nil || got.FilterErrorAt == nil || !strings.Contains(*got.FilterError, tc.want) {
+			t.Errorf("endpoint %s: filter_error %v at %v, want it held with an error containing %q", tc.ep.URL, got.FilterError, got.FilterErrorAt, tc.want)
+		}
+		if n := len(jobEvents(t, db, tc.ep.ID)); n != 0 {
+			t.Errorf("endpoint %s: %d jobs, want none while its filter is held", tc.ep.URL, n)
+		}
+	}
+	if n := r.filtersHeld.Load(); n != 2 {
+		t.Errorf("%d filters held, want 2", n)
+	}
+
+	timeouts := r.passTimeouts.Load()
+	second := recordPayload(t, db, "order.paid", "c", `{"status": "paid", "at": "2026-01-03"}`)
+	if res, err := r.relayOnce(context.Background()); err != nil || res.Fanned != 1 || res.Jobs != 1 {
+		t.Errorf("the next pass: %+v, %v; want the one event fanned out to the one endpoint", res, err)
+	}
+	if n := r.passTimeouts.Load(); n != timeouts {
+		t.Errorf("the next pass timed out: the held filter was evaluated again")
+	}
+	if diff := cmp.Diff(append(first, second), jobEvents(t, db, plain.ID)); diff != "" {
+		t.Errorf("the endpoint without a filter's jobs (-want +got):\n%s", diff)
+	}
+
+	var st DeliveryStats
+	if code := apiCall(t, api.srv, "GET", "/api/endpoints/"+itoa(slow.ID)+"/stats", "", &st); code != http.StatusOK {
+		t.Fatalf("stats = %d", code)
+	}
+	if st.FilterErrors != 3 || st.FilteredOut != 0 || st.Produced != 0 {
+		t.Errorf("the held endpoint's stats: %d filter errors, %d filtered out, %d produced; want 3, 0, 0", st.FilterErrors, st.FilteredOut, st.Produced)
+	}
+	_, page := panelPage(t, api.srv, "/endpoints/"+itoa(raising.ID))
+	if !strings.Contains(page, `id="filter-error"`) || !strings.Contains(page, "cannot convert value from date to timestamptz") {
+		t.Errorf("the endpoint page does not show the held filter's error")
+	}
+	if status, body := api.do("POST", "/api/endpoints/"+itoa(raising.ID)+"/replay", `{"since": "2026-01-01T00:00:00Z", "dry_run": true}`); status != http.StatusBadRequest || !strings.Contains(errorOf(t, body), "held after an error") {
+		t.Errorf("dry run of a replay while the filter is held = %d %s, want 400", status, body)
+	}
+	if status, body := api.do("PATCH", "/api/endpoints/"+itoa(raising.ID), `{"filter": "$.status == \"paid\""}`); status != http.StatusOK {
+		t.Fatalf("PATCH filter = %d %s", status, body)
+	}
+	if got := api.endpoint(raising.ID); got.FilterError != nil || got.FilterErrorAt != nil {
+		t.Errorf("a filter written again is still held: %v", *got.FilterError)
+	}
+}
+
+// docsFilterExamples is every filter of docs/filters.md's table of
+// examples, as written there (the table escapes |).
+func docsFilterExamples(t *testing.T) []string {
+	t.Helper()
+	doc := readDoc(t, "docs/filters.md")
+	_, section, ok := strings.Cut(doc, "\n## Examples\n")
+	if !ok {
+		t.Fatal("docs/filters.md has no Examples section")
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	row := regexp.MustCompile("(?m)^\\| `(.+?)` \\|")
+	var examples []string
+	for _, m := range row.FindAllStringSubmatch(section, -1) {
+		examples = append(examples, strings.ReplaceAll(m[1], `\|`, "|"))
+	}
+	if len(examples) < 10 {
+		t.Fatalf("found %d examples in docs/filters.md, want its whole table", len(examples))
+	}
+	return examples
+}
+
+// The rules that bound a filter's cost refuse what would grow faster than
+// the payload, each answering 400 with the rule's reason, by POST and
+// PATCH alike, and refuse it to a direct SQL write too; every example
+// docs/filters.md gives, and what stays linear (chained wildcards, one
+// keyvalue(), arithmetic between paths), is accepted.
+func TestFilterRulesBoundItsCost(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	ep := createFilteredEndpoint(t, api, "http://127.0.0.1:1/hook", paidFilter, "order.*")
+	path := "/api/endpoints/" + itoa(ep.ID)
+
+	keyvalues := func(n int) string {
+		return "exists($" + strings.Repeat(".keyvalue()", n) + " ? (@ == 7))"
+	}
+	for _, tc := range []struct{ filter, want string }{
+		{exponentialFilter, "filter: keyvalue() may appear once"},
+		{keyvalues(12), "filter: keyvalue() may appear once"},
+		{keyvalues(2), "filter: keyvalue() may appear once"},
+		{`exists($.keyvalue() ? (@.value.keyvalue().size() > 1))`, "filter: keyvalue() may appear once"},
+		{`$.** == 1`, "filter: .** (any level) is not allowed"},
+		{`exists($.a.**{2 to last} ? (@ == 1))`, "filter: .** (any level) is not allowed"},
+		{`$.a[0,0][0,0] == 1`, "filter: a subscript is [*], a number"},
+		{`$.a[$.i] == 1`, "filter: a subscript is [*], a number"},
+		{`$.a == $.b`, "filter: a comparison of two paths"},
+		{`$.items[*].price < $.limits[*]`, "filter: a comparison of two paths"},
+		{`$.a == -$.b && $.c == 1`, "filter: a comparison of two paths"},
+		{`exists($.items[*] ? (@.a == @.b))`, "filter: a comparison of two paths"},
+		{`exists($.items[*] ? (@.sku == $.wanted))`, "filter: $ inside a filter expression"},
+		{`exists($.a ? (exists(@.b ? (@ == $.c))))`, "filter: $ inside a filter expression"},
+		{`$.a like_regex "^(a*)\\1$"`, "filter: a like_regex pattern may not use backreferences"},
+		{`$.a like_regex "a(?=b)"`, "filter: a like_regex pattern may not use lookahead or lookbehind"},
+		{`$.a like_regex "(?<!b)a"`, "filter: a like_regex pattern may not use lookahead or lookbehind"},
+		{strings.Repeat(`$.a like_regex "x" || `, 8) + `$.a like_regex "y"`, "filter: like_regex may appear at most 8 times"},
+	} {
+		b, _ := json.Marshal(map[string]any{"url": "http://127.0.0.1:1/bad", "filter": tc.filter})
+		for _, req := range []struct{ method, path string }{{"POST", "/api/endpoints"}, {"PATCH", path}} {
+			status, body := api.do(req.method, req.path, string(b))
+			if msg := errorOf(t, body); status != http.StatusBadRequest || !strings.HasPrefix(msg, tc.want) {
+				t.Errorf("%s %s filter %q = %d %q, want 400 starting %q", req.method, req.path, tc.filter, status, msg, tc.want)
+			}
+		}
+		if _, err := db.Exec(`UPDATE outbox.endpoints SET filter = $1`, tc.filter); err == nil || !strings.Contains(err.Error(), "endpoints_filter_allowed") {
+			t.Errorf("filter %q written by SQL: %v, want endpoints_filter_allowed to refuse it", tc.filter, err)
+		}
+	}
+
+	accepted := append(docsFilterExamples(t),
+		// Each step of a path goes one level down the payload, so a path
+		// meets each value at most once however many wildcards it chains.
+		`$.*.*.* == 1`,
+		`$[*][*][*] == 1`,
+		`exists($.items[*] ? (@.sku == "A" && @.qty > 2))`,
+		`exists($.tags.keyvalue() ? (@.key starts with "x"))`,
+		`$.a[last - 1] == 1 && $.a[1 to last] == 2`,
+		`$.total == $.net + $.tax`,
+		`$.a like_regex "\\\\1"`, // a backslash, then 1: no backreference
+		`$."$weird" == "@" && $."[0,0]" == "$.a == $.b"`,
+	)
+	for _, filter := range accepted {
+		b, _ := json.Marshal(map[string]any{"filter": filter})
+		if status, body := api.do("PATCH", path, string(b)); status != http.StatusOK {
+			t.Errorf("PATCH filter %q = %d %s, want it accepted", filter, status, body)
+		}
+	}
+}
+
+// A database whose endpoint stored a filter that the rules now refuse,
+// under the constraint of before, gets it held by the migration, which
+// names the rule; every other write of the row goes through, and the
+// fan-out leaves the filter unevaluated.
+func TestMigrationHoldsFiltersTheRulesRefuse(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	ep := createFilteredEndpoint(t, api, "http://127.0.0.1:1/old", "", "order.*")
+	storeFilterAroundTheRules(t, db, ep.ID, exponentialFilter)
+	mustExec(t, db, `ALTER TABLE outbox.endpoints ADD CONSTRAINT endpoints_filter_allowed
+		CHECK (outbox.filter_problem(filter_path) IS NULL) NOT VALID`)
+	mustExec(t, db, `DELETE FROM outbox.schema_applied`)
+	if err := migrate(context.Background(), db); err != nil {
+		t.Fatal(err)
+	}
+	got := api.endpoint(ep.ID)
+	if got.FilterError == nil || !strings.Contains(*got.FilterError, "keyvalue() may appear once") {
+		t.Fatalf("filter_error %v, want the filter held naming its rule", got.FilterError)
+	}
+	if status, body := api.do("PATCH", "/api/endpoints/"+itoa(ep.ID), `{"description": "kept"}`); status != http.StatusOK {
+		t.Errorf("PATCH description = %d %s, want the row writable", status, body)
+	}
+	recordPayload(t, db, "order.paid", "a", `{"status": "paid", "amount_cents": 1500}`)
+	relayAll(t, db)
+	if n := queryInt(t, db, `SELECT filter_errors FROM outbox.fanout_stats WHERE endpoint_id = $1`, ep.ID); n != 1 {
+		t.Errorf("%d filter errors counted, want the one event", n)
+	}
+}
+
+// A preview runs under a statement timeout in its own transaction: a
+// filter within the rules that is too slow over the events at hand (here
+// products of 131,000-digit numbers, a tenth of a second or more each)
+// answers 400 saying so, on both routes, and a cheap one over the same
+// events still answers.
+func TestCostlyFilterPreviewAnswers400(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	a := testAdmin(t, db, testPolicy, testLogger(t), nil)
+	a.previewTimeout = 100 * time.Millisecond
+	api := &testAPI{t: t, srv: httptest.NewServer(routes(a))}
+	t.Cleanup(api.srv.Close)
+	ep := createFilteredEndpoint(t, api, "http://127.0.0.1:1/hook", "", "big.*")
+	mustExec(t, db, `SELECT outbox.record('big.numbers', 's' || i,
+		jsonb_build_object('a', repeat('7', 131000)::numeric, 'b', repeat('3', 131000)::numeric))
+		FROM generate_series(1, 20) AS i`)
+
+	costly := `$.a * $.b > 0`
+	for _, tc := range []struct{ path, body string }{
+		{"/api/endpoints/filter-preview", `{"topics": ["big.*"], "filter": "` + costly + `"}`},
+		{"/api/endpoints/" + itoa(ep.ID) + "/filter-preview", `{"filter": "` + costly + `"}`},
+	} {
+		status, body := api.do("POST", tc.path, tc.body)
+		if msg := errorOf(t, body); status != http.StatusBadRequest || !strings.Contains(msg, "filter: too costly to preview") {
+			t.Errorf("POST %s %s = %d %q, want 400 saying it is too costly to preview", tc.path, tc.body, status, msg)
+		}
+	}
+	var pv FilterPreview
+	if code := apiCall(t, api.srv, "POST", "/api/endpoints/filter-preview", `{"topics": ["big.*"], "filter": "$.a > 0"}`, &pv); code != http.StatusOK || pv.Events != 20 || pv.Matched != 20 {
+		t.Errorf("a cheap filter's preview = %d %+v, want 20 of 20", code, pv)
 	}
 }

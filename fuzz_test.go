@@ -266,6 +266,7 @@ func configArgs(cfg Config) []string {
 	flag("relay-batch", cfg.Relay.BatchSize)
 	flag("relay-max-failures", cfg.Relay.MaxFailures)
 	flag("relay-sweep", cfg.Relay.SweepInterval)
+	flag("relay-pass-timeout", cfg.Relay.PassTimeout)
 	flag("failing-endpoint-delay", cfg.Relay.FailingEndpointDelay)
 	flag("workers", cfg.Workers.Concurrency)
 	flag("job-max-attempts", cfg.Workers.MaxAttempts)

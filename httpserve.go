@@ -51,6 +51,9 @@ type admin struct {
 	// requestTimeout, when set, replaces the package's requestTimeout:
 	// for a test that must see a request outrun it.
 	requestTimeout time.Duration
+	// previewTimeout, when set, replaces filterPreviewTimeout (filters.go):
+	// for a test that must see a filter preview outrun it.
+	previewTimeout time.Duration
 	logger         *slog.Logger
 	// box seals the secrets of endpoints and sources; nil without
 	// -secrets-key (secrets.go).

@@ -163,6 +163,7 @@ func defaultConfig() Config {
 			BusyLinger:           100 * time.Millisecond,
 			BusyRecheck:          2 * time.Millisecond,
 			FailingEndpointDelay: 5 * time.Minute,
+			PassTimeout:          5 * time.Second,
 		},
 		Workers: WorkerConfig{
 			Concurrency:      128,
@@ -352,6 +353,7 @@ func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
 	fs.IntVar(&cfg.Relay.MaxFailures, "relay-max-failures", cfg.Relay.MaxFailures, "failed relay attempts after which an event is poisoned")
 	fs.DurationVar(&cfg.Relay.SweepInterval, "relay-sweep", cfg.Relay.SweepInterval, "relay pass interval without a notification")
 	fs.DurationVar(&cfg.Relay.FailingEndpointDelay, "failing-endpoint-delay", cfg.Relay.FailingEndpointDelay, "how far out new deliveries are scheduled while an endpoint's circuit breaker is open")
+	fs.DurationVar(&cfg.Relay.PassTimeout, "relay-pass-timeout", cfg.Relay.PassTimeout, "longest relay statement; past it, the endpoints' filters that fail alone are held (0: no bound)")
 	fs.IntVar(&cfg.Workers.BreakerThreshold, "breaker-threshold", cfg.Workers.BreakerThreshold, "failed attempts in a row that open an endpoint's circuit breaker (one attempt at a time, new deliveries -failing-endpoint-delay out); 1 opens it at the first failure")
 	fs.IntVar(&cfg.Workers.Concurrency, "workers", cfg.Workers.Concurrency, "jobs run at once by this process")
 	fs.IntVar(&cfg.Workers.MaxAttempts, "job-max-attempts", cfg.Workers.MaxAttempts, "attempts before a failing job is discarded")
@@ -442,6 +444,7 @@ func (c Config) validate() error {
 		intIn("relay-max-failures", c.Relay.MaxFailures, 1, 100),
 		durationIn("relay-sweep", c.Relay.SweepInterval, 10*time.Millisecond, time.Hour),
 		durationIn("failing-endpoint-delay", c.Relay.FailingEndpointDelay, 0, 24*time.Hour),
+		durationIn("relay-pass-timeout", c.Relay.PassTimeout, 0, time.Hour),
 		intIn("workers", c.Workers.Concurrency, 1, 1_000),
 		intIn("job-max-attempts", c.Workers.MaxAttempts, 1, 100),
 		intIn("breaker-threshold", c.Workers.BreakerThreshold, 1, 1_000),

@@ -225,6 +225,8 @@ func writeRelayCounters(p *promWriter, r *relay) {
 	p.counter("outboxd_relay_events_total", "Events fanned out by the relay.", r.eventsFanned.Load())
 	p.counter("outboxd_relay_jobs_enqueued_total", "Jobs enqueued by the relay.", r.jobsEnqueued.Load())
 	p.counter("outboxd_relay_row_failures_total", "Failed relay attempts counted against single events.", r.rowFailures.Load())
+	p.counter("outboxd_relay_pass_timeouts_total", "Relay statements cancelled at -relay-pass-timeout.", r.passTimeouts.Load())
+	p.counter("outboxd_relay_filters_held_total", "Endpoints' filters held after they failed a relay pass alone (docs/filters.md).", r.filtersHeld.Load())
 	p.counter("outboxd_relay_jobs_claimed_total", "Jobs claimed by relay passes that keep up, for this process's workers (outbox.fan_out_claiming).", r.jobsClaimed.Load())
 }
 
@@ -295,6 +297,8 @@ func writeDeliveryStatsMetrics(w io.Writer, st DeliveryStats) error {
 	p.sample("outboxd_delivery_stats_last_hour_produced", "", float64(st.Produced))
 	p.family("outboxd_delivery_stats_last_hour_filtered_out", "gauge", "Events that endpoints' filters kept from them in the last 60 minutes, the current one included; every replica's.")
 	p.sample("outboxd_delivery_stats_last_hour_filtered_out", "", float64(st.FilteredOut))
+	p.family("outboxd_delivery_stats_last_hour_filter_errors", "gauge", "Events that endpoints did not get in the last 60 minutes, the current one included, because their filter was held after an error; every replica's.")
+	p.sample("outboxd_delivery_stats_last_hour_filter_errors", "", float64(st.FilterErrors))
 	p.family("outboxd_delivery_stats_last_hour_attempts", "gauge", "Delivery attempts in the last 60 minutes, the current one included, by outcome; every replica's.")
 	c := st.FailuresByClass
 	for _, o := range []struct {

@@ -876,7 +876,7 @@ func (c endpointClick) filterPreview() (string, error) {
 		filter = &typed
 	}
 	view := &filterPreviewView{Typed: typed}
-	pv, err := previewEndpointFilter(c.r.Context(), c.a.db, c.id, filter, false, limit)
+	pv, err := previewEndpointFilter(c.r.Context(), c.a.db, c.id, filter, false, limit, c.a.previewTimeout)
 	if errors.Is(err, errInvalid) {
 		view.Refusal = refusal(err)
 	} else if err != nil {

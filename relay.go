@@ -61,6 +61,16 @@ type RelayConfig struct {
 	// event every few minutes instead of a burst of doomed ones, and
 	// recovers at its own pace.
 	FailingEndpointDelay time.Duration
+	// PassTimeout bounds one relay statement. Every endpoint's fan-out
+	// shares it, so a filter that runs long (over huge payloads, say)
+	// would hold up every endpoint's deliveries: cancelled at the bound,
+	// the pass's filters are tried alone, each for half of it, and one
+	// that fails is held (holdFailingFilters) before the pass runs
+	// again. A healthy pass takes milliseconds (docs/performance.md), a
+	// full one with hundreds of endpoints well under a second: the
+	// default 5 s is far past any, and it is what the other endpoints
+	// wait, once, for a filter that fails. 0: no bound.
+	PassTimeout time.Duration
 }
 
 // relay moves events into jobs. Run drives it; relayOnce is one pass.
@@ -77,6 +87,8 @@ type relay struct {
 	jobsEnqueued atomic.Int64
 	rowFailures  atomic.Int64
 	jobsClaimed  atomic.Int64 // by passes, for this process's workers (fan_out_claiming)
+	passTimeouts atomic.Int64 // statements cancelled at PassTimeout
+	filtersHeld  atomic.Int64 // endpoints' filters held after they failed a pass
 	passTime     *histogram   // one pass's statement (with its claim for the workers, if any), seconds
 	// notifyOrigin, when this process listens, names its relay's
 	// transactions in their NOTIFY to the workers, so that the listener
@@ -280,23 +292,30 @@ type passResult struct {
 }
 
 // relayOnce runs one pass: claim up to BatchSize events and fan them out
-// in one statement; if that fails because of the rows (not the
-// connection), retry each candidate row in a statement of its own and
-// count a failure against each row that fails alone.
+// in one statement. If that fails, it first holds the filters that fail
+// on the batch's events alone (holdFailingFilters) and, if it held any,
+// runs the pass again without them: one endpoint's filter costs that
+// endpoint its deliveries, not every endpoint its pass. If the pass still
+// fails because of the rows (not the connection), or ran out of time, it
+// retries each candidate row in a statement of its own and counts a
+// failure against each row that fails alone for a cause of its own.
 func (r *relay) relayOnce(ctx context.Context) (passResult, error) {
 	r.passes.Add(1)
 	began := time.Now()
-	var res passResult
-	var err error
-	if reserved := r.reserveWorkers(); reserved > 0 {
-		res, err = r.fanOutAndClaim(ctx, reserved)
-	} else {
-		res.Fanned, res.Jobs, err = r.fanOut(ctx, 0)
-	}
+	res, err := r.batchPass(ctx)
 	r.passTime.Observe(time.Since(began).Seconds())
-	res.Claimed = res.Fanned
+	if err != nil && ctx.Err() == nil {
+		held, holdErr := r.holdFailingFilters(ctx, err)
+		if holdErr != nil {
+			r.count(res)
+			return res, errors.Join(err, holdErr)
+		}
+		if held > 0 {
+			res, err = r.batchPass(ctx)
+		}
+	}
 	r.backlog = res.Claimed >= r.cfg.BatchSize
-	if err == nil || !isRowFault(err) {
+	if err == nil || !(isRowFault(err) || errors.Is(err, errPassTimedOut)) {
 		r.count(res)
 		return res, err
 	}
@@ -333,6 +352,36 @@ func (r *relay) relayOnce(ctx context.Context) (passResult, error) {
 	return res, nil
 }
 
+// batchPass runs a batch's statement, handing jobs to this process's
+// workers when it has slots for them.
+func (r *relay) batchPass(ctx context.Context) (res passResult, err error) {
+	if reserved := r.reserveWorkers(); reserved > 0 {
+		res, err = r.fanOutAndClaim(ctx, reserved)
+	} else {
+		res.Fanned, res.Jobs, err = r.fanOut(ctx, 0)
+	}
+	res.Claimed = res.Fanned
+	return res, err
+}
+
+// holdFailingFilters holds the filters that fail alone on the events the
+// failed pass would claim (filters.go, holdFailingFilters), each tried
+// for half of PassTimeout, and reports how many it held. passErr is why
+// the pass failed, for the log.
+func (r *relay) holdFailingFilters(ctx context.Context, passErr error) (int, error) {
+	ids, err := r.unfanned(ctx)
+	if err != nil {
+		return 0, err
+	}
+	held, err := holdFailingFilters(ctx, r.db, ids, r.cfg.PassTimeout/2)
+	for _, h := range held {
+		r.logger.Warn("endpoint filter held: it failed the relay's pass alone; its endpoint gets no event of its topics until the filter is written again",
+			"endpoint_id", h.EndpointID, "filter_error", h.Error, "pass_err", passErr)
+	}
+	r.filtersHeld.Add(int64(len(held)))
+	return len(held), err
+}
+
 func (r *relay) count(res passResult) {
 	r.eventsFanned.Add(int64(res.Fanned))
 	r.jobsEnqueued.Add(int64(res.Jobs))
@@ -351,12 +400,38 @@ const fanOutSQL = `SELECT out_fanned, out_jobs FROM outbox.fan_out($1, $2, $3, $
 // event eventID when it is not 0, and reports how many events it fanned
 // out into how many jobs.
 func (r *relay) fanOut(ctx context.Context, eventID int64) (fanned, jobs int, err error) {
-	err = r.db.QueryRowContext(ctx, fanOutSQL, r.cfg.BatchSize, sql.NullInt64{Int64: eventID, Valid: eventID != 0},
+	passCtx, cancel := r.passContext(ctx)
+	defer cancel()
+	err = r.db.QueryRowContext(passCtx, fanOutSQL, r.cfg.BatchSize, sql.NullInt64{Int64: eventID, Valid: eventID != 0},
 		r.targets, r.jobMaxAttempts, r.cfg.FailingEndpointDelay.Seconds(), r.notifyOrigin).Scan(&fanned, &jobs)
 	if err != nil {
-		return 0, 0, fmt.Errorf("relay: fan out: %w", err)
+		return 0, 0, fmt.Errorf("relay: fan out: %w", r.timedOut(ctx, passCtx, err))
 	}
 	return fanned, jobs, nil
+}
+
+// errPassTimedOut marks a relay statement cancelled at PassTimeout.
+var errPassTimedOut = errors.New("relay pass ran past its timeout (-relay-pass-timeout)")
+
+// passContext is ctx bounded by PassTimeout, if one is set. The bound
+// costs the statement nothing: lib/pq watches every query's context
+// anyway, and cancels the query when it ends (its connection is closed
+// then, and the pool opens another).
+func (r *relay) passContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if r.cfg.PassTimeout <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, r.cfg.PassTimeout)
+}
+
+// timedOut marks err with errPassTimedOut when passCtx, and not ctx,
+// ended: the statement ran out of time, the relay is not stopping.
+func (r *relay) timedOut(ctx, passCtx context.Context, err error) error {
+	if ctx.Err() == nil && errors.Is(passCtx.Err(), context.DeadlineExceeded) {
+		r.passTimeouts.Add(1)
+		return fmt.Errorf("%w: %w", errPassTimedOut, err)
+	}
+	return err
 }
 
 // reserveWorkers reserves free slots of this process's workers for the
@@ -388,6 +463,8 @@ LEFT JOIN LATERAL unnest(pass.out_claimed) ON true`
 func (r *relay) fanOutAndClaim(ctx context.Context, reserved int) (res passResult, err error) {
 	var jobs []Job
 	defer func() { r.workers.handOff(jobs, reserved) }()
+	passCtx, cancel := r.passContext(ctx)
+	defer cancel()
 	replica, ok := r.workers.claimReplica()
 	if !ok { // no claims until this process is registered again
 		res.Fanned, res.Jobs, err = r.fanOut(ctx, 0)
@@ -404,11 +481,11 @@ func (r *relay) fanOutAndClaim(ctx context.Context, reserved int) (res passResul
 		j, _ := c.job(sent)
 		return j, nil
 	}
-	rows, err := queryAll(ctx, r.db, scan, fanOutAndClaimSQL, r.cfg.BatchSize, r.targets, r.jobMaxAttempts,
+	rows, err := queryAll(passCtx, r.db, scan, fanOutAndClaimSQL, r.cfg.BatchSize, r.targets, r.jobMaxAttempts,
 		r.cfg.FailingEndpointDelay.Seconds(), r.notifyOrigin, reserved, replica, pq.Array(r.workers.answered.list()))
 	if err != nil {
 		r.workers.claimFailed(replica, err)
-		return passResult{}, fmt.Errorf("relay: fan out and claim: %w", err)
+		return passResult{}, fmt.Errorf("relay: fan out and claim: %w", r.timedOut(ctx, passCtx, err))
 	}
 	for _, j := range rows {
 		if j.ID != 0 {

@@ -122,10 +122,11 @@ func (r replayRange) args() (until sql.NullTime, topics any, through sql.NullInt
 // and before $5 (NULL: no end), that the endpoint's topics select and,
 // unless $6 is empty, the replay's topics too, and whose payload the
 // endpoint's filter passes, as the fan-out tests it (outbox.fan_out,
-// silent: unknown is no match), within the tenancy boundary the fan-out
-// keeps (outbox.owner_admits): an owner's endpoint replays its owner's
-// events and nobody else's, whatever its topics; the filter and the
-// owner's grants are as each batch reads them. replaySQL enqueues them and replayCountSQL counts
+// silent: unknown is no match; a filter held after an error passes
+// nothing), within the tenancy boundary the fan-out keeps
+// (outbox.owner_admits): an owner's endpoint replays its owner's events
+// and nobody else's, whatever its topics; the filter and the owner's
+// grants are as each batch reads them. replaySQL enqueues them and replayCountSQL counts
 // them, so a dry run counts what the replay enqueues
 // (TestReplayDryRunCountsWhatTheReplayEnqueues). Both lists of patterns
 // are split once, in the statement's one-row CTEs, and tested against
@@ -133,7 +134,7 @@ func (r replayRange) args() (until sql.NullTime, topics any, through sql.NullInt
 // inlines: the walk passes every event of the window, of every topic.
 const replayCandidatesSQL = `
 WITH endpoint AS (
-  SELECT ep.id, ep.ordering, ep.filter_path, t.names, t.prefixes, t.every_topic,
+  SELECT ep.id, ep.ordering, ep.filter_path, ep.filter_error_at, t.names, t.prefixes, t.every_topic,
          o.key AS owner_key, o.allowed_topics, o.shared_topics
   FROM outbox.endpoints AS ep
   CROSS JOIN LATERAL outbox.topic_split(ep.topics) AS t
@@ -156,7 +157,8 @@ candidates AS (
     AND outbox.topic_selected(e.topic, endpoint.names, endpoint.prefixes, endpoint.every_topic)
     AND (narrowed.by_endpoint_alone OR outbox.topic_selected(e.topic, narrowed.names, narrowed.prefixes, narrowed.every_topic))
     AND outbox.owner_admits(e.owner, e.topic, endpoint.owner_key, endpoint.allowed_topics, endpoint.shared_topics)
-    AND (endpoint.filter_path IS NULL OR jsonb_path_match(e.payload, endpoint.filter_path, silent => true))
+    AND (endpoint.filter_path IS NULL
+         OR (endpoint.filter_error_at IS NULL AND jsonb_path_match(e.payload, endpoint.filter_path, silent => true)))
   ORDER BY e.id
   LIMIT $4
 )`
@@ -265,6 +267,9 @@ func planReplay(ctx context.Context, db *sql.DB, id int64, req ReplayRequest, re
 	}
 	if ep.State == endpointDisabled {
 		return w, ep, fmt.Errorf("%w: endpoint %d is disabled; enable it before replaying", errInvalid, id)
+	}
+	if ep.FilterError != nil {
+		return w, ep, fmt.Errorf("%w: endpoint %d's filter is held after an error (%s); write its filter again before replaying", errInvalid, id, *ep.FilterError)
 	}
 	return w, ep, nil
 }

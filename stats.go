@@ -114,6 +114,9 @@ type DeliveryStats struct {
 	// FilteredOut is the events of its topics that the endpoint's filter
 	// kept from it in the window (fanout_stats.filtered_out).
 	FilteredOut int64 `json:"filtered_out"`
+	// FilterErrors is the events of its topics it did not get because its
+	// filter was held after an error (fanout_stats.filter_errors).
+	FilterErrors int64 `json:"filter_errors"`
 	statsCounts
 	// SuccessRate is successes / attempts; null without attempts.
 	SuccessRate *float64 `json:"success_rate"`
@@ -179,6 +182,7 @@ type statsMinute struct {
 	Minute       time.Time `json:"minute"`
 	Produced     int64     `json:"produced"`
 	FilteredOut  int64     `json:"filtered_out"`
+	FilterErrors int64     `json:"filter_errors"`
 	Delivered    int64     `json:"delivered"`
 	Failed       int64     `json:"failed"`
 	LatencyP50MS *float64  `json:"latency_p50_ms"`
@@ -230,23 +234,24 @@ ORDER BY c.minute`
 
 // producedByMinuteSQL sums outbox.fanout_stats by minute from $1 on, of
 // endpoint $2, or of every endpoint with $2 = 0: the deliveries fanned
-// out, and the events filters kept out.
+// out, the events filters kept out, and those held filters kept out.
 const producedByMinuteSQL = `
-SELECT minute, sum(deliveries)::bigint, sum(filtered_out)::bigint
+SELECT minute, sum(deliveries)::bigint, sum(filtered_out)::bigint, sum(filter_errors)::bigint
 FROM outbox.fanout_stats
 WHERE minute >= $1
   AND ($2 = 0 OR endpoint_id = $2)
 GROUP BY minute`
 
 type producedMinute struct {
-	minute   time.Time
-	n        int64
-	filtered int64
+	minute       time.Time
+	n            int64
+	filtered     int64
+	filterErrors int64
 }
 
 func scanProducedMinute(row rowScanner) (producedMinute, error) {
 	var p producedMinute
-	err := row.Scan(&p.minute, &p.n, &p.filtered)
+	err := row.Scan(&p.minute, &p.n, &p.filtered, &p.filterErrors)
 	return p, err
 }
 
@@ -448,13 +453,14 @@ func (m statsMinutes) window(window string) DeliveryStats {
 		producedAt[p.minute.Unix()] = p
 		st.Produced += p.n
 		st.FilteredOut += p.filtered
+		st.FilterErrors += p.filterErrors
 	}
 	st.Series = make([]statsMinute, minutes)
 	for i := range st.Series {
 		t := st.From.Add(time.Duration(i) * time.Minute)
 		r := byMinute[t.Unix()]
 		p := producedAt[t.Unix()]
-		st.Series[i] = statsMinute{Minute: t, Produced: p.n, FilteredOut: p.filtered, Delivered: r.Successes, Failed: r.Failures,
+		st.Series[i] = statsMinute{Minute: t, Produced: p.n, FilteredOut: p.filtered, FilterErrors: p.filterErrors, Delivered: r.Successes, Failed: r.Failures,
 			LatencyP50MS: quantileMS(&r.latency, 0.5), LatencyP99MS: quantileMS(&r.latency, 0.99)}
 	}
 	if st.Attempts > 0 {
