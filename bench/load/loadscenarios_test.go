@@ -215,6 +215,8 @@ func TestLoadScenarioDefaults(t *testing.T) {
 		{[]string{"-mode", "ratelimit"}, numbers{30 * time.Second, 0, 1000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 1, 0, 0}},
 		{[]string{"-mode", "isolation", "-duration", "5s", "-rate", "7", "-events", "40", "-fail-after", "1s", "-rounds", "3"},
 			numbers{5 * time.Second, 7, 40, time.Second, 0.1, 2 * time.Minute, 20, 2, 0, 3, 0, 0}},
+		{[]string{"-mode", "isolation", "-answer-after", "20s", "-max-in-flight", "1000", "-events", "300"},
+			numbers{30 * time.Second, 20, 300, 5 * time.Second, 0.1, 2 * time.Minute, 20, 2, 1000, 1, 0, 0}},
 		{[]string{"-mode", "ratelimit", "-rate-limit", "5", "-replicas", "3", "-max-in-flight", "100"},
 			numbers{30 * time.Second, 0, 1000, 0, 0.1, 2 * time.Minute, 5, 3, 100, 1, 0, 0}},
 		// The lanes scenarios: a subject failing for 10 s among 100 at 50
