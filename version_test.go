@@ -12,7 +12,7 @@ var releaseSchemas = map[string]string{
 	"0.2.0": "5ed975c4a51e03735e0097fd9436c19e5b2dd37a26afc21e0a5ea1248906094b",
 	"0.3.0": "6e9c2e175957d1587271ecdd9c8fb8ebe450817aa2f69c36598fb4ab3d3599e1",
 	"0.4.0": "9429820bbc8762022040b6ec993748040e8beff6b2ec2e65fe884b3a245ecbbe",
-	"0.5.0": "2f7512c244aed162767a76b6696fcfcb30b17b0b6b1248bb3343db69ecb090f2",
+	"0.5.0": "6a9bfeab625adce81c4cbf6b16f60a31d94734b0b4987b9dd01ed286ff75d72f",
 }
 
 // Two builds whose schemas differ report different releases: the replica

@@ -341,6 +341,24 @@ func TestLoadIsolationScenarioHoldsTheCap(t *testing.T) {
 	}
 }
 
+// A slow receiver (-answer-after) whose endpoint's cap is far above the
+// child's workers holds only its share of them: half of 8.
+func TestLoadIsolationScenarioSlowReceiverHoldsItsShareOfTheWorkers(t *testing.T) {
+	t.Parallel()
+	var s isolationSummary
+	runScenario(t, &s, "-mode", "isolation", "-duration", "2s", "-producers", "2", "-rate", "10", "-events", "40",
+		"-answer-after", "1s", "-max-in-flight", "1000", "-serve-flags", "-workers 8")
+	if s.BadCap != 1000 {
+		t.Errorf("bad endpoint's cap %d, want -max-in-flight's 1000", s.BadCap)
+	}
+	if s.BadMaxInFlight != 4 {
+		t.Errorf("bad receiver saw at most %d requests at once, want half of the 8 workers, 4 (40 queued)", s.BadMaxInFlight)
+	}
+	if s.BesideEvents == 0 {
+		t.Error("the healthy endpoint got no event beside the slow one")
+	}
+}
+
 // The lanes scenarios' bounds: a p99 at most 1.5 times the one without
 // the stuck subject or the replay, an ordered drain at least 80% of the
 // unordered.
