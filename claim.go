@@ -193,6 +193,28 @@ func (c *claimer) claimAtFree() int {
 	return max(1, cap(c.slots)/4)
 }
 
+// workerShare is the most of this replica's workers that one endpoint's
+// deliveries may hold at once, passed to every claim that starts them
+// (schema.sql, worker_share of outbox.claim_lane_jobs, claim_due_jobs and
+// fan_out): half. An endpoint's max_in_flight (up to 1,000) bounds its
+// requests over every replica, not its part of one replica's workers,
+// and the round robin shares workers only between endpoints with work
+// due at the moment of a claim: without a bound, a slow receiver's
+// backlog claimed while nothing else was due takes every free worker and
+// holds each for as long as the receiver takes to answer, and the next
+// delivery to any other endpoint waits for one of them. Half is what the
+// round robin gives an endpoint beside one other with work due at every
+// claim. The half it leaves is more than the quarter that the relay's
+// passes leave to the pool's own claims (claimAtFree), so the other
+// endpoints' deliveries still start in the pass that makes them
+// (reserve) instead of waiting for a claim. At least 1: a single worker
+// serves every endpoint in turn. docs/endpoints.md#endpoint-isolation
+// has the command that measures what it keeps from another endpoint's
+// latency.
+func (c *claimer) workerShare() int {
+	return max(1, cap(c.slots)/2)
+}
+
 // reserve takes up to n free slots for a claim the relay makes in its
 // pass (relay.go, outbox.fan_out_claiming), and reports how many: none
 // while Run is not running, or while its own claim is counting and
@@ -292,15 +314,16 @@ const claimTimeout = 10 * time.Second
 
 // claimJobsSQL takes up to $1 due jobs, soonest first, marks them running
 // with their next attempt number, held by replica $2 (NULL: none), and
-// returns each with its event and, for a delivery, its endpoint. The
-// statement is schema.sql's outbox.claim_lane_jobs, which pins its plan
-// and reads everything in one snapshot. It claims ahead: for a healthy
-// endpoint, up to twice the requests this replica may have in flight
-// (lane_limit), so that a request ending starts the next one here and
-// then, not at the next claim's commit (endpointGates).
+// returns each with its event and, for a delivery, its endpoint. $3 are
+// the answered deliveries, $4 the endpoints cooling and $5 the
+// workerShare. The statement is schema.sql's outbox.claim_lane_jobs,
+// which pins its plan and reads everything in one snapshot. It claims
+// ahead: for a healthy endpoint, up to twice the requests this replica
+// may have in flight (lane_limit), so that a request ending starts the
+// next one here and then, not at the next claim's commit (endpointGates).
 const claimJobsSQL = `
 SELECT ` + claimedColumns + `, claim.lane_limit
-FROM outbox.claim_lane_jobs($1, $2, $3, true, $4) AS claim, LATERAL (SELECT (claim.job).*) AS job`
+FROM outbox.claim_lane_jobs($1, $2, $3, true, $4, $5) AS claim, LATERAL (SELECT (claim.job).*) AS job`
 
 // claimedColumns are the attributes of schema.sql's outbox.claimed_job, in
 // the order claimedRow.dest scans them: the one list every claim selects,
@@ -329,7 +352,8 @@ func (c *claimer) claim(ctx context.Context, n int) ([]Job, error) {
 	sent := time.Now()
 	c.claimsBegun.Add(1)
 	scan := func(row rowScanner) (Job, error) { return scanClaimedJob(row, sent) }
-	jobs, err := queryAll(ctx, c.db, scan, claimJobsSQL, n, replica, pq.Array(c.answered.list()), pq.Array(c.gates.cooling()))
+	jobs, err := queryAll(ctx, c.db, scan, claimJobsSQL, n, replica, pq.Array(c.answered.list()), pq.Array(c.gates.cooling()),
+		c.workerShare())
 	c.claims.Observe(time.Since(sent).Seconds())
 	c.claimedJobs.Add(int64(len(jobs)))
 	if err != nil {

@@ -198,7 +198,7 @@ func TestJobClaimReadsOneBatchWhateverTheEstimates(t *testing.T) {
 
 			claimed := 0
 			scanned, indexEntries := statementReads(t, db, "outbox.jobs", lane.index, func(tx *sql.Tx) error {
-				rows, err := tx.Query(claimJobsSQL, batch, nil, "{}", "{}")
+				rows, err := tx.Query(claimJobsSQL, batch, nil, "{}", "{}", nil)
 				if err != nil {
 					return err
 				}

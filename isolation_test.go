@@ -5,7 +5,9 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -559,5 +561,152 @@ func TestClaimDoesNotCountAnsweredJobsAgainstTheCap(t *testing.T) {
 	}
 	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'running'`); n != 2 {
 		t.Errorf("%d jobs running, want 2: the answered one's outcome is not written", n)
+	}
+}
+
+// defaultShare is the workerShare of a process with the default workers,
+// as its claims pass it.
+var defaultShare = newClaimer(nil, defaultConfig().Workers.Concurrency, nil).workerShare()
+
+// The numbers of the rule: half of a replica's workers, at least one.
+func TestWorkerShareNumbers(t *testing.T) {
+	t.Parallel()
+	got := map[int]int{}
+	for _, workers := range []int{1, 2, 3, 4, 128, 1000} {
+		got[workers] = newClaimer(nil, workers, nil).workerShare()
+	}
+	want := map[int]int{1: 1, 2: 1, 3: 1, 4: 2, 128: 64, 1000: 500}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("workerShare by workers (-want +got):\n%s", diff)
+	}
+}
+
+// Every claim that starts deliveries keeps an endpoint to the claiming
+// replica's share of its workers, however high the endpoint's cap: the
+// workers' claim (ahead or not) and the relay's pass, whether it bears
+// deliveries running or claims due ones. The replica holds one of the
+// endpoint's deliveries already and another replica two, which count
+// against the cap but not against this replica's share: with a share of
+// 3, each claims 2.
+func TestEveryClaimKeepsAnEndpointToItsShareOfTheWorkers(t *testing.T) {
+	t.Parallel()
+	const share = 3
+	for name, route := range map[string]struct {
+		due, unfanned int
+		claim         func(t *testing.T, db *sql.DB, replica int64) []int64
+	}{
+		"the workers' claim, ahead": {due: 10, claim: func(t *testing.T, db *sql.DB, replica int64) []int64 {
+			return claimedIDs(t, db, `SELECT (c.job).id FROM outbox.claim_lane_jobs(50, $1, '{}', true, '{}', $2) AS c`, replica, share)
+		}},
+		"a claim without ahead": {due: 10, claim: func(t *testing.T, db *sql.DB, replica int64) []int64 {
+			return claimedIDs(t, db, `SELECT c.id FROM outbox.claim_due_jobs(50, $1, '{}', $2) AS c`, replica, share)
+		}},
+		"the relay's pass, bearing deliveries running": {unfanned: 10, claim: func(t *testing.T, db *sql.DB, replica int64) []int64 {
+			return jobIDs(bornPassSharing(t, db, 50, share, replica))
+		}},
+		"the relay's pass, claiming due deliveries": {due: 10, unfanned: 1, claim: func(t *testing.T, db *sql.DB, replica int64) []int64 {
+			return jobIDs(bornPassSharing(t, db, 50, share, replica))
+		}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			db, _ := newTestDB(t)
+			replica := registeredReplica(t, db, 601).ID()
+			other := registeredReplica(t, db, 602).ID()
+			ep := insertEndpoint(t, db, "share", 1000, "")
+			mustExec(t, db, `
+				INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, state, attempt, attempted_at, held_by)
+				SELECT 'webhook', outbox.record('elsewhere', '', '{}'), $1, 18, 'running', 1, now(), h.held_by
+				FROM unnest(ARRAY[$2, $3, $3]::bigint[]) AS h(held_by)`, ep, replica, other)
+			mustExec(t, db, `
+				INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, scheduled_at)
+				SELECT 'webhook', outbox.record('elsewhere', '', '{}'), $1, 18, now() - interval '1 minute'
+				FROM generate_series(1, $2)`, ep, route.due)
+			mustExec(t, db, `UPDATE outbox.events SET fanned_out_at = now()`)
+			mustExec(t, db, `SELECT outbox.record('share', '', '{}') FROM generate_series(1, $1)`, route.unfanned)
+
+			if got := route.claim(t, db, replica); len(got) != share-1 {
+				t.Errorf("claimed %v, want %d jobs: the share of %d less the one the replica holds", got, share-1, share)
+			}
+			if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'running' AND held_by = $2`, ep, replica); n != share {
+				t.Errorf("the replica holds %d of the endpoint's deliveries, want its share, %d", n, share)
+			}
+		})
+	}
+}
+
+// claimedIDs runs a claim and returns the ids of the jobs it took.
+func claimedIDs(t *testing.T, db *sql.DB, query string, args ...any) []int64 {
+	t.Helper()
+	ids, err := queryAll(context.Background(), db, scanID, query, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// A slow receiver holds no more than its share of a replica's workers,
+// however high its endpoint's cap: with 4 workers, an endpoint of
+// max_in_flight 1000 whose receiver holds every request until released
+// has 20 deliveries due and takes 2 workers, and another endpoint's event
+// is delivered while those 2 requests still hang. Every route by which a
+// delivery starts runs here, in one process: the relay's pass bears the
+// first ones running, the workers claim the rest.
+func TestSlowEndpointHoldsOnlyItsShareOfTheWorkers(t *testing.T) {
+	t.Parallel()
+	db, dsn := newTestDB(t)
+	release := make(chan struct{})
+	var held concurrency
+	slow := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		held.enter()
+		defer held.leave()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	heldThen := make(chan int64, 1)
+	fast := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if n == 1 {
+			heldThen <- held.now.Load()
+		}
+	})
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		run(ctx, []string{"-addr", addr, "-database-url", dsn, "-admin-token", testToken, "-allow-private-endpoints",
+			"-workers", "4"}, envFrom(nil), io.Discard, testWriter{t})
+	}()
+	defer func() { cancel(); <-exited }()
+	awaitHealthy(t, addr, exited)
+	releaseSlow := sync.OnceFunc(func() { close(release) })
+	defer releaseSlow() // before the shutdown, which waits for the requests
+	api := &testAPI{t: t, srv: &httptest.Server{URL: "http://" + addr}}
+	slowEP := createTunedEndpoint(t, api, slow.srv.URL, `"max_in_flight": 1000`)
+	createTunedEndpoint(t, api, fast.srv.URL, `"max_in_flight": 1000`)
+
+	mustExec(t, db, `SELECT outbox.record($1, i::text, '{}') FROM generate_series(1, 20) AS i`, topicFor(slow.srv.URL)+".e")
+	waitFor(t, "the slow receiver to hold requests", 10*time.Second, func() bool { return held.now.Load() >= 2 })
+	mustExec(t, db, `SELECT outbox.record($1, '', '{}')`, topicFor(fast.srv.URL)+".e")
+	select {
+	case n := <-heldThen:
+		if n != 2 {
+			t.Errorf("the slow receiver held %d requests when the other endpoint's delivery came, want its share, 2", n)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatalf("the other endpoint's delivery did not come while the slow receiver held %d requests", held.now.Load())
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'running'`, slowEP.ID); n != 2 {
+		t.Errorf("%d of the slow endpoint's deliveries running, want its share of the 4 workers, 2", n)
+	}
+
+	releaseSlow()
+	waitFor(t, "every delivery", 30*time.Second, func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'completed'`) == 21
+	})
+	if peak := held.peak.Load(); peak != 2 {
+		t.Errorf("the slow receiver saw %d requests at once, want its share of the 4 workers, 2", peak)
 	}
 }

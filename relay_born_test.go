@@ -15,16 +15,23 @@ import (
 )
 
 // bornPass runs one relay pass that claims into reserved slots for
-// replica, as the relay sends it (relay.go, fanOutAndClaimSQL), and
-// returns the jobs it handed over, in order.
+// replica, as the relay of a process with the default workers sends it
+// (relay.go, fanOutAndClaimSQL), and returns the jobs it handed over, in
+// order.
 func bornPass(t *testing.T, db *sql.DB, reserved int, replica int64, answered ...int64) []claimedRow {
+	t.Helper()
+	return bornPassSharing(t, db, reserved, defaultShare, replica, answered...)
+}
+
+// bornPassSharing is bornPass for a process whose workerShare is share.
+func bornPassSharing(t *testing.T, db *sql.DB, reserved, share int, replica int64, answered ...int64) []claimedRow {
 	t.Helper()
 	rows, err := queryAll(context.Background(), db, func(row rowScanner) (claimedRow, error) {
 		var c claimedRow
 		var fanned, jobs int
 		err := row.Scan(append([]any{&fanned, &jobs}, c.dest()...)...)
 		return c, err
-	}, fanOutAndClaimSQL, 200, `[]`, 18, 300.0, "", reserved, replica, pq.Array(answered))
+	}, fanOutAndClaimSQL, 200, `[]`, 18, 300.0, "", reserved, replica, pq.Array(answered), share)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1708,8 +1708,9 @@ $$;
 --
 --   room = its cap (max_in_flight; 1 while its breaker is open)
 --          - its deliveries running now, on any replica
---   and, under a rate limit, no more requests than fit before now + 1 s
---   at 1/rate apart (start_in_ms says when each one may start).
+--   and no more than worker_share - those the claiming replica holds
+--   (below), and, under a rate limit, no more requests than fit before
+--   now + 1 s at 1/rate apart (start_in_ms says when each one may start).
 --
 -- Inside an endpoint's lane, replayed deliveries (replay_id set) are a
 -- lane of their own, behind the live ones: a lane takes its live due jobs
@@ -1808,6 +1809,17 @@ $$;
 -- (claim_due_jobs: the relay's, and a previous release's), takes its room
 -- as above, every job it claims free to start at once.
 --
+-- worker_share is the most of the claiming replica's workers that one
+-- endpoint's deliveries may hold (claim.go, workerShare, says why the
+-- number): its lane takes no more than worker_share less the endpoint's
+-- running jobs the replica holds and has not answered, those waiting at
+-- its gate included, since each holds a worker. The cap alone lets an
+-- endpoint with a high one take every free worker while nothing else is
+-- due, and a slow receiver then holds them for as long as it takes to
+-- answer, while other endpoints' next deliveries wait for a worker. With
+-- replica NULL, every running job held by no replica counts as the
+-- claimer's. NULL: no bound (a previous release's calls, and psql's).
+--
 -- claimed_job is a claimed job as the workers run it: the job, its event
 -- and, for a delivery, its endpoint; start_in_ms is its place in its
 -- endpoint's rate limit, wake_on_outcome and replay_yields what its end
@@ -1882,8 +1894,9 @@ $$;
 
 DROP FUNCTION IF EXISTS outbox.claim_lane_jobs(integer, bigint, bigint[], boolean);
 DROP FUNCTION IF EXISTS outbox.claim_lane_jobs(integer, bigint, bigint[], boolean, bigint[]);
+DROP FUNCTION IF EXISTS outbox.claim_lane_jobs(integer, bigint, bigint[], boolean, bigint[], integer);
 CREATE FUNCTION outbox.claim_lane_jobs(batch integer, replica bigint, answered bigint[], ahead boolean,
-                                       cooling bigint[])
+                                       cooling bigint[], worker_share integer DEFAULT NULL)
 RETURNS SETOF outbox.claimed_lane_job
 LANGUAGE plpgsql VOLATILE
 ROWS 100
@@ -1979,7 +1992,8 @@ BEGIN
         AND (ep.held_until IS NULL OR ep.held_until <= now())
         AND (ep.rate_limit_per_second IS NULL OR ep.rate_next_at IS NULL
              OR ep.rate_next_at <= now() + interval '1 second')
-        AND (SELECT CASE WHEN ahead AND replica IS NOT NULL AND ep.breaker_opened_at IS NULL
+        AND (SELECT least(
+                      CASE WHEN ahead AND replica IS NOT NULL AND ep.breaker_opened_at IS NULL
                               AND ep.rate_limit_per_second IS NULL AND ep.consecutive_failures = 0
                               AND ep.id <> ALL (cooling)
                               AND count(*) FILTER (WHERE r.held_by = replica AND r.id <> ALL (answered)
@@ -1988,7 +2002,9 @@ BEGIN
                               - count(*) FILTER (WHERE r.held_by = replica AND r.id <> ALL (answered))
                          ELSE CASE WHEN ep.breaker_opened_at IS NULL THEN ep.max_in_flight ELSE 1 END
                               - count(*) FILTER (WHERE r.id <> ALL (answered))
-                    END
+                      END,
+                      worker_share - count(*) FILTER (WHERE r.held_by IS NOT DISTINCT FROM replica
+                                                        AND r.id <> ALL (answered)))
              FROM outbox.jobs AS r
              WHERE r.endpoint_id = ep.id AND r.state = 'running') > 0
         AND (w.live_at IS NOT NULL
@@ -2043,19 +2059,21 @@ BEGIN
     -- claiming replica's requests in flight (above): one read of the
     -- endpoint's running jobs.
     CROSS JOIN LATERAL (
-      SELECT CASE WHEN ahead AND replica IS NOT NULL AND ep.breaker_opened_at IS NULL
-                       AND ep.rate_limit_per_second IS NULL AND ep.consecutive_failures = 0
-                       AND ep.id <> ALL (cooling) AND n.slow = 0
-                  THEN 2 * (n.cap - n.others) - n.own
-                  ELSE n.cap - n.holders
-             END AS room,
+      SELECT least(CASE WHEN ahead AND replica IS NOT NULL AND ep.breaker_opened_at IS NULL
+                             AND ep.rate_limit_per_second IS NULL AND ep.consecutive_failures = 0
+                             AND ep.id <> ALL (cooling) AND n.slow = 0
+                        THEN 2 * (n.cap - n.others) - n.own
+                        ELSE n.cap - n.holders
+                   END,
+                   worker_share - n.own) AS room,
              CASE WHEN ahead AND replica IS NOT NULL AND ep.disabled_at IS NULL
                   THEN n.cap - n.others
              END AS lane_limit
       FROM (SELECT CASE WHEN ep.breaker_opened_at IS NULL THEN ep.max_in_flight ELSE 1 END AS cap,
                    count(*) FILTER (WHERE r.id <> ALL (answered))::integer AS holders,
                    count(*) FILTER (WHERE r.held_by IS DISTINCT FROM replica)::integer AS others,
-                   count(*) FILTER (WHERE r.held_by = replica AND r.id <> ALL (answered))::integer AS own,
+                   count(*) FILTER (WHERE r.held_by IS NOT DISTINCT FROM replica
+                                      AND r.id <> ALL (answered))::integer AS own,
                    count(*) FILTER (WHERE r.held_by = replica AND r.id <> ALL (answered)
                                       AND r.attempted_at < now() - interval '250 milliseconds')::integer AS slow
             FROM outbox.jobs AS r
@@ -2199,12 +2217,14 @@ $$;
 -- start at once. The relay's claim (fan_out_claiming) and the releases
 -- before claim_lane_jobs call it.
 DROP FUNCTION IF EXISTS outbox.claim_due_jobs(integer, bigint, bigint[]);
-CREATE FUNCTION outbox.claim_due_jobs(batch integer, replica bigint DEFAULT NULL, answered bigint[] DEFAULT '{}')
+DROP FUNCTION IF EXISTS outbox.claim_due_jobs(integer, bigint, bigint[], integer);
+CREATE FUNCTION outbox.claim_due_jobs(batch integer, replica bigint DEFAULT NULL, answered bigint[] DEFAULT '{}',
+                                      worker_share integer DEFAULT NULL)
 RETURNS SETOF outbox.claimed_job
 LANGUAGE sql VOLATILE
 ROWS 100
 AS $$
-  SELECT (l.job).* FROM outbox.claim_lane_jobs(batch, replica, answered, false, '{}') AS l
+  SELECT (l.job).* FROM outbox.claim_lane_jobs(batch, replica, answered, false, '{}', worker_share) AS l
 $$;
 
 --------------------------------------------------------------------------------
@@ -2531,11 +2551,12 @@ $$;
 -- endpoint that takes deliveries running (takes_deliveries_running), with
 -- no older live delivery due (has_due_live_jobs: those go first, by the
 -- workers' claim), in the room its cap leaves (in flight: its running
--- deliveries, other replicas' included, but in_answered), counted under
--- the lane's claim lock (lock_born_lanes) in a statement after it, as a
--- claim counts; no more than in_claim_batch in all, each endpoint's by
--- event id, the endpoints taking turns. A lane another claim holds gets
--- none. What a claim would have told the worker of each comes with it
+-- deliveries, other replicas' included, but in_answered) and, of
+-- in_replica's workers, in_worker_share leaves (claim_lane_jobs'
+-- worker_share; NULL: no bound), counted under the lane's claim lock
+-- (lock_born_lanes) in a statement after it, as a claim counts; no more
+-- than in_claim_batch in all, each endpoint's by event id, the endpoints
+-- taking turns. A lane another claim holds gets none. What a claim would have told the worker of each comes with it
 -- (born_running): a delivery that filled its endpoint's room wakes a
 -- claim when it ends. The claim is lost with the pass when it rolls back,
 -- and a running delivery whose replica dies is rescued like any claimed
@@ -2555,10 +2576,11 @@ DROP FUNCTION IF EXISTS outbox.fan_out(integer, jsonb, integer, double precision
 DROP FUNCTION IF EXISTS outbox.fan_out_event(bigint, jsonb, integer, double precision, text);
 DROP FUNCTION IF EXISTS outbox.fan_out(integer, bigint, jsonb, integer, double precision, text);
 DROP FUNCTION IF EXISTS outbox.fan_out(integer, bigint, jsonb, integer, double precision, text, integer, bigint, bigint[]);
+DROP FUNCTION IF EXISTS outbox.fan_out(integer, bigint, jsonb, integer, double precision, text, integer, bigint, bigint[], integer);
 CREATE FUNCTION outbox.fan_out(in_batch integer, in_event_id bigint, in_subscribers jsonb,
                                in_max_attempts integer, in_breaker_delay double precision, in_origin text,
                                in_claim_batch integer DEFAULT 0, in_replica bigint DEFAULT NULL,
-                               in_answered bigint[] DEFAULT '{}')
+                               in_answered bigint[] DEFAULT '{}', in_worker_share integer DEFAULT NULL)
 RETURNS TABLE (out_fanned bigint, out_jobs bigint, out_claimed outbox.claimed_job[])
 LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan
@@ -2641,9 +2663,11 @@ BEGIN
   ),
   born_room AS (
     SELECT ep.id AS endpoint_id,
-           ep.max_in_flight - (SELECT count(*) FROM outbox.jobs AS r
-                               WHERE r.endpoint_id = ep.id AND r.state = 'running'
-                                 AND r.id <> ALL (in_answered))::integer AS room
+           (SELECT least(ep.max_in_flight - count(*),
+                         in_worker_share - count(*) FILTER (WHERE r.held_by = in_replica))
+            FROM outbox.jobs AS r
+            WHERE r.endpoint_id = ep.id AND r.state = 'running'
+              AND r.id <> ALL (in_answered))::integer AS room
     FROM outbox.endpoints AS ep
     WHERE ep.id = ANY (born_lanes)
       AND outbox.takes_deliveries_running(ep)
@@ -2728,32 +2752,35 @@ $$;
 
 -- fan_out_claiming is a batch pass of fan_out that hands up to
 -- in_claim_batch jobs to the relay's own workers (in_replica's, with
--- in_answered as the workers' claim takes it): the deliveries fan_out
--- made running as it inserted them or, when it made none so and the pass
--- enqueued jobs and was not full, a claim of due jobs (claim_due_jobs) in
--- the same transaction, after the fan-out, whose jobs it sees: a
--- subscriber's, an ordered lane's made due, a rate-limited endpoint's. A
--- pass that is not full is the relay keeping up, one to a few events a
--- pass: its deliveries start as they are made, where otherwise the
--- workers, woken after its commit, would claim them in a statement and a
--- commit of their own, a few milliseconds on every event's way to its
--- receiver. A full pass is a backlog, which the workers claim at their own
--- pace. A pass that made deliveries running claims nothing more: the
--- jobs it left are the workers' to claim, and the relay wakes them for
--- those (relay.go, drain).
+-- in_answered and in_worker_share as the workers' claim takes them): the
+-- deliveries fan_out made running as it inserted them or, when it made
+-- none so and the pass enqueued jobs and was not full, a claim of due jobs
+-- (claim_due_jobs) in the same transaction, after the fan-out, whose jobs
+-- it sees: a subscriber's, an ordered lane's made due, a rate-limited
+-- endpoint's. A pass that is not full is the relay keeping up, one to a
+-- few events a pass: its deliveries start as they are made, where
+-- otherwise the workers, woken after its commit, would claim them in a
+-- statement and a commit of their own, a few milliseconds on every event's
+-- way to its receiver. A full pass is a backlog, which the workers claim
+-- at their own pace. A pass that made deliveries running claims nothing
+-- more: the jobs it left are the workers' to claim, and the relay wakes
+-- them for those (relay.go, drain).
 DROP FUNCTION IF EXISTS outbox.fan_out_claiming(integer, jsonb, integer, double precision, text, integer, bigint, bigint[]);
+DROP FUNCTION IF EXISTS outbox.fan_out_claiming(integer, jsonb, integer, double precision, text, integer, bigint, bigint[], integer);
 CREATE FUNCTION outbox.fan_out_claiming(in_batch integer, in_subscribers jsonb, in_max_attempts integer,
                                         in_breaker_delay double precision, in_origin text,
-                                        in_claim_batch integer, in_replica bigint, in_answered bigint[])
+                                        in_claim_batch integer, in_replica bigint, in_answered bigint[],
+                                        in_worker_share integer DEFAULT NULL)
 RETURNS TABLE (out_fanned bigint, out_jobs bigint, out_claimed outbox.claimed_job[])
 LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
   SELECT f.out_fanned, f.out_jobs, f.out_claimed INTO out_fanned, out_jobs, out_claimed
   FROM outbox.fan_out(in_batch, NULL, in_subscribers, in_max_attempts, in_breaker_delay, in_origin,
-                      in_claim_batch, in_replica, in_answered) AS f;
+                      in_claim_batch, in_replica, in_answered, in_worker_share) AS f;
   IF cardinality(out_claimed) = 0 AND out_jobs > 0 AND out_fanned < in_batch AND in_claim_batch > 0 THEN
-    out_claimed := ARRAY(SELECT c FROM outbox.claim_due_jobs(in_claim_batch, in_replica, in_answered) AS c);
+    out_claimed := ARRAY(SELECT c FROM outbox.claim_due_jobs(in_claim_batch, in_replica, in_answered,
+                                                             in_worker_share) AS c);
   END IF;
   RETURN NEXT;
 END

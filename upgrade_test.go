@@ -28,12 +28,12 @@ import (
 	"github.com/lib/pq"
 )
 
-// previousRelease is the commit of the release before this one (0.4.0),
+// previousRelease is the commit of the release before this one (0.5.0),
 // whose replicas this release's migration must keep working until they
 // stop (docs/upgrades.md).
 const (
-	previousRelease        = "0e23b0c"
-	previousReleaseVersion = "0.4.0"
+	previousRelease        = "98ce905"
+	previousReleaseVersion = "0.5.0"
 )
 
 // The previous release's calls of the pipeline's functions, word for word

@@ -13,7 +13,7 @@ import (
 // and recorded by each replica. It changes whenever schema.sql or
 // schema_indexes.sql changes (TestReleaseChangesWithTheSchema), so that
 // two builds with different schemas never report the same release.
-const version = "0.5.0"
+const version = "0.6.0"
 
 // buildInfo is what go build recorded in the binary.
 type buildInfo struct {

@@ -37,11 +37,11 @@ type scenarioConfig struct {
 	FailRatio    float64       // flaky: share of requests answered 500
 	AcceptWithin time.Duration // flaky: every event's bound from commit to first 2xx
 	RateLimit    float64       // ratelimit: the endpoint's rate_limit_per_second
-	MaxInFlight  int           // the endpoint's max_in_flight; 0: outboxd's default (ordered: the child's workers)
+	MaxInFlight  int           // the endpoint's max_in_flight (isolation: the bad one's); 0: outboxd's default (ordered: the child's workers)
 	Rounds       int           // isolation, stuck, replay, ordered: baseline and scenario phases, alternating
 	Replicas     int           // drain, ratelimit: outboxd processes against the database
 	VacuumEvery  time.Duration // replay: how often the queue tables are vacuumed during the phases; 0: only before each
-	AnswerAfter  time.Duration // replay: the receiver's wait before each 2xx; 0: at once
+	AnswerAfter  time.Duration // replay: the receiver's wait before each 2xx, 0: at once; isolation: the bad receiver's, 0: it fails instead
 	// DefaultEndpoint: drain and keepup register their endpoint with
 	// outboxd's default delivery settings (its max_in_flight included),
 	// as a new user would, instead of a cap of the child's workers.
@@ -151,10 +151,10 @@ func (c *scenarioConfig) flags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.RateLimit, "rate-limit", c.RateLimit, "ratelimit: the endpoint's rate_limit_per_second")
 	fs.IntVar(&c.Replicas, "replicas", c.Replicas, "drain, ratelimit: outboxd processes delivering from the one database (drain: 1, ratelimit: 2)")
 	fs.IntVar(&c.Rounds, "rounds", c.Rounds, "isolation, stuck, replay, ordered, producers: rounds of a baseline phase and a phase with the scenario's trouble (stuck: 3, ordered: 2, producers: 2)")
-	fs.IntVar(&c.MaxInFlight, "max-in-flight", c.MaxInFlight, "ratelimit, stuck, replay, ordered: the endpoint's max_in_flight; 0 leaves outboxd's default (ordered: the child's workers, as drain)")
+	fs.IntVar(&c.MaxInFlight, "max-in-flight", c.MaxInFlight, "isolation (the bad endpoint's), ratelimit, stuck, replay, ordered: the endpoint's max_in_flight; 0 leaves outboxd's default (ordered: the child's workers, as drain)")
 	fs.DurationVar(&c.FailFor, "fail-for", c.FailFor, "stuck: how long the failing subject's requests are answered 500 (10s)")
 	fs.IntVar(&c.Subjects, "subjects", c.Subjects, "stuck and ordered: distinct subjects the events take in turn (stuck: 100, ordered: 1000)")
-	fs.DurationVar(&c.AnswerAfter, "answer-after", c.AnswerAfter, "replay: how long the receiver takes to answer each request 200, a stand-in for a receiver farther than loopback; 0: at once")
+	fs.DurationVar(&c.AnswerAfter, "answer-after", c.AnswerAfter, "replay: how long the receiver takes to answer each request 200, a stand-in for a receiver farther than loopback; 0: at once. isolation: the bad receiver accepts each request after it, slow rather than failing; 0: it answers 500 after -fail-after")
 	fs.BoolVar(&c.DefaultEndpoint, "default-endpoint", c.DefaultEndpoint, "drain, keepup, producers: register the endpoint with outboxd's default delivery settings (max_in_flight 16), as a new user would, instead of max_in_flight set to the child's workers")
 	fs.DurationVar(&c.VacuumEvery, "vacuum-every", c.VacuumEvery, "replay: vacuum the queue tables this often during the phases, a stand-in for autovacuum where it is off; 0: only before each phase")
 }

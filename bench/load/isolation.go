@@ -1,5 +1,6 @@
 // isolation.go: -mode isolation, a healthy endpoint's latency alone and
-// beside an endpoint whose receiver hangs with a backlog queued for it.
+// beside an endpoint whose receiver hangs with a backlog queued for it:
+// it answers 500 after -fail-after or, with -answer-after, 200 after that.
 // Its target: the healthy p99 beside the bad endpoint at most twice the
 // p99 alone, and the bad receiver never holding more requests than its
 // cap.
@@ -84,7 +85,7 @@ func runIsolation(ctx context.Context, cfg config, run loadRun) error {
 		return err
 	}
 	g.finish(ctx)
-	if err := s.bad.AwaitIdle(ctx, cfg.FailAfter+10*time.Second); err != nil {
+	if err := s.bad.AwaitIdle(ctx, s.badAnswer().Wait+10*time.Second); err != nil {
 		return err
 	}
 	return s.report(run.stdout, badState.Breaker.State)
@@ -127,7 +128,7 @@ func (s *isolation) round(ctx context.Context, round int) error {
 		if err := child.EndpointAction(ctx, s.badEP.ID, "pause"); err != nil {
 			return err
 		}
-		if err := s.bad.AwaitIdle(ctx, s.cfg.FailAfter+10*time.Second); err != nil {
+		if err := s.bad.AwaitIdle(ctx, s.badAnswer().Wait+10*time.Second); err != nil {
 			return err
 		}
 	}
@@ -156,19 +157,26 @@ func (s *isolation) round(ctx context.Context, round int) error {
 // workers' isolation, not the relay's pass over the backlog.
 func (s *isolation) queueBad(ctx context.Context) error {
 	var err error
-	s.bad, err = s.g.receiver(func(string) requestAnswer {
-		return requestAnswer{Wait: s.cfg.FailAfter, Status: http.StatusInternalServerError}
-	}, true)
+	s.bad, err = s.g.receiver(func(string) requestAnswer { return s.badAnswer() }, true)
 	if err != nil {
 		return err
 	}
-	if s.badEP, err = s.g.endpoint(ctx, s.bad, endpointSettings{Topics: []string{"load.bad"}}); err != nil {
+	if s.badEP, err = s.g.endpoint(ctx, s.bad, endpointSettings{Topics: []string{"load.bad"}, MaxInFlight: s.cfg.MaxInFlight}); err != nil {
 		return err
 	}
 	if err := recordBulk(ctx, s.run.db, "load.bad", s.cfg.Events); err != nil {
 		return err
 	}
 	return awaitFannedOut(ctx, s.run.db, "load.bad")
+}
+
+// badAnswer is how the bad receiver answers every request: 204 after
+// -answer-after if it is set (a slow receiver), else 500 after -fail-after.
+func (s *isolation) badAnswer() requestAnswer {
+	if s.cfg.AnswerAfter > 0 {
+		return requestAnswer{Wait: s.cfg.AnswerAfter, Status: http.StatusNoContent}
+	}
+	return requestAnswer{Wait: s.cfg.FailAfter, Status: http.StatusInternalServerError}
 }
 
 // summary is the run's result, with the verdicts.
@@ -196,8 +204,9 @@ func (s *isolation) report(out io.Writer, badState string) error {
 	sum, cfg := s.summary(badState), s.cfg
 	fmt.Fprintf(out, "mode isolation: a healthy endpoint at %g events/s, warmed up %s, then %d round(s) of %s alone and %s beside a bad endpoint\n",
 		cfg.Rate, min(isolationWarmUp, cfg.Duration), cfg.Rounds, cfg.Duration, cfg.Duration)
-	fmt.Fprintf(out, "  (%d deliveries queued, its receiver answering 500 after %s, max_in_flight %d; paused for the baselines after the first)\n",
-		cfg.Events, cfg.FailAfter, s.badEP.MaxInFlight)
+	bad := s.badAnswer()
+	fmt.Fprintf(out, "  (%d deliveries queued, its receiver answering %d after %s, max_in_flight %d; paused for the baselines after the first)\n",
+		cfg.Events, bad.Status, bad.Wait, s.badEP.MaxInFlight)
 	for i := range s.baseP99 {
 		fmt.Fprintf(out, "round %d: healthy p99 alone %s, beside the bad %s\n", i+1, s.baseP99[i], s.besideP99[i])
 	}

@@ -215,6 +215,8 @@ func TestLoadScenarioDefaults(t *testing.T) {
 		{[]string{"-mode", "ratelimit"}, numbers{30 * time.Second, 0, 1000, 0, 0.1, 2 * time.Minute, 20, 2, 0, 1, 0, 0}},
 		{[]string{"-mode", "isolation", "-duration", "5s", "-rate", "7", "-events", "40", "-fail-after", "1s", "-rounds", "3"},
 			numbers{5 * time.Second, 7, 40, time.Second, 0.1, 2 * time.Minute, 20, 2, 0, 3, 0, 0}},
+		{[]string{"-mode", "isolation", "-answer-after", "20s", "-max-in-flight", "1000", "-events", "300"},
+			numbers{30 * time.Second, 20, 300, 5 * time.Second, 0.1, 2 * time.Minute, 20, 2, 1000, 1, 0, 0}},
 		{[]string{"-mode", "ratelimit", "-rate-limit", "5", "-replicas", "3", "-max-in-flight", "100"},
 			numbers{30 * time.Second, 0, 1000, 0, 0.1, 2 * time.Minute, 5, 3, 100, 1, 0, 0}},
 		// The lanes scenarios: a subject failing for 10 s among 100 at 50
@@ -336,6 +338,24 @@ func TestLoadIsolationScenarioHoldsTheCap(t *testing.T) {
 	}
 	if s.BadBreakerState != breakerClosed {
 		t.Errorf("bad endpoint's breaker %q, want closed under -breaker-threshold 1000", s.BadBreakerState)
+	}
+}
+
+// A slow receiver (-answer-after) whose endpoint's cap is far above the
+// child's workers holds only its share of them: half of 8.
+func TestLoadIsolationScenarioSlowReceiverHoldsItsShareOfTheWorkers(t *testing.T) {
+	t.Parallel()
+	var s isolationSummary
+	runScenario(t, &s, "-mode", "isolation", "-duration", "2s", "-producers", "2", "-rate", "10", "-events", "40",
+		"-answer-after", "1s", "-max-in-flight", "1000", "-serve-flags", "-workers 8")
+	if s.BadCap != 1000 {
+		t.Errorf("bad endpoint's cap %d, want -max-in-flight's 1000", s.BadCap)
+	}
+	if s.BadMaxInFlight != 4 {
+		t.Errorf("bad receiver saw at most %d requests at once, want half of the 8 workers, 4 (40 queued)", s.BadMaxInFlight)
+	}
+	if s.BesideEvents == 0 {
+		t.Error("the healthy endpoint got no event beside the slow one")
 	}
 }
 
