@@ -90,6 +90,12 @@ func browse(t *testing.T, browser *http.Client, srv *httptest.Server, method, pa
 	if form != nil {
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	}
+	return send(t, browser, req)
+}
+
+// send sends req with browser and returns the status and the body.
+func send(t *testing.T, browser *http.Client, req *http.Request) (int, string) {
+	t.Helper()
 	resp, err := browser.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -606,16 +612,7 @@ func TestRotatingAnOwnerTokenVoidsItsSigninLinks(t *testing.T) {
 func sendWithHost(t *testing.T, browser *http.Client, req *http.Request, host string) (int, string) {
 	t.Helper()
 	req.Host = host
-	resp, err := browser.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(b)
+	return send(t, browser, req)
 }
 
 // A sign-in link points at -public-url, else at the address the listener
