@@ -236,12 +236,12 @@ const maxIdempotencyKeyLen = 255
 func requestDigest(ev eventInput) []byte {
 	payload := ev.Payload
 	if len(payload) == 0 {
-		payload = json.RawMessage(`{}`) // what recordEvent records
+		payload = json.RawMessage(`{}`) // what eventInput.record records
 	}
 	var compact bytes.Buffer
 	if err := json.Compact(&compact, payload); err != nil {
 		compact.Reset()
-		compact.Write(payload) // validateEvent refuses it before it counts
+		compact.Write(payload) // eventInput.validate refuses it before it counts
 	}
 	h := sha256.New()
 	fmt.Fprintf(h, "%d:%s%d:%s", len(ev.Topic), ev.Topic, len(ev.Subject), ev.Subject)
