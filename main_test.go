@@ -283,6 +283,8 @@ func TestProcessRefusesBadSetting(t *testing.T) {
 
 // With no DATABASE_URL, run starts a private cluster under -data-dir,
 // serves /healthz and /readyz, and stops the cluster on the way out.
+// Started as root, it says once that PostgreSQL runs as the postgres OS
+// user; otherwise it says nothing of it.
 func TestRunStartsEmbeddedCluster(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -296,9 +298,10 @@ func TestRunStartsEmbeddedCluster(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	exited := make(chan struct{})
 	var runErr error
+	var logs syncBuffer
 	go func() {
 		defer close(exited)
-		runErr = run(ctx, []string{"-addr", addr, "-data-dir", dataDir}, envFrom(nil), io.Discard, testWriter{t})
+		runErr = run(ctx, []string{"-addr", addr, "-data-dir", dataDir}, envFrom(nil), io.Discard, io.MultiWriter(&logs, testWriter{t}))
 	}()
 	defer func() { cancel(); <-exited }()
 
@@ -321,6 +324,13 @@ func TestRunStartsEmbeddedCluster(t *testing.T) {
 	}
 	if pid, alive := runningPostmaster(filepath.Join(dataDir, "pgdata")); alive {
 		t.Errorf("the embedded server (pid %d) is still running after run returned", pid)
+	}
+	want := 0
+	if os.Geteuid() == 0 {
+		want = 1
+	}
+	if n := strings.Count(logs.String(), "runs PostgreSQL as the postgres OS user"); n != want {
+		t.Errorf("the log says %d times that PostgreSQL runs as the postgres OS user, want %d (euid %d)", n, want, os.Geteuid())
 	}
 }
 
