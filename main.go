@@ -106,7 +106,8 @@ type Config struct {
 	NotifySocket string
 	// DatabaseWait is how long a start waits for an unreachable database,
 	// trying again with a growing pause; a minute covers a PostgreSQL on
-	// the same VM starting after outboxd, or restarting.
+	// the same VM starting after outboxd, or restarting. Errors no wait
+	// can fix fail at once (waitCanFix, database.go).
 	DatabaseWait  time.Duration
 	ShutdownGrace time.Duration
 
@@ -381,7 +382,7 @@ func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&cfg.Mail.MessageIDHost, "smtp-message-id-host", cfg.Mail.MessageIDHost, "host part of Message-ID <event id@host>; empty: the domain of -smtp-from")
 	fs.IntVar(&cfg.Mail.OwnerNotifyPerHour, "owner-notify-per-hour", cfg.Mail.OwnerNotifyPerHour, "most mails per endpoint owner per hour about failing or disabled endpoints")
 	fs.IntVar(&cfg.DBMaxConns, "db-max-conns", cfg.DBMaxConns, "most open database connections of the pool")
-	fs.DurationVar(&cfg.DatabaseWait, "database-wait", cfg.DatabaseWait, "how long a start waits for an unreachable database, trying again; 0 fails at once")
+	fs.DurationVar(&cfg.DatabaseWait, "database-wait", cfg.DatabaseWait, "how long a start waits for a database that refuses connections or is starting up, trying again; what no wait can fix (a login refused, no such role or database) fails at once; 0 fails at once")
 	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "time in-flight work gets to finish on SIGTERM")
 	fs.StringVar(&cfg.SecretsKey, "secrets-key", cfg.SecretsKey, "key that seals endpoint and source secrets at rest: 32 bytes in standard base64 (openssl rand -base64 32); empty stores them unsealed")
 	fs.StringVar(&cfg.SecretsOldKey, "secrets-old-key", cfg.SecretsOldKey, "the key being rotated out: opens the secrets it sealed, seals none (outboxd secrets rotate-key)")
@@ -946,6 +947,9 @@ func connect(ctx context.Context, cfg Config, logger *slog.Logger) (db *sql.DB, 
 		stopCluster, dsn = cluster.Stop, cluster.DSN("outboxd")
 	}
 	db, err = openDBWaiting(ctx, dsn, cfg.DBMaxConns, cfg.DatabaseWait, logger)
+	if err != nil && cfg.DatabaseURL != "" {
+		err = fmt.Errorf("%s: %w", setting("database-url"), err)
+	}
 	if err == nil {
 		if cfg.PoolMode == poolModeTransaction {
 			err = requireMigrated(ctx, db)

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +24,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/lib/pq"
+	"github.com/lib/pq/pqerror"
 )
 
 func envFrom(m map[string]string) func(string) string {
@@ -449,36 +452,168 @@ func TestVersionPrintsTheBuild(t *testing.T) {
 	}
 }
 
-// A start waits for a database that is not there yet, saying so, and
+// dsnAt is dsn with its user, and its server at addr (host:port) over
+// TCP, in either of lib/pq's connection string forms.
+func dsnAt(dsn, user, addr string) string {
+	host, port, _ := net.SplitHostPort(addr)
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			panic(err)
+		}
+		u.Host, u.User = addr, url.User(user)
+		return u.String()
+	}
+	return fmt.Sprintf("%s host=%s port=%s user=%s", dsn, host, port, user) // a later keyword wins in lib/pq
+}
+
+// forwardToHarness accepts connections on ln until the test ends and
+// pipes each to the harness's server, over TCP or its Unix socket: the
+// server appearing at ln's address.
+func forwardToHarness(t *testing.T, ln net.Listener) {
+	t.Helper()
+	cfg, err := pq.NewConfig(harness.adminDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	network, address := "tcp", net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
+	if strings.HasPrefix(cfg.Host, "/") {
+		network, address = "unix", filepath.Join(cfg.Host, fmt.Sprintf(".s.PGSQL.%d", cfg.Port))
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return // closed: the test is over
+			}
+			server, err := net.Dial(network, address)
+			if err != nil {
+				client.Close()
+				continue
+			}
+			go func() { io.Copy(server, client); server.Close() }()
+			go func() { io.Copy(client, server); client.Close() }()
+		}
+	}()
+}
+
+// A start waits for a server that refuses connections, saying so, and
 // goes on when it appears; with -database-wait 0 it fails at once.
-func TestStartWaitsForTheDatabase(t *testing.T) {
+func TestStartWaitsForARefusingServer(t *testing.T) {
 	t.Parallel()
-	admin := harnessAdmin(t)
+	addr := freeAddr(t) // nothing listens there, for now
 	name := fmt.Sprintf("outboxd_late_%d_%d", os.Getpid(), harness.seq.Add(1))
+	admin := harnessAdmin(t)
+	mustExec(t, admin, `CREATE DATABASE `+name)
 	t.Cleanup(func() { admin.Exec(`DROP DATABASE IF EXISTS ` + name + ` WITH (FORCE)`) })
-	dsn := dsnWithDB(harness.adminDSN, name)
+	admin.Close()
+	cfg, err := pq.NewConfig(harness.adminDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsn := dsnAt(dsnWithDB(harness.adminDSN, name), cfg.User, addr)
 
 	var logs syncBuffer
-	if err := run(context.Background(), []string{"migrate", "-database-url", dsn, "-database-wait", "0"},
-		func(string) string { return "" }, io.Discard, &logs); err == nil || strings.Contains(logs.String(), "trying again") {
-		t.Fatalf("-database-wait 0 with no database: %v, log:\n%s\nwant a failure at the first try", err, logs.String())
+	err = run(context.Background(), []string{"migrate", "-database-url", dsn, "-database-wait", "0"}, envFrom(nil), io.Discard, &logs)
+	if err == nil || !strings.Contains(err.Error(), "connection refused") || strings.Contains(logs.String(), "trying again") {
+		t.Fatalf("-database-wait 0 with nothing listening: %v, log:\n%s\nwant connection refused at the first try", err, logs.String())
 	}
 
 	logs = syncBuffer{}
 	done := make(chan error, 1)
 	go func() {
-		done <- run(context.Background(), []string{"migrate", "-database-url", dsn, "-database-wait", "1m"},
-			func(string) string { return "" }, io.Discard, &logs)
+		done <- run(context.Background(), []string{"migrate", "-database-url", dsn, "-database-wait", "1m"}, envFrom(nil), io.Discard, &logs)
 	}()
 	waitFor(t, "a logged try", 30*time.Second, func() bool { return strings.Contains(logs.String(), "database not reachable; trying again") })
-	mustExec(t, admin, `CREATE DATABASE `+name)
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("listen where outboxd waits: %v", err)
+	}
+	forwardToHarness(t, ln)
 	select {
 	case err := <-done:
 		if err != nil {
-			t.Fatalf("migrate once the database appeared: %v\n%s", err, logs.String())
+			t.Fatalf("migrate once the server appeared: %v\n%s", err, logs.String())
 		}
 	case <-time.After(time.Minute):
-		t.Fatal("migrate did not go on once the database appeared")
+		t.Fatal("migrate did not go on once the server appeared")
+	}
+}
+
+// A start fails at once, naming the setting and the cause, on what no
+// wait can fix: a role or a database that does not exist. It neither
+// logs a try again nor waits out -database-wait.
+func TestStartFailsAtOnceOnWhatWaitingCannotFix(t *testing.T) {
+	t.Parallel()
+	_, dsn := newTestDB(t)
+	cfg, err := pq.NewConfig(harness.adminDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	server := net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
+	if strings.HasPrefix(cfg.Host, "/") { // the harness's own cluster: reach it over TCP through a forwarder
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		forwardToHarness(t, ln)
+		server = ln.Addr().String()
+	}
+	for _, c := range []struct {
+		name, dsn, cause string
+	}{
+		{"a role that does not exist", dsnAt(dsn, "outboxd_no_such_role", server), `role "outboxd_no_such_role" does not exist (28000)`},
+		{"a database that does not exist", dsnAt(dsnWithDB(dsn, "outboxd_no_such_db"), cfg.User, server), `database "outboxd_no_such_db" does not exist (3D000)`},
+	} {
+		var logs syncBuffer
+		err := run(context.Background(), []string{"migrate", "-database-url", c.dsn, "-database-wait", "30s"}, envFrom(nil), io.Discard, &logs)
+		if err == nil {
+			t.Errorf("%s: migrate succeeded, want a failure", c.name)
+			continue
+		}
+		for _, want := range []string{"-database-url (DATABASE_URL)", "waiting cannot fix this", c.cause} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("%s: error %q does not say %q", c.name, err, want)
+			}
+		}
+		if strings.Contains(logs.String(), "trying again") {
+			t.Errorf("%s: tried again, log:\n%s", c.name, logs.String())
+		}
+	}
+}
+
+// waitCanFix sorts connection errors: what a later try may not meet
+// (the server absent, starting up, shutting down, full) from what every
+// try meets alike.
+func TestWaitCanFix(t *testing.T) {
+	t.Parallel()
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"connection refused", refused, true},
+		{"no socket yet", &net.OpError{Op: "dial", Net: "unix", Err: os.NewSyscallError("connect", syscall.ENOENT)}, true},
+		{"a name not resolved yet", &net.DNSError{Err: "no such host", Name: "db", IsNotFound: true}, true},
+		{"closed under the handshake", io.EOF, true},
+		{"no answer in time", context.DeadlineExceeded, true},
+		{"starting up (57P03)", &pq.Error{Code: pqerror.CannotConnectNow}, true},
+		{"shutting down (57P01)", &pq.Error{Code: pqerror.AdminShutdown}, true},
+		{"too many connections (53300)", &pq.Error{Code: pqerror.TooManyConnections}, true},
+		{"connection failure (08006)", &pq.Error{Code: pqerror.ConnectionFailure}, true},
+		{"wrapped, redacted", &connectError{text: "connect to database: ...", err: refused}, true},
+		{"no such role (28000)", &pq.Error{Code: pqerror.InvalidAuthorizationSpecification}, false},
+		{"wrong password (28P01)", &pq.Error{Code: pqerror.InvalidPassword}, false},
+		{"no such database (3D000)", &connectError{text: "connect to database: ...", err: &pq.Error{Code: pqerror.InvalidCatalogName}}, false},
+		{"unknown parameter (42704)", &pq.Error{Code: pqerror.UndefinedObject}, false},
+		{"bad parameter value (22023)", &pq.Error{Code: pqerror.InvalidParameterValue}, false},
+		{"TLS not enabled on the server", pq.ErrSSLNotSupported, false},
+	} {
+		if got := waitCanFix(c.err); got != c.want {
+			t.Errorf("waitCanFix(%s) = %t, want %t", c.name, got, c.want)
+		}
 	}
 }
 
