@@ -830,6 +830,9 @@ func runService(ctx context.Context, cfg Config, db *sql.DB, dsn string, box *se
 	registry.sweeps = p.retention.cycles.Load
 	heartbeat.start("replicas", registry.Run)
 	if demoRun != nil {
+		if err := demoRun.setup(ctx); err != nil {
+			return err
+		}
 		loops.start("demo", demoRun.Run)
 	}
 
@@ -837,7 +840,7 @@ func runService(ctx context.Context, cfg Config, db *sql.DB, dsn string, box *se
 	if err != nil {
 		return err
 	}
-	return serve(ctx, ln, newHTTPServer(routes(a), logger), cfg, logger, stdout)
+	return serve(ctx, ln, newHTTPServer(routes(a), logger), cfg, readyLine(a), logger, stdout)
 }
 
 // registerReplica writes this process's row in outbox.replicas, before any
@@ -895,7 +898,7 @@ func newAdmin(ctx context.Context, cfg Config, db *sql.DB, box *secretBox, p *pi
 	if err != nil {
 		return nil, err
 	}
-	token := adminToken(cfg, logger)
+	token, generated := adminToken(cfg)
 	if err := keepSessionsOfToken(ctx, db, token, logger); err != nil {
 		return nil, err
 	}
@@ -912,6 +915,7 @@ func newAdmin(ctx context.Context, cfg Config, db *sql.DB, box *secretBox, p *pi
 	return &admin{
 		db:              db,
 		token:           token,
+		tokenGenerated:  generated,
 		alerts:          alerts,
 		counters:        counters,
 		panel:           pnl,
@@ -967,20 +971,30 @@ func connect(ctx context.Context, cfg Config, logger *slog.Logger) (db *sql.DB, 
 	return db, dsn, func() { db.Close(); stopCluster() }, nil
 }
 
-// adminToken is the configured token, or a random one that is logged with
-// the panel's address, so a first run can sign in.
-func adminToken(cfg Config, logger *slog.Logger) string {
+// adminToken is the configured token, or a random one, generated, that
+// the ready line shows in the panel's URL (readyLine), so a first run can
+// sign in.
+func adminToken(cfg Config) (token string, generated bool) {
 	if cfg.AdminToken != "" {
-		return cfg.AdminToken
+		return cfg.AdminToken, false
 	}
-	token := randomToken()
-	base := httpScheme(cfg) + "://" + cfg.Addr
-	if u, _ := parsePublicURL(cfg.PublicURL); u != nil {
-		base = u.String() // where a browser reaches the panel
+	return randomToken(), true
+}
+
+// readyLine is the last line of a start: outboxd is ready, and where a
+// person opens its panel. With a token outboxd generated, the URL holds
+// it, and opening the URL signs in (the token then leaves the address
+// bar); with a configured one, the plain URL and the setting that holds
+// the token to sign in with, which is never printed.
+func readyLine(a *admin) string {
+	u := a.panelBase()
+	u.Path = "/"
+	if !a.tokenGenerated {
+		return fmt.Sprintf("outboxd ready: open the panel at %s and sign in with the admin token of %s", u.String(), setting("admin-token"))
 	}
-	logger.Info("admin token generated; set -admin-token to keep one across restarts",
-		"panel_url", base+"/?token="+token)
-	return token
+	u.RawQuery = url.Values{"token": {a.token}}.Encode()
+	return fmt.Sprintf("outboxd ready: open the panel at %s (a token generated for this run; set %s to keep one across restarts)",
+		u.String(), setting("admin-token"))
 }
 
 // leaveTimeout bounds the deregistration at shutdown.
@@ -1109,8 +1123,9 @@ func (p *pipeline) counters() *processCounters {
 
 // serve answers HTTP on ln, or HTTPS with cfg's certificate, until ctx
 // ends or the server fails, then shuts it down, giving requests in flight
-// up to cfg.ShutdownGrace.
-func serve(ctx context.Context, ln net.Listener, srv *http.Server, cfg Config, logger *slog.Logger, stdout io.Writer) error {
+// up to cfg.ShutdownGrace. Once it accepts, it prints ready to stdout:
+// the last line of a start, after everything the start logged.
+func serve(ctx context.Context, ln net.Listener, srv *http.Server, cfg Config, ready string, logger *slog.Logger, stdout io.Writer) error {
 	if cfg.TLSCert != "" {
 		// Loaded here, not by ServeTLS in its goroutine, so a bad file
 		// stops the start before it is announced.
@@ -1134,7 +1149,7 @@ func serve(ctx context.Context, ln net.Listener, srv *http.Server, cfg Config, l
 	if err := notifySystemd(cfg.NotifySocket, "READY=1"); err != nil {
 		logger.Warn("tell systemd we are ready", "err", err)
 	}
-	fmt.Fprintf(stdout, "outboxd listening on %s://%s\n", httpScheme(cfg), ln.Addr())
+	fmt.Fprintln(stdout, ready)
 
 	var err error
 	select {

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/cookiejar"
 	"net/url"
 	"os"
 	"os/exec"
@@ -337,26 +338,26 @@ func TestRunStartsEmbeddedCluster(t *testing.T) {
 	}
 }
 
-// A generated admin token is logged once, in the start line with the
-// panel's URL, and never again: not for requests that use it, not for
-// requests that get it wrong.
-func TestGeneratedTokenIsLoggedOnce(t *testing.T) {
+// A generated admin token is shown once, in the panel's URL on the ready
+// line, and never logged: not at start, not for requests that use it, not
+// for requests that get it wrong.
+func TestGeneratedTokenIsShownOnce(t *testing.T) {
 	t.Parallel()
 	_, dsn := newTestDB(t)
 	addr := freeAddr(t)
-	var logs syncBuffer
+	var stdout, logs syncBuffer
 	ctx, cancel := context.WithCancel(context.Background())
 	exited := make(chan struct{})
 	go func() {
 		defer close(exited)
-		run(ctx, []string{"-addr", addr}, envFrom(map[string]string{"DATABASE_URL": dsn}), io.Discard, &logs)
+		run(ctx, []string{"-addr", addr}, envFrom(map[string]string{"DATABASE_URL": dsn}), &stdout, &logs)
 	}()
 	defer func() { cancel(); <-exited }()
 	awaitHealthy(t, addr, exited)
 
-	m := regexp.MustCompile(`token=([0-9a-f]{48})`).FindStringSubmatch(logs.String())
+	m := regexp.MustCompile(`token=([0-9a-f]{48})`).FindStringSubmatch(stdout.String())
 	if m == nil {
-		t.Fatalf("no generated token in the start log:\n%s", logs.String())
+		t.Fatalf("no generated token on the ready line:\n%s", stdout.String())
 	}
 	token := m[1]
 	for _, auth := range []string{"Bearer " + token, "Bearer " + token + "x", ""} {
@@ -373,8 +374,113 @@ func TestGeneratedTokenIsLoggedOnce(t *testing.T) {
 	}
 	cancel()
 	<-exited
-	if n := strings.Count(logs.String(), token); n != 1 {
-		t.Errorf("the token appears %d times in the log, want once", n)
+	if n := strings.Count(stdout.String(), token); n != 1 {
+		t.Errorf("the token appears %d times on standard output, want once", n)
+	}
+	if strings.Contains(logs.String(), token) {
+		t.Errorf("the token appears in the log:\n%s", logs.String())
+	}
+}
+
+// readyLinePattern matches the ready line and takes the panel's URL from
+// it.
+var readyLinePattern = regexp.MustCompile(`(?m)^outboxd ready: open the panel at (http://\S+)(.*)$`)
+
+// The line that says outboxd is ready is the last line of a start, after
+// the index builds of a first one (and under -demo, after the demo's
+// set-up; its writes then follow), and says where the panel is, at the
+// port the listener bound: with a generated token, a URL that signs in
+// when opened; with a configured one, the plain URL and the setting that
+// holds the token, never the token itself.
+func TestReadyLineSaysWhereThePanelIs(t *testing.T) {
+	t.Parallel()
+	const configured = "ready-line-token-0123456789abcdefghij"
+	for _, c := range []struct {
+		name  string
+		token string // OUTBOXD_ADMIN_TOKEN; empty: generated
+		demo  bool
+	}{
+		{"generated token", "", false},
+		{"configured token", configured, false},
+		{"generated token, -demo", "", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			// An empty database: the first start builds every index.
+			admin := harnessAdmin(t)
+			name := fmt.Sprintf("outboxd_ready_%d_%d", os.Getpid(), harness.seq.Add(1))
+			mustExec(t, admin, `CREATE DATABASE `+name)
+			t.Cleanup(func() { admin.Exec(`DROP DATABASE IF EXISTS ` + name + ` WITH (FORCE)`) })
+			env := map[string]string{"DATABASE_URL": dsnWithDB(harness.adminDSN, name), "OUTBOXD_ADMIN_TOKEN": c.token}
+			// Standard output and the log in one stream, in the order written.
+			var out syncBuffer
+			args := []string{"-addr", "127.0.0.1:0"}
+			if c.demo {
+				args = append(args, "-demo")
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			exited := make(chan struct{})
+			go func() {
+				defer close(exited)
+				run(ctx, args, envFrom(env), &out, &out)
+			}()
+			defer func() { cancel(); <-exited }()
+			waitFor(t, "the ready line", 60*time.Second, func() bool {
+				select {
+				case <-exited:
+					t.Fatalf("outboxd exited before it was ready:\n%s", out.String())
+				default:
+				}
+				return readyLinePattern.MatchString(out.String())
+			})
+			all := out.String()
+			m := readyLinePattern.FindStringSubmatch(all)
+			start := all[:strings.Index(all, m[0])+len(m[0])] // the start, to its ready line
+			if n := strings.Count(start, "index built concurrently"); n < 10 {
+				t.Errorf("%d index builds logged before the ready line, want a first start's (over 10)", n)
+			}
+			before := []string{"index built concurrently", "registered as a replica", "outboxd started"}
+			if c.demo {
+				before = append(before, "demo: writing to outbox_demo.orders")
+			}
+			for _, line := range before {
+				if !strings.Contains(start, line) {
+					t.Errorf("%q is not logged before the ready line:\n%s", line, all)
+				}
+			}
+			// Without -demo nothing that runs at start logs: nothing
+			// follows it.
+			if !c.demo && strings.TrimRight(all, "\n") != start {
+				t.Errorf("the ready line is not the last line of the start:\n%s", all)
+			}
+
+			panel, err := url.Parse(m[1])
+			if err != nil {
+				t.Fatalf("the ready line's URL %q: %v", m[1], err)
+			}
+			if panel.Port() == "0" || panel.Path != "/" {
+				t.Errorf("the ready line's URL %s is not the panel's on the bound port", panel)
+			}
+			jar, _ := cookiejar.New(nil)
+			client := &http.Client{Jar: jar}
+			resp, err := client.Get(panel.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			signedIn := resp.StatusCode == http.StatusOK && strings.Contains(string(body), `href="/endpoints"`)
+			if c.token == "" {
+				if panel.Query().Get("token") == "" || !signedIn {
+					t.Errorf("opening %s: %s, signed in %t; want a URL with the token that signs in", panel, resp.Status, signedIn)
+				}
+				return
+			}
+			if panel.RawQuery != "" || signedIn || !strings.Contains(m[2], "OUTBOXD_ADMIN_TOKEN") || strings.Contains(all, c.token) {
+				t.Errorf("ready line %q, opened: %s, signed in %t; want the plain URL, a sign-in page, the setting named and the token not shown",
+					m[0], resp.Status, signedIn)
+			}
+		})
 	}
 }
 
