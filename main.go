@@ -48,8 +48,13 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	// Caught from the start, so that neither signal ever kills outboxd
+	// by Go's default before stopOnSignals listens.
+	signals := make(chan os.Signal, 2)
+	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go stopOnSignals(signals, cancel, os.Stderr)
 	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	switch {
 	case errors.Is(err, flag.ErrHelp): // -h: the usage is printed, and asking is no failure
@@ -57,6 +62,25 @@ func main() {
 		fmt.Fprintf(os.Stderr, "outboxd: %v\n", err)
 		os.Exit(1)
 	}
+}
+
+// exitStoppedAtOnce is the exit status of a stop at once, on a second
+// signal: not 0, since work was left unfinished.
+const exitStoppedAtOnce = 1
+
+// stopOnSignals cancels the run at the first SIGINT or SIGTERM, which
+// stops outboxd gracefully: the jobs in flight get -shutdown-grace to
+// finish (workerPool.stop says which). At the second it exits at once,
+// and the jobs in flight stay running in the database, held by this
+// replica, to be rescued as after a crash (rescue.go): by the next start
+// on this host, or by another replica once this one's dead_after has
+// passed. It returns only with the process.
+func stopOnSignals(signals <-chan os.Signal, cancel context.CancelFunc, stderr io.Writer) {
+	<-signals
+	cancel()
+	sig := <-signals
+	fmt.Fprintf(stderr, "outboxd: %v again: stopping at once; the jobs in flight are rescued as after a crash\n", sig)
+	os.Exit(exitStoppedAtOnce)
 }
 
 // Config is every setting of outboxd, parsed once from flags and their
@@ -383,7 +407,7 @@ func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
 	fs.IntVar(&cfg.Mail.OwnerNotifyPerHour, "owner-notify-per-hour", cfg.Mail.OwnerNotifyPerHour, "most mails per endpoint owner per hour about failing or disabled endpoints")
 	fs.IntVar(&cfg.DBMaxConns, "db-max-conns", cfg.DBMaxConns, "most open database connections of the pool")
 	fs.DurationVar(&cfg.DatabaseWait, "database-wait", cfg.DatabaseWait, "how long a start waits for a database that refuses connections or is starting up, trying again; what no wait can fix (a login refused, no such role or database) fails at once; 0 fails at once")
-	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "time in-flight work gets to finish on SIGTERM")
+	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "time in-flight work gets to finish on SIGTERM or Ctrl-C; a second signal stops at once, and what was in flight is rescued as after a crash")
 	fs.StringVar(&cfg.SecretsKey, "secrets-key", cfg.SecretsKey, "key that seals endpoint and source secrets at rest: 32 bytes in standard base64 (openssl rand -base64 32); empty stores them unsealed")
 	fs.StringVar(&cfg.SecretsOldKey, "secrets-old-key", cfg.SecretsOldKey, "the key being rotated out: opens the secrets it sealed, seals none (outboxd secrets rotate-key)")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", cfg.TLSCert, "PEM certificate (chain) file; with -tls-key, serve HTTPS")

@@ -5,6 +5,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"html"
@@ -12,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/cookiejar"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"os/exec"
@@ -267,6 +269,120 @@ func TestProcessStartsRunsDemoAndExitsOnSIGTERM(t *testing.T) {
 	}
 	if strings.Contains(stderr.String(), "test-token-0123456789") {
 		t.Error("the admin token appears in the log")
+	}
+}
+
+// Ctrl-C while a delivery is in flight: the first signal starts a
+// graceful stop that says what it waits for (how many jobs, to which
+// endpoint); the second stops at once, with the documented message and
+// status 1, leaving the job running in the database, held by this
+// replica, to be rescued as after a crash.
+func TestSecondSignalStopsAtOnce(t *testing.T) {
+	t.Parallel()
+	db, dsn := newTestDB(t)
+	requested, release := make(chan struct{}, 1), make(chan struct{})
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body) // read to its end, so that a closed connection ends r's context
+		select {
+		case requested <- struct{}{}:
+		default:
+		}
+		select { // held until outboxd goes away, or the test ends
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	t.Cleanup(func() { close(release); receiver.Close() })
+
+	addr := freeAddr(t)
+	const token = "second-signal-token-0123456789abcdef"
+	// A graceful stop would wait an hour for the held delivery.
+	cmd := exec.Command(os.Args[0], "-addr", addr, "-log-format", "json", "-allow-private-endpoints",
+		"-shutdown-grace", "1h", "-job-timeout", "1h", "-webhook-timeout", "10m")
+	cmd.Env = append(os.Environ(), "OUTBOXD_TEST_RUN_MAIN=1", "DATABASE_URL="+dsn, "OUTBOXD_ADMIN_TOKEN="+token)
+	var stderr syncBuffer
+	cmd.Stdout, cmd.Stderr = io.Discard, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(exited) }()
+	defer func() {
+		cmd.Process.Kill()
+		<-exited
+		if t.Failed() {
+			t.Logf("outboxd's log:\n%s", stderr.String())
+		}
+	}()
+	awaitHealthy(t, addr, exited)
+
+	post := func(path, body string) {
+		t.Helper()
+		req, _ := http.NewRequest("POST", "http://"+addr+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated {
+			t.Fatalf("POST %s: %s", path, resp.Status)
+		}
+	}
+	post("/api/endpoints", `{"url": "`+receiver.URL+`/hook", "topics": ["order.*"]}`)
+	post("/api/events", `{"topic": "order.paid", "subject": "42", "payload": {}}`)
+	select {
+	case <-requested:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the receiver got no request")
+	}
+
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the stop to say what it waits for", 60*time.Second, func() bool {
+		return strings.Contains(stderr.String(), `"msg":"stopping: waiting for the jobs in flight`)
+	})
+	var waiting struct {
+		Jobs int
+		To   []string
+	}
+	for _, line := range strings.Split(stderr.String(), "\n") {
+		if strings.Contains(line, `"msg":"stopping: waiting for the jobs in flight`) {
+			if err := json.Unmarshal([]byte(line), &waiting); err != nil {
+				t.Fatalf("%s: %v", line, err)
+			}
+		}
+	}
+	endpointID := queryInt(t, db, `SELECT id FROM outbox.endpoints`)
+	wantTo := []string{fmt.Sprintf("1 to endpoint %d (%s/hook)", endpointID, receiver.URL)}
+	if waiting.Jobs != 1 || !cmp.Equal(waiting.To, wantTo) {
+		t.Errorf("the stop waits for %d jobs to %q, want 1 to %q", waiting.Jobs, waiting.To, wantTo)
+	}
+
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(60 * time.Second):
+		t.Fatal("outboxd did not stop at the second signal (the grace is an hour)")
+	}
+	var exit *exec.ExitError
+	if !errors.As(waitErr, &exit) || exit.ExitCode() != exitStoppedAtOnce {
+		t.Errorf("exit after the second signal: %v, want status %d", waitErr, exitStoppedAtOnce)
+	}
+	if want := "outboxd: interrupt again: stopping at once; the jobs in flight are rescued as after a crash"; !strings.Contains(stderr.String(), want) {
+		t.Errorf("no %q in the output", want)
+	}
+	if strings.Contains(stderr.String(), `"msg":"stopped"`) {
+		t.Error(`a stop at once logged "stopped", which a graceful stop logs`)
+	}
+	// As after a crash: the attempt was never recorded; the job waits,
+	// running, for a rescuer.
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'running' AND attempt = 1 AND errors = '[]'`); n != 1 {
+		t.Errorf("%d jobs left running with no outcome, want 1", n)
 	}
 }
 
