@@ -42,6 +42,10 @@ type WorkerConfig struct {
 	Concurrency int
 	// MaxAttempts: with attempt^4-second backoff, 18 attempts span about
 	// 3.8 days, under the 5-day endpoint disable and the 7-day retention.
+	// It is stamped on each job as the job is made (max_attempts), and the
+	// workers keep to the job's own: replicas started with different
+	// values during a rolling restart agree on every job, and a lower
+	// value never discards unattempted the jobs queued under a higher one.
 	MaxAttempts int
 	// AttemptTimeout bounds one run of a job.
 	AttemptTimeout time.Duration

@@ -379,7 +379,7 @@ func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&cfg.Relay.FailingEndpointDelay, "failing-endpoint-delay", cfg.Relay.FailingEndpointDelay, "how far out new deliveries are scheduled while an endpoint's circuit breaker is open")
 	fs.IntVar(&cfg.Workers.BreakerThreshold, "breaker-threshold", cfg.Workers.BreakerThreshold, "failed attempts in a row that open an endpoint's circuit breaker (one attempt at a time, new deliveries -failing-endpoint-delay out); 1 opens it at the first failure")
 	fs.IntVar(&cfg.Workers.Concurrency, "workers", cfg.Workers.Concurrency, "jobs run at once by this process")
-	fs.IntVar(&cfg.Workers.MaxAttempts, "job-max-attempts", cfg.Workers.MaxAttempts, "attempts before a failing job is discarded")
+	fs.IntVar(&cfg.Workers.MaxAttempts, "job-max-attempts", cfg.Workers.MaxAttempts, "attempts before a failing job is discarded; each job keeps the value in force when it was made (fanned out or replayed), so a change applies to new jobs only")
 	fs.DurationVar(&cfg.Workers.AttemptTimeout, "job-timeout", cfg.Workers.AttemptTimeout, "time limit of one job attempt")
 	fs.DurationVar(&cfg.Workers.RescueMargin, "job-rescue-margin", cfg.Workers.RescueMargin, "added to -job-timeout before a running job is rescued")
 	fs.DurationVar(&cfg.Workers.PollInterval, "job-poll", cfg.Workers.PollInterval, "interval at which workers look for due jobs without a notification")

@@ -558,6 +558,19 @@ func documentedFlags(t *testing.T, doc string) map[string][2]string {
 	return flags
 }
 
+// documentedFlagRow is the row of a settings table of doc that documents
+// flag.
+func documentedFlagRow(t *testing.T, doc, flag string) string {
+	t.Helper()
+	for _, line := range strings.Split(readDoc(t, doc), "\n") {
+		if strings.HasPrefix(line, "| `-"+flag+"` |") {
+			return line
+		}
+	}
+	t.Fatalf("%s documents no -%s", doc, flag)
+	return ""
+}
+
 // sameDefault compares a documented default with a flag's: the first
 // value in backquotes, or a parenthesis for an empty one.
 func sameDefault(doc, flagDefault string) bool {
