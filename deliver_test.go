@@ -60,6 +60,8 @@ func TestDecideOutcome(t *testing.T) {
 		{"retry-after overrides backoff", 1, 18, retryAfterError{boom, 5 * time.Minute}, jobOutcome{State: jobRetryable, Delay: 5 * time.Minute, Error: "boom"}},
 		{"retry-after is capped", 1, 18, retryAfterError{boom, 1000 * time.Hour}, jobOutcome{State: jobRetryable, Delay: maxBackoff, Error: "boom"}},
 		{"retry-after on the last attempt discards", 18, 18, retryAfterError{boom, time.Minute}, jobOutcome{State: jobDiscarded, Error: "boom"}},
+		{"not sent completes with its note", 1, 18, notSentError{"not sent: why"}, jobOutcome{State: jobCompleted, Error: "not sent: why"}},
+		{"not sent on the last attempt completes", 18, 18, fmt.Errorf("owner-notify: %w", notSentError{"not sent: why"}), jobOutcome{State: jobCompleted, Error: "owner-notify: not sent: why"}},
 	} {
 		got := decideOutcome(tc.attempt, tc.maxAtt, tc.err, 0.5)
 		if diff := cmp.Diff(tc.want, got); diff != "" {
