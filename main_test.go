@@ -469,13 +469,16 @@ func TestGeneratedTokenIsShownOnce(t *testing.T) {
 		run(ctx, []string{"-addr", addr}, envFrom(map[string]string{"DATABASE_URL": dsn}), &stdout, &logs)
 	}()
 	defer func() { cancel(); <-exited }()
-	awaitHealthy(t, addr, exited)
-
-	m := regexp.MustCompile(`token=([0-9a-f]{48})`).FindStringSubmatch(stdout.String())
-	if m == nil {
-		t.Fatalf("no generated token on the ready line:\n%s", stdout.String())
-	}
-	token := m[1]
+	generated := regexp.MustCompile(`token=([0-9a-f]{48})`)
+	waitFor(t, "the ready line with a generated token", 60*time.Second, func() bool {
+		select {
+		case <-exited:
+			t.Fatalf("outboxd exited before it was ready:\n%s%s", stdout.String(), logs.String())
+		default:
+		}
+		return generated.MatchString(stdout.String())
+	})
+	token := generated.FindStringSubmatch(stdout.String())[1]
 	for _, auth := range []string{"Bearer " + token, "Bearer " + token + "x", ""} {
 		req, _ := http.NewRequest("GET", "http://"+addr+"/api/overview", nil)
 		req.Header.Set("Authorization", auth)
