@@ -9,12 +9,15 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"regexp"
 	"strings"
 	"time"
 
 	"github.com/lib/pq"
+	"github.com/lib/pq/pqerror"
 )
 
 // dsnPassword finds the password in a connection string of either form:
@@ -52,9 +55,45 @@ func openDB(ctx context.Context, dsn string, maxConns int) (*sql.DB, error) {
 	defer cancel()
 	if err := db.PingContext(pingCtx); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("connect to database: %s", redactDSN(err.Error(), dsn))
+		return nil, &connectError{text: "connect to database: " + redactDSN(err.Error(), dsn), err: err}
 	}
 	return db, nil
+}
+
+// connectError is a failed connection. Its text is the driver's with any
+// password of the connection string taken out (redactDSN); the driver's
+// error stays reachable, for errors.As and pq.As (waitCanFix).
+type connectError struct {
+	text string
+	err  error
+}
+
+func (e *connectError) Error() string { return e.text }
+func (e *connectError) Unwrap() error { return e.err }
+
+// waitCanFix says whether a failed connection is one that a later try
+// may not meet: the server is not there yet (refused, no socket yet, no
+// route, a name not yet resolvable, no answer in time, the connection
+// closed under the handshake), is starting up or shutting down
+// (cannot_connect_now 57P03 and the other shutdowns of class 57, a
+// connection exception of class 08), or has no connection slot free
+// (53300). Anything else meets every try alike, and is reported at once:
+// a login refused (class 28: no such role, a wrong password, pg_hba.conf),
+// a database that does not exist (3D000), an option or parameter the
+// server refuses, a TLS setting the server or its certificate does not
+// meet.
+func waitCanFix(err error) bool {
+	if e := pq.As(err); e != nil {
+		switch {
+		case e.Code == pqerror.CannotConnectNow, e.Code == pqerror.AdminShutdown, e.Code == pqerror.CrashShutdown,
+			e.Code == pqerror.TooManyConnections, e.Code.Class() == pqerror.ClassConnectionException:
+			return true
+		}
+		return false
+	}
+	var netErr net.Error
+	return errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, context.DeadlineExceeded)
 }
 
 // connectPauseMax caps the pause between two tries of openDBWaiting: a
@@ -65,14 +104,21 @@ const connectPauseMax = 5 * time.Second
 // openDBWaiting is openDB tried again, with a growing pause, until it
 // works or wait has passed: a VM that boots outboxd before its database,
 // or a PostgreSQL restarting, should delay the start, not fail it. Each
-// failed try is logged; wait 0 tries once.
+// failed try is logged; wait 0 tries once. An error that no wait can fix
+// (waitCanFix) fails at once: a role that does not exist would otherwise
+// hold the start for the whole wait, said to be "not reachable".
 func openDBWaiting(ctx context.Context, dsn string, maxConns int, wait time.Duration, logger *slog.Logger) (*sql.DB, error) {
 	deadline := time.Now().Add(wait)
 	pause := 250 * time.Millisecond
 	for try := 1; ; try++ {
 		db, err := openDB(ctx, dsn, maxConns)
-		if err == nil || wait <= 0 || time.Now().Add(pause).After(deadline) {
+		switch {
+		case err == nil || ctx.Err() != nil:
 			return db, err
+		case !waitCanFix(err):
+			return nil, fmt.Errorf("waiting cannot fix this: %w", err)
+		case wait <= 0 || time.Now().Add(pause).After(deadline):
+			return nil, err
 		}
 		logger.Warn("database not reachable; trying again", "try", try, "in", pause, "err", err)
 		select {

@@ -12,13 +12,18 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
+	"net/url"
 	"runtime/debug"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,6 +42,10 @@ type WorkerConfig struct {
 	Concurrency int
 	// MaxAttempts: with attempt^4-second backoff, 18 attempts span about
 	// 3.8 days, under the 5-day endpoint disable and the 7-day retention.
+	// It is stamped on each job as the job is made (max_attempts), and the
+	// workers keep to the job's own: replicas started with different
+	// values during a rolling restart agree on every job, and a lower
+	// value never discards unattempted the jobs queued under a higher one.
 	MaxAttempts int
 	// AttemptTimeout bounds one run of a job.
 	AttemptTimeout time.Duration
@@ -80,6 +89,8 @@ type workerPool struct {
 	// shutdown waits for.
 	jobCtx  context.Context
 	running *sync.WaitGroup
+	// inFlight is the jobs running now, which a shutdown names.
+	inFlight inFlightJobs
 	// recorded is poked when a job claimed into a full place
 	// (Job.wakeOnOutcome) has freed it: when its attempt succeeded
 	// (answeredJobs.add), and when its outcome was written (a failure's
@@ -171,9 +182,11 @@ func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 // the caller holds, which the goroutine frees when the batch's outcomes
 // are with the completer.
 func (p *workerPool) start(batch []Job) {
+	p.inFlight.add(batch)
 	p.running.Go(func() {
 		defer p.release()
 		results := p.runBatch(p.jobCtx, batch)
+		p.inFlight.remove(batch)
 		if p.claimer.answered.add(results) {
 			poke(p.recorded)
 		}
@@ -207,10 +220,16 @@ func (p *workerPool) claimUnlessClaimed(wait time.Duration) {
 
 // stop waits for the jobs still running, at most the grace period, then
 // cancels them, waits for them to return, and closes results, which ends
-// the completer once it has written every outcome.
+// the completer once it has written every outcome. While jobs run, it
+// first says how many and where to: a stop that waits in silence looks
+// hung, and is interrupted again.
 func (p *workerPool) stop(running *sync.WaitGroup, cancelJobs context.CancelFunc) {
 	allDone := make(chan struct{})
 	go func() { running.Wait(); close(allDone) }()
+	if n, to := p.inFlight.targets(); n > 0 {
+		p.logger.Info("stopping: waiting for the jobs in flight; a second interrupt or SIGTERM stops at once, and they are rescued as after a crash",
+			"jobs", n, "to", to, "grace", p.grace)
+	}
 	select {
 	case <-allDone:
 	case <-time.After(p.grace):
@@ -219,6 +238,76 @@ func (p *workerPool) stop(running *sync.WaitGroup, cancelJobs context.CancelFunc
 		<-allDone
 	}
 	close(p.results)
+}
+
+// inFlightJobs is the jobs the pool's goroutines run now, by id.
+type inFlightJobs struct {
+	mu   sync.Mutex // protects jobs
+	jobs map[int64]Job
+}
+
+func (f *inFlightJobs) add(batch []Job) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.jobs == nil {
+		f.jobs = make(map[int64]Job)
+	}
+	for _, job := range batch {
+		f.jobs[job.ID] = job
+	}
+}
+
+func (f *inFlightJobs) remove(batch []Job) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, job := range batch {
+		delete(f.jobs, job.ID)
+	}
+}
+
+// maxNamedTargets bounds the targets a shutdown's log line names: the
+// workers (128) may be sending to as many endpoints.
+const maxNamedTargets = 10
+
+// targets is how many jobs are in flight, and where they go, the most
+// jobs first: "2 to endpoint 3 (https://...)", or a job of no endpoint
+// by its kind, "1 to sub:log"; past maxNamedTargets, how many more.
+func (f *inFlightJobs) targets() (int, []string) {
+	f.mu.Lock()
+	counts := map[string]int{}
+	for _, job := range f.jobs {
+		counts[job.targetName()]++
+	}
+	n := len(f.jobs)
+	f.mu.Unlock()
+	names := slices.SortedFunc(maps.Keys(counts), func(a, b string) int {
+		return cmp.Or(counts[b]-counts[a], strings.Compare(a, b))
+	})
+	to := []string{}
+	for i, name := range names {
+		if i == maxNamedTargets {
+			to = append(to, fmt.Sprintf("and %d more", len(names)-i))
+			break
+		}
+		to = append(to, fmt.Sprintf("%d to %s", counts[name], name))
+	}
+	return n, to
+}
+
+// targetName is where a job goes, for a log line: its endpoint, by id
+// and URL (without a password it may hold), or its kind.
+func (job Job) targetName() string {
+	switch {
+	case job.EndpointID == 0:
+		return job.Kind
+	case job.endpoint == nil:
+		return fmt.Sprintf("endpoint %d", job.EndpointID)
+	}
+	shown := job.endpoint.URL
+	if u, err := url.Parse(shown); err == nil {
+		shown = u.Redacted()
+	}
+	return fmt.Sprintf("endpoint %d (%s)", job.EndpointID, shown)
 }
 
 // workOnce is one turn of the workers, synchronously: claim up to n due

@@ -7,6 +7,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -58,6 +60,8 @@ func TestDecideOutcome(t *testing.T) {
 		{"retry-after overrides backoff", 1, 18, retryAfterError{boom, 5 * time.Minute}, jobOutcome{State: jobRetryable, Delay: 5 * time.Minute, Error: "boom"}},
 		{"retry-after is capped", 1, 18, retryAfterError{boom, 1000 * time.Hour}, jobOutcome{State: jobRetryable, Delay: maxBackoff, Error: "boom"}},
 		{"retry-after on the last attempt discards", 18, 18, retryAfterError{boom, time.Minute}, jobOutcome{State: jobDiscarded, Error: "boom"}},
+		{"not sent completes with its note", 1, 18, notSentError{"not sent: why"}, jobOutcome{State: jobCompleted, Error: "not sent: why"}},
+		{"not sent on the last attempt completes", 18, 18, fmt.Errorf("owner-notify: %w", notSentError{"not sent: why"}), jobOutcome{State: jobCompleted, Error: "owner-notify: not sent: why"}},
 	} {
 		got := decideOutcome(tc.attempt, tc.maxAtt, tc.err, 0.5)
 		if diff := cmp.Diff(tc.want, got); diff != "" {
@@ -395,6 +399,69 @@ func TestWorkerDiscardsAfterMaxAttempts(t *testing.T) {
 	db.QueryRow(`SELECT finalized_at IS NOT NULL FROM outbox.jobs WHERE id = $1`, id).Scan(&finalized)
 	if !finalized {
 		t.Error("discarded job has no finalized_at")
+	}
+}
+
+// -job-max-attempts applies to new jobs only: a restart with a lower
+// value leaves a job queued before it with the limit it was made with,
+// and the workers keep to each job's own, the old job retrying on past
+// the new limit while a job made after the restart is discarded at it.
+// The flag's help and docs/configuration.md say so.
+func TestJobMaxAttemptsAppliesToNewJobsOnly(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, _ := newTestDB(t)
+	failing := Subscriber{Name: "failing", Handle: func(context.Context, *sql.Tx, Event) error {
+		return errors.New("always fails")
+	}}
+	subs := newSubscriberRegistry()
+	subs.Register(failing)
+	fanOut := func(maxAttempts int) int64 {
+		t.Helper()
+		eventID := record(t, db, "order.paid", "42")
+		if _, err := newRelay(db, defaultConfig().Relay, maxAttempts, fanOutTargets(subs), testLogger(t)).relayOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return int64(queryInt(t, db, `SELECT id FROM outbox.jobs WHERE event_id = $1`, eventID))
+	}
+	queued := fanOut(18) // under -job-max-attempts 18
+	cfg := defaultConfig().Workers
+	cfg.MaxAttempts = 3 // restarted with -job-max-attempts 3
+	made := fanOut(cfg.MaxAttempts)
+	workers := newWorkerPool(db, cfg, time.Minute, subs, nil, testLogger(t))
+	for range cfg.MaxAttempts + 1 {
+		mustExec(t, db, `UPDATE outbox.jobs SET scheduled_at = now() WHERE state = 'retryable'`)
+		if _, err := workers.workOnce(ctx, 10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type job struct {
+		State                string
+		Attempt, MaxAttempts int
+	}
+	read := func(id int64) job {
+		var j job
+		if err := db.QueryRow(`SELECT state, attempt, max_attempts FROM outbox.jobs WHERE id = $1`, id).Scan(&j.State, &j.Attempt, &j.MaxAttempts); err != nil {
+			t.Fatal(err)
+		}
+		return j
+	}
+	if diff := cmp.Diff(map[string]job{
+		"queued before the restart": {"retryable", 4, 18},
+		"made after it":             {"discarded", 3, 3},
+	}, map[string]job{
+		"queued before the restart": read(queued),
+		"made after it":             read(made),
+	}); diff != "" {
+		t.Errorf("jobs after four rounds of failures under -job-max-attempts 3 (-want +got):\n%s", diff)
+	}
+
+	flags := configFlags(new(Config), io.Discard)
+	if usage := flags.Lookup("job-max-attempts").Usage; !strings.Contains(usage, "a change applies to new jobs only") {
+		t.Errorf("-job-max-attempts's help does not say a change applies to new jobs only: %q", usage)
+	}
+	if row := documentedFlagRow(t, "docs/configuration.md", "job-max-attempts"); !strings.Contains(row, "a change applies to new jobs only") {
+		t.Errorf("docs/configuration.md's -job-max-attempts does not say a change applies to new jobs only: %q", row)
 	}
 }
 

@@ -85,9 +85,10 @@ func (d *demo) exemption(timeout time.Duration) *guardExemption {
 	}
 }
 
-// Run creates the sample table and writes to it every demoInterval until
-// ctx ends.
-func (d *demo) Run(ctx context.Context) error {
+// setup creates the sample table and the demo's endpoint, at start,
+// before outboxd says it is ready: what it logs comes before the ready
+// line, not under it.
+func (d *demo) setup(ctx context.Context) error {
 	if _, err := d.db.ExecContext(ctx, demoSchemaSQL); err != nil {
 		return fmt.Errorf("demo: create sample table: %w", err)
 	}
@@ -96,6 +97,12 @@ func (d *demo) Run(ctx context.Context) error {
 	}
 	d.logger.Info("demo: writing to outbox_demo.orders, watched by outbox.watch on its status column",
 		"webhooks_to", d.hookURL)
+	return nil
+}
+
+// Run writes to the sample table, which setup created, every
+// demoInterval until ctx ends.
+func (d *demo) Run(ctx context.Context) error {
 	tick := time.NewTicker(demoInterval)
 	defer tick.Stop()
 	for {

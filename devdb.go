@@ -60,6 +60,12 @@ func startCluster(ctx context.Context, dir string, logger *slog.Logger, settings
 	if err != nil {
 		return nil, err
 	}
+	if cred != nil {
+		// Said once, at start: the data folder's files now belong to
+		// another user, which surprises whoever looks at them later.
+		logger.Info("started as root: the private cluster runs PostgreSQL as the postgres OS user, which owns its data folder",
+			"data_dir", dir, "uid", cred.Uid)
+	}
 
 	pgdata := filepath.Join(dir, "pgdata")
 	if err := initCluster(ctx, bin, pgdata, cred, logger); err != nil {

@@ -309,7 +309,7 @@ func serveForTestWith(t *testing.T, srv *http.Server, cfg Config) string {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
-	go func() { served <- serve(ctx, ln, srv, cfg, testLogger(t), io.Discard) }()
+	go func() { served <- serve(ctx, ln, srv, cfg, "outboxd ready", testLogger(t), io.Discard) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-served; err != nil {
@@ -620,7 +620,7 @@ func TestServeRefusesUnreadableCertificate(t *testing.T) {
 	defer ln.Close()
 	dir := t.TempDir()
 	cfg := Config{ShutdownGrace: time.Second, TLSCert: filepath.Join(dir, "missing.pem"), TLSKey: filepath.Join(dir, "missing-key.pem")}
-	err = serve(context.Background(), ln, newHTTPServer(http.NotFoundHandler(), testLogger(t)), cfg, testLogger(t), io.Discard)
+	err = serve(context.Background(), ln, newHTTPServer(http.NotFoundHandler(), testLogger(t)), cfg, "outboxd ready", testLogger(t), io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "-tls-cert (OUTBOXD_TLS_CERT), -tls-key (OUTBOXD_TLS_KEY)") {
 		t.Errorf("serve with a missing certificate: %v, want an error naming the settings", err)
 	}
@@ -767,7 +767,7 @@ func TestServeTellsSystemdReadyAndStopping(t *testing.T) {
 	served := make(chan error, 1)
 	cfg := Config{ShutdownGrace: time.Second, NotifySocket: socket}
 	go func() {
-		served <- serve(ctx, ln, newHTTPServer(http.NotFoundHandler(), testLogger(t)), cfg, testLogger(t), io.Discard)
+		served <- serve(ctx, ln, newHTTPServer(http.NotFoundHandler(), testLogger(t)), cfg, "outboxd ready", testLogger(t), io.Discard)
 	}()
 
 	read := func() string {

@@ -66,6 +66,9 @@ type admin struct {
 	// sign-in link points without publicURL. Never a request's Host
 	// header, which its sender writes.
 	listenURL url.URL
+	// tokenGenerated says token was made up at start, not configured:
+	// the ready line shows it (readyLine, main.go).
+	tokenGenerated bool
 	// trustedProxies may say whom they forward and over what scheme
 	// (-trusted-proxies).
 	trustedProxies prefixList
@@ -161,6 +164,16 @@ func securityHeaders(overHTTPS func(*http.Request) bool, next http.Handler) http
 		h.Set("Referrer-Policy", "no-referrer")
 		next.ServeHTTP(w, r)
 	})
+}
+
+// panelBase is the root URL a person outside opens outboxd at: the
+// public URL, else the address its listener bound. The ready line and
+// owners' sign-in links start from it.
+func (a *admin) panelBase() url.URL {
+	if a.publicURL != nil {
+		return *a.publicURL
+	}
+	return a.listenURL
 }
 
 // overHTTPS reports whether the browser reached outboxd over HTTPS:

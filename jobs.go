@@ -37,6 +37,35 @@ type JobView struct {
 	AttemptedAt    *time.Time      `json:"attempted_at"`
 	FinalizedAt    *time.Time      `json:"finalized_at"`
 	Errors         json.RawMessage `json:"errors"`
+	// NotSent is, for a job completed without its effect, why nothing
+	// was sent ("not sent: no SMTP server configured (-smtp-url)"):
+	// notSentSQL.
+	NotSent string `json:"not_sent,omitempty"`
+}
+
+// notSentSQL is, for job j, the note of a job completed without its
+// effect (notSentError, an owner notification over its cap), else NULL:
+// a completed job whose errors end with an entry of its final attempt.
+// A job that completed by its effect has entries only of the attempts
+// that failed before it, each retried under a later attempt number.
+const notSentSQL = `CASE WHEN j.state = 'completed' AND (j.errors -> -1 ->> 'attempt')::integer = j.attempt
+            THEN j.errors -> -1 ->> 'error' END`
+
+// AttemptErrors is Errors without the note of a job that was not sent,
+// which its state shows.
+func (j JobView) AttemptErrors() json.RawMessage {
+	if j.NotSent == "" {
+		return j.Errors
+	}
+	var errs []json.RawMessage
+	if json.Unmarshal(j.Errors, &errs) != nil || len(errs) == 0 {
+		return j.Errors
+	}
+	kept, err := json.Marshal(errs[:len(errs)-1])
+	if err != nil {
+		return j.Errors
+	}
+	return kept
 }
 
 // JobFilter selects jobs, newest first, paged by id.
@@ -64,7 +93,8 @@ func (f *JobFilter) validate() error {
 const listJobsSQL = `
 SELECT j.id, j.kind, j.event_id, j.endpoint_id, ` + endpointNameSQL + `, j.replay_id, j.state::text,
        j.attempt, j.max_attempts, j.created_at, nullif(j.scheduled_at, 'infinity'),
-       j.scheduled_at = 'infinity', j.attempted_at, j.finalized_at, j.errors
+       j.scheduled_at = 'infinity', j.attempted_at, j.finalized_at, j.errors,
+       coalesce(` + notSentSQL + `, '')
 FROM outbox.jobs AS j
 LEFT JOIN outbox.endpoints AS ep ON ep.id = j.endpoint_id
 WHERE ($1::bigint = 0 OR j.id < $1::bigint)
@@ -94,7 +124,7 @@ func scanJobView(row rowScanner) (JobView, error) {
 	var j JobView
 	var errs []byte
 	err := row.Scan(&j.ID, &j.Kind, &j.EventID, &j.EndpointID, &j.EndpointName, &j.ReplayID, &j.State, &j.Attempt, &j.MaxAttempts,
-		&j.CreatedAt, &j.ScheduledAt, &j.WaitingForTurn, &j.AttemptedAt, &j.FinalizedAt, &errs)
+		&j.CreatedAt, &j.ScheduledAt, &j.WaitingForTurn, &j.AttemptedAt, &j.FinalizedAt, &errs, &j.NotSent)
 	j.Errors = errs
 	return j, err
 }
@@ -547,6 +577,7 @@ const reasonDelivered = "delivered"
 
 var outcomeReasons = []struct{ reason, class string }{
 	{reasonDelivered, "ok"},
+	{"not sent", "warn"},
 	{"failed", "bad"},
 	{"endpoint disabled", "bad"},
 	{"endpoint paused", "wait"},
@@ -565,6 +596,7 @@ var outcomeReasons = []struct{ reason, class string }{
 const outcomeBadgesSQL = `
 SELECT j.event_id,
        CASE
+         WHEN ` + notSentSQL + ` IS NOT NULL THEN 'not sent'
          WHEN j.state = 'completed' THEN 'delivered'
          WHEN j.state = 'discarded' THEN 'failed'
          WHEN ep.disabled_at IS NOT NULL THEN 'endpoint disabled'

@@ -7,7 +7,9 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
+	"html"
 	"io"
 	"net"
 	"net/http"
@@ -259,6 +261,59 @@ func TestMailWithoutSMTPCompletesAndLogs(t *testing.T) {
 	}
 	if len(o.Alerts) != 0 {
 		t.Errorf("alerts %v, want none", alertNamesOf(o.Alerts))
+	}
+}
+
+// An endpoint's owner notification with nothing to send it through (no
+// SMTP server) or no one to send it to (no owner address) completes, is
+// logged at Info saying why, and is never called delivered: the events
+// list badges it "not sent", the event's page shows why, and the jobs
+// API answers it in not_sent.
+func TestOwnerNotificationNotSentShowsWhy(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	srv := newTestServer(t, db, testPolicy)
+	api := &testAPI{t: t, srv: srv}
+	owned := api.createEndpoint("http://127.0.0.1:9/owned")
+	ownerless := api.createEndpoint("http://127.0.0.1:9/ownerless")
+	if status, body := api.do("PATCH", "/api/endpoints/"+itoa(owned.ID), `{"owner_email": "owner@example.com"}`); status != http.StatusOK {
+		t.Fatalf("set owner: %d %s", status, body)
+	}
+	var logs syncBuffer
+	runMailWorkers(t, db, nil, 5, &logs) // no SMTP server
+	mustExec(t, db, `UPDATE outbox.endpoints SET failing_since = now() WHERE id IN ($1, $2)`, owned.ID, ownerless.ID)
+	relayAll(t, db)
+	waitFor(t, "both notifications to end", 10*time.Second, func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE kind = 'owner-notify' AND state = 'completed'`) == 2
+	})
+	for _, want := range []string{
+		`level=INFO msg="owner not notified: no SMTP server configured"`,
+		`level=INFO msg="owner not notified: the endpoint has no owner address"`,
+	} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("the log does not say %s", want)
+		}
+	}
+
+	_, events := panelPage(t, srv, "/events?topic=outboxd.endpoint.failing")
+	if strings.Contains(events, `badge-ok">delivered`) {
+		t.Errorf("the events list calls a notification that was not sent delivered:\n%s", events)
+	}
+	if n := strings.Count(events, `<span class="badge badge-warn">1 not sent</span> <code>owner-notify</code>`); n != 2 {
+		t.Errorf("the events list badges %d notifications not sent, want 2:\n%s", n, events)
+	}
+	for ep, note := range map[int64]string{owned.ID: noSMTPNote, ownerless.ID: noOwnerAddressNote} {
+		eventID := queryInt(t, db, `SELECT id FROM outbox.events WHERE topic = 'outboxd.endpoint.failing' AND subject = $1`, itoa(ep))
+		_, page := panelPage(t, srv, fmt.Sprintf("/events/%d", eventID))
+		if want := `<td class="state-not-sent">` + html.EscapeString(note) + `</td>`; !strings.Contains(page, want) {
+			t.Errorf("event %d's page does not show its notification as %s:\n%s", eventID, want, page)
+		}
+		status, body := api.do("GET", fmt.Sprintf("/api/jobs?event_id=%d", eventID), "")
+		var answer struct{ Jobs []JobView }
+		jobs := &answer.Jobs
+		if err := json.Unmarshal(body, &answer); status != http.StatusOK || err != nil || len(*jobs) != 1 || (*jobs)[0].NotSent != note {
+			t.Errorf("GET /api/jobs?event_id=%d: %d %s, want one job with not_sent %q", eventID, status, body, note)
+		}
 	}
 }
 

@@ -48,8 +48,13 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	// Caught from the start, so that neither signal ever kills outboxd
+	// by Go's default before stopOnSignals listens.
+	signals := make(chan os.Signal, 2)
+	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go stopOnSignals(signals, cancel, os.Stderr)
 	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	switch {
 	case errors.Is(err, flag.ErrHelp): // -h: the usage is printed, and asking is no failure
@@ -57,6 +62,25 @@ func main() {
 		fmt.Fprintf(os.Stderr, "outboxd: %v\n", err)
 		os.Exit(1)
 	}
+}
+
+// exitStoppedAtOnce is the exit status of a stop at once, on a second
+// signal: not 0, since work was left unfinished.
+const exitStoppedAtOnce = 1
+
+// stopOnSignals cancels the run at the first SIGINT or SIGTERM, which
+// stops outboxd gracefully: the jobs in flight get -shutdown-grace to
+// finish (workerPool.stop says which). At the second it exits at once,
+// and the jobs in flight stay running in the database, held by this
+// replica, to be rescued as after a crash (rescue.go): by the next start
+// on this host, or by another replica once this one's dead_after has
+// passed. It returns only with the process.
+func stopOnSignals(signals <-chan os.Signal, cancel context.CancelFunc, stderr io.Writer) {
+	<-signals
+	cancel()
+	sig := <-signals
+	fmt.Fprintf(stderr, "outboxd: %v again: stopping at once; the jobs in flight are rescued as after a crash\n", sig)
+	os.Exit(exitStoppedAtOnce)
 }
 
 // Config is every setting of outboxd, parsed once from flags and their
@@ -106,7 +130,8 @@ type Config struct {
 	NotifySocket string
 	// DatabaseWait is how long a start waits for an unreachable database,
 	// trying again with a growing pause; a minute covers a PostgreSQL on
-	// the same VM starting after outboxd, or restarting.
+	// the same VM starting after outboxd, or restarting. Errors no wait
+	// can fix fail at once (waitCanFix, database.go).
 	DatabaseWait  time.Duration
 	ShutdownGrace time.Duration
 
@@ -356,7 +381,7 @@ func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&cfg.Relay.PassTimeout, "relay-pass-timeout", cfg.Relay.PassTimeout, "longest relay statement; past it, the endpoints' filters that fail alone are held (0: no bound)")
 	fs.IntVar(&cfg.Workers.BreakerThreshold, "breaker-threshold", cfg.Workers.BreakerThreshold, "failed attempts in a row that open an endpoint's circuit breaker (one attempt at a time, new deliveries -failing-endpoint-delay out); 1 opens it at the first failure")
 	fs.IntVar(&cfg.Workers.Concurrency, "workers", cfg.Workers.Concurrency, "jobs run at once by this process")
-	fs.IntVar(&cfg.Workers.MaxAttempts, "job-max-attempts", cfg.Workers.MaxAttempts, "attempts before a failing job is discarded")
+	fs.IntVar(&cfg.Workers.MaxAttempts, "job-max-attempts", cfg.Workers.MaxAttempts, "attempts before a failing job is discarded; each job keeps the value in force when it was made (fanned out or replayed), so a change applies to new jobs only")
 	fs.DurationVar(&cfg.Workers.AttemptTimeout, "job-timeout", cfg.Workers.AttemptTimeout, "time limit of one job attempt")
 	fs.DurationVar(&cfg.Workers.RescueMargin, "job-rescue-margin", cfg.Workers.RescueMargin, "added to -job-timeout before a running job is rescued")
 	fs.DurationVar(&cfg.Workers.PollInterval, "job-poll", cfg.Workers.PollInterval, "interval at which workers look for due jobs without a notification")
@@ -383,8 +408,8 @@ func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&cfg.Mail.MessageIDHost, "smtp-message-id-host", cfg.Mail.MessageIDHost, "host part of Message-ID <event id@host>; empty: the domain of -smtp-from")
 	fs.IntVar(&cfg.Mail.OwnerNotifyPerHour, "owner-notify-per-hour", cfg.Mail.OwnerNotifyPerHour, "most mails per endpoint owner per hour about failing or disabled endpoints")
 	fs.IntVar(&cfg.DBMaxConns, "db-max-conns", cfg.DBMaxConns, "most open database connections of the pool")
-	fs.DurationVar(&cfg.DatabaseWait, "database-wait", cfg.DatabaseWait, "how long a start waits for an unreachable database, trying again; 0 fails at once")
-	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "time in-flight work gets to finish on SIGTERM")
+	fs.DurationVar(&cfg.DatabaseWait, "database-wait", cfg.DatabaseWait, "how long a start waits for a database that refuses connections or is starting up, trying again; what no wait can fix (a login refused, no such role or database) fails at once; 0 fails at once")
+	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "time in-flight work gets to finish on SIGTERM or Ctrl-C; a second signal stops at once, and what was in flight is rescued as after a crash")
 	fs.StringVar(&cfg.SecretsKey, "secrets-key", cfg.SecretsKey, "key that seals endpoint and source secrets at rest: 32 bytes in standard base64 (openssl rand -base64 32); empty stores them unsealed")
 	fs.StringVar(&cfg.SecretsOldKey, "secrets-old-key", cfg.SecretsOldKey, "the key being rotated out: opens the secrets it sealed, seals none (outboxd secrets rotate-key)")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", cfg.TLSCert, "PEM certificate (chain) file; with -tls-key, serve HTTPS")
@@ -832,6 +857,9 @@ func runService(ctx context.Context, cfg Config, db *sql.DB, dsn string, box *se
 	registry.sweeps = p.retention.cycles.Load
 	heartbeat.start("replicas", registry.Run)
 	if demoRun != nil {
+		if err := demoRun.setup(ctx); err != nil {
+			return err
+		}
 		loops.start("demo", demoRun.Run)
 	}
 
@@ -839,7 +867,7 @@ func runService(ctx context.Context, cfg Config, db *sql.DB, dsn string, box *se
 	if err != nil {
 		return err
 	}
-	return serve(ctx, ln, newHTTPServer(routes(a), logger), cfg, logger, stdout)
+	return serve(ctx, ln, newHTTPServer(routes(a), logger), cfg, readyLine(a), logger, stdout)
 }
 
 // registerReplica writes this process's row in outbox.replicas, before any
@@ -897,7 +925,7 @@ func newAdmin(ctx context.Context, cfg Config, db *sql.DB, box *secretBox, p *pi
 	if err != nil {
 		return nil, err
 	}
-	token := adminToken(cfg, logger)
+	token, generated := adminToken(cfg)
 	if err := keepSessionsOfToken(ctx, db, token, logger); err != nil {
 		return nil, err
 	}
@@ -914,6 +942,7 @@ func newAdmin(ctx context.Context, cfg Config, db *sql.DB, box *secretBox, p *pi
 	return &admin{
 		db:              db,
 		token:           token,
+		tokenGenerated:  generated,
 		alerts:          alerts,
 		counters:        counters,
 		panel:           pnl,
@@ -949,6 +978,9 @@ func connect(ctx context.Context, cfg Config, logger *slog.Logger) (db *sql.DB, 
 		stopCluster, dsn = cluster.Stop, cluster.DSN("outboxd")
 	}
 	db, err = openDBWaiting(ctx, dsn, cfg.DBMaxConns, cfg.DatabaseWait, logger)
+	if err != nil && cfg.DatabaseURL != "" {
+		err = fmt.Errorf("%s: %w", setting("database-url"), err)
+	}
 	if err == nil {
 		if cfg.PoolMode == poolModeTransaction {
 			err = requireMigrated(ctx, db)
@@ -966,20 +998,30 @@ func connect(ctx context.Context, cfg Config, logger *slog.Logger) (db *sql.DB, 
 	return db, dsn, func() { db.Close(); stopCluster() }, nil
 }
 
-// adminToken is the configured token, or a random one that is logged with
-// the panel's address, so a first run can sign in.
-func adminToken(cfg Config, logger *slog.Logger) string {
+// adminToken is the configured token, or a random one, generated, that
+// the ready line shows in the panel's URL (readyLine), so a first run can
+// sign in.
+func adminToken(cfg Config) (token string, generated bool) {
 	if cfg.AdminToken != "" {
-		return cfg.AdminToken
+		return cfg.AdminToken, false
 	}
-	token := randomToken()
-	base := httpScheme(cfg) + "://" + cfg.Addr
-	if u, _ := parsePublicURL(cfg.PublicURL); u != nil {
-		base = u.String() // where a browser reaches the panel
+	return randomToken(), true
+}
+
+// readyLine is the last line of a start: outboxd is ready, and where a
+// person opens its panel. With a token outboxd generated, the URL holds
+// it, and opening the URL signs in (the token then leaves the address
+// bar); with a configured one, the plain URL and the setting that holds
+// the token to sign in with, which is never printed.
+func readyLine(a *admin) string {
+	u := a.panelBase()
+	u.Path = "/"
+	if !a.tokenGenerated {
+		return fmt.Sprintf("outboxd ready: open the panel at %s and sign in with the admin token of %s", u.String(), setting("admin-token"))
 	}
-	logger.Info("admin token generated; set -admin-token to keep one across restarts",
-		"panel_url", base+"/?token="+token)
-	return token
+	u.RawQuery = url.Values{"token": {a.token}}.Encode()
+	return fmt.Sprintf("outboxd ready: open the panel at %s (a token generated for this run; set %s to keep one across restarts)",
+		u.String(), setting("admin-token"))
 }
 
 // leaveTimeout bounds the deregistration at shutdown.
@@ -1108,8 +1150,9 @@ func (p *pipeline) counters() *processCounters {
 
 // serve answers HTTP on ln, or HTTPS with cfg's certificate, until ctx
 // ends or the server fails, then shuts it down, giving requests in flight
-// up to cfg.ShutdownGrace.
-func serve(ctx context.Context, ln net.Listener, srv *http.Server, cfg Config, logger *slog.Logger, stdout io.Writer) error {
+// up to cfg.ShutdownGrace. Once it accepts, it prints ready to stdout:
+// the last line of a start, after everything the start logged.
+func serve(ctx context.Context, ln net.Listener, srv *http.Server, cfg Config, ready string, logger *slog.Logger, stdout io.Writer) error {
 	if cfg.TLSCert != "" {
 		// Loaded here, not by ServeTLS in its goroutine, so a bad file
 		// stops the start before it is announced.
@@ -1133,7 +1176,7 @@ func serve(ctx context.Context, ln net.Listener, srv *http.Server, cfg Config, l
 	if err := notifySystemd(cfg.NotifySocket, "READY=1"); err != nil {
 		logger.Warn("tell systemd we are ready", "err", err)
 	}
-	fmt.Fprintf(stdout, "outboxd listening on %s://%s\n", httpScheme(cfg), ln.Addr())
+	fmt.Fprintln(stdout, ready)
 
 	var err error
 	select {

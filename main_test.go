@@ -5,12 +5,16 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"html"
 	"io"
 	"net"
 	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +27,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/lib/pq"
+	"github.com/lib/pq/pqerror"
 )
 
 func envFrom(m map[string]string) func(string) string {
@@ -266,6 +272,120 @@ func TestProcessStartsRunsDemoAndExitsOnSIGTERM(t *testing.T) {
 	}
 }
 
+// Ctrl-C while a delivery is in flight: the first signal starts a
+// graceful stop that says what it waits for (how many jobs, to which
+// endpoint); the second stops at once, with the documented message and
+// status 1, leaving the job running in the database, held by this
+// replica, to be rescued as after a crash.
+func TestSecondSignalStopsAtOnce(t *testing.T) {
+	t.Parallel()
+	db, dsn := newTestDB(t)
+	requested, release := make(chan struct{}, 1), make(chan struct{})
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body) // read to its end, so that a closed connection ends r's context
+		select {
+		case requested <- struct{}{}:
+		default:
+		}
+		select { // held until outboxd goes away, or the test ends
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	t.Cleanup(func() { close(release); receiver.Close() })
+
+	addr := freeAddr(t)
+	const token = "second-signal-token-0123456789abcdef"
+	// A graceful stop would wait an hour for the held delivery.
+	cmd := exec.Command(os.Args[0], "-addr", addr, "-log-format", "json", "-allow-private-endpoints",
+		"-shutdown-grace", "1h", "-job-timeout", "1h", "-webhook-timeout", "10m")
+	cmd.Env = append(os.Environ(), "OUTBOXD_TEST_RUN_MAIN=1", "DATABASE_URL="+dsn, "OUTBOXD_ADMIN_TOKEN="+token)
+	var stderr syncBuffer
+	cmd.Stdout, cmd.Stderr = io.Discard, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(exited) }()
+	defer func() {
+		cmd.Process.Kill()
+		<-exited
+		if t.Failed() {
+			t.Logf("outboxd's log:\n%s", stderr.String())
+		}
+	}()
+	awaitHealthy(t, addr, exited)
+
+	post := func(path, body string) {
+		t.Helper()
+		req, _ := http.NewRequest("POST", "http://"+addr+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated {
+			t.Fatalf("POST %s: %s", path, resp.Status)
+		}
+	}
+	post("/api/endpoints", `{"url": "`+receiver.URL+`/hook", "topics": ["order.*"]}`)
+	post("/api/events", `{"topic": "order.paid", "subject": "42", "payload": {}}`)
+	select {
+	case <-requested:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the receiver got no request")
+	}
+
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the stop to say what it waits for", 60*time.Second, func() bool {
+		return strings.Contains(stderr.String(), `"msg":"stopping: waiting for the jobs in flight`)
+	})
+	var waiting struct {
+		Jobs int
+		To   []string
+	}
+	for _, line := range strings.Split(stderr.String(), "\n") {
+		if strings.Contains(line, `"msg":"stopping: waiting for the jobs in flight`) {
+			if err := json.Unmarshal([]byte(line), &waiting); err != nil {
+				t.Fatalf("%s: %v", line, err)
+			}
+		}
+	}
+	endpointID := queryInt(t, db, `SELECT id FROM outbox.endpoints`)
+	wantTo := []string{fmt.Sprintf("1 to endpoint %d (%s/hook)", endpointID, receiver.URL)}
+	if waiting.Jobs != 1 || !cmp.Equal(waiting.To, wantTo) {
+		t.Errorf("the stop waits for %d jobs to %q, want 1 to %q", waiting.Jobs, waiting.To, wantTo)
+	}
+
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(60 * time.Second):
+		t.Fatal("outboxd did not stop at the second signal (the grace is an hour)")
+	}
+	var exit *exec.ExitError
+	if !errors.As(waitErr, &exit) || exit.ExitCode() != exitStoppedAtOnce {
+		t.Errorf("exit after the second signal: %v, want status %d", waitErr, exitStoppedAtOnce)
+	}
+	if want := "outboxd: interrupt again: stopping at once; the jobs in flight are rescued as after a crash"; !strings.Contains(stderr.String(), want) {
+		t.Errorf("no %q in the output", want)
+	}
+	if strings.Contains(stderr.String(), `"msg":"stopped"`) {
+		t.Error(`a stop at once logged "stopped", which a graceful stop logs`)
+	}
+	// As after a crash: the attempt was never recorded; the job waits,
+	// running, for a rescuer.
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'running' AND attempt = 1 AND errors = '[]'`); n != 1 {
+		t.Errorf("%d jobs left running with no outcome, want 1", n)
+	}
+}
+
 // A bad setting makes the binary exit non-zero with the setting named.
 func TestProcessRefusesBadSetting(t *testing.T) {
 	t.Parallel()
@@ -283,6 +403,8 @@ func TestProcessRefusesBadSetting(t *testing.T) {
 
 // With no DATABASE_URL, run starts a private cluster under -data-dir,
 // serves /healthz and /readyz, and stops the cluster on the way out.
+// Started as root, it says once that PostgreSQL runs as the postgres OS
+// user; otherwise it says nothing of it.
 func TestRunStartsEmbeddedCluster(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -296,9 +418,10 @@ func TestRunStartsEmbeddedCluster(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	exited := make(chan struct{})
 	var runErr error
+	var logs syncBuffer
 	go func() {
 		defer close(exited)
-		runErr = run(ctx, []string{"-addr", addr, "-data-dir", dataDir}, envFrom(nil), io.Discard, testWriter{t})
+		runErr = run(ctx, []string{"-addr", addr, "-data-dir", dataDir}, envFrom(nil), io.Discard, io.MultiWriter(&logs, testWriter{t}))
 	}()
 	defer func() { cancel(); <-exited }()
 
@@ -322,30 +445,40 @@ func TestRunStartsEmbeddedCluster(t *testing.T) {
 	if pid, alive := runningPostmaster(filepath.Join(dataDir, "pgdata")); alive {
 		t.Errorf("the embedded server (pid %d) is still running after run returned", pid)
 	}
+	want := 0
+	if os.Geteuid() == 0 {
+		want = 1
+	}
+	if n := strings.Count(logs.String(), "runs PostgreSQL as the postgres OS user"); n != want {
+		t.Errorf("the log says %d times that PostgreSQL runs as the postgres OS user, want %d (euid %d)", n, want, os.Geteuid())
+	}
 }
 
-// A generated admin token is logged once, in the start line with the
-// panel's URL, and never again: not for requests that use it, not for
-// requests that get it wrong.
-func TestGeneratedTokenIsLoggedOnce(t *testing.T) {
+// A generated admin token is shown once, in the panel's URL on the ready
+// line, and never logged: not at start, not for requests that use it, not
+// for requests that get it wrong.
+func TestGeneratedTokenIsShownOnce(t *testing.T) {
 	t.Parallel()
 	_, dsn := newTestDB(t)
 	addr := freeAddr(t)
-	var logs syncBuffer
+	var stdout, logs syncBuffer
 	ctx, cancel := context.WithCancel(context.Background())
 	exited := make(chan struct{})
 	go func() {
 		defer close(exited)
-		run(ctx, []string{"-addr", addr}, envFrom(map[string]string{"DATABASE_URL": dsn}), io.Discard, &logs)
+		run(ctx, []string{"-addr", addr}, envFrom(map[string]string{"DATABASE_URL": dsn}), &stdout, &logs)
 	}()
 	defer func() { cancel(); <-exited }()
-	awaitHealthy(t, addr, exited)
-
-	m := regexp.MustCompile(`token=([0-9a-f]{48})`).FindStringSubmatch(logs.String())
-	if m == nil {
-		t.Fatalf("no generated token in the start log:\n%s", logs.String())
-	}
-	token := m[1]
+	generated := regexp.MustCompile(`token=([0-9a-f]{48})`)
+	waitFor(t, "the ready line with a generated token", 60*time.Second, func() bool {
+		select {
+		case <-exited:
+			t.Fatalf("outboxd exited before it was ready:\n%s%s", stdout.String(), logs.String())
+		default:
+		}
+		return generated.MatchString(stdout.String())
+	})
+	token := generated.FindStringSubmatch(stdout.String())[1]
 	for _, auth := range []string{"Bearer " + token, "Bearer " + token + "x", ""} {
 		req, _ := http.NewRequest("GET", "http://"+addr+"/api/overview", nil)
 		req.Header.Set("Authorization", auth)
@@ -360,8 +493,113 @@ func TestGeneratedTokenIsLoggedOnce(t *testing.T) {
 	}
 	cancel()
 	<-exited
-	if n := strings.Count(logs.String(), token); n != 1 {
-		t.Errorf("the token appears %d times in the log, want once", n)
+	if n := strings.Count(stdout.String(), token); n != 1 {
+		t.Errorf("the token appears %d times on standard output, want once", n)
+	}
+	if strings.Contains(logs.String(), token) {
+		t.Errorf("the token appears in the log:\n%s", logs.String())
+	}
+}
+
+// readyLinePattern matches the ready line and takes the panel's URL from
+// it.
+var readyLinePattern = regexp.MustCompile(`(?m)^outboxd ready: open the panel at (http://\S+)(.*)$`)
+
+// The line that says outboxd is ready is the last line of a start, after
+// the index builds of a first one (and under -demo, after the demo's
+// set-up; its writes then follow), and says where the panel is, at the
+// port the listener bound: with a generated token, a URL that signs in
+// when opened; with a configured one, the plain URL and the setting that
+// holds the token, never the token itself.
+func TestReadyLineSaysWhereThePanelIs(t *testing.T) {
+	t.Parallel()
+	const configured = "ready-line-token-0123456789abcdefghij"
+	for _, c := range []struct {
+		name  string
+		token string // OUTBOXD_ADMIN_TOKEN; empty: generated
+		demo  bool
+	}{
+		{"generated token", "", false},
+		{"configured token", configured, false},
+		{"generated token, -demo", "", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			// An empty database: the first start builds every index.
+			admin := harnessAdmin(t)
+			name := fmt.Sprintf("outboxd_ready_%d_%d", os.Getpid(), harness.seq.Add(1))
+			mustExec(t, admin, `CREATE DATABASE `+name)
+			t.Cleanup(func() { admin.Exec(`DROP DATABASE IF EXISTS ` + name + ` WITH (FORCE)`) })
+			env := map[string]string{"DATABASE_URL": dsnWithDB(harness.adminDSN, name), "OUTBOXD_ADMIN_TOKEN": c.token}
+			// Standard output and the log in one stream, in the order written.
+			var out syncBuffer
+			args := []string{"-addr", "127.0.0.1:0"}
+			if c.demo {
+				args = append(args, "-demo")
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			exited := make(chan struct{})
+			go func() {
+				defer close(exited)
+				run(ctx, args, envFrom(env), &out, &out)
+			}()
+			defer func() { cancel(); <-exited }()
+			waitFor(t, "the ready line", 60*time.Second, func() bool {
+				select {
+				case <-exited:
+					t.Fatalf("outboxd exited before it was ready:\n%s", out.String())
+				default:
+				}
+				return readyLinePattern.MatchString(out.String())
+			})
+			all := out.String()
+			m := readyLinePattern.FindStringSubmatch(all)
+			start := all[:strings.Index(all, m[0])+len(m[0])] // the start, to its ready line
+			if n := strings.Count(start, "index built concurrently"); n < 10 {
+				t.Errorf("%d index builds logged before the ready line, want a first start's (over 10)", n)
+			}
+			before := []string{"index built concurrently", "registered as a replica", "outboxd started"}
+			if c.demo {
+				before = append(before, "demo: writing to outbox_demo.orders")
+			}
+			for _, line := range before {
+				if !strings.Contains(start, line) {
+					t.Errorf("%q is not logged before the ready line:\n%s", line, all)
+				}
+			}
+			// Without -demo nothing that runs at start logs: nothing
+			// follows it.
+			if !c.demo && strings.TrimRight(all, "\n") != start {
+				t.Errorf("the ready line is not the last line of the start:\n%s", all)
+			}
+
+			panel, err := url.Parse(m[1])
+			if err != nil {
+				t.Fatalf("the ready line's URL %q: %v", m[1], err)
+			}
+			if panel.Port() == "0" || panel.Path != "/" {
+				t.Errorf("the ready line's URL %s is not the panel's on the bound port", panel)
+			}
+			jar, _ := cookiejar.New(nil)
+			client := &http.Client{Jar: jar}
+			resp, err := client.Get(panel.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			signedIn := resp.StatusCode == http.StatusOK && strings.Contains(string(body), `href="/endpoints"`)
+			if c.token == "" {
+				if panel.Query().Get("token") == "" || !signedIn {
+					t.Errorf("opening %s: %s, signed in %t; want a URL with the token that signs in", panel, resp.Status, signedIn)
+				}
+				return
+			}
+			if panel.RawQuery != "" || signedIn || !strings.Contains(m[2], "OUTBOXD_ADMIN_TOKEN") || strings.Contains(all, c.token) {
+				t.Errorf("ready line %q, opened: %s, signed in %t; want the plain URL, a sign-in page, the setting named and the token not shown",
+					m[0], resp.Status, signedIn)
+			}
+		})
 	}
 }
 
@@ -439,36 +677,168 @@ func TestVersionPrintsTheBuild(t *testing.T) {
 	}
 }
 
-// A start waits for a database that is not there yet, saying so, and
+// dsnAt is dsn with its user, and its server at addr (host:port) over
+// TCP, in either of lib/pq's connection string forms.
+func dsnAt(dsn, user, addr string) string {
+	host, port, _ := net.SplitHostPort(addr)
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			panic(err)
+		}
+		u.Host, u.User = addr, url.User(user)
+		return u.String()
+	}
+	return fmt.Sprintf("%s host=%s port=%s user=%s", dsn, host, port, user) // a later keyword wins in lib/pq
+}
+
+// forwardToHarness accepts connections on ln until the test ends and
+// pipes each to the harness's server, over TCP or its Unix socket: the
+// server appearing at ln's address.
+func forwardToHarness(t *testing.T, ln net.Listener) {
+	t.Helper()
+	cfg, err := pq.NewConfig(harness.adminDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	network, address := "tcp", net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
+	if strings.HasPrefix(cfg.Host, "/") {
+		network, address = "unix", filepath.Join(cfg.Host, fmt.Sprintf(".s.PGSQL.%d", cfg.Port))
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return // closed: the test is over
+			}
+			server, err := net.Dial(network, address)
+			if err != nil {
+				client.Close()
+				continue
+			}
+			go func() { io.Copy(server, client); server.Close() }()
+			go func() { io.Copy(client, server); client.Close() }()
+		}
+	}()
+}
+
+// A start waits for a server that refuses connections, saying so, and
 // goes on when it appears; with -database-wait 0 it fails at once.
-func TestStartWaitsForTheDatabase(t *testing.T) {
+func TestStartWaitsForARefusingServer(t *testing.T) {
 	t.Parallel()
-	admin := harnessAdmin(t)
+	addr := freeAddr(t) // nothing listens there, for now
 	name := fmt.Sprintf("outboxd_late_%d_%d", os.Getpid(), harness.seq.Add(1))
+	admin := harnessAdmin(t)
+	mustExec(t, admin, `CREATE DATABASE `+name)
 	t.Cleanup(func() { admin.Exec(`DROP DATABASE IF EXISTS ` + name + ` WITH (FORCE)`) })
-	dsn := dsnWithDB(harness.adminDSN, name)
+	admin.Close()
+	cfg, err := pq.NewConfig(harness.adminDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsn := dsnAt(dsnWithDB(harness.adminDSN, name), cfg.User, addr)
 
 	var logs syncBuffer
-	if err := run(context.Background(), []string{"migrate", "-database-url", dsn, "-database-wait", "0"},
-		func(string) string { return "" }, io.Discard, &logs); err == nil || strings.Contains(logs.String(), "trying again") {
-		t.Fatalf("-database-wait 0 with no database: %v, log:\n%s\nwant a failure at the first try", err, logs.String())
+	err = run(context.Background(), []string{"migrate", "-database-url", dsn, "-database-wait", "0"}, envFrom(nil), io.Discard, &logs)
+	if err == nil || !strings.Contains(err.Error(), "connection refused") || strings.Contains(logs.String(), "trying again") {
+		t.Fatalf("-database-wait 0 with nothing listening: %v, log:\n%s\nwant connection refused at the first try", err, logs.String())
 	}
 
 	logs = syncBuffer{}
 	done := make(chan error, 1)
 	go func() {
-		done <- run(context.Background(), []string{"migrate", "-database-url", dsn, "-database-wait", "1m"},
-			func(string) string { return "" }, io.Discard, &logs)
+		done <- run(context.Background(), []string{"migrate", "-database-url", dsn, "-database-wait", "1m"}, envFrom(nil), io.Discard, &logs)
 	}()
 	waitFor(t, "a logged try", 30*time.Second, func() bool { return strings.Contains(logs.String(), "database not reachable; trying again") })
-	mustExec(t, admin, `CREATE DATABASE `+name)
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("listen where outboxd waits: %v", err)
+	}
+	forwardToHarness(t, ln)
 	select {
 	case err := <-done:
 		if err != nil {
-			t.Fatalf("migrate once the database appeared: %v\n%s", err, logs.String())
+			t.Fatalf("migrate once the server appeared: %v\n%s", err, logs.String())
 		}
 	case <-time.After(time.Minute):
-		t.Fatal("migrate did not go on once the database appeared")
+		t.Fatal("migrate did not go on once the server appeared")
+	}
+}
+
+// A start fails at once, naming the setting and the cause, on what no
+// wait can fix: a role or a database that does not exist. It neither
+// logs a try again nor waits out -database-wait.
+func TestStartFailsAtOnceOnWhatWaitingCannotFix(t *testing.T) {
+	t.Parallel()
+	_, dsn := newTestDB(t)
+	cfg, err := pq.NewConfig(harness.adminDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	server := net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
+	if strings.HasPrefix(cfg.Host, "/") { // the harness's own cluster: reach it over TCP through a forwarder
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		forwardToHarness(t, ln)
+		server = ln.Addr().String()
+	}
+	for _, c := range []struct {
+		name, dsn, cause string
+	}{
+		{"a role that does not exist", dsnAt(dsn, "outboxd_no_such_role", server), `role "outboxd_no_such_role" does not exist (28000)`},
+		{"a database that does not exist", dsnAt(dsnWithDB(dsn, "outboxd_no_such_db"), cfg.User, server), `database "outboxd_no_such_db" does not exist (3D000)`},
+	} {
+		var logs syncBuffer
+		err := run(context.Background(), []string{"migrate", "-database-url", c.dsn, "-database-wait", "30s"}, envFrom(nil), io.Discard, &logs)
+		if err == nil {
+			t.Errorf("%s: migrate succeeded, want a failure", c.name)
+			continue
+		}
+		for _, want := range []string{"-database-url (DATABASE_URL)", "waiting cannot fix this", c.cause} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("%s: error %q does not say %q", c.name, err, want)
+			}
+		}
+		if strings.Contains(logs.String(), "trying again") {
+			t.Errorf("%s: tried again, log:\n%s", c.name, logs.String())
+		}
+	}
+}
+
+// waitCanFix sorts connection errors: what a later try may not meet
+// (the server absent, starting up, shutting down, full) from what every
+// try meets alike.
+func TestWaitCanFix(t *testing.T) {
+	t.Parallel()
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"connection refused", refused, true},
+		{"no socket yet", &net.OpError{Op: "dial", Net: "unix", Err: os.NewSyscallError("connect", syscall.ENOENT)}, true},
+		{"a name not resolved yet", &net.DNSError{Err: "no such host", Name: "db", IsNotFound: true}, true},
+		{"closed under the handshake", io.EOF, true},
+		{"no answer in time", context.DeadlineExceeded, true},
+		{"starting up (57P03)", &pq.Error{Code: pqerror.CannotConnectNow}, true},
+		{"shutting down (57P01)", &pq.Error{Code: pqerror.AdminShutdown}, true},
+		{"too many connections (53300)", &pq.Error{Code: pqerror.TooManyConnections}, true},
+		{"connection failure (08006)", &pq.Error{Code: pqerror.ConnectionFailure}, true},
+		{"wrapped, redacted", &connectError{text: "connect to database: ...", err: refused}, true},
+		{"no such role (28000)", &pq.Error{Code: pqerror.InvalidAuthorizationSpecification}, false},
+		{"wrong password (28P01)", &pq.Error{Code: pqerror.InvalidPassword}, false},
+		{"no such database (3D000)", &connectError{text: "connect to database: ...", err: &pq.Error{Code: pqerror.InvalidCatalogName}}, false},
+		{"unknown parameter (42704)", &pq.Error{Code: pqerror.UndefinedObject}, false},
+		{"bad parameter value (22023)", &pq.Error{Code: pqerror.InvalidParameterValue}, false},
+		{"TLS not enabled on the server", pq.ErrSSLNotSupported, false},
+	} {
+		if got := waitCanFix(c.err); got != c.want {
+			t.Errorf("waitCanFix(%s) = %t, want %t", c.name, got, c.want)
+		}
 	}
 }
 

@@ -40,6 +40,11 @@ type (
 		err   error
 		delay time.Duration
 	}
+	// notSentError completes the job without its effect, which cannot
+	// and need not happen (no mail server, no one to mail): nothing is
+	// retried, and note, kept with the attempt, says why nothing was
+	// sent (notSentSQL, jobs.go).
+	notSentError struct{ note string }
 )
 
 // maxRetryAfter bounds how far a handler's retryAfterError (a receiver's
@@ -52,6 +57,7 @@ func (e permanentError) Error() string  { return e.err.Error() }
 func (e permanentError) Unwrap() error  { return e.err }
 func (e retryAfterError) Error() string { return e.err.Error() }
 func (e retryAfterError) Unwrap() error { return e.err }
+func (e notSentError) Error() string    { return e.note }
 
 // maxBackoff caps one retry delay; attempt⁴ passes it only beyond the 17th
 // attempt, so with the default 18 attempts it is a guard for larger limits.
@@ -85,7 +91,9 @@ func retryHorizon(n int) time.Duration {
 type jobOutcome struct {
 	State jobState      // completed, retryable or discarded
 	Delay time.Duration // with retryable: wait before the next attempt
-	Error string        // with retryable and discarded: what went wrong
+	// Error is, with retryable and discarded, what went wrong; with
+	// completed, why nothing was sent (notSentError), or empty.
+	Error string
 }
 
 // decideOutcome classifies one attempt's result. It is the only place that
@@ -95,6 +103,9 @@ func decideOutcome(attempt, maxAttempts int, err error, jitter float64) jobOutco
 		return jobOutcome{State: jobCompleted}
 	}
 	msg := truncate(err.Error(), maxErrorLen)
+	if notSent := (notSentError{}); errors.As(err, &notSent) {
+		return jobOutcome{State: jobCompleted, Error: msg}
+	}
 	var perm permanentError
 	if errors.As(err, &perm) || attempt >= maxAttempts {
 		return jobOutcome{State: jobDiscarded, Error: msg}

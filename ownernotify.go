@@ -6,8 +6,10 @@
 // endpoints_state_event trigger; the prober, probe.go, for a recovery);
 // the relay fans it out to one job of this kind. Over the cap the mail is a deliberate drop: logged, counted in
 // outboxd_owner_notifications_dropped_total, and the job completes with
-// the reason as a note, so the panel shows it beside its event. A slot is
-// keyed by the job, so a retried notification keeps the slot it took.
+// the reason as a note, so the panel shows it beside its event, as "not
+// sent", as it does a notification with no SMTP server or no owner
+// address to send to. A slot is keyed by the job, so a retried
+// notification keeps the slot it took.
 
 package main
 
@@ -69,8 +71,13 @@ type endpointStatePayload struct {
 	RecoveredReason *string    `json:"recovered_reason,omitempty"`
 }
 
-// notify runs one attempt: no owner or no SMTP completes at once; else it
-// takes (or finds) the job's slot, or drops over the cap; then it sends.
+// noOwnerAddressNote is kept with a notification that had no one to go
+// to: the endpoint has no owner_email.
+const noOwnerAddressNote = "not sent: no owner address (the endpoint's owner_email)"
+
+// notify runs one attempt: no owner address or no SMTP completes at once,
+// logged and noted on the job as not sent; else it takes (or finds) the
+// job's slot, or drops over the cap; then it sends.
 func (n *ownerNotifier) notify(ctx context.Context, job Job) error {
 	var p endpointStatePayload
 	if err := json.Unmarshal(job.Event.Payload, &p); err != nil {
@@ -78,12 +85,12 @@ func (n *ownerNotifier) notify(ctx context.Context, job Job) error {
 	}
 	log := n.logger.With("job_id", job.ID, "event_id", job.Event.ID, "endpoint_id", p.EndpointID, "state", p.State)
 	if p.OwnerEmail == "" {
-		log.Debug("endpoint has no owner to notify")
-		return nil
+		log.Info("owner not notified: the endpoint has no owner address")
+		return notSentError{noOwnerAddressNote}
 	}
 	if !n.mail.configured() {
 		log.Info("owner not notified: no SMTP server configured", "owner_email", p.OwnerEmail)
-		return nil
+		return notSentError{noSMTPNote}
 	}
 	dropped, err := n.takeSlot(ctx, job, p.OwnerEmail)
 	if err != nil {

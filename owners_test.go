@@ -670,7 +670,7 @@ func TestSigninLinkIsOnTheBoundAddress(t *testing.T) {
 		}
 	}()
 	t.Cleanup(func() { cancel(); <-exited })
-	listening := regexp.MustCompile(`outboxd listening on http://(127\.0\.0\.1:\d+)\n`)
+	listening := regexp.MustCompile(`outboxd ready: open the panel at http://(127\.0\.0\.1:\d+)/`)
 	waitFor(t, "outboxd to say where it listens", 60*time.Second, func() bool {
 		select {
 		case <-exited:

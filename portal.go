@@ -370,10 +370,7 @@ func makeSigninLink(r *http.Request, a *admin, ownerID int64, lifetime time.Dura
 	if err != nil {
 		return signinLink{}, err
 	}
-	base := a.listenURL
-	if a.publicURL != nil {
-		base = *a.publicURL
-	}
+	base := a.panelBase()
 	link := base.JoinPath("signin")
 	link.RawQuery = url.Values{"code": {code}}.Encode()
 	return signinLink{OwnerID: ownerID, URL: link.String(), ExpiresAt: expires}, nil

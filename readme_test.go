@@ -7,11 +7,14 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/cookiejar"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -211,13 +214,7 @@ func runVerifySnippet(t *testing.T, snippet string, inputs []verifyInput) []stri
 // refuses a changed body, another secret and a stale timestamp.
 func TestREADMEVerifySnippetAcceptsOutboxdsSignature(t *testing.T) {
 	t.Parallel()
-	readme := readDoc(t, "README.md")
-	start := strings.Index(readme, "```go\n// verifyOutboxd")
-	if start < 0 {
-		t.Fatal("README.md shows no ```go block defining verifyOutboxd")
-	}
-	snippet := readme[start+len("```go\n"):]
-	snippet = snippet[:strings.Index(snippet, "```")]
+	snippet := fencedBlock(t, readDoc(t, "README.md"), "```go\n// verifyOutboxd")
 
 	secret, previous, other := newWebhookSecret(), newWebhookSecret(), newWebhookSecret()
 	now := time.Now()
@@ -249,6 +246,196 @@ func TestREADMEVerifySnippetAcceptsOutboxdsSignature(t *testing.T) {
 		if !strings.HasPrefix(got[i], c.want) {
 			t.Errorf("%s: the README's verifyOutboxd said %q, want %q", c.name, got[i], c.want)
 		}
+	}
+}
+
+// fencedBlock is the body of the first fenced block of doc whose opening
+// line and first line start as opening does ("```go\n// verifyOutboxd"),
+// without its fences.
+func fencedBlock(t *testing.T, doc, opening string) string {
+	t.Helper()
+	fence, _, _ := strings.Cut(opening, "\n")
+	start := strings.Index(doc, opening)
+	if start < 0 {
+		t.Fatalf("no %s block starting %q", fence, opening)
+	}
+	block := doc[start+len(fence)+1:]
+	return block[:strings.Index(block, "```")]
+}
+
+// readmeSection is the README's section under heading, to the next
+// heading of its level.
+func readmeSection(t *testing.T, readme, heading string) string {
+	t.Helper()
+	start := strings.Index(readme, "\n"+heading+"\n")
+	if start < 0 {
+		t.Fatalf("README.md has no %q", heading)
+	}
+	section := readme[start+1:]
+	if end := strings.Index(section[len(heading):], "\n## "); end >= 0 {
+		section = section[:len(heading)+end]
+	}
+	return section
+}
+
+// The README's first SQL block, as written, runs on a fresh database
+// with the schema, and again, each time recording the event it shows.
+func TestREADMEFirstSQLBlockRecordsAnEvent(t *testing.T) {
+	t.Parallel()
+	block := fencedBlock(t, readDoc(t, "README.md"), "```sql\n")
+	db, _ := newTestDB(t)
+	for run := 1; run <= 2; run++ {
+		if _, err := db.Exec(block); err != nil {
+			t.Fatalf("the README's first SQL block, run %d: %v\n%s", run, err, block)
+		}
+		if n := queryInt(t, db, `SELECT count(*) FROM outbox.events
+			WHERE topic = 'order.paid' AND subject = '42' AND payload = '{"amount_cents": 1200}'`); n != run {
+			t.Errorf("after run %d: %d order.paid events recorded, want %d", run, n, run)
+		}
+	}
+}
+
+// The README's five-minute path, as written: outboxd with the demo and
+// -allow-private-endpoints, the endpoint made with the README's curl body,
+// the README's receiver with its verifyOutboxd compiled as a receiver's
+// own program, the README's first SQL block, and the delivery where the
+// README says the panel shows it. Only the receiver's port differs.
+func TestREADMEFiveMinutePath(t *testing.T) {
+	t.Parallel()
+	readme := readDoc(t, "README.md")
+	section := readmeSection(t, readme, "## Five minutes, end to end")
+	const endpointBody = `{"url": "http://127.0.0.1:9000/hook", "topics": ["order.*"]}`
+	for _, shown := range []string{
+		"```sh\ngo run . -demo -allow-private-endpoints\n```",
+		"-d '" + endpointBody + "'",
+		"WEBHOOK_SECRET=whsec_... go run main.go",
+		"**Events** lists the event with a green\n`delivered 2`",
+	} {
+		if !strings.Contains(section, shown) {
+			t.Errorf("the five-minute path no longer shows %q", shown)
+		}
+	}
+	sqlBlock := fencedBlock(t, readme, "```sql\n")
+	if !strings.Contains(section, sqlBlock) {
+		t.Fatal("the README's first SQL block is not the five-minute path's")
+	}
+	receiverAddr := freeAddr(t)
+	receiverSrc := strings.ReplaceAll(fencedBlock(t, section, "```go\n// main.go")+"\n"+
+		fencedBlock(t, readme, "```go\n// verifyOutboxd"), "127.0.0.1:9000", receiverAddr)
+
+	// outboxd, as the path starts it.
+	db, dsn := newTestDB(t)
+	addr := freeAddr(t)
+	var stdout, logs syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		run(ctx, []string{"-demo", "-allow-private-endpoints", "-addr", addr}, envFrom(map[string]string{"DATABASE_URL": dsn}), &stdout, &logs)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-exited
+		if t.Failed() {
+			t.Logf("outboxd's log:\n%s", logs.String())
+		}
+	})
+	waitFor(t, "the ready line", 60*time.Second, func() bool { return readyLinePattern.MatchString(stdout.String()) })
+	panelURL, err := url.Parse(readyLinePattern.FindStringSubmatch(stdout.String())[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := panelURL.Query().Get("token")
+
+	// The endpoint, with the README's body.
+	req, _ := http.NewRequest("POST", "http://"+addr+"/api/endpoints",
+		strings.NewReader(strings.ReplaceAll(endpointBody, "127.0.0.1:9000", receiverAddr)))
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ep struct {
+		ID     int64
+		Secret string
+	}
+	err = json.NewDecoder(resp.Body).Decode(&ep)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated || err != nil || !strings.HasPrefix(ep.Secret, "whsec_") {
+		t.Fatalf("create the README's endpoint: %s, %v, %+v", resp.Status, err, ep)
+	}
+
+	// The receiver, built as its own program and run with the secret.
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(receiverSrc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	build := exec.Command("go", "build", "-o", "receiver", "main.go")
+	build.Dir = dir
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the README's receiver: %v\n%s\n%s", err, out, receiverSrc)
+	}
+	receiver := exec.Command(filepath.Join(dir, "receiver"))
+	receiver.Env = append(os.Environ(), "WEBHOOK_SECRET="+ep.Secret)
+	var printed syncBuffer
+	receiver.Stdout, receiver.Stderr = &printed, &printed
+	if err := receiver.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { receiver.Process.Kill(); receiver.Wait() })
+	var refused *http.Response
+	waitFor(t, "the receiver to listen", 30*time.Second, func() bool {
+		refused, err = http.Post("http://"+receiverAddr+"/hook", "application/json", strings.NewReader(`{"id":"1"}`))
+		return err == nil
+	})
+	refused.Body.Close()
+	if refused.StatusCode != http.StatusUnauthorized {
+		t.Errorf("the receiver answered an unsigned request %s, want 401", refused.Status)
+	}
+
+	// The business write, and its delivery.
+	mustExec(t, db, sqlBlock)
+	eventID := queryInt(t, db, `SELECT id FROM outbox.events WHERE topic = 'order.paid'`)
+	waitFor(t, "the receiver to print the verified webhook", 30*time.Second, func() bool {
+		return strings.Contains(printed.String(), fmt.Sprintf(`verified webhook %d: {"id":"%d","type":"order.paid"`, eventID, eventID))
+	})
+	waitFor(t, "the outcomes of the event's two jobs", 30*time.Second, func() bool {
+		return queryInt(t, db, `SELECT count(*) FILTER (WHERE state = 'completed') - count(*) FROM outbox.jobs WHERE event_id = $1`, eventID) == 0 &&
+			queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE event_id = $1 AND (kind = 'sub:log' OR endpoint_id = $2)`, eventID, ep.ID) == 2
+	})
+
+	// Where the README says the panel shows it, signed in by the ready
+	// line's URL.
+	jar, _ := cookiejar.New(nil)
+	browser := &http.Client{Jar: jar}
+	get := func(path string) string {
+		t.Helper()
+		resp, err := browser.Get("http://" + panelURL.Host + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s: %s", path, resp.Status)
+		}
+		return string(body)
+	}
+	get(panelURL.RequestURI())
+	var row string
+	for _, r := range strings.Split(get("/events"), "<tr>") {
+		if strings.Contains(r, fmt.Sprintf(`<a href="/events/%d">`, eventID)) {
+			row = r
+		}
+	}
+	if !strings.Contains(row, `<span class="badge badge-ok">delivered 2</span> <code>sub:log</code>, <a href="/endpoints/`+itoa(ep.ID)+`">`) {
+		t.Errorf("the Events page's row of event %d does not say delivered 2, to sub:log and endpoint %d:\n%s", eventID, ep.ID, row)
+	}
+	if page := get(fmt.Sprintf("/events/%d", eventID)); !strings.Contains(page, `<td class="state-completed">completed</td>`) {
+		t.Errorf("event %d's page shows no completed job", eventID)
+	}
+	if page := get("/endpoints/" + itoa(ep.ID)); !strings.Contains(page, fmt.Sprintf(`<a href="/events/%d">%d</a>`, eventID, eventID)) {
+		t.Errorf("endpoint %d's page shows no attempt of event %d", ep.ID, eventID)
 	}
 }
 
@@ -369,6 +556,19 @@ func documentedFlags(t *testing.T, doc string) map[string][2]string {
 		}
 	}
 	return flags
+}
+
+// documentedFlagRow is the row of a settings table of doc that documents
+// flag.
+func documentedFlagRow(t *testing.T, doc, flag string) string {
+	t.Helper()
+	for _, line := range strings.Split(readDoc(t, doc), "\n") {
+		if strings.HasPrefix(line, "| `-"+flag+"` |") {
+			return line
+		}
+	}
+	t.Fatalf("%s documents no -%s", doc, flag)
+	return ""
 }
 
 // sameDefault compares a documented default with a flag's: the first
