@@ -25,9 +25,15 @@ import (
 func flash(r *http.Request) string { return queryOf(r).text("done") }
 
 // handleOverview is GET /: the overview, and every endpoint's delivery
-// statistics with their charts.
+// statistics with their charts. It is the admin's; an owner who types
+// the panel's address lands on its endpoints, where signing in took it
+// (homeOf), rather than on a refusal.
 func (p *panel) handleOverview(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
+		if !principalOf(r).admin {
+			http.Redirect(w, r, "/endpoints", http.StatusSeeOther)
+			return nil
+		}
 		o, err := a.overview(r.Context())
 		if err != nil {
 			return err
