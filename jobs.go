@@ -37,6 +37,11 @@ type JobView struct {
 	AttemptedAt    *time.Time      `json:"attempted_at"`
 	FinalizedAt    *time.Time      `json:"finalized_at"`
 	Errors         json.RawMessage `json:"errors"`
+	// BreakerOpenedAt is when its endpoint's circuit breaker opened, set
+	// while the job waits (available or retryable) behind it: the claim
+	// lets one of the endpoint's jobs through at a time, and fan-out
+	// schedules new ones -failing-endpoint-delay out. The panel's alone.
+	BreakerOpenedAt *time.Time `json:"-"`
 }
 
 // JobFilter selects jobs, newest first, paged by id.
@@ -64,7 +69,8 @@ func (f *JobFilter) validate() error {
 const listJobsSQL = `
 SELECT j.id, j.kind, j.event_id, j.endpoint_id, ` + endpointNameSQL + `, j.replay_id, j.state::text,
        j.attempt, j.max_attempts, j.created_at, nullif(j.scheduled_at, 'infinity'),
-       j.scheduled_at = 'infinity', j.attempted_at, j.finalized_at, j.errors
+       j.scheduled_at = 'infinity', j.attempted_at, j.finalized_at, j.errors,
+       CASE WHEN j.state IN ('available', 'retryable') THEN ep.breaker_opened_at END
 FROM outbox.jobs AS j
 LEFT JOIN outbox.endpoints AS ep ON ep.id = j.endpoint_id
 WHERE ($1::bigint = 0 OR j.id < $1::bigint)
@@ -94,7 +100,7 @@ func scanJobView(row rowScanner) (JobView, error) {
 	var j JobView
 	var errs []byte
 	err := row.Scan(&j.ID, &j.Kind, &j.EventID, &j.EndpointID, &j.EndpointName, &j.ReplayID, &j.State, &j.Attempt, &j.MaxAttempts,
-		&j.CreatedAt, &j.ScheduledAt, &j.WaitingForTurn, &j.AttemptedAt, &j.FinalizedAt, &errs)
+		&j.CreatedAt, &j.ScheduledAt, &j.WaitingForTurn, &j.AttemptedAt, &j.FinalizedAt, &errs, &j.BreakerOpenedAt)
 	j.Errors = errs
 	return j, err
 }
