@@ -96,7 +96,7 @@ type pageRoute struct {
 func pageRoutes(a *admin) []pageRoute {
 	p := a.panel
 	return []pageRoute{
-		{"GET /{$}", forAdmin, p.handleOverview(a)},
+		{"GET /{$}", forEveryone, p.handleOverview(a)},
 		{"GET /events", forAdmin, p.handleEvents(a)},
 		{"GET /events/{id}", forAdmin, p.handleEvent(a)},
 		{"POST /events/{id}/requeue", forAdmin, p.handleRequeue(a)},

@@ -59,6 +59,10 @@ func TestOwnerPortalInBrowser(t *testing.T) {
 	if got := br.text("#portal-owner"); got != "Payments team" {
 		t.Errorf("the header names %q, want the owner", got)
 	}
+	// The panel's address, the admin's overview, takes the owner to its
+	// endpoints.
+	br.open(srv.URL + "/")
+	br.find(fmt.Sprintf("#endpoint-%d", ep.ID))
 	if n := br.count(fmt.Sprintf("#endpoint-%d", ep.ID)); n != 1 {
 		t.Errorf("the owner's list shows its endpoint %d times, want once", n)
 	}

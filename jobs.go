@@ -41,6 +41,11 @@ type JobView struct {
 	// was sent ("not sent: no SMTP server configured (-smtp-url)"):
 	// notSentSQL.
 	NotSent string `json:"not_sent,omitempty"`
+	// BreakerOpenedAt is when its endpoint's circuit breaker opened, set
+	// while the job waits (available or retryable) behind it: the claim
+	// lets one of the endpoint's jobs through at a time, and fan-out
+	// schedules new ones -failing-endpoint-delay out. The panel's alone.
+	BreakerOpenedAt *time.Time `json:"-"`
 }
 
 // notSentSQL is, for job j, the note of a job completed without its
@@ -94,7 +99,8 @@ const listJobsSQL = `
 SELECT j.id, j.kind, j.event_id, j.endpoint_id, ` + endpointNameSQL + `, j.replay_id, j.state::text,
        j.attempt, j.max_attempts, j.created_at, nullif(j.scheduled_at, 'infinity'),
        j.scheduled_at = 'infinity', j.attempted_at, j.finalized_at, j.errors,
-       coalesce(` + notSentSQL + `, '')
+       coalesce(` + notSentSQL + `, ''),
+       CASE WHEN j.state IN ('available', 'retryable') THEN ep.breaker_opened_at END
 FROM outbox.jobs AS j
 LEFT JOIN outbox.endpoints AS ep ON ep.id = j.endpoint_id
 WHERE ($1::bigint = 0 OR j.id < $1::bigint)
@@ -124,7 +130,7 @@ func scanJobView(row rowScanner) (JobView, error) {
 	var j JobView
 	var errs []byte
 	err := row.Scan(&j.ID, &j.Kind, &j.EventID, &j.EndpointID, &j.EndpointName, &j.ReplayID, &j.State, &j.Attempt, &j.MaxAttempts,
-		&j.CreatedAt, &j.ScheduledAt, &j.WaitingForTurn, &j.AttemptedAt, &j.FinalizedAt, &errs, &j.NotSent)
+		&j.CreatedAt, &j.ScheduledAt, &j.WaitingForTurn, &j.AttemptedAt, &j.FinalizedAt, &errs, &j.NotSent, &j.BreakerOpenedAt)
 	j.Errors = errs
 	return j, err
 }

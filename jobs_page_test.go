@@ -180,3 +180,46 @@ FROM e`, b.ID, down)
 		t.Errorf("10,001 discarded jobs grouped without saying the groups are of the newest 10000:\n%s", between(page, "<h2>Discarded", "</table>"))
 	}
 }
+
+// A job waiting behind its endpoint's open circuit breaker says so beside
+// its time, which fan-out put -failing-endpoint-delay out; a job of an
+// endpoint whose breaker is closed says nothing of one. The endpoint
+// filter says it takes an endpoint's id.
+func TestJobsPageSaysWhenABreakerHoldsAJob(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	held := api.createEndpoint("https://held.example/hook", "order.*")
+	free := api.createEndpoint("https://free.example/hook", "order.*")
+	mustExec(t, db, `UPDATE outbox.endpoints SET breaker_opened_at = now() - interval '3 minutes', consecutive_failures = 5, failing_since = now() - interval '10 minutes' WHERE id = $1`, held.ID)
+	mustExec(t, db, `SELECT outbox.record('order.paid', 'order-1', '{}')`)
+	relayAll(t, db)
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND scheduled_at > now() + interval '4 minutes'`, held.ID); n != 1 {
+		t.Fatalf("%d of the held endpoint's jobs scheduled minutes out, want its one", n)
+	}
+
+	status, page := panelPage(t, api.srv, "/jobs")
+	if status != http.StatusOK {
+		t.Fatalf("GET /jobs: %d\n%s", status, page)
+	}
+	rowOf := func(endpointID int64) string {
+		for _, row := range regexp.MustCompile(`(?s)<tr>.*?</tr>`).FindAllString(page, -1) {
+			if strings.Contains(row, `<a href="/endpoints/`+itoa(endpointID)+`">`) {
+				return row
+			}
+		}
+		t.Fatalf("no job row of endpoint %d in\n%s", endpointID, page)
+		return ""
+	}
+	const note = `held by its endpoint's circuit breaker, open since 3m ago: one attempt at a time`
+	if got := rowOf(held.ID); !strings.Contains(got, note) || !strings.Contains(got, `<td>0/`) {
+		t.Errorf("the held job's row lacks %q:\n%s", note, got)
+	}
+	if got := rowOf(free.ID); strings.Contains(got, "breaker") {
+		t.Errorf("a job of a closed breaker's endpoint mentions one:\n%s", got)
+	}
+	filter := regexp.MustCompile(`(?s)<form method="get" action="/jobs" class="filter" id="jobs-filter">.*?</form>`).FindString(page)
+	if !strings.Contains(filter, `<label>Endpoint id <input name="endpoint_id"`) || !strings.Contains(filter, "the number after # on the Endpoints page") {
+		t.Errorf("the endpoint filter does not say it takes an endpoint's id:\n%s", filter)
+	}
+}

@@ -247,8 +247,9 @@ func sameAnswer(a, b string, idA, idB int64) bool {
 }
 
 // contractAudience is who docs/owners.md says may use a route, read from
-// its path alone: an owner has its endpoint list, its endpoints' routes
-// and the audit trail; every other route is the admin's. The walks below
+// its path alone: an owner has its endpoint list (/ takes it there), its
+// endpoints' routes and the audit trail; every other route is the
+// admin's. The walks below
 // hold each route's declaration to it, so that a route declared wider
 // than the contract fails as surely as one enforced narrower.
 func contractAudience(pattern string) audience {
@@ -258,7 +259,7 @@ func contractAudience(pattern string) audience {
 	}
 	path = strings.TrimPrefix(path, "/api")
 	switch {
-	case path == "/" || path == "/endpoints" || path == "/audit":
+	case path == "/" || path == "/{$}" || path == "/endpoints" || path == "/audit":
 		return forEveryone
 	case path == "/endpoints/{id}/signin-link":
 		return forAdmin
@@ -826,6 +827,33 @@ func TestPortalNavigationHidesGlobalPages(t *testing.T) {
 	_, page := browse(t, signIn(t, w.srv), w.srv, "GET", "/endpoints", nil)
 	if !strings.Contains(page, `href="/events"`) {
 		t.Error("the admin's navigation lost the events page")
+	}
+}
+
+// An owner who opens / lands on its endpoints, the portal's header
+// naming it; the admin's / is the overview.
+func TestOwnerOpeningTheOverviewLandsOnItsEndpoints(t *testing.T) {
+	t.Parallel()
+	w := newIsolationWorld(t)
+	browser := signInAs(t, w.srv, w.mine.Token)
+	req, err := http.NewRequest("GET", w.srv.URL+"/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := browser.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/endpoints" {
+		t.Fatalf("an owner's GET / = %d to %q, want 303 to /endpoints", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	status, page := browse(t, browser, w.srv, "GET", "/endpoints", nil)
+	if status != 200 || !strings.Contains(page, `id="portal-owner">mine<`) {
+		t.Errorf("the owner's endpoints = %d, without its name in the header:\n%s", status, page)
+	}
+	if status, page := browse(t, signIn(t, w.srv), w.srv, "GET", "/", nil); status != 200 || !strings.Contains(page, "<title>Overview") {
+		t.Errorf("the admin's GET / = %d, want the overview:\n%s", status, page)
 	}
 }
 

@@ -74,6 +74,7 @@ func newPanel(logger *slog.Logger) (*panel, error) {
 		"jobErrors": viewJobErrors,
 		"payload":   func(raw []byte) string { return prettyBody(string(raw)) },
 		"cause":     attemptCause,
+		"brief":     briefCause,
 		"answer":    attemptAnswer,
 		"long":      func(s string) bool { return len(s) > answerShownLen || strings.Count(s, "\n") > answerShownLines },
 		"short":     func(s string) string { return truncate(strings.Join(strings.Fields(s), " "), answerShownLen) },

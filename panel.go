@@ -5,6 +5,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -12,18 +13,27 @@ import (
 	"html/template"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/lib/pq"
 )
 
 // flash is the message an action left for the page it redirected to.
 func flash(r *http.Request) string { return queryOf(r).text("done") }
 
 // handleOverview is GET /: the overview, and every endpoint's delivery
-// statistics with their charts.
+// statistics with their charts. It is the admin's; an owner who types
+// the panel's address lands on its endpoints, where signing in took it
+// (homeOf), rather than on a refusal.
 func (p *panel) handleOverview(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
+		if !principalOf(r).admin {
+			http.Redirect(w, r, "/endpoints", http.StatusSeeOther)
+			return nil
+		}
 		o, err := a.overview(r.Context())
 		if err != nil {
 			return err
@@ -348,11 +358,12 @@ func (p *panel) renderEndpoints(w http.ResponseWriter, r *http.Request, a *admin
 	return nil
 }
 
-// endpointRow is one line of the endpoints list: the endpoint and how it
-// is doing.
+// endpointRow is one line of the endpoints list: the endpoint, how it
+// is doing, and its owner's name ("" for none).
 type endpointRow struct {
 	Endpoint
-	Summary EndpointSummary
+	Summary   EndpointSummary
+	OwnerName string
 }
 
 // Name is how an operator knows the endpoint: its description, else its
@@ -380,11 +391,69 @@ func readEndpointRows(ctx context.Context, db *sql.DB, cfg AlertConfig) ([]endpo
 	if err != nil {
 		return nil, err
 	}
+	names, err := readOwnerNames(ctx, db, eps)
+	if err != nil {
+		return nil, err
+	}
 	rows := make([]endpointRow, len(eps))
 	for i, e := range eps {
-		rows[i] = endpointRow{e, sums[e.ID]}
+		rows[i] = endpointRow{Endpoint: e, Summary: sums[e.ID]}
+		if e.OwnerID != nil {
+			rows[i].OwnerName = names[*e.OwnerID]
+		}
 	}
+	// Triage order: the endpoints in trouble on top, the rest by id.
+	slices.SortStableFunc(rows, func(a, b endpointRow) int { return cmp.Compare(a.triageRank(), b.triageRank()) })
 	return rows, nil
+}
+
+// triageRank orders the endpoints list: failing first, then degraded (as
+// the list's state column tells them, withHealth's health of an endpoint
+// neither paused nor disabled), then every other.
+func (e endpointRow) triageRank() int {
+	switch {
+	case e.State != endpointFailing:
+		return 2
+	case e.Health == healthFailing:
+		return 0
+	}
+	return 1
+}
+
+// ownerNamesSQL is the name of each owner of ids $1.
+const ownerNamesSQL = `
+SELECT id, name
+FROM outbox.owners
+WHERE id = ANY($1)`
+
+// readOwnerNames is the name of each owner of eps, by id.
+func readOwnerNames(ctx context.Context, db *sql.DB, eps []Endpoint) (map[int64]string, error) {
+	var ids []int64
+	for _, e := range eps {
+		if e.OwnerID != nil {
+			ids = append(ids, *e.OwnerID)
+		}
+	}
+	names := make(map[int64]string, len(ids))
+	if len(ids) == 0 {
+		return names, nil
+	}
+	type owner struct {
+		id   int64
+		name string
+	}
+	owners, err := queryAll(ctx, db, func(row rowScanner) (owner, error) {
+		var o owner
+		err := row.Scan(&o.id, &o.name)
+		return o, err
+	}, ownerNamesSQL, pq.Array(ids))
+	if err != nil {
+		return nil, fmt.Errorf("read owner names: %w", err)
+	}
+	for _, o := range owners {
+		names[o.id] = o.name
+	}
+	return names, nil
 }
 
 // maxEndpointForm bounds the body of every form on the endpoint pages.

@@ -575,6 +575,22 @@ func attemptCause(e string) string {
 	return cause
 }
 
+// briefCause is a failed attempt's error as a list's cell shows it, the
+// whole of it a hover away: the answer's status and what follows it
+// ("500 Internal Server Error"), else the innermost cause of the Go error
+// ("connection refused" of `webhook: Post "…": dial tcp …: connect:
+// connection refused`), each wrap having put its operation and ": " in
+// front of the error it wraps.
+func briefCause(e string) string {
+	parts := strings.Split(attemptCause(e), ": ")
+	for i, p := range parts {
+		if status, ok := strings.CutPrefix(p, "answered "); ok { // webhook.go, classifyWebhookResponse
+			return strings.Join(append([]string{status}, parts[i+1:]...), ": ")
+		}
+	}
+	return parts[len(parts)-1]
+}
+
 // prettyBody is an answer's body as the panel shows it: indented when
 // it is JSON, as it came otherwise (an excerpt cut short is no longer
 // JSON, and is shown as cut).
