@@ -212,30 +212,46 @@ func awaitHealthy(t *testing.T, addr string, exited <-chan struct{}) {
 	})
 }
 
+// child is this test binary run as outboxd (OUTBOXD_TEST_RUN_MAIN), its
+// log kept in stderr; exited closes once it has exited, with its status
+// in waitErr.
+type child struct {
+	cmd     *exec.Cmd
+	stderr  syncBuffer
+	exited  chan struct{}
+	waitErr error
+}
+
+// startChild starts outboxd with args and env (beside the test's own),
+// and kills it when the test ends, logging its log if the test failed.
+func startChild(t *testing.T, env []string, args ...string) *child {
+	t.Helper()
+	c := &child{cmd: exec.Command(os.Args[0], args...), exited: make(chan struct{})}
+	c.cmd.Env = append(append(os.Environ(), "OUTBOXD_TEST_RUN_MAIN=1"), env...)
+	c.cmd.Stdout, c.cmd.Stderr = io.Discard, &c.stderr
+	if err := c.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { c.waitErr = c.cmd.Wait(); close(c.exited) }()
+	t.Cleanup(func() {
+		c.cmd.Process.Kill()
+		<-c.exited
+		if t.Failed() {
+			t.Logf("outboxd's log:\n%s", c.stderr.String())
+		}
+	})
+	return c
+}
+
 // The whole process, as an operator runs it: started as a binary, healthy,
 // events flowing in -demo, and SIGTERM exits 0 after a clean shutdown.
 func TestProcessStartsRunsDemoAndExitsOnSIGTERM(t *testing.T) {
 	t.Parallel()
 	_, dsn := newTestDB(t)
 	addr := freeAddr(t)
-	cmd := exec.Command(os.Args[0], "-demo", "-addr", addr, "-log-format", "json")
-	cmd.Env = append(os.Environ(), "OUTBOXD_TEST_RUN_MAIN=1", "DATABASE_URL="+dsn,
-		"OUTBOXD_ADMIN_TOKEN=test-token-0123456789")
-	var stderr syncBuffer
-	cmd.Stdout, cmd.Stderr = io.Discard, &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	var waitErr error
-	go func() { waitErr = cmd.Wait(); close(exited) }()
-	defer func() {
-		cmd.Process.Kill()
-		<-exited
-		if t.Failed() {
-			t.Logf("outboxd's log:\n%s", stderr.String())
-		}
-	}()
+	child := startChild(t, []string{"DATABASE_URL=" + dsn, "OUTBOXD_ADMIN_TOKEN=test-token-0123456789"},
+		"-demo", "-addr", addr, "-log-format", "json")
+	cmd, stderr, exited := child.cmd, &child.stderr, child.exited
 
 	awaitHealthy(t, addr, exited)
 	waitFor(t, "the demo's events to reach the log subscriber and its receiver", 30*time.Second, func() bool {
@@ -261,8 +277,8 @@ func TestProcessStartsRunsDemoAndExitsOnSIGTERM(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatal("outboxd did not exit within 60s of SIGTERM")
 	}
-	if waitErr != nil {
-		t.Fatalf("exit after SIGTERM: %v, want status 0", waitErr)
+	if child.waitErr != nil {
+		t.Fatalf("exit after SIGTERM: %v, want status 0", child.waitErr)
 	}
 	if !strings.Contains(stderr.String(), `"msg":"stopped"`) {
 		t.Error(`log has no "stopped" line`)
@@ -297,24 +313,10 @@ func TestSecondSignalStopsAtOnce(t *testing.T) {
 	addr := freeAddr(t)
 	const token = "second-signal-token-0123456789abcdef"
 	// A graceful stop would wait an hour for the held delivery.
-	cmd := exec.Command(os.Args[0], "-addr", addr, "-log-format", "json", "-allow-private-endpoints",
+	child := startChild(t, []string{"DATABASE_URL=" + dsn, "OUTBOXD_ADMIN_TOKEN=" + token},
+		"-addr", addr, "-log-format", "json", "-allow-private-endpoints",
 		"-shutdown-grace", "1h", "-job-timeout", "1h", "-webhook-timeout", "10m")
-	cmd.Env = append(os.Environ(), "OUTBOXD_TEST_RUN_MAIN=1", "DATABASE_URL="+dsn, "OUTBOXD_ADMIN_TOKEN="+token)
-	var stderr syncBuffer
-	cmd.Stdout, cmd.Stderr = io.Discard, &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	var waitErr error
-	go func() { waitErr = cmd.Wait(); close(exited) }()
-	defer func() {
-		cmd.Process.Kill()
-		<-exited
-		if t.Failed() {
-			t.Logf("outboxd's log:\n%s", stderr.String())
-		}
-	}()
+	cmd, stderr, exited := child.cmd, &child.stderr, child.exited
 	awaitHealthy(t, addr, exited)
 
 	post := func(path, body string) {
@@ -370,8 +372,8 @@ func TestSecondSignalStopsAtOnce(t *testing.T) {
 		t.Fatal("outboxd did not stop at the second signal (the grace is an hour)")
 	}
 	var exit *exec.ExitError
-	if !errors.As(waitErr, &exit) || exit.ExitCode() != exitStoppedAtOnce {
-		t.Errorf("exit after the second signal: %v, want status %d", waitErr, exitStoppedAtOnce)
+	if !errors.As(child.waitErr, &exit) || exit.ExitCode() != exitStoppedAtOnce {
+		t.Errorf("exit after the second signal: %v, want status %d", child.waitErr, exitStoppedAtOnce)
 	}
 	if want := "outboxd: interrupt again: stopping at once; the jobs in flight are rescued as after a crash"; !strings.Contains(stderr.String(), want) {
 		t.Errorf("no %q in the output", want)

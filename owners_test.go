@@ -540,8 +540,8 @@ func TestSigninLinksExpireAndSignInOnce(t *testing.T) {
 		strings.Contains(page, fmt.Sprintf(`href="/endpoints/%d"`, other.ID)) {
 		t.Errorf("the link's session sees %d, want the owner's endpoint only:\n%s", status, page)
 	}
-	if status, _ := browse(t, browser, srv, "GET", "/", nil); status != 403 {
-		t.Errorf("the link's session on the overview = %d, want 403", status)
+	if status, _ := browse(t, browser, srv, "GET", "/events", nil); status != 403 {
+		t.Errorf("the link's session on the event stream = %d, want 403", status)
 	}
 	if status, _ := useLink(t, srv, code); status != 401 {
 		t.Errorf("the link's second use = %d, want 401", status)
