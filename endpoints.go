@@ -208,6 +208,9 @@ type endpointInput struct {
 	// OwnerID given as null leaves the endpoint to the admin alone; only
 	// the admin's token sets it (claimInput, owners.go).
 	OwnerID nullable[int64] `json:"owner_id"`
+	// countedFor is the owner whose max_endpoints a create must stay
+	// within: set by claimInput when an owner creates its own endpoint.
+	countedFor *int64
 }
 
 // validateTLS checks the endpoint's TLS material, if given, as of now.
@@ -462,8 +465,8 @@ func createEndpoint(ctx context.Context, db *sql.DB, box *secretBox, in endpoint
 		return Endpoint{}, fmt.Errorf("create endpoint: %w", err)
 	}
 	defer tx.Rollback()
-	if o := principalIn(ctx).owner; o != nil {
-		if err := checkEndpointCount(ctx, tx, o.ID); err != nil {
+	if in.countedFor != nil {
+		if err := checkEndpointCount(ctx, tx, *in.countedFor); err != nil {
 			return Endpoint{}, err
 		}
 	}

@@ -586,6 +586,7 @@ func claimInput(ctx context.Context, db *sql.DB, in *endpointInput, creating boo
 		}
 		if creating {
 			in.OwnerID = nullable[int64]{Set: true, Value: &who.owner.ID}
+			in.countedFor = &who.owner.ID
 		}
 		return who.owner.ownerGrants.limit(in, creating)
 	}
