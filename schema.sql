@@ -1152,6 +1152,9 @@ AS $$
 DECLARE
   printed text := f::text;
   bare text := regexp_replace(printed, '"(\\.|[^"\\])*"', '""', 'g');
+  -- bare without its subscripts of bounded cost: [*], a number, last
+  -- (less or more a number), or a range of them.
+  unsubscripted text := regexp_replace(bare, '\[(\*|(-?[0-9]+(\.[0-9]+)?|last( [-+] [0-9]+)?)( to (-?[0-9]+(\.[0-9]+)?|last( [-+] [0-9]+)?))?)\]', '', 'g');
 BEGIN
   IF f IS NULL THEN
     RETURN NULL;
@@ -1171,8 +1174,11 @@ BEGIN
   IF (length(bare) - length(replace(bare, 'like_regex', ''))) / length('like_regex') > 8 THEN
     RETURN 'like_regex may appear at most 8 times: each pattern runs on every value it is given, and PostgreSQL keeps only 32 compiled patterns a connection for all the filters of a pass';
   END IF;
+  IF unsubscripted ~ '\[' THEN
+    RETURN 'a subscript is [*], a number, last, last - n, or a range of them (1 to last): a list such as [0,0] selects an element as often as it names it, and an expression is evaluated again for every array';
+  END IF;
   RETURN coalesce(CASE WHEN bare ~ 'like_regex' THEN outbox.filter_regex_problem(printed) END,
-                  outbox.filter_operand_problem(bare),
+                  outbox.filter_operand_problem(unsubscripted),
                   outbox.filter_predicate_problem(f));
 END
 $$;
@@ -1223,12 +1229,12 @@ BEGIN
 END
 $$;
 
--- filter_operand_problem says which rule of the filter's operands bare
--- (its normalised text, string literals emptied) breaks, or NULL:
---   - a subscript that is not [*], a number, last (less or more a
---     number) or a range of them: a list selects an element as often as
---     it names it ([0,0][0,0]... doubles the items at each step), and an
---     expression is evaluated for every array the path meets;
+-- filter_operand_problem says which rule of the filter's operands
+-- unsubscripted (its normalised text, string literals emptied, and its
+-- subscripts taken out once filter_problem refused any but [*], a number,
+-- last or a range: a list selects an element as often as it names it,
+-- [0,0][0,0]... doubling the items at each step, and an expression is
+-- evaluated for every array the path meets) breaks, or NULL:
 --   - $ inside a filter expression ? (...): the path is evaluated again
 --     for every item the filter tests;
 --   - a comparison of two paths: each item of one side is compared with
@@ -1241,7 +1247,8 @@ $$;
 -- the parentheses open: operand is what the current operand is so far
 -- (none, path or other), lhs the left operand of an open comparison. A
 -- filter expression keeps the path it filters a path.
-CREATE OR REPLACE FUNCTION outbox.filter_operand_problem(bare text)
+DROP FUNCTION IF EXISTS outbox.filter_operand_problem(text);
+CREATE FUNCTION outbox.filter_operand_problem(unsubscripted text)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
@@ -1256,11 +1263,7 @@ DECLARE
   operand text := 'none';
   lhs text;
 BEGIN
-  s := regexp_replace(bare, '\[(\*|(-?[0-9]+(\.[0-9]+)?|last( [-+] [0-9]+)?)( to (-?[0-9]+(\.[0-9]+)?|last( [-+] [0-9]+)?))?)\]', '', 'g');
-  IF s ~ '\[' THEN
-    RETURN 'a subscript is [*], a number, last, last - n, or a range of them (1 to last): a list such as [0,0] selects an element as often as it names it, and an expression is evaluated again for every array';
-  END IF;
-  s := regexp_replace(s, '\.[a-z_]+\([^()]*\)', '.m', 'g');
+  s := regexp_replace(unsubscripted, '\.[a-z_]+\([^()]*\)', '.m', 'g');
   s := regexp_replace(s, '[-+]?\$(\.(""|\*|m))*', 'R', 'g');
   s := regexp_replace(s, '[-+]?@(\.(""|\*|m))*', 'P', 'g');
   s := regexp_replace(s, '\)(\.(""|\*|m))+', ')', 'g');

@@ -13,7 +13,7 @@ var releaseSchemas = map[string]string{
 	"0.3.0": "6e9c2e175957d1587271ecdd9c8fb8ebe450817aa2f69c36598fb4ab3d3599e1",
 	"0.4.0": "9429820bbc8762022040b6ec993748040e8beff6b2ec2e65fe884b3a245ecbbe",
 	"0.5.0": "2f7512c244aed162767a76b6696fcfcb30b17b0b6b1248bb3343db69ecb090f2",
-	"0.6.0": "370d77b478144833106222e93f0c644568c5fe32a38e7fc34e4a6064de2cb713",
+	"0.6.0": "3f0cff670cb20bbf927b1adea4d45df36a77fdd10e88d60069ff5bca9a8f3889",
 }
 
 // Two builds whose schemas differ report different releases: the replica
