@@ -105,16 +105,11 @@ const ownerColumns = `
 
 func scanOwner(row rowScanner) (Owner, error) {
 	var o Owner
-	var allowed pq.StringArray
-	err := row.Scan(&o.ID, &o.Name, &o.Key, &allowed, pq.Array(&o.SharedTopics),
+	// pq reads NULL as a nil list and '{}' as an empty one: allowed_topics
+	// keeps "every topic" apart from "none".
+	err := row.Scan(&o.ID, &o.Name, &o.Key, pq.Array(&o.AllowedTopics), pq.Array(&o.SharedTopics),
 		&o.MaxEndpoints, &o.MaxInFlight, &o.MaxRateLimitPerSecond, &o.MaxReplayWindowSeconds,
 		&o.CreatedAt, &o.TokenRotatedAt)
-	if allowed != nil {
-		o.AllowedTopics = append([]string{}, allowed...)
-	}
-	if o.SharedTopics == nil {
-		o.SharedTopics = []string{}
-	}
 	return o, err
 }
 
@@ -138,41 +133,41 @@ const (
 	maxOwnerTopics    = 100
 )
 
-// validate checks the fields given; creating, a name is required.
+// validate checks the fields given; creating, a name is required. It
+// answers the first problem, as every other route does.
 func (in ownerInput) validate(creating bool) error {
-	var errs []error
 	if in.Name != nil || creating {
-		errs = append(errs, validOwnerName(deref(in.Name)))
+		if err := validOwnerName(deref(in.Name)); err != nil {
+			return err
+		}
 	}
 	if in.Key != nil {
-		errs = append(errs, validOwnerKey("key", *in.Key))
-	}
-	for field, patterns := range map[string][]string{"allowed_topics": deref(in.AllowedTopics.Value), "shared_topics": deref(in.SharedTopics)} {
-		if len(patterns) > maxOwnerTopics {
-			errs = append(errs, fmt.Errorf("%w: %s: %d topic patterns, at most %d", errInvalid, field, len(patterns), maxOwnerTopics))
+		if err := validOwnerKey("key", *in.Key); err != nil {
+			return err
 		}
-		for _, p := range patterns {
+	}
+	for _, list := range []struct {
+		field    string
+		patterns []string
+	}{{"allowed_topics", deref(in.AllowedTopics.Value)}, {"shared_topics", deref(in.SharedTopics)}} {
+		if len(list.patterns) > maxOwnerTopics {
+			return fmt.Errorf("%w: %s: %d topic patterns, at most %d", errInvalid, list.field, len(list.patterns), maxOwnerTopics)
+		}
+		for _, p := range list.patterns {
 			if err := topicPatternValid(p); err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", field, err))
+				return fmt.Errorf("%s: %w", list.field, err)
 			}
 		}
 	}
-	if n := in.MaxEndpoints; n != nil && (*n < 0 || *n > maxOwnerEndpoints) {
-		errs = append(errs, fmt.Errorf("%w: max_endpoints must be between 0 and %d, got %d", errInvalid, maxOwnerEndpoints, *n))
-	}
-	if n := in.MaxInFlight; n != nil && (*n < 1 || *n > maxMaxInFlight) {
-		errs = append(errs, fmt.Errorf("%w: max_in_flight must be between 1 and %d, got %d", errInvalid, maxMaxInFlight, *n))
-	}
-	if r := in.MaxRateLimitPerSecond.Value; r != nil && (*r < minRateLimit || *r > maxRateLimit) {
-		errs = append(errs, fmt.Errorf("%w: max_rate_limit_per_second must be between %g and %g, or null for none, got %g", errInvalid, minRateLimit, float64(maxRateLimit), *r))
-	}
-	if w := in.MaxReplayWindowSeconds.Value; w != nil && *w < 0 {
-		errs = append(errs, fmt.Errorf("%w: max_replay_window_seconds must be 0 or more, or null for events retention, got %d", errInvalid, *w))
-	}
-	for _, err := range errs {
-		if err != nil {
-			return err // one at a time, as every other route answers
-		}
+	switch n, r, w := in.MaxEndpoints, in.MaxRateLimitPerSecond.Value, in.MaxReplayWindowSeconds.Value; {
+	case n != nil && (*n < 0 || *n > maxOwnerEndpoints):
+		return fmt.Errorf("%w: max_endpoints must be between 0 and %d, got %d", errInvalid, maxOwnerEndpoints, *n)
+	case in.MaxInFlight != nil && (*in.MaxInFlight < 1 || *in.MaxInFlight > maxMaxInFlight):
+		return fmt.Errorf("%w: max_in_flight must be between 1 and %d, got %d", errInvalid, maxMaxInFlight, *in.MaxInFlight)
+	case r != nil && (*r < minRateLimit || *r > maxRateLimit):
+		return fmt.Errorf("%w: max_rate_limit_per_second must be between %g and %g, or null for none, got %g", errInvalid, minRateLimit, float64(maxRateLimit), *r)
+	case w != nil && *w < 0:
+		return fmt.Errorf("%w: max_replay_window_seconds must be 0 or more, or null for events retention, got %d", errInvalid, *w)
 	}
 	return nil
 }
@@ -211,26 +206,38 @@ func validOwnerName(name string) error {
 	return nil
 }
 
-// createOwnerSQL stores an owner; a NULL key gets the default
-// (owners_default_key), a NULL limit its column's default.
+// createOwnerSQL stores an owner with its columns' defaults (schema.sql);
+// a NULL key gets 'owner-' and its id (owners_default_key).
 const createOwnerSQL = `
-INSERT INTO outbox.owners (name, token_selector, token_hash, key, allowed_topics, shared_topics,
-                           max_endpoints, max_in_flight, max_rate_limit_per_second, max_replay_window_seconds)
-VALUES ($1, $2, $3, $4, $5::text[], coalesce($6::text[], '{}'), coalesce($7, 10), coalesce($8, 8), $9, $10)
-RETURNING` + ownerColumns
+INSERT INTO outbox.owners (name, token_selector, token_hash, key)
+VALUES ($1, $2, $3, $4)
+RETURNING id`
 
-// createOwner stores a new owner and answers it with its token, which
-// exists nowhere else from then on.
+// createOwner stores a new owner, with the settings in gives on top of
+// the defaults, and answers it with its token, which exists nowhere else
+// from then on.
 func createOwner(ctx context.Context, db *sql.DB, in ownerInput) (ownerWithToken, error) {
 	if err := in.validate(true); err != nil {
 		return ownerWithToken{}, err
 	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return ownerWithToken{}, fmt.Errorf("create owner: %w", err)
+	}
+	defer tx.Rollback()
 	token, selector, hash := newOwnerToken()
-	o, err := scanOwner(db.QueryRowContext(ctx, createOwnerSQL, *in.Name, selector, hash, in.Key,
-		nullableArray(in.AllowedTopics.Value), nullableArray(in.SharedTopics),
-		in.MaxEndpoints, in.MaxInFlight, in.MaxRateLimitPerSecond.Value, in.MaxReplayWindowSeconds.Value))
+	var id int64
+	if err := tx.QueryRowContext(ctx, createOwnerSQL, *in.Name, selector, hash, in.Key).Scan(&id); err != nil {
+		return ownerWithToken{}, ownerWriteError("create owner", in, err)
+	}
+	settings := in
+	settings.Name, settings.Key = nil, nil // written
+	o, err := writeOwner(ctx, tx, id, settings)
 	if err != nil {
 		return ownerWithToken{}, ownerWriteError("create owner", in, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return ownerWithToken{}, fmt.Errorf("create owner: %w", err)
 	}
 	return ownerWithToken{Owner: o, Token: token}, nil
 }
@@ -286,16 +293,21 @@ clamped AS (
 SELECT` + ownerColumns + `
 FROM updated`
 
+// writeOwner writes the fields in gives to owner id (updateOwnerSQL).
+func writeOwner(ctx context.Context, q queryer, id int64, in ownerInput) (Owner, error) {
+	return scanOwner(q.QueryRowContext(ctx, updateOwnerSQL, id, in.Name, in.Key,
+		in.AllowedTopics.Set, nullableArray(in.AllowedTopics.Value), nullableArray(in.SharedTopics),
+		in.MaxEndpoints, in.MaxInFlight,
+		in.MaxRateLimitPerSecond.Set, in.MaxRateLimitPerSecond.Value,
+		in.MaxReplayWindowSeconds.Set, in.MaxReplayWindowSeconds.Value))
+}
+
 // updateOwner changes owner id as in says.
 func updateOwner(ctx context.Context, db *sql.DB, id int64, in ownerInput) (Owner, error) {
 	if err := in.validate(false); err != nil {
 		return Owner{}, err
 	}
-	o, err := scanOwner(db.QueryRowContext(ctx, updateOwnerSQL, id, in.Name, in.Key,
-		in.AllowedTopics.Set, nullableArray(in.AllowedTopics.Value), nullableArray(in.SharedTopics),
-		in.MaxEndpoints, in.MaxInFlight,
-		in.MaxRateLimitPerSecond.Set, in.MaxRateLimitPerSecond.Value,
-		in.MaxReplayWindowSeconds.Set, in.MaxReplayWindowSeconds.Value))
+	o, err := writeOwner(ctx, db, id, in)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return o, fmt.Errorf("owner %d: %w", id, errNotFound)
