@@ -154,7 +154,7 @@ type Config struct {
 	// is in front (https://outboxd.example.com): the one thing that
 	// tells outboxd, served plain HTTP by a proxy that terminates TLS,
 	// that its cookies must be Secure and that it may send HSTS. Empty:
-	// the scheme of each request as it arrived (validatePublicURL).
+	// the scheme of each request as it arrived (parsePublicURL).
 	PublicURL string
 	// TrustedProxies are the proxies in front whose X-Forwarded-For and
 	// X-Forwarded-Proto outboxd believes (clientAddr, httpserve.go); from
