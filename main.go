@@ -112,6 +112,16 @@ type Config struct {
 	// pooler in transaction mode): no LISTEN, a shorter relay sweep, and
 	// no session state across transactions (notify.go).
 	PoolMode string
+	// Migrate applies the migrations a database lacks at start. Off, a
+	// start on a database that is not at this release fails, naming what
+	// it lacks: for teams that apply DDL with their own tools, from what
+	// PrintSQL prints.
+	Migrate bool
+	// PrintSQL, with the migrate command, prints the SQL that would bring
+	// the database (or, with FromRelease, a database of that release: "none"
+	// for an empty one) to this release, and applies nothing.
+	PrintSQL    bool
+	FromRelease string
 
 	Relay     RelayConfig
 	Workers   WorkerConfig
@@ -181,6 +191,7 @@ func defaultConfig() Config {
 		LogFormat: "text",
 		LogLevel:  slog.LevelInfo,
 		PoolMode:  poolModeSession,
+		Migrate:   true,
 		Relay: RelayConfig{
 			BatchSize:            200,
 			MaxFailures:          5,
@@ -304,7 +315,7 @@ func (c Config) defaultInboxRetention() time.Duration {
 // commands are outboxd's subcommands, as -h lists them.
 var commands = []struct{ name, summary string }{
 	{"serve", "run the service, the default: relay, workers, sweeps and the HTTP listener"},
-	{"migrate", "apply schema.sql to the database and exit"},
+	{"migrate", "bring the database to this release and exit; -print-sql prints the SQL instead"},
 	{secretsEncrypt, "seal every stored secret under -secrets-key"},
 	{secretsRotateKey, "seal every stored secret again, from -secrets-old-key to -secrets-key"},
 	{"version", "print the release, module version, VCS revision and Go version"},
@@ -374,6 +385,9 @@ func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
 	fs.BoolVar(&cfg.Demo, "demo", cfg.Demo, "create a watched sample table and write to it, to show events flowing")
 	fs.BoolVar(&cfg.DisableListen, "disable-listen", cfg.DisableListen, "do not LISTEN; rely on the sweeps alone (-pool-mode transaction implies it)")
 	fs.StringVar(&cfg.PoolMode, "pool-mode", cfg.PoolMode, "session, or transaction behind a pooler in transaction mode (PgBouncer): no LISTEN, -relay-sweep 1s unless given, retention locks per batch")
+	fs.BoolVar(&cfg.Migrate, "migrate", cfg.Migrate, "apply the schema's missing migrations at start; false refuses to start on a database that is not at this release, naming what it lacks")
+	fs.BoolVar(&cfg.PrintSQL, "print-sql", cfg.PrintSQL, "with migrate: print the SQL that would bring the database to this release, for your own migration tools, and apply nothing")
+	fs.StringVar(&cfg.FromRelease, "from-release", cfg.FromRelease, "with migrate -print-sql: print the SQL from this release (0.1.0, ...; none: an empty database) without reading the database")
 	fs.IntVar(&cfg.Relay.BatchSize, "relay-batch", cfg.Relay.BatchSize, "most events claimed by one relay transaction")
 	fs.IntVar(&cfg.Relay.MaxFailures, "relay-max-failures", cfg.Relay.MaxFailures, "failed relay attempts after which an event is poisoned")
 	fs.DurationVar(&cfg.Relay.SweepInterval, "relay-sweep", cfg.Relay.SweepInterval, "relay pass interval without a notification")
@@ -546,6 +560,27 @@ func (c Config) validateReplicas() error {
 	return nil
 }
 
+// validateMigrate checks the migration settings: the printing flags
+// belong to the migrate command, and a release to print from is one this
+// binary has.
+func (c Config) validateMigrate() error {
+	if c.Command != "migrate" && (c.PrintSQL || c.FromRelease != "") {
+		return fmt.Errorf("%s and %s are flags of outboxd migrate", setting("print-sql"), setting("from-release"))
+	}
+	if c.FromRelease != "" && !c.PrintSQL {
+		return fmt.Errorf("%s goes with %s", setting("from-release"), setting("print-sql"))
+	}
+	if c.Command == "migrate" && !c.Migrate && !c.PrintSQL {
+		return fmt.Errorf("outboxd migrate with %s=false has nothing to do: leave it on, or add %s", setting("migrate"), setting("print-sql"))
+	}
+	if c.FromRelease != "" && c.FromRelease != "none" {
+		if _, err := migrationsAfter(embeddedMigrations(), c.FromRelease); err != nil {
+			return fmt.Errorf("%s: %w", setting("from-release"), err)
+		}
+	}
+	return nil
+}
+
 // validateService checks where outboxd connects and listens, and how it
 // logs: the settings without a numeric range.
 func (c Config) validateService() error {
@@ -571,6 +606,9 @@ func (c Config) validateService() error {
 	}
 	if c.PoolMode != poolModeSession && c.PoolMode != poolModeTransaction {
 		return fmt.Errorf("%s must be %s or %s, got %q", setting("pool-mode"), poolModeSession, poolModeTransaction, c.PoolMode)
+	}
+	if err := c.validateMigrate(); err != nil {
+		return err
 	}
 	if (c.TLSCert == "") != (c.TLSKey == "") {
 		return fmt.Errorf("%s and %s go together: give both or neither", setting("tls-cert"), setting("tls-key"))
@@ -786,6 +824,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	logger := newLogger(cfg, stderr)
 
+	if cfg.PrintSQL && cfg.FromRelease != "" {
+		return printMigrationSQL(stdout, newMigration(nil), cfg.FromRelease)
+	}
 	db, dsn, closeDB, err := connect(ctx, cfg, logger)
 	if err != nil {
 		return err
@@ -793,7 +834,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	defer closeDB()
 	switch cfg.Command {
 	case "migrate":
-		logger.Info("schema applied")
+		if cfg.PrintSQL {
+			return printDatabaseMigrationSQL(ctx, stdout, db)
+		}
+		logger.Info("the schema is at this release", "release", version)
 		return nil
 	case secretsEncrypt, secretsRotateKey:
 		_, err := sealStoredSecrets(ctx, db, box, logger)
@@ -982,9 +1026,13 @@ func connect(ctx context.Context, cfg Config, logger *slog.Logger) (db *sql.DB, 
 		err = fmt.Errorf("%s: %w", setting("database-url"), err)
 	}
 	if err == nil {
-		if cfg.PoolMode == poolModeTransaction {
-			err = requireMigrated(ctx, db)
-		} else {
+		switch {
+		case cfg.PrintSQL: // prints what it would apply, and applies nothing
+		case cfg.PoolMode == poolModeTransaction:
+			err = requireMigrated(ctx, db, errMigrateThroughPooler)
+		case !cfg.Migrate:
+			err = requireMigrated(ctx, db, errMigrationsOff)
+		default:
 			err = migrateLogged(ctx, db, logger)
 		}
 		if err != nil {

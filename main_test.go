@@ -625,14 +625,16 @@ func TestMigrateAgainTakesNoTableLocks(t *testing.T) {
 	if err := migrate(migrateCtx, db); err != nil {
 		t.Fatalf("second migrate while a writer holds outbox.events: %v", err)
 	}
-	// A changed schema.sql would be applied: its checksum is not recorded.
-	mustExec(t, db, `DELETE FROM outbox.schema_applied`)
+	// A database without the last migration gets it again: every file of
+	// a release before numbered records runs again over what it made.
+	last := len(embeddedMigrations())
+	mustExec(t, db, `DELETE FROM outbox.migrations WHERE version = $1`, last)
 	tx.Rollback()
 	if err := migrate(ctx, db); err != nil {
 		t.Fatal(err)
 	}
-	if n := queryInt(t, db, `SELECT count(*) FROM outbox.schema_applied WHERE checksum = $1`, schemaChecksum()); n != 1 {
-		t.Errorf("checksum rows after re-apply: %d, want 1", n)
+	if got := migrationFinished(t, db, last); got != "finished" {
+		t.Errorf("the last migration is %s after it was applied again, want finished", got)
 	}
 }
 

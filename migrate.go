@@ -7,10 +7,8 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
 	"database/sql"
 	_ "embed"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -24,9 +22,6 @@ import (
 
 //go:embed schema.sql
 var schemaSQL string
-
-//go:embed schema_indexes.sql
-var schemaIndexesSQL string
 
 // schemaLockKey is the session advisory lock that lets one replica at a
 // time migrate: CREATE ... IF NOT EXISTS is not safe against a concurrent
@@ -76,12 +71,12 @@ const (
 	migrateLockPoll = 100 * time.Millisecond
 )
 
-// migration is one application of the schema: the two files and the
-// bounds it runs under. Tests shorten the bounds, and a rolling-upgrade
-// test appends statements to either file as the next release would.
+// migration is how this binary brings a database to its release: the
+// schema's two forms and the bounds the work runs under. Tests shorten
+// the bounds, and a rolling-upgrade test adds the next release's file.
 type migration struct {
-	schema  string // applied in one transaction (schema.sql)
-	indexes string // applied one statement at a time, CONCURRENTLY (schema_indexes.sql)
+	schema string          // schema.sql: a fresh database's, in one transaction
+	files  []migrationFile // migrations/: the others', each file in a transaction and its online statements after
 
 	lockWait      time.Duration // migrateLockWait
 	indexLockWait time.Duration // migrateIndexLockWait
@@ -98,7 +93,7 @@ func newMigration(logger *slog.Logger) migration {
 	}
 	return migration{
 		schema:        schemaSQL,
-		indexes:       schemaIndexesSQL,
+		files:         embeddedMigrations(),
 		lockWait:      migrateLockWait,
 		indexLockWait: migrateIndexLockWait,
 		attempts:      migrateAttempts,
@@ -108,15 +103,15 @@ func newMigration(logger *slog.Logger) migration {
 	}
 }
 
-// migrate applies this binary's schema, saying nothing; the server's
-// start logs through migrateLogged.
+// migrate brings db to this binary's release, saying nothing; the
+// server's start logs through migrateLogged.
 func migrate(ctx context.Context, db *sql.DB) error {
 	return newMigration(nil).run(ctx, db)
 }
 
-// migrateLogged applies this binary's schema, logging what an operator
-// should see: a wait for another replica, a retry after a lock timeout,
-// every index built.
+// migrateLogged brings db to this binary's release, logging what an
+// operator should see: a wait for another replica, each migration
+// applied, a retry after a lock timeout, every index built.
 func migrateLogged(ctx context.Context, db *sql.DB, logger *slog.Logger) error {
 	return newMigration(logger).run(ctx, db)
 }
@@ -125,54 +120,48 @@ func migrateLogged(ctx context.Context, db *sql.DB, logger *slog.Logger) error {
 // mode (-pool-mode transaction) does not migrate: the migration's lock is
 // a session's, which such a pooler hands to another client between
 // transactions, and its index builds run outside any transaction.
-var errMigrateThroughPooler = errors.New("the schema of this release is not applied, and a migration cannot run through a pooler in transaction mode " +
+var errMigrateThroughPooler = errors.New("a migration cannot run through a pooler in transaction mode " +
 	"(it holds a session advisory lock): run `outboxd migrate` once with a -database-url that reaches PostgreSQL directly " +
 	"(or through a session-mode pool) and -pool-mode session, then start again")
 
-// requireMigrated is migrate's stand-in behind a pooler in transaction
-// mode: it applies nothing and fails unless this binary's schema was
-// applied (docs/replicas.md, behind PgBouncer).
-func requireMigrated(ctx context.Context, db *sql.DB) error {
-	applied, err := schemaApplied(ctx, db, schemaChecksum())
+// errMigrationsOff is what a replica started with -migrate=false says
+// when the database is not at its release.
+var errMigrationsOff = errors.New("migrations are off (-migrate=false): run `outboxd migrate`, " +
+	"or apply the SQL `outboxd migrate -print-sql` prints with your own tools, then start again")
+
+// requireMigrated is migrate's stand-in where this replica applies
+// nothing (behind a pooler in transaction mode, or -migrate=false): it
+// fails, naming what is missing and why, unless db is at this release.
+func requireMigrated(ctx context.Context, db *sql.DB, why error) error {
+	m := newMigration(nil)
+	state, err := readSchemaState(ctx, db)
 	if err != nil {
 		return err
 	}
-	if !applied {
-		return fmt.Errorf("migrate: %w", errMigrateThroughPooler)
+	if state.fresh {
+		return fmt.Errorf("migrate: the database has no outboxd schema, and %w", why)
+	}
+	steps, err := state.plan(m.files)
+	if err != nil {
+		return err
+	}
+	if len(steps) > 0 {
+		return fmt.Errorf("migrate: the database lacks %s of release %s, and %w", describeSteps(steps), version, why)
 	}
 	return nil
 }
 
-// schemaChecksum identifies this binary's schema files.
-func schemaChecksum() string {
-	return newMigration(nil).checksum()
-}
-
-func (m migration) checksum() string {
-	h := sha256.New()
-	h.Write([]byte(m.schema))
-	h.Write([]byte{0})
-	h.Write([]byte(m.indexes))
-	return hex.EncodeToString(h.Sum(nil))
-}
-
-// run applies the schema unless these exact files were applied before.
-// The check matters: schema.sql's ALTER TABLE and CREATE OR REPLACE
-// TRIGGER take locks on the hot tables, so a replica restarting under load
-// must not run them when there is nothing to change.
-//
-// The checksum is recorded only once the indexes are built too: a
-// migration that stopped half way (a crash, a lock never released) is
-// done again, whole, at the next start, and every statement of both files
-// is idempotent.
+// run brings db to m's release: schema.sql into a fresh database, or the
+// migrations it lacks, in order. A database that has them all is left
+// alone without a lock: a replica restarting under load takes none on the
+// hot tables.
 func (m migration) run(ctx context.Context, db *sql.DB) (err error) {
-	checksum := m.checksum()
-	if applied, err := schemaApplied(ctx, db, checksum); err == nil && applied {
-		return nil
-	}
-	indexes, err := parseIndexStatements(m.indexes)
-	if err != nil {
-		return fmt.Errorf("migrate: %w", err)
+	if state, err := readSchemaState(ctx, db); err != nil {
+		return err
+	} else if !state.fresh {
+		if steps, err := state.plan(m.files); err != nil || len(steps) == 0 {
+			return err
+		}
 	}
 
 	// One pinned session holds the advisory lock and runs everything, and
@@ -192,21 +181,58 @@ func (m migration) run(ctx context.Context, db *sql.DB) (err error) {
 			err = uerr
 		}
 	}()
-	// Another replica may have applied it while this one waited.
-	if applied, err := schemaApplied(ctx, conn, checksum); err != nil {
+	// Another replica may have migrated while this one waited.
+	state, err := readSchemaState(ctx, conn)
+	if err != nil {
 		return err
-	} else if applied {
+	}
+	if state.fresh {
+		m.logger.Info("installing the schema", "release", m.files[len(m.files)-1].release)
+		return m.retry(ctx, func() (string, error) {
+			return m.applyInTx(ctx, conn, "schema.sql", splitSQL(m.schema), recordSQL(m.files, true))
+		}, m.lockWait)
+	}
+	steps, err := state.plan(m.files)
+	if err != nil {
+		return err
+	}
+	for _, st := range steps {
+		if err := m.applyStep(ctx, conn, st); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// applyStep applies one migration file: its transaction (unless it
+// committed before), then its online statements, then records it
+// finished. A file stopped between the two (a crash, a lock never
+// released) has its online statements run at the next start; each skips
+// what the catalog says is done.
+func (m migration) applyStep(ctx context.Context, conn *sql.Conn, st migrationStep) error {
+	f := st.file
+	inTx, online, err := f.statements()
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	applied := m.files[:f.version]
+	if !st.onlineOnly {
+		m.logger.Info("applying a migration", "migration", f.name)
+		err := m.retry(ctx, func() (string, error) {
+			return m.applyInTx(ctx, conn, "migrations/"+f.name, inTx, recordSQL(applied, len(online) == 0))
+		}, m.lockWait)
+		if err != nil {
+			return err
+		}
+	}
+	if len(online) == 0 {
 		return nil
 	}
-
-	if err := m.applySchema(ctx, conn); err != nil {
+	if err := m.applyOnline(ctx, conn, online); err != nil {
 		return err
 	}
-	if err := m.applyIndexes(ctx, conn, indexes); err != nil {
-		return err
-	}
-	if _, err := conn.ExecContext(ctx, `INSERT INTO outbox.schema_applied (checksum) VALUES ($1) ON CONFLICT DO NOTHING`, checksum); err != nil {
-		return fmt.Errorf("migrate: record checksum: %w", err)
+	if _, err := conn.ExecContext(ctx, recordSQL(applied, true)); err != nil {
+		return fmt.Errorf("migrate: record migrations/%s finished: %w", f.name, err)
 	}
 	return nil
 }
@@ -253,16 +279,6 @@ func unlockSchema(ctx context.Context, conn *sql.Conn) error {
 	return nil
 }
 
-// applySchema runs schema.sql in one transaction that first locks every
-// table of schema outbox, tried again while its lock waits run out (or it
-// is a deadlock's victim), at most m.attempts times.
-func (m migration) applySchema(ctx context.Context, conn *sql.Conn) error {
-	stmts := splitSQL(m.schema)
-	return m.retry(ctx, func() (string, error) {
-		return m.applySchemaOnce(ctx, conn, stmts)
-	}, m.lockWait)
-}
-
 // schemaTablesQuery lists the tables of schema outbox in the order a
 // migration locks them, before its first statement: a statement that
 // waits for one table's lock while the transaction holds another can meet
@@ -304,12 +320,14 @@ func scanString(row rowScanner) (string, error) {
 	return s, err
 }
 
-// applySchemaOnce is one try of applySchema. It returns the statement that
-// failed, for the error and the log.
-func (m migration) applySchemaOnce(ctx context.Context, conn *sql.Conn, stmts []sqlStatement) (string, error) {
+// applyInTx is one try of a migration's transaction, or of schema.sql's:
+// it locks every table of schema outbox, runs stmts and then record, and
+// commits. Its lock waits together are bounded by m.lockWait. It returns
+// the statement that failed, for the error and the log.
+func (m migration) applyInTx(ctx context.Context, conn *sql.Conn, file string, stmts []sqlStatement, record string) (string, error) {
 	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
-		return "begin schema.sql", err
+		return "begin " + file, err
 	}
 	defer tx.Rollback()
 	began := time.Now()
@@ -321,27 +339,27 @@ func (m migration) applySchemaOnce(ctx context.Context, conn *sql.Conn, stmts []
 		wait := max(m.lockWait-time.Since(began), time.Millisecond)
 		q := fmt.Sprintf("SET LOCAL lock_timeout = %d; LOCK TABLE outbox.%s IN ACCESS EXCLUSIVE MODE", wait.Milliseconds(), pq.QuoteIdentifier(table))
 		if _, err := tx.ExecContext(ctx, q); err != nil {
-			return "schema.sql: lock table outbox." + table, err
+			return file + ": lock table outbox." + table, err
 		}
 	}
-	for _, s := range stmts {
+	for _, s := range append(stmts, sqlStatement{text: record}) {
 		wait := max(m.lockWait-time.Since(began), time.Millisecond)
 		// One round trip: the simple query protocol (no parameters) runs
 		// both; the setting ends with the transaction.
 		q := fmt.Sprintf("SET LOCAL lock_timeout = %d; %s", wait.Milliseconds(), s.text)
 		if _, err := tx.ExecContext(ctx, q); err != nil {
-			return s.label("schema.sql"), err
+			return s.label(file), err
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return "commit schema.sql", err
+		return "commit " + file, err
 	}
 	return "", nil
 }
 
-// applyIndexes runs schema_indexes.sql's statements one by one, each in a
+// applyOnline runs a migration's online statements one by one, each in a
 // transaction of its own, as CONCURRENTLY requires.
-func (m migration) applyIndexes(ctx context.Context, conn *sql.Conn, indexes []indexStatement) error {
+func (m migration) applyOnline(ctx context.Context, conn *sql.Conn, online []onlineStatement) error {
 	// Session settings, gone with the session (run closes it). No
 	// statement_timeout: a build takes as long as the table needs, and
 	// blocks no writer meanwhile; a timeout would cancel it at the same
@@ -352,9 +370,9 @@ func (m migration) applyIndexes(ctx context.Context, conn *sql.Conn, indexes []i
 	if _, err := conn.ExecContext(ctx, `SET statement_timeout = 0`); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
-	for _, ix := range indexes {
+	for _, o := range online {
 		err := m.retry(ctx, func() (string, error) {
-			return ix.label, m.applyIndex(ctx, conn, ix)
+			return o.label, m.applyOnlineOnce(ctx, conn, o)
 		}, m.indexLockWait)
 		if err != nil {
 			return err
@@ -363,43 +381,59 @@ func (m migration) applyIndexes(ctx context.Context, conn *sql.Conn, indexes []i
 	return nil
 }
 
-// indexValidityQuery is what the catalog says of an index: no row if it is
-// absent, else whether it is valid (not left by a concurrent build or drop
-// that did not finish).
-const indexValidityQuery = `
+// onlineStateQuery is what the catalog says of an online statement's
+// object: no row if it is absent, else whether it is valid (an index not
+// left by a concurrent build or drop that did not finish; a constraint
+// validated).
+const onlineStateQuery = `
 SELECT i.indisvalid
 FROM pg_index AS i
-WHERE i.indexrelid = to_regclass('outbox.' || $1)`
+WHERE $1 <> 'constraint' AND i.indexrelid = to_regclass('outbox.' || $2)
+UNION ALL
+SELECT c.convalidated
+FROM pg_constraint AS c
+WHERE $1 = 'constraint' AND c.conrelid = to_regclass('outbox.' || $3) AND c.conname = $2`
 
-// applyIndex runs one statement of schema_indexes.sql, sending nothing
-// when the catalog says it is done: a valid index of that name exists (a
-// CREATE), or none does (a DROP). An index of that name that is invalid is
-// what a concurrent build leaves when it does not finish, unusable by any
-// query but still updated by every write; it is dropped and built again.
-func (m migration) applyIndex(ctx context.Context, conn *sql.Conn, ix indexStatement) error {
+// applyOnlineOnce runs one online statement, sending nothing when the
+// catalog says it is done: a valid index of that name exists (a build),
+// none does (a drop), the constraint is validated. An index of that name
+// that is invalid is what a concurrent build leaves when it does not
+// finish, unusable by any query but still updated by every write; it is
+// dropped and built again.
+func (m migration) applyOnlineOnce(ctx context.Context, conn *sql.Conn, o onlineStatement) error {
+	object := "index"
+	if o.kind == validateConstraint {
+		object = "constraint"
+	}
 	var valid bool
-	err := conn.QueryRowContext(ctx, indexValidityQuery, ix.name).Scan(&valid)
+	err := conn.QueryRowContext(ctx, onlineStateQuery, object, o.name, o.table).Scan(&valid)
 	exists := err == nil
 	if err != nil && err != sql.ErrNoRows {
 		return err
 	}
-	if ix.drop && !exists || !ix.drop && valid {
+	switch {
+	case o.kind == dropIndex && !exists, o.kind != dropIndex && valid:
 		return nil
-	}
-	if !ix.drop && exists {
-		m.logger.Warn("index left invalid by a build that did not finish; building it again", "index", ix.name)
-		if _, err := conn.ExecContext(ctx, `DROP INDEX CONCURRENTLY IF EXISTS outbox.`+ix.name); err != nil {
+	case o.kind == validateConstraint && !exists:
+		return fmt.Errorf("no constraint %s on outbox.%s to validate", o.name, o.table)
+	case o.kind == buildIndex && exists:
+		m.logger.Warn("index left invalid by a build that did not finish; building it again", "index", o.name)
+		if _, err := conn.ExecContext(ctx, `DROP INDEX CONCURRENTLY IF EXISTS outbox.`+o.name); err != nil {
 			return err
 		}
 	}
 	began := time.Now()
-	if _, err := conn.ExecContext(ctx, ix.text); err != nil {
+	if _, err := conn.ExecContext(ctx, o.text); err != nil {
 		return err
 	}
-	if ix.drop {
-		m.logger.Info("index dropped concurrently", "index", ix.name, "took", time.Since(began).Round(time.Millisecond))
-	} else {
-		m.logger.Info("index built concurrently", "index", ix.name, "took", time.Since(began).Round(time.Millisecond))
+	took := time.Since(began).Round(time.Millisecond)
+	switch o.kind {
+	case buildIndex:
+		m.logger.Info("index built concurrently", "index", o.name, "took", took)
+	case dropIndex:
+		m.logger.Info("index dropped concurrently", "index", o.name, "took", took)
+	case validateConstraint:
+		m.logger.Info("constraint validated", "constraint", o.name, "table", "outbox."+o.table, "took", took)
 	}
 	return nil
 }
@@ -443,25 +477,6 @@ func (m migration) pauseAfter(attempt int) time.Duration {
 		pause *= 2
 	}
 	return min(pause, m.backoffMax)
-}
-
-// schemaApplied reports whether the schema with this checksum was applied.
-func schemaApplied(ctx context.Context, q interface {
-	QueryRowContext(context.Context, string, ...any) *sql.Row
-}, checksum string) (bool, error) {
-	var exists bool
-	if err := q.QueryRowContext(ctx, `SELECT to_regclass('outbox.schema_applied') IS NOT NULL`).Scan(&exists); err != nil {
-		return false, fmt.Errorf("migrate: %w", err)
-	}
-	if !exists {
-		return false, nil
-	}
-	var applied bool
-	err := q.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM outbox.schema_applied WHERE checksum = $1)`, checksum).Scan(&applied)
-	if err != nil {
-		return false, fmt.Errorf("migrate: %w", err)
-	}
-	return applied, nil
 }
 
 // sqlStatement is one statement of a schema file, without its semicolon,
@@ -556,38 +571,4 @@ func skipToken(src string, i int) int {
 		}
 	}
 	return i + 1
-}
-
-// indexStatement is one statement of schema_indexes.sql.
-type indexStatement struct {
-	name  string // the index, in schema outbox
-	drop  bool   // DROP INDEX; otherwise CREATE INDEX
-	text  string
-	label string
-}
-
-// The two forms schema_indexes.sql may hold.
-var (
-	createIndexConcurrently = regexp.MustCompile(`^CREATE (?:UNIQUE )?INDEX CONCURRENTLY IF NOT EXISTS ([a-z_][a-z0-9_]*)\s+ON outbox\.[a-z_]+\s`)
-	dropIndexConcurrently   = regexp.MustCompile(`^DROP INDEX CONCURRENTLY IF EXISTS outbox\.([a-z_][a-z0-9_]*)$`)
-)
-
-// parseIndexStatements reads schema_indexes.sql, refusing any statement
-// that is not one of its two forms: anything else would either fail
-// outside a transaction or, worse, run there without the lock_timeout
-// and retries that schema.sql's statements get.
-func parseIndexStatements(src string) ([]indexStatement, error) {
-	var out []indexStatement
-	for _, s := range splitSQL(src) {
-		ix := indexStatement{text: s.text, label: s.label("schema_indexes.sql")}
-		if m := createIndexConcurrently.FindStringSubmatch(s.text); m != nil {
-			ix.name = m[1]
-		} else if m := dropIndexConcurrently.FindStringSubmatch(s.text); m != nil {
-			ix.name, ix.drop = m[1], true
-		} else {
-			return nil, fmt.Errorf("%s: not CREATE [UNIQUE] INDEX CONCURRENTLY IF NOT EXISTS name ON outbox.table, nor DROP INDEX CONCURRENTLY IF EXISTS outbox.name", ix.label)
-		}
-		out = append(out, ix)
-	}
-	return out, nil
 }

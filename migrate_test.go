@@ -1,12 +1,15 @@
-// migrate_test.go: the schema applied online: what the two files may hold,
-// the bounded and retried lock waits, the rebuild of an invalid index, one
-// replica at a time, and producers kept writing while an index builds.
+// migrate_test.go: migrations applied online: what a file may hold, the
+// bounded and retried lock waits, the rebuild of an invalid index, a
+// migration stopped half way finished at the next start, one replica at a
+// time, and producers kept writing while an index builds.
 
 package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -235,56 +238,62 @@ func TestSplitSQL(t *testing.T) {
 }
 
 // queueTables are the tables that grow with the traffic: an index built on
-// one of them inside the migration's transaction blocks its writers for
-// the whole build.
+// one of them inside a migration's transaction blocks its writers for the
+// whole build.
 var queueTables = []string{"events", "jobs", "deliveries", "inbox", "subjects"}
 
-// Every index of a queue table is built CONCURRENTLY from
-// schema_indexes.sql, none in schema.sql's transaction; and that file
-// holds only the two forms migrate accepts. A new index written into
-// schema.sql out of habit fails here, named.
-func TestSchemaBuildsNoQueueTableIndexInItsTransaction(t *testing.T) {
+// No migration builds or drops an index of a queue table in its
+// transaction: each does it online, CONCURRENTLY. A new index written
+// into a migration out of habit fails here, named. (The first file is the
+// first release's whole schema, into an empty database.)
+func TestMigrationsBuildNoQueueTableIndexInTheirTransaction(t *testing.T) {
 	t.Parallel()
 	onQueueTable := regexp.MustCompile(`(?is)^(CREATE\s+(UNIQUE\s+)?INDEX\b.*\bON\s+(ONLY\s+)?outbox\.(` + strings.Join(queueTables, "|") + `)\b|DROP\s+INDEX\b.*\boutbox\.(` + strings.Join(queueTables, "|") + `)_|REINDEX\b)`)
-	stmts := splitSQL(schemaSQL)
-	if len(stmts) < 50 {
-		t.Fatalf("schema.sql split into %d statements; the splitter is broken", len(stmts))
-	}
-	for _, s := range stmts {
-		if onQueueTable.MatchString(s.text) {
-			t.Errorf("%s: an index of a queue table belongs in schema_indexes.sql, built CONCURRENTLY", s.label("schema.sql"))
+	var online int
+	for _, f := range newMigration(nil).files {
+		inTx, on, err := f.statements()
+		if err != nil {
+			t.Fatal(err)
+		}
+		online += len(on)
+		for _, s := range inTx {
+			if f.version > 1 && onQueueTable.MatchString(s.text) {
+				t.Errorf("%s: an index of a queue table is built CONCURRENTLY, after the transaction", s.label("migrations/"+f.name))
+			}
 		}
 	}
-	indexes, err := parseIndexStatements(schemaIndexesSQL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var creates, drops int
-	for _, ix := range indexes {
-		if ix.drop {
-			drops++
-		} else {
-			creates++
-		}
-	}
-	if creates != 22 || drops != 5 {
-		t.Errorf("schema_indexes.sql: %d builds and %d drops, want 22 and 5", creates, drops)
+	// 0.1.0's 19 builds and 5 drops, 0.3.0's 3 builds, 0.6.0's 3
+	// validations.
+	if online != 30 {
+		t.Errorf("%d online statements in the migrations, want 30", online)
 	}
 }
 
-func TestSchemaIndexesRefuseAnyOtherStatement(t *testing.T) {
+// A CONCURRENTLY statement of a form the runner cannot tell done, or that
+// would fail in a transaction, is refused, named by file and line; other
+// statements go in the transaction.
+func TestOnlineStatementsRefuseOtherForms(t *testing.T) {
 	t.Parallel()
 	for _, bad := range []string{
-		"CREATE INDEX IF NOT EXISTS jobs_x ON outbox.jobs (id)",              // would block writers
-		"CREATE INDEX CONCURRENTLY jobs_x ON outbox.jobs (id)",               // not idempotent
-		"DROP INDEX IF EXISTS outbox.jobs_x",                                 // would block writers
-		"ALTER TABLE outbox.jobs ADD COLUMN x text",                          // not an index
+		"CREATE INDEX CONCURRENTLY jobs_x ON outbox.jobs (id)",               // not re-runnable
 		"CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_x ON public.jobs (id)", // not outbox's
+		"DROP INDEX CONCURRENTLY outbox.jobs_x",                              // not re-runnable
+		"REINDEX INDEX CONCURRENTLY outbox.jobs_x",                           // no way to tell it done
 	} {
-		_, err := parseIndexStatements("-- header\n\n" + bad + ";\n")
-		if err == nil || !strings.Contains(err.Error(), "schema_indexes.sql:3 "+bad[:20]) {
-			t.Errorf("%q: error %v, want one naming schema_indexes.sql:3 and the statement", bad, err)
+		f := migrationFile{name: "007_0.7.0.sql", text: "-- header\n\n" + bad + ";\n"}
+		_, _, err := f.statements()
+		if err == nil || !strings.Contains(err.Error(), "migrations/007_0.7.0.sql:3 "+bad[:20]) {
+			t.Errorf("%q: error %v, want one naming migrations/007_0.7.0.sql:3 and the statement", bad, err)
 		}
+	}
+	f := migrationFile{name: "007_0.7.0.sql", text: `
+CREATE INDEX IF NOT EXISTS endpoints_x ON outbox.endpoints (id);
+ALTER TABLE outbox.events VALIDATE CONSTRAINT events_x;
+DROP INDEX CONCURRENTLY IF EXISTS outbox.jobs_y;
+`}
+	inTx, online, err := f.statements()
+	if err != nil || len(inTx) != 1 || len(online) != 2 || online[0].kind != validateConstraint || online[1].kind != dropIndex {
+		t.Errorf("statements: %d in the transaction, %v online, %v; want the index in it, the validation and the drop after", len(inTx), online, err)
 	}
 }
 
@@ -298,6 +307,46 @@ func shortMigration(logs *syncBuffer, attempts int) migration {
 	m.backoff = 20 * time.Millisecond
 	m.backoffMax = 40 * time.Millisecond
 	return m
+}
+
+// nextRelease is the test's release after this one.
+const nextRelease = "0.99.0"
+
+// withNext is m with one more migration, the next release's, holding sql.
+func (m migration) withNext(sql string) migration {
+	v := len(m.files) + 1
+	sum := sha256.Sum256([]byte(sql))
+	m.files = append(slices.Clip(m.files), migrationFile{
+		version: v, name: fmt.Sprintf("%03d_%s.sql", v, nextRelease), release: nextRelease,
+		text: sql, checksum: hex.EncodeToString(sum[:]),
+	})
+	return m
+}
+
+// nextName is the file name withNext gives the next release's migration.
+func nextName() string { return fmt.Sprintf("%03d_%s.sql", len(embeddedMigrations())+1, nextRelease) }
+
+// migrationFinished is whether db records migration version, and its
+// online statements run: "finished", "unfinished" or "absent".
+func migrationFinished(t *testing.T, db *sql.DB, version int) string {
+	t.Helper()
+	var finished bool
+	err := db.QueryRow(`SELECT finished_at IS NOT NULL FROM outbox.migrations WHERE version = $1`, version).Scan(&finished)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return "absent"
+	case err != nil:
+		t.Fatal(err)
+	case finished:
+		return "finished"
+	}
+	return "unfinished"
+}
+
+// concurrently is an index's definition (pg_get_indexdef) as a migration
+// builds it.
+func concurrently(def string) string {
+	return strings.Replace(def, " INDEX ", " INDEX CONCURRENTLY IF NOT EXISTS ", 1)
 }
 
 // holdTableLock begins a transaction that reads table, which holds a lock
@@ -314,20 +363,20 @@ func holdTableLock(t *testing.T, db *sql.DB, table string) (rollback func()) {
 	return func() { tx.Rollback() }
 }
 
-// A session holding a lock that schema.sql's statement needs makes the
+// A session holding a lock that a migration's statement needs makes the
 // migration give up that try after its lock wait and try again, logging
 // the statement, and the migration succeeds once the lock is released.
 func TestMigrationWaitsOutAHeldLockInTries(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
 	ctx := context.Background()
-	mustExec(t, db, `DELETE FROM outbox.schema_applied`) // a new release's schema
 	release := holdTableLock(t, db, "outbox.jobs")
 	defer release()
 
 	var logs syncBuffer
+	m := shortMigration(&logs, 1000).withNext(`ALTER TABLE outbox.jobs ADD COLUMN IF NOT EXISTS upgrade_note text`)
 	done := make(chan error, 1)
-	go func() { done <- shortMigration(&logs, 1000).run(ctx, db) }()
+	go func() { done <- m.run(ctx, db) }()
 	waitFor(t, "a second try", 20*time.Second, func() bool {
 		return strings.Contains(logs.String(), "attempt=2 ")
 	})
@@ -348,8 +397,8 @@ func TestMigrationWaitsOutAHeldLockInTries(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("migration still running 20 s after the lock was released")
 	}
-	if n := queryInt(t, db, `SELECT count(*) FROM outbox.schema_applied WHERE checksum = $1`, schemaChecksum()); n != 1 {
-		t.Errorf("checksum rows: %d, want 1", n)
+	if got := migrationFinished(t, db, len(m.files)); got != "finished" {
+		t.Errorf("the next release's migration is %s in outbox.migrations, want finished", got)
 	}
 }
 
@@ -357,18 +406,18 @@ func TestMigrationWaitsOutAHeldLockInTries(t *testing.T) {
 // with an error that names the statement (here the LOCK TABLE of
 // outbox.jobs its transaction begins with; a statement of the file is
 // named by its line, as TestIndexBuildWaitingOnAnOldTransactionFailsNamedThenRecovers
-// shows for schema_indexes.sql), and keeps the lock timeout's code for a
+// shows for an online one), and keeps the lock timeout's code for a
 // caller to test.
 func TestMigrationNamesTheStatementWhenALockIsNeverReleased(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
-	mustExec(t, db, `DELETE FROM outbox.schema_applied`)
 	release := holdTableLock(t, db, "outbox.jobs")
 	defer release()
 
 	var logs syncBuffer
 	began := time.Now()
-	err := shortMigration(&logs, 3).run(context.Background(), db)
+	m := shortMigration(&logs, 3).withNext(`ALTER TABLE outbox.jobs ADD COLUMN IF NOT EXISTS upgrade_note text`)
+	err := m.run(context.Background(), db)
 	took := time.Since(began)
 	if err == nil {
 		t.Fatal("migration succeeded while a lock it needs was held")
@@ -376,7 +425,7 @@ func TestMigrationNamesTheStatementWhenALockIsNeverReleased(t *testing.T) {
 	if pq.As(err, pqerror.LockNotAvailable) == nil {
 		t.Errorf("error %v is not the lock timeout", err)
 	}
-	for _, want := range []string{"migrate: schema.sql: lock table outbox.jobs: gave up after 3 attempts, each waiting at most 100ms for locks"} {
+	for _, want := range []string{"migrate: migrations/" + nextName() + ": lock table outbox.jobs: gave up after 3 attempts, each waiting at most 100ms for locks"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not say %q", err, want)
 		}
@@ -389,8 +438,8 @@ func TestMigrationNamesTheStatementWhenALockIsNeverReleased(t *testing.T) {
 	if took < 60*time.Millisecond || took > 10*time.Second {
 		t.Errorf("gave up after %s, want between the pauses' 60ms and 10s", took)
 	}
-	if n := queryInt(t, db, `SELECT count(*) FROM outbox.schema_applied`); n != 0 {
-		t.Errorf("%d checksums recorded by a migration that failed", n)
+	if got := migrationFinished(t, db, len(m.files)); got != "absent" {
+		t.Errorf("a migration that failed is %s in outbox.migrations, want absent", got)
 	}
 }
 
@@ -414,7 +463,8 @@ func indexState(t *testing.T, db *sql.DB, name string) (state, def string) {
 // An index a concurrent build left INVALID (here: a unique build refused
 // by duplicates, as a crash or a cancel would leave it) exists by name, so
 // IF NOT EXISTS alone would keep it: unusable by every query, maintained
-// by every write. The migration drops it and builds it as written.
+// by every write. A migration that builds it drops it and builds it as
+// written.
 func TestMigrationRebuildsAnIndexLeftInvalid(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
@@ -429,9 +479,8 @@ func TestMigrationRebuildsAnIndexLeftInvalid(t *testing.T) {
 	if state, _ := indexState(t, db, "jobs_by_event_id"); state != "invalid" {
 		t.Fatalf("after the failed build the index is %s, want invalid", state)
 	}
-	mustExec(t, db, `DELETE FROM outbox.schema_applied`)
 	var logs syncBuffer
-	if err := shortMigration(&logs, 3).run(context.Background(), db); err != nil {
+	if err := shortMigration(&logs, 3).withNext(concurrently(wantDef)).run(context.Background(), db); err != nil {
 		t.Fatal(err)
 	}
 	state, def := indexState(t, db, "jobs_by_event_id")
@@ -445,15 +494,16 @@ func TestMigrationRebuildsAnIndexLeftInvalid(t *testing.T) {
 
 // A build that cannot finish within its lock wait (it waits for every
 // older transaction, and one is left open) is retried, then fails naming
-// the index statement; what it leaves invalid is rebuilt by the next
-// migration, once that transaction has ended.
+// the index statement, the migration recorded but unfinished; the next
+// start, once that transaction has ended, runs its online statements
+// again and rebuilds what the build left invalid.
 func TestIndexBuildWaitingOnAnOldTransactionFailsNamedThenRecovers(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
+	_, def := indexState(t, db, "jobs_by_event_id")
 	mustExec(t, db, `DROP INDEX outbox.jobs_by_event_id`)
-	mustExec(t, db, `DELETE FROM outbox.schema_applied`)
-	// An old snapshot on a table the migration never locks: schema.sql's
-	// transaction goes through, the concurrent build waits.
+	// An old snapshot on a table the migration never locks: the
+	// migration's transaction goes through, the concurrent build waits.
 	mustExec(t, db, `CREATE TABLE elsewhere (x int)`)
 	tx, err := db.BeginTx(context.Background(), &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
 	if err != nil {
@@ -465,16 +515,27 @@ func TestIndexBuildWaitingOnAnOldTransactionFailsNamedThenRecovers(t *testing.T)
 	}
 
 	var logs syncBuffer
-	err = shortMigration(&logs, 2).run(context.Background(), db)
-	if err == nil || !regexp.MustCompile(`migrate: schema_indexes\.sql:\d+ CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_by_event_id .*gave up after 2 attempts, each waiting at most 200ms`).MatchString(err.Error()) {
+	m := shortMigration(&logs, 2).withNext("ALTER TABLE outbox.jobs ADD COLUMN IF NOT EXISTS upgrade_note text;\n" + concurrently(def))
+	err = m.run(context.Background(), db)
+	if err == nil || !regexp.MustCompile(`migrate: migrations/`+regexp.QuoteMeta(nextName())+`:2 CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_by_event_id .*gave up after 2 attempts, each waiting at most 200ms`).MatchString(err.Error()) {
 		t.Fatalf("migration with an old transaction open: %v; want the build of jobs_by_event_id named", err)
 	}
 	if state, _ := indexState(t, db, "jobs_by_event_id"); state != "invalid" {
 		t.Fatalf("the interrupted build left the index %s, want invalid (what this test recovers from)", state)
 	}
+	if got := migrationFinished(t, db, len(m.files)); got != "unfinished" {
+		t.Fatalf("the migration whose build failed is %s, want unfinished: its transaction committed", got)
+	}
 	tx.Rollback()
-	if err := shortMigration(&logs, 2).run(context.Background(), db); err != nil {
+	logs = syncBuffer{}
+	if err := m.run(context.Background(), db); err != nil {
 		t.Fatal(err)
+	}
+	if strings.Contains(logs.String(), "applying a migration") {
+		t.Errorf("the next start applied the migration's transaction again:\n%s", logs.String())
+	}
+	if got := migrationFinished(t, db, len(m.files)); got != "finished" {
+		t.Errorf("after the next start the migration is %s, want finished", got)
 	}
 	if state, _ := indexState(t, db, "jobs_by_event_id"); state != "valid" {
 		t.Errorf("after the next migration the index is %s, want valid", state)
@@ -486,13 +547,15 @@ func TestIndexBuildWaitingOnAnOldTransactionFailsNamedThenRecovers(t *testing.T)
 func TestTwoReplicasMigratingAtOnceBuildOnce(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
+	_, def := indexState(t, db, "jobs_by_event_id")
 	mustExec(t, db, `DROP INDEX outbox.jobs_by_event_id`)
-	mustExec(t, db, `DELETE FROM outbox.schema_applied`)
 	var logs [2]syncBuffer
 	var wg sync.WaitGroup
 	var errs [2]error
 	for i := range 2 {
-		wg.Go(func() { errs[i] = shortMigration(&logs[i], 10).run(context.Background(), db) })
+		wg.Go(func() {
+			errs[i] = shortMigration(&logs[i], 10).withNext(concurrently(def)).run(context.Background(), db)
+		})
 	}
 	wg.Wait()
 	if errs[0] != nil || errs[1] != nil {
@@ -627,11 +690,10 @@ func TestMigrationUnderWriteLoadStallsProducersBriefly(t *testing.T) {
 		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1`, endpoint) > 10
 	})
 
-	// The migration a new release brings: schema.sql changed (not yet
-	// recorded) and an index to build.
+	// The migration a new release brings: a column and an index to build.
 	var logs syncBuffer
-	m := newMigration(slog.New(slog.NewTextHandler(&logs, nil)))
-	m.indexes += "\n" + pending + ";\n"
+	m := newMigration(slog.New(slog.NewTextHandler(&logs, nil))).
+		withNext("ALTER TABLE outbox.jobs ADD COLUMN IF NOT EXISTS upgrade_note text;\n" + pending + ";\n")
 	from := time.Now()
 	err := m.run(ctx, db)
 	to := time.Now()
@@ -690,10 +752,10 @@ func TestMigrationUnderWriteLoadStallsProducersBriefly(t *testing.T) {
 // The next release, as far as the schema goes: a column and an index on
 // outbox.jobs that this release knows nothing of.
 func nextReleaseMigration(logger *slog.Logger) migration {
-	m := newMigration(logger)
-	m.schema += "\nALTER TABLE outbox.jobs ADD COLUMN IF NOT EXISTS upgrade_note text;\n"
-	m.indexes += "\nCREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_by_upgrade_note ON outbox.jobs (upgrade_note) WHERE upgrade_note IS NOT NULL;\n"
-	return m
+	return newMigration(logger).withNext(`
+ALTER TABLE outbox.jobs ADD COLUMN IF NOT EXISTS upgrade_note text;
+CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_by_upgrade_note ON outbox.jobs (upgrade_note) WHERE upgrade_note IS NOT NULL;
+`)
 }
 
 // rollingReplica is one replica's pipeline in this process: its own pool, a

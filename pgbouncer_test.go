@@ -601,11 +601,12 @@ func TestPoolModeTransactionRefusesToMigrateThroughThePooler(t *testing.T) {
 	t.Parallel()
 	direct, dsn := newTestDB(t)
 	b := startPgBouncer(t, dsn, 2)
-	mustExec(t, direct, `DELETE FROM outbox.schema_applied`)
+	last := len(embeddedMigrations())
+	mustExec(t, direct, `DELETE FROM outbox.migrations WHERE version = $1`, last) // a database of the release before
 	applied := func() int {
 		t.Helper()
 		var n int
-		if err := direct.QueryRow(`SELECT count(*) FROM outbox.schema_applied WHERE checksum = $1`, schemaChecksum()).Scan(&n); err != nil {
+		if err := direct.QueryRow(`SELECT count(*) FROM outbox.migrations WHERE version = $1`, last).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n

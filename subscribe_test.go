@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
@@ -355,14 +356,27 @@ func TestSubjectIndexKeepsWatchedTablesApart(t *testing.T) {
 	}
 }
 
-// An index made when subjects alone were the key takes the new key when
-// schema.sql is applied again, its rows kept.
-func TestSubjectIndexKeyMigratesInPlace(t *testing.T) {
+// A database made by a build before the first release (its
+// outbox.schema_applied names no release) is brought forward from the
+// first migration, each file running over what it finds: here a subjects
+// table keyed by subject alone, which takes the key of (subject, topic),
+// its rows kept.
+func TestABuildBeforeTheFirstReleaseMigratesFromTheFirstFile(t *testing.T) {
 	t.Parallel()
-	db, _ := newTestDB(t)
-	mustExec(t, db, `ALTER TABLE outbox.subjects DROP CONSTRAINT subjects_pkey, ADD CONSTRAINT subjects_pkey PRIMARY KEY (subject)`)
+	db, _ := newEmptyTestDB(t)
+	mustExec(t, db, `CREATE SCHEMA outbox`)
+	mustExec(t, db, `CREATE TABLE outbox.schema_applied (checksum text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())`)
+	mustExec(t, db, `INSERT INTO outbox.schema_applied (checksum) VALUES ('a build before any release')`)
+	mustExec(t, db, `CREATE TABLE outbox.subjects (subject text PRIMARY KEY, topic text NOT NULL, last_event_id bigint NOT NULL,
+		payload jsonb NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())`)
 	mustExec(t, db, `INSERT INTO outbox.subjects (subject, topic, last_event_id, payload) VALUES ('42', 'order.changed', 7, '{}')`)
-	mustExec(t, db, schemaSQL)
+	var logs syncBuffer
+	if err := newMigration(slog.New(slog.NewTextHandler(&logs, nil))).run(context.Background(), db); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), "migration=001_0.1.0.sql") {
+		t.Errorf("the first migration was not applied:\n%s", logs.String())
+	}
 	key := queryStrings(t, db, `SELECT a.attname FROM pg_constraint AS c
 		JOIN pg_attribute AS a ON a.attrelid = c.conrelid AND a.attnum = ANY (c.conkey)
 		WHERE c.conname = 'subjects_pkey' AND c.conrelid = 'outbox.subjects'::regclass ORDER BY a.attnum`)
@@ -371,5 +385,9 @@ func TestSubjectIndexKeyMigratesInPlace(t *testing.T) {
 	}
 	if n := queryInt(t, db, `SELECT count(*) FROM outbox.subjects`); n != 1 {
 		t.Errorf("%d rows after migrating, want the 1 kept", n)
+	}
+	last := len(embeddedMigrations())
+	if got := migrationFinished(t, db, last); got != "finished" {
+		t.Errorf("the last migration is %s, want finished", got)
 	}
 }

@@ -1,38 +1,69 @@
-// version_test.go: a release names one schema.
+// version_test.go: a release names one schema, its last migration's.
 
 package main
 
-import "testing"
+import (
+	"fmt"
+	"testing"
+	"testing/fstest"
+)
 
-// releaseSchemas is the checksum of the schema files (schemaChecksum) each
-// release shipped with. A change to schema.sql or schema_indexes.sql fails
-// TestReleaseChangesWithTheSchema until version is raised and the new
-// release recorded here.
-var releaseSchemas = map[string]string{
-	"0.2.0": "5ed975c4a51e03735e0097fd9436c19e5b2dd37a26afc21e0a5ea1248906094b",
-	"0.3.0": "6e9c2e175957d1587271ecdd9c8fb8ebe450817aa2f69c36598fb4ab3d3599e1",
-	"0.4.0": "9429820bbc8762022040b6ec993748040e8beff6b2ec2e65fe884b3a245ecbbe",
-	"0.5.0": "2f7512c244aed162767a76b6696fcfcb30b17b0b6b1248bb3343db69ecb090f2",
-	"0.6.0": "3f0cff670cb20bbf927b1adea4d45df36a77fdd10e88d60069ff5bca9a8f3889",
+// releaseMigrations is the checksum of each migration file as its release
+// shipped it. A shipped migration never changes: a database that applied
+// it records its checksum, and a binary whose file differs refuses to
+// start on it (schemaState.plan). A schema change is a new file, and a
+// new release.
+var releaseMigrations = map[string]string{
+	"001_0.1.0.sql": "89b809db261e2dd3e96c76ea9f01b89623e1a91486bbf29756e467faae6a4c48",
+	"002_0.2.0.sql": "70a08d87b488da1208ad98de2ae1554b5c49568690c634215a1bdd2b46a61fef",
+	"003_0.3.0.sql": "03b1aca60c7224a75fbe41b4f0cc53033890cb34fa974a1d32982e6e7342d0c7",
+	"004_0.4.0.sql": "1b9bb35af49ac7ecddcc2da5af0cf1b39a784bc840865142c207c68014457c61",
+	"005_0.5.0.sql": "1a73f270402cee233884a516dbbe1786c894239f716bded172be4fb43b465ec4",
+	"006_0.6.0.sql": "3a4b4d7d15364a68bb0c1bd52520cc338a4c4507654dc1307105a639d8d5cd3a",
 }
 
-// Two builds whose schemas differ report different releases: the replica
-// registry and receivers (the User-Agent) tell them apart by it.
-func TestReleaseChangesWithTheSchema(t *testing.T) {
-	got := schemaChecksum()
-	want, ok := releaseSchemas[version]
-	if !ok {
-		t.Fatalf("release %s is not in releaseSchemas: record it with its schema checksum %s", version, got)
+// The release is the last migration's, and every migration is as its
+// release shipped it: the replica registry and receivers (the User-Agent)
+// tell two schemas apart by the release.
+func TestReleaseIsItsLastMigration(t *testing.T) {
+	files := embeddedMigrations()
+	if last := files[len(files)-1]; last.release != version {
+		t.Errorf("version is %s, and the last migration is %s: a new migration is a new release", version, last.name)
 	}
-	if got != want {
-		t.Errorf("the schema files changed under release %s (checksum %s, recorded %s): raise version in version.go and record the new release in releaseSchemas",
-			version, got, want)
-	}
-	seen := map[string]string{}
-	for release, sum := range releaseSchemas {
-		if other, dup := seen[sum]; dup {
-			t.Errorf("releases %s and %s record the same schema: a release is raised only for a new schema", release, other)
+	for _, f := range files {
+		want, ok := releaseMigrations[f.name]
+		switch {
+		case !ok:
+			t.Errorf("migrations/%s is not in releaseMigrations: record it with its checksum %s", f.name, f.checksum)
+		case f.checksum != want:
+			t.Errorf("migrations/%s changed (checksum %s, shipped %s): a shipped migration never changes; the change goes in a new one", f.name, f.checksum, want)
 		}
-		seen[sum] = release
+	}
+	if len(releaseMigrations) != len(files) {
+		t.Errorf("releaseMigrations records %d files, migrations/ holds %d", len(releaseMigrations), len(files))
+	}
+}
+
+// The numbered files are read in order, and a name of another form or a
+// gap in the numbers is refused.
+func TestMigrationFilesAreNumbered(t *testing.T) {
+	files := embeddedMigrations()
+	for i, f := range files {
+		if want := fmt.Sprintf("%03d_%s.sql", i+1, f.release); f.version != i+1 || f.name != want {
+			t.Errorf("file %d: version %d, name %s; want %d, %s", i, f.version, f.name, i+1, want)
+		}
+	}
+	for _, bad := range []map[string]string{
+		{"001_0.1.0.sql": "", "003_0.3.0.sql": ""}, // a gap
+		{"001_0.1.0.sql": "", "2_0.2.0.sql": ""},   // not three digits
+		{"001_0.1.0.sql": "", "002-0.2.0.sql": ""}, // not NNN_release
+	} {
+		fsys := fstest.MapFS{}
+		for name, text := range bad {
+			fsys["migrations/"+name] = &fstest.MapFile{Data: []byte(text)}
+		}
+		if _, err := readMigrationFiles(fsys); err == nil {
+			t.Errorf("%v: read without an error", bad)
+		}
 	}
 }

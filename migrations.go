@@ -1,0 +1,456 @@
+// migrations.go: the schema's two forms and what a database has of them.
+// schema.sql is the schema of a fresh install, read whole; migrations/
+// holds one numbered file a release, each the change from the release
+// before. A database records the files it has in outbox.migrations;
+// TestSchemaIsTheSumOfTheMigrations holds the two forms to one catalog.
+
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"embed"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"io/fs"
+	"path"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/lib/pq"
+)
+
+//go:embed migrations/*.sql
+var migrationsFS embed.FS
+
+// migrationFile is one numbered file of migrations/: the change that
+// brings a database of the release before to release (the first file: the
+// whole of the first release).
+type migrationFile struct {
+	version  int    // its number, from 1, without gaps
+	name     string // its file name, as outbox.migrations records it
+	release  string
+	text     string
+	checksum string // SHA-256 of text, hex
+}
+
+// migrationFileName is the form of a file's name: number, release.
+var migrationFileName = regexp.MustCompile(`^(\d{3})_(\d+\.\d+\.\d+)\.sql$`)
+
+// readMigrationFiles reads the numbered files of fsys's migrations
+// folder, in order, refusing a name of another form or a gap in the
+// numbers.
+func readMigrationFiles(fsys fs.FS) ([]migrationFile, error) {
+	entries, err := fs.ReadDir(fsys, "migrations")
+	if err != nil {
+		return nil, fmt.Errorf("migrations: %w", err)
+	}
+	var files []migrationFile
+	for _, e := range entries { // sorted by name, so by number
+		m := migrationFileName.FindStringSubmatch(e.Name())
+		if m == nil {
+			return nil, fmt.Errorf("migrations/%s: not NNN_release.sql", e.Name())
+		}
+		version, _ := strconv.Atoi(m[1])
+		if version != len(files)+1 {
+			return nil, fmt.Errorf("migrations/%s: numbered %d after %d files", e.Name(), version, len(files))
+		}
+		text, err := fs.ReadFile(fsys, path.Join("migrations", e.Name()))
+		if err != nil {
+			return nil, fmt.Errorf("migrations: %w", err)
+		}
+		sum := sha256.Sum256(text)
+		files = append(files, migrationFile{
+			version: version, name: e.Name(), release: m[2],
+			text: string(text), checksum: hex.EncodeToString(sum[:]),
+		})
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("migrations: no file")
+	}
+	return files, nil
+}
+
+// embeddedMigrations is this binary's migrations/.
+func embeddedMigrations() []migrationFile {
+	files, err := readMigrationFiles(migrationsFS)
+	if err != nil {
+		panic(err) // the files are compiled in; TestMigrationFilesAreNumbered reads them
+	}
+	return files
+}
+
+// schemaChecksum identifies this binary's schema, both forms: what a
+// replica records of itself (outbox.replicas.schema_version), so that two
+// builds of one release with different schemas can be told apart.
+func schemaChecksum() string {
+	return newMigration(nil).checksum()
+}
+
+func (m migration) checksum() string {
+	h := sha256.New()
+	h.Write([]byte(m.schema))
+	for _, f := range m.files {
+		h.Write([]byte{0})
+		h.Write([]byte(f.checksum))
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// statements cuts f into what runs in its transaction and what runs
+// after it, one statement at a time: the online statements.
+func (f migrationFile) statements() (inTx []sqlStatement, online []onlineStatement, err error) {
+	for _, s := range splitSQL(f.text) {
+		o, ok, err := parseOnlineStatement(s, "migrations/"+f.name)
+		switch {
+		case err != nil:
+			return nil, nil, err
+		case ok:
+			online = append(online, o)
+		default:
+			inTx = append(inTx, s)
+		}
+	}
+	return inTx, online, nil
+}
+
+// onlineStatement is a statement a migration runs outside its
+// transaction, because in it it would hold a lock that stops producers
+// for as long as it reads a table: an index built or dropped
+// CONCURRENTLY, or a constraint added NOT VALID being validated.
+type onlineStatement struct {
+	kind  onlineKind
+	name  string // the index, or the constraint
+	table string // the constraint's table
+	text  string
+	label string // file, line and start, for logs and errors
+}
+
+type onlineKind int
+
+const (
+	buildIndex onlineKind = iota
+	dropIndex
+	validateConstraint
+)
+
+// The forms an online statement may take: each says what it makes, so
+// that it is skipped when the catalog says it is made (a migration that
+// stopped half way is finished at the next start).
+var (
+	createIndexConcurrently = regexp.MustCompile(`^CREATE (?:UNIQUE )?INDEX CONCURRENTLY IF NOT EXISTS ([a-z_][a-z0-9_]*)\s+ON outbox\.[a-z_]+\s`)
+	dropIndexConcurrently   = regexp.MustCompile(`^DROP INDEX CONCURRENTLY IF EXISTS outbox\.([a-z_][a-z0-9_]*)$`)
+	validateConstraintStmt  = regexp.MustCompile(`^ALTER TABLE outbox\.([a-z_]+) VALIDATE CONSTRAINT ([a-z_][a-z0-9_]*)$`)
+	mentionsConcurrently    = regexp.MustCompile(`(?i)^\s*(CREATE|DROP|REINDEX)\b[^;]*\bCONCURRENTLY\b`)
+)
+
+// parseOnlineStatement says whether s is an online statement, refusing
+// a CONCURRENTLY statement of another form: it would fail in the
+// transaction, or run outside it without a way to tell it done.
+func parseOnlineStatement(s sqlStatement, file string) (onlineStatement, bool, error) {
+	o := onlineStatement{text: s.text, label: s.label(file)}
+	if m := createIndexConcurrently.FindStringSubmatch(s.text); m != nil {
+		o.kind, o.name = buildIndex, m[1]
+	} else if m := dropIndexConcurrently.FindStringSubmatch(s.text); m != nil {
+		o.kind, o.name = dropIndex, m[1]
+	} else if m := validateConstraintStmt.FindStringSubmatch(s.text); m != nil {
+		o.kind, o.table, o.name = validateConstraint, m[1], m[2]
+	} else if mentionsConcurrently.MatchString(s.text) {
+		return o, false, fmt.Errorf("%s: a CONCURRENTLY statement must read CREATE [UNIQUE] INDEX CONCURRENTLY IF NOT EXISTS name ON outbox.table, "+
+			"or DROP INDEX CONCURRENTLY IF EXISTS outbox.name", o.label)
+	} else {
+		return o, false, nil
+	}
+	return o, true, nil
+}
+
+// legacyChecksums are what releases before numbered migrations recorded
+// in outbox.schema_applied: the checksum of their schema.sql and
+// schema_indexes.sql, by the migration that brings a database to that
+// release. The first of a version is its release's own.
+var legacyChecksums = []struct {
+	checksum string
+	version  int
+}{
+	{"5aaa967c6fca49984d7d2f2e61be8fd925220998194a0b32646296746ccdc482", 1}, // 0.1.0
+	{"5ed975c4a51e03735e0097fd9436c19e5b2dd37a26afc21e0a5ea1248906094b", 2}, // 0.2.0
+	{"6e9c2e175957d1587271ecdd9c8fb8ebe450817aa2f69c36598fb4ab3d3599e1", 3}, // 0.3.0
+	{"9429820bbc8762022040b6ec993748040e8beff6b2ec2e65fe884b3a245ecbbe", 4}, // 0.4.0
+	{"2f7512c244aed162767a76b6696fcfcb30b17b0b6b1248bb3343db69ecb090f2", 5}, // 0.5.0
+	// A build of 0.6.0 made before its migration was numbered: it has
+	// 0.6.0's schema, and 006_0.6.0.sql runs again over it.
+	{"3f0cff670cb20bbf927b1adea4d45df36a77fdd10e88d60069ff5bca9a8f3889", 5},
+}
+
+// legacyChecksum is the checksum release version recorded, "" if none.
+func legacyChecksum(version int) string {
+	for _, l := range legacyChecksums {
+		if l.version == version {
+			return l.checksum
+		}
+	}
+	return ""
+}
+
+// schemaState is what a database has of the migrations.
+type schemaState struct {
+	fresh    bool                      // schema outbox has no table: schema.sql makes it
+	recorded map[int]recordedMigration // outbox.migrations, when it exists
+	legacy   bool                      // no outbox.migrations: a release before them
+	has      int                       // with legacy: the last migration it has (0: none known)
+}
+
+// recordedMigration is a row of outbox.migrations.
+type recordedMigration struct {
+	name, checksum string
+	finished       bool // its online statements ran
+}
+
+// readSchemaState reads what db has: outbox.migrations, or else the
+// checksums outbox.schema_applied kept, or else nothing.
+func readSchemaState(ctx context.Context, q querier) (schemaState, error) {
+	var hasMigrations, hasLegacy, hasTables bool
+	err := q.QueryRowContext(ctx, `
+SELECT to_regclass('outbox.migrations') IS NOT NULL,
+       to_regclass('outbox.schema_applied') IS NOT NULL,
+       EXISTS (SELECT 1 FROM pg_class WHERE relnamespace = to_regnamespace('outbox') AND relkind IN ('r', 'p'))`).
+		Scan(&hasMigrations, &hasLegacy, &hasTables)
+	if err != nil {
+		return schemaState{}, fmt.Errorf("migrate: read the schema's state: %w", err)
+	}
+	switch {
+	case hasMigrations:
+		return readRecordedMigrations(ctx, q)
+	case hasLegacy:
+		return readLegacyChecksums(ctx, q)
+	case hasTables:
+		return schemaState{}, fmt.Errorf("migrate: schema outbox has tables but no record of a migration (outbox.migrations): it was not made by outboxd")
+	}
+	return schemaState{fresh: true}, nil
+}
+
+func readRecordedMigrations(ctx context.Context, q querier) (schemaState, error) {
+	s := schemaState{recorded: map[int]recordedMigration{}}
+	rows, err := q.QueryContext(ctx, `SELECT version, name, checksum, finished_at IS NOT NULL FROM outbox.migrations`)
+	if err != nil {
+		return s, fmt.Errorf("migrate: read outbox.migrations: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var v int
+		var r recordedMigration
+		if err := rows.Scan(&v, &r.name, &r.checksum, &r.finished); err != nil {
+			return s, fmt.Errorf("migrate: read outbox.migrations: %w", err)
+		}
+		s.recorded[v] = r
+	}
+	if err := rows.Err(); err != nil {
+		return s, fmt.Errorf("migrate: read outbox.migrations: %w", err)
+	}
+	return s, nil
+}
+
+// readLegacyChecksums places a database of a release before numbered
+// migrations: the newest release whose checksum it recorded. A database
+// that recorded none known (made by a build between two releases, before
+// releases were tied to their schema) gets every file from the first.
+func readLegacyChecksums(ctx context.Context, q querier) (schemaState, error) {
+	s := schemaState{legacy: true}
+	sums, err := queryAll(ctx, q, scanString, `SELECT checksum FROM outbox.schema_applied`)
+	if err != nil {
+		return s, fmt.Errorf("migrate: read outbox.schema_applied: %w", err)
+	}
+	for _, l := range legacyChecksums {
+		if slices.Contains(sums, l.checksum) {
+			s.has = max(s.has, l.version)
+		}
+	}
+	return s, nil
+}
+
+// migrationStep is one file a database lacks, or whose online statements
+// it has yet to run.
+type migrationStep struct {
+	file       migrationFile
+	onlineOnly bool // its transaction committed; its online statements did not all run
+}
+
+// plan is what files brings s to: the steps in order, or an error naming
+// a recorded migration this binary does not have or has otherwise.
+func (s schemaState) plan(files []migrationFile) ([]migrationStep, error) {
+	if s.fresh {
+		return nil, nil
+	}
+	if s.legacy {
+		var steps []migrationStep
+		for _, f := range files[s.has:] {
+			steps = append(steps, migrationStep{file: f})
+		}
+		return steps, nil
+	}
+	last := files[len(files)-1]
+	var steps []migrationStep
+	for v, r := range s.recorded {
+		if v > len(files) {
+			return nil, fmt.Errorf("migrate: the database has migration %s, newer than this binary's release %s: run a release at least as new", r.name, last.release)
+		}
+	}
+	for _, f := range files {
+		r, ok := s.recorded[f.version]
+		switch {
+		case !ok:
+			steps = append(steps, migrationStep{file: f})
+		case r.checksum != f.checksum:
+			return nil, fmt.Errorf("migrate: migrations/%s was applied here with checksum %s, and this binary's differs (%s): a released migration never changes; "+
+				"a database made by a development build of an unreleased one is made again", f.name, r.checksum, f.checksum)
+		case !r.finished:
+			steps = append(steps, migrationStep{file: f, onlineOnly: true})
+		}
+	}
+	return steps, nil
+}
+
+// describe names what steps lack, for errors and logs.
+func describeSteps(steps []migrationStep) string {
+	names := make([]string, len(steps))
+	for i, st := range steps {
+		names[i] = st.file.name
+		if st.onlineOnly {
+			names[i] += " (its online statements)"
+		}
+	}
+	return strings.Join(names, ", ")
+}
+
+// querier is what reads the state: a pool, a pinned connection or a
+// transaction.
+type querier interface {
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}
+
+// recordSQL is the statement that records files as applied, the last of
+// them finished (its online statements ran) or not, those before it
+// finished: in outbox.migrations or, in a database of a release before
+// that table, by the checksum that release kept in outbox.schema_applied,
+// once finished. The files' own transaction runs it, and what
+// `outboxd migrate -print-sql` prints holds it, so that a migration
+// applied by other tools is one outboxd knows.
+func recordSQL(files []migrationFile, finished bool) string {
+	last := files[len(files)-1]
+	rows := make([]string, len(files))
+	for i, f := range files {
+		done := "now()"
+		if f.version == last.version && !finished {
+			done = "NULL"
+		}
+		rows[i] = fmt.Sprintf("(%d, %s, %s, %s)", f.version, pq.QuoteLiteral(f.name), pq.QuoteLiteral(f.checksum), done)
+	}
+	legacy := "NULL"
+	if sum := legacyChecksum(last.version); sum != "" && finished {
+		legacy = pq.QuoteLiteral(sum)
+	}
+	return fmt.Sprintf(`DO $record$
+BEGIN
+  IF to_regclass('outbox.migrations') IS NOT NULL THEN
+    INSERT INTO outbox.migrations AS m (version, name, checksum, finished_at)
+    VALUES %s
+    ON CONFLICT (version) DO UPDATE SET finished_at = coalesce(m.finished_at, EXCLUDED.finished_at);
+  ELSIF %s IS NOT NULL THEN
+    INSERT INTO outbox.schema_applied (checksum) VALUES (%[2]s) ON CONFLICT DO NOTHING;
+  END IF;
+END
+$record$`, strings.Join(rows, ",\n           "), legacy)
+}
+
+// migrationsAfter is the steps that bring a database of release to the
+// last of files.
+func migrationsAfter(files []migrationFile, release string) ([]migrationStep, error) {
+	for _, f := range files {
+		if f.release == release {
+			return schemaState{legacy: true, has: f.version}.plan(files)
+		}
+	}
+	known := make([]string, len(files))
+	for i, f := range files {
+		known[i] = f.release
+	}
+	return nil, fmt.Errorf("no release %q: this binary's are %s, or none for an empty database", release, strings.Join(known, ", "))
+}
+
+// printMigrationSQL writes the SQL that brings a database of release
+// from ("none": an empty one) to m's release.
+func printMigrationSQL(w io.Writer, m migration, from string) error {
+	if from == "none" {
+		return m.printSQL(w, "an empty database", true, nil)
+	}
+	steps, err := migrationsAfter(m.files, from)
+	if err != nil {
+		return err
+	}
+	return m.printSQL(w, "a database of release "+from, false, steps)
+}
+
+// printDatabaseMigrationSQL writes the SQL that brings db to this
+// binary's release, reading what it has and changing nothing.
+func printDatabaseMigrationSQL(ctx context.Context, w io.Writer, db *sql.DB) error {
+	m := newMigration(nil)
+	state, err := readSchemaState(ctx, db)
+	if err != nil {
+		return err
+	}
+	steps, err := state.plan(m.files)
+	if err != nil {
+		return err
+	}
+	return m.printSQL(w, "this database", state.fresh, steps)
+}
+
+// printSQL writes what run would apply to a database that is fresh or
+// lacks steps, in the order it would: each transaction between BEGIN and
+// COMMIT, and each online statement on its own after it. The statements
+// that record each migration are part of it.
+func (m migration) printSQL(w io.Writer, what string, fresh bool, steps []migrationStep) error {
+	release := m.files[len(m.files)-1].release
+	var b strings.Builder
+	fmt.Fprintf(&b, "-- The SQL that brings %s to outboxd release %s, as `outboxd migrate` applies it.\n", what, release)
+	b.WriteString("-- Run each BEGIN ... COMMIT as one transaction, with a short lock_timeout and a retry\n" +
+		"-- if the database is in use; run the statements after a COMMIT one at a time, outside\n" +
+		"-- any transaction (CREATE INDEX CONCURRENTLY refuses to run in one).\n")
+	writeTx := func(file string, stmts []sqlStatement, record string) {
+		fmt.Fprintf(&b, "\n-- %s\nBEGIN;\n\n", file)
+		for _, s := range stmts {
+			b.WriteString(s.text + ";\n\n")
+		}
+		b.WriteString(record + ";\n\nCOMMIT;\n")
+	}
+	if fresh {
+		writeTx("schema.sql", splitSQL(m.schema), recordSQL(m.files, true))
+	}
+	if !fresh && len(steps) == 0 {
+		fmt.Fprintf(&b, "\n-- Nothing: it is at release %s.\n", release)
+	}
+	for _, st := range steps {
+		inTx, online, err := st.file.statements()
+		if err != nil {
+			return err
+		}
+		applied := m.files[:st.file.version]
+		if !st.onlineOnly {
+			writeTx("migrations/"+st.file.name, inTx, recordSQL(applied, len(online) == 0))
+		}
+		if len(online) > 0 {
+			fmt.Fprintf(&b, "\n-- migrations/%s, outside any transaction\n", st.file.name)
+			for _, o := range online {
+				b.WriteString(o.text + ";\n")
+			}
+			b.WriteString(recordSQL(applied, true) + ";\n")
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
