@@ -1,20 +1,17 @@
--- schema.sql: every table, index and SQL function of outboxd, in the order an
--- event moves through them. outboxd applies this file at start (and on
--- `outboxd migrate`) inside one transaction, under an advisory lock that
--- lets one replica at a time migrate, so every statement here must be
--- idempotent. The transaction locks every table of outbox first, and its
--- lock waits together are bounded (lock_timeout); a try that runs out is
--- rolled back and retried (migrate.go): a statement that locks a hot table
--- never queues the producers behind it for long.
---
--- The indexes of the queue tables are not here: schema_indexes.sql builds
--- them CONCURRENTLY once this file has committed, outside any transaction.
--- This file keeps the indexes of the small tables (endpoints, replays,
--- owner notifications, panel sessions), which build in milliseconds.
+-- schema.sql: every table, index and SQL function of outboxd, as a fresh
+-- install has them, in the order an event moves through them. A new
+-- database gets this file once, whole, in one transaction; a database of
+-- an earlier release gets the numbered files of migrations/ instead,
+-- which add up to this file. Each table is created once, whole: a
+-- paragraph on its life cycle (who writes its rows, who reads them, what
+-- bounds its growth, when rows go), its columns, constraints and storage
+-- settings, its indexes, each named for the query it serves, and then
+-- the functions and triggers that act on it.
 
--- Created only when missing: CREATE SCHEMA IF NOT EXISTS wants the right
--- to create schemas even when there is nothing to create, which a role
--- that was given the schema (managed PostgreSQL) does not have.
+-- Created only when missing: a managed PostgreSQL gives outboxd's role the
+-- schema, empty, and no right to create schemas, which CREATE SCHEMA IF
+-- NOT EXISTS asks for even when there is nothing to create
+-- (docs/security.md, database privileges).
 DO $$
 BEGIN
   IF to_regnamespace('outbox') IS NULL THEN
@@ -23,16 +20,21 @@ BEGIN
 END
 $$;
 
--- schema_applied holds the SHA-256 of every schema.sql applied here. A
--- replica whose file is already recorded applies nothing, so restarts take
--- no lock on the hot tables. One row a release: bounded.
-CREATE TABLE IF NOT EXISTS outbox.schema_applied (
-  checksum   text        PRIMARY KEY,
-  applied_at timestamptz NOT NULL DEFAULT now()
-);
-
 COMMENT ON SCHEMA outbox IS
   'outboxd: transactional outbox, job table and inbox. Call outbox.record() inside your own transaction.';
+
+-- migrations records each numbered file of migrations/ that this database
+-- has. A fresh install records them all at once, since this file is what
+-- they add up to; an upgrade records each as it applies it. finished_at
+-- is set once a migration's concurrent index builds are done, NULL while
+-- they are not. One row a migration: bounded.
+CREATE TABLE outbox.migrations (
+  version     integer     PRIMARY KEY CHECK (version > 0),
+  name        text        NOT NULL UNIQUE,
+  checksum    text        NOT NULL,
+  applied_at  timestamptz NOT NULL DEFAULT now(),
+  finished_at timestamptz
+);
 
 --------------------------------------------------------------------------------
 -- Topic patterns
@@ -50,10 +52,10 @@ COMMENT ON SCHEMA outbox IS
 -- notification that endpoint X fails would be delivered to X as a webhook,
 -- fail there, and feed on itself.
 --
--- PL/pgSQL, a loop over the patterns with no query in it: as a SQL
--- function, whose subqueries keep it from being inlined, its body was
--- parsed and planned again in every statement that called it, at each of
--- a relay pass's calls.
+-- PL/pgSQL, a loop over the patterns with no query in it: a SQL function
+-- would need subqueries, which keep it from being inlined, and its body
+-- would be parsed and planned again in every statement that calls it, at
+-- each of a relay pass's calls.
 CREATE OR REPLACE FUNCTION outbox.topic_matches(patterns text[], topic text)
 RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
@@ -180,17 +182,54 @@ $$;
 --
 -- The id orders events by insert, not by commit: a lower id can commit later.
 -- That is why nothing reads this table with a cursor.
-CREATE TABLE IF NOT EXISTS outbox.events (
+--
+-- Every event row is updated once (fanned_out_at) and deleted once
+-- (retention): a high-churn table. Vacuum it after 2% of its rows are dead
+-- instead of PostgreSQL's default 20%, so the claim index stays small, and
+-- after 2% of them were inserted (a bulk write, a backlog), so that the
+-- first claims after it do not walk the visibility of every page. Its
+-- vacuum is not throttled (cost delay 0): the relay's claims walk the dead
+-- entries at the front of events_unfanned_by_id until a vacuum removes
+-- them, and a throttled vacuum of a large backlog reaches them late, at
+-- PostgreSQL's default pace for any table. fillfactor 90 leaves a page
+-- room for the fanned-out version of its rows (the update cannot be HOT:
+-- fanned_out_at is in the claim index's predicate), so the relay's update
+-- dirties the page it read, not one more.
+-- TestQueueTablesVacuumAggressively pins these numbers.
+CREATE TABLE outbox.events (
   id             bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
   topic          text        NOT NULL,
   subject        text        NOT NULL DEFAULT '',
   payload        jsonb       NOT NULL DEFAULT '{}',
+  -- owner addresses the event to one owner of endpoints (outbox.owners.key,
+  -- a key the application chooses, such as its own customer id): the
+  -- fan-out sends an event with an owner only to that owner's endpoints,
+  -- and one without (NULL) only to endpoints of no owner and to those
+  -- whose owner shares its topic (owner_admits, above). No foreign key: an
+  -- event may be addressed to a key no owner has yet, and keeps its
+  -- address when an owner is deleted.
+  owner          text,
+  -- Trace context (W3C): a producer inside a trace sets outbox.traceparent
+  -- (and outbox.tracestate) for its transaction, SET LOCAL or
+  -- set_config(..., true); outbox.record and the watch triggers store it
+  -- with the event, and every delivery sends it as the traceparent and
+  -- tracestate headers, so the receiver's trace continues from the
+  -- business write. NULL: the transaction set none.
+  traceparent    text,
+  tracestate     text,
   -- When the event was recorded: the clock at the insert, not now(), the
   -- start of the producer's transaction, which may have begun long before
-  -- (committed_at, below). Used for display, replays, the webhook's
-  -- timestamp and latency where the commit's time is not known; never to
-  -- decide what to relay.
+  -- (committed_at). Used for display, replays, the webhook's timestamp and
+  -- latency where the commit's time is not known; never to decide what to
+  -- relay.
   created_at     timestamptz NOT NULL DEFAULT clock_timestamp(),
+  -- When the recording transaction committed, as closely as PostgreSQL
+  -- tells: where the time from commit to first 2xx starts (webhook.go).
+  -- The insert cannot know it, so it starts NULL; the first change outboxd
+  -- makes to the row sets it with commit_time (below), and no later change
+  -- alters it. That change is the relay's claim (mark_claimed_fanned_out),
+  -- or before it a relay failure (relay.go) or a requeue (outbox.go).
+  committed_at   timestamptz,
   fanned_out_at  timestamptz,
   relay_attempts integer     NOT NULL DEFAULT 0,
   relay_error    text,
@@ -201,77 +240,52 @@ CREATE TABLE IF NOT EXISTS outbox.events (
   -- 1 MiB: an event is a fact, not a file. A larger payload fails the
   -- business transaction at once rather than every delivery later.
   CONSTRAINT events_payload_size CHECK (pg_column_size(payload) <= 1048576),
+  -- The owners' key's format (owners_key_format): an address no owner
+  -- could have fails the recording, as a bad topic does, rather than reach
+  -- nobody unseen.
+  CONSTRAINT events_owner_format CHECK (owner ~ '^[A-Za-z0-9][A-Za-z0-9_.:@/+=-]{0,199}$'),
+  -- What a stored trace context is, which every delivery sends as it is.
+  -- outbox.record passes what the transaction set through
+  -- outbox.trace_context, which keeps what is valid and drops or cuts the
+  -- rest, so these never fail a recording: a trace is not worth a business
+  -- write. One regular expression each (the lookaheads refuse all-zero
+  -- ids): a NULL, the common case, costs the check nothing, and ANDs of
+  -- substr() and repeat() instead make outbox.record 1.4 times slower in
+  -- bulk.
+  CONSTRAINT events_traceparent_format CHECK (
+    traceparent ~ '^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$'
+  ),
+  CONSTRAINT events_tracestate_format CHECK (
+    length(tracestate) <= 512 AND tracestate ~ '^[ -~]*$'
+  ),
   CONSTRAINT events_relay_attempts_nonnegative CHECK (relay_attempts >= 0),
   CONSTRAINT events_fanned_or_poisoned CHECK (fanned_out_at IS NULL OR poisoned_at IS NULL)
+) WITH (
+  autovacuum_vacuum_scale_factor = 0.02,
+  autovacuum_analyze_scale_factor = 0.02,
+  autovacuum_vacuum_insert_scale_factor = 0.02,
+  autovacuum_vacuum_cost_delay = 0,
+  fillfactor = 90
 );
 
--- Trace context (W3C): a producer inside a trace sets outbox.traceparent
--- (and outbox.tracestate) for its transaction, SET LOCAL or set_config(...,
--- true); outbox.record and the watch triggers store it with the event, and
--- every delivery sends it as the traceparent and tracestate headers, so
--- the receiver's trace continues from the business write. outbox.record
--- passes what the transaction set through outbox.trace_context, which
--- keeps what is valid and drops or cuts the rest, so these CHECKs never
--- fail a recording: a trace is not worth a business write. They stay as
--- the rule for what is stored, which every delivery sends as it is. NOT
--- VALID: rows stored before the columns existed hold NULL, and need no
--- scan of the table.
-ALTER TABLE outbox.events
-  ADD COLUMN IF NOT EXISTS traceparent text,
-  ADD COLUMN IF NOT EXISTS tracestate text;
+-- Serves the relay's claim (outbox.claim_unfanned): "un-fanned, not
+-- poisoned, oldest first". The predicate is exactly the claim's WHERE.
+CREATE INDEX events_unfanned_by_id
+  ON outbox.events (id)
+  WHERE fanned_out_at IS NULL AND poisoned_at IS NULL;
 
-DO $$
-BEGIN
-  ALTER TABLE outbox.events
-    -- One regular expression each (the lookaheads refuse all-zero ids):
-    -- a NULL, the common case, costs the check nothing. Written as ANDs
-    -- of substr() and repeat(), the first version made outbox.record 1.4
-    -- times slower in bulk.
-    ADD CONSTRAINT events_traceparent_format CHECK (
-      traceparent ~ '^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$'
-    ) NOT VALID,
-    ADD CONSTRAINT events_tracestate_format CHECK (
-      length(tracestate) <= 512 AND tracestate ~ '^[ -~]*$'
-    ) NOT VALID;
-EXCEPTION WHEN duplicate_object THEN
-  NULL;
-END
-$$;
+-- Serves the poisoned count and list on the overview.
+CREATE INDEX events_poisoned_by_id
+  ON outbox.events (id)
+  WHERE poisoned_at IS NOT NULL;
 
--- owner addresses the event to one owner of endpoints (outbox.owners.key,
--- a key the application chooses, such as its own customer id): the
--- fan-out sends an event with an owner only to that owner's endpoints,
--- and one without (NULL) only to endpoints of no owner and to those whose
--- owner shares its topic (owner_admits, above). No foreign key: an event
--- may be addressed to a key no owner has yet, and keeps its address when
--- an owner is deleted. Its format is the owners' key's (owners_key_format):
--- an address no owner could have fails the recording, as a bad topic does,
--- rather than reach nobody unseen. NOT VALID: rows stored before the column hold
--- NULL, and need no scan of the table.
-ALTER TABLE outbox.events
-  ADD COLUMN IF NOT EXISTS owner text;
-
-DO $$
-BEGIN
-  ALTER TABLE outbox.events
-    ADD CONSTRAINT events_owner_format CHECK (owner ~ '^[A-Za-z0-9][A-Za-z0-9_.:@/+=-]{0,199}$') NOT VALID;
-EXCEPTION WHEN duplicate_object THEN
-  NULL;
-END
-$$;
-
--- Databases created while created_at defaulted to now().
-ALTER TABLE outbox.events ALTER COLUMN created_at SET DEFAULT clock_timestamp();
-
--- committed_at is when the recording transaction committed, as closely as
--- PostgreSQL tells: where the time from commit to first 2xx starts
--- (webhook.go). The insert cannot know it, so it starts NULL; the first
--- change outboxd makes to the row sets it with commit_time (below), and no
--- later change alters it. That change is the relay's claim
--- (mark_claimed_fanned_out), or before it a relay failure (relay.go) or a requeue
--- (outbox.go).
-ALTER TABLE outbox.events
-  ADD COLUMN IF NOT EXISTS committed_at timestamptz;
+-- Serves events retention (retention.go): "fanned out before the cutoff,
+-- oldest first". Un-fanned and poisoned rows, which retention never deletes,
+-- stay out of it, so the hourly delete walks only rows it may remove instead
+-- of scanning the whole table.
+CREATE INDEX events_fanned_by_fanned_out_at
+  ON outbox.events (fanned_out_at)
+  WHERE fanned_out_at IS NOT NULL;
 
 -- commit_time is what committed_at becomes at a change of event row ev,
 -- whose xmin is ev_xmin, read before the change replaces it:
@@ -283,10 +297,10 @@ ALTER TABLE outbox.events
 --     committed before it was turned on);
 --   - else created_at, the clock at the insert: a lower bound, short of
 --     the commit by whatever the transaction did after its insert.
--- A row changed without committed_at set (by a release before the column)
--- has relay_attempts or relay_error set, and gets created_at: its xmin
--- is the change's, not the recording's. VOLATILE, like
--- pg_xact_commit_timestamp, so that it can be inlined into the UPDATEs.
+-- A row with relay_attempts or relay_error set has been changed since its
+-- insert, so its xmin is that change's, not the recording's: it gets
+-- created_at. VOLATILE, like pg_xact_commit_timestamp, so that it can be
+-- inlined into the UPDATEs.
 CREATE OR REPLACE FUNCTION outbox.commit_time(ev outbox.events, ev_xmin xid)
 RETURNS timestamptz
 LANGUAGE sql VOLATILE
@@ -299,29 +313,6 @@ AS $$
     END,
     ev.created_at)
 $$;
-
--- Every event row is updated once (fanned_out_at) and deleted once
--- (retention): a high-churn table. Vacuum it after 2% of its rows are dead
--- instead of PostgreSQL's default 20%, so the claim index stays small, and
--- after 2% of them were inserted (a bulk write, a backlog), so that the
--- first claims after it do not walk the visibility of every page. Its
--- vacuum is not throttled (cost delay 0): the relay's claims walk the dead
--- entries at the front of events_unfanned_by_id until a vacuum removes
--- them, and a throttled vacuum of a large backlog reaches them late, at
--- PostgreSQL's default pace for any table. fillfactor
--- 90 leaves a page room for the fanned-out version of its rows (the
--- update cannot be HOT: fanned_out_at is in the claim index's predicate),
--- so the relay's update dirties the page it read, not one more.
--- TestQueueTablesVacuumAggressively pins these numbers.
-ALTER TABLE outbox.events SET (
-  autovacuum_vacuum_scale_factor = 0.02,
-  autovacuum_analyze_scale_factor = 0.02,
-  autovacuum_vacuum_insert_scale_factor = 0.02,
-  autovacuum_vacuum_cost_delay = 0,
-  fillfactor = 90
-);
-
--- Index events_unfanned_by_id: schema_indexes.sql.
 
 -- claim_unfanned locks up to batch un-fanned events, oldest first, for the
 -- caller's transaction: claim_to_fan_out's batch, and the relay's list of
@@ -394,7 +385,6 @@ $$;
 -- UPDATE sees every row the claim locked. (The other way round, a claim
 -- made by a function called from the UPDATE runs later than the UPDATE's
 -- snapshot and can lock a row that the UPDATE does not see.)
-DROP FUNCTION IF EXISTS outbox.mark_claimed_fanned_out(bigint[]);
 CREATE FUNCTION outbox.mark_claimed_fanned_out(in_claimed bigint[])
 RETURNS TABLE (id bigint, topic text, subject text, payload jsonb, owner text)
 LANGUAGE plpgsql VOLATILE
@@ -409,29 +399,6 @@ BEGIN
   RETURNING e.id, e.topic, e.subject, e.payload, e.owner;
 END
 $$;
-
--- mark_fanned_out claims (claim_to_fan_out) and marks
--- (mark_claimed_fanned_out) in one call. This release's fan_out no longer
--- calls it; the previous release's did, and a relay pass of a replica of it
--- under way while a migration replaces fan_out still may, so it stays until
--- the release after this one. Replaced, not dropped and made again: a pass
--- of that release that planned its call before a migration and runs it
--- after finds the function it planned.
-DROP FUNCTION IF EXISTS outbox.mark_fanned_out(integer);
-CREATE OR REPLACE FUNCTION outbox.mark_fanned_out(in_batch integer, in_event_id bigint)
-RETURNS TABLE (id bigint, topic text, subject text, payload jsonb)
-LANGUAGE plpgsql VOLATILE
-AS $$
-DECLARE
-  claimed bigint[];
-BEGIN
-  claimed := outbox.claim_to_fan_out(in_batch, in_event_id);
-  RETURN QUERY SELECT m.id, m.topic, m.subject, m.payload FROM outbox.mark_claimed_fanned_out(claimed) AS m;
-END
-$$;
-
--- Indexes events_poisoned_by_id, events_fanned_by_fanned_out_at:
--- schema_indexes.sql.
 
 -- relay_state is one row: whether a relay may be asleep waiting for a
 -- notification (idle) or every relay that is awake keeps claiming without
@@ -454,7 +421,7 @@ CREATE TABLE IF NOT EXISTS outbox.relay_state (
   CONSTRAINT relay_state_one_row CHECK (singleton)
 );
 
-INSERT INTO outbox.relay_state DEFAULT VALUES ON CONFLICT DO NOTHING;
+INSERT INTO outbox.relay_state DEFAULT VALUES;
 
 -- Wake the relays: one NOTIFY per statement, and PostgreSQL folds identical
 -- notifications within a transaction into one, so a transaction that records
@@ -667,15 +634,6 @@ CREATE SEQUENCE IF NOT EXISTS outbox.trace_repairs_tracestate_truncated;
 -- every call (a function with SECURITY DEFINER or SET is never inlined),
 -- and keeps a PL/pgSQL function's plan for the session. In the producer's
 -- transaction that planning is about a fifth of what a record costs.
-DO $$
-BEGIN
-  -- Whether this migration makes the four-argument form, whose grants
-  -- are then copied from the three-argument one (below).
-  PERFORM set_config('outbox.record_owner_is_new',
-                     (to_regprocedure('outbox.record(text, text, jsonb, text)') IS NULL)::text, true);
-END
-$$;
-
 CREATE OR REPLACE FUNCTION outbox.record(topic text, subject text, payload jsonb, owner text)
 RETURNS bigint
 LANGUAGE plpgsql
@@ -706,14 +664,12 @@ BEGIN
 END
 $$;
 
--- The three-argument form records an event addressed to no owner: every
--- call written before owners had keys, and the readiness check of a
--- replica of the release before (which looks this signature up). Not a
--- default of the four-argument form: beside this one, a default would
--- make every three-argument call ambiguous. SECURITY DEFINER like it, so
--- that a role granted only this form (as roles were before the owner
--- argument) keeps recording; PL/pgSQL, whose RETURN of a call runs
--- without planning a statement.
+-- The three-argument form records an event addressed to no owner. A form
+-- of its own, not a default of the four-argument one: grants name this
+-- signature (docs/security.md, database privileges), and beside it a
+-- default would make every three-argument call ambiguous. SECURITY
+-- DEFINER like it, so that a role granted only this form records;
+-- PL/pgSQL, whose RETURN of a call runs without planning a statement.
 CREATE OR REPLACE FUNCTION outbox.record(topic text, subject text, payload jsonb)
 RETURNS bigint
 LANGUAGE plpgsql
@@ -730,8 +686,8 @@ $$;
 -- argument 'owner=' and the column whose value is the event's owner; the
 -- remaining arguments name the table's primary-key columns, whose values
 -- (comma-separated) become the event's subject. The payload carries the
--- operation and the row before and after. Triggers installed before
--- watches took an owner have no 'owner=' argument, and record as before.
+-- operation and the row before and after. A watch without owner_column
+-- passes no 'owner=' argument, and its events are addressed to no owner.
 -- Like outbox.record, it runs as its owner, so the application's writes
 -- record events without any right on outboxd's tables; a table's owner
 -- needs EXECUTE on it to install the triggers (outbox.watch).
@@ -771,32 +727,10 @@ END
 $$;
 
 -- Recording is a right to grant, not a default: functions are executable
--- by PUBLIC unless revoked, and these two run as outboxd's role.
+-- by PUBLIC unless revoked, and these run as outboxd's role.
 REVOKE EXECUTE ON FUNCTION outbox.record(text, text, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION outbox.record(text, text, jsonb, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION outbox.watch_row() FROM PUBLIC;
-
--- A role granted the three-argument form before the four-argument one
--- existed is granted that one too, once, as it is made: the
--- three-argument form calls it, and an application that records keeps
--- recording across the upgrade.
-DO $$
-DECLARE
-  grantee text;
-BEGIN
-  IF current_setting('outbox.record_owner_is_new', true) = 'true' THEN
-    FOR grantee IN
-      SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END
-      FROM pg_proc AS p, aclexplode(p.proacl) AS a
-      WHERE p.oid = 'outbox.record(text, text, jsonb)'::regprocedure
-        AND a.privilege_type = 'EXECUTE'
-        AND a.grantee <> p.proowner
-    LOOP
-      EXECUTE format('GRANT EXECUTE ON FUNCTION outbox.record(text, text, jsonb, text) TO %s', grantee);
-    END LOOP;
-  END IF;
-END
-$$;
 
 -- watch records an event with the given topic on every INSERT and DELETE of
 -- tbl, and on an UPDATE only when one of the watched columns really changed
@@ -807,7 +741,6 @@ $$;
 -- customer_id column makes every change of a customer's row an event for
 -- that customer's endpoints alone. Calling it again with the same table
 -- and topic replaces the triggers; outbox.unwatch removes them.
-DROP FUNCTION IF EXISTS outbox.watch(regclass, text, text[]);
 CREATE OR REPLACE FUNCTION outbox.watch(tbl regclass, topic text, columns text[], owner_column text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql AS $$
