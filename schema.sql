@@ -843,205 +843,94 @@ CREATE INDEX IF NOT EXISTS idempotency_keys_by_created_at
   ON outbox.idempotency_keys (created_at);
 
 --------------------------------------------------------------------------------
+-- Owners: whom endpoints belong to
+--------------------------------------------------------------------------------
+
+-- One row per owner (owners.go), created, given a new token and deleted by
+-- the admin. An owner signs in to /api/ and the panel with its token, obo_
+-- + a selector + a verifier: the row holds the selector, which finds it,
+-- and the SHA-256 of the verifier, compared in constant time; so the table
+-- holds nothing that signs in. Rotation replaces both: the old token is
+-- refused from the commit on, on every replica. Bounded by the admin, who
+-- creates every row. Deleting an owner leaves its endpoints to the admin
+-- (endpoints.owner_id) and ends its sessions and sign-in links (below, with
+-- the panel's sessions).
+--
+-- What an owner receives, and what it may ask for (docs/owners.md). The
+-- admin sets every column; the owner's token changes none of them.
+--
+--   key                        the address events carry to reach this
+--                              owner's endpoints (events.owner): text the
+--                              admin chooses, such as the application's
+--                              own customer id. An owner made without one
+--                              gets 'owner-' and its id (owners_default_key).
+--   allowed_topics             the topics of the events addressed to it that
+--                              its endpoints may receive; NULL: every topic.
+--   shared_topics              the topics of events addressed to no owner
+--                              that its endpoints receive too; '{}': none.
+--   max_endpoints              the most endpoints it may have.
+--   max_in_flight              the highest max_in_flight its endpoints may
+--                              ask for. The defaults, 10 endpoints of 8,
+--                              hold at most 80 of the 128 default workers:
+--                              one owner never takes them all.
+--   max_rate_limit_per_second  the highest rate limit its endpoints may ask
+--                              for; NULL: any, and none.
+--   max_replay_window_seconds  how far back its replays may reach; NULL: as
+--                              far as events retention keeps events.
+--
+-- The API checks an owner's endpoint against these when the owner writes
+-- it (owners.go, ownerLimits); the fan-out and replays test the topics
+-- again (owner_admits), so that narrowing them takes effect at once.
+CREATE TABLE outbox.owners (
+  id                        bigint           GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  key                       text             NOT NULL,
+  name                      text             NOT NULL,
+  token_selector            text             NOT NULL,
+  token_hash                bytea            NOT NULL,
+  token_rotated_at          timestamptz      NOT NULL DEFAULT now(),
+  allowed_topics            text[],
+  shared_topics             text[]           NOT NULL DEFAULT '{}',
+  max_endpoints             integer          NOT NULL DEFAULT 10,
+  max_in_flight             integer          NOT NULL DEFAULT 8,
+  max_rate_limit_per_second double precision,
+  max_replay_window_seconds bigint,
+  created_at                timestamptz      NOT NULL DEFAULT now(),
+
+  CONSTRAINT owners_key_unique UNIQUE (key),
+  CONSTRAINT owners_key_format CHECK (key ~ '^[A-Za-z0-9][A-Za-z0-9_.:@/+=-]{0,199}$'),
+  CONSTRAINT owners_name_length CHECK (length(name) BETWEEN 1 AND 200),
+  CONSTRAINT owners_token_selector_format CHECK (token_selector ~ '^[0-9a-f]{24}$'),
+  CONSTRAINT owners_token_hash_length CHECK (length(token_hash) = 32),
+  CONSTRAINT owners_token_selector_unique UNIQUE (token_selector),
+  CONSTRAINT owners_allowed_topics_count CHECK (cardinality(allowed_topics) <= 100),
+  CONSTRAINT owners_shared_topics_count CHECK (cardinality(shared_topics) <= 100),
+  CONSTRAINT owners_max_endpoints_range CHECK (max_endpoints BETWEEN 0 AND 10000),
+  CONSTRAINT owners_max_in_flight_range CHECK (max_in_flight BETWEEN 1 AND 1000),
+  CONSTRAINT owners_max_rate_limit_range CHECK (max_rate_limit_per_second BETWEEN 0.01 AND 10000),
+  CONSTRAINT owners_max_replay_window_range CHECK (max_replay_window_seconds >= 0)
+);
+
+-- owners_default_key gives an owner made without a key 'owner-' and its
+-- id, which the identity column has drawn before a BEFORE trigger runs
+-- (owners.go, createOwnerSQL).
+CREATE FUNCTION outbox.owners_default_key() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  NEW.key := coalesce(NEW.key, 'owner-' || NEW.id);
+  RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER owners_default_key
+  BEFORE INSERT ON outbox.owners
+  FOR EACH ROW EXECUTE FUNCTION outbox.owners_default_key();
+
+--------------------------------------------------------------------------------
 -- Endpoints: where webhooks go
 --------------------------------------------------------------------------------
 
--- An endpoint is a URL that receives every event whose topic its patterns
--- select (outbox.topic_matches; an empty list selects all), as a signed
--- webhook. Rows are written through the API (endpoints.go); the workers
--- change only failing_since, the lane's state (below: the failure count,
--- the breaker, a hold, the rate limit's next start), the receiver's dedup
--- window (below) and, on a 410, disabled_at; the prober, what its section
--- at the end of this file says. Its state is derived, never stored:
---
---   enabled   (disabled_at IS NULL, failing_since IS NULL)
---   failing   (disabled_at IS NULL, failing_since IS NOT NULL): a delivery
---             failed and none has succeeded since. Deliveries go on; once
---             the circuit breaker is open (below), fan-out schedules the
---             new ones FailingEndpointDelay (5 min) out and the claim lets
---             one attempt at a time through, so a dead receiver does not
---             take a burst of doomed attempts.
---   paused    (disabled_at IS NULL, paused_at IS NOT NULL): held by an
---             operator. Fan-out still enqueues for it; the claim takes
---             nothing of it until it is resumed. Nothing is discarded.
---   disabled  (disabled_at IS NOT NULL): by its owner, by a 410 Gone from
---             the receiver, or after 5 days of continuous failure;
---             disabled_reason says which. Fan-out enqueues nothing for it,
---             and its queued deliveries end without a request. Enabling it
---             clears disabled_* and failing_since.
---
--- secret signs every delivery (HMAC-SHA256, Standard Webhooks). A rotation
--- keeps the old one as previous_secret until previous_secret_expires_at, and
--- deliveries carry both signatures until then, so a receiver can switch at
--- its own pace. Deleting an endpoint keeps its jobs (endpoint_id becomes
--- NULL): they end without a request, recorded as such.
-CREATE TABLE IF NOT EXISTS outbox.endpoints (
-  id                         bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-  url                        text        NOT NULL,
-  description                text        NOT NULL DEFAULT '',
-  owner_email                text        NOT NULL DEFAULT '',
-  topics                     text[]      NOT NULL DEFAULT '{}',
-  secret                     bytea       NOT NULL,
-  previous_secret            bytea,
-  previous_secret_expires_at timestamptz,
-  failing_since              timestamptz,
-  disabled_at                timestamptz,
-  disabled_reason            text,
-  created_at                 timestamptz NOT NULL DEFAULT now(),
-  -- The last change through the API; state changes by the workers have
-  -- their own timestamps.
-  updated_at                 timestamptz NOT NULL DEFAULT now(),
-
-  -- The Go side validates first (validateEndpointURL, topicPatternValid) and
-  -- answers 400 with a reason; these keep a direct SQL write honest too.
-  CONSTRAINT endpoints_url_scheme CHECK (url ~ '^(https?://|mailto:)' AND length(url) <= 2048),
-  CONSTRAINT endpoints_description_length CHECK (length(description) <= 1000),
-  CONSTRAINT endpoints_owner_email_length CHECK (length(owner_email) <= 254),
-  CONSTRAINT endpoints_topics_count CHECK (cardinality(topics) <= 100),
-  -- 24 to 64 bytes: the range Standard Webhooks recommends.
-  CONSTRAINT endpoints_secret_length CHECK (length(secret) BETWEEN 24 AND 64),
-  CONSTRAINT endpoints_previous_secret_expires CHECK (
-    (previous_secret IS NULL) = (previous_secret_expires_at IS NULL)
-  ),
-  CONSTRAINT endpoints_disabled_with_reason CHECK (
-    (disabled_at IS NULL) = (disabled_reason IS NULL)
-  ),
-  CONSTRAINT endpoints_disabled_reason_length CHECK (length(disabled_reason) <= 500)
-);
-
--- A mailto: endpoint receives its events as mail (mail.go). A database made
--- before mail existed carries the http-only constraint: replace it, once.
-DO $$
-BEGIN
-  IF EXISTS (SELECT 1 FROM pg_constraint
-             WHERE conrelid = 'outbox.endpoints'::regclass AND conname = 'endpoints_url_http') THEN
-    ALTER TABLE outbox.endpoints DROP CONSTRAINT endpoints_url_http;
-    ALTER TABLE outbox.endpoints
-      ADD CONSTRAINT endpoints_url_scheme CHECK (url ~ '^(https?://|mailto:)' AND length(url) <= 2048);
-  END IF;
-END
-$$;
-
--- The receiver's dedup window, as a 2xx answer last advertised it in
--- webhook-dedup-window (outboxd's own header, webhook.go): how long after a
--- first delivery the receiver still recognises a second one, in seconds,
--- and when an answer last said so. The completer writes it with the
--- attempt (record_outcomes), on a change and at most hourly otherwise; a
--- 2xx without the header clears it, and so does a new URL; any other
--- answer leaves it. NULL: none advertised. Replays and retries by hand to
--- the endpoint are clamped to it (replay.go), a delivery that may have
--- reached the receiver before is not sent again past it (outbox.claim_due_jobs,
--- resend.go), and the overview alerts while it is shorter than this
--- sender's resend horizon.
-ALTER TABLE outbox.endpoints
-  ADD COLUMN IF NOT EXISTS dedup_window_seconds bigint,
-  ADD COLUMN IF NOT EXISTS dedup_window_seen_at timestamptz;
-
-DO $$
-BEGIN
-  ALTER TABLE outbox.endpoints
-    ADD CONSTRAINT endpoints_dedup_window CHECK (
-      (dedup_window_seconds IS NULL) = (dedup_window_seen_at IS NULL)
-      AND dedup_window_seconds > 0
-    );
-EXCEPTION WHEN duplicate_object THEN
-  NULL;
-END
-$$;
-
--- An endpoint is a lane of its own (outbox.claim_due_jobs): its trouble holds
--- up its own deliveries and nobody else's. The columns the claim reads:
---
---   max_in_flight         at most this many of its deliveries run at once,
---                         counted over every replica (16 by default: a
---                         receiver that hangs holds a quarter of the 64
---                         default workers, never all of them).
---   rate_limit_per_second NULL: none. Else the claim spaces its requests
---                         1/rate apart across every replica.
---   rate_next_at          when the next request may start under the rate
---                         limit; the claim advances it by 1/rate for every
---                         job it takes (GCRA's theoretical arrival time).
---   consecutive_failures  attempts failed since the last success; the
---                         completer counts them (record_outcomes).
---   breaker_opened_at     set by the completer when consecutive_failures
---                         reaches -breaker-threshold (5), cleared by the
---                         next success. While open: one attempt at a time,
---                         and fan-out schedules new deliveries 5 min out.
---   held_until            a 429 or 503 with Retry-After holds the whole
---                         endpoint until then, not just the one job.
---   paused_at             an operator's pause (POST .../pause).
-ALTER TABLE outbox.endpoints
-  ADD COLUMN IF NOT EXISTS max_in_flight integer NOT NULL DEFAULT 16,
-  ADD COLUMN IF NOT EXISTS rate_limit_per_second double precision,
-  ADD COLUMN IF NOT EXISTS rate_next_at timestamptz,
-  ADD COLUMN IF NOT EXISTS consecutive_failures integer NOT NULL DEFAULT 0,
-  ADD COLUMN IF NOT EXISTS breaker_opened_at timestamptz,
-  ADD COLUMN IF NOT EXISTS held_until timestamptz,
-  ADD COLUMN IF NOT EXISTS paused_at timestamptz;
-
-DO $$
-BEGIN
-  ALTER TABLE outbox.endpoints
-    ADD CONSTRAINT endpoints_max_in_flight_range CHECK (max_in_flight BETWEEN 1 AND 1000),
-    ADD CONSTRAINT endpoints_rate_limit_range CHECK (rate_limit_per_second BETWEEN 0.01 AND 10000),
-    ADD CONSTRAINT endpoints_consecutive_failures_nonnegative CHECK (consecutive_failures >= 0);
-EXCEPTION WHEN duplicate_object THEN
-  NULL;
-END
-$$;
-
--- ordering 'subject' makes every subject an ordered lane of the endpoint
--- (outbox.advance_lanes, below): its deliveries run one at a time, in
--- fan-out order. 'none' (the default): no order.
-ALTER TABLE outbox.endpoints
-  ADD COLUMN IF NOT EXISTS ordering text NOT NULL DEFAULT 'none';
-
-DO $$
-BEGIN
-  ALTER TABLE outbox.endpoints
-    ADD CONSTRAINT endpoints_ordering_known CHECK (ordering IN ('none', 'subject'));
-EXCEPTION WHEN duplicate_object THEN
-  NULL;
-END
-$$;
-
--- filter narrows what an endpoint receives beyond its topics: a SQL/JSON
--- path predicate over the event's payload, in jsonb_path_match's syntax
--- ('$.status == "paid" && $.amount_cents > 1000'), kept as it was written
--- for the API to echo; NULL: every event of its topics (docs/filters.md).
--- filter_path is it parsed, once, when it is written: the fan-out tests it
--- against every event its topics pass, and a text would be parsed again
--- for each. A filter that does not parse fails the write here; the Go side
--- says why before it comes to that (filters.go, checkFilter).
-ALTER TABLE outbox.endpoints
-  ADD COLUMN IF NOT EXISTS filter text,
-  ADD COLUMN IF NOT EXISTS filter_path jsonpath GENERATED ALWAYS AS (filter::jsonpath) STORED;
-
--- filter_error says why the relay stopped evaluating the endpoint's
--- filter, and filter_error_at since when: the filter raised an error that
--- silent does not cover, or ran past its share of a relay pass (relay.go,
--- holdFailingFilters). Every pass shares one statement, so a filter that
--- fails it fails every endpoint's fan-out; held, the filter is not
--- evaluated, and every event of the endpoint's topics counts as not
--- matched for it (fanout_stats.filter_errors) until its filter is written
--- again, which clears both (the same text tries it again). The relay
--- sets them, after trying the filter alone on the events of the pass that
--- failed, and so does the migration for a filter an earlier release
--- stored that filter_problem's rules refuse (below); the API and the
--- panel show them.
-ALTER TABLE outbox.endpoints
-  ADD COLUMN IF NOT EXISTS filter_error text,
-  ADD COLUMN IF NOT EXISTS filter_error_at timestamptz;
-
-DO $$
-BEGIN
-  ALTER TABLE outbox.endpoints
-    ADD CONSTRAINT endpoints_filter_error_with_time CHECK ((filter_error IS NULL) = (filter_error_at IS NULL)),
-    ADD CONSTRAINT endpoints_filter_error_length CHECK (length(filter_error) <= 2100);
-EXCEPTION WHEN duplicate_object THEN
-  NULL;
-END
-$$;
+-- An endpoint's filter (below) is held to the rules of filter_problem by a
+-- CHECK of the table, so those functions come first.
 
 -- filter_problem says why a parsed filter may not be stored, or NULL when
 -- it may. jsonb_path_match with silent => true turns what a payload can
@@ -1075,9 +964,9 @@ $$;
 -- method can no longer hide in a string. PL/pgSQL, so that the probe
 -- runs only after the checks passed: a SQL function's CASE could be
 -- folded with its constant arguments, the probe first. About 0.1 ms for
--- a filter of a few conditions (0.02 ms before the cost rules), a few
--- milliseconds for one of 4,096 bytes; endpoints_filter_allowed runs it
--- on every write of a filtered endpoint's row.
+-- a filter of a few conditions, a few milliseconds for one of 4,096
+-- bytes; endpoints_filter_allowed runs it on every write of a filtered
+-- endpoint's row.
 CREATE OR REPLACE FUNCTION outbox.filter_problem(f jsonpath)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
@@ -1180,7 +1069,6 @@ $$;
 -- the parentheses open: operand is what the current operand is so far
 -- (none, path or other), lhs the left operand of an open comparison. A
 -- filter expression keeps the path it filters a path.
-DROP FUNCTION IF EXISTS outbox.filter_operand_problem(text);
 CREATE FUNCTION outbox.filter_operand_problem(unsubscripted text)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
@@ -1241,63 +1129,267 @@ BEGIN
 END
 $$;
 
--- At most 4,096 bytes (filters.go, maxFilterLen): a filter is a
--- predicate, not a program.
-DO $$
-BEGIN
-  ALTER TABLE outbox.endpoints
-    ADD CONSTRAINT endpoints_filter_length CHECK (length(filter) <= 4096);
-EXCEPTION WHEN duplicate_object THEN
-  NULL;
-END
-$$;
+-- An endpoint is a URL that receives every event whose topics its patterns
+-- select (outbox.topic_matches; an empty list selects all), as a signed
+-- webhook. Rows are written through the API (endpoints.go); the workers
+-- change only failing_since, the lane's state (below: the failure count,
+-- the breaker, a hold, the rate limit's next start), the receiver's dedup
+-- window (below) and, on a 410, disabled_at; the prober, its recovery
+-- columns (below). Its state is derived, never stored:
+--
+--   enabled   (disabled_at IS NULL, failing_since IS NULL)
+--   failing   (disabled_at IS NULL, failing_since IS NOT NULL): a delivery
+--             failed and none has succeeded since. Deliveries go on; once
+--             the circuit breaker is open (below), fan-out schedules the
+--             new ones FailingEndpointDelay (5 min) out and the claim lets
+--             one attempt at a time through, so a dead receiver does not
+--             take a burst of doomed attempts.
+--   paused    (disabled_at IS NULL, paused_at IS NOT NULL): held by an
+--             operator. Fan-out still enqueues for it; the claim takes
+--             nothing of it until it is resumed. Nothing is discarded.
+--   disabled  (disabled_at IS NOT NULL): by its owner, by a 410 Gone from
+--             the receiver, or after 5 days of continuous failure;
+--             disabled_reason says which, disabled_cause who (below).
+--             Fan-out enqueues nothing for it, and its queued deliveries
+--             end without a request. Enabling it clears disabled_* and
+--             failing_since.
+--
+-- secret signs every delivery (HMAC-SHA256, Standard Webhooks). A rotation
+-- keeps the old one as previous_secret until previous_secret_expires_at, and
+-- deliveries carry both signatures until then, so a receiver can switch at
+-- its own pace. Deleting an endpoint keeps its jobs (endpoint_id becomes
+-- NULL): they end without a request, recorded as such. Bounded by the
+-- admin and, for an owner's endpoints, by the owner's max_endpoints.
+--
+-- The Go side validates first (validateEndpointURL, topicPatternValid,
+-- checkFilter) and answers 400 with a reason; the CHECKs keep a direct SQL
+-- write honest too.
+CREATE TABLE outbox.endpoints (
+  id                            bigint           GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  -- An http(s) URL, or mailto: for an endpoint that receives its events
+  -- as mail (mail.go).
+  url                           text             NOT NULL,
+  description                   text             NOT NULL DEFAULT '',
+  owner_email                   text             NOT NULL DEFAULT '',
+  -- The owner who may see and manage it through the portal; NULL: the
+  -- admin's alone. Deleting the owner leaves it to the admin.
+  owner_id                      bigint           REFERENCES outbox.owners (id) ON DELETE SET NULL,
+  topics                        text[]           NOT NULL DEFAULT '{}',
 
--- endpoints_filter_allowed holds every filter to filter_problem's rules,
--- but a held one (filter_error_at), which is never evaluated. A filter
--- stored under earlier rules that today's refuse is held here, as the
--- schema changes, with the rule that refuses it: its endpoint gets no
--- event of its topics until the filter is written again, and every other
--- write of its row goes through (a CHECK is evaluated on every update of
--- the row, the completer's of its health among them). A database made
--- before filters were held carries the constraint without the hold:
--- replaced, once.
-DO $$
-BEGIN
-  IF EXISTS (SELECT 1 FROM pg_constraint
-             WHERE conrelid = 'outbox.endpoints'::regclass AND conname = 'endpoints_filter_allowed'
-               AND pg_get_constraintdef(oid) NOT LIKE '%filter_error_at%') THEN
-    ALTER TABLE outbox.endpoints DROP CONSTRAINT endpoints_filter_allowed;
-  END IF;
-  UPDATE outbox.endpoints
-  SET filter_error = 'stored under earlier rules, which today''s refuse: ' || outbox.filter_problem(filter_path),
-      filter_error_at = now()
-  WHERE filter_path IS NOT NULL
-    AND filter_error_at IS NULL
-    AND outbox.filter_problem(filter_path) IS NOT NULL;
-  IF NOT EXISTS (SELECT 1 FROM pg_constraint
-                 WHERE conrelid = 'outbox.endpoints'::regclass AND conname = 'endpoints_filter_allowed') THEN
-    ALTER TABLE outbox.endpoints
-      ADD CONSTRAINT endpoints_filter_allowed CHECK (filter_error_at IS NOT NULL OR outbox.filter_problem(filter_path) IS NULL);
-  END IF;
-END
-$$;
+  -- filter narrows what an endpoint receives beyond its topics: a SQL/JSON
+  -- path predicate over the event's payload, in jsonb_path_match's syntax
+  -- ('$.status == "paid" && $.amount_cents > 1000'), kept as it was written
+  -- for the API to echo; NULL: every event of its topics (docs/filters.md).
+  -- filter_path is it parsed, once, when it is written: the fan-out tests
+  -- it against every event its topics pass, and a text would be parsed
+  -- again for each. A filter that does not parse fails the write here; the
+  -- Go side says why before it comes to that (filters.go, checkFilter).
+  filter                        text,
+  filter_path                   jsonpath         GENERATED ALWAYS AS (filter::jsonpath) STORED,
+  -- filter_error says why the relay stopped evaluating the endpoint's
+  -- filter, and filter_error_at since when: the filter raised an error that
+  -- silent does not cover, or ran past its share of a relay pass (relay.go,
+  -- holdFailingFilters). Every pass shares one statement, so a filter that
+  -- fails it fails every endpoint's fan-out; held, the filter is not
+  -- evaluated, and every event of the endpoint's topics counts as not
+  -- matched for it (fanout_stats.filter_errors) until its filter is written
+  -- again, which clears both (the same text tries it again). The relay
+  -- sets them, after trying the filter alone on the events of the pass
+  -- that failed; the API and the panel show them.
+  filter_error                  text,
+  filter_error_at               timestamptz,
+  -- 'subject' makes every subject an ordered lane of the endpoint
+  -- (outbox.advance_lanes, below): its deliveries run one at a time, in
+  -- fan-out order. 'none' (the default): no order.
+  ordering                      text             NOT NULL DEFAULT 'none',
+
+  secret                        bytea            NOT NULL,
+  previous_secret               bytea,
+  previous_secret_expires_at    timestamptz,
+
+  -- The endpoint's TLS material (clientcert.go): the client certificate
+  -- (PEM, leaf first) and its private key that deliveries present to a
+  -- receiver asking for mutual TLS, set and removed together, with the
+  -- leaf's expiry kept beside them for the overview's
+  -- client_certificate_expiring alert; and ca_certificate (PEM), the only
+  -- authorities the receiver's own certificate may chain to. The key is
+  -- PEM text, or with -secrets-key sealed (secrets.go, sealBlob: first
+  -- byte 2).
+  client_certificate            text,
+  client_key                    bytea,
+  client_certificate_expires_at timestamptz,
+  ca_certificate                text,
+
+  -- An endpoint is a lane of its own (outbox.claim_due_jobs): its trouble
+  -- holds up its own deliveries and nobody else's. The columns the claim
+  -- reads:
+  --
+  --   max_in_flight         at most this many of its deliveries run at once,
+  --                         counted over every replica (16 by default: a
+  --                         receiver that hangs holds a quarter of the 64
+  --                         default workers, never all of them).
+  --   rate_limit_per_second NULL: none. Else the claim spaces its requests
+  --                         1/rate apart across every replica.
+  --   rate_next_at          when the next request may start under the rate
+  --                         limit; the claim advances it by 1/rate for every
+  --                         job it takes (GCRA's theoretical arrival time).
+  --   consecutive_failures  attempts failed since the last success; the
+  --                         completer counts them (record_outcomes).
+  --   breaker_opened_at     set by the completer when consecutive_failures
+  --                         reaches -breaker-threshold (5), cleared by the
+  --                         next success. While open: one attempt at a time,
+  --                         and fan-out schedules new deliveries 5 min out.
+  --   held_until            a 429 or 503 with Retry-After holds the whole
+  --                         endpoint until then, not just the one job.
+  --   paused_at             an operator's pause (POST .../pause).
+  max_in_flight                 integer          NOT NULL DEFAULT 16,
+  rate_limit_per_second         double precision,
+  rate_next_at                  timestamptz,
+  consecutive_failures          integer          NOT NULL DEFAULT 0,
+  breaker_opened_at             timestamptz,
+  held_until                    timestamptz,
+  paused_at                     timestamptz,
+
+  -- The receiver's dedup window, as a 2xx answer last advertised it in
+  -- webhook-dedup-window (outboxd's own header, webhook.go): how long after
+  -- a first delivery the receiver still recognises a second one, in
+  -- seconds, and when an answer last said so. The completer writes it with
+  -- the attempt (record_outcomes), on a change and at most hourly
+  -- otherwise; a 2xx without the header clears it, and so does a new URL;
+  -- any other answer leaves it. NULL: none advertised. Replays and retries
+  -- by hand to the endpoint are clamped to it (replay.go), a delivery that
+  -- may have reached the receiver before is not sent again past it
+  -- (outbox.claim_due_jobs, resend.go), and the overview alerts while it is
+  -- shorter than this sender's resend horizon.
+  dedup_window_seconds          bigint,
+  dedup_window_seen_at          timestamptz,
+
+  failing_since                 timestamptz,
+  disabled_at                   timestamptz,
+  disabled_reason               text,
+  -- Who disabled the endpoint, beside the reason text:
+  --
+  --   operator  POST .../disable (endpoints.go). An operator's disable of
+  --             an endpoint already disabled keeps its first reason and
+  --             time, and becomes the cause: the endpoint stays off until
+  --             enabled.
+  --   gone      the receiver answered 410 Gone (record_outcomes), to a
+  --             delivery or to a probe.
+  --   failure   failing continuously for -endpoint-disable-after (5 days;
+  --             retention.go).
+  --
+  -- NULL while enabled. An endpoint disabled with no cause is never
+  -- probed: its cause is unknown.
+  disabled_cause                text,
+
+  -- Recovery probes: an endpoint disabled for failure, with
+  -- recovery_probes on (the default; PATCH {"recovery_probes": false} opts
+  -- out) and an http(s) URL, gets a signed probe (probe.go) on the schedule
+  -- of outbox.probe_interval. The prober writes next_probe_at and
+  -- last_probe_at when it claims a probe, before it sends it, and
+  -- last_probe_error with the answer. A 2xx re-enables the endpoint with
+  -- recovered_at and recovered_reason, and recovery_replay_from, the start
+  -- of the replay of what it missed, which stays set until the replay's
+  -- last catch-up pass has run. Probes add no rows: each one updates its
+  -- endpoint's row.
+  recovery_probes               boolean          NOT NULL DEFAULT true,
+  next_probe_at                 timestamptz,
+  last_probe_at                 timestamptz,
+  last_probe_error              text,
+  recovered_at                  timestamptz,
+  recovered_reason              text,
+  recovery_replay_from          timestamptz,
+
+  created_at                    timestamptz      NOT NULL DEFAULT now(),
+  -- The last change through the API; state changes by the workers have
+  -- their own timestamps.
+  updated_at                    timestamptz      NOT NULL DEFAULT now(),
+
+  CONSTRAINT endpoints_url_scheme CHECK (url ~ '^(https?://|mailto:)' AND length(url) <= 2048),
+  CONSTRAINT endpoints_description_length CHECK (length(description) <= 1000),
+  CONSTRAINT endpoints_owner_email_length CHECK (length(owner_email) <= 254),
+  CONSTRAINT endpoints_topics_count CHECK (cardinality(topics) <= 100),
+  -- At most 4,096 bytes (filters.go, maxFilterLen): a filter is a
+  -- predicate, not a program.
+  CONSTRAINT endpoints_filter_length CHECK (length(filter) <= 4096),
+  -- Every filter keeps filter_problem's rules, but a held one
+  -- (filter_error_at), which is never evaluated. A rule added later holds
+  -- the filters stored before it that it refuses, with the rule that
+  -- refuses each, rather than fail: its endpoint gets no event of its
+  -- topics until the filter is written again, and every other write of its
+  -- row goes through (a CHECK is evaluated on every update of the row, the
+  -- completer's of its health among them).
+  CONSTRAINT endpoints_filter_allowed CHECK (filter_error_at IS NOT NULL OR outbox.filter_problem(filter_path) IS NULL),
+  CONSTRAINT endpoints_filter_error_with_time CHECK ((filter_error IS NULL) = (filter_error_at IS NULL)),
+  CONSTRAINT endpoints_filter_error_length CHECK (length(filter_error) <= 2100),
+  CONSTRAINT endpoints_ordering_known CHECK (ordering IN ('none', 'subject')),
+  -- 24 to 64 bytes: the range Standard Webhooks recommends. With
+  -- -secrets-key, outboxd stores every secret sealed (secrets.go): exactly
+  -- 98 bytes, starting with the format's version byte 1, whatever the
+  -- secret's length. A database may hold both: `outboxd secrets encrypt`
+  -- seals the plaintext ones.
+  CONSTRAINT endpoints_secret_length CHECK (
+    length(secret) BETWEEN 24 AND 64
+    OR (length(secret) = 98 AND get_byte(secret, 0) = 1)
+  ),
+  CONSTRAINT endpoints_previous_secret_expires CHECK (
+    (previous_secret IS NULL) = (previous_secret_expires_at IS NULL)
+  ),
+  CONSTRAINT endpoints_client_certificate_pair CHECK (
+    (client_certificate IS NULL) = (client_key IS NULL)
+    AND (client_certificate IS NULL) = (client_certificate_expires_at IS NULL)
+  ),
+  -- 32 kB each is maxPEMLen; a sealed key is 33 bytes longer.
+  CONSTRAINT endpoints_client_certificate_length CHECK (length(client_certificate) <= 32768),
+  CONSTRAINT endpoints_client_key_length CHECK (length(client_key) <= 32768 + 33),
+  CONSTRAINT endpoints_ca_certificate_length CHECK (length(ca_certificate) <= 32768),
+  -- Only TLS carries them: on an http:// or mailto: endpoint they would
+  -- be kept and never used.
+  CONSTRAINT endpoints_tls_material_https CHECK (
+    (client_certificate IS NULL AND ca_certificate IS NULL) OR url LIKE 'https://%'
+  ),
+  CONSTRAINT endpoints_max_in_flight_range CHECK (max_in_flight BETWEEN 1 AND 1000),
+  CONSTRAINT endpoints_rate_limit_range CHECK (rate_limit_per_second BETWEEN 0.01 AND 10000),
+  CONSTRAINT endpoints_consecutive_failures_nonnegative CHECK (consecutive_failures >= 0),
+  CONSTRAINT endpoints_dedup_window CHECK (
+    (dedup_window_seconds IS NULL) = (dedup_window_seen_at IS NULL)
+    AND dedup_window_seconds > 0
+  ),
+  CONSTRAINT endpoints_disabled_with_reason CHECK (
+    (disabled_at IS NULL) = (disabled_reason IS NULL)
+  ),
+  CONSTRAINT endpoints_disabled_reason_length CHECK (length(disabled_reason) <= 500),
+  CONSTRAINT endpoints_disabled_cause CHECK (
+    disabled_cause IS NULL
+    OR (disabled_cause IN ('operator', 'gone', 'failure') AND disabled_at IS NOT NULL)
+  ),
+  CONSTRAINT endpoints_last_probe_error_length CHECK (length(last_probe_error) <= 2100),
+  CONSTRAINT endpoints_recovered_reason_length CHECK (length(recovered_reason) <= 1000)
+);
+
+-- Serves the fan-out: the enabled endpoints, read for every relay pass.
+CREATE INDEX endpoints_enabled_by_id
+  ON outbox.endpoints (id)
+  WHERE disabled_at IS NULL;
 
 -- Serves the fan-out: the endpoints whose filter is held, read once by a
 -- pass that meets a filtered endpoint (outbox.fan_out, routed). Almost
 -- always empty.
-CREATE INDEX IF NOT EXISTS endpoints_filter_held
+CREATE INDEX endpoints_filter_held
   ON outbox.endpoints (id)
   WHERE filter_error_at IS NOT NULL;
 
--- Serves the fan-out: the enabled endpoints, read for every relay pass.
-CREATE INDEX IF NOT EXISTS endpoints_enabled_by_id
-  ON outbox.endpoints (id)
-  WHERE disabled_at IS NULL;
-
 -- Serves the sweep that disables endpoints failing for too long.
-CREATE INDEX IF NOT EXISTS endpoints_failing_by_failing_since
+CREATE INDEX endpoints_failing_by_failing_since
   ON outbox.endpoints (failing_since)
   WHERE failing_since IS NOT NULL AND disabled_at IS NULL;
+
+-- Serves an owner's endpoint list and the ownership check of every route
+-- under /api/endpoints/{id} an owner's token calls (owners.go), and the
+-- SET NULL of an owner's delete.
+CREATE INDEX endpoints_by_owner_id
+  ON outbox.endpoints (owner_id)
+  WHERE owner_id IS NOT NULL;
 
 --------------------------------------------------------------------------------
 -- Jobs: outboxd's own queue
@@ -3279,8 +3371,12 @@ CREATE TABLE IF NOT EXISTS outbox.inbox_sources (
   CONSTRAINT inbox_sources_name_format CHECK (name ~ '^[a-z0-9_-]{1,50}$'),
   CONSTRAINT inbox_sources_topic_prefix_format CHECK (topic_prefix ~ '^([A-Za-z0-9_][A-Za-z0-9_.:/-]{0,99})?$'),
   -- Any non-empty key up to 64 bytes: a source's secret is the sender's,
-  -- and senders other than outboxd choose their own sizes.
-  CONSTRAINT inbox_sources_secret_length CHECK (length(secret) BETWEEN 1 AND 64),
+  -- and senders other than outboxd choose their own sizes. Or sealed, as
+  -- endpoints_secret_length allows.
+  CONSTRAINT inbox_sources_secret_length CHECK (
+    length(secret) BETWEEN 1 AND 64
+    OR (length(secret) = 98 AND get_byte(secret, 0) = 1)
+  ),
   CONSTRAINT inbox_sources_previous_secret_expires CHECK (
     (previous_secret IS NULL) = (previous_secret_expires_at IS NULL)
   )
@@ -3444,63 +3540,6 @@ CREATE TABLE IF NOT EXISTS outbox.retention_last_cycle (
 );
 
 --------------------------------------------------------------------------------
--- Secrets at rest
---------------------------------------------------------------------------------
-
--- With -secrets-key, outboxd stores every secret sealed (secrets.go):
--- exactly 98 bytes, starting with the format's version byte 1, whatever
--- the secret's length. The length CHECKs above allow plaintext secrets
--- only; these replace them, allowing either. Plaintext rows stay as they
--- are: `outboxd secrets encrypt` seals them, never a migration.
-ALTER TABLE outbox.endpoints
-  DROP CONSTRAINT IF EXISTS endpoints_secret_length,
-  ADD CONSTRAINT endpoints_secret_length CHECK (
-    length(secret) BETWEEN 24 AND 64
-    OR (length(secret) = 98 AND get_byte(secret, 0) = 1)
-  );
-
-ALTER TABLE outbox.inbox_sources
-  DROP CONSTRAINT IF EXISTS inbox_sources_secret_length,
-  ADD CONSTRAINT inbox_sources_secret_length CHECK (
-    length(secret) BETWEEN 1 AND 64
-    OR (length(secret) = 98 AND get_byte(secret, 0) = 1)
-  );
-
--- An endpoint's TLS material (clientcert.go): the client certificate (PEM,
--- leaf first) and its private key that deliveries present to a receiver
--- asking for mutual TLS, set and removed together, with the leaf's expiry
--- kept beside them for the overview's client_certificate_expiring alert;
--- and ca_certificate (PEM), the only authorities the receiver's own
--- certificate may chain to. The key is PEM text, or with -secrets-key
--- sealed (secrets.go, sealBlob: first byte 2). 32 kB each is maxPEMLen;
--- a sealed key is 33 bytes longer.
-ALTER TABLE outbox.endpoints
-  ADD COLUMN IF NOT EXISTS client_certificate text,
-  ADD COLUMN IF NOT EXISTS client_key bytea,
-  ADD COLUMN IF NOT EXISTS client_certificate_expires_at timestamptz,
-  ADD COLUMN IF NOT EXISTS ca_certificate text;
-
-DO $$
-BEGIN
-  ALTER TABLE outbox.endpoints
-    ADD CONSTRAINT endpoints_client_certificate_pair CHECK (
-      (client_certificate IS NULL) = (client_key IS NULL)
-      AND (client_certificate IS NULL) = (client_certificate_expires_at IS NULL)
-    ),
-    ADD CONSTRAINT endpoints_client_certificate_length CHECK (length(client_certificate) <= 32768),
-    ADD CONSTRAINT endpoints_client_key_length CHECK (length(client_key) <= 32768 + 33),
-    ADD CONSTRAINT endpoints_ca_certificate_length CHECK (length(ca_certificate) <= 32768),
-    -- Only TLS carries them: on an http:// or mailto: endpoint they would
-    -- be kept and never used.
-    ADD CONSTRAINT endpoints_tls_material_https CHECK (
-      (client_certificate IS NULL AND ca_certificate IS NULL) OR url LIKE 'https://%'
-    );
-EXCEPTION WHEN duplicate_object THEN
-  NULL;
-END
-$$;
-
---------------------------------------------------------------------------------
 -- Panel sessions: revocable, and the same on every replica
 --------------------------------------------------------------------------------
 
@@ -3540,113 +3579,16 @@ CREATE TABLE IF NOT EXISTS outbox.panel_session_token (
 );
 
 --------------------------------------------------------------------------------
--- Owners: the people an endpoint belongs to, and their portal
+-- Owners' sign-ins: the portal's sessions and sign-in links
 --------------------------------------------------------------------------------
 
--- One row per owner (owners.go), created, given a new token and
--- deleted by the admin. An owner signs in to /api/ and the panel with its
--- token, obo_ + a selector + a verifier: the row holds the selector, which
--- finds it, and the SHA-256 of the verifier, compared in constant time; so
--- the table holds nothing that signs in. Rotation replaces both: the old
--- token is refused from the commit on, on every replica. Bounded by the
--- admin, who creates every row.
-CREATE TABLE IF NOT EXISTS outbox.owners (
-  id               bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-  name             text        NOT NULL,
-  token_selector   text        NOT NULL,
-  token_hash       bytea       NOT NULL,
-  created_at       timestamptz NOT NULL DEFAULT now(),
-  token_rotated_at timestamptz NOT NULL DEFAULT now(),
-
-  CONSTRAINT owners_name_length CHECK (length(name) BETWEEN 1 AND 200),
-  CONSTRAINT owners_token_selector_format CHECK (token_selector ~ '^[0-9a-f]{24}$'),
-  CONSTRAINT owners_token_hash_length CHECK (length(token_hash) = 32),
-  CONSTRAINT owners_token_selector_unique UNIQUE (token_selector)
-);
-
--- What an owner receives, and what it may ask for (docs/owners.md). The
--- admin sets every column; the owner's token changes none of them.
---
---   key                        the address events carry to reach this
---                              owner's endpoints (events.owner): text the
---                              admin chooses, such as the application's
---                              own customer id. An owner made without one
---                              gets 'owner-' and its id (owners_default_key).
---   allowed_topics             the topics of the events addressed to it that
---                              its endpoints may receive; NULL: every topic.
---   shared_topics              the topics of events addressed to no owner
---                              that its endpoints receive too; '{}': none.
---   max_endpoints              the most endpoints it may have.
---   max_in_flight              the highest max_in_flight its endpoints may
---                              ask for. The defaults, 10 endpoints of 8,
---                              hold at most 80 of the 128 default workers:
---                              one owner never takes them all.
---   max_rate_limit_per_second  the highest rate limit its endpoints may ask
---                              for; NULL: any, and none.
---   max_replay_window_seconds  how far back its replays may reach; NULL: as
---                              far as events retention keeps events.
---
--- The API checks an owner's endpoint against these when the owner writes
--- it (owners.go, ownerLimits); the fan-out and replays test the topics
--- again (owner_admits), so that narrowing them takes effect at once.
-ALTER TABLE outbox.owners
-  ADD COLUMN IF NOT EXISTS key text,
-  ADD COLUMN IF NOT EXISTS allowed_topics text[],
-  ADD COLUMN IF NOT EXISTS shared_topics text[] NOT NULL DEFAULT '{}',
-  ADD COLUMN IF NOT EXISTS max_endpoints integer NOT NULL DEFAULT 10,
-  ADD COLUMN IF NOT EXISTS max_in_flight integer NOT NULL DEFAULT 8,
-  ADD COLUMN IF NOT EXISTS max_rate_limit_per_second double precision,
-  ADD COLUMN IF NOT EXISTS max_replay_window_seconds bigint;
-
--- owners_default_key gives an owner made without a key 'owner-' and its
--- id, which the identity column has drawn before a BEFORE trigger runs:
--- also for a replica of the release before keys, which inserts none.
-CREATE OR REPLACE FUNCTION outbox.owners_default_key() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-  NEW.key := coalesce(NEW.key, 'owner-' || NEW.id);
-  RETURN NEW;
-END
-$$;
-
-CREATE OR REPLACE TRIGGER owners_default_key
-  BEFORE INSERT ON outbox.owners
-  FOR EACH ROW EXECUTE FUNCTION outbox.owners_default_key();
-
-UPDATE outbox.owners SET key = 'owner-' || id WHERE key IS NULL;
-ALTER TABLE outbox.owners ALTER COLUMN key SET NOT NULL;
-
-DO $$
-BEGIN
-  ALTER TABLE outbox.owners
-    ADD CONSTRAINT owners_key_unique UNIQUE (key),
-    ADD CONSTRAINT owners_key_format CHECK (key ~ '^[A-Za-z0-9][A-Za-z0-9_.:@/+=-]{0,199}$'),
-    ADD CONSTRAINT owners_allowed_topics_count CHECK (cardinality(allowed_topics) <= 100),
-    ADD CONSTRAINT owners_shared_topics_count CHECK (cardinality(shared_topics) <= 100),
-    ADD CONSTRAINT owners_max_endpoints_range CHECK (max_endpoints BETWEEN 0 AND 10000),
-    ADD CONSTRAINT owners_max_in_flight_range CHECK (max_in_flight BETWEEN 1 AND 1000),
-    ADD CONSTRAINT owners_max_rate_limit_range CHECK (max_rate_limit_per_second BETWEEN 0.01 AND 10000),
-    ADD CONSTRAINT owners_max_replay_window_range CHECK (max_replay_window_seconds >= 0);
-EXCEPTION WHEN duplicate_object OR duplicate_table THEN
-  NULL;
-END
-$$;
-
--- An endpoint's owner, who may see and manage it through the portal; NULL:
--- the admin's alone. Deleting an owner leaves its endpoints to the admin.
--- A replica of the release before owners never reads it, and creates
--- endpoints without one. Index endpoints_by_owner_id: schema_indexes.sql.
-ALTER TABLE outbox.endpoints
-  ADD COLUMN IF NOT EXISTS owner_id bigint REFERENCES outbox.owners (id) ON DELETE SET NULL;
-
 -- One row per browser signed in as an owner: the twin of
--- outbox.panel_sessions, in a table of its own so that a replica of the
--- release before owners, which reads only panel_sessions and takes every
--- row there for the admin's, never sees an owner's session. Bounded like
--- it: every sign-in deletes up to 100 expired rows and the live ones past
--- the newest 1,000. Rotating an owner's token or deleting the owner ends
--- its sessions.
-CREATE TABLE IF NOT EXISTS outbox.owner_sessions (
+-- outbox.panel_sessions, in a table of its own so that every row of
+-- panel_sessions is the admin's, and nothing that reads that table can take
+-- an owner's session for the admin's. Bounded like it: every sign-in
+-- deletes up to 100 expired rows and the live ones past the newest 1,000.
+-- Rotating an owner's token or deleting the owner ends its sessions.
+CREATE TABLE outbox.owner_sessions (
   id_hash    bytea       PRIMARY KEY,
   owner_id   bigint      NOT NULL REFERENCES outbox.owners (id) ON DELETE CASCADE,
   created_at timestamptz NOT NULL DEFAULT now(),
@@ -3655,11 +3597,11 @@ CREATE TABLE IF NOT EXISTS outbox.owner_sessions (
 );
 
 -- Serves the sign-in's deletions, as panel_sessions_by_expires_at does.
-CREATE INDEX IF NOT EXISTS owner_sessions_by_expires_at
+CREATE INDEX owner_sessions_by_expires_at
   ON outbox.owner_sessions (expires_at);
 
 -- Serves the ending of one owner's sessions (rotation, delete's cascade).
-CREATE INDEX IF NOT EXISTS owner_sessions_by_owner_id
+CREATE INDEX owner_sessions_by_owner_id
   ON outbox.owner_sessions (owner_id);
 
 -- Sign-in links the admin hands to an owner (owners.go): the link holds a
@@ -3667,8 +3609,9 @@ CREATE INDEX IF NOT EXISTS owner_sessions_by_owner_id
 -- deletes the row in the statement that reads it, so two clicks racing
 -- get one session between them. It expires after -signin-link-lifetime
 -- (1 h). Bounded like the sessions: every new link deletes up to 100
--- expired rows, and the live ones past the newest 1,000.
-CREATE TABLE IF NOT EXISTS outbox.owner_signin_links (
+-- expired rows, and the live ones past the newest 1,000. Deleting the
+-- owner deletes its links.
+CREATE TABLE outbox.owner_signin_links (
   code_hash  bytea       PRIMARY KEY,
   owner_id   bigint      NOT NULL REFERENCES outbox.owners (id) ON DELETE CASCADE,
   created_at timestamptz NOT NULL DEFAULT now(),
@@ -3676,7 +3619,8 @@ CREATE TABLE IF NOT EXISTS outbox.owner_signin_links (
   CONSTRAINT owner_signin_links_code_hash_length CHECK (length(code_hash) = 32)
 );
 
-CREATE INDEX IF NOT EXISTS owner_signin_links_by_expires_at
+-- Serves the new link's deletions of expired rows, oldest first.
+CREATE INDEX owner_signin_links_by_expires_at
   ON outbox.owner_signin_links (expires_at);
 
 --------------------------------------------------------------------------------
@@ -3736,58 +3680,13 @@ CREATE TABLE IF NOT EXISTS outbox.alert_acks (
 -- Recovery probes: an endpoint disabled for failing comes back by itself
 --------------------------------------------------------------------------------
 
--- disabled_cause says who disabled an endpoint, beside the reason text:
---
---   operator  POST .../disable (endpoints.go). An operator's disable of an
---             endpoint already disabled keeps its first reason and time,
---             and becomes the cause: the endpoint stays off until enabled.
---   gone      the receiver answered 410 Gone (record_outcomes), to a delivery or
---             to a probe.
---   failure   failing continuously for -endpoint-disable-after (5 days;
---             retention.go).
---
--- NULL while enabled, and on endpoints disabled before this column
--- existed, which are never probed: their cause is unknown.
---
--- An endpoint disabled for failure, with recovery_probes on (the default;
--- PATCH {"recovery_probes": false} opts out) and an http(s) URL, gets a
--- signed probe (probe.go) on the schedule of outbox.probe_interval. The
--- prober writes next_probe_at and last_probe_at when it claims a probe,
--- before it sends it, and last_probe_error with the answer. A 2xx
--- re-enables the endpoint with recovered_at and recovered_reason, and
--- recovery_replay_from, the start of the replay of what it missed, which
--- stays set until the replay's last catch-up pass has run. Probes add no
--- rows: each one updates its endpoint's row.
-ALTER TABLE outbox.endpoints
-  ADD COLUMN IF NOT EXISTS disabled_cause text,
-  ADD COLUMN IF NOT EXISTS recovery_probes boolean NOT NULL DEFAULT true,
-  ADD COLUMN IF NOT EXISTS next_probe_at timestamptz,
-  ADD COLUMN IF NOT EXISTS last_probe_at timestamptz,
-  ADD COLUMN IF NOT EXISTS last_probe_error text,
-  ADD COLUMN IF NOT EXISTS recovered_at timestamptz,
-  ADD COLUMN IF NOT EXISTS recovered_reason text,
-  ADD COLUMN IF NOT EXISTS recovery_replay_from timestamptz;
-
-DO $$
-BEGIN
-  ALTER TABLE outbox.endpoints
-    ADD CONSTRAINT endpoints_disabled_cause CHECK (
-      disabled_cause IS NULL
-      OR (disabled_cause IN ('operator', 'gone', 'failure') AND disabled_at IS NOT NULL)
-    ),
-    ADD CONSTRAINT endpoints_last_probe_error_length CHECK (length(last_probe_error) <= 2100),
-    ADD CONSTRAINT endpoints_recovered_reason_length CHECK (length(recovered_reason) <= 1000);
-EXCEPTION WHEN duplicate_object THEN
-  NULL;
-END
-$$;
-
--- probe_interval is the schedule: how long after a probe made at "at" the
--- next one is due, for an endpoint disabled at disabled_at. Hourly through
--- the first day (a receiver back after an outage is found within the
--- hour), then every 6 hours, for as long as it stays disabled: 24 probes
--- the first day, 4 a day after. The first probe is due an hour after the
--- disable.
+-- probe_interval is the schedule of an endpoint's recovery probes
+-- (probe.go; the endpoints' recovery columns, above): how long after a
+-- probe made at "at" the next one is due, for an endpoint disabled at
+-- disabled_at. Hourly through the first day (a receiver back after an
+-- outage is found within the hour), then every 6 hours, for as long as it
+-- stays disabled: 24 probes the first day, 4 a day after. The first probe
+-- is due an hour after the disable.
 CREATE OR REPLACE FUNCTION outbox.probe_interval(disabled_at timestamptz, at timestamptz)
 RETURNS interval
 LANGUAGE sql STABLE
