@@ -1395,13 +1395,82 @@ CREATE INDEX endpoints_by_owner_id
 -- Jobs: outboxd's own queue
 --------------------------------------------------------------------------------
 
-DO $$
-BEGIN
-  CREATE TYPE outbox.job_state AS ENUM ('available', 'running', 'retryable', 'completed', 'discarded');
-EXCEPTION WHEN duplicate_object THEN
-  NULL;
-END
-$$;
+-- A job's state; the jobs table's comment (below) is its life.
+CREATE TYPE outbox.job_state AS ENUM ('available', 'running', 'retryable', 'completed', 'discarded');
+
+-- Replays come first: a job names the replay that enqueued it.
+--
+-- A replay is an operator's request to send an endpoint deliveries again:
+-- the events of a window (kind 'replay', replay.go) or its discarded
+-- deliveries (kind 'retry_discarded', jobs.go). The jobs it enqueues or
+-- sets to run again carry its id (jobs.replay_id) and run in the
+-- endpoint's replay lane (outbox.claim_due_jobs): behind its live deliveries,
+-- and at most replay_width(endpoint, max_in_flight) at once. Its columns:
+--
+--   window_from, window_to, topics  what a 'replay' selected (the window
+--                   after the clamp); NULL for 'retry_discarded'.
+--   jobs_total      the jobs it enqueues. A 'retry_discarded' adds them
+--                   batch by batch. A 'replay' counts them when it starts,
+--                   as its dry run counts (replay.go, replayCountSQL), and
+--                   is set to jobs_enqueued once its last batch is
+--                   enqueued, or it is cancelled: what the events and
+--                   their deliveries then were may differ from the count.
+--   jobs_enqueued   the jobs enqueued so far.
+--   enqueue_after   a 'replay''s cursor: the last event id its enqueue
+--                   has passed. A replay is enqueued lazily, a batch
+--                   at a time as its lane drains (replay.go, feedReplays),
+--                   not all at its start, whose burst of inserts would
+--                   be the worst minute of live latency beside it. NULL
+--                   for a 'retry_discarded', enqueued at once, and for a
+--                   replay until its count is written. The count starts
+--                   it just before the first event it found.
+--   last_event_id   a 'replay''s end: the last event its count found,
+--                   where its enqueue stops, so that its last batch does
+--                   not walk through every event recorded since (a
+--                   statement of seconds beside live traffic). Written
+--                   with enqueue_after, NULL where it is.
+--   enqueued_at     when its last batch was enqueued; NULL while it still
+--                   enqueues, so that it is not taken for finished between
+--                   two batches.
+--   cancelled_at    an operator's cancel: its waiting jobs were discarded
+--                   then, and no batch enqueues after it.
+--   finished_at     when its last job finished, written by the first read
+--                   that finds none left (replay.go, settleReplaysSQL).
+--
+-- Bounded: every new replay of an endpoint deletes its finished replays
+-- beyond the newest 20; an unfinished one has jobs waiting or running,
+-- which the job table bounds. An endpoint's delete deletes its replays.
+CREATE TABLE outbox.replays (
+  id            bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  endpoint_id   bigint      NOT NULL REFERENCES outbox.endpoints (id) ON DELETE CASCADE,
+  kind          text        NOT NULL,
+  window_from   timestamptz,
+  window_to     timestamptz,
+  topics        text[],
+  jobs_total    bigint      NOT NULL DEFAULT 0,
+  jobs_enqueued bigint      NOT NULL DEFAULT 0,
+  enqueue_after bigint,
+  last_event_id bigint,
+  created_at    timestamptz NOT NULL DEFAULT now(),
+  enqueued_at   timestamptz,
+  cancelled_at  timestamptz,
+  finished_at   timestamptz,
+
+  CONSTRAINT replays_kind_known CHECK (kind IN ('replay', 'retry_discarded')),
+  CONSTRAINT replays_jobs_total_nonnegative CHECK (jobs_total >= 0),
+  CONSTRAINT replays_finished_once_enqueued CHECK (finished_at IS NULL OR enqueued_at IS NOT NULL)
+);
+
+-- Serves an endpoint's replays, newest first, and the cascade from
+-- endpoints.
+CREATE INDEX replays_by_endpoint
+  ON outbox.replays (endpoint_id, id);
+
+-- Serves the workers' look for replays still to enqueue (replay.go,
+-- feedReplays), several times a second.
+CREATE INDEX replays_enqueuing
+  ON outbox.replays (id)
+  WHERE enqueued_at IS NULL AND enqueue_after IS NOT NULL;
 
 -- A job is one delivery of one event to one in-process subscriber (kind
 -- 'sub:<name>') or one endpoint (kind 'webhook', endpoint_id). The relay
@@ -1424,35 +1493,68 @@ $$;
 -- attempt number the worker claimed; a worker that lost its job to the
 -- rescuer changes nothing. The job cleaner deletes completed jobs after 24 h
 -- and discarded ones after 7 days.
-CREATE TABLE IF NOT EXISTS outbox.jobs (
+--
+-- The job table churns as the events table does, twice over: every row
+-- is updated when claimed and when finished, neither update HOT (state is
+-- in the claim indexes' predicates), and deleted by the job cleaner. The
+-- same vacuum settings as outbox.events, for the same reasons, and
+-- fillfactor 80: room on a page for both new versions of its rows.
+CREATE TABLE outbox.jobs (
   id           bigint           GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
   kind         text             NOT NULL,
+  -- Its event and, for a webhook job, its endpoint: held by the triggers
+  -- below rather than foreign keys. Deleting the endpoint keeps the job
+  -- (endpoint_id set NULL) so that it ends visibly, discarded with
+  -- "endpoint deleted", rather than vanishing; deleting its event deletes
+  -- it.
   event_id     bigint           NOT NULL,
+  endpoint_id  bigint,
+  -- The replay that enqueued it or set it to run again. SET NULL when its
+  -- row goes: only a finished replay's row is deleted, so only finished
+  -- jobs lose it (a retry by hand of one then runs live).
+  replay_id    bigint           REFERENCES outbox.replays (id) ON DELETE SET NULL,
+  -- Its event's subject, for a delivery to an endpoint that orders by
+  -- subject: its ordered lane (below, with advance_lanes).
+  lane_key     text,
   state        outbox.job_state NOT NULL DEFAULT 'available',
   attempt      integer          NOT NULL DEFAULT 0,
   max_attempts integer          NOT NULL,
   created_at   timestamptz      NOT NULL DEFAULT now(),
   scheduled_at timestamptz      NOT NULL DEFAULT now(),
   attempted_at timestamptz,
+  -- The replica whose claim last marked the job running
+  -- (outbox.claim_due_jobs), meaningful while it runs: the dead-replica
+  -- rescue finds a dead replica's jobs by it, among the running ones
+  -- (jobs_running_by_attempted_at: no index of its own, since running jobs
+  -- are at most the replicas' worker slots). No foreign key: the row goes
+  -- when its replica is declared dead, and the jobs' history keeps the id.
+  held_by      bigint,
   finalized_at timestamptz,
+  -- The attempt that completed a delivery: the answer's status code (NULL
+  -- for a mail) and how long the request took, written with the
+  -- completion itself. Such an attempt has no row in outbox.deliveries,
+  -- which keeps every other: the failed ones, and a success that came
+  -- after its job was taken from it (rescued, and run again). Nearly every
+  -- delivery succeeds at once, so that is a row, two index entries and a
+  -- foreign-key check fewer for nearly every delivery, and a deliveries
+  -- table as large as the failures, not the traffic. Jobs that keep no
+  -- attempt (an in-process subscriber's) hold NULL; readers take a
+  -- success from here only where duration_ms is set.
+  status_code  integer,
+  duration_ms  integer,
   -- One object per failed attempt: {"attempt", "at", "error"}.
   errors       jsonb            NOT NULL DEFAULT '[]',
 
   CONSTRAINT jobs_kind_length CHECK (length(kind) BETWEEN 1 AND 100),
+  CONSTRAINT jobs_endpoint_only_for_webhooks CHECK (endpoint_id IS NULL OR kind = 'webhook'),
+  CONSTRAINT jobs_replay_only_for_webhooks CHECK (replay_id IS NULL OR kind = 'webhook'),
   CONSTRAINT jobs_attempt_within_max CHECK (attempt >= 0 AND attempt <= max_attempts),
   CONSTRAINT jobs_max_attempts_positive CHECK (max_attempts > 0),
   CONSTRAINT jobs_finalized_when_final CHECK (
     (state IN ('completed', 'discarded')) = (finalized_at IS NOT NULL)
   ),
   CONSTRAINT jobs_attempted_when_running CHECK (state <> 'running' OR attempted_at IS NOT NULL)
-);
-
--- The job table churns as the events table does, twice over: every row
--- is updated when claimed and when finished, neither update HOT (state is
--- in the claim indexes' predicates), and deleted by the job cleaner. The
--- same vacuum settings as outbox.events, for the same reasons, and
--- fillfactor 80: room on a page for both new versions of its rows.
-ALTER TABLE outbox.jobs SET (
+) WITH (
   autovacuum_vacuum_scale_factor = 0.02,
   autovacuum_analyze_scale_factor = 0.02,
   autovacuum_vacuum_insert_scale_factor = 0.02,
@@ -1460,17 +1562,99 @@ ALTER TABLE outbox.jobs SET (
   fillfactor = 80
 );
 
--- A webhook job names its endpoint. Deleting the endpoint keeps the job
--- (endpoint_id set NULL) so that it ends visibly, discarded with "endpoint
--- deleted", rather than vanishing; deleting its event deletes it.
-ALTER TABLE outbox.jobs
-  ADD COLUMN IF NOT EXISTS endpoint_id bigint;
+-- Serve the workers' claim (outbox.claim_lane_jobs), one lane at a time:
+-- an endpoint's live waiting jobs, soonest first; its replayed ones, the
+-- same way; and the jobs of no endpoint (in-process subscribers, owner
+-- notifications, deliveries of a deleted endpoint), soonest first.
+-- Partial, so they hold only the jobs waiting to run, however many
+-- finished ones the table keeps. One index a lane, not one of every
+-- waiting job by due time, in which a hung endpoint's backlog would sit in
+-- front of everyone else's jobs; and live and replayed apart, so that a
+-- replay's backlog does not sit in front of the live deliveries behind it.
+CREATE INDEX jobs_waiting_live_by_endpoint
+  ON outbox.jobs (endpoint_id, scheduled_at, id)
+  WHERE state IN ('available', 'retryable') AND endpoint_id IS NOT NULL AND replay_id IS NULL;
+CREATE INDEX jobs_waiting_replay_by_endpoint
+  ON outbox.jobs (endpoint_id, scheduled_at, id)
+  WHERE state IN ('available', 'retryable') AND endpoint_id IS NOT NULL AND replay_id IS NOT NULL;
+CREATE INDEX jobs_waiting_without_endpoint
+  ON outbox.jobs (scheduled_at, id)
+  WHERE state IN ('available', 'retryable') AND endpoint_id IS NULL;
+
+-- Serve the claim's counts of an endpoint's deliveries in flight, which
+-- it holds below the endpoint's cap, and of its replayed ones, which it
+-- holds below the replay share: at most max_in_flight entries each.
+CREATE INDEX jobs_running_by_endpoint
+  ON outbox.jobs (endpoint_id)
+  WHERE state = 'running' AND endpoint_id IS NOT NULL;
+CREATE INDEX jobs_running_replay_by_endpoint
+  ON outbox.jobs (endpoint_id)
+  WHERE state = 'running' AND endpoint_id IS NOT NULL AND replay_id IS NOT NULL;
+
+-- Serves the rescuer: jobs running for longer than the rescue horizon.
+CREATE INDEX jobs_running_by_attempted_at
+  ON outbox.jobs (attempted_at)
+  WHERE state = 'running';
+
+-- Serves advance_lanes: a lane's held deliveries by event id, the first
+-- of which is its next; whether the lane has an active one is
+-- jobs_one_active_per_lane's to say. Held ones only: a delivery made due,
+-- then claimed, writes no entry here, where an index of every unfinished
+-- delivery would take one at each of those changes, on the ordered
+-- drain's every delivery.
+CREATE INDEX jobs_held_by_lane_event
+  ON outbox.jobs (endpoint_id, lane_key, event_id)
+  WHERE lane_key IS NOT NULL
+    AND state IN ('available', 'retryable', 'running')
+    AND scheduled_at = 'infinity';
+
+-- The ordered lanes' guarantee itself, whatever a statement elsewhere
+-- does: a second active delivery in a lane is refused by the database.
+CREATE UNIQUE INDEX jobs_one_active_per_lane
+  ON outbox.jobs (endpoint_id, lane_key)
+  WHERE lane_key IS NOT NULL
+    AND state IN ('available', 'retryable', 'running')
+    AND scheduled_at < 'infinity';
+
+-- One delivery job per (event, endpoint): a second fan-out of an event to
+-- the same endpoint is refused by the database, not delivered twice. Also
+-- serves an endpoint's delivery list and the SET NULL on endpoint delete.
+CREATE UNIQUE INDEX jobs_one_per_event_endpoint
+  ON outbox.jobs (endpoint_id, event_id)
+  WHERE endpoint_id IS NOT NULL;
+
+-- Serves the event's job list, the ON DELETE CASCADE from events, and
+-- retention's check that no unfinished job still needs an event.
+CREATE INDEX jobs_by_event_id
+  ON outbox.jobs (event_id);
+
+-- Serves a replay's progress (replay.go): its jobs waiting or running,
+-- and those finished in the last minute, by state; and the SET NULL when
+-- a replay's row is deleted.
+CREATE INDEX jobs_by_replay_state
+  ON outbox.jobs (replay_id, state, finalized_at)
+  WHERE replay_id IS NOT NULL;
+
+-- Serves the job cleaner and the count of recent completions. Partial, so
+-- that only a job's last change, to completed or discarded, writes an
+-- entry, not each of its three changes of state.
+CREATE INDEX jobs_finished_by_state_finalized_at
+  ON outbox.jobs (state, finalized_at)
+  WHERE state IN ('completed', 'discarded');
+
+-- Serves an endpoint's recent attempts, beside
+-- deliveries_by_endpoint_finished_at: those that completed their jobs,
+-- which have no deliveries row. Partial, so that only a delivery's
+-- completion writes an entry.
+CREATE INDEX jobs_completed_by_endpoint_finalized_at
+  ON outbox.jobs (endpoint_id, finalized_at)
+  WHERE state = 'completed' AND endpoint_id IS NOT NULL;
 
 -- A job's event and endpoint are held by triggers, a statement at a time,
 -- where foreign keys would check each inserted row with a query of its
--- own: the relay inserts up to 200 jobs a pass, and those queries were a
--- quarter of its fan-out (docs/performance.md). What the keys did, the
--- triggers do, whichever statement writes:
+-- own: the relay inserts up to 200 jobs a pass, and those queries would be
+-- a quarter of its fan-out (docs/performance.md). What the keys would do,
+-- the triggers do, whichever statement writes:
 --   - a statement that inserts jobs (or changes a job's event or
 --     endpoint) locks the rows they name FOR KEY SHARE, as a key's check
 --     does (lock_job_references, once for the statement's jobs), and
@@ -1556,156 +1740,27 @@ BEGIN
 END
 $$;
 
-DROP TRIGGER IF EXISTS events_refuse_truncate ON outbox.events;
 CREATE TRIGGER events_refuse_truncate
   BEFORE TRUNCATE ON outbox.events
   FOR EACH STATEMENT EXECUTE FUNCTION outbox.events_refuse_truncate();
-DROP TRIGGER IF EXISTS jobs_references ON outbox.jobs;
 CREATE TRIGGER jobs_references
   AFTER INSERT ON outbox.jobs
   REFERENCING NEW TABLE AS new_jobs
   FOR EACH STATEMENT EXECUTE FUNCTION outbox.jobs_check_references();
-DROP TRIGGER IF EXISTS jobs_changed_references ON outbox.jobs;
 CREATE TRIGGER jobs_changed_references
   AFTER UPDATE OF event_id, endpoint_id ON outbox.jobs
   FOR EACH ROW
   WHEN (NEW.event_id IS DISTINCT FROM OLD.event_id
         OR (NEW.endpoint_id IS NOT NULL AND NEW.endpoint_id IS DISTINCT FROM OLD.endpoint_id))
   EXECUTE FUNCTION outbox.jobs_check_changed_references();
-DROP TRIGGER IF EXISTS events_delete_jobs ON outbox.events;
 CREATE TRIGGER events_delete_jobs
   AFTER DELETE ON outbox.events
   REFERENCING OLD TABLE AS gone_events
   FOR EACH STATEMENT EXECUTE FUNCTION outbox.events_delete_jobs();
-DROP TRIGGER IF EXISTS endpoints_release_jobs ON outbox.endpoints;
 CREATE TRIGGER endpoints_release_jobs
   AFTER DELETE ON outbox.endpoints
   REFERENCING OLD TABLE AS gone_endpoints
   FOR EACH STATEMENT EXECUTE FUNCTION outbox.endpoints_release_jobs();
-
--- The foreign keys earlier releases made, dropped now that the triggers
--- hold what they held.
-ALTER TABLE outbox.jobs
-  DROP CONSTRAINT IF EXISTS jobs_event_id_fkey,
-  DROP CONSTRAINT IF EXISTS jobs_endpoint_id_fkey;
-
-DO $$
-BEGIN
-  ALTER TABLE outbox.jobs
-    ADD CONSTRAINT jobs_endpoint_only_for_webhooks CHECK (endpoint_id IS NULL OR kind = 'webhook');
-EXCEPTION WHEN duplicate_object THEN
-  NULL;
-END
-$$;
-
--- The attempt that completed a delivery, on its job: the answer's status
--- code (NULL for a mail) and how long the request took, written with the
--- completion itself. Such an attempt has no row in outbox.deliveries,
--- which keeps every other: the failed ones, and a success that came after
--- its job was taken from it (rescued, and run again). Nearly every
--- delivery succeeds at once, so that is a row, two index entries and a
--- foreign-key check fewer for nearly every delivery, and a deliveries
--- table as large as the failures, not the traffic. Jobs that keep no
--- attempt (an in-process subscriber's) hold NULL, and a mail has no
--- status code; readers take a success from here only where duration_ms
--- is set.
-ALTER TABLE outbox.jobs
-  ADD COLUMN IF NOT EXISTS status_code integer,
-  ADD COLUMN IF NOT EXISTS duration_ms integer;
-
--- A replay is an operator's request to send an endpoint deliveries again:
--- the events of a window (kind 'replay', replay.go) or its discarded
--- deliveries (kind 'retry_discarded', jobs.go). The jobs it enqueues or
--- sets to run again carry its id (jobs.replay_id) and run in the
--- endpoint's replay lane (outbox.claim_due_jobs): behind its live deliveries,
--- and at most replay_width(endpoint, max_in_flight) at once. Its columns:
---
---   window_from, window_to, topics  what a 'replay' selected (the window
---                   after the clamp); NULL for 'retry_discarded'.
---   jobs_total      the jobs it enqueues. A 'retry_discarded' adds them
---                   batch by batch. A 'replay' counts them when it starts,
---                   as its dry run counts (replay.go, replayCountSQL), and
---                   is set to jobs_enqueued once its last batch is
---                   enqueued, or it is cancelled: what the events and
---                   their deliveries then were may differ from the count.
---   jobs_enqueued   the jobs enqueued so far.
---   enqueue_after   a 'replay''s cursor: the last event id its enqueue
---                   has passed. A replay is enqueued lazily, a batch
---                   at a time as its lane drains (replay.go, feedReplays),
---                   not all at its start, whose burst of inserts would
---                   be the worst minute of live latency beside it. NULL
---                   for a 'retry_discarded', enqueued at once, and for a
---                   replay until its count is written. The count starts
---                   it just before the first event it found.
---   last_event_id   a 'replay''s end: the last event its count found,
---                   where its enqueue stops. NULL: no end, for a replay
---                   begun before the column existed.
---   enqueued_at     when its last batch was enqueued; NULL while it still
---                   enqueues, so that it is not taken for finished between
---                   two batches.
---   cancelled_at    an operator's cancel: its waiting jobs were discarded
---                   then, and no batch enqueues after it.
---   finished_at     when its last job finished, written by the first read
---                   that finds none left (replay.go, settleReplaysSQL).
---
--- Bounded: every new replay of an endpoint deletes its finished replays
--- beyond the newest 20; an unfinished one has jobs waiting or running,
--- which the job table bounds. An endpoint's delete deletes its replays.
-CREATE TABLE IF NOT EXISTS outbox.replays (
-  id           bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-  endpoint_id  bigint      NOT NULL REFERENCES outbox.endpoints (id) ON DELETE CASCADE,
-  kind         text        NOT NULL,
-  window_from  timestamptz,
-  window_to    timestamptz,
-  topics       text[],
-  jobs_total   bigint      NOT NULL DEFAULT 0,
-  created_at   timestamptz NOT NULL DEFAULT now(),
-  enqueued_at  timestamptz,
-  cancelled_at timestamptz,
-  finished_at  timestamptz,
-
-  CONSTRAINT replays_kind_known CHECK (kind IN ('replay', 'retry_discarded')),
-  CONSTRAINT replays_jobs_total_nonnegative CHECK (jobs_total >= 0),
-  CONSTRAINT replays_finished_once_enqueued CHECK (finished_at IS NULL OR enqueued_at IS NOT NULL)
-);
-
--- Serves an endpoint's replays, newest first, and the cascade from
--- endpoints.
-CREATE INDEX IF NOT EXISTS replays_by_endpoint
-  ON outbox.replays (endpoint_id, id);
-
-ALTER TABLE outbox.replays
-  ADD COLUMN IF NOT EXISTS jobs_enqueued bigint NOT NULL DEFAULT 0,
-  ADD COLUMN IF NOT EXISTS enqueue_after bigint;
-
--- last_event_id (above): without it, a replay's last batch walked from
--- its last event to the end of the table, through every event recorded
--- since, in a statement of seconds beside live traffic.
-ALTER TABLE outbox.replays
-  ADD COLUMN IF NOT EXISTS last_event_id bigint;
-
--- Serves the workers' look for replays still to enqueue (replay.go,
--- feedReplays), several times a second.
-CREATE INDEX IF NOT EXISTS replays_enqueuing
-  ON outbox.replays (id)
-  WHERE enqueued_at IS NULL AND enqueue_after IS NOT NULL;
-
--- A replay's jobs. SET NULL when its row goes: only a finished replay's
--- row is deleted, so only finished jobs lose it (a retry by hand of one
--- then runs live).
-ALTER TABLE outbox.jobs
-  ADD COLUMN IF NOT EXISTS replay_id bigint REFERENCES outbox.replays (id) ON DELETE SET NULL;
-
-DO $$
-BEGIN
-  ALTER TABLE outbox.jobs
-    ADD CONSTRAINT jobs_replay_only_for_webhooks CHECK (replay_id IS NULL OR kind = 'webhook');
-EXCEPTION WHEN duplicate_object THEN
-  NULL;
-END
-$$;
-
--- Index jobs_by_replay_state: schema_indexes.sql.
 
 -- replay_share is how many of an endpoint's deliveries its replay lane
 -- may run at once: a quarter of its cap, at least 1. replayShare in
@@ -1718,9 +1773,67 @@ AS $$
   SELECT greatest(1, max_in_flight / 4)
 $$;
 
--- Indexes jobs_waiting_live_by_endpoint, jobs_waiting_replay_by_endpoint,
--- jobs_waiting_without_endpoint, jobs_running_by_endpoint,
--- jobs_running_replay_by_endpoint: schema_indexes.sql.
+-- claimed_job is a claimed job as the workers run it: the job, its event
+-- and, for a delivery, its endpoint; start_in_ms is its place in its
+-- endpoint's rate limit, wake_on_outcome and replay_yields what its end
+-- must do for the next claim (claim_lane_jobs, below).
+-- resend_window_seconds is, for a delivery that may have reached its
+-- receiver before (an earlier attempt, or a replay's), the dedup window
+-- the receiver advertised (NULL: none, or a first delivery), and
+-- claimed_at the claim's now(), the clock of created_at: a resend past the
+-- window is not sent (resend.go, resendTooLate). committed_at is the
+-- event's commit time as the relay kept it (events.committed_at), or its
+-- created_at where none was kept: where the time to the first 2xx starts.
+-- claim_due_jobs returns it, and fan_out_claiming an array of it; the
+-- workers read it as one column list (claim.go, claimedColumns), by name.
+--
+-- A claim's row type never changes shape: a session keeps the plans of
+-- the calls whose result holds it (fan_out_claiming's), and a changed row
+-- type fails them ("function return row and query-specified return row do
+-- not match") until the session ends, which replicas of the release
+-- before still running beside an upgrade would meet. What a claim adds
+-- goes in a type of its own (claimed_lane_job, below).
+CREATE TYPE outbox.claimed_job AS (
+  id bigint, kind text, attempt integer, max_attempts integer,
+  endpoint_id bigint,
+  event_id bigint, topic text, subject text, payload jsonb, created_at timestamptz,
+  traceparent text, tracestate text,
+  url text, secret bytea, previous_secret bytea, disabled_reason text,
+  start_in_ms integer, wake_on_outcome boolean, replay_yields boolean,
+  resend_window_seconds bigint, claimed_at timestamptz, committed_at timestamptz);
+
+-- as_claimed_job is the claimed job (claimed_job) that a claim returns for
+-- job id, of kind, at attempt (of max_attempts), to endpoint_id (NULL: a
+-- subscriber's), of replay_id (NULL: live), claimed at attempted_at: its
+-- event e and endpoint ep (a NULL row for a subscriber's), and what the
+-- claim decided of its start and its end. Every claim builds its rows
+-- here: the workers' (claim_lane_jobs) and the relay's (born_running).
+CREATE OR REPLACE FUNCTION outbox.as_claimed_job(id bigint, kind text, attempt integer, max_attempts integer,
+                                                 endpoint_id bigint, replay_id bigint, attempted_at timestamptz,
+                                                 e outbox.events, ep outbox.endpoints, start_in_ms integer,
+                                                 wake_on_outcome boolean, replay_yields boolean)
+RETURNS outbox.claimed_job
+LANGUAGE sql STABLE
+AS $$
+  SELECT ROW(id, kind, attempt, max_attempts, endpoint_id,
+         e.id, e.topic, e.subject, e.payload, e.created_at,
+         e.traceparent, e.tracestate,
+         ep.url, ep.secret,
+         CASE WHEN ep.previous_secret_expires_at > now() THEN ep.previous_secret END,
+         ep.disabled_reason, start_in_ms, wake_on_outcome, replay_yields,
+         -- A first attempt of a live delivery cannot be a duplicate: no
+         -- earlier request of it exists. A replay's may resend what an
+         -- earlier job delivered.
+         CASE WHEN attempt > 1 OR replay_id IS NOT NULL THEN ep.dedup_window_seconds END,
+         attempted_at,
+         coalesce(e.committed_at, e.created_at))::outbox.claimed_job
+$$;
+-- claimed_lane_job is a job claim_lane_jobs claimed, with lane_limit: the
+-- most requests the claiming replica may have in flight to the job's
+-- endpoint, as a claim with ahead counts it (NULL from any other claim).
+-- A type of its own, not an attribute added to claimed_job, whose shape
+-- never changes (above).
+CREATE TYPE outbox.claimed_lane_job AS (job outbox.claimed_job, lane_limit integer);
 
 -- claim_lane_jobs is the workers' claim (claim.go). It takes up to batch due
 -- jobs, marks them running with their next attempt number, and returns
@@ -1760,10 +1873,10 @@ $$;
 -- at commit, so safe on pooled connections; the key pair's class keeps it
 -- apart from outboxd's other, single-key locks). The second statement
 -- counts the running jobs in a snapshot taken after those locks were
--- granted, so it sees every job the previous holder claimed. (A first
--- version locked the endpoint row FOR NO KEY UPDATE instead: a row lock on
--- every claim, written to the table and shared with fan-out's foreign-key
--- locks of the same row as a multixact.)
+-- granted, so it sees every job the previous holder claimed. (Locking the
+-- endpoint row FOR NO KEY UPDATE instead would write a row lock to the
+-- table on every claim, shared with the fan-out's FOR KEY SHARE locks of
+-- the same row (lock_job_references) as a multixact.)
 --
 -- Cost: two index probes per endpoint with waiting jobs (a loose scan of
 -- jobs_waiting_live_by_endpoint and one of jobs_waiting_replay_by_endpoint),
@@ -1834,8 +1947,8 @@ $$;
 -- included: a replica's requests stay within its cap less the others'
 -- jobs at its latest claim, and theirs only shrink until they claim again,
 -- counting its jobs. Any other lane, and every claim without ahead
--- (claim_due_jobs: the relay's, and a previous release's), takes its room
--- as above, every job it claims free to start at once.
+-- (claim_due_jobs: the relay's), takes its room as above, every job it
+-- claims free to start at once.
 --
 -- worker_share is the most of the claiming replica's workers that one
 -- endpoint's deliveries may hold (claim.go, workerShare, says why the
@@ -1846,83 +1959,7 @@ $$;
 -- due, and a slow receiver then holds them for as long as it takes to
 -- answer, while other endpoints' next deliveries wait for a worker. With
 -- replica NULL, every running job held by no replica counts as the
--- claimer's. NULL: no bound (a previous release's calls, and psql's).
---
--- claimed_job is a claimed job as the workers run it: the job, its event
--- and, for a delivery, its endpoint; start_in_ms is its place in its
--- endpoint's rate limit, wake_on_outcome and replay_yields what its end
--- must do for the next claim (below). resend_window_seconds is, for a
--- delivery that may have reached its receiver before (an earlier attempt,
--- or a replay's), the dedup window the receiver advertised (NULL: none,
--- or a first delivery), and claimed_at the claim's now(), the clock of
--- created_at: a resend past the window is not sent (resend.go,
--- resendTooLate). committed_at is the event's commit time as the relay
--- kept it (events.committed_at), or its created_at where none was kept:
--- where the time to the first 2xx starts. claim_due_jobs returns it, and
--- fan_out_claiming an array of it; the workers read it as one column list
--- (claim.go, claimedColumns), by name. Its attributes stay as they are:
--- what a later release adds goes in a type of its own (claimed_lane_job),
--- since a previous release's sessions keep plans that hold this one.
-DO $$
-BEGIN
-  IF to_regtype('outbox.claimed_job') IS NULL THEN
-    CREATE TYPE outbox.claimed_job AS (
-      id bigint, kind text, attempt integer, max_attempts integer,
-      endpoint_id bigint,
-      event_id bigint, topic text, subject text, payload jsonb, created_at timestamptz,
-      traceparent text, tracestate text,
-      url text, secret bytea, previous_secret bytea, disabled_reason text,
-      start_in_ms integer, wake_on_outcome boolean, replay_yields boolean,
-      resend_window_seconds bigint, claimed_at timestamptz, committed_at timestamptz);
-  END IF;
-END
-$$;
-
--- as_claimed_job is the claimed job (claimed_job) that a claim returns for
--- job id, of kind, at attempt (of max_attempts), to endpoint_id (NULL: a
--- subscriber's), of replay_id (NULL: live), claimed at attempted_at: its
--- event e and endpoint ep (a NULL row for a subscriber's), and what the
--- claim decided of its start and its end. Every claim builds its rows
--- here: the workers' (claim_lane_jobs) and the relay's (born_running).
-CREATE OR REPLACE FUNCTION outbox.as_claimed_job(id bigint, kind text, attempt integer, max_attempts integer,
-                                                 endpoint_id bigint, replay_id bigint, attempted_at timestamptz,
-                                                 e outbox.events, ep outbox.endpoints, start_in_ms integer,
-                                                 wake_on_outcome boolean, replay_yields boolean)
-RETURNS outbox.claimed_job
-LANGUAGE sql STABLE
-AS $$
-  SELECT ROW(id, kind, attempt, max_attempts, endpoint_id,
-         e.id, e.topic, e.subject, e.payload, e.created_at,
-         e.traceparent, e.tracestate,
-         ep.url, ep.secret,
-         CASE WHEN ep.previous_secret_expires_at > now() THEN ep.previous_secret END,
-         ep.disabled_reason, start_in_ms, wake_on_outcome, replay_yields,
-         -- A first attempt of a live delivery cannot be a duplicate: no
-         -- earlier request of it exists. A replay's may resend what an
-         -- earlier job delivered.
-         CASE WHEN attempt > 1 OR replay_id IS NOT NULL THEN ep.dedup_window_seconds END,
-         attempted_at,
-         coalesce(e.committed_at, e.created_at))::outbox.claimed_job
-$$;
-
--- claimed_lane_job is a job claim_lane_jobs claimed, with lane_limit: the
--- most requests the claiming replica may have in flight to the job's
--- endpoint, as a claim with ahead counts it (NULL from any other claim).
--- A type of its own, not an attribute added to claimed_job: a previous
--- release's sessions keep plans of fan_out_claiming, whose result holds
--- claimed_job, and a changed row type fails them ("function return row
--- and query-specified return row do not match") until they end.
-DO $$
-BEGIN
-  IF to_regtype('outbox.claimed_lane_job') IS NULL THEN
-    CREATE TYPE outbox.claimed_lane_job AS (job outbox.claimed_job, lane_limit integer);
-  END IF;
-END
-$$;
-
-DROP FUNCTION IF EXISTS outbox.claim_lane_jobs(integer, bigint, bigint[], boolean);
-DROP FUNCTION IF EXISTS outbox.claim_lane_jobs(integer, bigint, bigint[], boolean, bigint[]);
-DROP FUNCTION IF EXISTS outbox.claim_lane_jobs(integer, bigint, bigint[], boolean, bigint[], integer);
+-- claimer's. NULL: no bound (a claim by hand, in psql).
 CREATE FUNCTION outbox.claim_lane_jobs(batch integer, replica bigint, answered bigint[], ahead boolean,
                                        cooling bigint[], worker_share integer DEFAULT NULL)
 RETURNS SETOF outbox.claimed_lane_job
@@ -2239,13 +2276,10 @@ BEGIN
   LEFT JOIN filled AS fl ON fl.id = c.endpoint_id;
 END
 $$;
-
 -- claim_due_jobs is claim_lane_jobs without ahead: every running job not
 -- answered holds its endpoint's place, so that every job it claims may
--- start at once. The relay's claim (fan_out_claiming) and the releases
--- before claim_lane_jobs call it.
-DROP FUNCTION IF EXISTS outbox.claim_due_jobs(integer, bigint, bigint[]);
-DROP FUNCTION IF EXISTS outbox.claim_due_jobs(integer, bigint, bigint[], integer);
+-- start at once. The relay's claim (fan_out_claiming) calls it, and so
+-- does a claim by hand.
 CREATE FUNCTION outbox.claim_due_jobs(batch integer, replica bigint DEFAULT NULL, answered bigint[] DEFAULT '{}',
                                       worker_share integer DEFAULT NULL)
 RETURNS SETOF outbox.claimed_job
