@@ -2310,11 +2310,10 @@ $$;
 -- counts against the replay share, and the subject's later live events
 -- wait for it, as they would for any earlier event of their subject).
 -- Cancelling its replay discards it and advances the lane.
-ALTER TABLE outbox.jobs
-  ADD COLUMN IF NOT EXISTS lane_key text;
-
--- Indexes jobs_held_by_lane_event, jobs_one_active_per_lane:
--- schema_indexes.sql.
+--
+-- jobs_held_by_lane_event finds a lane's next delivery, and
+-- jobs_one_active_per_lane refuses a second active one (the jobs'
+-- indexes, above).
 
 -- advance_lanes makes the next held delivery of each given lane due: the
 -- one of the lowest event id, if the lane has no active delivery and no
@@ -2334,9 +2333,9 @@ ALTER TABLE outbox.jobs
 -- locks the lanes first and decides in a second statement, whose
 -- snapshot sees whatever the previous holder of a lane committed. The
 -- locks are transaction-scoped advisory locks, one per lane, so only
--- callers of the same lane wait for each other (the endpoint's row, the
--- lock before, made every completer and relay of an endpoint wait for
--- each other): a shared lock on the endpoint (first key
+-- callers of the same lane wait for each other (a lock of the endpoint's
+-- row would make every completer and relay of an endpoint wait for each
+-- other): a shared lock on the endpoint (first key
 -- hashtext('outbox.advance_lanes'), endpoint ids in order), then the
 -- lanes' (hashtext('outbox.advance_lanes/lane'), in key order). A call
 -- with more than 64 lanes of one endpoint (a relay's or a replay's big
@@ -2454,9 +2453,9 @@ BEGIN
 END
 $$;
 
--- The form without hold, which fan-out, replays, retries by hand and
--- rescues call, as the binaries from before hold did (their completers
--- too): hold true.
+-- advance_lanes without hold is hold true, the safe side: the relay's
+-- advance of a poisoned event's lanes calls it (relay.go,
+-- advanceLanesOfEventSQL).
 CREATE OR REPLACE FUNCTION outbox.advance_lanes(endpoint_ids bigint[], lane_keys text[])
 RETURNS integer
 LANGUAGE sql VOLATILE
@@ -2487,8 +2486,8 @@ $$;
 -- has_due_live_jobs says whether endpoint ep has a live delivery due and
 -- waiting (jobs_waiting_live_by_endpoint): one a claim would start before
 -- any delivery made after it. PL/pgSQL, so that its plan is made once per
--- session: a SQL function with a subquery is not inlined, and was planned
--- again in every statement that called it, 0.3 ms a relay pass.
+-- session: a SQL function with a subquery is not inlined, and would be
+-- planned again in every statement that calls it, 0.3 ms a relay pass.
 CREATE OR REPLACE FUNCTION outbox.has_due_live_jobs(ep bigint)
 RETURNS boolean
 LANGUAGE plpgsql STABLE
@@ -2633,12 +2632,6 @@ $$;
 -- beginPipelineTx, says why that loses nothing). The parameters are named in_*, so that no name in the
 -- statement can be taken for one of them; the plan is kept for the
 -- session (force_generic_plan), the statement being the same every pass.
-DROP FUNCTION IF EXISTS outbox.fan_out(integer, jsonb, integer, double precision);
-DROP FUNCTION IF EXISTS outbox.fan_out(integer, jsonb, integer, double precision, text);
-DROP FUNCTION IF EXISTS outbox.fan_out_event(bigint, jsonb, integer, double precision, text);
-DROP FUNCTION IF EXISTS outbox.fan_out(integer, bigint, jsonb, integer, double precision, text);
-DROP FUNCTION IF EXISTS outbox.fan_out(integer, bigint, jsonb, integer, double precision, text, integer, bigint, bigint[]);
-DROP FUNCTION IF EXISTS outbox.fan_out(integer, bigint, jsonb, integer, double precision, text, integer, bigint, bigint[], integer);
 CREATE FUNCTION outbox.fan_out(in_batch integer, in_event_id bigint, in_subscribers jsonb,
                                in_max_attempts integer, in_breaker_delay double precision, in_origin text,
                                in_claim_batch integer DEFAULT 0, in_replica bigint DEFAULT NULL,
@@ -2827,8 +2820,6 @@ $$;
 -- at their own pace. A pass that made deliveries running claims nothing
 -- more: the jobs it left are the workers' to claim, and the relay wakes
 -- them for those (relay.go, drain).
-DROP FUNCTION IF EXISTS outbox.fan_out_claiming(integer, jsonb, integer, double precision, text, integer, bigint, bigint[]);
-DROP FUNCTION IF EXISTS outbox.fan_out_claiming(integer, jsonb, integer, double precision, text, integer, bigint, bigint[], integer);
 CREATE FUNCTION outbox.fan_out_claiming(in_batch integer, in_subscribers jsonb, in_max_attempts integer,
                                         in_breaker_delay double precision, in_origin text,
                                         in_claim_batch integer, in_replica bigint, in_answered bigint[],
@@ -2847,10 +2838,6 @@ BEGIN
   RETURN NEXT;
 END
 $$;
-
--- Indexes jobs_running_by_attempted_at, jobs_by_event_id,
--- jobs_finished_by_state_finalized_at, jobs_one_per_event_endpoint:
--- schema_indexes.sql.
 
 -- Wake the workers when jobs are inserted, the same way events wake the relay.
 -- The payload names the relay process whose pass inserted them (its
@@ -2898,7 +2885,11 @@ CREATE TABLE IF NOT EXISTS outbox.deliveries (
   CONSTRAINT deliveries_response_excerpt_length CHECK (length(response_excerpt) <= 1100)
 );
 
--- Index deliveries_by_endpoint_finished_at: schema_indexes.sql.
+-- Serves an endpoint's recent attempts on the panel, with
+-- jobs_completed_by_endpoint_finalized_at for those that completed their
+-- jobs.
+CREATE INDEX deliveries_by_endpoint_finished_at
+  ON outbox.deliveries (endpoint_id, finished_at);
 
 --------------------------------------------------------------------------------
 -- Delivery statistics: per endpoint and minute, shared by every replica
@@ -2932,6 +2923,12 @@ CREATE TABLE IF NOT EXISTS outbox.deliveries (
 -- No foreign key to outbox.endpoints, as in outbox.deliveries: an
 -- endpoint's statistics outlive its deletion until retention takes them,
 -- and the completers' upsert takes no lock on the endpoint row.
+--
+-- A row of the current minute is updated by every outcome batch, a few
+-- hundred times a minute, never in an indexed column: HOT updates, as long
+-- as its page has room for the new version. fillfactor 50 keeps that room,
+-- and a vacuum after 50 dead versions whatever the table's size (scale
+-- factor 0) keeps the page pruned.
 CREATE TABLE IF NOT EXISTS outbox.delivery_stats (
   endpoint_id       bigint      NOT NULL,
   minute            timestamptz NOT NULL, -- the start of the minute the answers came in
@@ -2949,74 +2946,58 @@ CREATE TABLE IF NOT EXISTS outbox.delivery_stats (
     attempts = successes + failed_timeout + failed_4xx + failed_5xx + failed_connection + failed_other),
   CONSTRAINT delivery_stats_latency_buckets_19 CHECK (
     array_ndims(latency_buckets) = 1 AND cardinality(latency_buckets) = 19)
+) WITH (
+  fillfactor = 50,
+  autovacuum_vacuum_scale_factor = 0,
+  autovacuum_vacuum_threshold = 50
 );
-
 -- Serves the all-endpoints window (GET /api/stats, the overview) and the
 -- retention sweep's oldest-first delete; an endpoint's window reads the
 -- primary key.
 CREATE INDEX IF NOT EXISTS delivery_stats_by_minute
   ON outbox.delivery_stats (minute);
 
--- A row of the current minute is updated by every outcome batch, a few
--- hundred times a minute, never in an indexed column: HOT updates, as long
--- as its page has room for the new version. fillfactor 50 keeps that room,
--- and a vacuum after 50 dead versions whatever the table's size (scale
--- factor 0) keeps the page pruned. fanout_stats, updated by every relay
--- pass, likewise.
-ALTER TABLE outbox.delivery_stats SET (
+-- One row per endpoint and minute in which the relay fanned deliveries out
+-- to it, or its filter kept events from it. The relay's fan-out statement
+-- (outbox.fan_out, produced) adds to it in the transaction that enqueues
+-- them, by the database's clock: one row per endpoint and pass, never one
+-- per event. A table of its own, not columns of delivery_stats, so that
+-- relays and completers never wait on each other's rows. Read and deleted
+-- with delivery_stats (stats.go), by the same retention window. Updated by
+-- every relay pass, with the storage settings of delivery_stats for the
+-- same reason.
+CREATE TABLE outbox.fanout_stats (
+  endpoint_id    bigint      NOT NULL,
+  minute         timestamptz NOT NULL,
+  -- The deliveries fanned out (a replay's and a retry by hand's are not
+  -- counted: they send again what was produced before).
+  deliveries     bigint      NOT NULL,
+  -- How many of the events that the endpoint's topics selected its filter
+  -- kept from it (outbox.endpoints, filter). A row of an endpoint whose
+  -- filter kept every event of a pass has deliveries 0 and no
+  -- last_fanned_at.
+  filtered_out   bigint      NOT NULL DEFAULT 0,
+  -- How many of them the endpoint did not get because its filter was held
+  -- after an error (outbox.endpoints, filter_error): not matched, as
+  -- filtered_out, but for a fault of the filter rather than a verdict on
+  -- the payload.
+  filter_errors  bigint      NOT NULL DEFAULT 0,
+  -- When the relay last fanned deliveries out to the endpoint in that
+  -- minute: set by the same upsert that counts them, so it costs no write
+  -- of its own. live_flows reads it.
+  last_fanned_at timestamptz,
+
+  PRIMARY KEY (endpoint_id, minute)
+) WITH (
   fillfactor = 50,
   autovacuum_vacuum_scale_factor = 0,
   autovacuum_vacuum_threshold = 50
-);
-
--- One row per endpoint and minute in which the relay fanned deliveries out
--- to it: how many (a replay's and a retry by hand's are not counted: they
--- send again what was produced before). The relay's fan-out statement
--- (relay.go, fanOutSQL) adds to it in the transaction that enqueues them,
--- by the database's clock. A table of its own, not a column of
--- delivery_stats, so that relays and completers never wait on each
--- other's rows. Read and deleted with delivery_stats (stats.go), by the
--- same retention window.
-CREATE TABLE IF NOT EXISTS outbox.fanout_stats (
-  endpoint_id bigint      NOT NULL,
-  minute      timestamptz NOT NULL,
-  deliveries  bigint      NOT NULL,
-
-  PRIMARY KEY (endpoint_id, minute)
 );
 
 -- Serves the all-endpoints window and the retention sweep, as
 -- delivery_stats_by_minute does.
-CREATE INDEX IF NOT EXISTS fanout_stats_by_minute
+CREATE INDEX fanout_stats_by_minute
   ON outbox.fanout_stats (minute);
-
-ALTER TABLE outbox.fanout_stats SET (
-  fillfactor = 50,
-  autovacuum_vacuum_scale_factor = 0,
-  autovacuum_vacuum_threshold = 50
-);
-
--- last_fanned_at is when the relay last fanned deliveries out to the
--- endpoint in that minute: set by the same upsert that counts them, so
--- it costs no write of its own.
-ALTER TABLE outbox.fanout_stats
-  ADD COLUMN IF NOT EXISTS last_fanned_at timestamptz;
-
--- filtered_out is how many of the events that the endpoint's topics
--- selected in that minute its filter kept from it (outbox.endpoints,
--- filter), counted by the same upsert: one row per endpoint and pass, as
--- the deliveries are, never one per event. A row of an endpoint whose
--- filter kept every event of a pass has deliveries 0 and no
--- last_fanned_at.
-ALTER TABLE outbox.fanout_stats
-  ADD COLUMN IF NOT EXISTS filtered_out bigint NOT NULL DEFAULT 0;
-
--- filter_errors is how many of them the endpoint did not get because its
--- filter was held after an error (outbox.endpoints, filter_error): not
--- matched, as filtered_out, but for a fault of the filter rather than a
--- verdict on the payload.
-ALTER TABLE outbox.fanout_stats
-  ADD COLUMN IF NOT EXISTS filter_errors bigint NOT NULL DEFAULT 0;
 
 --------------------------------------------------------------------------------
 -- Outcomes: a batch of attempts' results, written in one transaction
@@ -3090,10 +3071,6 @@ ALTER TABLE outbox.fanout_stats
 -- alternately against the bitmap scan (docs/performance.md, the
 -- completer's plan): an outcome batch of the keep-up run 8.8 ms for 36
 -- jobs against 16.6 ms for 55.
-DROP FUNCTION IF EXISTS outbox.record_outcomes(bigint[], integer[], text[], bigint[], text[], integer[], integer[],
-  bigint[], integer[], bigint[], integer[], integer[], text[], text[], boolean[], text[], bigint[], integer[], integer,
-  bigint[], boolean[], integer[], bigint[], integer, bigint[], bigint[], bigint[]);
-DROP FUNCTION IF EXISTS outbox.record_outcomes(json, json, json, bigint[], json, integer, integer);
 CREATE FUNCTION outbox.record_outcomes(in_outcomes json, in_attempts json, in_health json, in_gone bigint[],
                                        in_windows json, in_breaker_threshold integer, in_buckets integer)
 RETURNS void
