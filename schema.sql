@@ -56,7 +56,7 @@ CREATE TABLE outbox.migrations (
 -- would need subqueries, which keep it from being inlined, and its body
 -- would be parsed and planned again in every statement that calls it, at
 -- each of a relay pass's calls.
-CREATE OR REPLACE FUNCTION outbox.topic_matches(patterns text[], topic text)
+CREATE FUNCTION outbox.topic_matches(patterns text[], topic text)
 RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
@@ -96,7 +96,7 @@ $$;
 -- that walks a million events of other topics takes about half as long
 -- with these as with the call a row. TestTopicMatchesAgreesWithSQL holds
 -- the two forms equal.
-CREATE OR REPLACE FUNCTION outbox.topic_split(patterns text[], OUT names text[], OUT prefixes text[], OUT every_topic boolean)
+CREATE FUNCTION outbox.topic_split(patterns text[], OUT names text[], OUT prefixes text[], OUT every_topic boolean)
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 DECLARE
@@ -120,7 +120,7 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION outbox.topic_selected(topic text, names text[], prefixes text[], every_topic boolean)
+CREATE FUNCTION outbox.topic_selected(topic text, names text[], prefixes text[], every_topic boolean)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
@@ -146,8 +146,8 @@ $$;
 -- the portal's event page. An empty allowed list allows nothing, as an
 -- empty shared list shares nothing: only NULL means every topic. One SQL
 -- expression, so that the planner inlines it where it is called.
-CREATE OR REPLACE FUNCTION outbox.owner_admits(event_owner text, topic text, owner_key text,
-                                               allowed_topics text[], shared_topics text[])
+CREATE FUNCTION outbox.owner_admits(event_owner text, topic text, owner_key text,
+                                    allowed_topics text[], shared_topics text[])
 RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
@@ -301,7 +301,7 @@ CREATE INDEX events_fanned_by_fanned_out_at
 -- insert, so its xmin is that change's, not the recording's: it gets
 -- created_at. VOLATILE, like pg_xact_commit_timestamp, so that it can be
 -- inlined into the UPDATEs.
-CREATE OR REPLACE FUNCTION outbox.commit_time(ev outbox.events, ev_xmin xid)
+CREATE FUNCTION outbox.commit_time(ev outbox.events, ev_xmin xid)
 RETURNS timestamptz
 LANGUAGE sql VOLATILE
 AS $$
@@ -325,7 +325,7 @@ $$;
 -- un-fanned row and sorts them, which at 900,000 waiting took 625 ms a pass
 -- instead of 1.4 ms. PL/pgSQL, so that the plan is made once per session,
 -- not on every call.
-CREATE OR REPLACE FUNCTION outbox.claim_unfanned(batch integer)
+CREATE FUNCTION outbox.claim_unfanned(batch integer)
 RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE
 SET enable_sort = off
@@ -353,7 +353,7 @@ $$;
 -- endpoints, an event committed after that statement began could be
 -- claimed while an endpoint committed before the event was not seen: the
 -- event was marked fanned out with no delivery to it.)
-CREATE OR REPLACE FUNCTION outbox.claim_to_fan_out(in_batch integer, in_event_id bigint)
+CREATE FUNCTION outbox.claim_to_fan_out(in_batch integer, in_event_id bigint)
 RETURNS bigint[]
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -413,7 +413,7 @@ $$;
 -- Relays write it (relay.go, Run; notify.go): busy when notifications come
 -- in while a pass runs and the pass found events, idle before sleeping.
 -- It starts idle, and a missing row reads as idle: when in doubt, notify.
-CREATE TABLE IF NOT EXISTS outbox.relay_state (
+CREATE TABLE outbox.relay_state (
   singleton  boolean     PRIMARY KEY DEFAULT true,
   idle       boolean     NOT NULL DEFAULT true,
   changed_at timestamptz NOT NULL DEFAULT now(),
@@ -469,7 +469,7 @@ INSERT INTO outbox.relay_state DEFAULT VALUES;
 -- hashtext('outbox.advance_lanes') and hashtext('outbox.advance_lanes/lane'),
 -- and outboxd's one-key locks (schema, retention, owner mail) live in
 -- another key space.
-CREATE OR REPLACE FUNCTION outbox.notify_events() RETURNS trigger
+CREATE FUNCTION outbox.notify_events() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
   IF current_setting('transaction_isolation') = 'read committed' THEN
@@ -483,7 +483,7 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE TRIGGER events_notify_relay
+CREATE TRIGGER events_notify_relay
   AFTER INSERT ON outbox.events
   FOR EACH STATEMENT EXECUTE FUNCTION outbox.notify_events();
 
@@ -518,8 +518,8 @@ CREATE OR REPLACE TRIGGER events_notify_relay
 -- pattern such as [0-9a-f]{32} or [a-z]{0,255} ten to a hundred times
 -- slower than one with * (measure: a count(*) over generate_series of
 -- each pattern against one tracestate member).
-CREATE OR REPLACE FUNCTION outbox.trace_context(in_traceparent text, in_tracestate text,
-                                                OUT traceparent text, OUT tracestate text, OUT repairs text[])
+CREATE FUNCTION outbox.trace_context(in_traceparent text, in_tracestate text,
+                                     OUT traceparent text, OUT tracestate text, OUT repairs text[])
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 DECLARE
@@ -601,10 +601,10 @@ $$;
 -- transactions, so a repair counts even if its recording rolls back, and
 -- after a crash a count may jump ahead by up to 32 (PostgreSQL logs a
 -- sequence's values 32 ahead).
-CREATE SEQUENCE IF NOT EXISTS outbox.trace_repairs_traceparent_dropped;
-CREATE SEQUENCE IF NOT EXISTS outbox.trace_repairs_traceparent_downgraded;
-CREATE SEQUENCE IF NOT EXISTS outbox.trace_repairs_tracestate_dropped;
-CREATE SEQUENCE IF NOT EXISTS outbox.trace_repairs_tracestate_truncated;
+CREATE SEQUENCE outbox.trace_repairs_traceparent_dropped;
+CREATE SEQUENCE outbox.trace_repairs_traceparent_downgraded;
+CREATE SEQUENCE outbox.trace_repairs_tracestate_dropped;
+CREATE SEQUENCE outbox.trace_repairs_tracestate_truncated;
 
 -- record is the producer API. Call it inside the transaction that makes the
 -- business change: the event exists if and only if that transaction commits.
@@ -634,7 +634,7 @@ CREATE SEQUENCE IF NOT EXISTS outbox.trace_repairs_tracestate_truncated;
 -- every call (a function with SECURITY DEFINER or SET is never inlined),
 -- and keeps a PL/pgSQL function's plan for the session. In the producer's
 -- transaction that planning is about a fifth of what a record costs.
-CREATE OR REPLACE FUNCTION outbox.record(topic text, subject text, payload jsonb, owner text)
+CREATE FUNCTION outbox.record(topic text, subject text, payload jsonb, owner text)
 RETURNS bigint
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -670,7 +670,7 @@ $$;
 -- default would make every three-argument call ambiguous. SECURITY
 -- DEFINER like it, so that a role granted only this form records;
 -- PL/pgSQL, whose RETURN of a call runs without planning a statement.
-CREATE OR REPLACE FUNCTION outbox.record(topic text, subject text, payload jsonb)
+CREATE FUNCTION outbox.record(topic text, subject text, payload jsonb)
 RETURNS bigint
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -691,7 +691,7 @@ $$;
 -- Like outbox.record, it runs as its owner, so the application's writes
 -- record events without any right on outboxd's tables; a table's owner
 -- needs EXECUTE on it to install the triggers (outbox.watch).
-CREATE OR REPLACE FUNCTION outbox.watch_row() RETURNS trigger
+CREATE FUNCTION outbox.watch_row() RETURNS trigger
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -741,7 +741,7 @@ REVOKE EXECUTE ON FUNCTION outbox.watch_row() FROM PUBLIC;
 -- customer_id column makes every change of a customer's row an event for
 -- that customer's endpoints alone. Calling it again with the same table
 -- and topic replaces the triggers; outbox.unwatch removes them.
-CREATE OR REPLACE FUNCTION outbox.watch(tbl regclass, topic text, columns text[], owner_column text DEFAULT NULL)
+CREATE FUNCTION outbox.watch(tbl regclass, topic text, columns text[], owner_column text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -798,7 +798,7 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION outbox.unwatch(tbl regclass, topic text)
+CREATE FUNCTION outbox.unwatch(tbl regclass, topic text)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -828,7 +828,7 @@ $$;
 -- long as events retention promises. No foreign key to outbox.events, as
 -- for the inbox: events are pruned first, and a key that outlives its
 -- event answers the id and records nothing, the safe direction.
-CREATE TABLE IF NOT EXISTS outbox.idempotency_keys (
+CREATE TABLE outbox.idempotency_keys (
   key            text        PRIMARY KEY,
   request_digest bytea       NOT NULL,
   event_id       bigint      NOT NULL,
@@ -839,7 +839,7 @@ CREATE TABLE IF NOT EXISTS outbox.idempotency_keys (
 );
 
 -- Serves the retention sweep's oldest-first delete.
-CREATE INDEX IF NOT EXISTS idempotency_keys_by_created_at
+CREATE INDEX idempotency_keys_by_created_at
   ON outbox.idempotency_keys (created_at);
 
 --------------------------------------------------------------------------------
@@ -967,7 +967,7 @@ CREATE TRIGGER owners_default_key
 -- a filter of a few conditions, a few milliseconds for one of 4,096
 -- bytes; endpoints_filter_allowed runs it on every write of a filtered
 -- endpoint's row.
-CREATE OR REPLACE FUNCTION outbox.filter_problem(f jsonpath)
+CREATE FUNCTION outbox.filter_problem(f jsonpath)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
@@ -1008,7 +1008,7 @@ $$;
 -- filter_predicate_problem is filter_problem's last rule: not a
 -- predicate. Apart, so that its probe runs only once every other rule
 -- passed.
-CREATE OR REPLACE FUNCTION outbox.filter_predicate_problem(f jsonpath)
+CREATE FUNCTION outbox.filter_predicate_problem(f jsonpath)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
@@ -1029,7 +1029,7 @@ $$;
 -- splits, a polynomial of a degree that grows with their number, and a
 -- lookaround constraint ((?=, (?!, (?<=, (?<!) runs again from every
 -- position. Each pattern is read back from its printed JSON string.
-CREATE OR REPLACE FUNCTION outbox.filter_regex_problem(printed text)
+CREATE FUNCTION outbox.filter_regex_problem(printed text)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
@@ -1666,7 +1666,7 @@ CREATE INDEX jobs_completed_by_endpoint_finalized_at
 --     NULL), in the deleting statement;
 --   - truncating the events while jobs remain is refused (below).
 -- jobs_by_event_id and jobs_one_per_event_endpoint serve the deletions.
-CREATE OR REPLACE FUNCTION outbox.lock_job_references(in_events bigint[], in_endpoints bigint[])
+CREATE FUNCTION outbox.lock_job_references(in_events bigint[], in_endpoints bigint[])
 RETURNS void
 LANGUAGE plpgsql
 SET enable_seqscan = off
@@ -1685,7 +1685,7 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION outbox.jobs_check_references() RETURNS trigger
+CREATE FUNCTION outbox.jobs_check_references() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
   PERFORM outbox.lock_job_references(ARRAY(SELECT n.event_id FROM new_jobs AS n),
@@ -1694,7 +1694,7 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION outbox.jobs_check_changed_references() RETURNS trigger
+CREATE FUNCTION outbox.jobs_check_changed_references() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
   PERFORM outbox.lock_job_references(ARRAY[NEW.event_id], ARRAY[NEW.endpoint_id]);
@@ -1702,7 +1702,7 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION outbox.events_delete_jobs() RETURNS trigger
+CREATE FUNCTION outbox.events_delete_jobs() RETURNS trigger
 LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $$
@@ -1712,7 +1712,7 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION outbox.endpoints_release_jobs() RETURNS trigger
+CREATE FUNCTION outbox.endpoints_release_jobs() RETURNS trigger
 LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $$
@@ -1723,13 +1723,13 @@ BEGIN
 END
 $$;
 
--- A key refused to truncate the table it names; a trigger must say so
--- itself. TRUNCATE outbox.events while jobs remain would leave them
+-- A foreign key refuses to truncate the table it names; a trigger must
+-- say so itself. TRUNCATE outbox.events while jobs remain would leave them
 -- naming no event, so it is refused: truncate outbox.jobs first, in a
 -- statement of its own (in one statement with the events, the trigger
 -- runs before either is emptied, and still finds the jobs). The endpoints
 -- need no guard: outbox.replays' foreign key refuses their truncation.
-CREATE OR REPLACE FUNCTION outbox.events_refuse_truncate() RETURNS trigger
+CREATE FUNCTION outbox.events_refuse_truncate() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
   IF EXISTS (SELECT 1 FROM outbox.jobs) THEN
@@ -1766,7 +1766,7 @@ CREATE TRIGGER endpoints_release_jobs
 -- may run at once: a quarter of its cap, at least 1. replayShare in
 -- replay.go is the same rule, for the dry run's estimate
 -- (TestReplayShareNumbers).
-CREATE OR REPLACE FUNCTION outbox.replay_share(max_in_flight integer)
+CREATE FUNCTION outbox.replay_share(max_in_flight integer)
 RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
@@ -1808,10 +1808,10 @@ CREATE TYPE outbox.claimed_job AS (
 -- event e and endpoint ep (a NULL row for a subscriber's), and what the
 -- claim decided of its start and its end. Every claim builds its rows
 -- here: the workers' (claim_lane_jobs) and the relay's (born_running).
-CREATE OR REPLACE FUNCTION outbox.as_claimed_job(id bigint, kind text, attempt integer, max_attempts integer,
-                                                 endpoint_id bigint, replay_id bigint, attempted_at timestamptz,
-                                                 e outbox.events, ep outbox.endpoints, start_in_ms integer,
-                                                 wake_on_outcome boolean, replay_yields boolean)
+CREATE FUNCTION outbox.as_claimed_job(id bigint, kind text, attempt integer, max_attempts integer,
+                                      endpoint_id bigint, replay_id bigint, attempted_at timestamptz,
+                                      e outbox.events, ep outbox.endpoints, start_in_ms integer,
+                                      wake_on_outcome boolean, replay_yields boolean)
 RETURNS outbox.claimed_job
 LANGUAGE sql STABLE
 AS $$
@@ -1883,22 +1883,21 @@ CREATE TYPE outbox.claimed_lane_job AS (job outbox.claimed_job, lane_limit integ
 -- then at most room jobs per lane, however many are waiting.
 -- enable_sort = off keeps every lane's read in index order, stopping after
 -- its room; enable_seqscan = off fetches claimed rows and their events by
--- key. Without them a planner that underestimates the due jobs (a table
--- not analyzed since a bulk fan-out) reads every due job and sorts them on
--- every claim. The few sorts left (of lanes and of the jobs locked, not of
--- the jobs waiting) then look as costly as the settings make them, and
--- jit = off keeps that cost from compiling the statement, which would
--- take longer than the claim. enable_bitmapscan = off makes the counts of an endpoint's running
--- jobs plain index scans: a bitmap scan visits the heap for every entry
--- of jobs_running_by_endpoint, dead ones included, and never marks them
--- dead in the index, so between two vacuums each count read more heap
--- pages (407 entries and 82 pages for one running job, a few minutes into
--- a replay beside live traffic, auto_explain); a plain index scan marks
--- the entries whose rows are dead to every snapshot, and the next count
--- skips them. The plan is made once per session (force_generic_plan): the
--- shape these settings leave does not depend on the batch or the lanes,
--- and planning the second statement anew for every claim doubled its
--- cost.
+-- key. Without them a planner that underestimates the due jobs (a table not
+-- analyzed since a bulk fan-out) reads every due job and sorts them on every
+-- claim. The few sorts left (of lanes and of the jobs locked, not of the
+-- jobs waiting) then look as costly as the settings make them, and jit = off
+-- keeps that cost from compiling the statement, which would take longer than
+-- the claim. enable_bitmapscan = off makes the counts of an endpoint's
+-- running jobs plain index scans: a bitmap scan visits the heap for every
+-- entry of jobs_running_by_endpoint, dead ones included, and never marks
+-- them dead in the index, so between two vacuums each count read more heap
+-- pages (407 entries and 82 pages for one running job, a few minutes into a
+-- replay beside live traffic, auto_explain); a plain index scan marks the
+-- entries whose rows are dead to every snapshot, and the next count skips
+-- them. The plan is made once per session (force_generic_plan): the shape
+-- these settings leave does not depend on the batch or the lanes, and
+-- planning the second statement anew for every claim doubled its cost.
 --
 -- Claim, update and the reads of events and endpoints in the second
 -- statement share its snapshot: a job it can see was fanned out by a
@@ -2356,7 +2355,7 @@ $$;
 -- completers of two replicas wait for each other to update the endpoint
 -- (endpointHealthSQL).
 -- Returns how many deliveries it made due.
-CREATE OR REPLACE FUNCTION outbox.advance_lanes(endpoint_ids bigint[], lane_keys text[], hold boolean)
+CREATE FUNCTION outbox.advance_lanes(endpoint_ids bigint[], lane_keys text[], hold boolean)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET enable_seqscan = off
@@ -2456,7 +2455,7 @@ $$;
 -- advance_lanes without hold is hold true, the safe side: the relay's
 -- advance of a poisoned event's lanes calls it (relay.go,
 -- advanceLanesOfEventSQL).
-CREATE OR REPLACE FUNCTION outbox.advance_lanes(endpoint_ids bigint[], lane_keys text[])
+CREATE FUNCTION outbox.advance_lanes(endpoint_ids bigint[], lane_keys text[])
 RETURNS integer
 LANGUAGE sql VOLATILE
 AS $$
@@ -2473,7 +2472,7 @@ $$;
 -- paced (disabled, paused, held, breaker open, rate-limited), nor one
 -- that orders by subject, whose deliveries take their turns
 -- (advance_lanes).
-CREATE OR REPLACE FUNCTION outbox.takes_deliveries_running(ep outbox.endpoints)
+CREATE FUNCTION outbox.takes_deliveries_running(ep outbox.endpoints)
 RETURNS boolean
 LANGUAGE sql STABLE
 AS $$
@@ -2488,7 +2487,7 @@ $$;
 -- any delivery made after it. PL/pgSQL, so that its plan is made once per
 -- session: a SQL function with a subquery is not inlined, and would be
 -- planned again in every statement that calls it, 0.3 ms a relay pass.
-CREATE OR REPLACE FUNCTION outbox.has_due_live_jobs(ep bigint)
+CREATE FUNCTION outbox.has_due_live_jobs(ep bigint)
 RETURNS boolean
 LANGUAGE plpgsql STABLE
 AS $$
@@ -2505,7 +2504,7 @@ $$;
 -- the lanes it serves (claim_lane_jobs), and returns them. A lane another
 -- claim holds is skipped. enable_seqscan = off: the claimed events are
 -- read by key, whatever the planner thinks of the batch's size.
-CREATE OR REPLACE FUNCTION outbox.lock_born_lanes(in_claimed bigint[], in_batch integer)
+CREATE FUNCTION outbox.lock_born_lanes(in_claimed bigint[], in_batch integer)
 RETURNS bigint[]
 LANGUAGE plpgsql VOLATILE
 SET enable_seqscan = off
@@ -2534,7 +2533,7 @@ $$;
 -- first attempt of a live delivery, due at once. Those of in_full_lanes
 -- filled their endpoint's room, and wake a claim when they end.
 -- enable_seqscan = off: a handful of rows, each read by key.
-CREATE OR REPLACE FUNCTION outbox.born_running(in_ids bigint[], in_full_lanes bigint[])
+CREATE FUNCTION outbox.born_running(in_ids bigint[], in_full_lanes bigint[])
 RETURNS outbox.claimed_job[]
 LANGUAGE plpgsql STABLE
 SET enable_seqscan = off
@@ -2593,45 +2592,45 @@ $$;
 -- table's indexes grow at their right edge.
 --
 -- Each endpoint's deliveries, and the events its filter kept from it, are
--- counted for its statistics (fanout_stats) in endpoint order: relays
--- adding to the same minute's rows lock them in one order. The row also keeps when the last of them was fanned out, which
--- narrows the endpoint's replay lane while live deliveries flow
--- (replay_width). The subject index (subjects) is kept here too, in the
--- transaction that marks the events fanned out: as a job per subject it
--- would cost an insert, a claim and a completion, each a new row version
--- in every index of the job table.
+-- counted for its statistics (fanout_stats) in endpoint order: relays adding
+-- to the same minute's rows lock them in one order. The row also keeps when
+-- the last of them was fanned out, which narrows the endpoint's replay lane
+-- while live deliveries flow (replay_width). The subject index (subjects) is
+-- kept here too, in the transaction that marks the events fanned out: as a
+-- job per subject it would cost an insert, a claim and a completion, each a
+-- new row version in every index of the job table.
 --
 -- Deliveries born running: given in_claim_batch slots of the relay's own
 -- workers (fan_out_claiming), the pass inserts as running, held by
--- in_replica at attempt 1, the deliveries a claim would start at once,
--- and returns them (out_claimed) for the workers to send. A claim right
--- after the pass would find them and mark them running, a second version
--- of each row, with an entry in every index of the job table, and a
--- statement that reads every lane with due work; born running, they are
--- written once. Only where that changes nothing a claim decides: an
--- endpoint that takes deliveries running (takes_deliveries_running), with
--- no older live delivery due (has_due_live_jobs: those go first, by the
--- workers' claim), in the room its cap leaves (in flight: its running
--- deliveries, other replicas' included, but in_answered) and, of
--- in_replica's workers, in_worker_share leaves (claim_lane_jobs'
--- worker_share; NULL: no bound), counted under the lane's claim lock
--- (lock_born_lanes) in a statement after it, as a claim counts; no more
--- than in_claim_batch in all, each endpoint's by event id, the endpoints
--- taking turns. A lane another claim holds gets none. What a claim would have told the worker of each comes with it
--- (born_running): a delivery that filled its endpoint's room wakes a
--- claim when it ends. The claim is lost with the pass when it rolls back,
--- and a running delivery whose replica dies is rescued like any claimed
--- one (rescue.go).
+-- in_replica at attempt 1, the deliveries a claim would start at once, and
+-- returns them (out_claimed) for the workers to send. A claim right after
+-- the pass would find them and mark them running, a second version of each
+-- row, with an entry in every index of the job table, and a statement that
+-- reads every lane with due work; born running, they are written once. Only
+-- where that changes nothing a claim decides: an endpoint that takes
+-- deliveries running (takes_deliveries_running), with no older live delivery
+-- due (has_due_live_jobs: those go first, by the workers' claim), in the
+-- room its cap leaves (in flight: its running deliveries, other replicas'
+-- included, but in_answered) and, of in_replica's workers, in_worker_share
+-- leaves (claim_lane_jobs' worker_share; NULL: no bound), counted under the
+-- lane's claim lock (lock_born_lanes) in a statement after it, as a claim
+-- counts; no more than in_claim_batch in all, each endpoint's by event id,
+-- the endpoints taking turns. A lane another claim holds gets none. What a
+-- claim would have told the worker of each comes with it (born_running): a
+-- delivery that filled its endpoint's room wakes a claim when it ends. The
+-- claim is lost with the pass when it rolls back, and a running delivery
+-- whose replica dies is rescued like any claimed one (rescue.go).
 --
--- Then the ordered lanes of the batch's events advance (advance_lanes), so
--- a delivery is never held behind nothing: those that got a delivery, and
+-- Then the ordered lanes of the batch's events advance (advance_lanes), so a
+-- delivery is never held behind nothing: those that got a delivery, and
 -- those whose event the filter kept out, behind which advance_lanes held a
--- later event of the subject while this one waited to be fanned out. The commit does not wait for the
--- WAL to reach the disk: a crash before the flush rolls the transaction
--- back whole, and the events are claimed again (database.go,
--- beginPipelineTx, says why that loses nothing). The parameters are named in_*, so that no name in the
--- statement can be taken for one of them; the plan is kept for the
--- session (force_generic_plan), the statement being the same every pass.
+-- later event of the subject while this one waited to be fanned out. The
+-- commit does not wait for the WAL to reach the disk: a crash before the
+-- flush rolls the transaction back whole, and the events are claimed again
+-- (database.go, beginPipelineTx, says why that loses nothing). The
+-- parameters are named in_*, so that no name in the statement can be taken
+-- for one of them; the plan is kept for the session (force_generic_plan),
+-- the statement being the same every pass.
 CREATE FUNCTION outbox.fan_out(in_batch integer, in_event_id bigint, in_subscribers jsonb,
                                in_max_attempts integer, in_breaker_delay double precision, in_origin text,
                                in_claim_batch integer DEFAULT 0, in_replica bigint DEFAULT NULL,
@@ -2844,7 +2843,7 @@ $$;
 -- outbox.fan_out sets outbox.relay_origin for its transaction; '' for any
 -- other insert): that process's listener skips it, as its relay pokes its
 -- own workers (notify.go, wakeups.origin).
-CREATE OR REPLACE FUNCTION outbox.notify_jobs() RETURNS trigger
+CREATE FUNCTION outbox.notify_jobs() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
   PERFORM pg_notify('outbox_jobs', coalesce(current_setting('outbox.relay_origin', true), ''));
@@ -2852,7 +2851,7 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE TRIGGER jobs_notify_workers
+CREATE TRIGGER jobs_notify_workers
   AFTER INSERT ON outbox.jobs
   FOR EACH STATEMENT EXECUTE FUNCTION outbox.notify_jobs();
 
@@ -2867,7 +2866,7 @@ CREATE OR REPLACE TRIGGER jobs_notify_workers
 -- start of the answer. Bounded per job by
 -- max_attempts and per row by the CHECKs below, and deleted with its job
 -- (ON DELETE CASCADE), so the job cleaner and events retention bound it too.
-CREATE TABLE IF NOT EXISTS outbox.deliveries (
+CREATE TABLE outbox.deliveries (
   job_id           bigint      NOT NULL REFERENCES outbox.jobs (id) ON DELETE CASCADE,
   attempt          integer     NOT NULL,
   endpoint_id      bigint,     -- no foreign key: the record outlives a deleted endpoint
@@ -2929,7 +2928,7 @@ CREATE INDEX deliveries_by_endpoint_finished_at
 -- as its page has room for the new version. fillfactor 50 keeps that room,
 -- and a vacuum after 50 dead versions whatever the table's size (scale
 -- factor 0) keeps the page pruned.
-CREATE TABLE IF NOT EXISTS outbox.delivery_stats (
+CREATE TABLE outbox.delivery_stats (
   endpoint_id       bigint      NOT NULL,
   minute            timestamptz NOT NULL, -- the start of the minute the answers came in
   attempts          bigint      NOT NULL,
@@ -2954,7 +2953,7 @@ CREATE TABLE IF NOT EXISTS outbox.delivery_stats (
 -- Serves the all-endpoints window (GET /api/stats, the overview) and the
 -- retention sweep's oldest-first delete; an endpoint's window reads the
 -- primary key.
-CREATE INDEX IF NOT EXISTS delivery_stats_by_minute
+CREATE INDEX delivery_stats_by_minute
   ON outbox.delivery_stats (minute);
 
 -- One row per endpoint and minute in which the relay fanned deliveries out
@@ -3252,7 +3251,7 @@ $$;
 -- it. As SQL, it took a third of a claim's time in a drain (auto_explain);
 -- alone, about 0.1 ms a call more than the same function in PL/pgSQL,
 -- which keeps its plan for the session (pgbench).
-CREATE OR REPLACE FUNCTION outbox.live_flows(ep bigint)
+CREATE FUNCTION outbox.live_flows(ep bigint)
 RETURNS boolean
 LANGUAGE plpgsql STABLE
 AS $$
@@ -3276,14 +3275,14 @@ $$;
 -- lane narrows as they do. The rule is replay_width(live, max_in_flight),
 -- for a caller that has asked live_flows already (outbox.claim_due_jobs); an
 -- expression without a subquery, which PostgreSQL inlines.
-CREATE OR REPLACE FUNCTION outbox.replay_width(live boolean, max_in_flight integer)
+CREATE FUNCTION outbox.replay_width(live boolean, max_in_flight integer)
 RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
   SELECT CASE WHEN live THEN 1 ELSE outbox.replay_share(max_in_flight) END
 $$;
 
-CREATE OR REPLACE FUNCTION outbox.replay_width(ep bigint, max_in_flight integer)
+CREATE FUNCTION outbox.replay_width(ep bigint, max_in_flight integer)
 RETURNS integer
 LANGUAGE plpgsql STABLE
 AS $$
@@ -3301,13 +3300,14 @@ $$;
 -- (disabled_at goes from NULL to set: a 410, the 5-day sweep, an operator),
 -- in the transaction that changes the state, whoever changes it. Topic
 -- outboxd.endpoint.failing or outboxd.endpoint.disabled, subject the
--- endpoint id, addressed to the endpoint's owner (owner_admits): an
--- owner's endpoints may receive the news of its own endpoints, and no
--- one else's; those of the admin's endpoints reach the admin's. The relay
--- fans these out to one owner-notify job each (ownernotify.go); endpoints
--- and subscribers get them only by naming them (topic_matches). last_error is the attempt that caused the change, which
--- the webhook sender records just before, in the same transaction.
-CREATE OR REPLACE FUNCTION outbox.endpoint_state_event() RETURNS trigger
+-- endpoint id, addressed to the endpoint's owner (owner_admits): an owner's
+-- endpoints may receive the news of its own endpoints, and no one else's;
+-- those of the admin's endpoints reach the admin's. The relay fans these out
+-- to one owner-notify job each (ownernotify.go); endpoints and subscribers
+-- get them only by naming them (topic_matches). last_error is the attempt
+-- that caused the change, which the webhook sender records just before, in
+-- the same transaction.
+CREATE FUNCTION outbox.endpoint_state_event() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
   state text := CASE WHEN NEW.disabled_at IS NOT NULL THEN 'disabled' ELSE 'failing' END;
@@ -3337,7 +3337,7 @@ $$;
 -- The WHEN clause is the transition: a failing endpoint failing again, or
 -- a disabled one disabled again, records nothing. A 410 sets both columns
 -- at once and is one "disabled" event.
-CREATE OR REPLACE TRIGGER endpoints_state_event
+CREATE TRIGGER endpoints_state_event
   AFTER UPDATE OF failing_since, disabled_at ON outbox.endpoints
   FOR EACH ROW
   WHEN ((OLD.disabled_at IS NULL AND NEW.disabled_at IS NOT NULL)
@@ -3350,14 +3350,14 @@ CREATE OR REPLACE TRIGGER endpoints_state_event
 -- cap takes no slot: its job completes with a note and is counted. Rows
 -- go with their job (the job cleaner deletes completed jobs after 24 h,
 -- long after the hour that counts).
-CREATE TABLE IF NOT EXISTS outbox.owner_notify_slots (
+CREATE TABLE outbox.owner_notify_slots (
   job_id      bigint      PRIMARY KEY REFERENCES outbox.jobs (id) ON DELETE CASCADE,
   owner_email text        NOT NULL,
   taken_at    timestamptz NOT NULL DEFAULT now()
 );
 
 -- Serves the cap's count: an owner's slots taken in the last hour.
-CREATE INDEX IF NOT EXISTS owner_notify_slots_by_owner_taken_at
+CREATE INDEX owner_notify_slots_by_owner_taken_at
   ON outbox.owner_notify_slots (owner_email, taken_at);
 
 --------------------------------------------------------------------------------
@@ -3370,17 +3370,23 @@ CREATE INDEX IF NOT EXISTS owner_notify_slots_by_owner_taken_at
 -- keeps the old secret as previous_secret until previous_secret_expires_at,
 -- and either verifies meanwhile. A received webhook becomes a local event
 -- with topic topic_prefix || the body's "type". Rows are written through
--- the API (inbox.go).
-CREATE TABLE IF NOT EXISTS outbox.inbox_sources (
+-- the API (inbox.go), and bounded by the admin, who creates them.
+CREATE TABLE outbox.inbox_sources (
   name                       text        PRIMARY KEY,
   secret                     bytea       NOT NULL,
   previous_secret            bytea,
   previous_secret_expires_at timestamptz,
   topic_prefix               text        NOT NULL,
+  -- Addresses every event the source's webhooks become to the owner with
+  -- that key (events.owner): the webhooks a customer's system sends in go
+  -- on to that customer's endpoints alone. NULL: to no owner.
+  owner                      text,
   created_at                 timestamptz NOT NULL DEFAULT now(),
 
   CONSTRAINT inbox_sources_name_format CHECK (name ~ '^[a-z0-9_-]{1,50}$'),
   CONSTRAINT inbox_sources_topic_prefix_format CHECK (topic_prefix ~ '^([A-Za-z0-9_][A-Za-z0-9_.:/-]{0,99})?$'),
+  -- The events' format (events_owner_format).
+  CONSTRAINT inbox_sources_owner_format CHECK (owner ~ '^[A-Za-z0-9][A-Za-z0-9_.:@/+=-]{0,199}$'),
   -- Any non-empty key up to 64 bytes: a source's secret is the sender's,
   -- and senders other than outboxd choose their own sizes. Or sealed, as
   -- endpoints_secret_length allows.
@@ -3393,22 +3399,6 @@ CREATE TABLE IF NOT EXISTS outbox.inbox_sources (
   )
 );
 
--- owner addresses every event a source's webhooks become to the owner
--- with that key (events.owner): the webhooks a customer's system sends in
--- go on to that customer's endpoints alone. NULL: to no owner. The
--- format is the events' (events_owner_format).
-ALTER TABLE outbox.inbox_sources
-  ADD COLUMN IF NOT EXISTS owner text;
-
-DO $$
-BEGIN
-  ALTER TABLE outbox.inbox_sources
-    ADD CONSTRAINT inbox_sources_owner_format CHECK (owner ~ '^[A-Za-z0-9][A-Za-z0-9_.:@/+=-]{0,199}$');
-EXCEPTION WHEN duplicate_object THEN
-  NULL;
-END
-$$;
-
 -- One row per webhook received and recorded: the dedup record. A second
 -- delivery of the same webhook-id from the same source (a retry, a replay,
 -- a sender that lost our 2xx) finds the row and changes nothing. The row,
@@ -3418,9 +3408,10 @@ $$;
 -- Inbox retention (retention.go) deletes rows older than the inbox window,
 -- which is longer than events retention plus the retry horizon plus the
 -- sweep cadence (the dedup rule, replay.go), so every resend of a sender
--- configured alike meets the row. event_id has no foreign key on purpose: events are pruned
--- first, and the dedup record outliving its event is the safe direction.
-CREATE TABLE IF NOT EXISTS outbox.inbox (
+-- configured alike meets the row. event_id has no foreign key on purpose:
+-- events are pruned first, and the dedup record outliving its event is the
+-- safe direction.
+CREATE TABLE outbox.inbox (
   source      text        NOT NULL,
   webhook_id  text        NOT NULL,
   received_at timestamptz NOT NULL DEFAULT now(),
@@ -3430,16 +3421,19 @@ CREATE TABLE IF NOT EXISTS outbox.inbox (
   CONSTRAINT inbox_webhook_id_length CHECK (length(webhook_id) BETWEEN 1 AND 256)
 );
 
--- Index inbox_by_received_at: schema_indexes.sql.
+-- Serves inbox retention: DELETE FROM outbox.inbox ... WHERE received_at <
+-- cutoff, in batches.
+CREATE INDEX inbox_by_received_at
+  ON outbox.inbox (received_at);
 
 -- One row per inbox source and minute: how many webhooks it received (new,
 -- recorded as an event), how many were duplicates (accepted, the webhook-id
 -- seen before) and how many were refused, by class, with the last refusal's
--- reason (truncated to 200 characters) and time. Refusals are counted,
--- never stored whole. The inbox (inbox.go) adds to the row: received and
--- duplicates in the transaction that records the webhook, a refusal with
--- one statement of its own. The panel's Inbox page and GET /api/sources
--- read it.
+-- class, reason (truncated to 200 characters) and time, and every reason of
+-- the minute counted. Refusals are counted, never stored whole. The inbox
+-- (inbox.go) adds to the row: received and duplicates in the transaction
+-- that records the webhook, a refusal with one statement of its own. The
+-- panel's Inbox page and GET /api/sources read it.
 --
 -- Classes (inbox.go, refusalClass): bad_signature (no signature matches, 401),
 -- stale_timestamp (more than 5 minutes old or ahead, 401), unknown_source
@@ -3455,7 +3449,7 @@ CREATE TABLE IF NOT EXISTS outbox.inbox (
 -- outbox.inbox_sources: a source's numbers outlive its deletion until
 -- retention takes them. The primary key leads with minute: it serves the
 -- sweep's oldest-first delete and the pages' window of every source.
-CREATE TABLE IF NOT EXISTS outbox.inbox_stats (
+CREATE TABLE outbox.inbox_stats (
   minute              timestamptz NOT NULL, -- the start of the minute the request came in
   source              text        NOT NULL,
   received            bigint      NOT NULL DEFAULT 0,
@@ -3465,50 +3459,43 @@ CREATE TABLE IF NOT EXISTS outbox.inbox_stats (
   unknown_source      bigint      NOT NULL DEFAULT 0,
   too_large           bigint      NOT NULL DEFAULT 0,
   malformed           bigint      NOT NULL DEFAULT 0,
+  -- The class of the minute's last refusal, beside its reason, so that the
+  -- Inbox page can say which kind each recent reason was. NULL without a
+  -- refusal.
+  last_refusal_class  text,
   last_refusal_reason text,
   last_refused_at     timestamptz,
+  -- Every refusal reason of the minute with its count, keyed by class, a
+  -- space and the reason ({"bad_signature no signature matches": 3}): the
+  -- last reason alone would hide the others a sender got in the same
+  -- minute. At most 20 reasons a row (inbox.go, maxRefusalReasons); past
+  -- them a refusal counts under its class and "(other reasons)", so that a
+  -- sender varying its mistakes cannot grow the row without bound.
+  refusal_reasons     jsonb       NOT NULL DEFAULT '{}',
 
   PRIMARY KEY (minute, source),
+  CONSTRAINT inbox_stats_last_refusal_class CHECK (
+    last_refusal_class IN ('bad_signature', 'stale_timestamp', 'unknown_source', 'too_large', 'malformed')
+  ),
   CONSTRAINT inbox_stats_last_refusal_reason_length CHECK (length(last_refusal_reason) <= 200),
   CONSTRAINT inbox_stats_last_refusal CHECK ((last_refusal_reason IS NULL) = (last_refused_at IS NULL))
 );
 
--- The class of the minute's last refusal, beside its reason, so that the
--- Inbox page can say which kind each recent reason was. NULL in the rows
--- counted before the column existed, and without a refusal.
-ALTER TABLE outbox.inbox_stats
-  ADD COLUMN IF NOT EXISTS last_refusal_class text
-    CONSTRAINT inbox_stats_last_refusal_class CHECK (
-      last_refusal_class IN ('bad_signature', 'stale_timestamp', 'unknown_source', 'too_large', 'malformed')
-    );
-
--- Every refusal reason of the minute with its count, keyed by class, a
--- space and the reason ({"bad_signature no signature matches": 3}): the
--- last reason alone hid the others a sender got in the same minute. At
--- most 20 reasons a row (inbox.go, maxRefusalReasons); past them a
--- refusal counts under its class and "(other reasons)", so that a sender
--- varying its mistakes cannot grow the row without bound. Refusals
--- counted by a replica older than the column are in the class counts
--- only.
-ALTER TABLE outbox.inbox_stats
-  ADD COLUMN IF NOT EXISTS refusal_reasons jsonb NOT NULL DEFAULT '{}';
-
 --------------------------------------------------------------------------------
--- Subject index: the latest event per subject (an in-process subscriber)
+-- Subject index: the latest event per subject and topic
 --------------------------------------------------------------------------------
 
--- Kept by the built-in subscriber "subjects" (subjects.go): for every
--- subject of every topic, the latest event recorded for it, by event id.
--- The topic is part of the key because a subject means something only
--- within its topic: outbox.watch makes the watched row's primary key the
--- subject, so orders and accounts watched as order.changed and
--- account.changed both have a subject '42', two rows that must not
--- overwrite each other. Its upsert never moves backwards (an older event
--- delivered late changes nothing), which also makes a second delivery of
--- the same event a no-op. Its jobs are coalesced per topic and subject
--- within one relay pass. Rows live as long as their subject; a search by
--- prefix serves the panel and GET /api/subjects.
-CREATE TABLE IF NOT EXISTS outbox.subjects (
+-- Kept by the relay's fan-out (outbox.fan_out, indexed), in the transaction
+-- that marks the events fanned out: for every subject of every topic, the
+-- latest event recorded for it, by event id. The topic is part of the key
+-- because a subject means something only within its topic: outbox.watch
+-- makes the watched row's primary key the subject, so orders and accounts
+-- watched as order.changed and account.changed both have a subject '42',
+-- two rows that must not overwrite each other. Its upsert never moves
+-- backwards (an older event fanned out late changes nothing). Rows live as
+-- long as their subject; a search by prefix serves the panel and
+-- GET /api/subjects (subjects.go).
+CREATE TABLE outbox.subjects (
   subject       text        NOT NULL,
   topic         text        NOT NULL,
   last_event_id bigint      NOT NULL,
@@ -3517,21 +3504,10 @@ CREATE TABLE IF NOT EXISTS outbox.subjects (
   CONSTRAINT subjects_pkey PRIMARY KEY (subject, topic)
 );
 
--- An index made before the topic joined the key was keyed by subject
--- alone; its rows are unique by (subject, topic) too, so the new key is
--- built over them as they are.
-DO $$
-BEGIN
-  IF (SELECT array_length(conkey, 1) FROM pg_constraint
-      WHERE conname = 'subjects_pkey' AND conrelid = 'outbox.subjects'::regclass) = 1 THEN
-    ALTER TABLE outbox.subjects
-      DROP CONSTRAINT subjects_pkey,
-      ADD CONSTRAINT subjects_pkey PRIMARY KEY (subject, topic);
-  END IF;
-END
-$$;
-
--- Index subjects_by_subject_prefix: schema_indexes.sql.
+-- Serves the search by subject prefix (LIKE 'prefix%'), whatever the
+-- database's collation.
+CREATE INDEX subjects_by_subject_prefix
+  ON outbox.subjects (subject text_pattern_ops);
 
 --------------------------------------------------------------------------------
 -- Retention's last cycle: what every replica's overview alerts on
@@ -3542,7 +3518,7 @@ $$;
 -- bounds are not being enforced: a cycle that failed, or stopped at the
 -- anomaly cap, says so here until a later cycle succeeds. Skipped cycles
 -- (another replica held the lock) write nothing.
-CREATE TABLE IF NOT EXISTS outbox.retention_last_cycle (
+CREATE TABLE outbox.retention_last_cycle (
   singleton   boolean     PRIMARY KEY DEFAULT true,
   finished_at timestamptz NOT NULL,
   error       text        NOT NULL DEFAULT '',
@@ -3563,7 +3539,7 @@ CREATE TABLE IF NOT EXISTS outbox.retention_last_cycle (
 -- expired one. The table is bounded without a sweep: each sign-in deletes
 -- up to 100 expired rows, oldest first, and the oldest live ones beyond
 -- the newest 1,000 (those browsers must sign in again).
-CREATE TABLE IF NOT EXISTS outbox.panel_sessions (
+CREATE TABLE outbox.panel_sessions (
   id_hash    bytea       PRIMARY KEY,
   created_at timestamptz NOT NULL DEFAULT now(),
   expires_at timestamptz NOT NULL,
@@ -3572,7 +3548,7 @@ CREATE TABLE IF NOT EXISTS outbox.panel_sessions (
 
 -- Serves the sign-in's deletions: the expired rows oldest first, the live
 -- ones newest first past the 1,000th.
-CREATE INDEX IF NOT EXISTS panel_sessions_by_expires_at
+CREATE INDEX panel_sessions_by_expires_at
   ON outbox.panel_sessions (expires_at);
 
 -- The admin token the sessions above were signed in under, known by a
@@ -3581,7 +3557,7 @@ CREATE INDEX IF NOT EXISTS panel_sessions_by_expires_at
 -- back would bring its sessions back with it; so a start with a token
 -- other than the one recorded deletes every session, in the statement
 -- that records the new one. A start with the same token keeps them.
-CREATE TABLE IF NOT EXISTS outbox.panel_session_token (
+CREATE TABLE outbox.panel_session_token (
   only_row    boolean     PRIMARY KEY DEFAULT true,
   fingerprint bytea       NOT NULL,
   changed_at  timestamptz NOT NULL DEFAULT now(),
@@ -3646,7 +3622,7 @@ CREATE INDEX owner_signin_links_by_expires_at
 -- Nothing references the rows, and they reference nothing, so that an
 -- entry outlives what it tells of. Retention deletes rows older than
 -- -audit-retention (90 days), in batches (retention.go).
-CREATE TABLE IF NOT EXISTS outbox.audit_log (
+CREATE TABLE outbox.audit_log (
   id           bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
   at           timestamptz NOT NULL DEFAULT now(),
   actor        text        NOT NULL,
@@ -3669,7 +3645,15 @@ CREATE TABLE IF NOT EXISTS outbox.audit_log (
   )
 );
 
--- Indexes audit_log_by_at and audit_log_by_endpoint_id: schema_indexes.sql.
+-- Serves the audit trail's pages, newest first, and its retention
+-- (retention.go), oldest first.
+CREATE INDEX audit_log_by_at
+  ON outbox.audit_log (at, id);
+
+-- Serves an owner's page of the audit trail: its endpoints' entries.
+CREATE INDEX audit_log_by_endpoint_id
+  ON outbox.audit_log (endpoint_id, id)
+  WHERE endpoint_id IS NOT NULL;
 
 --------------------------------------------------------------------------------
 -- Alert acknowledgements: seen by an operator, on every replica's panel
@@ -3680,7 +3664,7 @@ CREATE TABLE IF NOT EXISTS outbox.audit_log (
 -- while it stays at or below that level in the episode that was
 -- acknowledged, and fires it again when it gets worse. At most one row for
 -- every alert outboxd has: bounded.
-CREATE TABLE IF NOT EXISTS outbox.alert_acks (
+CREATE TABLE outbox.alert_acks (
   name            text        PRIMARY KEY,
   level           bigint      NOT NULL,
   acknowledged_at timestamptz NOT NULL,
@@ -3698,7 +3682,7 @@ CREATE TABLE IF NOT EXISTS outbox.alert_acks (
 -- outage is found within the hour), then every 6 hours, for as long as it
 -- stays disabled: 24 probes the first day, 4 a day after. The first probe
 -- is due an hour after the disable.
-CREATE OR REPLACE FUNCTION outbox.probe_interval(disabled_at timestamptz, at timestamptz)
+CREATE FUNCTION outbox.probe_interval(disabled_at timestamptz, at timestamptz)
 RETURNS interval
 LANGUAGE sql STABLE
 AS $$
@@ -3710,8 +3694,8 @@ $$;
 -- none. next_probe_at is left as it is by enabling and disabling; one from
 -- an earlier disable lies before this one's first probe, which greatest()
 -- then takes.
-CREATE OR REPLACE FUNCTION outbox.probe_due_at(disabled_cause text, recovery_probes boolean, url text,
-                                               disabled_at timestamptz, next_probe_at timestamptz)
+CREATE FUNCTION outbox.probe_due_at(disabled_cause text, recovery_probes boolean, url text,
+                                    disabled_at timestamptz, next_probe_at timestamptz)
 RETURNS timestamptz
 LANGUAGE sql STABLE
 AS $$
@@ -3745,85 +3729,44 @@ $$;
 -- per running process, plus rows of processes dead for less than their
 -- dead_after and a heartbeat; dead rows left when no replica runs are
 -- deleted by the first one that starts.
-CREATE TABLE IF NOT EXISTS outbox.replicas (
-  id         bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-  host       text        NOT NULL,
-  pid        integer     NOT NULL,
+CREATE TABLE outbox.replicas (
+  id             bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  host           text        NOT NULL,
+  pid            integer     NOT NULL,
+  -- The kernel boot and the pid namespace pid is a number of ('' when
+  -- unknown, off Linux): only a process of the same boot and namespace can
+  -- look that pid up. pid_start is when that process started, in clock
+  -- ticks after boot (NULL when unknown): a pid used again by a later
+  -- process has a later start. With them, a replica starting on the same
+  -- host declares dead at once a registration whose process is gone
+  -- (rescue.go), instead of waiting out its dead_after: a restart after a
+  -- crash rescues its predecessor's jobs as it starts.
+  pid_namespace  text        NOT NULL DEFAULT '',
+  pid_start      bigint,
   -- The release (version.go) and the VCS revision it was built from
-  -- ('' when unknown): with schema_version (below), what the overview
-  -- compares to flag replicas of different builds.
-  version    text        NOT NULL,
-  revision   text        NOT NULL DEFAULT '',
+  -- ('' when unknown), and schema_version, the start of the checksum of
+  -- the schema its binary carries (replicas.go, schemaVersionOf; '' when
+  -- unknown): what the overview compares to flag replicas of different
+  -- builds. Two builds of one release and revision differ in
+  -- schema_version when one was built from a tree whose schema was
+  -- changed; replicas whose schemas differ are a roll under way.
+  version        text        NOT NULL,
+  revision       text        NOT NULL DEFAULT '',
+  schema_version text        NOT NULL DEFAULT '',
   -- What it runs: every replica relays, runs workers and may sweep; these
   -- say how many job slots (-workers), whether it LISTENs (off with
   -- -disable-listen) and when its sweeper last held the retention lock.
-  workers    integer     NOT NULL,
-  listens    boolean     NOT NULL,
-  swept_at   timestamptz,
-  dead_after interval    NOT NULL,
-  started_at timestamptz NOT NULL DEFAULT now(),
-  last_seen  timestamptz NOT NULL DEFAULT now(),
+  workers        integer     NOT NULL,
+  listens        boolean     NOT NULL,
+  swept_at       timestamptz,
+  dead_after     interval    NOT NULL,
+  started_at     timestamptz NOT NULL DEFAULT now(),
+  last_seen      timestamptz NOT NULL DEFAULT now(),
 
   CONSTRAINT replicas_host_length CHECK (length(host) <= 255),
+  CONSTRAINT replicas_pid_namespace_length CHECK (length(pid_namespace) <= 200),
   CONSTRAINT replicas_version_length CHECK (length(version) BETWEEN 1 AND 100 AND length(revision) <= 100),
+  CONSTRAINT replicas_schema_version_length CHECK (length(schema_version) <= 64),
   CONSTRAINT replicas_workers_nonnegative CHECK (workers >= 0),
   CONSTRAINT replicas_dead_after_positive CHECK (dead_after > interval '0')
 );
-
--- What else tells builds and processes apart, added after the table (a
--- release before them inserts rows without them, and gets the defaults):
---
---   schema_version  the schema its binary carries: the start of the
---                   checksum of schema.sql and schema_indexes.sql
---                   (migrate.go), '' from a release that did not record
---                   it. Two builds of one release and revision differ
---                   here when one was built from a tree whose schema
---                   files were changed; replicas whose schemas differ are
---                   a roll under way.
---   pid_namespace   the kernel boot and the pid namespace its pid is a
---                   number of ('' when unknown, off Linux): only a process
---                   of the same boot and namespace can look that pid up.
---   pid_start       when that process started, in clock ticks after boot
---                   (NULL when unknown): a pid used again by a later
---                   process has a later start.
---
--- With the last two, a replica starting on the same host declares dead at
--- once a registration whose process is gone (rescue.go), instead of
--- waiting out its dead_after: a restart after a crash rescues its
--- predecessor's jobs as it starts.
-ALTER TABLE outbox.replicas
-  ADD COLUMN IF NOT EXISTS schema_version text NOT NULL DEFAULT '',
-  ADD COLUMN IF NOT EXISTS pid_namespace text NOT NULL DEFAULT '',
-  ADD COLUMN IF NOT EXISTS pid_start bigint;
-
-DO $$
-BEGIN
-  ALTER TABLE outbox.replicas
-    ADD CONSTRAINT replicas_schema_version_length CHECK (length(schema_version) <= 64),
-    ADD CONSTRAINT replicas_pid_namespace_length CHECK (length(pid_namespace) <= 200);
-EXCEPTION WHEN duplicate_object THEN
-  NULL;
-END
-$$;
-
--- held_by is the replica whose claim last marked the job running
--- (outbox.claim_due_jobs), meaningful while it runs: the dead-replica rescue
--- finds a dead replica's jobs by it, among the running ones
--- (jobs_running_by_attempted_at: no index of its own, since running jobs
--- are at most the replicas' worker slots). No foreign key: the row goes
--- when its replica is declared dead, and the jobs' history keeps the id.
-ALTER TABLE outbox.jobs
-  ADD COLUMN IF NOT EXISTS held_by bigint;
-
---------------------------------------------------------------------------------
--- Calls of earlier releases, dropped
---------------------------------------------------------------------------------
-
--- Upgrades roll one release at a time (docs/upgrades.md): a release keeps
--- the calls of the release before it working while that release's replicas
--- roll, and the release after drops them. Release 0.1.0's calls, which
--- 0.2.0 kept as thin wrappers, go: no replica of 0.2.0 calls them. (Its
--- fan_out, fan_out_event, mark_fanned_out and 27-array record_outcomes are
--- dropped above, where this release makes their successors.)
-DROP FUNCTION IF EXISTS outbox.fan_out_and_claim(integer, jsonb, integer, double precision, text, integer, bigint, bigint[]);
-DROP FUNCTION IF EXISTS outbox.claim_jobs(integer, bigint, bigint[]);
