@@ -10,9 +10,9 @@ import (
 )
 
 // version is the release, reported in the User-Agent of outgoing webhooks
-// and recorded by each replica. It changes whenever schema.sql or
-// schema_indexes.sql changes (TestReleaseChangesWithTheSchema), so that
-// two builds with different schemas never report the same release.
+// and recorded by each replica. It changes whenever schema.sql changes
+// (TestReleaseChangesWithTheSchema), so that two builds with different
+// schemas never report the same release.
 const version = "0.6.0"
 
 // buildInfo is what go build recorded in the binary.
