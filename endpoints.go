@@ -582,7 +582,7 @@ RETURNING` + endpointColumns
 // (PATCH ordering "none") or no longer exists (its jobs then end without
 // a request) does with them. The caller locks the endpoint first. The
 // lanes' held and active deliveries are each an index of their own
-// (schema_indexes.sql): the last line, always true, lets it read those,
+// (schema.sql): the last line, always true, lets it read those,
 // not every delivery the endpoint ever had.
 const releaseLanesSQL = `
 UPDATE outbox.jobs

@@ -1,20 +1,17 @@
--- schema.sql: every table, index and SQL function of outboxd, in the order an
--- event moves through them. outboxd applies this file at start (and on
--- `outboxd migrate`) inside one transaction, under an advisory lock that
--- lets one replica at a time migrate, so every statement here must be
--- idempotent. The transaction locks every table of outbox first, and its
--- lock waits together are bounded (lock_timeout); a try that runs out is
--- rolled back and retried (migrate.go): a statement that locks a hot table
--- never queues the producers behind it for long.
---
--- The indexes of the queue tables are not here: schema_indexes.sql builds
--- them CONCURRENTLY once this file has committed, outside any transaction.
--- This file keeps the indexes of the small tables (endpoints, replays,
--- owner notifications, panel sessions), which build in milliseconds.
+-- schema.sql: every table, index and SQL function of outboxd, as a fresh
+-- install has them, in the order an event moves through them. A new
+-- database gets this file once, whole, in one transaction; a database of
+-- an earlier release gets the numbered files of migrations/ instead,
+-- which add up to this file. Each table is created once, whole: a
+-- paragraph on its life cycle (who writes its rows, who reads them, what
+-- bounds its growth, when rows go), its columns, constraints and storage
+-- settings, its indexes, each named for the query it serves, and then
+-- the functions and triggers that act on it.
 
--- Created only when missing: CREATE SCHEMA IF NOT EXISTS wants the right
--- to create schemas even when there is nothing to create, which a role
--- that was given the schema (managed PostgreSQL) does not have.
+-- Created only when missing: a managed PostgreSQL gives outboxd's role the
+-- schema, empty, and no right to create schemas, which CREATE SCHEMA IF
+-- NOT EXISTS asks for even when there is nothing to create
+-- (docs/security.md, database privileges).
 DO $$
 BEGIN
   IF to_regnamespace('outbox') IS NULL THEN
@@ -23,16 +20,21 @@ BEGIN
 END
 $$;
 
--- schema_applied holds the SHA-256 of every schema.sql applied here. A
--- replica whose file is already recorded applies nothing, so restarts take
--- no lock on the hot tables. One row a release: bounded.
-CREATE TABLE IF NOT EXISTS outbox.schema_applied (
-  checksum   text        PRIMARY KEY,
-  applied_at timestamptz NOT NULL DEFAULT now()
-);
-
 COMMENT ON SCHEMA outbox IS
   'outboxd: transactional outbox, job table and inbox. Call outbox.record() inside your own transaction.';
+
+-- migrations records each numbered file of migrations/ that this database
+-- has. A fresh install records them all at once, since this file is what
+-- they add up to; an upgrade records each as it applies it. finished_at
+-- is set once a migration's concurrent index builds are done, NULL while
+-- they are not. One row a migration: bounded.
+CREATE TABLE outbox.migrations (
+  version     integer     PRIMARY KEY CHECK (version > 0),
+  name        text        NOT NULL UNIQUE,
+  checksum    text        NOT NULL,
+  applied_at  timestamptz NOT NULL DEFAULT now(),
+  finished_at timestamptz
+);
 
 --------------------------------------------------------------------------------
 -- Topic patterns
@@ -50,11 +52,11 @@ COMMENT ON SCHEMA outbox IS
 -- notification that endpoint X fails would be delivered to X as a webhook,
 -- fail there, and feed on itself.
 --
--- PL/pgSQL, a loop over the patterns with no query in it: as a SQL
--- function, whose subqueries keep it from being inlined, its body was
--- parsed and planned again in every statement that called it, at each of
--- a relay pass's calls.
-CREATE OR REPLACE FUNCTION outbox.topic_matches(patterns text[], topic text)
+-- PL/pgSQL, a loop over the patterns with no query in it: a SQL function
+-- would need subqueries, which keep it from being inlined, and its body
+-- would be parsed and planned again in every statement that calls it, at
+-- each of a relay pass's calls.
+CREATE FUNCTION outbox.topic_matches(patterns text[], topic text)
 RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
@@ -94,7 +96,7 @@ $$;
 -- that walks a million events of other topics takes about half as long
 -- with these as with the call a row. TestTopicMatchesAgreesWithSQL holds
 -- the two forms equal.
-CREATE OR REPLACE FUNCTION outbox.topic_split(patterns text[], OUT names text[], OUT prefixes text[], OUT every_topic boolean)
+CREATE FUNCTION outbox.topic_split(patterns text[], OUT names text[], OUT prefixes text[], OUT every_topic boolean)
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 DECLARE
@@ -118,7 +120,7 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION outbox.topic_selected(topic text, names text[], prefixes text[], every_topic boolean)
+CREATE FUNCTION outbox.topic_selected(topic text, names text[], prefixes text[], every_topic boolean)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
@@ -144,8 +146,8 @@ $$;
 -- the portal's event page. An empty allowed list allows nothing, as an
 -- empty shared list shares nothing: only NULL means every topic. One SQL
 -- expression, so that the planner inlines it where it is called.
-CREATE OR REPLACE FUNCTION outbox.owner_admits(event_owner text, topic text, owner_key text,
-                                               allowed_topics text[], shared_topics text[])
+CREATE FUNCTION outbox.owner_admits(event_owner text, topic text, owner_key text,
+                                    allowed_topics text[], shared_topics text[])
 RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
@@ -180,17 +182,54 @@ $$;
 --
 -- The id orders events by insert, not by commit: a lower id can commit later.
 -- That is why nothing reads this table with a cursor.
-CREATE TABLE IF NOT EXISTS outbox.events (
+--
+-- Every event row is updated once (fanned_out_at) and deleted once
+-- (retention): a high-churn table. Vacuum it after 2% of its rows are dead
+-- instead of PostgreSQL's default 20%, so the claim index stays small, and
+-- after 2% of them were inserted (a bulk write, a backlog), so that the
+-- first claims after it do not walk the visibility of every page. Its
+-- vacuum is not throttled (cost delay 0): the relay's claims walk the dead
+-- entries at the front of events_unfanned_by_id until a vacuum removes
+-- them, and a throttled vacuum of a large backlog reaches them late, at
+-- PostgreSQL's default pace for any table. fillfactor 90 leaves a page
+-- room for the fanned-out version of its rows (the update cannot be HOT:
+-- fanned_out_at is in the claim index's predicate), so the relay's update
+-- dirties the page it read, not one more.
+-- TestQueueTablesVacuumAggressively pins these numbers.
+CREATE TABLE outbox.events (
   id             bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
   topic          text        NOT NULL,
   subject        text        NOT NULL DEFAULT '',
   payload        jsonb       NOT NULL DEFAULT '{}',
+  -- owner addresses the event to one owner of endpoints (outbox.owners.key,
+  -- a key the application chooses, such as its own customer id): the
+  -- fan-out sends an event with an owner only to that owner's endpoints,
+  -- and one without (NULL) only to endpoints of no owner and to those
+  -- whose owner shares its topic (owner_admits, above). No foreign key: an
+  -- event may be addressed to a key no owner has yet, and keeps its
+  -- address when an owner is deleted.
+  owner          text,
+  -- Trace context (W3C): a producer inside a trace sets outbox.traceparent
+  -- (and outbox.tracestate) for its transaction, SET LOCAL or
+  -- set_config(..., true); outbox.record and the watch triggers store it
+  -- with the event, and every delivery sends it as the traceparent and
+  -- tracestate headers, so the receiver's trace continues from the
+  -- business write. NULL: the transaction set none.
+  traceparent    text,
+  tracestate     text,
   -- When the event was recorded: the clock at the insert, not now(), the
   -- start of the producer's transaction, which may have begun long before
-  -- (committed_at, below). Used for display, replays, the webhook's
-  -- timestamp and latency where the commit's time is not known; never to
-  -- decide what to relay.
+  -- (committed_at). Used for display, replays, the webhook's timestamp and
+  -- latency where the commit's time is not known; never to decide what to
+  -- relay.
   created_at     timestamptz NOT NULL DEFAULT clock_timestamp(),
+  -- When the recording transaction committed, as closely as PostgreSQL
+  -- tells: where the time from commit to first 2xx starts (webhook.go).
+  -- The insert cannot know it, so it starts NULL; the first change outboxd
+  -- makes to the row sets it with commit_time (below), and no later change
+  -- alters it. That change is the relay's claim (mark_claimed_fanned_out),
+  -- or before it a relay failure (relay.go) or a requeue (outbox.go).
+  committed_at   timestamptz,
   fanned_out_at  timestamptz,
   relay_attempts integer     NOT NULL DEFAULT 0,
   relay_error    text,
@@ -201,77 +240,52 @@ CREATE TABLE IF NOT EXISTS outbox.events (
   -- 1 MiB: an event is a fact, not a file. A larger payload fails the
   -- business transaction at once rather than every delivery later.
   CONSTRAINT events_payload_size CHECK (pg_column_size(payload) <= 1048576),
+  -- The owners' key's format (owners_key_format): an address no owner
+  -- could have fails the recording, as a bad topic does, rather than reach
+  -- nobody unseen.
+  CONSTRAINT events_owner_format CHECK (owner ~ '^[A-Za-z0-9][A-Za-z0-9_.:@/+=-]{0,199}$'),
+  -- What a stored trace context is, which every delivery sends as it is.
+  -- outbox.record passes what the transaction set through
+  -- outbox.trace_context, which keeps what is valid and drops or cuts the
+  -- rest, so these never fail a recording: a trace is not worth a business
+  -- write. One regular expression each (the lookaheads refuse all-zero
+  -- ids): a NULL, the common case, costs the check nothing, and ANDs of
+  -- substr() and repeat() instead make outbox.record 1.4 times slower in
+  -- bulk.
+  CONSTRAINT events_traceparent_format CHECK (
+    traceparent ~ '^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$'
+  ),
+  CONSTRAINT events_tracestate_format CHECK (
+    length(tracestate) <= 512 AND tracestate ~ '^[ -~]*$'
+  ),
   CONSTRAINT events_relay_attempts_nonnegative CHECK (relay_attempts >= 0),
   CONSTRAINT events_fanned_or_poisoned CHECK (fanned_out_at IS NULL OR poisoned_at IS NULL)
+) WITH (
+  autovacuum_vacuum_scale_factor = 0.02,
+  autovacuum_analyze_scale_factor = 0.02,
+  autovacuum_vacuum_insert_scale_factor = 0.02,
+  autovacuum_vacuum_cost_delay = 0,
+  fillfactor = 90
 );
 
--- Trace context (W3C): a producer inside a trace sets outbox.traceparent
--- (and outbox.tracestate) for its transaction, SET LOCAL or set_config(...,
--- true); outbox.record and the watch triggers store it with the event, and
--- every delivery sends it as the traceparent and tracestate headers, so
--- the receiver's trace continues from the business write. outbox.record
--- passes what the transaction set through outbox.trace_context, which
--- keeps what is valid and drops or cuts the rest, so these CHECKs never
--- fail a recording: a trace is not worth a business write. They stay as
--- the rule for what is stored, which every delivery sends as it is. NOT
--- VALID: rows stored before the columns existed hold NULL, and need no
--- scan of the table.
-ALTER TABLE outbox.events
-  ADD COLUMN IF NOT EXISTS traceparent text,
-  ADD COLUMN IF NOT EXISTS tracestate text;
+-- Serves the relay's claim (outbox.claim_unfanned): "un-fanned, not
+-- poisoned, oldest first". The predicate is exactly the claim's WHERE.
+CREATE INDEX events_unfanned_by_id
+  ON outbox.events (id)
+  WHERE fanned_out_at IS NULL AND poisoned_at IS NULL;
 
-DO $$
-BEGIN
-  ALTER TABLE outbox.events
-    -- One regular expression each (the lookaheads refuse all-zero ids):
-    -- a NULL, the common case, costs the check nothing. Written as ANDs
-    -- of substr() and repeat(), the first version made outbox.record 1.4
-    -- times slower in bulk.
-    ADD CONSTRAINT events_traceparent_format CHECK (
-      traceparent ~ '^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$'
-    ) NOT VALID,
-    ADD CONSTRAINT events_tracestate_format CHECK (
-      length(tracestate) <= 512 AND tracestate ~ '^[ -~]*$'
-    ) NOT VALID;
-EXCEPTION WHEN duplicate_object THEN
-  NULL;
-END
-$$;
+-- Serves the poisoned count and list on the overview.
+CREATE INDEX events_poisoned_by_id
+  ON outbox.events (id)
+  WHERE poisoned_at IS NOT NULL;
 
--- owner addresses the event to one owner of endpoints (outbox.owners.key,
--- a key the application chooses, such as its own customer id): the
--- fan-out sends an event with an owner only to that owner's endpoints,
--- and one without (NULL) only to endpoints of no owner and to those whose
--- owner shares its topic (owner_admits, above). No foreign key: an event
--- may be addressed to a key no owner has yet, and keeps its address when
--- an owner is deleted. Its format is the owners' key's (owners_key_format):
--- an address no owner could have fails the recording, as a bad topic does,
--- rather than reach nobody unseen. NOT VALID: rows stored before the column hold
--- NULL, and need no scan of the table.
-ALTER TABLE outbox.events
-  ADD COLUMN IF NOT EXISTS owner text;
-
-DO $$
-BEGIN
-  ALTER TABLE outbox.events
-    ADD CONSTRAINT events_owner_format CHECK (owner ~ '^[A-Za-z0-9][A-Za-z0-9_.:@/+=-]{0,199}$') NOT VALID;
-EXCEPTION WHEN duplicate_object THEN
-  NULL;
-END
-$$;
-
--- Databases created while created_at defaulted to now().
-ALTER TABLE outbox.events ALTER COLUMN created_at SET DEFAULT clock_timestamp();
-
--- committed_at is when the recording transaction committed, as closely as
--- PostgreSQL tells: where the time from commit to first 2xx starts
--- (webhook.go). The insert cannot know it, so it starts NULL; the first
--- change outboxd makes to the row sets it with commit_time (below), and no
--- later change alters it. That change is the relay's claim
--- (mark_claimed_fanned_out), or before it a relay failure (relay.go) or a requeue
--- (outbox.go).
-ALTER TABLE outbox.events
-  ADD COLUMN IF NOT EXISTS committed_at timestamptz;
+-- Serves events retention (retention.go): "fanned out before the cutoff,
+-- oldest first". Un-fanned and poisoned rows, which retention never deletes,
+-- stay out of it, so the hourly delete walks only rows it may remove instead
+-- of scanning the whole table.
+CREATE INDEX events_fanned_by_fanned_out_at
+  ON outbox.events (fanned_out_at)
+  WHERE fanned_out_at IS NOT NULL;
 
 -- commit_time is what committed_at becomes at a change of event row ev,
 -- whose xmin is ev_xmin, read before the change replaces it:
@@ -283,11 +297,11 @@ ALTER TABLE outbox.events
 --     committed before it was turned on);
 --   - else created_at, the clock at the insert: a lower bound, short of
 --     the commit by whatever the transaction did after its insert.
--- A row changed without committed_at set (by a release before the column)
--- has relay_attempts or relay_error set, and gets created_at: its xmin
--- is the change's, not the recording's. VOLATILE, like
--- pg_xact_commit_timestamp, so that it can be inlined into the UPDATEs.
-CREATE OR REPLACE FUNCTION outbox.commit_time(ev outbox.events, ev_xmin xid)
+-- A row with relay_attempts or relay_error set has been changed since its
+-- insert, so its xmin is that change's, not the recording's: it gets
+-- created_at. VOLATILE, like pg_xact_commit_timestamp, so that it can be
+-- inlined into the UPDATEs.
+CREATE FUNCTION outbox.commit_time(ev outbox.events, ev_xmin xid)
 RETURNS timestamptz
 LANGUAGE sql VOLATILE
 AS $$
@@ -300,29 +314,6 @@ AS $$
     ev.created_at)
 $$;
 
--- Every event row is updated once (fanned_out_at) and deleted once
--- (retention): a high-churn table. Vacuum it after 2% of its rows are dead
--- instead of PostgreSQL's default 20%, so the claim index stays small, and
--- after 2% of them were inserted (a bulk write, a backlog), so that the
--- first claims after it do not walk the visibility of every page. Its
--- vacuum is not throttled (cost delay 0): the relay's claims walk the dead
--- entries at the front of events_unfanned_by_id until a vacuum removes
--- them, and a throttled vacuum of a large backlog reaches them late, at
--- PostgreSQL's default pace for any table. fillfactor
--- 90 leaves a page room for the fanned-out version of its rows (the
--- update cannot be HOT: fanned_out_at is in the claim index's predicate),
--- so the relay's update dirties the page it read, not one more.
--- TestQueueTablesVacuumAggressively pins these numbers.
-ALTER TABLE outbox.events SET (
-  autovacuum_vacuum_scale_factor = 0.02,
-  autovacuum_analyze_scale_factor = 0.02,
-  autovacuum_vacuum_insert_scale_factor = 0.02,
-  autovacuum_vacuum_cost_delay = 0,
-  fillfactor = 90
-);
-
--- Index events_unfanned_by_id: schema_indexes.sql.
-
 -- claim_unfanned locks up to batch un-fanned events, oldest first, for the
 -- caller's transaction: claim_to_fan_out's batch, and the relay's list of
 -- rows to retry one by one after a batch failed (relay.go), which must not
@@ -334,7 +325,7 @@ ALTER TABLE outbox.events SET (
 -- un-fanned row and sorts them, which at 900,000 waiting took 625 ms a pass
 -- instead of 1.4 ms. PL/pgSQL, so that the plan is made once per session,
 -- not on every call.
-CREATE OR REPLACE FUNCTION outbox.claim_unfanned(batch integer)
+CREATE FUNCTION outbox.claim_unfanned(batch integer)
 RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE
 SET enable_sort = off
@@ -362,7 +353,7 @@ $$;
 -- endpoints, an event committed after that statement began could be
 -- claimed while an endpoint committed before the event was not seen: the
 -- event was marked fanned out with no delivery to it.)
-CREATE OR REPLACE FUNCTION outbox.claim_to_fan_out(in_batch integer, in_event_id bigint)
+CREATE FUNCTION outbox.claim_to_fan_out(in_batch integer, in_event_id bigint)
 RETURNS bigint[]
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -394,7 +385,6 @@ $$;
 -- UPDATE sees every row the claim locked. (The other way round, a claim
 -- made by a function called from the UPDATE runs later than the UPDATE's
 -- snapshot and can lock a row that the UPDATE does not see.)
-DROP FUNCTION IF EXISTS outbox.mark_claimed_fanned_out(bigint[]);
 CREATE FUNCTION outbox.mark_claimed_fanned_out(in_claimed bigint[])
 RETURNS TABLE (id bigint, topic text, subject text, payload jsonb, owner text)
 LANGUAGE plpgsql VOLATILE
@@ -410,29 +400,6 @@ BEGIN
 END
 $$;
 
--- mark_fanned_out claims (claim_to_fan_out) and marks
--- (mark_claimed_fanned_out) in one call. This release's fan_out no longer
--- calls it; the previous release's did, and a relay pass of a replica of it
--- under way while a migration replaces fan_out still may, so it stays until
--- the release after this one. Replaced, not dropped and made again: a pass
--- of that release that planned its call before a migration and runs it
--- after finds the function it planned.
-DROP FUNCTION IF EXISTS outbox.mark_fanned_out(integer);
-CREATE OR REPLACE FUNCTION outbox.mark_fanned_out(in_batch integer, in_event_id bigint)
-RETURNS TABLE (id bigint, topic text, subject text, payload jsonb)
-LANGUAGE plpgsql VOLATILE
-AS $$
-DECLARE
-  claimed bigint[];
-BEGIN
-  claimed := outbox.claim_to_fan_out(in_batch, in_event_id);
-  RETURN QUERY SELECT m.id, m.topic, m.subject, m.payload FROM outbox.mark_claimed_fanned_out(claimed) AS m;
-END
-$$;
-
--- Indexes events_poisoned_by_id, events_fanned_by_fanned_out_at:
--- schema_indexes.sql.
-
 -- relay_state is one row: whether a relay may be asleep waiting for a
 -- notification (idle) or every relay that is awake keeps claiming without
 -- one (busy). Producers notify only while it says idle. A NOTIFY is not
@@ -446,7 +413,7 @@ $$;
 -- Relays write it (relay.go, Run; notify.go): busy when notifications come
 -- in while a pass runs and the pass found events, idle before sleeping.
 -- It starts idle, and a missing row reads as idle: when in doubt, notify.
-CREATE TABLE IF NOT EXISTS outbox.relay_state (
+CREATE TABLE outbox.relay_state (
   singleton  boolean     PRIMARY KEY DEFAULT true,
   idle       boolean     NOT NULL DEFAULT true,
   changed_at timestamptz NOT NULL DEFAULT now(),
@@ -454,7 +421,7 @@ CREATE TABLE IF NOT EXISTS outbox.relay_state (
   CONSTRAINT relay_state_one_row CHECK (singleton)
 );
 
-INSERT INTO outbox.relay_state DEFAULT VALUES ON CONFLICT DO NOTHING;
+INSERT INTO outbox.relay_state DEFAULT VALUES;
 
 -- Wake the relays: one NOTIFY per statement, and PostgreSQL folds identical
 -- notifications within a transaction into one, so a transaction that records
@@ -502,7 +469,7 @@ INSERT INTO outbox.relay_state DEFAULT VALUES ON CONFLICT DO NOTHING;
 -- hashtext('outbox.advance_lanes') and hashtext('outbox.advance_lanes/lane'),
 -- and outboxd's one-key locks (schema, retention, owner mail) live in
 -- another key space.
-CREATE OR REPLACE FUNCTION outbox.notify_events() RETURNS trigger
+CREATE FUNCTION outbox.notify_events() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
   IF current_setting('transaction_isolation') = 'read committed' THEN
@@ -516,7 +483,7 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE TRIGGER events_notify_relay
+CREATE TRIGGER events_notify_relay
   AFTER INSERT ON outbox.events
   FOR EACH STATEMENT EXECUTE FUNCTION outbox.notify_events();
 
@@ -551,8 +518,8 @@ CREATE OR REPLACE TRIGGER events_notify_relay
 -- pattern such as [0-9a-f]{32} or [a-z]{0,255} ten to a hundred times
 -- slower than one with * (measure: a count(*) over generate_series of
 -- each pattern against one tracestate member).
-CREATE OR REPLACE FUNCTION outbox.trace_context(in_traceparent text, in_tracestate text,
-                                                OUT traceparent text, OUT tracestate text, OUT repairs text[])
+CREATE FUNCTION outbox.trace_context(in_traceparent text, in_tracestate text,
+                                     OUT traceparent text, OUT tracestate text, OUT repairs text[])
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 DECLARE
@@ -634,10 +601,10 @@ $$;
 -- transactions, so a repair counts even if its recording rolls back, and
 -- after a crash a count may jump ahead by up to 32 (PostgreSQL logs a
 -- sequence's values 32 ahead).
-CREATE SEQUENCE IF NOT EXISTS outbox.trace_repairs_traceparent_dropped;
-CREATE SEQUENCE IF NOT EXISTS outbox.trace_repairs_traceparent_downgraded;
-CREATE SEQUENCE IF NOT EXISTS outbox.trace_repairs_tracestate_dropped;
-CREATE SEQUENCE IF NOT EXISTS outbox.trace_repairs_tracestate_truncated;
+CREATE SEQUENCE outbox.trace_repairs_traceparent_dropped;
+CREATE SEQUENCE outbox.trace_repairs_traceparent_downgraded;
+CREATE SEQUENCE outbox.trace_repairs_tracestate_dropped;
+CREATE SEQUENCE outbox.trace_repairs_tracestate_truncated;
 
 -- record is the producer API. Call it inside the transaction that makes the
 -- business change: the event exists if and only if that transaction commits.
@@ -667,16 +634,7 @@ CREATE SEQUENCE IF NOT EXISTS outbox.trace_repairs_tracestate_truncated;
 -- every call (a function with SECURITY DEFINER or SET is never inlined),
 -- and keeps a PL/pgSQL function's plan for the session. In the producer's
 -- transaction that planning is about a fifth of what a record costs.
-DO $$
-BEGIN
-  -- Whether this migration makes the four-argument form, whose grants
-  -- are then copied from the three-argument one (below).
-  PERFORM set_config('outbox.record_owner_is_new',
-                     (to_regprocedure('outbox.record(text, text, jsonb, text)') IS NULL)::text, true);
-END
-$$;
-
-CREATE OR REPLACE FUNCTION outbox.record(topic text, subject text, payload jsonb, owner text)
+CREATE FUNCTION outbox.record(topic text, subject text, payload jsonb, owner text)
 RETURNS bigint
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -706,15 +664,13 @@ BEGIN
 END
 $$;
 
--- The three-argument form records an event addressed to no owner: every
--- call written before owners had keys, and the readiness check of a
--- replica of the release before (which looks this signature up). Not a
--- default of the four-argument form: beside this one, a default would
--- make every three-argument call ambiguous. SECURITY DEFINER like it, so
--- that a role granted only this form (as roles were before the owner
--- argument) keeps recording; PL/pgSQL, whose RETURN of a call runs
--- without planning a statement.
-CREATE OR REPLACE FUNCTION outbox.record(topic text, subject text, payload jsonb)
+-- The three-argument form records an event addressed to no owner. A form
+-- of its own, not a default of the four-argument one: grants name this
+-- signature (docs/security.md, database privileges), and beside it a
+-- default would make every three-argument call ambiguous. SECURITY
+-- DEFINER like it, so that a role granted only this form records;
+-- PL/pgSQL, whose RETURN of a call runs without planning a statement.
+CREATE FUNCTION outbox.record(topic text, subject text, payload jsonb)
 RETURNS bigint
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -730,12 +686,12 @@ $$;
 -- argument 'owner=' and the column whose value is the event's owner; the
 -- remaining arguments name the table's primary-key columns, whose values
 -- (comma-separated) become the event's subject. The payload carries the
--- operation and the row before and after. Triggers installed before
--- watches took an owner have no 'owner=' argument, and record as before.
+-- operation and the row before and after. A watch without owner_column
+-- passes no 'owner=' argument, and its events are addressed to no owner.
 -- Like outbox.record, it runs as its owner, so the application's writes
 -- record events without any right on outboxd's tables; a table's owner
 -- needs EXECUTE on it to install the triggers (outbox.watch).
-CREATE OR REPLACE FUNCTION outbox.watch_row() RETURNS trigger
+CREATE FUNCTION outbox.watch_row() RETURNS trigger
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -771,32 +727,10 @@ END
 $$;
 
 -- Recording is a right to grant, not a default: functions are executable
--- by PUBLIC unless revoked, and these two run as outboxd's role.
+-- by PUBLIC unless revoked, and these run as outboxd's role.
 REVOKE EXECUTE ON FUNCTION outbox.record(text, text, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION outbox.record(text, text, jsonb, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION outbox.watch_row() FROM PUBLIC;
-
--- A role granted the three-argument form before the four-argument one
--- existed is granted that one too, once, as it is made: the
--- three-argument form calls it, and an application that records keeps
--- recording across the upgrade.
-DO $$
-DECLARE
-  grantee text;
-BEGIN
-  IF current_setting('outbox.record_owner_is_new', true) = 'true' THEN
-    FOR grantee IN
-      SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END
-      FROM pg_proc AS p, aclexplode(p.proacl) AS a
-      WHERE p.oid = 'outbox.record(text, text, jsonb)'::regprocedure
-        AND a.privilege_type = 'EXECUTE'
-        AND a.grantee <> p.proowner
-    LOOP
-      EXECUTE format('GRANT EXECUTE ON FUNCTION outbox.record(text, text, jsonb, text) TO %s', grantee);
-    END LOOP;
-  END IF;
-END
-$$;
 
 -- watch records an event with the given topic on every INSERT and DELETE of
 -- tbl, and on an UPDATE only when one of the watched columns really changed
@@ -807,8 +741,7 @@ $$;
 -- customer_id column makes every change of a customer's row an event for
 -- that customer's endpoints alone. Calling it again with the same table
 -- and topic replaces the triggers; outbox.unwatch removes them.
-DROP FUNCTION IF EXISTS outbox.watch(regclass, text, text[]);
-CREATE OR REPLACE FUNCTION outbox.watch(tbl regclass, topic text, columns text[], owner_column text DEFAULT NULL)
+CREATE FUNCTION outbox.watch(tbl regclass, topic text, columns text[], owner_column text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -865,7 +798,7 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION outbox.unwatch(tbl regclass, topic text)
+CREATE FUNCTION outbox.unwatch(tbl regclass, topic text)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -895,7 +828,7 @@ $$;
 -- long as events retention promises. No foreign key to outbox.events, as
 -- for the inbox: events are pruned first, and a key that outlives its
 -- event answers the id and records nothing, the safe direction.
-CREATE TABLE IF NOT EXISTS outbox.idempotency_keys (
+CREATE TABLE outbox.idempotency_keys (
   key            text        PRIMARY KEY,
   request_digest bytea       NOT NULL,
   event_id       bigint      NOT NULL,
@@ -906,209 +839,98 @@ CREATE TABLE IF NOT EXISTS outbox.idempotency_keys (
 );
 
 -- Serves the retention sweep's oldest-first delete.
-CREATE INDEX IF NOT EXISTS idempotency_keys_by_created_at
+CREATE INDEX idempotency_keys_by_created_at
   ON outbox.idempotency_keys (created_at);
+
+--------------------------------------------------------------------------------
+-- Owners: whom endpoints belong to
+--------------------------------------------------------------------------------
+
+-- One row per owner (owners.go), created, given a new token and deleted by
+-- the admin. An owner signs in to /api/ and the panel with its token, obo_
+-- + a selector + a verifier: the row holds the selector, which finds it,
+-- and the SHA-256 of the verifier, compared in constant time; so the table
+-- holds nothing that signs in. Rotation replaces both: the old token is
+-- refused from the commit on, on every replica. Bounded by the admin, who
+-- creates every row. Deleting an owner leaves its endpoints to the admin
+-- (endpoints.owner_id) and ends its sessions and sign-in links (below, with
+-- the panel's sessions).
+--
+-- What an owner receives, and what it may ask for (docs/owners.md). The
+-- admin sets every column; the owner's token changes none of them.
+--
+--   key                        the address events carry to reach this
+--                              owner's endpoints (events.owner): text the
+--                              admin chooses, such as the application's
+--                              own customer id. An owner made without one
+--                              gets 'owner-' and its id (owners_default_key).
+--   allowed_topics             the topics of the events addressed to it that
+--                              its endpoints may receive; NULL: every topic.
+--   shared_topics              the topics of events addressed to no owner
+--                              that its endpoints receive too; '{}': none.
+--   max_endpoints              the most endpoints it may have.
+--   max_in_flight              the highest max_in_flight its endpoints may
+--                              ask for. The defaults, 10 endpoints of 8,
+--                              hold at most 80 of the 128 default workers:
+--                              one owner never takes them all.
+--   max_rate_limit_per_second  the highest rate limit its endpoints may ask
+--                              for; NULL: any, and none.
+--   max_replay_window_seconds  how far back its replays may reach; NULL: as
+--                              far as events retention keeps events.
+--
+-- The API checks an owner's endpoint against these when the owner writes
+-- it (owners.go, ownerLimits); the fan-out and replays test the topics
+-- again (owner_admits), so that narrowing them takes effect at once.
+CREATE TABLE outbox.owners (
+  id                        bigint           GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  key                       text             NOT NULL,
+  name                      text             NOT NULL,
+  token_selector            text             NOT NULL,
+  token_hash                bytea            NOT NULL,
+  token_rotated_at          timestamptz      NOT NULL DEFAULT now(),
+  allowed_topics            text[],
+  shared_topics             text[]           NOT NULL DEFAULT '{}',
+  max_endpoints             integer          NOT NULL DEFAULT 10,
+  max_in_flight             integer          NOT NULL DEFAULT 8,
+  max_rate_limit_per_second double precision,
+  max_replay_window_seconds bigint,
+  created_at                timestamptz      NOT NULL DEFAULT now(),
+
+  CONSTRAINT owners_key_unique UNIQUE (key),
+  CONSTRAINT owners_key_format CHECK (key ~ '^[A-Za-z0-9][A-Za-z0-9_.:@/+=-]{0,199}$'),
+  CONSTRAINT owners_name_length CHECK (length(name) BETWEEN 1 AND 200),
+  CONSTRAINT owners_token_selector_format CHECK (token_selector ~ '^[0-9a-f]{24}$'),
+  CONSTRAINT owners_token_hash_length CHECK (length(token_hash) = 32),
+  CONSTRAINT owners_token_selector_unique UNIQUE (token_selector),
+  CONSTRAINT owners_allowed_topics_count CHECK (cardinality(allowed_topics) <= 100),
+  CONSTRAINT owners_shared_topics_count CHECK (cardinality(shared_topics) <= 100),
+  CONSTRAINT owners_max_endpoints_range CHECK (max_endpoints BETWEEN 0 AND 10000),
+  CONSTRAINT owners_max_in_flight_range CHECK (max_in_flight BETWEEN 1 AND 1000),
+  CONSTRAINT owners_max_rate_limit_range CHECK (max_rate_limit_per_second BETWEEN 0.01 AND 10000),
+  CONSTRAINT owners_max_replay_window_range CHECK (max_replay_window_seconds >= 0)
+);
+
+-- owners_default_key gives an owner made without a key 'owner-' and its
+-- id, which the identity column has drawn before a BEFORE trigger runs
+-- (owners.go, createOwnerSQL).
+CREATE FUNCTION outbox.owners_default_key() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  NEW.key := coalesce(NEW.key, 'owner-' || NEW.id);
+  RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER owners_default_key
+  BEFORE INSERT ON outbox.owners
+  FOR EACH ROW EXECUTE FUNCTION outbox.owners_default_key();
 
 --------------------------------------------------------------------------------
 -- Endpoints: where webhooks go
 --------------------------------------------------------------------------------
 
--- An endpoint is a URL that receives every event whose topic its patterns
--- select (outbox.topic_matches; an empty list selects all), as a signed
--- webhook. Rows are written through the API (endpoints.go); the workers
--- change only failing_since, the lane's state (below: the failure count,
--- the breaker, a hold, the rate limit's next start), the receiver's dedup
--- window (below) and, on a 410, disabled_at; the prober, what its section
--- at the end of this file says. Its state is derived, never stored:
---
---   enabled   (disabled_at IS NULL, failing_since IS NULL)
---   failing   (disabled_at IS NULL, failing_since IS NOT NULL): a delivery
---             failed and none has succeeded since. Deliveries go on; once
---             the circuit breaker is open (below), fan-out schedules the
---             new ones FailingEndpointDelay (5 min) out and the claim lets
---             one attempt at a time through, so a dead receiver does not
---             take a burst of doomed attempts.
---   paused    (disabled_at IS NULL, paused_at IS NOT NULL): held by an
---             operator. Fan-out still enqueues for it; the claim takes
---             nothing of it until it is resumed. Nothing is discarded.
---   disabled  (disabled_at IS NOT NULL): by its owner, by a 410 Gone from
---             the receiver, or after 5 days of continuous failure;
---             disabled_reason says which. Fan-out enqueues nothing for it,
---             and its queued deliveries end without a request. Enabling it
---             clears disabled_* and failing_since.
---
--- secret signs every delivery (HMAC-SHA256, Standard Webhooks). A rotation
--- keeps the old one as previous_secret until previous_secret_expires_at, and
--- deliveries carry both signatures until then, so a receiver can switch at
--- its own pace. Deleting an endpoint keeps its jobs (endpoint_id becomes
--- NULL): they end without a request, recorded as such.
-CREATE TABLE IF NOT EXISTS outbox.endpoints (
-  id                         bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-  url                        text        NOT NULL,
-  description                text        NOT NULL DEFAULT '',
-  owner_email                text        NOT NULL DEFAULT '',
-  topics                     text[]      NOT NULL DEFAULT '{}',
-  secret                     bytea       NOT NULL,
-  previous_secret            bytea,
-  previous_secret_expires_at timestamptz,
-  failing_since              timestamptz,
-  disabled_at                timestamptz,
-  disabled_reason            text,
-  created_at                 timestamptz NOT NULL DEFAULT now(),
-  -- The last change through the API; state changes by the workers have
-  -- their own timestamps.
-  updated_at                 timestamptz NOT NULL DEFAULT now(),
-
-  -- The Go side validates first (validateEndpointURL, topicPatternValid) and
-  -- answers 400 with a reason; these keep a direct SQL write honest too.
-  CONSTRAINT endpoints_url_scheme CHECK (url ~ '^(https?://|mailto:)' AND length(url) <= 2048),
-  CONSTRAINT endpoints_description_length CHECK (length(description) <= 1000),
-  CONSTRAINT endpoints_owner_email_length CHECK (length(owner_email) <= 254),
-  CONSTRAINT endpoints_topics_count CHECK (cardinality(topics) <= 100),
-  -- 24 to 64 bytes: the range Standard Webhooks recommends.
-  CONSTRAINT endpoints_secret_length CHECK (length(secret) BETWEEN 24 AND 64),
-  CONSTRAINT endpoints_previous_secret_expires CHECK (
-    (previous_secret IS NULL) = (previous_secret_expires_at IS NULL)
-  ),
-  CONSTRAINT endpoints_disabled_with_reason CHECK (
-    (disabled_at IS NULL) = (disabled_reason IS NULL)
-  ),
-  CONSTRAINT endpoints_disabled_reason_length CHECK (length(disabled_reason) <= 500)
-);
-
--- A mailto: endpoint receives its events as mail (mail.go). A database made
--- before mail existed carries the http-only constraint: replace it, once.
-DO $$
-BEGIN
-  IF EXISTS (SELECT 1 FROM pg_constraint
-             WHERE conrelid = 'outbox.endpoints'::regclass AND conname = 'endpoints_url_http') THEN
-    ALTER TABLE outbox.endpoints DROP CONSTRAINT endpoints_url_http;
-    ALTER TABLE outbox.endpoints
-      ADD CONSTRAINT endpoints_url_scheme CHECK (url ~ '^(https?://|mailto:)' AND length(url) <= 2048);
-  END IF;
-END
-$$;
-
--- The receiver's dedup window, as a 2xx answer last advertised it in
--- webhook-dedup-window (outboxd's own header, webhook.go): how long after a
--- first delivery the receiver still recognises a second one, in seconds,
--- and when an answer last said so. The completer writes it with the
--- attempt (record_outcomes), on a change and at most hourly otherwise; a
--- 2xx without the header clears it, and so does a new URL; any other
--- answer leaves it. NULL: none advertised. Replays and retries by hand to
--- the endpoint are clamped to it (replay.go), a delivery that may have
--- reached the receiver before is not sent again past it (outbox.claim_due_jobs,
--- resend.go), and the overview alerts while it is shorter than this
--- sender's resend horizon.
-ALTER TABLE outbox.endpoints
-  ADD COLUMN IF NOT EXISTS dedup_window_seconds bigint,
-  ADD COLUMN IF NOT EXISTS dedup_window_seen_at timestamptz;
-
-DO $$
-BEGIN
-  ALTER TABLE outbox.endpoints
-    ADD CONSTRAINT endpoints_dedup_window CHECK (
-      (dedup_window_seconds IS NULL) = (dedup_window_seen_at IS NULL)
-      AND dedup_window_seconds > 0
-    );
-EXCEPTION WHEN duplicate_object THEN
-  NULL;
-END
-$$;
-
--- An endpoint is a lane of its own (outbox.claim_due_jobs): its trouble holds
--- up its own deliveries and nobody else's. The columns the claim reads:
---
---   max_in_flight         at most this many of its deliveries run at once,
---                         counted over every replica (16 by default: a
---                         receiver that hangs holds a quarter of the 64
---                         default workers, never all of them).
---   rate_limit_per_second NULL: none. Else the claim spaces its requests
---                         1/rate apart across every replica.
---   rate_next_at          when the next request may start under the rate
---                         limit; the claim advances it by 1/rate for every
---                         job it takes (GCRA's theoretical arrival time).
---   consecutive_failures  attempts failed since the last success; the
---                         completer counts them (record_outcomes).
---   breaker_opened_at     set by the completer when consecutive_failures
---                         reaches -breaker-threshold (5), cleared by the
---                         next success. While open: one attempt at a time,
---                         and fan-out schedules new deliveries 5 min out.
---   held_until            a 429 or 503 with Retry-After holds the whole
---                         endpoint until then, not just the one job.
---   paused_at             an operator's pause (POST .../pause).
-ALTER TABLE outbox.endpoints
-  ADD COLUMN IF NOT EXISTS max_in_flight integer NOT NULL DEFAULT 16,
-  ADD COLUMN IF NOT EXISTS rate_limit_per_second double precision,
-  ADD COLUMN IF NOT EXISTS rate_next_at timestamptz,
-  ADD COLUMN IF NOT EXISTS consecutive_failures integer NOT NULL DEFAULT 0,
-  ADD COLUMN IF NOT EXISTS breaker_opened_at timestamptz,
-  ADD COLUMN IF NOT EXISTS held_until timestamptz,
-  ADD COLUMN IF NOT EXISTS paused_at timestamptz;
-
-DO $$
-BEGIN
-  ALTER TABLE outbox.endpoints
-    ADD CONSTRAINT endpoints_max_in_flight_range CHECK (max_in_flight BETWEEN 1 AND 1000),
-    ADD CONSTRAINT endpoints_rate_limit_range CHECK (rate_limit_per_second BETWEEN 0.01 AND 10000),
-    ADD CONSTRAINT endpoints_consecutive_failures_nonnegative CHECK (consecutive_failures >= 0);
-EXCEPTION WHEN duplicate_object THEN
-  NULL;
-END
-$$;
-
--- ordering 'subject' makes every subject an ordered lane of the endpoint
--- (outbox.advance_lanes, below): its deliveries run one at a time, in
--- fan-out order. 'none' (the default): no order.
-ALTER TABLE outbox.endpoints
-  ADD COLUMN IF NOT EXISTS ordering text NOT NULL DEFAULT 'none';
-
-DO $$
-BEGIN
-  ALTER TABLE outbox.endpoints
-    ADD CONSTRAINT endpoints_ordering_known CHECK (ordering IN ('none', 'subject'));
-EXCEPTION WHEN duplicate_object THEN
-  NULL;
-END
-$$;
-
--- filter narrows what an endpoint receives beyond its topics: a SQL/JSON
--- path predicate over the event's payload, in jsonb_path_match's syntax
--- ('$.status == "paid" && $.amount_cents > 1000'), kept as it was written
--- for the API to echo; NULL: every event of its topics (docs/filters.md).
--- filter_path is it parsed, once, when it is written: the fan-out tests it
--- against every event its topics pass, and a text would be parsed again
--- for each. A filter that does not parse fails the write here; the Go side
--- says why before it comes to that (filters.go, checkFilter).
-ALTER TABLE outbox.endpoints
-  ADD COLUMN IF NOT EXISTS filter text,
-  ADD COLUMN IF NOT EXISTS filter_path jsonpath GENERATED ALWAYS AS (filter::jsonpath) STORED;
-
--- filter_error says why the relay stopped evaluating the endpoint's
--- filter, and filter_error_at since when: the filter raised an error that
--- silent does not cover, or ran past its share of a relay pass (relay.go,
--- holdFailingFilters). Every pass shares one statement, so a filter that
--- fails it fails every endpoint's fan-out; held, the filter is not
--- evaluated, and every event of the endpoint's topics counts as not
--- matched for it (fanout_stats.filter_errors) until its filter is written
--- again, which clears both (the same text tries it again). The relay
--- sets them, after trying the filter alone on the events of the pass that
--- failed, and so does the migration for a filter an earlier release
--- stored that filter_problem's rules refuse (below); the API and the
--- panel show them.
-ALTER TABLE outbox.endpoints
-  ADD COLUMN IF NOT EXISTS filter_error text,
-  ADD COLUMN IF NOT EXISTS filter_error_at timestamptz;
-
-DO $$
-BEGIN
-  ALTER TABLE outbox.endpoints
-    ADD CONSTRAINT endpoints_filter_error_with_time CHECK ((filter_error IS NULL) = (filter_error_at IS NULL)),
-    ADD CONSTRAINT endpoints_filter_error_length CHECK (length(filter_error) <= 2100);
-EXCEPTION WHEN duplicate_object THEN
-  NULL;
-END
-$$;
+-- An endpoint's filter (below) is held to the rules of filter_problem by a
+-- CHECK of the table, so those functions come first.
 
 -- filter_problem says why a parsed filter may not be stored, or NULL when
 -- it may. jsonb_path_match with silent => true turns what a payload can
@@ -1142,10 +964,10 @@ $$;
 -- method can no longer hide in a string. PL/pgSQL, so that the probe
 -- runs only after the checks passed: a SQL function's CASE could be
 -- folded with its constant arguments, the probe first. About 0.1 ms for
--- a filter of a few conditions (0.02 ms before the cost rules), a few
--- milliseconds for one of 4,096 bytes; endpoints_filter_allowed runs it
--- on every write of a filtered endpoint's row.
-CREATE OR REPLACE FUNCTION outbox.filter_problem(f jsonpath)
+-- a filter of a few conditions, a few milliseconds for one of 4,096
+-- bytes; endpoints_filter_allowed runs it on every write of a filtered
+-- endpoint's row.
+CREATE FUNCTION outbox.filter_problem(f jsonpath)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
@@ -1186,7 +1008,7 @@ $$;
 -- filter_predicate_problem is filter_problem's last rule: not a
 -- predicate. Apart, so that its probe runs only once every other rule
 -- passed.
-CREATE OR REPLACE FUNCTION outbox.filter_predicate_problem(f jsonpath)
+CREATE FUNCTION outbox.filter_predicate_problem(f jsonpath)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
@@ -1207,7 +1029,7 @@ $$;
 -- splits, a polynomial of a degree that grows with their number, and a
 -- lookaround constraint ((?=, (?!, (?<=, (?<!) runs again from every
 -- position. Each pattern is read back from its printed JSON string.
-CREATE OR REPLACE FUNCTION outbox.filter_regex_problem(printed text)
+CREATE FUNCTION outbox.filter_regex_problem(printed text)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
@@ -1247,7 +1069,6 @@ $$;
 -- the parentheses open: operand is what the current operand is so far
 -- (none, path or other), lhs the left operand of an open comparison. A
 -- filter expression keeps the path it filters a path.
-DROP FUNCTION IF EXISTS outbox.filter_operand_problem(text);
 CREATE FUNCTION outbox.filter_operand_problem(unsubscripted text)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
@@ -1308,286 +1129,277 @@ BEGIN
 END
 $$;
 
--- At most 4,096 bytes (filters.go, maxFilterLen): a filter is a
--- predicate, not a program.
-DO $$
-BEGIN
-  ALTER TABLE outbox.endpoints
-    ADD CONSTRAINT endpoints_filter_length CHECK (length(filter) <= 4096);
-EXCEPTION WHEN duplicate_object THEN
-  NULL;
-END
-$$;
+-- An endpoint is a URL that receives every event whose topics its patterns
+-- select (outbox.topic_matches; an empty list selects all), as a signed
+-- webhook. Rows are written through the API (endpoints.go); the workers
+-- change only failing_since, the lane's state (below: the failure count,
+-- the breaker, a hold, the rate limit's next start), the receiver's dedup
+-- window (below) and, on a 410, disabled_at; the prober, its recovery
+-- columns (below). Its state is derived, never stored:
+--
+--   enabled   (disabled_at IS NULL, failing_since IS NULL)
+--   failing   (disabled_at IS NULL, failing_since IS NOT NULL): a delivery
+--             failed and none has succeeded since. Deliveries go on; once
+--             the circuit breaker is open (below), fan-out schedules the
+--             new ones FailingEndpointDelay (5 min) out and the claim lets
+--             one attempt at a time through, so a dead receiver does not
+--             take a burst of doomed attempts.
+--   paused    (disabled_at IS NULL, paused_at IS NOT NULL): held by an
+--             operator. Fan-out still enqueues for it; the claim takes
+--             nothing of it until it is resumed. Nothing is discarded.
+--   disabled  (disabled_at IS NOT NULL): by its owner, by a 410 Gone from
+--             the receiver, or after 5 days of continuous failure;
+--             disabled_reason says which, disabled_cause who (below).
+--             Fan-out enqueues nothing for it, and its queued deliveries
+--             end without a request. Enabling it clears disabled_* and
+--             failing_since.
+--
+-- secret signs every delivery (HMAC-SHA256, Standard Webhooks). A rotation
+-- keeps the old one as previous_secret until previous_secret_expires_at, and
+-- deliveries carry both signatures until then, so a receiver can switch at
+-- its own pace. Deleting an endpoint keeps its jobs (endpoint_id becomes
+-- NULL): they end without a request, recorded as such. Bounded by the
+-- admin and, for an owner's endpoints, by the owner's max_endpoints.
+--
+-- The Go side validates first (validateEndpointURL, topicPatternValid,
+-- checkFilter) and answers 400 with a reason; the CHECKs keep a direct SQL
+-- write honest too.
+CREATE TABLE outbox.endpoints (
+  id                            bigint           GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  -- An http(s) URL, or mailto: for an endpoint that receives its events
+  -- as mail (mail.go).
+  url                           text             NOT NULL,
+  description                   text             NOT NULL DEFAULT '',
+  owner_email                   text             NOT NULL DEFAULT '',
+  -- The owner who may see and manage it through the portal; NULL: the
+  -- admin's alone. Deleting the owner leaves it to the admin.
+  owner_id                      bigint           REFERENCES outbox.owners (id) ON DELETE SET NULL,
+  topics                        text[]           NOT NULL DEFAULT '{}',
 
--- endpoints_filter_allowed holds every filter to filter_problem's rules,
--- but a held one (filter_error_at), which is never evaluated. A filter
--- stored under earlier rules that today's refuse is held here, as the
--- schema changes, with the rule that refuses it: its endpoint gets no
--- event of its topics until the filter is written again, and every other
--- write of its row goes through (a CHECK is evaluated on every update of
--- the row, the completer's of its health among them). A database made
--- before filters were held carries the constraint without the hold:
--- replaced, once.
-DO $$
-BEGIN
-  IF EXISTS (SELECT 1 FROM pg_constraint
-             WHERE conrelid = 'outbox.endpoints'::regclass AND conname = 'endpoints_filter_allowed'
-               AND pg_get_constraintdef(oid) NOT LIKE '%filter_error_at%') THEN
-    ALTER TABLE outbox.endpoints DROP CONSTRAINT endpoints_filter_allowed;
-  END IF;
-  UPDATE outbox.endpoints
-  SET filter_error = 'stored under earlier rules, which today''s refuse: ' || outbox.filter_problem(filter_path),
-      filter_error_at = now()
-  WHERE filter_path IS NOT NULL
-    AND filter_error_at IS NULL
-    AND outbox.filter_problem(filter_path) IS NOT NULL;
-  IF NOT EXISTS (SELECT 1 FROM pg_constraint
-                 WHERE conrelid = 'outbox.endpoints'::regclass AND conname = 'endpoints_filter_allowed') THEN
-    ALTER TABLE outbox.endpoints
-      ADD CONSTRAINT endpoints_filter_allowed CHECK (filter_error_at IS NOT NULL OR outbox.filter_problem(filter_path) IS NULL);
-  END IF;
-END
-$$;
+  -- filter narrows what an endpoint receives beyond its topics: a SQL/JSON
+  -- path predicate over the event's payload, in jsonb_path_match's syntax
+  -- ('$.status == "paid" && $.amount_cents > 1000'), kept as it was written
+  -- for the API to echo; NULL: every event of its topics (docs/filters.md).
+  -- filter_path is it parsed, once, when it is written: the fan-out tests
+  -- it against every event its topics pass, and a text would be parsed
+  -- again for each. A filter that does not parse fails the write here; the
+  -- Go side says why before it comes to that (filters.go, checkFilter).
+  filter                        text,
+  filter_path                   jsonpath         GENERATED ALWAYS AS (filter::jsonpath) STORED,
+  -- filter_error says why the relay stopped evaluating the endpoint's
+  -- filter, and filter_error_at since when: the filter raised an error that
+  -- silent does not cover, or ran past its share of a relay pass (relay.go,
+  -- holdFailingFilters). Every pass shares one statement, so a filter that
+  -- fails it fails every endpoint's fan-out; held, the filter is not
+  -- evaluated, and every event of the endpoint's topics counts as not
+  -- matched for it (fanout_stats.filter_errors) until its filter is written
+  -- again, which clears both (the same text tries it again). The relay
+  -- sets them, after trying the filter alone on the events of the pass
+  -- that failed; the API and the panel show them.
+  filter_error                  text,
+  filter_error_at               timestamptz,
+  -- 'subject' makes every subject an ordered lane of the endpoint
+  -- (outbox.advance_lanes, below): its deliveries run one at a time, in
+  -- fan-out order. 'none' (the default): no order.
+  ordering                      text             NOT NULL DEFAULT 'none',
+
+  secret                        bytea            NOT NULL,
+  previous_secret               bytea,
+  previous_secret_expires_at    timestamptz,
+
+  -- The endpoint's TLS material (clientcert.go): the client certificate
+  -- (PEM, leaf first) and its private key that deliveries present to a
+  -- receiver asking for mutual TLS, set and removed together, with the
+  -- leaf's expiry kept beside them for the overview's
+  -- client_certificate_expiring alert; and ca_certificate (PEM), the only
+  -- authorities the receiver's own certificate may chain to. The key is
+  -- PEM text, or with -secrets-key sealed (secrets.go, sealBlob: first
+  -- byte 2).
+  client_certificate            text,
+  client_key                    bytea,
+  client_certificate_expires_at timestamptz,
+  ca_certificate                text,
+
+  -- An endpoint is a lane of its own (outbox.claim_due_jobs): its trouble
+  -- holds up its own deliveries and nobody else's. The columns the claim
+  -- reads:
+  --
+  --   max_in_flight         at most this many of its deliveries run at once,
+  --                         counted over every replica (16 by default: a
+  --                         receiver that hangs holds a quarter of the 64
+  --                         default workers, never all of them).
+  --   rate_limit_per_second NULL: none. Else the claim spaces its requests
+  --                         1/rate apart across every replica.
+  --   rate_next_at          when the next request may start under the rate
+  --                         limit; the claim advances it by 1/rate for every
+  --                         job it takes (GCRA's theoretical arrival time).
+  --   consecutive_failures  attempts failed since the last success; the
+  --                         completer counts them (record_outcomes).
+  --   breaker_opened_at     set by the completer when consecutive_failures
+  --                         reaches -breaker-threshold (5), cleared by the
+  --                         next success. While open: one attempt at a time,
+  --                         and fan-out schedules new deliveries 5 min out.
+  --   held_until            a 429 or 503 with Retry-After holds the whole
+  --                         endpoint until then, not just the one job.
+  --   paused_at             an operator's pause (POST .../pause).
+  max_in_flight                 integer          NOT NULL DEFAULT 16,
+  rate_limit_per_second         double precision,
+  rate_next_at                  timestamptz,
+  consecutive_failures          integer          NOT NULL DEFAULT 0,
+  breaker_opened_at             timestamptz,
+  held_until                    timestamptz,
+  paused_at                     timestamptz,
+
+  -- The receiver's dedup window, as a 2xx answer last advertised it in
+  -- webhook-dedup-window (outboxd's own header, webhook.go): how long after
+  -- a first delivery the receiver still recognises a second one, in
+  -- seconds, and when an answer last said so. The completer writes it with
+  -- the attempt (record_outcomes), on a change and at most hourly
+  -- otherwise; a 2xx without the header clears it, and so does a new URL;
+  -- any other answer leaves it. NULL: none advertised. Replays and retries
+  -- by hand to the endpoint are clamped to it (replay.go), a delivery that
+  -- may have reached the receiver before is not sent again past it
+  -- (outbox.claim_due_jobs, resend.go), and the overview alerts while it is
+  -- shorter than this sender's resend horizon.
+  dedup_window_seconds          bigint,
+  dedup_window_seen_at          timestamptz,
+
+  failing_since                 timestamptz,
+  disabled_at                   timestamptz,
+  disabled_reason               text,
+  -- Who disabled the endpoint, beside the reason text:
+  --
+  --   operator  POST .../disable (endpoints.go). An operator's disable of
+  --             an endpoint already disabled keeps its first reason and
+  --             time, and becomes the cause: the endpoint stays off until
+  --             enabled.
+  --   gone      the receiver answered 410 Gone (record_outcomes), to a
+  --             delivery or to a probe.
+  --   failure   failing continuously for -endpoint-disable-after (5 days;
+  --             retention.go).
+  --
+  -- NULL while enabled. An endpoint disabled with no cause is never
+  -- probed: its cause is unknown.
+  disabled_cause                text,
+
+  -- Recovery probes: an endpoint disabled for failure, with
+  -- recovery_probes on (the default; PATCH {"recovery_probes": false} opts
+  -- out) and an http(s) URL, gets a signed probe (probe.go) on the schedule
+  -- of outbox.probe_interval. The prober writes next_probe_at and
+  -- last_probe_at when it claims a probe, before it sends it, and
+  -- last_probe_error with the answer. A 2xx re-enables the endpoint with
+  -- recovered_at and recovered_reason, and recovery_replay_from, the start
+  -- of the replay of what it missed, which stays set until the replay's
+  -- last catch-up pass has run. Probes add no rows: each one updates its
+  -- endpoint's row.
+  recovery_probes               boolean          NOT NULL DEFAULT true,
+  next_probe_at                 timestamptz,
+  last_probe_at                 timestamptz,
+  last_probe_error              text,
+  recovered_at                  timestamptz,
+  recovered_reason              text,
+  recovery_replay_from          timestamptz,
+
+  created_at                    timestamptz      NOT NULL DEFAULT now(),
+  -- The last change through the API; state changes by the workers have
+  -- their own timestamps.
+  updated_at                    timestamptz      NOT NULL DEFAULT now(),
+
+  CONSTRAINT endpoints_url_scheme CHECK (url ~ '^(https?://|mailto:)' AND length(url) <= 2048),
+  CONSTRAINT endpoints_description_length CHECK (length(description) <= 1000),
+  CONSTRAINT endpoints_owner_email_length CHECK (length(owner_email) <= 254),
+  CONSTRAINT endpoints_topics_count CHECK (cardinality(topics) <= 100),
+  -- At most 4,096 bytes (filters.go, maxFilterLen): a filter is a
+  -- predicate, not a program.
+  CONSTRAINT endpoints_filter_length CHECK (length(filter) <= 4096),
+  -- Every filter keeps filter_problem's rules, but a held one
+  -- (filter_error_at), which is never evaluated. A rule added later holds
+  -- the filters stored before it that it refuses, with the rule that
+  -- refuses each, rather than fail: its endpoint gets no event of its
+  -- topics until the filter is written again, and every other write of its
+  -- row goes through (a CHECK is evaluated on every update of the row, the
+  -- completer's of its health among them).
+  CONSTRAINT endpoints_filter_allowed CHECK (filter_error_at IS NOT NULL OR outbox.filter_problem(filter_path) IS NULL),
+  CONSTRAINT endpoints_filter_error_with_time CHECK ((filter_error IS NULL) = (filter_error_at IS NULL)),
+  CONSTRAINT endpoints_filter_error_length CHECK (length(filter_error) <= 2100),
+  CONSTRAINT endpoints_ordering_known CHECK (ordering IN ('none', 'subject')),
+  -- 24 to 64 bytes: the range Standard Webhooks recommends. With
+  -- -secrets-key, outboxd stores every secret sealed (secrets.go): exactly
+  -- 98 bytes, starting with the format's version byte 1, whatever the
+  -- secret's length. A database may hold both: `outboxd secrets encrypt`
+  -- seals the plaintext ones.
+  CONSTRAINT endpoints_secret_length CHECK (
+    length(secret) BETWEEN 24 AND 64
+    OR (length(secret) = 98 AND get_byte(secret, 0) = 1)
+  ),
+  CONSTRAINT endpoints_previous_secret_expires CHECK (
+    (previous_secret IS NULL) = (previous_secret_expires_at IS NULL)
+  ),
+  CONSTRAINT endpoints_client_certificate_pair CHECK (
+    (client_certificate IS NULL) = (client_key IS NULL)
+    AND (client_certificate IS NULL) = (client_certificate_expires_at IS NULL)
+  ),
+  -- 32 kB each is maxPEMLen; a sealed key is 33 bytes longer.
+  CONSTRAINT endpoints_client_certificate_length CHECK (length(client_certificate) <= 32768),
+  CONSTRAINT endpoints_client_key_length CHECK (length(client_key) <= 32768 + 33),
+  CONSTRAINT endpoints_ca_certificate_length CHECK (length(ca_certificate) <= 32768),
+  -- Only TLS carries them: on an http:// or mailto: endpoint they would
+  -- be kept and never used.
+  CONSTRAINT endpoints_tls_material_https CHECK (
+    (client_certificate IS NULL AND ca_certificate IS NULL) OR url LIKE 'https://%'
+  ),
+  CONSTRAINT endpoints_max_in_flight_range CHECK (max_in_flight BETWEEN 1 AND 1000),
+  CONSTRAINT endpoints_rate_limit_range CHECK (rate_limit_per_second BETWEEN 0.01 AND 10000),
+  CONSTRAINT endpoints_consecutive_failures_nonnegative CHECK (consecutive_failures >= 0),
+  CONSTRAINT endpoints_dedup_window CHECK (
+    (dedup_window_seconds IS NULL) = (dedup_window_seen_at IS NULL)
+    AND dedup_window_seconds > 0
+  ),
+  CONSTRAINT endpoints_disabled_with_reason CHECK (
+    (disabled_at IS NULL) = (disabled_reason IS NULL)
+  ),
+  CONSTRAINT endpoints_disabled_reason_length CHECK (length(disabled_reason) <= 500),
+  CONSTRAINT endpoints_disabled_cause CHECK (
+    disabled_cause IS NULL
+    OR (disabled_cause IN ('operator', 'gone', 'failure') AND disabled_at IS NOT NULL)
+  ),
+  CONSTRAINT endpoints_last_probe_error_length CHECK (length(last_probe_error) <= 2100),
+  CONSTRAINT endpoints_recovered_reason_length CHECK (length(recovered_reason) <= 1000)
+);
+
+-- Serves the fan-out: the enabled endpoints, read for every relay pass.
+CREATE INDEX endpoints_enabled_by_id
+  ON outbox.endpoints (id)
+  WHERE disabled_at IS NULL;
 
 -- Serves the fan-out: the endpoints whose filter is held, read once by a
 -- pass that meets a filtered endpoint (outbox.fan_out, routed). Almost
 -- always empty.
-CREATE INDEX IF NOT EXISTS endpoints_filter_held
+CREATE INDEX endpoints_filter_held
   ON outbox.endpoints (id)
   WHERE filter_error_at IS NOT NULL;
 
--- Serves the fan-out: the enabled endpoints, read for every relay pass.
-CREATE INDEX IF NOT EXISTS endpoints_enabled_by_id
-  ON outbox.endpoints (id)
-  WHERE disabled_at IS NULL;
-
 -- Serves the sweep that disables endpoints failing for too long.
-CREATE INDEX IF NOT EXISTS endpoints_failing_by_failing_since
+CREATE INDEX endpoints_failing_by_failing_since
   ON outbox.endpoints (failing_since)
   WHERE failing_since IS NOT NULL AND disabled_at IS NULL;
+
+-- Serves an owner's endpoint list and the ownership check of every route
+-- under /api/endpoints/{id} an owner's token calls (owners.go), and the
+-- SET NULL of an owner's delete.
+CREATE INDEX endpoints_by_owner_id
+  ON outbox.endpoints (owner_id)
+  WHERE owner_id IS NOT NULL;
 
 --------------------------------------------------------------------------------
 -- Jobs: outboxd's own queue
 --------------------------------------------------------------------------------
 
-DO $$
-BEGIN
-  CREATE TYPE outbox.job_state AS ENUM ('available', 'running', 'retryable', 'completed', 'discarded');
-EXCEPTION WHEN duplicate_object THEN
-  NULL;
-END
-$$;
+-- A job's state; the jobs table's comment (below) is its life.
+CREATE TYPE outbox.job_state AS ENUM ('available', 'running', 'retryable', 'completed', 'discarded');
 
--- A job is one delivery of one event to one in-process subscriber (kind
--- 'sub:<name>') or one endpoint (kind 'webhook', endpoint_id). The relay
--- inserts it in the transaction that marks its event fanned out. Its life:
+-- Replays come first: a job names the replay that enqueued it.
 --
---   available  → running    a worker claimed it (attempt += 1, attempted_at)
---   running    → completed  the handler succeeded (finalized_at)
---   running    → retryable  it failed and has attempts left; scheduled_at is
---                           when it may run again (backoff)
---   running    → discarded  it failed permanently or ran out of attempts
---                           (finalized_at); errors keeps every attempt's error
---   running    → retryable  the rescuer found it running past the attempt
---                           timeout plus a margin, or held by a replica
---                           declared dead (held_by, outbox.replicas): its
---                           worker is gone
---   retryable  → running    claimed again once scheduled_at has come
---   discarded  → available  retried by hand
---
--- A worker's outcome is written only if the job is still running with the
--- attempt number the worker claimed; a worker that lost its job to the
--- rescuer changes nothing. The job cleaner deletes completed jobs after 24 h
--- and discarded ones after 7 days.
-CREATE TABLE IF NOT EXISTS outbox.jobs (
-  id           bigint           GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-  kind         text             NOT NULL,
-  event_id     bigint           NOT NULL,
-  state        outbox.job_state NOT NULL DEFAULT 'available',
-  attempt      integer          NOT NULL DEFAULT 0,
-  max_attempts integer          NOT NULL,
-  created_at   timestamptz      NOT NULL DEFAULT now(),
-  scheduled_at timestamptz      NOT NULL DEFAULT now(),
-  attempted_at timestamptz,
-  finalized_at timestamptz,
-  -- One object per failed attempt: {"attempt", "at", "error"}.
-  errors       jsonb            NOT NULL DEFAULT '[]',
-
-  CONSTRAINT jobs_kind_length CHECK (length(kind) BETWEEN 1 AND 100),
-  CONSTRAINT jobs_attempt_within_max CHECK (attempt >= 0 AND attempt <= max_attempts),
-  CONSTRAINT jobs_max_attempts_positive CHECK (max_attempts > 0),
-  CONSTRAINT jobs_finalized_when_final CHECK (
-    (state IN ('completed', 'discarded')) = (finalized_at IS NOT NULL)
-  ),
-  CONSTRAINT jobs_attempted_when_running CHECK (state <> 'running' OR attempted_at IS NOT NULL)
-);
-
--- The job table churns as the events table does, twice over: every row
--- is updated when claimed and when finished, neither update HOT (state is
--- in the claim indexes' predicates), and deleted by the job cleaner. The
--- same vacuum settings as outbox.events, for the same reasons, and
--- fillfactor 80: room on a page for both new versions of its rows.
-ALTER TABLE outbox.jobs SET (
-  autovacuum_vacuum_scale_factor = 0.02,
-  autovacuum_analyze_scale_factor = 0.02,
-  autovacuum_vacuum_insert_scale_factor = 0.02,
-  autovacuum_vacuum_cost_delay = 0,
-  fillfactor = 80
-);
-
--- A webhook job names its endpoint. Deleting the endpoint keeps the job
--- (endpoint_id set NULL) so that it ends visibly, discarded with "endpoint
--- deleted", rather than vanishing; deleting its event deletes it.
-ALTER TABLE outbox.jobs
-  ADD COLUMN IF NOT EXISTS endpoint_id bigint;
-
--- A job's event and endpoint are held by triggers, a statement at a time,
--- where foreign keys would check each inserted row with a query of its
--- own: the relay inserts up to 200 jobs a pass, and those queries were a
--- quarter of its fan-out (docs/performance.md). What the keys did, the
--- triggers do, whichever statement writes:
---   - a statement that inserts jobs (or changes a job's event or
---     endpoint) locks the rows they name FOR KEY SHARE, as a key's check
---     does (lock_job_references, once for the statement's jobs), and
---     fails with foreign_key_violation (23503) if one is gone:
---     a deletion waits for the inserting transaction, and one that
---     committed first is seen, the check being a statement of its own;
---   - deleting events deletes their jobs (ON DELETE CASCADE), and
---     deleting endpoints sets their jobs' endpoint_id NULL (ON DELETE SET
---     NULL), in the deleting statement;
---   - truncating the events while jobs remain is refused (below).
--- jobs_by_event_id and jobs_one_per_event_endpoint serve the deletions.
-CREATE OR REPLACE FUNCTION outbox.lock_job_references(in_events bigint[], in_endpoints bigint[])
-RETURNS void
-LANGUAGE plpgsql
-SET enable_seqscan = off
-AS $$
-BEGIN
-  in_events := ARRAY(SELECT DISTINCT e FROM unnest(in_events) AS e);
-  in_endpoints := ARRAY(SELECT DISTINCT ep FROM unnest(in_endpoints) AS ep WHERE ep IS NOT NULL);
-  IF (SELECT count(*) FROM (SELECT 1 FROM outbox.events AS e
-                            WHERE e.id = ANY (in_events) FOR KEY SHARE OF e) AS locked) < cardinality(in_events)
-     OR (SELECT count(*) FROM (SELECT 1 FROM outbox.endpoints AS ep
-                               WHERE ep.id = ANY (in_endpoints) FOR KEY SHARE OF ep) AS locked) < cardinality(in_endpoints)
-  THEN
-    RAISE EXCEPTION 'a job names an event or an endpoint that does not exist'
-      USING ERRCODE = 'foreign_key_violation', TABLE = 'jobs';
-  END IF;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION outbox.jobs_check_references() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-  PERFORM outbox.lock_job_references(ARRAY(SELECT n.event_id FROM new_jobs AS n),
-                                     ARRAY(SELECT n.endpoint_id FROM new_jobs AS n));
-  RETURN NULL;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION outbox.jobs_check_changed_references() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-  PERFORM outbox.lock_job_references(ARRAY[NEW.event_id], ARRAY[NEW.endpoint_id]);
-  RETURN NULL;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION outbox.events_delete_jobs() RETURNS trigger
-LANGUAGE plpgsql
-SET enable_seqscan = off
-AS $$
-BEGIN
-  DELETE FROM outbox.jobs AS j WHERE j.event_id = ANY (ARRAY(SELECT g.id FROM gone_events AS g));
-  RETURN NULL;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION outbox.endpoints_release_jobs() RETURNS trigger
-LANGUAGE plpgsql
-SET enable_seqscan = off
-AS $$
-BEGIN
-  UPDATE outbox.jobs AS j SET endpoint_id = NULL
-  WHERE j.endpoint_id = ANY (ARRAY(SELECT g.id FROM gone_endpoints AS g));
-  RETURN NULL;
-END
-$$;
-
--- A key refused to truncate the table it names; a trigger must say so
--- itself. TRUNCATE outbox.events while jobs remain would leave them
--- naming no event, so it is refused: truncate outbox.jobs first, in a
--- statement of its own (in one statement with the events, the trigger
--- runs before either is emptied, and still finds the jobs). The endpoints
--- need no guard: outbox.replays' foreign key refuses their truncation.
-CREATE OR REPLACE FUNCTION outbox.events_refuse_truncate() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-  IF EXISTS (SELECT 1 FROM outbox.jobs) THEN
-    RAISE EXCEPTION 'outbox.events cannot be truncated while outbox.jobs holds jobs'
-      USING ERRCODE = 'feature_not_supported', HINT = 'Truncate outbox.jobs first, in a statement of its own.';
-  END IF;
-  RETURN NULL;
-END
-$$;
-
-DROP TRIGGER IF EXISTS events_refuse_truncate ON outbox.events;
-CREATE TRIGGER events_refuse_truncate
-  BEFORE TRUNCATE ON outbox.events
-  FOR EACH STATEMENT EXECUTE FUNCTION outbox.events_refuse_truncate();
-DROP TRIGGER IF EXISTS jobs_references ON outbox.jobs;
-CREATE TRIGGER jobs_references
-  AFTER INSERT ON outbox.jobs
-  REFERENCING NEW TABLE AS new_jobs
-  FOR EACH STATEMENT EXECUTE FUNCTION outbox.jobs_check_references();
-DROP TRIGGER IF EXISTS jobs_changed_references ON outbox.jobs;
-CREATE TRIGGER jobs_changed_references
-  AFTER UPDATE OF event_id, endpoint_id ON outbox.jobs
-  FOR EACH ROW
-  WHEN (NEW.event_id IS DISTINCT FROM OLD.event_id
-        OR (NEW.endpoint_id IS NOT NULL AND NEW.endpoint_id IS DISTINCT FROM OLD.endpoint_id))
-  EXECUTE FUNCTION outbox.jobs_check_changed_references();
-DROP TRIGGER IF EXISTS events_delete_jobs ON outbox.events;
-CREATE TRIGGER events_delete_jobs
-  AFTER DELETE ON outbox.events
-  REFERENCING OLD TABLE AS gone_events
-  FOR EACH STATEMENT EXECUTE FUNCTION outbox.events_delete_jobs();
-DROP TRIGGER IF EXISTS endpoints_release_jobs ON outbox.endpoints;
-CREATE TRIGGER endpoints_release_jobs
-  AFTER DELETE ON outbox.endpoints
-  REFERENCING OLD TABLE AS gone_endpoints
-  FOR EACH STATEMENT EXECUTE FUNCTION outbox.endpoints_release_jobs();
-
--- The foreign keys earlier releases made, dropped now that the triggers
--- hold what they held.
-ALTER TABLE outbox.jobs
-  DROP CONSTRAINT IF EXISTS jobs_event_id_fkey,
-  DROP CONSTRAINT IF EXISTS jobs_endpoint_id_fkey;
-
-DO $$
-BEGIN
-  ALTER TABLE outbox.jobs
-    ADD CONSTRAINT jobs_endpoint_only_for_webhooks CHECK (endpoint_id IS NULL OR kind = 'webhook');
-EXCEPTION WHEN duplicate_object THEN
-  NULL;
-END
-$$;
-
--- The attempt that completed a delivery, on its job: the answer's status
--- code (NULL for a mail) and how long the request took, written with the
--- completion itself. Such an attempt has no row in outbox.deliveries,
--- which keeps every other: the failed ones, and a success that came after
--- its job was taken from it (rescued, and run again). Nearly every
--- delivery succeeds at once, so that is a row, two index entries and a
--- foreign-key check fewer for nearly every delivery, and a deliveries
--- table as large as the failures, not the traffic. Jobs that keep no
--- attempt (an in-process subscriber's) hold NULL, and a mail has no
--- status code; readers take a success from here only where duration_ms
--- is set.
-ALTER TABLE outbox.jobs
-  ADD COLUMN IF NOT EXISTS status_code integer,
-  ADD COLUMN IF NOT EXISTS duration_ms integer;
-
 -- A replay is an operator's request to send an endpoint deliveries again:
 -- the events of a window (kind 'replay', replay.go) or its discarded
 -- deliveries (kind 'retry_discarded', jobs.go). The jobs it enqueues or
@@ -1613,8 +1425,10 @@ ALTER TABLE outbox.jobs
 --                   replay until its count is written. The count starts
 --                   it just before the first event it found.
 --   last_event_id   a 'replay''s end: the last event its count found,
---                   where its enqueue stops. NULL: no end, for a replay
---                   begun before the column existed.
+--                   where its enqueue stops, so that its last batch does
+--                   not walk through every event recorded since (a
+--                   statement of seconds beside live traffic). Written
+--                   with enqueue_after, NULL where it is.
 --   enqueued_at     when its last batch was enqueued; NULL while it still
 --                   enqueues, so that it is not taken for finished between
 --                   two batches.
@@ -1626,18 +1440,21 @@ ALTER TABLE outbox.jobs
 -- Bounded: every new replay of an endpoint deletes its finished replays
 -- beyond the newest 20; an unfinished one has jobs waiting or running,
 -- which the job table bounds. An endpoint's delete deletes its replays.
-CREATE TABLE IF NOT EXISTS outbox.replays (
-  id           bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-  endpoint_id  bigint      NOT NULL REFERENCES outbox.endpoints (id) ON DELETE CASCADE,
-  kind         text        NOT NULL,
-  window_from  timestamptz,
-  window_to    timestamptz,
-  topics       text[],
-  jobs_total   bigint      NOT NULL DEFAULT 0,
-  created_at   timestamptz NOT NULL DEFAULT now(),
-  enqueued_at  timestamptz,
-  cancelled_at timestamptz,
-  finished_at  timestamptz,
+CREATE TABLE outbox.replays (
+  id            bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  endpoint_id   bigint      NOT NULL REFERENCES outbox.endpoints (id) ON DELETE CASCADE,
+  kind          text        NOT NULL,
+  window_from   timestamptz,
+  window_to     timestamptz,
+  topics        text[],
+  jobs_total    bigint      NOT NULL DEFAULT 0,
+  jobs_enqueued bigint      NOT NULL DEFAULT 0,
+  enqueue_after bigint,
+  last_event_id bigint,
+  created_at    timestamptz NOT NULL DEFAULT now(),
+  enqueued_at   timestamptz,
+  cancelled_at  timestamptz,
+  finished_at   timestamptz,
 
   CONSTRAINT replays_kind_known CHECK (kind IN ('replay', 'retry_discarded')),
   CONSTRAINT replays_jobs_total_nonnegative CHECK (jobs_total >= 0),
@@ -1646,56 +1463,377 @@ CREATE TABLE IF NOT EXISTS outbox.replays (
 
 -- Serves an endpoint's replays, newest first, and the cascade from
 -- endpoints.
-CREATE INDEX IF NOT EXISTS replays_by_endpoint
+CREATE INDEX replays_by_endpoint
   ON outbox.replays (endpoint_id, id);
-
-ALTER TABLE outbox.replays
-  ADD COLUMN IF NOT EXISTS jobs_enqueued bigint NOT NULL DEFAULT 0,
-  ADD COLUMN IF NOT EXISTS enqueue_after bigint;
-
--- last_event_id (above): without it, a replay's last batch walked from
--- its last event to the end of the table, through every event recorded
--- since, in a statement of seconds beside live traffic.
-ALTER TABLE outbox.replays
-  ADD COLUMN IF NOT EXISTS last_event_id bigint;
 
 -- Serves the workers' look for replays still to enqueue (replay.go,
 -- feedReplays), several times a second.
-CREATE INDEX IF NOT EXISTS replays_enqueuing
+CREATE INDEX replays_enqueuing
   ON outbox.replays (id)
   WHERE enqueued_at IS NULL AND enqueue_after IS NOT NULL;
 
--- A replay's jobs. SET NULL when its row goes: only a finished replay's
--- row is deleted, so only finished jobs lose it (a retry by hand of one
--- then runs live).
-ALTER TABLE outbox.jobs
-  ADD COLUMN IF NOT EXISTS replay_id bigint REFERENCES outbox.replays (id) ON DELETE SET NULL;
+-- A job is one delivery of one event to one in-process subscriber (kind
+-- 'sub:<name>') or one endpoint (kind 'webhook', endpoint_id). The relay
+-- inserts it in the transaction that marks its event fanned out. Its life:
+--
+--   available  → running    a worker claimed it (attempt += 1, attempted_at)
+--   running    → completed  the handler succeeded (finalized_at)
+--   running    → retryable  it failed and has attempts left; scheduled_at is
+--                           when it may run again (backoff)
+--   running    → discarded  it failed permanently or ran out of attempts
+--                           (finalized_at); errors keeps every attempt's error
+--   running    → retryable  the rescuer found it running past the attempt
+--                           timeout plus a margin, or held by a replica
+--                           declared dead (held_by, outbox.replicas): its
+--                           worker is gone
+--   retryable  → running    claimed again once scheduled_at has come
+--   discarded  → available  retried by hand
+--
+-- A worker's outcome is written only if the job is still running with the
+-- attempt number the worker claimed; a worker that lost its job to the
+-- rescuer changes nothing. The job cleaner deletes completed jobs after 24 h
+-- and discarded ones after 7 days.
+--
+-- The job table churns as the events table does, twice over: every row
+-- is updated when claimed and when finished, neither update HOT (state is
+-- in the claim indexes' predicates), and deleted by the job cleaner. The
+-- same vacuum settings as outbox.events, for the same reasons, and
+-- fillfactor 80: room on a page for both new versions of its rows.
+CREATE TABLE outbox.jobs (
+  id           bigint           GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  kind         text             NOT NULL,
+  -- Its event and, for a webhook job, its endpoint: held by the triggers
+  -- below rather than foreign keys. Deleting the endpoint keeps the job
+  -- (endpoint_id set NULL) so that it ends visibly, discarded with
+  -- "endpoint deleted", rather than vanishing; deleting its event deletes
+  -- it.
+  event_id     bigint           NOT NULL,
+  endpoint_id  bigint,
+  -- The replay that enqueued it or set it to run again. SET NULL when its
+  -- row goes: only a finished replay's row is deleted, so only finished
+  -- jobs lose it (a retry by hand of one then runs live).
+  replay_id    bigint           REFERENCES outbox.replays (id) ON DELETE SET NULL,
+  -- Its event's subject, for a delivery to an endpoint that orders by
+  -- subject: its ordered lane (below, with advance_lanes).
+  lane_key     text,
+  state        outbox.job_state NOT NULL DEFAULT 'available',
+  attempt      integer          NOT NULL DEFAULT 0,
+  max_attempts integer          NOT NULL,
+  created_at   timestamptz      NOT NULL DEFAULT now(),
+  scheduled_at timestamptz      NOT NULL DEFAULT now(),
+  attempted_at timestamptz,
+  -- The replica whose claim last marked the job running
+  -- (outbox.claim_due_jobs), meaningful while it runs: the dead-replica
+  -- rescue finds a dead replica's jobs by it, among the running ones
+  -- (jobs_running_by_attempted_at: no index of its own, since running jobs
+  -- are at most the replicas' worker slots). No foreign key: the row goes
+  -- when its replica is declared dead, and the jobs' history keeps the id.
+  held_by      bigint,
+  finalized_at timestamptz,
+  -- The attempt that completed a delivery: the answer's status code (NULL
+  -- for a mail) and how long the request took, written with the
+  -- completion itself. Such an attempt has no row in outbox.deliveries,
+  -- which keeps every other: the failed ones, and a success that came
+  -- after its job was taken from it (rescued, and run again). Nearly every
+  -- delivery succeeds at once, so that is a row, two index entries and a
+  -- foreign-key check fewer for nearly every delivery, and a deliveries
+  -- table as large as the failures, not the traffic. Jobs that keep no
+  -- attempt (an in-process subscriber's) hold NULL; readers take a
+  -- success from here only where duration_ms is set.
+  status_code  integer,
+  duration_ms  integer,
+  -- One object per failed attempt: {"attempt", "at", "error"}.
+  errors       jsonb            NOT NULL DEFAULT '[]',
 
-DO $$
+  CONSTRAINT jobs_kind_length CHECK (length(kind) BETWEEN 1 AND 100),
+  CONSTRAINT jobs_endpoint_only_for_webhooks CHECK (endpoint_id IS NULL OR kind = 'webhook'),
+  CONSTRAINT jobs_replay_only_for_webhooks CHECK (replay_id IS NULL OR kind = 'webhook'),
+  CONSTRAINT jobs_attempt_within_max CHECK (attempt >= 0 AND attempt <= max_attempts),
+  CONSTRAINT jobs_max_attempts_positive CHECK (max_attempts > 0),
+  CONSTRAINT jobs_finalized_when_final CHECK (
+    (state IN ('completed', 'discarded')) = (finalized_at IS NOT NULL)
+  ),
+  CONSTRAINT jobs_attempted_when_running CHECK (state <> 'running' OR attempted_at IS NOT NULL)
+) WITH (
+  autovacuum_vacuum_scale_factor = 0.02,
+  autovacuum_analyze_scale_factor = 0.02,
+  autovacuum_vacuum_insert_scale_factor = 0.02,
+  autovacuum_vacuum_cost_delay = 0,
+  fillfactor = 80
+);
+
+-- Serve the workers' claim (outbox.claim_lane_jobs), one lane at a time:
+-- an endpoint's live waiting jobs, soonest first; its replayed ones, the
+-- same way; and the jobs of no endpoint (in-process subscribers, owner
+-- notifications, deliveries of a deleted endpoint), soonest first.
+-- Partial, so they hold only the jobs waiting to run, however many
+-- finished ones the table keeps. One index a lane, not one of every
+-- waiting job by due time, in which a hung endpoint's backlog would sit in
+-- front of everyone else's jobs; and live and replayed apart, so that a
+-- replay's backlog does not sit in front of the live deliveries behind it.
+CREATE INDEX jobs_waiting_live_by_endpoint
+  ON outbox.jobs (endpoint_id, scheduled_at, id)
+  WHERE state IN ('available', 'retryable') AND endpoint_id IS NOT NULL AND replay_id IS NULL;
+CREATE INDEX jobs_waiting_replay_by_endpoint
+  ON outbox.jobs (endpoint_id, scheduled_at, id)
+  WHERE state IN ('available', 'retryable') AND endpoint_id IS NOT NULL AND replay_id IS NOT NULL;
+CREATE INDEX jobs_waiting_without_endpoint
+  ON outbox.jobs (scheduled_at, id)
+  WHERE state IN ('available', 'retryable') AND endpoint_id IS NULL;
+
+-- Serve the claim's counts of an endpoint's deliveries in flight, which
+-- it holds below the endpoint's cap, and of its replayed ones, which it
+-- holds below the replay share: at most max_in_flight entries each.
+CREATE INDEX jobs_running_by_endpoint
+  ON outbox.jobs (endpoint_id)
+  WHERE state = 'running' AND endpoint_id IS NOT NULL;
+CREATE INDEX jobs_running_replay_by_endpoint
+  ON outbox.jobs (endpoint_id)
+  WHERE state = 'running' AND endpoint_id IS NOT NULL AND replay_id IS NOT NULL;
+
+-- Serves the rescuer: jobs running for longer than the rescue horizon.
+CREATE INDEX jobs_running_by_attempted_at
+  ON outbox.jobs (attempted_at)
+  WHERE state = 'running';
+
+-- Serves advance_lanes: a lane's held deliveries by event id, the first
+-- of which is its next; whether the lane has an active one is
+-- jobs_one_active_per_lane's to say. Held ones only: a delivery made due,
+-- then claimed, writes no entry here, where an index of every unfinished
+-- delivery would take one at each of those changes, on the ordered
+-- drain's every delivery.
+CREATE INDEX jobs_held_by_lane_event
+  ON outbox.jobs (endpoint_id, lane_key, event_id)
+  WHERE lane_key IS NOT NULL
+    AND state IN ('available', 'retryable', 'running')
+    AND scheduled_at = 'infinity';
+
+-- The ordered lanes' guarantee itself, whatever a statement elsewhere
+-- does: a second active delivery in a lane is refused by the database.
+CREATE UNIQUE INDEX jobs_one_active_per_lane
+  ON outbox.jobs (endpoint_id, lane_key)
+  WHERE lane_key IS NOT NULL
+    AND state IN ('available', 'retryable', 'running')
+    AND scheduled_at < 'infinity';
+
+-- One delivery job per (event, endpoint): a second fan-out of an event to
+-- the same endpoint is refused by the database, not delivered twice. Also
+-- serves an endpoint's delivery list and the SET NULL on endpoint delete.
+CREATE UNIQUE INDEX jobs_one_per_event_endpoint
+  ON outbox.jobs (endpoint_id, event_id)
+  WHERE endpoint_id IS NOT NULL;
+
+-- Serves the event's job list, the ON DELETE CASCADE from events, and
+-- retention's check that no unfinished job still needs an event.
+CREATE INDEX jobs_by_event_id
+  ON outbox.jobs (event_id);
+
+-- Serves a replay's progress (replay.go): its jobs waiting or running,
+-- and those finished in the last minute, by state; and the SET NULL when
+-- a replay's row is deleted.
+CREATE INDEX jobs_by_replay_state
+  ON outbox.jobs (replay_id, state, finalized_at)
+  WHERE replay_id IS NOT NULL;
+
+-- Serves the job cleaner and the count of recent completions. Partial, so
+-- that only a job's last change, to completed or discarded, writes an
+-- entry, not each of its three changes of state.
+CREATE INDEX jobs_finished_by_state_finalized_at
+  ON outbox.jobs (state, finalized_at)
+  WHERE state IN ('completed', 'discarded');
+
+-- Serves an endpoint's recent attempts, beside
+-- deliveries_by_endpoint_finished_at: those that completed their jobs,
+-- which have no deliveries row. Partial, so that only a delivery's
+-- completion writes an entry.
+CREATE INDEX jobs_completed_by_endpoint_finalized_at
+  ON outbox.jobs (endpoint_id, finalized_at)
+  WHERE state = 'completed' AND endpoint_id IS NOT NULL;
+
+-- A job's event and endpoint are held by triggers, a statement at a time,
+-- where foreign keys would check each inserted row with a query of its
+-- own: the relay inserts up to 200 jobs a pass, and those queries would be
+-- a quarter of its fan-out (docs/performance.md). What the keys would do,
+-- the triggers do, whichever statement writes:
+--   - a statement that inserts jobs (or changes a job's event or
+--     endpoint) locks the rows they name FOR KEY SHARE, as a key's check
+--     does (lock_job_references, once for the statement's jobs), and
+--     fails with foreign_key_violation (23503) if one is gone:
+--     a deletion waits for the inserting transaction, and one that
+--     committed first is seen, the check being a statement of its own;
+--   - deleting events deletes their jobs (ON DELETE CASCADE), and
+--     deleting endpoints sets their jobs' endpoint_id NULL (ON DELETE SET
+--     NULL), in the deleting statement;
+--   - truncating the events while jobs remain is refused (below).
+-- jobs_by_event_id and jobs_one_per_event_endpoint serve the deletions.
+CREATE FUNCTION outbox.lock_job_references(in_events bigint[], in_endpoints bigint[])
+RETURNS void
+LANGUAGE plpgsql
+SET enable_seqscan = off
+AS $$
 BEGIN
-  ALTER TABLE outbox.jobs
-    ADD CONSTRAINT jobs_replay_only_for_webhooks CHECK (replay_id IS NULL OR kind = 'webhook');
-EXCEPTION WHEN duplicate_object THEN
-  NULL;
+  in_events := ARRAY(SELECT DISTINCT e FROM unnest(in_events) AS e);
+  in_endpoints := ARRAY(SELECT DISTINCT ep FROM unnest(in_endpoints) AS ep WHERE ep IS NOT NULL);
+  IF (SELECT count(*) FROM (SELECT 1 FROM outbox.events AS e
+                            WHERE e.id = ANY (in_events) FOR KEY SHARE OF e) AS locked) < cardinality(in_events)
+     OR (SELECT count(*) FROM (SELECT 1 FROM outbox.endpoints AS ep
+                               WHERE ep.id = ANY (in_endpoints) FOR KEY SHARE OF ep) AS locked) < cardinality(in_endpoints)
+  THEN
+    RAISE EXCEPTION 'a job names an event or an endpoint that does not exist'
+      USING ERRCODE = 'foreign_key_violation', TABLE = 'jobs';
+  END IF;
 END
 $$;
 
--- Index jobs_by_replay_state: schema_indexes.sql.
+CREATE FUNCTION outbox.jobs_check_references() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM outbox.lock_job_references(ARRAY(SELECT n.event_id FROM new_jobs AS n),
+                                     ARRAY(SELECT n.endpoint_id FROM new_jobs AS n));
+  RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION outbox.jobs_check_changed_references() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM outbox.lock_job_references(ARRAY[NEW.event_id], ARRAY[NEW.endpoint_id]);
+  RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION outbox.events_delete_jobs() RETURNS trigger
+LANGUAGE plpgsql
+SET enable_seqscan = off
+AS $$
+BEGIN
+  DELETE FROM outbox.jobs AS j WHERE j.event_id = ANY (ARRAY(SELECT g.id FROM gone_events AS g));
+  RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION outbox.endpoints_release_jobs() RETURNS trigger
+LANGUAGE plpgsql
+SET enable_seqscan = off
+AS $$
+BEGIN
+  UPDATE outbox.jobs AS j SET endpoint_id = NULL
+  WHERE j.endpoint_id = ANY (ARRAY(SELECT g.id FROM gone_endpoints AS g));
+  RETURN NULL;
+END
+$$;
+
+-- A foreign key refuses to truncate the table it names; a trigger must
+-- say so itself. TRUNCATE outbox.events while jobs remain would leave them
+-- naming no event, so it is refused: truncate outbox.jobs first, in a
+-- statement of its own (in one statement with the events, the trigger
+-- runs before either is emptied, and still finds the jobs). The endpoints
+-- need no guard: outbox.replays' foreign key refuses their truncation.
+CREATE FUNCTION outbox.events_refuse_truncate() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  IF EXISTS (SELECT 1 FROM outbox.jobs) THEN
+    RAISE EXCEPTION 'outbox.events cannot be truncated while outbox.jobs holds jobs'
+      USING ERRCODE = 'feature_not_supported', HINT = 'Truncate outbox.jobs first, in a statement of its own.';
+  END IF;
+  RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER events_refuse_truncate
+  BEFORE TRUNCATE ON outbox.events
+  FOR EACH STATEMENT EXECUTE FUNCTION outbox.events_refuse_truncate();
+CREATE TRIGGER jobs_references
+  AFTER INSERT ON outbox.jobs
+  REFERENCING NEW TABLE AS new_jobs
+  FOR EACH STATEMENT EXECUTE FUNCTION outbox.jobs_check_references();
+CREATE TRIGGER jobs_changed_references
+  AFTER UPDATE OF event_id, endpoint_id ON outbox.jobs
+  FOR EACH ROW
+  WHEN (NEW.event_id IS DISTINCT FROM OLD.event_id
+        OR (NEW.endpoint_id IS NOT NULL AND NEW.endpoint_id IS DISTINCT FROM OLD.endpoint_id))
+  EXECUTE FUNCTION outbox.jobs_check_changed_references();
+CREATE TRIGGER events_delete_jobs
+  AFTER DELETE ON outbox.events
+  REFERENCING OLD TABLE AS gone_events
+  FOR EACH STATEMENT EXECUTE FUNCTION outbox.events_delete_jobs();
+CREATE TRIGGER endpoints_release_jobs
+  AFTER DELETE ON outbox.endpoints
+  REFERENCING OLD TABLE AS gone_endpoints
+  FOR EACH STATEMENT EXECUTE FUNCTION outbox.endpoints_release_jobs();
 
 -- replay_share is how many of an endpoint's deliveries its replay lane
 -- may run at once: a quarter of its cap, at least 1. replayShare in
 -- replay.go is the same rule, for the dry run's estimate
 -- (TestReplayShareNumbers).
-CREATE OR REPLACE FUNCTION outbox.replay_share(max_in_flight integer)
+CREATE FUNCTION outbox.replay_share(max_in_flight integer)
 RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
   SELECT greatest(1, max_in_flight / 4)
 $$;
 
--- Indexes jobs_waiting_live_by_endpoint, jobs_waiting_replay_by_endpoint,
--- jobs_waiting_without_endpoint, jobs_running_by_endpoint,
--- jobs_running_replay_by_endpoint: schema_indexes.sql.
+-- claimed_job is a claimed job as the workers run it: the job, its event
+-- and, for a delivery, its endpoint; start_in_ms is its place in its
+-- endpoint's rate limit, wake_on_outcome and replay_yields what its end
+-- must do for the next claim (claim_lane_jobs, below).
+-- resend_window_seconds is, for a delivery that may have reached its
+-- receiver before (an earlier attempt, or a replay's), the dedup window
+-- the receiver advertised (NULL: none, or a first delivery), and
+-- claimed_at the claim's now(), the clock of created_at: a resend past the
+-- window is not sent (resend.go, resendTooLate). committed_at is the
+-- event's commit time as the relay kept it (events.committed_at), or its
+-- created_at where none was kept: where the time to the first 2xx starts.
+-- claim_due_jobs returns it, and fan_out_claiming an array of it; the
+-- workers read it as one column list (claim.go, claimedColumns), by name.
+--
+-- A claim's row type never changes shape: a session keeps the plans of
+-- the calls whose result holds it (fan_out_claiming's), and a changed row
+-- type fails them ("function return row and query-specified return row do
+-- not match") until the session ends, which replicas of the release
+-- before still running beside an upgrade would meet. What a claim adds
+-- goes in a type of its own (claimed_lane_job, below).
+CREATE TYPE outbox.claimed_job AS (
+  id bigint, kind text, attempt integer, max_attempts integer,
+  endpoint_id bigint,
+  event_id bigint, topic text, subject text, payload jsonb, created_at timestamptz,
+  traceparent text, tracestate text,
+  url text, secret bytea, previous_secret bytea, disabled_reason text,
+  start_in_ms integer, wake_on_outcome boolean, replay_yields boolean,
+  resend_window_seconds bigint, claimed_at timestamptz, committed_at timestamptz);
+
+-- as_claimed_job is the claimed job (claimed_job) that a claim returns for
+-- job id, of kind, at attempt (of max_attempts), to endpoint_id (NULL: a
+-- subscriber's), of replay_id (NULL: live), claimed at attempted_at: its
+-- event e and endpoint ep (a NULL row for a subscriber's), and what the
+-- claim decided of its start and its end. Every claim builds its rows
+-- here: the workers' (claim_lane_jobs) and the relay's (born_running).
+CREATE FUNCTION outbox.as_claimed_job(id bigint, kind text, attempt integer, max_attempts integer,
+                                      endpoint_id bigint, replay_id bigint, attempted_at timestamptz,
+                                      e outbox.events, ep outbox.endpoints, start_in_ms integer,
+                                      wake_on_outcome boolean, replay_yields boolean)
+RETURNS outbox.claimed_job
+LANGUAGE sql STABLE
+AS $$
+  SELECT ROW(id, kind, attempt, max_attempts, endpoint_id,
+         e.id, e.topic, e.subject, e.payload, e.created_at,
+         e.traceparent, e.tracestate,
+         ep.url, ep.secret,
+         CASE WHEN ep.previous_secret_expires_at > now() THEN ep.previous_secret END,
+         ep.disabled_reason, start_in_ms, wake_on_outcome, replay_yields,
+         -- A first attempt of a live delivery cannot be a duplicate: no
+         -- earlier request of it exists. A replay's may resend what an
+         -- earlier job delivered.
+         CASE WHEN attempt > 1 OR replay_id IS NOT NULL THEN ep.dedup_window_seconds END,
+         attempted_at,
+         coalesce(e.committed_at, e.created_at))::outbox.claimed_job
+$$;
+-- claimed_lane_job is a job claim_lane_jobs claimed, with lane_limit: the
+-- most requests the claiming replica may have in flight to the job's
+-- endpoint, as a claim with ahead counts it (NULL from any other claim).
+-- A type of its own, not an attribute added to claimed_job, whose shape
+-- never changes (above).
+CREATE TYPE outbox.claimed_lane_job AS (job outbox.claimed_job, lane_limit integer);
 
 -- claim_lane_jobs is the workers' claim (claim.go). It takes up to batch due
 -- jobs, marks them running with their next attempt number, and returns
@@ -1735,32 +1873,31 @@ $$;
 -- at commit, so safe on pooled connections; the key pair's class keeps it
 -- apart from outboxd's other, single-key locks). The second statement
 -- counts the running jobs in a snapshot taken after those locks were
--- granted, so it sees every job the previous holder claimed. (A first
--- version locked the endpoint row FOR NO KEY UPDATE instead: a row lock on
--- every claim, written to the table and shared with fan-out's foreign-key
--- locks of the same row as a multixact.)
+-- granted, so it sees every job the previous holder claimed. (Locking the
+-- endpoint row FOR NO KEY UPDATE instead would write a row lock to the
+-- table on every claim, shared with the fan-out's FOR KEY SHARE locks of
+-- the same row (lock_job_references) as a multixact.)
 --
 -- Cost: two index probes per endpoint with waiting jobs (a loose scan of
 -- jobs_waiting_live_by_endpoint and one of jobs_waiting_replay_by_endpoint),
 -- then at most room jobs per lane, however many are waiting.
 -- enable_sort = off keeps every lane's read in index order, stopping after
 -- its room; enable_seqscan = off fetches claimed rows and their events by
--- key. Without them a planner that underestimates the due jobs (a table
--- not analyzed since a bulk fan-out) reads every due job and sorts them on
--- every claim. The few sorts left (of lanes and of the jobs locked, not of
--- the jobs waiting) then look as costly as the settings make them, and
--- jit = off keeps that cost from compiling the statement, which would
--- take longer than the claim. enable_bitmapscan = off makes the counts of an endpoint's running
--- jobs plain index scans: a bitmap scan visits the heap for every entry
--- of jobs_running_by_endpoint, dead ones included, and never marks them
--- dead in the index, so between two vacuums each count read more heap
--- pages (407 entries and 82 pages for one running job, a few minutes into
--- a replay beside live traffic, auto_explain); a plain index scan marks
--- the entries whose rows are dead to every snapshot, and the next count
--- skips them. The plan is made once per session (force_generic_plan): the
--- shape these settings leave does not depend on the batch or the lanes,
--- and planning the second statement anew for every claim doubled its
--- cost.
+-- key. Without them a planner that underestimates the due jobs (a table not
+-- analyzed since a bulk fan-out) reads every due job and sorts them on every
+-- claim. The few sorts left (of lanes and of the jobs locked, not of the
+-- jobs waiting) then look as costly as the settings make them, and jit = off
+-- keeps that cost from compiling the statement, which would take longer than
+-- the claim. enable_bitmapscan = off makes the counts of an endpoint's
+-- running jobs plain index scans: a bitmap scan visits the heap for every
+-- entry of jobs_running_by_endpoint, dead ones included, and never marks
+-- them dead in the index, so between two vacuums each count read more heap
+-- pages (407 entries and 82 pages for one running job, a few minutes into a
+-- replay beside live traffic, auto_explain); a plain index scan marks the
+-- entries whose rows are dead to every snapshot, and the next count skips
+-- them. The plan is made once per session (force_generic_plan): the shape
+-- these settings leave does not depend on the batch or the lanes, and
+-- planning the second statement anew for every claim doubled its cost.
 --
 -- Claim, update and the reads of events and endpoints in the second
 -- statement share its snapshot: a job it can see was fanned out by a
@@ -1809,8 +1946,8 @@ $$;
 -- included: a replica's requests stay within its cap less the others'
 -- jobs at its latest claim, and theirs only shrink until they claim again,
 -- counting its jobs. Any other lane, and every claim without ahead
--- (claim_due_jobs: the relay's, and a previous release's), takes its room
--- as above, every job it claims free to start at once.
+-- (claim_due_jobs: the relay's), takes its room as above, every job it
+-- claims free to start at once.
 --
 -- worker_share is the most of the claiming replica's workers that one
 -- endpoint's deliveries may hold (claim.go, workerShare, says why the
@@ -1821,83 +1958,7 @@ $$;
 -- due, and a slow receiver then holds them for as long as it takes to
 -- answer, while other endpoints' next deliveries wait for a worker. With
 -- replica NULL, every running job held by no replica counts as the
--- claimer's. NULL: no bound (a previous release's calls, and psql's).
---
--- claimed_job is a claimed job as the workers run it: the job, its event
--- and, for a delivery, its endpoint; start_in_ms is its place in its
--- endpoint's rate limit, wake_on_outcome and replay_yields what its end
--- must do for the next claim (below). resend_window_seconds is, for a
--- delivery that may have reached its receiver before (an earlier attempt,
--- or a replay's), the dedup window the receiver advertised (NULL: none,
--- or a first delivery), and claimed_at the claim's now(), the clock of
--- created_at: a resend past the window is not sent (resend.go,
--- resendTooLate). committed_at is the event's commit time as the relay
--- kept it (events.committed_at), or its created_at where none was kept:
--- where the time to the first 2xx starts. claim_due_jobs returns it, and
--- fan_out_claiming an array of it; the workers read it as one column list
--- (claim.go, claimedColumns), by name. Its attributes stay as they are:
--- what a later release adds goes in a type of its own (claimed_lane_job),
--- since a previous release's sessions keep plans that hold this one.
-DO $$
-BEGIN
-  IF to_regtype('outbox.claimed_job') IS NULL THEN
-    CREATE TYPE outbox.claimed_job AS (
-      id bigint, kind text, attempt integer, max_attempts integer,
-      endpoint_id bigint,
-      event_id bigint, topic text, subject text, payload jsonb, created_at timestamptz,
-      traceparent text, tracestate text,
-      url text, secret bytea, previous_secret bytea, disabled_reason text,
-      start_in_ms integer, wake_on_outcome boolean, replay_yields boolean,
-      resend_window_seconds bigint, claimed_at timestamptz, committed_at timestamptz);
-  END IF;
-END
-$$;
-
--- as_claimed_job is the claimed job (claimed_job) that a claim returns for
--- job id, of kind, at attempt (of max_attempts), to endpoint_id (NULL: a
--- subscriber's), of replay_id (NULL: live), claimed at attempted_at: its
--- event e and endpoint ep (a NULL row for a subscriber's), and what the
--- claim decided of its start and its end. Every claim builds its rows
--- here: the workers' (claim_lane_jobs) and the relay's (born_running).
-CREATE OR REPLACE FUNCTION outbox.as_claimed_job(id bigint, kind text, attempt integer, max_attempts integer,
-                                                 endpoint_id bigint, replay_id bigint, attempted_at timestamptz,
-                                                 e outbox.events, ep outbox.endpoints, start_in_ms integer,
-                                                 wake_on_outcome boolean, replay_yields boolean)
-RETURNS outbox.claimed_job
-LANGUAGE sql STABLE
-AS $$
-  SELECT ROW(id, kind, attempt, max_attempts, endpoint_id,
-         e.id, e.topic, e.subject, e.payload, e.created_at,
-         e.traceparent, e.tracestate,
-         ep.url, ep.secret,
-         CASE WHEN ep.previous_secret_expires_at > now() THEN ep.previous_secret END,
-         ep.disabled_reason, start_in_ms, wake_on_outcome, replay_yields,
-         -- A first attempt of a live delivery cannot be a duplicate: no
-         -- earlier request of it exists. A replay's may resend what an
-         -- earlier job delivered.
-         CASE WHEN attempt > 1 OR replay_id IS NOT NULL THEN ep.dedup_window_seconds END,
-         attempted_at,
-         coalesce(e.committed_at, e.created_at))::outbox.claimed_job
-$$;
-
--- claimed_lane_job is a job claim_lane_jobs claimed, with lane_limit: the
--- most requests the claiming replica may have in flight to the job's
--- endpoint, as a claim with ahead counts it (NULL from any other claim).
--- A type of its own, not an attribute added to claimed_job: a previous
--- release's sessions keep plans of fan_out_claiming, whose result holds
--- claimed_job, and a changed row type fails them ("function return row
--- and query-specified return row do not match") until they end.
-DO $$
-BEGIN
-  IF to_regtype('outbox.claimed_lane_job') IS NULL THEN
-    CREATE TYPE outbox.claimed_lane_job AS (job outbox.claimed_job, lane_limit integer);
-  END IF;
-END
-$$;
-
-DROP FUNCTION IF EXISTS outbox.claim_lane_jobs(integer, bigint, bigint[], boolean);
-DROP FUNCTION IF EXISTS outbox.claim_lane_jobs(integer, bigint, bigint[], boolean, bigint[]);
-DROP FUNCTION IF EXISTS outbox.claim_lane_jobs(integer, bigint, bigint[], boolean, bigint[], integer);
+-- claimer's. NULL: no bound (a claim by hand, in psql).
 CREATE FUNCTION outbox.claim_lane_jobs(batch integer, replica bigint, answered bigint[], ahead boolean,
                                        cooling bigint[], worker_share integer DEFAULT NULL)
 RETURNS SETOF outbox.claimed_lane_job
@@ -2214,13 +2275,10 @@ BEGIN
   LEFT JOIN filled AS fl ON fl.id = c.endpoint_id;
 END
 $$;
-
 -- claim_due_jobs is claim_lane_jobs without ahead: every running job not
 -- answered holds its endpoint's place, so that every job it claims may
--- start at once. The relay's claim (fan_out_claiming) and the releases
--- before claim_lane_jobs call it.
-DROP FUNCTION IF EXISTS outbox.claim_due_jobs(integer, bigint, bigint[]);
-DROP FUNCTION IF EXISTS outbox.claim_due_jobs(integer, bigint, bigint[], integer);
+-- start at once. The relay's claim (fan_out_claiming) calls it, and so
+-- does a claim by hand.
 CREATE FUNCTION outbox.claim_due_jobs(batch integer, replica bigint DEFAULT NULL, answered bigint[] DEFAULT '{}',
                                       worker_share integer DEFAULT NULL)
 RETURNS SETOF outbox.claimed_job
@@ -2251,11 +2309,10 @@ $$;
 -- counts against the replay share, and the subject's later live events
 -- wait for it, as they would for any earlier event of their subject).
 -- Cancelling its replay discards it and advances the lane.
-ALTER TABLE outbox.jobs
-  ADD COLUMN IF NOT EXISTS lane_key text;
-
--- Indexes jobs_held_by_lane_event, jobs_one_active_per_lane:
--- schema_indexes.sql.
+--
+-- jobs_held_by_lane_event finds a lane's next delivery, and
+-- jobs_one_active_per_lane refuses a second active one (the jobs'
+-- indexes, above).
 
 -- advance_lanes makes the next held delivery of each given lane due: the
 -- one of the lowest event id, if the lane has no active delivery and no
@@ -2275,9 +2332,9 @@ ALTER TABLE outbox.jobs
 -- locks the lanes first and decides in a second statement, whose
 -- snapshot sees whatever the previous holder of a lane committed. The
 -- locks are transaction-scoped advisory locks, one per lane, so only
--- callers of the same lane wait for each other (the endpoint's row, the
--- lock before, made every completer and relay of an endpoint wait for
--- each other): a shared lock on the endpoint (first key
+-- callers of the same lane wait for each other (a lock of the endpoint's
+-- row would make every completer and relay of an endpoint wait for each
+-- other): a shared lock on the endpoint (first key
 -- hashtext('outbox.advance_lanes'), endpoint ids in order), then the
 -- lanes' (hashtext('outbox.advance_lanes/lane'), in key order). A call
 -- with more than 64 lanes of one endpoint (a relay's or a replay's big
@@ -2298,7 +2355,7 @@ ALTER TABLE outbox.jobs
 -- completers of two replicas wait for each other to update the endpoint
 -- (endpointHealthSQL).
 -- Returns how many deliveries it made due.
-CREATE OR REPLACE FUNCTION outbox.advance_lanes(endpoint_ids bigint[], lane_keys text[], hold boolean)
+CREATE FUNCTION outbox.advance_lanes(endpoint_ids bigint[], lane_keys text[], hold boolean)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET enable_seqscan = off
@@ -2395,10 +2452,10 @@ BEGIN
 END
 $$;
 
--- The form without hold, which fan-out, replays, retries by hand and
--- rescues call, as the binaries from before hold did (their completers
--- too): hold true.
-CREATE OR REPLACE FUNCTION outbox.advance_lanes(endpoint_ids bigint[], lane_keys text[])
+-- advance_lanes without hold is hold true, the safe side: the relay's
+-- advance of a poisoned event's lanes calls it (relay.go,
+-- advanceLanesOfEventSQL).
+CREATE FUNCTION outbox.advance_lanes(endpoint_ids bigint[], lane_keys text[])
 RETURNS integer
 LANGUAGE sql VOLATILE
 AS $$
@@ -2415,7 +2472,7 @@ $$;
 -- paced (disabled, paused, held, breaker open, rate-limited), nor one
 -- that orders by subject, whose deliveries take their turns
 -- (advance_lanes).
-CREATE OR REPLACE FUNCTION outbox.takes_deliveries_running(ep outbox.endpoints)
+CREATE FUNCTION outbox.takes_deliveries_running(ep outbox.endpoints)
 RETURNS boolean
 LANGUAGE sql STABLE
 AS $$
@@ -2428,9 +2485,9 @@ $$;
 -- has_due_live_jobs says whether endpoint ep has a live delivery due and
 -- waiting (jobs_waiting_live_by_endpoint): one a claim would start before
 -- any delivery made after it. PL/pgSQL, so that its plan is made once per
--- session: a SQL function with a subquery is not inlined, and was planned
--- again in every statement that called it, 0.3 ms a relay pass.
-CREATE OR REPLACE FUNCTION outbox.has_due_live_jobs(ep bigint)
+-- session: a SQL function with a subquery is not inlined, and would be
+-- planned again in every statement that calls it, 0.3 ms a relay pass.
+CREATE FUNCTION outbox.has_due_live_jobs(ep bigint)
 RETURNS boolean
 LANGUAGE plpgsql STABLE
 AS $$
@@ -2447,7 +2504,7 @@ $$;
 -- the lanes it serves (claim_lane_jobs), and returns them. A lane another
 -- claim holds is skipped. enable_seqscan = off: the claimed events are
 -- read by key, whatever the planner thinks of the batch's size.
-CREATE OR REPLACE FUNCTION outbox.lock_born_lanes(in_claimed bigint[], in_batch integer)
+CREATE FUNCTION outbox.lock_born_lanes(in_claimed bigint[], in_batch integer)
 RETURNS bigint[]
 LANGUAGE plpgsql VOLATILE
 SET enable_seqscan = off
@@ -2476,7 +2533,7 @@ $$;
 -- first attempt of a live delivery, due at once. Those of in_full_lanes
 -- filled their endpoint's room, and wake a claim when they end.
 -- enable_seqscan = off: a handful of rows, each read by key.
-CREATE OR REPLACE FUNCTION outbox.born_running(in_ids bigint[], in_full_lanes bigint[])
+CREATE FUNCTION outbox.born_running(in_ids bigint[], in_full_lanes bigint[])
 RETURNS outbox.claimed_job[]
 LANGUAGE plpgsql STABLE
 SET enable_seqscan = off
@@ -2535,51 +2592,45 @@ $$;
 -- table's indexes grow at their right edge.
 --
 -- Each endpoint's deliveries, and the events its filter kept from it, are
--- counted for its statistics (fanout_stats) in endpoint order: relays
--- adding to the same minute's rows lock them in one order. The row also keeps when the last of them was fanned out, which
--- narrows the endpoint's replay lane while live deliveries flow
--- (replay_width). The subject index (subjects) is kept here too, in the
--- transaction that marks the events fanned out: as a job per subject it
--- would cost an insert, a claim and a completion, each a new row version
--- in every index of the job table.
+-- counted for its statistics (fanout_stats) in endpoint order: relays adding
+-- to the same minute's rows lock them in one order. The row also keeps when
+-- the last of them was fanned out, which narrows the endpoint's replay lane
+-- while live deliveries flow (replay_width). The subject index (subjects) is
+-- kept here too, in the transaction that marks the events fanned out: as a
+-- job per subject it would cost an insert, a claim and a completion, each a
+-- new row version in every index of the job table.
 --
 -- Deliveries born running: given in_claim_batch slots of the relay's own
 -- workers (fan_out_claiming), the pass inserts as running, held by
--- in_replica at attempt 1, the deliveries a claim would start at once,
--- and returns them (out_claimed) for the workers to send. A claim right
--- after the pass would find them and mark them running, a second version
--- of each row, with an entry in every index of the job table, and a
--- statement that reads every lane with due work; born running, they are
--- written once. Only where that changes nothing a claim decides: an
--- endpoint that takes deliveries running (takes_deliveries_running), with
--- no older live delivery due (has_due_live_jobs: those go first, by the
--- workers' claim), in the room its cap leaves (in flight: its running
--- deliveries, other replicas' included, but in_answered) and, of
--- in_replica's workers, in_worker_share leaves (claim_lane_jobs'
--- worker_share; NULL: no bound), counted under the lane's claim lock
--- (lock_born_lanes) in a statement after it, as a claim counts; no more
--- than in_claim_batch in all, each endpoint's by event id, the endpoints
--- taking turns. A lane another claim holds gets none. What a claim would have told the worker of each comes with it
--- (born_running): a delivery that filled its endpoint's room wakes a
--- claim when it ends. The claim is lost with the pass when it rolls back,
--- and a running delivery whose replica dies is rescued like any claimed
--- one (rescue.go).
+-- in_replica at attempt 1, the deliveries a claim would start at once, and
+-- returns them (out_claimed) for the workers to send. A claim right after
+-- the pass would find them and mark them running, a second version of each
+-- row, with an entry in every index of the job table, and a statement that
+-- reads every lane with due work; born running, they are written once. Only
+-- where that changes nothing a claim decides: an endpoint that takes
+-- deliveries running (takes_deliveries_running), with no older live delivery
+-- due (has_due_live_jobs: those go first, by the workers' claim), in the
+-- room its cap leaves (in flight: its running deliveries, other replicas'
+-- included, but in_answered) and, of in_replica's workers, in_worker_share
+-- leaves (claim_lane_jobs' worker_share; NULL: no bound), counted under the
+-- lane's claim lock (lock_born_lanes) in a statement after it, as a claim
+-- counts; no more than in_claim_batch in all, each endpoint's by event id,
+-- the endpoints taking turns. A lane another claim holds gets none. What a
+-- claim would have told the worker of each comes with it (born_running): a
+-- delivery that filled its endpoint's room wakes a claim when it ends. The
+-- claim is lost with the pass when it rolls back, and a running delivery
+-- whose replica dies is rescued like any claimed one (rescue.go).
 --
--- Then the ordered lanes of the batch's events advance (advance_lanes), so
--- a delivery is never held behind nothing: those that got a delivery, and
+-- Then the ordered lanes of the batch's events advance (advance_lanes), so a
+-- delivery is never held behind nothing: those that got a delivery, and
 -- those whose event the filter kept out, behind which advance_lanes held a
--- later event of the subject while this one waited to be fanned out. The commit does not wait for the
--- WAL to reach the disk: a crash before the flush rolls the transaction
--- back whole, and the events are claimed again (database.go,
--- beginPipelineTx, says why that loses nothing). The parameters are named in_*, so that no name in the
--- statement can be taken for one of them; the plan is kept for the
--- session (force_generic_plan), the statement being the same every pass.
-DROP FUNCTION IF EXISTS outbox.fan_out(integer, jsonb, integer, double precision);
-DROP FUNCTION IF EXISTS outbox.fan_out(integer, jsonb, integer, double precision, text);
-DROP FUNCTION IF EXISTS outbox.fan_out_event(bigint, jsonb, integer, double precision, text);
-DROP FUNCTION IF EXISTS outbox.fan_out(integer, bigint, jsonb, integer, double precision, text);
-DROP FUNCTION IF EXISTS outbox.fan_out(integer, bigint, jsonb, integer, double precision, text, integer, bigint, bigint[]);
-DROP FUNCTION IF EXISTS outbox.fan_out(integer, bigint, jsonb, integer, double precision, text, integer, bigint, bigint[], integer);
+-- later event of the subject while this one waited to be fanned out. The
+-- commit does not wait for the WAL to reach the disk: a crash before the
+-- flush rolls the transaction back whole, and the events are claimed again
+-- (database.go, beginPipelineTx, says why that loses nothing). The
+-- parameters are named in_*, so that no name in the statement can be taken
+-- for one of them; the plan is kept for the session (force_generic_plan),
+-- the statement being the same every pass.
 CREATE FUNCTION outbox.fan_out(in_batch integer, in_event_id bigint, in_subscribers jsonb,
                                in_max_attempts integer, in_breaker_delay double precision, in_origin text,
                                in_claim_batch integer DEFAULT 0, in_replica bigint DEFAULT NULL,
@@ -2768,8 +2819,6 @@ $$;
 -- at their own pace. A pass that made deliveries running claims nothing
 -- more: the jobs it left are the workers' to claim, and the relay wakes
 -- them for those (relay.go, drain).
-DROP FUNCTION IF EXISTS outbox.fan_out_claiming(integer, jsonb, integer, double precision, text, integer, bigint, bigint[]);
-DROP FUNCTION IF EXISTS outbox.fan_out_claiming(integer, jsonb, integer, double precision, text, integer, bigint, bigint[], integer);
 CREATE FUNCTION outbox.fan_out_claiming(in_batch integer, in_subscribers jsonb, in_max_attempts integer,
                                         in_breaker_delay double precision, in_origin text,
                                         in_claim_batch integer, in_replica bigint, in_answered bigint[],
@@ -2789,16 +2838,12 @@ BEGIN
 END
 $$;
 
--- Indexes jobs_running_by_attempted_at, jobs_by_event_id,
--- jobs_finished_by_state_finalized_at, jobs_one_per_event_endpoint:
--- schema_indexes.sql.
-
 -- Wake the workers when jobs are inserted, the same way events wake the relay.
 -- The payload names the relay process whose pass inserted them (its
 -- outbox.fan_out sets outbox.relay_origin for its transaction; '' for any
 -- other insert): that process's listener skips it, as its relay pokes its
 -- own workers (notify.go, wakeups.origin).
-CREATE OR REPLACE FUNCTION outbox.notify_jobs() RETURNS trigger
+CREATE FUNCTION outbox.notify_jobs() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
   PERFORM pg_notify('outbox_jobs', coalesce(current_setting('outbox.relay_origin', true), ''));
@@ -2806,7 +2851,7 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE TRIGGER jobs_notify_workers
+CREATE TRIGGER jobs_notify_workers
   AFTER INSERT ON outbox.jobs
   FOR EACH STATEMENT EXECUTE FUNCTION outbox.notify_jobs();
 
@@ -2821,7 +2866,7 @@ CREATE OR REPLACE TRIGGER jobs_notify_workers
 -- start of the answer. Bounded per job by
 -- max_attempts and per row by the CHECKs below, and deleted with its job
 -- (ON DELETE CASCADE), so the job cleaner and events retention bound it too.
-CREATE TABLE IF NOT EXISTS outbox.deliveries (
+CREATE TABLE outbox.deliveries (
   job_id           bigint      NOT NULL REFERENCES outbox.jobs (id) ON DELETE CASCADE,
   attempt          integer     NOT NULL,
   endpoint_id      bigint,     -- no foreign key: the record outlives a deleted endpoint
@@ -2839,7 +2884,11 @@ CREATE TABLE IF NOT EXISTS outbox.deliveries (
   CONSTRAINT deliveries_response_excerpt_length CHECK (length(response_excerpt) <= 1100)
 );
 
--- Index deliveries_by_endpoint_finished_at: schema_indexes.sql.
+-- Serves an endpoint's recent attempts on the panel, with
+-- jobs_completed_by_endpoint_finalized_at for those that completed their
+-- jobs.
+CREATE INDEX deliveries_by_endpoint_finished_at
+  ON outbox.deliveries (endpoint_id, finished_at);
 
 --------------------------------------------------------------------------------
 -- Delivery statistics: per endpoint and minute, shared by every replica
@@ -2873,7 +2922,13 @@ CREATE TABLE IF NOT EXISTS outbox.deliveries (
 -- No foreign key to outbox.endpoints, as in outbox.deliveries: an
 -- endpoint's statistics outlive its deletion until retention takes them,
 -- and the completers' upsert takes no lock on the endpoint row.
-CREATE TABLE IF NOT EXISTS outbox.delivery_stats (
+--
+-- A row of the current minute is updated by every outcome batch, a few
+-- hundred times a minute, never in an indexed column: HOT updates, as long
+-- as its page has room for the new version. fillfactor 50 keeps that room,
+-- and a vacuum after 50 dead versions whatever the table's size (scale
+-- factor 0) keeps the page pruned.
+CREATE TABLE outbox.delivery_stats (
   endpoint_id       bigint      NOT NULL,
   minute            timestamptz NOT NULL, -- the start of the minute the answers came in
   attempts          bigint      NOT NULL,
@@ -2890,74 +2945,58 @@ CREATE TABLE IF NOT EXISTS outbox.delivery_stats (
     attempts = successes + failed_timeout + failed_4xx + failed_5xx + failed_connection + failed_other),
   CONSTRAINT delivery_stats_latency_buckets_19 CHECK (
     array_ndims(latency_buckets) = 1 AND cardinality(latency_buckets) = 19)
-);
-
--- Serves the all-endpoints window (GET /api/stats, the overview) and the
--- retention sweep's oldest-first delete; an endpoint's window reads the
--- primary key.
-CREATE INDEX IF NOT EXISTS delivery_stats_by_minute
-  ON outbox.delivery_stats (minute);
-
--- A row of the current minute is updated by every outcome batch, a few
--- hundred times a minute, never in an indexed column: HOT updates, as long
--- as its page has room for the new version. fillfactor 50 keeps that room,
--- and a vacuum after 50 dead versions whatever the table's size (scale
--- factor 0) keeps the page pruned. fanout_stats, updated by every relay
--- pass, likewise.
-ALTER TABLE outbox.delivery_stats SET (
+) WITH (
   fillfactor = 50,
   autovacuum_vacuum_scale_factor = 0,
   autovacuum_vacuum_threshold = 50
 );
+-- Serves the all-endpoints window (GET /api/stats, the overview) and the
+-- retention sweep's oldest-first delete; an endpoint's window reads the
+-- primary key.
+CREATE INDEX delivery_stats_by_minute
+  ON outbox.delivery_stats (minute);
 
 -- One row per endpoint and minute in which the relay fanned deliveries out
--- to it: how many (a replay's and a retry by hand's are not counted: they
--- send again what was produced before). The relay's fan-out statement
--- (relay.go, fanOutSQL) adds to it in the transaction that enqueues them,
--- by the database's clock. A table of its own, not a column of
--- delivery_stats, so that relays and completers never wait on each
--- other's rows. Read and deleted with delivery_stats (stats.go), by the
--- same retention window.
-CREATE TABLE IF NOT EXISTS outbox.fanout_stats (
-  endpoint_id bigint      NOT NULL,
-  minute      timestamptz NOT NULL,
-  deliveries  bigint      NOT NULL,
+-- to it, or its filter kept events from it. The relay's fan-out statement
+-- (outbox.fan_out, produced) adds to it in the transaction that enqueues
+-- them, by the database's clock: one row per endpoint and pass, never one
+-- per event. A table of its own, not columns of delivery_stats, so that
+-- relays and completers never wait on each other's rows. Read and deleted
+-- with delivery_stats (stats.go), by the same retention window. Updated by
+-- every relay pass, with the storage settings of delivery_stats for the
+-- same reason.
+CREATE TABLE outbox.fanout_stats (
+  endpoint_id    bigint      NOT NULL,
+  minute         timestamptz NOT NULL,
+  -- The deliveries fanned out (a replay's and a retry by hand's are not
+  -- counted: they send again what was produced before).
+  deliveries     bigint      NOT NULL,
+  -- How many of the events that the endpoint's topics selected its filter
+  -- kept from it (outbox.endpoints, filter). A row of an endpoint whose
+  -- filter kept every event of a pass has deliveries 0 and no
+  -- last_fanned_at.
+  filtered_out   bigint      NOT NULL DEFAULT 0,
+  -- How many of them the endpoint did not get because its filter was held
+  -- after an error (outbox.endpoints, filter_error): not matched, as
+  -- filtered_out, but for a fault of the filter rather than a verdict on
+  -- the payload.
+  filter_errors  bigint      NOT NULL DEFAULT 0,
+  -- When the relay last fanned deliveries out to the endpoint in that
+  -- minute: set by the same upsert that counts them, so it costs no write
+  -- of its own. live_flows reads it.
+  last_fanned_at timestamptz,
 
   PRIMARY KEY (endpoint_id, minute)
+) WITH (
+  fillfactor = 50,
+  autovacuum_vacuum_scale_factor = 0,
+  autovacuum_vacuum_threshold = 50
 );
 
 -- Serves the all-endpoints window and the retention sweep, as
 -- delivery_stats_by_minute does.
-CREATE INDEX IF NOT EXISTS fanout_stats_by_minute
+CREATE INDEX fanout_stats_by_minute
   ON outbox.fanout_stats (minute);
-
-ALTER TABLE outbox.fanout_stats SET (
-  fillfactor = 50,
-  autovacuum_vacuum_scale_factor = 0,
-  autovacuum_vacuum_threshold = 50
-);
-
--- last_fanned_at is when the relay last fanned deliveries out to the
--- endpoint in that minute: set by the same upsert that counts them, so
--- it costs no write of its own.
-ALTER TABLE outbox.fanout_stats
-  ADD COLUMN IF NOT EXISTS last_fanned_at timestamptz;
-
--- filtered_out is how many of the events that the endpoint's topics
--- selected in that minute its filter kept from it (outbox.endpoints,
--- filter), counted by the same upsert: one row per endpoint and pass, as
--- the deliveries are, never one per event. A row of an endpoint whose
--- filter kept every event of a pass has deliveries 0 and no
--- last_fanned_at.
-ALTER TABLE outbox.fanout_stats
-  ADD COLUMN IF NOT EXISTS filtered_out bigint NOT NULL DEFAULT 0;
-
--- filter_errors is how many of them the endpoint did not get because its
--- filter was held after an error (outbox.endpoints, filter_error): not
--- matched, as filtered_out, but for a fault of the filter rather than a
--- verdict on the payload.
-ALTER TABLE outbox.fanout_stats
-  ADD COLUMN IF NOT EXISTS filter_errors bigint NOT NULL DEFAULT 0;
 
 --------------------------------------------------------------------------------
 -- Outcomes: a batch of attempts' results, written in one transaction
@@ -3031,10 +3070,6 @@ ALTER TABLE outbox.fanout_stats
 -- alternately against the bitmap scan (docs/performance.md, the
 -- completer's plan): an outcome batch of the keep-up run 8.8 ms for 36
 -- jobs against 16.6 ms for 55.
-DROP FUNCTION IF EXISTS outbox.record_outcomes(bigint[], integer[], text[], bigint[], text[], integer[], integer[],
-  bigint[], integer[], bigint[], integer[], integer[], text[], text[], boolean[], text[], bigint[], integer[], integer,
-  bigint[], boolean[], integer[], bigint[], integer, bigint[], bigint[], bigint[]);
-DROP FUNCTION IF EXISTS outbox.record_outcomes(json, json, json, bigint[], json, integer, integer);
 CREATE FUNCTION outbox.record_outcomes(in_outcomes json, in_attempts json, in_health json, in_gone bigint[],
                                        in_windows json, in_breaker_threshold integer, in_buckets integer)
 RETURNS void
@@ -3216,7 +3251,7 @@ $$;
 -- it. As SQL, it took a third of a claim's time in a drain (auto_explain);
 -- alone, about 0.1 ms a call more than the same function in PL/pgSQL,
 -- which keeps its plan for the session (pgbench).
-CREATE OR REPLACE FUNCTION outbox.live_flows(ep bigint)
+CREATE FUNCTION outbox.live_flows(ep bigint)
 RETURNS boolean
 LANGUAGE plpgsql STABLE
 AS $$
@@ -3240,14 +3275,14 @@ $$;
 -- lane narrows as they do. The rule is replay_width(live, max_in_flight),
 -- for a caller that has asked live_flows already (outbox.claim_due_jobs); an
 -- expression without a subquery, which PostgreSQL inlines.
-CREATE OR REPLACE FUNCTION outbox.replay_width(live boolean, max_in_flight integer)
+CREATE FUNCTION outbox.replay_width(live boolean, max_in_flight integer)
 RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
   SELECT CASE WHEN live THEN 1 ELSE outbox.replay_share(max_in_flight) END
 $$;
 
-CREATE OR REPLACE FUNCTION outbox.replay_width(ep bigint, max_in_flight integer)
+CREATE FUNCTION outbox.replay_width(ep bigint, max_in_flight integer)
 RETURNS integer
 LANGUAGE plpgsql STABLE
 AS $$
@@ -3265,13 +3300,14 @@ $$;
 -- (disabled_at goes from NULL to set: a 410, the 5-day sweep, an operator),
 -- in the transaction that changes the state, whoever changes it. Topic
 -- outboxd.endpoint.failing or outboxd.endpoint.disabled, subject the
--- endpoint id, addressed to the endpoint's owner (owner_admits): an
--- owner's endpoints may receive the news of its own endpoints, and no
--- one else's; those of the admin's endpoints reach the admin's. The relay
--- fans these out to one owner-notify job each (ownernotify.go); endpoints
--- and subscribers get them only by naming them (topic_matches). last_error is the attempt that caused the change, which
--- the webhook sender records just before, in the same transaction.
-CREATE OR REPLACE FUNCTION outbox.endpoint_state_event() RETURNS trigger
+-- endpoint id, addressed to the endpoint's owner (owner_admits): an owner's
+-- endpoints may receive the news of its own endpoints, and no one else's;
+-- those of the admin's endpoints reach the admin's. The relay fans these out
+-- to one owner-notify job each (ownernotify.go); endpoints and subscribers
+-- get them only by naming them (topic_matches). last_error is the attempt
+-- that caused the change, which the webhook sender records just before, in
+-- the same transaction.
+CREATE FUNCTION outbox.endpoint_state_event() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
   state text := CASE WHEN NEW.disabled_at IS NOT NULL THEN 'disabled' ELSE 'failing' END;
@@ -3301,7 +3337,7 @@ $$;
 -- The WHEN clause is the transition: a failing endpoint failing again, or
 -- a disabled one disabled again, records nothing. A 410 sets both columns
 -- at once and is one "disabled" event.
-CREATE OR REPLACE TRIGGER endpoints_state_event
+CREATE TRIGGER endpoints_state_event
   AFTER UPDATE OF failing_since, disabled_at ON outbox.endpoints
   FOR EACH ROW
   WHEN ((OLD.disabled_at IS NULL AND NEW.disabled_at IS NOT NULL)
@@ -3314,14 +3350,14 @@ CREATE OR REPLACE TRIGGER endpoints_state_event
 -- cap takes no slot: its job completes with a note and is counted. Rows
 -- go with their job (the job cleaner deletes completed jobs after 24 h,
 -- long after the hour that counts).
-CREATE TABLE IF NOT EXISTS outbox.owner_notify_slots (
+CREATE TABLE outbox.owner_notify_slots (
   job_id      bigint      PRIMARY KEY REFERENCES outbox.jobs (id) ON DELETE CASCADE,
   owner_email text        NOT NULL,
   taken_at    timestamptz NOT NULL DEFAULT now()
 );
 
 -- Serves the cap's count: an owner's slots taken in the last hour.
-CREATE INDEX IF NOT EXISTS owner_notify_slots_by_owner_taken_at
+CREATE INDEX owner_notify_slots_by_owner_taken_at
   ON outbox.owner_notify_slots (owner_email, taken_at);
 
 --------------------------------------------------------------------------------
@@ -3334,40 +3370,34 @@ CREATE INDEX IF NOT EXISTS owner_notify_slots_by_owner_taken_at
 -- keeps the old secret as previous_secret until previous_secret_expires_at,
 -- and either verifies meanwhile. A received webhook becomes a local event
 -- with topic topic_prefix || the body's "type". Rows are written through
--- the API (inbox.go).
-CREATE TABLE IF NOT EXISTS outbox.inbox_sources (
+-- the API (inbox.go), and bounded by the admin, who creates them.
+CREATE TABLE outbox.inbox_sources (
   name                       text        PRIMARY KEY,
   secret                     bytea       NOT NULL,
   previous_secret            bytea,
   previous_secret_expires_at timestamptz,
   topic_prefix               text        NOT NULL,
+  -- Addresses every event the source's webhooks become to the owner with
+  -- that key (events.owner): the webhooks a customer's system sends in go
+  -- on to that customer's endpoints alone. NULL: to no owner.
+  owner                      text,
   created_at                 timestamptz NOT NULL DEFAULT now(),
 
   CONSTRAINT inbox_sources_name_format CHECK (name ~ '^[a-z0-9_-]{1,50}$'),
   CONSTRAINT inbox_sources_topic_prefix_format CHECK (topic_prefix ~ '^([A-Za-z0-9_][A-Za-z0-9_.:/-]{0,99})?$'),
+  -- The events' format (events_owner_format).
+  CONSTRAINT inbox_sources_owner_format CHECK (owner ~ '^[A-Za-z0-9][A-Za-z0-9_.:@/+=-]{0,199}$'),
   -- Any non-empty key up to 64 bytes: a source's secret is the sender's,
-  -- and senders other than outboxd choose their own sizes.
-  CONSTRAINT inbox_sources_secret_length CHECK (length(secret) BETWEEN 1 AND 64),
+  -- and senders other than outboxd choose their own sizes. Or sealed, as
+  -- endpoints_secret_length allows.
+  CONSTRAINT inbox_sources_secret_length CHECK (
+    length(secret) BETWEEN 1 AND 64
+    OR (length(secret) = 98 AND get_byte(secret, 0) = 1)
+  ),
   CONSTRAINT inbox_sources_previous_secret_expires CHECK (
     (previous_secret IS NULL) = (previous_secret_expires_at IS NULL)
   )
 );
-
--- owner addresses every event a source's webhooks become to the owner
--- with that key (events.owner): the webhooks a customer's system sends in
--- go on to that customer's endpoints alone. NULL: to no owner. The
--- format is the events' (events_owner_format).
-ALTER TABLE outbox.inbox_sources
-  ADD COLUMN IF NOT EXISTS owner text;
-
-DO $$
-BEGIN
-  ALTER TABLE outbox.inbox_sources
-    ADD CONSTRAINT inbox_sources_owner_format CHECK (owner ~ '^[A-Za-z0-9][A-Za-z0-9_.:@/+=-]{0,199}$');
-EXCEPTION WHEN duplicate_object THEN
-  NULL;
-END
-$$;
 
 -- One row per webhook received and recorded: the dedup record. A second
 -- delivery of the same webhook-id from the same source (a retry, a replay,
@@ -3378,9 +3408,10 @@ $$;
 -- Inbox retention (retention.go) deletes rows older than the inbox window,
 -- which is longer than events retention plus the retry horizon plus the
 -- sweep cadence (the dedup rule, replay.go), so every resend of a sender
--- configured alike meets the row. event_id has no foreign key on purpose: events are pruned
--- first, and the dedup record outliving its event is the safe direction.
-CREATE TABLE IF NOT EXISTS outbox.inbox (
+-- configured alike meets the row. event_id has no foreign key on purpose:
+-- events are pruned first, and the dedup record outliving its event is the
+-- safe direction.
+CREATE TABLE outbox.inbox (
   source      text        NOT NULL,
   webhook_id  text        NOT NULL,
   received_at timestamptz NOT NULL DEFAULT now(),
@@ -3390,16 +3421,19 @@ CREATE TABLE IF NOT EXISTS outbox.inbox (
   CONSTRAINT inbox_webhook_id_length CHECK (length(webhook_id) BETWEEN 1 AND 256)
 );
 
--- Index inbox_by_received_at: schema_indexes.sql.
+-- Serves inbox retention: DELETE FROM outbox.inbox ... WHERE received_at <
+-- cutoff, in batches.
+CREATE INDEX inbox_by_received_at
+  ON outbox.inbox (received_at);
 
 -- One row per inbox source and minute: how many webhooks it received (new,
 -- recorded as an event), how many were duplicates (accepted, the webhook-id
 -- seen before) and how many were refused, by class, with the last refusal's
--- reason (truncated to 200 characters) and time. Refusals are counted,
--- never stored whole. The inbox (inbox.go) adds to the row: received and
--- duplicates in the transaction that records the webhook, a refusal with
--- one statement of its own. The panel's Inbox page and GET /api/sources
--- read it.
+-- class, reason (truncated to 200 characters) and time, and every reason of
+-- the minute counted. Refusals are counted, never stored whole. The inbox
+-- (inbox.go) adds to the row: received and duplicates in the transaction
+-- that records the webhook, a refusal with one statement of its own. The
+-- panel's Inbox page and GET /api/sources read it.
 --
 -- Classes (inbox.go, refusalClass): bad_signature (no signature matches, 401),
 -- stale_timestamp (more than 5 minutes old or ahead, 401), unknown_source
@@ -3415,7 +3449,7 @@ CREATE TABLE IF NOT EXISTS outbox.inbox (
 -- outbox.inbox_sources: a source's numbers outlive its deletion until
 -- retention takes them. The primary key leads with minute: it serves the
 -- sweep's oldest-first delete and the pages' window of every source.
-CREATE TABLE IF NOT EXISTS outbox.inbox_stats (
+CREATE TABLE outbox.inbox_stats (
   minute              timestamptz NOT NULL, -- the start of the minute the request came in
   source              text        NOT NULL,
   received            bigint      NOT NULL DEFAULT 0,
@@ -3425,50 +3459,43 @@ CREATE TABLE IF NOT EXISTS outbox.inbox_stats (
   unknown_source      bigint      NOT NULL DEFAULT 0,
   too_large           bigint      NOT NULL DEFAULT 0,
   malformed           bigint      NOT NULL DEFAULT 0,
+  -- The class of the minute's last refusal, beside its reason, so that the
+  -- Inbox page can say which kind each recent reason was. NULL without a
+  -- refusal.
+  last_refusal_class  text,
   last_refusal_reason text,
   last_refused_at     timestamptz,
+  -- Every refusal reason of the minute with its count, keyed by class, a
+  -- space and the reason ({"bad_signature no signature matches": 3}): the
+  -- last reason alone would hide the others a sender got in the same
+  -- minute. At most 20 reasons a row (inbox.go, maxRefusalReasons); past
+  -- them a refusal counts under its class and "(other reasons)", so that a
+  -- sender varying its mistakes cannot grow the row without bound.
+  refusal_reasons     jsonb       NOT NULL DEFAULT '{}',
 
   PRIMARY KEY (minute, source),
+  CONSTRAINT inbox_stats_last_refusal_class CHECK (
+    last_refusal_class IN ('bad_signature', 'stale_timestamp', 'unknown_source', 'too_large', 'malformed')
+  ),
   CONSTRAINT inbox_stats_last_refusal_reason_length CHECK (length(last_refusal_reason) <= 200),
   CONSTRAINT inbox_stats_last_refusal CHECK ((last_refusal_reason IS NULL) = (last_refused_at IS NULL))
 );
 
--- The class of the minute's last refusal, beside its reason, so that the
--- Inbox page can say which kind each recent reason was. NULL in the rows
--- counted before the column existed, and without a refusal.
-ALTER TABLE outbox.inbox_stats
-  ADD COLUMN IF NOT EXISTS last_refusal_class text
-    CONSTRAINT inbox_stats_last_refusal_class CHECK (
-      last_refusal_class IN ('bad_signature', 'stale_timestamp', 'unknown_source', 'too_large', 'malformed')
-    );
-
--- Every refusal reason of the minute with its count, keyed by class, a
--- space and the reason ({"bad_signature no signature matches": 3}): the
--- last reason alone hid the others a sender got in the same minute. At
--- most 20 reasons a row (inbox.go, maxRefusalReasons); past them a
--- refusal counts under its class and "(other reasons)", so that a sender
--- varying its mistakes cannot grow the row without bound. Refusals
--- counted by a replica older than the column are in the class counts
--- only.
-ALTER TABLE outbox.inbox_stats
-  ADD COLUMN IF NOT EXISTS refusal_reasons jsonb NOT NULL DEFAULT '{}';
-
 --------------------------------------------------------------------------------
--- Subject index: the latest event per subject (an in-process subscriber)
+-- Subject index: the latest event per subject and topic
 --------------------------------------------------------------------------------
 
--- Kept by the built-in subscriber "subjects" (subjects.go): for every
--- subject of every topic, the latest event recorded for it, by event id.
--- The topic is part of the key because a subject means something only
--- within its topic: outbox.watch makes the watched row's primary key the
--- subject, so orders and accounts watched as order.changed and
--- account.changed both have a subject '42', two rows that must not
--- overwrite each other. Its upsert never moves backwards (an older event
--- delivered late changes nothing), which also makes a second delivery of
--- the same event a no-op. Its jobs are coalesced per topic and subject
--- within one relay pass. Rows live as long as their subject; a search by
--- prefix serves the panel and GET /api/subjects.
-CREATE TABLE IF NOT EXISTS outbox.subjects (
+-- Kept by the relay's fan-out (outbox.fan_out, indexed), in the transaction
+-- that marks the events fanned out: for every subject of every topic, the
+-- latest event recorded for it, by event id. The topic is part of the key
+-- because a subject means something only within its topic: outbox.watch
+-- makes the watched row's primary key the subject, so orders and accounts
+-- watched as order.changed and account.changed both have a subject '42',
+-- two rows that must not overwrite each other. Its upsert never moves
+-- backwards (an older event fanned out late changes nothing). Rows live as
+-- long as their subject; a search by prefix serves the panel and
+-- GET /api/subjects (subjects.go).
+CREATE TABLE outbox.subjects (
   subject       text        NOT NULL,
   topic         text        NOT NULL,
   last_event_id bigint      NOT NULL,
@@ -3477,21 +3504,10 @@ CREATE TABLE IF NOT EXISTS outbox.subjects (
   CONSTRAINT subjects_pkey PRIMARY KEY (subject, topic)
 );
 
--- An index made before the topic joined the key was keyed by subject
--- alone; its rows are unique by (subject, topic) too, so the new key is
--- built over them as they are.
-DO $$
-BEGIN
-  IF (SELECT array_length(conkey, 1) FROM pg_constraint
-      WHERE conname = 'subjects_pkey' AND conrelid = 'outbox.subjects'::regclass) = 1 THEN
-    ALTER TABLE outbox.subjects
-      DROP CONSTRAINT subjects_pkey,
-      ADD CONSTRAINT subjects_pkey PRIMARY KEY (subject, topic);
-  END IF;
-END
-$$;
-
--- Index subjects_by_subject_prefix: schema_indexes.sql.
+-- Serves the search by subject prefix (LIKE 'prefix%'), whatever the
+-- database's collation.
+CREATE INDEX subjects_by_subject_prefix
+  ON outbox.subjects (subject text_pattern_ops);
 
 --------------------------------------------------------------------------------
 -- Retention's last cycle: what every replica's overview alerts on
@@ -3502,70 +3518,13 @@ $$;
 -- bounds are not being enforced: a cycle that failed, or stopped at the
 -- anomaly cap, says so here until a later cycle succeeds. Skipped cycles
 -- (another replica held the lock) write nothing.
-CREATE TABLE IF NOT EXISTS outbox.retention_last_cycle (
+CREATE TABLE outbox.retention_last_cycle (
   singleton   boolean     PRIMARY KEY DEFAULT true,
   finished_at timestamptz NOT NULL,
   error       text        NOT NULL DEFAULT '',
   CONSTRAINT retention_last_cycle_one_row CHECK (singleton),
   CONSTRAINT retention_last_cycle_error_length CHECK (length(error) <= 2100)
 );
-
---------------------------------------------------------------------------------
--- Secrets at rest
---------------------------------------------------------------------------------
-
--- With -secrets-key, outboxd stores every secret sealed (secrets.go):
--- exactly 98 bytes, starting with the format's version byte 1, whatever
--- the secret's length. The length CHECKs above allow plaintext secrets
--- only; these replace them, allowing either. Plaintext rows stay as they
--- are: `outboxd secrets encrypt` seals them, never a migration.
-ALTER TABLE outbox.endpoints
-  DROP CONSTRAINT IF EXISTS endpoints_secret_length,
-  ADD CONSTRAINT endpoints_secret_length CHECK (
-    length(secret) BETWEEN 24 AND 64
-    OR (length(secret) = 98 AND get_byte(secret, 0) = 1)
-  );
-
-ALTER TABLE outbox.inbox_sources
-  DROP CONSTRAINT IF EXISTS inbox_sources_secret_length,
-  ADD CONSTRAINT inbox_sources_secret_length CHECK (
-    length(secret) BETWEEN 1 AND 64
-    OR (length(secret) = 98 AND get_byte(secret, 0) = 1)
-  );
-
--- An endpoint's TLS material (clientcert.go): the client certificate (PEM,
--- leaf first) and its private key that deliveries present to a receiver
--- asking for mutual TLS, set and removed together, with the leaf's expiry
--- kept beside them for the overview's client_certificate_expiring alert;
--- and ca_certificate (PEM), the only authorities the receiver's own
--- certificate may chain to. The key is PEM text, or with -secrets-key
--- sealed (secrets.go, sealBlob: first byte 2). 32 kB each is maxPEMLen;
--- a sealed key is 33 bytes longer.
-ALTER TABLE outbox.endpoints
-  ADD COLUMN IF NOT EXISTS client_certificate text,
-  ADD COLUMN IF NOT EXISTS client_key bytea,
-  ADD COLUMN IF NOT EXISTS client_certificate_expires_at timestamptz,
-  ADD COLUMN IF NOT EXISTS ca_certificate text;
-
-DO $$
-BEGIN
-  ALTER TABLE outbox.endpoints
-    ADD CONSTRAINT endpoints_client_certificate_pair CHECK (
-      (client_certificate IS NULL) = (client_key IS NULL)
-      AND (client_certificate IS NULL) = (client_certificate_expires_at IS NULL)
-    ),
-    ADD CONSTRAINT endpoints_client_certificate_length CHECK (length(client_certificate) <= 32768),
-    ADD CONSTRAINT endpoints_client_key_length CHECK (length(client_key) <= 32768 + 33),
-    ADD CONSTRAINT endpoints_ca_certificate_length CHECK (length(ca_certificate) <= 32768),
-    -- Only TLS carries them: on an http:// or mailto: endpoint they would
-    -- be kept and never used.
-    ADD CONSTRAINT endpoints_tls_material_https CHECK (
-      (client_certificate IS NULL AND ca_certificate IS NULL) OR url LIKE 'https://%'
-    );
-EXCEPTION WHEN duplicate_object THEN
-  NULL;
-END
-$$;
 
 --------------------------------------------------------------------------------
 -- Panel sessions: revocable, and the same on every replica
@@ -3580,7 +3539,7 @@ $$;
 -- expired one. The table is bounded without a sweep: each sign-in deletes
 -- up to 100 expired rows, oldest first, and the oldest live ones beyond
 -- the newest 1,000 (those browsers must sign in again).
-CREATE TABLE IF NOT EXISTS outbox.panel_sessions (
+CREATE TABLE outbox.panel_sessions (
   id_hash    bytea       PRIMARY KEY,
   created_at timestamptz NOT NULL DEFAULT now(),
   expires_at timestamptz NOT NULL,
@@ -3589,7 +3548,7 @@ CREATE TABLE IF NOT EXISTS outbox.panel_sessions (
 
 -- Serves the sign-in's deletions: the expired rows oldest first, the live
 -- ones newest first past the 1,000th.
-CREATE INDEX IF NOT EXISTS panel_sessions_by_expires_at
+CREATE INDEX panel_sessions_by_expires_at
   ON outbox.panel_sessions (expires_at);
 
 -- The admin token the sessions above were signed in under, known by a
@@ -3598,7 +3557,7 @@ CREATE INDEX IF NOT EXISTS panel_sessions_by_expires_at
 -- back would bring its sessions back with it; so a start with a token
 -- other than the one recorded deletes every session, in the statement
 -- that records the new one. A start with the same token keeps them.
-CREATE TABLE IF NOT EXISTS outbox.panel_session_token (
+CREATE TABLE outbox.panel_session_token (
   only_row    boolean     PRIMARY KEY DEFAULT true,
   fingerprint bytea       NOT NULL,
   changed_at  timestamptz NOT NULL DEFAULT now(),
@@ -3607,113 +3566,16 @@ CREATE TABLE IF NOT EXISTS outbox.panel_session_token (
 );
 
 --------------------------------------------------------------------------------
--- Owners: the people an endpoint belongs to, and their portal
+-- Owners' sign-ins: the portal's sessions and sign-in links
 --------------------------------------------------------------------------------
 
--- One row per owner (owners.go), created, given a new token and
--- deleted by the admin. An owner signs in to /api/ and the panel with its
--- token, obo_ + a selector + a verifier: the row holds the selector, which
--- finds it, and the SHA-256 of the verifier, compared in constant time; so
--- the table holds nothing that signs in. Rotation replaces both: the old
--- token is refused from the commit on, on every replica. Bounded by the
--- admin, who creates every row.
-CREATE TABLE IF NOT EXISTS outbox.owners (
-  id               bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-  name             text        NOT NULL,
-  token_selector   text        NOT NULL,
-  token_hash       bytea       NOT NULL,
-  created_at       timestamptz NOT NULL DEFAULT now(),
-  token_rotated_at timestamptz NOT NULL DEFAULT now(),
-
-  CONSTRAINT owners_name_length CHECK (length(name) BETWEEN 1 AND 200),
-  CONSTRAINT owners_token_selector_format CHECK (token_selector ~ '^[0-9a-f]{24}$'),
-  CONSTRAINT owners_token_hash_length CHECK (length(token_hash) = 32),
-  CONSTRAINT owners_token_selector_unique UNIQUE (token_selector)
-);
-
--- What an owner receives, and what it may ask for (docs/owners.md). The
--- admin sets every column; the owner's token changes none of them.
---
---   key                        the address events carry to reach this
---                              owner's endpoints (events.owner): text the
---                              admin chooses, such as the application's
---                              own customer id. An owner made without one
---                              gets 'owner-' and its id (owners_default_key).
---   allowed_topics             the topics of the events addressed to it that
---                              its endpoints may receive; NULL: every topic.
---   shared_topics              the topics of events addressed to no owner
---                              that its endpoints receive too; '{}': none.
---   max_endpoints              the most endpoints it may have.
---   max_in_flight              the highest max_in_flight its endpoints may
---                              ask for. The defaults, 10 endpoints of 8,
---                              hold at most 80 of the 128 default workers:
---                              one owner never takes them all.
---   max_rate_limit_per_second  the highest rate limit its endpoints may ask
---                              for; NULL: any, and none.
---   max_replay_window_seconds  how far back its replays may reach; NULL: as
---                              far as events retention keeps events.
---
--- The API checks an owner's endpoint against these when the owner writes
--- it (owners.go, ownerLimits); the fan-out and replays test the topics
--- again (owner_admits), so that narrowing them takes effect at once.
-ALTER TABLE outbox.owners
-  ADD COLUMN IF NOT EXISTS key text,
-  ADD COLUMN IF NOT EXISTS allowed_topics text[],
-  ADD COLUMN IF NOT EXISTS shared_topics text[] NOT NULL DEFAULT '{}',
-  ADD COLUMN IF NOT EXISTS max_endpoints integer NOT NULL DEFAULT 10,
-  ADD COLUMN IF NOT EXISTS max_in_flight integer NOT NULL DEFAULT 8,
-  ADD COLUMN IF NOT EXISTS max_rate_limit_per_second double precision,
-  ADD COLUMN IF NOT EXISTS max_replay_window_seconds bigint;
-
--- owners_default_key gives an owner made without a key 'owner-' and its
--- id, which the identity column has drawn before a BEFORE trigger runs:
--- also for a replica of the release before keys, which inserts none.
-CREATE OR REPLACE FUNCTION outbox.owners_default_key() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-  NEW.key := coalesce(NEW.key, 'owner-' || NEW.id);
-  RETURN NEW;
-END
-$$;
-
-CREATE OR REPLACE TRIGGER owners_default_key
-  BEFORE INSERT ON outbox.owners
-  FOR EACH ROW EXECUTE FUNCTION outbox.owners_default_key();
-
-UPDATE outbox.owners SET key = 'owner-' || id WHERE key IS NULL;
-ALTER TABLE outbox.owners ALTER COLUMN key SET NOT NULL;
-
-DO $$
-BEGIN
-  ALTER TABLE outbox.owners
-    ADD CONSTRAINT owners_key_unique UNIQUE (key),
-    ADD CONSTRAINT owners_key_format CHECK (key ~ '^[A-Za-z0-9][A-Za-z0-9_.:@/+=-]{0,199}$'),
-    ADD CONSTRAINT owners_allowed_topics_count CHECK (cardinality(allowed_topics) <= 100),
-    ADD CONSTRAINT owners_shared_topics_count CHECK (cardinality(shared_topics) <= 100),
-    ADD CONSTRAINT owners_max_endpoints_range CHECK (max_endpoints BETWEEN 0 AND 10000),
-    ADD CONSTRAINT owners_max_in_flight_range CHECK (max_in_flight BETWEEN 1 AND 1000),
-    ADD CONSTRAINT owners_max_rate_limit_range CHECK (max_rate_limit_per_second BETWEEN 0.01 AND 10000),
-    ADD CONSTRAINT owners_max_replay_window_range CHECK (max_replay_window_seconds >= 0);
-EXCEPTION WHEN duplicate_object OR duplicate_table THEN
-  NULL;
-END
-$$;
-
--- An endpoint's owner, who may see and manage it through the portal; NULL:
--- the admin's alone. Deleting an owner leaves its endpoints to the admin.
--- A replica of the release before owners never reads it, and creates
--- endpoints without one. Index endpoints_by_owner_id: schema_indexes.sql.
-ALTER TABLE outbox.endpoints
-  ADD COLUMN IF NOT EXISTS owner_id bigint REFERENCES outbox.owners (id) ON DELETE SET NULL;
-
 -- One row per browser signed in as an owner: the twin of
--- outbox.panel_sessions, in a table of its own so that a replica of the
--- release before owners, which reads only panel_sessions and takes every
--- row there for the admin's, never sees an owner's session. Bounded like
--- it: every sign-in deletes up to 100 expired rows and the live ones past
--- the newest 1,000. Rotating an owner's token or deleting the owner ends
--- its sessions.
-CREATE TABLE IF NOT EXISTS outbox.owner_sessions (
+-- outbox.panel_sessions, in a table of its own so that every row of
+-- panel_sessions is the admin's, and nothing that reads that table can take
+-- an owner's session for the admin's. Bounded like it: every sign-in
+-- deletes up to 100 expired rows and the live ones past the newest 1,000.
+-- Rotating an owner's token or deleting the owner ends its sessions.
+CREATE TABLE outbox.owner_sessions (
   id_hash    bytea       PRIMARY KEY,
   owner_id   bigint      NOT NULL REFERENCES outbox.owners (id) ON DELETE CASCADE,
   created_at timestamptz NOT NULL DEFAULT now(),
@@ -3722,11 +3584,11 @@ CREATE TABLE IF NOT EXISTS outbox.owner_sessions (
 );
 
 -- Serves the sign-in's deletions, as panel_sessions_by_expires_at does.
-CREATE INDEX IF NOT EXISTS owner_sessions_by_expires_at
+CREATE INDEX owner_sessions_by_expires_at
   ON outbox.owner_sessions (expires_at);
 
 -- Serves the ending of one owner's sessions (rotation, delete's cascade).
-CREATE INDEX IF NOT EXISTS owner_sessions_by_owner_id
+CREATE INDEX owner_sessions_by_owner_id
   ON outbox.owner_sessions (owner_id);
 
 -- Sign-in links the admin hands to an owner (owners.go): the link holds a
@@ -3734,8 +3596,9 @@ CREATE INDEX IF NOT EXISTS owner_sessions_by_owner_id
 -- deletes the row in the statement that reads it, so two clicks racing
 -- get one session between them. It expires after -signin-link-lifetime
 -- (1 h). Bounded like the sessions: every new link deletes up to 100
--- expired rows, and the live ones past the newest 1,000.
-CREATE TABLE IF NOT EXISTS outbox.owner_signin_links (
+-- expired rows, and the live ones past the newest 1,000. Deleting the
+-- owner deletes its links.
+CREATE TABLE outbox.owner_signin_links (
   code_hash  bytea       PRIMARY KEY,
   owner_id   bigint      NOT NULL REFERENCES outbox.owners (id) ON DELETE CASCADE,
   created_at timestamptz NOT NULL DEFAULT now(),
@@ -3743,7 +3606,8 @@ CREATE TABLE IF NOT EXISTS outbox.owner_signin_links (
   CONSTRAINT owner_signin_links_code_hash_length CHECK (length(code_hash) = 32)
 );
 
-CREATE INDEX IF NOT EXISTS owner_signin_links_by_expires_at
+-- Serves the new link's deletions of expired rows, oldest first.
+CREATE INDEX owner_signin_links_by_expires_at
   ON outbox.owner_signin_links (expires_at);
 
 --------------------------------------------------------------------------------
@@ -3758,7 +3622,7 @@ CREATE INDEX IF NOT EXISTS owner_signin_links_by_expires_at
 -- Nothing references the rows, and they reference nothing, so that an
 -- entry outlives what it tells of. Retention deletes rows older than
 -- -audit-retention (90 days), in batches (retention.go).
-CREATE TABLE IF NOT EXISTS outbox.audit_log (
+CREATE TABLE outbox.audit_log (
   id           bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
   at           timestamptz NOT NULL DEFAULT now(),
   actor        text        NOT NULL,
@@ -3781,7 +3645,15 @@ CREATE TABLE IF NOT EXISTS outbox.audit_log (
   )
 );
 
--- Indexes audit_log_by_at and audit_log_by_endpoint_id: schema_indexes.sql.
+-- Serves the audit trail's pages, newest first, and its retention
+-- (retention.go), oldest first.
+CREATE INDEX audit_log_by_at
+  ON outbox.audit_log (at, id);
+
+-- Serves an owner's page of the audit trail: its endpoints' entries.
+CREATE INDEX audit_log_by_endpoint_id
+  ON outbox.audit_log (endpoint_id, id)
+  WHERE endpoint_id IS NOT NULL;
 
 --------------------------------------------------------------------------------
 -- Alert acknowledgements: seen by an operator, on every replica's panel
@@ -3792,7 +3664,7 @@ CREATE TABLE IF NOT EXISTS outbox.audit_log (
 -- while it stays at or below that level in the episode that was
 -- acknowledged, and fires it again when it gets worse. At most one row for
 -- every alert outboxd has: bounded.
-CREATE TABLE IF NOT EXISTS outbox.alert_acks (
+CREATE TABLE outbox.alert_acks (
   name            text        PRIMARY KEY,
   level           bigint      NOT NULL,
   acknowledged_at timestamptz NOT NULL,
@@ -3803,59 +3675,14 @@ CREATE TABLE IF NOT EXISTS outbox.alert_acks (
 -- Recovery probes: an endpoint disabled for failing comes back by itself
 --------------------------------------------------------------------------------
 
--- disabled_cause says who disabled an endpoint, beside the reason text:
---
---   operator  POST .../disable (endpoints.go). An operator's disable of an
---             endpoint already disabled keeps its first reason and time,
---             and becomes the cause: the endpoint stays off until enabled.
---   gone      the receiver answered 410 Gone (record_outcomes), to a delivery or
---             to a probe.
---   failure   failing continuously for -endpoint-disable-after (5 days;
---             retention.go).
---
--- NULL while enabled, and on endpoints disabled before this column
--- existed, which are never probed: their cause is unknown.
---
--- An endpoint disabled for failure, with recovery_probes on (the default;
--- PATCH {"recovery_probes": false} opts out) and an http(s) URL, gets a
--- signed probe (probe.go) on the schedule of outbox.probe_interval. The
--- prober writes next_probe_at and last_probe_at when it claims a probe,
--- before it sends it, and last_probe_error with the answer. A 2xx
--- re-enables the endpoint with recovered_at and recovered_reason, and
--- recovery_replay_from, the start of the replay of what it missed, which
--- stays set until the replay's last catch-up pass has run. Probes add no
--- rows: each one updates its endpoint's row.
-ALTER TABLE outbox.endpoints
-  ADD COLUMN IF NOT EXISTS disabled_cause text,
-  ADD COLUMN IF NOT EXISTS recovery_probes boolean NOT NULL DEFAULT true,
-  ADD COLUMN IF NOT EXISTS next_probe_at timestamptz,
-  ADD COLUMN IF NOT EXISTS last_probe_at timestamptz,
-  ADD COLUMN IF NOT EXISTS last_probe_error text,
-  ADD COLUMN IF NOT EXISTS recovered_at timestamptz,
-  ADD COLUMN IF NOT EXISTS recovered_reason text,
-  ADD COLUMN IF NOT EXISTS recovery_replay_from timestamptz;
-
-DO $$
-BEGIN
-  ALTER TABLE outbox.endpoints
-    ADD CONSTRAINT endpoints_disabled_cause CHECK (
-      disabled_cause IS NULL
-      OR (disabled_cause IN ('operator', 'gone', 'failure') AND disabled_at IS NOT NULL)
-    ),
-    ADD CONSTRAINT endpoints_last_probe_error_length CHECK (length(last_probe_error) <= 2100),
-    ADD CONSTRAINT endpoints_recovered_reason_length CHECK (length(recovered_reason) <= 1000);
-EXCEPTION WHEN duplicate_object THEN
-  NULL;
-END
-$$;
-
--- probe_interval is the schedule: how long after a probe made at "at" the
--- next one is due, for an endpoint disabled at disabled_at. Hourly through
--- the first day (a receiver back after an outage is found within the
--- hour), then every 6 hours, for as long as it stays disabled: 24 probes
--- the first day, 4 a day after. The first probe is due an hour after the
--- disable.
-CREATE OR REPLACE FUNCTION outbox.probe_interval(disabled_at timestamptz, at timestamptz)
+-- probe_interval is the schedule of an endpoint's recovery probes
+-- (probe.go; the endpoints' recovery columns, above): how long after a
+-- probe made at "at" the next one is due, for an endpoint disabled at
+-- disabled_at. Hourly through the first day (a receiver back after an
+-- outage is found within the hour), then every 6 hours, for as long as it
+-- stays disabled: 24 probes the first day, 4 a day after. The first probe
+-- is due an hour after the disable.
+CREATE FUNCTION outbox.probe_interval(disabled_at timestamptz, at timestamptz)
 RETURNS interval
 LANGUAGE sql STABLE
 AS $$
@@ -3867,8 +3694,8 @@ $$;
 -- none. next_probe_at is left as it is by enabling and disabling; one from
 -- an earlier disable lies before this one's first probe, which greatest()
 -- then takes.
-CREATE OR REPLACE FUNCTION outbox.probe_due_at(disabled_cause text, recovery_probes boolean, url text,
-                                               disabled_at timestamptz, next_probe_at timestamptz)
+CREATE FUNCTION outbox.probe_due_at(disabled_cause text, recovery_probes boolean, url text,
+                                    disabled_at timestamptz, next_probe_at timestamptz)
 RETURNS timestamptz
 LANGUAGE sql STABLE
 AS $$
@@ -3902,273 +3729,44 @@ $$;
 -- per running process, plus rows of processes dead for less than their
 -- dead_after and a heartbeat; dead rows left when no replica runs are
 -- deleted by the first one that starts.
-CREATE TABLE IF NOT EXISTS outbox.replicas (
-  id         bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-  host       text        NOT NULL,
-  pid        integer     NOT NULL,
+CREATE TABLE outbox.replicas (
+  id             bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  host           text        NOT NULL,
+  pid            integer     NOT NULL,
+  -- The kernel boot and the pid namespace pid is a number of ('' when
+  -- unknown, off Linux): only a process of the same boot and namespace can
+  -- look that pid up. pid_start is when that process started, in clock
+  -- ticks after boot (NULL when unknown): a pid used again by a later
+  -- process has a later start. With them, a replica starting on the same
+  -- host declares dead at once a registration whose process is gone
+  -- (rescue.go), instead of waiting out its dead_after: a restart after a
+  -- crash rescues its predecessor's jobs as it starts.
+  pid_namespace  text        NOT NULL DEFAULT '',
+  pid_start      bigint,
   -- The release (version.go) and the VCS revision it was built from
-  -- ('' when unknown): with schema_version (below), what the overview
-  -- compares to flag replicas of different builds.
-  version    text        NOT NULL,
-  revision   text        NOT NULL DEFAULT '',
+  -- ('' when unknown), and schema_version, the start of the checksum of
+  -- the schema its binary carries (replicas.go, schemaVersionOf; '' when
+  -- unknown): what the overview compares to flag replicas of different
+  -- builds. Two builds of one release and revision differ in
+  -- schema_version when one was built from a tree whose schema was
+  -- changed; replicas whose schemas differ are a roll under way.
+  version        text        NOT NULL,
+  revision       text        NOT NULL DEFAULT '',
+  schema_version text        NOT NULL DEFAULT '',
   -- What it runs: every replica relays, runs workers and may sweep; these
   -- say how many job slots (-workers), whether it LISTENs (off with
   -- -disable-listen) and when its sweeper last held the retention lock.
-  workers    integer     NOT NULL,
-  listens    boolean     NOT NULL,
-  swept_at   timestamptz,
-  dead_after interval    NOT NULL,
-  started_at timestamptz NOT NULL DEFAULT now(),
-  last_seen  timestamptz NOT NULL DEFAULT now(),
+  workers        integer     NOT NULL,
+  listens        boolean     NOT NULL,
+  swept_at       timestamptz,
+  dead_after     interval    NOT NULL,
+  started_at     timestamptz NOT NULL DEFAULT now(),
+  last_seen      timestamptz NOT NULL DEFAULT now(),
 
   CONSTRAINT replicas_host_length CHECK (length(host) <= 255),
+  CONSTRAINT replicas_pid_namespace_length CHECK (length(pid_namespace) <= 200),
   CONSTRAINT replicas_version_length CHECK (length(version) BETWEEN 1 AND 100 AND length(revision) <= 100),
+  CONSTRAINT replicas_schema_version_length CHECK (length(schema_version) <= 64),
   CONSTRAINT replicas_workers_nonnegative CHECK (workers >= 0),
   CONSTRAINT replicas_dead_after_positive CHECK (dead_after > interval '0')
 );
-
--- What else tells builds and processes apart, added after the table (a
--- release before them inserts rows without them, and gets the defaults):
---
---   schema_version  the schema its binary carries: the start of the
---                   checksum of schema.sql and schema_indexes.sql
---                   (migrate.go), '' from a release that did not record
---                   it. Two builds of one release and revision differ
---                   here when one was built from a tree whose schema
---                   files were changed; replicas whose schemas differ are
---                   a roll under way.
---   pid_namespace   the kernel boot and the pid namespace its pid is a
---                   number of ('' when unknown, off Linux): only a process
---                   of the same boot and namespace can look that pid up.
---   pid_start       when that process started, in clock ticks after boot
---                   (NULL when unknown): a pid used again by a later
---                   process has a later start.
---
--- With the last two, a replica starting on the same host declares dead at
--- once a registration whose process is gone (rescue.go), instead of
--- waiting out its dead_after: a restart after a crash rescues its
--- predecessor's jobs as it starts.
-ALTER TABLE outbox.replicas
-  ADD COLUMN IF NOT EXISTS schema_version text NOT NULL DEFAULT '',
-  ADD COLUMN IF NOT EXISTS pid_namespace text NOT NULL DEFAULT '',
-  ADD COLUMN IF NOT EXISTS pid_start bigint;
-
-DO $$
-BEGIN
-  ALTER TABLE outbox.replicas
-    ADD CONSTRAINT replicas_schema_version_length CHECK (length(schema_version) <= 64),
-    ADD CONSTRAINT replicas_pid_namespace_length CHECK (length(pid_namespace) <= 200);
-EXCEPTION WHEN duplicate_object THEN
-  NULL;
-END
-$$;
-
--- held_by is the replica whose claim last marked the job running
--- (outbox.claim_due_jobs), meaningful while it runs: the dead-replica rescue
--- finds a dead replica's jobs by it, among the running ones
--- (jobs_running_by_attempted_at: no index of its own, since running jobs
--- are at most the replicas' worker slots). No foreign key: the row goes
--- when its replica is declared dead, and the jobs' history keeps the id.
-ALTER TABLE outbox.jobs
-  ADD COLUMN IF NOT EXISTS held_by bigint;
-
---------------------------------------------------------------------------------
--- Calls of earlier releases, dropped
---------------------------------------------------------------------------------
-
--- Upgrades roll one release at a time (docs/upgrades.md): a release keeps
--- the calls of the release before it working while that release's replicas
--- roll, and the release after drops them. Release 0.1.0's calls, which
--- 0.2.0 kept as thin wrappers, go: no replica of 0.2.0 calls them. (Its
--- fan_out, fan_out_event, mark_fanned_out and 27-array record_outcomes are
--- dropped above, where this release makes their successors.)
-DROP FUNCTION IF EXISTS outbox.fan_out_and_claim(integer, jsonb, integer, double precision, text, integer, bigint, bigint[]);
-DROP FUNCTION IF EXISTS outbox.claim_jobs(integer, bigint, bigint[]);
--- schema_indexes.sql: the indexes of the queue tables (events, jobs,
--- deliveries, inbox, subjects), the tables that grow with the traffic.
--- migrate (database.go) applies this file after schema.sql has committed,
--- one statement at a time and outside any transaction, because a CREATE
--- INDEX inside the migration's transaction holds a lock that blocks every
--- INSERT, UPDATE and DELETE of its table until the whole build is done: on
--- a table of millions of rows, a stall of producers for as long as that
--- takes. A build takes a lock that lets writes go on.
---
--- Only two forms are allowed here, and migrate refuses any other:
---
---   CREATE [UNIQUE] INDEX IF NOT EXISTS name ON outbox.table ...
---   DROP INDEX IF EXISTS outbox.name
---
--- An index that exists and is valid is skipped without a statement sent.
--- One left invalid by a concurrent build that did not finish (a crash, a
--- cancel, a lock timeout, a duplicate refused by a unique index) is
--- dropped and built again. Names and definitions are those the queries
--- were planned against (the pinned plan tests): change one and it is a new
--- index, with its own name.
---
--- Every index of the queue tables belongs here, not in schema.sql: a test
--- (TestSchemaBuildsNoQueueTableIndexInItsTransaction) refuses one there.
-
--- Serves the relay's claim (outbox.claim_unfanned): "un-fanned, not
--- poisoned, oldest first". The predicate is exactly the claim's WHERE.
-CREATE INDEX IF NOT EXISTS events_unfanned_by_id
-  ON outbox.events (id)
-  WHERE fanned_out_at IS NULL AND poisoned_at IS NULL;
-
--- Serves the poisoned count and list on the overview.
-CREATE INDEX IF NOT EXISTS events_poisoned_by_id
-  ON outbox.events (id)
-  WHERE poisoned_at IS NOT NULL;
-
--- Serves events retention (retention.go): "fanned out before the cutoff,
--- oldest first". Un-fanned and poisoned rows, which retention never deletes,
--- stay out of it, so the hourly delete walks only rows it may remove instead
--- of scanning the whole table.
-CREATE INDEX IF NOT EXISTS events_fanned_by_fanned_out_at
-  ON outbox.events (fanned_out_at)
-  WHERE fanned_out_at IS NOT NULL;
-
--- Serves a replay's progress (replay.go): its jobs waiting or running,
--- and those finished in the last minute, by state; and the SET NULL when
--- a replay's row is deleted.
-CREATE INDEX IF NOT EXISTS jobs_by_replay_state
-  ON outbox.jobs (replay_id, state, finalized_at)
-  WHERE replay_id IS NOT NULL;
-
--- Serve the workers' claim (outbox.claim_due_jobs), one lane at a time:
--- an endpoint's live waiting jobs, soonest first; its replayed ones, the
--- same way; and the jobs of no endpoint (in-process subscribers, owner
--- notifications, deliveries of a deleted endpoint), soonest first.
--- Partial, so they hold only the jobs waiting to run, however many
--- finished ones the table keeps. They replace one index of every waiting
--- job by due time, in which a hung endpoint's backlog sat in front of
--- everyone else's jobs; and one of an endpoint's waiting jobs, live and
--- replayed together, in which a replay's backlog sat in front of the live
--- deliveries behind it.
-CREATE INDEX IF NOT EXISTS jobs_waiting_live_by_endpoint
-  ON outbox.jobs (endpoint_id, scheduled_at, id)
-  WHERE state IN ('available', 'retryable') AND endpoint_id IS NOT NULL AND replay_id IS NULL;
-CREATE INDEX IF NOT EXISTS jobs_waiting_replay_by_endpoint
-  ON outbox.jobs (endpoint_id, scheduled_at, id)
-  WHERE state IN ('available', 'retryable') AND endpoint_id IS NOT NULL AND replay_id IS NOT NULL;
-CREATE INDEX IF NOT EXISTS jobs_waiting_without_endpoint
-  ON outbox.jobs (scheduled_at, id)
-  WHERE state IN ('available', 'retryable') AND endpoint_id IS NULL;
-
--- Serve the claim's counts of an endpoint's deliveries in flight, which
--- it holds below the endpoint's cap, and of its replayed ones, which it
--- holds below the replay share: at most max_in_flight entries each.
-CREATE INDEX IF NOT EXISTS jobs_running_by_endpoint
-  ON outbox.jobs (endpoint_id)
-  WHERE state = 'running' AND endpoint_id IS NOT NULL;
-CREATE INDEX IF NOT EXISTS jobs_running_replay_by_endpoint
-  ON outbox.jobs (endpoint_id)
-  WHERE state = 'running' AND endpoint_id IS NOT NULL AND replay_id IS NOT NULL;
-
--- Serves advance_lanes: a lane's held deliveries by event id, the first
--- of which is its next; whether the lane has an active one is
--- jobs_one_active_per_lane's to say. Held ones only: a delivery made due,
--- then claimed, writes no entry here, where in jobs_unfinished_by_lane_event
--- (every unfinished delivery, active first) each of those versions wrote
--- one, on the ordered drain's every delivery.
-CREATE INDEX IF NOT EXISTS jobs_held_by_lane_event
-  ON outbox.jobs (endpoint_id, lane_key, event_id)
-  WHERE lane_key IS NOT NULL
-    AND state IN ('available', 'retryable', 'running')
-    AND scheduled_at = 'infinity';
-
--- The guarantee itself, whatever a statement elsewhere does: a second
--- active delivery in a lane is refused by the database.
-CREATE UNIQUE INDEX IF NOT EXISTS jobs_one_active_per_lane
-  ON outbox.jobs (endpoint_id, lane_key)
-  WHERE lane_key IS NOT NULL
-    AND state IN ('available', 'retryable', 'running')
-    AND scheduled_at < 'infinity';
-
--- Serves the rescuer: jobs running for longer than the rescue horizon.
-CREATE INDEX IF NOT EXISTS jobs_running_by_attempted_at
-  ON outbox.jobs (attempted_at)
-  WHERE state = 'running';
-
--- Serves the event's job list, the ON DELETE CASCADE from events, and
--- retention's check that no unfinished job still needs an event.
-CREATE INDEX IF NOT EXISTS jobs_by_event_id
-  ON outbox.jobs (event_id);
-
--- Serves the job cleaner and the count of recent completions. Partial, so
--- that only a job's last change, to completed or discarded, writes an entry:
--- the first index of this name held every job and took an entry at every
--- state change, three per job.
-CREATE INDEX IF NOT EXISTS jobs_finished_by_state_finalized_at
-  ON outbox.jobs (state, finalized_at)
-  WHERE state IN ('completed', 'discarded');
-
--- One delivery job per (event, endpoint): a second fan-out of an event to
--- the same endpoint is refused by the database, not delivered twice. Also
--- serves an endpoint's delivery list and the SET NULL on endpoint delete.
-CREATE UNIQUE INDEX IF NOT EXISTS jobs_one_per_event_endpoint
-  ON outbox.jobs (endpoint_id, event_id)
-  WHERE endpoint_id IS NOT NULL;
-
--- Serves an endpoint's recent attempts on the panel.
-CREATE INDEX IF NOT EXISTS deliveries_by_endpoint_finished_at
-  ON outbox.deliveries (endpoint_id, finished_at);
-
--- Serves an endpoint's recent attempts beside the one above: those that
--- completed their jobs, which have no deliveries row. Partial, so that only
--- a delivery's completion writes an entry.
-CREATE INDEX IF NOT EXISTS jobs_completed_by_endpoint_finalized_at
-  ON outbox.jobs (endpoint_id, finalized_at)
-  WHERE state = 'completed' AND endpoint_id IS NOT NULL;
-
--- Serves inbox retention: DELETE FROM outbox.inbox ... WHERE received_at <
--- cutoff, in batches.
-CREATE INDEX IF NOT EXISTS inbox_by_received_at
-  ON outbox.inbox (received_at);
-
--- Serves the search by subject prefix (LIKE 'prefix%'), whatever the
--- database's collation.
-CREATE INDEX IF NOT EXISTS subjects_by_subject_prefix
-  ON outbox.subjects (subject text_pattern_ops);
-
--- Indexes replaced by the ones above, dropped after their replacements
--- exist, so no query goes without one: jobs_due_by_scheduled_at and
--- jobs_waiting_by_endpoint by the claim's lanes, jobs_unfinished_by_lane by
--- jobs_unfinished_by_lane_event and that by jobs_held_by_lane_event with
--- jobs_one_active_per_lane, jobs_by_state_finalized_at (every job, an
--- entry at every state change) by jobs_finished_by_state_finalized_at.
-DROP INDEX IF EXISTS outbox.jobs_due_by_scheduled_at;
-DROP INDEX IF EXISTS outbox.jobs_waiting_by_endpoint;
-DROP INDEX IF EXISTS outbox.jobs_unfinished_by_lane;
-DROP INDEX IF EXISTS outbox.jobs_unfinished_by_lane_event;
-DROP INDEX IF EXISTS outbox.jobs_by_state_finalized_at;
-
--- Serves an owner's endpoint list and the ownership check of every route
--- under /api/endpoints/{id} an owner's token calls (owners.go), and the
--- SET NULL of an owner's delete.
-CREATE INDEX IF NOT EXISTS endpoints_by_owner_id
-  ON outbox.endpoints (owner_id)
-  WHERE owner_id IS NOT NULL;
-
--- Serves the audit trail's pages, newest first, and its retention
--- (retention.go), oldest first.
-CREATE INDEX IF NOT EXISTS audit_log_by_at
-  ON outbox.audit_log (at, id);
-
--- Serves an owner's page of the audit trail: its endpoints' entries.
-CREATE INDEX IF NOT EXISTS audit_log_by_endpoint_id
-  ON outbox.audit_log (endpoint_id, id)
-  WHERE endpoint_id IS NOT NULL;
--- What the final schema.sql adds to and takes from 0.6.0 as built before
--- migrations were numbered.
-DROP FUNCTION IF EXISTS outbox.mark_fanned_out(integer, bigint);
-DROP TABLE outbox.schema_applied;
-CREATE TABLE outbox.migrations (
-  version     integer     PRIMARY KEY CHECK (version > 0),
-  name        text        NOT NULL UNIQUE,
-  checksum    text        NOT NULL,
-  applied_at  timestamptz NOT NULL DEFAULT now(),
-  finished_at timestamptz
-);
-ALTER TABLE outbox.events VALIDATE CONSTRAINT events_traceparent_format;
-ALTER TABLE outbox.events VALIDATE CONSTRAINT events_tracestate_format;
-ALTER TABLE outbox.events VALIDATE CONSTRAINT events_owner_format;

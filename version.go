@@ -10,9 +10,10 @@ import (
 )
 
 // version is the release, reported in the User-Agent of outgoing webhooks
-// and recorded by each replica. It changes whenever schema.sql or
-// schema_indexes.sql changes (TestReleaseChangesWithTheSchema), so that
-// two builds with different schemas never report the same release.
+// and recorded by each replica: the release of the last file of
+// migrations/ (TestReleaseIsItsLastMigration). A schema change is a new
+// migration, and a new release, so two builds with different schemas
+// never report the same release.
 const version = "0.6.0"
 
 // buildInfo is what go build recorded in the binary.
