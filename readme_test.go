@@ -117,7 +117,7 @@ func TestREADMECommandsRun(t *testing.T) {
 		{"go build -o outboxd .", []string{"go", "build", "-o", bin, "."}, ""},
 		{"./outboxd -h", []string{bin, "-h"}, "Commands:"},
 		{"./outboxd version", []string{bin, "version"}, "outboxd " + version},
-		{"./outboxd migrate -database-url postgres://...", []string{bin, "migrate", "-database-url", dsn}, "schema applied"},
+		{"./outboxd migrate -database-url postgres://...", []string{bin, "migrate", "-database-url", dsn}, "the schema is at this release"},
 	} {
 		if !strings.Contains(readme, c.shown) {
 			t.Errorf("README.md no longer shows %q", c.shown)
