@@ -60,8 +60,9 @@ FROM outbox.claim_lane_jobs($1, $2, $3, true, $4) AS claim, LATERAL (SELECT (cla
 	previousRecordOutcomesSQL = `SELECT outbox.record_outcomes($1, $2, $3, $4, $5, $6, $7)`
 )
 
-// previousReleaseWrappers are the functions schema.sql keeps only for the
-// previous release's replicas (its section "Calls of release ..."), as
+// previousReleaseWrappers are the functions the last migration keeps only
+// for the previous release's replicas, and schema.sql does not have (the
+// catalog comparison expects them in a migrated database alone), as
 // regprocedure names: the rolling upgrade checks that the old replica
 // really called each. Empty while this release changed none of the
 // previous release's calls.
