@@ -1,7 +1,8 @@
-// migrate.go: the schema applied at start, online. schema.sql runs in one
-// short transaction whose lock waits are bounded and retried; then
-// schema_indexes.sql builds the queue tables' indexes CONCURRENTLY, outside
-// any transaction; one replica at a time does either.
+// migrate.go: the schema brought to this release at start, online: each
+// migration a database lacks runs in one short transaction whose lock
+// waits are bounded and retried, then its online statements (indexes
+// built CONCURRENTLY, constraints validated) outside any transaction; one
+// replica at a time migrates. An empty database gets schema.sql whole.
 
 package main
 
@@ -24,15 +25,15 @@ import (
 var schemaSQL string
 
 // schemaLockKey is the session advisory lock that lets one replica at a
-// time migrate: CREATE ... IF NOT EXISTS is not safe against a concurrent
-// CREATE of the same object, and two concurrent builds of one index would
-// each do the whole work. Releases before this one took it as a
-// transaction-scoped lock; the two kinds share one key space, so a replica
-// of either release waits for one of the other.
+// time migrate: two replicas applying one file at once would each try to
+// create the same objects, and two concurrent builds of one index would
+// each do the whole work. Session and transaction advisory locks share one
+// key space, so a replica of a release that took it per transaction waits
+// too.
 const schemaLockKey = 0x6f7574626f78 // "outbox"
 
 const (
-	// migrateLockWait bounds what one try of schema.sql's transaction
+	// migrateLockWait bounds what one try of a migration's transaction
 	// waits for locks, all its statements together (the LOCK TABLE of
 	// every outbox table it begins with, then the file's): each runs with
 	// a lock_timeout of what is left of it (at least 1 ms). A statement
@@ -42,18 +43,18 @@ const (
 	// the rest of the transaction takes, well inside the 1 s a rolling
 	// upgrade allows a producer (TestMigrationUnderWriteLoadStallsProducersBriefly).
 	migrateLockWait = 500 * time.Millisecond
-	// migrateIndexLockWait is the lock_timeout of each concurrent index
-	// statement. Those locks queue no producer (they conflict with other
+	// migrateIndexLockWait is the lock_timeout of each online statement.
+	// Those locks queue no producer (they conflict with other
 	// DDL and vacuum, not with writes), but a build also waits for every
 	// transaction older than it to end, and a session left idle in a
 	// transaction would make it wait for ever: this turns that into a
 	// retry, then an error naming the index, rather than a start that
 	// hangs without a word.
 	migrateIndexLockWait = time.Minute
-	// migrateAttempts bounds the tries of schema.sql's transaction, and of
-	// each index statement, that ran out of lock time or were chosen as a
-	// deadlock's victim (a replica starting with a new schema.sql while
-	// others serve traffic meets a transaction that locks the tables in
+	// migrateAttempts bounds the tries of a migration's transaction, and
+	// of each online statement, that ran out of lock time or were chosen
+	// as a deadlock's victim (a replica migrating while others serve
+	// traffic meets a transaction that locks the tables in
 	// another order than it does: schemaTablesQuery). With the pauses
 	// below, a lock held for half a minute by someone else is waited out;
 	// one held longer is an error that names the statement, for an
@@ -302,8 +303,7 @@ func unlockSchema(ctx context.Context, conn *sql.Conn) error {
 // that queues behind it holds none of its tables. What still runs against
 // the order is rarer, and a try it costs is tried again: a read that
 // names another outbox table before events in one statement, as a page
-// of the panel can; and a claim of a release before 0.5.0, which locks
-// its replica's row before events.
+// of the panel can.
 const schemaTablesQuery = `
 SELECT c.relname
 FROM pg_class AS c

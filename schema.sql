@@ -25,9 +25,10 @@ COMMENT ON SCHEMA outbox IS
 
 -- migrations records each numbered file of migrations/ that this database
 -- has. A fresh install records them all at once, since this file is what
--- they add up to; an upgrade records each as it applies it. finished_at
--- is set once a migration's concurrent index builds are done, NULL while
--- they are not. One row a migration: bounded.
+-- they add up to; an upgrade records each as it applies it (migrate.go).
+-- finished_at is set once a migration's online statements (indexes built
+-- CONCURRENTLY, constraints validated) are done, NULL while they are not.
+-- One row a migration: bounded.
 CREATE TABLE outbox.migrations (
   version     integer     PRIMARY KEY CHECK (version > 0),
   name        text        NOT NULL UNIQUE,
