@@ -339,3 +339,10 @@ func scanID(row rowScanner) (int64, error) {
 	err := row.Scan(&id)
 	return id, err
 }
+
+// scanString reads a row of one text, for queryAll.
+func scanString(row rowScanner) (string, error) {
+	var s string
+	err := row.Scan(&s)
+	return s, err
+}

@@ -357,9 +357,19 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (C
 	return cfg, cfg.validate()
 }
 
-// configFlags declares every flag of cfg, with cfg's values as defaults,
-// on a new flag set writing its usage to stderr. One flag a line: a long
-// list is the point of this function.
+// databaseFlags registers how outboxd reaches its database and brings
+// the schema to this release.
+func databaseFlags(fs *flag.FlagSet, cfg *Config) {
+	fs.StringVar(&cfg.DatabaseURL, "database-url", cfg.DatabaseURL, "PostgreSQL connection URL; empty starts a private cluster under -data-dir")
+	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "folder of the private PostgreSQL cluster used when -database-url is empty")
+	fs.IntVar(&cfg.DBMaxConns, "db-max-conns", cfg.DBMaxConns, "most open database connections of the pool")
+	fs.DurationVar(&cfg.DatabaseWait, "database-wait", cfg.DatabaseWait, "how long a start waits for a database that refuses connections or is starting up, trying again; what no wait can fix (a login refused, no such role or database) fails at once; 0 fails at once")
+	fs.StringVar(&cfg.PoolMode, "pool-mode", cfg.PoolMode, "session, or transaction behind a pooler in transaction mode (PgBouncer): no LISTEN, -relay-sweep 1s unless given, retention locks per batch")
+	fs.BoolVar(&cfg.Migrate, "migrate", cfg.Migrate, "apply the schema's missing migrations at start; false refuses to start on a database that is not at this release, naming what it lacks")
+	fs.BoolVar(&cfg.PrintSQL, "print-sql", cfg.PrintSQL, "with migrate: print the SQL that would bring the database to this release, for your own migration tools, and apply nothing")
+	fs.StringVar(&cfg.FromRelease, "from-release", cfg.FromRelease, "with migrate -print-sql: print the SQL from this release (0.1.0, ...; none: an empty database) without reading the database")
+}
+
 // alertFlags registers the alert thresholds, AlertConfig's settings.
 func alertFlags(fs *flag.FlagSet, a *AlertConfig) {
 	fs.IntVar(&a.BacklogRows, "alert-backlog", a.BacklogRows, "un-fanned events above which events_backlog fires")
@@ -371,11 +381,12 @@ func alertFlags(fs *flag.FlagSet, a *AlertConfig) {
 	fs.DurationVar(&a.ClientCertExpiry, "alert-client-cert-expiry", a.ClientCertExpiry, "how long before an endpoint's client certificate expires client_certificate_expiring fires")
 }
 
+// configFlags declares every flag of cfg, with cfg's values as defaults,
+// on a new flag set writing its usage to stderr. One flag a line: a long
+// list is the point of this function.
 func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("outboxd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&cfg.DatabaseURL, "database-url", cfg.DatabaseURL, "PostgreSQL connection URL; empty starts a private cluster under -data-dir")
-	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "folder of the private PostgreSQL cluster used when -database-url is empty")
 	fs.StringVar(&cfg.Addr, "addr", cfg.Addr, "HTTP listen address")
 	fs.StringVar(&cfg.AdminToken, "admin-token", cfg.AdminToken, "bearer token for /api/ and the panel; empty generates one at start")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "log format: text or json")
@@ -384,10 +395,7 @@ func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&cfg.EgressProxy, "egress-proxy", cfg.EgressProxy, "HTTP CONNECT proxy every webhook and probe goes through: http(s)://[user:password@]host:port; empty: connect directly")
 	fs.BoolVar(&cfg.Demo, "demo", cfg.Demo, "create a watched sample table and write to it, to show events flowing")
 	fs.BoolVar(&cfg.DisableListen, "disable-listen", cfg.DisableListen, "do not LISTEN; rely on the sweeps alone (-pool-mode transaction implies it)")
-	fs.StringVar(&cfg.PoolMode, "pool-mode", cfg.PoolMode, "session, or transaction behind a pooler in transaction mode (PgBouncer): no LISTEN, -relay-sweep 1s unless given, retention locks per batch")
-	fs.BoolVar(&cfg.Migrate, "migrate", cfg.Migrate, "apply the schema's missing migrations at start; false refuses to start on a database that is not at this release, naming what it lacks")
-	fs.BoolVar(&cfg.PrintSQL, "print-sql", cfg.PrintSQL, "with migrate: print the SQL that would bring the database to this release, for your own migration tools, and apply nothing")
-	fs.StringVar(&cfg.FromRelease, "from-release", cfg.FromRelease, "with migrate -print-sql: print the SQL from this release (0.1.0, ...; none: an empty database) without reading the database")
+	databaseFlags(fs, cfg)
 	fs.IntVar(&cfg.Relay.BatchSize, "relay-batch", cfg.Relay.BatchSize, "most events claimed by one relay transaction")
 	fs.IntVar(&cfg.Relay.MaxFailures, "relay-max-failures", cfg.Relay.MaxFailures, "failed relay attempts after which an event is poisoned")
 	fs.DurationVar(&cfg.Relay.SweepInterval, "relay-sweep", cfg.Relay.SweepInterval, "relay pass interval without a notification")
@@ -421,8 +429,6 @@ func configFlags(cfg *Config, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&cfg.Mail.From, "smtp-from", cfg.Mail.From, "sender address of every mail")
 	fs.StringVar(&cfg.Mail.MessageIDHost, "smtp-message-id-host", cfg.Mail.MessageIDHost, "host part of Message-ID <event id@host>; empty: the domain of -smtp-from")
 	fs.IntVar(&cfg.Mail.OwnerNotifyPerHour, "owner-notify-per-hour", cfg.Mail.OwnerNotifyPerHour, "most mails per endpoint owner per hour about failing or disabled endpoints")
-	fs.IntVar(&cfg.DBMaxConns, "db-max-conns", cfg.DBMaxConns, "most open database connections of the pool")
-	fs.DurationVar(&cfg.DatabaseWait, "database-wait", cfg.DatabaseWait, "how long a start waits for a database that refuses connections or is starting up, trying again; what no wait can fix (a login refused, no such role or database) fails at once; 0 fails at once")
 	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "time in-flight work gets to finish on SIGTERM or Ctrl-C; a second signal stops at once, and what was in flight is rescued as after a crash")
 	fs.StringVar(&cfg.SecretsKey, "secrets-key", cfg.SecretsKey, "key that seals endpoint and source secrets at rest: 32 bytes in standard base64 (openssl rand -base64 32); empty stores them unsealed")
 	fs.StringVar(&cfg.SecretsOldKey, "secrets-old-key", cfg.SecretsOldKey, "the key being rotated out: opens the secrets it sealed, seals none (outboxd secrets rotate-key)")

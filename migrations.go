@@ -13,7 +13,6 @@ import (
 	"embed"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"io/fs"
 	"path"
 	"regexp"
@@ -84,23 +83,6 @@ func embeddedMigrations() []migrationFile {
 	return files
 }
 
-// schemaChecksum identifies this binary's schema, both forms: what a
-// replica records of itself (outbox.replicas.schema_version), so that two
-// builds of one release with different schemas can be told apart.
-func schemaChecksum() string {
-	return newMigration(nil).checksum()
-}
-
-func (m migration) checksum() string {
-	h := sha256.New()
-	h.Write([]byte(m.schema))
-	for _, f := range m.files {
-		h.Write([]byte{0})
-		h.Write([]byte(f.checksum))
-	}
-	return hex.EncodeToString(h.Sum(nil))
-}
-
 // statements cuts f into what runs in its transaction and what runs
 // after it, one statement at a time: the online statements.
 func (f migrationFile) statements() (inTx []sqlStatement, online []onlineStatement, err error) {
@@ -169,9 +151,9 @@ func parseOnlineStatement(s sqlStatement, file string) (onlineStatement, bool, e
 }
 
 // legacyChecksums are what releases before numbered migrations recorded
-// in outbox.schema_applied: the checksum of their schema.sql and
-// schema_indexes.sql, by the migration that brings a database to that
-// release. The first of a version is its release's own.
+// in outbox.schema_applied: the checksum of their schema files, by the
+// migration that brings a database to that release. The first of a
+// version is its release's own.
 var legacyChecksums = []struct {
 	checksum string
 	version  int
@@ -382,75 +364,96 @@ func migrationsAfter(files []migrationFile, release string) ([]migrationStep, er
 	return nil, fmt.Errorf("no release %q: this binary's are %s, or none for an empty database", release, strings.Join(known, ", "))
 }
 
-// printMigrationSQL writes the SQL that brings a database of release
-// from ("none": an empty one) to m's release.
-func printMigrationSQL(w io.Writer, m migration, from string) error {
-	if from == "none" {
-		return m.printSQL(w, "an empty database", true, nil)
-	}
-	steps, err := migrationsAfter(m.files, from)
-	if err != nil {
-		return err
-	}
-	return m.printSQL(w, "a database of release "+from, false, steps)
+// sqlStatement is one statement of a schema file, without its semicolon,
+// and the line it starts on.
+type sqlStatement struct {
+	line int
+	text string
 }
 
-// printDatabaseMigrationSQL writes the SQL that brings db to this
-// binary's release, reading what it has and changing nothing.
-func printDatabaseMigrationSQL(ctx context.Context, w io.Writer, db *sql.DB) error {
-	m := newMigration(nil)
-	state, err := readSchemaState(ctx, db)
-	if err != nil {
-		return err
-	}
-	steps, err := state.plan(m.files)
-	if err != nil {
-		return err
-	}
-	return m.printSQL(w, "this database", state.fresh, steps)
+// label names s in errors and logs: file and line, and its start.
+func (s sqlStatement) label(file string) string {
+	return fmt.Sprintf("%s:%d %s", file, s.line, truncate(strings.Join(strings.Fields(s.text), " "), 80))
 }
 
-// printSQL writes what run would apply to a database that is fresh or
-// lacks steps, in the order it would: each transaction between BEGIN and
-// COMMIT, and each online statement on its own after it. The statements
-// that record each migration are part of it.
-func (m migration) printSQL(w io.Writer, what string, fresh bool, steps []migrationStep) error {
-	release := m.files[len(m.files)-1].release
-	var b strings.Builder
-	fmt.Fprintf(&b, "-- The SQL that brings %s to outboxd release %s, as `outboxd migrate` applies it.\n", what, release)
-	b.WriteString("-- Run each BEGIN ... COMMIT as one transaction, with a short lock_timeout and a retry\n" +
-		"-- if the database is in use; run the statements after a COMMIT one at a time, outside\n" +
-		"-- any transaction (CREATE INDEX CONCURRENTLY refuses to run in one).\n")
-	writeTx := func(file string, stmts []sqlStatement, record string) {
-		fmt.Fprintf(&b, "\n-- %s\nBEGIN;\n\n", file)
-		for _, s := range stmts {
-			b.WriteString(s.text + ";\n\n")
-		}
-		b.WriteString(record + ";\n\nCOMMIT;\n")
-	}
-	if fresh {
-		writeTx("schema.sql", splitSQL(m.schema), recordSQL(m.files, true))
-	}
-	if !fresh && len(steps) == 0 {
-		fmt.Fprintf(&b, "\n-- Nothing: it is at release %s.\n", release)
-	}
-	for _, st := range steps {
-		inTx, online, err := st.file.statements()
-		if err != nil {
-			return err
-		}
-		applied := m.files[:st.file.version]
-		if !st.onlineOnly {
-			writeTx("migrations/"+st.file.name, inTx, recordSQL(applied, len(online) == 0))
-		}
-		if len(online) > 0 {
-			fmt.Fprintf(&b, "\n-- migrations/%s, outside any transaction\n", st.file.name)
-			for _, o := range online {
-				b.WriteString(o.text + ";\n")
+// dollarQuoteTag matches the opening of a dollar-quoted string, $$ or $tag$.
+var dollarQuoteTag = regexp.MustCompile(`^\$[A-Za-z_][A-Za-z_0-9]*\$|^\$\$`)
+
+// splitSQL cuts a schema file into its statements at the semicolons that
+// end them: not those in comments, quoted strings and identifiers, or
+// dollar-quoted bodies. Comments between statements are dropped. It reads
+// what outboxd's own files hold, not every SQL PostgreSQL accepts (no
+// E'...' escapes); TestSplitSQL says what it handles.
+func splitSQL(src string) []sqlStatement {
+	var stmts []sqlStatement
+	start := -1 // where the current statement began; -1 between statements
+	for i := 0; i < len(src); {
+		c := src[i]
+		switch {
+		case strings.HasPrefix(src[i:], "--"):
+			i = skipPast(src, i, "\n", 0)
+		case strings.HasPrefix(src[i:], "/*"):
+			i = skipPast(src, i+2, "*/", len("*/"))
+		case c == ';':
+			if start >= 0 {
+				stmts = append(stmts, sqlStatement{
+					line: strings.Count(src[:start], "\n") + 1,
+					text: strings.TrimSpace(src[start:i]),
+				})
 			}
-			b.WriteString(recordSQL(applied, true) + ";\n")
+			start = -1
+			i++
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
+			i++
+		default:
+			if start < 0 {
+				start = i
+			}
+			i = skipToken(src, i)
 		}
 	}
-	_, err := io.WriteString(w, b.String())
-	return err
+	if start >= 0 {
+		stmts = append(stmts, sqlStatement{
+			line: strings.Count(src[:start], "\n") + 1,
+			text: strings.TrimSpace(src[start:]),
+		})
+	}
+	return stmts
+}
+
+// skipPast is the index in src past the first end at or after i (keep of
+// its bytes kept before it), or len(src) if there is none.
+func skipPast(src string, i int, end string, keep int) int {
+	j := strings.Index(src[i:], end)
+	if j < 0 {
+		return len(src)
+	}
+	return i + j + keep
+}
+
+// skipToken is the index past the token of a statement that starts at
+// i: a quoted string or identifier (a doubled quote is one quote
+// character inside), a dollar-quoted body, or one byte.
+func skipToken(src string, i int) int {
+	c := src[i]
+	if c == '\'' || c == '"' {
+		j := i + 1
+		for j < len(src) {
+			if src[j] == c {
+				if j+1 < len(src) && src[j+1] == c {
+					j += 2
+					continue
+				}
+				break
+			}
+			j++
+		}
+		return j + 1
+	}
+	if c == '$' {
+		if tag := dollarQuoteTag.FindString(src[i:min(i+64, len(src))]); tag != "" {
+			return skipPast(src, i+len(tag), tag, len(tag))
+		}
+	}
+	return i + 1
 }
