@@ -246,47 +246,47 @@ func checkPreviousOutcomes(t *testing.T, db *sql.DB, endpointID, completed, retr
 }
 
 // needGitHistory fails the test where CI=true, and skips it elsewhere:
-// the rolling upgrade needs the previous release's commit, which a shallow
+// an upgrade test needs an earlier release's commit, which a shallow
 // clone lacks.
-func needGitHistory(t *testing.T, why string) {
+func needGitHistory(t *testing.T, commit, release, why string) {
 	t.Helper()
-	msg := fmt.Sprintf("the rolling upgrade from release %s needs commit %s of this repository, git and the go tool: %s "+
-		"(a shallow clone lacks the commit: git fetch --unshallow)", previousReleaseVersion, previousRelease, why)
+	msg := fmt.Sprintf("the upgrade from release %s needs commit %s of this repository, git and the go tool: %s "+
+		"(a shallow clone lacks the commit: git fetch --unshallow)", release, commit, why)
 	if os.Getenv("CI") == "true" {
 		t.Fatal(msg)
 	}
 	t.Skip(msg)
 }
 
-// buildPreviousRelease checks out previousRelease in a git worktree under
-// a temporary folder and builds it, returning the binary.
-func buildPreviousRelease(t *testing.T) string {
+// buildRelease checks out commit, a build of release, in a git worktree
+// under a temporary folder and builds it, returning the binary.
+func buildRelease(t *testing.T, commit, release string) string {
 	t.Helper()
 	if _, err := exec.LookPath("git"); err != nil {
-		needGitHistory(t, "git is not installed")
+		needGitHistory(t, commit, release, "git is not installed")
 	}
 	goTool, err := exec.LookPath("go")
 	if err != nil {
-		needGitHistory(t, "go is not installed")
+		needGitHistory(t, commit, release, "go is not installed")
 	}
-	if out, err := exec.Command("git", "rev-parse", "--verify", "--quiet", previousRelease+"^{commit}").CombinedOutput(); err != nil {
-		needGitHistory(t, fmt.Sprintf("the commit is not in this clone (git rev-parse: %v%s)", err, strings.TrimRight("; "+string(out), "; \n")))
+	if out, err := exec.Command("git", "rev-parse", "--verify", "--quiet", commit+"^{commit}").CombinedOutput(); err != nil {
+		needGitHistory(t, commit, release, fmt.Sprintf("the commit is not in this clone (git rev-parse: %v%s)", err, strings.TrimRight("; "+string(out), "; \n")))
 	}
 	dir := t.TempDir()
 	src := filepath.Join(dir, "src")
-	if out, err := exec.Command("git", "worktree", "add", "--detach", src, previousRelease).CombinedOutput(); err != nil {
-		t.Fatalf("git worktree add %s: %v\n%s", previousRelease, err, out)
+	if out, err := exec.Command("git", "worktree", "add", "--detach", src, commit).CombinedOutput(); err != nil {
+		t.Fatalf("git worktree add %s: %v\n%s", commit, err, out)
 	}
 	t.Cleanup(func() {
 		if out, err := exec.Command("git", "worktree", "remove", "--force", src).CombinedOutput(); err != nil {
 			t.Errorf("git worktree remove: %v\n%s", err, out)
 		}
 	})
-	bin := filepath.Join(dir, "outboxd-"+previousReleaseVersion)
+	bin := filepath.Join(dir, "outboxd-"+release)
 	build := exec.Command(goTool, "build", "-o", bin, ".")
 	build.Dir = src
 	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build of release %s: %v\n%s", previousReleaseVersion, err, out)
+		t.Fatalf("go build of release %s (commit %s): %v\n%s", release, commit, err, out)
 	}
 	return bin
 }
@@ -539,7 +539,7 @@ type upgradeOverview struct {
 // no producer transaction takes over 1 s.
 func TestRollingUpgradeFromThePreviousReleaseLosesNothing(t *testing.T) {
 	t.Parallel()
-	previous := buildPreviousRelease(t)
+	previous := buildRelease(t, previousRelease, previousReleaseVersion)
 	db, dsn := newEmptyTestDB(t)
 	// Counts the calls of each SQL function, for the check that the old
 	// replica called this release's wrappers.
