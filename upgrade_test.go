@@ -467,13 +467,20 @@ type upgradeProducers struct {
 // startUpgradeProducers starts n producers, each recording an event every
 // interval.
 func startUpgradeProducers(db *sql.DB, n int, interval time.Duration) *upgradeProducers {
+	return startProducers(db, n, interval, recordUpgradeEvent)
+}
+
+// startProducers starts n producers, each running write every interval in
+// a transaction of its own; write is given the producer's number and how
+// many transactions it ran before.
+func startProducers(db *sql.DB, n int, interval time.Duration, write func(tx *sql.Tx, producer, seq int) error) *upgradeProducers {
 	p := &upgradeProducers{}
 	for i := range n {
 		p.wg.Go(func() {
 			tick := time.NewTicker(interval)
 			defer tick.Stop()
 			for seq := 0; !p.stop.Load(); seq++ {
-				took, err := p.produce(db, fmt.Sprintf("%d-%d", i, seq))
+				took, err := p.produce(db, func(tx *sql.Tx) error { return write(tx, i, seq) })
 				p.mu.Lock()
 				p.longest = max(p.longest, took)
 				if err != nil && p.err == nil {
@@ -490,23 +497,29 @@ func startUpgradeProducers(db *sql.DB, n int, interval time.Duration) *upgradePr
 	return p
 }
 
-// produce records one event in a transaction of its own, as an
-// application does with its business write, and says how long the
-// transaction took, BEGIN to COMMIT.
-func (p *upgradeProducers) produce(db *sql.DB, subject string) (time.Duration, error) {
+// produce runs write in a transaction of its own, as an application does
+// its business write, and says how long the transaction took, BEGIN to
+// COMMIT.
+func (p *upgradeProducers) produce(db *sql.DB, write func(tx *sql.Tx) error) (time.Duration, error) {
 	began := time.Now()
 	tx, err := db.Begin()
 	if err != nil {
 		return 0, err
 	}
 	defer tx.Rollback()
-	// The three-argument call an application of any release makes: the
-	// previous release's schema has no other, and this one's keeps it.
-	if _, err := tx.Exec(`SELECT outbox.record('upgrade.test', $1, '{}')`, subject); err != nil {
+	if err := write(tx); err != nil {
 		return time.Since(began), err
 	}
 	err = tx.Commit()
 	return time.Since(began), err
+}
+
+// recordUpgradeEvent records one event with the three-argument call an
+// application of any release makes: the previous release's schema has no
+// other, and this one's keeps it.
+func recordUpgradeEvent(tx *sql.Tx, producer, seq int) error {
+	_, err := tx.Exec(`SELECT outbox.record('upgrade.test', $1, '{}')`, fmt.Sprintf("%d-%d", producer, seq))
+	return err
 }
 
 // stopAndWait stops the producers, and returns the longest transaction and
