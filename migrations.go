@@ -153,12 +153,14 @@ func parseOnlineStatement(s sqlStatement, file string) (onlineStatement, bool, e
 // legacyChecksums are what releases before numbered migrations recorded
 // in outbox.schema_applied: the checksum of their schema files, by the
 // migration that brings a database to that release. The first of a
-// version is its release's own.
+// version is its release's own. 0.1.0's also covers two SQL functions its
+// Go code held: it is what both its builds record, not the checksum of
+// its files alone.
 var legacyChecksums = []struct {
 	checksum string
 	version  int
 }{
-	{"5aaa967c6fca49984d7d2f2e61be8fd925220998194a0b32646296746ccdc482", 1}, // 0.1.0
+	{"de3ebbbc0a5fecf3ab386213370e628febe1b51b7323eb47cd0afb77c8b8c141", 1}, // 0.1.0
 	{"5ed975c4a51e03735e0097fd9436c19e5b2dd37a26afc21e0a5ea1248906094b", 2}, // 0.2.0
 	{"6e9c2e175957d1587271ecdd9c8fb8ebe450817aa2f69c36598fb4ab3d3599e1", 3}, // 0.3.0
 	{"9429820bbc8762022040b6ec993748040e8beff6b2ec2e65fe884b3a245ecbbe", 4}, // 0.4.0

@@ -247,47 +247,47 @@ func checkPreviousOutcomes(t *testing.T, db *sql.DB, endpointID, completed, retr
 }
 
 // needGitHistory fails the test where CI=true, and skips it elsewhere:
-// the rolling upgrade needs the previous release's commit, which a shallow
+// an upgrade test needs an earlier release's commit, which a shallow
 // clone lacks.
-func needGitHistory(t *testing.T, why string) {
+func needGitHistory(t *testing.T, commit, release, why string) {
 	t.Helper()
-	msg := fmt.Sprintf("the rolling upgrade from release %s needs commit %s of this repository, git and the go tool: %s "+
-		"(a shallow clone lacks the commit: git fetch --unshallow)", previousReleaseVersion, previousRelease, why)
+	msg := fmt.Sprintf("the upgrade from release %s needs commit %s of this repository, git and the go tool: %s "+
+		"(a shallow clone lacks the commit: git fetch --unshallow)", release, commit, why)
 	if os.Getenv("CI") == "true" {
 		t.Fatal(msg)
 	}
 	t.Skip(msg)
 }
 
-// buildPreviousRelease checks out previousRelease in a git worktree under
-// a temporary folder and builds it, returning the binary.
-func buildPreviousRelease(t *testing.T) string {
+// buildRelease checks out commit, a build of release, in a git worktree
+// under a temporary folder and builds it, returning the binary.
+func buildRelease(t *testing.T, commit, release string) string {
 	t.Helper()
 	if _, err := exec.LookPath("git"); err != nil {
-		needGitHistory(t, "git is not installed")
+		needGitHistory(t, commit, release, "git is not installed")
 	}
 	goTool, err := exec.LookPath("go")
 	if err != nil {
-		needGitHistory(t, "go is not installed")
+		needGitHistory(t, commit, release, "go is not installed")
 	}
-	if out, err := exec.Command("git", "rev-parse", "--verify", "--quiet", previousRelease+"^{commit}").CombinedOutput(); err != nil {
-		needGitHistory(t, fmt.Sprintf("the commit is not in this clone (git rev-parse: %v%s)", err, strings.TrimRight("; "+string(out), "; \n")))
+	if out, err := exec.Command("git", "rev-parse", "--verify", "--quiet", commit+"^{commit}").CombinedOutput(); err != nil {
+		needGitHistory(t, commit, release, fmt.Sprintf("the commit is not in this clone (git rev-parse: %v%s)", err, strings.TrimRight("; "+string(out), "; \n")))
 	}
 	dir := t.TempDir()
 	src := filepath.Join(dir, "src")
-	if out, err := exec.Command("git", "worktree", "add", "--detach", src, previousRelease).CombinedOutput(); err != nil {
-		t.Fatalf("git worktree add %s: %v\n%s", previousRelease, err, out)
+	if out, err := exec.Command("git", "worktree", "add", "--detach", src, commit).CombinedOutput(); err != nil {
+		t.Fatalf("git worktree add %s: %v\n%s", commit, err, out)
 	}
 	t.Cleanup(func() {
 		if out, err := exec.Command("git", "worktree", "remove", "--force", src).CombinedOutput(); err != nil {
 			t.Errorf("git worktree remove: %v\n%s", err, out)
 		}
 	})
-	bin := filepath.Join(dir, "outboxd-"+previousReleaseVersion)
+	bin := filepath.Join(dir, "outboxd-"+release)
 	build := exec.Command(goTool, "build", "-o", bin, ".")
 	build.Dir = src
 	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build of release %s: %v\n%s", previousReleaseVersion, err, out)
+		t.Fatalf("go build of release %s (commit %s): %v\n%s", release, commit, err, out)
 	}
 	return bin
 }
@@ -468,13 +468,20 @@ type upgradeProducers struct {
 // startUpgradeProducers starts n producers, each recording an event every
 // interval.
 func startUpgradeProducers(db *sql.DB, n int, interval time.Duration) *upgradeProducers {
+	return startProducers(db, n, interval, recordUpgradeEvent)
+}
+
+// startProducers starts n producers, each running write every interval in
+// a transaction of its own; write is given the producer's number and how
+// many transactions it ran before.
+func startProducers(db *sql.DB, n int, interval time.Duration, write func(tx *sql.Tx, producer, seq int) error) *upgradeProducers {
 	p := &upgradeProducers{}
 	for i := range n {
 		p.wg.Go(func() {
 			tick := time.NewTicker(interval)
 			defer tick.Stop()
 			for seq := 0; !p.stop.Load(); seq++ {
-				took, err := p.produce(db, fmt.Sprintf("%d-%d", i, seq))
+				took, err := p.produce(db, func(tx *sql.Tx) error { return write(tx, i, seq) })
 				p.mu.Lock()
 				p.longest = max(p.longest, took)
 				if err != nil && p.err == nil {
@@ -491,23 +498,29 @@ func startUpgradeProducers(db *sql.DB, n int, interval time.Duration) *upgradePr
 	return p
 }
 
-// produce records one event in a transaction of its own, as an
-// application does with its business write, and says how long the
-// transaction took, BEGIN to COMMIT.
-func (p *upgradeProducers) produce(db *sql.DB, subject string) (time.Duration, error) {
+// produce runs write in a transaction of its own, as an application does
+// its business write, and says how long the transaction took, BEGIN to
+// COMMIT.
+func (p *upgradeProducers) produce(db *sql.DB, write func(tx *sql.Tx) error) (time.Duration, error) {
 	began := time.Now()
 	tx, err := db.Begin()
 	if err != nil {
 		return 0, err
 	}
 	defer tx.Rollback()
-	// The three-argument call an application of any release makes: the
-	// previous release's schema has no other, and this one's keeps it.
-	if _, err := tx.Exec(`SELECT outbox.record('upgrade.test', $1, '{}')`, subject); err != nil {
+	if err := write(tx); err != nil {
 		return time.Since(began), err
 	}
 	err = tx.Commit()
 	return time.Since(began), err
+}
+
+// recordUpgradeEvent records one event with the three-argument call an
+// application of any release makes: the previous release's schema has no
+// other, and this one's keeps it.
+func recordUpgradeEvent(tx *sql.Tx, producer, seq int) error {
+	_, err := tx.Exec(`SELECT outbox.record('upgrade.test', $1, '{}')`, fmt.Sprintf("%d-%d", producer, seq))
+	return err
 }
 
 // stopAndWait stops the producers, and returns the longest transaction and
@@ -540,7 +553,7 @@ type upgradeOverview struct {
 // no producer transaction takes over 1 s.
 func TestRollingUpgradeFromThePreviousReleaseLosesNothing(t *testing.T) {
 	t.Parallel()
-	previous := buildPreviousRelease(t)
+	previous := buildRelease(t, previousRelease, previousReleaseVersion)
 	db, dsn := newEmptyTestDB(t)
 	// Counts the calls of each SQL function, for the check that the old
 	// replica called this release's wrappers.
