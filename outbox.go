@@ -444,6 +444,10 @@ type EventFilter struct {
 	// "pending" (a job is still to finish, or the event waits to be fanned
 	// out), or "" for any. An event can be both failed and pending.
 	Outcome string
+	// Payload is a JSON object the event's payload contains (jsonb @>),
+	// "" for any: {"customer": {"id": 42}} finds every event about that
+	// customer, whatever else its payload holds.
+	Payload string
 	Since   time.Time // recorded at or after; zero: no bound
 	Until   time.Time // recorded before; zero: no bound
 	Before  int64     // only ids below this; 0: from the newest
@@ -516,6 +520,7 @@ WHERE ($1::bigint = 0 OR id < $1::bigint)
        OR ($5 = 'unfanned' AND fanned_out_at IS NULL AND poisoned_at IS NULL)
        OR ($5 = 'fanned' AND fanned_out_at IS NOT NULL)
        OR ($5 = 'poisoned' AND poisoned_at IS NOT NULL))
+  AND ($10::jsonb IS NULL OR payload @> $10::jsonb)
   AND ($6::timestamptz IS NULL OR created_at >= $6::timestamptz)
   AND ($7::timestamptz IS NULL OR created_at < $7::timestamptz)
   AND ($8 = ''
@@ -600,11 +605,19 @@ func listEvents(ctx context.Context, db *sql.DB, f EventFilter, limit int) ([]Ev
 		query = listEventsNewerSQL
 	}
 	events, err := queryAll(ctx, db, scanEvent, query, f.Before, f.After, f.Topic, f.Subject, f.State,
-		nullTime(f.Since), nullTime(f.Until), f.Outcome, limit)
+		nullTime(f.Since), nullTime(f.Until), f.Outcome, limit, nullText(f.Payload))
 	if err != nil {
 		return nil, fmt.Errorf("list events: %w", err)
 	}
 	return events, nil
+}
+
+// nullText is s as a query parameter: NULL when empty.
+func nullText(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
 }
 
 // nullTime is t as a query parameter: NULL when zero.

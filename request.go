@@ -231,7 +231,7 @@ type jsonLevel struct {
 // formed, in one pass, and refuses:
 //   - a name given twice in one object at any depth, and, in the
 //     outermost object, a name that is not exactly one of fields (the
-//     decoder took it by its case-insensitive match);
+//     decoder took it by its case-insensitive match; nil fields take any);
 //   - a string, name or value, that is not text: bytes that are not
 //     UTF-8, or a \ud800-\udfff escape that is not half of a high-low
 //     pair. encoding/json turns both into U+FFFD without a word, which
@@ -272,7 +272,7 @@ func checkJSONBody(data []byte, fields map[string]bool) error {
 				switch {
 				case in.names[name]:
 					return fmt.Errorf("request body: %q given twice in one object", name)
-				case len(levels) == 1 && !fields[name]:
+				case len(levels) == 1 && fields != nil && !fields[name]:
 					return fmt.Errorf("request body: unknown field %q (names are case-sensitive)", name)
 				}
 				in.names[name], in.member, atName = true, name, false
@@ -467,6 +467,31 @@ func (q *query) integer(name string, def, lo, hi int64, bad string) int64 {
 	return n
 }
 
+// jsonObject reads the value of name as a JSON object, for a search by
+// containment: "" when absent. It is held to what a request body is held
+// to (checkJSONBody): PostgreSQL refuses a lone surrogate escape that
+// Go's decoder would take, and keeps the last of a name given twice.
+func (q *query) jsonObject(name string) string {
+	s := q.text(name)
+	if s == "" || q.err != nil {
+		return ""
+	}
+	var v any
+	d := json.NewDecoder(strings.NewReader(s))
+	if err := d.Decode(&v); err != nil || d.Decode(&struct{}{}) != io.EOF {
+		q.fail(fmt.Errorf(`%w: %s is not one JSON value: %q`, errInvalid, name, s))
+		return ""
+	}
+	if _, ok := v.(map[string]any); !ok {
+		q.fail(fmt.Errorf(`%w: %s must be a JSON object, such as {"status": "paid"}; got %q`, errInvalid, name, s))
+		return ""
+	}
+	if err := checkJSONBody([]byte(s), nil); err != nil {
+		q.fail(fmt.Errorf("%w: %s: %s", errInvalid, name, strings.TrimPrefix(err.Error(), "request body: ")))
+		return ""
+	}
+	return s
+}
 // instant is an optional RFC 3339 time; absent, the zero time.
 func (q *query) instant(name string) time.Time {
 	s := q.values.Get(name)
@@ -483,7 +508,7 @@ func (q *query) instant(name string) time.Time {
 // eventFilterFrom reads the stream's filter from the query.
 func eventFilterFrom(q *query) EventFilter {
 	return EventFilter{Topic: q.text("topic"), Subject: q.text("subject"), State: q.text("state"),
-		Outcome: q.text("outcome"), Since: q.instant("since"), Until: q.instant("until"),
+		Outcome: q.text("outcome"), Payload: q.jsonObject("payload"), Since: q.instant("since"), Until: q.instant("until"),
 		Before: q.natural("before"), After: q.natural("after"), Limit: q.limit(defaultPageSize, maxEventPage)}
 }
 

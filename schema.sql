@@ -280,6 +280,15 @@ CREATE INDEX events_poisoned_by_id
   ON outbox.events (id)
   WHERE poisoned_at IS NOT NULL;
 
+-- Serves the search by payload (GET /api/events?payload=, the events
+-- page): "the events whose payload contains this JSON object", jsonb @>.
+-- jsonb_path_ops keeps one hash a path to a value, smaller and faster for
+-- @> than the default operator class, which also serves the key-exists
+-- operators nothing here asks. What it costs a producer is in
+-- docs/performance.md.
+CREATE INDEX events_by_payload
+  ON outbox.events USING gin (payload jsonb_path_ops);
+
 -- Serves events retention (retention.go): "fanned out before the cutoff,
 -- oldest first". Un-fanned and poisoned rows, which retention never deletes,
 -- stay out of it, so the hourly delete walks only rows it may remove instead

@@ -1522,3 +1522,7 @@ CREATE TABLE IF NOT EXISTS outbox.migrations (
 ALTER TABLE outbox.events VALIDATE CONSTRAINT events_traceparent_format;
 ALTER TABLE outbox.events VALIDATE CONSTRAINT events_tracestate_format;
 ALTER TABLE outbox.events VALIDATE CONSTRAINT events_owner_format;
+
+-- The search by payload (GET /api/events?payload=): built online, as
+-- every index of a queue table is.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS events_by_payload ON outbox.events USING gin (payload jsonb_path_ops);
