@@ -492,6 +492,7 @@ func (q *query) jsonObject(name string) string {
 	}
 	return s
 }
+
 // instant is an optional RFC 3339 time; absent, the zero time.
 func (q *query) instant(name string) time.Time {
 	s := q.values.Get(name)
