@@ -54,17 +54,44 @@ func niceAxis(v float64) (top float64, steps int) {
 	return 10 * p, 5 // unreachable: 10 × p > v
 }
 
-// timeTickEvery is the spacing of the time axis' ticks for a window of
-// this many minutes: about six ticks.
-func timeTickEvery(minutes int) time.Duration {
-	switch {
-	case minutes <= 60:
-		return 10 * time.Minute
-	case minutes <= 6*60:
-		return time.Hour
-	default:
-		return 4 * time.Hour
+// timeTickSpacings are the time axis' round spacings, the shortest first:
+// each ends on the clock's round minutes and hours.
+var timeTickSpacings = []time.Duration{
+	time.Minute, 2 * time.Minute, 5 * time.Minute, 10 * time.Minute, 15 * time.Minute, 30 * time.Minute,
+	time.Hour, 2 * time.Hour, 3 * time.Hour, 4 * time.Hour, 6 * time.Hour, 12 * time.Hour,
+}
+
+// maxTimeTicks is the most labels a time axis gets: about six, like an
+// hour in 10 minutes and a day in 4 hours, at least 130 units apart on
+// the plot's 1,040 (a label, "15:04", is about 32 wide).
+const maxTimeTicks = 7
+
+// timeTicks are the times a time axis labels for points from first to
+// last, step apart: every multiple of the shortest round spacing (a whole
+// number of steps) that puts no more than maxTimeTicks in the span. An
+// axis needs two labels to read as a scale; where fewer round times fall
+// in the span (a few minutes, or buckets that start on no round time),
+// its ends are labelled instead.
+func timeTicks(first, last time.Time, step time.Duration) []time.Time {
+	for _, every := range timeTickSpacings {
+		if every < step || every%step != 0 {
+			continue
+		}
+		var ticks []time.Time
+		for t := first.Truncate(every); !t.After(last); t = t.Add(every) {
+			if !t.Before(first) {
+				ticks = append(ticks, t)
+			}
+		}
+		if len(ticks) > maxTimeTicks {
+			continue
+		}
+		if len(ticks) < 2 {
+			break
+		}
+		return ticks
 	}
+	return []time.Time{first, last}
 }
 
 // countChart is a chart of counts over time: a line for each series of
@@ -230,26 +257,14 @@ func yUnit(b *strings.Builder, unit string) {
 }
 
 // timeAxis draws the x axis of a series of points step apart at height
-// y0: a tick at each whole step of UTC time (between two points when the
-// points are buckets that do not start on it), and its unit; trimmed,
+// y0: a labelled tick at each of timeTicks' UTC times (between two points
+// when the points are buckets that do not start on it), and its unit; trimmed,
 // the window's start was cut to its first point with data, and the unit
 // says so.
 func timeAxis(b *strings.Builder, times []time.Time, step time.Duration, trimmed bool, x func(float64) float64, y0 float64) {
-	first, last := times[0], times[len(times)-1]
-	tick := timeTickEvery(len(times) * int(step/time.Minute))
+	first := times[0]
 	fmt.Fprintf(b, `<line class="axis" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>`, dchartLeft, y0, dchartW-dchartRight, y0)
-	var ticks []time.Time
-	for t := first.Truncate(tick); !t.After(last); t = t.Add(tick) {
-		if !t.Before(first) {
-			ticks = append(ticks, t)
-		}
-	}
-	if len(ticks) == 0 {
-		// A span shorter than a tick (a young service's minutes): its
-		// ends, so that the axis still reads as times.
-		ticks = []time.Time{first, last}
-	}
-	for _, t := range ticks {
+	for _, t := range timeTicks(first, times[len(times)-1], step) {
 		i := float64(t.Sub(first)) / float64(step)
 		fmt.Fprintf(b, `<line class="tick" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>`, x(i), y0, x(i), y0+5)
 		fmt.Fprintf(b, `<text class="xlabel" x="%.1f" y="%.1f" text-anchor="middle">%s</text>`, x(i), y0+18, t.UTC().Format("15:04"))

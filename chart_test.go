@@ -2,6 +2,7 @@ package main
 
 import (
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -60,5 +61,47 @@ func TestChartStartsAtFirstDataAndUnitClear(t *testing.T) {
 	full := string(deliveryChartSVG(series[1430:], "deliveries"))
 	if strings.Contains(full, "first minute with data") {
 		t.Error("a chart with data from its first minute says it was cut")
+	}
+}
+
+// Every time axis has at least two labels, so that it reads as a scale:
+// an hour, a day, a young service's few minutes, a day of 15-minute
+// buckets and two buckets that start on no round time; and at most seven,
+// far enough apart not to overlap.
+func TestTimeAxisHasSeveralLabels(t *testing.T) {
+	t.Parallel()
+	start := time.Date(2026, 5, 1, 12, 3, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name   string
+		points int
+		step   time.Duration
+	}{
+		{"an hour", 60, time.Minute},
+		{"a day", 1440, time.Minute},
+		{"a young service's 12 minutes", 12, time.Minute},
+		{"two minutes", 2, time.Minute},
+		{"a day's first 90 minutes", 90, time.Minute},
+		{"a day of 15-minute buckets", 96, 15 * time.Minute},
+		{"two 15-minute buckets", 2, 15 * time.Minute},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := countChart{label: tc.name, step: tc.step, lines: []countLine{{class: "delivered", name: "delivered"}}}
+			for i := range tc.points {
+				c.times = append(c.times, start.Add(time.Duration(i)*tc.step))
+				c.lines[0].values = append(c.lines[0].values, 1)
+			}
+			svg := string(countChartSVG(c))
+			labels := regexp.MustCompile(`<text class="xlabel" x="([0-9.]+)"[^>]*>(\d\d:\d\d)</text>`).FindAllStringSubmatch(svg, -1)
+			if len(labels) < 2 || len(labels) > 7 {
+				t.Fatalf("%d time labels, want 2 to 7: %v", len(labels), labels)
+			}
+			for i := 1; i < len(labels); i++ {
+				prev, _ := strconv.ParseFloat(labels[i-1][1], 64)
+				x, _ := strconv.ParseFloat(labels[i][1], 64)
+				if x-prev < 48 {
+					t.Errorf("labels %s at %.1f and %s at %.1f overlap", labels[i-1][2], prev, labels[i][2], x)
+				}
+			}
+		})
 	}
 }
