@@ -1,9 +1,11 @@
 // browser_overview_test.go: the overview in a browser, as a newcomer
-// reads it: the page's margin kept to its foot.
+// reads it: cards that add up to their total, and the page's margin kept
+// to its foot.
 
 package main
 
 import (
+	"database/sql"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,11 +15,34 @@ func TestOverviewInBrowser(t *testing.T) {
 	t.Parallel()
 	db, _ := newTestDB(t)
 	srv := newTestAdmin(t, db)
+	seedOverlappingEndpoints(t, db)
+
 	br := startBrowser(t)
 	br.open(srv.URL + "/login")
 	br.typeInto("input[name=token]", testToken)
 	br.click("form.login button")
 	br.find("#backlog")
+
+	// Five endpoints, three of them in two states at once: each is in one
+	// card, and the cards add up to the total shown.
+	t.Run("endpoint cards partition", func(t *testing.T) {
+		br := br.in(t)
+		want := map[string]int{"healthy": 1, "degraded": 1, "failing": 1, "paused": 1, "disabled": 1}
+		sum := 0
+		for card, n := range want {
+			got := figure(t, br, "#endpoints-"+card)
+			sum += got
+			if got != n {
+				t.Errorf("%s endpoints: %d, want %d", card, got, n)
+			}
+		}
+		if total := figure(t, br, "#endpoints-total"); total != 5 || sum != total {
+			t.Errorf("the endpoint cards add up to %d, the total shown is %d; want both 5", sum, total)
+		}
+		if got := br.text("#endpoint-precedence"); !strings.Contains(got, "the first of disabled, paused, failing and degraded") {
+			t.Errorf("the endpoints' cards are explained as %q, want it to say which card an endpoint in two states is in", got)
+		}
+	})
 
 	// The version footer starts where the page's content does.
 	t.Run("footer margin", func(t *testing.T) {
@@ -49,4 +74,36 @@ func figure(t *testing.T, br *webDriver, css string) int {
 		t.Fatalf("%s shows %q, not a number", css, br.text(css))
 	}
 	return n
+}
+
+// seedOverlappingEndpoints writes five endpoints, three of them in two
+// states at once: one healthy; one degraded by a failed attempt in the
+// last minute, its last attempt a success (enabled, and in trouble); one
+// failing, its breaker open; one failing and disabled; one degraded and
+// paused. It returns the paused one's id.
+func seedOverlappingEndpoints(t *testing.T, db *sql.DB) (paused int64) {
+	t.Helper()
+	ids := map[string]int64{}
+	for _, ep := range []struct{ name, set string }{
+		{"healthy", ``},
+		{"blip", ``},
+		{"failing", `breaker_opened_at = now(), consecutive_failures = 5, failing_since = now() - interval '10 minutes'`},
+		{"failing-disabled", `breaker_opened_at = now() - interval '5 days', consecutive_failures = 900, failing_since = now() - interval '5 days',
+			disabled_at = now(), disabled_reason = 'failed for 5 days', disabled_cause = 'failure'`},
+		{"degraded-paused", `paused_at = now(), failing_since = now() - interval '1 minute'`},
+	} {
+		var id int64
+		if err := db.QueryRow(`INSERT INTO outbox.endpoints (url, description, secret)
+			VALUES ('https://hooks.example/' || $1, $1, decode(repeat('ab', 32), 'hex')) RETURNING id`, ep.name).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		if ep.set != "" {
+			mustExec(t, db, `UPDATE outbox.endpoints SET `+ep.set+` WHERE id = $1`, id)
+		}
+		ids[ep.name] = id
+	}
+	mustExec(t, db, `
+		INSERT INTO outbox.delivery_stats (endpoint_id, minute, attempts, successes, failed_timeout, failed_4xx, failed_5xx, failed_connection, failed_other, latency_buckets)
+		VALUES ($1, date_trunc('minute', now()) - interval '1 minute', 10, 9, 0, 0, 1, 0, 0, array_fill(0::bigint, ARRAY[19]))`, ids["blip"])
+	return ids["degraded-paused"]
 }

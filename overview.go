@@ -654,19 +654,35 @@ const retentionStaleIntervals = 3
 // and a healthy queue is near 0.
 const notifyQueueAlertShare = 0.5
 
-// EndpointsFailing and EndpointsDegraded count the endpoints in trouble
-// by health, for the overview's tiles.
-func (o Overview) EndpointsFailing() int  { return countHealth(o.EndpointHealth, healthFailing) }
-func (o Overview) EndpointsDegraded() int { return countHealth(o.EndpointHealth, healthDegraded) }
+// endpointCards are the overview's endpoints by health, a partition:
+// each endpoint is in the first card that holds for it of disabled,
+// paused, failing and degraded, else in healthy, so that the cards add
+// up to Total. Disabled comes first: it gets no deliveries, whatever its
+// health; paused next: held by an operator, its failures wait with it;
+// then failing before degraded, as failingAt decides (it already leaves
+// paused and disabled endpoints out).
+type endpointCards struct {
+	Total, Healthy, Degraded, Failing, Paused, Disabled int64
+}
 
-func countHealth(hs []EndpointHealth, health string) int {
-	n := 0
-	for _, h := range hs {
-		if h.Health == health && !h.Paused && !h.Disabled {
-			n++
+// EndpointCards sorts the endpoints into the overview's cards: the
+// states by the database's count, failing and degraded by the endpoints
+// in trouble. Those are read up to maxEndpointHealth: past that many
+// in trouble, the rest are counted healthy.
+func (o Overview) EndpointCards() endpointCards {
+	e := o.Endpoints
+	c := endpointCards{Total: e.Enabled + e.Failing + e.Paused + e.Disabled, Paused: e.Paused, Disabled: e.Disabled}
+	for _, h := range o.EndpointHealth {
+		switch {
+		case h.Paused || h.Disabled:
+		case h.Health == healthFailing:
+			c.Failing++
+		default:
+			c.Degraded++
 		}
 	}
-	return n
+	c.Healthy = c.Total - c.Disabled - c.Paused - c.Failing - c.Degraded
+	return c
 }
 
 // alertRule is one alert: its name, the panel page that shows what it
