@@ -154,15 +154,16 @@ type JobCounts struct {
 	Retryable int64 `json:"retryable"`
 	Completed int64 `json:"completed"`
 	Discarded int64 `json:"discarded"`
-	// DueNow and ScheduledLater split the jobs waiting to run (available
-	// and retryable) by whether they may run now: a failing endpoint's new
-	// deliveries and every backoff wait in ScheduledLater, so a large
-	// "available" with nothing running is not taken for a stall. The due
-	// deliveries of paused endpoints are in neither: they are held
-	// (EndpointCounts.PausedQueued), and counted as due they read as a
-	// stall that is not one.
+	// DueNow, ScheduledLater and HeldByPause split the jobs waiting to
+	// run (available and retryable), each in one: those whose time has
+	// come, those whose time is later (every backoff, a failing endpoint's
+	// new deliveries, an ordered lane's held turn), and those of a paused
+	// endpoint, whenever due (EndpointCounts.PausedQueued), which run only
+	// once it is resumed. So a large "available" with nothing running is
+	// not taken for a stall, nor a pause's deliveries for one.
 	DueNow         int64 `json:"due_now"`
 	ScheduledLater int64 `json:"scheduled_later"`
+	HeldByPause    int64 `json:"held_by_pause"`
 }
 
 // EndpointCounts is the number of endpoints in each state.
@@ -348,15 +349,15 @@ WHERE client_certificate_expires_at IS NOT NULL
 ORDER BY client_certificate_expires_at, id
 LIMIT $1`
 
-// overviewJobsSQL counts jobs by state: in all, those scheduled later, and
-// those due whose endpoint is paused (held, not due: a paused endpoint is
-// claimed from only once resumed, and the overview shows what it holds
-// beside it).
+// overviewJobsSQL counts jobs by state: in all, those scheduled later,
+// and those whose endpoint is paused (held, due or not: a paused endpoint
+// is claimed from only once resumed), each job in one of the two or
+// neither.
 const overviewJobsSQL = `
 SELECT j.state::text,
        count(*),
-       count(*) FILTER (WHERE j.scheduled_at > now()),
-       count(*) FILTER (WHERE j.scheduled_at <= now() AND paused.id IS NOT NULL),
+       count(*) FILTER (WHERE j.scheduled_at > now() AND paused.id IS NULL),
+       count(*) FILTER (WHERE paused.id IS NOT NULL),
        min(j.finalized_at)
 FROM outbox.jobs AS j
 LEFT JOIN outbox.endpoints AS paused ON paused.id = j.endpoint_id
@@ -589,6 +590,7 @@ func readJobCounts(ctx context.Context, tx *sql.Tx) (c JobCounts, firstDiscarded
 		if s := jobState(state); s == jobAvailable || s == jobRetryable {
 			c.DueNow += n - later - held
 			c.ScheduledLater += later
+			c.HeldByPause += held
 		}
 		switch jobState(state) {
 		case jobAvailable:
