@@ -54,17 +54,44 @@ func niceAxis(v float64) (top float64, steps int) {
 	return 10 * p, 5 // unreachable: 10 × p > v
 }
 
-// timeTickEvery is the spacing of the time axis' ticks for a window of
-// this many minutes: about six ticks.
-func timeTickEvery(minutes int) time.Duration {
-	switch {
-	case minutes <= 60:
-		return 10 * time.Minute
-	case minutes <= 6*60:
-		return time.Hour
-	default:
-		return 4 * time.Hour
+// timeTickSpacings are the time axis' round spacings, the shortest first:
+// each ends on the clock's round minutes and hours.
+var timeTickSpacings = []time.Duration{
+	time.Minute, 2 * time.Minute, 5 * time.Minute, 10 * time.Minute, 15 * time.Minute, 30 * time.Minute,
+	time.Hour, 2 * time.Hour, 3 * time.Hour, 4 * time.Hour, 6 * time.Hour, 12 * time.Hour,
+}
+
+// maxTimeTicks is the most labels a time axis gets: about six, like an
+// hour in 10 minutes and a day in 4 hours, at least 130 units apart on
+// the plot's 1,040 (a label, "15:04", is about 32 wide).
+const maxTimeTicks = 7
+
+// timeTicks are the times a time axis labels for points from first to
+// last, step apart: every multiple of the shortest round spacing (a whole
+// number of steps) that puts no more than maxTimeTicks in the span. An
+// axis needs two labels to read as a scale; where fewer round times fall
+// in the span (a few minutes, or buckets that start on no round time),
+// its ends are labelled instead.
+func timeTicks(first, last time.Time, step time.Duration) []time.Time {
+	for _, every := range timeTickSpacings {
+		if every < step || every%step != 0 {
+			continue
+		}
+		var ticks []time.Time
+		for t := first.Truncate(every); !t.After(last); t = t.Add(every) {
+			if !t.Before(first) {
+				ticks = append(ticks, t)
+			}
+		}
+		if len(ticks) > maxTimeTicks {
+			continue
+		}
+		if len(ticks) < 2 {
+			break
+		}
+		return ticks
 	}
+	return []time.Time{first, last}
 }
 
 // countChart is a chart of counts over time: a line for each series of
@@ -113,11 +140,29 @@ func countChartSVG(c countChart) template.HTML {
 		lines[i] = countLine{class: l.class, name: l.name, values: l.values[first:]}
 	}
 	c.lines = lines
+	drawCounts(&b, c, first > 0)
+	b.WriteString(`</svg>`)
+	return template.HTML(b.String()) // numbers, times, constant text and the escaped label only
+}
+
+// drawCounts draws c's axes, lines and legend; trimmed, c starts at its
+// window's first point with data.
+//
+// The last point is the current minute (or the bucket that holds it),
+// still filling: drawn, its count would plunge every line as if delivery
+// had stopped. As Grafana leaves out a partial bucket, the lines leave it
+// out and end a step short of the axis, which runs to now; the y axis is
+// scaled to what is drawn, the legend's totals count it (they match the
+// statistics' table beside the chart), and the axis' unit says so.
+func drawCounts(b *strings.Builder, c countChart, trimmed bool) {
+	drawn := len(c.times) - 1
 	var top float64 = 1
 	totals := make([]int64, len(c.lines))
 	for i, l := range c.lines {
-		for _, v := range l.values {
-			top = max(top, float64(v))
+		for j, v := range l.values {
+			if j < drawn {
+				top = max(top, float64(v))
+			}
 			totals[i] += v
 		}
 	}
@@ -128,24 +173,27 @@ func countChartSVG(c countChart) template.HTML {
 	// The y axis: gridlines and labels at round numbers, and its unit.
 	for i := 0; i <= steps; i++ {
 		v := top * float64(i) / float64(steps)
-		fmt.Fprintf(&b, `<line class="grid" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>`, dchartLeft, y(v), dchartW-dchartRight, y(v))
-		fmt.Fprintf(&b, `<text class="ylabel" x="%.1f" y="%.1f" text-anchor="end">%s</text>`, dchartLeft-6, y(v)+4, formatCount(v))
+		fmt.Fprintf(b, `<line class="grid" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>`, dchartLeft, y(v), dchartW-dchartRight, y(v))
+		fmt.Fprintf(b, `<text class="ylabel" x="%.1f" y="%.1f" text-anchor="end">%s</text>`, dchartLeft-6, y(v)+4, formatCount(v))
 	}
-	yUnit(&b, "per "+spanName(c.step))
-	timeAxis(&b, c.times, c.step, first > 0, x, y(0))
+	yUnit(b, "per "+spanName(c.step))
+	timeAxis(b, c.times, c.step, trimmed, false, x, y(0))
 
 	var legendEntries []legendEntry
 	for i, l := range c.lines {
-		fmt.Fprintf(&b, `<polyline class="%s" points="`, l.class)
-		for j, v := range l.values {
-			fmt.Fprintf(&b, "%.1f,%.1f ", x(float64(j)), y(float64(v)))
+		fmt.Fprintf(b, `<polyline class="%s" points="`, l.class)
+		for j, v := range l.values[:drawn] {
+			fmt.Fprintf(b, "%.1f,%.1f ", x(float64(j)), y(float64(v)))
+		}
+		if drawn == 1 {
+			// One whole point: a segment of length zero, which the
+			// line's round cap draws as a dot.
+			fmt.Fprintf(b, "%.1f,%.1f ", x(0), y(float64(l.values[0])))
 		}
 		b.WriteString(`"/>`)
 		legendEntries = append(legendEntries, legendEntry{l.class, fmt.Sprintf("%s: %d", l.name, totals[i])})
 	}
-	legend(&b, legendEntries)
-	b.WriteString(`</svg>`)
-	return template.HTML(b.String()) // numbers, times, constant text and the escaped label only
+	legend(b, legendEntries)
 }
 
 // spanName names a point's span for the axes' units: "minute",
@@ -230,33 +278,25 @@ func yUnit(b *strings.Builder, unit string) {
 }
 
 // timeAxis draws the x axis of a series of points step apart at height
-// y0: a tick at each whole step of UTC time (between two points when the
-// points are buckets that do not start on it), and its unit; trimmed,
+// y0: a labelled tick at each of timeTicks' UTC times (between two points
+// when the points are buckets that do not start on it), and its unit; trimmed,
 // the window's start was cut to its first point with data, and the unit
-// says so.
-func timeAxis(b *strings.Builder, times []time.Time, step time.Duration, trimmed bool, x func(float64) float64, y0 float64) {
-	first, last := times[0], times[len(times)-1]
-	tick := timeTickEvery(len(times) * int(step/time.Minute))
+// says so. lastDrawn says whether the chart draws its last point, the
+// current minute, still filling (drawCounts does not).
+func timeAxis(b *strings.Builder, times []time.Time, step time.Duration, trimmed, lastDrawn bool, x func(float64) float64, y0 float64) {
+	first := times[0]
 	fmt.Fprintf(b, `<line class="axis" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>`, dchartLeft, y0, dchartW-dchartRight, y0)
-	var ticks []time.Time
-	for t := first.Truncate(tick); !t.After(last); t = t.Add(tick) {
-		if !t.Before(first) {
-			ticks = append(ticks, t)
-		}
-	}
-	if len(ticks) == 0 {
-		// A span shorter than a tick (a young service's minutes): its
-		// ends, so that the axis still reads as times.
-		ticks = []time.Time{first, last}
-	}
-	for _, t := range ticks {
+	for _, t := range timeTicks(first, times[len(times)-1], step) {
 		i := float64(t.Sub(first)) / float64(step)
 		fmt.Fprintf(b, `<line class="tick" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>`, x(i), y0, x(i), y0+5)
 		fmt.Fprintf(b, `<text class="xlabel" x="%.1f" y="%.1f" text-anchor="middle">%s</text>`, x(i), y0+18, t.UTC().Format("15:04"))
 	}
-	points := "one point a minute; the last is the current minute"
-	if step != time.Minute {
-		points = "one point per " + spanName(step) + "; the last holds the current minute"
+	points := "one point a minute; the current minute, still filling, is not drawn"
+	switch {
+	case lastDrawn: // the latency chart's, a point a minute
+		points = "one point a minute; the last is the current minute"
+	case step != time.Minute:
+		points = "one point per " + spanName(step) + "; the current one, still filling, is not drawn"
 	}
 	from := ""
 	if trimmed {
@@ -315,7 +355,9 @@ func latencyChartSVG(series []statsMinute, label string) template.HTML {
 		fmt.Fprintf(&b, `<text class="ylabel" x="%.1f" y="%.1f" text-anchor="end">%s</text>`, dchartLeft-6, y(t.ms)+4, t.label)
 	}
 	yUnit(&b, "commit → first 2xx (log)")
-	timeAxis(&b, seriesTimes(series), time.Minute, first > 0, x, y(1))
+	// The current minute is drawn: a percentile of its deliveries so far
+	// is of fewer of them, not smaller, and does not plunge as a count does.
+	timeAxis(&b, seriesTimes(series), time.Minute, first > 0, true, x, y(1))
 	path := func(class string, value func(statsMinute) *float64) {
 		fmt.Fprintf(&b, `<path class="%s" d="`, class)
 		move := true

@@ -113,8 +113,8 @@ func TestEndpointFailingFromDatabase(t *testing.T) {
 	if diff := cmp.Diff(map[int64]string{dead: "failing", blip: "degraded"}, health); diff != "" {
 		t.Errorf("endpoints' health (-want +got):\n%s", diff)
 	}
-	if o.EndpointsFailing() != 1 || o.EndpointsDegraded() != 1 {
-		t.Errorf("%d failing and %d degraded, want 1 and 1", o.EndpointsFailing(), o.EndpointsDegraded())
+	if c := o.EndpointCards(); c.Failing != 1 || c.Degraded != 1 {
+		t.Errorf("%d failing and %d degraded, want 1 and 1", c.Failing, c.Degraded)
 	}
 	var found []Alert
 	for _, a := range o.Alerts {

@@ -154,15 +154,16 @@ type JobCounts struct {
 	Retryable int64 `json:"retryable"`
 	Completed int64 `json:"completed"`
 	Discarded int64 `json:"discarded"`
-	// DueNow and ScheduledLater split the jobs waiting to run (available
-	// and retryable) by whether they may run now: a failing endpoint's new
-	// deliveries and every backoff wait in ScheduledLater, so a large
-	// "available" with nothing running is not taken for a stall. The due
-	// deliveries of paused endpoints are in neither: they are held
-	// (EndpointCounts.PausedQueued), and counted as due they read as a
-	// stall that is not one.
+	// DueNow, ScheduledLater and HeldByPause split the jobs waiting to
+	// run (available and retryable), each in one: those whose time has
+	// come, those whose time is later (every backoff, a failing endpoint's
+	// new deliveries, an ordered lane's held turn), and those of a paused
+	// endpoint, whenever due (EndpointCounts.PausedQueued), which run only
+	// once it is resumed. So a large "available" with nothing running is
+	// not taken for a stall, nor a pause's deliveries for one.
 	DueNow         int64 `json:"due_now"`
 	ScheduledLater int64 `json:"scheduled_later"`
+	HeldByPause    int64 `json:"held_by_pause"`
 }
 
 // EndpointCounts is the number of endpoints in each state.
@@ -348,15 +349,15 @@ WHERE client_certificate_expires_at IS NOT NULL
 ORDER BY client_certificate_expires_at, id
 LIMIT $1`
 
-// overviewJobsSQL counts jobs by state: in all, those scheduled later, and
-// those due whose endpoint is paused (held, not due: a paused endpoint is
-// claimed from only once resumed, and the overview shows what it holds
-// beside it).
+// overviewJobsSQL counts jobs by state: in all, those scheduled later,
+// and those whose endpoint is paused (held, due or not: a paused endpoint
+// is claimed from only once resumed), each job in one of the two or
+// neither.
 const overviewJobsSQL = `
 SELECT j.state::text,
        count(*),
-       count(*) FILTER (WHERE j.scheduled_at > now()),
-       count(*) FILTER (WHERE j.scheduled_at <= now() AND paused.id IS NOT NULL),
+       count(*) FILTER (WHERE j.scheduled_at > now() AND paused.id IS NULL),
+       count(*) FILTER (WHERE paused.id IS NOT NULL),
        min(j.finalized_at)
 FROM outbox.jobs AS j
 LEFT JOIN outbox.endpoints AS paused ON paused.id = j.endpoint_id
@@ -589,6 +590,7 @@ func readJobCounts(ctx context.Context, tx *sql.Tx) (c JobCounts, firstDiscarded
 		if s := jobState(state); s == jobAvailable || s == jobRetryable {
 			c.DueNow += n - later - held
 			c.ScheduledLater += later
+			c.HeldByPause += held
 		}
 		switch jobState(state) {
 		case jobAvailable:
@@ -654,19 +656,35 @@ const retentionStaleIntervals = 3
 // and a healthy queue is near 0.
 const notifyQueueAlertShare = 0.5
 
-// EndpointsFailing and EndpointsDegraded count the endpoints in trouble
-// by health, for the overview's tiles.
-func (o Overview) EndpointsFailing() int  { return countHealth(o.EndpointHealth, healthFailing) }
-func (o Overview) EndpointsDegraded() int { return countHealth(o.EndpointHealth, healthDegraded) }
+// endpointCards are the overview's endpoints by health, a partition:
+// each endpoint is in the first card that holds for it of disabled,
+// paused, failing and degraded, else in healthy, so that the cards add
+// up to Total. Disabled comes first: it gets no deliveries, whatever its
+// health; paused next: held by an operator, its failures wait with it;
+// then failing before degraded, as failingAt decides (it already leaves
+// paused and disabled endpoints out).
+type endpointCards struct {
+	Total, Healthy, Degraded, Failing, Paused, Disabled int64
+}
 
-func countHealth(hs []EndpointHealth, health string) int {
-	n := 0
-	for _, h := range hs {
-		if h.Health == health && !h.Paused && !h.Disabled {
-			n++
+// EndpointCards sorts the endpoints into the overview's cards: the
+// states by the database's count, failing and degraded by the endpoints
+// in trouble. Those are read up to maxEndpointHealth: past that many
+// in trouble, the rest are counted healthy.
+func (o Overview) EndpointCards() endpointCards {
+	e := o.Endpoints
+	c := endpointCards{Total: e.Enabled + e.Failing + e.Paused + e.Disabled, Paused: e.Paused, Disabled: e.Disabled}
+	for _, h := range o.EndpointHealth {
+		switch {
+		case h.Paused || h.Disabled:
+		case h.Health == healthFailing:
+			c.Failing++
+		default:
+			c.Degraded++
 		}
 	}
-	return n
+	c.Healthy = c.Total - c.Disabled - c.Paused - c.Failing - c.Degraded
+	return c
 }
 
 // alertRule is one alert: its name, the panel page that shows what it
