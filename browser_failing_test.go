@@ -141,7 +141,7 @@ func retryDiscardedGroupInBrowser(t *testing.T, br *webDriver, base string, db *
 			t.Errorf("the discarded group reads %q, want it to say %q", row, want)
 		}
 	}
-	screenshot(t, br, "panel-jobs-discarded.png")
+	br.screenshot(filepath.Join(artifactDir, "panel-jobs-discarded.png")) // docs/panel.md shows the demo's
 	br.click("#discarded-groups tr.discarded-group button")
 	br.find(".flash")
 	if got := br.text(".flash"); !strings.HasPrefix(got, "3 discarded jobs will be sent again") {

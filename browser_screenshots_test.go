@@ -14,6 +14,10 @@ import (
 	"time"
 )
 
+// demoPanelPages are the pages TestEveryPanelPageUnderTheDemo photographs,
+// each as docs/panel-<name>.png.
+var demoPanelPages = []string{"overview", "endpoints", "endpoint", "events", "event", "jobs", "subjects", "inbox"}
+
 func TestEveryPanelPageUnderTheDemo(t *testing.T) {
 	t.Parallel()
 	db, dsn := newTestDB(t)
@@ -84,16 +88,18 @@ WHERE id IN (SELECT j.id FROM outbox.jobs AS j JOIN outbox.endpoints AS ep ON ep
 	br.typeInto("input[name=token]", testToken)
 	br.click("form.login button")
 	br.find("#backlog")
-	for _, pg := range []struct{ name, path, waitFor string }{
-		{"overview", "/", "#alert-endpoint_failing"},
-		{"endpoints", "/endpoints", "table"},
-		{"endpoint", fmt.Sprintf("/endpoints/%d", failing), "#last-error"},
-		{"events", "/events", "td.outcome .badge"},
-		{"event", fmt.Sprintf("/events/%d", event), "#payload"},
-		{"jobs", "/jobs?state=discarded", "#discarded-groups tr.discarded-group"},
-		{"subjects", "/subjects", "h1"},
-		{"inbox", "/sources", "table.refusals-by-minute"},
-	} {
+	pages := map[string]struct{ path, waitFor string }{
+		"overview":  {"/", "#alert-endpoint_failing"},
+		"endpoints": {"/endpoints", "table"},
+		"endpoint":  {fmt.Sprintf("/endpoints/%d", failing), "#last-error"},
+		"events":    {"/events", "td.outcome .badge"},
+		"event":     {fmt.Sprintf("/events/%d", event), "#payload"},
+		"jobs":      {"/jobs?state=discarded", "#discarded-groups tr.discarded-group"},
+		"subjects":  {"/subjects", "h1"},
+		"inbox":     {"/sources", "table.refusals-by-minute"},
+	}
+	for _, name := range demoPanelPages {
+		pg := pages[name]
 		br.open(base + pg.path)
 		br.find(pg.waitFor)
 		var fit struct {
@@ -102,11 +108,11 @@ WHERE id IN (SELECT j.id FROM outbox.jobs AS j JOIN outbox.endpoints AS ep ON ep
 		}
 		br.execute(`return {width: window.innerWidth, scroll_width: document.documentElement.scrollWidth};`, &fit)
 		if fit.Width != 1280 {
-			t.Errorf("%s: the window is %d px wide, want 1280", pg.name, fit.Width)
+			t.Errorf("%s: the window is %d px wide, want 1280", name, fit.Width)
 		}
 		if fit.ScrollWidth > fit.Width {
-			t.Errorf("%s: the page is %d px wide, wider than the 1280-px window", pg.name, fit.ScrollWidth)
+			t.Errorf("%s: the page is %d px wide, wider than the 1280-px window", name, fit.ScrollWidth)
 		}
-		screenshot(t, br, "panel-"+pg.name+".png")
+		screenshot(t, br, "panel-"+name+".png")
 	}
 }

@@ -187,7 +187,7 @@ func TestPanelInBrowser(t *testing.T) {
 	if b.count("#alert-events_backlog") != 1 || b.count("#alert-jobs_discarded") != 1 {
 		t.Error("backlog and discarded alerts are not shown")
 	}
-	b.screenshot(filepath.Join(artifactDir, "overview.png"))
+	screenshot(t, b, "overview.png")
 
 	b.open(srv.URL + "/events?state=poisoned")
 	b.click(fmt.Sprintf(`form[action="/events/%d/requeue"] button`, poisoned))

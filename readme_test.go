@@ -506,6 +506,55 @@ func TestDocsLinksResolve(t *testing.T) {
 	}
 }
 
+// Every picture in docs/ is one a test photographs, so that
+// OUTBOXD_SCREENSHOTS=docs renews them all from the release at hand, and
+// one a page shows; every picture a test photographs for docs/ is there.
+func TestDocsPicturesAreRenewedByTheTests(t *testing.T) {
+	t.Parallel()
+	photographed := map[string]bool{}
+	for _, name := range demoPanelPages {
+		photographed["panel-"+name+".png"] = true
+	}
+	call := regexp.MustCompile(`\bscreenshot\(t, \w+, "([^"]+)"\)`)
+	tests, err := filepath.Glob("*_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, file := range tests {
+		src, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range call.FindAllStringSubmatch(string(src), -1) {
+			photographed[m[1]] = true
+		}
+	}
+	var pages strings.Builder
+	for _, doc := range docFiles(t) {
+		pages.WriteString(readDoc(t, doc))
+	}
+	pictures, err := filepath.Glob("docs/*.png")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inDocs := map[string]bool{}
+	for _, p := range pictures {
+		name := filepath.Base(p)
+		inDocs[name] = true
+		if !photographed[name] {
+			t.Errorf("docs/%s: no test photographs it, so OUTBOXD_SCREENSHOTS=docs never renews it", name)
+		}
+		if !strings.Contains(pages.String(), "("+name+")") {
+			t.Errorf("docs/%s: no page shows it", name)
+		}
+	}
+	for name := range photographed {
+		if !inDocs[name] {
+			t.Errorf("a test photographs %s for docs/, which does not hold it", name)
+		}
+	}
+}
+
 // The README and docs/ say what the code does now: no issue numbers, no
 // commit hashes, no dated runs, and no command that no longer exists.
 func TestDocsCarryNoRunHistory(t *testing.T) {
