@@ -586,7 +586,10 @@ func listEndpointsFor(ctx context.Context, db *sql.DB, afterID int64, limit int)
 // the admin's as given (an owner that exists, or null for none); an
 // owner's endpoint is its own, and an owner_id it gives is refused rather
 // than ignored, so that a client that meant another owner learns it
-// cannot. creating gives an owner's new endpoint its owner.
+// cannot. creating gives an owner's new endpoint its owner. Either way
+// the endpoint counts against its owner's max_endpoints (countedFor):
+// the admin's settings of an endpoint are not limited, but the number of
+// endpoints an owner has is, whoever gives them to it.
 func claimInput(ctx context.Context, db *sql.DB, in *endpointInput, creating bool) error {
 	who := principalIn(ctx)
 	if !who.admin {
@@ -608,6 +611,7 @@ func claimInput(ctx context.Context, db *sql.DB, in *endpointInput, creating boo
 		} else if err != nil {
 			return err
 		}
+		in.countedFor = in.OwnerID.Value
 	}
 	return nil
 }

@@ -217,9 +217,12 @@ func newIsolationWorld(t *testing.T) isolationWorld {
 	a := testAdmin(t, db, testPolicy, testLogger(t), nil)
 	srv := serveAdmin(t, a)
 	w := isolationWorld{srv: srv, a: a, mine: newOwner(t, srv, "mine"), theirs: newOwner(t, srv, "theirs")}
-	// The walks below make endpoints of mine's, two a route: past the
-	// default max_endpoints, which TestOwnerLimitsHoldItsEndpoints holds.
-	decodeAs(t, srv, testToken, "PATCH", fmt.Sprintf("/api/owners/%d", w.mine.ID), `{"max_endpoints": 1000}`, 200, nil)
+	// The walks below make endpoints of both, one or two a route: past
+	// the default max_endpoints, which TestOwnerLimitsHoldItsEndpoints
+	// holds.
+	for _, o := range []ownerWithToken{w.mine, w.theirs} {
+		decodeAs(t, srv, testToken, "PATCH", fmt.Sprintf("/api/owners/%d", o.ID), `{"max_endpoints": 1000}`, 200, nil)
+	}
 	w.theirsEp = endpointAs(t, srv, w.theirs.Token, 0)
 	w.missing = w.theirsEp.ID + 1000
 	return w
