@@ -137,6 +137,15 @@ const (
 )
 
 // dedupWindow is the receiver's advertised dedup window; 0: none.
+// Name is how a person knows the endpoint: its description, else its
+// URL.
+func (e Endpoint) Name() string {
+	if e.Description != "" {
+		return e.Description
+	}
+	return e.URL
+}
+
 func (e Endpoint) dedupWindow() time.Duration {
 	if e.DedupWindowSeconds == nil {
 		return 0

@@ -336,6 +336,37 @@ func listOwners(ctx context.Context, db *sql.DB) ([]Owner, error) {
 	return owners, nil
 }
 
+// ownerNamesSQL is the name of each owner of ids $1.
+const ownerNamesSQL = `
+SELECT id, name
+FROM outbox.owners
+WHERE id = ANY($1)`
+
+// ownerNames is the name of each owner of ids that exists, by id: what
+// a page shows a person for an owner's id.
+func ownerNames(ctx context.Context, db *sql.DB, ids []int64) (map[int64]string, error) {
+	names := make(map[int64]string, len(ids))
+	if len(ids) == 0 {
+		return names, nil
+	}
+	type owner struct {
+		id   int64
+		name string
+	}
+	owners, err := queryAll(ctx, db, func(row rowScanner) (owner, error) {
+		var o owner
+		err := row.Scan(&o.id, &o.name)
+		return o, err
+	}, ownerNamesSQL, pq.Array(ids))
+	if err != nil {
+		return nil, fmt.Errorf("read owner names: %w", err)
+	}
+	for _, o := range owners {
+		names[o.id] = o.name
+	}
+	return names, nil
+}
+
 const getOwnerSQL = `
 SELECT` + ownerColumns + `
 FROM outbox.owners

@@ -17,8 +17,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/lib/pq"
 )
 
 // flash is the message an action left for the page it redirected to.
@@ -228,7 +226,7 @@ func filterEndpointName(ctx context.Context, db *sql.DB, id int64) (string, erro
 	if err != nil {
 		return "", err
 	}
-	return endpointRow{Endpoint: ep}.Name(), nil
+	return ep.Name(), nil
 }
 
 // jobStateCount is one state link of the jobs page: the state ("" for
@@ -366,15 +364,6 @@ type endpointRow struct {
 	OwnerName string
 }
 
-// Name is how an operator knows the endpoint: its description, else its
-// URL.
-func (e endpointRow) Name() string {
-	if e.Description != "" {
-		return e.Description
-	}
-	return e.URL
-}
-
 func readEndpointRows(ctx context.Context, db *sql.DB, cfg AlertConfig) ([]endpointRow, error) {
 	eps, err := listEndpointsFor(ctx, db, 0, maxEndpointPage)
 	if err != nil {
@@ -407,6 +396,16 @@ func readEndpointRows(ctx context.Context, db *sql.DB, cfg AlertConfig) ([]endpo
 	return rows, nil
 }
 
+// ListState is the state the endpoints list and the Owners page show:
+// State, with a failing endpoint told failing or degraded as its Health
+// says (withHealth).
+func (e Endpoint) ListState() string {
+	if e.State == endpointFailing {
+		return e.Health
+	}
+	return e.State
+}
+
 // triageRank orders the endpoints list: failing first, then degraded (as
 // the list's state column tells them, withHealth's health of an endpoint
 // neither paused nor disabled), then every other.
@@ -420,12 +419,6 @@ func (e endpointRow) triageRank() int {
 	return 1
 }
 
-// ownerNamesSQL is the name of each owner of ids $1.
-const ownerNamesSQL = `
-SELECT id, name
-FROM outbox.owners
-WHERE id = ANY($1)`
-
 // readOwnerNames is the name of each owner of eps, by id.
 func readOwnerNames(ctx context.Context, db *sql.DB, eps []Endpoint) (map[int64]string, error) {
 	var ids []int64
@@ -434,26 +427,7 @@ func readOwnerNames(ctx context.Context, db *sql.DB, eps []Endpoint) (map[int64]
 			ids = append(ids, *e.OwnerID)
 		}
 	}
-	names := make(map[int64]string, len(ids))
-	if len(ids) == 0 {
-		return names, nil
-	}
-	type owner struct {
-		id   int64
-		name string
-	}
-	owners, err := queryAll(ctx, db, func(row rowScanner) (owner, error) {
-		var o owner
-		err := row.Scan(&o.id, &o.name)
-		return o, err
-	}, ownerNamesSQL, pq.Array(ids))
-	if err != nil {
-		return nil, fmt.Errorf("read owner names: %w", err)
-	}
-	for _, o := range owners {
-		names[o.id] = o.name
-	}
-	return names, nil
+	return ownerNames(ctx, db, ids)
 }
 
 // maxEndpointForm bounds the body of every form on the endpoint pages.
