@@ -367,6 +367,56 @@ func ownerNames(ctx context.Context, db *sql.DB, ids []int64) (map[int64]string,
 	return names, nil
 }
 
+// ownerEndpointsShown is how many of each owner's endpoints the Owners
+// page lists, the first by id, beside how many it has: five times the
+// default max_endpoints, so that only an owner the admin let grow has
+// more than its row shows.
+const ownerEndpointsShown = 50
+
+// ownedEndpointsSQL is the first $1 endpoints, by id, of each owner
+// listOwnersSQL lists ($2 of them), each with how many its owner has:
+// one range of endpoints_by_owner_id an owner.
+const ownedEndpointsSQL = `
+WITH listed AS (
+  SELECT id
+  FROM outbox.owners
+  ORDER BY id
+  LIMIT $2
+),
+shown AS (
+  SELECT e.id, e.total
+  FROM listed AS o
+  CROSS JOIN LATERAL (
+    SELECT id, count(*) OVER () AS total
+    FROM outbox.endpoints
+    WHERE owner_id = o.id
+    ORDER BY id
+    LIMIT $1
+  ) AS e
+)
+SELECT shown.total,` + endpointColumns + `
+FROM outbox.endpoints
+JOIN shown USING (id)
+ORDER BY owner_id, id`
+
+// readOwnedEndpoints is what the Owners page lists of the owners'
+// endpoints (ownedEndpointsSQL), and how many each owner has, by its id.
+func readOwnedEndpoints(ctx context.Context, db *sql.DB) ([]Endpoint, map[int64]int, error) {
+	counts := map[int64]int{}
+	eps, err := queryAll(ctx, db, func(row rowScanner) (Endpoint, error) {
+		var total int
+		e, err := scanEndpoint(prefixScanner{row, &total})
+		if err == nil && e.OwnerID != nil {
+			counts[*e.OwnerID] = total
+		}
+		return e, err
+	}, ownedEndpointsSQL, ownerEndpointsShown, maxOwners)
+	if err != nil {
+		return nil, nil, fmt.Errorf("list owners' endpoints: %w", err)
+	}
+	return eps, counts, nil
+}
+
 const getOwnerSQL = `
 SELECT` + ownerColumns + `
 FROM outbox.owners

@@ -154,16 +154,53 @@ func handleEndpointEventPage(a *admin) pageFunc {
 	}
 }
 
-// renderOwners is the admin's page of owners: the list, a form for a new
-// one, and created's token (a new owner's, or a rotated one), shown once.
+// ownerRow is one owner on the Owners page: the owner, the first of its
+// endpoints with their health, as the endpoints list tells it
+// (ListState), and how many more it has.
+type ownerRow struct {
+	Owner
+	Endpoints     []Endpoint
+	EndpointCount int
+	More          int
+}
+
+// readOwnerRows is every owner with its endpoints, as the Owners page
+// lists them.
+func readOwnerRows(ctx context.Context, a *admin) ([]ownerRow, error) {
+	owners, err := listOwners(ctx, a.db)
+	if err != nil {
+		return nil, err
+	}
+	eps, counts, err := readOwnedEndpoints(ctx, a.db)
+	if err != nil {
+		return nil, err
+	}
+	if err := withHealth(ctx, a.db, a.alerts, eps); err != nil {
+		return nil, err
+	}
+	byOwner := map[int64][]Endpoint{}
+	for _, e := range eps {
+		byOwner[*e.OwnerID] = append(byOwner[*e.OwnerID], e)
+	}
+	rows := make([]ownerRow, len(owners))
+	for i, o := range owners {
+		shown := byOwner[o.ID]
+		rows[i] = ownerRow{Owner: o, Endpoints: shown, EndpointCount: counts[o.ID], More: counts[o.ID] - len(shown)}
+	}
+	return rows, nil
+}
+
+// renderOwners is the admin's page of owners: the list, each owner with
+// its endpoints, a form for a new one, and created's token (a new
+// owner's, or a rotated one), shown once.
 func renderOwners(w http.ResponseWriter, r *http.Request, a *admin, flash string, created *ownerWithToken) error {
-	owners, err := listOwners(r.Context(), a.db)
+	owners, err := readOwnerRows(r.Context(), a)
 	if err != nil {
 		return err
 	}
 	a.panel.render(w, http.StatusOK, "owners", page{Title: "Owners", Nav: "owners", SignedIn: true, Flash: flash,
 		Data: struct {
-			Owners  []Owner
+			Owners  []ownerRow
 			Created *ownerWithToken
 		}{owners, created}})
 	return nil
