@@ -81,8 +81,9 @@ func auditKindOf(path string) string {
 func isPreview(route string) bool { return strings.HasSuffix(route, "/filter-preview") }
 
 // auditNote is what a handler tells the trail that its route does not:
-// the id of what a create made.
-type auditNote struct{ subject string }
+// the id of what a create made, or the endpoint a change on a page of
+// another kind's was to (kind).
+type auditNote struct{ kind, subject string }
 
 type auditNoteKey struct{}
 
@@ -91,6 +92,17 @@ type auditNoteKey struct{}
 func noteAuditSubject(r *http.Request, subject string) {
 	if n, ok := r.Context().Value(auditNoteKey{}).(*auditNote); ok {
 		n.subject = subject
+	}
+}
+
+// noteAuditEndpoint tells the trail that r's change was to endpoint id,
+// though its route is under another kind's path (the Owners page's
+// buttons that give and take back an endpoint): the entry is the
+// endpoint's, as the API's PATCH of its owner_id writes it, so that the
+// endpoint's trail, and its owner's, show it.
+func noteAuditEndpoint(r *http.Request, id int64) {
+	if n, ok := r.Context().Value(auditNoteKey{}).(*auditNote); ok {
+		n.kind, n.subject = "endpoint", strconv.FormatInt(id, 10)
 	}
 }
 
@@ -195,7 +207,10 @@ func (a *admin) auditedPage(h pageFunc) pageFunc {
 			return err
 		}
 		subject := r.PathValue("id") + r.PathValue("name")
-		if subject == "" {
+		switch {
+		case note.kind != "":
+			kind, subject = note.kind, note.subject
+		case subject == "":
 			subject = note.subject
 		}
 		if subject == "" && kind == "source" {

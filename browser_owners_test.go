@@ -1,13 +1,17 @@
-// browser_owners_test.go: the admin's Owners page in a browser: each
-// owner's endpoints with their health.
+// browser_owners_test.go: the admin's Owners page and an endpoint's
+// owner in a browser: each owner's endpoints with their health, giving an
+// owner endpoints and taking them back, its sign-in links.
 
 package main
 
 import (
+	"database/sql"
 	"fmt"
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 // adminBrowser is a browser signed in as the admin on srv.
@@ -88,4 +92,119 @@ func TestOwnersPageShowsEndpointsAndHealthInBrowser(t *testing.T) {
 		t.Errorf("%d endpoints listed on the idle owner's row or the admin's own endpoint listed", misplaced)
 	}
 	br.screenshot(artifactDir + "/owners.png")
+}
+
+// ownerOf is endpoint id's owner_id, 0 for none.
+func ownerOf(t *testing.T, db *sql.DB, id int64) int64 {
+	t.Helper()
+	var owner sql.NullInt64
+	if err := db.QueryRow(`SELECT owner_id FROM outbox.endpoints WHERE id = $1`, id).Scan(&owner); err != nil {
+		t.Fatal(err)
+	}
+	return owner.Int64
+}
+
+// The admin gives an owner endpoints and takes them back, and makes it a
+// sign-in link, from the Owners page and from an endpoint's page; the
+// owner's max_endpoints holds on both, and each change is in the trail
+// as the API's change of an endpoint's owner is.
+func TestAdminGivesEndpointsAndSigninLinksInBrowser(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	srv := newTestAdmin(t, db)
+	payments, billing := newOwner(t, srv, "Payments team"), newOwner(t, srv, "Billing team")
+	decodeAs(t, srv, testToken, "PATCH", fmt.Sprintf("/api/owners/%d", payments.ID), `{"max_endpoints": 2}`, 200, nil)
+	orders, refunds, third := describedEndpoint(t, srv, 0, "Orders hook"), describedEndpoint(t, srv, 0, "Refunds hook"), describedEndpoint(t, srv, 0, "Third hook")
+	row := fmt.Sprintf("#owner-%d", payments.ID)
+	br := adminBrowser(t, srv)
+
+	// The Owners page gives two of the admin's endpoints; the third is
+	// past max_endpoints, and refused.
+	give := func(ep Endpoint) {
+		br.open(srv.URL + "/owners")
+		br.typeInto(row+" form.give input[name=endpoint_id]", fmt.Sprint(ep.ID))
+		br.click(row + " form.give button")
+		br.find("h1")
+	}
+	give(orders)
+	if got := br.text(".flash"); !strings.Contains(got, `"Orders hook" given`) {
+		t.Errorf("after Give the page says %q", got)
+	}
+	give(refunds)
+	if got := br.text(fmt.Sprintf("%s #owned-%d a", row, refunds.ID)); got != "Refunds hook" {
+		t.Errorf("the owner's row lists %q, want the endpoint given", got)
+	}
+	give(third)
+	if got := br.text("p.error"); !strings.Contains(got, "max_endpoints") {
+		t.Errorf("a third endpoint for an owner of max_endpoints 2 says %q, want max_endpoints", got)
+	}
+	if got := []int64{ownerOf(t, db, orders.ID), ownerOf(t, db, refunds.ID), ownerOf(t, db, third.ID)}; fmt.Sprint(got) != fmt.Sprint([]int64{payments.ID, payments.ID, 0}) {
+		t.Errorf("the endpoints' owners after three gives = %v, want the first two the owner's", got)
+	}
+
+	// Take back one; make a sign-in link.
+	br.open(srv.URL + "/owners")
+	br.screenshot(artifactDir + "/owners-given.png")
+	br.click(fmt.Sprintf("#owned-%d button.take-back", refunds.ID))
+	br.find(".flash")
+	if ownerOf(t, db, refunds.ID) != 0 {
+		t.Error("Take back left the endpoint its owner's")
+	}
+	br.click(row + " button.make-signin-link")
+	if got, link := br.text("#link-owner"), br.text("#signin-link"); got != "Payments team" || !strings.Contains(link, "/signin?code=obl_") {
+		t.Errorf("the Owners page's sign-in link is for %q: %q", got, link)
+	}
+
+	// The endpoint's page gives it to the owner chosen, takes it back, and
+	// holds max_endpoints as the Owners page does.
+	page := fmt.Sprintf("%s/endpoints/%d", srv.URL, third.ID)
+	br.open(page)
+	br.click(fmt.Sprintf("#owner-select option[value='%d']", billing.ID))
+	br.click("#give")
+	br.find(".flash")
+	if got := ownerOf(t, db, third.ID); got != billing.ID {
+		t.Errorf("after the endpoint page's Give the owner is %d, want %d", got, billing.ID)
+	}
+	br.click("#make-signin-link")
+	if got := br.text("#link-owner"); got != "Billing team" {
+		t.Errorf("the endpoint page's sign-in link is for %q", got)
+	}
+	br.open(page)
+	br.click("#take-back")
+	br.find(".flash")
+	if got := ownerOf(t, db, third.ID); got != 0 {
+		t.Errorf("after Take it back the owner is %d", got)
+	}
+	br.open(fmt.Sprintf("%s/endpoints/%d", srv.URL, refunds.ID))
+	br.click(fmt.Sprintf("#owner-select option[value='%d']", payments.ID))
+	br.click("#give")
+	br.find(".flash")
+	br.open(page)
+	br.click(fmt.Sprintf("#owner-select option[value='%d']", payments.ID))
+	br.click("#give")
+	if got := br.text("p.error"); !strings.Contains(got, "max_endpoints") || ownerOf(t, db, third.ID) != 0 {
+		t.Errorf("the endpoint page giving a third endpoint says %q, owner %d; want max_endpoints, and none", got, ownerOf(t, db, third.ID))
+	}
+
+	var trail struct{ Entries []AuditEntry }
+	decodeAs(t, srv, testToken, "GET", "/api/audit?limit=8", "", 200, &trail)
+	id := func(e Endpoint) string { return fmt.Sprint(e.ID) }
+	want := []auditLine{
+		{Actor: "admin", Via: "panel", Action: "POST /endpoints/{id}/owner", Kind: "endpoint", Subject: id(refunds), Fields: "owner_id"},
+		{Actor: "admin", Via: "panel", Action: "POST /endpoints/{id}/owner", Kind: "endpoint", Subject: id(third), Fields: "owner_id"},
+		{Actor: "admin", Via: "panel", Action: "POST /endpoints/{id}/signin-link", Kind: "endpoint", Subject: id(third)},
+		{Actor: "admin", Via: "panel", Action: "POST /endpoints/{id}/owner", Kind: "endpoint", Subject: id(third), Fields: "owner_id"},
+		{Actor: "admin", Via: "panel", Action: "POST /owners/{id}/signin-link", Kind: "owner", Subject: fmt.Sprint(payments.ID)},
+		{Actor: "admin", Via: "panel", Action: "POST /owners/{id}/take-back", Kind: "endpoint", Subject: id(refunds), Fields: "endpoint_id"},
+		{Actor: "admin", Via: "panel", Action: "POST /owners/{id}/give", Kind: "endpoint", Subject: id(refunds), Fields: "endpoint_id"},
+		{Actor: "admin", Via: "panel", Action: "POST /owners/{id}/give", Kind: "endpoint", Subject: id(orders), Fields: "endpoint_id"},
+	}
+	if diff := cmp.Diff(want, linesOf(trail.Entries)); diff != "" {
+		t.Errorf("the trail of the panel's gives, take-backs and links, newest first (-want +got):\n%s", diff)
+	}
+	// The owner's own trail shows the endpoint it was given.
+	decodeAs(t, srv, payments.Token, "GET", "/api/audit", "", 200, &trail)
+	if len(trail.Entries) == 0 || trail.Entries[0].Action != "POST /endpoints/{id}/owner" || trail.Entries[0].Subject != id(refunds) {
+		t.Errorf("the owner's trail = %+v, want the give of its endpoint first", linesOf(trail.Entries))
+	}
 }

@@ -417,6 +417,29 @@ func readOwnedEndpoints(ctx context.Context, db *sql.DB) ([]Endpoint, map[int64]
 	return eps, counts, nil
 }
 
+// adminsEndpointsSQL is the first $1 of the endpoints of no owner, by id:
+// those the Owners page offers to give an owner.
+const adminsEndpointsSQL = `
+SELECT id, description, url
+FROM outbox.endpoints
+WHERE owner_id IS NULL
+ORDER BY id
+LIMIT $1`
+
+// listAdminsEndpoints is the endpoints of no owner (adminsEndpointsSQL),
+// each with what names it (Endpoint.Name) and nothing more.
+func listAdminsEndpoints(ctx context.Context, db *sql.DB) ([]Endpoint, error) {
+	eps, err := queryAll(ctx, db, func(row rowScanner) (Endpoint, error) {
+		var e Endpoint
+		err := row.Scan(&e.ID, &e.Description, &e.URL)
+		return e, err
+	}, adminsEndpointsSQL, maxEndpointPage)
+	if err != nil {
+		return nil, fmt.Errorf("list the admin's endpoints: %w", err)
+	}
+	return eps, nil
+}
+
 const getOwnerSQL = `
 SELECT` + ownerColumns + `
 FROM outbox.owners

@@ -264,7 +264,7 @@ func contractAudience(pattern string) audience {
 	switch {
 	case path == "/" || path == "/{$}" || path == "/endpoints" || path == "/audit":
 		return forEveryone
-	case path == "/endpoints/{id}/signin-link":
+	case path == "/endpoints/{id}/signin-link" || path == "/endpoints/{id}/owner":
 		return forAdmin
 	case path == "/endpoints/{id}" || strings.HasPrefix(path, "/endpoints/{id}/"):
 		return forOwnedEndpoint

@@ -591,59 +591,80 @@ type endpointView struct {
 
 // renderEndpoint shows one endpoint as view says.
 func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin, id int64, view endpointView) error {
-	ep, err := getEndpoint(r.Context(), a.db, id)
+	pg, err := readEndpointPage(r.Context(), a, id, principalOf(r).admin)
 	if err != nil {
 		return err
 	}
-	st, err := readEndpointStats(r.Context(), a.db, id, recentDeliveries)
-	if err != nil {
-		return err
-	}
-	replays, err := listReplays(r.Context(), a.db, id)
-	if err != nil {
-		return err
-	}
-	windows, err := readStatsWindows(r.Context(), a.db, id)
-	if err != nil {
-		return err
-	}
-	queue, err := readDeliveryQueue(r.Context(), a.db, id)
-	if err != nil {
-		return err
-	}
-	failures, err := readRecentFailures(r.Context(), a.db, id, windows[len(windows)-1].From) // the day's
-	if err != nil {
-		return err
-	}
-	health, err := readEndpointHealth(r.Context(), a.db, a.alerts, id, time.Time{})
-	if err != nil {
-		return err
-	}
-	status, form := http.StatusOK, fieldsOf(ep)
+	pg.Secret, pg.FormError, pg.Preview, pg.FilterPreview = view.secret, view.refusal, view.preview, view.filterPreview
+	status := http.StatusOK
 	if view.refused != nil {
-		status, form = http.StatusBadRequest, *view.refused
+		status, pg.Form = http.StatusBadRequest, *view.refused
 	}
 	p.render(w, status, "endpoint", page{Title: fmt.Sprintf("Endpoint %d", id), Nav: "endpoints", SignedIn: true,
-		Flash: view.flash,
-		Data: struct {
-			Endpoint        Endpoint
-			Cause           endpointCause
-			Stats           EndpointStats
-			Secret          string
-			Form            endpointFields
-			FormError       string
-			Bounds          deliveryBounds
-			Preview         *replayPreviewView
-			Replays         []ReplayView
-			ReplayShare     int
-			Windows         []statsWindowView
-			Queue           DeliveryQueue
-			Failures        []FailureGroup
-			FailureAttempts int
-			FilterPreview   *filterPreviewView
-		}{ep, causeOf(ep, health), st, view.secret, form, view.refusal, endpointBounds(), view.preview, replays, replayShare(ep.MaxInFlight), windows,
-			queue, failures, recentFailureAttempts, view.filterPreview}})
+		Flash: view.flash, Data: pg})
 	return nil
+}
+
+// endpointPage is what an endpoint's page shows: the endpoint and how
+// it does, what view adds (Secret to FilterPreview), and, for the admin,
+// the owners it may be given to (Owners) and its own (OwnerID, 0: none).
+type endpointPage struct {
+	Endpoint        Endpoint
+	Cause           endpointCause
+	Stats           EndpointStats
+	Secret          string
+	Form            endpointFields
+	FormError       string
+	Bounds          deliveryBounds
+	Preview         *replayPreviewView
+	Replays         []ReplayView
+	ReplayShare     int
+	Windows         []statsWindowView
+	Queue           DeliveryQueue
+	Failures        []FailureGroup
+	FailureAttempts int
+	FilterPreview   *filterPreviewView
+	Owners          []Owner
+	OwnerID         int64
+}
+
+// readEndpointPage reads endpoint id's page, its edit form filled with
+// the endpoint's settings; the owners only for the admin, whose form
+// gives it to one.
+func readEndpointPage(ctx context.Context, a *admin, id int64, admin bool) (endpointPage, error) {
+	pg := endpointPage{Bounds: endpointBounds(), FailureAttempts: recentFailureAttempts}
+	var err error
+	if pg.Endpoint, err = getEndpoint(ctx, a.db, id); err != nil {
+		return pg, err
+	}
+	pg.Form, pg.ReplayShare = fieldsOf(pg.Endpoint), replayShare(pg.Endpoint.MaxInFlight)
+	if pg.Stats, err = readEndpointStats(ctx, a.db, id, recentDeliveries); err != nil {
+		return pg, err
+	}
+	if pg.Replays, err = listReplays(ctx, a.db, id); err != nil {
+		return pg, err
+	}
+	if pg.Windows, err = readStatsWindows(ctx, a.db, id); err != nil {
+		return pg, err
+	}
+	if pg.Queue, err = readDeliveryQueue(ctx, a.db, id); err != nil {
+		return pg, err
+	}
+	if pg.Failures, err = readRecentFailures(ctx, a.db, id, pg.Windows[len(pg.Windows)-1].From); err != nil { // the day's
+		return pg, err
+	}
+	health, err := readEndpointHealth(ctx, a.db, a.alerts, id, time.Time{})
+	if err != nil {
+		return pg, err
+	}
+	pg.Cause = causeOf(pg.Endpoint, health)
+	if admin {
+		if pg.Owners, err = listOwners(ctx, a.db); err != nil {
+			return pg, err
+		}
+		pg.OwnerID = deref(pg.Endpoint.OwnerID)
+	}
+	return pg, nil
 }
 
 // endpointCause is the top of an endpoint's page, what an operator
