@@ -81,9 +81,13 @@ func auditKindOf(path string) string {
 func isPreview(route string) bool { return strings.HasSuffix(route, "/filter-preview") }
 
 // auditNote is what a handler tells the trail that its route does not:
-// the id of what a create made, or the endpoint a change on a page of
-// another kind's was to (kind).
-type auditNote struct{ kind, subject string }
+// the id of what a create made, the endpoint a change on a page of
+// another kind's was to (kind), or that the POST changed nothing
+// (unchanged: it asked for a confirmation).
+type auditNote struct {
+	kind, subject string
+	unchanged     bool
+}
 
 type auditNoteKey struct{}
 
@@ -92,6 +96,15 @@ type auditNoteKey struct{}
 func noteAuditSubject(r *http.Request, subject string) {
 	if n, ok := r.Context().Value(auditNoteKey{}).(*auditNote); ok {
 		n.subject = subject
+	}
+}
+
+// noteAuditUnchanged tells the trail that r, a POST, changed nothing: it
+// answered a page that asks to confirm the change, which a second POST
+// makes.
+func noteAuditUnchanged(r *http.Request) {
+	if n, ok := r.Context().Value(auditNoteKey{}).(*auditNote); ok {
+		n.unchanged = true
 	}
 }
 
@@ -190,9 +203,10 @@ func (w *statusWriter) WriteHeader(status int) {
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// auditedPage is audited for the panel: a POST that changes an endpoint
-// or a source and answers a page or a redirect, not a refusal, is
-// recorded with the names of the form's fields.
+// auditedPage is audited for the panel: a POST that changes an endpoint,
+// an owner or a source and answers a page or a redirect, not a refusal
+// nor a question (noteAuditUnchanged), is recorded with the names of the
+// form's fields.
 func (a *admin) auditedPage(h pageFunc) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		_, path, _ := strings.Cut(r.Pattern, " ")
@@ -203,7 +217,7 @@ func (a *admin) auditedPage(h pageFunc) pageFunc {
 		note := &auditNote{}
 		r = r.WithContext(context.WithValue(r.Context(), auditNoteKey{}, note))
 		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
-		if err := h(sw, r); err != nil || sw.status >= 400 {
+		if err := h(sw, r); err != nil || sw.status >= 400 || note.unchanged {
 			return err
 		}
 		subject := r.PathValue("id") + r.PathValue("name")

@@ -208,3 +208,48 @@ func TestAdminGivesEndpointsAndSigninLinksInBrowser(t *testing.T) {
 		t.Errorf("the owner's trail = %+v, want the give of its endpoint first", linesOf(trail.Entries))
 	}
 }
+
+// In a browser: Delete asks, Cancel leaves the owner, Confirm deletes it;
+// Rotate secret asks, and the secret changes only on Confirm, which
+// shows the new one.
+func TestDeleteOwnerAndRotateSecretAskFirstInBrowser(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	srv := newTestAdmin(t, db)
+	o := newOwner(t, srv, "Ops")
+	ep := describedEndpoint(t, srv, o.ID, "Orders hook")
+	owners := func() int { return queryInt(t, db, `SELECT count(*) FROM outbox.owners WHERE id = $1`, o.ID) }
+	secret := secretOfEndpoint(t, db, ep.ID)
+	br := adminBrowser(t, srv)
+
+	br.open(srv.URL + "/endpoints/" + fmt.Sprint(ep.ID))
+	br.click(fmt.Sprintf(`form[action="/endpoints/%d/rotate-secret"] button`, ep.ID))
+	if got := br.text("#question"); got != "Rotate the signing secret of Orders hook?" || secretOfEndpoint(t, db, ep.ID) != secret {
+		t.Errorf("Rotate secret asks %q; the secret changed %t", got, secretOfEndpoint(t, db, ep.ID) != secret)
+	}
+	br.screenshot(artifactDir + "/confirm-rotate-secret.png")
+	br.click("#confirm")
+	if got := br.text("#secret"); !strings.HasPrefix(got, "whsec_") || secretOfEndpoint(t, db, ep.ID) == secret {
+		t.Errorf("the confirmed rotation shows %q; the secret changed %t", got, secretOfEndpoint(t, db, ep.ID) != secret)
+	}
+
+	row := fmt.Sprintf("#owner-%d", o.ID)
+	br.open(srv.URL + "/owners")
+	br.click(row + " form.danger button")
+	if got := br.text("#question"); got != "Delete the owner Ops?" || owners() != 1 {
+		t.Errorf("Delete asks %q; %d owners left", got, owners())
+	}
+	br.click("#cancel")
+	br.find(row)
+	if owners() != 1 {
+		t.Error("Cancel deleted the owner")
+	}
+	br.click(row + " form.danger button")
+	br.click("#confirm")
+	if got := br.text(".flash"); !strings.Contains(got, "deleted") || owners() != 0 {
+		t.Errorf("the confirmed delete says %q; %d owners left", got, owners())
+	}
+	if got := ownerOf(t, db, ep.ID); got != 0 {
+		t.Errorf("the deleted owner's endpoint has owner %d, want none", got)
+	}
+}

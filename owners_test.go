@@ -948,7 +948,7 @@ func TestOwnersPageCreatesRotatesAndDeletes(t *testing.T) {
 	if status, page := browse(t, admin, srv, "POST", "/owners", url.Values{"name": {""}}); status != 400 || !strings.Contains(page, "name") {
 		t.Errorf("an owner without a name = %d:\n%s", status, page)
 	}
-	if status, _ := browse(t, admin, srv, "POST", "/owners/1/delete", url.Values{}); status != http.StatusSeeOther {
+	if status, _ := browse(t, admin, srv, "POST", "/owners/1/delete", url.Values{"confirm": {"yes"}}); status != http.StatusSeeOther {
 		t.Errorf("delete on the panel = %d, want 303", status)
 	}
 	if status, _ := callAs(t, srv, m[1], "GET", "/api/endpoints", ""); status != 401 {
@@ -957,7 +957,7 @@ func TestOwnersPageCreatesRotatesAndDeletes(t *testing.T) {
 	var trail struct{ Entries []AuditEntry }
 	decodeAs(t, srv, testToken, "GET", "/api/audit", "", 200, &trail)
 	want := []auditLine{
-		{Actor: "admin", Via: "panel", Action: "POST /owners/{id}/delete", Kind: "owner", Subject: "1"},
+		{Actor: "admin", Via: "panel", Action: "POST /owners/{id}/delete", Kind: "owner", Subject: "1", Fields: "confirm"},
 		{Actor: "admin", Via: "panel", Action: "POST /owners/{id}/rotate-token", Kind: "owner", Subject: "1"},
 		{Actor: "admin", Via: "panel", Action: "POST /owners", Kind: "owner", Subject: "1", Fields: "name"},
 	}

@@ -799,14 +799,32 @@ func (c endpointClick) resume() (string, error) {
 	return "Resumed: its queued deliveries flow again.", err
 }
 
+// rotateSecret is the Rotate secret button: it asks first (a receiver
+// that is not told the new secret refuses every delivery once the old
+// one's window ends), then shows the new secret, once.
 func (c endpointClick) rotateSecret() (string, error) {
-	secret := newWebhookSecret()
 	window := c.a.endpoints.RotationWindow
+	if !confirmed(c.form) {
+		if c.form.err != nil {
+			return "", c.form.err
+		}
+		ep, err := getEndpoint(c.r.Context(), c.a.db, c.id)
+		if err != nil {
+			return "", err
+		}
+		return "", c.p.ask(c.w, c.r, confirmation{
+			Question: fmt.Sprintf("Rotate the signing secret of %s?", ep.Name()),
+			Consequence: fmt.Sprintf("A new secret signs its deliveries from now on, shown once on the next page. The old one signs beside it for %s more: "+
+				"give its receiver the new secret within that time, or it refuses every delivery after.", roughDuration(window)),
+			Action: fmt.Sprintf("/endpoints/%d/rotate-secret", c.id), Button: "Rotate the secret",
+			Cancel: fmt.Sprintf("/endpoints/%d", c.id)})
+	}
+	secret := newWebhookSecret()
 	if _, err := rotateEndpointSecret(c.r.Context(), c.a.db, c.a.box, c.id, secret, window); err != nil {
 		return "", err
 	}
 	return "", c.p.renderEndpoint(c.w, c.r, c.a, c.id, endpointView{
-		flash:  fmt.Sprintf("Secret rotated; the old one still signs for %s.", window),
+		flash:  fmt.Sprintf("Secret rotated; the old one still signs for %s.", roughDuration(window)),
 		secret: secret.Encode()})
 }
 
@@ -956,6 +974,26 @@ func (c endpointClick) delete() (string, error) {
 	}
 	http.Redirect(c.w, c.r, "/endpoints?done="+url.QueryEscape(fmt.Sprintf("Endpoint %d deleted.", c.id)), http.StatusSeeOther)
 	return "", nil
+}
+
+// confirmation is the page a button that cannot be undone answers first:
+// what it asks, what the change does, and a form that posts it again
+// with confirm=yes (confirmed). The question changes nothing, and the
+// trail records nothing of it. Cancel goes back.
+type confirmation struct {
+	Question, Consequence string
+	Action, Button        string
+	Cancel                string
+}
+
+// confirmed says whether form is a confirmation's second POST.
+func confirmed(form *query) bool { return form.text("confirm") == "yes" }
+
+// ask answers the confirmation page for r, which it leaves undone.
+func (p *panel) ask(w http.ResponseWriter, r *http.Request, c confirmation) error {
+	noteAuditUnchanged(r)
+	p.render(w, http.StatusOK, "confirm", page{Title: c.Question, SignedIn: true, Data: c})
+	return nil
 }
 
 // handleSubjects is GET /subjects: the subject index by prefix, a page at

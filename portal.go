@@ -291,7 +291,23 @@ func (c ownerClick) rotateToken() error {
 	return renderOwners(c.w, c.r, c.a, fmt.Sprintf("Token of %s replaced; the old one, its sessions and its sign-in links ended.", o.Name), &o)
 }
 
+// delete is an owner's Delete button: it asks first, then deletes.
 func (c ownerClick) delete() error {
+	if !confirmed(c.form) {
+		if c.form.err != nil {
+			return c.form.err
+		}
+		o, err := getOwner(c.r.Context(), c.a.db, c.id)
+		if err != nil {
+			return err
+		}
+		return c.a.panel.ask(c.w, c.r, confirmation{
+			Question: fmt.Sprintf("Delete the owner %s?", o.Name),
+			Consequence: "Its token, every browser signed in with it and its sign-in links end at once. " +
+				"Its endpoints stay, the admin's alone; the events addressed to its key reach none of them.",
+			Action: fmt.Sprintf("/owners/%d/delete", c.id), Button: "Delete the owner",
+			Cancel: fmt.Sprintf("/owners#owner-%d", c.id)})
+	}
 	if err := deleteOwner(c.r.Context(), c.a.db, c.id); err != nil {
 		return err
 	}
