@@ -354,30 +354,95 @@ func handleListAudit(a *admin) apiFunc {
 	}
 }
 
+// auditRow is an entry as the audit page shows it: with the name of what
+// it changed, an endpoint or an owner, as it is now; Gone when there is
+// none to show (deleted since, or, in an owner's view, an endpoint no
+// longer its own, whose name is not its to read).
+type auditRow struct {
+	AuditEntry
+	SubjectName string
+	Gone        bool
+}
+
+// auditView is the audit page: its rows, and the name of the endpoint
+// it is filtered to ("" for none, or none to show).
+type auditView struct {
+	Rows         []auditRow
+	EndpointID   int64
+	EndpointName string
+	Older        string
+}
+
+// nameAuditRows names what each entry changed, for who: an owner is
+// shown the names of its own endpoints only, and no owner's.
+func nameAuditRows(ctx context.Context, db *sql.DB, who principal, entries []AuditEntry, filtered int64) (auditView, error) {
+	var endpointIDs, ownerIDs []int64
+	if filtered > 0 {
+		endpointIDs = append(endpointIDs, filtered)
+	}
+	for _, e := range entries {
+		id, err := strconv.ParseInt(e.Subject, 10, 64)
+		if err != nil {
+			continue // a source's name
+		}
+		switch e.SubjectKind {
+		case "endpoint":
+			endpointIDs = append(endpointIDs, id)
+		case "owner":
+			ownerIDs = append(ownerIDs, id)
+		}
+	}
+	if !who.admin {
+		ownerIDs = nil // an owner's changes are to endpoints alone
+	}
+	endpoints, err := endpointNames(ctx, db, endpointIDs, who.ownerID())
+	if err != nil {
+		return auditView{}, err
+	}
+	owners, err := ownerNames(ctx, db, ownerIDs)
+	if err != nil {
+		return auditView{}, err
+	}
+	v := auditView{Rows: make([]auditRow, len(entries)), EndpointID: filtered, EndpointName: endpoints[filtered]}
+	for i, e := range entries {
+		v.Rows[i] = auditRow{AuditEntry: e}
+		names := endpoints
+		switch e.SubjectKind {
+		case "owner":
+			names = owners
+		case "source":
+			continue // named by its name
+		}
+		id, _ := strconv.ParseInt(e.Subject, 10, 64)
+		name, found := names[id]
+		v.Rows[i].SubjectName, v.Rows[i].Gone = name, !found
+	}
+	return v, nil
+}
+
 // handleAuditPage is GET /audit: the trail on the panel, as the API
-// gives it to whoever is signed in.
+// gives it to whoever is signed in, naming what each entry changed.
 func handleAuditPage(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		aq, err := readAuditQuery(r)
 		if err != nil {
 			return err
 		}
-		entries, err := listAudit(r.Context(), a.db, principalOf(r), aq)
+		who := principalOf(r)
+		entries, err := listAudit(r.Context(), a.db, who, aq)
 		if err != nil {
 			return err
 		}
-		older := ""
+		view, err := nameAuditRows(r.Context(), a.db, who, entries, aq.endpointID)
+		if err != nil {
+			return err
+		}
 		if len(entries) == aq.limit {
 			q := r.URL.Query()
 			q.Set("before", strconv.FormatInt(entries[len(entries)-1].ID, 10))
-			older = "/audit?" + q.Encode()
+			view.Older = "/audit?" + q.Encode()
 		}
-		a.panel.render(w, http.StatusOK, "audit", page{Title: "Audit trail", Nav: "audit", SignedIn: true,
-			Data: struct {
-				Entries    []AuditEntry
-				EndpointID int64
-				Older      string
-			}{entries, aq.endpointID, older}})
+		a.panel.render(w, http.StatusOK, "audit", page{Title: "Audit trail", Nav: "audit", SignedIn: true, Data: view})
 		return nil
 	}
 }

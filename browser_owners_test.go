@@ -8,6 +8,7 @@ import (
 	"database/sql"
 	"fmt"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -251,5 +252,72 @@ func TestDeleteOwnerAndRotateSecretAskFirstInBrowser(t *testing.T) {
 	}
 	if got := ownerOf(t, db, ep.ID); got != 0 {
 		t.Errorf("the deleted owner's endpoint has owner %d, want none", got)
+	}
+}
+
+// Owners and endpoints read as names, not ids, wherever the panel shows
+// them: an endpoint's owner, the audit trail's actors and what each entry
+// changed (an owner seeing only its own endpoints' names), the trail's
+// endpoint filter, and the portal's page of what an endpoint was sent.
+func TestOwnersAndEndpointsReadAsNamesInBrowser(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	srv := newTestAdmin(t, db)
+	o, gone := newOwner(t, srv, "Payments team"), newOwner(t, srv, "Gone team")
+	hook := describedEndpoint(t, srv, o.ID, "Payments hook")
+	takenBack := describedEndpoint(t, srv, o.ID, "Taken back hook")
+	decodeAs(t, srv, o.Token, "POST", fmt.Sprintf("/api/endpoints/%d/pause", hook.ID), "", 200, nil)
+	decodeAs(t, srv, o.Token, "PATCH", fmt.Sprintf("/api/endpoints/%d", takenBack.ID), `{"description": "Renamed by the admin later"}`, 200, nil)
+	decodeAs(t, srv, testToken, "PATCH", fmt.Sprintf("/api/endpoints/%d", takenBack.ID), `{"owner_id": null, "description": "The admin's secret name"}`, 200, nil)
+	decodeAs(t, srv, testToken, "PATCH", fmt.Sprintf("/api/owners/%d", gone.ID), `{"max_in_flight": 4}`, 200, nil)
+	decodeAs(t, srv, testToken, "DELETE", fmt.Sprintf("/api/owners/%d", gone.ID), "", 204, nil)
+	sent := recordAddressed(t, db, o.Key, "order.paid", "o-1")
+	relayAll(t, db)
+
+	br := adminBrowser(t, srv)
+	br.open(fmt.Sprintf("%s/endpoints/%d", srv.URL, hook.ID))
+	if got := br.text("#owner-name"); got != "Payments team" {
+		t.Errorf("the endpoint page names its owner %q", got)
+	}
+	br.open(srv.URL + "/audit")
+	var who, of []string
+	br.execute(`return [...document.querySelectorAll('#audit .audit-who')].map(td => td.textContent)`, &who)
+	br.execute(`return [...document.querySelectorAll('#audit .audit-of')].map(td => td.textContent)`, &of)
+	wantOf := []string{
+		fmt.Sprintf("owner %d deleted", gone.ID), fmt.Sprintf("owner %d deleted", gone.ID),
+		"endpoint The admin's secret name", "endpoint The admin's secret name", "endpoint Payments hook",
+		"endpoint The admin's secret name", "endpoint Payments hook", fmt.Sprintf("owner %d deleted", gone.ID), "owner Payments team"}
+	if diff := cmp.Diff(wantOf, of); diff != "" {
+		t.Errorf("the admin's trail names what each entry changed (-want +got):\n%s", diff)
+	}
+	if len(who) < 5 || who[3] != "Payments team" || who[4] != "Payments team" || who[0] != "admin" {
+		t.Errorf("the admin's trail names who changed it %q, want the owner's name on its changes", who)
+	}
+	br.open(fmt.Sprintf("%s/audit?endpoint_id=%d", srv.URL, hook.ID))
+	if got := br.text("#audit-endpoint"); got != "Payments hook" {
+		t.Errorf("the trail filtered to an endpoint names it %q", got)
+	}
+	br.open(fmt.Sprintf("%s/endpoints/%d", srv.URL, hook.ID))
+	br.click("#make-signin-link")
+	br.find("#signin-link")
+	if got := br.text("main p"); regexp.MustCompile(`(owner|endpoint) \d`).MatchString(got) || !strings.Contains(got, "Payments hook") {
+		t.Errorf("the sign-in link's page reads %q, want the owner and its endpoint by name", got)
+	}
+	br.click("form.logout button")
+
+	br.open(srv.URL + "/login")
+	br.typeInto("input[name=token]", o.Token)
+	br.click("form.login button")
+	br.find("#portal-owner")
+	br.open(srv.URL + "/audit")
+	br.execute(`return [...document.querySelectorAll('#audit .audit-of')].map(td => td.textContent)`, &of)
+	wantOf = []string{"endpoint Payments hook", // the admin's sign-in link
+		fmt.Sprintf("endpoint %d no longer yours", takenBack.ID), "endpoint Payments hook", "endpoint Payments hook"}
+	if diff := cmp.Diff(wantOf, of); diff != "" {
+		t.Errorf("the owner's trail names its own endpoints only (-want +got):\n%s", diff)
+	}
+	br.open(fmt.Sprintf("%s/endpoints/%d/events/%d", srv.URL, hook.ID, sent))
+	if got := br.text("h1"); got != fmt.Sprintf("Event %d to Payments hook", sent) {
+		t.Errorf("the portal's event page reads %q, want the endpoint by its name", got)
 	}
 }

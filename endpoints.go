@@ -146,6 +146,36 @@ func (e Endpoint) Name() string {
 	return e.URL
 }
 
+// endpointNamesSQL is each endpoint of ids $1, with what names it; of
+// owner $2's endpoints only, unless NULL (the admin's view).
+const endpointNamesSQL = `
+SELECT id, description, url
+FROM outbox.endpoints
+WHERE id = ANY($1)
+  AND ($2::bigint IS NULL OR owner_id = $2)`
+
+// endpointNames is the Name of each endpoint of ids that exists, by id,
+// of ownerID's only unless it is nil: what a page shows a person for an
+// endpoint's id, never the name of one the person may not see.
+func endpointNames(ctx context.Context, db *sql.DB, ids []int64, ownerID *int64) (map[int64]string, error) {
+	names := make(map[int64]string, len(ids))
+	if len(ids) == 0 {
+		return names, nil
+	}
+	eps, err := queryAll(ctx, db, func(row rowScanner) (Endpoint, error) {
+		var e Endpoint
+		err := row.Scan(&e.ID, &e.Description, &e.URL)
+		return e, err
+	}, endpointNamesSQL, pq.Array(ids), ownerID)
+	if err != nil {
+		return nil, fmt.Errorf("read endpoint names: %w", err)
+	}
+	for _, e := range eps {
+		names[e.ID] = e.Name()
+	}
+	return names, nil
+}
+
 func (e Endpoint) dedupWindow() time.Duration {
 	if e.DedupWindowSeconds == nil {
 		return 0

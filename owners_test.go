@@ -778,7 +778,7 @@ func TestEndpointPageMakesASigninLink(t *testing.T) {
 	admin := signIn(t, srv)
 
 	_, page := browse(t, admin, srv, "GET", fmt.Sprintf("/endpoints/%d", ep.ID), nil)
-	if !strings.Contains(page, `id="make-signin-link"`) || !strings.Contains(page, fmt.Sprintf(`id="owner-id">%d<`, o.ID)) {
+	if !strings.Contains(page, `id="make-signin-link"`) || !strings.Contains(page, `id="owner-name">Handed over<`) {
 		t.Fatalf("the endpoint page shows no owner block:\n%s", page)
 	}
 	status, page := browse(t, admin, srv, "POST", fmt.Sprintf("/endpoints/%d/signin-link", ep.ID), url.Values{})

@@ -600,14 +600,15 @@ func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin,
 	if view.refused != nil {
 		status, pg.Form = http.StatusBadRequest, *view.refused
 	}
-	p.render(w, status, "endpoint", page{Title: fmt.Sprintf("Endpoint %d", id), Nav: "endpoints", SignedIn: true,
+	p.render(w, status, "endpoint", page{Title: pg.Endpoint.Name(), Nav: "endpoints", SignedIn: true,
 		Flash: view.flash, Data: pg})
 	return nil
 }
 
 // endpointPage is what an endpoint's page shows: the endpoint and how
 // it does, what view adds (Secret to FilterPreview), and, for the admin,
-// the owners it may be given to (Owners) and its own (OwnerID, 0: none).
+// the owners it may be given to (Owners) and its own (OwnerID, 0: none,
+// and OwnerName).
 type endpointPage struct {
 	Endpoint        Endpoint
 	Cause           endpointCause
@@ -626,6 +627,7 @@ type endpointPage struct {
 	FilterPreview   *filterPreviewView
 	Owners          []Owner
 	OwnerID         int64
+	OwnerName       string
 }
 
 // readEndpointPage reads endpoint id's page, its edit form filled with
@@ -663,6 +665,11 @@ func readEndpointPage(ctx context.Context, a *admin, id int64, admin bool) (endp
 			return pg, err
 		}
 		pg.OwnerID = deref(pg.Endpoint.OwnerID)
+		for _, o := range pg.Owners {
+			if o.ID == pg.OwnerID {
+				pg.OwnerName = o.Name
+			}
+		}
 	}
 	return pg, nil
 }
@@ -969,10 +976,14 @@ func (c endpointClick) filterPreview() (string, error) {
 }
 
 func (c endpointClick) delete() (string, error) {
+	ep, err := getEndpoint(c.r.Context(), c.a.db, c.id)
+	if err != nil {
+		return "", err
+	}
 	if err := deleteEndpoint(c.r.Context(), c.a.db, c.id, c.a.logger); err != nil {
 		return "", err
 	}
-	http.Redirect(c.w, c.r, "/endpoints?done="+url.QueryEscape(fmt.Sprintf("Endpoint %d deleted.", c.id)), http.StatusSeeOther)
+	http.Redirect(c.w, c.r, "/endpoints?done="+url.QueryEscape(fmt.Sprintf("Endpoint %q deleted.", ep.Name())), http.StatusSeeOther)
 	return "", nil
 }
 

@@ -146,11 +146,15 @@ func handleEndpointEventPage(a *admin) pageFunc {
 		if err != nil {
 			return err
 		}
+		ep, err := getEndpoint(r.Context(), a.db, id)
+		if err != nil {
+			return err
+		}
 		a.panel.render(w, http.StatusOK, "delivery", page{Title: fmt.Sprintf("Event %d", eventID), Nav: "endpoints", SignedIn: true,
 			Data: struct {
-				EndpointID int64
-				Event      eventWithJobs
-			}{id, ev}})
+				Endpoint Endpoint
+				Event    eventWithJobs
+			}{ep, ev}})
 		return nil
 	}
 }
@@ -308,10 +312,14 @@ func (c ownerClick) delete() error {
 			Action: fmt.Sprintf("/owners/%d/delete", c.id), Button: "Delete the owner",
 			Cancel: fmt.Sprintf("/owners#owner-%d", c.id)})
 	}
+	o, err := getOwner(c.r.Context(), c.a.db, c.id)
+	if err != nil {
+		return err
+	}
 	if err := deleteOwner(c.r.Context(), c.a.db, c.id); err != nil {
 		return err
 	}
-	http.Redirect(c.w, c.r, "/owners?done="+url.QueryEscape(fmt.Sprintf("Owner %d deleted; its endpoints are the admin's alone.", c.id)), http.StatusSeeOther)
+	http.Redirect(c.w, c.r, "/owners?done="+url.QueryEscape(fmt.Sprintf("Owner %s deleted; its endpoints are the admin's alone.", o.Name)), http.StatusSeeOther)
 	return nil
 }
 
