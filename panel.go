@@ -308,21 +308,36 @@ func (p *panel) handleRetryEveryDiscarded(a *admin) pageFunc {
 		if err != nil {
 			return err
 		}
-		http.Redirect(w, r, "/jobs?state=discarded&done="+url.QueryEscape(res.summary()), http.StatusSeeOther)
+		var skipped []int64
+		for _, e := range res.Endpoints {
+			if e.Skipped > 0 {
+				skipped = append(skipped, e.EndpointID)
+			}
+		}
+		names, err := endpointNames(r.Context(), a.db, skipped, nil)
+		if err != nil {
+			return err
+		}
+		http.Redirect(w, r, "/jobs?state=discarded&done="+url.QueryEscape(res.summary(names)), http.StatusSeeOther)
 		return nil
 	}
 }
 
-// summary is what a retry of every discarded job did, as the panel says it.
-func (res BulkRetryResult) summary() string {
+// summary is what a retry of every discarded job did, as the panel says
+// it, each endpoint by its name (names; one deleted since by its id).
+func (res BulkRetryResult) summary(names map[int64]string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d discarded jobs will be sent again: %d deliveries to %d endpoints and %d jobs of no endpoint.",
 		res.Jobs, res.Jobs-res.WithoutEndpoint, len(res.Endpoints), res.WithoutEndpoint)
 	if res.Skipped > 0 {
 		fmt.Fprintf(&b, " %d deliveries stay discarded: their events are too old to send again safely:", res.Skipped)
 		for _, e := range res.Endpoints {
-			if e.Skipped > 0 {
-				fmt.Fprintf(&b, " endpoint %d, %d;", e.EndpointID, e.Skipped)
+			switch name, found := names[e.EndpointID]; {
+			case e.Skipped == 0:
+			case found:
+				fmt.Fprintf(&b, " %q, %d;", name, e.Skipped)
+			default:
+				fmt.Fprintf(&b, " endpoint %d (deleted), %d;", e.EndpointID, e.Skipped)
 			}
 		}
 		b.WriteString(" each endpoint's page says why.")
