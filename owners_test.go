@@ -803,7 +803,8 @@ func TestEndpointPageMakesASigninLink(t *testing.T) {
 }
 
 // The portal's pages show an owner only its own: the navigation names
-// no global page, and the endpoint page offers no sign-in link.
+// no global page, and the endpoint page offers no sign-in link, and no
+// owner to give the endpoint to.
 func TestPortalNavigationHidesGlobalPages(t *testing.T) {
 	t.Parallel()
 	w := newIsolationWorld(t)
@@ -825,6 +826,9 @@ func TestPortalNavigationHidesGlobalPages(t *testing.T) {
 		}
 		if strings.Contains(page, "make-signin-link") {
 			t.Errorf("%s: an owner is offered to make sign-in links", path)
+		}
+		if strings.Contains(page, `id="owner-form"`) || strings.Contains(page, ">theirs<") {
+			t.Errorf("%s: an owner is offered to give its endpoint away, or shown another owner's name", path)
 		}
 	}
 	_, page := browse(t, signIn(t, w.srv), w.srv, "GET", "/endpoints", nil)
