@@ -128,7 +128,7 @@ func TestAdminGivesEndpointsAndSigninLinksInBrowser(t *testing.T) {
 		br.find("h1")
 	}
 	give(orders)
-	if got := br.text(".flash"); !strings.Contains(got, `"Orders hook" given`) {
+	if got := br.text(".flash"); !strings.Contains(got, `"Orders hook" given to Payments team`) {
 		t.Errorf("after Give the page says %q", got)
 	}
 	give(refunds)

@@ -136,7 +136,6 @@ const (
 	breakerClosed = "closed"
 )
 
-// dedupWindow is the receiver's advertised dedup window; 0: none.
 // Name is how a person knows the endpoint: its description, else its
 // URL.
 func (e Endpoint) Name() string {
@@ -176,6 +175,7 @@ func endpointNames(ctx context.Context, db *sql.DB, ids []int64, ownerID *int64)
 	return names, nil
 }
 
+// dedupWindow is the receiver's advertised dedup window; 0: none.
 func (e Endpoint) dedupWindow() time.Duration {
 	if e.DedupWindowSeconds == nil {
 		return 0

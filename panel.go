@@ -332,11 +332,12 @@ func (res BulkRetryResult) summary(names map[int64]string) string {
 	if res.Skipped > 0 {
 		fmt.Fprintf(&b, " %d deliveries stay discarded: their events are too old to send again safely:", res.Skipped)
 		for _, e := range res.Endpoints {
-			switch name, found := names[e.EndpointID]; {
-			case e.Skipped == 0:
-			case found:
+			if e.Skipped == 0 {
+				continue
+			}
+			if name, found := names[e.EndpointID]; found {
 				fmt.Fprintf(&b, " %q, %d;", name, e.Skipped)
-			default:
+			} else {
 				fmt.Fprintf(&b, " endpoint %d (deleted), %d;", e.EndpointID, e.Skipped)
 			}
 		}

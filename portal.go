@@ -1,6 +1,7 @@
-// portal.go: the owners' routes of the API, and the sign-in links the
-// admin makes to hand to an owner (docs/owners.md). Signing in, with a
-// token or a link, and the sessions it starts are admin.go's.
+// portal.go: the owners' routes of the API, the admin's Owners page and
+// an endpoint page's owner forms, and the sign-in links the admin makes
+// to hand to an owner (docs/owners.md). Signing in, with a token or a
+// link, and the sessions it starts are admin.go's.
 
 package main
 
@@ -297,24 +298,21 @@ func (c ownerClick) rotateToken() error {
 
 // delete is an owner's Delete button: it asks first, then deletes.
 func (c ownerClick) delete() error {
-	if !confirmed(c.form) {
-		if c.form.err != nil {
-			return c.form.err
-		}
-		o, err := getOwner(c.r.Context(), c.a.db, c.id)
-		if err != nil {
-			return err
-		}
+	yes := confirmed(c.form)
+	if c.form.err != nil {
+		return c.form.err
+	}
+	o, err := getOwner(c.r.Context(), c.a.db, c.id)
+	if err != nil {
+		return err
+	}
+	if !yes {
 		return c.a.panel.ask(c.w, c.r, confirmation{
 			Question: fmt.Sprintf("Delete the owner %s?", o.Name),
 			Consequence: "Its token, every browser signed in with it and its sign-in links end at once. " +
 				"Its endpoints stay, the admin's alone; the events addressed to its key reach none of them.",
 			Action: fmt.Sprintf("/owners/%d/delete", c.id), Button: "Delete the owner",
 			Cancel: fmt.Sprintf("/owners#owner-%d", c.id)})
-	}
-	o, err := getOwner(c.r.Context(), c.a.db, c.id)
-	if err != nil {
-		return err
 	}
 	if err := deleteOwner(c.r.Context(), c.a.db, c.id); err != nil {
 		return err
@@ -347,16 +345,22 @@ func (c ownerClick) give() error {
 	if ep.OwnerID != nil && *ep.OwnerID != c.id {
 		return fmt.Errorf("%w: endpoint %q has another owner: its page gives it to another", errInvalid, ep.Name())
 	}
+	o, err := getOwner(c.r.Context(), c.a.db, c.id)
+	if err != nil {
+		return err
+	}
 	if _, err := c.a.changeEndpoint(c.r.Context(), ep.ID, endpointInput{OwnerID: nullable[int64]{Set: true, Value: &c.id}}); err != nil {
 		return err
 	}
 	noteAuditEndpoint(c.r, ep.ID)
-	return c.done(fmt.Sprintf("Endpoint %q given: its owner sees and manages it in its portal.", ep.Name()))
+	return c.done(fmt.Sprintf("Endpoint %q given to %s, who sees and manages it in its portal.", ep.Name(), o.Name))
 }
 
 // takeBack is an owned endpoint's Take back button: the endpoint becomes
 // the admin's alone, as PATCH {"owner_id": null} makes it. One given to
-// another owner since the page was shown is refused, not taken from it.
+// another owner since the page was shown is refused, not taken from it
+// (as the endpoint is read just before the change: a change racing this
+// one is not seen).
 func (c ownerClick) takeBack() error {
 	ep, err := c.formEndpoint()
 	if err != nil {
@@ -470,7 +474,7 @@ func handleSigninLinkPage(a *admin) pageFunc {
 			return err
 		}
 		if ep.OwnerID == nil {
-			return fmt.Errorf("%w: endpoint %d has no owner to make a sign-in link for; set its owner_id first", errInvalid, id)
+			return fmt.Errorf("%w: endpoint %q has no owner to make a sign-in link for; give it one first", errInvalid, ep.Name())
 		}
 		o, err := getOwner(r.Context(), a.db, *ep.OwnerID)
 		if err != nil {
