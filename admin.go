@@ -105,6 +105,7 @@ func pageRoutes(a *admin) []pageRoute {
 		{"GET /endpoints/{id}", forOwnedEndpoint, p.handleEndpoint(a)},
 		{"GET /endpoints/{id}/events/{event_id}", forOwnedEndpoint, handleEndpointEventPage(a)},
 		{"POST /endpoints/{id}/signin-link", forAdmin, handleSigninLinkPage(a)},
+		{"POST /endpoints/{id}/owner", forAdmin, handleEndpointOwnerPage(a)},
 		{"POST /endpoints/{id}/{action}", forOwnedEndpoint, p.handleEndpointAction(a)},
 		{"GET /sources", forAdmin, p.handleSources(a)},
 		{"POST /sources", forAdmin, p.handleCreateSource(a)},

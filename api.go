@@ -259,14 +259,23 @@ func handleGetEndpoint(a *admin) apiFunc {
 // gives change, the others stay.
 func handleUpdateEndpoint(a *admin) apiFunc {
 	return byIDWithBody(decodeJSON, func(ctx context.Context, id int64, in endpointInput) (Endpoint, error) {
-		if err := in.validate(a.endpoints.AllowPrivate); err != nil {
-			return Endpoint{}, err
-		}
-		if err := claimInput(ctx, a.db, &in, false); err != nil {
-			return Endpoint{}, err
-		}
-		return updateEndpoint(ctx, a.db, a.box, id, in)
+		return a.changeEndpoint(ctx, id, in)
 	})
+}
+
+// changeEndpoint is a change of endpoint id as its sender (principalIn)
+// may make it: validated, held to the owner's grants and limits
+// (claimInput), then written. The panel's forms that change an
+// endpoint's owner go through it too, so that they hold what the API
+// holds.
+func (a *admin) changeEndpoint(ctx context.Context, id int64, in endpointInput) (Endpoint, error) {
+	if err := in.validate(a.endpoints.AllowPrivate); err != nil {
+		return Endpoint{}, err
+	}
+	if err := claimInput(ctx, a.db, &in, false); err != nil {
+		return Endpoint{}, err
+	}
+	return updateEndpoint(ctx, a.db, a.box, id, in)
 }
 
 // handleDeleteEndpoint is DELETE /api/endpoints/{id}, answered 204; the

@@ -81,8 +81,13 @@ func auditKindOf(path string) string {
 func isPreview(route string) bool { return strings.HasSuffix(route, "/filter-preview") }
 
 // auditNote is what a handler tells the trail that its route does not:
-// the id of what a create made.
-type auditNote struct{ subject string }
+// the id of what a create made, the endpoint a change on a page of
+// another kind's was to (kind), or that the POST changed nothing
+// (unchanged: it asked for a confirmation).
+type auditNote struct {
+	kind, subject string
+	unchanged     bool
+}
 
 type auditNoteKey struct{}
 
@@ -91,6 +96,26 @@ type auditNoteKey struct{}
 func noteAuditSubject(r *http.Request, subject string) {
 	if n, ok := r.Context().Value(auditNoteKey{}).(*auditNote); ok {
 		n.subject = subject
+	}
+}
+
+// noteAuditUnchanged tells the trail that r, a POST, changed nothing: it
+// answered a page that asks to confirm the change, which a second POST
+// makes.
+func noteAuditUnchanged(r *http.Request) {
+	if n, ok := r.Context().Value(auditNoteKey{}).(*auditNote); ok {
+		n.unchanged = true
+	}
+}
+
+// noteAuditEndpoint tells the trail that r's change was to endpoint id,
+// though its route is under another kind's path (the Owners page's
+// buttons that give and take back an endpoint): the entry is the
+// endpoint's, as the API's PATCH of its owner_id writes it, so that the
+// endpoint's trail, and its owner's, show it.
+func noteAuditEndpoint(r *http.Request, id int64) {
+	if n, ok := r.Context().Value(auditNoteKey{}).(*auditNote); ok {
+		n.kind, n.subject = "endpoint", strconv.FormatInt(id, 10)
 	}
 }
 
@@ -178,9 +203,10 @@ func (w *statusWriter) WriteHeader(status int) {
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// auditedPage is audited for the panel: a POST that changes an endpoint
-// or a source and answers a page or a redirect, not a refusal, is
-// recorded with the names of the form's fields.
+// auditedPage is audited for the panel: a POST that changes an endpoint,
+// an owner or a source and answers a page or a redirect, not a refusal
+// nor a question (noteAuditUnchanged), is recorded with the names of the
+// form's fields.
 func (a *admin) auditedPage(h pageFunc) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		_, path, _ := strings.Cut(r.Pattern, " ")
@@ -191,11 +217,14 @@ func (a *admin) auditedPage(h pageFunc) pageFunc {
 		note := &auditNote{}
 		r = r.WithContext(context.WithValue(r.Context(), auditNoteKey{}, note))
 		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
-		if err := h(sw, r); err != nil || sw.status >= 400 {
+		if err := h(sw, r); err != nil || sw.status >= 400 || note.unchanged {
 			return err
 		}
 		subject := r.PathValue("id") + r.PathValue("name")
-		if subject == "" {
+		switch {
+		case note.kind != "":
+			kind, subject = note.kind, note.subject
+		case subject == "":
 			subject = note.subject
 		}
 		if subject == "" && kind == "source" {
@@ -325,30 +354,95 @@ func handleListAudit(a *admin) apiFunc {
 	}
 }
 
+// auditRow is an entry as the audit page shows it: with the name of what
+// it changed, an endpoint or an owner, as it is now; Gone when there is
+// none to show (deleted since, or, in an owner's view, an endpoint no
+// longer its own, whose name is not its to read).
+type auditRow struct {
+	AuditEntry
+	SubjectName string
+	Gone        bool
+}
+
+// auditView is the audit page: its rows, and the name of the endpoint
+// it is filtered to ("" for none, or none to show).
+type auditView struct {
+	Rows         []auditRow
+	EndpointID   int64
+	EndpointName string
+	Older        string
+}
+
+// nameAuditRows names what each entry changed, for who: an owner is
+// shown the names of its own endpoints only, and no owner's.
+func nameAuditRows(ctx context.Context, db *sql.DB, who principal, entries []AuditEntry, filtered int64) (auditView, error) {
+	var endpointIDs, ownerIDs []int64
+	if filtered > 0 {
+		endpointIDs = append(endpointIDs, filtered)
+	}
+	for _, e := range entries {
+		id, err := strconv.ParseInt(e.Subject, 10, 64)
+		if err != nil {
+			continue // a source's name
+		}
+		switch e.SubjectKind {
+		case "endpoint":
+			endpointIDs = append(endpointIDs, id)
+		case "owner":
+			ownerIDs = append(ownerIDs, id)
+		}
+	}
+	if !who.admin {
+		ownerIDs = nil // an owner's changes are to endpoints alone
+	}
+	endpoints, err := endpointNames(ctx, db, endpointIDs, who.ownerID())
+	if err != nil {
+		return auditView{}, err
+	}
+	owners, err := ownerNames(ctx, db, ownerIDs)
+	if err != nil {
+		return auditView{}, err
+	}
+	v := auditView{Rows: make([]auditRow, len(entries)), EndpointID: filtered, EndpointName: endpoints[filtered]}
+	for i, e := range entries {
+		v.Rows[i] = auditRow{AuditEntry: e}
+		names := endpoints
+		switch e.SubjectKind {
+		case "owner":
+			names = owners
+		case "source":
+			continue // named by its name
+		}
+		id, _ := strconv.ParseInt(e.Subject, 10, 64)
+		name, found := names[id]
+		v.Rows[i].SubjectName, v.Rows[i].Gone = name, !found
+	}
+	return v, nil
+}
+
 // handleAuditPage is GET /audit: the trail on the panel, as the API
-// gives it to whoever is signed in.
+// gives it to whoever is signed in, naming what each entry changed.
 func handleAuditPage(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		aq, err := readAuditQuery(r)
 		if err != nil {
 			return err
 		}
-		entries, err := listAudit(r.Context(), a.db, principalOf(r), aq)
+		who := principalOf(r)
+		entries, err := listAudit(r.Context(), a.db, who, aq)
 		if err != nil {
 			return err
 		}
-		older := ""
+		view, err := nameAuditRows(r.Context(), a.db, who, entries, aq.endpointID)
+		if err != nil {
+			return err
+		}
 		if len(entries) == aq.limit {
 			q := r.URL.Query()
 			q.Set("before", strconv.FormatInt(entries[len(entries)-1].ID, 10))
-			older = "/audit?" + q.Encode()
+			view.Older = "/audit?" + q.Encode()
 		}
-		a.panel.render(w, http.StatusOK, "audit", page{Title: "Audit trail", Nav: "audit", SignedIn: true,
-			Data: struct {
-				Entries    []AuditEntry
-				EndpointID int64
-				Older      string
-			}{entries, aq.endpointID, older}})
+		a.panel.render(w, http.StatusOK, "audit", page{Title: "Audit trail", Nav: "audit", SignedIn: true, Data: view})
 		return nil
 	}
 }

@@ -41,8 +41,8 @@ func TestOwnerPortalInBrowser(t *testing.T) {
 	br.click("form.login button")
 	br.find("h1")
 	br.open(fmt.Sprintf("%s/endpoints/%d", srv.URL, ep.ID))
-	if got := br.text("#owner-id"); got != fmt.Sprint(o.ID) {
-		t.Errorf("the endpoint page's owner reads %q, want %d", got, o.ID)
+	if got := br.text("#owner-name"); got != "Payments team" {
+		t.Errorf("the endpoint page's owner reads %q, want its name", got)
 	}
 	br.click("#make-signin-link")
 	link := br.text("#signin-link")

@@ -136,6 +136,45 @@ const (
 	breakerClosed = "closed"
 )
 
+// Name is how a person knows the endpoint: its description, else its
+// URL.
+func (e Endpoint) Name() string {
+	if e.Description != "" {
+		return e.Description
+	}
+	return e.URL
+}
+
+// endpointNamesSQL is each endpoint of ids $1, with what names it; of
+// owner $2's endpoints only, unless NULL (the admin's view).
+const endpointNamesSQL = `
+SELECT id, description, url
+FROM outbox.endpoints
+WHERE id = ANY($1)
+  AND ($2::bigint IS NULL OR owner_id = $2)`
+
+// endpointNames is the Name of each endpoint of ids that exists, by id,
+// of ownerID's only unless it is nil: what a page shows a person for an
+// endpoint's id, never the name of one the person may not see.
+func endpointNames(ctx context.Context, db *sql.DB, ids []int64, ownerID *int64) (map[int64]string, error) {
+	names := make(map[int64]string, len(ids))
+	if len(ids) == 0 {
+		return names, nil
+	}
+	eps, err := queryAll(ctx, db, func(row rowScanner) (Endpoint, error) {
+		var e Endpoint
+		err := row.Scan(&e.ID, &e.Description, &e.URL)
+		return e, err
+	}, endpointNamesSQL, pq.Array(ids), ownerID)
+	if err != nil {
+		return nil, fmt.Errorf("read endpoint names: %w", err)
+	}
+	for _, e := range eps {
+		names[e.ID] = e.Name()
+	}
+	return names, nil
+}
+
 // dedupWindow is the receiver's advertised dedup window; 0: none.
 func (e Endpoint) dedupWindow() time.Duration {
 	if e.DedupWindowSeconds == nil {
@@ -208,8 +247,9 @@ type endpointInput struct {
 	// OwnerID given as null leaves the endpoint to the admin alone; only
 	// the admin's token sets it (claimInput, owners.go).
 	OwnerID nullable[int64] `json:"owner_id"`
-	// countedFor is the owner whose max_endpoints a create must stay
-	// within: set by claimInput when an owner creates its own endpoint.
+	// countedFor is the owner whose max_endpoints a create or a change
+	// must stay within: set by claimInput for an owner's own create and
+	// for an endpoint the admin gives an owner.
 	countedFor *int64
 }
 
@@ -466,7 +506,7 @@ func createEndpoint(ctx context.Context, db *sql.DB, box *secretBox, in endpoint
 	}
 	defer tx.Rollback()
 	if in.countedFor != nil {
-		if err := checkEndpointCount(ctx, tx, *in.countedFor); err != nil {
+		if err := checkEndpointCount(ctx, tx, *in.countedFor, 0); err != nil {
 			return Endpoint{}, err
 		}
 	}
@@ -490,7 +530,8 @@ func createEndpoint(ctx context.Context, db *sql.DB, box *secretBox, in endpoint
 }
 
 // lockOwnerSQL takes owner $1's row for the rest of the transaction: two
-// endpoints created by one owner at once are counted one after the other.
+// endpoints created for one owner, or given to it, at once are counted
+// one after the other.
 const lockOwnerSQL = `
 SELECT max_endpoints
 FROM outbox.owners
@@ -499,24 +540,29 @@ FOR UPDATE`
 
 // countOwnerEndpointsSQL runs after lockOwnerSQL, in a statement of its
 // own, so that its snapshot sees the endpoint the lock's previous holder
-// created.
+// created or was given: owner $1's endpoints other than $2, and whether
+// $2 is among them already.
 const countOwnerEndpointsSQL = `
-SELECT count(*)
+SELECT count(*) FILTER (WHERE id <> $2),
+       coalesce(bool_or(id = $2), false)
 FROM outbox.endpoints
 WHERE owner_id = $1`
 
-// checkEndpointCount refuses an owner's new endpoint past its
-// max_endpoints, in tx, which then creates it.
-func checkEndpointCount(ctx context.Context, tx *sql.Tx, ownerID int64) error {
+// checkEndpointCount refuses, in tx, which then writes it, endpoint id
+// (0: a new one) as owner ownerID's past its max_endpoints. An endpoint
+// the owner has already is no new one: writing it again is not refused
+// for a max_endpoints lowered since.
+func checkEndpointCount(ctx context.Context, tx *sql.Tx, ownerID, id int64) error {
 	var most, have int
+	var owned bool
 	if err := tx.QueryRowContext(ctx, lockOwnerSQL, ownerID).Scan(&most); err != nil {
-		return fmt.Errorf("create endpoint: lock owner %d: %w", ownerID, err)
+		return fmt.Errorf("count owner %d's endpoints: lock it: %w", ownerID, err)
 	}
-	if err := tx.QueryRowContext(ctx, countOwnerEndpointsSQL, ownerID).Scan(&have); err != nil {
-		return fmt.Errorf("create endpoint: count owner %d's endpoints: %w", ownerID, err)
+	if err := tx.QueryRowContext(ctx, countOwnerEndpointsSQL, ownerID, id).Scan(&have, &owned); err != nil {
+		return fmt.Errorf("count owner %d's endpoints: %w", ownerID, err)
 	}
-	if have >= most {
-		return fmt.Errorf("%w: this owner has %d endpoints, the most it may have (max_endpoints); delete one first", errInvalid, have)
+	if !owned && have >= most {
+		return fmt.Errorf("%w: this owner has %d endpoints, the most it may have (max_endpoints); delete or take back one first", errInvalid, have)
 	}
 	return nil
 }
@@ -620,6 +666,11 @@ func updateEndpointOnce(ctx context.Context, db *sql.DB, box *secretBox, id int6
 	defer tx.Rollback()
 	if err := checkFilter(ctx, tx, in.Filter.Value); err != nil {
 		return Endpoint{}, err
+	}
+	if in.countedFor != nil {
+		if err := checkEndpointCount(ctx, tx, *in.countedFor, id); err != nil {
+			return Endpoint{}, err
+		}
 	}
 	cert, key, expires, ca := in.clientTLSColumns(box, id)
 	e, err := scanOneEndpoint(tx.QueryRowContext(ctx, updateEndpointSQL, id, in.URL, in.Description, in.OwnerEmail, topics,

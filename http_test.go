@@ -245,7 +245,7 @@ func TestAnswersAreNotStoredButAssetsMayBe(t *testing.T) {
 		{"GET", "/endpoints", ""},
 		{"GET", endpoint, ""},
 		{"POST", "/endpoints", "url=http%3A%2F%2F127.0.0.1%3A2%2Fhook"}, // shows the new secret
-		{"POST", endpoint + "/rotate-secret", ""},                       // shows the new secret
+		{"POST", endpoint + "/rotate-secret", "confirm=yes"},            // shows the new secret
 		{"POST", endpoint + "/enable", ""},                              // a redirect
 		{"GET", "/jobs", ""},
 		{"GET", "/subjects", ""},

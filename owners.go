@@ -336,6 +336,110 @@ func listOwners(ctx context.Context, db *sql.DB) ([]Owner, error) {
 	return owners, nil
 }
 
+// ownerNamesSQL is the name of each owner of ids $1.
+const ownerNamesSQL = `
+SELECT id, name
+FROM outbox.owners
+WHERE id = ANY($1)`
+
+// ownerNames is the name of each owner of ids that exists, by id: what
+// a page shows a person for an owner's id.
+func ownerNames(ctx context.Context, db *sql.DB, ids []int64) (map[int64]string, error) {
+	names := make(map[int64]string, len(ids))
+	if len(ids) == 0 {
+		return names, nil
+	}
+	type owner struct {
+		id   int64
+		name string
+	}
+	owners, err := queryAll(ctx, db, func(row rowScanner) (owner, error) {
+		var o owner
+		err := row.Scan(&o.id, &o.name)
+		return o, err
+	}, ownerNamesSQL, pq.Array(ids))
+	if err != nil {
+		return nil, fmt.Errorf("read owner names: %w", err)
+	}
+	for _, o := range owners {
+		names[o.id] = o.name
+	}
+	return names, nil
+}
+
+// ownerEndpointsShown is how many of each owner's endpoints the Owners
+// page lists, the first by id, beside how many it has: five times the
+// default max_endpoints, so that only an owner the admin let grow has
+// more than its row shows.
+const ownerEndpointsShown = 50
+
+// ownedEndpointsSQL is the first $1 endpoints, by id, of each owner
+// listOwnersSQL lists ($2 of them), each with how many its owner has:
+// one range of endpoints_by_owner_id an owner.
+const ownedEndpointsSQL = `
+WITH listed AS (
+  SELECT id
+  FROM outbox.owners
+  ORDER BY id
+  LIMIT $2
+),
+shown AS (
+  SELECT e.id, e.total
+  FROM listed AS o
+  CROSS JOIN LATERAL (
+    SELECT id, count(*) OVER () AS total
+    FROM outbox.endpoints
+    WHERE owner_id = o.id
+    ORDER BY id
+    LIMIT $1
+  ) AS e
+)
+SELECT shown.total,` + endpointColumns + `
+FROM outbox.endpoints
+JOIN shown USING (id)
+ORDER BY owner_id, id`
+
+// readOwnedEndpoints is what the Owners page lists of the owners'
+// endpoints (ownedEndpointsSQL), and how many each owner has, by its id.
+func readOwnedEndpoints(ctx context.Context, db *sql.DB) ([]Endpoint, map[int64]int, error) {
+	counts := map[int64]int{}
+	eps, err := queryAll(ctx, db, func(row rowScanner) (Endpoint, error) {
+		var total int
+		e, err := scanEndpoint(prefixScanner{row, &total})
+		if err == nil && e.OwnerID != nil {
+			counts[*e.OwnerID] = total
+		}
+		return e, err
+	}, ownedEndpointsSQL, ownerEndpointsShown, maxOwners)
+	if err != nil {
+		return nil, nil, fmt.Errorf("list owners' endpoints: %w", err)
+	}
+	return eps, counts, nil
+}
+
+// adminsEndpointsSQL is the first $1 of the endpoints of no owner, by id:
+// those the Owners page offers to give an owner.
+const adminsEndpointsSQL = `
+SELECT id, description, url
+FROM outbox.endpoints
+WHERE owner_id IS NULL
+ORDER BY id
+LIMIT $1`
+
+// listAdminsEndpoints is the endpoints of no owner (adminsEndpointsSQL),
+// each with what names it (Endpoint.Name) and nothing more.
+func listAdminsEndpoints(ctx context.Context, db *sql.DB) ([]Endpoint, error) {
+	eps, err := queryAll(ctx, db, func(row rowScanner) (Endpoint, error) {
+		var e Endpoint
+		err := row.Scan(&e.ID, &e.Description, &e.URL)
+		return e, err
+	}, adminsEndpointsSQL, maxEndpointPage)
+	if err != nil {
+		return nil, fmt.Errorf("list the admin's endpoints: %w", err)
+	}
+	return eps, nil
+}
+
 const getOwnerSQL = `
 SELECT` + ownerColumns + `
 FROM outbox.owners
@@ -586,7 +690,10 @@ func listEndpointsFor(ctx context.Context, db *sql.DB, afterID int64, limit int)
 // the admin's as given (an owner that exists, or null for none); an
 // owner's endpoint is its own, and an owner_id it gives is refused rather
 // than ignored, so that a client that meant another owner learns it
-// cannot. creating gives an owner's new endpoint its owner.
+// cannot. creating gives an owner's new endpoint its owner. Either way
+// the endpoint counts against its owner's max_endpoints (countedFor):
+// the admin's settings of an endpoint are not limited, but the number of
+// endpoints an owner has is, whoever gives them to it.
 func claimInput(ctx context.Context, db *sql.DB, in *endpointInput, creating bool) error {
 	who := principalIn(ctx)
 	if !who.admin {
@@ -608,6 +715,7 @@ func claimInput(ctx context.Context, db *sql.DB, in *endpointInput, creating boo
 		} else if err != nil {
 			return err
 		}
+		in.countedFor = in.OwnerID.Value
 	}
 	return nil
 }

@@ -217,9 +217,12 @@ func newIsolationWorld(t *testing.T) isolationWorld {
 	a := testAdmin(t, db, testPolicy, testLogger(t), nil)
 	srv := serveAdmin(t, a)
 	w := isolationWorld{srv: srv, a: a, mine: newOwner(t, srv, "mine"), theirs: newOwner(t, srv, "theirs")}
-	// The walks below make endpoints of mine's, two a route: past the
-	// default max_endpoints, which TestOwnerLimitsHoldItsEndpoints holds.
-	decodeAs(t, srv, testToken, "PATCH", fmt.Sprintf("/api/owners/%d", w.mine.ID), `{"max_endpoints": 1000}`, 200, nil)
+	// The walks below make endpoints of both, one or two a route: past
+	// the default max_endpoints, which TestOwnerLimitsHoldItsEndpoints
+	// holds.
+	for _, o := range []ownerWithToken{w.mine, w.theirs} {
+		decodeAs(t, srv, testToken, "PATCH", fmt.Sprintf("/api/owners/%d", o.ID), `{"max_endpoints": 1000}`, 200, nil)
+	}
 	w.theirsEp = endpointAs(t, srv, w.theirs.Token, 0)
 	w.missing = w.theirsEp.ID + 1000
 	return w
@@ -261,7 +264,7 @@ func contractAudience(pattern string) audience {
 	switch {
 	case path == "/" || path == "/{$}" || path == "/endpoints" || path == "/audit":
 		return forEveryone
-	case path == "/endpoints/{id}/signin-link":
+	case path == "/endpoints/{id}/signin-link" || path == "/endpoints/{id}/owner":
 		return forAdmin
 	case path == "/endpoints/{id}" || strings.HasPrefix(path, "/endpoints/{id}/"):
 		return forOwnedEndpoint
@@ -775,7 +778,7 @@ func TestEndpointPageMakesASigninLink(t *testing.T) {
 	admin := signIn(t, srv)
 
 	_, page := browse(t, admin, srv, "GET", fmt.Sprintf("/endpoints/%d", ep.ID), nil)
-	if !strings.Contains(page, `id="make-signin-link"`) || !strings.Contains(page, fmt.Sprintf(`id="owner-id">%d<`, o.ID)) {
+	if !strings.Contains(page, `id="make-signin-link"`) || !strings.Contains(page, `id="owner-name">Handed over<`) {
 		t.Fatalf("the endpoint page shows no owner block:\n%s", page)
 	}
 	status, page := browse(t, admin, srv, "POST", fmt.Sprintf("/endpoints/%d/signin-link", ep.ID), url.Values{})
@@ -800,7 +803,8 @@ func TestEndpointPageMakesASigninLink(t *testing.T) {
 }
 
 // The portal's pages show an owner only its own: the navigation names
-// no global page, and the endpoint page offers no sign-in link.
+// no global page, and the endpoint page offers no sign-in link, and no
+// owner to give the endpoint to.
 func TestPortalNavigationHidesGlobalPages(t *testing.T) {
 	t.Parallel()
 	w := newIsolationWorld(t)
@@ -822,6 +826,9 @@ func TestPortalNavigationHidesGlobalPages(t *testing.T) {
 		}
 		if strings.Contains(page, "make-signin-link") {
 			t.Errorf("%s: an owner is offered to make sign-in links", path)
+		}
+		if strings.Contains(page, `id="owner-form"`) || strings.Contains(page, ">theirs<") {
+			t.Errorf("%s: an owner is offered to give its endpoint away, or shown another owner's name", path)
 		}
 	}
 	_, page := browse(t, signIn(t, w.srv), w.srv, "GET", "/endpoints", nil)
@@ -945,7 +952,7 @@ func TestOwnersPageCreatesRotatesAndDeletes(t *testing.T) {
 	if status, page := browse(t, admin, srv, "POST", "/owners", url.Values{"name": {""}}); status != 400 || !strings.Contains(page, "name") {
 		t.Errorf("an owner without a name = %d:\n%s", status, page)
 	}
-	if status, _ := browse(t, admin, srv, "POST", "/owners/1/delete", url.Values{}); status != http.StatusSeeOther {
+	if status, _ := browse(t, admin, srv, "POST", "/owners/1/delete", url.Values{"confirm": {"yes"}}); status != http.StatusSeeOther {
 		t.Errorf("delete on the panel = %d, want 303", status)
 	}
 	if status, _ := callAs(t, srv, m[1], "GET", "/api/endpoints", ""); status != 401 {
@@ -954,7 +961,7 @@ func TestOwnersPageCreatesRotatesAndDeletes(t *testing.T) {
 	var trail struct{ Entries []AuditEntry }
 	decodeAs(t, srv, testToken, "GET", "/api/audit", "", 200, &trail)
 	want := []auditLine{
-		{Actor: "admin", Via: "panel", Action: "POST /owners/{id}/delete", Kind: "owner", Subject: "1"},
+		{Actor: "admin", Via: "panel", Action: "POST /owners/{id}/delete", Kind: "owner", Subject: "1", Fields: "confirm"},
 		{Actor: "admin", Via: "panel", Action: "POST /owners/{id}/rotate-token", Kind: "owner", Subject: "1"},
 		{Actor: "admin", Via: "panel", Action: "POST /owners", Kind: "owner", Subject: "1", Fields: "name"},
 	}

@@ -17,8 +17,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/lib/pq"
 )
 
 // flash is the message an action left for the page it redirected to.
@@ -228,7 +226,7 @@ func filterEndpointName(ctx context.Context, db *sql.DB, id int64) (string, erro
 	if err != nil {
 		return "", err
 	}
-	return endpointRow{Endpoint: ep}.Name(), nil
+	return ep.Name(), nil
 }
 
 // jobStateCount is one state link of the jobs page: the state ("" for
@@ -310,21 +308,37 @@ func (p *panel) handleRetryEveryDiscarded(a *admin) pageFunc {
 		if err != nil {
 			return err
 		}
-		http.Redirect(w, r, "/jobs?state=discarded&done="+url.QueryEscape(res.summary()), http.StatusSeeOther)
+		var skipped []int64
+		for _, e := range res.Endpoints {
+			if e.Skipped > 0 {
+				skipped = append(skipped, e.EndpointID)
+			}
+		}
+		names, err := endpointNames(r.Context(), a.db, skipped, nil)
+		if err != nil {
+			return err
+		}
+		http.Redirect(w, r, "/jobs?state=discarded&done="+url.QueryEscape(res.summary(names)), http.StatusSeeOther)
 		return nil
 	}
 }
 
-// summary is what a retry of every discarded job did, as the panel says it.
-func (res BulkRetryResult) summary() string {
+// summary is what a retry of every discarded job did, as the panel says
+// it, each endpoint by its name (names; one deleted since by its id).
+func (res BulkRetryResult) summary(names map[int64]string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d discarded jobs will be sent again: %d deliveries to %d endpoints and %d jobs of no endpoint.",
 		res.Jobs, res.Jobs-res.WithoutEndpoint, len(res.Endpoints), res.WithoutEndpoint)
 	if res.Skipped > 0 {
 		fmt.Fprintf(&b, " %d deliveries stay discarded: their events are too old to send again safely:", res.Skipped)
 		for _, e := range res.Endpoints {
-			if e.Skipped > 0 {
-				fmt.Fprintf(&b, " endpoint %d, %d;", e.EndpointID, e.Skipped)
+			if e.Skipped == 0 {
+				continue
+			}
+			if name, found := names[e.EndpointID]; found {
+				fmt.Fprintf(&b, " %q, %d;", name, e.Skipped)
+			} else {
+				fmt.Fprintf(&b, " endpoint %d (deleted), %d;", e.EndpointID, e.Skipped)
 			}
 		}
 		b.WriteString(" each endpoint's page says why.")
@@ -366,15 +380,6 @@ type endpointRow struct {
 	OwnerName string
 }
 
-// Name is how an operator knows the endpoint: its description, else its
-// URL.
-func (e endpointRow) Name() string {
-	if e.Description != "" {
-		return e.Description
-	}
-	return e.URL
-}
-
 func readEndpointRows(ctx context.Context, db *sql.DB, cfg AlertConfig) ([]endpointRow, error) {
 	eps, err := listEndpointsFor(ctx, db, 0, maxEndpointPage)
 	if err != nil {
@@ -407,6 +412,16 @@ func readEndpointRows(ctx context.Context, db *sql.DB, cfg AlertConfig) ([]endpo
 	return rows, nil
 }
 
+// ListState is the state the endpoints list and the Owners page show:
+// State, with a failing endpoint told failing or degraded as its Health
+// says (withHealth).
+func (e Endpoint) ListState() string {
+	if e.State == endpointFailing {
+		return e.Health
+	}
+	return e.State
+}
+
 // triageRank orders the endpoints list: failing first, then degraded (as
 // the list's state column tells them, withHealth's health of an endpoint
 // neither paused nor disabled), then every other.
@@ -420,12 +435,6 @@ func (e endpointRow) triageRank() int {
 	return 1
 }
 
-// ownerNamesSQL is the name of each owner of ids $1.
-const ownerNamesSQL = `
-SELECT id, name
-FROM outbox.owners
-WHERE id = ANY($1)`
-
 // readOwnerNames is the name of each owner of eps, by id.
 func readOwnerNames(ctx context.Context, db *sql.DB, eps []Endpoint) (map[int64]string, error) {
 	var ids []int64
@@ -434,26 +443,7 @@ func readOwnerNames(ctx context.Context, db *sql.DB, eps []Endpoint) (map[int64]
 			ids = append(ids, *e.OwnerID)
 		}
 	}
-	names := make(map[int64]string, len(ids))
-	if len(ids) == 0 {
-		return names, nil
-	}
-	type owner struct {
-		id   int64
-		name string
-	}
-	owners, err := queryAll(ctx, db, func(row rowScanner) (owner, error) {
-		var o owner
-		err := row.Scan(&o.id, &o.name)
-		return o, err
-	}, ownerNamesSQL, pq.Array(ids))
-	if err != nil {
-		return nil, fmt.Errorf("read owner names: %w", err)
-	}
-	for _, o := range owners {
-		names[o.id] = o.name
-	}
-	return names, nil
+	return ownerNames(ctx, db, ids)
 }
 
 // maxEndpointForm bounds the body of every form on the endpoint pages.
@@ -617,59 +607,87 @@ type endpointView struct {
 
 // renderEndpoint shows one endpoint as view says.
 func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin, id int64, view endpointView) error {
-	ep, err := getEndpoint(r.Context(), a.db, id)
+	pg, err := readEndpointPage(r.Context(), a, id, principalOf(r).admin)
 	if err != nil {
 		return err
 	}
-	st, err := readEndpointStats(r.Context(), a.db, id, recentDeliveries)
-	if err != nil {
-		return err
-	}
-	replays, err := listReplays(r.Context(), a.db, id)
-	if err != nil {
-		return err
-	}
-	windows, err := readStatsWindows(r.Context(), a.db, id)
-	if err != nil {
-		return err
-	}
-	queue, err := readDeliveryQueue(r.Context(), a.db, id)
-	if err != nil {
-		return err
-	}
-	failures, err := readRecentFailures(r.Context(), a.db, id, windows[len(windows)-1].From) // the day's
-	if err != nil {
-		return err
-	}
-	health, err := readEndpointHealth(r.Context(), a.db, a.alerts, id, time.Time{})
-	if err != nil {
-		return err
-	}
-	status, form := http.StatusOK, fieldsOf(ep)
+	pg.Secret, pg.FormError, pg.Preview, pg.FilterPreview = view.secret, view.refusal, view.preview, view.filterPreview
+	status := http.StatusOK
 	if view.refused != nil {
-		status, form = http.StatusBadRequest, *view.refused
+		status, pg.Form = http.StatusBadRequest, *view.refused
 	}
-	p.render(w, status, "endpoint", page{Title: fmt.Sprintf("Endpoint %d", id), Nav: "endpoints", SignedIn: true,
-		Flash: view.flash,
-		Data: struct {
-			Endpoint        Endpoint
-			Cause           endpointCause
-			Stats           EndpointStats
-			Secret          string
-			Form            endpointFields
-			FormError       string
-			Bounds          deliveryBounds
-			Preview         *replayPreviewView
-			Replays         []ReplayView
-			ReplayShare     int
-			Windows         []statsWindowView
-			Queue           DeliveryQueue
-			Failures        []FailureGroup
-			FailureAttempts int
-			FilterPreview   *filterPreviewView
-		}{ep, causeOf(ep, health), st, view.secret, form, view.refusal, endpointBounds(), view.preview, replays, replayShare(ep.MaxInFlight), windows,
-			queue, failures, recentFailureAttempts, view.filterPreview}})
+	p.render(w, status, "endpoint", page{Title: pg.Endpoint.Name(), Nav: "endpoints", SignedIn: true,
+		Flash: view.flash, Data: pg})
 	return nil
+}
+
+// endpointPage is what an endpoint's page shows: the endpoint and how
+// it does, what view adds (Secret to FilterPreview), and, for the admin,
+// the owners it may be given to (Owners) and its own (OwnerID, 0: none,
+// and OwnerName).
+type endpointPage struct {
+	Endpoint        Endpoint
+	Cause           endpointCause
+	Stats           EndpointStats
+	Secret          string
+	Form            endpointFields
+	FormError       string
+	Bounds          deliveryBounds
+	Preview         *replayPreviewView
+	Replays         []ReplayView
+	ReplayShare     int
+	Windows         []statsWindowView
+	Queue           DeliveryQueue
+	Failures        []FailureGroup
+	FailureAttempts int
+	FilterPreview   *filterPreviewView
+	Owners          []Owner
+	OwnerID         int64
+	OwnerName       string
+}
+
+// readEndpointPage reads endpoint id's page, its edit form filled with
+// the endpoint's settings; the owners only for the admin, whose form
+// gives it to one.
+func readEndpointPage(ctx context.Context, a *admin, id int64, admin bool) (endpointPage, error) {
+	pg := endpointPage{Bounds: endpointBounds(), FailureAttempts: recentFailureAttempts}
+	var err error
+	if pg.Endpoint, err = getEndpoint(ctx, a.db, id); err != nil {
+		return pg, err
+	}
+	pg.Form, pg.ReplayShare = fieldsOf(pg.Endpoint), replayShare(pg.Endpoint.MaxInFlight)
+	if pg.Stats, err = readEndpointStats(ctx, a.db, id, recentDeliveries); err != nil {
+		return pg, err
+	}
+	if pg.Replays, err = listReplays(ctx, a.db, id); err != nil {
+		return pg, err
+	}
+	if pg.Windows, err = readStatsWindows(ctx, a.db, id); err != nil {
+		return pg, err
+	}
+	if pg.Queue, err = readDeliveryQueue(ctx, a.db, id); err != nil {
+		return pg, err
+	}
+	if pg.Failures, err = readRecentFailures(ctx, a.db, id, pg.Windows[len(pg.Windows)-1].From); err != nil { // the day's
+		return pg, err
+	}
+	health, err := readEndpointHealth(ctx, a.db, a.alerts, id, time.Time{})
+	if err != nil {
+		return pg, err
+	}
+	pg.Cause = causeOf(pg.Endpoint, health)
+	if admin {
+		if pg.Owners, err = listOwners(ctx, a.db); err != nil {
+			return pg, err
+		}
+		pg.OwnerID = deref(pg.Endpoint.OwnerID)
+		for _, o := range pg.Owners {
+			if o.ID == pg.OwnerID {
+				pg.OwnerName = o.Name
+			}
+		}
+	}
+	return pg, nil
 }
 
 // endpointCause is the top of an endpoint's page, what an operator
@@ -804,14 +822,32 @@ func (c endpointClick) resume() (string, error) {
 	return "Resumed: its queued deliveries flow again.", err
 }
 
+// rotateSecret is the Rotate secret button: it asks first (a receiver
+// that is not told the new secret refuses every delivery once the old
+// one's window ends), then shows the new secret, once.
 func (c endpointClick) rotateSecret() (string, error) {
-	secret := newWebhookSecret()
 	window := c.a.endpoints.RotationWindow
+	if !confirmed(c.form) {
+		if c.form.err != nil {
+			return "", c.form.err
+		}
+		ep, err := getEndpoint(c.r.Context(), c.a.db, c.id)
+		if err != nil {
+			return "", err
+		}
+		return "", c.p.ask(c.w, c.r, confirmation{
+			Question: fmt.Sprintf("Rotate the signing secret of %s?", ep.Name()),
+			Consequence: fmt.Sprintf("A new secret signs its deliveries from now on, shown once on the next page. The old one signs beside it for %s more: "+
+				"give its receiver the new secret within that time, or it refuses every delivery after.", roughDuration(window)),
+			Action: fmt.Sprintf("/endpoints/%d/rotate-secret", c.id), Button: "Rotate the secret",
+			Cancel: fmt.Sprintf("/endpoints/%d", c.id)})
+	}
+	secret := newWebhookSecret()
 	if _, err := rotateEndpointSecret(c.r.Context(), c.a.db, c.a.box, c.id, secret, window); err != nil {
 		return "", err
 	}
 	return "", c.p.renderEndpoint(c.w, c.r, c.a, c.id, endpointView{
-		flash:  fmt.Sprintf("Secret rotated; the old one still signs for %s.", window),
+		flash:  fmt.Sprintf("Secret rotated; the old one still signs for %s.", roughDuration(window)),
 		secret: secret.Encode()})
 }
 
@@ -956,11 +992,35 @@ func (c endpointClick) filterPreview() (string, error) {
 }
 
 func (c endpointClick) delete() (string, error) {
+	ep, err := getEndpoint(c.r.Context(), c.a.db, c.id)
+	if err != nil {
+		return "", err
+	}
 	if err := deleteEndpoint(c.r.Context(), c.a.db, c.id, c.a.logger); err != nil {
 		return "", err
 	}
-	http.Redirect(c.w, c.r, "/endpoints?done="+url.QueryEscape(fmt.Sprintf("Endpoint %d deleted.", c.id)), http.StatusSeeOther)
+	http.Redirect(c.w, c.r, "/endpoints?done="+url.QueryEscape(fmt.Sprintf("Endpoint %q deleted.", ep.Name())), http.StatusSeeOther)
 	return "", nil
+}
+
+// confirmation is the page a button that cannot be undone answers first:
+// what it asks, what the change does, and a form that posts it again
+// with confirm=yes (confirmed). The question changes nothing, and the
+// trail records nothing of it. Cancel goes back.
+type confirmation struct {
+	Question, Consequence string
+	Action, Button        string
+	Cancel                string
+}
+
+// confirmed says whether form is a confirmation's second POST.
+func confirmed(form *query) bool { return form.text("confirm") == "yes" }
+
+// ask answers the confirmation page for r, which it leaves undone.
+func (p *panel) ask(w http.ResponseWriter, r *http.Request, c confirmation) error {
+	noteAuditUnchanged(r)
+	p.render(w, http.StatusOK, "confirm", page{Title: c.Question, SignedIn: true, Data: c})
+	return nil
 }
 
 // handleSubjects is GET /subjects: the subject index by prefix, a page at

@@ -1,6 +1,7 @@
-// portal.go: the owners' routes of the API, and the sign-in links the
-// admin makes to hand to an owner (docs/owners.md). Signing in, with a
-// token or a link, and the sessions it starts are admin.go's.
+// portal.go: the owners' routes of the API, the admin's Owners page and
+// an endpoint page's owner forms, and the sign-in links the admin makes
+// to hand to an owner (docs/owners.md). Signing in, with a token or a
+// link, and the sessions it starts are admin.go's.
 
 package main
 
@@ -12,6 +13,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -145,27 +147,73 @@ func handleEndpointEventPage(a *admin) pageFunc {
 		if err != nil {
 			return err
 		}
+		ep, err := getEndpoint(r.Context(), a.db, id)
+		if err != nil {
+			return err
+		}
 		a.panel.render(w, http.StatusOK, "delivery", page{Title: fmt.Sprintf("Event %d", eventID), Nav: "endpoints", SignedIn: true,
 			Data: struct {
-				EndpointID int64
-				Event      eventWithJobs
-			}{id, ev}})
+				Endpoint Endpoint
+				Event    eventWithJobs
+			}{ep, ev}})
 		return nil
 	}
 }
 
-// renderOwners is the admin's page of owners: the list, a form for a new
-// one, and created's token (a new owner's, or a rotated one), shown once.
+// ownerRow is one owner on the Owners page: the owner, the first of its
+// endpoints with their health, as the endpoints list tells it
+// (ListState), and how many more it has.
+type ownerRow struct {
+	Owner
+	Endpoints     []Endpoint
+	EndpointCount int
+	More          int
+}
+
+// readOwnerRows is every owner with its endpoints, as the Owners page
+// lists them.
+func readOwnerRows(ctx context.Context, a *admin) ([]ownerRow, error) {
+	owners, err := listOwners(ctx, a.db)
+	if err != nil {
+		return nil, err
+	}
+	eps, counts, err := readOwnedEndpoints(ctx, a.db)
+	if err != nil {
+		return nil, err
+	}
+	if err := withHealth(ctx, a.db, a.alerts, eps); err != nil {
+		return nil, err
+	}
+	byOwner := map[int64][]Endpoint{}
+	for _, e := range eps {
+		byOwner[*e.OwnerID] = append(byOwner[*e.OwnerID], e)
+	}
+	rows := make([]ownerRow, len(owners))
+	for i, o := range owners {
+		shown := byOwner[o.ID]
+		rows[i] = ownerRow{Owner: o, Endpoints: shown, EndpointCount: counts[o.ID], More: counts[o.ID] - len(shown)}
+	}
+	return rows, nil
+}
+
+// renderOwners is the admin's page of owners: the list, each owner with
+// its endpoints, a form for a new one, and created's token (a new
+// owner's, or a rotated one), shown once.
 func renderOwners(w http.ResponseWriter, r *http.Request, a *admin, flash string, created *ownerWithToken) error {
-	owners, err := listOwners(r.Context(), a.db)
+	owners, err := readOwnerRows(r.Context(), a)
+	if err != nil {
+		return err
+	}
+	unowned, err := listAdminsEndpoints(r.Context(), a.db)
 	if err != nil {
 		return err
 	}
 	a.panel.render(w, http.StatusOK, "owners", page{Title: "Owners", Nav: "owners", SignedIn: true, Flash: flash,
 		Data: struct {
-			Owners  []Owner
+			Owners  []ownerRow
+			Unowned []Endpoint
 			Created *ownerWithToken
-		}{owners, created}})
+		}{owners, unowned, created}})
 	return nil
 }
 
@@ -197,30 +245,145 @@ func handleCreateOwnerPage(a *admin) pageFunc {
 	}
 }
 
-// handleOwnerAction is POST /owners/{id}/{action}: rotate-token shows
-// the new token, delete leaves for the list.
+// handleOwnerAction is POST /owners/{id}/{action}, one of an owner's
+// buttons on the Owners page (ownerActions).
 func handleOwnerAction(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		id, err := pathID(r)
 		if err != nil {
 			return err
 		}
-		switch r.PathValue("action") {
-		case "rotate-token":
-			o, err := rotateOwnerToken(r.Context(), a.db, id)
-			if err != nil {
-				return err
-			}
-			return renderOwners(w, r, a, fmt.Sprintf("Token of %s replaced; the old one, its sessions and its sign-in links ended.", o.Name), &o)
-		case "delete":
-			if err := deleteOwner(r.Context(), a.db, id); err != nil {
-				return err
-			}
-			http.Redirect(w, r, "/owners?done="+url.QueryEscape(fmt.Sprintf("Owner %d deleted; its endpoints are the admin's alone.", id)), http.StatusSeeOther)
-			return nil
+		action, ok := ownerActions[r.PathValue("action")]
+		if !ok {
+			return fmt.Errorf("%w: no action %q", errNotFound, r.PathValue("action"))
 		}
-		return fmt.Errorf("%w: no action %q", errNotFound, r.PathValue("action"))
+		return action(ownerClick{a: a, w: w, r: r, form: formOf(w, r, 4096), id: id})
 	}
+}
+
+// ownerClick is a press of one of owner id's buttons, with its form's
+// fields.
+type ownerClick struct {
+	a    *admin
+	w    http.ResponseWriter
+	r    *http.Request
+	form *query
+	id   int64
+}
+
+// ownerActions are an owner's buttons by name. Each answers by itself:
+// those that show a secret (a token, a sign-in link) render it, never
+// redirect to it; the others go back to the list, saying what they did.
+var ownerActions = map[string]func(ownerClick) error{
+	"rotate-token": ownerClick.rotateToken,
+	"delete":       ownerClick.delete,
+	"give":         ownerClick.give,
+	"take-back":    ownerClick.takeBack,
+	"signin-link":  ownerClick.signinLink,
+}
+
+// done goes back to the owner's row of the list, saying what happened.
+func (c ownerClick) done(message string) error {
+	http.Redirect(c.w, c.r, fmt.Sprintf("/owners?done=%s#owner-%d", url.QueryEscape(message), c.id), http.StatusSeeOther)
+	return nil
+}
+
+func (c ownerClick) rotateToken() error {
+	o, err := rotateOwnerToken(c.r.Context(), c.a.db, c.id)
+	if err != nil {
+		return err
+	}
+	return renderOwners(c.w, c.r, c.a, fmt.Sprintf("Token of %s replaced; the old one, its sessions and its sign-in links ended.", o.Name), &o)
+}
+
+// delete is an owner's Delete button: it asks first, then deletes.
+func (c ownerClick) delete() error {
+	yes := confirmed(c.form)
+	if c.form.err != nil {
+		return c.form.err
+	}
+	o, err := getOwner(c.r.Context(), c.a.db, c.id)
+	if err != nil {
+		return err
+	}
+	if !yes {
+		return c.a.panel.ask(c.w, c.r, confirmation{
+			Question: fmt.Sprintf("Delete the owner %s?", o.Name),
+			Consequence: "Its token, every browser signed in with it and its sign-in links end at once. " +
+				"Its endpoints stay, the admin's alone; the events addressed to its key reach none of them.",
+			Action: fmt.Sprintf("/owners/%d/delete", c.id), Button: "Delete the owner",
+			Cancel: fmt.Sprintf("/owners#owner-%d", c.id)})
+	}
+	if err := deleteOwner(c.r.Context(), c.a.db, c.id); err != nil {
+		return err
+	}
+	http.Redirect(c.w, c.r, "/owners?done="+url.QueryEscape(fmt.Sprintf("Owner %s deleted; its endpoints are the admin's alone.", o.Name)), http.StatusSeeOther)
+	return nil
+}
+
+// formEndpoint is the endpoint the form's endpoint_id names.
+func (c ownerClick) formEndpoint() (Endpoint, error) {
+	id := c.form.integer("endpoint_id", 0, 1, math.MaxInt64, "endpoint_id %q is not an endpoint's id")
+	if c.form.err != nil {
+		return Endpoint{}, c.form.err
+	}
+	if id == 0 {
+		return Endpoint{}, fmt.Errorf("%w: endpoint_id is required", errInvalid)
+	}
+	return getEndpoint(c.r.Context(), c.a.db, id)
+}
+
+// give is the Give form: an endpoint of the admin's own (endpoint_id)
+// becomes the owner's, by the API's own change (changeEndpoint), within
+// the owner's max_endpoints. Another owner's endpoint is refused: its
+// page moves it, showing whose it is.
+func (c ownerClick) give() error {
+	ep, err := c.formEndpoint()
+	if err != nil {
+		return err
+	}
+	if ep.OwnerID != nil && *ep.OwnerID != c.id {
+		return fmt.Errorf("%w: endpoint %q has another owner: its page gives it to another", errInvalid, ep.Name())
+	}
+	o, err := getOwner(c.r.Context(), c.a.db, c.id)
+	if err != nil {
+		return err
+	}
+	if _, err := c.a.changeEndpoint(c.r.Context(), ep.ID, endpointInput{OwnerID: nullable[int64]{Set: true, Value: &c.id}}); err != nil {
+		return err
+	}
+	noteAuditEndpoint(c.r, ep.ID)
+	return c.done(fmt.Sprintf("Endpoint %q given to %s, who sees and manages it in its portal.", ep.Name(), o.Name))
+}
+
+// takeBack is an owned endpoint's Take back button: the endpoint becomes
+// the admin's alone, as PATCH {"owner_id": null} makes it. One given to
+// another owner since the page was shown is refused, not taken from it
+// (as the endpoint is read just before the change: a change racing this
+// one is not seen).
+func (c ownerClick) takeBack() error {
+	ep, err := c.formEndpoint()
+	if err != nil {
+		return err
+	}
+	if ep.OwnerID == nil || *ep.OwnerID != c.id {
+		return fmt.Errorf("%w: endpoint %q is not this owner's", errInvalid, ep.Name())
+	}
+	if _, err := c.a.changeEndpoint(c.r.Context(), ep.ID, endpointInput{OwnerID: nullable[int64]{Set: true}}); err != nil {
+		return err
+	}
+	noteAuditEndpoint(c.r, ep.ID)
+	return c.done(fmt.Sprintf("Endpoint %q taken back: only the admin sees it now.", ep.Name()))
+}
+
+// signinLink is an owner's Sign-in link button: a link for it, shown as
+// the endpoint page's button shows one.
+func (c ownerClick) signinLink() error {
+	o, err := getOwner(c.r.Context(), c.a.db, c.id)
+	if err != nil {
+		return err
+	}
+	return renderSigninLink(c.w, c.r, c.a, o, nil)
 }
 
 // handleEndpointAlerts is GET /api/endpoints/{id}/alerts: the alerts
@@ -299,8 +462,7 @@ func parseSigninLinkLifetime(s string) (time.Duration, error) {
 
 // handleSigninLinkPage is POST /endpoints/{id}/signin-link: the admin's
 // button on an endpoint's page, which shows a sign-in link for the
-// endpoint's owner, once, on a page rendered, not redirected to: the link
-// signs in, so it stays out of URLs and the history.
+// endpoint's owner (renderSigninLink).
 func handleSigninLinkPage(a *admin) pageFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		id, err := pathID(r)
@@ -312,23 +474,69 @@ func handleSigninLinkPage(a *admin) pageFunc {
 			return err
 		}
 		if ep.OwnerID == nil {
-			return fmt.Errorf("%w: endpoint %d has no owner to make a sign-in link for; set its owner_id first", errInvalid, id)
+			return fmt.Errorf("%w: endpoint %q has no owner to make a sign-in link for; give it one first", errInvalid, ep.Name())
 		}
 		o, err := getOwner(r.Context(), a.db, *ep.OwnerID)
 		if err != nil {
 			return err
 		}
-		link, err := makeSigninLink(r, a, o.ID, a.signinLinks)
+		return renderSigninLink(w, r, a, o, &ep)
+	}
+}
+
+// renderSigninLink makes a sign-in link for owner o and shows it, once,
+// on a page rendered, not redirected to: the link signs in, so it stays
+// out of URLs and the history. from is the endpoint whose page asked for
+// it; nil, the Owners page.
+func renderSigninLink(w http.ResponseWriter, r *http.Request, a *admin, o Owner, from *Endpoint) error {
+	link, err := makeSigninLink(r, a, o.ID, a.signinLinks)
+	if err != nil {
+		return err
+	}
+	nav := "owners"
+	if from != nil {
+		nav = "endpoints"
+	}
+	a.panel.render(w, http.StatusOK, "signin-link", page{Title: "Sign-in link", Nav: nav, SignedIn: true,
+		Data: struct {
+			Owner    Owner
+			Endpoint *Endpoint
+			Link     signinLink
+			Lifetime time.Duration
+		}{o, from, link, a.signinLinks}})
+	return nil
+}
+
+// handleEndpointOwnerPage is POST /endpoints/{id}/owner: the endpoint
+// page's owner form, owner_id an owner's id or empty for none, made as
+// the API's PATCH {"owner_id"} makes it (changeEndpoint), within the
+// owner's max_endpoints.
+func handleEndpointOwnerPage(a *admin) pageFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		id, err := pathID(r)
 		if err != nil {
 			return err
 		}
-		a.panel.render(w, http.StatusOK, "signin-link", page{Title: "Sign-in link", Nav: "endpoints", SignedIn: true,
-			Data: struct {
-				Owner    Owner
-				Endpoint Endpoint
-				Link     signinLink
-				Lifetime time.Duration
-			}{o, ep, link, a.signinLinks}})
+		f := formOf(w, r, 4096)
+		in := endpointInput{OwnerID: nullable[int64]{Set: true}}
+		if n := f.integer("owner_id", 0, 1, math.MaxInt64, "owner_id %q is not an owner's id"); n != 0 {
+			in.OwnerID.Value = &n
+		}
+		if f.err != nil {
+			return f.err
+		}
+		if _, err := a.changeEndpoint(r.Context(), id, in); err != nil {
+			return err
+		}
+		done := "Taken back: only the admin sees it now."
+		if in.OwnerID.Value != nil {
+			o, err := getOwner(r.Context(), a.db, *in.OwnerID.Value)
+			if err != nil {
+				return err
+			}
+			done = fmt.Sprintf("Given to %s, who sees and manages it in its portal.", o.Name)
+		}
+		http.Redirect(w, r, fmt.Sprintf("/endpoints/%d?done=%s#owner", id, url.QueryEscape(done)), http.StatusSeeOther)
 		return nil
 	}
 }

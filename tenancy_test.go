@@ -211,6 +211,37 @@ func TestOwnerLimitsHoldItsEndpoints(t *testing.T) {
 	decodeAs(t, srv, testToken, "PATCH", fmt.Sprintf("/api/endpoints/%d", first.ID), `{"max_in_flight": 100}`, 200, nil)
 }
 
+// An endpoint the admin gives an owner, on create or by a change, counts
+// against the owner's max_endpoints as the owner's own create does; one
+// the owner has already is not counted again.
+func TestEndpointsTheAdminGivesCountAgainstMaxEndpoints(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	srv := newTestAdmin(t, db)
+	o := newOwner(t, srv, "Foxtrot")
+	decodeAs(t, srv, testToken, "PATCH", fmt.Sprintf("/api/owners/%d", o.ID), `{"max_endpoints": 2}`, 200, nil)
+	given := endpointAs(t, srv, testToken, o.ID)
+	endpointAs(t, srv, o.Token, 0)
+	adminsOwn := endpointAs(t, srv, testToken, 0)
+	refused := []struct{ method, path, body string }{
+		{"POST", "/api/endpoints", fmt.Sprintf(`{"url": "http://127.0.0.1:9/d", "owner_id": %d}`, o.ID)},
+		{"PATCH", fmt.Sprintf("/api/endpoints/%d", adminsOwn.ID), fmt.Sprintf(`{"owner_id": %d}`, o.ID)},
+	}
+	for _, req := range refused {
+		if status, b := callAs(t, srv, testToken, req.method, req.path, req.body); status != 400 || !strings.Contains(string(b), "max_endpoints") {
+			t.Errorf("the admin's %s %s giving a third endpoint = %d %s, want 400 naming max_endpoints", req.method, req.path, status, b)
+		}
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.endpoints WHERE owner_id = $1`, o.ID); n != 2 {
+		t.Errorf("the owner has %d endpoints after the refusals, want 2", n)
+	}
+	decodeAs(t, srv, testToken, "PATCH", fmt.Sprintf("/api/owners/%d", o.ID), `{"max_endpoints": 1}`, 200, nil)
+	decodeAs(t, srv, testToken, "PATCH", fmt.Sprintf("/api/endpoints/%d", given.ID), fmt.Sprintf(`{"owner_id": %d, "description": "kept"}`, o.ID), 200, nil)
+	decodeAs(t, srv, testToken, "PATCH", fmt.Sprintf("/api/owners/%d", o.ID), `{"max_endpoints": 2}`, 200, nil)
+	decodeAs(t, srv, testToken, "PATCH", fmt.Sprintf("/api/endpoints/%d", given.ID), `{"owner_id": null}`, 200, nil)
+	decodeAs(t, srv, testToken, "PATCH", fmt.Sprintf("/api/endpoints/%d", adminsOwn.ID), fmt.Sprintf(`{"owner_id": %d}`, o.ID), 200, nil)
+}
+
 // An owner's replays reach back no further than the admin allows it.
 func TestOwnerReplayWindowIsBounded(t *testing.T) {
 	t.Parallel()
