@@ -952,11 +952,36 @@ func (c endpointClick) edit() (string, error) {
 	} else if err != nil {
 		return "", err
 	}
-	_, err = updateEndpoint(c.r.Context(), c.a.db, c.a.box, c.id, in)
-	if errors.Is(err, errInvalid) { // a filter PostgreSQL refuses (checkFilter)
+	shown, err := getEndpoint(c.r.Context(), c.a.db, c.id)
+	if err != nil {
+		return "", err
+	}
+	in.dropUnchangedLimits(shown)
+	// The API's change, so that an owner's form is held to its owner's
+	// grants and limits as its token is.
+	_, err = c.a.changeEndpoint(c.r.Context(), c.id, in)
+	if errors.Is(err, errInvalid) { // beyond the owner's limits, or a filter PostgreSQL refuses (checkFilter)
 		return "", c.p.renderEndpoint(c.w, c.r, c.a, c.id, endpointView{refused: &fs, refusal: refusal(err)})
 	}
 	return "Saved.", err
+}
+
+// dropUnchangedLimits leaves out of in the settings an owner's limits
+// bound (topics, max_in_flight, rate_limit_per_second) that the edit form
+// sends back as they are: the API checks only what a change gives, so an
+// endpoint the admin set beyond its owner's limits keeps that until the
+// owner changes the field, through either route.
+func (in *endpointInput) dropUnchangedLimits(e Endpoint) {
+	if in.Topics != nil && slices.Equal(*in.Topics, e.Topics) {
+		in.Topics = nil
+	}
+	if in.MaxInFlight != nil && *in.MaxInFlight == e.MaxInFlight {
+		in.MaxInFlight = nil
+	}
+	if r := in.RateLimitPerSecond; r.Set && (r.Value == nil) == (e.RateLimitPerSecond == nil) &&
+		(r.Value == nil || *r.Value == *e.RateLimitPerSecond) {
+		in.RateLimitPerSecond = nullable[float64]{}
+	}
 }
 
 // filterPreviewView is the filter preview form's answer on the endpoint's

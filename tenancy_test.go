@@ -9,7 +9,9 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -322,5 +324,49 @@ func TestInboxSourceAddressesItsEvents(t *testing.T) {
 	}
 	if status, b := api.do("POST", "/api/sources", `{"name": "bad", "owner": "two words"}`); status != 400 || !strings.Contains(string(b), "owner") {
 		t.Errorf("a source with an owner no key could be = %d %s, want 400", status, b)
+	}
+}
+
+// The endpoint page's edit form holds an owner to its limits as its token
+// is: max_in_flight above the owner's bound is refused and nothing is
+// saved; a setting the admin raised beyond the bound, sent back as the
+// page shows it, does not stop the owner saving another field.
+func TestOwnerEditFormIsHeldToItsLimits(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	srv := newTestAdmin(t, db)
+	o := newOwner(t, srv, "Echo")
+	var ep Endpoint
+	decodeAs(t, srv, o.Token, "POST", "/api/endpoints", `{"url": "http://127.0.0.1:9/e", "topics": ["order.*"]}`, 201, &ep)
+	code, _ := signinLinkFor(t, srv, o.ID)
+	status, browser := useLink(t, srv, code)
+	if status != http.StatusSeeOther {
+		t.Fatalf("sign-in with the link: %d", status)
+	}
+	form := func(maxInFlight, description string) url.Values {
+		return url.Values{"url": {ep.URL}, "topics": {"order.*"}, "description": {description},
+			"max_in_flight": {maxInFlight}, "ordering": {ep.Ordering}}
+	}
+	path := fmt.Sprintf("/endpoints/%d/edit", ep.ID)
+
+	status, page := browse(t, browser, srv, "POST", path, form("100", "raised"))
+	if status != http.StatusBadRequest || !strings.Contains(page, "max_in_flight 100: this owner&#39;s endpoints may ask for 8 at most") {
+		t.Errorf("the owner's form asking for max_in_flight 100: %d, want 400 naming the bound:\n%.600s", status, page)
+	}
+	if n := queryInt(t, db, `SELECT max_in_flight FROM outbox.endpoints WHERE id = $1`, ep.ID); n != 8 {
+		t.Errorf("after the refused form max_in_flight is %d, want 8", n)
+	}
+
+	decodeAs(t, srv, testToken, "PATCH", fmt.Sprintf("/api/endpoints/%d", ep.ID), `{"max_in_flight": 50}`, 200, nil)
+	if status, page := browse(t, browser, srv, "POST", path, form("50", "renamed")); status != http.StatusSeeOther {
+		t.Errorf("the owner's form changing the description beside the admin's 50: %d\n%.600s", status, page)
+	}
+	var description string
+	var maxInFlight int
+	if err := db.QueryRow(`SELECT description, max_in_flight FROM outbox.endpoints WHERE id = $1`, ep.ID).Scan(&description, &maxInFlight); err != nil {
+		t.Fatal(err)
+	}
+	if description != "renamed" || maxInFlight != 50 {
+		t.Errorf("after the owner's save: description %q, max_in_flight %d; want renamed, 50", description, maxInFlight)
 	}
 }
