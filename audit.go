@@ -1,5 +1,6 @@
 // audit.go: the audit trail (docs/owners.md): every change to an
-// endpoint, an owner or a source made through the API or the panel, who
+// endpoint, an owner or a source, and every erasure (docs/erasure.md),
+// made through the API or the panel, who
 // made it (the admin or which owner), what, and when; kept for
 // -audit-retention (retention.go sweeps it), and read by GET /api/audit
 // and the panel's audit page, an owner seeing its own endpoints' entries.
@@ -42,13 +43,18 @@ type AuditEntry struct {
 	// (a panel action's name written in).
 	Via    string `json:"via"`
 	Action string `json:"action"`
-	// SubjectKind is "endpoint", "owner" or "source"; Subject its id or
-	// name; EndpointID the endpoint's id, for an endpoint's entry.
+	// SubjectKind is "endpoint", "owner", "source" or "erasure"; Subject
+	// its id or name, or for an erasure the SHA-256 of the erased subject
+	// ("sha256:" and hex), never the subject; EndpointID the endpoint's
+	// id, for an endpoint's entry.
 	SubjectKind string `json:"subject_kind"`
 	Subject     string `json:"subject"`
 	EndpointID  *int64 `json:"endpoint_id"`
 	// Fields are the names the request's body gave, never their values.
 	Fields []string `json:"fields"`
+	// Events is, for an erasure, how many events it erased; nil for any
+	// other entry.
+	Events *int64 `json:"events"`
 }
 
 // defaultAuditRetention is how long entries are kept unless
@@ -68,7 +74,7 @@ const (
 // for a route the trail does not record (events, jobs, alerts).
 func auditKindOf(path string) string {
 	path = strings.TrimPrefix(path, "/api")
-	for _, kind := range []string{"endpoint", "owner", "source"} {
+	for _, kind := range []string{"endpoint", "owner", "source", "erasure"} {
 		if path == "/"+kind+"s" || strings.HasPrefix(path, "/"+kind+"s/") {
 			return kind
 		}
@@ -82,10 +88,12 @@ func isPreview(route string) bool { return strings.HasSuffix(route, "/filter-pre
 
 // auditNote is what a handler tells the trail that its route does not:
 // the id of what a create made, the endpoint a change on a page of
-// another kind's was to (kind), or that the POST changed nothing
-// (unchanged: it asked for a confirmation).
+// another kind's was to (kind), what an erasure erased (kind, subject,
+// events), or that the POST changed nothing (unchanged: it asked for a
+// confirmation).
 type auditNote struct {
 	kind, subject string
+	events        *int64
 	unchanged     bool
 }
 
@@ -116,6 +124,16 @@ func noteAuditUnchanged(r *http.Request) {
 func noteAuditEndpoint(r *http.Request, id int64) {
 	if n, ok := r.Context().Value(auditNoteKey{}).(*auditNote); ok {
 		n.kind, n.subject = "endpoint", strconv.FormatInt(id, 10)
+	}
+}
+
+// noteAuditErasure tells the trail that r erased events events of the
+// subject whose digest is digest (erasure.go, subjectDigest): the entry
+// keeps the digest, never the subject, which its request's path does not
+// name either.
+func noteAuditErasure(r *http.Request, digest string, events int64) {
+	if n, ok := r.Context().Value(auditNoteKey{}).(*auditNote); ok {
+		n.kind, n.subject, n.events = "erasure", digest, &events
 	}
 }
 
@@ -177,15 +195,20 @@ func (a *admin) audited(pattern string, h apiFunc) apiFunc {
 	return func(r *http.Request) (int, any, error) {
 		body := &prefixBody{ReadCloser: r.Body}
 		r.Body = body
+		note := &auditNote{}
+		r = r.WithContext(context.WithValue(r.Context(), auditNoteKey{}, note))
 		status, answer, err := h(r)
 		if err != nil || status >= 400 {
 			return status, answer, err
 		}
-		subject := r.PathValue("id") + r.PathValue("name")
-		if subject == "" {
+		kind, subject := kind, r.PathValue("id")+r.PathValue("name")
+		switch {
+		case note.kind != "":
+			kind, subject = note.kind, note.subject
+		case subject == "":
 			subject = createdSubject(answer)
 		}
-		a.record(r, "api", pattern, kind, subject, jsonFields(body.kept.Bytes()))
+		a.record(r, "api", pattern, kind, subject, jsonFields(body.kept.Bytes()), note.events)
 		return status, answer, err
 	}
 }
@@ -234,19 +257,19 @@ func (a *admin) auditedPage(h pageFunc) pageFunc {
 		if isPreview(action) {
 			return nil
 		}
-		a.record(r, "panel", action, kind, subject, fieldNames(r.PostForm))
+		a.record(r, "panel", action, kind, subject, fieldNames(r.PostForm), note.events)
 		return nil
 	}
 }
 
 const recordAuditSQL = `
-INSERT INTO outbox.audit_log (actor, owner_id, owner_name, via, action, subject_kind, subject, endpoint_id, fields)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`
+INSERT INTO outbox.audit_log (actor, owner_id, owner_name, via, action, subject_kind, subject, endpoint_id, fields, events)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`
 
 // record writes one entry for r's principal. The change it tells of has
 // committed and is answered as done whatever happens here: an entry that
 // cannot be written is logged as an error, with all it would have held.
-func (a *admin) record(r *http.Request, via, action, kind, subject string, fields []string) {
+func (a *admin) record(r *http.Request, via, action, kind, subject string, fields []string, events *int64) {
 	who := principalOf(r)
 	actor := "admin"
 	var ownerName *string
@@ -263,9 +286,10 @@ func (a *admin) record(r *http.Request, via, action, kind, subject string, field
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
 	defer cancel()
 	if _, err := a.db.ExecContext(ctx, recordAuditSQL, actor, who.ownerID(), ownerName, via,
-		truncate(action, maxAuditText), kind, subject, endpointID, pq.Array(fields)); err != nil {
+		truncate(action, maxAuditText), kind, subject, endpointID, pq.Array(fields), events); err != nil {
 		a.logger.Error("audit entry not recorded", "actor", actor, "owner_id", who.ownerID(), "via", via,
-			"action", action, "subject_kind", kind, "subject", subject, "fields", fields, "request_id", requestID(r), "err", err)
+			"action", action, "subject_kind", kind, "subject", subject, "fields", fields, "events", events,
+			"request_id", requestID(r), "err", err)
 	}
 }
 
@@ -273,7 +297,7 @@ func (a *admin) record(r *http.Request, via, action, kind, subject string, field
 // endpoint $2 only, unless NULL; and of what owner $3 may see, unless
 // NULL (the admin): its endpoints' entries, and every change it made.
 const listAuditSQL = `
-SELECT id, at, actor, owner_id, owner_name, via, action, subject_kind, subject, endpoint_id, fields
+SELECT id, at, actor, owner_id, owner_name, via, action, subject_kind, subject, endpoint_id, fields, events
 FROM outbox.audit_log
 WHERE id < $1
   AND ($2::bigint IS NULL OR endpoint_id = $2)
@@ -289,7 +313,7 @@ const maxAuditPage = 500
 func scanAuditEntry(row rowScanner) (AuditEntry, error) {
 	var e AuditEntry
 	err := row.Scan(&e.ID, &e.At, &e.Actor, &e.OwnerID, &e.OwnerName, &e.Via, &e.Action,
-		&e.SubjectKind, &e.Subject, &e.EndpointID, pq.Array(&e.Fields))
+		&e.SubjectKind, &e.Subject, &e.EndpointID, pq.Array(&e.Fields), &e.Events)
 	if e.Fields == nil {
 		e.Fields = []string{}
 	}
@@ -410,8 +434,8 @@ func nameAuditRows(ctx context.Context, db *sql.DB, who principal, entries []Aud
 		switch e.SubjectKind {
 		case "owner":
 			names = owners
-		case "source":
-			continue // named by its name
+		case "source", "erasure":
+			continue // named by its name, or by its digest
 		}
 		id, _ := strconv.ParseInt(e.Subject, 10, 64)
 		name, found := names[id]

@@ -135,10 +135,11 @@ func scanJobView(row rowScanner) (JobView, error) {
 	return j, err
 }
 
-// retryJobSQL retries one job that is not running or completed; a
-// discarded delivery only if its event was recorded at or after $2 (NULL:
-// any), the cutoff retryJob checked, so that a job discarded since the
-// check is not resent unchecked. A discarded job of a replay leaves it
+// retryJobSQL retries one job that is not running or completed, of an
+// event not erased; a discarded delivery only if its event was recorded
+// at or after $2 (NULL: any), the cutoff retryJob checked, so that a job
+// discarded since the check is not resent unchecked. The event's row is
+// locked FOR SHARE, so that an erasure in flight is waited for and seen. A discarded job of a replay leaves it
 // and runs live: one job retried by hand is an operator's, not the
 // replay's. A waiting one stays in its replay: the retry only brings its
 // next attempt forward.
@@ -147,6 +148,7 @@ UPDATE outbox.jobs` + retrySetSQL + `,
     replay_id = CASE WHEN state = 'discarded' THEN NULL ELSE replay_id END
 WHERE id = $1
   AND state IN ('discarded', 'retryable', 'available')
+  AND EXISTS (SELECT 1 FROM outbox.events AS e WHERE e.id = outbox.jobs.event_id AND e.erased_at IS NULL FOR SHARE)
   AND (state <> 'discarded'
        OR endpoint_id IS NULL
        OR $2::timestamptz IS NULL
@@ -155,10 +157,10 @@ RETURNING endpoint_id, lane_key`
 
 // jobResendSQL reads what bounds a retry of one job by hand: its state,
 // whether it has an endpoint and the window that endpoint's receiver
-// advertised, and its event's age.
+// advertised, its event's age, and whether its event was erased.
 const jobResendSQL = `
 SELECT j.state::text, j.endpoint_id IS NOT NULL, coalesce(ep.dedup_window_seconds, 0),
-       e.created_at, now()
+       e.created_at, now(), e.erased_at IS NOT NULL
 FROM outbox.jobs AS j
 JOIN outbox.events AS e ON e.id = j.event_id
 LEFT JOIN outbox.endpoints AS ep ON ep.id = j.endpoint_id
@@ -175,12 +177,16 @@ func retryJob(ctx context.Context, db *sql.DB, id int64, eventsRetention time.Du
 	var delivery bool
 	var windowSeconds int64
 	var created, now time.Time
-	err := db.QueryRowContext(ctx, jobResendSQL, id).Scan(&state, &delivery, &windowSeconds, &created, &now)
+	var erased bool
+	err := db.QueryRowContext(ctx, jobResendSQL, id).Scan(&state, &delivery, &windowSeconds, &created, &now, &erased)
 	if errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("retry job %d: %w", id, errNotFound)
 	}
 	if err != nil {
 		return fmt.Errorf("retry job %d: %w", id, err)
+	}
+	if erased {
+		return fmt.Errorf("%w: job %d stays as it is: its event's payload was erased", errInvalid, id)
 	}
 	var cutoff *time.Time
 	window := time.Duration(windowSeconds) * time.Second
@@ -261,6 +267,7 @@ WITH discarded AS (
   JOIN outbox.events AS e ON e.id = j.event_id
   WHERE (j.endpoint_id = $1 OR ($1 = 0 AND j.endpoint_id IS NULL))
     AND j.state = 'discarded'
+    AND e.erased_at IS NULL
     AND ($3::timestamptz IS NULL OR e.created_at >= $3)
     AND ($5::text IS NULL OR ` + lastErrorSQL + ` = $5::text)
   ORDER BY j.id

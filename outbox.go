@@ -33,6 +33,9 @@ type Event struct {
 	RelayAttempts int             `json:"relay_attempts"`
 	RelayError    *string         `json:"relay_error"`
 	PoisonedAt    *time.Time      `json:"poisoned_at"`
+	// ErasedAt is when an erasure of its subject erased its payload
+	// (erasure.go), which is then null.
+	ErasedAt *time.Time `json:"erased_at"`
 	// Traceparent and Tracestate are the W3C trace context the producer's
 	// transaction set (outbox.traceparent), sent on every delivery.
 	Traceparent *string `json:"traceparent,omitempty"`
@@ -403,7 +406,7 @@ func requeueEvent(ctx context.Context, db *sql.DB, id int64) error {
 const eventColumns = `
   e.id, e.topic, e.subject, e.payload, e.created_at,
   e.fanned_out_at, e.relay_attempts, e.relay_error, e.poisoned_at,
-  e.traceparent, e.tracestate, e.owner`
+  e.traceparent, e.tracestate, e.owner, e.erased_at`
 
 const getEventSQL = `
 SELECT` + eventColumns + `
@@ -428,7 +431,7 @@ func scanEvent(row rowScanner) (Event, error) {
 	var payload []byte
 	err := row.Scan(&e.ID, &e.Topic, &e.Subject, &payload, &e.CreatedAt,
 		&e.FannedOutAt, &e.RelayAttempts, &e.RelayError, &e.PoisonedAt,
-		&e.Traceparent, &e.Tracestate, &e.Owner)
+		&e.Traceparent, &e.Tracestate, &e.Owner, &e.ErasedAt)
 	e.Payload = payload
 	return e, err
 }

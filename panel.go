@@ -1036,6 +1036,7 @@ type confirmation struct {
 	Question, Consequence string
 	Action, Button        string
 	Cancel                string
+	Hidden                map[string]string // fields the second POST sends again
 }
 
 // confirmed says whether form is a confirmation's second POST.
@@ -1076,7 +1077,7 @@ func (p *panel) handleSubjects(a *admin) pageFunc {
 			}
 			next = "/subjects?" + v.Encode()
 		}
-		p.render(w, http.StatusOK, "subjects", page{Title: "Subjects", Nav: "subjects", SignedIn: true,
+		p.render(w, http.StatusOK, "subjects", page{Title: "Subjects", Nav: "subjects", SignedIn: true, Flash: flash(r),
 			Data: struct {
 				Prefix   string
 				Internal bool

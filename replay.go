@@ -117,8 +117,8 @@ func (r replayRange) args() (until sql.NullTime, topics any, through sql.NullInt
 	return sql.NullTime{Time: r.until, Valid: !r.until.IsZero()}, pq.Array(patterns), r.through
 }
 
-// replayCandidatesSQL is one batch of a replay: up to $4 fanned-out events
-// with ids above $3 and up to $7 (NULL: no end), recorded at or after $2
+// replayCandidatesSQL is one batch of a replay: up to $4 fanned-out events,
+// not erased (erasure.go), with ids above $3 and up to $7 (NULL: no end), recorded at or after $2
 // and before $5 (NULL: no end), that the endpoint's topics select and,
 // unless $6 is empty, the replay's topics too, and whose payload the
 // endpoint's filter passes, as the fan-out tests it (outbox.fan_out,
@@ -150,6 +150,7 @@ candidates AS (
   SELECT e.id, e.topic, e.subject, endpoint.ordering
   FROM outbox.events AS e, endpoint, narrowed
   WHERE e.fanned_out_at IS NOT NULL
+    AND e.erased_at IS NULL
     AND e.created_at >= $2
     AND ($5::timestamptz IS NULL OR e.created_at < $5)
     AND e.id > $3

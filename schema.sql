@@ -201,7 +201,8 @@ CREATE TABLE outbox.events (
   id             bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
   topic          text        NOT NULL,
   subject        text        NOT NULL DEFAULT '',
-  payload        jsonb       NOT NULL DEFAULT '{}',
+  -- NULL once erased (erased_at), and only then: outbox.erase_subject.
+  payload        jsonb       DEFAULT '{}',
   -- owner addresses the event to one owner of endpoints (outbox.owners.key,
   -- a key the application chooses, such as its own customer id): the
   -- fan-out sends an event with an owner only to that owner's endpoints,
@@ -235,6 +236,9 @@ CREATE TABLE outbox.events (
   relay_attempts integer     NOT NULL DEFAULT 0,
   relay_error    text,
   poisoned_at    timestamptz,
+  -- When an erasure of its subject (outbox.erase_subject) erased its
+  -- payload; NULL while it has one.
+  erased_at      timestamptz,
 
   CONSTRAINT events_topic_format CHECK (topic ~ '^[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,199}$'),
   CONSTRAINT events_subject_length CHECK (length(subject) <= 500),
@@ -260,7 +264,12 @@ CREATE TABLE outbox.events (
     length(tracestate) <= 512 AND tracestate ~ '^[ -~]*$'
   ),
   CONSTRAINT events_relay_attempts_nonnegative CHECK (relay_attempts >= 0),
-  CONSTRAINT events_fanned_or_poisoned CHECK (fanned_out_at IS NULL OR poisoned_at IS NULL)
+  CONSTRAINT events_fanned_or_poisoned CHECK (fanned_out_at IS NULL OR poisoned_at IS NULL),
+  -- An erased event has no payload and is out of the relay's backlog: the
+  -- erasure marks it fanned out, with no delivery.
+  CONSTRAINT events_erased_without_payload CHECK (
+    (payload IS NULL) = (erased_at IS NOT NULL) AND (erased_at IS NULL OR fanned_out_at IS NOT NULL)
+  )
 ) WITH (
   autovacuum_vacuum_scale_factor = 0.02,
   autovacuum_analyze_scale_factor = 0.02,
@@ -3509,7 +3518,8 @@ CREATE TABLE outbox.subjects (
   subject       text        NOT NULL,
   topic         text        NOT NULL,
   last_event_id bigint      NOT NULL,
-  payload       jsonb       NOT NULL,
+  -- NULL once an erasure of the subject erased it (outbox.erase_subject).
+  payload       jsonb,
   updated_at    timestamptz NOT NULL DEFAULT now(),
   CONSTRAINT subjects_pkey PRIMARY KEY (subject, topic)
 );
@@ -3518,6 +3528,89 @@ CREATE TABLE outbox.subjects (
 -- database's collation.
 CREATE INDEX subjects_by_subject_prefix
   ON outbox.subjects (subject text_pattern_ops);
+
+--------------------------------------------------------------------------------
+-- Erasure: a subject's payloads, on request
+--------------------------------------------------------------------------------
+
+-- erase_subject erases what outboxd keeps of the payloads of subject
+-- in_subject (docs/erasure.md), in the caller's transaction, and returns
+-- how many events it erased: 0 when every one was erased before. Its
+-- events keep their ids, topic, subject, times and outcomes and lose
+-- their payload (erased_at); one not yet fanned out, or poisoned, is
+-- marked fanned out with no delivery, so that no relay ever sends it.
+-- What their attempts kept that may echo the payload goes: the errors'
+-- texts become '(erased)' (jobs.errors, deliveries.error) and the
+-- answers' excerpts empty. Their jobs not yet finished end discarded
+-- with in_reason as their last error, a running one too: the completer's
+-- outcome of that attempt, fenced on the state (record_outcomes), then
+-- changes nothing and keeps nothing of its answer. The subject index's
+-- rows of the subject lose their payload whatever events remain:
+-- retention may have deleted the events whose payload they keep.
+--
+-- Tables in the pipeline's order (migrate.go, schemaTablesQuery): events,
+-- jobs, deliveries, the endpoints of the ordered lanes whose active
+-- delivery it discarded (advance_lanes), then subjects. The events are
+-- found by a scan: no index serves subject, and one would cost every
+-- recording for a call an operator makes now and then.
+CREATE FUNCTION outbox.erase_subject(in_subject text, in_reason text)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+  erased bigint[];
+  lanes  record;
+BEGIN
+  WITH e AS (
+    UPDATE outbox.events AS e
+    SET payload = NULL,
+        erased_at = now(),
+        committed_at = outbox.commit_time(e, e.xmin),
+        fanned_out_at = coalesce(e.fanned_out_at, now()),
+        poisoned_at = NULL
+    WHERE e.subject = in_subject
+      AND e.erased_at IS NULL
+    RETURNING e.id
+  )
+  SELECT coalesce(array_agg(e.id), '{}') INTO erased FROM e;
+
+  UPDATE outbox.jobs AS j
+  SET errors = (SELECT jsonb_agg(x.a || '{"error": "(erased)"}' ORDER BY x.n)
+                FROM jsonb_array_elements(j.errors) WITH ORDINALITY AS x (a, n))
+  WHERE j.event_id = ANY (erased)
+    AND j.errors <> '[]';
+
+  WITH ended AS (
+    UPDATE outbox.jobs AS j
+    SET state = 'discarded',
+        finalized_at = now(),
+        scheduled_at = least(j.scheduled_at, now()),
+        errors = j.errors || jsonb_build_array(jsonb_build_object(
+                   'attempt', j.attempt, 'at', now(), 'error', in_reason))
+    WHERE j.event_id = ANY (erased)
+      AND j.state IN ('available', 'retryable', 'running')
+    RETURNING j.endpoint_id, j.lane_key
+  )
+  SELECT coalesce(array_agg(endpoint_id), '{}') AS endpoint_ids, coalesce(array_agg(lane_key), '{}') AS keys
+  INTO lanes FROM ended WHERE lane_key IS NOT NULL;
+
+  UPDATE outbox.deliveries AS d
+  SET error = CASE WHEN d.error = '' THEN '' ELSE '(erased)' END,
+      response_excerpt = ''
+  FROM outbox.jobs AS j
+  WHERE j.event_id = ANY (erased)
+    AND d.job_id = j.id;
+
+  PERFORM outbox.advance_lanes(lanes.endpoint_ids, lanes.keys, true);
+
+  UPDATE outbox.subjects AS s
+  SET payload = NULL
+  WHERE s.subject = in_subject
+    AND s.payload IS NOT NULL;
+
+  RETURN cardinality(erased);
+END
+$$;
 
 --------------------------------------------------------------------------------
 -- Retention's last cycle: what every replica's overview alerts on
@@ -3628,7 +3721,9 @@ CREATE INDEX owner_signin_links_by_expires_at
 -- (the admin, or which owner, by id and by the name it had), what (the
 -- route, and the fields a JSON body gave, never their values: a body may
 -- hold a secret), to what (the subject's kind and id or name; endpoint_id
--- also for a change to an endpoint, which its owner may read), and when.
+-- also for a change to an endpoint, which its owner may read; for an
+-- erasure, the SHA-256 of the erased subject, never the subject itself),
+-- and when.
 -- Nothing references the rows, and they reference nothing, so that an
 -- entry outlives what it tells of. Retention deletes rows older than
 -- -audit-retention (90 days), in batches (retention.go).
@@ -3644,11 +3739,14 @@ CREATE TABLE outbox.audit_log (
   subject      text        NOT NULL,
   endpoint_id  bigint,
   fields       text[]      NOT NULL DEFAULT '{}',
+  -- For an erasure (subject_kind 'erasure'), the events it erased; NULL
+  -- for any other entry.
+  events       bigint,
 
   CONSTRAINT audit_log_actor_known CHECK (actor IN ('admin', 'owner')),
   CONSTRAINT audit_log_owner_with_actor CHECK ((actor = 'owner') = (owner_id IS NOT NULL)),
   CONSTRAINT audit_log_via_known CHECK (via IN ('api', 'panel')),
-  CONSTRAINT audit_log_subject_kind_known CHECK (subject_kind IN ('endpoint', 'owner', 'source')),
+  CONSTRAINT audit_log_subject_kind_known CHECK (subject_kind IN ('endpoint', 'owner', 'source', 'erasure')),
   CONSTRAINT audit_log_lengths CHECK (
     length(action) <= 200 AND length(subject) <= 200 AND length(coalesce(owner_name, '')) <= 200
     AND cardinality(fields) <= 50

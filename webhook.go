@@ -236,22 +236,36 @@ func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 // workers end each such job quietly (deliver.go, outcome).
 var errEndpointDeleted = errors.New("endpoint deleted; not sent")
 
+// errEventErased ends a delivery of an event whose payload was erased
+// (erasure.go): the erasure discards them with this text, and a worker
+// that meets one still, put back by hand in a race with the erasure, ends
+// it so rather than send a body without the payload.
+var errEventErased = errors.New("event erased; not sent")
+
+// whyNotSent is why an attempt of a webhook job may send nothing, or nil
+// when it may send.
+func whyNotSent(job Job) error {
+	ep := job.endpoint
+	switch {
+	case job.EndpointID == 0:
+		return errEndpointDeleted
+	case ep == nil:
+		return fmt.Errorf("endpoint %d: %w", job.EndpointID, errEndpointDeleted)
+	case ep.DisabledReason != nil:
+		return fmt.Errorf("endpoint %d is disabled (%s); not sent", job.EndpointID, *ep.DisabledReason)
+	case job.Event.Payload == nil:
+		return errEventErased
+	}
+	return resendTooLate(job)
+}
+
 // deliver runs one attempt of a webhook job. Its error, if any, is the
 // classified outcome that decideOutcome reads.
 func (s *webhookSender) deliver(ctx context.Context, job Job) error {
-	if job.EndpointID == 0 {
-		return s.notSent(job, errEndpointDeleted)
-	}
-	ep := job.endpoint
-	if ep == nil {
-		return s.notSent(job, fmt.Errorf("endpoint %d: %w", job.EndpointID, errEndpointDeleted))
-	}
-	if ep.DisabledReason != nil {
-		return s.notSent(job, fmt.Errorf("endpoint %d is disabled (%s); not sent", job.EndpointID, *ep.DisabledReason))
-	}
-	if err := resendTooLate(job); err != nil {
+	if err := whyNotSent(job); err != nil {
 		return s.notSent(job, err)
 	}
+	ep := job.endpoint
 	// The transport follows the endpoint's URL as it is now, so a queued
 	// delivery follows a PATCH from https: to mailto: or back.
 	if strings.HasPrefix(ep.URL, mailtoPrefix) {

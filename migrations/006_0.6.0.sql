@@ -1526,3 +1526,113 @@ ALTER TABLE outbox.events VALIDATE CONSTRAINT events_owner_format;
 -- The search by payload (GET /api/events?payload=): built online, as
 -- every index of a queue table is.
 CREATE INDEX CONCURRENTLY IF NOT EXISTS events_by_payload ON outbox.events USING gin (payload jsonb_path_ops);
+
+--------------------------------------------------------------------------------
+-- Erasure by subject (docs/erasure.md)
+--------------------------------------------------------------------------------
+
+-- An erased event has no payload (schema.sql says what each column
+-- holds). The check is added NOT VALID, scanning nothing, and validated
+-- online below.
+ALTER TABLE outbox.events
+  ADD COLUMN IF NOT EXISTS erased_at timestamptz,
+  ALTER COLUMN payload DROP NOT NULL;
+
+DO $$
+BEGIN
+  ALTER TABLE outbox.events
+    ADD CONSTRAINT events_erased_without_payload CHECK (
+      (payload IS NULL) = (erased_at IS NOT NULL) AND (erased_at IS NULL OR fanned_out_at IS NOT NULL)
+    ) NOT VALID;
+EXCEPTION WHEN duplicate_object THEN
+  NULL;
+END
+$$;
+
+ALTER TABLE outbox.subjects ALTER COLUMN payload DROP NOT NULL;
+
+ALTER TABLE outbox.audit_log
+  ADD COLUMN IF NOT EXISTS events bigint,
+  DROP CONSTRAINT IF EXISTS audit_log_subject_kind_known,
+  ADD CONSTRAINT audit_log_subject_kind_known CHECK (subject_kind IN ('endpoint', 'owner', 'source', 'erasure'));
+
+-- erase_subject erases what outboxd keeps of the payloads of subject
+-- in_subject (docs/erasure.md), in the caller's transaction, and returns
+-- how many events it erased: 0 when every one was erased before. Its
+-- events keep their ids, topic, subject, times and outcomes and lose
+-- their payload (erased_at); one not yet fanned out, or poisoned, is
+-- marked fanned out with no delivery, so that no relay ever sends it.
+-- What their attempts kept that may echo the payload goes: the errors'
+-- texts become '(erased)' (jobs.errors, deliveries.error) and the
+-- answers' excerpts empty. Their jobs not yet finished end discarded
+-- with in_reason as their last error, a running one too: the completer's
+-- outcome of that attempt, fenced on the state (record_outcomes), then
+-- changes nothing and keeps nothing of its answer. The subject index's
+-- rows of the subject lose their payload whatever events remain:
+-- retention may have deleted the events whose payload they keep.
+--
+-- Tables in the pipeline's order (migrate.go, schemaTablesQuery): events,
+-- jobs, deliveries, the endpoints of the ordered lanes whose active
+-- delivery it discarded (advance_lanes), then subjects. The events are
+-- found by a scan: no index serves subject, and one would cost every
+-- recording for a call an operator makes now and then.
+CREATE OR REPLACE FUNCTION outbox.erase_subject(in_subject text, in_reason text)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+  erased bigint[];
+  lanes  record;
+BEGIN
+  WITH e AS (
+    UPDATE outbox.events AS e
+    SET payload = NULL,
+        erased_at = now(),
+        committed_at = outbox.commit_time(e, e.xmin),
+        fanned_out_at = coalesce(e.fanned_out_at, now()),
+        poisoned_at = NULL
+    WHERE e.subject = in_subject
+      AND e.erased_at IS NULL
+    RETURNING e.id
+  )
+  SELECT coalesce(array_agg(e.id), '{}') INTO erased FROM e;
+
+  UPDATE outbox.jobs AS j
+  SET errors = (SELECT jsonb_agg(x.a || '{"error": "(erased)"}' ORDER BY x.n)
+                FROM jsonb_array_elements(j.errors) WITH ORDINALITY AS x (a, n))
+  WHERE j.event_id = ANY (erased)
+    AND j.errors <> '[]';
+
+  WITH ended AS (
+    UPDATE outbox.jobs AS j
+    SET state = 'discarded',
+        finalized_at = now(),
+        scheduled_at = least(j.scheduled_at, now()),
+        errors = j.errors || jsonb_build_array(jsonb_build_object(
+                   'attempt', j.attempt, 'at', now(), 'error', in_reason))
+    WHERE j.event_id = ANY (erased)
+      AND j.state IN ('available', 'retryable', 'running')
+    RETURNING j.endpoint_id, j.lane_key
+  )
+  SELECT coalesce(array_agg(endpoint_id), '{}') AS endpoint_ids, coalesce(array_agg(lane_key), '{}') AS keys
+  INTO lanes FROM ended WHERE lane_key IS NOT NULL;
+
+  UPDATE outbox.deliveries AS d
+  SET error = CASE WHEN d.error = '' THEN '' ELSE '(erased)' END,
+      response_excerpt = ''
+  FROM outbox.jobs AS j
+  WHERE j.event_id = ANY (erased)
+    AND d.job_id = j.id;
+
+  PERFORM outbox.advance_lanes(lanes.endpoint_ids, lanes.keys, true);
+
+  UPDATE outbox.subjects AS s
+  SET payload = NULL
+  WHERE s.subject = in_subject
+    AND s.payload IS NOT NULL;
+
+  RETURN cardinality(erased);
+END
+$$;
+
+ALTER TABLE outbox.events VALIDATE CONSTRAINT events_erased_without_payload;
