@@ -122,8 +122,10 @@ func newWorkerPool(db *sql.DB, cfg WorkerConfig, grace time.Duration, subs *subs
 // kinds are the job kinds the pool runs, sorted: its handlers' and its
 // subscribers'. Its claims take no other (claimer.kinds): a job of
 // another kind waits for a process that runs it, where claimed here it
-// would fail and retry until discarded. Never nil, which the claims would
-// take for every kind.
+// would fail and retry until discarded. Its replica's row names them
+// (replicaSelf.Kinds), so that a kind no live replica runs is seen (the
+// overview's jobs_no_runner). Never nil, which the claims would take for
+// every kind.
 func (p *workerPool) kinds() []string {
 	kinds := make([]string, 0, len(p.handlers)+len(p.subscribers.byKind))
 	for kind := range p.handlers {

@@ -1974,8 +1974,10 @@ CREATE TYPE outbox.claimed_lane_job AS (job outbox.claimed_job, lane_limit integ
 -- handlers' and its subscribers'), and it claims no job of another kind:
 -- a claim without 'webhook' serves no endpoint's lane (every delivery is
 -- of that kind), and of the jobs of no endpoint takes only those of its
--- kinds. The others wait, due, for a replica that runs them; claimed,
--- they would fail for want of a handler until discarded. The read of the jobs of no endpoint passes over them
+-- kinds. The others wait, due, for a replica that runs them, and while
+-- no live replica does (replicas.kinds) the overview says so
+-- (jobs_no_runner); claimed, they would fail for want of a handler until
+-- discarded. The read of the jobs of no endpoint passes over them
 -- (jobs_waiting_without_endpoint holds no kind): few, since only a
 -- replica that runs a subscriber fans its jobs out, and what waits is
 -- what its last such replica left when it stopped. NULL: every kind (the
@@ -3787,6 +3789,12 @@ CREATE TABLE outbox.replicas (
   workers        integer     NOT NULL,
   listens        boolean     NOT NULL,
   swept_at       timestamptz,
+  -- The job kinds its workers run, sorted (deliver.go: its handlers' and
+  -- its in-process subscribers'), the only ones it claims
+  -- (claim_lane_jobs' kinds); NULL from the release before, which did not
+  -- record them and claims every kind. The overview's jobs_no_runner
+  -- names the due jobs of a kind that no live replica runs.
+  kinds          text[],
   dead_after     interval    NOT NULL,
   started_at     timestamptz NOT NULL DEFAULT now(),
   last_seen      timestamptz NOT NULL DEFAULT now(),

@@ -19,7 +19,7 @@ var releaseMigrations = map[string]string{
 	"003_0.3.0.sql": "03b1aca60c7224a75fbe41b4f0cc53033890cb34fa974a1d32982e6e7342d0c7",
 	"004_0.4.0.sql": "1b9bb35af49ac7ecddcc2da5af0cf1b39a784bc840865142c207c68014457c61",
 	"005_0.5.0.sql": "1a73f270402cee233884a516dbbe1786c894239f716bded172be4fb43b465ec4",
-	"006_0.6.0.sql": "9920d78bcc13c57827c96bc5712538124b8b33c1b1b985c24705ae11c2571ee3",
+	"006_0.6.0.sql": "21626dff72eac4b85c6d7104c656ddc8945cca64d9ff56ef12d3b50acafeade9",
 }
 
 // The release is the last migration's, and every migration is as its

@@ -1889,3 +1889,9 @@ BEGIN
   RETURN NEXT;
 END
 $$;
+
+-- A replica names in its row the job kinds it runs, so that the overview
+-- can say when due jobs wait for a kind no live replica runs
+-- (jobs_no_runner). NULL in the rows of the release before.
+ALTER TABLE outbox.replicas
+  ADD COLUMN IF NOT EXISTS kinds text[];
