@@ -93,6 +93,9 @@ type claimer struct {
 	// (replicas.go); nil claims under no id, rescued by the horizon alone.
 	replica *replicaRegistry
 	pool    jobStarter
+	// kinds are the job kinds the pool runs (workerPool.kinds): every
+	// claim, the relay's too, takes jobs of these kinds alone.
+	kinds []string
 
 	slots     chan struct{} // one token per running batch
 	slotFreed chan struct{} // poked when a slot frees
@@ -128,10 +131,11 @@ type jobStarter interface {
 	start(batch []Job)
 }
 
-func newClaimer(db *sql.DB, slots int, pool jobStarter) *claimer {
+func newClaimer(db *sql.DB, slots int, kinds []string, pool jobStarter) *claimer {
 	return &claimer{
 		db:        db,
 		pool:      pool,
+		kinds:     kinds,
 		slots:     make(chan struct{}, slots),
 		slotFreed: make(chan struct{}, 1),
 		answered:  answeredJobs{ids: map[int64]struct{}{}},
@@ -315,15 +319,16 @@ const claimTimeout = 10 * time.Second
 // claimJobsSQL takes up to $1 due jobs, soonest first, marks them running
 // with their next attempt number, held by replica $2 (NULL: none), and
 // returns each with its event and, for a delivery, its endpoint. $3 are
-// the answered deliveries, $4 the endpoints cooling and $5 the
-// workerShare. The statement is schema.sql's outbox.claim_lane_jobs,
-// which pins its plan and reads everything in one snapshot. It claims
-// ahead: for a healthy endpoint, up to twice the requests this replica
-// may have in flight (lane_limit), so that a request ending starts the
-// next one here and then, not at the next claim's commit (endpointGates).
+// the answered deliveries, $4 the endpoints cooling, $5 the workerShare
+// and $6 the kinds the workers run, the only ones it claims. The
+// statement is schema.sql's outbox.claim_lane_jobs, which pins its plan
+// and reads everything in one snapshot. It claims ahead: for a healthy
+// endpoint, up to twice the requests this replica may have in flight
+// (lane_limit), so that a request ending starts the next one here and
+// then, not at the next claim's commit (endpointGates).
 const claimJobsSQL = `
 SELECT ` + claimedColumns + `, claim.lane_limit
-FROM outbox.claim_lane_jobs($1, $2, $3, true, $4, $5) AS claim, LATERAL (SELECT (claim.job).*) AS job`
+FROM outbox.claim_lane_jobs($1, $2, $3, true, $4, $5, $6) AS claim, LATERAL (SELECT (claim.job).*) AS job`
 
 // claimedColumns are the attributes of schema.sql's outbox.claimed_job, in
 // the order claimedRow.dest scans them: the one list every claim selects,
@@ -353,7 +358,7 @@ func (c *claimer) claim(ctx context.Context, n int) ([]Job, error) {
 	c.claimsBegun.Add(1)
 	scan := func(row rowScanner) (Job, error) { return scanClaimedJob(row, sent) }
 	jobs, err := queryAll(ctx, c.db, scan, claimJobsSQL, n, replica, pq.Array(c.answered.list()), pq.Array(c.gates.cooling()),
-		c.workerShare())
+		c.workerShare(), pq.Array(c.kinds))
 	c.claims.Observe(time.Since(sent).Seconds())
 	c.claimedJobs.Add(int64(len(jobs)))
 	if err != nil {

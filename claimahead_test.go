@@ -304,7 +304,7 @@ func TestReleasedOutcomePutsTheJobBack(t *testing.T) {
 	db, _ := newTestDB(t)
 	ep := insertEndpointWithJobs(t, db, "https://released.example.com/", 4, 2)
 	mustExec(t, db, `UPDATE outbox.jobs SET attempt = 1, state = 'retryable' WHERE id = (SELECT max(id) FROM outbox.jobs)`)
-	jobs, err := newWorkerPool(db, defaultConfig().Workers, time.Minute, newSubscriberRegistry(), nil, testLogger(t)).claim(context.Background(), 10)
+	jobs, err := webhookWorkers(t, db, defaultConfig().Workers, time.Second).claim(context.Background(), 10)
 	if err != nil || len(jobs) != 2 {
 		t.Fatalf("claimed %d: %v", len(jobs), err)
 	}
@@ -362,7 +362,7 @@ func TestHangingReceiverClaimedAheadHoldsOnlyItsCap(t *testing.T) {
 // relay under load passes back to back, so a pass that held every free
 // slot left the pool no claim at all.
 func TestRelayReservationLeavesThePoolItsClaim(t *testing.T) {
-	c := newClaimer(nil, 128, nil)
+	c := newClaimer(nil, 128, nil, nil)
 	var running sync.WaitGroup
 	c.open(&running)
 	for _, tc := range []struct {

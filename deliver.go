@@ -79,8 +79,8 @@ type workerPool struct {
 	cfg         WorkerConfig
 	grace       time.Duration // how long in-flight jobs may finish after Run's ctx ends
 	subscribers *subscriberRegistry
-	// handlers run every other kind of job. A kind without one is left
-	// to a process that has it (it retries meanwhile, visibly).
+	// handlers run every other kind of job. A kind with neither is not
+	// claimed here: it waits for a process that runs it (kinds).
 	handlers map[string]jobHandler
 	logger   *slog.Logger
 
@@ -114,9 +114,28 @@ func newWorkerPool(db *sql.DB, cfg WorkerConfig, grace time.Duration, subs *subs
 		logger:      logger,
 		recorded:    make(chan struct{}, 1),
 	}
-	p.claimer = newClaimer(db, cfg.Concurrency, p)
+	p.claimer = newClaimer(db, cfg.Concurrency, p.kinds(), p)
 	p.completer = newCompleter(db, cfg.BreakerThreshold, cfg.Concurrency, &p.claimer.answered, p.recorded, logger)
 	return p
+}
+
+// kinds are the job kinds the pool runs, sorted: its handlers' and its
+// subscribers'. Its claims take no other (claimer.kinds): a job of
+// another kind waits for a process that runs it, where claimed here it
+// would fail and retry until discarded. Its replica's row names them
+// (replicaSelf.Kinds), so that a kind no live replica runs is seen (the
+// overview's jobs_no_runner). Never nil, which the claims would take for
+// every kind.
+func (p *workerPool) kinds() []string {
+	kinds := make([]string, 0, len(p.handlers)+len(p.subscribers.byKind))
+	for kind := range p.handlers {
+		kinds = append(kinds, kind)
+	}
+	for _, s := range p.subscribers.all() {
+		kinds = append(kinds, s.jobKind())
+	}
+	slices.Sort(kinds)
+	return kinds
 }
 
 // Run claims and runs jobs until ctx ends, waking on wake and every
@@ -418,8 +437,9 @@ func (p *workerPool) work(ctx context.Context, job Job) error {
 	if handle, ok := p.handlers[job.Kind]; ok {
 		return handle(ctx, job)
 	}
-	// Another replica (a newer version) may know this kind: retry rather
-	// than discard, and the backoff makes the wait visible.
+	// Every claim takes only the kinds the pool runs (kinds), so no job
+	// comes here without a handler. Were one to, another replica may run
+	// its kind: retry rather than discard.
 	return fmt.Errorf("no handler for job kind %q in this process", job.Kind)
 }
 

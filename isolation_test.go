@@ -304,12 +304,11 @@ func TestPauseHoldsDeliveriesAcrossARestart(t *testing.T) {
 	}
 	recordFor(t, db, rc.srv.URL, 10)
 
-	wp := newWorkerPool(db, defaultConfig().Workers, time.Minute, newSubscriberRegistry(), nil, testLogger(t))
 	for restart := range 2 {
+		wp := webhookWorkers(t, db, defaultConfig().Workers, 10*time.Second)
 		if n, err := wp.workOnce(context.Background(), 100); err != nil || n != 0 {
 			t.Fatalf("workers' turn %d while paused claimed %d jobs (%v), want 0", restart, n, err)
 		}
-		wp = newWorkerPool(db, defaultConfig().Workers, time.Minute, newSubscriberRegistry(), nil, testLogger(t))
 	}
 	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'available'`, ep.ID); n != 10 {
 		t.Fatalf("%d deliveries wait while paused, want all 10", n)
@@ -566,14 +565,14 @@ func TestClaimDoesNotCountAnsweredJobsAgainstTheCap(t *testing.T) {
 
 // defaultShare is the workerShare of a process with the default workers,
 // as its claims pass it.
-var defaultShare = newClaimer(nil, defaultConfig().Workers.Concurrency, nil).workerShare()
+var defaultShare = newClaimer(nil, defaultConfig().Workers.Concurrency, nil, nil).workerShare()
 
 // The numbers of the rule: half of a replica's workers, at least one.
 func TestWorkerShareNumbers(t *testing.T) {
 	t.Parallel()
 	got := map[int]int{}
 	for _, workers := range []int{1, 2, 3, 4, 128, 1000} {
-		got[workers] = newClaimer(nil, workers, nil).workerShare()
+		got[workers] = newClaimer(nil, workers, nil, nil).workerShare()
 	}
 	want := map[int]int{1: 1, 2: 1, 3: 1, 4: 2, 128: 64, 1000: 500}
 	if diff := cmp.Diff(want, got); diff != "" {

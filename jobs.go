@@ -46,6 +46,10 @@ type JobView struct {
 	// lets one of the endpoint's jobs through at a time, and fan-out
 	// schedules new ones -failing-endpoint-delay out. The panel's alone.
 	BreakerOpenedAt *time.Time `json:"-"`
+	// NoRunner marks a job waiting to run (available or retryable) whose
+	// kind no live replica runs (noRunnerSQL): none claims it until one
+	// that runs its kind is up. The panel's alone.
+	NoRunner bool `json:"-"`
 }
 
 // notSentSQL is, for job j, the note of a job completed without its
@@ -100,7 +104,8 @@ SELECT j.id, j.kind, j.event_id, j.endpoint_id, ` + endpointNameSQL + `, j.repla
        j.attempt, j.max_attempts, j.created_at, nullif(j.scheduled_at, 'infinity'),
        j.scheduled_at = 'infinity', j.attempted_at, j.finalized_at, j.errors,
        coalesce(` + notSentSQL + `, ''),
-       CASE WHEN j.state IN ('available', 'retryable') THEN ep.breaker_opened_at END
+       CASE WHEN j.state IN ('available', 'retryable') THEN ep.breaker_opened_at END,
+       j.state IN ('available', 'retryable') AND ` + noRunnerSQL + `
 FROM outbox.jobs AS j
 LEFT JOIN outbox.endpoints AS ep ON ep.id = j.endpoint_id
 WHERE ($1::bigint = 0 OR j.id < $1::bigint)
@@ -130,7 +135,8 @@ func scanJobView(row rowScanner) (JobView, error) {
 	var j JobView
 	var errs []byte
 	err := row.Scan(&j.ID, &j.Kind, &j.EventID, &j.EndpointID, &j.EndpointName, &j.ReplayID, &j.State, &j.Attempt, &j.MaxAttempts,
-		&j.CreatedAt, &j.ScheduledAt, &j.WaitingForTurn, &j.AttemptedAt, &j.FinalizedAt, &errs, &j.NotSent, &j.BreakerOpenedAt)
+		&j.CreatedAt, &j.ScheduledAt, &j.WaitingForTurn, &j.AttemptedAt, &j.FinalizedAt, &errs, &j.NotSent, &j.BreakerOpenedAt,
+		&j.NoRunner)
 	j.Errors = errs
 	return j, err
 }

@@ -889,20 +889,20 @@ func runService(ctx context.Context, cfg Config, db *sql.DB, dsn string, box *se
 		demoRun = newDemo(db, box, ln.Addr().(*net.TCPAddr).AddrPort(), logger)
 	}
 
-	registry, err := registerReplica(ctx, db, cfg, logger)
+	p := newPipeline(cfg, db, box, demoRun, logger)
+	registry, err := registerReplica(ctx, db, cfg, p.workers.kinds(), logger)
 	if err != nil {
 		return err
 	}
 	loops := newLoopGroup(ctx, logger)
 	heartbeat := newLoopGroup(context.WithoutCancel(ctx), logger)
-	var p *pipeline
 	defer func() {
 		loops.stop()
 		heartbeat.stop()
 		leave(registry, p, logger)
 		logger.Info("stopped")
 	}()
-	p = startPipeline(cfg, db, box, dsn, demoRun, registry, loops.start, logger)
+	p.start(cfg, db, dsn, registry, loops.start, logger)
 	// The heartbeat stamps swept_at after a cycle of this process's sweeper.
 	registry.sweeps = p.retention.cycles.Load
 	heartbeat.start("replicas", registry.Run)
@@ -921,9 +921,11 @@ func runService(ctx context.Context, cfg Config, db *sql.DB, dsn string, box *se
 }
 
 // registerReplica writes this process's row in outbox.replicas, before any
-// claim: every job it claims records the id (replicas.go).
-func registerReplica(ctx context.Context, db *sql.DB, cfg Config, logger *slog.Logger) (*replicaRegistry, error) {
+// claim: every job it claims records the id (replicas.go), and the row
+// names the job kinds its workers run.
+func registerReplica(ctx context.Context, db *sql.DB, cfg Config, kinds []string, logger *slog.Logger) (*replicaRegistry, error) {
 	self := currentReplica(cfg.Workers.Concurrency, !cfg.DisableListen)
+	self.Kinds = kinds
 	registry := newReplicaRegistry(db, cfg.Replicas, self, logger)
 	if err := registry.register(ctx); err != nil {
 		return nil, err
@@ -1091,9 +1093,6 @@ func leave(registry *replicaRegistry, p *pipeline, logger *slog.Logger) {
 		logger.Warn("leave the replica registry; other replicas will declare this one dead", "err", err)
 		return
 	}
-	if p == nil {
-		return
-	}
 	if _, err := p.rescuer.rescueDeadReplicas(ctx); err != nil {
 		logger.Warn("rescue the jobs this replica still held", "err", err)
 	}
@@ -1102,8 +1101,10 @@ func leave(registry *replicaRegistry, p *pipeline, logger *slog.Logger) {
 // pipeline is the loops of one process, from LISTEN to retention. The HTTP
 // side reads their counters.
 type pipeline struct {
+	wake       *wakeups
 	relay      *relay
 	workers    *workerPool
+	feeder     *replayFeeder
 	rescuer    *rescuer
 	prober     *prober
 	deliveries *deliveryMetrics
@@ -1130,25 +1131,14 @@ func deliveryClients(cfg Config, db *sql.DB, box *secretBox, logger *slog.Logger
 	return client, newEndpointClients(db, box, opts, client)
 }
 
-// startPipeline builds every loop in the order events move through them
-// and starts each with start, which owns its goroutine. With -demo
-// (demoRun), the demo's own endpoint reaches its receiver on outboxd's
-// listener whatever the address guard says, and no other endpoint does.
-func startPipeline(cfg Config, db *sql.DB, box *secretBox, dsn string, demoRun *demo, registry *replicaRegistry, start func(string, func(context.Context) error), logger *slog.Logger) *pipeline {
-	p := pipeline{registry: registry}
-	wake := newWakeups()
-	relayWake := wake.events
-	notifyOrigin := "" // set where a listener hears the relay's NOTIFYs
-	switch {
-	case cfg.PoolMode == poolModeTransaction:
-		relayWake = nil // nothing wakes it: it sweeps (notify.go, poolModeTransaction)
-	case !cfg.DisableListen:
-		start("listener", newListener(dsn, wake, logger).Run)
-		notifyOrigin = wake.origin
-	}
+// newPipeline builds every loop in the order events move through them;
+// none runs until start. With -demo (demoRun), the demo's own endpoint
+// reaches its receiver on outboxd's listener whatever the address guard
+// says, and no other endpoint does.
+func newPipeline(cfg Config, db *sql.DB, box *secretBox, demoRun *demo, logger *slog.Logger) *pipeline {
+	p := pipeline{wake: newWakeups()}
 	subscribers := defaultSubscribers(cfg.Demo, logger)
 	p.relay = newRelay(db, cfg.Relay, cfg.Workers.MaxAttempts, fanOutTargets(subscribers), logger)
-	p.relay.notifyOrigin = notifyOrigin // the listener skips what the relay pokes
 
 	webhookClient, endpointTLS := deliveryClients(cfg, db, box, logger)
 	p.deliveries = newDeliveryMetrics()
@@ -1164,30 +1154,44 @@ func startPipeline(cfg Config, db *sql.DB, box *secretBox, dsn string, demoRun *
 		webhookJobKind:     webhooks.deliver,
 		ownerNotifyJobKind: p.notifier.notify,
 	}, logger)
-	p.workers.replica = registry
-	// The relay starts once the workers it claims for exist
-	// (relay.go, fan_out_claiming).
+	// The relay claims for the workers (relay.go, fan_out_claiming).
 	p.relay.workers = p.workers.claimer
+	// Beside the workers, which drain the replay lanes it fills: where
+	// there are no workers, nothing would come of its jobs.
+	p.feeder = newReplayFeeder(db, cfg.Workers.MaxAttempts, logger)
+	p.rescuer = newRescuer(db, cfg.Workers, cfg.Replicas, logger)
+	p.prober = newProber(db, box, webhookClient, cfg.Retention.Events, cfg.Workers.MaxAttempts, logger)
+	p.prober.endpointTLS = endpointTLS
+
+	host, _ := os.Hostname()
+	p.retention = newSweeper(db, cfg.Retention, fmt.Sprintf("%s:%d", host, os.Getpid()), logger)
+	return &p
+}
+
+// start runs every loop of the pipeline with start, which owns its
+// goroutine; the workers claim under registry's id.
+func (p *pipeline) start(cfg Config, db *sql.DB, dsn string, registry *replicaRegistry, start func(string, func(context.Context) error), logger *slog.Logger) {
+	p.registry = registry
+	p.workers.replica = registry
+	relayWake := p.wake.events
+	switch {
+	case cfg.PoolMode == poolModeTransaction:
+		relayWake = nil // nothing wakes it: it sweeps (notify.go, poolModeTransaction)
+	case !cfg.DisableListen:
+		start("listener", newListener(dsn, p.wake, logger).Run)
+		p.relay.notifyOrigin = p.wake.origin // the listener skips what the relay pokes
+	}
 	start("relay", func(ctx context.Context) error {
 		if cfg.PoolMode == poolModeTransaction {
 			quietProducers(ctx, db, logger)
 		}
-		return p.relay.Run(ctx, relayWake, wake.jobs)
+		return p.relay.Run(ctx, relayWake, p.wake.jobs)
 	})
-	start("workers", func(ctx context.Context) error { return p.workers.Run(ctx, wake.jobs) })
-	// Beside the workers, which drain the replay lanes it fills: where
-	// there are no workers, nothing would come of its jobs.
-	start("replay feeder", newReplayFeeder(db, cfg.Workers.MaxAttempts, logger).Run)
-	p.rescuer = newRescuer(db, cfg.Workers, cfg.Replicas, logger)
+	start("workers", func(ctx context.Context) error { return p.workers.Run(ctx, p.wake.jobs) })
+	start("replay feeder", p.feeder.Run)
 	start("rescuer", p.rescuer.Run)
-	p.prober = newProber(db, box, webhookClient, cfg.Retention.Events, cfg.Workers.MaxAttempts, logger)
-	p.prober.endpointTLS = endpointTLS
 	start("prober", p.prober.Run)
-
-	host, _ := os.Hostname()
-	p.retention = newSweeper(db, cfg.Retention, fmt.Sprintf("%s:%d", host, os.Getpid()), logger)
 	start("retention", p.retention.Run)
-	return &p
 }
 
 func (p *pipeline) counters() *processCounters {

@@ -244,16 +244,22 @@ func startChild(t *testing.T, env []string, args ...string) *child {
 }
 
 // The whole process, as an operator runs it: started as a binary, healthy,
-// events flowing in -demo, and SIGTERM exits 0 after a clean shutdown.
+// its row naming the job kinds its workers run (the demo's subscriber's
+// among them), events flowing in -demo, and SIGTERM exits 0 after a clean
+// shutdown.
 func TestProcessStartsRunsDemoAndExitsOnSIGTERM(t *testing.T) {
 	t.Parallel()
-	_, dsn := newTestDB(t)
+	db, dsn := newTestDB(t)
 	addr := freeAddr(t)
 	child := startChild(t, []string{"DATABASE_URL=" + dsn, "OUTBOXD_ADMIN_TOKEN=test-token-0123456789"},
 		"-demo", "-addr", addr, "-log-format", "json")
 	cmd, stderr, exited := child.cmd, &child.stderr, child.exited
 
 	awaitHealthy(t, addr, exited)
+	kinds := queryStrings(t, db, `SELECT coalesce(array_to_string(kinds, ' '), 'NULL') FROM outbox.replicas`)
+	if diff := cmp.Diff([]string{"owner-notify sub:log webhook"}, kinds); diff != "" {
+		t.Errorf("the kinds its row names (-want +got):\n%s", diff)
+	}
 	waitFor(t, "the demo's events to reach the log subscriber and its receiver", 30*time.Second, func() bool {
 		return strings.Contains(stderr.String(), "event delivered to the log subscriber") &&
 			strings.Contains(stderr.String(), "demo receiver: webhook verified")

@@ -83,7 +83,7 @@ func TestMigrationLocksTablesInThePipelineOrder(t *testing.T) {
 	insertEndpoint(t, db, "order.lane", 100, `ordering = 'subject'`)
 	mustExec(t, db, `SELECT outbox.record('order.lane', 'lane', '{}') FROM generate_series(1, 2)`)
 	bornPass(t, db, 0, replica)
-	running := queryInt(t, db, `SELECT count(*) FROM (`+claimJobsSQL+`) AS c`, 10, replica, "{}", "{}", defaultShare)
+	running := queryInt(t, db, `SELECT count(*) FROM (`+claimJobsSQL+`) AS c`, 10, replica, "{}", "{}", defaultShare, nil)
 	var job jobResult
 	if err := db.QueryRow(`SELECT id, attempt FROM outbox.jobs WHERE state = 'running'`).Scan(&job.ID, &job.Attempt); err != nil || running != 1 {
 		t.Fatalf("claimed %d deliveries of the ordered lane, want its first (%v)", running, err)
@@ -103,8 +103,8 @@ func TestMigrationLocksTablesInThePipelineOrder(t *testing.T) {
 		run  func(tx *sql.Tx) error
 	}{
 		{"a producer's record", execIn(`SELECT outbox.record('order', 's', '{}')`)},
-		{"a relay pass that claims", execIn(fanOutAndClaimSQL, 200, `[]`, 18, 300.0, "", 10, replica, "{}", defaultShare)},
-		{"a worker's claim", execIn(claimJobsSQL, 10, replica, "{}", "{}", defaultShare)},
+		{"a relay pass that claims", execIn(fanOutAndClaimSQL, 200, `[]`, 18, 300.0, "", 10, replica, "{}", defaultShare, nil)},
+		{"a worker's claim", execIn(claimJobsSQL, 10, replica, "{}", "{}", defaultShare, nil)},
 		{"a completer's outcomes", execIn(recordOutcomesSQL, completion...)},
 		{"a replay's batch", func(tx *sql.Tx) error { return feedReplayTx(ctx, tx, int64(replay), 18) }},
 		{"an erasure", execIn(eraseSubjectSQL, "s", errEventErased.Error())},
@@ -680,9 +680,9 @@ func TestMigrationUnderWriteLoadStallsProducersBriefly(t *testing.T) {
 		case 0:
 			_, err = db.ExecContext(ctx, `SELECT outbox.record('load', 's', '{}')`)
 		case 1:
-			_, err = db.ExecContext(ctx, fanOutAndClaimSQL, 200, `[]`, 18, 300.0, "", 10, replica, "{}", defaultShare)
+			_, err = db.ExecContext(ctx, fanOutAndClaimSQL, 200, `[]`, 18, 300.0, "", 10, replica, "{}", defaultShare, nil)
 		case 2:
-			_, err = db.ExecContext(ctx, claimJobsSQL, 10, replica, "{}", "{}", defaultShare)
+			_, err = db.ExecContext(ctx, claimJobsSQL, 10, replica, "{}", "{}", defaultShare, nil)
 		}
 		return err
 	}

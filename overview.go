@@ -113,6 +113,11 @@ type Overview struct {
 	// left halfway).
 	Replicas      []Replica `json:"replicas"`
 	MixedVersions bool      `json:"mixed_versions"`
+	// KindsWithoutRunner are the kinds of the due jobs of no endpoint that
+	// no live replica runs (replicas.go, noRunnerSQL), by kind, at most
+	// maxKindsWithoutRunner: no replica claims them, and they wait for one
+	// that runs them, which jobs_no_runner asks for.
+	KindsWithoutRunner []KindWithoutRunner `json:"kinds_without_runner"`
 	// EndpointHealth are the enabled, paused and disabled endpoints in
 	// trouble (breaker open, failing, or a failed attempt within
 	// EndpointFailingFor), by id, at most maxEndpointHealth, each with
@@ -122,6 +127,25 @@ type Overview struct {
 	Alerts         []Alert          `json:"alerts"`
 	Pruned         map[string]int64 `json:"pruned"`
 }
+
+// KindWithoutRunner is a job kind that no live replica runs, with its
+// due jobs, which wait: how many, and when the first of them came due.
+type KindWithoutRunner struct {
+	Kind  string    `json:"kind"`
+	Jobs  int64     `json:"jobs"`
+	Since time.Time `json:"since"`
+}
+
+func scanKindWithoutRunner(row rowScanner) (KindWithoutRunner, error) {
+	var k KindWithoutRunner
+	err := row.Scan(&k.Kind, &k.Jobs, &k.Since)
+	return k, err
+}
+
+// maxKindsWithoutRunner bounds the overview's list of kinds without a
+// runner: a process runs a few kinds, and an alert naming more than this
+// is read for its first ones.
+const maxKindsWithoutRunner = 20
 
 // ReceiverWindow is the dedup window an endpoint's receiver advertised.
 type ReceiverWindow struct {
@@ -365,6 +389,21 @@ LEFT JOIN outbox.endpoints AS paused ON paused.id = j.endpoint_id
                                     AND paused.disabled_at IS NULL
 GROUP BY j.state`
 
+// overviewNoRunnerSQL counts, by kind, the due jobs of no endpoint whose
+// kind no live replica runs, through the claim's own index of them
+// (jobs_waiting_without_endpoint). A delivery to an endpoint is of kind
+// webhook, which every replica's workers run (main.go, newPipeline).
+const overviewNoRunnerSQL = `
+SELECT j.kind, count(*), min(j.scheduled_at)
+FROM outbox.jobs AS j
+WHERE j.state IN ('available', 'retryable')
+  AND j.endpoint_id IS NULL
+  AND j.scheduled_at <= now()
+  AND ` + noRunnerSQL + `
+GROUP BY j.kind
+ORDER BY j.kind
+LIMIT $1`
+
 // overviewTablesSQL reads size and vacuum statistics of outboxd's tables.
 const overviewTablesSQL = `
 SELECT c.relname,
@@ -479,6 +518,9 @@ func readPipelineState(ctx context.Context, tx *sql.Tx, o *Overview) (alertStart
 	}
 	if o.Replicas, o.MixedVersions, err = readReplicas(ctx, tx); err != nil {
 		return starts, fmt.Errorf("overview: %w", err)
+	}
+	if o.KindsWithoutRunner, err = queryAll(ctx, tx, scanKindWithoutRunner, overviewNoRunnerSQL, maxKindsWithoutRunner); err != nil {
+		return starts, fmt.Errorf("overview: kinds without a runner: %w", err)
 	}
 	if o.Jobs, starts.FirstDiscarded, err = readJobCounts(ctx, tx); err != nil {
 		return starts, err
@@ -704,6 +746,7 @@ var alertRules = []alertRule{
 	{"events_backlog", "/events?state=unfanned", backlogAlert},
 	{"events_poisoned", "/events?state=poisoned", poisonedAlert},
 	{"jobs_discarded", "/jobs?state=discarded", discardedAlert},
+	{"jobs_no_runner", "/jobs?state=available", noRunnerAlert},
 	{"notify_queue", "/#tables", notifyQueueAlert},
 	{"table_bloat", "/#tables", tableBloatAlerts},
 	{"old_transaction", "/#tables", oldTransactionAlert},
@@ -787,6 +830,33 @@ func discardedAlert(_ AlertConfig, o Overview, at alertStarts) []Alert {
 	return []Alert{{
 		Message: fmt.Sprintf("%d jobs were discarded after failing; inspect their errors and retry them", o.Jobs.Discarded),
 		Since:   at.FirstDiscarded.Time, Level: o.Jobs.Discarded, startKnown: true,
+	}}
+}
+
+// noRunnerAlert fires while due jobs wait whose kind no live replica
+// runs: an in-process subscriber's whose replicas have all stopped, say,
+// or that the replicas running now were built without. No replica claims
+// them (schema.sql, claim_lane_jobs' kinds), so they wait, as do their
+// events, which retention keeps while a job needs them.
+func noRunnerAlert(_ AlertConfig, o Overview, _ alertStarts) []Alert {
+	if len(o.KindsWithoutRunner) == 0 {
+		return nil
+	}
+	var jobs int64
+	since := o.KindsWithoutRunner[0].Since
+	kinds := make([]string, 0, len(o.KindsWithoutRunner))
+	for _, k := range o.KindsWithoutRunner {
+		jobs += k.Jobs
+		if k.Since.Before(since) {
+			since = k.Since
+		}
+		kinds = append(kinds, fmt.Sprintf("%s (%d)", k.Kind, k.Jobs))
+	}
+	return []Alert{{
+		Message: fmt.Sprintf("%d due jobs are of a kind no live replica runs: %s. No replica claims them, and they wait for one that runs their kind: "+
+			"start it (an in-process subscriber runs only in the processes that register it); retention keeps their events meanwhile",
+			jobs, strings.Join(kinds, ", ")),
+		Since: since, Level: jobs, startKnown: true,
 	}}
 }
 

@@ -45,6 +45,25 @@ func TestEvaluateHealthAlertThresholds(t *testing.T) {
 	}
 }
 
+// jobs_no_runner fires while any due job's kind has no live runner, and
+// names each such kind with its jobs; its level is their sum, and its
+// start the first of them to come due.
+func TestNoRunnerAlertNamesEachKind(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	if got := alertNamesOf(evaluateAlerts(defaultConfig().Alerts, Overview{}, alertStarts{})); len(got) != 0 {
+		t.Errorf("alerts with every kind run: %v, want none", got)
+	}
+	alerts := evaluateAlerts(defaultConfig().Alerts, Overview{KindsWithoutRunner: []KindWithoutRunner{
+		{Kind: "owner-notify", Jobs: 2, Since: at},
+		{Kind: "sub:b", Jobs: 5, Since: at.Add(-time.Hour)},
+	}}, alertStarts{})
+	if len(alerts) != 1 || alerts[0].Name != "jobs_no_runner" || alerts[0].Level != 7 || !alerts[0].Since.Equal(at.Add(-time.Hour)) ||
+		!strings.Contains(alerts[0].Message, "7 due jobs") || !strings.Contains(alerts[0].Message, "owner-notify (2), sub:b (5)") {
+		t.Errorf("alerts %+v; want jobs_no_runner at level 7 since the older kind's jobs, naming both kinds with their jobs", alerts)
+	}
+}
+
 // receiver_window_short at its threshold: a receiver's window must be
 // longer than this sender's resend horizon, 272h4m49.2s at the defaults
 // (7 days + the 18-attempt retry horizon); with events kept forever no
@@ -342,6 +361,7 @@ func TestEveryAlertLinksToItsPage(t *testing.T) {
 		RetentionLastCycle:   &RetentionCycle{Error: "anomaly cap reached"},
 		ReceiverWindows:      []ReceiverWindow{{EndpointID: 1, Seconds: 60}},
 		Endpoints:            EndpointCounts{Disabled: 1, Paused: 1},
+		KindsWithoutRunner:   []KindWithoutRunner{{Kind: "sub:gone", Jobs: 1}},
 	}
 	got := map[string]string{}
 	for _, a := range evaluateAlerts(cfg, everything, alertStarts{}) {
@@ -351,6 +371,7 @@ func TestEveryAlertLinksToItsPage(t *testing.T) {
 		"events_backlog":        "/events?state=unfanned",
 		"events_poisoned":       "/events?state=poisoned",
 		"jobs_discarded":        "/jobs?state=discarded",
+		"jobs_no_runner":        "/jobs?state=available",
 		"notify_queue":          "/#tables",
 		"table_bloat":           "/#tables",
 		"old_transaction":       "/#tables",

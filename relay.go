@@ -448,12 +448,13 @@ func (r *relay) reserveWorkers() int {
 // process's workers: deliveries it inserts running, or due jobs it claims
 // (schema.sql, outbox.fan_out_claiming). $1 to $5 are fanOutSQL's
 // $1 and $3 to $6, then $6 the slots reserved, $7 the replica, $8 the
-// workers' answered deliveries and $9 their workerShare (claim.go,
-// claimJobsSQL). Its one row carries the claimed jobs as an array, one
-// row each here; a pass that claimed none is one row of counts and NULLs.
+// workers' answered deliveries, $9 their workerShare and $10 the kinds
+// they run (claim.go, claimJobsSQL). Its one row carries the claimed jobs
+// as an array, one row each here; a pass that claimed none is one row of
+// counts and NULLs.
 const fanOutAndClaimSQL = `
 SELECT pass.out_fanned, pass.out_jobs, ` + claimedColumns + `, NULL::integer AS lane_limit
-FROM outbox.fan_out_claiming($1, $2, $3, $4, $5, $6, $7, $8, $9) AS pass
+FROM outbox.fan_out_claiming($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) AS pass
 LEFT JOIN LATERAL unnest(pass.out_claimed) ON true`
 
 // fanOutAndClaim runs a pass (fanOutAndClaimSQL) that claims into reserved
@@ -483,7 +484,7 @@ func (r *relay) fanOutAndClaim(ctx context.Context, reserved int) (res passResul
 	}
 	rows, err := queryAll(passCtx, r.db, scan, fanOutAndClaimSQL, r.cfg.BatchSize, r.targets, r.jobMaxAttempts,
 		r.cfg.FailingEndpointDelay.Seconds(), r.notifyOrigin, reserved, replica, pq.Array(r.workers.answered.list()),
-		r.workers.workerShare())
+		r.workers.workerShare(), pq.Array(r.workers.kinds))
 	if err != nil {
 		r.workers.claimFailed(replica, err)
 		return passResult{}, fmt.Errorf("relay: fan out and claim: %w", r.timedOut(ctx, passCtx, err))

@@ -31,7 +31,7 @@ func bornPassSharing(t *testing.T, db *sql.DB, reserved, share int, replica int6
 		var fanned, jobs int
 		err := row.Scan(append([]any{&fanned, &jobs}, c.dest()...)...)
 		return c, err
-	}, fanOutAndClaimSQL, 200, `[]`, 18, 300.0, "", reserved, replica, pq.Array(answered), share)
+	}, fanOutAndClaimSQL, 200, `[]`, 18, 300.0, "", reserved, replica, pq.Array(answered), share, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/lib/pq"
 	"github.com/lib/pq/pqerror"
 )
 
@@ -72,6 +73,10 @@ type replicaSelf struct {
 	PIDStart     int64
 	Workers      int  // job slots (-workers)
 	Listens      bool // LISTENs for wake-ups (not -disable-listen)
+	// Kinds are the job kinds its workers run (workerPool.kinds), the
+	// only ones they claim; nil records none (NULL), which the overview
+	// takes for every kind, as it takes a row of the release before.
+	Kinds []string
 }
 
 // schemaVersionLength is how much of the schema checksum a replica
@@ -211,8 +216,8 @@ func (r *replicaRegistry) forget(id int64) bool {
 // times.
 const registerReplicaSQL = `
 INSERT INTO outbox.replicas (host, pid, version, revision, schema_version, pid_namespace, pid_start,
-                             workers, listens, dead_after)
-VALUES ($1, $2, $3, $4, $5, $6, nullif($7::bigint, 0), $8, $9, make_interval(secs => $10))
+                             workers, listens, dead_after, kinds)
+VALUES ($1, $2, $3, $4, $5, $6, nullif($7::bigint, 0), $8, $9, make_interval(secs => $10), $11)
 RETURNING id`
 
 // register inserts a new row for this process and makes its id the one
@@ -222,7 +227,7 @@ func (r *replicaRegistry) register(ctx context.Context) error {
 	s := r.self
 	if err := r.db.QueryRowContext(ctx, registerReplicaSQL,
 		s.Host, s.PID, s.Version, s.Revision, s.SchemaVersion, s.PIDNamespace, s.PIDStart,
-		s.Workers, s.Listens, r.cfg.DeadAfter.Seconds()).Scan(&id); err != nil {
+		s.Workers, s.Listens, r.cfg.DeadAfter.Seconds(), pq.Array(s.Kinds)).Scan(&id); err != nil {
 		return fmt.Errorf("register replica: %w", err)
 	}
 	r.id.Store(id)
@@ -325,12 +330,15 @@ type Replica struct {
 	Revision string `json:"revision"`
 	// SchemaVersion is the start of its schema's checksum; "" from a
 	// release that did not record it.
-	SchemaVersion string     `json:"schema_version"`
-	Workers       int        `json:"workers"`
-	Listens       bool       `json:"listens"`
-	SweptAt       *time.Time `json:"swept_at"` // its sweeper's last retention cycle; nil: none yet
-	StartedAt     time.Time  `json:"started_at"`
-	LastSeen      time.Time  `json:"last_seen"`
+	SchemaVersion string `json:"schema_version"`
+	Workers       int    `json:"workers"`
+	Listens       bool   `json:"listens"`
+	// Kinds are the job kinds its workers run, the only ones they claim;
+	// null from the release before, which claims every kind.
+	Kinds     []string   `json:"kinds"`
+	SweptAt   *time.Time `json:"swept_at"` // its sweeper's last retention cycle; nil: none yet
+	StartedAt time.Time  `json:"started_at"`
+	LastSeen  time.Time  `json:"last_seen"`
 	// LastSeenAgeSeconds is how long ago, by the database's clock.
 	LastSeenAgeSeconds float64 `json:"last_seen_age_seconds"`
 	// Sweeper marks the replica whose sweeper ran the latest retention
@@ -347,7 +355,7 @@ const maxListedReplicas = 100
 // listReplicasSQL reads the live replicas, oldest first: those seen
 // within their dead_after. Rows past it wait for the rescuer.
 const listReplicasSQL = `
-SELECT id, host, pid, version, revision, schema_version, workers, listens, swept_at, started_at, last_seen,
+SELECT id, host, pid, version, revision, schema_version, workers, listens, kinds, swept_at, started_at, last_seen,
        extract(epoch FROM now() - last_seen)::float8
 FROM outbox.replicas
 WHERE last_seen >= now() - dead_after
@@ -384,6 +392,17 @@ func (r Replica) build() [3]string {
 func scanReplica(row rowScanner) (Replica, error) {
 	var r Replica
 	err := row.Scan(&r.ID, &r.Host, &r.PID, &r.Version, &r.Revision, &r.SchemaVersion, &r.Workers, &r.Listens,
-		&r.SweptAt, &r.StartedAt, &r.LastSeen, &r.LastSeenAgeSeconds)
+		(*pq.StringArray)(&r.Kinds), &r.SweptAt, &r.StartedAt, &r.LastSeen, &r.LastSeenAgeSeconds)
 	return r, err
 }
+
+// noRunnerSQL says, of job j, that no live replica runs its kind, while
+// some replica is live: one whose row names no kinds (the release
+// before's) is taken to run every kind, and with none live nothing runs,
+// of any kind, which is not a kind's want of a runner. The overview's
+// jobs_no_runner counts the due jobs it holds for, and the jobs page marks
+// them.
+const noRunnerSQL = `(EXISTS (SELECT FROM outbox.replicas AS r WHERE r.last_seen >= now() - r.dead_after)
+ AND NOT EXISTS (SELECT FROM outbox.replicas AS r
+                 WHERE r.last_seen >= now() - r.dead_after
+                   AND (r.kinds IS NULL OR j.kind = ANY (r.kinds))))`

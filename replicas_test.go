@@ -756,7 +756,7 @@ func TestRestartDeclaresItsGonePredecessorDeadAtOnce(t *testing.T) {
 	}
 
 	// This process starts as outboxd does, then its rescuer's first pass.
-	if _, err := registerReplica(ctx, db, cfg, testLogger(t)); err != nil {
+	if _, err := registerReplica(ctx, db, cfg, nil, testLogger(t)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := newRescuer(db, cfg.Workers, cfg.Replicas, testLogger(t)).rescueDeadReplicas(ctx); err != nil {

@@ -1978,8 +1978,22 @@ CREATE TYPE outbox.claimed_lane_job AS (job outbox.claimed_job, lane_limit integ
 -- answer, while other endpoints' next deliveries wait for a worker. With
 -- replica NULL, every running job held by no replica counts as the
 -- claimer's. NULL: no bound (a claim by hand, in psql).
+--
+-- kinds are the job kinds the claiming replica runs (deliver.go: its
+-- handlers' and its subscribers'), and it claims no job of another kind:
+-- a claim without 'webhook' serves no endpoint's lane (every delivery is
+-- of that kind), and of the jobs of no endpoint takes only those of its
+-- kinds. The others wait, due, for a replica that runs them, and while
+-- no live replica does (replicas.kinds) the overview says so
+-- (jobs_no_runner); claimed, they would fail for want of a handler until
+-- discarded. The read of the jobs of no endpoint passes over them
+-- (jobs_waiting_without_endpoint holds no kind): few, since only a
+-- replica that runs a subscriber fans its jobs out, and what waits is
+-- what its last such replica left when it stopped. NULL: every kind (the
+-- calls of the release before, and a claim by hand).
 CREATE FUNCTION outbox.claim_lane_jobs(batch integer, replica bigint, answered bigint[], ahead boolean,
-                                       cooling bigint[], worker_share integer DEFAULT NULL)
+                                       cooling bigint[], worker_share integer DEFAULT NULL,
+                                       kinds text[] DEFAULT NULL)
 RETURNS SETOF outbox.claimed_lane_job
 LANGUAGE plpgsql VOLATILE
 ROWS 100
@@ -2063,6 +2077,7 @@ BEGIN
       FROM (SELECT l.endpoint_id, l.scheduled_at, true AS live FROM live AS l WHERE l.scheduled_at <= now()
             UNION ALL
             SELECT r.endpoint_id, r.scheduled_at, false FROM replayed AS r WHERE r.scheduled_at <= now()) AS d
+      WHERE kinds IS NULL OR 'webhook' = ANY (kinds)
       GROUP BY d.endpoint_id
     )
     SELECT open.id
@@ -2213,6 +2228,7 @@ BEGIN
       WHERE w.endpoint_id IS NULL
         AND w.state IN ('available', 'retryable')
         AND w.scheduled_at <= now()
+        AND (kinds IS NULL OR w.kind = ANY (kinds))
       ORDER BY w.scheduled_at, w.id
       LIMIT least(batch, 2 * batch / (cardinality(lanes) + 1) + 1)
       FOR UPDATE SKIP LOCKED
@@ -2299,12 +2315,12 @@ $$;
 -- start at once. The relay's claim (fan_out_claiming) calls it, and so
 -- does a claim by hand.
 CREATE FUNCTION outbox.claim_due_jobs(batch integer, replica bigint DEFAULT NULL, answered bigint[] DEFAULT '{}',
-                                      worker_share integer DEFAULT NULL)
+                                      worker_share integer DEFAULT NULL, kinds text[] DEFAULT NULL)
 RETURNS SETOF outbox.claimed_job
 LANGUAGE sql VOLATILE
 ROWS 100
 AS $$
-  SELECT (l.job).* FROM outbox.claim_lane_jobs(batch, replica, answered, false, '{}', worker_share) AS l
+  SELECT (l.job).* FROM outbox.claim_lane_jobs(batch, replica, answered, false, '{}', worker_share, kinds) AS l
 $$;
 
 --------------------------------------------------------------------------------
@@ -2837,21 +2853,25 @@ $$;
 -- way to its receiver. A full pass is a backlog, which the workers claim
 -- at their own pace. A pass that made deliveries running claims nothing
 -- more: the jobs it left are the workers' to claim, and the relay wakes
--- them for those (relay.go, drain).
+-- them for those (relay.go, drain). in_kinds are the kinds the workers
+-- run (claim_lane_jobs' kinds; NULL: every kind): the claim takes no
+-- other, and no delivery is born running for workers that do not run
+-- 'webhook'.
 CREATE FUNCTION outbox.fan_out_claiming(in_batch integer, in_subscribers jsonb, in_max_attempts integer,
                                         in_breaker_delay double precision, in_origin text,
                                         in_claim_batch integer, in_replica bigint, in_answered bigint[],
-                                        in_worker_share integer DEFAULT NULL)
+                                        in_worker_share integer DEFAULT NULL, in_kinds text[] DEFAULT NULL)
 RETURNS TABLE (out_fanned bigint, out_jobs bigint, out_claimed outbox.claimed_job[])
 LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
   SELECT f.out_fanned, f.out_jobs, f.out_claimed INTO out_fanned, out_jobs, out_claimed
   FROM outbox.fan_out(in_batch, NULL, in_subscribers, in_max_attempts, in_breaker_delay, in_origin,
-                      in_claim_batch, in_replica, in_answered, in_worker_share) AS f;
+                      CASE WHEN in_kinds IS NULL OR 'webhook' = ANY (in_kinds) THEN in_claim_batch ELSE 0 END,
+                      in_replica, in_answered, in_worker_share) AS f;
   IF cardinality(out_claimed) = 0 AND out_jobs > 0 AND out_fanned < in_batch AND in_claim_batch > 0 THEN
     out_claimed := ARRAY(SELECT c FROM outbox.claim_due_jobs(in_claim_batch, in_replica, in_answered,
-                                                             in_worker_share) AS c);
+                                                             in_worker_share, in_kinds) AS c);
   END IF;
   RETURN NEXT;
 END
@@ -3867,6 +3887,12 @@ CREATE TABLE outbox.replicas (
   workers        integer     NOT NULL,
   listens        boolean     NOT NULL,
   swept_at       timestamptz,
+  -- The job kinds its workers run, sorted (deliver.go: its handlers' and
+  -- its in-process subscribers'), the only ones it claims
+  -- (claim_lane_jobs' kinds); NULL from the release before, which did not
+  -- record them and claims every kind. The overview's jobs_no_runner
+  -- names the due jobs of a kind that no live replica runs.
+  kinds          text[],
   dead_after     interval    NOT NULL,
   started_at     timestamptz NOT NULL DEFAULT now(),
   last_seen      timestamptz NOT NULL DEFAULT now(),

@@ -75,13 +75,26 @@ func runWebhookWorkersPolling(t *testing.T, db *sql.DB, timeout, poll time.Durat
 	cfg := defaultConfig().Workers
 	cfg.PollInterval = poll
 	cfg.Concurrency = 8
-	client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: timeout})
-	wp := newWorkerPool(db, cfg, time.Minute, newSubscriberRegistry(), map[string]jobHandler{webhookJobKind: newWebhookSender(db, nil, client, nil, nil, testLogger(t)).deliver}, testLogger(t))
+	wp := webhookWorkers(t, db, cfg, timeout)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- wp.Run(ctx, nil) }()
 	t.Cleanup(func() { cancel(); <-done })
 	return wp
+}
+
+// webhookWorkers is a worker pool, not started, that runs deliveries,
+// with a client that reaches the tests' receivers, each request within
+// timeout, and the jobs of subs; no other kind.
+func webhookWorkers(t testing.TB, db *sql.DB, cfg WorkerConfig, timeout time.Duration, subs ...Subscriber) *workerPool {
+	t.Helper()
+	reg := newSubscriberRegistry()
+	for _, s := range subs {
+		reg.Register(s)
+	}
+	client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: timeout})
+	return newWorkerPool(db, cfg, time.Minute, reg,
+		map[string]jobHandler{webhookJobKind: newWebhookSender(db, nil, client, nil, nil, testLogger(t)).deliver}, testLogger(t))
 }
 
 // relayAll fans out every un-fanned event, as the relay's passes would.

@@ -593,6 +593,11 @@ DROP FUNCTION IF EXISTS outbox.claim_lane_jobs(integer, bigint, bigint[], boolea
 
 DROP FUNCTION IF EXISTS outbox.claim_lane_jobs(integer, bigint, bigint[], boolean, bigint[], integer);
 
+-- The claim with kinds, which this file ends with: run again over a
+-- database that has it, the claim_due_jobs below would find two
+-- claim_lane_jobs its call fits.
+DROP FUNCTION IF EXISTS outbox.claim_lane_jobs(integer, bigint, bigint[], boolean, bigint[], integer, text[]);
+
 CREATE FUNCTION outbox.claim_lane_jobs(batch integer, replica bigint, answered bigint[], ahead boolean,
                                        cooling bigint[], worker_share integer DEFAULT NULL)
 RETURNS SETOF outbox.claimed_lane_job
@@ -1636,3 +1641,367 @@ END
 $$;
 
 ALTER TABLE outbox.events VALIDATE CONSTRAINT events_erased_without_payload;
+
+-- A replica claims only the job kinds it runs (schema.sql, claim_lane_jobs'
+-- kinds). The claims take the kinds as a last parameter with a default of
+-- every kind, which the release before's calls, without it, keep.
+DROP FUNCTION IF EXISTS outbox.claim_lane_jobs(integer, bigint, bigint[], boolean, bigint[], integer);
+
+CREATE OR REPLACE FUNCTION outbox.claim_lane_jobs(batch integer, replica bigint, answered bigint[], ahead boolean,
+                                                  cooling bigint[], worker_share integer DEFAULT NULL,
+                                                  kinds text[] DEFAULT NULL)
+RETURNS SETOF outbox.claimed_lane_job
+LANGUAGE plpgsql VOLATILE
+ROWS 100
+SET enable_sort = off
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+  -- The endpoints this claim serves, locked: those with live work
+  -- first, oldest due live job first; then those with replayed work
+  -- alone, oldest first.
+  lanes bigint[];
+BEGIN
+  -- The claim is the pipeline's bookkeeping: lost in a crash, its jobs
+  -- are claimed again. Its commit need not wait for the disk, like the
+  -- other pipeline transactions (database.go, beginPipelineTx). Set for
+  -- the caller's transaction, not for this call: a SET clause of the
+  -- function would be undone before the commit.
+  PERFORM set_config('synchronous_commit', 'off', true);
+  -- NULL would leave every running job uncounted: no cap at all.
+  answered := coalesce(answered, '{}');
+  ahead := coalesce(ahead, false);
+  cooling := coalesce(cooling, '{}');
+  -- Tables first in the order a migration locks them (migrate.go,
+  -- schemaTablesQuery), outbox.events before the replica's row: a claim
+  -- that locked the row and then queued for events behind a migration
+  -- would hold what the migration waits for next.
+  LOCK TABLE outbox.events IN ACCESS SHARE MODE;
+  IF replica IS NOT NULL THEN
+    PERFORM 1 FROM outbox.replicas AS r WHERE r.id = replica FOR KEY SHARE;
+    IF NOT FOUND THEN
+      RAISE EXCEPTION 'replica % is not registered: it was declared dead', replica
+        USING ERRCODE = 'OXR01';
+    END IF;
+  END IF;
+  lanes := ARRAY(
+    WITH RECURSIVE live AS (
+      (SELECT w.endpoint_id, w.scheduled_at
+       FROM outbox.jobs AS w
+       WHERE w.state IN ('available', 'retryable') AND w.endpoint_id IS NOT NULL AND w.replay_id IS NULL
+       ORDER BY w.endpoint_id, w.scheduled_at, w.id
+       LIMIT 1)
+      UNION ALL
+      SELECT n.endpoint_id, n.scheduled_at
+      FROM live AS prev
+      CROSS JOIN LATERAL (
+        SELECT w.endpoint_id, w.scheduled_at
+        FROM outbox.jobs AS w
+        WHERE w.state IN ('available', 'retryable') AND w.endpoint_id IS NOT NULL AND w.replay_id IS NULL
+          AND w.endpoint_id > prev.endpoint_id
+        ORDER BY w.endpoint_id, w.scheduled_at, w.id
+        LIMIT 1
+      ) AS n
+    ),
+    replayed AS (
+      (SELECT w.endpoint_id, w.scheduled_at
+       FROM outbox.jobs AS w
+       WHERE w.state IN ('available', 'retryable') AND w.endpoint_id IS NOT NULL AND w.replay_id IS NOT NULL
+       ORDER BY w.endpoint_id, w.scheduled_at, w.id
+       LIMIT 1)
+      UNION ALL
+      SELECT n.endpoint_id, n.scheduled_at
+      FROM replayed AS prev
+      CROSS JOIN LATERAL (
+        SELECT w.endpoint_id, w.scheduled_at
+        FROM outbox.jobs AS w
+        WHERE w.state IN ('available', 'retryable') AND w.endpoint_id IS NOT NULL AND w.replay_id IS NOT NULL
+          AND w.endpoint_id > prev.endpoint_id
+        ORDER BY w.endpoint_id, w.scheduled_at, w.id
+        LIMIT 1
+      ) AS n
+    ),
+    -- Each endpoint with due work: its oldest due live job and its
+    -- oldest due replayed one (NULL: none).
+    due AS (
+      SELECT d.endpoint_id,
+             min(d.scheduled_at) FILTER (WHERE d.live) AS live_at,
+             min(d.scheduled_at) FILTER (WHERE NOT d.live) AS replay_at
+      FROM (SELECT l.endpoint_id, l.scheduled_at, true AS live FROM live AS l WHERE l.scheduled_at <= now()
+            UNION ALL
+            SELECT r.endpoint_id, r.scheduled_at, false FROM replayed AS r WHERE r.scheduled_at <= now()) AS d
+      WHERE kinds IS NULL OR 'webhook' = ANY (kinds)
+      GROUP BY d.endpoint_id
+    )
+    SELECT open.id
+    FROM (
+    SELECT ep.id, w.live_at, w.replay_at
+    FROM due AS w
+    JOIN outbox.endpoints AS ep ON ep.id = w.endpoint_id
+    WHERE ep.disabled_at IS NOT NULL OR (
+            ep.paused_at IS NULL
+        AND (ep.held_until IS NULL OR ep.held_until <= now())
+        AND (ep.rate_limit_per_second IS NULL OR ep.rate_next_at IS NULL
+             OR ep.rate_next_at <= now() + interval '1 second')
+        AND (SELECT least(
+                      CASE WHEN ahead AND replica IS NOT NULL AND ep.breaker_opened_at IS NULL
+                              AND ep.rate_limit_per_second IS NULL AND ep.consecutive_failures = 0
+                              AND ep.id <> ALL (cooling)
+                              AND count(*) FILTER (WHERE r.held_by = replica AND r.id <> ALL (answered)
+                                                     AND r.attempted_at < now() - interval '250 milliseconds') = 0
+                         THEN 2 * (ep.max_in_flight - count(*) FILTER (WHERE r.held_by IS DISTINCT FROM replica))
+                              - count(*) FILTER (WHERE r.held_by = replica AND r.id <> ALL (answered))
+                         ELSE CASE WHEN ep.breaker_opened_at IS NULL THEN ep.max_in_flight ELSE 1 END
+                              - count(*) FILTER (WHERE r.id <> ALL (answered))
+                      END,
+                      worker_share - count(*) FILTER (WHERE r.held_by IS NOT DISTINCT FROM replica
+                                                        AND r.id <> ALL (answered)))
+             FROM outbox.jobs AS r
+             WHERE r.endpoint_id = ep.id AND r.state = 'running') > 0
+        AND (w.live_at IS NOT NULL
+             OR (SELECT count(*) FROM outbox.jobs AS r
+                 WHERE r.endpoint_id = ep.id AND r.state = 'running' AND r.replay_id IS NOT NULL
+                   AND r.id <> ALL (answered))
+                < outbox.replay_width(ep.id, ep.max_in_flight)))
+    ORDER BY w.live_at NULLS LAST, w.replay_at, ep.id
+    LIMIT batch
+    ) AS open
+    -- After the LIMIT, so that only the lanes served are locked.
+    WHERE pg_try_advisory_xact_lock(hashtext('outbox.claim_jobs'), (open.id % 2147483647)::integer)
+    ORDER BY open.live_at NULLS LAST, open.replay_at, open.id
+  );
+
+  RETURN QUERY
+  WITH lane AS (
+    SELECT ep.id, l.lane_order, ep.rate_limit_per_second AS rate,
+           greatest(now(), ep.rate_next_at) AS rate_base,
+           -- What the lane may lock: its room, and no more than twice
+           -- its fair share of the batch: enough for lanes with more work
+           -- to take what lanes with less leave, without locking a batch
+           -- per lane.
+           greatest(least(
+             CASE WHEN ep.disabled_at IS NOT NULL THEN batch
+                  ELSE least(
+                    rc.room,
+                    CASE WHEN ep.rate_limit_per_second IS NULL THEN batch
+                         ELSE 1 + floor(ep.rate_limit_per_second * extract(epoch FROM
+                                now() + interval '1 second' - greatest(now(), ep.rate_next_at)))::integer
+                    END)
+             END,
+             batch, 2 * batch / (cardinality(lanes) + 1) + 1), 0) AS room,
+           CASE WHEN ep.disabled_at IS NOT NULL THEN batch
+                ELSE outbox.replay_width(lf.live, ep.max_in_flight)
+                       - (SELECT count(*) FROM outbox.jobs AS r
+                          WHERE r.endpoint_id = ep.id AND r.state = 'running'
+                            AND r.replay_id IS NOT NULL AND r.id <> ALL (answered))::integer
+           END AS replay_room,
+           -- Narrowed whenever live deliveries flow, whatever the share:
+           -- with a share of 1 (a cap under 8) the width does not change,
+           -- but a replayed delivery's end still need not wake a claim of
+           -- its own.
+           lf.live AS narrowed,
+           rc.lane_limit
+    FROM unnest(lanes) WITH ORDINALITY AS l(id, lane_order)
+    JOIN outbox.endpoints AS ep ON ep.id = l.id
+    -- The width of replay_width, asked once: OFFSET 0 keeps the subquery
+    -- whole, where flattened each use of live would call the function.
+    CROSS JOIN LATERAL (SELECT outbox.live_flows(ep.id) AS live OFFSET 0) AS lf
+    -- The lane's room for new jobs and, claiming ahead, the limit of the
+    -- claiming replica's requests in flight (above): one read of the
+    -- endpoint's running jobs.
+    CROSS JOIN LATERAL (
+      SELECT least(CASE WHEN ahead AND replica IS NOT NULL AND ep.breaker_opened_at IS NULL
+                             AND ep.rate_limit_per_second IS NULL AND ep.consecutive_failures = 0
+                             AND ep.id <> ALL (cooling) AND n.slow = 0
+                        THEN 2 * (n.cap - n.others) - n.own
+                        ELSE n.cap - n.holders
+                   END,
+                   worker_share - n.own) AS room,
+             CASE WHEN ahead AND replica IS NOT NULL AND ep.disabled_at IS NULL
+                  THEN n.cap - n.others
+             END AS lane_limit
+      FROM (SELECT CASE WHEN ep.breaker_opened_at IS NULL THEN ep.max_in_flight ELSE 1 END AS cap,
+                   count(*) FILTER (WHERE r.id <> ALL (answered))::integer AS holders,
+                   count(*) FILTER (WHERE r.held_by IS DISTINCT FROM replica)::integer AS others,
+                   count(*) FILTER (WHERE r.held_by IS NOT DISTINCT FROM replica
+                                      AND r.id <> ALL (answered))::integer AS own,
+                   count(*) FILTER (WHERE r.held_by = replica AND r.id <> ALL (answered)
+                                      AND r.attempted_at < now() - interval '250 milliseconds')::integer AS slow
+            FROM outbox.jobs AS r
+            WHERE r.endpoint_id = ep.id AND r.state = 'running') AS n
+      OFFSET 0
+    ) AS rc
+  ),
+  -- Each lane's due jobs, locked, in due order: the live ones first, up
+  -- to its room; then the replayed ones, in the room the live ones left
+  -- and the replay lane's. Two steps, each materialized: the replayed
+  -- ones' limit reads how many live ones were locked, which must not read
+  -- them a second time.
+  live_jobs AS MATERIALIZED (
+    SELECT l.id, l.lane_order, l.room, l.replay_room, l.narrowed, l.lane_limit, ARRAY(
+      SELECT w.id
+      FROM outbox.jobs AS w
+      WHERE w.endpoint_id = l.id
+        AND w.state IN ('available', 'retryable')
+        AND w.replay_id IS NULL
+        AND w.scheduled_at <= now()
+      ORDER BY w.scheduled_at, w.id
+      LIMIT l.room
+      FOR UPDATE SKIP LOCKED
+    ) AS ids
+    FROM lane AS l
+  ),
+  lane_jobs AS MATERIALIZED (
+    SELECT lj.id, lj.lane_order, lj.room, lj.replay_room, lj.narrowed, lj.lane_limit, lj.ids AS live_ids, ARRAY(
+      SELECT w.id
+      FROM outbox.jobs AS w
+      WHERE w.endpoint_id = lj.id
+        AND w.state IN ('available', 'retryable')
+        AND w.replay_id IS NOT NULL
+        AND w.scheduled_at <= now()
+      ORDER BY w.scheduled_at, w.id
+      LIMIT greatest(least(lj.room - cardinality(lj.ids), lj.replay_room), 0)
+      FOR UPDATE SKIP LOCKED
+    ) AS replay_ids
+    FROM live_jobs AS lj
+  ),
+  candidate AS (
+    SELECT c.id, false AS replayed, c.lane_rank, lj.lane_order
+    FROM lane_jobs AS lj
+    CROSS JOIN LATERAL unnest(lj.live_ids) WITH ORDINALITY AS c(id, lane_rank)
+    UNION ALL
+    SELECT c.id, true, c.lane_rank, lj.lane_order
+    FROM lane_jobs AS lj
+    CROSS JOIN LATERAL unnest(lj.replay_ids) WITH ORDINALITY AS c(id, lane_rank)
+    UNION ALL
+    SELECT c.id, false, c.lane_rank, 0
+    FROM unnest(ARRAY(
+      SELECT w.id
+      FROM outbox.jobs AS w
+      WHERE w.endpoint_id IS NULL
+        AND w.state IN ('available', 'retryable')
+        AND w.scheduled_at <= now()
+        AND (kinds IS NULL OR w.kind = ANY (kinds))
+      ORDER BY w.scheduled_at, w.id
+      LIMIT least(batch, 2 * batch / (cardinality(lanes) + 1) + 1)
+      FOR UPDATE SKIP LOCKED
+    )) WITH ORDINALITY AS c(id, lane_rank)
+  ),
+  claimed AS (
+    UPDATE outbox.jobs AS j
+    SET state = 'running',
+        attempt = j.attempt + 1,
+        attempted_at = now(),
+        held_by = replica
+    WHERE j.id = ANY (ARRAY(
+      SELECT c.id FROM candidate AS c
+      ORDER BY c.replayed, c.lane_rank, c.lane_order
+      LIMIT batch
+    ))
+    RETURNING j.id, j.kind, j.attempt, j.max_attempts, j.endpoint_id, j.event_id,
+              j.replay_id, j.lane_key, j.attempted_at
+  ),
+  -- Whether the claim filled what it could take: each endpoint's room
+  -- and replay room, and the subscribers' share of the batch. A job
+  -- claimed into a full place is wake_on_outcome: its outcome frees a
+  -- place that due work may be waiting for, so the worker claims again
+  -- when it is recorded; any other outcome frees nothing a claim could
+  -- use at once, and the worker waits for new jobs or its poll.
+  --
+  -- Except a replayed delivery of a lane narrowed by live traffic
+  -- (live_flows): its place is taken again by the next claim the live
+  -- deliveries bring, or, if none comes soon, by one the worker makes
+  -- after a short wait (replay_yields; deliver.go, replayYield). A claim
+  -- of its own for each replayed delivery doubled the claims and outcome
+  -- batches a second beside a replay, and the CPU they cost was what
+  -- live deliveries waited for.
+  filled AS (
+    SELECT lj.id, lj.narrowed, lj.lane_limit,
+           cardinality(lj.live_ids) + cardinality(lj.replay_ids) >= lj.room AS room_full,
+           cardinality(lj.replay_ids) >= lj.replay_room AS replay_full
+    FROM lane_jobs AS lj
+  ),
+  subscribers_filled AS (
+    SELECT count(*) >= least(batch, 2 * batch / (cardinality(lanes) + 1) + 1) AS full
+    FROM candidate AS sc
+    WHERE sc.lane_order = 0
+  ),
+  -- Under a rate limit, the claimed jobs of a lane start 1/rate apart
+  -- from rate_base, and the lane's next request after them.
+  paced AS (
+    SELECT c.id,
+           l.rate_base + (row_number() OVER (PARTITION BY l.id ORDER BY c.id) - 1)
+                         * make_interval(secs => 1 / l.rate) AS start_at
+    FROM claimed AS c
+    JOIN lane AS l ON l.id = c.endpoint_id
+    WHERE l.rate IS NOT NULL
+  ),
+  paced_lanes AS (
+    UPDATE outbox.endpoints AS ep
+    SET rate_next_at = l.rate_base + n.claimed * make_interval(secs => 1 / l.rate)
+    FROM (SELECT c.endpoint_id, count(*) AS claimed FROM claimed AS c GROUP BY c.endpoint_id) AS n
+    JOIN lane AS l ON l.id = n.endpoint_id
+    WHERE ep.id = n.endpoint_id
+      AND l.rate IS NOT NULL
+  )
+  SELECT outbox.as_claimed_job(c.id, c.kind, c.attempt, c.max_attempts, c.endpoint_id, c.replay_id,
+           c.attempted_at, e, ep,
+           coalesce(greatest(0, ceil(extract(epoch FROM p.start_at - now()) * 1000)), 0)::integer,
+           -- An ordered lane's delivery always: its outcome lets the lane's
+           -- next one go (advance_lanes).
+           c.lane_key IS NOT NULL
+             OR CASE WHEN c.endpoint_id IS NULL THEN sf.full
+                     ELSE coalesce(fl.room_full OR (c.replay_id IS NOT NULL AND fl.replay_full AND NOT fl.narrowed), true)
+                END,
+           c.replay_id IS NOT NULL AND coalesce(fl.narrowed, false)),
+         fl.lane_limit
+  FROM claimed AS c
+  JOIN outbox.events AS e ON e.id = c.event_id
+  CROSS JOIN subscribers_filled AS sf
+  LEFT JOIN outbox.endpoints AS ep ON ep.id = c.endpoint_id
+  LEFT JOIN paced AS p ON p.id = c.id
+  LEFT JOIN filled AS fl ON fl.id = c.endpoint_id;
+END
+$$;
+
+DROP FUNCTION IF EXISTS outbox.claim_due_jobs(integer, bigint, bigint[], integer);
+
+CREATE OR REPLACE FUNCTION outbox.claim_due_jobs(batch integer, replica bigint DEFAULT NULL, answered bigint[] DEFAULT '{}',
+                                                 worker_share integer DEFAULT NULL, kinds text[] DEFAULT NULL)
+RETURNS SETOF outbox.claimed_job
+LANGUAGE sql VOLATILE
+ROWS 100
+AS $$
+  SELECT (l.job).* FROM outbox.claim_lane_jobs(batch, replica, answered, false, '{}', worker_share, kinds) AS l
+$$;
+
+DROP FUNCTION IF EXISTS outbox.fan_out_claiming(integer, jsonb, integer, double precision, text, integer, bigint, bigint[], integer);
+
+CREATE OR REPLACE FUNCTION outbox.fan_out_claiming(in_batch integer, in_subscribers jsonb, in_max_attempts integer,
+                                                   in_breaker_delay double precision, in_origin text,
+                                                   in_claim_batch integer, in_replica bigint, in_answered bigint[],
+                                                   in_worker_share integer DEFAULT NULL, in_kinds text[] DEFAULT NULL)
+RETURNS TABLE (out_fanned bigint, out_jobs bigint, out_claimed outbox.claimed_job[])
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+  SELECT f.out_fanned, f.out_jobs, f.out_claimed INTO out_fanned, out_jobs, out_claimed
+  FROM outbox.fan_out(in_batch, NULL, in_subscribers, in_max_attempts, in_breaker_delay, in_origin,
+                      CASE WHEN in_kinds IS NULL OR 'webhook' = ANY (in_kinds) THEN in_claim_batch ELSE 0 END,
+                      in_replica, in_answered, in_worker_share) AS f;
+  IF cardinality(out_claimed) = 0 AND out_jobs > 0 AND out_fanned < in_batch AND in_claim_batch > 0 THEN
+    out_claimed := ARRAY(SELECT c FROM outbox.claim_due_jobs(in_claim_batch, in_replica, in_answered,
+                                                             in_worker_share, in_kinds) AS c);
+  END IF;
+  RETURN NEXT;
+END
+$$;
+
+-- A replica names in its row the job kinds it runs, so that the overview
+-- can say when due jobs wait for a kind no live replica runs
+-- (jobs_no_runner). NULL in the rows of the release before.
+ALTER TABLE outbox.replicas
+  ADD COLUMN IF NOT EXISTS kinds text[];
