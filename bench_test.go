@@ -102,8 +102,12 @@ func BenchmarkClaimAndComplete(b *testing.B) {
 		b.Run(lanes.name, func(b *testing.B) {
 			db, _ := newTestDB(b)
 			// Its claims take deliveries and sub:noop's jobs, which the
-			// benchmark completes without running them.
-			wp := webhookWorkers(b, db, defaultConfig().Workers, time.Second, noopSubscriber("noop"))
+			// benchmark completes without running them. 200 workers, so
+			// that one endpoint's share of them (half: claimer.workerShare)
+			// holds the 100 a claim takes.
+			cfg := defaultConfig().Workers
+			cfg.Concurrency = 200
+			wp := webhookWorkers(b, db, cfg, time.Second, noopSubscriber("noop"))
 			ctx := context.Background()
 			mustExec(b, db, `INSERT INTO outbox.endpoints (url, secret, max_in_flight)
 				SELECT 'https://hooks.example.com/' || i, decode(repeat('ab', 32), 'hex'), 1000
