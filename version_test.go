@@ -19,7 +19,7 @@ var releaseMigrations = map[string]string{
 	"003_0.3.0.sql": "03b1aca60c7224a75fbe41b4f0cc53033890cb34fa974a1d32982e6e7342d0c7",
 	"004_0.4.0.sql": "1b9bb35af49ac7ecddcc2da5af0cf1b39a784bc840865142c207c68014457c61",
 	"005_0.5.0.sql": "1a73f270402cee233884a516dbbe1786c894239f716bded172be4fb43b465ec4",
-	"006_0.6.0.sql": "619a86d0a6cc6a9ac18622dad34ce6eef7b5d30fbe689851969ad647df430b81",
+	"006_0.6.0.sql": "ed357c348c7624cc1e0f6ce5f792c5f5a67e0e0d2138fc8c2c4713c68300d794",
 }
 
 // The release is the last migration's, and every migration is as its
