@@ -26,7 +26,7 @@ type laneKeys struct {
 // finishedLane is the lane of a job that left it, put back, rescued or
 // cancelled: a row of the statements putBack, the rescues and a replay's
 // cancel run (the completer's finished lanes stay in its statement,
-// jobOutcomesSQL). Both are NULL for a job of no ordered lane.
+// outbox.record_outcomes). Both are NULL for a job of no ordered lane.
 type finishedLane struct {
 	endpointID sql.NullInt64
 	key        sql.NullString

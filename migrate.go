@@ -191,9 +191,8 @@ func (m migration) run(ctx context.Context, db *sql.DB) (err error) {
 	}
 	if state.fresh {
 		m.logger.Info("installing the schema", "release", m.files[len(m.files)-1].release)
-		return m.retry(ctx, func() (string, error) {
-			return m.applyInTx(ctx, conn, "schema.sql", splitSQL(m.schema), recordSQL(m.files, true))
-		}, m.lockWait)
+		w := m.install()
+		return m.retry(ctx, func() (string, error) { return m.applyInTx(ctx, conn, w.file, w.inTx, w.record) }, m.lockWait)
 	}
 	steps, err := state.plan(m.files)
 	if err != nil {
@@ -213,31 +212,63 @@ func (m migration) run(ctx context.Context, db *sql.DB) (err error) {
 // released) has its online statements run at the next start; each skips
 // what the catalog says is done.
 func (m migration) applyStep(ctx context.Context, conn *sql.Conn, st migrationStep) error {
-	f := st.file
-	inTx, online, err := f.statements()
+	w, err := m.work(st)
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
-	applied := m.files[:f.version]
-	if !st.onlineOnly {
-		m.logger.Info("applying a migration", "migration", f.name)
-		err := m.retry(ctx, func() (string, error) {
-			return m.applyInTx(ctx, conn, "migrations/"+f.name, inTx, recordSQL(applied, len(online) == 0))
-		}, m.lockWait)
+	if w.inTx != nil {
+		m.logger.Info("applying a migration", "migration", st.file.name)
+		err := m.retry(ctx, func() (string, error) { return m.applyInTx(ctx, conn, w.file, w.inTx, w.record) }, m.lockWait)
 		if err != nil {
 			return err
 		}
 	}
-	if len(online) == 0 {
+	if len(w.online) == 0 {
 		return nil
 	}
-	if err := m.applyOnline(ctx, conn, online); err != nil {
+	if err := m.applyOnline(ctx, conn, w.online); err != nil {
 		return err
 	}
-	if _, err := conn.ExecContext(ctx, recordSQL(applied, true)); err != nil {
-		return fmt.Errorf("migrate: record migrations/%s finished: %w", f.name, err)
+	if _, err := conn.ExecContext(ctx, w.finish); err != nil {
+		return fmt.Errorf("migrate: record %s finished: %w", w.file, err)
 	}
 	return nil
+}
+
+// stepWork is what one step asks of a database, in order: its
+// transaction, the file's statements and then record; then its online
+// statements, one at a time, and then finish. run applies it, and
+// printSQL prints it.
+type stepWork struct {
+	file   string         // as errors, logs and the printed SQL name it
+	inTx   []sqlStatement // nil: its transaction committed before
+	record string
+	online []onlineStatement
+	finish string // "" without online statements
+}
+
+// work is st's work: its recording statements mark the file finished in
+// its transaction when it has no online statement, else after them.
+func (m migration) work(st migrationStep) (stepWork, error) {
+	inTx, online, err := st.file.statements()
+	if err != nil {
+		return stepWork{}, err
+	}
+	applied := m.files[:st.file.version]
+	w := stepWork{file: "migrations/" + st.file.name, online: online}
+	if !st.onlineOnly {
+		w.inTx, w.record = inTx, recordSQL(applied, len(online) == 0)
+	}
+	if len(online) > 0 {
+		w.finish = recordSQL(applied, true)
+	}
+	return w, nil
+}
+
+// install is the work of a fresh database: schema.sql, and every file
+// recorded finished.
+func (m migration) install() stepWork {
+	return stepWork{file: "schema.sql", inTx: splitSQL(m.schema), record: recordSQL(m.files, true)}
 }
 
 // lock takes schemaLockKey for conn's session, waiting for whichever
@@ -530,34 +561,34 @@ func (m migration) printSQL(w io.Writer, what string, fresh bool, steps []migrat
 	b.WriteString("-- Run each BEGIN ... COMMIT as one transaction, with a short lock_timeout and a retry\n" +
 		"-- if the database is in use; run the statements after a COMMIT one at a time, outside\n" +
 		"-- any transaction (CREATE INDEX CONCURRENTLY refuses to run in one).\n")
-	writeTx := func(file string, stmts []sqlStatement, record string) {
-		fmt.Fprintf(&b, "\n-- %s\nBEGIN;\n\n", file)
-		for _, s := range stmts {
-			b.WriteString(s.text + ";\n\n")
-		}
-		b.WriteString(record + ";\n\nCOMMIT;\n")
-	}
+	var work []stepWork
 	if fresh {
-		writeTx("schema.sql", splitSQL(m.schema), recordSQL(m.files, true))
+		work = append(work, m.install())
 	}
 	if !fresh && len(steps) == 0 {
 		fmt.Fprintf(&b, "\n-- Nothing: it is at release %s.\n", release)
 	}
 	for _, st := range steps {
-		inTx, online, err := st.file.statements()
+		w, err := m.work(st)
 		if err != nil {
 			return err
 		}
-		applied := m.files[:st.file.version]
-		if !st.onlineOnly {
-			writeTx("migrations/"+st.file.name, inTx, recordSQL(applied, len(online) == 0))
+		work = append(work, w)
+	}
+	for _, w := range work {
+		if w.inTx != nil {
+			fmt.Fprintf(&b, "\n-- %s\nBEGIN;\n\n", w.file)
+			for _, s := range w.inTx {
+				b.WriteString(s.text + ";\n\n")
+			}
+			b.WriteString(w.record + ";\n\nCOMMIT;\n")
 		}
-		if len(online) > 0 {
-			fmt.Fprintf(&b, "\n-- migrations/%s, outside any transaction\n", st.file.name)
-			for _, o := range online {
+		if len(w.online) > 0 {
+			fmt.Fprintf(&b, "\n-- %s, outside any transaction\n", w.file)
+			for _, o := range w.online {
 				b.WriteString(o.text + ";\n")
 			}
-			b.WriteString(recordSQL(applied, true) + ";\n")
+			b.WriteString(w.finish + ";\n")
 		}
 	}
 	_, err := io.WriteString(w, b.String())

@@ -298,7 +298,7 @@ func (s schemaState) plan(files []migrationFile) ([]migrationStep, error) {
 	return steps, nil
 }
 
-// describe names what steps lack, for errors and logs.
+// describeSteps names what steps lack, for errors and logs.
 func describeSteps(steps []migrationStep) string {
 	names := make([]string, len(steps))
 	for i, st := range steps {

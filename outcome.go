@@ -130,7 +130,7 @@ type jobResult struct {
 
 // keptOnJob says the attempt completed its job without a note (a mail not
 // sent for want of a server has one): its status code and duration go on
-// the job, with its outcome (jobOutcomesSQL), and it has no row in
+// the job, with its outcome (outbox.record_outcomes), and it has no row in
 // outbox.deliveries, provided the job took the outcome.
 func (r jobResult) keptOnJob() bool {
 	return r.record != nil && r.State == jobCompleted && r.record.Error == ""
@@ -176,7 +176,7 @@ const (
 )
 
 // attemptClassNames are the classes as outbox.record_outcomes counts them
-// (attemptsAndStatsSQL).
+// (its statistics, schema.sql).
 var attemptClassNames = [...]string{
 	classNone: "none", classSuccess: "success", classTimeout: "timeout", class4xx: "4xx",
 	class5xx: "5xx", classConnection: "connection", classOther: "other",
