@@ -163,11 +163,13 @@ func schemaCatalog(t testing.TB, db *sql.DB) map[string]string {
 // install, with no such replica, does not have: catalog keys (and the
 // functions of previousReleaseWrappers).
 var keptForThePreviousRelease = []string{
-	"relation schema_applied",
-	"column schema_applied.checksum",
-	"column schema_applied.applied_at",
-	"constraint schema_applied.schema_applied_pkey",
-	"index schema_applied_pkey",
+	"type claimed_lane_job",
+	"column claimed_lane_job.job",
+	"column claimed_lane_job.lane_limit",
+	"function outbox.born_running(bigint[],bigint[])",
+	"function outbox.lock_born_lanes(bigint[],integer)",
+	"function outbox.has_due_live_jobs(bigint)",
+	"function outbox.takes_deliveries_running(outbox.endpoints)",
 }
 
 // migratedFromTheFirstFile is an empty database brought to m's release by
@@ -175,6 +177,14 @@ var keptForThePreviousRelease = []string{
 // database that lacks it.
 func migratedFromTheFirstFile(t *testing.T, m migration) *sql.DB {
 	t.Helper()
+	return migratedThrough(t, m, len(m.files))
+}
+
+// migratedThrough is an empty database given m's first n migrations, in
+// order: a database of the release of the n-th.
+func migratedThrough(t *testing.T, m migration, n int) *sql.DB {
+	t.Helper()
+	m.files = m.files[:n]
 	db, _ := newEmptyTestDB(t)
 	ctx := context.Background()
 	conn, err := db.Conn(ctx)

@@ -185,7 +185,7 @@ func beginPipelineTx(ctx context.Context, db *sql.DB) (*sql.Tx, error) {
 // schemaTablesQuery), so that a migration, which waits for events first,
 // never waits for what the transaction holds while the transaction waits
 // for it. ACCESS SHARE conflicts with nothing but the migration's ACCESS
-// EXCLUSIVE. schema.sql's claim_lane_jobs and record_outcomes begin the
+// EXCLUSIVE. schema.sql's claim_due_jobs and record_outcomes begin the
 // same way.
 func lockEventsFirst(ctx context.Context, tx *sql.Tx) error {
 	if _, err := tx.ExecContext(ctx, `LOCK TABLE outbox.events IN ACCESS SHARE MODE`); err != nil {

@@ -161,7 +161,6 @@ func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 	poll := time.NewTicker(p.cfg.PollInterval)
 	defer poll.Stop()
 	p.jobCtx, p.running = jobCtx, &running
-	p.open(&running)
 
 	moreDue := true // a claim filled every free slot: more may be waiting
 	for ctx.Err() == nil {
@@ -191,7 +190,6 @@ func (p *workerPool) Run(ctx context.Context, wake <-chan struct{}) error {
 		case <-recorded:
 		}
 	}
-	p.close() // the relay reserves no more slots
 	p.stop(&running, cancelJobs)
 	<-completerDone
 	return ctx.Err()
@@ -390,22 +388,6 @@ func (p *workerPool) runJob(ctx context.Context, job Job) jobResult {
 		timer.Stop()
 	}
 	job.attempt = new(attemptRecord) // set by handlers that keep attempt records
-	if job.sendsRequest() {
-		// A claim ahead holds more of an endpoint's jobs than may be in
-		// flight: the rest wait here for a request to end (endpointGates).
-		leave, err := p.gates.enter(ctx, job.EndpointID)
-		if errors.Is(err, errReleased) {
-			return jobResult{ID: job.ID, Attempt: job.Attempt, jobOutcome: jobOutcome{State: jobReleased}, wakeOnOutcome: true}
-		}
-		if err != nil {
-			return p.outcome(job, fmt.Errorf("waiting for a place in endpoint %d's requests: %w", job.EndpointID, err), time.Now())
-		}
-		defer func() {
-			rec := job.attempt
-			p.gates.answered(job.EndpointID, rec.Change == endpointFailed || rec.Change == endpointGone, rec.Hold)
-			leave()
-		}()
-	}
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.AttemptTimeout)
 	defer cancel()
 	start := time.Now()

@@ -182,12 +182,12 @@ func TestJobClaimReadsOneBatchWhateverTheEstimates(t *testing.T) {
 		{"subscriber", "outbox.jobs_waiting_without_endpoint", `
 			INSERT INTO outbox.jobs (kind, event_id, max_attempts)
 			SELECT 'sub:plan', (SELECT max(id) FROM outbox.events), 18 FROM generate_series(1, $1)`},
-		{"endpoint", "outbox.jobs_waiting_live_by_endpoint", `
+		{"endpoint", "outbox.jobs_waiting_by_endpoint", `
 			INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts)
 			SELECT 'webhook', e.id, (SELECT max(id) FROM outbox.endpoints), 18
 			FROM generate_series(1, $1) AS g,
 			LATERAL (SELECT outbox.record('claim.plan', g::text, '{}')) AS e(id)`},
-		{"replay", "outbox.jobs_waiting_replay_by_endpoint", `
+		{"replay", "outbox.jobs_waiting_by_endpoint", `
 			INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, replay_id)
 			SELECT 'webhook', e.id, (SELECT max(id) FROM outbox.endpoints), 18, (SELECT max(id) FROM outbox.replays)
 			FROM generate_series(1, $1) AS g,
@@ -207,7 +207,7 @@ func TestJobClaimReadsOneBatchWhateverTheEstimates(t *testing.T) {
 			claimed := 0
 			scanned, indexEntries := statementReads(t, db, "outbox.jobs", lane.index, func(tx *sql.Tx) error {
 				// The kinds a replica running subscriber plan claims.
-				rows, err := tx.Query(claimJobsSQL, batch, nil, "{}", "{}", nil, "{owner-notify,sub:plan,webhook}")
+				rows, err := tx.Query(claimJobsSQL, batch, nil, "{}", nil, "{owner-notify,sub:plan,webhook}")
 				if err != nil {
 					return err
 				}
@@ -601,7 +601,7 @@ func TestWorkerShutdownFinishesAClaimInFlight(t *testing.T) {
 	go func() { done <- wp.Run(ctx, nil) }()
 	waitFor(t, "the claim waiting for the table lock", 10*time.Second, func() bool {
 		return queryInt(t, db, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%claim_lane_jobs%'`) == 1
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%claim_due_jobs%'`) == 1
 	})
 	cancel() // SIGTERM while the claim waits
 	if err := lock.Commit(); err != nil {

@@ -580,57 +580,33 @@ func TestWorkerShareNumbers(t *testing.T) {
 	}
 }
 
-// Every claim that starts deliveries keeps an endpoint to the claiming
-// replica's share of its workers, however high the endpoint's cap: the
-// workers' claim (ahead or not) and the relay's pass, whether it bears
-// deliveries running or claims due ones. The replica holds one of the
+// The claim keeps an endpoint to the claiming replica's share of its
+// workers, however high the endpoint's cap. The replica holds one of the
 // endpoint's deliveries already and another replica two, which count
 // against the cap but not against this replica's share: with a share of
-// 3, each claims 2.
-func TestEveryClaimKeepsAnEndpointToItsShareOfTheWorkers(t *testing.T) {
+// 3, it claims 2.
+func TestClaimKeepsAnEndpointToItsShareOfTheWorkers(t *testing.T) {
 	t.Parallel()
 	const share = 3
-	for name, route := range map[string]struct {
-		due, unfanned int
-		claim         func(t *testing.T, db *sql.DB, replica int64) []int64
-	}{
-		"the workers' claim, ahead": {due: 10, claim: func(t *testing.T, db *sql.DB, replica int64) []int64 {
-			return claimedIDs(t, db, `SELECT (c.job).id FROM outbox.claim_lane_jobs(50, $1, '{}', true, '{}', $2) AS c`, replica, share)
-		}},
-		"a claim without ahead": {due: 10, claim: func(t *testing.T, db *sql.DB, replica int64) []int64 {
-			return claimedIDs(t, db, `SELECT c.id FROM outbox.claim_due_jobs(50, $1, '{}', $2) AS c`, replica, share)
-		}},
-		"the relay's pass, bearing deliveries running": {unfanned: 10, claim: func(t *testing.T, db *sql.DB, replica int64) []int64 {
-			return jobIDs(bornPassSharing(t, db, 50, share, replica))
-		}},
-		"the relay's pass, claiming due deliveries": {due: 10, unfanned: 1, claim: func(t *testing.T, db *sql.DB, replica int64) []int64 {
-			return jobIDs(bornPassSharing(t, db, 50, share, replica))
-		}},
-	} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			db, _ := newTestDB(t)
-			replica := registeredReplica(t, db, 601).ID()
-			other := registeredReplica(t, db, 602).ID()
-			ep := insertEndpoint(t, db, "share", 1000, "")
-			mustExec(t, db, `
-				INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, state, attempt, attempted_at, held_by)
-				SELECT 'webhook', outbox.record('elsewhere', '', '{}'), $1, 18, 'running', 1, now(), h.held_by
-				FROM unnest(ARRAY[$2, $3, $3]::bigint[]) AS h(held_by)`, ep, replica, other)
-			mustExec(t, db, `
-				INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, scheduled_at)
-				SELECT 'webhook', outbox.record('elsewhere', '', '{}'), $1, 18, now() - interval '1 minute'
-				FROM generate_series(1, $2)`, ep, route.due)
-			mustExec(t, db, `UPDATE outbox.events SET fanned_out_at = now()`)
-			mustExec(t, db, `SELECT outbox.record('share', '', '{}') FROM generate_series(1, $1)`, route.unfanned)
+	db, _ := newTestDB(t)
+	replica := registeredReplica(t, db, 601).ID()
+	other := registeredReplica(t, db, 602).ID()
+	ep := insertEndpoint(t, db, "share", 1000, "")
+	mustExec(t, db, `
+		INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, state, attempt, attempted_at, held_by)
+		SELECT 'webhook', outbox.record('elsewhere', '', '{}'), $1, 18, 'running', 1, now(), h.held_by
+		FROM unnest(ARRAY[$2, $3, $3]::bigint[]) AS h(held_by)`, ep, replica, other)
+	mustExec(t, db, `
+		INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, scheduled_at)
+		SELECT 'webhook', outbox.record('elsewhere', '', '{}'), $1, 18, now() - interval '1 minute'
+		FROM generate_series(1, 10)`, ep)
 
-			if got := route.claim(t, db, replica); len(got) != share-1 {
-				t.Errorf("claimed %v, want %d jobs: the share of %d less the one the replica holds", got, share-1, share)
-			}
-			if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'running' AND held_by = $2`, ep, replica); n != share {
-				t.Errorf("the replica holds %d of the endpoint's deliveries, want its share, %d", n, share)
-			}
-		})
+	got := claimedIDs(t, db, `SELECT c.id FROM outbox.claim_due_jobs(50, $1, '{}', $2) AS c`, replica, share)
+	if len(got) != share-1 {
+		t.Errorf("claimed %v, want %d jobs: the share of %d less the one the replica holds", got, share-1, share)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'running' AND held_by = $2`, ep, replica); n != share {
+		t.Errorf("the replica holds %d of the endpoint's deliveries, want its share, %d", n, share)
 	}
 }
 

@@ -468,9 +468,8 @@ const maxDiscardedGroups = 100
 
 // maxDiscardedGrouped bounds the discarded jobs grouped: the newest
 // 10,000, read backwards through jobs_finished_by_state_finalized_at.
-// A week of a dead receiver's deliveries may be millions; grouping all
-// of 100,000 took 760 ms, the newest 10,000 48 ms (docs/panel.md). A
-// group's retry still sends every discarded job of its endpoint and
+// A week of a dead receiver's deliveries may be millions, and grouping
+// them all would take the page seconds (docs/panel.md). A group's retry still sends every discarded job of its endpoint and
 // error, however old.
 const maxDiscardedGrouped = 10_000
 

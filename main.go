@@ -1154,8 +1154,6 @@ func newPipeline(cfg Config, db *sql.DB, box *secretBox, demoRun *demo, logger *
 		webhookJobKind:     webhooks.deliver,
 		ownerNotifyJobKind: p.notifier.notify,
 	}, logger)
-	// The relay claims for the workers (relay.go, fan_out_claiming).
-	p.relay.workers = p.workers.claimer
 	// Beside the workers, which drain the replay lanes it fills: where
 	// there are no workers, nothing would come of its jobs.
 	p.feeder = newReplayFeeder(db, cfg.Workers.MaxAttempts, logger)

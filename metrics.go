@@ -227,7 +227,6 @@ func writeRelayCounters(p *promWriter, r *relay) {
 	p.counter("outboxd_relay_row_failures_total", "Failed relay attempts counted against single events.", r.rowFailures.Load())
 	p.counter("outboxd_relay_pass_timeouts_total", "Relay statements cancelled at -relay-pass-timeout.", r.passTimeouts.Load())
 	p.counter("outboxd_relay_filters_held_total", "Endpoints' filters held after they failed a relay pass alone (docs/filters.md).", r.filtersHeld.Load())
-	p.counter("outboxd_relay_jobs_claimed_total", "Jobs claimed by relay passes that keep up, for this process's workers (outbox.fan_out_claiming).", r.jobsClaimed.Load())
 }
 
 func writeWorkerCounters(p *promWriter, w *workerPool) {
@@ -236,7 +235,7 @@ func writeWorkerCounters(p *promWriter, w *workerPool) {
 	p.sample("outboxd_job_attempts_total", `outcome="retryable"`, float64(w.retried.Load()))
 	p.sample("outboxd_job_attempts_total", `outcome="discarded"`, float64(w.discarded.Load()))
 	p.histogramFamily("outboxd_job_claim_seconds", "Duration of one claim statement (outbox.claim_due_jobs).", w.claims)
-	p.counter("outboxd_jobs_claimed_total", "Jobs taken by the workers' own claims (outboxd_job_claim_seconds); the relay's are outboxd_relay_jobs_claimed_total.", w.claimedJobs.Load())
+	p.counter("outboxd_jobs_claimed_total", "Jobs taken by the workers' claims (outboxd_job_claim_seconds).", w.claimedJobs.Load())
 	p.histogramFamily("outboxd_job_outcome_batch_seconds", "Duration of writing one batch of job outcomes, retries included.", w.outcomeBatches)
 	p.counter("outboxd_job_outcomes_written_total", "Job outcomes in the batches written.", w.outcomeJobs.Load())
 }

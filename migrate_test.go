@@ -82,8 +82,8 @@ func TestMigrationLocksTablesInThePipelineOrder(t *testing.T) {
 	replica := registeredReplica(t, db, 502).ID()
 	insertEndpoint(t, db, "order.lane", 100, `ordering = 'subject'`)
 	mustExec(t, db, `SELECT outbox.record('order.lane', 'lane', '{}') FROM generate_series(1, 2)`)
-	bornPass(t, db, 0, replica)
-	running := queryInt(t, db, `SELECT count(*) FROM (`+claimJobsSQL+`) AS c`, 10, replica, "{}", "{}", defaultShare, nil)
+	mustExec(t, db, fanOutSQL, 200, nil, `[]`, 18, 300.0, "")
+	running := queryInt(t, db, `SELECT count(*) FROM (`+claimJobsSQL+`) AS c`, 10, replica, "{}", defaultShare, nil)
 	var job jobResult
 	if err := db.QueryRow(`SELECT id, attempt FROM outbox.jobs WHERE state = 'running'`).Scan(&job.ID, &job.Attempt); err != nil || running != 1 {
 		t.Fatalf("claimed %d deliveries of the ordered lane, want its first (%v)", running, err)
@@ -103,8 +103,8 @@ func TestMigrationLocksTablesInThePipelineOrder(t *testing.T) {
 		run  func(tx *sql.Tx) error
 	}{
 		{"a producer's record", execIn(`SELECT outbox.record('order', 's', '{}')`)},
-		{"a relay pass that claims", execIn(fanOutAndClaimSQL, 200, `[]`, 18, 300.0, "", 10, replica, "{}", defaultShare, nil)},
-		{"a worker's claim", execIn(claimJobsSQL, 10, replica, "{}", "{}", defaultShare, nil)},
+		{"a relay pass", execIn(fanOutSQL, 200, nil, `[]`, 18, 300.0, "")},
+		{"a worker's claim", execIn(claimJobsSQL, 10, replica, "{}", defaultShare, nil)},
 		{"a completer's outcomes", execIn(recordOutcomesSQL, completion...)},
 		{"a replay's batch", func(tx *sql.Tx) error { return feedReplayTx(ctx, tx, int64(replay), 18) }},
 		{"an erasure", execIn(eraseSubjectSQL, "s", errEventErased.Error())},
@@ -265,8 +265,8 @@ func TestMigrationsBuildNoQueueTableIndexInTheirTransaction(t *testing.T) {
 	}
 	// 0.1.0's 19 builds and 5 drops, 0.3.0's 3 builds, 0.6.0's 4
 	// validations and 1 build.
-	if online != 32 {
-		t.Errorf("%d online statements in the migrations, want 32", online)
+	if online != 35 {
+		t.Errorf("%d online statements in the migrations, want 35", online)
 	}
 }
 
@@ -669,9 +669,8 @@ func TestMigrationUnderWriteLoadStallsProducersBriefly(t *testing.T) {
 
 	// Two producers record events, one row a transaction each, as an
 	// application's INSERTs; two relay passes run back to back, as a busy
-	// relay's do, and fan them out into jobs, which they start running for
-	// a replica's workers until the endpoint's cap is full, then leave
-	// waiting; and two workers' claims run back to back.
+	// relay's do, and fan them out into jobs; and two workers' claims run
+	// back to back.
 	endpoint := insertEndpoint(t, db, "load", 1000, "")
 	replica := registeredReplica(t, db, 503).ID()
 	produce := func(i int) error {
@@ -680,9 +679,9 @@ func TestMigrationUnderWriteLoadStallsProducersBriefly(t *testing.T) {
 		case 0:
 			_, err = db.ExecContext(ctx, `SELECT outbox.record('load', 's', '{}')`)
 		case 1:
-			_, err = db.ExecContext(ctx, fanOutAndClaimSQL, 200, `[]`, 18, 300.0, "", 10, replica, "{}", defaultShare, nil)
+			_, err = db.ExecContext(ctx, fanOutSQL, 200, nil, `[]`, 18, 300.0, "")
 		case 2:
-			_, err = db.ExecContext(ctx, claimJobsSQL, 10, replica, "{}", "{}", defaultShare, nil)
+			_, err = db.ExecContext(ctx, claimJobsSQL, 10, replica, "{}", defaultShare, nil)
 		}
 		return err
 	}
@@ -995,7 +994,7 @@ func TestRollingUpgradeWithASchemaChangeLosesNothing(t *testing.T) {
 // The statements that find running jobs through the partial indexes of
 // running jobs (the claim's counts, the completer's outcomes) plan no
 // bitmap scan: a bitmap scan reads every entry of those indexes, dead
-// ones included, and never marks them dead (schema.sql, claim_lane_jobs
+// ones included, and never marks them dead (schema.sql, claim_due_jobs
 // and record_outcomes say what it cost).
 func TestRunningJobsAreNeverReadByBitmapScan(t *testing.T) {
 	t.Parallel()
@@ -1006,7 +1005,7 @@ func TestRunningJobsAreNeverReadByBitmapScan(t *testing.T) {
 		WHERE p.pronamespace = 'outbox'::regnamespace
 		  AND 'enable_bitmapscan=off' = ANY (p.proconfig)
 		ORDER BY 1`)
-	if diff := cmp.Diff([]string{"claim_lane_jobs", "record_outcomes"}, got); diff != "" {
+	if diff := cmp.Diff([]string{"claim_due_jobs", "record_outcomes"}, got); diff != "" {
 		t.Errorf("functions planned without bitmap scans (-want +got):\n%s", diff)
 	}
 }

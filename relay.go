@@ -26,8 +26,6 @@ import (
 	"log/slog"
 	"sync/atomic"
 	"time"
-
-	"github.com/lib/pq"
 )
 
 // RelayConfig holds the relay's numbers.
@@ -86,23 +84,14 @@ type relay struct {
 	eventsFanned atomic.Int64
 	jobsEnqueued atomic.Int64
 	rowFailures  atomic.Int64
-	jobsClaimed  atomic.Int64 // by passes, for this process's workers (fan_out_claiming)
 	passTimeouts atomic.Int64 // statements cancelled at PassTimeout
 	filtersHeld  atomic.Int64 // endpoints' filters held after they failed a pass
-	passTime     *histogram   // one pass's statement (with its claim for the workers, if any), seconds
+	passTime     *histogram   // one pass's statement, seconds
 	// notifyOrigin, when this process listens, names its relay's
 	// transactions in their NOTIFY to the workers, so that the listener
 	// does not wake them a second time for a pass the relay pokes them
 	// for itself (notify.go, wakeups.origin); "" otherwise.
 	notifyOrigin string
-	// workers, if set, claims for this process's workers: a pass that is
-	// not full hands them the deliveries it makes, inserted running, or
-	// claims due jobs for them (fan_out_claiming).
-	workers *claimer
-	// backlog says the last pass was full: the next one reserves no
-	// slots of the workers, which would sit idle through a pass that
-	// claims nothing for them.
-	backlog bool
 }
 
 // newRelay builds the relay that fans events out to targets (the
@@ -256,9 +245,7 @@ func (r *relay) drain(ctx context.Context, jobsWake chan struct{}) (claimed int,
 	for ctx.Err() == nil {
 		res, err := r.relayOnce(ctx)
 		claimed += res.Claimed
-		// The workers claim what the pass left: jobs it did not claim for
-		// them, or more due ones than the slots it claimed into.
-		if res.Jobs > 0 && (res.HandedOff < res.Jobs || res.HandOffFull) && jobsWake != nil {
+		if res.Jobs > 0 && jobsWake != nil {
 			poke(jobsWake)
 		}
 		if err != nil {
@@ -284,11 +271,6 @@ type passResult struct {
 	Jobs     int // jobs enqueued
 	Failed   int // events whose relay failed this pass
 	Poisoned int // events poisoned this pass
-	// HandedOff is the due jobs the pass claimed for this process's
-	// workers (fan_out_claiming), and HandOffFull whether they filled
-	// the slots reserved for them, so that more may be due.
-	HandedOff   int
-	HandOffFull bool
 }
 
 // relayOnce runs one pass: claim up to BatchSize events and fan them out
@@ -314,7 +296,6 @@ func (r *relay) relayOnce(ctx context.Context) (passResult, error) {
 			res, err = r.batchPass(ctx)
 		}
 	}
-	r.backlog = res.Claimed >= r.cfg.BatchSize
 	if err == nil || !(isRowFault(err) || errors.Is(err, errPassTimedOut)) {
 		r.count(res)
 		return res, err
@@ -352,14 +333,9 @@ func (r *relay) relayOnce(ctx context.Context) (passResult, error) {
 	return res, nil
 }
 
-// batchPass runs a batch's statement, handing jobs to this process's
-// workers when it has slots for them.
+// batchPass runs a batch's statement.
 func (r *relay) batchPass(ctx context.Context) (res passResult, err error) {
-	if reserved := r.reserveWorkers(); reserved > 0 {
-		res, err = r.fanOutAndClaim(ctx, reserved)
-	} else {
-		res.Fanned, res.Jobs, err = r.fanOut(ctx, 0)
-	}
+	res.Fanned, res.Jobs, err = r.fanOut(ctx, 0)
 	res.Claimed = res.Fanned
 	return res, err
 }
@@ -432,72 +408,6 @@ func (r *relay) timedOut(ctx, passCtx context.Context, err error) error {
 		return fmt.Errorf("%w: %w", errPassTimedOut, err)
 	}
 	return err
-}
-
-// reserveWorkers reserves free slots of this process's workers for the
-// pass to claim into: none without workers here, or while the relay works
-// through a backlog.
-func (r *relay) reserveWorkers() int {
-	if r.workers == nil || r.backlog {
-		return 0
-	}
-	return r.workers.reserve(claimBatchMax)
-}
-
-// fanOutAndClaimSQL is a batch pass that also hands jobs to this
-// process's workers: deliveries it inserts running, or due jobs it claims
-// (schema.sql, outbox.fan_out_claiming). $1 to $5 are fanOutSQL's
-// $1 and $3 to $6, then $6 the slots reserved, $7 the replica, $8 the
-// workers' answered deliveries, $9 their workerShare and $10 the kinds
-// they run (claim.go, claimJobsSQL). Its one row carries the claimed jobs
-// as an array, one row each here; a pass that claimed none is one row of
-// counts and NULLs.
-const fanOutAndClaimSQL = `
-SELECT pass.out_fanned, pass.out_jobs, ` + claimedColumns + `, NULL::integer AS lane_limit
-FROM outbox.fan_out_claiming($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) AS pass
-LEFT JOIN LATERAL unnest(pass.out_claimed) ON true`
-
-// fanOutAndClaim runs a pass (fanOutAndClaimSQL) that claims into reserved
-// slots of the workers, and hands them the jobs it claimed, or frees the
-// slots if it failed. Only a pass that commits hands jobs over: its rows
-// are read to the end, and any error, the commit's included, comes first.
-func (r *relay) fanOutAndClaim(ctx context.Context, reserved int) (res passResult, err error) {
-	var jobs []Job
-	defer func() { r.workers.handOff(jobs, reserved) }()
-	passCtx, cancel := r.passContext(ctx)
-	defer cancel()
-	replica, ok := r.workers.claimReplica()
-	if !ok { // no claims until this process is registered again
-		res.Fanned, res.Jobs, err = r.fanOut(ctx, 0)
-		return res, err
-	}
-	sent := time.Now()
-	scan := func(row rowScanner) (Job, error) {
-		var c claimedRow
-		var fanned, enqueued int
-		if err := row.Scan(append([]any{&fanned, &enqueued}, c.dest()...)...); err != nil {
-			return Job{}, err
-		}
-		res.Fanned, res.Jobs = fanned, enqueued
-		j, _ := c.job(sent)
-		return j, nil
-	}
-	rows, err := queryAll(passCtx, r.db, scan, fanOutAndClaimSQL, r.cfg.BatchSize, r.targets, r.jobMaxAttempts,
-		r.cfg.FailingEndpointDelay.Seconds(), r.notifyOrigin, reserved, replica, pq.Array(r.workers.answered.list()),
-		r.workers.workerShare(), pq.Array(r.workers.kinds))
-	if err != nil {
-		r.workers.claimFailed(replica, err)
-		return passResult{}, fmt.Errorf("relay: fan out and claim: %w", r.timedOut(ctx, passCtx, err))
-	}
-	for _, j := range rows {
-		if j.ID != 0 {
-			jobs = append(jobs, j)
-		}
-	}
-	res.HandedOff = len(jobs)
-	res.HandOffFull = len(jobs) == reserved
-	r.jobsClaimed.Add(int64(len(jobs)))
-	return res, nil
 }
 
 // unfanned lists the events a batch would claim now, for the row-by-row

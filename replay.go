@@ -578,8 +578,8 @@ const replayDefaultRate = 10.0
 // any): from its claim (the job's attempted_at) to the commit that
 // recorded its outcome (the delivery's finished_at, or the job's
 // finalized_at for the attempt that completed it). That is the time the
-// claim counts it as running, the request and everything around it: on a
-// loopback receiver the request was 0.1 ms of 2 to 3 ms. A job's
+// claim counts it as running, the request and everything around it, of
+// which a loopback receiver's request is a small part. A job's
 // attempted_at is its last attempt's, so only last attempts pair up.
 const endpointPaceSQL = `
 SELECT count(*), coalesce(avg(greatest(extract(epoch FROM a.finished_at - a.attempted_at) * 1000, 0)), 0)::float8
@@ -689,9 +689,7 @@ func replayBatch(ctx context.Context, db *sql.DB, id int64, r replayRange, after
 // estimates that find few events of the replay's topics (always so for a
 // match by function), read every event after the start instead, in a
 // bitmap scan, and sorted them: each batch of 500 read to the end of the
-// table, so a replay cost the square of its length, 73 ms a batch in a
-// table of 28,000 events after the start and 210 ms on average over a
-// 100,000-event replay beside live events. A count's batch, which only
+// table, so a replay cost the square of its length. A count's batch, which only
 // reads, was planned as a parallel walk under a Gather Merge instead,
 // where the LIMIT does not stop the workers either: one handed the part
 // of the index past the window read it to the end. Set in the batch's

@@ -83,10 +83,10 @@ const sweepBatchPause = 20 * time.Millisecond
 
 // sweepPause is the pause after a batch that took batchTook: at least as
 // long as the batch, so a long sweep keeps its server backend busy at most
-// half the time. With a fixed 20 ms pause after batches of 50 to 120 ms,
-// pruning 1,000,000 rows kept one of two cores nearly busy, and the relay's
-// p99 latency at half the keep-up rate went from 32 to 68 ms while it ran.
-// Retention is hourly; taking twice as long to prune is the cheaper side.
+// half the time: with a fixed pause after long batches, a big prune kept
+// one of two cores nearly busy, and the live deliveries' latency rose
+// while it ran. Retention is hourly; taking twice as long to prune is the
+// cheaper side.
 func sweepPause(batchTook time.Duration) time.Duration {
 	return max(sweepBatchPause, batchTook)
 }

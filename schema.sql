@@ -341,9 +341,9 @@ $$;
 -- in id order as the one plan, stopping after one batch. A matching index
 -- is not enough: a planner that underestimates the backlog (statistics
 -- from before a bulk import or an outage, or none yet) reads every
--- un-fanned row and sorts them, which at 900,000 waiting took 625 ms a pass
--- instead of 1.4 ms. PL/pgSQL, so that the plan is made once per session,
--- not on every call.
+-- un-fanned row and sorts them, on every pass, however long the backlog.
+-- PL/pgSQL, so that the plan is made once per session, not on every
+-- call.
 CREATE FUNCTION outbox.claim_unfanned(batch integer)
 RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE
@@ -405,7 +405,7 @@ $$;
 -- made by a function called from the UPDATE runs later than the UPDATE's
 -- snapshot and can lock a row that the UPDATE does not see.)
 CREATE FUNCTION outbox.mark_claimed_fanned_out(in_claimed bigint[])
-RETURNS TABLE (id bigint, topic text, subject text, payload jsonb, owner text)
+RETURNS SETOF outbox.events
 LANGUAGE plpgsql VOLATILE
 SET enable_seqscan = off
 AS $$
@@ -415,7 +415,7 @@ BEGIN
   SET fanned_out_at = now(),
       committed_at = outbox.commit_time(e, e.xmin)
   WHERE e.id = ANY (in_claimed)
-  RETURNING e.id, e.topic, e.subject, e.payload, e.owner;
+  RETURNING e.*;
 END
 $$;
 
@@ -506,6 +506,37 @@ CREATE TRIGGER events_notify_relay
   AFTER INSERT ON outbox.events
   FOR EACH STATEMENT EXECUTE FUNCTION outbox.notify_events();
 
+-- traceparent_repaired is the traceparent trace_context keeps, and the
+-- repair it names: a valid one of version 00 as it is; one of a later
+-- version read as 00 ('traceparent_downgraded'); any other NULL
+-- ('traceparent_dropped'; no repair for an empty one).
+CREATE FUNCTION outbox.traceparent_repaired(in_traceparent text, OUT traceparent text, OUT repair text)
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+BEGIN
+  traceparent := nullif(btrim(in_traceparent, E' \t'), '');
+  IF traceparent IS NULL THEN
+    RETURN;
+  END IF;
+  -- Fields at 1, 4, 37 and 54, of lower-case hex, the ids not all zeros.
+  IF NOT (length(traceparent) >= 55
+          AND substr(traceparent, 3, 1) = '-' AND substr(traceparent, 36, 1) = '-' AND substr(traceparent, 53, 1) = '-'
+          AND translate(left(traceparent, 2) || substr(traceparent, 4, 32) || substr(traceparent, 37, 16)
+                          || substr(traceparent, 54, 2), '0123456789abcdef', '') = ''
+          AND substr(traceparent, 4, 32) <> '00000000000000000000000000000000'
+          AND substr(traceparent, 37, 16) <> '0000000000000000'
+          AND left(traceparent, 2) <> 'ff'
+          AND (length(traceparent) = 55 OR (left(traceparent, 2) <> '00' AND substr(traceparent, 56, 1) = '-'))) THEN
+    traceparent := NULL;
+    repair := 'traceparent_dropped';
+  ELSIF left(traceparent, 2) <> '00' THEN
+    traceparent := '00-' || substr(traceparent, 4, 50) || '0'
+                   || CASE WHEN strpos('13579bdf', substr(traceparent, 55, 1)) > 0 THEN '1' ELSE '0' END;
+    repair := 'traceparent_downgraded';
+  END IF;
+END
+$$;
+
 -- trace_context is the W3C Trace Context a recording stores, from the
 -- traceparent and tracestate its transaction set: what is valid is kept,
 -- the rest dropped or cut, as the specification has a receiver do, and
@@ -548,28 +579,8 @@ DECLARE
   eq      integer;
   i       integer;
 BEGIN
-  repairs := '{}';
-  traceparent := nullif(btrim(in_traceparent, E' \t'), '');
-  IF traceparent IS NOT NULL THEN
-    -- Fields at 1, 4, 37 and 54, of lower-case hex, the ids not all zeros.
-    IF length(traceparent) >= 55
-       AND substr(traceparent, 3, 1) = '-' AND substr(traceparent, 36, 1) = '-' AND substr(traceparent, 53, 1) = '-'
-       AND translate(left(traceparent, 2) || substr(traceparent, 4, 32) || substr(traceparent, 37, 16) || substr(traceparent, 54, 2),
-                     '0123456789abcdef', '') = ''
-       AND substr(traceparent, 4, 32) <> '00000000000000000000000000000000'
-       AND substr(traceparent, 37, 16) <> '0000000000000000'
-       AND left(traceparent, 2) <> 'ff'
-       AND (length(traceparent) = 55 OR (left(traceparent, 2) <> '00' AND substr(traceparent, 56, 1) = '-')) THEN
-      IF left(traceparent, 2) <> '00' THEN
-        traceparent := '00-' || substr(traceparent, 4, 50) || '0'
-                       || CASE WHEN strpos('13579bdf', substr(traceparent, 55, 1)) > 0 THEN '1' ELSE '0' END;
-        repairs := repairs || 'traceparent_downgraded'::text;
-      END IF;
-    ELSE
-      traceparent := NULL;
-      repairs := repairs || 'traceparent_dropped'::text;
-    END IF;
-  END IF;
+  SELECT t.traceparent, array_remove(ARRAY[t.repair], NULL) INTO traceparent, repairs
+  FROM outbox.traceparent_repaired(in_traceparent) AS t;
 
   IF coalesce(btrim(in_tracestate, E' \t,'), '') = '' THEN
     RETURN; -- no member
@@ -982,9 +993,8 @@ CREATE TRIGGER owners_default_key
 -- variable prints as $"name", a member as ."name", and a keyword or a
 -- method can no longer hide in a string. PL/pgSQL, so that the probe
 -- runs only after the checks passed: a SQL function's CASE could be
--- folded with its constant arguments, the probe first. About 0.1 ms for
--- a filter of a few conditions, a few milliseconds for one of 4,096
--- bytes; endpoints_filter_allowed runs it on every write of a filtered
+-- folded with its constant arguments, the probe first.
+-- endpoints_filter_allowed runs it on every write of a filtered
 -- endpoint's row.
 CREATE FUNCTION outbox.filter_problem(f jsonpath)
 RETURNS text
@@ -1581,21 +1591,18 @@ CREATE TABLE outbox.jobs (
   fillfactor = 80
 );
 
--- Serve the workers' claim (outbox.claim_lane_jobs), one lane at a time:
--- an endpoint's live waiting jobs, soonest first; its replayed ones, the
--- same way; and the jobs of no endpoint (in-process subscribers, owner
--- notifications, deliveries of a deleted endpoint), soonest first.
--- Partial, so they hold only the jobs waiting to run, however many
--- finished ones the table keeps. One index a lane, not one of every
--- waiting job by due time, in which a hung endpoint's backlog would sit in
--- front of everyone else's jobs; and live and replayed apart, so that a
--- replay's backlog does not sit in front of the live deliveries behind it.
-CREATE INDEX jobs_waiting_live_by_endpoint
-  ON outbox.jobs (endpoint_id, scheduled_at, id)
-  WHERE state IN ('available', 'retryable') AND endpoint_id IS NOT NULL AND replay_id IS NULL;
-CREATE INDEX jobs_waiting_replay_by_endpoint
-  ON outbox.jobs (endpoint_id, scheduled_at, id)
-  WHERE state IN ('available', 'retryable') AND endpoint_id IS NOT NULL AND replay_id IS NOT NULL;
+-- Serve the workers' claim, one lane at a time: an endpoint's waiting
+-- deliveries, live ones apart from replayed ones, soonest first
+-- (waiting_lanes, lock_due_jobs), and the jobs of no endpoint (in-process
+-- subscribers, owner notifications, deliveries of a deleted endpoint),
+-- soonest first. Partial, so they hold only the jobs waiting to run,
+-- however many finished ones the table keeps. Led by the endpoint, not by
+-- the due time, so that a hung endpoint's backlog does not sit in front
+-- of everyone else's jobs; and live before replayed, so that a replay's
+-- backlog does not sit in front of the live deliveries behind it.
+CREATE INDEX jobs_waiting_by_endpoint
+  ON outbox.jobs (endpoint_id, (replay_id IS NOT NULL), scheduled_at, id)
+  WHERE state IN ('available', 'retryable') AND endpoint_id IS NOT NULL;
 CREATE INDEX jobs_waiting_without_endpoint
   ON outbox.jobs (scheduled_at, id)
   WHERE state IN ('available', 'retryable') AND endpoint_id IS NULL;
@@ -1795,7 +1802,7 @@ $$;
 -- claimed_job is a claimed job as the workers run it: the job, its event
 -- and, for a delivery, its endpoint; start_in_ms is its place in its
 -- endpoint's rate limit, wake_on_outcome and replay_yields what its end
--- must do for the next claim (claim_lane_jobs, below).
+-- must do for the next claim (lane_jobs, below).
 -- resend_window_seconds is, for a delivery that may have reached its
 -- receiver before (an earlier attempt, or a replay's), the dedup window
 -- the receiver advertised (NULL: none, or a first delivery), and
@@ -1803,15 +1810,15 @@ $$;
 -- window is not sent (resend.go, resendTooLate). committed_at is the
 -- event's commit time as the relay kept it (events.committed_at), or its
 -- created_at where none was kept: where the time to the first 2xx starts.
--- claim_due_jobs returns it, and fan_out_claiming an array of it; the
--- workers read it as one column list (claim.go, claimedColumns), by name.
+-- claim_due_jobs returns it; the workers read it as one column list
+-- (claim.go, claimedColumns), by name.
 --
 -- A claim's row type never changes shape: a session keeps the plans of
--- the calls whose result holds it (fan_out_claiming's), and a changed row
--- type fails them ("function return row and query-specified return row do
--- not match") until the session ends, which replicas of the release
--- before still running beside an upgrade would meet. What a claim adds
--- goes in a type of its own (claimed_lane_job, below).
+-- the calls whose result holds it, and a changed row type fails them
+-- ("function return row and query-specified return row do not match")
+-- until the session ends, which replicas of the release before still
+-- running beside an upgrade would meet. What a claim adds goes in a type
+-- of its own.
 CREATE TYPE outbox.claimed_job AS (
   id bigint, kind text, attempt integer, max_attempts integer,
   endpoint_id bigint,
@@ -1826,7 +1833,7 @@ CREATE TYPE outbox.claimed_job AS (
 -- subscriber's), of replay_id (NULL: live), claimed at attempted_at: its
 -- event e and endpoint ep (a NULL row for a subscriber's), and what the
 -- claim decided of its start and its end. Every claim builds its rows
--- here: the workers' (claim_lane_jobs) and the relay's (born_running).
+-- here (claim_due_jobs).
 CREATE FUNCTION outbox.as_claimed_job(id bigint, kind text, attempt integer, max_attempts integer,
                                       endpoint_id bigint, replay_id bigint, attempted_at timestamptz,
                                       e outbox.events, ep outbox.endpoints, start_in_ms integer,
@@ -1847,154 +1854,309 @@ AS $$
          attempted_at,
          coalesce(e.committed_at, e.created_at))::outbox.claimed_job
 $$;
--- claimed_lane_job is a job claim_lane_jobs claimed, with lane_limit: the
--- most requests the claiming replica may have in flight to the job's
--- endpoint, as a claim with ahead counts it (NULL from any other claim).
--- A type of its own, not an attribute added to claimed_job, whose shape
--- never changes (above).
-CREATE TYPE outbox.claimed_lane_job AS (job outbox.claimed_job, lane_limit integer);
+-- The workers' claim (claim.go) takes up to batch due jobs, marks them
+-- running with their next attempt number, and returns each with its event
+-- and, for a delivery, its endpoint as it is at the claim, so an attempt
+-- costs no second query. It is four parts, each below:
+--
+--   waiting_lanes  which lanes have jobs waiting: one probe per lane;
+--   lane_room      how many more deliveries a lane may start now;
+--   due_lanes      which lanes this claim serves, locked (statement 1);
+--   lane_jobs      each lane's due jobs within its room, locked
+--                  (statement 2, in a snapshot taken after the locks);
+--
+-- and claim_due_jobs, which marks what lane_jobs locked running.
+--
+-- A lane is an endpoint: its deliveries share its cap, rate limit,
+-- breaker and Retry-After hold, counted in the database over every
+-- replica. Inside it, replayed deliveries (replay_id set) wait behind the
+-- live ones. The jobs of no endpoint (in-process subscribers and
+-- outboxd's own) are one more lane, with no receiver to protect. Workers
+-- are shared between the lanes with due work, round robin: every lane
+-- gets its first job before any gets a second, and lanes whose oldest
+-- due job has waited longest come first.
 
--- claim_lane_jobs is the workers' claim (claim.go). It takes up to batch due
--- jobs, marks them running with their next attempt number, and returns
--- each with its event and, for a delivery, its endpoint as it is at the
--- claim, so an attempt costs no second query.
+-- waiting_lanes lists each endpoint's waiting jobs as two lanes, live and
+-- replayed, with the due time of the soonest (held deliveries of an
+-- ordered lane wait at 'infinity'). A loose scan of
+-- jobs_waiting_by_endpoint: one index probe per lane, however many jobs
+-- wait in it.
+CREATE FUNCTION outbox.waiting_lanes()
+RETURNS TABLE (endpoint_id bigint, replayed boolean, due_at timestamptz)
+LANGUAGE sql STABLE
+AS $$
+  WITH RECURSIVE lane AS (
+    (SELECT w.endpoint_id, w.replay_id IS NOT NULL AS replayed, w.scheduled_at
+     FROM outbox.jobs AS w
+     WHERE w.state IN ('available', 'retryable') AND w.endpoint_id IS NOT NULL
+     ORDER BY w.endpoint_id, (w.replay_id IS NOT NULL), w.scheduled_at, w.id
+     LIMIT 1)
+    UNION ALL
+    SELECT n.endpoint_id, n.replayed, n.scheduled_at
+    FROM lane AS prev
+    CROSS JOIN LATERAL (
+      SELECT w.endpoint_id, w.replay_id IS NOT NULL AS replayed, w.scheduled_at
+      FROM outbox.jobs AS w
+      WHERE w.state IN ('available', 'retryable') AND w.endpoint_id IS NOT NULL
+        AND (w.endpoint_id, (w.replay_id IS NOT NULL)) > (prev.endpoint_id, prev.replayed)
+      ORDER BY w.endpoint_id, (w.replay_id IS NOT NULL), w.scheduled_at, w.id
+      LIMIT 1
+    ) AS n
+  )
+  SELECT l.endpoint_id, l.replayed, l.scheduled_at FROM lane AS l
+$$;
+
+-- lane_room is how many more deliveries to endpoint ep a claim may start
+-- now (room), and how many of them may be replayed ones (replay_room):
 --
--- Every endpoint is a lane, and so are the jobs of no endpoint (in-process
--- subscribers and outboxd's own, which have no receiver to protect).
--- Workers are shared between the lanes that have due work, round robin:
--- every lane gets its first job before any gets a second, and lanes whose
--- oldest due job has waited longest come first. An endpoint's lane takes
--- at most its room:
+--   room        = its cap (max_in_flight; 1 while its breaker is open)
+--                 - its deliveries running now, on any replica,
+--                 and no more than worker_share - those the claiming
+--                 replica holds, and, under a rate limit, no more
+--                 requests than fit before now + 1 s at 1/rate apart;
+--                 0 while it is paused or held (a Retry-After);
+--   replay_room = replay_width(narrowed, max_in_flight)
+--                 - its replayed deliveries running now.
 --
---   room = its cap (max_in_flight; 1 while its breaker is open)
---          - its deliveries running now, on any replica
---   and no more than worker_share - those the claiming replica holds
---   (below), and, under a rate limit, no more requests than fit before
---   now + 1 s at 1/rate apart (start_in_ms says when each one may start).
+-- narrowed says that live deliveries flow to it (live_flows), which
+-- narrows its replay lane. Both rooms are NULL for a disabled endpoint,
+-- whose jobs end without a request: nothing bounds them.
 --
--- Inside an endpoint's lane, replayed deliveries (replay_id set) are a
--- lane of their own, behind the live ones: a lane takes its live due jobs
--- first, and replayed ones only with the room they leave, and never more
--- than replay_width(endpoint, max_in_flight) replayed ones running at
--- once: its share of the cap, or one while live deliveries flow. Behind
--- every endpoint's live ones too: endpoints with live work due are served
--- before those with replayed work alone, however long that has waited,
--- and of the jobs the lanes lock, the claim takes every live one before
--- any replayed one. A replay alone runs at its share, not at the
--- endpoint's cap: live deliveries arriving meanwhile find the rest of the
--- cap free, without waiting for replayed requests to end.
---
--- A paused or held endpoint has no room. A disabled one (whose jobs end
--- without a request) has no cap: nothing is sent. Replicas respect one cap
--- because the claims of an endpoint's jobs take turns: the first statement
--- takes a transaction-scoped advisory lock per lane it will serve, and
--- skips a lane another replica holds (pg_try_advisory_xact_lock: released
--- at commit, so safe on pooled connections; the key pair's class keeps it
--- apart from outboxd's other, single-key locks). The second statement
--- counts the running jobs in a snapshot taken after those locks were
--- granted, so it sees every job the previous holder claimed. (Locking the
--- endpoint row FOR NO KEY UPDATE instead would write a row lock to the
--- table on every claim, shared with the fan-out's FOR KEY SHARE locks of
--- the same row (lock_job_references) as a multixact.)
---
--- Cost: two index probes per endpoint with waiting jobs (a loose scan of
--- jobs_waiting_live_by_endpoint and one of jobs_waiting_replay_by_endpoint),
--- then at most room jobs per lane, however many are waiting.
--- enable_sort = off keeps every lane's read in index order, stopping after
--- its room; enable_seqscan = off fetches claimed rows and their events by
--- key. Without them a planner that underestimates the due jobs (a table not
--- analyzed since a bulk fan-out) reads every due job and sorts them on every
--- claim. The few sorts left (of lanes and of the jobs locked, not of the
--- jobs waiting) then look as costly as the settings make them, and jit = off
--- keeps that cost from compiling the statement, which would take longer than
--- the claim. enable_bitmapscan = off makes the counts of an endpoint's
--- running jobs plain index scans: a bitmap scan visits the heap for every
--- entry of jobs_running_by_endpoint, dead ones included, and never marks
--- them dead in the index, so between two vacuums each count read more heap
--- pages (407 entries and 82 pages for one running job, a few minutes into a
--- replay beside live traffic, auto_explain); a plain index scan marks the
--- entries whose rows are dead to every snapshot, and the next count skips
--- them. The plan is made once per session (force_generic_plan): the shape
--- these settings leave does not depend on the batch or the lanes, and
--- planning the second statement anew for every claim doubled its cost.
---
--- Claim, update and the reads of events and endpoints in the second
--- statement share its snapshot: a job it can see was fanned out by a
--- committed transaction, whose event it can see too.
---
--- replica is the claiming process's row in outbox.replicas (replicas.go):
--- every job claimed records it in held_by, so that when that replica stops
--- heartbeating its jobs are rescued at once rather than after the rescue
--- horizon (rescue.go). The claim first locks that row FOR KEY SHARE and
--- fails with SQLSTATE OXR01 if it is gone: the replica was declared dead,
--- its jobs rescued, and it must not claim under that id again. The lock
--- makes the declaration (which deletes the row) wait for a claim in
--- flight, so no claim commits behind the rescue of its replica's jobs.
--- NULL: the jobs are held by no one known, and only the horizon rescues
--- them (the default: tests and an operator's psql claim this way).
---
--- answered are deliveries of the claiming replica whose attempt has
--- succeeded and whose outcome its completer has not written yet
--- (claim.go, answeredJobs). They are still running in the table,
--- but hold no request to their endpoint any more, so its max_in_flight
--- does not count them: a delivery holds its place for its request, not
--- for the wait for a batch of outcomes to commit. (A failed attempt keeps
--- its place until its outcome, and what it does to the endpoint, is
--- written.) Another replica's claims count them until their outcome is
+-- worker_share is the most of the claiming replica's workers one
+-- endpoint's deliveries may hold (claim.go, workerShare, says why); NULL
+-- bounds nothing (a claim by hand). With replica NULL, every running job
+-- held by no replica counts as the claimer's. answered are deliveries of
+-- the claiming replica whose request has ended and whose outcome its
+-- completer has not written yet (claim.go, answeredJobs): they hold no
+-- place. Another replica's claims count them until their outcome is
 -- written, which delays, never overloads.
 --
--- ahead lets a replica hold a healthy endpoint's jobs ahead of its
--- requests: a registered replica (replica set) claiming for an endpoint
--- that is enabled, has no rate limit, whose breaker is closed and last
--- attempt did not fail (consecutive_failures 0), and none of whose jobs
--- it holds unanswered was claimed more than 250 ms ago (the receiver
--- answers quickly: claim.go, gateWait, releases what waits longer), and
--- that is not cooling (the replica released a job of it unsent within
--- the last second: a receiver slower than that wait is not claimed ahead
--- again and again, each time for nothing) takes room up to
+-- PL/pgSQL, so that its plan is kept for the session (live_flows says
+-- why). The count reads jobs_running_by_endpoint: at most max_in_flight
+-- entries.
+CREATE FUNCTION outbox.lane_room(ep outbox.endpoints, replica bigint, answered bigint[], worker_share integer,
+                                 OUT room integer, OUT replay_room integer, OUT narrowed boolean)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+  IF ep.disabled_at IS NOT NULL THEN
+    RETURN;
+  END IF;
+  narrowed := outbox.live_flows(ep.id);
+  SELECT least(CASE WHEN ep.breaker_opened_at IS NULL THEN ep.max_in_flight ELSE 1 END
+                 - count(*) FILTER (WHERE r.id <> ALL (answered)),
+               worker_share - count(*) FILTER (WHERE r.held_by IS NOT DISTINCT FROM replica
+                                                 AND r.id <> ALL (answered)),
+               CASE WHEN ep.rate_limit_per_second IS NOT NULL
+                    THEN 1 + floor(ep.rate_limit_per_second * extract(epoch FROM
+                           now() + interval '1 second' - greatest(now(), ep.rate_next_at)))
+               END,
+               CASE WHEN ep.paused_at IS NOT NULL OR ep.held_until > now() THEN 0 END),
+         outbox.replay_width(narrowed, ep.max_in_flight)
+           - count(*) FILTER (WHERE r.replay_id IS NOT NULL AND r.id <> ALL (answered))
+  INTO room, replay_room
+  FROM outbox.jobs AS r
+  WHERE r.endpoint_id = ep.id AND r.state = 'running';
+END
+$$;
+
+-- due_lanes picks the endpoints a claim of batch serves: those with due
+-- work and room, the ones with live work first (oldest due live job
+-- first), then those with replayed work alone (oldest first), at most
+-- batch. It locks each, and returns those it locked, in that order.
 --
---   2 * lane_limit - its own running jobs not answered, where
---   lane_limit = its cap - the running jobs of every other replica
+-- Replicas respect one cap because the claims of an endpoint take turns:
+-- a transaction-scoped advisory lock per endpoint served, and a lane
+-- another replica holds is skipped (pg_try_advisory_xact_lock: released
+-- at commit, so safe on pooled connections; the key pair's class keeps it
+-- apart from outboxd's other, single-key locks). The claim then counts
+-- the running jobs again in a statement of its own (lane_jobs), whose
+-- snapshot sees every job the previous holder claimed. (Locking the
+-- endpoint's row instead would write a row lock to the table on every
+-- claim, shared with the fan-out's key-share locks as a multixact.)
+CREATE FUNCTION outbox.due_lanes(batch integer, replica bigint, answered bigint[], worker_share integer)
+RETURNS bigint[]
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+  RETURN ARRAY(
+    SELECT open.id
+    FROM (
+      SELECT ep.id, w.live_at, w.replay_at
+      FROM (SELECT l.endpoint_id,
+                   min(l.due_at) FILTER (WHERE NOT l.replayed) AS live_at,
+                   min(l.due_at) FILTER (WHERE l.replayed) AS replay_at
+            FROM outbox.waiting_lanes() AS l
+            WHERE l.due_at <= now()
+            GROUP BY l.endpoint_id) AS w
+      JOIN outbox.endpoints AS ep ON ep.id = w.endpoint_id
+      CROSS JOIN LATERAL outbox.lane_room(ep, replica, answered, worker_share) AS r
+      WHERE ep.disabled_at IS NOT NULL
+         OR (r.room > 0 AND (w.live_at IS NOT NULL OR r.replay_room > 0))
+      ORDER BY w.live_at NULLS LAST, w.replay_at, ep.id
+      LIMIT batch
+    ) AS open
+    -- After the LIMIT, so that only the lanes served are locked.
+    WHERE pg_try_advisory_xact_lock(hashtext('outbox.claim_jobs'), (open.id % 2147483647)::integer)
+    ORDER BY open.live_at NULLS LAST, open.replay_at, open.id);
+END
+$$;
+
+-- lock_due_jobs locks up to n due jobs waiting in endpoint ep's live lane
+-- or, with replayed, its replay lane (NULL: the jobs of no endpoint, of
+-- the given kinds, NULL for every kind), soonest first, skipping those
+-- another claim holds. PL/pgSQL, so that its plan is kept for the
+-- session.
+CREATE FUNCTION outbox.lock_due_jobs(ep bigint, replayed boolean, n integer, kinds text[])
+RETURNS bigint[]
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+  IF ep IS NULL THEN
+    RETURN ARRAY(SELECT w.id FROM outbox.jobs AS w
+                 WHERE w.endpoint_id IS NULL AND w.state IN ('available', 'retryable')
+                   AND w.scheduled_at <= now() AND (kinds IS NULL OR w.kind = ANY (kinds))
+                 ORDER BY w.scheduled_at, w.id
+                 LIMIT greatest(n, 0)
+                 FOR UPDATE SKIP LOCKED);
+  END IF;
+  RETURN ARRAY(SELECT w.id FROM outbox.jobs AS w
+               WHERE w.endpoint_id = ep AND (w.replay_id IS NOT NULL) = replayed
+                 AND w.state IN ('available', 'retryable') AND w.scheduled_at <= now()
+               ORDER BY w.scheduled_at, w.id
+               LIMIT greatest(n, 0)
+               FOR UPDATE SKIP LOCKED);
+END
+$$;
+
+-- lane_jobs locks the due jobs a claim of batch takes from the lanes it
+-- locked (due_lanes, in their order): of each, its live ones up to its
+-- room (lane_room, counted again now), then its replayed ones in the room
+-- they leave and its replay room; and the jobs of no endpoint of the
+-- given kinds. No lane locks more than twice its fair share of the batch:
+-- enough for lanes with more work to take what lanes with less leave.
+-- Of what is locked, at most batch, round robin: every lane's first job,
+-- then every lane's second, and live before replayed.
 --
--- and returns lane_limit with each job: the most requests the replica may
--- have in flight to the endpoint. It starts the jobs beyond that as its
--- requests end (claim.go, endpointGates), so an endpoint's place is held
--- while a request is in flight, not from one claim's commit to the next.
--- The cap holds over replicas because every claim, with ahead or not,
--- counts another replica's running jobs whole, those waiting in it
--- included: a replica's requests stay within its cap less the others'
--- jobs at its latest claim, and theirs only shrink until they claim again,
--- counting its jobs. Any other lane, and every claim without ahead
--- (claim_due_jobs: the relay's), takes its room as above, every job it
--- claims free to start at once.
+-- wakes says the job's lane took all it could (its room, its replay room,
+-- or the subscribers' share), so that its outcome frees a place due work
+-- may be waiting for: the worker claims again when it is written (claim.go,
+-- Job.wakeOnOutcome). yields marks a replayed delivery of a lane narrowed
+-- by live traffic: its place is taken by the next claim the live
+-- deliveries bring, or by one the worker makes after a short wait
+-- (deliver.go, replayYield).
 --
--- worker_share is the most of the claiming replica's workers that one
--- endpoint's deliveries may hold (claim.go, workerShare, says why the
--- number): its lane takes no more than worker_share less the endpoint's
--- running jobs the replica holds and has not answered, those waiting at
--- its gate included, since each holds a worker. The cap alone lets an
--- endpoint with a high one take every free worker while nothing else is
--- due, and a slow receiver then holds them for as long as it takes to
--- answer, while other endpoints' next deliveries wait for a worker. With
--- replica NULL, every running job held by no replica counts as the
--- claimer's. NULL: no bound (a claim by hand, in psql).
+-- due_lanes, lane_jobs and the functions they call are PL/pgSQL, so that
+-- their plans are kept for the session, made under claim_due_jobs'
+-- planner settings, the one caller.
+CREATE FUNCTION outbox.lane_jobs(lanes bigint[], batch integer, replica bigint, answered bigint[],
+                                 worker_share integer, kinds text[])
+RETURNS TABLE (id bigint, wakes boolean, yields boolean)
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+  RETURN QUERY
+  WITH lane AS MATERIALIZED (
+    SELECT l.id, l.lane_order, coalesce(r.narrowed, false) AS narrowed,
+           greatest(least(coalesce(r.room, batch), batch, 2 * batch / (cardinality(lanes) + 1) + 1), 0) AS room,
+           coalesce(r.replay_room, batch) AS replay_room
+    FROM unnest(lanes) WITH ORDINALITY AS l(id, lane_order)
+    JOIN outbox.endpoints AS ep ON ep.id = l.id
+    CROSS JOIN LATERAL outbox.lane_room(ep, replica, answered, worker_share) AS r
+  ),
+  live AS MATERIALIZED (
+    SELECT l.*, outbox.lock_due_jobs(l.id, false, l.room, NULL) AS live_ids FROM lane AS l
+  ),
+  locked AS MATERIALIZED (
+    SELECT l.*, outbox.lock_due_jobs(l.id, true, least(l.room - cardinality(l.live_ids), l.replay_room), NULL)
+             AS replay_ids
+    FROM live AS l
+  ),
+  subscribers AS MATERIALIZED (
+    SELECT least(batch, 2 * batch / (cardinality(lanes) + 1) + 1) AS share,
+           outbox.lock_due_jobs(NULL, NULL, least(batch, 2 * batch / (cardinality(lanes) + 1) + 1), kinds) AS ids
+  ),
+  candidate AS (
+    SELECT c.id, false AS replayed, c.lane_rank, l.lane_order,
+           cardinality(l.live_ids) + cardinality(l.replay_ids) >= l.room AS wakes, false AS yields
+    FROM locked AS l, unnest(l.live_ids) WITH ORDINALITY AS c(id, lane_rank)
+    UNION ALL
+    SELECT c.id, true, c.lane_rank, l.lane_order,
+           cardinality(l.live_ids) + cardinality(l.replay_ids) >= l.room
+             OR (cardinality(l.replay_ids) >= l.replay_room AND NOT l.narrowed),
+           l.narrowed
+    FROM locked AS l, unnest(l.replay_ids) WITH ORDINALITY AS c(id, lane_rank)
+    UNION ALL
+    SELECT c.id, false, c.lane_rank, 0, cardinality(s.ids) >= s.share, false
+    FROM subscribers AS s, unnest(s.ids) WITH ORDINALITY AS c(id, lane_rank)
+  )
+  SELECT c.id, c.wakes, c.yields
+  FROM candidate AS c
+  ORDER BY c.replayed, c.lane_rank, c.lane_order
+  LIMIT batch;
+END
+$$;
+
+-- lock_replica locks replica's row in outbox.replicas FOR KEY SHARE for
+-- the caller's transaction, a claim's, and fails with SQLSTATE OXR01 if it
+-- is gone: the replica was declared dead, its jobs rescued, and it must
+-- not claim under that id again. The lock makes the declaration (which
+-- deletes the row) wait for a claim in flight, so that no claim commits
+-- behind the rescue of its replica's jobs. NULL: no replica, nothing to
+-- lock.
+CREATE FUNCTION outbox.lock_replica(replica bigint)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+  IF replica IS NOT NULL THEN
+    PERFORM 1 FROM outbox.replicas AS r WHERE r.id = replica FOR KEY SHARE;
+    IF NOT FOUND THEN
+      RAISE EXCEPTION 'replica % is not registered: it was declared dead', replica USING ERRCODE = 'OXR01';
+    END IF;
+  END IF;
+END
+$$;
+
+-- claim_due_jobs is the workers' claim: it marks running what lane_jobs
+-- locked, with the next attempt number, held by replica, and returns each
+-- job as claimed_job. Under a rate limit, a lane's claimed jobs start
+-- 1/rate apart from its rate_next_at (start_in_ms), and the lane's next
+-- request after them. An ordered lane's delivery always wakes a claim
+-- when it ends: its outcome lets the lane's next one go (advance_lanes).
 --
--- kinds are the job kinds the claiming replica runs (deliver.go: its
--- handlers' and its subscribers'), and it claims no job of another kind:
--- a claim without 'webhook' serves no endpoint's lane (every delivery is
--- of that kind), and of the jobs of no endpoint takes only those of its
--- kinds. The others wait, due, for a replica that runs them, and while
--- no live replica does (replicas.kinds) the overview says so
--- (jobs_no_runner); claimed, they would fail for want of a handler until
--- discarded. The read of the jobs of no endpoint passes over them
--- (jobs_waiting_without_endpoint holds no kind): few, since only a
--- replica that runs a subscriber fans its jobs out, and what waits is
--- what its last such replica left when it stopped. NULL: every kind (the
--- calls of the release before, and a claim by hand).
-CREATE FUNCTION outbox.claim_lane_jobs(batch integer, replica bigint, answered bigint[], ahead boolean,
-                                       cooling bigint[], worker_share integer DEFAULT NULL,
-                                       kinds text[] DEFAULT NULL)
-RETURNS SETOF outbox.claimed_lane_job
+-- replica is the claiming process's row in outbox.replicas (replicas.go):
+-- every job claimed records it in held_by, so that when that replica
+-- stops heartbeating its jobs are rescued at once rather than after the
+-- rescue horizon (rescue.go). NULL: the jobs are held by no one known,
+-- and only the horizon rescues them (tests and an operator's psql claim
+-- this way).
+--
+-- kinds are the job kinds the claiming replica runs (deliver.go): a claim
+-- without 'webhook' serves no endpoint, and of the jobs of no endpoint
+-- takes only those of its kinds. The others wait, due, for a replica that
+-- runs them, and while no live replica does the overview says so
+-- (jobs_no_runner). NULL: every kind.
+--
+-- Lost in a crash, a claim's jobs are claimed again: its commit need not
+-- wait for the disk (database.go, beginPipelineTx); synchronous_commit is
+-- set for the caller's transaction, since a SET clause would be undone
+-- before the commit. It locks outbox.events before the replica's row, in
+-- the order a migration locks the tables (migrate.go, schemaTablesQuery):
+-- a claim that locked the row and then queued for the events behind a
+-- migration would hold what the migration waits for next.
+--
+-- The planner settings keep every read in index order and by key,
+-- whatever the statistics say: a table not analyzed since a bulk fan-out
+-- would otherwise have a claim read and sort every due job. jit = off
+-- keeps the cost those settings give the few sorts left from compiling
+-- the statement. enable_bitmapscan = off makes the counts of running jobs
+-- plain index scans, which mark the entries of dead rows dead in the
+-- index, where a bitmap scan visits the heap for every one of them, on
+-- every claim, until a vacuum. The plan is made once per session.
+CREATE FUNCTION outbox.claim_due_jobs(batch integer, replica bigint DEFAULT NULL, answered bigint[] DEFAULT '{}',
+                                      worker_share integer DEFAULT NULL, kinds text[] DEFAULT NULL)
+RETURNS SETOF outbox.claimed_job
 LANGUAGE plpgsql VOLATILE
 ROWS 100
 SET enable_sort = off
@@ -2004,323 +2166,52 @@ SET jit = off
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-  -- The endpoints this claim serves, locked: those with live work
-  -- first, oldest due live job first; then those with replayed work
-  -- alone, oldest first.
-  lanes bigint[];
+  lanes bigint[] := '{}';
 BEGIN
-  -- The claim is the pipeline's bookkeeping: lost in a crash, its jobs
-  -- are claimed again. Its commit need not wait for the disk, like the
-  -- other pipeline transactions (database.go, beginPipelineTx). Set for
-  -- the caller's transaction, not for this call: a SET clause of the
-  -- function would be undone before the commit.
   PERFORM set_config('synchronous_commit', 'off', true);
-  -- NULL would leave every running job uncounted: no cap at all.
   answered := coalesce(answered, '{}');
-  ahead := coalesce(ahead, false);
-  cooling := coalesce(cooling, '{}');
-  -- Tables first in the order a migration locks them (migrate.go,
-  -- schemaTablesQuery), outbox.events before the replica's row: a claim
-  -- that locked the row and then queued for events behind a migration
-  -- would hold what the migration waits for next.
   LOCK TABLE outbox.events IN ACCESS SHARE MODE;
-  IF replica IS NOT NULL THEN
-    PERFORM 1 FROM outbox.replicas AS r WHERE r.id = replica FOR KEY SHARE;
-    IF NOT FOUND THEN
-      RAISE EXCEPTION 'replica % is not registered: it was declared dead', replica
-        USING ERRCODE = 'OXR01';
-    END IF;
+  PERFORM outbox.lock_replica(replica);
+  IF kinds IS NULL OR 'webhook' = ANY (kinds) THEN
+    lanes := outbox.due_lanes(batch, replica, answered, worker_share);
   END IF;
-  lanes := ARRAY(
-    WITH RECURSIVE live AS (
-      (SELECT w.endpoint_id, w.scheduled_at
-       FROM outbox.jobs AS w
-       WHERE w.state IN ('available', 'retryable') AND w.endpoint_id IS NOT NULL AND w.replay_id IS NULL
-       ORDER BY w.endpoint_id, w.scheduled_at, w.id
-       LIMIT 1)
-      UNION ALL
-      SELECT n.endpoint_id, n.scheduled_at
-      FROM live AS prev
-      CROSS JOIN LATERAL (
-        SELECT w.endpoint_id, w.scheduled_at
-        FROM outbox.jobs AS w
-        WHERE w.state IN ('available', 'retryable') AND w.endpoint_id IS NOT NULL AND w.replay_id IS NULL
-          AND w.endpoint_id > prev.endpoint_id
-        ORDER BY w.endpoint_id, w.scheduled_at, w.id
-        LIMIT 1
-      ) AS n
-    ),
-    replayed AS (
-      (SELECT w.endpoint_id, w.scheduled_at
-       FROM outbox.jobs AS w
-       WHERE w.state IN ('available', 'retryable') AND w.endpoint_id IS NOT NULL AND w.replay_id IS NOT NULL
-       ORDER BY w.endpoint_id, w.scheduled_at, w.id
-       LIMIT 1)
-      UNION ALL
-      SELECT n.endpoint_id, n.scheduled_at
-      FROM replayed AS prev
-      CROSS JOIN LATERAL (
-        SELECT w.endpoint_id, w.scheduled_at
-        FROM outbox.jobs AS w
-        WHERE w.state IN ('available', 'retryable') AND w.endpoint_id IS NOT NULL AND w.replay_id IS NOT NULL
-          AND w.endpoint_id > prev.endpoint_id
-        ORDER BY w.endpoint_id, w.scheduled_at, w.id
-        LIMIT 1
-      ) AS n
-    ),
-    -- Each endpoint with due work: its oldest due live job and its
-    -- oldest due replayed one (NULL: none).
-    due AS (
-      SELECT d.endpoint_id,
-             min(d.scheduled_at) FILTER (WHERE d.live) AS live_at,
-             min(d.scheduled_at) FILTER (WHERE NOT d.live) AS replay_at
-      FROM (SELECT l.endpoint_id, l.scheduled_at, true AS live FROM live AS l WHERE l.scheduled_at <= now()
-            UNION ALL
-            SELECT r.endpoint_id, r.scheduled_at, false FROM replayed AS r WHERE r.scheduled_at <= now()) AS d
-      WHERE kinds IS NULL OR 'webhook' = ANY (kinds)
-      GROUP BY d.endpoint_id
-    )
-    SELECT open.id
-    FROM (
-    SELECT ep.id, w.live_at, w.replay_at
-    FROM due AS w
-    JOIN outbox.endpoints AS ep ON ep.id = w.endpoint_id
-    WHERE ep.disabled_at IS NOT NULL OR (
-            ep.paused_at IS NULL
-        AND (ep.held_until IS NULL OR ep.held_until <= now())
-        AND (ep.rate_limit_per_second IS NULL OR ep.rate_next_at IS NULL
-             OR ep.rate_next_at <= now() + interval '1 second')
-        AND (SELECT least(
-                      CASE WHEN ahead AND replica IS NOT NULL AND ep.breaker_opened_at IS NULL
-                              AND ep.rate_limit_per_second IS NULL AND ep.consecutive_failures = 0
-                              AND ep.id <> ALL (cooling)
-                              AND count(*) FILTER (WHERE r.held_by = replica AND r.id <> ALL (answered)
-                                                     AND r.attempted_at < now() - interval '250 milliseconds') = 0
-                         THEN 2 * (ep.max_in_flight - count(*) FILTER (WHERE r.held_by IS DISTINCT FROM replica))
-                              - count(*) FILTER (WHERE r.held_by = replica AND r.id <> ALL (answered))
-                         ELSE CASE WHEN ep.breaker_opened_at IS NULL THEN ep.max_in_flight ELSE 1 END
-                              - count(*) FILTER (WHERE r.id <> ALL (answered))
-                      END,
-                      worker_share - count(*) FILTER (WHERE r.held_by IS NOT DISTINCT FROM replica
-                                                        AND r.id <> ALL (answered)))
-             FROM outbox.jobs AS r
-             WHERE r.endpoint_id = ep.id AND r.state = 'running') > 0
-        AND (w.live_at IS NOT NULL
-             OR (SELECT count(*) FROM outbox.jobs AS r
-                 WHERE r.endpoint_id = ep.id AND r.state = 'running' AND r.replay_id IS NOT NULL
-                   AND r.id <> ALL (answered))
-                < outbox.replay_width(ep.id, ep.max_in_flight)))
-    ORDER BY w.live_at NULLS LAST, w.replay_at, ep.id
-    LIMIT batch
-    ) AS open
-    -- After the LIMIT, so that only the lanes served are locked.
-    WHERE pg_try_advisory_xact_lock(hashtext('outbox.claim_jobs'), (open.id % 2147483647)::integer)
-    ORDER BY open.live_at NULLS LAST, open.replay_at, open.id
-  );
-
   RETURN QUERY
-  WITH lane AS (
-    SELECT ep.id, l.lane_order, ep.rate_limit_per_second AS rate,
-           greatest(now(), ep.rate_next_at) AS rate_base,
-           -- What the lane may lock: its room, and no more than twice
-           -- its fair share of the batch: enough for lanes with more work
-           -- to take what lanes with less leave, without locking a batch
-           -- per lane.
-           greatest(least(
-             CASE WHEN ep.disabled_at IS NOT NULL THEN batch
-                  ELSE least(
-                    rc.room,
-                    CASE WHEN ep.rate_limit_per_second IS NULL THEN batch
-                         ELSE 1 + floor(ep.rate_limit_per_second * extract(epoch FROM
-                                now() + interval '1 second' - greatest(now(), ep.rate_next_at)))::integer
-                    END)
-             END,
-             batch, 2 * batch / (cardinality(lanes) + 1) + 1), 0) AS room,
-           CASE WHEN ep.disabled_at IS NOT NULL THEN batch
-                ELSE outbox.replay_width(lf.live, ep.max_in_flight)
-                       - (SELECT count(*) FROM outbox.jobs AS r
-                          WHERE r.endpoint_id = ep.id AND r.state = 'running'
-                            AND r.replay_id IS NOT NULL AND r.id <> ALL (answered))::integer
-           END AS replay_room,
-           -- Narrowed whenever live deliveries flow, whatever the share:
-           -- with a share of 1 (a cap under 8) the width does not change,
-           -- but a replayed delivery's end still need not wake a claim of
-           -- its own.
-           lf.live AS narrowed,
-           rc.lane_limit
-    FROM unnest(lanes) WITH ORDINALITY AS l(id, lane_order)
-    JOIN outbox.endpoints AS ep ON ep.id = l.id
-    -- The width of replay_width, asked once: OFFSET 0 keeps the subquery
-    -- whole, where flattened each use of live would call the function.
-    CROSS JOIN LATERAL (SELECT outbox.live_flows(ep.id) AS live OFFSET 0) AS lf
-    -- The lane's room for new jobs and, claiming ahead, the limit of the
-    -- claiming replica's requests in flight (above): one read of the
-    -- endpoint's running jobs.
-    CROSS JOIN LATERAL (
-      SELECT least(CASE WHEN ahead AND replica IS NOT NULL AND ep.breaker_opened_at IS NULL
-                             AND ep.rate_limit_per_second IS NULL AND ep.consecutive_failures = 0
-                             AND ep.id <> ALL (cooling) AND n.slow = 0
-                        THEN 2 * (n.cap - n.others) - n.own
-                        ELSE n.cap - n.holders
-                   END,
-                   worker_share - n.own) AS room,
-             CASE WHEN ahead AND replica IS NOT NULL AND ep.disabled_at IS NULL
-                  THEN n.cap - n.others
-             END AS lane_limit
-      FROM (SELECT CASE WHEN ep.breaker_opened_at IS NULL THEN ep.max_in_flight ELSE 1 END AS cap,
-                   count(*) FILTER (WHERE r.id <> ALL (answered))::integer AS holders,
-                   count(*) FILTER (WHERE r.held_by IS DISTINCT FROM replica)::integer AS others,
-                   count(*) FILTER (WHERE r.held_by IS NOT DISTINCT FROM replica
-                                      AND r.id <> ALL (answered))::integer AS own,
-                   count(*) FILTER (WHERE r.held_by = replica AND r.id <> ALL (answered)
-                                      AND r.attempted_at < now() - interval '250 milliseconds')::integer AS slow
-            FROM outbox.jobs AS r
-            WHERE r.endpoint_id = ep.id AND r.state = 'running') AS n
-      OFFSET 0
-    ) AS rc
-  ),
-  -- Each lane's due jobs, locked, in due order: the live ones first, up
-  -- to its room; then the replayed ones, in the room the live ones left
-  -- and the replay lane's. Two steps, each materialized: the replayed
-  -- ones' limit reads how many live ones were locked, which must not read
-  -- them a second time.
-  live_jobs AS MATERIALIZED (
-    SELECT l.id, l.lane_order, l.room, l.replay_room, l.narrowed, l.lane_limit, ARRAY(
-      SELECT w.id
-      FROM outbox.jobs AS w
-      WHERE w.endpoint_id = l.id
-        AND w.state IN ('available', 'retryable')
-        AND w.replay_id IS NULL
-        AND w.scheduled_at <= now()
-      ORDER BY w.scheduled_at, w.id
-      LIMIT l.room
-      FOR UPDATE SKIP LOCKED
-    ) AS ids
-    FROM lane AS l
-  ),
-  lane_jobs AS MATERIALIZED (
-    SELECT lj.id, lj.lane_order, lj.room, lj.replay_room, lj.narrowed, lj.lane_limit, lj.ids AS live_ids, ARRAY(
-      SELECT w.id
-      FROM outbox.jobs AS w
-      WHERE w.endpoint_id = lj.id
-        AND w.state IN ('available', 'retryable')
-        AND w.replay_id IS NOT NULL
-        AND w.scheduled_at <= now()
-      ORDER BY w.scheduled_at, w.id
-      LIMIT greatest(least(lj.room - cardinality(lj.ids), lj.replay_room), 0)
-      FOR UPDATE SKIP LOCKED
-    ) AS replay_ids
-    FROM live_jobs AS lj
-  ),
-  candidate AS (
-    SELECT c.id, false AS replayed, c.lane_rank, lj.lane_order
-    FROM lane_jobs AS lj
-    CROSS JOIN LATERAL unnest(lj.live_ids) WITH ORDINALITY AS c(id, lane_rank)
-    UNION ALL
-    SELECT c.id, true, c.lane_rank, lj.lane_order
-    FROM lane_jobs AS lj
-    CROSS JOIN LATERAL unnest(lj.replay_ids) WITH ORDINALITY AS c(id, lane_rank)
-    UNION ALL
-    SELECT c.id, false, c.lane_rank, 0
-    FROM unnest(ARRAY(
-      SELECT w.id
-      FROM outbox.jobs AS w
-      WHERE w.endpoint_id IS NULL
-        AND w.state IN ('available', 'retryable')
-        AND w.scheduled_at <= now()
-        AND (kinds IS NULL OR w.kind = ANY (kinds))
-      ORDER BY w.scheduled_at, w.id
-      LIMIT least(batch, 2 * batch / (cardinality(lanes) + 1) + 1)
-      FOR UPDATE SKIP LOCKED
-    )) WITH ORDINALITY AS c(id, lane_rank)
+  WITH picked AS MATERIALIZED (
+    SELECT * FROM outbox.lane_jobs(lanes, batch, replica, answered, worker_share, kinds)
   ),
   claimed AS (
     UPDATE outbox.jobs AS j
-    SET state = 'running',
-        attempt = j.attempt + 1,
-        attempted_at = now(),
-        held_by = replica
-    WHERE j.id = ANY (ARRAY(
-      SELECT c.id FROM candidate AS c
-      ORDER BY c.replayed, c.lane_rank, c.lane_order
-      LIMIT batch
-    ))
-    RETURNING j.id, j.kind, j.attempt, j.max_attempts, j.endpoint_id, j.event_id,
-              j.replay_id, j.lane_key, j.attempted_at
+    SET state = 'running', attempt = j.attempt + 1, attempted_at = now(), held_by = replica
+    WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked AS p))
+    RETURNING j.id, j.kind, j.attempt, j.max_attempts, j.endpoint_id, j.event_id, j.replay_id,
+              j.attempted_at, j.lane_key
   ),
-  -- Whether the claim filled what it could take: each endpoint's room
-  -- and replay room, and the subscribers' share of the batch. A job
-  -- claimed into a full place is wake_on_outcome: its outcome frees a
-  -- place that due work may be waiting for, so the worker claims again
-  -- when it is recorded; any other outcome frees nothing a claim could
-  -- use at once, and the worker waits for new jobs or its poll.
-  --
-  -- Except a replayed delivery of a lane narrowed by live traffic
-  -- (live_flows): its place is taken again by the next claim the live
-  -- deliveries bring, or, if none comes soon, by one the worker makes
-  -- after a short wait (replay_yields; deliver.go, replayYield). A claim
-  -- of its own for each replayed delivery doubled the claims and outcome
-  -- batches a second beside a replay, and the CPU they cost was what
-  -- live deliveries waited for.
-  filled AS (
-    SELECT lj.id, lj.narrowed, lj.lane_limit,
-           cardinality(lj.live_ids) + cardinality(lj.replay_ids) >= lj.room AS room_full,
-           cardinality(lj.replay_ids) >= lj.replay_room AS replay_full
-    FROM lane_jobs AS lj
-  ),
-  subscribers_filled AS (
-    SELECT count(*) >= least(batch, 2 * batch / (cardinality(lanes) + 1) + 1) AS full
-    FROM candidate AS sc
-    WHERE sc.lane_order = 0
-  ),
-  -- Under a rate limit, the claimed jobs of a lane start 1/rate apart
-  -- from rate_base, and the lane's next request after them.
   paced AS (
-    SELECT c.id,
-           l.rate_base + (row_number() OVER (PARTITION BY l.id ORDER BY c.id) - 1)
-                         * make_interval(secs => 1 / l.rate) AS start_at
+    SELECT c.id, c.endpoint_id, ep.rate_limit_per_second AS rate,
+           greatest(now(), ep.rate_next_at) AS base,
+           row_number() OVER (PARTITION BY c.endpoint_id ORDER BY c.id) AS place
     FROM claimed AS c
-    JOIN lane AS l ON l.id = c.endpoint_id
-    WHERE l.rate IS NOT NULL
+    JOIN outbox.endpoints AS ep ON ep.id = c.endpoint_id
+    WHERE ep.rate_limit_per_second IS NOT NULL
   ),
   paced_lanes AS (
     UPDATE outbox.endpoints AS ep
-    SET rate_next_at = l.rate_base + n.claimed * make_interval(secs => 1 / l.rate)
-    FROM (SELECT c.endpoint_id, count(*) AS claimed FROM claimed AS c GROUP BY c.endpoint_id) AS n
-    JOIN lane AS l ON l.id = n.endpoint_id
-    WHERE ep.id = n.endpoint_id
-      AND l.rate IS NOT NULL
+    SET rate_next_at = p.base + p.place * make_interval(secs => 1 / p.rate)
+    FROM (SELECT DISTINCT ON (p.endpoint_id) p.* FROM paced AS p ORDER BY p.endpoint_id, p.place DESC) AS p
+    WHERE ep.id = p.endpoint_id
   )
-  SELECT outbox.as_claimed_job(c.id, c.kind, c.attempt, c.max_attempts, c.endpoint_id, c.replay_id,
-           c.attempted_at, e, ep,
-           coalesce(greatest(0, ceil(extract(epoch FROM p.start_at - now()) * 1000)), 0)::integer,
-           -- An ordered lane's delivery always: its outcome lets the lane's
-           -- next one go (advance_lanes).
-           c.lane_key IS NOT NULL
-             OR CASE WHEN c.endpoint_id IS NULL THEN sf.full
-                     ELSE coalesce(fl.room_full OR (c.replay_id IS NOT NULL AND fl.replay_full AND NOT fl.narrowed), true)
-                END,
-           c.replay_id IS NOT NULL AND coalesce(fl.narrowed, false)),
-         fl.lane_limit
+  SELECT j.*
   FROM claimed AS c
+  JOIN picked AS pk ON pk.id = c.id
   JOIN outbox.events AS e ON e.id = c.event_id
-  CROSS JOIN subscribers_filled AS sf
   LEFT JOIN outbox.endpoints AS ep ON ep.id = c.endpoint_id
   LEFT JOIN paced AS p ON p.id = c.id
-  LEFT JOIN filled AS fl ON fl.id = c.endpoint_id;
+  CROSS JOIN LATERAL outbox.as_claimed_job(c.id, c.kind, c.attempt, c.max_attempts, c.endpoint_id, c.replay_id,
+    c.attempted_at, e, ep,
+    coalesce(ceil(extract(epoch FROM p.base + (p.place - 1) * make_interval(secs => 1 / p.rate) - now()) * 1000),
+             0)::integer,
+    pk.wakes OR c.lane_key IS NOT NULL, pk.yields) AS j;
 END
-$$;
--- claim_due_jobs is claim_lane_jobs without ahead: every running job not
--- answered holds its endpoint's place, so that every job it claims may
--- start at once. The relay's claim (fan_out_claiming) calls it, and so
--- does a claim by hand.
-CREATE FUNCTION outbox.claim_due_jobs(batch integer, replica bigint DEFAULT NULL, answered bigint[] DEFAULT '{}',
-                                      worker_share integer DEFAULT NULL, kinds text[] DEFAULT NULL)
-RETURNS SETOF outbox.claimed_job
-LANGUAGE sql VOLATILE
-ROWS 100
-AS $$
-  SELECT (l.job).* FROM outbox.claim_lane_jobs(batch, replica, answered, false, '{}', worker_share, kinds) AS l
 $$;
 
 --------------------------------------------------------------------------------
@@ -2332,7 +2223,7 @@ $$;
 -- one is active (available, retryable or running, with a real due time);
 -- the others are held: 'available' with scheduled_at 'infinity', which no
 -- claim ever finds due and which sits at the end of the endpoint's lane in
--- jobs_waiting_live_by_endpoint (or jobs_waiting_replay_by_endpoint), so a
+-- jobs_waiting_by_endpoint, so a
 -- lane's backlog costs the claim nothing. When the active delivery
 -- finishes (completed or discarded), the held one of the lowest event id
 -- becomes due: advance_lanes. Fan-out, retries by hand and replays insert
@@ -2389,7 +2280,8 @@ $$;
 -- order, and skips it: FOR SHARE between its completions would have
 -- completers of two replicas wait for each other to update the endpoint
 -- (endpointHealthSQL).
--- Returns how many deliveries it made due.
+-- A lane's head is its held delivery of the lowest event id, made due
+-- when the lane has no active delivery. Returns how many it made due.
 CREATE FUNCTION outbox.advance_lanes(endpoint_ids bigint[], lane_keys text[], hold boolean)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
@@ -2397,42 +2289,8 @@ SET enable_seqscan = off
 AS $$
 DECLARE
   advanced integer;
-  exclusive bigint[] := '{}';
-  r record;
 BEGIN
-  FOR r IN
-    SELECT g.endpoint_id, count(DISTINCT g.lane_key) > 64 AS many
-    FROM unnest(endpoint_ids, lane_keys) AS g(endpoint_id, lane_key)
-    WHERE g.endpoint_id IS NOT NULL AND g.lane_key IS NOT NULL
-    GROUP BY g.endpoint_id
-    ORDER BY g.endpoint_id
-  LOOP
-    IF r.many THEN
-      PERFORM pg_advisory_xact_lock(hashtext('outbox.advance_lanes'), (r.endpoint_id % 2147483647)::integer);
-      exclusive := exclusive || r.endpoint_id;
-    ELSE
-      PERFORM pg_advisory_xact_lock_shared(hashtext('outbox.advance_lanes'), (r.endpoint_id % 2147483647)::integer);
-    END IF;
-  END LOOP;
-  -- One statement for a lane lock each, taken in its subquery's order.
-  PERFORM pg_advisory_xact_lock(hashtext('outbox.advance_lanes/lane'), k.key)
-  FROM (
-    SELECT DISTINCT hashtext(g.endpoint_id || '/' || g.lane_key) AS key
-    FROM unnest(endpoint_ids, lane_keys) AS g(endpoint_id, lane_key)
-    WHERE g.endpoint_id IS NOT NULL AND g.lane_key IS NOT NULL
-      AND g.endpoint_id <> ALL (exclusive)
-    ORDER BY 1
-  ) AS k;
-  IF hold THEN
-    PERFORM 1
-    FROM outbox.endpoints AS ep
-    WHERE ep.id = ANY (endpoint_ids)
-    ORDER BY ep.id
-    FOR SHARE;
-  END IF;
-
-  -- The head of a lane with no active delivery: its held one of the
-  -- lowest event id.
+  PERFORM outbox.lock_lanes(endpoint_ids, lane_keys, hold);
   WITH lane AS (
     SELECT DISTINCT g.endpoint_id, g.lane_key, ep.topics,
            o.key AS owner_key, o.allowed_topics, o.shared_topics
@@ -2447,8 +2305,7 @@ BEGIN
     CROSS JOIN LATERAL (
       SELECT j.id, j.event_id
       FROM outbox.jobs AS j
-      WHERE j.endpoint_id = l.endpoint_id
-        AND j.lane_key = l.lane_key
+      WHERE j.endpoint_id = l.endpoint_id AND j.lane_key = l.lane_key
         AND j.state IN ('available', 'retryable', 'running')
         AND j.scheduled_at = 'infinity'
       ORDER BY j.event_id
@@ -2457,8 +2314,7 @@ BEGIN
     WHERE NOT EXISTS (
       SELECT 1
       FROM outbox.jobs AS a
-      WHERE a.endpoint_id = l.endpoint_id
-        AND a.lane_key = l.lane_key
+      WHERE a.endpoint_id = l.endpoint_id AND a.lane_key = l.lane_key
         AND a.state IN ('available', 'retryable', 'running')
         AND a.scheduled_at < 'infinity'
     )
@@ -2497,304 +2353,202 @@ AS $$
   SELECT outbox.advance_lanes(endpoint_ids, lane_keys, true)
 $$;
 
---------------------------------------------------------------------------------
--- The fan-out: events into jobs, one relay transaction as one statement
---------------------------------------------------------------------------------
-
--- takes_deliveries_running says whether a delivery to endpoint ep may be
--- born running (fan_out): one that a claim would start at once, its
--- endpoint's cap the only bound. Not an endpoint that is off, waiting or
--- paced (disabled, paused, held, breaker open, rate-limited), nor one
--- that orders by subject, whose deliveries take their turns
--- (advance_lanes).
-CREATE FUNCTION outbox.takes_deliveries_running(ep outbox.endpoints)
-RETURNS boolean
-LANGUAGE sql STABLE
-AS $$
-  SELECT ep.disabled_at IS NULL AND ep.paused_at IS NULL
-     AND (ep.held_until IS NULL OR ep.held_until <= now())
-     AND ep.breaker_opened_at IS NULL AND ep.rate_limit_per_second IS NULL
-     AND ep.ordering <> 'subject'
-$$;
-
--- has_due_live_jobs says whether endpoint ep has a live delivery due and
--- waiting (jobs_waiting_live_by_endpoint): one a claim would start before
--- any delivery made after it. PL/pgSQL, so that its plan is made once per
--- session: a SQL function with a subquery is not inlined, and would be
--- planned again in every statement that calls it, 0.3 ms a relay pass.
-CREATE FUNCTION outbox.has_due_live_jobs(ep bigint)
-RETURNS boolean
-LANGUAGE plpgsql STABLE
-AS $$
-BEGIN
-  RETURN EXISTS (SELECT 1 FROM outbox.jobs AS w
-                 WHERE w.endpoint_id = ep AND w.state IN ('available', 'retryable')
-                   AND w.replay_id IS NULL AND w.scheduled_at <= now());
-END
-$$;
-
--- lock_born_lanes locks, for the caller's transaction, the lanes of up
--- to in_batch endpoints that the events in_claimed may reach and that
--- take deliveries running (takes_deliveries_running), as a claim locks
--- the lanes it serves (claim_lane_jobs), and returns them. A lane another
--- claim holds is skipped. enable_seqscan = off: the claimed events are
--- read by key, whatever the planner thinks of the batch's size.
-CREATE FUNCTION outbox.lock_born_lanes(in_claimed bigint[], in_batch integer)
-RETURNS bigint[]
+-- lock_lanes takes advance_lanes' locks of the given lanes for the
+-- caller's transaction, as advance_lanes says: each endpoint's, shared
+-- (exclusive past 64 of its lanes), then each lane's, and with hold the
+-- endpoints' rows FOR SHARE.
+CREATE FUNCTION outbox.lock_lanes(endpoint_ids bigint[], lane_keys text[], hold boolean)
+RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET enable_seqscan = off
 AS $$
 DECLARE
-  claimed_topics text[];
+  exclusive bigint[] := '{}';
+  r record;
 BEGIN
-  claimed_topics := ARRAY(SELECT DISTINCT e.topic FROM outbox.events AS e WHERE e.id = ANY (in_claimed));
-  RETURN ARRAY(
-    SELECT c.id
-    FROM (
-      SELECT ep.id
-      FROM outbox.endpoints AS ep
-      WHERE outbox.takes_deliveries_running(ep)
-        AND EXISTS (SELECT 1 FROM unnest(claimed_topics) AS t(topic) WHERE outbox.topic_matches(ep.topics, t.topic))
-        AND NOT outbox.has_due_live_jobs(ep.id)
-      ORDER BY ep.id
-      LIMIT in_batch
-    ) AS c
-    WHERE pg_try_advisory_xact_lock(hashtext('outbox.claim_jobs'), (c.id % 2147483647)::integer));
+  FOR r IN
+    SELECT g.endpoint_id, count(DISTINCT g.lane_key) > 64 AS many
+    FROM unnest(endpoint_ids, lane_keys) AS g(endpoint_id, lane_key)
+    WHERE g.endpoint_id IS NOT NULL AND g.lane_key IS NOT NULL
+    GROUP BY g.endpoint_id
+    ORDER BY g.endpoint_id
+  LOOP
+    IF r.many THEN
+      PERFORM pg_advisory_xact_lock(hashtext('outbox.advance_lanes'), (r.endpoint_id % 2147483647)::integer);
+      exclusive := exclusive || r.endpoint_id;
+    ELSE
+      PERFORM pg_advisory_xact_lock_shared(hashtext('outbox.advance_lanes'), (r.endpoint_id % 2147483647)::integer);
+    END IF;
+  END LOOP;
+  -- One statement for a lane lock each, taken in its subquery's order.
+  PERFORM pg_advisory_xact_lock(hashtext('outbox.advance_lanes/lane'), k.key)
+  FROM (
+    SELECT DISTINCT hashtext(g.endpoint_id || '/' || g.lane_key) AS key
+    FROM unnest(endpoint_ids, lane_keys) AS g(endpoint_id, lane_key)
+    WHERE g.endpoint_id IS NOT NULL AND g.lane_key IS NOT NULL
+      AND g.endpoint_id <> ALL (exclusive)
+    ORDER BY 1
+  ) AS k;
+  IF hold THEN
+    PERFORM 1
+    FROM outbox.endpoints AS ep
+    WHERE ep.id = ANY (endpoint_ids)
+    ORDER BY ep.id
+    FOR SHARE;
+  END IF;
 END
 $$;
 
--- born_running reads the deliveries in_ids that fan_out made running, as
--- the workers run them (claimed_job, as claim_lane_jobs returns it): a
--- first attempt of a live delivery, due at once. Those of in_full_lanes
--- filled their endpoint's room, and wake a claim when they end.
--- enable_seqscan = off: a handful of rows, each read by key.
-CREATE FUNCTION outbox.born_running(in_ids bigint[], in_full_lanes bigint[])
-RETURNS outbox.claimed_job[]
-LANGUAGE plpgsql STABLE
-SET enable_seqscan = off
-AS $$
-BEGIN
-  RETURN ARRAY(
-    SELECT outbox.as_claimed_job(j.id, j.kind, j.attempt, j.max_attempts, j.endpoint_id, j.replay_id,
-                                 j.attempted_at, e, ep, 0, j.endpoint_id = ANY (in_full_lanes), false)
-    FROM outbox.jobs AS j
-    JOIN outbox.events AS e ON e.id = j.event_id
-    JOIN outbox.endpoints AS ep ON ep.id = j.endpoint_id
-    WHERE j.id = ANY (in_ids)
-    ORDER BY j.id);
-END
-$$;
+--------------------------------------------------------------------------------
+-- The fan-out: events into jobs, one relay transaction as one statement
+--------------------------------------------------------------------------------
 
--- fan_out is the relay's transaction (relay.go): it claims and marks
--- events, then enqueues one job per (event, matching subscriber) and one
--- webhook job per (event, enabled endpoint whose topics match and whose
--- filter, if it has one, the payload passes), in one statement, one round
--- trip and one transaction. With in_event_id NULL it
--- claims a batch of up to in_batch events (claim_to_fan_out); with an id,
--- that one event, for the row-by-row retry after a batch failed (another
--- relay may have relayed it meanwhile, and then it claims nothing).
+-- fan_out is the relay's transaction (relay.go): it claims and marks a
+-- batch of events, then enqueues one job per (event, subscribing
+-- in-process subscriber) and one delivery per (event, subscribing
+-- endpoint), keeps the subject index, and advances the ordered lanes the
+-- batch reaches; one call, one round trip, one transaction. With
+-- in_event_id NULL it claims up to in_batch events (claim_to_fan_out);
+-- with an id, that one event, for the row-by-row retry after a batch
+-- failed (another relay may have relayed it meanwhile, and then it claims
+-- nothing).
 --
 -- in_subscribers are the subscribers as JSON ([{"kind", "topics",
 -- "per_subject"}]), in_max_attempts the jobs' max attempts, and
--- in_breaker_delay how far out (seconds) an endpoint's new jobs are
--- scheduled while its circuit breaker is open. in_origin names the process
--- whose relay runs it, for the workers' NOTIFY (notify_jobs; '' for none).
+-- in_breaker_delay how far out (seconds) an endpoint's new deliveries are
+-- scheduled while its circuit breaker is open. in_origin names the
+-- process whose relay runs it, for the workers' NOTIFY (notify_jobs; ''
+-- for none).
 --
--- Every part reads the claimed rows once, from what the UPDATE returned.
--- Topics are matched once per distinct topic of the batch, not once per
--- event: a batch holds a handful of topics, and topic_matches is not cheap.
--- An endpoint's filter is tested once per event its topics select
--- (routed), on the path parsed when it was stored (filter_path), with
--- silent => true: an error the payload causes (a wrong type, a missing
--- member in strict mode, a result that is not a boolean) answers unknown,
--- and unknown is no match, never a failed pass. filter_problem keeps out
--- the filters whose errors silent does not cover. A filter the relay held
--- after it failed a pass anyway (endpoints.filter_error_at) is not
--- evaluated: passes is NULL, no delivery, counted in filter_errors. The
--- held endpoints are read once per statement (ARRAY(...) is an InitPlan,
--- run when first needed: only when an event meets a filtered endpoint);
--- as IN (SELECT ...) the planner may re-run the subquery for every row.
--- An event reaches an endpoint only within the tenancy boundary
--- (owner_admits): its owner's endpoints for an event addressed to an
--- owner, endpoints of no owner (and owners sharing its topic) for one
--- addressed to nobody. An event kept out so is no delivery and no
--- filtered_out: for that endpoint it does not exist.
+-- The claim is a statement of its own, before the ones that read the
+-- endpoints: each statement of a PL/pgSQL function sees the rows
+-- committed when it began, so the endpoints are read as they were after
+-- the claim, and every endpoint committed before an event it claimed gets
+-- the event. The claimed rows are read once, by the UPDATE that marks
+-- them (mark_claimed_fanned_out), and handed to each part as an array.
+-- Then the ordered lanes advance (advance_lanes), so a delivery is never
+-- held behind nothing: those that got a delivery, and those whose event
+-- the filter kept out, behind which advance_lanes held a later event of
+-- the subject while this one waited to be fanned out.
 --
--- A coalescing subscriber gets one job per topic and subject of the batch,
--- for its highest event id (DISTINCT ON keeps the first row of each (kind,
--- topic, subject) in the ORDER BY, id descending). Webhooks are never
--- coalesced: each event is a fact. Inserts go in id order, so the job
--- table's indexes grow at their right edge.
---
--- Each endpoint's deliveries, and the events its filter kept from it, are
--- counted for its statistics (fanout_stats) in endpoint order: relays adding
--- to the same minute's rows lock them in one order. The row also keeps when
--- the last of them was fanned out, which narrows the endpoint's replay lane
--- while live deliveries flow (replay_width). The subject index (subjects) is
--- kept here too, in the transaction that marks the events fanned out: as a
--- job per subject it would cost an insert, a claim and a completion, each a
--- new row version in every index of the job table.
---
--- Deliveries born running: given in_claim_batch slots of the relay's own
--- workers (fan_out_claiming), the pass inserts as running, held by
--- in_replica at attempt 1, the deliveries a claim would start at once, and
--- returns them (out_claimed) for the workers to send. A claim right after
--- the pass would find them and mark them running, a second version of each
--- row, with an entry in every index of the job table, and a statement that
--- reads every lane with due work; born running, they are written once. Only
--- where that changes nothing a claim decides: an endpoint that takes
--- deliveries running (takes_deliveries_running), with no older live delivery
--- due (has_due_live_jobs: those go first, by the workers' claim), in the
--- room its cap leaves (in flight: its running deliveries, other replicas'
--- included, but in_answered) and, of in_replica's workers, in_worker_share
--- leaves (claim_lane_jobs' worker_share; NULL: no bound), counted under the
--- lane's claim lock (lock_born_lanes) in a statement after it, as a claim
--- counts; no more than in_claim_batch in all, each endpoint's by event id,
--- the endpoints taking turns. A lane another claim holds gets none. What a
--- claim would have told the worker of each comes with it (born_running): a
--- delivery that filled its endpoint's room wakes a claim when it ends. The
--- claim is lost with the pass when it rolls back, and a running delivery
--- whose replica dies is rescued like any claimed one (rescue.go).
---
--- Then the ordered lanes of the batch's events advance (advance_lanes), so a
--- delivery is never held behind nothing: those that got a delivery, and
--- those whose event the filter kept out, behind which advance_lanes held a
--- later event of the subject while this one waited to be fanned out. The
--- commit does not wait for the WAL to reach the disk: a crash before the
--- flush rolls the transaction back whole, and the events are claimed again
--- (database.go, beginPipelineTx, says why that loses nothing). The
--- parameters are named in_*, so that no name in the statement can be taken
--- for one of them; the plan is kept for the session (force_generic_plan),
--- the statement being the same every pass.
+-- The commit does not wait for the WAL to reach the disk: a crash before
+-- the flush rolls the transaction back whole, and the events are claimed
+-- again (database.go, beginPipelineTx, says why that loses nothing). The
+-- parameters are named in_*, so that no name in a statement can be taken
+-- for one of them; the plans are kept for the session
+-- (force_generic_plan), the statements being the same every pass.
 CREATE FUNCTION outbox.fan_out(in_batch integer, in_event_id bigint, in_subscribers jsonb,
-                               in_max_attempts integer, in_breaker_delay double precision, in_origin text,
-                               in_claim_batch integer DEFAULT 0, in_replica bigint DEFAULT NULL,
-                               in_answered bigint[] DEFAULT '{}', in_worker_share integer DEFAULT NULL)
-RETURNS TABLE (out_fanned bigint, out_jobs bigint, out_claimed outbox.claimed_job[])
+                               in_max_attempts integer, in_breaker_delay double precision, in_origin text)
+RETURNS TABLE (out_fanned bigint, out_jobs bigint)
 LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
   claimed bigint[];
-  lane_endpoints bigint[];
-  lane_keys text[];
-  born_lanes bigint[] := '{}';
-  born_ids bigint[];
-  full_lanes bigint[];
+  marked outbox.events[];
+  deliveries record;
 BEGIN
   PERFORM set_config('synchronous_commit', 'off', true);
   IF in_origin <> '' THEN
     PERFORM set_config('outbox.relay_origin', in_origin, true);
   END IF;
-  in_answered := coalesce(in_answered, '{}');
-  -- Claimed before the statement below begins, which then sees every
-  -- endpoint committed before a claimed event (claim_to_fan_out).
   claimed := outbox.claim_to_fan_out(in_batch, in_event_id);
-  -- The endpoints whose deliveries may be born running (born_room,
-  -- below), locked as a claim locks the lanes it serves, in a statement
-  -- before the one that counts their jobs in flight, which then sees what
-  -- the lock's previous holder claimed.
-  IF coalesce(in_claim_batch, 0) > 0 AND in_replica IS NOT NULL AND cardinality(claimed) > 0 THEN
-    PERFORM 1 FROM outbox.replicas AS r WHERE r.id = in_replica FOR KEY SHARE;
-    IF FOUND THEN
-      born_lanes := outbox.lock_born_lanes(claimed, in_claim_batch);
-    END IF;
+  marked := ARRAY(SELECT m FROM outbox.mark_claimed_fanned_out(claimed) AS m);
+  out_fanned := cardinality(marked);
+  out_jobs := outbox.enqueue_for_subscribers(marked, in_subscribers, in_max_attempts);
+  SELECT * INTO deliveries FROM outbox.enqueue_deliveries(marked, in_max_attempts, in_breaker_delay) AS d;
+  out_jobs := out_jobs + deliveries.out_jobs;
+  PERFORM outbox.index_subjects(marked);
+  IF cardinality(deliveries.out_lane_endpoints) > 0 THEN
+    PERFORM outbox.advance_lanes(deliveries.out_lane_endpoints, deliveries.out_lane_keys, true);
   END IF;
-  WITH marked AS (
-    SELECT m.id, m.topic, m.subject, m.payload, m.owner
-    FROM outbox.mark_claimed_fanned_out(claimed) AS m
+  RETURN NEXT;
+END
+$$;
+
+-- route says which endpoints get which of the events marked: every
+-- enabled endpoint whose topic patterns select the event, within the
+-- tenancy boundary (owner_admits: its owner's endpoints for an event
+-- addressed to an owner, endpoints of no owner, and owners sharing its
+-- topic, for one addressed to nobody; an event kept out so does not exist
+-- for that endpoint), and whether the event passes the endpoint's filter
+-- (passes: NULL for a filter the relay held after it failed a pass,
+-- endpoints.filter_error_at, which is not evaluated).
+--
+-- Topics are matched once per distinct topic of the batch, not once per
+-- event: a batch holds a handful of topics, and topic_matches is not
+-- cheap. A filter is tested on the path parsed when it was stored
+-- (filter_path), with silent => true: an error the payload causes (a
+-- wrong type, a missing member in strict mode, a result that is not a
+-- boolean) answers unknown, and unknown is no match, never a failed pass.
+-- filter_problem keeps out the filters whose errors silent does not cover.
+-- The held endpoints are read once (ARRAY(...) is an InitPlan, run only
+-- when an event meets a filtered endpoint; as IN (SELECT ...) the planner
+-- may re-run the subquery for every row).
+CREATE FUNCTION outbox.route(marked outbox.events[])
+RETURNS TABLE (event_id bigint, subject text, endpoint_id bigint, breaker_opened_at timestamptz,
+               ordering text, passes boolean)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+  RETURN QUERY
+  WITH topic AS (
+    SELECT DISTINCT m.topic FROM unnest(marked) AS m
   ),
-  topics AS (
-    SELECT DISTINCT m.topic FROM marked AS m
-  ),
-  subscriptions AS (
-    SELECT s.kind, s.per_subject, t.topic
-    FROM jsonb_to_recordset(in_subscribers) AS s(kind text, topics text[], per_subject boolean)
-    JOIN topics AS t ON outbox.topic_matches(s.topics, t.topic)
-  ),
-  endpoint_subscriptions AS (
-    SELECT ep.id AS endpoint_id, ep.breaker_opened_at, ep.ordering, ep.filter_path, t.topic,
+  subscribed AS (
+    SELECT ep.id, ep.breaker_opened_at, ep.ordering, ep.filter_path, t.topic,
            o.key AS owner_key, o.allowed_topics, o.shared_topics
     FROM outbox.endpoints AS ep
-    JOIN topics AS t ON outbox.topic_matches(ep.topics, t.topic)
+    JOIN topic AS t ON outbox.topic_matches(ep.topics, t.topic)
     LEFT JOIN outbox.owners AS o ON o.id = ep.owner_id
     WHERE ep.disabled_at IS NULL
+  )
+  SELECT m.id, m.subject, s.id, s.breaker_opened_at, s.ordering,
+         CASE WHEN s.filter_path IS NULL THEN true
+              WHEN s.id = ANY (ARRAY(SELECT h.id FROM outbox.endpoints AS h WHERE h.filter_error_at IS NOT NULL))
+              THEN NULL
+              ELSE coalesce(jsonb_path_match(m.payload, s.filter_path, silent => true), false) END
+  FROM unnest(marked) AS m
+  JOIN subscribed AS s ON s.topic = m.topic
+  WHERE outbox.owner_admits(m.owner, m.topic, s.owner_key, s.allowed_topics, s.shared_topics);
+END
+$$;
+
+-- enqueue_deliveries inserts a delivery of each event marked to each
+-- endpoint its route passes, in event order, so the job table's indexes
+-- grow at their right edge: due now, or in_breaker_delay out while the
+-- endpoint's breaker is open, or held in its subject's ordered lane
+-- (lane_key, scheduled at 'infinity' until advance_lanes makes it due).
+-- Webhooks are never coalesced: each event is a fact. It counts each
+-- endpoint's deliveries, and the events its filter kept from it, for its
+-- statistics (fanout_stats), in endpoint order: relays adding to the same
+-- minute's rows lock them in one order. The row also keeps when the last
+-- of them was fanned out, which narrows the endpoint's replay lane while
+-- live deliveries flow (replay_width). It returns how many deliveries it
+-- made, and the ordered lanes the events reach.
+CREATE FUNCTION outbox.enqueue_deliveries(marked outbox.events[], in_max_attempts integer,
+                                          in_breaker_delay double precision,
+                                          OUT out_jobs bigint, OUT out_lane_endpoints bigint[],
+                                          OUT out_lane_keys text[])
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+  WITH routed AS MATERIALIZED (
+    SELECT * FROM outbox.route(marked)
   ),
-  routed AS (
-    SELECT m.id, m.subject, es.endpoint_id, es.breaker_opened_at, es.ordering,
-           CASE WHEN es.filter_path IS NULL THEN true
-                WHEN es.endpoint_id = ANY (ARRAY(SELECT h.id FROM outbox.endpoints AS h WHERE h.filter_error_at IS NOT NULL))
-                THEN NULL
-                ELSE coalesce(jsonb_path_match(m.payload, es.filter_path, silent => true), false) END AS passes
-    FROM marked AS m
-    JOIN endpoint_subscriptions AS es ON es.topic = m.topic
-    WHERE outbox.owner_admits(m.owner, m.topic, es.owner_key, es.allowed_topics, es.shared_topics)
-  ),
-  enqueued AS (
-    INSERT INTO outbox.jobs (kind, event_id, max_attempts)
-    SELECT s.kind, m.id, in_max_attempts
-    FROM marked AS m
-    JOIN subscriptions AS s ON s.topic = m.topic AND NOT s.per_subject
-    ORDER BY m.id
-    RETURNING 1
-  ),
-  coalesced AS (
-    INSERT INTO outbox.jobs (kind, event_id, max_attempts)
-    SELECT latest.kind, latest.id, in_max_attempts
-    FROM (
-      SELECT DISTINCT ON (s.kind, m.topic, m.subject) s.kind, m.id
-      FROM marked AS m
-      JOIN subscriptions AS s ON s.topic = m.topic AND s.per_subject
-      ORDER BY s.kind, m.topic, m.subject, m.id DESC
-    ) AS latest
-    ORDER BY latest.id
-    RETURNING 1
-  ),
-  born_room AS (
-    SELECT ep.id AS endpoint_id,
-           (SELECT least(ep.max_in_flight - count(*),
-                         in_worker_share - count(*) FILTER (WHERE r.held_by = in_replica))
-            FROM outbox.jobs AS r
-            WHERE r.endpoint_id = ep.id AND r.state = 'running'
-              AND r.id <> ALL (in_answered))::integer AS room
-    FROM outbox.endpoints AS ep
-    WHERE ep.id = ANY (born_lanes)
-      AND outbox.takes_deliveries_running(ep)
-      AND NOT outbox.has_due_live_jobs(ep.id)
-  ),
-  born AS (
-    SELECT b.id, b.endpoint_id, b.room
-    FROM (SELECT r.id, r.endpoint_id, br.room,
-                 row_number() OVER (PARTITION BY r.endpoint_id ORDER BY r.id) AS lane_rank
-          FROM routed AS r
-          JOIN born_room AS br ON br.endpoint_id = r.endpoint_id
-          WHERE r.passes) AS b
-    WHERE b.lane_rank <= b.room
-    ORDER BY b.lane_rank, b.endpoint_id
-    LIMIT in_claim_batch
-  ),
-  webhooks AS (
-    INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, scheduled_at, lane_key,
-                             state, attempt, attempted_at, held_by)
-    SELECT 'webhook', r.id, r.endpoint_id, in_max_attempts,
+  inserted AS (
+    INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, scheduled_at, lane_key)
+    SELECT 'webhook', r.event_id, r.endpoint_id, in_max_attempts,
            CASE WHEN r.ordering = 'subject' THEN 'infinity'
                 WHEN r.breaker_opened_at IS NULL THEN now()
                 ELSE now() + make_interval(secs => in_breaker_delay) END,
-           CASE WHEN r.ordering = 'subject' THEN r.subject END,
-           CASE WHEN b.id IS NULL THEN 'available' ELSE 'running' END::outbox.job_state,
-           CASE WHEN b.id IS NULL THEN 0 ELSE 1 END,
-           CASE WHEN b.id IS NOT NULL THEN now() END,
-           CASE WHEN b.id IS NOT NULL THEN in_replica END
+           CASE WHEN r.ordering = 'subject' THEN r.subject END
     FROM routed AS r
-    LEFT JOIN born AS b ON b.id = r.id AND b.endpoint_id = r.endpoint_id
     WHERE r.passes
-    ORDER BY r.id, r.endpoint_id
-    RETURNING id, state
+    ORDER BY r.event_id, r.endpoint_id
+    RETURNING 1
   ),
-  lanes AS (
-    SELECT DISTINCT r.endpoint_id, r.subject AS lane_key FROM routed AS r WHERE r.ordering = 'subject'
-  ),
-  produced AS (
+  counted AS (
     INSERT INTO outbox.fanout_stats AS f (endpoint_id, minute, deliveries, filtered_out, filter_errors, last_fanned_at)
     SELECT r.endpoint_id, date_trunc('minute', now()),
            count(*) FILTER (WHERE r.passes), count(*) FILTER (WHERE NOT r.passes),
@@ -2809,71 +2563,72 @@ BEGIN
         filter_errors = f.filter_errors + EXCLUDED.filter_errors,
         last_fanned_at = coalesce(EXCLUDED.last_fanned_at, f.last_fanned_at)
   ),
-  indexed AS (
-    INSERT INTO outbox.subjects AS s (subject, topic, last_event_id, payload, updated_at)
-    SELECT DISTINCT ON (m.subject, m.topic) m.subject, m.topic, m.id, m.payload, now()
-    FROM marked AS m
-    WHERE m.subject <> ''
-    ORDER BY m.subject, m.topic, m.id DESC
-    ON CONFLICT (subject, topic) DO UPDATE
-    SET last_event_id = EXCLUDED.last_event_id,
-        payload = EXCLUDED.payload,
-        updated_at = EXCLUDED.updated_at
-    WHERE s.last_event_id < EXCLUDED.last_event_id
+  lane AS (
+    SELECT DISTINCT r.endpoint_id, r.subject FROM routed AS r WHERE r.ordering = 'subject'
   )
-  SELECT (SELECT count(*) FROM marked),
-         (SELECT count(*) FROM enqueued) + (SELECT count(*) FROM coalesced) + (SELECT count(*) FROM webhooks),
-         (SELECT coalesce(array_agg(l.endpoint_id ORDER BY l.endpoint_id, l.lane_key), '{}') FROM lanes AS l),
-         (SELECT coalesce(array_agg(l.lane_key ORDER BY l.endpoint_id, l.lane_key), '{}') FROM lanes AS l),
-         ARRAY(SELECT w.id FROM webhooks AS w WHERE w.state = 'running' ORDER BY w.id),
-         ARRAY(SELECT b.endpoint_id FROM born AS b GROUP BY b.endpoint_id, b.room HAVING count(*) >= b.room)
-  INTO out_fanned, out_jobs, lane_endpoints, lane_keys, born_ids, full_lanes;
-  IF cardinality(lane_endpoints) > 0 THEN
-    PERFORM outbox.advance_lanes(lane_endpoints, lane_keys, true);
-  END IF;
-  out_claimed := '{}';
-  IF cardinality(born_ids) > 0 THEN
-    out_claimed := outbox.born_running(born_ids, full_lanes);
-  END IF;
-  RETURN NEXT;
+  SELECT (SELECT count(*) FROM inserted),
+         (SELECT coalesce(array_agg(l.endpoint_id ORDER BY l.endpoint_id, l.subject), '{}') FROM lane AS l),
+         (SELECT coalesce(array_agg(l.subject ORDER BY l.endpoint_id, l.subject), '{}') FROM lane AS l)
+  INTO out_jobs, out_lane_endpoints, out_lane_keys;
 END
 $$;
 
--- fan_out_claiming is a batch pass of fan_out that hands up to
--- in_claim_batch jobs to the relay's own workers (in_replica's, with
--- in_answered and in_worker_share as the workers' claim takes them): the
--- deliveries fan_out made running as it inserted them or, when it made
--- none so and the pass enqueued jobs and was not full, a claim of due jobs
--- (claim_due_jobs) in the same transaction, after the fan-out, whose jobs
--- it sees: a subscriber's, an ordered lane's made due, a rate-limited
--- endpoint's. A pass that is not full is the relay keeping up, one to a
--- few events a pass: its deliveries start as they are made, where
--- otherwise the workers, woken after its commit, would claim them in a
--- statement and a commit of their own, a few milliseconds on every event's
--- way to its receiver. A full pass is a backlog, which the workers claim
--- at their own pace. A pass that made deliveries running claims nothing
--- more: the jobs it left are the workers' to claim, and the relay wakes
--- them for those (relay.go, drain). in_kinds are the kinds the workers
--- run (claim_lane_jobs' kinds; NULL: every kind): the claim takes no
--- other, and no delivery is born running for workers that do not run
--- 'webhook'.
-CREATE FUNCTION outbox.fan_out_claiming(in_batch integer, in_subscribers jsonb, in_max_attempts integer,
-                                        in_breaker_delay double precision, in_origin text,
-                                        in_claim_batch integer, in_replica bigint, in_answered bigint[],
-                                        in_worker_share integer DEFAULT NULL, in_kinds text[] DEFAULT NULL)
-RETURNS TABLE (out_fanned bigint, out_jobs bigint, out_claimed outbox.claimed_job[])
+-- enqueue_for_subscribers inserts the in-process subscribers' jobs of the
+-- events marked: one per event and subscriber whose topics select it, and
+-- for a coalescing subscriber (per_subject) one per topic and subject of
+-- the batch, for its latest event. It returns how many.
+CREATE FUNCTION outbox.enqueue_for_subscribers(marked outbox.events[], in_subscribers jsonb, in_max_attempts integer)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+  enqueued bigint;
+BEGIN
+  WITH subscription AS (
+    SELECT s.kind, s.per_subject, t.topic
+    FROM jsonb_to_recordset(in_subscribers) AS s(kind text, topics text[], per_subject boolean)
+    JOIN (SELECT DISTINCT m.topic FROM unnest(marked) AS m) AS t ON outbox.topic_matches(s.topics, t.topic)
+  ),
+  job AS (
+    SELECT s.kind, m.id
+    FROM unnest(marked) AS m
+    JOIN subscription AS s ON s.topic = m.topic AND NOT s.per_subject
+    UNION ALL
+    (SELECT DISTINCT ON (s.kind, m.topic, m.subject) s.kind, m.id
+     FROM unnest(marked) AS m
+     JOIN subscription AS s ON s.topic = m.topic AND s.per_subject
+     ORDER BY s.kind, m.topic, m.subject, m.id DESC)
+  ),
+  inserted AS (
+    INSERT INTO outbox.jobs (kind, event_id, max_attempts)
+    SELECT j.kind, j.id, in_max_attempts FROM job AS j ORDER BY j.id
+    RETURNING 1
+  )
+  SELECT count(*) INTO enqueued FROM inserted;
+  RETURN enqueued;
+END
+$$;
+
+-- index_subjects keeps the subject index (outbox.subjects) of the events
+-- marked: the latest event of each subject and topic, in the transaction
+-- that marks them fanned out. As a job per subject it would cost an
+-- insert, a claim and a completion, each a new row version in every index
+-- of the job table.
+CREATE FUNCTION outbox.index_subjects(marked outbox.events[])
+RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
-  SELECT f.out_fanned, f.out_jobs, f.out_claimed INTO out_fanned, out_jobs, out_claimed
-  FROM outbox.fan_out(in_batch, NULL, in_subscribers, in_max_attempts, in_breaker_delay, in_origin,
-                      CASE WHEN in_kinds IS NULL OR 'webhook' = ANY (in_kinds) THEN in_claim_batch ELSE 0 END,
-                      in_replica, in_answered, in_worker_share) AS f;
-  IF cardinality(out_claimed) = 0 AND out_jobs > 0 AND out_fanned < in_batch AND in_claim_batch > 0 THEN
-    out_claimed := ARRAY(SELECT c FROM outbox.claim_due_jobs(in_claim_batch, in_replica, in_answered,
-                                                             in_worker_share, in_kinds) AS c);
-  END IF;
-  RETURN NEXT;
+  INSERT INTO outbox.subjects AS s (subject, topic, last_event_id, payload, updated_at)
+  SELECT DISTINCT ON (m.subject, m.topic) m.subject, m.topic, m.id, m.payload, now()
+  FROM unnest(marked) AS m
+  WHERE m.subject <> ''
+  ORDER BY m.subject, m.topic, m.id DESC
+  ON CONFLICT (subject, topic) DO UPDATE
+  SET last_event_id = EXCLUDED.last_event_id,
+      payload = EXCLUDED.payload,
+      updated_at = EXCLUDED.updated_at
+  WHERE s.last_event_id < EXCLUDED.last_event_id;
 END
 $$;
 
@@ -3068,10 +2823,10 @@ CREATE INDEX fanout_stats_by_minute
 --
 --  1. the jobs' outcomes, each fenced on (id, attempt, running): an
 --     outcome of an attempt that is no longer its job's current one
---     changes nothing. State 'released' is a job claimed ahead that never
---     sent its request (claim.go, endpointGates): it goes back to the
---     queue as it was before the claim, its attempt not counted, due
---     where it was;
+--     changes nothing. State 'released' comes from the release before
+--     alone, for a job it claimed ahead of its endpoint's requests and
+--     never sent: it goes back to the queue as it was before the claim,
+--     its attempt not counted, due where it was;
 --  2. advance_lanes for the ordered lanes whose delivery finished, in the
 --     same transaction: never a moment with a lane held and nothing
 --     running;
@@ -3099,16 +2854,14 @@ CREATE INDEX fanout_stats_by_minute
 -- lock them in one order. The commit does not wait for the WAL to reach
 -- the disk (database.go, beginPipelineTx, says why that loses nothing).
 --
--- enable_bitmapscan = off, for the reason claim_lane_jobs gives: the
+-- enable_bitmapscan = off, for the reason claim_due_jobs gives: the
 -- outcomes' jobs are found through jobs_running_by_attempted_at (the
 -- generic plan expects few running jobs and hashes them all), and a bitmap
 -- scan of it visits every entry, dead ones included, without ever marking
--- them dead: 1,685 entries read for a batch of 32 outcomes a few seconds
--- into a drain (auto_explain). A plain index scan marks the entries of
--- rows dead to every snapshot, and the next batch skips them. Measured
--- alternately against the bitmap scan (docs/performance.md, the
--- completer's plan): an outcome batch of the keep-up run 8.8 ms for 36
--- jobs against 16.6 ms for 55.
+-- them dead, so a batch costs more the longer since the last vacuum. A
+-- plain index scan marks the entries of rows dead to every snapshot, and
+-- the next batch skips them (docs/performance.md, the completer's plan,
+-- has the figures).
 CREATE FUNCTION outbox.record_outcomes(in_outcomes json, in_attempts json, in_health json, in_gone bigint[],
                                        in_windows json, in_breaker_threshold integer, in_buckets integer)
 RETURNS void
@@ -3287,9 +3040,7 @@ $$;
 --
 -- PL/pgSQL, not SQL: a SQL function whose body holds a subquery is never
 -- inlined, and is parsed and planned again in every statement that calls
--- it. As SQL, it took a third of a claim's time in a drain (auto_explain);
--- alone, about 0.1 ms a call more than the same function in PL/pgSQL,
--- which keeps its plan for the session (pgbench).
+-- it, where PL/pgSQL keeps its plan for the session.
 CREATE FUNCTION outbox.live_flows(ep bigint)
 RETURNS boolean
 LANGUAGE plpgsql STABLE
@@ -3889,7 +3640,7 @@ CREATE TABLE outbox.replicas (
   swept_at       timestamptz,
   -- The job kinds its workers run, sorted (deliver.go: its handlers' and
   -- its in-process subscribers'), the only ones it claims
-  -- (claim_lane_jobs' kinds); NULL from the release before, which did not
+  -- (claim_due_jobs' kinds); NULL from the release before, which did not
   -- record them and claims every kind. The overview's jobs_no_runner
   -- names the due jobs of a kind that no live replica runs.
   kinds          text[],

@@ -298,22 +298,14 @@ type DeliveryQueue struct {
 }
 
 // deliveryQueueSQL counts endpoint $1's waiting deliveries, live and
-// replayed, each arm by its lane's index (jobs_waiting_live_by_endpoint,
-// jobs_waiting_replay_by_endpoint, in scheduled_at order), and its
-// running ones by jobs_running_by_endpoint, as the claim counts them.
+// replayed, by jobs_waiting_by_endpoint, and its running ones by
+// jobs_running_by_endpoint, as the claim counts them.
 const deliveryQueueSQL = `
 WITH waiting AS (
   SELECT scheduled_at
   FROM outbox.jobs
   WHERE endpoint_id = $1
     AND state IN ('available', 'retryable')
-    AND replay_id IS NULL
-  UNION ALL
-  SELECT scheduled_at
-  FROM outbox.jobs
-  WHERE endpoint_id = $1
-    AND state IN ('available', 'retryable')
-    AND replay_id IS NOT NULL
 )
 SELECT count(*) FILTER (WHERE scheduled_at <= now()),
        count(*) FILTER (WHERE scheduled_at > now() AND scheduled_at < 'infinity'),
@@ -621,14 +613,13 @@ type EndpointSummary struct {
 }
 
 // summaryCountCap bounds each queue count of the endpoints list: a list
-// of maxEndpointPage endpoints reads at most this many index entries of
-// each lane per endpoint, and a larger queue shows as "1000+".
+// of maxEndpointPage endpoints reads at most this many index entries per
+// endpoint, and a larger queue shows as "1000+".
 const summaryCountCap = 1000
 
 // endpointSummariesSQL reads the summary of endpoints $1 (an id array):
 // the last hour by the primary key of delivery_stats, the waiting jobs
-// of each lane by its index (jobs_waiting_live_by_endpoint,
-// jobs_waiting_replay_by_endpoint), at most $2 each, and the last failed
+// by jobs_waiting_by_endpoint, at most $2, and the last failed
 // attempt by deliveries_by_endpoint_finished_at (a 2xx there is an
 // outcome fenced out, not a failure).
 const endpointSummariesSQL = `
@@ -646,13 +637,9 @@ CROSS JOIN LATERAL (
   SELECT count(*) FILTER (WHERE w.scheduled_at <= now()) AS queued,
          count(*) FILTER (WHERE w.scheduled_at > now() AND w.scheduled_at < 'infinity') AS scheduled
   FROM (
-    (SELECT scheduled_at FROM outbox.jobs
-     WHERE endpoint_id = ep.id AND state IN ('available', 'retryable') AND replay_id IS NULL
-     LIMIT $2)
-    UNION ALL
-    (SELECT scheduled_at FROM outbox.jobs
-     WHERE endpoint_id = ep.id AND state IN ('available', 'retryable') AND replay_id IS NOT NULL
-     LIMIT $2)
+    SELECT scheduled_at FROM outbox.jobs
+    WHERE endpoint_id = ep.id AND state IN ('available', 'retryable')
+    LIMIT $2
   ) AS w
 ) AS q
 LEFT JOIN LATERAL (

@@ -28,12 +28,12 @@ import (
 	"github.com/lib/pq"
 )
 
-// previousRelease is the commit of the release before this one (0.5.0),
+// previousRelease is the commit of the release before this one (0.6.0),
 // whose replicas this release's migration must keep working until they
 // stop (docs/upgrades.md).
 const (
-	previousRelease        = "98ce905"
-	previousReleaseVersion = "0.5.0"
+	previousRelease        = "ba67027"
+	previousReleaseVersion = "0.6.0"
 )
 
 // The previous release's calls of the pipeline's functions, word for word
@@ -52,11 +52,11 @@ const (
 	previousFanOutSQL         = `SELECT out_fanned, out_jobs FROM outbox.fan_out($1, $2, $3, $4, $5, $6)`
 	previousFanOutAndClaimSQL = `
 SELECT pass.out_fanned, pass.out_jobs, ` + previousClaimedColumns + `, NULL::integer AS lane_limit
-FROM outbox.fan_out_claiming($1, $2, $3, $4, $5, $6, $7, $8) AS pass
+FROM outbox.fan_out_claiming($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) AS pass
 LEFT JOIN LATERAL unnest(pass.out_claimed) ON true`
 	previousClaimJobsSQL = `
 SELECT ` + previousClaimedColumns + `, claim.lane_limit
-FROM outbox.claim_lane_jobs($1, $2, $3, true, $4) AS claim, LATERAL (SELECT (claim.job).*) AS job`
+FROM outbox.claim_lane_jobs($1, $2, $3, true, $4, $5, $6) AS claim, LATERAL (SELECT (claim.job).*) AS job`
 	previousRecordOutcomesSQL = `SELECT outbox.record_outcomes($1, $2, $3, $4, $5, $6, $7)`
 )
 
@@ -64,9 +64,11 @@ FROM outbox.claim_lane_jobs($1, $2, $3, true, $4) AS claim, LATERAL (SELECT (cla
 // for the previous release's replicas, and schema.sql does not have (the
 // catalog comparison expects them in a migrated database alone), as
 // regprocedure names: the rolling upgrade checks that the old replica
-// really called each. Empty while this release changed none of the
-// previous release's calls.
-var previousReleaseWrappers = []string{}
+// really called each.
+var previousReleaseWrappers = []string{
+	"outbox.fan_out_claiming(integer,jsonb,integer,double precision,text,integer,bigint,bigint[],integer,text[])",
+	"outbox.claim_lane_jobs(integer,bigint,bigint[],boolean,bigint[],integer,text[])",
+}
 
 // previousClaimedJob is a row of the previous release's claims: the ids it
 // reads (the rest it scans as they come).
@@ -112,7 +114,9 @@ func previousClaim(t *testing.T, db *sql.DB, withCounts bool, query string, args
 // and its pass that claims, the workers' claim, and the completer's rows.
 func TestPreviousReleaseCallsKeepWorking(t *testing.T) {
 	t.Parallel()
-	db, _ := newTestDB(t)
+	// Migrated, as the previous release's database is: a fresh install
+	// has none of what the last migration keeps for that release.
+	db := migratedFromTheFirstFile(t, newMigration(nil))
 	var endpointID, replicaID int64
 	if err := db.QueryRow(`INSERT INTO outbox.endpoints (url, secret) VALUES ('https://receiver.example/hook', $1) RETURNING id`,
 		make([]byte, 32)).Scan(&endpointID); err != nil {
@@ -127,6 +131,8 @@ VALUES ('previous-host', 1, $1, 4, true, make_interval(secs => 15)) RETURNING id
 		events[i] = recordEventOrFatal(t, db, fmt.Sprintf("s%d", i))
 	}
 	noSubscribers, answered, cooling := "[]", pq.Array([]int64{}), pq.Array([]int64{})
+	const share = 4 // the previous release's workerShare of 8 workers
+	kinds := pq.Array([]string{"owner-notify", "webhook"})
 
 	var fanned, jobs int64
 	if err := db.QueryRow(previousFanOutSQL, 1, nil, noSubscribers, 18, 300.0, "").Scan(&fanned, &jobs); err != nil {
@@ -135,7 +141,7 @@ VALUES ('previous-host', 1, $1, 4, true, make_interval(secs => 15)) RETURNING id
 	if fanned != 1 || jobs != 1 {
 		t.Errorf("the previous release's relay pass of 1 fanned %d events into %d jobs, want 1 into 1", fanned, jobs)
 	}
-	claimed := previousClaim(t, db, false, previousClaimJobsSQL, 10, replicaID, answered, cooling)
+	claimed := previousClaim(t, db, false, previousClaimJobsSQL, 10, replicaID, answered, cooling, share, kinds)
 	if len(claimed) != 1 || claimed[0].eventID.Int64 != events[0] {
 		t.Fatalf("the previous release's claim took %+v, want the job of event %d", claimed, events[0])
 	}
@@ -147,14 +153,18 @@ VALUES ('previous-host', 1, $1, 4, true, make_interval(secs => 15)) RETURNING id
 	if fanned != 1 || jobs != 1 {
 		t.Errorf("the previous release's row-by-row relay of event %d fanned %d events into %d jobs, want 1 into 1", events[2], fanned, jobs)
 	}
-	claimed = previousClaim(t, db, true, previousFanOutAndClaimSQL, 10, noSubscribers, 18, 300.0, "", 5, replicaID, answered)
-	if len(claimed) != 2 || claimed[0].fanned != 1 || claimed[0].jobs != 1 || claimed[1].fanned != 1 || claimed[1].jobs != 1 {
-		t.Fatalf("the previous release's pass that claims returned %+v, want 2 jobs, each row with 1 event fanned into 1 job", claimed)
+	// Its pass that claimed for its workers fans out and hands them
+	// nothing now: they claim what it made.
+	pass := previousClaim(t, db, true, previousFanOutAndClaimSQL, 10, noSubscribers, 18, 300.0, "", 5, replicaID, answered, share, kinds)
+	if len(pass) != 1 || pass[0].id.Valid || pass[0].fanned != 1 || pass[0].jobs != 1 {
+		t.Fatalf("the previous release's pass that claims returned %+v, want one row of 1 event fanned into 1 job, and no job", pass)
+	}
+	claimed = previousClaim(t, db, false, previousClaimJobsSQL, 10, replicaID, answered, cooling, share, kinds)
+	slices.SortFunc(claimed, func(a, b previousClaimedJob) int { return int(a.id.Int64 - b.id.Int64) })
+	if len(claimed) != 2 {
+		t.Fatalf("the previous release's claim took %+v, want the 2 jobs the relay made", claimed)
 	}
 	retried, unkept := claimed[0].id.Int64, claimed[1].id.Int64
-	if none := previousClaim(t, db, true, previousFanOutAndClaimSQL, 10, noSubscribers, 18, 300.0, "", 5, replicaID, answered); len(none) != 1 || none[0].id.Valid || none[0].fanned != 0 {
-		t.Errorf("a pass with nothing to do returned %+v, want one row of counts and no job", none)
-	}
 
 	recordPreviousOutcomes(t, db, endpointID, completed, retried, unkept)
 	checkPreviousOutcomes(t, db, endpointID, completed, retried, unkept)
@@ -244,6 +254,20 @@ func checkPreviousOutcomes(t *testing.T, db *sql.DB, endpointID, completed, retr
 	if failures != 1 || !failing || window.Int64 != 86_400 {
 		t.Errorf("endpoint: %d consecutive failures, failing %t, window %v; want 1, true, 86400", failures, failing, window)
 	}
+}
+
+// previousReleaseSchemaChecksum is the schema checksum the previous
+// release's replicas record (migration.checksum): its schema.sql, then
+// the checksum of each migration it shipped, which are this release's
+// files but the last.
+func previousReleaseSchemaChecksum(t *testing.T) string {
+	t.Helper()
+	schema, err := exec.Command("git", "show", previousRelease+":schema.sql").Output()
+	if err != nil {
+		needGitHistory(t, previousRelease, previousReleaseVersion, fmt.Sprintf("git show of its schema.sql: %v", err))
+	}
+	files := embeddedMigrations()
+	return migration{schema: string(schema), files: files[:len(files)-1]}.checksum()
 }
 
 // needGitHistory fails the test where CI=true, and skips it elsewhere:
@@ -579,14 +603,8 @@ func TestRollingUpgradeFromThePreviousReleaseLosesNothing(t *testing.T) {
 	})
 
 	// This release starts beside it and migrates under the load, with one
-	// worker. A relay that keeps busy hands the jobs of its passes to its
-	// own workers, up to all but a quarter of their free slots (at least
-	// one), and producers do not wake the other relay while it is busy: at
-	// this rate, with the default workers, this release took every
-	// delivery and the previous release's workers waited for its relay's
-	// sweep, a minute later (5 deliveries against this release's 5,900). With
-	// one worker this release's passes keep none, and both releases'
-	// workers claim what it fans out.
+	// worker, so that the previous release's workers keep a share of the
+	// deliveries whichever relay fans them out.
 	current := startUpgradeReplica(t, "release "+version, os.Args[0], dsn, "OUTBOXD_TEST_RUN_MAIN=1", "OUTBOXD_WORKERS=1")
 	var migrated int64
 	if err := db.QueryRow(`SELECT max(id) FROM outbox.events`).Scan(&migrated); err != nil {
@@ -605,9 +623,7 @@ func TestRollingUpgradeFromThePreviousReleaseLosesNothing(t *testing.T) {
 	}
 	slices.Sort(builds)
 	want := []string{
-		// The previous release recorded the checksum of its schema files,
-		// the one it kept in outbox.schema_applied.
-		previousReleaseVersion + " schema " + schemaVersionOf(legacyChecksum(len(embeddedMigrations())-1)),
+		previousReleaseVersion + " schema " + schemaVersionOf(previousReleaseSchemaChecksum(t)),
 		version + " schema " + schemaVersionOf(schemaChecksum()),
 	}
 	if diff := cmp.Diff(want, builds); diff != "" || !o.MixedVersions {
