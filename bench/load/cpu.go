@@ -25,11 +25,20 @@ import (
 //
 // A backend's time counts from the phase's start (its time then is the
 // baseline) to its last sample: the meter samples every cpuSampleEvery,
-// so a connection the pool closes mid-phase keeps nearly all it spent.
+// so a connection the pool closes mid-phase keeps nearly all it spent. A
+// backend that begins mid-phase has no baseline: all its time counts,
+// from its start, which is within the phase.
 // The server's own processes (WAL writer, checkpointer) are not counted,
 // nor the generator's own process; its producers' backends are.
+//
+// The meter asks for the backends on a connection of its own, held for
+// the phase: the one backend its query leaves out is then always its
+// own. On a connection taken from the pool at each sample, the backend
+// left out would be whichever producer's connection the pool lent it,
+// missing from that sample, and counted from its start, warm-up and all,
+// had it been lent for the baseline.
 type cpuMeter struct {
-	db        *sql.DB
+	conn      *sql.Conn // the meter's own connection; nil if none could be had
 	stop      chan struct{}
 	done      chan struct{}
 	mu        sync.Mutex            // protects the fields below
@@ -50,9 +59,10 @@ WHERE datname = current_database()
 
 // startCPUMeter takes the baseline and starts sampling.
 func startCPUMeter(ctx context.Context, db *sql.DB) *cpuMeter {
-	m := &cpuMeter{db: db, stop: make(chan struct{}), done: make(chan struct{}),
+	m := &cpuMeter{stop: make(chan struct{}), done: make(chan struct{}),
 		base: map[int]time.Duration{}, last: map[int]time.Duration{}}
-	pids, _ := backendPIDs(ctx, db)
+	m.conn, _ = db.Conn(ctx) // nil on error: the backends' time stays unknown
+	pids, _ := m.backendPIDs(ctx)
 	for _, pid := range pids {
 		if t, ok := readCPUTime(pid); ok {
 			m.base[pid] = t
@@ -76,9 +86,12 @@ func startCPUMeter(ctx context.Context, db *sql.DB) *cpuMeter {
 	return m
 }
 
-// backendPIDs runs backendPIDsSQL.
-func backendPIDs(ctx context.Context, db *sql.DB) ([]int, error) {
-	rows, err := db.QueryContext(ctx, backendPIDsSQL)
+// backendPIDs runs backendPIDsSQL on the meter's connection.
+func (m *cpuMeter) backendPIDs(ctx context.Context) ([]int, error) {
+	if m.conn == nil {
+		return nil, sql.ErrConnDone
+	}
+	rows, err := m.conn.QueryContext(ctx, backendPIDsSQL)
 	if err != nil {
 		return nil, err
 	}
@@ -106,7 +119,7 @@ func (m *cpuMeter) addProcess(pid int) {
 }
 
 func (m *cpuMeter) sample(ctx context.Context) {
-	pids, err := backendPIDs(ctx, m.db)
+	pids, err := m.backendPIDs(ctx)
 	if err != nil {
 		return
 	}
@@ -126,6 +139,9 @@ func (m *cpuMeter) Stop(ctx context.Context) (outboxd, backends time.Duration, o
 	close(m.stop)
 	<-m.done
 	m.sample(ctx)
+	if m.conn != nil {
+		m.conn.Close()
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for pid, t := range m.last {
