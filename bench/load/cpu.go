@@ -225,3 +225,48 @@ func machineCPU() (busy, total int64, ok bool) {
 	}
 	return busy, total, true
 }
+
+// cpuWindow is what a window metered after a warm-up cost (keepup's
+// -warmup): the CPU time of the system's process and of the backends,
+// and the events the receiver first saw in it.
+type cpuWindow struct {
+	Warmup, Window    time.Duration // as asked: the warm-up, then the window
+	Elapsed           time.Duration // the window as the clock measured it
+	Metered           bool          // Process and Backends were read from /proc
+	Process, Backends time.Duration
+	Delivered         int64 // distinct webhook-ids first seen in the window
+}
+
+// perEvent is the window's CPU time per delivered event in ms: in all,
+// the backends' and the process's; ok false with no event delivered.
+func (w cpuWindow) perEvent() (total, backends, process float64, ok bool) {
+	if w.Delivered <= 0 {
+		return 0, 0, 0, false
+	}
+	per := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) / float64(w.Delivered) }
+	return per(w.Process + w.Backends), per(w.Backends), per(w.Process), true
+}
+
+// rate is the events delivered a second over the window.
+func (w cpuWindow) rate() float64 {
+	if w.Elapsed <= 0 {
+		return 0
+	}
+	return float64(w.Delivered) / w.Elapsed.Seconds()
+}
+
+// line is the window's report; process names the system's process
+// ("outboxd"). bench/river's compare reads it, and riverbench prints the
+// same line with "river": keep the two formats alike.
+func (w cpuWindow) line(process string) string {
+	head := fmt.Sprintf("CPU window %s after a %s warm-up: delivered %d events, %.0f events/s", w.Window, w.Warmup, w.Delivered, w.rate())
+	total, backends, proc, ok := w.perEvent()
+	switch {
+	case !w.Metered:
+		return head + "; CPU time unknown (no /proc for " + process + " or the server's backends)"
+	case !ok:
+		return head + "; CPU per delivered event unknown (none delivered)"
+	}
+	return fmt.Sprintf("%s; CPU time %s %.2f s, PostgreSQL backends %.2f s: %.3f ms per delivered event (PostgreSQL backends %.3f ms, %s %.3f ms)",
+		head, process, w.Process.Seconds(), w.Backends.Seconds(), total, backends, process, proc)
+}
