@@ -37,6 +37,10 @@ import (
 // left out would be whichever producer's connection the pool lent it,
 // missing from that sample, and counted from its start, warm-up and all,
 // had it been lent for the baseline.
+//
+// bench/river/cpu.go holds a copy of this meter, parseCPUTime and
+// cpuWindow, for River's side of compare's cpu pair (a module of its own,
+// so no package is shared): change both alike.
 type cpuMeter struct {
 	conn      *sql.Conn // the meter's own connection; nil if none could be had
 	stop      chan struct{}
