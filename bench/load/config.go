@@ -42,6 +42,10 @@ type scenarioConfig struct {
 	Replicas     int           // drain, ratelimit: outboxd processes against the database
 	VacuumEvery  time.Duration // replay: how often the queue tables are vacuumed during the phases; 0: only before each
 	AnswerAfter  time.Duration // replay: the receiver's wait before each 2xx, 0: at once; isolation: the bad receiver's, 0: it fails instead
+	// Warmup: keepup runs its producers this long before -duration, and
+	// meters the CPU time of -duration alone, per event delivered in it;
+	// 0: the CPU time of the whole run, per event committed.
+	Warmup time.Duration
 	// DefaultEndpoint: drain and keepup register their endpoint with
 	// outboxd's default delivery settings (its max_in_flight included),
 	// as a new user would, instead of a cap of the child's workers.
@@ -156,6 +160,7 @@ func (c *scenarioConfig) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Subjects, "subjects", c.Subjects, "stuck and ordered: distinct subjects the events take in turn (stuck: 100, ordered: 1000)")
 	fs.DurationVar(&c.AnswerAfter, "answer-after", c.AnswerAfter, "replay: how long the receiver takes to answer each request 200, a stand-in for a receiver farther than loopback; 0: at once. isolation: the bad receiver accepts each request after it, slow rather than failing; 0: it answers 500 after -fail-after")
 	fs.BoolVar(&c.DefaultEndpoint, "default-endpoint", c.DefaultEndpoint, "drain, keepup, producers: register the endpoint with outboxd's default delivery settings (max_in_flight 16), as a new user would, instead of max_in_flight set to the child's workers")
+	fs.DurationVar(&c.Warmup, "warmup", c.Warmup, "keepup: the producers run this long first, then -duration, and the CPU time is metered over -duration alone, per event delivered in it (the line `CPU window`); 0: over the whole run, per event committed")
 	fs.DurationVar(&c.VacuumEvery, "vacuum-every", c.VacuumEvery, "replay: vacuum the queue tables this often during the phases, a stand-in for autovacuum where it is off; 0: only before each phase")
 }
 
@@ -177,6 +182,8 @@ func (c scenarioConfig) validate() error {
 		return fmt.Errorf("-rounds must be between 1 and 100, got %d", c.Rounds)
 	case c.MaxInFlight < 0 || c.MaxInFlight > maxMaxInFlight:
 		return fmt.Errorf("-max-in-flight must be between 0 (outboxd's default) and %d, got %d", maxMaxInFlight, c.MaxInFlight)
+	case c.Warmup < 0:
+		return fmt.Errorf("-warmup must not be negative, got %s", c.Warmup)
 	case c.VacuumEvery < 0:
 		return fmt.Errorf("-vacuum-every must not be negative, got %s", c.VacuumEvery)
 	case c.FailFor < 0:

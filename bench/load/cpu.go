@@ -25,11 +25,24 @@ import (
 //
 // A backend's time counts from the phase's start (its time then is the
 // baseline) to its last sample: the meter samples every cpuSampleEvery,
-// so a connection the pool closes mid-phase keeps nearly all it spent.
+// so a connection the pool closes mid-phase keeps nearly all it spent. A
+// backend that begins mid-phase has no baseline: all its time counts,
+// from its start, which is within the phase.
 // The server's own processes (WAL writer, checkpointer) are not counted,
 // nor the generator's own process; its producers' backends are.
+//
+// The meter asks for the backends on a connection of its own, held for
+// the phase: the one backend its query leaves out is then always its
+// own. On a connection taken from the pool at each sample, the backend
+// left out would be whichever producer's connection the pool lent it,
+// missing from that sample, and counted from its start, warm-up and all,
+// had it been lent for the baseline.
+//
+// bench/river/cpu.go holds a copy of this meter, parseCPUTime and
+// cpuWindow, for River's side of compare's cpu pair (a module of its own,
+// so no package is shared): change both alike.
 type cpuMeter struct {
-	db        *sql.DB
+	conn      *sql.Conn // the meter's own connection; nil if none could be had
 	stop      chan struct{}
 	done      chan struct{}
 	mu        sync.Mutex            // protects the fields below
@@ -50,9 +63,10 @@ WHERE datname = current_database()
 
 // startCPUMeter takes the baseline and starts sampling.
 func startCPUMeter(ctx context.Context, db *sql.DB) *cpuMeter {
-	m := &cpuMeter{db: db, stop: make(chan struct{}), done: make(chan struct{}),
+	m := &cpuMeter{stop: make(chan struct{}), done: make(chan struct{}),
 		base: map[int]time.Duration{}, last: map[int]time.Duration{}}
-	pids, _ := backendPIDs(ctx, db)
+	m.conn, _ = db.Conn(ctx) // nil on error: the backends' time stays unknown
+	pids, _ := m.backendPIDs(ctx)
 	for _, pid := range pids {
 		if t, ok := readCPUTime(pid); ok {
 			m.base[pid] = t
@@ -76,9 +90,12 @@ func startCPUMeter(ctx context.Context, db *sql.DB) *cpuMeter {
 	return m
 }
 
-// backendPIDs runs backendPIDsSQL.
-func backendPIDs(ctx context.Context, db *sql.DB) ([]int, error) {
-	rows, err := db.QueryContext(ctx, backendPIDsSQL)
+// backendPIDs runs backendPIDsSQL on the meter's connection.
+func (m *cpuMeter) backendPIDs(ctx context.Context) ([]int, error) {
+	if m.conn == nil {
+		return nil, sql.ErrConnDone
+	}
+	rows, err := m.conn.QueryContext(ctx, backendPIDsSQL)
 	if err != nil {
 		return nil, err
 	}
@@ -106,7 +123,7 @@ func (m *cpuMeter) addProcess(pid int) {
 }
 
 func (m *cpuMeter) sample(ctx context.Context) {
-	pids, err := backendPIDs(ctx, m.db)
+	pids, err := m.backendPIDs(ctx)
 	if err != nil {
 		return
 	}
@@ -126,6 +143,9 @@ func (m *cpuMeter) Stop(ctx context.Context) (outboxd, backends time.Duration, o
 	close(m.stop)
 	<-m.done
 	m.sample(ctx)
+	if m.conn != nil {
+		m.conn.Close()
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for pid, t := range m.last {
@@ -208,4 +228,49 @@ func machineCPU() (busy, total int64, ok bool) {
 		}
 	}
 	return busy, total, true
+}
+
+// cpuWindow is what a window metered after a warm-up cost (keepup's
+// -warmup): the CPU time of the system's process and of the backends,
+// and the events the receiver first saw in it.
+type cpuWindow struct {
+	Warmup, Window    time.Duration // as asked: the warm-up, then the window
+	Elapsed           time.Duration // the window as the clock measured it
+	Metered           bool          // Process and Backends were read from /proc
+	Process, Backends time.Duration
+	Delivered         int64 // distinct webhook-ids first seen in the window
+}
+
+// perEvent is the window's CPU time per delivered event in ms: in all,
+// the backends' and the process's; ok false with no event delivered.
+func (w cpuWindow) perEvent() (total, backends, process float64, ok bool) {
+	if w.Delivered <= 0 {
+		return 0, 0, 0, false
+	}
+	per := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) / float64(w.Delivered) }
+	return per(w.Process + w.Backends), per(w.Backends), per(w.Process), true
+}
+
+// rate is the events delivered a second over the window.
+func (w cpuWindow) rate() float64 {
+	if w.Elapsed <= 0 {
+		return 0
+	}
+	return float64(w.Delivered) / w.Elapsed.Seconds()
+}
+
+// line is the window's report; process names the system's process
+// ("outboxd"). bench/river's compare reads it, and riverbench prints the
+// same line with "river": keep the two formats alike.
+func (w cpuWindow) line(process string) string {
+	head := fmt.Sprintf("CPU window %s after a %s warm-up: delivered %d events, %.0f events/s", w.Window, w.Warmup, w.Delivered, w.rate())
+	total, backends, proc, ok := w.perEvent()
+	switch {
+	case !w.Metered:
+		return head + "; CPU time unknown (no /proc for " + process + " or the server's backends)"
+	case !ok:
+		return head + "; CPU per delivered event unknown (none delivered)"
+	}
+	return fmt.Sprintf("%s; CPU time %s %.2f s, PostgreSQL backends %.2f s: %.3f ms per delivered event (PostgreSQL backends %.3f ms, %s %.3f ms)",
+		head, process, w.Process.Seconds(), w.Backends.Seconds(), total, backends, process, proc)
 }

@@ -155,6 +155,41 @@ func TestParseCPUTime(t *testing.T) {
 	}
 }
 
+// A window's line: its CPU time per delivered event in all, the
+// backends' share and the process's, and its rate over the clock's window.
+// bench/river's compare_test.go reads the first line as outboxd's: keep
+// them alike.
+func TestCPUWindowLine(t *testing.T) {
+	t.Parallel()
+	w := cpuWindow{Warmup: 10 * time.Second, Window: 40 * time.Second, Elapsed: 40 * time.Second, Metered: true,
+		Process: 12360 * time.Millisecond, Backends: 23440 * time.Millisecond, Delivered: 40_000}
+	for _, tc := range []struct {
+		w    cpuWindow
+		want string
+	}{
+		{w, "CPU window 40s after a 10s warm-up: delivered 40000 events, 1000 events/s; CPU time outboxd 12.36 s, PostgreSQL backends 23.44 s: 0.895 ms per delivered event (PostgreSQL backends 0.586 ms, outboxd 0.309 ms)"},
+		// The rate is over the window the clock measured, not the one asked.
+		{cpuWindow{Warmup: time.Second, Window: 2 * time.Second, Elapsed: 2500 * time.Millisecond, Metered: true,
+			Process: 100 * time.Millisecond, Backends: 300 * time.Millisecond, Delivered: 50},
+			"CPU window 2s after a 1s warm-up: delivered 50 events, 20 events/s; CPU time outboxd 0.10 s, PostgreSQL backends 0.30 s: 8.000 ms per delivered event (PostgreSQL backends 6.000 ms, outboxd 2.000 ms)"},
+		{cpuWindow{Warmup: time.Second, Window: 2 * time.Second, Elapsed: 2 * time.Second, Metered: true, Process: time.Second},
+			"CPU window 2s after a 1s warm-up: delivered 0 events, 0 events/s; CPU per delivered event unknown (none delivered)"},
+		{cpuWindow{Warmup: time.Second, Window: 2 * time.Second, Elapsed: 2 * time.Second, Delivered: 40},
+			"CPU window 2s after a 1s warm-up: delivered 40 events, 20 events/s; CPU time unknown (no /proc for outboxd or the server's backends)"},
+	} {
+		if got := tc.w.line("outboxd"); got != tc.want {
+			t.Errorf("line of %+v:\n got %s\nwant %s", tc.w, got, tc.want)
+		}
+	}
+	total, backends, process, ok := w.perEvent()
+	if !ok || !near(total, backends+process, 1e-12) || !near(total, 35.8/40, 1e-12) {
+		t.Errorf("perEvent = %g, %g, %g, %t; want 0.895 = the backends' and the process's", total, backends, process, ok)
+	}
+	if r := (cpuWindow{Delivered: 5}).rate(); r != 0 {
+		t.Errorf("rate of a window with no time = %g, want 0", r)
+	}
+}
+
 // A keep-up run prints the lines comparison scripts parse, and what its
 // events cost in CPU: outboxd's and the backends' (the producers'
 // included) while the producers ran.
@@ -178,6 +213,33 @@ func TestLoadKeepUpReportsRatesLatencyAndCPUTime(t *testing.T) {
 	for i, what := range []string{"outboxd", "backends", "per event"} {
 		if v, _ := strconv.ParseFloat(m[i+1], 64); v <= 0 {
 			t.Errorf("keep-up CPU time of %s is %s, want more than 0:\n%s", what, m[i+1], out)
+		}
+	}
+}
+
+// cpuWindowLine is keepup's line with -warmup.
+var cpuWindowLine = regexp.MustCompile(`CPU window 2s after a 1s warm-up: delivered (\d+) events, (\d+) events/s; CPU time outboxd (\d+\.\d+) s, PostgreSQL backends (\d+\.\d+) s: (\d+\.\d+) ms per delivered event \(PostgreSQL backends (\d+\.\d+) ms, outboxd (\d+\.\d+) ms\)`)
+
+// With -warmup, keep-up meters the window after it: the events delivered
+// in it and their CPU time, in place of the whole run's CPU line.
+func TestLoadKeepUpMetersTheWindowAfterAWarmUp(t *testing.T) {
+	t.Parallel()
+	out, _ := runLoad(t, "-mode", "keepup", "-rate", "50", "-warmup", "1s", "-duration", "2s", "-database-url", serverURL(), "-database", testDatabaseName())
+	if cpuLine.MatchString(out) {
+		t.Errorf("keep-up with -warmup prints the whole run's CPU line too:\n%s", out)
+	}
+	m := cpuWindowLine.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("keep-up with -warmup has no CPU window line:\n%s", out)
+	}
+	// 50 events/s over a 2 s window: about 100 delivered in it, of the
+	// about 150 the run commits.
+	if n, _ := strconv.Atoi(m[1]); n < 50 || n > 150 {
+		t.Errorf("%d events delivered in the 2 s window at 50 events/s, want about 100:\n%s", n, out)
+	}
+	for i, what := range []string{"outboxd's time", "the backends' time", "ms per event", "the backends' ms", "outboxd's ms"} {
+		if v, _ := strconv.ParseFloat(m[i+3], 64); v <= 0 {
+			t.Errorf("window's %s is %s, want more than 0:\n%s", what, m[i+3], out)
 		}
 	}
 }

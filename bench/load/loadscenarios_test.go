@@ -256,6 +256,7 @@ func TestLoadScenarioDefaults(t *testing.T) {
 		{"-mode", "ordered", "-subjects", "-1"},
 		{"-mode", "replay", "-vacuum-every", "-1s"},
 		{"-mode", "replay", "-answer-after", "-1ms"},
+		{"-mode", "keepup", "-warmup", "-1s"},
 	} {
 		if _, err := parseConfig(append([]string{"-outboxd", "outboxd"}, args...), func(string) string { return "" }, io.Discard); err == nil {
 			t.Errorf("%v: no error", args)

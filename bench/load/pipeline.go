@@ -79,7 +79,8 @@ func replicasNote(n int) string {
 }
 
 // runKeepUp runs the producers for -duration while outboxd delivers, then
-// waits for the backlog to drain.
+// waits for the backlog to drain. With -warmup they run that long first,
+// and the CPU time is metered over -duration alone (meterWindow).
 func runKeepUp(ctx context.Context, cfg config, run loadRun) error {
 	g := newRig(cfg, run)
 	defer g.Close(ctx)
@@ -87,13 +88,19 @@ func runKeepUp(ctx context.Context, cfg config, run loadRun) error {
 	if err != nil {
 		return err
 	}
-	cpu := startCPUMeter(ctx, run.db)
-	g.measure(cpu)
+	var cpu *cpuMeter
+	window := make(chan string, 1)
+	if cfg.Warmup > 0 {
+		go func() { window <- g.meterWindow(ctx, recv, cfg.Warmup, cfg.Duration) }()
+	} else {
+		cpu = startCPUMeter(ctx, run.db)
+		g.measure(cpu)
+	}
 	before, err := costReading(ctx, g.children[0])
 	if err != nil {
 		return err
 	}
-	committed, elapsed := produce(ctx, run.db, "load.event", "p", cfg.Producers, cfg.Rate, cfg.Duration)
+	committed, elapsed := produce(ctx, run.db, "load.event", "p", cfg.Producers, cfg.Rate, cfg.Warmup+cfg.Duration)
 	deliveredDuring := recv.Unique()
 	after, err := costReading(ctx, g.children[0])
 	if err != nil {
@@ -104,7 +111,12 @@ func runKeepUp(ctx context.Context, cfg config, run loadRun) error {
 	// The producers' backends count too: at a steady rate an event's
 	// statements (its insert, a relay pass, an outcome) cost more than the
 	// rows they carry, and a change to any of them shows here.
-	cpuReport := cpu.Report(ctx, int(committed), "event")
+	var cpuReport string
+	if cpu != nil {
+		cpuReport = cpu.Report(ctx, int(committed), "event")
+	} else {
+		cpuReport = <-window
+	}
 	left, err := backlog(ctx, run.db)
 	if err != nil {
 		return err
@@ -125,4 +137,23 @@ func runKeepUp(ctx context.Context, cfg config, run loadRun) error {
 	fmt.Fprintf(out, "workers during the run: %s\n", cost.figures())
 	fmt.Fprintf(out, "outboxd peak RSS %s\n", g.children[0].PeakRSS())
 	return nil
+}
+
+// meterWindow waits warmup, then meters the CPU time of the running
+// children and of the database's backends (the producers' included) for
+// d, and answers the window's line: its CPU time per event the receiver
+// first saw in it. The producers run warmup+d from about when it starts,
+// so the window ends about when they stop.
+func (g *rig) meterWindow(ctx context.Context, recv *receiver, warmup, d time.Duration) string {
+	w := cpuWindow{Warmup: warmup, Window: d}
+	if sleepCtx(ctx, warmup) != nil {
+		return w.line("outboxd")
+	}
+	cpu := startCPUMeter(ctx, g.db)
+	g.measure(cpu)
+	start, first := time.Now(), recv.Unique()
+	sleepCtx(ctx, d)
+	w.Delivered, w.Elapsed = recv.Unique()-first, time.Since(start)
+	w.Process, w.Backends, w.Metered = cpu.Stop(ctx)
+	return w.line("outboxd")
 }

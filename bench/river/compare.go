@@ -39,7 +39,10 @@ type compareConfig struct {
 	Duration     time.Duration
 	Rate         float64
 	PgbenchTime  time.Duration
-	Workers      int // River's MaxWorkers as a webhook sender
+	CPURate      float64       // the cpu pair's fixed rate, events/s
+	CPUWarmup    time.Duration // the cpu pair's run before its window
+	CPUWindow    time.Duration // the cpu pair's metered window
+	Workers      int           // River's MaxWorkers as a webhook sender
 	OutboxdFlags string
 	Works        []string
 	Lock         string // a file to flock around each single run; "" none
@@ -50,12 +53,13 @@ type compareConfig struct {
 // burn-down of no-op jobs: outboxd has no such job kind (its `go test
 // -bench` of the claim and the completer measures the job table), and
 // riverbench's -mode jobs runs alone.
-var compareWorks = []string{"drain", "keepup", "latency", "producer"}
+var compareWorks = []string{"drain", "keepup", "latency", "producer", "cpu"}
 
 func parseCompareConfig(args []string, getenv func(string) string, stderr io.Writer) (compareConfig, error) {
 	cfg := compareConfig{DatabaseURL: "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
 		Runs: 3, Events: 100_000, Producers: 16, Duration: 30 * time.Second, Rate: 600,
-		PgbenchTime: 10 * time.Second, Workers: 1_000, Lock: getenv("BENCH_LOCK")}
+		PgbenchTime: 10 * time.Second, CPURate: 1000, CPUWarmup: 10 * time.Second, CPUWindow: 40 * time.Second,
+		Workers: 1_000, Lock: getenv("BENCH_LOCK")}
 	works := strings.Join(compareWorks, ",")
 	fs := flag.NewFlagSet("riverbench compare", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -69,7 +73,10 @@ func parseCompareConfig(args []string, getenv func(string) string, stderr io.Wri
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long keep-up's producers run")
 	fs.Float64Var(&cfg.Rate, "rate", cfg.Rate, "events/s over all producers in the latency pair")
 	fs.DurationVar(&cfg.PgbenchTime, "pgbench-time", cfg.PgbenchTime, "how long each pgbench run lasts")
-	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "River's MaxWorkers as a webhook sender (drain, keep-up)")
+	fs.Float64Var(&cfg.CPURate, "cpu-rate", cfg.CPURate, "events/s over all producers in the cpu pair")
+	fs.DurationVar(&cfg.CPUWarmup, "cpu-warmup", cfg.CPUWarmup, "how long the cpu pair's producers run before its window")
+	fs.DurationVar(&cfg.CPUWindow, "cpu-window", cfg.CPUWindow, "the cpu pair's window, over which its CPU time is metered")
+	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "River's MaxWorkers as a webhook sender (drain, keep-up, latency, cpu)")
 	fs.StringVar(&cfg.OutboxdFlags, "outboxd-flags", cfg.OutboxdFlags, "extra flags for the outboxd under test (bench/load's -serve-flags)")
 	fs.StringVar(&works, "works", works, "the pairs to run, comma-separated")
 	fs.StringVar(&cfg.Lock, "lock", cfg.Lock, "a file to flock(2) around each single run, so other load waits (default $BENCH_LOCK)")
@@ -96,6 +103,8 @@ func parseCompareConfig(args []string, getenv func(string) string, stderr io.Wri
 		return cfg, fmt.Errorf("-events must be positive, got %d", cfg.Events)
 	case cfg.Producers < 1 || cfg.Rate <= 0 || cfg.Duration <= 0 || cfg.PgbenchTime < time.Second:
 		return cfg, errors.New("-producers, -rate and -duration must be positive, -pgbench-time at least 1s")
+	case cfg.CPURate <= 0 || cfg.CPUWindow <= 0 || cfg.CPUWarmup <= 0:
+		return cfg, errors.New("-cpu-rate, -cpu-warmup and -cpu-window must be positive")
 	}
 	if cfg.Pgbench == "" && slices.Contains(cfg.Works, "producer") {
 		var err error
@@ -132,6 +141,7 @@ type metric struct {
 	group       int
 	duration    bool // the value is a Go duration, shown in ms
 	unit        string
+	digits      int // decimals shown; 0: as format chooses
 }
 
 var (
@@ -140,20 +150,29 @@ var (
 	reKeepUp  = regexp.MustCompile(`committed (\d+) events/s, delivered (\d+) events/s during the run`)
 	reLatency = regexp.MustCompile(`commit->2xx latency p50 (\S+) p95 (\S+) p99 (\S+) max (\S+)`)
 	rePgbench = regexp.MustCompile(`tps = ([\d.]+) \(without initial connection time\)`)
+	// reCPU is the cpu pair's line, bench/load's and riverbench's alike:
+	// delivered/s, then ms per delivered event in all, the backends' and
+	// the process's.
+	reCPU = regexp.MustCompile(`CPU window \S+ after a \S+ warm-up: delivered \d+ events, ([\d.]+) events/s; ` +
+		`CPU time \S+ [\d.]+ s, PostgreSQL backends [\d.]+ s: ([\d.]+) ms per delivered event \(PostgreSQL backends ([\d.]+) ms, \S+ ([\d.]+) ms\)`)
 )
 
 func metrics(cfg compareConfig) []metric {
 	return []metric{
-		{"drain", fmt.Sprintf("drain: %s queued events delivered, signed, to a local receiver (events/s)", thousands(float64(cfg.Events))), reDrain, 1, false, ""},
-		{"drain", "drain: the sender's peak RSS (lower is better)", reRSS, 1, false, " MiB"},
-		{"keepup", fmt.Sprintf("keep-up: %d producers committing one event a transaction as fast as they can for %s (commits/s)", cfg.Producers, cfg.Duration), reKeepUp, 1, false, ""},
-		{"keepup", "keep-up: delivered during the run (events/s)", reKeepUp, 2, false, ""},
-		{"keepup", "keep-up: commit→first 2xx p99 (lower is better)", reLatency, 3, true, " ms"},
-		{"latency", fmt.Sprintf("latency at %g events/s: the rate committed (events/s; below %g, the producers could not keep the rate)", cfg.Rate, cfg.Rate), reKeepUp, 1, false, ""},
-		{"latency", fmt.Sprintf("latency at %g events/s: commit→first 2xx p50 (lower is better)", cfg.Rate), reLatency, 1, true, " ms"},
-		{"latency", fmt.Sprintf("latency at %g events/s: p95", cfg.Rate), reLatency, 2, true, " ms"},
-		{"latency", fmt.Sprintf("latency at %g events/s: p99", cfg.Rate), reLatency, 3, true, " ms"},
-		{"producer", fmt.Sprintf("producer cost: pgbench, %d clients, one row a transaction: `SELECT outbox.record(...)` (outboxd column) against a plain `INSERT` of the same row (River column) (tx/s)", cfg.Producers), rePgbench, 1, false, ""},
+		{"drain", fmt.Sprintf("drain: %s queued events delivered, signed, to a local receiver (events/s)", thousands(float64(cfg.Events))), reDrain, 1, false, "", 0},
+		{"drain", "drain: the sender's peak RSS (lower is better)", reRSS, 1, false, " MiB", 0},
+		{"keepup", fmt.Sprintf("keep-up: %d producers committing one event a transaction as fast as they can for %s (commits/s)", cfg.Producers, cfg.Duration), reKeepUp, 1, false, "", 0},
+		{"keepup", "keep-up: delivered during the run (events/s)", reKeepUp, 2, false, "", 0},
+		{"keepup", "keep-up: commit→first 2xx p99 (lower is better)", reLatency, 3, true, " ms", 0},
+		{"latency", fmt.Sprintf("latency at %g events/s: the rate committed (events/s; below %g, the producers could not keep the rate)", cfg.Rate, cfg.Rate), reKeepUp, 1, false, "", 0},
+		{"latency", fmt.Sprintf("latency at %g events/s: commit→first 2xx p50 (lower is better)", cfg.Rate), reLatency, 1, true, " ms", 0},
+		{"latency", fmt.Sprintf("latency at %g events/s: p95", cfg.Rate), reLatency, 2, true, " ms", 0},
+		{"latency", fmt.Sprintf("latency at %g events/s: p99", cfg.Rate), reLatency, 3, true, " ms", 0},
+		{"producer", fmt.Sprintf("producer cost: pgbench, %d clients, one row a transaction: `SELECT outbox.record(...)` (outboxd column) against a plain `INSERT` of the same row (River column) (tx/s)", cfg.Producers), rePgbench, 1, false, "", 0},
+		{"cpu", fmt.Sprintf("CPU at %g events/s: delivered over the %s window after %s (events/s; below %g, the system did not keep up)", cfg.CPURate, cfg.CPUWindow, cfg.CPUWarmup, cfg.CPURate), reCPU, 1, false, "", 0},
+		{"cpu", fmt.Sprintf("CPU at %g events/s: CPU time per delivered event, the system's process and the PostgreSQL backends of its database (lower is better)", cfg.CPURate), reCPU, 2, false, " ms", 3},
+		{"cpu", fmt.Sprintf("CPU at %g events/s: the PostgreSQL backends' share, the producers' included (lower is better)", cfg.CPURate), reCPU, 3, false, " ms", 3},
+		{"cpu", fmt.Sprintf("CPU at %g events/s: the process's share, outboxd or the River child (lower is better)", cfg.CPURate), reCPU, 4, false, " ms", 3},
 	}
 }
 
@@ -258,6 +277,10 @@ func (cfg compareConfig) commands(work, system, dbURL string) [][]string {
 	}
 	keepup := []string{"-mode", "keepup", "-producers", n(cfg.Producers), "-duration", cfg.Duration.String()}
 	riverWorkers := []string{"-workers", n(cfg.Workers)}
+	// cpu: keep-up at a fixed rate, paced as latency's, whose CPU time is
+	// metered over the window after the warm-up.
+	cpu := []string{"-mode", "keepup", "-producers", n(cfg.Producers), "-rate", fmt.Sprint(cfg.CPURate),
+		"-warmup", cfg.CPUWarmup.String(), "-duration", cfg.CPUWindow.String()}
 	switch {
 	case work == "drain" && system == "outboxd":
 		return [][]string{append(load, "-mode", "drain", "-events", n(cfg.Events))}
@@ -271,6 +294,10 @@ func (cfg compareConfig) commands(work, system, dbURL string) [][]string {
 		return [][]string{slices.Concat(load, keepup, []string{"-rate", fmt.Sprint(cfg.Rate)})}
 	case work == "latency":
 		return [][]string{slices.Concat(load, keepup, []string{"-rate", fmt.Sprint(cfg.Rate)}, riverWorkers)}
+	case work == "cpu" && system == "outboxd":
+		return [][]string{slices.Concat(load, cpu)}
+	case work == "cpu":
+		return [][]string{slices.Concat(load, cpu, riverWorkers)}
 	}
 	// producer: pgbench against outboxd's schema or a plain table.
 	pgbench := func(script string) []string {
@@ -471,6 +498,8 @@ func (m metric) read(out string) (float64, error) {
 
 func (m metric) format(v float64) string {
 	switch {
+	case m.digits > 0:
+		return strconv.FormatFloat(v, 'f', m.digits, 64)
 	case m.duration && v < 10:
 		return strconv.FormatFloat(v, 'f', 2, 64)
 	case m.duration || m.unit != "":

@@ -175,7 +175,9 @@ func loadDrain(ctx context.Context, cfg loadConfig, pool *pgxpool.Pool, stdout, 
 }
 
 // loadKeepUp starts the sender, runs the producers for -duration, then
-// waits for the backlog to drain, as bench/load's keepup mode does.
+// waits for the backlog to drain, as bench/load's keepup mode does. With
+// -warmup they run that long first, and the CPU time is metered over
+// -duration alone (meterWindow).
 func loadKeepUp(ctx context.Context, cfg loadConfig, pool *pgxpool.Pool, stdout, stderr io.Writer) error {
 	if cfg.BusinessRow {
 		if _, err := pool.Exec(ctx, businessTable); err != nil {
@@ -198,12 +200,22 @@ func loadKeepUp(ctx context.Context, cfg loadConfig, pool *pgxpool.Pool, stdout,
 		c.Stop()
 		return err
 	}
-	committed, elapsed, err := produce(waitCtx, cfg, pool)
+	window := make(chan string, 1)
+	if cfg.Warmup > 0 {
+		go func() { window <- meterWindow(waitCtx, pool, c, recv, cfg.Warmup, cfg.Duration) }()
+	}
+	run := cfg
+	run.Duration = cfg.Warmup + cfg.Duration
+	committed, elapsed, err := produce(waitCtx, run, pool)
 	if err != nil {
 		c.Stop()
 		return err
 	}
 	deliveredDuring := recv.Unique()
+	var cpuReport string
+	if cfg.Warmup > 0 {
+		cpuReport = <-window
+	}
 	backlog, err := jobsBacklog(waitCtx, pool)
 	if err != nil {
 		c.Stop()
@@ -225,9 +237,44 @@ func loadKeepUp(ctx context.Context, cfg loadConfig, pool *pgxpool.Pool, stdout,
 	fmt.Fprintf(stdout, "committed %.0f events/s, delivered %.0f events/s during the run\n",
 		float64(committed)/elapsed.Seconds(), float64(deliveredDuring)/elapsed.Seconds())
 	fmt.Fprintf(stdout, "commit->2xx latency p50 %s p95 %s p99 %s max %s\n", p[0], p[1], p[2], p[3])
+	if cpuReport != "" {
+		fmt.Fprintln(stdout, cpuReport)
+	}
 	fmt.Fprintf(stdout, "backlog at end %d (jobs), drained in %s; duplicates %d\n", backlog, drain.Round(time.Millisecond), recv.Duplicates())
 	fmt.Fprintf(stdout, "river workers %d, peak RSS %s\n", cfg.Workers, rssText(peak))
 	return nil
+}
+
+// meterWindow waits warmup, then meters the CPU time of the River child
+// and of the database's backends (the producers' included) for d, and
+// answers the window's line: its CPU time per event the receiver first
+// saw in it. The producers run warmup+d from about when it starts, so the
+// window ends about when they stop. bench/load's keepup meters outboxd's
+// window the same way.
+func meterWindow(ctx context.Context, pool *pgxpool.Pool, c *child, recv *receiver, warmup, d time.Duration) string {
+	w := cpuWindow{Warmup: warmup, Window: d}
+	if sleepCtx(ctx, warmup) != nil {
+		return w.line("river")
+	}
+	cpu := startCPUMeter(ctx, pool)
+	cpu.addProcess(c.cmd.Process.Pid)
+	start, first := time.Now(), recv.Unique()
+	sleepCtx(ctx, d)
+	w.Delivered, w.Elapsed = recv.Unique()-first, time.Since(start)
+	w.Process, w.Backends, w.Metered = cpu.Stop(ctx)
+	return w.line("river")
+}
+
+// sleepCtx sleeps for d, or until ctx ends (its error then).
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 // businessTable is the row -business-row adds to each producer

@@ -91,7 +91,10 @@ type loadConfig struct {
 	Producers         int
 	Duration          time.Duration
 	Rate              float64
-	BusinessRow       bool
+	// Warmup: keepup runs its producers this long before -duration, and
+	// meters the CPU time of -duration alone (compare's cpu pair).
+	Warmup      time.Duration
+	BusinessRow bool
 }
 
 var (
@@ -117,6 +120,7 @@ func parseLoadConfig(command string, args []string, getenv func(string) string, 
 	fs.IntVar(&cfg.Producers, "producers", cfg.Producers, "keepup: producer connections, each committing one job a transaction")
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "keepup: how long the producers run")
 	fs.Float64Var(&cfg.Rate, "rate", cfg.Rate, "keepup: jobs per second over all producers; 0 is as fast as the database commits")
+	fs.DurationVar(&cfg.Warmup, "warmup", cfg.Warmup, "keepup: the producers run this long first, then -duration, and the CPU time of the River child and of the database's backends is metered over -duration alone, per event delivered in it (the line `CPU window`, as bench/load's -warmup); 0: no CPU time")
 	fs.BoolVar(&cfg.BusinessRow, "business-row", cfg.BusinessRow, "keepup: each producer transaction also inserts a row into a plain table (bench/load's producers insert none)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
@@ -142,6 +146,8 @@ func parseLoadConfig(command string, args []string, getenv func(string) string, 
 		return cfg, fmt.Errorf("-duration must be positive, got %s", cfg.Duration)
 	case cfg.Rate < 0:
 		return cfg, fmt.Errorf("-rate must not be negative, got %g", cfg.Rate)
+	case cfg.Warmup < 0:
+		return cfg, fmt.Errorf("-warmup must not be negative, got %s", cfg.Warmup)
 	}
 	return cfg, nil
 }
