@@ -148,7 +148,7 @@ func retryDiscardedGroupInBrowser(t *testing.T, br *webDriver, base string, db *
 		t.Errorf("after the group's retry the list says %q", got)
 	}
 	waitFor(t, "the receiver to get the 3 deliveries again", 30*time.Second, func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'completed'`, ep) == 3
+		return queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE endpoint_id = $1 AND outcome = 'completed'`, ep) == 3
 	})
 	got := map[string]bool{}
 	for _, req := range rc.requests()[failed:] {

@@ -31,7 +31,7 @@ func TestOwnerPortalInBrowser(t *testing.T) {
 	relayAll(t, db)
 	runWebhookWorkers(t, db, 5*time.Second)
 	waitFor(t, "three deliveries to the owner's endpoint", 30*time.Second, func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'completed'`, ep.ID) == 3
+		return queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE endpoint_id = $1 AND outcome = 'completed'`, ep.ID) == 3
 	})
 
 	br := startBrowser(t)

@@ -69,8 +69,8 @@ func TestEveryPanelPageUnderTheDemo(t *testing.T) {
 	postWebhook(t, base+"/webhooks/billing", newWebhookSecret(), "inv-8", time.Now(), webhook, nil)
 
 	waitFor(t, "the demo to deliver and the orders service's breaker to open", 60*time.Second, func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs AS j JOIN outbox.endpoints AS ep ON ep.id = j.endpoint_id
-WHERE ep.description = $1 AND j.state = 'completed'`, demoEndpointDescription) > 0 &&
+		return queryInt(t, db, `SELECT count(*) FROM outbox.deliveries AS d JOIN outbox.endpoints AS ep ON ep.id = d.endpoint_id
+WHERE ep.description = $1 AND d.outcome = 'completed'`, demoEndpointDescription) > 0 &&
 			queryInt(t, db, `SELECT count(*) FROM outbox.endpoints WHERE description = 'Orders service' AND breaker_opened_at IS NOT NULL`) == 1
 	})
 	// Two of its deliveries out of attempts, as a night of them leaves

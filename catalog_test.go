@@ -170,6 +170,8 @@ var keptForThePreviousRelease = []string{
 	"function outbox.lock_born_lanes(bigint[],integer)",
 	"function outbox.has_due_live_jobs(bigint)",
 	"function outbox.takes_deliveries_running(outbox.endpoints)",
+	"column jobs.status_code",
+	"column jobs.duration_ms",
 }
 
 // migratedFromTheFirstFile is an empty database brought to m's release by

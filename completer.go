@@ -187,8 +187,14 @@ func (c *completer) recordOutcomes(ctx context.Context, batch []jobResult) error
 	return writeOutcomes(ctx, c.db, batch, c.breakerThreshold)
 }
 
-// writeOutcomes is recordOutcomes on a database with a breaker threshold.
-func writeOutcomes(ctx context.Context, db *sql.DB, batch []jobResult, breakerThreshold int) error {
+// execer is a database or a transaction, as writeOutcomes uses it.
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// writeOutcomes is recordOutcomes on a database, or in a transaction,
+// with a breaker threshold.
+func writeOutcomes(ctx context.Context, db execer, batch []jobResult, breakerThreshold int) error {
 	args, err := newOutcomeRows(batch).args(breakerThreshold)
 	if err == nil {
 		_, err = db.ExecContext(ctx, recordOutcomesSQL, args...)
@@ -210,20 +216,17 @@ type outcomeRows struct {
 	Windows  []windowRow
 }
 
-// outcomeRow is a job's outcome. StatusCode and DurationMS are the
-// attempt's when the job keeps it (jobResult.keptOnJob), else null.
+// outcomeRow is a job's outcome.
 type outcomeRow struct {
-	ID         int64    `json:"id"`
-	Attempt    int      `json:"attempt"`
-	State      jobState `json:"state"`
-	DelayMS    int64    `json:"delay_ms"`
-	Error      string   `json:"error"`
-	StatusCode *int     `json:"status_code"`
-	DurationMS *int64   `json:"duration_ms"`
+	ID      int64    `json:"id"`
+	Attempt int      `json:"attempt"`
+	State   jobState `json:"state"`
+	DelayMS int64    `json:"delay_ms"`
+	Error   string   `json:"error"`
 }
 
-// attemptRow is one attempt made: its row of outbox.deliveries (unless
-// Kept) and what it counts in outbox.delivery_stats.
+// attemptRow is one request or mail made: what its row of
+// outbox.deliveries keeps, and what it counts in outbox.delivery_stats.
 type attemptRow struct {
 	JobID      int64  `json:"job_id"`
 	Attempt    int    `json:"attempt"`
@@ -232,7 +235,6 @@ type attemptRow struct {
 	StatusCode int    `json:"status_code"`
 	Error      string `json:"error"`
 	Excerpt    string `json:"excerpt"`
-	Kept       bool   `json:"kept"`
 	Class      string `json:"class"`
 	Minute     int64  `json:"minute"` // Unix seconds
 	Bucket     int    `json:"bucket"` // latency bucket of a success, 0-based
@@ -319,14 +321,7 @@ func newOutcomeRows(batch []jobResult) outcomeRows {
 }
 
 func newOutcomeRow(r jobResult) outcomeRow {
-	o := outcomeRow{ID: r.ID, Attempt: r.Attempt, State: r.State, DelayMS: r.Delay.Milliseconds(), Error: r.Error}
-	if r.keptOnJob() {
-		o.DurationMS = new(r.record.Duration.Milliseconds())
-		if r.record.StatusCode != 0 { // a mail has none
-			o.StatusCode = new(r.record.StatusCode)
-		}
-	}
-	return o
+	return outcomeRow{ID: r.ID, Attempt: r.Attempt, State: r.State, DelayMS: r.Delay.Milliseconds(), Error: r.Error}
 }
 
 func newAttemptRow(r jobResult) attemptRow {
@@ -339,7 +334,6 @@ func newAttemptRow(r jobResult) attemptRow {
 		StatusCode: rec.StatusCode,
 		Error:      rec.Error,
 		Excerpt:    rec.ResponseExcerpt,
-		Kept:       r.keptOnJob(),
 		Class:      rec.Class.String(),
 		Minute:     rec.At.Truncate(time.Minute).Unix(),
 		Bucket:     latencyBucket(rec.CommitTo2xx),

@@ -437,13 +437,16 @@ JOIN outbox.jobs AS j ON j.id = c.id
 ORDER BY j.id
 FOR UPDATE OF j`
 
-// completeJobsSQL completes the batch's jobs whose effect succeeded; they
-// are locked by this transaction, so no fence can have moved.
-const completeJobsSQL = `
-UPDATE outbox.jobs
-SET state = 'completed',
-    finalized_at = now()
-WHERE id = ANY($1::bigint[])`
+// completedResults are the outcomes of the jobs done, of jobs: completed.
+func completedResults(jobs []Job, done []int64) []jobResult {
+	results := make([]jobResult, 0, len(done))
+	for _, job := range jobs {
+		if slices.Contains(done, job.ID) {
+			results = append(results, jobResult{ID: job.ID, Attempt: job.Attempt, jobOutcome: jobOutcome{State: jobCompleted}})
+		}
+	}
+	return results
+}
 
 // runSubscriberBatch runs one subscriber's jobs in one transaction: lock
 // the jobs still ours, handle each event, complete the ones that
@@ -520,7 +523,9 @@ func (p *workerPool) subscriberTx(ctx context.Context, sub Subscriber, jobs []Jo
 		return nil, err
 	}
 	if len(done) > 0 {
-		if _, err := tx.ExecContext(ctx, completeJobsSQL, pq.Array(done)); err != nil {
+		// Locked by this transaction, so no fence can have moved: the
+		// jobs leave the queue, and their attempts go to the history.
+		if err := writeOutcomes(ctx, tx, completedResults(jobs, done), p.cfg.BreakerThreshold); err != nil {
 			return nil, fmt.Errorf("complete jobs: %w", err)
 		}
 	}

@@ -73,6 +73,6 @@ func TestDemoExemptionIsItsOwnEndpointsAlone(t *testing.T) {
 		}
 	}
 	waitFor(t, "the demo's endpoint to deliver", 30*time.Second, func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'completed'`, demoID) > 0
+		return queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE endpoint_id = $1 AND outcome = 'completed'`, demoID) > 0
 	})
 }

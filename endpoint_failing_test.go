@@ -98,8 +98,8 @@ func TestEndpointFailingFromDatabase(t *testing.T) {
 		mustExec(t, db, `
 			WITH j AS (INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, state, attempt, attempted_at)
 			           VALUES ('webhook', $1, $2, 18, 'retryable', 1, now()) RETURNING id)
-			INSERT INTO outbox.deliveries (job_id, attempt, endpoint_id, duration_ms, status_code, error, response_excerpt)
-			SELECT id, 1, $2, 12, $3, $4, '' FROM j`, event, ep.id, ep.status, ep.err)
+			INSERT INTO outbox.deliveries (job_id, attempt, event_id, kind, endpoint_id, outcome, duration_ms, status_code, error, response_excerpt)
+			SELECT id, 1, $1, 'webhook', $2, 'retryable', 12, $3, $4, '' FROM j`, event, ep.id, ep.status, ep.err)
 	}
 
 	o, err := readOverview(ctx, db, defaultConfig().Alerts)

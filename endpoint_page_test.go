@@ -30,8 +30,8 @@ func TestEndpointPageShowsTheCauseFirst(t *testing.T) {
 	mustExec(t, db, `
 		WITH j AS (INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, state, attempt, attempted_at)
 		           VALUES ('webhook', $1, $2, 18, 'retryable', 1, now()) RETURNING id)
-		INSERT INTO outbox.deliveries (job_id, attempt, endpoint_id, duration_ms, status_code, error, response_excerpt)
-		SELECT id, 1, $2, 12, 500, $3, $4 FROM j`, event, ep, "receiver answered 500: "+fmt.Sprintf("%q", body), body)
+		INSERT INTO outbox.deliveries (job_id, attempt, event_id, kind, endpoint_id, outcome, duration_ms, status_code, error, response_excerpt)
+		SELECT id, 1, $1, 'webhook', $2, 'retryable', 12, 500, $3, $4 FROM j`, event, ep, "receiver answered 500: "+fmt.Sprintf("%q", body), body)
 
 	status, page := panelPage(t, srv, fmt.Sprintf("/endpoints/%d", ep))
 	if status != 200 {

@@ -33,8 +33,9 @@ func TestEndpointsListTriages(t *testing.T) {
 	}
 	job := queryInt(t, db, `SELECT min(id) FROM outbox.jobs WHERE endpoint_id = $1`, ep.ID)
 	mustExec(t, db, `UPDATE outbox.jobs SET state = 'retryable', attempt = 1, scheduled_at = now() + interval '1 hour' WHERE id = $1`, job)
-	mustExec(t, db, `INSERT INTO outbox.deliveries (job_id, attempt, endpoint_id, duration_ms, status_code, error)
-VALUES ($1, 1, $2, 12, 500, 'webhook: answered 500 Internal Server Error: "{\"error\":\"upstream database unavailable\"}"')`, job, ep.ID)
+	mustExec(t, db, `INSERT INTO outbox.deliveries (job_id, attempt, event_id, kind, endpoint_id, outcome, duration_ms, status_code, error)
+SELECT id, 1, event_id, kind, $2, 'retryable', 12, 500, 'webhook: answered 500 Internal Server Error: "{\"error\":\"upstream database unavailable\"}"'
+FROM outbox.jobs WHERE id = $1`, job, ep.ID)
 	mustExec(t, db, `INSERT INTO outbox.delivery_stats (endpoint_id, minute, attempts, successes, failed_timeout, failed_4xx, failed_5xx, failed_connection, failed_other, latency_buckets)
 VALUES ($1, date_trunc('minute', now()) - interval '10 minutes', 4, 1, 0, 0, 3, 0, 0, array_fill(0::bigint, ARRAY[19])),
        ($1, date_trunc('minute', now()) - interval '2 hours', 100, 100, 0, 0, 0, 0, 0, array_fill(0::bigint, ARRAY[19]))`, ep.ID)

@@ -105,7 +105,7 @@ func TestHangingReceiverHoldsOnlyItsCap(t *testing.T) {
 	waitFor(t, "the hanging receiver to hold its cap", 10*time.Second, func() bool { return hung.now.Load() == 2 })
 	recordFor(t, db, good.srv.URL, 10)
 	waitFor(t, "the healthy endpoint's 10 deliveries", 10*time.Second, func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'completed'`) == 10
+		return queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE outcome = 'completed'`) == 10
 	})
 	if peak := hung.peak.Load(); peak != 2 {
 		t.Errorf("the hanging receiver saw %d requests at once, want its cap, 2", peak)
@@ -182,7 +182,7 @@ func twoReplicasAgainstACapOf3(t *testing.T, start func(t *testing.T, replica *s
 		start(t, replica, i)
 	}
 	waitFor(t, "60 deliveries", 30*time.Second, func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'completed'`) == 60
+		return queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE outcome = 'completed'`) == 60
 	})
 	if peak := inFlight.peak.Load(); peak > 3 || peak < 2 {
 		t.Errorf("the receiver saw %d requests at once from two replicas, want at most the cap, 3 (and more than 1: they ran side by side)", peak)
@@ -332,7 +332,7 @@ func TestPauseHoldsDeliveriesAcrossARestart(t *testing.T) {
 	}
 	runWebhookWorkers(t, db, 30*time.Second)
 	waitFor(t, "the 10 held deliveries", 10*time.Second, func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'completed'`, ep.ID) == 10
+		return queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE endpoint_id = $1 AND outcome = 'completed'`, ep.ID) == 10
 	})
 	if n := len(rc.requests()); n != 10 {
 		t.Errorf("the receiver got %d requests, want 10: each held delivery once", n)
@@ -365,7 +365,7 @@ func TestFlakyReceiverKeepsItsBreakerClosed(t *testing.T) {
 	}
 	// A first retry waits 1 s (attempt⁴ seconds).
 	waitFor(t, "100 deliveries", 20*time.Second, func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'completed'`, ep.ID) == 100
+		return queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE endpoint_id = $1 AND outcome = 'completed'`, ep.ID) == 100
 	})
 	if n := queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE endpoint_id = $1 AND status_code = 500`, ep.ID); n < 5 {
 		t.Fatalf("the receiver failed %d requests, want one in ten of at least 100", n)
@@ -679,7 +679,7 @@ func TestSlowEndpointHoldsOnlyItsShareOfTheWorkers(t *testing.T) {
 
 	releaseSlow()
 	waitFor(t, "every delivery", 30*time.Second, func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'completed'`) == 21
+		return queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE outcome = 'completed'`) == 21
 	})
 	if peak := held.peak.Load(); peak != 2 {
 		t.Errorf("the slow receiver saw %d requests at once, want its share of the 4 workers, 2", peak)

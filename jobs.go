@@ -52,11 +52,11 @@ type JobView struct {
 	NoRunner bool `json:"-"`
 }
 
-// notSentSQL is, for job j, the note of a job completed without its
-// effect (notSentError, an owner notification over its cap), else NULL:
-// a completed job whose errors end with an entry of its final attempt.
-// A job that completed by its effect has entries only of the attempts
-// that failed before it, each retried under a later attempt number.
+// notSentSQL is, for job j of the queue, the note of a job completed
+// without its effect (notSentError) by a replica of the release before,
+// which kept completed jobs in the queue, else NULL: a completed job whose
+// errors end with an entry of its final attempt. A delivered job's note is
+// its completing attempt's error in the history (jobRowsSQL).
 const notSentSQL = `CASE WHEN j.state = 'completed' AND (j.errors -> -1 ->> 'attempt')::integer = j.attempt
             THEN j.errors -> -1 ->> 'error' END`
 
@@ -102,11 +102,11 @@ func (f *JobFilter) validate() error {
 const listJobsSQL = `
 SELECT j.id, j.kind, j.event_id, j.endpoint_id, ` + endpointNameSQL + `, j.replay_id, j.state::text,
        j.attempt, j.max_attempts, j.created_at, nullif(j.scheduled_at, 'infinity'),
-       j.scheduled_at = 'infinity', j.attempted_at, j.finalized_at, j.errors,
-       coalesce(` + notSentSQL + `, ''),
+       coalesce(j.scheduled_at = 'infinity', false), j.attempted_at, j.finalized_at, j.errors,
+       coalesce(j.not_sent, ''),
        CASE WHEN j.state IN ('available', 'retryable') THEN ep.breaker_opened_at END,
        j.state IN ('available', 'retryable') AND ` + noRunnerSQL + `
-FROM outbox.jobs AS j
+FROM ` + jobRowsSQL + ` AS j
 LEFT JOIN outbox.endpoints AS ep ON ep.id = j.endpoint_id
 WHERE ($1::bigint = 0 OR j.id < $1::bigint)
   AND ($2 = '' OR j.state = $2::outbox.job_state)
@@ -114,6 +114,28 @@ WHERE ($1::bigint = 0 OR j.id < $1::bigint)
   AND ($5::bigint = 0 OR j.endpoint_id = $5::bigint)
 ORDER BY j.id DESC
 LIMIT $4`
+
+// jobRowsSQL is every job as the API and the panel list them: the
+// queue's (outbox.jobs) and the delivered ones, which leave the queue and
+// stand in the history (outbox.deliveries) as the attempt that completed
+// them. Of a delivered job the history keeps no max_attempts (its attempt
+// stands for it), no due or claim time, and no creation time: it was made
+// when its event was fanned out; its errors are its earlier attempts'.
+const jobRowsSQL = `(
+SELECT j.id, j.kind, j.event_id, j.endpoint_id, j.replay_id, j.state, j.attempt, j.max_attempts,
+       j.created_at, j.scheduled_at, j.attempted_at, j.finalized_at, j.errors, ` + notSentSQL + ` AS not_sent
+FROM outbox.jobs AS j
+UNION ALL
+SELECT d.job_id, d.kind, d.event_id, d.endpoint_id, d.replay_id, 'completed', d.attempt, d.attempt,
+       coalesce(e.fanned_out_at, d.finished_at), NULL, NULL, d.finished_at,
+       (SELECT coalesce(jsonb_agg(jsonb_build_object('attempt', p.attempt, 'at', p.finished_at, 'error', p.error)
+                                  ORDER BY p.attempt), '[]')
+        FROM outbox.deliveries AS p
+        WHERE p.job_id = d.job_id AND p.attempt < d.attempt AND p.error <> ''),
+       nullif(d.error, '')
+FROM outbox.deliveries AS d
+LEFT JOIN outbox.events AS e ON e.id = d.event_id
+WHERE d.outcome = 'completed')`
 
 // endpointNameSQL is the name of endpoint ep, as endpointRow.Name says
 // it: its description, else its URL; empty for none.
@@ -521,16 +543,18 @@ func listDiscardedGroups(ctx context.Context, db *sql.DB, endpointID int64) (Dis
 	return res, nil
 }
 
-// eventOutcomesSQL counts the jobs of a page of events ($1), through
-// jobs_by_event_id.
+// eventOutcomesSQL counts the jobs of a page of events ($1): those of the
+// queue, through jobs_by_event_id, and the delivered ones in the history,
+// through deliveries_by_event_id.
 const eventOutcomesSQL = `
-SELECT event_id,
+SELECT j.event_id,
        count(*),
-       count(*) FILTER (WHERE state = 'completed'),
-       count(*) FILTER (WHERE state = 'discarded')
-FROM outbox.jobs
-WHERE event_id = ANY($1::bigint[])
-GROUP BY event_id`
+       count(*) FILTER (WHERE j.state = 'completed'),
+       count(*) FILTER (WHERE j.state = 'discarded')
+FROM (SELECT event_id, state FROM outbox.jobs WHERE event_id = ANY($1::bigint[])
+      UNION ALL
+      SELECT event_id, 'completed' FROM outbox.deliveries WHERE event_id = ANY($1::bigint[]) AND outcome = 'completed') AS j
+GROUP BY j.event_id`
 
 // addEventOutcomes sets the Outcome of every event of a page.
 func addEventOutcomes(ctx context.Context, db *sql.DB, events []Event) error {
@@ -608,13 +632,13 @@ var outcomeReasons = []struct{ reason, class string }{
 	{"queued", "wait"},
 }
 
-// outcomeBadgesSQL counts the jobs of a page of events ($1) by why they
-// stand where they do and by endpoint, through jobs_by_event_id. The
-// reasons are outcomeReasons'.
+// outcomeBadgesSQL counts the jobs of a page of events ($1), of the
+// queue and delivered (as eventOutcomesSQL reads them), by why they stand
+// where they do and by endpoint. The reasons are outcomeReasons'.
 const outcomeBadgesSQL = `
 SELECT j.event_id,
        CASE
-         WHEN ` + notSentSQL + ` IS NOT NULL THEN 'not sent'
+         WHEN j.not_sent IS NOT NULL THEN 'not sent'
          WHEN j.state = 'completed' THEN 'delivered'
          WHEN j.state = 'discarded' THEN 'failed'
          WHEN ep.disabled_at IS NOT NULL THEN 'endpoint disabled'
@@ -630,9 +654,14 @@ SELECT j.event_id,
        coalesce(j.endpoint_id, 0),
        coalesce(nullif(ep.description, ''), ep.url, j.kind),
        count(*)
-FROM outbox.jobs AS j
+FROM (SELECT j.event_id, j.state, j.endpoint_id, j.kind, j.scheduled_at, ` + notSentSQL + ` AS not_sent
+      FROM outbox.jobs AS j
+      WHERE j.event_id = ANY($1::bigint[])
+      UNION ALL
+      SELECT d.event_id, 'completed', d.endpoint_id, d.kind, NULL, nullif(d.error, '')
+      FROM outbox.deliveries AS d
+      WHERE d.event_id = ANY($1::bigint[]) AND d.outcome = 'completed') AS j
 LEFT JOIN outbox.endpoints AS ep ON ep.id = j.endpoint_id
-WHERE j.event_id = ANY($1::bigint[])
 GROUP BY 1, 2, 3, 4
 ORDER BY 1, 3`
 

@@ -284,7 +284,7 @@ func TestOwnerNotificationNotSentShowsWhy(t *testing.T) {
 	mustExec(t, db, `UPDATE outbox.endpoints SET failing_since = now() WHERE id IN ($1, $2)`, owned.ID, ownerless.ID)
 	relayAll(t, db)
 	waitFor(t, "both notifications to end", 10*time.Second, func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE kind = 'owner-notify' AND state = 'completed'`) == 2
+		return queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE kind = 'owner-notify' AND outcome = 'completed'`) == 2
 	})
 	for _, want := range []string{
 		`level=INFO msg="owner not notified: no SMTP server configured"`,
@@ -364,7 +364,7 @@ func TestOwnerNotificationsCappedPerHour(t *testing.T) {
 	}
 	// The drop is counted just after its job completes: wait for both.
 	waitFor(t, "six notifications to end", 10*time.Second, func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE kind = 'owner-notify' AND state = 'completed'`) == 6 &&
+		return queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE kind = 'owner-notify' AND outcome = 'completed'`) == 6 &&
 			int(notifier.dropped.Load())+peer.accepted() >= 6
 	})
 	if n := peer.accepted(); n != 5 {
@@ -373,8 +373,9 @@ func TestOwnerNotificationsCappedPerHour(t *testing.T) {
 	if n := notifier.dropped.Load(); n != 1 {
 		t.Errorf("%d notifications counted dropped, want 1", n)
 	}
-	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE kind = 'owner-notify' AND errors->0->>'error' LIKE 'not sent: owner@example.com already got 5 notifications%'`); n != 1 {
-		t.Errorf("%d jobs carry the drop's note, want 1", n)
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE kind = 'owner-notify' AND outcome = 'completed'
+		AND error LIKE 'not sent: owner@example.com already got 5 notifications%'`); n != 1 {
+		t.Errorf("%d deliveries carry the drop's note, want 1", n)
 	}
 	if !strings.Contains(logs.String(), "owner notification dropped: over the hourly cap") {
 		t.Error("the drop is not logged")
@@ -416,9 +417,9 @@ func TestOwnerNotificationRetryKeepsItsSlot(t *testing.T) {
 	relayAll(t, db)
 	waitFor(t, "two notifications to be sent", 10*time.Second, func() bool {
 		kickRetries(t, db)
-		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE kind = 'owner-notify' AND state = 'completed'`) == 2
+		return queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE kind = 'owner-notify' AND outcome = 'completed'`) == 2
 	})
-	if n := queryInt(t, db, `SELECT max(attempt) FROM outbox.jobs WHERE kind = 'owner-notify'`); n != 2 {
+	if n := queryInt(t, db, `SELECT max(attempt) FROM outbox.deliveries WHERE kind = 'owner-notify'`); n != 2 {
 		t.Errorf("the most attempts of a notification is %d, want 2 (one retry)", n)
 	}
 	if got, want := []int{peer.accepted(), len(peer.messages()), int(notifier.dropped.Load())}, []int{2, 3, 0}; fmt.Sprint(got) != fmt.Sprint(want) {
@@ -431,7 +432,7 @@ func TestOwnerNotificationRetryKeepsItsSlot(t *testing.T) {
 	toggleFailing(t, db, ep.ID, 1)
 	relayAll(t, db)
 	waitFor(t, "the third notification to end", 10*time.Second, func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE kind = 'owner-notify' AND state = 'completed'`) == 3 &&
+		return queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE kind = 'owner-notify' AND outcome = 'completed'`) == 3 &&
 			int(notifier.dropped.Load())+peer.accepted() >= 3
 	})
 	if n := notifier.dropped.Load(); n != 1 || peer.accepted() != 2 {

@@ -220,8 +220,8 @@ func TestOrderedLaneDeliversEachSubjectInCommitOrder(t *testing.T) {
 			SELECT count(*) FROM outbox.events
 			WHERE subject = 'a' AND id <> $1 AND fanned_out_at IS NULL`, held) == 0 &&
 			queryInt(t, db, `
-			SELECT count(*) FROM outbox.jobs
-			WHERE endpoint_id = $1 AND lane_key = 'a' AND event_id < $2 AND state = 'completed'`, ep.ID, held) == 1
+			SELECT count(*) FROM outbox.deliveries AS d JOIN outbox.events AS e ON e.id = d.event_id
+			WHERE d.endpoint_id = $1 AND e.subject = 'a' AND d.event_id < $2 AND d.outcome = 'completed'`, ep.ID, held) == 1
 	})
 	if n := queryInt(t, db, `
 		SELECT count(*) FROM outbox.jobs
@@ -247,7 +247,7 @@ func TestOrderedLaneDeliversEachSubjectInCommitOrder(t *testing.T) {
 	for _, v := range rc.violations() {
 		t.Error(v)
 	}
-	retried := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND attempt > 1`, ep.ID)
+	retried := queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE endpoint_id = $1 AND attempt > 1 AND outcome = 'completed'`, ep.ID)
 	if retried < len(subjects) {
 		t.Errorf("%d deliveries were retried, want at least one a subject: the forced failures missed", retried)
 	}
@@ -335,7 +335,7 @@ func TestReplayIntoAnOrderedLaneKeepsOrder(t *testing.T) {
 	runWebhookWorkers(t, db, 30*time.Second)
 	waitFor(t, "the first deliveries", 10*time.Second, func() bool { return rc.acceptedUpTo("s") == 5 })
 	waitFor(t, "their outcomes", 10*time.Second, func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'completed'`, ep.ID) == 5
+		return queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE endpoint_id = $1 AND outcome = 'completed'`, ep.ID) == 5
 	})
 	if status, body := api.do("POST", "/api/endpoints/"+itoa(ep.ID)+"/replay", `{"since": "`+start+`"}`); status != http.StatusOK {
 		t.Fatalf("replay: %d %s", status, body)

@@ -501,10 +501,11 @@ func (f *EventFilter) validate() error {
 
 // listEventsSelectSQL is the stream and its filters, each off when its
 // parameter is empty (0, an empty string or NULL). The outcome counts an
-// event's jobs through jobs_by_event_id, one event at a time as the id
-// order reaches it, and only when asked for ($8); a LATERAL count rather
-// than EXISTS in the OR, which PostgreSQL may plan as a hash of every
-// job.
+// event's jobs of the queue through jobs_by_event_id and its delivered
+// ones in the history through deliveries_by_event_id, one event at a time
+// as the id order reaches it, and only when asked for ($8); a LATERAL
+// count rather than EXISTS in the OR, which PostgreSQL may plan as a hash
+// of every job.
 const listEventsSelectSQL = `
 SELECT` + eventColumns + `
 FROM outbox.events e
@@ -512,8 +513,9 @@ CROSS JOIN LATERAL (
   SELECT count(*) AS jobs,
          count(*) FILTER (WHERE j.state = 'completed') AS completed,
          count(*) FILTER (WHERE j.state = 'discarded') AS discarded
-  FROM outbox.jobs j
-  WHERE $8 <> '' AND j.event_id = e.id
+  FROM (SELECT j.state FROM outbox.jobs j WHERE $8 <> '' AND j.event_id = e.id
+        UNION ALL
+        SELECT 'completed' FROM outbox.deliveries d WHERE $8 <> '' AND d.event_id = e.id AND d.outcome = 'completed') j
 ) o
 WHERE ($1::bigint = 0 OR id < $1::bigint)
   AND ($2::bigint = 0 OR id > $2::bigint)

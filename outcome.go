@@ -128,14 +128,6 @@ type jobResult struct {
 	wakeOnOutcome bool
 }
 
-// keptOnJob says the attempt completed its job without a note (a mail not
-// sent for want of a server has one): its status code and duration go on
-// the job, with its outcome (outbox.record_outcomes), and it has no row in
-// outbox.deliveries, provided the job took the outcome.
-func (r jobResult) keptOnJob() bool {
-	return r.record != nil && r.State == jobCompleted && r.record.Error == ""
-}
-
 // deliveryAttempt is what one attempt leaves for the panel, and what its
 // answer said of the receiver.
 type deliveryAttempt struct {

@@ -171,7 +171,10 @@ func scanClientCertificateExpiry(row rowScanner) (ClientCertificateExpiry, error
 // than that are short.
 const maxReceiverWindows = 100
 
-// JobCounts is the number of jobs in each state.
+// JobCounts is the number of jobs in each state. Completed jobs leave
+// the queue: Completed is the deliveries that succeeded in the last 24 h
+// (outbox.delivery_stats), with any completed job a replica of the
+// release before left in the queue.
 type JobCounts struct {
 	Available int64 `json:"available"`
 	Running   int64 `json:"running"`
@@ -650,8 +653,21 @@ func readJobCounts(ctx context.Context, tx *sql.Tx) (c JobCounts, firstDiscarded
 	if err := rows.Err(); err != nil {
 		return c, firstDiscarded, fmt.Errorf("overview: jobs: %w", err)
 	}
+	var delivered int64
+	if err := tx.QueryRowContext(ctx, overviewDeliveredSQL).Scan(&delivered); err != nil {
+		return c, firstDiscarded, fmt.Errorf("overview: jobs delivered: %w", err)
+	}
+	c.Completed += delivered
 	return c, firstDiscarded, nil
 }
+
+// overviewDeliveredSQL counts the deliveries that succeeded in the last
+// 24 hours, by delivery_stats_by_minute: at most a row per endpoint and
+// minute, where the history holds a row per attempt.
+const overviewDeliveredSQL = `
+SELECT coalesce(sum(successes), 0)::bigint
+FROM outbox.delivery_stats
+WHERE minute >= date_trunc('minute', now() - interval '24 hours')`
 
 // readTableHealth reads the size and vacuum statistics of every table of
 // the outbox schema.
@@ -1155,9 +1171,9 @@ const maxEndpointHealth = 100
 // all): breaker open, failing, or a failed attempt in the minutes that
 // overlap the last $1 seconds. The minutes come from
 // delivery_stats_by_minute, a few rows an endpoint; the last error from
-// deliveries_by_endpoint_finished_at, one row an endpoint in trouble
-// (every row of outbox.deliveries is a failed attempt: the one that
-// completes a job is on the job).
+// deliveries_failed_by_endpoint_finished_at, one row an endpoint in
+// trouble (a 2xx among them is an attempt whose outcome was fenced out,
+// not a failure).
 const endpointHealthSQL = `
 WITH recent AS (
   SELECT endpoint_id,
@@ -1181,6 +1197,8 @@ LEFT JOIN LATERAL (
   SELECT d.status_code, d.error, d.finished_at, d.response_excerpt
   FROM outbox.deliveries AS d
   WHERE d.endpoint_id = ep.id
+    AND d.outcome IS DISTINCT FROM 'completed'
+    AND NOT coalesce(d.status_code BETWEEN 200 AND 299, false)
   ORDER BY d.finished_at DESC
   LIMIT 1
 ) AS last ON true

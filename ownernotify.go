@@ -92,13 +92,14 @@ func (n *ownerNotifier) notify(ctx context.Context, job Job) error {
 		log.Info("owner not notified: no SMTP server configured", "owner_email", p.OwnerEmail)
 		return notSentError{noSMTPNote}
 	}
-	dropped, err := n.takeSlot(ctx, job, p.OwnerEmail)
+	overCap, err := n.takeSlot(ctx, job, p.OwnerEmail)
 	if err != nil {
 		return err
 	}
-	if dropped {
+	if overCap != "" {
 		log.Warn("owner notification dropped: over the hourly cap", "owner_email", p.OwnerEmail, "per_hour", n.perHour)
-		return errCompletedInTx
+		n.dropped.Add(1)
+		return notSentError{overCap}
 	}
 	if err := n.mail.send(ctx, ownerMail(p, job.Event.ID)); err != nil {
 		return fmt.Errorf("owner-notify: %w", err)
@@ -126,67 +127,56 @@ FROM outbox.owner_notify_slots
 WHERE owner_email = $1
   AND taken_at > now() - interval '1 hour'`
 
+	// ownerNotifyStaleSlotsSQL deletes an owner's slots of earlier hours,
+	// which count no more: a slot outlives its job, which leaves the
+	// queue once sent.
+	ownerNotifyStaleSlotsSQL = `
+DELETE FROM outbox.owner_notify_slots
+WHERE owner_email = $1
+  AND taken_at <= now() - interval '1 hour'`
+
 	ownerNotifyTakeSlotSQL = `
 INSERT INTO outbox.owner_notify_slots (job_id, owner_email)
 VALUES ($1, $2)`
-
-	// ownerNotifyDropSQL completes a dropped notification, fenced like
-	// every outcome, with the reason kept in its errors for the panel.
-	ownerNotifyDropSQL = `
-UPDATE outbox.jobs
-SET state = 'completed',
-    finalized_at = now(),
-    errors = errors || jsonb_build_array(jsonb_build_object(
-               'attempt', attempt, 'at', now(), 'error', $3::text))
-WHERE id = $1
-  AND attempt = $2
-  AND state = 'running'`
 )
 
 // takeSlot finds the job's slot or takes a new one under the cap. Over
-// the cap it completes the job with a note instead and reports dropped.
-func (n *ownerNotifier) takeSlot(ctx context.Context, job Job, owner string) (dropped bool, err error) {
+// the cap it takes none, and answers why the notification is not sent.
+func (n *ownerNotifier) takeSlot(ctx context.Context, job Job, owner string) (overCap string, err error) {
 	owner = strings.ToLower(owner)
 	tx, err := n.db.BeginTx(ctx, nil)
 	if err != nil {
-		return false, fmt.Errorf("owner-notify: slot: %w", err)
+		return "", fmt.Errorf("owner-notify: slot: %w", err)
 	}
 	defer tx.Rollback()
 	if _, err := tx.ExecContext(ctx, ownerNotifyLockSQL, owner); err != nil {
-		return false, fmt.Errorf("owner-notify: slot: lock: %w", err)
+		return "", fmt.Errorf("owner-notify: slot: lock: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, ownerNotifyStaleSlotsSQL, owner); err != nil {
+		return "", fmt.Errorf("owner-notify: slot: %w", err)
 	}
 	var held bool
 	if err := tx.QueryRowContext(ctx, ownerNotifySlotHeldSQL, job.ID).Scan(&held); err != nil {
-		return false, fmt.Errorf("owner-notify: slot: %w", err)
+		return "", fmt.Errorf("owner-notify: slot: %w", err)
 	}
 	if held {
-		return false, nil // a retry: the slot is this job's already
+		return "", nil // a retry: the slot is this job's already
 	}
 	var taken int
 	if err := tx.QueryRowContext(ctx, ownerNotifySlotsTakenSQL, owner).Scan(&taken); err != nil {
-		return false, fmt.Errorf("owner-notify: slot: %w", err)
+		return "", fmt.Errorf("owner-notify: slot: %w", err)
 	}
 	if taken >= n.perHour {
-		note := fmt.Sprintf("not sent: %s already got %d notifications in the last hour (cap -owner-notify-per-hour %d)", owner, taken, n.perHour)
-		res, err := tx.ExecContext(ctx, ownerNotifyDropSQL, job.ID, job.Attempt, note)
-		if err != nil {
-			return false, fmt.Errorf("owner-notify: drop: %w", err)
-		}
-		if err := tx.Commit(); err != nil {
-			return false, fmt.Errorf("owner-notify: drop: %w", err)
-		}
-		if k, _ := res.RowsAffected(); k == 1 {
-			n.dropped.Add(1)
-		}
-		return true, nil
+		return fmt.Sprintf("not sent: %s already got %d notifications in the last hour (cap -owner-notify-per-hour %d)",
+			owner, taken, n.perHour), nil
 	}
 	if _, err := tx.ExecContext(ctx, ownerNotifyTakeSlotSQL, job.ID, owner); err != nil {
-		return false, fmt.Errorf("owner-notify: slot: %w", err)
+		return "", fmt.Errorf("owner-notify: slot: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
-		return false, fmt.Errorf("owner-notify: slot: %w", err)
+		return "", fmt.Errorf("owner-notify: slot: %w", err)
 	}
-	return false, nil
+	return "", nil
 }
 
 // ownerMail is the message about one state change.

@@ -242,7 +242,9 @@ type jobStateCount struct {
 const jobStateCountCap = 10000
 
 // jobStateCountsSQL counts the jobs of each state, of endpoint $1 (0:
-// any), each count reading at most $2 rows.
+// any), each count reading at most $2 rows: the completed ones in the
+// history, where a delivered job stands (jobRowsSQL), and those of the
+// queue.
 const jobStateCountsSQL = `
 SELECT s.state::text,
        (SELECT count(*)
@@ -250,6 +252,11 @@ SELECT s.state::text,
               FROM outbox.jobs AS j
               WHERE j.state = s.state
                 AND ($1::bigint = 0 OR j.endpoint_id = $1::bigint)
+              UNION ALL
+              SELECT 1
+              FROM outbox.deliveries AS d
+              WHERE s.state = 'completed' AND d.outcome = 'completed'
+                AND ($1::bigint = 0 OR d.endpoint_id = $1::bigint)
               LIMIT $2) AS c)
 FROM unnest(ARRAY['available', 'running', 'retryable', 'completed', 'discarded']::outbox.job_state[]) WITH ORDINALITY AS s (state, n)
 ORDER BY s.n`

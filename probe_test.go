@@ -224,7 +224,8 @@ func TestProbeReenablesAndReplaysExactlyTheGap(t *testing.T) {
 	missed := []int64{record(t, db, "order.paid", "m1"), record(t, db, "order.shipped", "m2")}
 	other := record(t, db, "user.created", "not-selected")
 	relayAll(t, db)
-	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1`, ep.ID); n != 1 {
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1`, ep.ID) +
+		queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE endpoint_id = $1 AND outcome = 'completed'`, ep.ID); n != 1 {
 		t.Fatalf("%d jobs for the disabled endpoint, want only the one before the outage", n)
 	}
 	disabled := api.endpoint(ep.ID)
@@ -255,7 +256,9 @@ func TestProbeReenablesAndReplaysExactlyTheGap(t *testing.T) {
 
 	// The gap, and only the gap, is enqueued; the delivered event is not
 	// reset.
-	jobs := ids(t, db, fmt.Sprintf(`SELECT event_id FROM outbox.jobs WHERE endpoint_id = %d ORDER BY event_id`, ep.ID))
+	jobs := ids(t, db, fmt.Sprintf(`SELECT event_id FROM outbox.jobs WHERE endpoint_id = %[1]d
+		UNION ALL SELECT event_id FROM outbox.deliveries WHERE endpoint_id = %[1]d AND outcome = 'completed'
+		ORDER BY 1`, ep.ID))
 	if diff := cmp.Diff([]int64{before, missed[0], missed[1]}, jobs); diff != "" {
 		t.Errorf("jobs of the endpoint by event (-want +got):\n%s", diff)
 	}
@@ -264,7 +267,7 @@ func TestProbeReenablesAndReplaysExactlyTheGap(t *testing.T) {
 	}
 
 	waitFor(t, "the first pass's deliveries to complete", 10*time.Second, func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'completed'`, ep.ID) == 3
+		return queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE endpoint_id = $1 AND outcome = 'completed'`, ep.ID) == 3
 	})
 
 	// A relay that read the endpoint as disabled marks an event fanned out

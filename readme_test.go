@@ -400,8 +400,9 @@ func TestREADMEFiveMinutePath(t *testing.T) {
 		return strings.Contains(printed.String(), fmt.Sprintf(`verified webhook %d: {"id":"%d","type":"order.paid"`, eventID, eventID))
 	})
 	waitFor(t, "the outcomes of the event's two jobs", 30*time.Second, func() bool {
-		return queryInt(t, db, `SELECT count(*) FILTER (WHERE state = 'completed') - count(*) FROM outbox.jobs WHERE event_id = $1`, eventID) == 0 &&
-			queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE event_id = $1 AND (kind = 'sub:log' OR endpoint_id = $2)`, eventID, ep.ID) == 2
+		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE event_id = $1`, eventID) == 0 &&
+			queryInt(t, db, `SELECT count(*) FROM outbox.deliveries
+				WHERE event_id = $1 AND outcome = 'completed' AND (kind = 'sub:log' OR endpoint_id = $2)`, eventID, ep.ID) == 2
 	})
 
 	// Where the README says the panel shows it, signed in by the ready

@@ -71,8 +71,8 @@ func TestDeletionsCarryToTheJobs(t *testing.T) {
 	mustExec(t, db, insertWebhookJobSQL, event, endpoint)
 	mustExec(t, db, insertWebhookJobSQL, other, endpoint)
 	mustExec(t, db, `INSERT INTO outbox.jobs (kind, event_id, max_attempts) VALUES ('sub:refs', $1, 18)`, event)
-	mustExec(t, db, `INSERT INTO outbox.deliveries (job_id, endpoint_id, attempt, finished_at, duration_ms, status_code, error)
-		SELECT id, $2, 1, now(), 5, 500, 'failed' FROM outbox.jobs WHERE event_id = $1 AND endpoint_id = $2`, event, endpoint)
+	mustExec(t, db, `INSERT INTO outbox.deliveries (job_id, event_id, kind, endpoint_id, attempt, outcome, finished_at, duration_ms, status_code, error)
+		SELECT id, event_id, kind, $2, 1, 'retryable', now(), 5, 500, 'failed' FROM outbox.jobs WHERE event_id = $1 AND endpoint_id = $2`, event, endpoint)
 
 	mustExec(t, db, `DELETE FROM outbox.endpoints WHERE id = $1`, endpoint)
 	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE kind = 'webhook' AND endpoint_id IS NULL`); n != 2 {

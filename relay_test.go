@@ -564,7 +564,7 @@ func TestConcurrentRelaysAndWorkersRunEachJobOnce(t *testing.T) {
 	pw.Wait()
 	const want = producers * perProducer * 2
 	waitFor(t, "every job completed", 60*time.Second, func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'completed'`) == want
+		return queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE outcome = 'completed'`) == want
 	})
 	if n := queryInt(t, db, `SELECT count(*) FROM effects`); n != want {
 		t.Errorf("%d effects, want %d", n, want)
@@ -572,7 +572,10 @@ func TestConcurrentRelaysAndWorkersRunEachJobOnce(t *testing.T) {
 	if n := queryInt(t, db, `SELECT count(*) FROM (SELECT 1 FROM effects GROUP BY event_id, kind HAVING count(*) > 1) d`); n != 0 {
 		t.Errorf("%d (event, subscriber) pairs ran more than once", n)
 	}
-	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state <> 'completed' OR attempt <> 1`); n != 0 {
-		t.Errorf("%d jobs not completed on their first attempt", n)
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs`); n != 0 {
+		t.Errorf("%d jobs left in the queue, want none: every one delivered", n)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE outcome <> 'completed' OR attempt <> 1`); n != 0 {
+		t.Errorf("%d attempts not completed on their job's first attempt", n)
 	}
 }

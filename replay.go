@@ -171,12 +171,14 @@ candidates AS (
 const replayRerunStatesSQL = `('completed', 'discarded')`
 
 // replaySQL enqueues the endpoint's delivery of replayCandidatesSQL's
-// events. The (endpoint, event) pair is unique, so a pair that was
-// delivered before is reset to run again if $9 says so; one still waiting
-// or running is left as it is. The job keeps its attempt count and
-// errors, and gets one more attempt if it had used them all; $8 is a new
-// job's attempts. With $9 false only the events the endpoint has no job
-// for are enqueued: what it missed, never twice. Every job it enqueues
+// events. The (endpoint, event) pair is unique, so a pair whose job was
+// discarded is reset to run again if $9 says so; one still waiting or
+// running is left as it is. The job keeps its attempt count and errors,
+// and gets one more attempt if it had used them all; $8 is a new job's
+// attempts. A delivered pair has no job (it left the queue), and gets a
+// new one if $9 says so. With $9 false only the events the endpoint has
+// neither a job nor a delivery for are enqueued: what it missed, never
+// twice. Every job it enqueues
 // joins replay $10 (NULL: none, a live delivery).
 const replaySQL = replayCandidatesSQL + `,
 enqueued AS (
@@ -186,6 +188,8 @@ enqueued AS (
          CASE WHEN c.ordering = 'subject' THEN c.subject END,
          $10
   FROM candidates AS c
+  WHERE $9 OR NOT EXISTS (SELECT 1 FROM outbox.deliveries AS d
+                          WHERE d.event_id = c.id AND d.endpoint_id = $1 AND d.outcome = 'completed')
   ON CONFLICT (endpoint_id, event_id) WHERE endpoint_id IS NOT NULL
   DO UPDATE` + retrySetSQL + `,
     replay_id = $10
@@ -575,37 +579,18 @@ const replayDefaultRate = 10.0
 // endpointPaceSQL is how many of the endpoint's attempts were recorded in
 // the last hour (at most the last paceSample), and how long each of them
 // held its place under the cap, on average, in milliseconds (0 without
-// any): from its claim (the job's attempted_at) to the commit that
-// recorded its outcome (the delivery's finished_at, or the job's
-// finalized_at for the attempt that completed it). That is the time the
+// any): from its claim to the commit that recorded its outcome
+// (outbox.deliveries: attempted_at, finished_at). That is the time the
 // claim counts it as running, the request and everything around it, of
-// which a loopback receiver's request is a small part. A job's
-// attempted_at is its last attempt's, so only last attempts pair up.
+// which a loopback receiver's request is a small part.
 const endpointPaceSQL = `
 SELECT count(*), coalesce(avg(greatest(extract(epoch FROM a.finished_at - a.attempted_at) * 1000, 0)), 0)::float8
 FROM (
   SELECT finished_at, attempted_at
-  FROM (
-    (SELECT d.finished_at, j.attempted_at
-     FROM (
-       SELECT job_id, attempt, finished_at
-       FROM outbox.deliveries
-       WHERE endpoint_id = $1
-         AND finished_at > now() - interval '1 hour'
-       ORDER BY finished_at DESC
-       LIMIT $2
-     ) AS d
-     JOIN outbox.jobs AS j ON j.id = d.job_id AND j.attempt = d.attempt)
-    UNION ALL
-    (SELECT finalized_at, attempted_at
-     FROM outbox.jobs
-     WHERE endpoint_id = $1
-       AND state = 'completed'
-       AND finalized_at > now() - interval '1 hour'
-       AND duration_ms IS NOT NULL
-     ORDER BY finalized_at DESC
-     LIMIT $2)
-  ) AS both_kinds
+  FROM outbox.deliveries
+  WHERE endpoint_id = $1
+    AND finished_at > now() - interval '1 hour'
+    AND attempted_at IS NOT NULL
   ORDER BY finished_at DESC
   LIMIT $2
 ) AS a`
@@ -867,7 +852,10 @@ SET enqueued_at = coalesce(r.enqueued_at, now()),
                            (SELECT max(j.finalized_at)
                             FROM outbox.jobs AS j
                             WHERE j.replay_id = r.id
-                              AND j.state IN ('completed', 'discarded')))
+                              AND j.state IN ('completed', 'discarded')),
+                           (SELECT max(d.finished_at)
+                            FROM outbox.deliveries AS d
+                            WHERE d.replay_id = r.id AND d.outcome = 'completed'))
 WHERE r.endpoint_id = $1
   AND r.finished_at IS NULL
   AND (r.enqueued_at IS NOT NULL
@@ -922,8 +910,9 @@ const replayRateWindow = time.Minute
 
 // listReplaysSQL reads endpoint $1's newest $2 replays with, for the
 // unfinished ones, their jobs waiting and running, with those a replay
-// has still to enqueue, and those finished in the last minute
-// (jobs_by_replay_state); and the database's now.
+// has still to enqueue, and those finished in the last minute: discarded
+// ones in the queue (jobs_by_replay_state), delivered ones in the history
+// (deliveries_by_replay_finished_at); and the database's now.
 const listReplaysSQL = `
 SELECT r.id, r.endpoint_id, r.kind, r.window_from, r.window_to, r.topics, r.jobs_total,
        r.created_at, r.enqueued_at, r.cancelled_at, r.finished_at, now(),
@@ -940,12 +929,18 @@ LEFT JOIN LATERAL (
     AND j.state IN ` + replayPendingStatesSQL + `
 ) AS p ON true
 LEFT JOIN LATERAL (
-  SELECT count(*) AS recent
-  FROM outbox.jobs AS j
-  WHERE r.finished_at IS NULL
-    AND j.replay_id = r.id
-    AND j.state IN ('completed', 'discarded')
-    AND j.finalized_at > now() - make_interval(secs => $3)
+  SELECT (SELECT count(*)
+          FROM outbox.jobs AS j
+          WHERE r.finished_at IS NULL
+            AND j.replay_id = r.id
+            AND j.state IN ('completed', 'discarded')
+            AND j.finalized_at > now() - make_interval(secs => $3))
+       + (SELECT count(*)
+          FROM outbox.deliveries AS d
+          WHERE r.finished_at IS NULL
+            AND d.replay_id = r.id
+            AND d.outcome = 'completed'
+            AND d.finished_at > now() - make_interval(secs => $3)) AS recent
 ) AS m ON true
 WHERE r.endpoint_id = $1
   AND ($4::bigint = 0 OR r.id = $4)
@@ -1118,29 +1113,12 @@ type EndpointStats struct {
 	Discarded   int            `json:"discarded"`    // jobs waiting for a hand
 }
 
-// recentDeliveriesSQL is the endpoint's last $2 attempts: the rows of
-// outbox.deliveries, and the attempts that completed their jobs, which are
-// on the jobs (schema.sql, outbox.jobs.status_code). Each side reads its
-// newest $2 by its own index.
+// recentDeliveriesSQL is the endpoint's last $2 attempts, from the
+// history (deliveries_by_endpoint_finished_at).
 const recentDeliveriesSQL = `
 SELECT job_id, event_id, attempt, finished_at, duration_ms, status_code, error, response_excerpt
-FROM (
-  (SELECT d.job_id, j.event_id, d.attempt, d.finished_at, d.duration_ms,
-          d.status_code, d.error, d.response_excerpt
-   FROM outbox.deliveries AS d
-   JOIN outbox.jobs AS j ON j.id = d.job_id
-   WHERE d.endpoint_id = $1
-   ORDER BY d.finished_at DESC
-   LIMIT $2)
-  UNION ALL
-  (SELECT id, event_id, attempt, finalized_at, duration_ms, status_code, '', ''
-   FROM outbox.jobs
-   WHERE endpoint_id = $1
-     AND state = 'completed'
-     AND duration_ms IS NOT NULL
-   ORDER BY finalized_at DESC
-   LIMIT $2)
-) AS attempts
+FROM outbox.deliveries
+WHERE endpoint_id = $1
 ORDER BY finished_at DESC
 LIMIT $2`
 

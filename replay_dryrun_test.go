@@ -288,10 +288,10 @@ func TestReplayDryRunEstimatesFromTheLastHour(t *testing.T) {
 		return pv.EstimatedSeconds
 	}
 	// Two hours ago an attempt held its place 10 s: not recent, the default.
-	mustExec(t, db, `INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, state, attempt, attempted_at, finalized_at)
-		SELECT 'webhook', id, $1, 18, 'completed', 1, now() - interval '2 hours 10 seconds', now() - interval '2 hours'
-		FROM outbox.events ORDER BY id LIMIT 2`, id)
-	mustExec(t, db, `UPDATE outbox.jobs SET status_code = 200, duration_ms = 10000 WHERE id = (SELECT min(id) FROM outbox.jobs)`)
+	mustExec(t, db, `INSERT INTO outbox.deliveries (job_id, attempt, event_id, kind, endpoint_id, outcome, attempted_at,
+		finished_at, duration_ms, status_code)
+		SELECT id, 1, id, 'webhook', $1, 'completed', now() - interval '2 hours 10 seconds', now() - interval '2 hours', 10000, 200
+		FROM outbox.events ORDER BY id LIMIT 1`, id)
 	if got := estimate(); got != 3 {
 		t.Errorf("estimate with no attempt in the last hour = %d s, want 3 (25 at 10 a second)", got)
 	}
@@ -299,17 +299,15 @@ func TestReplayDryRunEstimatesFromTheLastHour(t *testing.T) {
 	// recorded 500 ms after its claim; 4 at once (the replay lane's share
 	// of a cap of 16): 8 a second, where the request's 100 ms alone would
 	// say 40 (1 s). Its first attempt, 20 minutes ago, has no claim time
-	// left to pair with (the job keeps its last attempt's): it does not
-	// count, or the mean would be 250 ms (2 s).
+	// to pair with: it does not count, or the mean would be 250 ms (2 s).
 	mustExec(t, db, `UPDATE outbox.endpoints SET max_in_flight = 16 WHERE id = $1`, id)
-	// The success is on the job (its status and duration), the failure a
-	// row of outbox.deliveries.
-	mustExec(t, db, `UPDATE outbox.jobs SET attempt = 2, attempted_at = now() - interval '10 minutes 500 milliseconds',
-		finalized_at = now() - interval '10 minutes', status_code = 200, duration_ms = 100
-		WHERE id = (SELECT max(id) FROM outbox.jobs)`)
-	mustExec(t, db, `INSERT INTO outbox.deliveries (job_id, attempt, endpoint_id, finished_at, duration_ms, status_code)
-		SELECT id, 1, $1, now() - interval '20 minutes', 1, 500
-		FROM outbox.jobs WHERE id = (SELECT max(id) FROM outbox.jobs)`, id)
+	mustExec(t, db, `INSERT INTO outbox.deliveries (job_id, attempt, event_id, kind, endpoint_id, outcome, attempted_at,
+		finished_at, duration_ms, status_code)
+		SELECT 2, a.n, e.id, 'webhook', $1, a.outcome::outbox.job_state, a.claimed, a.finished, a.took, a.status
+		FROM (SELECT max(id) AS id FROM outbox.events) AS e,
+		     (VALUES (1, 'retryable', NULL::timestamptz, now() - interval '20 minutes', 1, 500),
+		             (2, 'completed', now() - interval '10 minutes 500 milliseconds', now() - interval '10 minutes', 100, 200))
+		       AS a(n, outcome, claimed, finished, took, status)`, id)
 	if got := estimate(); got != 4 {
 		t.Errorf("estimate at 8 a second = %d s, want 4", got)
 	}

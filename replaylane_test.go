@@ -309,7 +309,7 @@ func TestReplayLaneHoldsItsShareWhileLiveFlows(t *testing.T) {
 	waitFor(t, "the replay to hold its share at the receiver", 10*time.Second, func() bool { return rc.replayed.now.Load() == 2 })
 	recordFor(t, db, rc.srv.URL, 12)
 	waitFor(t, "12 live deliveries beside the held replay", 10*time.Second, func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND replay_id IS NULL AND state = 'completed'`, ep.ID) == 12
+		return queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE endpoint_id = $1 AND replay_id IS NULL AND outcome = 'completed'`, ep.ID) == 12
 	})
 	if n := rc.replayed.now.Load(); n != 2 {
 		t.Errorf("%d replayed requests in flight after the live ones, want the share, 2", n)
@@ -322,7 +322,7 @@ func TestReplayLaneHoldsItsShareWhileLiveFlows(t *testing.T) {
 
 	rc.open()
 	waitFor(t, "the replay to drain", 20*time.Second, func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE replay_id = $1 AND state = 'completed'`, res.ReplayID) == 20
+		return queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE replay_id = $1 AND outcome = 'completed'`, res.ReplayID) == 20
 	})
 	if peak := rc.replayed.peak.Load(); peak != 2 {
 		t.Errorf("the receiver saw %d replayed requests at once, want the share, 2", peak)
@@ -423,7 +423,7 @@ func TestNarrowedReplayLaneClaimsWithoutLiveTraffic(t *testing.T) {
 	runWebhookWorkersPolling(t, db, 10*time.Second, time.Minute)
 
 	waitFor(t, "the replay to drain without a poll", 20*time.Second, func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE replay_id = $1 AND state = 'completed'`, res.ReplayID) == 10
+		return queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE replay_id = $1 AND outcome = 'completed'`, res.ReplayID) == 10
 	})
 	if peak := rc.replayed.peak.Load(); peak != 1 {
 		t.Errorf("the receiver saw %d replayed requests at once, want 1: the lane narrowed by live traffic", peak)

@@ -71,7 +71,7 @@ func TestTheClaimTakesOnlyTheKindsItsWorkersRun(t *testing.T) {
 	}
 	_, wp := startKindsReplica(t, dsn, "A", "a", 20*time.Millisecond)
 	waitFor(t, "a's job", 10*time.Second, func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE kind = 'sub:a' AND state = 'completed'`) == 1
+		return queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE kind = 'sub:a' AND outcome = 'completed'`) == 1
 	})
 	if jobs, err := wp.claim(ctx, claimBatchMax); err != nil || len(jobs) != 0 {
 		t.Errorf("A's claim took %d jobs (%v), want none: b's job and the delivery are not its kinds", len(jobs), err)

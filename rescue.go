@@ -84,24 +84,11 @@ func (r *rescuer) Run(ctx context.Context) error {
 // rescueBatch bounds one rescue statement.
 const rescueBatch = 1000
 
-// rescueSetSQL is what both rescues do to a job no worker holds: retryable
-// now, or discarded if that was its last attempt, with why (errorSQL, an
-// expression of the statement) appended to its errors. The attempt stays
-// spent: a late outcome of it is fenced out (outbox.record_outcomes).
-func rescueSetSQL(errorSQL string) string {
-	return `SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'discarded'
-                 ELSE 'retryable' END::outbox.job_state,
-    scheduled_at = now(),
-    finalized_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
-    errors = j.errors || jsonb_build_array(jsonb_build_object(
-               'attempt', j.attempt, 'at', now(),
-               'error', ` + errorSQL + `))`
-}
-
 // rescueJobsSQL finds jobs running for longer than the horizon ($1 seconds:
 // the attempt timeout plus a margin, so no live worker can still hold one)
-// and makes them retryable now, or discarded if that was their last
-// attempt. now() is the database's clock, the one that stamped attempted_at.
+// and ends their attempts (schema.sql, outbox.rescue_jobs): retryable
+// now, or discarded if that was their last. now() is the database's
+// clock, the one that stamped attempted_at.
 var rescueJobsSQL = `
 WITH stuck AS (
   SELECT id
@@ -112,11 +99,10 @@ WITH stuck AS (
   LIMIT $2
   FOR UPDATE SKIP LOCKED
 )
-UPDATE outbox.jobs AS j
-` + rescueSetSQL(`'rescued: still running after ' || $1 || ' s; its worker stopped'`) + `
-FROM stuck
-WHERE j.id = stuck.id
-RETURNING j.endpoint_id, j.lane_key`
+SELECT r.endpoint_id, r.lane_key
+FROM outbox.rescue_jobs(ARRAY(SELECT s.id FROM stuck AS s ORDER BY s.id),
+                        ARRAY(SELECT 'rescued: still running after ' || $1 || ' s; its worker stopped'
+                              FROM stuck AS s ORDER BY s.id)) AS r`
 
 // rescueOnce rescues every stuck job, in batches.
 func (r *rescuer) rescueOnce(ctx context.Context) (int64, error) {
@@ -201,7 +187,7 @@ RETURNING id, host, pid, extract(epoch FROM now() - last_seen)::float8`
 // are at most the replicas' worker slots.
 var rescueOrphanedJobsSQL = `
 WITH orphaned AS (
-  SELECT j.id
+  SELECT j.id, j.held_by
   FROM outbox.jobs AS j
   WHERE j.state = 'running'
     AND j.held_by IS NOT NULL
@@ -210,11 +196,10 @@ WITH orphaned AS (
   LIMIT $1
   FOR UPDATE OF j SKIP LOCKED
 )
-UPDATE outbox.jobs AS j
-` + rescueSetSQL(`'rescued: replica ' || j.held_by || ' running it stopped heartbeating'`) + `
-FROM orphaned
-WHERE j.id = orphaned.id
-RETURNING j.endpoint_id, j.lane_key`
+SELECT r.endpoint_id, r.lane_key
+FROM outbox.rescue_jobs(ARRAY(SELECT o.id FROM orphaned AS o ORDER BY o.id),
+                        ARRAY(SELECT 'rescued: replica ' || o.held_by || ' running it stopped heartbeating'
+                              FROM orphaned AS o ORDER BY o.id)) AS r`
 
 // deadReplica is a replica declared dead.
 type deadReplica struct {

@@ -909,7 +909,7 @@ CREATE INDEX idempotency_keys_by_created_at
 --                              far as events retention keeps events.
 --
 -- The API checks an owner's endpoint against these when the owner writes
--- it (owners.go, ownerLimits); the fan-out and replays test the topics
+-- it (owners.go, ownerGrants.limit); the fan-out and replays test the topics
 -- again (owner_admits), so that narrowing them takes effect at once.
 CREATE TABLE outbox.owners (
   id                        bigint           GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -1502,11 +1502,14 @@ CREATE INDEX replays_enqueuing
   WHERE enqueued_at IS NULL AND enqueue_after IS NOT NULL;
 
 -- A job is one delivery of one event to one in-process subscriber (kind
--- 'sub:<name>') or one endpoint (kind 'webhook', endpoint_id). The relay
--- inserts it in the transaction that marks its event fanned out. Its life:
+-- 'sub:<name>') or one endpoint (kind 'webhook', endpoint_id), still to be
+-- done: the queue. The relay inserts it in the transaction that marks its
+-- event fanned out. Its life:
 --
 --   available  → running    a worker claimed it (attempt += 1, attempted_at)
---   running    → completed  the handler succeeded (finalized_at)
+--   running    → (gone)     the handler succeeded: the job leaves the table
+--                           in the transaction that writes its attempt to
+--                           outbox.deliveries, the history
 --   running    → retryable  it failed and has attempts left; scheduled_at is
 --                           when it may run again (backoff)
 --   running    → discarded  it failed permanently or ran out of attempts
@@ -1520,14 +1523,15 @@ CREATE INDEX replays_enqueuing
 --
 -- A worker's outcome is written only if the job is still running with the
 -- attempt number the worker claimed; a worker that lost its job to the
--- rescuer changes nothing. The job cleaner deletes completed jobs after 24 h
--- and discarded ones after 7 days.
+-- rescuer changes nothing. The job cleaner deletes discarded jobs after 7
+-- days (and 'completed' ones, which only the release before writes, after
+-- 24 h).
 --
--- The job table churns as the events table does, twice over: every row
--- is updated when claimed and when finished, neither update HOT (state is
--- in the claim indexes' predicates), and deleted by the job cleaner. The
--- same vacuum settings as outbox.events, for the same reasons, and
--- fillfactor 80: room on a page for both new versions of its rows.
+-- The job table churns as the events table does: every row is updated
+-- when claimed, neither that update nor a retry's HOT (state is in the
+-- claim indexes' predicates), and deleted when delivered. The same vacuum
+-- settings as outbox.events, for the same reasons, and fillfactor 80:
+-- room on a page for a claimed row's new version.
 CREATE TABLE outbox.jobs (
   id           bigint           GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
   kind         text             NOT NULL,
@@ -1559,18 +1563,6 @@ CREATE TABLE outbox.jobs (
   -- when its replica is declared dead, and the jobs' history keeps the id.
   held_by      bigint,
   finalized_at timestamptz,
-  -- The attempt that completed a delivery: the answer's status code (NULL
-  -- for a mail) and how long the request took, written with the
-  -- completion itself. Such an attempt has no row in outbox.deliveries,
-  -- which keeps every other: the failed ones, and a success that came
-  -- after its job was taken from it (rescued, and run again). Nearly every
-  -- delivery succeeds at once, so that is a row, two index entries and a
-  -- foreign-key check fewer for nearly every delivery, and a deliveries
-  -- table as large as the failures, not the traffic. Jobs that keep no
-  -- attempt (an in-process subscriber's) hold NULL; readers take a
-  -- success from here only where duration_ms is set.
-  status_code  integer,
-  duration_ms  integer,
   -- One object per failed attempt: {"attempt", "at", "error"}.
   errors       jsonb            NOT NULL DEFAULT '[]',
 
@@ -1668,14 +1660,6 @@ CREATE INDEX jobs_finished_by_state_finalized_at
   ON outbox.jobs (state, finalized_at)
   WHERE state IN ('completed', 'discarded');
 
--- Serves an endpoint's recent attempts, beside
--- deliveries_by_endpoint_finished_at: those that completed their jobs,
--- which have no deliveries row. Partial, so that only a delivery's
--- completion writes an entry.
-CREATE INDEX jobs_completed_by_endpoint_finalized_at
-  ON outbox.jobs (endpoint_id, finalized_at)
-  WHERE state = 'completed' AND endpoint_id IS NOT NULL;
-
 -- A job's event and endpoint are held by triggers, a statement at a time,
 -- where foreign keys would check each inserted row with a query of its
 -- own: the relay inserts up to 200 jobs a pass, and those queries would be
@@ -1734,6 +1718,7 @@ SET enable_seqscan = off
 AS $$
 BEGIN
   DELETE FROM outbox.jobs AS j WHERE j.event_id = ANY (ARRAY(SELECT g.id FROM gone_events AS g));
+  DELETE FROM outbox.deliveries AS d WHERE d.event_id = ANY (ARRAY(SELECT g.id FROM gone_events AS g));
   RETURN NULL;
 END
 $$;
@@ -2650,39 +2635,82 @@ CREATE TRIGGER jobs_notify_workers
   FOR EACH STATEMENT EXECUTE FUNCTION outbox.notify_jobs();
 
 --------------------------------------------------------------------------------
--- Deliveries: what each webhook attempt got back
+-- Deliveries: the history of every attempt
 --------------------------------------------------------------------------------
 
--- One row per webhook attempt that reached its outcome, except the one
--- that completed its job (whose status and duration are on the job,
--- outbox.jobs.status_code), for the panel: the status code (NULL when no
--- response came: a timeout, a refused address), how long it took, and the
--- start of the answer. Bounded per job by
--- max_attempts and per row by the CHECKs below, and deleted with its job
--- (ON DELETE CASCADE), so the job cleaner and events retention bound it too.
+-- One row per attempt of a job that ended: what it got back and what it
+-- left its job. outbox.jobs is the queue, the work still to do; this is
+-- the history. A job that completes leaves the queue in the transaction
+-- that writes its attempt here (record_outcomes), so the panel, the
+-- statistics, an event's "delivered to n of m" and a replay's progress
+-- read what was delivered from here. Its columns:
+--
+--   job_id, attempt  the job and its attempt (no foreign key: a
+--                    delivered job has no row in outbox.jobs);
+--   event_id, kind, endpoint_id, replay_id  the job's, kept with the
+--                    attempt (endpoint_id NULL for a job of no endpoint);
+--   outcome          what the attempt left its job: completed, retryable
+--                    or discarded; NULL for an attempt whose job had been
+--                    taken from it (rescued, and run again) before its
+--                    outcome was written;
+--   status_code      the answer's (NULL when none came: a timeout, a
+--                    refused address; and for a mail or a subscriber);
+--   error            why it failed, or for a job completed without its
+--                    effect (a notification over its owner's cap), why
+--                    nothing was sent;
+--   attempted_at     when its claim took the job (NULL where not known:
+--                    an attempt the fence refused), so that finished_at -
+--                    attempted_at is how long it held its place;
+--   duration_ms, response_excerpt  how long its request took, and the
+--                    start of the answer.
+--
+-- Bounded per job by max_attempts and per row by the CHECKs below, and
+-- deleted with its event (events_delete_jobs), so events retention bounds
+-- it.
 CREATE TABLE outbox.deliveries (
-  job_id           bigint      NOT NULL REFERENCES outbox.jobs (id) ON DELETE CASCADE,
-  attempt          integer     NOT NULL,
-  endpoint_id      bigint,     -- no foreign key: the record outlives a deleted endpoint
-  finished_at      timestamptz NOT NULL DEFAULT now(),
-  duration_ms      integer     NOT NULL,
+  job_id           bigint           NOT NULL,
+  attempt          integer          NOT NULL,
+  event_id         bigint           NOT NULL,
+  kind             text             NOT NULL,
+  endpoint_id      bigint,
+  replay_id        bigint,
+  outcome          outbox.job_state,
+  attempted_at     timestamptz,
+  finished_at      timestamptz      NOT NULL DEFAULT now(),
+  duration_ms      integer          NOT NULL,
   status_code      integer,
-  error            text        NOT NULL DEFAULT '',
-  response_excerpt text        NOT NULL DEFAULT '',
+  error            text             NOT NULL DEFAULT '',
+  response_excerpt text             NOT NULL DEFAULT '',
 
   PRIMARY KEY (job_id, attempt),
   CONSTRAINT deliveries_attempt_positive CHECK (attempt > 0),
   CONSTRAINT deliveries_duration_nonnegative CHECK (duration_ms >= 0),
   CONSTRAINT deliveries_status_code_http CHECK (status_code BETWEEN 100 AND 999),
   CONSTRAINT deliveries_error_length CHECK (length(error) <= 2100),
-  CONSTRAINT deliveries_response_excerpt_length CHECK (length(response_excerpt) <= 1100)
+  CONSTRAINT deliveries_response_excerpt_length CHECK (length(response_excerpt) <= 1100),
+  CONSTRAINT deliveries_outcome_final CHECK (outcome IN ('completed', 'retryable', 'discarded'))
 );
 
--- Serves an endpoint's recent attempts on the panel, with
--- jobs_completed_by_endpoint_finalized_at for those that completed their
--- jobs.
+-- Serves an endpoint's recent attempts on the panel.
 CREATE INDEX deliveries_by_endpoint_finished_at
   ON outbox.deliveries (endpoint_id, finished_at);
+
+-- Serves an endpoint's last failed attempts (the panel's health and
+-- failure groups): partial, so that a healthy endpoint's successes are
+-- not walked past to find them.
+CREATE INDEX deliveries_failed_by_endpoint_finished_at
+  ON outbox.deliveries (endpoint_id, finished_at)
+  WHERE outcome IS DISTINCT FROM 'completed';
+
+-- Serves an event's deliveries (its page, "delivered to n of m") and
+-- their deletion with the event.
+CREATE INDEX deliveries_by_event_id
+  ON outbox.deliveries (event_id);
+
+-- Serves a replay's progress: its deliveries of the last minute.
+CREATE INDEX deliveries_by_replay_finished_at
+  ON outbox.deliveries (replay_id, finished_at)
+  WHERE replay_id IS NOT NULL;
 
 --------------------------------------------------------------------------------
 -- Delivery statistics: per endpoint and minute, shared by every replica
@@ -2796,19 +2824,16 @@ CREATE INDEX fanout_stats_by_minute
 -- Outcomes: a batch of attempts' results, written in one transaction
 --------------------------------------------------------------------------------
 
--- record_outcomes is the completer's transaction (completer.go): a batch
--- of outcomes with everything they record, in one call. It takes rows, as
--- JSON arrays of objects:
+-- record_outcomes is the completer's transaction (completer.go), and an
+-- in-process subscriber's batch's (deliver.go): a batch of outcomes with
+-- everything they record, in one call. It takes rows, as JSON arrays of
+-- objects:
 --
---   in_outcomes  one per job: {id, attempt, state, delay_ms, error,
---                status_code, duration_ms}; status_code and duration_ms
---                are the attempt's, kept on a job that completes (null for
---                an attempt kept in deliveries instead);
---   in_attempts  one per attempt made: {job_id, attempt, endpoint_id,
---                duration_ms, status_code, error, excerpt, kept, class,
---                minute, bucket}; kept says a success its job keeps,
---                minute is Unix seconds, bucket the 0-based latency bucket
---                of in_buckets;
+--   in_outcomes  one per job: {id, attempt, state, delay_ms, error};
+--   in_attempts  one per request or mail made: {job_id, attempt,
+--                endpoint_id, duration_ms, status_code, error, excerpt,
+--                class, minute, bucket}; minute is Unix seconds, bucket
+--                the 0-based latency bucket of in_buckets;
 --   in_health    one per endpoint whose health an attempt moved, in id
 --                order: {id, succeeded, failures, hold_ms}: whether an
 --                attempt succeeded, how many failed after the last success
@@ -2819,37 +2844,14 @@ CREATE INDEX fanout_stats_by_minute
 --                {id, seconds}.
 --
 -- It runs, in this order (every completer locks rows in it, so two of them
--- wait rather than deadlock):
+-- wait rather than deadlock): the jobs' outcomes and their attempts in the
+-- history (finish_jobs); advance_lanes for the ordered lanes whose
+-- delivery finished, in the same transaction, so that there is never a
+-- moment with a lane held and nothing running; the statistics
+-- (count_attempts); the endpoints (record_endpoint_health).
 --
---  1. the jobs' outcomes, each fenced on (id, attempt, running): an
---     outcome of an attempt that is no longer its job's current one
---     changes nothing. State 'released' comes from the release before
---     alone, for a job it claimed ahead of its endpoint's requests and
---     never sent: it goes back to the queue as it was before the claim,
---     its attempt not counted, due where it was;
---  2. advance_lanes for the ordered lanes whose delivery finished, in the
---     same transaction: never a moment with a lane held and nothing
---     running;
---  3. the attempts: a row of deliveries, unless a success whose outcome
---     its job took (kept, and written now or by this batch's earlier
---     write); and the statistics, which count
---     each attempt whose outcome its job took, in a row of delivery_stats
---     per endpoint and minute. An attempt the fence refused (a worker that
---     lost its job to the rescuer, or this batch written again after its
---     commit's answer was lost) counts nothing, and one that made no
---     request (class 'none') neither;
---  4. the endpoints: their health (a success restarts the count of
---     consecutive failures; the count reaching in_breaker_threshold opens
---     the breaker, and a success closes it; failing_since is set by the
---     first failure after a success and cleared by a success; a hold only
---     ever extends held_until), the ones whose receiver answered 410 Gone
---     (disabled, with failing_since, in one change: one "disabled"
---     notification, not a "failing" one first), and the dedup window each
---     receiver advertised (an unchanged one written at most hourly). A
---     healthy endpoint's row is not rewritten on every delivery.
---
--- Writing a batch again is safe: outcomes are fenced on the attempt,
--- attempts inserted ON CONFLICT DO NOTHING, and endpoint states set, not
+-- Writing a batch again is safe: outcomes are fenced on the attempt, the
+-- history is inserted ON CONFLICT DO NOTHING, and endpoint states set, not
 -- toggled. Rows go in (endpoint, minute) or id order, so two completers
 -- lock them in one order. The commit does not wait for the WAL to reach
 -- the disk (database.go, beginPipelineTx, says why that loses nothing).
@@ -2880,67 +2882,134 @@ BEGIN
   -- (migrate.go, schemaTablesQuery): a completion in an ordered lane reads
   -- events after it updates jobs (advance_lanes).
   LOCK TABLE outbox.events IN ACCESS SHARE MODE;
-
-  WITH recorded AS (
-    UPDATE outbox.jobs AS j
-    SET state = CASE WHEN o.state <> 'released' THEN o.state
-                     WHEN j.attempt > 1 THEN 'retryable'
-                     ELSE 'available' END::outbox.job_state,
-        attempt = CASE WHEN o.state = 'released' THEN j.attempt - 1 ELSE j.attempt END,
-        scheduled_at = CASE WHEN o.state = 'retryable'
-                            THEN now() + o.delay_ms * interval '1 millisecond'
-                            ELSE j.scheduled_at END,
-        finalized_at = CASE WHEN o.state IN ('completed', 'discarded') THEN now() END,
-        errors = CASE WHEN o.error = '' THEN j.errors
-                      ELSE j.errors || jsonb_build_array(jsonb_build_object(
-                             'attempt', j.attempt, 'at', now(), 'error', o.error))
-                 END,
-        status_code = CASE WHEN o.state = 'completed' THEN o.status_code ELSE j.status_code END,
-        duration_ms = CASE WHEN o.state = 'completed' THEN o.duration_ms ELSE j.duration_ms END
-    FROM json_to_recordset(in_outcomes)
-         AS o(id bigint, attempt integer, state text, delay_ms bigint, error text, status_code integer, duration_ms integer)
-    WHERE j.id = o.id
-      AND j.attempt = o.attempt
-      AND j.state = 'running'
-    RETURNING j.id, j.attempt, j.endpoint_id, j.lane_key, j.state
-  ),
-  finished AS (
-    SELECT DISTINCT r.endpoint_id, r.lane_key
-    FROM recorded AS r
-    WHERE r.lane_key IS NOT NULL
-      AND r.state IN ('completed', 'discarded')
-  )
-  SELECT (SELECT array_agg(r.id) FROM recorded AS r),
-         (SELECT array_agg(r.attempt) FROM recorded AS r),
-         (SELECT array_agg(f.endpoint_id ORDER BY f.endpoint_id, f.lane_key) FROM finished AS f),
-         (SELECT array_agg(f.lane_key ORDER BY f.endpoint_id, f.lane_key) FROM finished AS f)
-  INTO written_ids, written_attempts, lane_endpoints, lane_keys;
-
+  SELECT array_agg(f.id), array_agg(f.attempt),
+         array_agg(f.endpoint_id ORDER BY f.endpoint_id, f.lane_key) FILTER (WHERE f.lane_done),
+         array_agg(f.lane_key ORDER BY f.endpoint_id, f.lane_key) FILTER (WHERE f.lane_done)
+  INTO written_ids, written_attempts, lane_endpoints, lane_keys
+  FROM (SELECT f.*, f.lane_key IS NOT NULL AND f.state IN ('completed', 'discarded') AS lane_done
+        FROM outbox.finish_jobs(in_outcomes, in_attempts) AS f) AS f;
   IF lane_endpoints IS NOT NULL THEN
     PERFORM outbox.advance_lanes(lane_endpoints, lane_keys, false);
   END IF;
+  written_ids := coalesce(written_ids, '{}');
+  written_attempts := coalesce(written_attempts, '{}');
+  PERFORM outbox.record_fenced_attempts(in_attempts, written_ids, written_attempts);
+  PERFORM outbox.count_attempts(in_attempts, written_ids, written_attempts, in_buckets);
+  PERFORM outbox.record_endpoint_health(in_health, in_gone, in_windows, in_breaker_threshold);
+END
+$$;
 
-  WITH attempt AS (
-    SELECT a.*, w.id IS NOT NULL AS written
-    FROM json_to_recordset(in_attempts)
-         AS a(job_id bigint, attempt integer, endpoint_id bigint, duration_ms integer, status_code integer,
-              error text, excerpt text, kept boolean, class text, minute bigint, bucket integer)
-    LEFT JOIN unnest(written_ids, written_attempts) AS w(id, attempt)
-      ON w.id = a.job_id AND w.attempt = a.attempt
+-- finish_jobs writes the outcomes, each fenced on (id, attempt, running):
+-- an outcome of an attempt that is no longer its job's current one changes
+-- nothing. A completed job leaves the queue; a failed one is retryable
+-- after its delay or discarded, its error added to its errors. Every
+-- attempt goes to the history (outbox.deliveries) with what it left its
+-- job (the attempts the fence refused are record_fenced_attempts'). State
+-- 'released' comes from the release before alone, for a job it claimed
+-- ahead of its endpoint's requests and never sent: it goes back to the
+-- queue as it was before the claim, its attempt not counted, and makes no
+-- history. It returns the jobs it finished.
+CREATE FUNCTION outbox.finish_jobs(in_outcomes json, in_attempts json)
+RETURNS TABLE (id bigint, attempt integer, endpoint_id bigint, lane_key text, state outbox.job_state)
+LANGUAGE plpgsql VOLATILE
+AS $$
+#variable_conflict use_column
+BEGIN
+  RETURN QUERY
+  WITH outcome AS (
+    SELECT o.* FROM json_to_recordset(in_outcomes) AS o(id bigint, attempt integer, state text, delay_ms bigint, error text)
   ),
-  kept AS (
-    INSERT INTO outbox.deliveries (job_id, attempt, endpoint_id, duration_ms, status_code, error, response_excerpt)
-    SELECT a.job_id, a.attempt, nullif(a.endpoint_id, 0), a.duration_ms, nullif(a.status_code, 0), a.error, a.excerpt
-    FROM attempt AS a
-    WHERE NOT (a.kept AND a.written)
-      -- A success the fence refused because it completed its job already
-      -- (this batch written again after its commit's answer was lost) is
-      -- on the job: not kept a second time.
-      AND NOT (a.kept AND EXISTS (SELECT 1 FROM outbox.jobs AS j
-                                  WHERE j.id = a.job_id AND j.state = 'completed' AND j.attempt = a.attempt))
-    ON CONFLICT (job_id, attempt) DO NOTHING
+  delivered AS (
+    DELETE FROM outbox.jobs AS j
+    USING outcome AS o
+    WHERE j.id = o.id AND j.attempt = o.attempt AND j.state = 'running' AND o.state = 'completed'
+    RETURNING j.id, j.attempt, j.event_id, j.kind, j.endpoint_id, j.replay_id, j.lane_key, j.attempted_at,
+              'completed'::outbox.job_state AS state, o.error, false AS released
   ),
-  counted AS (
+  failed AS (
+    UPDATE outbox.jobs AS j
+    SET state = CASE WHEN o.state <> 'released' THEN o.state WHEN j.attempt > 1 THEN 'retryable'
+                     ELSE 'available' END::outbox.job_state,
+        attempt = CASE WHEN o.state = 'released' THEN j.attempt - 1 ELSE j.attempt END,
+        scheduled_at = CASE WHEN o.state = 'retryable' THEN now() + o.delay_ms * interval '1 millisecond'
+                            ELSE j.scheduled_at END,
+        finalized_at = CASE WHEN o.state = 'discarded' THEN now() END,
+        errors = CASE WHEN o.error = '' THEN j.errors
+                      ELSE j.errors || jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'at', now(), 'error', o.error))
+                 END
+    FROM outcome AS o
+    WHERE j.id = o.id AND j.attempt = o.attempt AND j.state = 'running' AND o.state <> 'completed'
+    RETURNING j.id, o.attempt, j.event_id, j.kind, j.endpoint_id, j.replay_id, j.lane_key, j.attempted_at,
+              j.state, o.error, o.state = 'released'
+  ),
+  finished AS (
+    SELECT * FROM delivered UNION ALL SELECT * FROM failed
+  ),
+  made AS (
+    SELECT a.* FROM json_to_recordset(in_attempts)
+      AS a(job_id bigint, attempt integer, duration_ms integer, status_code integer, error text, excerpt text)
+  ),
+  history AS (
+    INSERT INTO outbox.deliveries (job_id, attempt, event_id, kind, endpoint_id, replay_id, outcome, attempted_at,
+                                   duration_ms, status_code, error, response_excerpt)
+    SELECT f.id, f.attempt, f.event_id, f.kind, f.endpoint_id, f.replay_id, f.state, f.attempted_at,
+           coalesce(a.duration_ms, 0), nullif(a.status_code, 0), coalesce(nullif(a.error, ''), f.error, ''),
+           coalesce(a.excerpt, '')
+    FROM finished AS f
+    LEFT JOIN made AS a ON a.job_id = f.id AND a.attempt = f.attempt
+    WHERE NOT f.released
+    ORDER BY 1, 2
+    ON CONFLICT ON CONSTRAINT deliveries_pkey DO NOTHING
+  )
+  SELECT f.id, f.attempt, f.endpoint_id, f.lane_key, f.state FROM finished AS f;
+END
+$$;
+
+-- record_fenced_attempts keeps in the history the attempts of in_attempts
+-- whose outcome the fence refused (not written_ids, written_attempts): a
+-- worker that lost its job to the rescuer, whose request may still have
+-- reached the receiver. Such an attempt has no outcome; over the row its
+-- rescue wrote (rescue_jobs), its answer replaces the rescue's guess, and
+-- so it is kept even once its job has left the queue. Writing a batch
+-- again writes the same values.
+CREATE FUNCTION outbox.record_fenced_attempts(in_attempts json, written_ids bigint[], written_attempts integer[])
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+  INSERT INTO outbox.deliveries AS d (job_id, attempt, event_id, kind, endpoint_id, replay_id, duration_ms,
+                                      status_code, error, response_excerpt)
+  SELECT a.job_id, a.attempt, coalesce(h.event_id, j.event_id), coalesce(h.kind, j.kind),
+         coalesce(h.endpoint_id, j.endpoint_id), coalesce(h.replay_id, j.replay_id), a.duration_ms,
+         nullif(a.status_code, 0), a.error, a.excerpt
+  FROM json_to_recordset(in_attempts)
+       AS a(job_id bigint, attempt integer, duration_ms integer, status_code integer, error text, excerpt text)
+  LEFT JOIN outbox.jobs AS j ON j.id = a.job_id
+  LEFT JOIN outbox.deliveries AS h ON h.job_id = a.job_id AND h.attempt = a.attempt
+  WHERE (j.id IS NOT NULL OR h.job_id IS NOT NULL)
+    AND NOT EXISTS (SELECT 1 FROM unnest(written_ids, written_attempts) AS w(id, attempt)
+                    WHERE w.id = a.job_id AND w.attempt = a.attempt)
+  ORDER BY a.job_id, a.attempt
+  ON CONFLICT ON CONSTRAINT deliveries_pkey DO UPDATE
+  SET status_code = EXCLUDED.status_code, duration_ms = EXCLUDED.duration_ms,
+      response_excerpt = EXCLUDED.response_excerpt, finished_at = EXCLUDED.finished_at
+  WHERE d.outcome IS DISTINCT FROM 'completed';
+END
+$$;
+
+-- count_attempts adds the attempts written (written_ids, written_attempts:
+-- those whose outcome finish_jobs wrote) to the statistics, in a row of
+-- delivery_stats per endpoint and minute. An attempt the fence refused (a
+-- worker that lost its job to the rescuer, or this batch written again
+-- after its commit's answer was lost) counts nothing, and one that made no
+-- request (class 'none') neither.
+CREATE FUNCTION outbox.count_attempts(in_attempts json, written_ids bigint[], written_attempts integer[],
+                                      in_buckets integer)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+  WITH counted AS (
     SELECT a.endpoint_id, a.minute,
            count(*) AS attempts,
            count(*) FILTER (WHERE a.class = 'success') AS successes,
@@ -2950,23 +3019,21 @@ BEGIN
            count(*) FILTER (WHERE a.class = 'connection') AS failed_connection,
            count(*) FILTER (WHERE a.class = 'other') AS failed_other,
            array_agg(a.bucket) FILTER (WHERE a.class = 'success') AS buckets
-    FROM attempt AS a
-    WHERE a.written
-      AND a.endpoint_id <> 0
-      AND a.class <> 'none'
+    FROM json_to_recordset(in_attempts)
+         AS a(job_id bigint, attempt integer, endpoint_id bigint, class text, minute bigint, bucket integer)
+    JOIN unnest(written_ids, written_attempts) AS w(id, attempt) ON w.id = a.job_id AND w.attempt = a.attempt
+    WHERE a.endpoint_id <> 0 AND a.class <> 'none'
     GROUP BY a.endpoint_id, a.minute
   )
   INSERT INTO outbox.delivery_stats AS s (endpoint_id, minute, attempts, successes, failed_timeout,
                                           failed_4xx, failed_5xx, failed_connection, failed_other, latency_buckets)
   SELECT c.endpoint_id, to_timestamp(c.minute), c.attempts, c.successes, c.failed_timeout,
          c.failed_4xx, c.failed_5xx, c.failed_connection, c.failed_other,
-         ARRAY(
-           SELECT count(b.bucket)
-           FROM generate_series(0, in_buckets - 1) AS g(bucket)
-           LEFT JOIN unnest(c.buckets) AS b(bucket) ON b.bucket = g.bucket
-           GROUP BY g.bucket
-           ORDER BY g.bucket
-         )
+         ARRAY(SELECT count(b.bucket)
+               FROM generate_series(0, in_buckets - 1) AS g(bucket)
+               LEFT JOIN unnest(c.buckets) AS b(bucket) ON b.bucket = g.bucket
+               GROUP BY g.bucket
+               ORDER BY g.bucket)
   FROM counted AS c
   ORDER BY c.endpoint_id, c.minute
   ON CONFLICT (endpoint_id, minute) DO UPDATE
@@ -2977,12 +3044,28 @@ BEGIN
       failed_5xx = s.failed_5xx + EXCLUDED.failed_5xx,
       failed_connection = s.failed_connection + EXCLUDED.failed_connection,
       failed_other = s.failed_other + EXCLUDED.failed_other,
-      latency_buckets = ARRAY(
-        SELECT a + b
-        FROM unnest(s.latency_buckets, EXCLUDED.latency_buckets) WITH ORDINALITY AS t(a, b, i)
-        ORDER BY i
-      );
+      latency_buckets = ARRAY(SELECT a + b
+                              FROM unnest(s.latency_buckets, EXCLUDED.latency_buckets) WITH ORDINALITY AS t(a, b, i)
+                              ORDER BY i);
+END
+$$;
 
+-- record_endpoint_health writes what a batch's attempts did to their
+-- endpoints: their health (a success restarts the count of consecutive
+-- failures; the count reaching in_breaker_threshold opens the breaker, and
+-- a success closes it; failing_since is set by the first failure after a
+-- success and cleared by a success; a hold only ever extends held_until),
+-- the ones whose receiver answered 410 Gone (disabled, with failing_since,
+-- in one change: one "disabled" notification, not a "failing" one first),
+-- and the dedup window each receiver advertised (an unchanged one written
+-- at most hourly). A healthy endpoint's row is not rewritten on every
+-- delivery.
+CREATE FUNCTION outbox.record_endpoint_health(in_health json, in_gone bigint[], in_windows json,
+                                              in_breaker_threshold integer)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
   IF json_array_length(in_health) > 0 THEN
     UPDATE outbox.endpoints AS ep
     SET consecutive_failures = h.failures + CASE WHEN h.succeeded THEN 0 ELSE ep.consecutive_failures END,
@@ -2990,31 +3073,21 @@ BEGIN
           WHEN h.failures + CASE WHEN h.succeeded THEN 0 ELSE ep.consecutive_failures END >= in_breaker_threshold
           THEN coalesce(ep.breaker_opened_at, now())
         END,
-        failing_since = CASE
-          WHEN h.failures = 0 THEN NULL
-          WHEN h.succeeded THEN now()
-          ELSE coalesce(ep.failing_since, now())
-        END,
-        held_until = CASE
-          WHEN h.hold_ms > 0 THEN greatest(ep.held_until, now() + h.hold_ms * interval '1 millisecond')
-          ELSE ep.held_until
-        END
+        failing_since = CASE WHEN h.failures = 0 THEN NULL WHEN h.succeeded THEN now()
+                             ELSE coalesce(ep.failing_since, now()) END,
+        held_until = CASE WHEN h.hold_ms > 0 THEN greatest(ep.held_until, now() + h.hold_ms * interval '1 millisecond')
+                          ELSE ep.held_until END
     FROM json_to_recordset(in_health) AS h(id bigint, succeeded boolean, failures integer, hold_ms bigint)
     WHERE ep.id = h.id
       AND (h.failures > 0 OR h.hold_ms > 0
            OR ep.consecutive_failures > 0 OR ep.failing_since IS NOT NULL OR ep.breaker_opened_at IS NOT NULL);
   END IF;
-
   IF cardinality(in_gone) > 0 THEN
     UPDATE outbox.endpoints AS ep
-    SET disabled_at = now(),
-        disabled_reason = 'the receiver answered 410 Gone',
-        disabled_cause = 'gone',
+    SET disabled_at = now(), disabled_reason = 'the receiver answered 410 Gone', disabled_cause = 'gone',
         failing_since = coalesce(ep.failing_since, now())
-    WHERE ep.id = ANY (in_gone)
-      AND ep.disabled_at IS NULL;
+    WHERE ep.id = ANY (in_gone) AND ep.disabled_at IS NULL;
   END IF;
-
   -- A window row's seconds is NULL for a 2xx that advertised none: the
   -- receiver no longer promises one, and its stored window goes. None
   -- stored and none advertised writes nothing.
@@ -3024,9 +3097,45 @@ BEGIN
         dedup_window_seen_at = CASE WHEN w.seconds IS NOT NULL THEN now() END
     FROM json_to_recordset(in_windows) AS w(id bigint, seconds bigint)
     WHERE ep.id = w.id
-      AND (ep.dedup_window_seconds IS DISTINCT FROM w.seconds
-           OR ep.dedup_window_seen_at < now() - interval '1 hour');
+      AND (ep.dedup_window_seconds IS DISTINCT FROM w.seconds OR ep.dedup_window_seen_at < now() - interval '1 hour');
   END IF;
+END
+$$;
+
+-- rescue_jobs is the rescuer's (rescue.go): it ends the attempts of the
+-- running jobs in_ids, locked by the caller, whose worker is gone (past
+-- the rescue horizon, or of a replica declared dead), each with its error
+-- of in_errors. A job is retryable now, or discarded if that was its last
+-- attempt; the attempt stays spent, so a late outcome of it is fenced out
+-- (finish_jobs), and goes to the history with its error. It returns each
+-- job's endpoint and ordered lane, which the caller advances.
+CREATE FUNCTION outbox.rescue_jobs(in_ids bigint[], in_errors text[])
+RETURNS TABLE (endpoint_id bigint, lane_key text)
+LANGUAGE plpgsql VOLATILE
+AS $$
+#variable_conflict use_column
+BEGIN
+  RETURN QUERY
+  WITH rescued AS (
+    UPDATE outbox.jobs AS j
+    SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'discarded' ELSE 'retryable' END::outbox.job_state,
+        scheduled_at = now(),
+        finalized_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
+        errors = j.errors || jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'at', now(), 'error', r.error))
+    FROM unnest(in_ids, in_errors) AS r(id, error)
+    WHERE j.id = r.id AND j.state = 'running'
+    RETURNING j.id, j.attempt, j.event_id, j.kind, j.endpoint_id, j.replay_id, j.lane_key, j.state, j.attempted_at,
+              r.error
+  ),
+  history AS (
+    INSERT INTO outbox.deliveries (job_id, attempt, event_id, kind, endpoint_id, replay_id, outcome, attempted_at,
+                                   duration_ms, error)
+    SELECT r.id, r.attempt, r.event_id, r.kind, r.endpoint_id, r.replay_id, r.state, r.attempted_at, 0, r.error
+    FROM rescued AS r
+    ORDER BY r.id
+    ON CONFLICT ON CONSTRAINT deliveries_pkey DO NOTHING
+  )
+  SELECT r.endpoint_id, r.lane_key FROM rescued AS r;
 END
 $$;
 
@@ -3137,11 +3246,12 @@ CREATE TRIGGER endpoints_state_event
 -- One row per owner notification that took a slot of its owner's hourly
 -- cap (-owner-notify-per-hour, 5). Keyed by the job, so a retry of the job
 -- finds its slot and does not take a second one. A notification over the
--- cap takes no slot: its job completes with a note and is counted. Rows
--- go with their job (the job cleaner deletes completed jobs after 24 h,
--- long after the hour that counts).
+-- cap takes no slot: its job completes with a note and is counted. No
+-- foreign key: a slot outlives its job, which leaves the queue once sent,
+-- for the hour that counts; an owner's next notification deletes its
+-- slots older than that (ownernotify.go).
 CREATE TABLE outbox.owner_notify_slots (
-  job_id      bigint      PRIMARY KEY REFERENCES outbox.jobs (id) ON DELETE CASCADE,
+  job_id      bigint      PRIMARY KEY,
   owner_email text        NOT NULL,
   taken_at    timestamptz NOT NULL DEFAULT now()
 );
@@ -3368,9 +3478,7 @@ BEGIN
   UPDATE outbox.deliveries AS d
   SET error = CASE WHEN d.error = '' THEN '' ELSE '(erased)' END,
       response_excerpt = ''
-  FROM outbox.jobs AS j
-  WHERE j.event_id = ANY (erased)
-    AND d.job_id = j.id;
+  WHERE d.event_id = ANY (erased);
 
   PERFORM outbox.advance_lanes(lanes.endpoint_ids, lanes.keys, true);
 

@@ -341,7 +341,7 @@ type FailureGroup struct {
 // Bounds of an endpoint's recent failures: the newest
 // recentFailureAttempts failed attempts of the window (minutes of a
 // receiver failing at the workers' pace, one range of
-// deliveries_by_endpoint_finished_at, newest first), in at most
+// deliveries_failed_by_endpoint_finished_at, newest first), in at most
 // maxFailureGroups groups, the most frequent first.
 const (
 	recentFailureAttempts = 1000
@@ -349,25 +349,24 @@ const (
 )
 
 // recentFailuresSQL groups endpoint $1's newest $3 failed attempts since
-// $2, and reads the event of each group's latest by the job's primary key:
-// $4 lookups, not a join of every attempt. A row of outbox.deliveries is an
-// attempt that did not complete its job; a 2xx among them is one whose
-// outcome was fenced out, not a failure.
+// $2 (deliveries_failed_by_endpoint_finished_at), with the event of each
+// group's latest. Of the attempts that did not complete their jobs, a 2xx
+// is one whose outcome was fenced out, not a failure.
 const recentFailuresSQL = `
-SELECT g.status_code, g.error, g.attempts, g.first_at, g.last_at,
-       (SELECT j.event_id FROM outbox.jobs AS j WHERE j.id = g.last_job_id)
+SELECT g.status_code, g.error, g.attempts, g.first_at, g.last_at, g.last_event_id
 FROM (
   SELECT f.status_code,
          (array_agg(f.error ORDER BY f.finished_at DESC))[1] AS error,
          count(*) AS attempts,
          min(f.finished_at) AS first_at,
          max(f.finished_at) AS last_at,
-         (array_agg(f.job_id ORDER BY f.finished_at DESC))[1] AS last_job_id
+         (array_agg(f.event_id ORDER BY f.finished_at DESC))[1] AS last_event_id
   FROM (
-    SELECT job_id, finished_at, status_code, error
+    SELECT event_id, finished_at, status_code, error
     FROM outbox.deliveries
     WHERE endpoint_id = $1
       AND finished_at >= $2
+      AND outcome IS DISTINCT FROM 'completed'
       AND (status_code NOT BETWEEN 200 AND 299 OR (status_code IS NULL AND error <> ''))
     ORDER BY finished_at DESC
     LIMIT $3
@@ -620,8 +619,8 @@ const summaryCountCap = 1000
 // endpointSummariesSQL reads the summary of endpoints $1 (an id array):
 // the last hour by the primary key of delivery_stats, the waiting jobs
 // by jobs_waiting_by_endpoint, at most $2, and the last failed
-// attempt by deliveries_by_endpoint_finished_at (a 2xx there is an
-// outcome fenced out, not a failure).
+// attempt by deliveries_failed_by_endpoint_finished_at (a 2xx there is
+// an outcome fenced out, not a failure).
 const endpointSummariesSQL = `
 SELECT ep.id, coalesce(s.attempts, 0), coalesce(s.successes, 0),
        q.queued, q.scheduled,
@@ -646,6 +645,7 @@ LEFT JOIN LATERAL (
   SELECT d.status_code, d.error, d.finished_at
   FROM outbox.deliveries AS d
   WHERE d.endpoint_id = ep.id
+    AND d.outcome IS DISTINCT FROM 'completed'
     AND NOT coalesce(d.status_code BETWEEN 200 AND 299, false)
   ORDER BY d.finished_at DESC
   LIMIT 1

@@ -208,30 +208,24 @@ func recordPreviousOutcomes(t *testing.T, db *sql.DB, endpointID, completed, ret
 	}
 }
 
-// checkPreviousOutcomes checks what recordPreviousOutcomes wrote.
+// checkPreviousOutcomes checks what recordPreviousOutcomes wrote: the
+// completed jobs left the queue, and every attempt is in the history with
+// what it left its job.
 func checkPreviousOutcomes(t *testing.T, db *sql.DB, endpointID, completed, retried, unkept int64) {
 	t.Helper()
-	type job struct {
-		state              string
-		status, durationMS sql.NullInt64
-		errors             int
+	got := queryStrings(t, db, `
+		SELECT d.job_id || ' ' || d.outcome || ' ' || coalesce(d.status_code, 0) || ' ' || d.duration_ms || ' '
+		       || coalesce((SELECT j.state || ' ' || jsonb_array_length(j.errors) FROM outbox.jobs AS j WHERE j.id = d.job_id), 'gone')
+		FROM outbox.deliveries AS d
+		WHERE d.job_id IN ($1, $2, $3)
+		ORDER BY d.job_id`, completed, retried, unkept)
+	want := []string{
+		fmt.Sprintf("%d completed 200 12 gone", completed),
+		fmt.Sprintf("%d retryable 500 30 retryable 1", retried),
+		fmt.Sprintf("%d completed 200 40 gone", unkept),
 	}
-	for _, c := range []struct {
-		id   int64
-		want job
-	}{
-		{completed, job{"completed", sql.NullInt64{Int64: 200, Valid: true}, sql.NullInt64{Int64: 12, Valid: true}, 0}},
-		{retried, job{state: "retryable", errors: 1}},
-		{unkept, job{state: "completed"}},
-	} {
-		var got job
-		if err := db.QueryRow(`SELECT state, status_code, duration_ms, jsonb_array_length(errors) FROM outbox.jobs WHERE id = $1`, c.id).
-			Scan(&got.state, &got.status, &got.durationMS, &got.errors); err != nil {
-			t.Fatal(err)
-		}
-		if got != c.want {
-			t.Errorf("job %d after the previous release's outcomes: %+v, want %+v", c.id, got, c.want)
-		}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("the jobs and their history after the previous release's outcomes (-want +got):\n%s", diff)
 	}
 	if n := queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE job_id IN ($1, $2) AND status_code IN (500, 200)`, retried, unkept); n != 2 {
 		t.Errorf("%d attempts kept in deliveries, want 2 (the 500 and the success its job did not keep)", n)

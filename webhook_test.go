@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -131,9 +132,18 @@ func recordAddressed(t *testing.T, db *sql.DB, owner, topic, subject string) int
 }
 
 // webhookJob is the id of the webhook job of (event, endpoint).
+// webhookJob is the id of the delivery of event eventID to endpoint
+// endpointID: in the queue, or in the history once delivered.
 func webhookJob(t *testing.T, db *sql.DB, eventID, endpointID int64) int64 {
 	t.Helper()
-	return int64(queryInt(t, db, `SELECT id FROM outbox.jobs WHERE event_id = $1 AND endpoint_id = $2`, eventID, endpointID))
+	return int64(queryInt(t, db, `
+		SELECT j.id FROM (
+		  SELECT id, 0 AS delivered FROM outbox.jobs WHERE event_id = $1 AND endpoint_id = $2
+		  UNION ALL
+		  SELECT job_id, 1 FROM outbox.deliveries WHERE event_id = $1 AND endpoint_id = $2 AND outcome = 'completed'
+		) AS j
+		ORDER BY j.delivered, j.id DESC
+		LIMIT 1`, eventID, endpointID))
 }
 
 func secretOf(t *testing.T, e endpointWithSecret) []byte {
@@ -320,10 +330,10 @@ func TestWebhooksArriveOncePerSubscribingEndpoint(t *testing.T) {
 		}
 	}
 	waitFor(t, "every webhook job completed", 30*time.Second, func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE kind = 'webhook' AND state = 'completed'`) == want
+		return queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE kind = 'webhook' AND outcome = 'completed'`) == want
 	})
-	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE kind = 'webhook'`); n != want {
-		t.Errorf("%d webhook jobs, want %d", n, want)
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs`); n != 0 {
+		t.Errorf("%d jobs left in the queue, want none: every one delivered", n)
 	}
 
 	for i, s := range subs {
@@ -362,13 +372,13 @@ func TestWebhooksArriveOncePerSubscribingEndpoint(t *testing.T) {
 			t.Errorf("endpoint %d (topics %v): deliveries per event id (-want +got):\n%s", i, s.topics, diff)
 		}
 	}
-	// Each one was recorded for the panel, on its job: a success that
-	// completed its job has no row of its own.
-	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'completed' AND status_code = 200 AND duration_ms >= 0`); n != want {
+	// Each one was recorded in the history, once, as the attempt that
+	// completed its job.
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE outcome = 'completed' AND status_code = 200 AND duration_ms >= 0`); n != want {
 		t.Errorf("%d deliveries recorded as 200, want %d", n, want)
 	}
-	if n := queryInt(t, db, `SELECT count(*) FROM outbox.deliveries`); n != 0 {
-		t.Errorf("%d rows in outbox.deliveries, want none: every attempt succeeded", n)
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.deliveries`); n != want {
+		t.Errorf("%d rows in outbox.deliveries, want %d: one an attempt, each one succeeded", n, want)
 	}
 }
 
@@ -528,8 +538,8 @@ func TestWebhookRetriesKeepWebhookIDAndBackOff(t *testing.T) {
 	if diff := cmp.Diff([]string{"3 200 ", "2 500 try again", "1 500 try again"}, got); diff != "" {
 		t.Errorf("recorded attempts (-want +got):\n%s", diff)
 	}
-	if n := queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE job_id = $1`, job); n != 2 {
-		t.Errorf("%d rows in outbox.deliveries, want the 2 failed attempts", n)
+	if got := queryStrings(t, db, `SELECT attempt || ' ' || outcome FROM outbox.deliveries WHERE job_id = $1 ORDER BY attempt`, job); !slices.Equal(got, []string{"1 retryable", "2 retryable", "3 completed"}) {
+		t.Errorf("the history of the job: %q, want its 2 failed attempts and the one that completed it", got)
 	}
 }
 
@@ -771,7 +781,7 @@ func TestWebhookEndlessAnswerIsCut(t *testing.T) {
 	waitFor(t, "one delivery to complete and the other to fail", 10*time.Second, func() bool {
 		return readJob(t, db, okJob).State == "completed" && readJob(t, db, failedJob).State == "retryable"
 	})
-	if ms := queryInt(t, db, `SELECT duration_ms FROM outbox.jobs WHERE id = $1`, okJob); ms > 5000 {
+	if ms := queryInt(t, db, `SELECT duration_ms FROM outbox.deliveries WHERE job_id = $1`, okJob); ms > 5000 {
 		t.Errorf("the success took %d ms; want well under the timeout", ms)
 	}
 	var durationMS, excerptLen int

@@ -22,6 +22,39 @@
 
 DROP TABLE IF EXISTS outbox.schema_applied;
 
+-- The history: outbox.deliveries keeps every attempt of a job that
+-- ended, the one that completed it included, with the job's event, kind,
+-- endpoint and replay, what the attempt left its job, and when its claim
+-- took it; a job that completes leaves outbox.jobs in the transaction
+-- that writes its attempt here (finish_jobs). The rows the release before
+-- kept, its jobs' failed attempts, are given their job's columns here. Its
+-- completed jobs stay in the queue until the job cleaner deletes them,
+-- 24 h after they completed, and every reader counts them as delivered.
+ALTER TABLE outbox.deliveries DROP CONSTRAINT IF EXISTS deliveries_job_id_fkey;
+ALTER TABLE outbox.owner_notify_slots DROP CONSTRAINT IF EXISTS owner_notify_slots_job_id_fkey;
+ALTER TABLE outbox.deliveries
+  ADD COLUMN IF NOT EXISTS event_id bigint,
+  ADD COLUMN IF NOT EXISTS kind text,
+  ADD COLUMN IF NOT EXISTS replay_id bigint,
+  ADD COLUMN IF NOT EXISTS outcome outbox.job_state,
+  ADD COLUMN IF NOT EXISTS attempted_at timestamptz;
+UPDATE outbox.deliveries AS d
+SET event_id = j.event_id,
+    kind = j.kind,
+    replay_id = j.replay_id,
+    outcome = CASE WHEN d.attempt = j.attempt AND j.state IN ('completed', 'discarded') THEN j.state
+                   WHEN d.status_code BETWEEN 200 AND 299 AND d.error = '' THEN NULL
+                   ELSE 'retryable' END
+FROM outbox.jobs AS j
+WHERE j.id = d.job_id
+  AND d.event_id IS NULL;
+ALTER TABLE outbox.deliveries
+  ALTER COLUMN event_id SET NOT NULL,
+  ALTER COLUMN kind SET NOT NULL;
+ALTER TABLE outbox.deliveries DROP CONSTRAINT IF EXISTS deliveries_outcome_final;
+ALTER TABLE outbox.deliveries
+  ADD CONSTRAINT deliveries_outcome_final CHECK (outcome IN ('completed', 'retryable', 'discarded'));
+
 DROP FUNCTION IF EXISTS outbox.fan_out(integer, bigint, jsonb, integer, double precision, text, integer, bigint, bigint[], integer);
 DROP FUNCTION IF EXISTS outbox.mark_claimed_fanned_out(bigint[]);
 
@@ -785,106 +818,337 @@ BEGIN
 END
 $$;
 
--- advance_lanes makes the next held delivery of each given lane due: the
--- one of the lowest event id, if the lane has no active delivery and no
--- earlier event of its subject that the endpoint's topics select, and the
--- tenancy boundary lets it have (owner_admits), is still waiting to be
--- fanned out. That last rule is what makes fan-out order
--- commit order: two relays can fan out a subject's events 2 and 3 at
--- once, and 3's transaction commit first; 3 then waits for 2, whose
--- relay's own call advances the lane. The un-fanned events are read once
--- per call, those below the highest held head only: in steady state, the
--- other relays' batches. (Read for every lane, unbounded, they would be
--- most of the call's time.)
+-- record_outcomes is the completer's transaction (completer.go), and an
+-- in-process subscriber's batch's (deliver.go): a batch of outcomes with
+-- everything they record, in one call. It takes rows, as JSON arrays of
+-- objects:
 --
--- Two callers can race: the relay inserting a held delivery and the
--- completer finishing the active one, each unable to see the other's
--- uncommitted row, would both leave the lane held. So every caller
--- locks the lanes first and decides in a second statement, whose
--- snapshot sees whatever the previous holder of a lane committed. The
--- locks are transaction-scoped advisory locks, one per lane, so only
--- callers of the same lane wait for each other (a lock of the endpoint's
--- row would make every completer and relay of an endpoint wait for each
--- other): a shared lock on the endpoint (first key
--- hashtext('outbox.advance_lanes'), endpoint ids in order), then the
--- lanes' (hashtext('outbox.advance_lanes/lane'), in key order). A call
--- with more than 64 lanes of one endpoint (a relay's or a replay's big
--- batch) takes that endpoint's lock exclusively instead of one per lane,
--- so that no transaction holds more advisory locks than the lock table
--- allows for (max_locks_per_transaction, 64 by default). Endpoint locks
--- all before lane locks, each in one order: no two callers wait for each
--- other in a circle.
+--   in_outcomes  one per job: {id, attempt, state, delay_ms, error};
+--   in_attempts  one per request or mail made: {job_id, attempt,
+--                endpoint_id, duration_ms, status_code, error, excerpt,
+--                class, minute, bucket}; minute is Unix seconds, bucket
+--                the 0-based latency bucket of in_buckets;
+--   in_health    one per endpoint whose health an attempt moved, in id
+--                order: {id, succeeded, failures, hold_ms}: whether an
+--                attempt succeeded, how many failed after the last success
+--                (or at all, without one), the longest hold asked for;
+--   in_gone      the endpoints whose receiver answered 410 Gone, in id
+--                order;
+--   in_windows   the dedup windows receivers advertised, in id order:
+--                {id, seconds}.
 --
--- A PATCH to ordering 'none' and a delete release an endpoint's lanes
--- (endpoints.go, releaseLanesSQL) under its row lock, and cannot see a
--- held delivery inserted or put back meanwhile. So a caller that holds
--- deliveries (fan-out, a replay, a retry by hand: hold true) also locks
--- the endpoints' rows FOR SHARE, after the advisory locks, and decides
--- after a release: the held delivery is its lane's first. The completer
--- (hold false) only finishes deliveries, which a release's own row locks
--- order, and skips it: FOR SHARE between its completions would have
--- completers of two replicas wait for each other to update the endpoint
--- (endpointHealthSQL).
--- A lane's head is its held delivery of the lowest event id, made due
--- when the lane has no active delivery. Returns how many it made due.
-CREATE OR REPLACE FUNCTION outbox.advance_lanes(endpoint_ids bigint[], lane_keys text[], hold boolean)
-RETURNS integer
+-- It runs, in this order (every completer locks rows in it, so two of them
+-- wait rather than deadlock): the jobs' outcomes and their attempts in the
+-- history (finish_jobs); advance_lanes for the ordered lanes whose
+-- delivery finished, in the same transaction, so that there is never a
+-- moment with a lane held and nothing running; the statistics
+-- (count_attempts); the endpoints (record_endpoint_health).
+--
+-- Writing a batch again is safe: outcomes are fenced on the attempt, the
+-- history is inserted ON CONFLICT DO NOTHING, and endpoint states set, not
+-- toggled. Rows go in (endpoint, minute) or id order, so two completers
+-- lock them in one order. The commit does not wait for the WAL to reach
+-- the disk (database.go, beginPipelineTx, says why that loses nothing).
+--
+-- enable_bitmapscan = off, for the reason claim_due_jobs gives: the
+-- outcomes' jobs are found through jobs_running_by_attempted_at (the
+-- generic plan expects few running jobs and hashes them all), and a bitmap
+-- scan of it visits every entry, dead ones included, without ever marking
+-- them dead, so a batch costs more the longer since the last vacuum. A
+-- plain index scan marks the entries of rows dead to every snapshot, and
+-- the next batch skips them (docs/performance.md, the completer's plan,
+-- has the figures).
+CREATE OR REPLACE FUNCTION outbox.record_outcomes(in_outcomes json, in_attempts json, in_health json, in_gone bigint[],
+                                       in_windows json, in_breaker_threshold integer, in_buckets integer)
+RETURNS void
 LANGUAGE plpgsql VOLATILE
-SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+SET enable_bitmapscan = off
 AS $$
 DECLARE
-  advanced integer;
+  written_ids bigint[];
+  written_attempts integer[];
+  lane_endpoints bigint[];
+  lane_keys text[];
 BEGIN
-  PERFORM outbox.lock_lanes(endpoint_ids, lane_keys, hold);
-  WITH lane AS (
-    SELECT DISTINCT g.endpoint_id, g.lane_key, ep.topics,
-           o.key AS owner_key, o.allowed_topics, o.shared_topics
-    FROM unnest(endpoint_ids, lane_keys) AS g(endpoint_id, lane_key)
-    JOIN outbox.endpoints AS ep ON ep.id = g.endpoint_id
-    LEFT JOIN outbox.owners AS o ON o.id = ep.owner_id
-    WHERE g.lane_key IS NOT NULL
+  PERFORM set_config('synchronous_commit', 'off', true);
+  -- outbox.events first, in the order a migration locks the tables
+  -- (migrate.go, schemaTablesQuery): a completion in an ordered lane reads
+  -- events after it updates jobs (advance_lanes).
+  LOCK TABLE outbox.events IN ACCESS SHARE MODE;
+  SELECT array_agg(f.id), array_agg(f.attempt),
+         array_agg(f.endpoint_id ORDER BY f.endpoint_id, f.lane_key) FILTER (WHERE f.lane_done),
+         array_agg(f.lane_key ORDER BY f.endpoint_id, f.lane_key) FILTER (WHERE f.lane_done)
+  INTO written_ids, written_attempts, lane_endpoints, lane_keys
+  FROM (SELECT f.*, f.lane_key IS NOT NULL AND f.state IN ('completed', 'discarded') AS lane_done
+        FROM outbox.finish_jobs(in_outcomes, in_attempts) AS f) AS f;
+  IF lane_endpoints IS NOT NULL THEN
+    PERFORM outbox.advance_lanes(lane_endpoints, lane_keys, false);
+  END IF;
+  written_ids := coalesce(written_ids, '{}');
+  written_attempts := coalesce(written_attempts, '{}');
+  PERFORM outbox.record_fenced_attempts(in_attempts, written_ids, written_attempts);
+  PERFORM outbox.count_attempts(in_attempts, written_ids, written_attempts, in_buckets);
+  PERFORM outbox.record_endpoint_health(in_health, in_gone, in_windows, in_breaker_threshold);
+END
+$$;
+
+-- finish_jobs writes the outcomes, each fenced on (id, attempt, running):
+-- an outcome of an attempt that is no longer its job's current one changes
+-- nothing. A completed job leaves the queue; a failed one is retryable
+-- after its delay or discarded, its error added to its errors. Every
+-- attempt goes to the history (outbox.deliveries) with what it left its
+-- job (the attempts the fence refused are record_fenced_attempts'). State
+-- 'released' comes from the release before alone, for a job it claimed
+-- ahead of its endpoint's requests and never sent: it goes back to the
+-- queue as it was before the claim, its attempt not counted, and makes no
+-- history. It returns the jobs it finished.
+CREATE OR REPLACE FUNCTION outbox.finish_jobs(in_outcomes json, in_attempts json)
+RETURNS TABLE (id bigint, attempt integer, endpoint_id bigint, lane_key text, state outbox.job_state)
+LANGUAGE plpgsql VOLATILE
+AS $$
+#variable_conflict use_column
+BEGIN
+  RETURN QUERY
+  WITH outcome AS (
+    SELECT o.* FROM json_to_recordset(in_outcomes) AS o(id bigint, attempt integer, state text, delay_ms bigint, error text)
   ),
-  head AS MATERIALIZED (
-    SELECT h.id, h.event_id, l.lane_key, l.topics, l.owner_key, l.allowed_topics, l.shared_topics
-    FROM lane AS l
-    CROSS JOIN LATERAL (
-      SELECT j.id, j.event_id
-      FROM outbox.jobs AS j
-      WHERE j.endpoint_id = l.endpoint_id AND j.lane_key = l.lane_key
-        AND j.state IN ('available', 'retryable', 'running')
-        AND j.scheduled_at = 'infinity'
-      ORDER BY j.event_id
-      LIMIT 1
-    ) AS h
-    WHERE NOT EXISTS (
-      SELECT 1
-      FROM outbox.jobs AS a
-      WHERE a.endpoint_id = l.endpoint_id AND a.lane_key = l.lane_key
-        AND a.state IN ('available', 'retryable', 'running')
-        AND a.scheduled_at < 'infinity'
-    )
+  delivered AS (
+    DELETE FROM outbox.jobs AS j
+    USING outcome AS o
+    WHERE j.id = o.id AND j.attempt = o.attempt AND j.state = 'running' AND o.state = 'completed'
+    RETURNING j.id, j.attempt, j.event_id, j.kind, j.endpoint_id, j.replay_id, j.lane_key, j.attempted_at,
+              'completed'::outbox.job_state AS state, o.error, false AS released
   ),
-  unfanned AS MATERIALIZED (
-    SELECT e.id, e.subject, e.topic, e.owner
-    FROM outbox.events AS e
-    WHERE e.fanned_out_at IS NULL
-      AND e.poisoned_at IS NULL
-      AND e.id < (SELECT max(h.event_id) FROM head AS h)
+  failed AS (
+    UPDATE outbox.jobs AS j
+    SET state = CASE WHEN o.state <> 'released' THEN o.state WHEN j.attempt > 1 THEN 'retryable'
+                     ELSE 'available' END::outbox.job_state,
+        attempt = CASE WHEN o.state = 'released' THEN j.attempt - 1 ELSE j.attempt END,
+        scheduled_at = CASE WHEN o.state = 'retryable' THEN now() + o.delay_ms * interval '1 millisecond'
+                            ELSE j.scheduled_at END,
+        finalized_at = CASE WHEN o.state = 'discarded' THEN now() END,
+        errors = CASE WHEN o.error = '' THEN j.errors
+                      ELSE j.errors || jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'at', now(), 'error', o.error))
+                 END
+    FROM outcome AS o
+    WHERE j.id = o.id AND j.attempt = o.attempt AND j.state = 'running' AND o.state <> 'completed'
+    RETURNING j.id, o.attempt, j.event_id, j.kind, j.endpoint_id, j.replay_id, j.lane_key, j.attempted_at,
+              j.state, o.error, o.state = 'released'
+  ),
+  finished AS (
+    SELECT * FROM delivered UNION ALL SELECT * FROM failed
+  ),
+  made AS (
+    SELECT a.* FROM json_to_recordset(in_attempts)
+      AS a(job_id bigint, attempt integer, duration_ms integer, status_code integer, error text, excerpt text)
+  ),
+  history AS (
+    INSERT INTO outbox.deliveries (job_id, attempt, event_id, kind, endpoint_id, replay_id, outcome, attempted_at,
+                                   duration_ms, status_code, error, response_excerpt)
+    SELECT f.id, f.attempt, f.event_id, f.kind, f.endpoint_id, f.replay_id, f.state, f.attempted_at,
+           coalesce(a.duration_ms, 0), nullif(a.status_code, 0), coalesce(nullif(a.error, ''), f.error, ''),
+           coalesce(a.excerpt, '')
+    FROM finished AS f
+    LEFT JOIN made AS a ON a.job_id = f.id AND a.attempt = f.attempt
+    WHERE NOT f.released
+    ORDER BY 1, 2
+    ON CONFLICT ON CONSTRAINT deliveries_pkey DO NOTHING
   )
+  SELECT f.id, f.attempt, f.endpoint_id, f.lane_key, f.state FROM finished AS f;
+END
+$$;
+
+-- count_attempts adds the attempts written (written_ids, written_attempts:
+-- those whose outcome finish_jobs wrote) to the statistics, in a row of
+-- delivery_stats per endpoint and minute. An attempt the fence refused (a
+-- worker that lost its job to the rescuer, or this batch written again
+-- after its commit's answer was lost) counts nothing, and one that made no
+-- request (class 'none') neither.
+CREATE OR REPLACE FUNCTION outbox.count_attempts(in_attempts json, written_ids bigint[], written_attempts integer[],
+                                      in_buckets integer)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+  WITH counted AS (
+    SELECT a.endpoint_id, a.minute,
+           count(*) AS attempts,
+           count(*) FILTER (WHERE a.class = 'success') AS successes,
+           count(*) FILTER (WHERE a.class = 'timeout') AS failed_timeout,
+           count(*) FILTER (WHERE a.class = '4xx') AS failed_4xx,
+           count(*) FILTER (WHERE a.class = '5xx') AS failed_5xx,
+           count(*) FILTER (WHERE a.class = 'connection') AS failed_connection,
+           count(*) FILTER (WHERE a.class = 'other') AS failed_other,
+           array_agg(a.bucket) FILTER (WHERE a.class = 'success') AS buckets
+    FROM json_to_recordset(in_attempts)
+         AS a(job_id bigint, attempt integer, endpoint_id bigint, class text, minute bigint, bucket integer)
+    JOIN unnest(written_ids, written_attempts) AS w(id, attempt) ON w.id = a.job_id AND w.attempt = a.attempt
+    WHERE a.endpoint_id <> 0 AND a.class <> 'none'
+    GROUP BY a.endpoint_id, a.minute
+  )
+  INSERT INTO outbox.delivery_stats AS s (endpoint_id, minute, attempts, successes, failed_timeout,
+                                          failed_4xx, failed_5xx, failed_connection, failed_other, latency_buckets)
+  SELECT c.endpoint_id, to_timestamp(c.minute), c.attempts, c.successes, c.failed_timeout,
+         c.failed_4xx, c.failed_5xx, c.failed_connection, c.failed_other,
+         ARRAY(SELECT count(b.bucket)
+               FROM generate_series(0, in_buckets - 1) AS g(bucket)
+               LEFT JOIN unnest(c.buckets) AS b(bucket) ON b.bucket = g.bucket
+               GROUP BY g.bucket
+               ORDER BY g.bucket)
+  FROM counted AS c
+  ORDER BY c.endpoint_id, c.minute
+  ON CONFLICT (endpoint_id, minute) DO UPDATE
+  SET attempts = s.attempts + EXCLUDED.attempts,
+      successes = s.successes + EXCLUDED.successes,
+      failed_timeout = s.failed_timeout + EXCLUDED.failed_timeout,
+      failed_4xx = s.failed_4xx + EXCLUDED.failed_4xx,
+      failed_5xx = s.failed_5xx + EXCLUDED.failed_5xx,
+      failed_connection = s.failed_connection + EXCLUDED.failed_connection,
+      failed_other = s.failed_other + EXCLUDED.failed_other,
+      latency_buckets = ARRAY(SELECT a + b
+                              FROM unnest(s.latency_buckets, EXCLUDED.latency_buckets) WITH ORDINALITY AS t(a, b, i)
+                              ORDER BY i);
+END
+$$;
+
+-- record_endpoint_health writes what a batch's attempts did to their
+-- endpoints: their health (a success restarts the count of consecutive
+-- failures; the count reaching in_breaker_threshold opens the breaker, and
+-- a success closes it; failing_since is set by the first failure after a
+-- success and cleared by a success; a hold only ever extends held_until),
+-- the ones whose receiver answered 410 Gone (disabled, with failing_since,
+-- in one change: one "disabled" notification, not a "failing" one first),
+-- and the dedup window each receiver advertised (an unchanged one written
+-- at most hourly). A healthy endpoint's row is not rewritten on every
+-- delivery.
+CREATE OR REPLACE FUNCTION outbox.record_endpoint_health(in_health json, in_gone bigint[], in_windows json,
+                                              in_breaker_threshold integer)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+  IF json_array_length(in_health) > 0 THEN
+    UPDATE outbox.endpoints AS ep
+    SET consecutive_failures = h.failures + CASE WHEN h.succeeded THEN 0 ELSE ep.consecutive_failures END,
+        breaker_opened_at = CASE
+          WHEN h.failures + CASE WHEN h.succeeded THEN 0 ELSE ep.consecutive_failures END >= in_breaker_threshold
+          THEN coalesce(ep.breaker_opened_at, now())
+        END,
+        failing_since = CASE WHEN h.failures = 0 THEN NULL WHEN h.succeeded THEN now()
+                             ELSE coalesce(ep.failing_since, now()) END,
+        held_until = CASE WHEN h.hold_ms > 0 THEN greatest(ep.held_until, now() + h.hold_ms * interval '1 millisecond')
+                          ELSE ep.held_until END
+    FROM json_to_recordset(in_health) AS h(id bigint, succeeded boolean, failures integer, hold_ms bigint)
+    WHERE ep.id = h.id
+      AND (h.failures > 0 OR h.hold_ms > 0
+           OR ep.consecutive_failures > 0 OR ep.failing_since IS NOT NULL OR ep.breaker_opened_at IS NOT NULL);
+  END IF;
+  IF cardinality(in_gone) > 0 THEN
+    UPDATE outbox.endpoints AS ep
+    SET disabled_at = now(), disabled_reason = 'the receiver answered 410 Gone', disabled_cause = 'gone',
+        failing_since = coalesce(ep.failing_since, now())
+    WHERE ep.id = ANY (in_gone) AND ep.disabled_at IS NULL;
+  END IF;
+  -- A window row's seconds is NULL for a 2xx that advertised none: the
+  -- receiver no longer promises one, and its stored window goes. None
+  -- stored and none advertised writes nothing.
+  IF json_array_length(in_windows) > 0 THEN
+    UPDATE outbox.endpoints AS ep
+    SET dedup_window_seconds = w.seconds,
+        dedup_window_seen_at = CASE WHEN w.seconds IS NOT NULL THEN now() END
+    FROM json_to_recordset(in_windows) AS w(id bigint, seconds bigint)
+    WHERE ep.id = w.id
+      AND (ep.dedup_window_seconds IS DISTINCT FROM w.seconds OR ep.dedup_window_seen_at < now() - interval '1 hour');
+  END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox.events_delete_jobs() RETURNS trigger
+LANGUAGE plpgsql
+SET enable_seqscan = off
+AS $$
+BEGIN
+  DELETE FROM outbox.jobs AS j WHERE j.event_id = ANY (ARRAY(SELECT g.id FROM gone_events AS g));
+  DELETE FROM outbox.deliveries AS d WHERE d.event_id = ANY (ARRAY(SELECT g.id FROM gone_events AS g));
+  RETURN NULL;
+END
+$$;
+
+-- erase_subject erases what outboxd keeps of the payloads of subject
+-- in_subject (docs/erasure.md), in the caller's transaction, and returns
+-- how many events it erased: 0 when every one was erased before. Its
+-- events keep their ids, topic, subject, times and outcomes and lose
+-- their payload (erased_at); one not yet fanned out, or poisoned, is
+-- marked fanned out with no delivery, so that no relay ever sends it.
+-- What their attempts kept that may echo the payload goes: the errors'
+-- texts become '(erased)' (jobs.errors, deliveries.error) and the
+-- answers' excerpts empty. Their jobs not yet finished end discarded
+-- with in_reason as their last error, a running one too: the completer's
+-- outcome of that attempt, fenced on the state (record_outcomes), then
+-- changes nothing and keeps nothing of its answer. The subject index's
+-- rows of the subject lose their payload whatever events remain:
+-- retention may have deleted the events whose payload they keep.
+--
+-- Tables in the pipeline's order (migrate.go, schemaTablesQuery): events,
+-- jobs, deliveries, the endpoints of the ordered lanes whose active
+-- delivery it discarded (advance_lanes), then subjects. The events are
+-- found by a scan: no index serves subject, and one would cost every
+-- recording for a call an operator makes now and then.
+CREATE OR REPLACE FUNCTION outbox.erase_subject(in_subject text, in_reason text)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+  erased bigint[];
+  lanes  record;
+BEGIN
+  WITH e AS (
+    UPDATE outbox.events AS e
+    SET payload = NULL,
+        erased_at = now(),
+        committed_at = outbox.commit_time(e, e.xmin),
+        fanned_out_at = coalesce(e.fanned_out_at, now()),
+        poisoned_at = NULL
+    WHERE e.subject = in_subject
+      AND e.erased_at IS NULL
+    RETURNING e.id
+  )
+  SELECT coalesce(array_agg(e.id), '{}') INTO erased FROM e;
+
   UPDATE outbox.jobs AS j
-  SET scheduled_at = now()
-  FROM head AS h
-  WHERE j.id = h.id
-    AND NOT EXISTS (
-      SELECT 1
-      FROM unfanned AS e
-      WHERE e.subject = h.lane_key
-        AND e.id < h.event_id
-        AND outbox.topic_matches(h.topics, e.topic)
-        AND outbox.owner_admits(e.owner, e.topic, h.owner_key, h.allowed_topics, h.shared_topics)
-    );
-  GET DIAGNOSTICS advanced = ROW_COUNT;
-  RETURN advanced;
+  SET errors = (SELECT jsonb_agg(x.a || '{"error": "(erased)"}' ORDER BY x.n)
+                FROM jsonb_array_elements(j.errors) WITH ORDINALITY AS x (a, n))
+  WHERE j.event_id = ANY (erased)
+    AND j.errors <> '[]';
+
+  WITH ended AS (
+    UPDATE outbox.jobs AS j
+    SET state = 'discarded',
+        finalized_at = now(),
+        scheduled_at = least(j.scheduled_at, now()),
+        errors = j.errors || jsonb_build_array(jsonb_build_object(
+                   'attempt', j.attempt, 'at', now(), 'error', in_reason))
+    WHERE j.event_id = ANY (erased)
+      AND j.state IN ('available', 'retryable', 'running')
+    RETURNING j.endpoint_id, j.lane_key
+  )
+  SELECT coalesce(array_agg(endpoint_id), '{}') AS endpoint_ids, coalesce(array_agg(lane_key), '{}') AS keys
+  INTO lanes FROM ended WHERE lane_key IS NOT NULL;
+
+  UPDATE outbox.deliveries AS d
+  SET error = CASE WHEN d.error = '' THEN '' ELSE '(erased)' END,
+      response_excerpt = ''
+  WHERE d.event_id = ANY (erased);
+
+  PERFORM outbox.advance_lanes(lanes.endpoint_ids, lanes.keys, true);
+
+  UPDATE outbox.subjects AS s
+  SET payload = NULL
+  WHERE s.subject = in_subject
+    AND s.payload IS NOT NULL;
+
+  RETURN cardinality(erased);
 END
 $$;
 
@@ -991,106 +1255,72 @@ BEGIN
 END
 $$;
 
--- advance_lanes makes the next held delivery of each given lane due: the
--- one of the lowest event id, if the lane has no active delivery and no
--- earlier event of its subject that the endpoint's topics select, and the
--- tenancy boundary lets it have (owner_admits), is still waiting to be
--- fanned out. That last rule is what makes fan-out order
--- commit order: two relays can fan out a subject's events 2 and 3 at
--- once, and 3's transaction commit first; 3 then waits for 2, whose
--- relay's own call advances the lane. The un-fanned events are read once
--- per call, those below the highest held head only: in steady state, the
--- other relays' batches. (Read for every lane, unbounded, they would be
--- most of the call's time.)
---
--- Two callers can race: the relay inserting a held delivery and the
--- completer finishing the active one, each unable to see the other's
--- uncommitted row, would both leave the lane held. So every caller
--- locks the lanes first and decides in a second statement, whose
--- snapshot sees whatever the previous holder of a lane committed. The
--- locks are transaction-scoped advisory locks, one per lane, so only
--- callers of the same lane wait for each other (a lock of the endpoint's
--- row would make every completer and relay of an endpoint wait for each
--- other): a shared lock on the endpoint (first key
--- hashtext('outbox.advance_lanes'), endpoint ids in order), then the
--- lanes' (hashtext('outbox.advance_lanes/lane'), in key order). A call
--- with more than 64 lanes of one endpoint (a relay's or a replay's big
--- batch) takes that endpoint's lock exclusively instead of one per lane,
--- so that no transaction holds more advisory locks than the lock table
--- allows for (max_locks_per_transaction, 64 by default). Endpoint locks
--- all before lane locks, each in one order: no two callers wait for each
--- other in a circle.
---
--- A PATCH to ordering 'none' and a delete release an endpoint's lanes
--- (endpoints.go, releaseLanesSQL) under its row lock, and cannot see a
--- held delivery inserted or put back meanwhile. So a caller that holds
--- deliveries (fan-out, a replay, a retry by hand: hold true) also locks
--- the endpoints' rows FOR SHARE, after the advisory locks, and decides
--- after a release: the held delivery is its lane's first. The completer
--- (hold false) only finishes deliveries, which a release's own row locks
--- order, and skips it: FOR SHARE between its completions would have
--- completers of two replicas wait for each other to update the endpoint
--- (endpointHealthSQL).
--- A lane's head is its held delivery of the lowest event id, made due
--- when the lane has no active delivery. Returns how many it made due.
-CREATE OR REPLACE FUNCTION outbox.advance_lanes(endpoint_ids bigint[], lane_keys text[], hold boolean)
-RETURNS integer
+-- rescue_jobs is the rescuer's (rescue.go): it ends the attempts of the
+-- running jobs in_ids, locked by the caller, whose worker is gone (past
+-- the rescue horizon, or of a replica declared dead), each with its error
+-- of in_errors. A job is retryable now, or discarded if that was its last
+-- attempt; the attempt stays spent, so a late outcome of it is fenced out
+-- (finish_jobs), and goes to the history with its error. It returns each
+-- job's endpoint and ordered lane, which the caller advances.
+CREATE OR REPLACE FUNCTION outbox.rescue_jobs(in_ids bigint[], in_errors text[])
+RETURNS TABLE (endpoint_id bigint, lane_key text)
 LANGUAGE plpgsql VOLATILE
-SET enable_seqscan = off
 AS $$
-DECLARE
-  advanced integer;
+#variable_conflict use_column
 BEGIN
-  PERFORM outbox.lock_lanes(endpoint_ids, lane_keys, hold);
-  WITH lane AS (
-    SELECT DISTINCT g.endpoint_id, g.lane_key, ep.topics,
-           o.key AS owner_key, o.allowed_topics, o.shared_topics
-    FROM unnest(endpoint_ids, lane_keys) AS g(endpoint_id, lane_key)
-    JOIN outbox.endpoints AS ep ON ep.id = g.endpoint_id
-    LEFT JOIN outbox.owners AS o ON o.id = ep.owner_id
-    WHERE g.lane_key IS NOT NULL
+  RETURN QUERY
+  WITH rescued AS (
+    UPDATE outbox.jobs AS j
+    SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'discarded' ELSE 'retryable' END::outbox.job_state,
+        scheduled_at = now(),
+        finalized_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
+        errors = j.errors || jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'at', now(), 'error', r.error))
+    FROM unnest(in_ids, in_errors) AS r(id, error)
+    WHERE j.id = r.id AND j.state = 'running'
+    RETURNING j.id, j.attempt, j.event_id, j.kind, j.endpoint_id, j.replay_id, j.lane_key, j.state, j.attempted_at,
+              r.error
   ),
-  head AS MATERIALIZED (
-    SELECT h.id, h.event_id, l.lane_key, l.topics, l.owner_key, l.allowed_topics, l.shared_topics
-    FROM lane AS l
-    CROSS JOIN LATERAL (
-      SELECT j.id, j.event_id
-      FROM outbox.jobs AS j
-      WHERE j.endpoint_id = l.endpoint_id AND j.lane_key = l.lane_key
-        AND j.state IN ('available', 'retryable', 'running')
-        AND j.scheduled_at = 'infinity'
-      ORDER BY j.event_id
-      LIMIT 1
-    ) AS h
-    WHERE NOT EXISTS (
-      SELECT 1
-      FROM outbox.jobs AS a
-      WHERE a.endpoint_id = l.endpoint_id AND a.lane_key = l.lane_key
-        AND a.state IN ('available', 'retryable', 'running')
-        AND a.scheduled_at < 'infinity'
-    )
-  ),
-  unfanned AS MATERIALIZED (
-    SELECT e.id, e.subject, e.topic, e.owner
-    FROM outbox.events AS e
-    WHERE e.fanned_out_at IS NULL
-      AND e.poisoned_at IS NULL
-      AND e.id < (SELECT max(h.event_id) FROM head AS h)
+  history AS (
+    INSERT INTO outbox.deliveries (job_id, attempt, event_id, kind, endpoint_id, replay_id, outcome, attempted_at,
+                                   duration_ms, error)
+    SELECT r.id, r.attempt, r.event_id, r.kind, r.endpoint_id, r.replay_id, r.state, r.attempted_at, 0, r.error
+    FROM rescued AS r
+    ORDER BY r.id
+    ON CONFLICT ON CONSTRAINT deliveries_pkey DO NOTHING
   )
-  UPDATE outbox.jobs AS j
-  SET scheduled_at = now()
-  FROM head AS h
-  WHERE j.id = h.id
-    AND NOT EXISTS (
-      SELECT 1
-      FROM unfanned AS e
-      WHERE e.subject = h.lane_key
-        AND e.id < h.event_id
-        AND outbox.topic_matches(h.topics, e.topic)
-        AND outbox.owner_admits(e.owner, e.topic, h.owner_key, h.allowed_topics, h.shared_topics)
-    );
-  GET DIAGNOSTICS advanced = ROW_COUNT;
-  RETURN advanced;
+  SELECT r.endpoint_id, r.lane_key FROM rescued AS r;
+END
+$$;
+
+-- record_fenced_attempts keeps in the history the attempts of in_attempts
+-- whose outcome the fence refused (not written_ids, written_attempts): a
+-- worker that lost its job to the rescuer, whose request may still have
+-- reached the receiver. Such an attempt has no outcome; over the row its
+-- rescue wrote (rescue_jobs), its answer replaces the rescue's guess, and
+-- so it is kept even once its job has left the queue. Writing a batch
+-- again writes the same values.
+CREATE OR REPLACE FUNCTION outbox.record_fenced_attempts(in_attempts json, written_ids bigint[], written_attempts integer[])
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+  INSERT INTO outbox.deliveries AS d (job_id, attempt, event_id, kind, endpoint_id, replay_id, duration_ms,
+                                      status_code, error, response_excerpt)
+  SELECT a.job_id, a.attempt, coalesce(h.event_id, j.event_id), coalesce(h.kind, j.kind),
+         coalesce(h.endpoint_id, j.endpoint_id), coalesce(h.replay_id, j.replay_id), a.duration_ms,
+         nullif(a.status_code, 0), a.error, a.excerpt
+  FROM json_to_recordset(in_attempts)
+       AS a(job_id bigint, attempt integer, duration_ms integer, status_code integer, error text, excerpt text)
+  LEFT JOIN outbox.jobs AS j ON j.id = a.job_id
+  LEFT JOIN outbox.deliveries AS h ON h.job_id = a.job_id AND h.attempt = a.attempt
+  WHERE (j.id IS NOT NULL OR h.job_id IS NOT NULL)
+    AND NOT EXISTS (SELECT 1 FROM unnest(written_ids, written_attempts) AS w(id, attempt)
+                    WHERE w.id = a.job_id AND w.attempt = a.attempt)
+  ORDER BY a.job_id, a.attempt
+  ON CONFLICT ON CONSTRAINT deliveries_pkey DO UPDATE
+  SET status_code = EXCLUDED.status_code, duration_ms = EXCLUDED.duration_ms,
+      response_excerpt = EXCLUDED.response_excerpt, finished_at = EXCLUDED.finished_at
+  WHERE d.outcome IS DISTINCT FROM 'completed';
 END
 $$;
 
@@ -1136,3 +1366,12 @@ CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_waiting_by_endpoint
 
 DROP INDEX CONCURRENTLY IF EXISTS outbox.jobs_waiting_live_by_endpoint;
 DROP INDEX CONCURRENTLY IF EXISTS outbox.jobs_waiting_replay_by_endpoint;
+DROP INDEX CONCURRENTLY IF EXISTS outbox.jobs_completed_by_endpoint_finalized_at;
+CREATE INDEX CONCURRENTLY IF NOT EXISTS deliveries_failed_by_endpoint_finished_at
+  ON outbox.deliveries (endpoint_id, finished_at)
+  WHERE outcome IS DISTINCT FROM 'completed';
+CREATE INDEX CONCURRENTLY IF NOT EXISTS deliveries_by_event_id
+  ON outbox.deliveries (event_id);
+CREATE INDEX CONCURRENTLY IF NOT EXISTS deliveries_by_replay_finished_at
+  ON outbox.deliveries (replay_id, finished_at)
+  WHERE replay_id IS NOT NULL;
