@@ -994,7 +994,7 @@ func TestRollingUpgradeWithASchemaChangeLosesNothing(t *testing.T) {
 // The statements that find running jobs through the partial indexes of
 // running jobs (the claim's counts, the completer's outcomes) plan no
 // bitmap scan: a bitmap scan reads every entry of those indexes, dead
-// ones included, and never marks them dead (schema.sql, claim_due_jobs
+// ones included, and never marks them dead (schema.sql, claim_lane_jobs
 // and record_outcomes say what it cost).
 func TestRunningJobsAreNeverReadByBitmapScan(t *testing.T) {
 	t.Parallel()
@@ -1005,7 +1005,7 @@ func TestRunningJobsAreNeverReadByBitmapScan(t *testing.T) {
 		WHERE p.pronamespace = 'outbox'::regnamespace
 		  AND 'enable_bitmapscan=off' = ANY (p.proconfig)
 		ORDER BY 1`)
-	if diff := cmp.Diff([]string{"claim_due_jobs", "record_outcomes"}, got); diff != "" {
+	if diff := cmp.Diff([]string{"claim_lane_jobs", "record_outcomes"}, got); diff != "" {
 		t.Errorf("functions planned without bitmap scans (-want +got):\n%s", diff)
 	}
 }
