@@ -374,11 +374,12 @@ func (p *workerPool) runBatch(ctx context.Context, batch []Job) []jobResult {
 }
 
 // runJob runs one attempt of job within AttemptTimeout, after its place in
-// its endpoint's rate limit has come, and decides its outcome. A panic is
-// a failed attempt, not a dead process.
+// its endpoint's rate limit has come and its endpoint's gate has let it
+// in, and decides its outcome. A panic is a failed attempt, not a dead
+// process.
 func (p *workerPool) runJob(ctx context.Context, job Job) jobResult {
 	if wait := time.Until(job.startAt); wait > 0 {
-		// At most a second (outbox.claim_due_jobs); a shutdown that cancels
+		// At most a second (outbox.lane_room); a shutdown that cancels
 		// the jobs cancels the wait, and the attempt fails as cancelled.
 		timer := time.NewTimer(wait)
 		select {
@@ -388,6 +389,13 @@ func (p *workerPool) runJob(ctx context.Context, job Job) jobResult {
 		timer.Stop()
 	}
 	job.attempt = new(attemptRecord) // set by handlers that keep attempt records
+	// A claim ahead holds more of an endpoint's jobs than may be in
+	// flight: the rest wait at its gate for a request to end (claimahead.go).
+	done, held := p.passGate(ctx, job)
+	if held != nil {
+		return *held
+	}
+	defer done()
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.AttemptTimeout)
 	defer cancel()
 	start := time.Now()

@@ -83,7 +83,7 @@ func TestMigrationLocksTablesInThePipelineOrder(t *testing.T) {
 	insertEndpoint(t, db, "order.lane", 100, `ordering = 'subject'`)
 	mustExec(t, db, `SELECT outbox.record('order.lane', 'lane', '{}') FROM generate_series(1, 2)`)
 	mustExec(t, db, fanOutSQL, 200, nil, `[]`, 18, 300.0, "")
-	running := queryInt(t, db, `SELECT count(*) FROM (`+claimJobsSQL+`) AS c`, 10, replica, "{}", defaultShare, nil)
+	running := queryInt(t, db, `SELECT count(*) FROM (`+claimJobsSQL+`) AS c`, 10, replica, "{}", "{}", defaultShare, nil)
 	var job jobResult
 	if err := db.QueryRow(`SELECT id, attempt FROM outbox.jobs WHERE state = 'running'`).Scan(&job.ID, &job.Attempt); err != nil || running != 1 {
 		t.Fatalf("claimed %d deliveries of the ordered lane, want its first (%v)", running, err)
@@ -104,7 +104,7 @@ func TestMigrationLocksTablesInThePipelineOrder(t *testing.T) {
 	}{
 		{"a producer's record", execIn(`SELECT outbox.record('order', 's', '{}')`)},
 		{"a relay pass", execIn(fanOutSQL, 200, nil, `[]`, 18, 300.0, "")},
-		{"a worker's claim", execIn(claimJobsSQL, 10, replica, "{}", defaultShare, nil)},
+		{"a worker's claim", execIn(claimJobsSQL, 10, replica, "{}", "{}", defaultShare, nil)},
 		{"a completer's outcomes", execIn(recordOutcomesSQL, completion...)},
 		{"a replay's batch", func(tx *sql.Tx) error { return feedReplayTx(ctx, tx, int64(replay), 18) }},
 		{"an erasure", execIn(eraseSubjectSQL, "s", errEventErased.Error())},
@@ -681,7 +681,7 @@ func TestMigrationUnderWriteLoadStallsProducersBriefly(t *testing.T) {
 		case 1:
 			_, err = db.ExecContext(ctx, fanOutSQL, 200, nil, `[]`, 18, 300.0, "")
 		case 2:
-			_, err = db.ExecContext(ctx, claimJobsSQL, 10, replica, "{}", defaultShare, nil)
+			_, err = db.ExecContext(ctx, claimJobsSQL, 10, replica, "{}", "{}", defaultShare, nil)
 		}
 		return err
 	}
