@@ -163,9 +163,6 @@ func schemaCatalog(t testing.TB, db *sql.DB) map[string]string {
 // install, with no such replica, does not have: catalog keys (and the
 // functions of previousReleaseWrappers).
 var keptForThePreviousRelease = []string{
-	"type claimed_lane_job",
-	"column claimed_lane_job.job",
-	"column claimed_lane_job.lane_limit",
 	"function outbox.born_running(bigint[],bigint[])",
 	"function outbox.lock_born_lanes(bigint[],integer)",
 	"function outbox.has_due_live_jobs(bigint)",

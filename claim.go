@@ -1,7 +1,8 @@
 // claim.go: claiming due jobs, the step between the job table and the
-// workers: one statement (schema.sql, outbox.claim_due_jobs) takes due
+// workers: one statement (schema.sql, outbox.claim_lane_jobs) takes due
 // jobs into the pool's free slots. The claimed job and its columns are
-// declared here once.
+// declared here once; the claim ahead of an endpoint's requests, and the
+// gates that hold them to its cap, are claimahead.go.
 
 package main
 
@@ -40,12 +41,12 @@ type Job struct {
 	// wakeOnOutcome, from the claim, says that recording this job's
 	// outcome may let due work be claimed at once: the claim filled its
 	// endpoint's room or replay share (or the subscribers' share of the
-	// batch), or it heads an ordered lane (outbox.claim_due_jobs).
+	// batch), or it heads an ordered lane (outbox.claim_lane_jobs).
 	wakeOnOutcome bool
 	// yieldsToLive, from the claim, marks a replayed delivery claimed
 	// into a replay lane narrowed by live traffic: when it ends, its
 	// place waits for the next claim, or replayYield for one of its own
-	// (outbox.claim_due_jobs, replay_yields).
+	// (outbox.claim_lane_jobs, replay_yields).
 	yieldsToLive bool
 	// resendWindow is, for a delivery that may have reached its receiver
 	// before (an earlier attempt, or a replay's), the dedup window the
@@ -58,6 +59,11 @@ type Job struct {
 	// kept it (outbox.events.committed_at), or the event's created_at
 	// where it kept none: where the time to the first 2xx starts.
 	committedAt time.Time
+	// laneLimit is, from a claim ahead (claimJobsSQL), the most requests
+	// this process may have in flight to the job's endpoint (laneLimited);
+	// a claim that does not claim ahead sets none (claimahead.go).
+	laneLimit   int
+	laneLimited bool
 	Event       Event
 }
 
@@ -94,8 +100,13 @@ type claimer struct {
 	// answered are the deliveries whose attempt has succeeded and whose
 	// outcome the completer has not written yet: each claim passes them,
 	// so that an endpoint's cap counts requests in flight, not outcomes
-	// waiting for their batch's commit (schema.sql, outbox.claim_due_jobs).
+	// waiting for their batch's commit (schema.sql, outbox.lane_room).
 	answered answeredJobs
+	// gates hold this process's requests to each endpoint to the limit its
+	// latest claim ahead set: a claim takes more of a healthy endpoint's
+	// jobs than may be in flight, and they start as requests end
+	// (claimahead.go).
+	gates endpointGates
 
 	// What the claims cost, for /metrics: how often each runs, how long it
 	// takes and how many jobs it carries say where a job's wait goes.
@@ -120,6 +131,7 @@ func newClaimer(db *sql.DB, slots int, kinds []string, pool jobStarter) *claimer
 		slots:     make(chan struct{}, slots),
 		slotFreed: make(chan struct{}, 1),
 		answered:  answeredJobs{ids: map[int64]struct{}{}},
+		gates:     endpointGates{byEndpoint: map[int64]*endpointGate{}},
 		claims:    newHistogram(latencyBuckets),
 	}
 }
@@ -224,13 +236,17 @@ const claimTimeout = 10 * time.Second
 
 // claimJobsSQL takes up to $1 due jobs, soonest first, marks them running
 // with their next attempt number, held by replica $2 (NULL: none), and
-// returns each with its event and, for a delivery, its endpoint. $3 are
-// the answered deliveries, $4 the workerShare and $5 the kinds the workers
-// run, the only ones it claims (schema.sql, outbox.claim_due_jobs).
-const claimJobsSQL = `SELECT ` + claimedColumns + ` FROM outbox.claim_due_jobs($1, $2, $3, $4, $5)`
+// returns each with its event and, for a delivery, its endpoint, and its
+// lane limit. $3 are the answered deliveries, $4 the endpoints cooling
+// (endpointGates.cooling), $5 the workerShare and $6 the kinds the
+// workers run, the only ones it claims (schema.sql,
+// outbox.claim_lane_jobs). It claims ahead (claimahead.go).
+const claimJobsSQL = `
+SELECT ` + claimedColumns + `, claim.lane_limit
+FROM outbox.claim_lane_jobs($1, $2, $3, true, $4, $5, $6) AS claim, LATERAL (SELECT (claim.job).*) AS job`
 
 // claimedColumns are the attributes of schema.sql's outbox.claimed_job, in
-// the order claimedRow.dest scans them.
+// the order claimedRow.dest scans them, before the claim's lane_limit.
 const claimedColumns = `
        id, kind, attempt, max_attempts, endpoint_id,
        event_id, topic, subject, payload, created_at,
@@ -255,12 +271,17 @@ func (c *claimer) claim(ctx context.Context, n int) ([]Job, error) {
 	c.claimsBegun.Add(1)
 	scan := func(row rowScanner) (Job, error) { return scanClaimedJob(row, sent) }
 	jobs, err := queryAll(ctx, c.db, scan, claimJobsSQL, n, replica, pq.Array(c.answered.list()),
-		c.workerShare(), pq.Array(c.kinds))
+		pq.Array(c.gates.cooling()), c.workerShare(), pq.Array(c.kinds))
 	c.claims.Observe(time.Since(sent).Seconds())
 	c.claimedJobs.Add(int64(len(jobs)))
 	if err != nil {
 		c.claimFailed(replica, err)
 		return nil, fmt.Errorf("claim jobs: %w", err)
+	}
+	for _, j := range jobs {
+		if j.EndpointID != 0 {
+			c.gates.claimed(j.EndpointID, j.laneLimit, j.laneLimited)
+		}
 	}
 	return jobs, nil
 }
@@ -298,10 +319,11 @@ func scanClaimedJob(row rowScanner, sent time.Time) (Job, error) {
 	return j, nil
 }
 
-// claimedRow is an outbox.claimed_job, in claimedColumns' order.
+// claimedRow is an outbox.claimed_job, in claimedColumns' order, and
+// its lane limit.
 type claimedRow struct {
 	id, attempt, maxAttempts, endpointID, eventID, startInMS sql.NullInt64
-	resendWindowSeconds                                      sql.NullInt64
+	resendWindowSeconds, laneLimit                           sql.NullInt64
 	kind, topic, subject, url                                sql.NullString
 	traceparent, tracestate, disabledReason                  *string
 	payload, secret, previous                                []byte
@@ -315,7 +337,7 @@ func (r *claimedRow) dest() []any {
 		&r.eventID, &r.topic, &r.subject, &r.payload, &r.createdAt,
 		&r.traceparent, &r.tracestate,
 		&r.url, &r.secret, &r.previous, &r.disabledReason, &r.startInMS, &r.wakeOnOutcome, &r.yieldsToLive,
-		&r.resendWindowSeconds, &r.claimedAt, &r.committedAt}
+		&r.resendWindowSeconds, &r.claimedAt, &r.committedAt, &r.laneLimit}
 }
 
 // job is the row as a Job claimed by a statement sent at sent, and
@@ -335,6 +357,8 @@ func (r *claimedRow) job(sent time.Time) (Job, bool) {
 		resendWindow:  time.Duration(r.resendWindowSeconds.Int64) * time.Second,
 		claimedAt:     r.claimedAt.Time,
 		committedAt:   r.committedAt.Time,
+		laneLimit:     int(r.laneLimit.Int64),
+		laneLimited:   r.laneLimit.Valid,
 		Event: Event{
 			ID:          r.eventID.Int64,
 			Topic:       r.topic.String,

@@ -154,7 +154,7 @@ func newDBPool(dsn string) (*sql.DB, error) {
 
 // beginPipelineTx begins a transaction of the pipeline's own bookkeeping:
 // a relay pass, a subscriber's batch (the claim and the completer are
-// single statements that set the same for themselves: outbox.claim_due_jobs,
+// single statements that set the same for themselves: outbox.claim_lane_jobs,
 // outbox.record_outcomes). Its commit does not wait for the WAL to reach
 // the disk (synchronous_commit = off, for this transaction only). A crash
 // of the database can lose such commits, those of at most about three
@@ -185,7 +185,7 @@ func beginPipelineTx(ctx context.Context, db *sql.DB) (*sql.Tx, error) {
 // schemaTablesQuery), so that a migration, which waits for events first,
 // never waits for what the transaction holds while the transaction waits
 // for it. ACCESS SHARE conflicts with nothing but the migration's ACCESS
-// EXCLUSIVE. schema.sql's claim_due_jobs and record_outcomes begin the
+// EXCLUSIVE. schema.sql's claim_lane_jobs and record_outcomes begin the
 // same way.
 func lockEventsFirst(ctx context.Context, tx *sql.Tx) error {
 	if _, err := tx.ExecContext(ctx, `LOCK TABLE outbox.events IN ACCESS SHARE MODE`); err != nil {

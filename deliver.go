@@ -374,11 +374,12 @@ func (p *workerPool) runBatch(ctx context.Context, batch []Job) []jobResult {
 }
 
 // runJob runs one attempt of job within AttemptTimeout, after its place in
-// its endpoint's rate limit has come, and decides its outcome. A panic is
-// a failed attempt, not a dead process.
+// its endpoint's rate limit has come and its endpoint's gate has let it
+// in, and decides its outcome. A panic is a failed attempt, not a dead
+// process.
 func (p *workerPool) runJob(ctx context.Context, job Job) jobResult {
 	if wait := time.Until(job.startAt); wait > 0 {
-		// At most a second (outbox.claim_due_jobs); a shutdown that cancels
+		// At most a second (outbox.lane_room); a shutdown that cancels
 		// the jobs cancels the wait, and the attempt fails as cancelled.
 		timer := time.NewTimer(wait)
 		select {
@@ -388,6 +389,13 @@ func (p *workerPool) runJob(ctx context.Context, job Job) jobResult {
 		timer.Stop()
 	}
 	job.attempt = new(attemptRecord) // set by handlers that keep attempt records
+	// A claim ahead holds more of an endpoint's jobs than may be in
+	// flight: the rest wait at its gate for a request to end (claimahead.go).
+	done, held := p.passGate(ctx, job)
+	if held != nil {
+		return *held
+	}
+	defer done()
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.AttemptTimeout)
 	defer cancel()
 	start := time.Now()
@@ -423,6 +431,30 @@ func (p *workerPool) work(ctx context.Context, job Job) error {
 	// comes here without a handler. Were one to, another replica may run
 	// its kind: retry rather than discard.
 	return fmt.Errorf("no handler for job kind %q in this process", job.Kind)
+}
+
+// passGate holds job at its endpoint's gate until it may send (runJob),
+// if it sends a request. It returns the call that gives the place back
+// once the attempt has run, telling the gate what the answer did to the
+// endpoint; or, if the job is not to run, its result: released unsent,
+// or failed as its wait was cancelled.
+func (p *workerPool) passGate(ctx context.Context, job Job) (done func(), res *jobResult) {
+	if !job.sendsRequest() {
+		return func() {}, nil
+	}
+	leave, err := p.gates.enter(ctx, job.EndpointID)
+	if errors.Is(err, errReleased) {
+		return nil, &jobResult{ID: job.ID, Attempt: job.Attempt, jobOutcome: jobOutcome{State: jobReleased}, wakeOnOutcome: true}
+	}
+	if err != nil {
+		failed := p.outcome(job, fmt.Errorf("waiting for a place in endpoint %d's requests: %w", job.EndpointID, err), time.Now())
+		return nil, &failed
+	}
+	return func() {
+		rec := job.attempt
+		p.gates.answered(job.EndpointID, rec.Change == endpointFailed || rec.Change == endpointGone, rec.Hold)
+		leave()
+	}, nil
 }
 
 // lockOwnJobsSQL locks the batch's jobs that are still this worker's:

@@ -214,7 +214,7 @@ func TestJobClaimReadsOneBatchWhateverTheEstimates(t *testing.T) {
 			claimed := 0
 			scanned, indexEntries := statementReads(t, db, "outbox.jobs", lane.index, func(tx *sql.Tx) error {
 				// The kinds a replica running subscriber plan claims.
-				rows, err := tx.Query(claimJobsSQL, batch, nil, "{}", nil, "{owner-notify,sub:plan,webhook}")
+				rows, err := tx.Query(claimJobsSQL, batch, nil, "{}", "{}", nil, "{owner-notify,sub:plan,webhook}")
 				if err != nil {
 					return err
 				}
@@ -609,7 +609,7 @@ func TestWorkerShutdownFinishesAClaimInFlight(t *testing.T) {
 	go func() { done <- wp.Run(ctx, nil) }()
 	waitFor(t, "the claim waiting for the table lock", 10*time.Second, func() bool {
 		return queryInt(t, db, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%claim_due_jobs%'`) == 1
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%claim_lane_jobs%'`) == 1
 	})
 	cancel() // SIGTERM while the claim waits
 	if err := lock.Commit(); err != nil {

@@ -19,7 +19,8 @@ import (
 )
 
 // Endpoint isolation (docs/endpoints.md): every endpoint is a
-// lane of outbox.claim_due_jobs, and its trouble stays its own.
+// lane of the workers' claim (outbox.claim_lane_jobs), and its trouble
+// stays its own.
 
 // concurrency counts the requests a handler is serving at once, and the
 // most it ever served at once.
@@ -89,29 +90,48 @@ func newHangingReceiver(t *testing.T) (bad *receiver, release chan struct{}, hun
 // A receiver that hangs holds only its own cap of workers: the healthy
 // endpoint beside it gets every delivery while the hanging one has 40
 // queued, and the hanging receiver never sees more requests at once than
-// its cap. (Before endpoints were lanes, the 40 took all 8 workers.)
+// its cap. (Before endpoints were lanes, the 40 took all 8 workers.) So
+// too when its jobs are claimed ahead, by a registered replica: the jobs
+// claimed beyond its 2 hanging requests go back to the queue unsent
+// within gateWait, their attempts not counted, and it holds its cap of
+// workers, not twice it.
 func TestHangingReceiverHoldsOnlyItsCap(t *testing.T) {
 	t.Parallel()
-	db, _ := newTestDB(t)
-	api := newTestAPI(t, db, testPolicy)
-	bad, release, hung := newHangingReceiver(t)
-	good := newReceiver(t, nil)
-	createTunedEndpoint(t, api, bad.srv.URL, `"max_in_flight": 2`)
-	createTunedEndpoint(t, api, good.srv.URL, `"max_in_flight": 2`)
-	runWebhookWorkers(t, db, 30*time.Second)
-	defer close(release) // deferred calls run before cleanups: the pool's jobs end, then it stops
+	for name, ahead := range map[string]bool{"claimed ahead": true, "not ahead": false} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			db, _ := newTestDB(t)
+			api := newTestAPI(t, db, testPolicy)
+			bad, release, hung := newHangingReceiver(t)
+			good := newReceiver(t, nil)
+			createTunedEndpoint(t, api, bad.srv.URL, `"max_in_flight": 2`)
+			createTunedEndpoint(t, api, good.srv.URL, `"max_in_flight": 2`)
+			recordFor(t, db, bad.srv.URL, 40)
+			if ahead {
+				runRegisteredWebhookWorkers(t, db, 701)
+			} else {
+				runWebhookWorkers(t, db, 30*time.Second)
+			}
+			defer close(release) // deferred calls run before cleanups: the pool's jobs end, then it stops
 
-	recordFor(t, db, bad.srv.URL, 40)
-	waitFor(t, "the hanging receiver to hold its cap", 10*time.Second, func() bool { return hung.now.Load() == 2 })
-	recordFor(t, db, good.srv.URL, 10)
-	waitFor(t, "the healthy endpoint's 10 deliveries", 10*time.Second, func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE outcome = 'completed'`) == 10
-	})
-	if peak := hung.peak.Load(); peak != 2 {
-		t.Errorf("the hanging receiver saw %d requests at once, want its cap, 2", peak)
-	}
-	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'running'`); n != 2 {
-		t.Errorf("%d jobs running, want the hanging endpoint's 2", n)
+			waitFor(t, "the hanging receiver to hold its cap", 10*time.Second, func() bool { return hung.now.Load() == 2 })
+			waitFor(t, "no more jobs running than it holds", 10*time.Second, func() bool {
+				return queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'running'`) == 2
+			})
+			recordFor(t, db, good.srv.URL, 10)
+			waitFor(t, "the healthy endpoint's 10 deliveries", 10*time.Second, func() bool {
+				return queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE outcome = 'completed'`) == 10
+			})
+			if peak := hung.peak.Load(); peak != 2 {
+				t.Errorf("the hanging receiver saw %d requests at once, want its cap, 2", peak)
+			}
+			if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE state = 'running'`); n != 2 {
+				t.Errorf("%d jobs running, want the hanging endpoint's 2", n)
+			}
+			if n := queryInt(t, db, `SELECT max(attempt) FROM outbox.jobs WHERE state = 'available'`); n != 0 {
+				t.Errorf("a job sent back unsent has attempt %d, want 0: a release counts no attempt", n)
+			}
+		})
 	}
 }
 
@@ -581,32 +601,39 @@ func TestWorkerShareNumbers(t *testing.T) {
 }
 
 // The claim keeps an endpoint to the claiming replica's share of its
-// workers, however high the endpoint's cap. The replica holds one of the
-// endpoint's deliveries already and another replica two, which count
-// against the cap but not against this replica's share: with a share of
-// 3, it claims 2.
+// workers, however high the endpoint's cap, whether it claims ahead or
+// not. The replica holds one of the endpoint's deliveries already and
+// another replica two, which count against the cap but not against this
+// replica's share: with a share of 3, it claims 2.
 func TestClaimKeepsAnEndpointToItsShareOfTheWorkers(t *testing.T) {
 	t.Parallel()
 	const share = 3
-	db, _ := newTestDB(t)
-	replica := registeredReplica(t, db, 601).ID()
-	other := registeredReplica(t, db, 602).ID()
-	ep := insertEndpoint(t, db, "share", 1000, "")
-	mustExec(t, db, `
-		INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, state, attempt, attempted_at, held_by)
-		SELECT 'webhook', outbox.record('elsewhere', '', '{}'), $1, 18, 'running', 1, now(), h.held_by
-		FROM unnest(ARRAY[$2, $3, $3]::bigint[]) AS h(held_by)`, ep, replica, other)
-	mustExec(t, db, `
-		INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, scheduled_at)
-		SELECT 'webhook', outbox.record('elsewhere', '', '{}'), $1, 18, now() - interval '1 minute'
-		FROM generate_series(1, 10)`, ep)
+	for name, claim := range map[string]string{
+		"ahead":         `SELECT (c.job).id FROM outbox.claim_lane_jobs(50, $1, '{}', true, '{}', $2) AS c`,
+		"without ahead": `SELECT c.id FROM outbox.claim_due_jobs(50, $1, '{}', $2) AS c`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			db, _ := newTestDB(t)
+			replica := registeredReplica(t, db, 601).ID()
+			other := registeredReplica(t, db, 602).ID()
+			ep := insertEndpoint(t, db, "share", 1000, "")
+			mustExec(t, db, `
+				INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, state, attempt, attempted_at, held_by)
+				SELECT 'webhook', outbox.record('elsewhere', '', '{}'), $1, 18, 'running', 1, now(), h.held_by
+				FROM unnest(ARRAY[$2, $3, $3]::bigint[]) AS h(held_by)`, ep, replica, other)
+			mustExec(t, db, `
+				INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, scheduled_at)
+				SELECT 'webhook', outbox.record('elsewhere', '', '{}'), $1, 18, now() - interval '1 minute'
+				FROM generate_series(1, 10)`, ep)
 
-	got := claimedIDs(t, db, `SELECT c.id FROM outbox.claim_due_jobs(50, $1, '{}', $2) AS c`, replica, share)
-	if len(got) != share-1 {
-		t.Errorf("claimed %v, want %d jobs: the share of %d less the one the replica holds", got, share-1, share)
-	}
-	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'running' AND held_by = $2`, ep, replica); n != share {
-		t.Errorf("the replica holds %d of the endpoint's deliveries, want its share, %d", n, share)
+			if got := claimedIDs(t, db, claim, replica, share); len(got) != share-1 {
+				t.Errorf("claimed %v, want %d jobs: the share of %d less the one the replica holds", got, share-1, share)
+			}
+			if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs WHERE endpoint_id = $1 AND state = 'running' AND held_by = $2`, ep, replica); n != share {
+				t.Errorf("the replica holds %d of the endpoint's deliveries, want its share, %d", n, share)
+			}
+		})
 	}
 }
 
@@ -624,9 +651,8 @@ func claimedIDs(t *testing.T, db *sql.DB, query string, args ...any) []int64 {
 // however high its endpoint's cap: with 4 workers, an endpoint of
 // max_in_flight 1000 whose receiver holds every request until released
 // has 20 deliveries due and takes 2 workers, and another endpoint's event
-// is delivered while those 2 requests still hang. Every route by which a
-// delivery starts runs here, in one process: the relay's pass bears the
-// first ones running, the workers claim the rest.
+// is delivered while those 2 requests still hang. The whole process runs
+// here: a registered replica, whose workers claim ahead.
 func TestSlowEndpointHoldsOnlyItsShareOfTheWorkers(t *testing.T) {
 	t.Parallel()
 	db, dsn := newTestDB(t)

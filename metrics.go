@@ -234,7 +234,7 @@ func writeWorkerCounters(p *promWriter, w *workerPool) {
 	p.sample("outboxd_job_attempts_total", `outcome="completed"`, float64(w.completed.Load()))
 	p.sample("outboxd_job_attempts_total", `outcome="retryable"`, float64(w.retried.Load()))
 	p.sample("outboxd_job_attempts_total", `outcome="discarded"`, float64(w.discarded.Load()))
-	p.histogramFamily("outboxd_job_claim_seconds", "Duration of one claim statement (outbox.claim_due_jobs).", w.claims)
+	p.histogramFamily("outboxd_job_claim_seconds", "Duration of one claim statement (outbox.claim_lane_jobs).", w.claims)
 	p.counter("outboxd_jobs_claimed_total", "Jobs taken by the workers' claims (outboxd_job_claim_seconds).", w.claimedJobs.Load())
 	p.histogramFamily("outboxd_job_outcome_batch_seconds", "Duration of writing one batch of job outcomes, retries included.", w.outcomeBatches)
 	p.counter("outboxd_job_outcomes_written_total", "Job outcomes in the batches written.", w.outcomeJobs.Load())

@@ -329,7 +329,7 @@ func unlockSchema(ctx context.Context, conn *sql.Conn) error {
 //   - a claim and a completer lock outbox.events first, explicitly, then
 //     the claim its replica's row, jobs and endpoints, the completer
 //     jobs, deliveries, delivery_stats and endpoints (schema.sql,
-//     claim_due_jobs and record_outcomes); so do a replay's batch, a
+//     claim_lane_jobs and record_outcomes); so do a replay's batch, a
 //     rescue and an in-process subscriber's batch (lockEventsFirst).
 //
 // So the migration waits for events holding nothing, and a transaction

@@ -83,7 +83,7 @@ func TestMigrationLocksTablesInThePipelineOrder(t *testing.T) {
 	insertEndpoint(t, db, "order.lane", 100, `ordering = 'subject'`)
 	mustExec(t, db, `SELECT outbox.record('order.lane', 'lane', '{}') FROM generate_series(1, 2)`)
 	mustExec(t, db, fanOutSQL, 200, nil, `[]`, 18, 300.0, "")
-	running := queryInt(t, db, `SELECT count(*) FROM (`+claimJobsSQL+`) AS c`, 10, replica, "{}", defaultShare, nil)
+	running := queryInt(t, db, `SELECT count(*) FROM (`+claimJobsSQL+`) AS c`, 10, replica, "{}", "{}", defaultShare, nil)
 	var job jobResult
 	if err := db.QueryRow(`SELECT id, attempt FROM outbox.jobs WHERE state = 'running'`).Scan(&job.ID, &job.Attempt); err != nil || running != 1 {
 		t.Fatalf("claimed %d deliveries of the ordered lane, want its first (%v)", running, err)
@@ -104,7 +104,7 @@ func TestMigrationLocksTablesInThePipelineOrder(t *testing.T) {
 	}{
 		{"a producer's record", execIn(`SELECT outbox.record('order', 's', '{}')`)},
 		{"a relay pass", execIn(fanOutSQL, 200, nil, `[]`, 18, 300.0, "")},
-		{"a worker's claim", execIn(claimJobsSQL, 10, replica, "{}", defaultShare, nil)},
+		{"a worker's claim", execIn(claimJobsSQL, 10, replica, "{}", "{}", defaultShare, nil)},
 		{"a completer's outcomes", execIn(recordOutcomesSQL, completion...)},
 		{"a replay's batch", func(tx *sql.Tx) error { return feedReplayTx(ctx, tx, int64(replay), 18) }},
 		{"an erasure", execIn(eraseSubjectSQL, "s", errEventErased.Error())},
@@ -681,7 +681,7 @@ func TestMigrationUnderWriteLoadStallsProducersBriefly(t *testing.T) {
 		case 1:
 			_, err = db.ExecContext(ctx, fanOutSQL, 200, nil, `[]`, 18, 300.0, "")
 		case 2:
-			_, err = db.ExecContext(ctx, claimJobsSQL, 10, replica, "{}", defaultShare, nil)
+			_, err = db.ExecContext(ctx, claimJobsSQL, 10, replica, "{}", "{}", defaultShare, nil)
 		}
 		return err
 	}
@@ -994,7 +994,7 @@ func TestRollingUpgradeWithASchemaChangeLosesNothing(t *testing.T) {
 // The statements that find running jobs through the partial indexes of
 // running jobs (the claim's counts, the completer's outcomes) plan no
 // bitmap scan: a bitmap scan reads every entry of those indexes, dead
-// ones included, and never marks them dead (schema.sql, claim_due_jobs
+// ones included, and never marks them dead (schema.sql, claim_lane_jobs
 // and record_outcomes say what it cost).
 func TestRunningJobsAreNeverReadByBitmapScan(t *testing.T) {
 	t.Parallel()
@@ -1005,7 +1005,7 @@ func TestRunningJobsAreNeverReadByBitmapScan(t *testing.T) {
 		WHERE p.pronamespace = 'outbox'::regnamespace
 		  AND 'enable_bitmapscan=off' = ANY (p.proconfig)
 		ORDER BY 1`)
-	if diff := cmp.Diff([]string{"claim_due_jobs", "record_outcomes"}, got); diff != "" {
+	if diff := cmp.Diff([]string{"claim_lane_jobs", "record_outcomes"}, got); diff != "" {
 		t.Errorf("functions planned without bitmap scans (-want +got):\n%s", diff)
 	}
 }

@@ -852,7 +852,7 @@ func discardedAlert(_ AlertConfig, o Overview, at alertStarts) []Alert {
 // noRunnerAlert fires while due jobs wait whose kind no live replica
 // runs: an in-process subscriber's whose replicas have all stopped, say,
 // or that the replicas running now were built without. No replica claims
-// them (schema.sql, claim_due_jobs' kinds), so they wait, as do their
+// them (schema.sql, claim_lane_jobs' kinds), so they wait, as do their
 // events, which retention keeps while a job needs them.
 func noRunnerAlert(_ AlertConfig, o Overview, _ alertStarts) []Alert {
 	if len(o.KindsWithoutRunner) == 0 {

@@ -8,7 +8,7 @@
 // A process that finds its row gone was declared dead (its heartbeats
 // stopped for longer than its dead_after: paused, cut off from the
 // database, or too slow) and its jobs were rescued. Its claims fail from
-// then on (outbox.claim_due_jobs checks the row), its workers claim nothing
+// then on (outbox.claim_lane_jobs checks the row), its workers claim nothing
 // until it has registered again under a new id, and the outcomes of the
 // jobs it was running are fenced out by their attempt numbers.
 
@@ -53,7 +53,7 @@ type ReplicaConfig struct {
 // live replica declared dead.
 const minBeatsPerDeadAfter = 3
 
-// errReplicaNotRegistered is outbox.claim_due_jobs' SQLSTATE when the claiming
+// errReplicaNotRegistered is outbox.claim_lane_jobs' SQLSTATE when the claiming
 // replica's row is gone: it was declared dead.
 const errReplicaNotRegistered pqerror.Code = "OXR01"
 

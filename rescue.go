@@ -15,7 +15,7 @@
 //
 // Either way a late outcome from that worker changes nothing (the
 // completer fences outcomes on the attempt number), and a replica declared dead
-// claims nothing more under its id (outbox.claim_due_jobs).
+// claims nothing more under its id (outbox.claim_lane_jobs).
 
 package main
 
@@ -170,7 +170,7 @@ func rescueBatchTx(ctx context.Context, tx *sql.Tx, query string, args ...any) (
 
 // declareDeadReplicasSQL deletes the rows of the replicas not seen within
 // their own dead_after: they are declared dead. Deleting a row waits for
-// a claim of that replica in flight (outbox.claim_due_jobs locks its row), so
+// a claim of that replica in flight (outbox.claim_lane_jobs locks its row), so
 // the statement after it sees every job the dead replica claimed, and no
 // claim under its id succeeds after.
 const declareDeadReplicasSQL = `

@@ -483,7 +483,7 @@ INSERT INTO outbox.relay_state DEFAULT VALUES;
 -- which may predate (a) whatever the lock says, so it always notifies.
 --
 -- 1868722290 is 0x6f627072, "obpr", notify.go's recordingLockClass. It is
--- the only two-key advisory lock with that first key: claim_due_jobs' lane
+-- the only two-key advisory lock with that first key: claim_lane_jobs' lane
 -- locks use hashtext('outbox.claim_jobs'), advance_lanes' ones
 -- hashtext('outbox.advance_lanes') and hashtext('outbox.advance_lanes/lane'),
 -- and outboxd's one-key locks (schema, retention, owner mail) live in
@@ -1249,7 +1249,7 @@ CREATE TABLE outbox.endpoints (
   client_certificate_expires_at timestamptz,
   ca_certificate                text,
 
-  -- An endpoint is a lane of its own (outbox.claim_due_jobs): its trouble
+  -- An endpoint is a lane of its own (outbox.claim_lane_jobs): its trouble
   -- holds up its own deliveries and nobody else's. The columns the claim
   -- reads:
   --
@@ -1288,7 +1288,7 @@ CREATE TABLE outbox.endpoints (
   -- any other answer leaves it. NULL: none advertised. Replays and retries
   -- by hand to the endpoint are clamped to it (replay.go), a delivery that
   -- may have reached the receiver before is not sent again past it
-  -- (outbox.claim_due_jobs, resend.go), and the overview alerts while it is
+  -- (outbox.claim_lane_jobs, resend.go), and the overview alerts while it is
   -- shorter than this sender's resend horizon.
   dedup_window_seconds          bigint,
   dedup_window_seen_at          timestamptz,
@@ -1433,7 +1433,7 @@ CREATE TYPE outbox.job_state AS ENUM ('available', 'running', 'retryable', 'comp
 -- the events of a window (kind 'replay', replay.go) or its discarded
 -- deliveries (kind 'retry_discarded', jobs.go). The jobs it enqueues or
 -- sets to run again carry its id (jobs.replay_id) and run in the
--- endpoint's replay lane (outbox.claim_due_jobs): behind its live deliveries,
+-- endpoint's replay lane (outbox.claim_lane_jobs): behind its live deliveries,
 -- and at most replay_width(endpoint, max_in_flight) at once. Its columns:
 --
 --   window_from, window_to, topics  what a 'replay' selected (the window
@@ -1556,7 +1556,7 @@ CREATE TABLE outbox.jobs (
   scheduled_at timestamptz      NOT NULL DEFAULT now(),
   attempted_at timestamptz,
   -- The replica whose claim last marked the job running
-  -- (outbox.claim_due_jobs), meaningful while it runs: the dead-replica
+  -- (outbox.claim_lane_jobs), meaningful while it runs: the dead-replica
   -- rescue finds a dead replica's jobs by it, among the running ones
   -- (jobs_running_by_attempted_at: no index of its own, since running jobs
   -- are at most the replicas' worker slots). No foreign key: the row goes
@@ -1795,15 +1795,16 @@ $$;
 -- window is not sent (resend.go, resendTooLate). committed_at is the
 -- event's commit time as the relay kept it (events.committed_at), or its
 -- created_at where none was kept: where the time to the first 2xx starts.
--- claim_due_jobs returns it; the workers read it as one column list
--- (claim.go, claimedColumns), by name.
+-- claim_due_jobs returns it, and claim_lane_jobs it within a
+-- claimed_lane_job; the workers read it as one column list (claim.go,
+-- claimedColumns), by name.
 --
 -- A claim's row type never changes shape: a session keeps the plans of
 -- the calls whose result holds it, and a changed row type fails them
 -- ("function return row and query-specified return row do not match")
 -- until the session ends, which replicas of the release before still
 -- running beside an upgrade would meet. What a claim adds goes in a type
--- of its own.
+-- of its own (claimed_lane_job, below).
 CREATE TYPE outbox.claimed_job AS (
   id bigint, kind text, attempt integer, max_attempts integer,
   endpoint_id bigint,
@@ -1818,7 +1819,7 @@ CREATE TYPE outbox.claimed_job AS (
 -- subscriber's), of replay_id (NULL: live), claimed at attempted_at: its
 -- event e and endpoint ep (a NULL row for a subscriber's), and what the
 -- claim decided of its start and its end. Every claim builds its rows
--- here (claim_due_jobs).
+-- here (claim_lane_jobs).
 CREATE FUNCTION outbox.as_claimed_job(id bigint, kind text, attempt integer, max_attempts integer,
                                       endpoint_id bigint, replay_id bigint, attempted_at timestamptz,
                                       e outbox.events, ep outbox.endpoints, start_in_ms integer,
@@ -1839,18 +1840,28 @@ AS $$
          attempted_at,
          coalesce(e.committed_at, e.created_at))::outbox.claimed_job
 $$;
+
+-- claimed_lane_job is a job claim_lane_jobs claimed, with lane_limit: the
+-- most requests the claiming replica may have in flight to the job's
+-- endpoint, as a claim ahead counts it (lane_room; NULL from any other
+-- claim). A type of its own, not an attribute added to claimed_job, whose
+-- shape never changes (above).
+CREATE TYPE outbox.claimed_lane_job AS (job outbox.claimed_job, lane_limit integer);
+
 -- The workers' claim (claim.go) takes up to batch due jobs, marks them
 -- running with their next attempt number, and returns each with its event
 -- and, for a delivery, its endpoint as it is at the claim, so an attempt
 -- costs no second query. It is four parts, each below:
 --
 --   waiting_lanes  which lanes have jobs waiting: one probe per lane;
---   lane_room      how many more deliveries a lane may start now;
+--   lane_room      how many more deliveries a lane may start now, and
+--                  the one place of the claim ahead of its requests;
 --   due_lanes      which lanes this claim serves, locked (statement 1);
 --   lane_jobs      each lane's due jobs within its room, locked
 --                  (statement 2, in a snapshot taken after the locks);
 --
--- and claim_due_jobs, which marks what lane_jobs locked running.
+-- and claim_lane_jobs, which marks what lane_jobs locked running.
+-- claim_due_jobs is the same claim without ahead.
 --
 -- A lane is an endpoint: its deliveries share its cap, rate limit,
 -- breaker and Retry-After hold, counted in the database over every
@@ -1895,7 +1906,8 @@ $$;
 -- now (room), and how many of them may be replayed ones (replay_room):
 --
 --   room        = its cap (max_in_flight; 1 while its breaker is open)
---                 - its deliveries running now, on any replica,
+--                 - its deliveries running now, on any replica
+--                 (claiming ahead: below),
 --                 and no more than worker_share - those the claiming
 --                 replica holds, and, under a rate limit, no more
 --                 requests than fit before now + 1 s at 1/rate apart;
@@ -1916,32 +1928,82 @@ $$;
 -- place. Another replica's claims count them until their outcome is
 -- written, which delays, never overloads.
 --
+-- The claim ahead (ahead; the workers' claims pass it, claimahead.go).
+-- It replaces the simple claim, the one without ahead: a delivery takes
+-- its endpoint's place from its claim to the end of its request, and a
+-- request ending leaves the place empty until the next claim's statement
+-- has run and committed. For a receiver that answers in milliseconds
+-- that wait, not the receiver, paces the endpoint: its cap's worth of
+-- requests (16 by default) a claim. Claiming ahead, a registered replica
+-- (replica set) holds a healthy endpoint's jobs ahead of its requests.
+-- Healthy: enabled, no rate limit, its breaker closed and its last
+-- attempt not failed (consecutive_failures 0), not cooling (the replica
+-- released a job of it unsent within the last second: claimahead.go,
+-- gateCooling), and none of its jobs the replica holds unanswered
+-- claimed more than 250 ms ago (a receiver that slow would keep the jobs
+-- ahead waiting past gateWait, to be released unsent). Its room is then
+--
+--   2 * lane_limit - own,  lane_limit = cap - others
+--
+-- own being the replica's running deliveries not answered, others every
+-- other replica's running ones, answered or not; and within the worker
+-- share, pause and hold above. lane_limit, set for every claim ahead by
+-- a replica of an enabled endpoint, is the most requests the replica may
+-- have in flight to it: the process starts the jobs beyond it as its
+-- requests end (claimahead.go, endpointGates), so a place is held while
+-- a request is in flight, not from one claim's commit to the next. The
+-- cap holds over replicas because every claim, ahead or not, counts
+-- another replica's running jobs whole, those waiting at its gate
+-- included: a replica's requests stay within the cap less the others'
+-- jobs at its latest claim, and theirs only shrink until they claim
+-- again, counting its jobs. NULL ahead is a claim without ahead; NULL
+-- cooling, every endpoint cooling.
+--
 -- PL/pgSQL, so that its plan is kept for the session (live_flows says
 -- why). The count reads jobs_running_by_endpoint: at most max_in_flight
--- entries.
+-- entries, twice that claiming ahead.
 CREATE FUNCTION outbox.lane_room(ep outbox.endpoints, replica bigint, answered bigint[], worker_share integer,
-                                 OUT room integer, OUT replay_room integer, OUT narrowed boolean)
+                                 ahead boolean, cooling bigint[],
+                                 OUT room integer, OUT replay_room integer, OUT narrowed boolean,
+                                 OUT lane_limit integer)
 LANGUAGE plpgsql STABLE
 AS $$
+DECLARE
+  cap     integer := CASE WHEN ep.breaker_opened_at IS NULL THEN ep.max_in_flight ELSE 1 END;
+  holders integer; -- running, not answered
+  others  integer; -- running, held by another replica (or by none), answered or not
+  own     integer; -- running, held by the claiming replica, not answered
+  slow    integer; -- own, claimed more than 250 ms ago
+  replays integer; -- running replayed deliveries, not answered
 BEGIN
   IF ep.disabled_at IS NOT NULL THEN
     RETURN;
   END IF;
   narrowed := outbox.live_flows(ep.id);
-  SELECT least(CASE WHEN ep.breaker_opened_at IS NULL THEN ep.max_in_flight ELSE 1 END
-                 - count(*) FILTER (WHERE r.id <> ALL (answered)),
-               worker_share - count(*) FILTER (WHERE r.held_by IS NOT DISTINCT FROM replica
-                                                 AND r.id <> ALL (answered)),
-               CASE WHEN ep.rate_limit_per_second IS NOT NULL
-                    THEN 1 + floor(ep.rate_limit_per_second * extract(epoch FROM
-                           now() + interval '1 second' - greatest(now(), ep.rate_next_at)))
-               END,
-               CASE WHEN ep.paused_at IS NOT NULL OR ep.held_until > now() THEN 0 END),
-         outbox.replay_width(narrowed, ep.max_in_flight)
-           - count(*) FILTER (WHERE r.replay_id IS NOT NULL AND r.id <> ALL (answered))
-  INTO room, replay_room
+  SELECT count(*) FILTER (WHERE r.id <> ALL (answered)),
+         count(*) FILTER (WHERE r.held_by IS DISTINCT FROM replica),
+         count(*) FILTER (WHERE r.held_by IS NOT DISTINCT FROM replica AND r.id <> ALL (answered)),
+         count(*) FILTER (WHERE r.held_by IS NOT DISTINCT FROM replica AND r.id <> ALL (answered)
+                            AND r.attempted_at < now() - interval '250 milliseconds'),
+         count(*) FILTER (WHERE r.replay_id IS NOT NULL AND r.id <> ALL (answered))
+  INTO holders, others, own, slow, replays
   FROM outbox.jobs AS r
   WHERE r.endpoint_id = ep.id AND r.state = 'running';
+  IF ahead AND replica IS NOT NULL THEN
+    lane_limit := cap - others;
+  END IF;
+  room := least(CASE WHEN lane_limit IS NOT NULL AND ep.breaker_opened_at IS NULL AND ep.rate_limit_per_second IS NULL
+                          AND ep.consecutive_failures = 0 AND ep.id <> ALL (cooling) AND slow = 0
+                     THEN 2 * lane_limit - own
+                     ELSE cap - holders
+                END,
+                worker_share - own,
+                CASE WHEN ep.rate_limit_per_second IS NOT NULL
+                     THEN 1 + floor(ep.rate_limit_per_second * extract(epoch FROM
+                            now() + interval '1 second' - greatest(now(), ep.rate_next_at)))
+                END,
+                CASE WHEN ep.paused_at IS NOT NULL OR ep.held_until > now() THEN 0 END);
+  replay_room := outbox.replay_width(narrowed, ep.max_in_flight) - replays;
 END
 $$;
 
@@ -1959,7 +2021,8 @@ $$;
 -- snapshot sees every job the previous holder claimed. (Locking the
 -- endpoint's row instead would write a row lock to the table on every
 -- claim, shared with the fan-out's key-share locks as a multixact.)
-CREATE FUNCTION outbox.due_lanes(batch integer, replica bigint, answered bigint[], worker_share integer)
+CREATE FUNCTION outbox.due_lanes(batch integer, replica bigint, answered bigint[], worker_share integer,
+                                 ahead boolean, cooling bigint[])
 RETURNS bigint[]
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -1975,7 +2038,7 @@ BEGIN
             WHERE l.due_at <= now()
             GROUP BY l.endpoint_id) AS w
       JOIN outbox.endpoints AS ep ON ep.id = w.endpoint_id
-      CROSS JOIN LATERAL outbox.lane_room(ep, replica, answered, worker_share) AS r
+      CROSS JOIN LATERAL outbox.lane_room(ep, replica, answered, worker_share, ahead, cooling) AS r
       WHERE ep.disabled_at IS NOT NULL
          OR (r.room > 0 AND (w.live_at IS NOT NULL OR r.replay_room > 0))
       ORDER BY w.live_at NULLS LAST, w.replay_at, ep.id
@@ -2021,7 +2084,8 @@ $$;
 -- given kinds. No lane locks more than twice its fair share of the batch:
 -- enough for lanes with more work to take what lanes with less leave.
 -- Of what is locked, at most batch, round robin: every lane's first job,
--- then every lane's second, and live before replayed.
+-- then every lane's second, and live before replayed. lane_limit is the
+-- job's lane's, claiming ahead (lane_room).
 --
 -- wakes says the job's lane took all it could (its room, its replay room,
 -- or the subscribers' share), so that its outcome frees a place due work
@@ -2032,11 +2096,11 @@ $$;
 -- (deliver.go, replayYield).
 --
 -- due_lanes, lane_jobs and the functions they call are PL/pgSQL, so that
--- their plans are kept for the session, made under claim_due_jobs'
+-- their plans are kept for the session, made under claim_lane_jobs'
 -- planner settings, the one caller.
 CREATE FUNCTION outbox.lane_jobs(lanes bigint[], batch integer, replica bigint, answered bigint[],
-                                 worker_share integer, kinds text[])
-RETURNS TABLE (id bigint, wakes boolean, yields boolean)
+                                 worker_share integer, ahead boolean, cooling bigint[], kinds text[])
+RETURNS TABLE (id bigint, wakes boolean, yields boolean, lane_limit integer)
 LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
@@ -2044,10 +2108,10 @@ BEGIN
   WITH lane AS MATERIALIZED (
     SELECT l.id, l.lane_order, coalesce(r.narrowed, false) AS narrowed,
            greatest(least(coalesce(r.room, batch), batch, 2 * batch / (cardinality(lanes) + 1) + 1), 0) AS room,
-           coalesce(r.replay_room, batch) AS replay_room
+           coalesce(r.replay_room, batch) AS replay_room, r.lane_limit
     FROM unnest(lanes) WITH ORDINALITY AS l(id, lane_order)
     JOIN outbox.endpoints AS ep ON ep.id = l.id
-    CROSS JOIN LATERAL outbox.lane_room(ep, replica, answered, worker_share) AS r
+    CROSS JOIN LATERAL outbox.lane_room(ep, replica, answered, worker_share, ahead, cooling) AS r
   ),
   live AS MATERIALIZED (
     SELECT l.*, outbox.lock_due_jobs(l.id, false, l.room, NULL) AS live_ids FROM lane AS l
@@ -2063,19 +2127,19 @@ BEGIN
   ),
   candidate AS (
     SELECT c.id, false AS replayed, c.lane_rank, l.lane_order,
-           cardinality(l.live_ids) + cardinality(l.replay_ids) >= l.room AS wakes, false AS yields
+           cardinality(l.live_ids) + cardinality(l.replay_ids) >= l.room AS wakes, false AS yields, l.lane_limit
     FROM locked AS l, unnest(l.live_ids) WITH ORDINALITY AS c(id, lane_rank)
     UNION ALL
     SELECT c.id, true, c.lane_rank, l.lane_order,
            cardinality(l.live_ids) + cardinality(l.replay_ids) >= l.room
              OR (cardinality(l.replay_ids) >= l.replay_room AND NOT l.narrowed),
-           l.narrowed
+           l.narrowed, l.lane_limit
     FROM locked AS l, unnest(l.replay_ids) WITH ORDINALITY AS c(id, lane_rank)
     UNION ALL
-    SELECT c.id, false, c.lane_rank, 0, cardinality(s.ids) >= s.share, false
+    SELECT c.id, false, c.lane_rank, 0, cardinality(s.ids) >= s.share, false, NULL::integer
     FROM subscribers AS s, unnest(s.ids) WITH ORDINALITY AS c(id, lane_rank)
   )
-  SELECT c.id, c.wakes, c.yields
+  SELECT c.id, c.wakes, c.yields, c.lane_limit
   FROM candidate AS c
   ORDER BY c.replayed, c.lane_rank, c.lane_order
   LIMIT batch;
@@ -2103,12 +2167,13 @@ BEGIN
 END
 $$;
 
--- claim_due_jobs is the workers' claim: it marks running what lane_jobs
+-- claim_lane_jobs is the workers' claim: it marks running what lane_jobs
 -- locked, with the next attempt number, held by replica, and returns each
--- job as claimed_job. Under a rate limit, a lane's claimed jobs start
--- 1/rate apart from its rate_next_at (start_in_ms), and the lane's next
--- request after them. An ordered lane's delivery always wakes a claim
--- when it ends: its outcome lets the lane's next one go (advance_lanes).
+-- job as claimed_job, with its lane's lane_limit. Under a rate limit, a
+-- lane's claimed jobs start 1/rate apart from its rate_next_at
+-- (start_in_ms), and the lane's next request after them. An ordered
+-- lane's delivery always wakes a claim when it ends: its outcome lets the
+-- lane's next one go (advance_lanes).
 --
 -- replica is the claiming process's row in outbox.replicas (replicas.go):
 -- every job claimed records it in held_by, so that when that replica
@@ -2116,6 +2181,11 @@ $$;
 -- rescue horizon (rescue.go). NULL: the jobs are held by no one known,
 -- and only the horizon rescues them (tests and an operator's psql claim
 -- this way).
+--
+-- ahead and cooling are the claim ahead of an endpoint's requests, which
+-- lane_room decides: the workers of a registered replica claim ahead,
+-- with the endpoints they released a job of unsent within the last
+-- second as cooling (claimahead.go).
 --
 -- kinds are the job kinds the claiming replica runs (deliver.go): a claim
 -- without 'webhook' serves no endpoint, and of the jobs of no endpoint
@@ -2139,9 +2209,10 @@ $$;
 -- plain index scans, which mark the entries of dead rows dead in the
 -- index, where a bitmap scan visits the heap for every one of them, on
 -- every claim, until a vacuum. The plan is made once per session.
-CREATE FUNCTION outbox.claim_due_jobs(batch integer, replica bigint DEFAULT NULL, answered bigint[] DEFAULT '{}',
-                                      worker_share integer DEFAULT NULL, kinds text[] DEFAULT NULL)
-RETURNS SETOF outbox.claimed_job
+CREATE FUNCTION outbox.claim_lane_jobs(batch integer, replica bigint, answered bigint[], ahead boolean,
+                                       cooling bigint[], worker_share integer DEFAULT NULL,
+                                       kinds text[] DEFAULT NULL)
+RETURNS SETOF outbox.claimed_lane_job
 LANGUAGE plpgsql VOLATILE
 ROWS 100
 SET enable_sort = off
@@ -2158,11 +2229,11 @@ BEGIN
   LOCK TABLE outbox.events IN ACCESS SHARE MODE;
   PERFORM outbox.lock_replica(replica);
   IF kinds IS NULL OR 'webhook' = ANY (kinds) THEN
-    lanes := outbox.due_lanes(batch, replica, answered, worker_share);
+    lanes := outbox.due_lanes(batch, replica, answered, worker_share, ahead, cooling);
   END IF;
   RETURN QUERY
   WITH picked AS MATERIALIZED (
-    SELECT * FROM outbox.lane_jobs(lanes, batch, replica, answered, worker_share, kinds)
+    SELECT * FROM outbox.lane_jobs(lanes, batch, replica, answered, worker_share, ahead, cooling, kinds)
   ),
   claimed AS (
     UPDATE outbox.jobs AS j
@@ -2185,7 +2256,7 @@ BEGIN
     FROM (SELECT DISTINCT ON (p.endpoint_id) p.* FROM paced AS p ORDER BY p.endpoint_id, p.place DESC) AS p
     WHERE ep.id = p.endpoint_id
   )
-  SELECT j.*
+  SELECT j, pk.lane_limit
   FROM claimed AS c
   JOIN picked AS pk ON pk.id = c.id
   JOIN outbox.events AS e ON e.id = c.event_id
@@ -2197,6 +2268,18 @@ BEGIN
              0)::integer,
     pk.wakes OR c.lane_key IS NOT NULL, pk.yields) AS j;
 END
+$$;
+
+-- claim_due_jobs is claim_lane_jobs without ahead: every running job not
+-- answered holds its endpoint's place, and every job it claims may start
+-- at once. A claim by hand (psql, the tests) calls it.
+CREATE FUNCTION outbox.claim_due_jobs(batch integer, replica bigint DEFAULT NULL, answered bigint[] DEFAULT '{}',
+                                      worker_share integer DEFAULT NULL, kinds text[] DEFAULT NULL)
+RETURNS SETOF outbox.claimed_job
+LANGUAGE sql VOLATILE
+ROWS 100
+AS $$
+  SELECT (l.job).* FROM outbox.claim_lane_jobs(batch, replica, answered, false, '{}', worker_share, kinds) AS l
 $$;
 
 --------------------------------------------------------------------------------
@@ -2856,7 +2939,7 @@ CREATE INDEX fanout_stats_by_minute
 -- lock them in one order. The commit does not wait for the WAL to reach
 -- the disk (database.go, beginPipelineTx, says why that loses nothing).
 --
--- enable_bitmapscan = off, for the reason claim_due_jobs gives: the
+-- enable_bitmapscan = off, for the reason claim_lane_jobs gives: the
 -- outcomes' jobs are found through jobs_running_by_attempted_at (the
 -- generic plan expects few running jobs and hashes them all), and a bitmap
 -- scan of it visits every entry, dead ones included, without ever marking
@@ -3144,7 +3227,7 @@ $$;
 -- (fanout_stats, a probe of at most two rows by key). While they do, its
 -- replay lane is narrowed (replay_width), and the claim lets a replayed
 -- delivery's place be taken by the next claim the live ones bring
--- (outbox.claim_due_jobs, replay_yields). The dry run's estimate (replay.go,
+-- (outbox.claim_lane_jobs, replay_yields). The dry run's estimate (replay.go,
 -- previewReplay) reads it too.
 --
 -- PL/pgSQL, not SQL: a SQL function whose body holds a subquery is never

@@ -67,7 +67,6 @@ FROM outbox.claim_lane_jobs($1, $2, $3, true, $4, $5, $6) AS claim, LATERAL (SEL
 // really called each.
 var previousReleaseWrappers = []string{
 	"outbox.fan_out_claiming(integer,jsonb,integer,double precision,text,integer,bigint,bigint[],integer,text[])",
-	"outbox.claim_lane_jobs(integer,bigint,bigint[],boolean,bigint[],integer,text[])",
 }
 
 // previousClaimedJob is a row of the previous release's claims: the ids it

@@ -3,22 +3,26 @@
 -- One route for a delivery: the relay only fans out, and the workers'
 -- claim is the one way a job starts. Gone: deliveries inserted running by
 -- the relay's pass and the claim it made for its own workers
--- (fan_out_claiming), and the claim ahead of an endpoint's requests
--- (claim_lane_jobs with ahead). The claim is written in named parts
--- (waiting_lanes, lane_room, due_lanes, lock_due_jobs, lane_jobs,
--- claim_due_jobs), the fan-out too (route, enqueue_deliveries,
--- enqueue_for_subscribers, index_subjects), and one index holds each
--- endpoint's waiting deliveries, live before replayed, where two did.
+-- (fan_out_claiming). The workers' claim, claim_lane_jobs, is written in
+-- named parts (waiting_lanes, lane_room, due_lanes, lock_due_jobs,
+-- lane_jobs), and its claim ahead of a healthy endpoint's requests is one
+-- rule in lane_room; claim_due_jobs stays its form without ahead, as
+-- 0.6.0 has it. The fan-out is written in parts too (route,
+-- enqueue_deliveries, enqueue_for_subscribers, index_subjects), and one
+-- index holds each endpoint's waiting deliveries, live before replayed,
+-- where two did.
 --
--- Kept for 0.6.0's replicas while they roll: fan_out_claiming, which
--- now claims nothing for their workers, and claim_lane_jobs, which now
--- claims as claim_due_jobs does and sets no lane limit; both go in the
--- next release's migration, with the claimed_lane_job type and the
--- functions 0.6.0's fan-out called (born_running, lock_born_lanes,
--- has_due_live_jobs, takes_deliveries_running), which a pass of 0.6.0
--- under way as this migration commits still calls. Dropped:
--- outbox.schema_applied, which only 0.5.0 read. Every statement can run
--- again over a database that has what it made.
+-- claim_lane_jobs keeps 0.6.0's signature and row type
+-- (claimed_lane_job), so 0.6.0's replicas, while they roll, call the
+-- same claim as this release's. Kept for them alone: fan_out_claiming,
+-- which now claims nothing for their workers; it goes in the next
+-- release's migration, with the functions 0.6.0's fan-out called
+-- (born_running, lock_born_lanes, has_due_live_jobs,
+-- takes_deliveries_running), which a pass of 0.6.0 under way as this
+-- migration commits still calls. Jobs hold only work to do: a delivered
+-- job leaves outbox.jobs for the history, outbox.deliveries (below).
+-- Dropped: outbox.schema_applied, which only 0.5.0 read. Every statement
+-- can run again over a database that has what it made.
 
 DROP TABLE IF EXISTS outbox.schema_applied;
 
@@ -350,7 +354,8 @@ $$;
 -- now (room), and how many of them may be replayed ones (replay_room):
 --
 --   room        = its cap (max_in_flight; 1 while its breaker is open)
---                 - its deliveries running now, on any replica,
+--                 - its deliveries running now, on any replica
+--                 (claiming ahead: below),
 --                 and no more than worker_share - those the claiming
 --                 replica holds, and, under a rate limit, no more
 --                 requests than fit before now + 1 s at 1/rate apart;
@@ -371,32 +376,82 @@ $$;
 -- place. Another replica's claims count them until their outcome is
 -- written, which delays, never overloads.
 --
+-- The claim ahead (ahead; the workers' claims pass it, claimahead.go).
+-- It replaces the simple claim, the one without ahead: a delivery takes
+-- its endpoint's place from its claim to the end of its request, and a
+-- request ending leaves the place empty until the next claim's statement
+-- has run and committed. For a receiver that answers in milliseconds
+-- that wait, not the receiver, paces the endpoint: its cap's worth of
+-- requests (16 by default) a claim. Claiming ahead, a registered replica
+-- (replica set) holds a healthy endpoint's jobs ahead of its requests.
+-- Healthy: enabled, no rate limit, its breaker closed and its last
+-- attempt not failed (consecutive_failures 0), not cooling (the replica
+-- released a job of it unsent within the last second: claimahead.go,
+-- gateCooling), and none of its jobs the replica holds unanswered
+-- claimed more than 250 ms ago (a receiver that slow would keep the jobs
+-- ahead waiting past gateWait, to be released unsent). Its room is then
+--
+--   2 * lane_limit - own,  lane_limit = cap - others
+--
+-- own being the replica's running deliveries not answered, others every
+-- other replica's running ones, answered or not; and within the worker
+-- share, pause and hold above. lane_limit, set for every claim ahead by
+-- a replica of an enabled endpoint, is the most requests the replica may
+-- have in flight to it: the process starts the jobs beyond it as its
+-- requests end (claimahead.go, endpointGates), so a place is held while
+-- a request is in flight, not from one claim's commit to the next. The
+-- cap holds over replicas because every claim, ahead or not, counts
+-- another replica's running jobs whole, those waiting at its gate
+-- included: a replica's requests stay within the cap less the others'
+-- jobs at its latest claim, and theirs only shrink until they claim
+-- again, counting its jobs. NULL ahead is a claim without ahead; NULL
+-- cooling, every endpoint cooling.
+--
 -- PL/pgSQL, so that its plan is kept for the session (live_flows says
 -- why). The count reads jobs_running_by_endpoint: at most max_in_flight
--- entries.
+-- entries, twice that claiming ahead.
 CREATE OR REPLACE FUNCTION outbox.lane_room(ep outbox.endpoints, replica bigint, answered bigint[], worker_share integer,
-                                 OUT room integer, OUT replay_room integer, OUT narrowed boolean)
+                                 ahead boolean, cooling bigint[],
+                                 OUT room integer, OUT replay_room integer, OUT narrowed boolean,
+                                 OUT lane_limit integer)
 LANGUAGE plpgsql STABLE
 AS $$
+DECLARE
+  cap     integer := CASE WHEN ep.breaker_opened_at IS NULL THEN ep.max_in_flight ELSE 1 END;
+  holders integer; -- running, not answered
+  others  integer; -- running, held by another replica (or by none), answered or not
+  own     integer; -- running, held by the claiming replica, not answered
+  slow    integer; -- own, claimed more than 250 ms ago
+  replays integer; -- running replayed deliveries, not answered
 BEGIN
   IF ep.disabled_at IS NOT NULL THEN
     RETURN;
   END IF;
   narrowed := outbox.live_flows(ep.id);
-  SELECT least(CASE WHEN ep.breaker_opened_at IS NULL THEN ep.max_in_flight ELSE 1 END
-                 - count(*) FILTER (WHERE r.id <> ALL (answered)),
-               worker_share - count(*) FILTER (WHERE r.held_by IS NOT DISTINCT FROM replica
-                                                 AND r.id <> ALL (answered)),
-               CASE WHEN ep.rate_limit_per_second IS NOT NULL
-                    THEN 1 + floor(ep.rate_limit_per_second * extract(epoch FROM
-                           now() + interval '1 second' - greatest(now(), ep.rate_next_at)))
-               END,
-               CASE WHEN ep.paused_at IS NOT NULL OR ep.held_until > now() THEN 0 END),
-         outbox.replay_width(narrowed, ep.max_in_flight)
-           - count(*) FILTER (WHERE r.replay_id IS NOT NULL AND r.id <> ALL (answered))
-  INTO room, replay_room
+  SELECT count(*) FILTER (WHERE r.id <> ALL (answered)),
+         count(*) FILTER (WHERE r.held_by IS DISTINCT FROM replica),
+         count(*) FILTER (WHERE r.held_by IS NOT DISTINCT FROM replica AND r.id <> ALL (answered)),
+         count(*) FILTER (WHERE r.held_by IS NOT DISTINCT FROM replica AND r.id <> ALL (answered)
+                            AND r.attempted_at < now() - interval '250 milliseconds'),
+         count(*) FILTER (WHERE r.replay_id IS NOT NULL AND r.id <> ALL (answered))
+  INTO holders, others, own, slow, replays
   FROM outbox.jobs AS r
   WHERE r.endpoint_id = ep.id AND r.state = 'running';
+  IF ahead AND replica IS NOT NULL THEN
+    lane_limit := cap - others;
+  END IF;
+  room := least(CASE WHEN lane_limit IS NOT NULL AND ep.breaker_opened_at IS NULL AND ep.rate_limit_per_second IS NULL
+                          AND ep.consecutive_failures = 0 AND ep.id <> ALL (cooling) AND slow = 0
+                     THEN 2 * lane_limit - own
+                     ELSE cap - holders
+                END,
+                worker_share - own,
+                CASE WHEN ep.rate_limit_per_second IS NOT NULL
+                     THEN 1 + floor(ep.rate_limit_per_second * extract(epoch FROM
+                            now() + interval '1 second' - greatest(now(), ep.rate_next_at)))
+                END,
+                CASE WHEN ep.paused_at IS NOT NULL OR ep.held_until > now() THEN 0 END);
+  replay_room := outbox.replay_width(narrowed, ep.max_in_flight) - replays;
 END
 $$;
 
@@ -414,7 +469,8 @@ $$;
 -- snapshot sees every job the previous holder claimed. (Locking the
 -- endpoint's row instead would write a row lock to the table on every
 -- claim, shared with the fan-out's key-share locks as a multixact.)
-CREATE OR REPLACE FUNCTION outbox.due_lanes(batch integer, replica bigint, answered bigint[], worker_share integer)
+CREATE OR REPLACE FUNCTION outbox.due_lanes(batch integer, replica bigint, answered bigint[], worker_share integer,
+                                 ahead boolean, cooling bigint[])
 RETURNS bigint[]
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -430,7 +486,7 @@ BEGIN
             WHERE l.due_at <= now()
             GROUP BY l.endpoint_id) AS w
       JOIN outbox.endpoints AS ep ON ep.id = w.endpoint_id
-      CROSS JOIN LATERAL outbox.lane_room(ep, replica, answered, worker_share) AS r
+      CROSS JOIN LATERAL outbox.lane_room(ep, replica, answered, worker_share, ahead, cooling) AS r
       WHERE ep.disabled_at IS NOT NULL
          OR (r.room > 0 AND (w.live_at IS NOT NULL OR r.replay_room > 0))
       ORDER BY w.live_at NULLS LAST, w.replay_at, ep.id
@@ -476,7 +532,8 @@ $$;
 -- given kinds. No lane locks more than twice its fair share of the batch:
 -- enough for lanes with more work to take what lanes with less leave.
 -- Of what is locked, at most batch, round robin: every lane's first job,
--- then every lane's second, and live before replayed.
+-- then every lane's second, and live before replayed. lane_limit is the
+-- job's lane's, claiming ahead (lane_room).
 --
 -- wakes says the job's lane took all it could (its room, its replay room,
 -- or the subscribers' share), so that its outcome frees a place due work
@@ -487,11 +544,11 @@ $$;
 -- (deliver.go, replayYield).
 --
 -- due_lanes, lane_jobs and the functions they call are PL/pgSQL, so that
--- their plans are kept for the session, made under claim_due_jobs'
+-- their plans are kept for the session, made under claim_lane_jobs'
 -- planner settings, the one caller.
 CREATE OR REPLACE FUNCTION outbox.lane_jobs(lanes bigint[], batch integer, replica bigint, answered bigint[],
-                                 worker_share integer, kinds text[])
-RETURNS TABLE (id bigint, wakes boolean, yields boolean)
+                                 worker_share integer, ahead boolean, cooling bigint[], kinds text[])
+RETURNS TABLE (id bigint, wakes boolean, yields boolean, lane_limit integer)
 LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
@@ -499,10 +556,10 @@ BEGIN
   WITH lane AS MATERIALIZED (
     SELECT l.id, l.lane_order, coalesce(r.narrowed, false) AS narrowed,
            greatest(least(coalesce(r.room, batch), batch, 2 * batch / (cardinality(lanes) + 1) + 1), 0) AS room,
-           coalesce(r.replay_room, batch) AS replay_room
+           coalesce(r.replay_room, batch) AS replay_room, r.lane_limit
     FROM unnest(lanes) WITH ORDINALITY AS l(id, lane_order)
     JOIN outbox.endpoints AS ep ON ep.id = l.id
-    CROSS JOIN LATERAL outbox.lane_room(ep, replica, answered, worker_share) AS r
+    CROSS JOIN LATERAL outbox.lane_room(ep, replica, answered, worker_share, ahead, cooling) AS r
   ),
   live AS MATERIALIZED (
     SELECT l.*, outbox.lock_due_jobs(l.id, false, l.room, NULL) AS live_ids FROM lane AS l
@@ -518,19 +575,19 @@ BEGIN
   ),
   candidate AS (
     SELECT c.id, false AS replayed, c.lane_rank, l.lane_order,
-           cardinality(l.live_ids) + cardinality(l.replay_ids) >= l.room AS wakes, false AS yields
+           cardinality(l.live_ids) + cardinality(l.replay_ids) >= l.room AS wakes, false AS yields, l.lane_limit
     FROM locked AS l, unnest(l.live_ids) WITH ORDINALITY AS c(id, lane_rank)
     UNION ALL
     SELECT c.id, true, c.lane_rank, l.lane_order,
            cardinality(l.live_ids) + cardinality(l.replay_ids) >= l.room
              OR (cardinality(l.replay_ids) >= l.replay_room AND NOT l.narrowed),
-           l.narrowed
+           l.narrowed, l.lane_limit
     FROM locked AS l, unnest(l.replay_ids) WITH ORDINALITY AS c(id, lane_rank)
     UNION ALL
-    SELECT c.id, false, c.lane_rank, 0, cardinality(s.ids) >= s.share, false
+    SELECT c.id, false, c.lane_rank, 0, cardinality(s.ids) >= s.share, false, NULL::integer
     FROM subscribers AS s, unnest(s.ids) WITH ORDINALITY AS c(id, lane_rank)
   )
-  SELECT c.id, c.wakes, c.yields
+  SELECT c.id, c.wakes, c.yields, c.lane_limit
   FROM candidate AS c
   ORDER BY c.replayed, c.lane_rank, c.lane_order
   LIMIT batch;
@@ -558,12 +615,13 @@ BEGIN
 END
 $$;
 
--- claim_due_jobs is the workers' claim: it marks running what lane_jobs
+-- claim_lane_jobs is the workers' claim: it marks running what lane_jobs
 -- locked, with the next attempt number, held by replica, and returns each
--- job as claimed_job. Under a rate limit, a lane's claimed jobs start
--- 1/rate apart from its rate_next_at (start_in_ms), and the lane's next
--- request after them. An ordered lane's delivery always wakes a claim
--- when it ends: its outcome lets the lane's next one go (advance_lanes).
+-- job as claimed_job, with its lane's lane_limit. Under a rate limit, a
+-- lane's claimed jobs start 1/rate apart from its rate_next_at
+-- (start_in_ms), and the lane's next request after them. An ordered
+-- lane's delivery always wakes a claim when it ends: its outcome lets the
+-- lane's next one go (advance_lanes).
 --
 -- replica is the claiming process's row in outbox.replicas (replicas.go):
 -- every job claimed records it in held_by, so that when that replica
@@ -571,6 +629,11 @@ $$;
 -- rescue horizon (rescue.go). NULL: the jobs are held by no one known,
 -- and only the horizon rescues them (tests and an operator's psql claim
 -- this way).
+--
+-- ahead and cooling are the claim ahead of an endpoint's requests, which
+-- lane_room decides: the workers of a registered replica claim ahead,
+-- with the endpoints they released a job of unsent within the last
+-- second as cooling (claimahead.go).
 --
 -- kinds are the job kinds the claiming replica runs (deliver.go): a claim
 -- without 'webhook' serves no endpoint, and of the jobs of no endpoint
@@ -594,9 +657,10 @@ $$;
 -- plain index scans, which mark the entries of dead rows dead in the
 -- index, where a bitmap scan visits the heap for every one of them, on
 -- every claim, until a vacuum. The plan is made once per session.
-CREATE OR REPLACE FUNCTION outbox.claim_due_jobs(batch integer, replica bigint DEFAULT NULL, answered bigint[] DEFAULT '{}',
-                                      worker_share integer DEFAULT NULL, kinds text[] DEFAULT NULL)
-RETURNS SETOF outbox.claimed_job
+CREATE OR REPLACE FUNCTION outbox.claim_lane_jobs(batch integer, replica bigint, answered bigint[], ahead boolean,
+                                       cooling bigint[], worker_share integer DEFAULT NULL,
+                                       kinds text[] DEFAULT NULL)
+RETURNS SETOF outbox.claimed_lane_job
 LANGUAGE plpgsql VOLATILE
 ROWS 100
 SET enable_sort = off
@@ -613,11 +677,11 @@ BEGIN
   LOCK TABLE outbox.events IN ACCESS SHARE MODE;
   PERFORM outbox.lock_replica(replica);
   IF kinds IS NULL OR 'webhook' = ANY (kinds) THEN
-    lanes := outbox.due_lanes(batch, replica, answered, worker_share);
+    lanes := outbox.due_lanes(batch, replica, answered, worker_share, ahead, cooling);
   END IF;
   RETURN QUERY
   WITH picked AS MATERIALIZED (
-    SELECT * FROM outbox.lane_jobs(lanes, batch, replica, answered, worker_share, kinds)
+    SELECT * FROM outbox.lane_jobs(lanes, batch, replica, answered, worker_share, ahead, cooling, kinds)
   ),
   claimed AS (
     UPDATE outbox.jobs AS j
@@ -640,7 +704,7 @@ BEGIN
     FROM (SELECT DISTINCT ON (p.endpoint_id) p.* FROM paced AS p ORDER BY p.endpoint_id, p.place DESC) AS p
     WHERE ep.id = p.endpoint_id
   )
-  SELECT j.*
+  SELECT j, pk.lane_limit
   FROM claimed AS c
   JOIN picked AS pk ON pk.id = c.id
   JOIN outbox.events AS e ON e.id = c.event_id
@@ -1336,19 +1400,6 @@ LANGUAGE sql VOLATILE
 AS $$
   SELECT f.out_fanned, f.out_jobs, '{}'::outbox.claimed_job[]
   FROM outbox.fan_out(in_batch, NULL, in_subscribers, in_max_attempts, in_breaker_delay, in_origin) AS f
-$$;
-
--- claim_lane_jobs is 0.6.0's workers' claim: kept while 0.6.0's replicas
--- roll, it claims as claim_due_jobs does, ahead and cooling aside, and
--- sets no lane limit, so that every job it returns starts at once.
-CREATE OR REPLACE FUNCTION outbox.claim_lane_jobs(batch integer, replica bigint, answered bigint[], ahead boolean,
-                                                  cooling bigint[], worker_share integer DEFAULT NULL,
-                                                  kinds text[] DEFAULT NULL)
-RETURNS SETOF outbox.claimed_lane_job
-LANGUAGE sql VOLATILE
-ROWS 100
-AS $$
-  SELECT c, NULL::integer FROM outbox.claim_due_jobs(batch, replica, answered, worker_share, kinds) AS c
 $$;
 
 -- Serve the workers' claim, one lane at a time: an endpoint's waiting
