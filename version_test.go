@@ -20,7 +20,7 @@ var releaseMigrations = map[string]string{
 	"004_0.4.0.sql": "1b9bb35af49ac7ecddcc2da5af0cf1b39a784bc840865142c207c68014457c61",
 	"005_0.5.0.sql": "1a73f270402cee233884a516dbbe1786c894239f716bded172be4fb43b465ec4",
 	"006_0.6.0.sql": "ed357c348c7624cc1e0f6ce5f792c5f5a67e0e0d2138fc8c2c4713c68300d794",
-	"007_0.7.0.sql": "ffed489fe864c37bb29b35b941a2957bf6956f207230a170c5e0f3928b45c582",
+	"007_0.7.0.sql": "56e09ffe33c883f85fdea24cbff295425c9fe346d8b9c7753dcdf0fc91454865",
 }
 
 // The release is the last migration's, and every migration is as its

@@ -914,7 +914,7 @@ $$;
 -- lock them in one order. The commit does not wait for the WAL to reach
 -- the disk (database.go, beginPipelineTx, says why that loses nothing).
 --
--- enable_bitmapscan = off, for the reason claim_due_jobs gives: the
+-- enable_bitmapscan = off, for the reason claim_lane_jobs gives: the
 -- outcomes' jobs are found through jobs_running_by_attempted_at (the
 -- generic plan expects few running jobs and hashes them all), and a bitmap
 -- scan of it visits every entry, dead ones included, without ever marking
@@ -1368,18 +1368,27 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
+  WITH fenced AS MATERIALIZED (
+    SELECT a.*
+    FROM json_to_recordset(in_attempts)
+         AS a(job_id bigint, attempt integer, duration_ms integer, status_code integer, error text, excerpt text)
+    WHERE NOT EXISTS (SELECT 1 FROM unnest(written_ids, written_attempts) AS w(id, attempt)
+                      WHERE w.id = a.job_id AND w.attempt = a.attempt)
+  )
   INSERT INTO outbox.deliveries AS d (job_id, attempt, event_id, kind, endpoint_id, replay_id, duration_ms,
                                       status_code, error, response_excerpt)
-  SELECT a.job_id, a.attempt, coalesce(h.event_id, j.event_id), coalesce(h.kind, j.kind),
-         coalesce(h.endpoint_id, j.endpoint_id), coalesce(h.replay_id, j.replay_id), a.duration_ms,
+  SELECT a.job_id, a.attempt, k.event_id, k.kind, k.endpoint_id, k.replay_id, a.duration_ms,
          nullif(a.status_code, 0), a.error, a.excerpt
-  FROM json_to_recordset(in_attempts)
-       AS a(job_id bigint, attempt integer, duration_ms integer, status_code integer, error text, excerpt text)
-  LEFT JOIN outbox.jobs AS j ON j.id = a.job_id
-  LEFT JOIN outbox.deliveries AS h ON h.job_id = a.job_id AND h.attempt = a.attempt
-  WHERE (j.id IS NOT NULL OR h.job_id IS NOT NULL)
-    AND NOT EXISTS (SELECT 1 FROM unnest(written_ids, written_attempts) AS w(id, attempt)
-                    WHERE w.id = a.job_id AND w.attempt = a.attempt)
+  FROM fenced AS a
+  -- Its job's columns, by key: from its row in the history (its rescue's)
+  -- or, without one, from the queue.
+  CROSS JOIN LATERAL (
+    (SELECT h.event_id, h.kind, h.endpoint_id, h.replay_id
+     FROM outbox.deliveries AS h WHERE h.job_id = a.job_id AND h.attempt = a.attempt)
+    UNION ALL
+    (SELECT j.event_id, j.kind, j.endpoint_id, j.replay_id FROM outbox.jobs AS j WHERE j.id = a.job_id)
+    LIMIT 1
+  ) AS k
   ORDER BY a.job_id, a.attempt
   ON CONFLICT ON CONSTRAINT deliveries_pkey DO UPDATE
   SET status_code = EXCLUDED.status_code, duration_ms = EXCLUDED.duration_ms,
