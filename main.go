@@ -197,7 +197,7 @@ func defaultConfig() Config {
 			MaxFailures:          5,
 			SweepInterval:        time.Minute,
 			BusyLinger:           100 * time.Millisecond,
-			BusyRecheck:          2 * time.Millisecond,
+			BusyRecheck:          5 * time.Millisecond,
 			FailingEndpointDelay: 5 * time.Minute,
 			PassTimeout:          5 * time.Second,
 		},

@@ -88,7 +88,7 @@ func TestDefaultsAreTheStatedNumbers(t *testing.T) {
 		{"poison after failures", c.Relay.MaxFailures, 5},
 		{"relay sweep", c.Relay.SweepInterval, time.Minute},
 		{"busy relay linger", c.Relay.BusyLinger, 100 * time.Millisecond},
-		{"busy relay re-check", c.Relay.BusyRecheck, 2 * time.Millisecond},
+		{"busy relay re-check", c.Relay.BusyRecheck, 5 * time.Millisecond},
 		{"failing endpoint delay", c.Relay.FailingEndpointDelay, 5 * time.Minute},
 		{"breaker threshold", c.Workers.BreakerThreshold, 5},
 		{"workers", c.Workers.Concurrency, 128},
