@@ -300,6 +300,11 @@ func auditSweeps(t testing.TB, db *sql.DB, table string) {
 	mustExec(t, db, fmt.Sprintf(`
 		CREATE FUNCTION audit_sweep() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
+		  -- A delivered job leaves the queue by a DELETE of the completer's
+		  -- (outbox.record_outcomes): not a sweep.
+		  IF current_query() LIKE '%%outbox.record_outcomes%%' THEN
+		    RETURN NULL;
+		  END IF;
 		  INSERT INTO sweep_audit (pid, held, holders)
 		  SELECT pg_backend_pid(), h.held, h.holders
 		  FROM (%s) AS h (held, holders);
@@ -472,6 +477,14 @@ func TestPgBouncerPipelineDeliversAndSweeps(t *testing.T) {
 	b := startPgBouncer(t, dsn, 4)
 	auditSweeps(t, direct, "outbox.jobs")
 	rc := newReceiver(t, nil)
+	// Completed jobs a replica of the release before left in the queue:
+	// the job cleaner's to delete (a delivered job of this release leaves
+	// the queue at once).
+	mustExec(t, direct, `
+		INSERT INTO outbox.jobs (kind, event_id, max_attempts, state, attempt, attempted_at, finalized_at)
+		SELECT 'sub:old', outbox.record('old', g::text, '{}'), 18, 'completed', 1, now() - interval '1 minute', now() - interval '1 minute'
+		FROM generate_series(1, 100) AS g`)
+	mustExec(t, direct, `UPDATE outbox.events SET fanned_out_at = now() WHERE topic = 'old'`)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var replicas []string
@@ -531,7 +544,7 @@ func TestPgBouncerPipelineDeliversAndSweeps(t *testing.T) {
 	}
 	wg.Wait()
 	const events = 4 * perProducer * perTx
-	if n := queryInt(t, direct, `SELECT count(*) FROM outbox.events`); n != events {
+	if n := queryInt(t, direct, `SELECT count(*) FROM outbox.events WHERE topic <> 'old'`); n != events {
 		t.Fatalf("%d events recorded through pgbouncer, want %d", n, events)
 	}
 

@@ -148,8 +148,8 @@ func setWebhookHeaders(h http.Header, secrets [][]byte, msgID string, ts time.Ti
 // verifyWebhook checks a received webhook against the source's secrets
 // (more than one while a secret is being rotated). body must be the raw
 // bytes as received, never a re-serialisation. now is the receiver's clock,
-// a parameter so tests control it. The error wraps one of the
-// errWebhook sentinels above (errWebhookTooOld and the rest).
+// a parameter so tests control it. The error wraps one of the sentinels
+// above (errWebhookTooOld and the rest).
 func verifyWebhook(secrets [][]byte, header http.Header, body []byte, now time.Time) error {
 	msgID := header.Get(headerWebhookID)
 	timestamp := header.Get(headerWebhookTimestamp)
