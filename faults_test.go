@@ -134,7 +134,7 @@ var (
 	faultOrdered = []string{"lanes"}
 	// The replay halfway: of user.signup only, which both endpoints take,
 	// recorded before the first fault. A replayed delivery keeps its
-	// attempts (replay.go, retrySetSQL), so a replay of an event that
+	// attempts (schema.sql, outbox.run_again), so a replay of an event that
 	// failed under a fault would wait out a longer backoff when it fails
 	// again (81 s on its third attempt) than the run has.
 	faultReplayed      = []string{"billing", faultChainEndpoint}

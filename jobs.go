@@ -172,16 +172,18 @@ func scanJobView(row rowScanner) (JobView, error) {
 // replay's. A waiting one stays in its replay: the retry only brings its
 // next attempt forward.
 const retryJobSQL = `
-UPDATE outbox.jobs` + retrySetSQL + `,
-    replay_id = CASE WHEN state = 'discarded' THEN NULL ELSE replay_id END
-WHERE id = $1
-  AND state IN ('discarded', 'retryable', 'available')
-  AND EXISTS (SELECT 1 FROM outbox.events AS e WHERE e.id = outbox.jobs.event_id AND e.erased_at IS NULL FOR SHARE)
-  AND (state <> 'discarded'
-       OR endpoint_id IS NULL
-       OR $2::timestamptz IS NULL
-       OR event_id IN (SELECT id FROM outbox.events WHERE created_at >= $2))
-RETURNING endpoint_id, lane_key`
+SELECT r.endpoint_id, r.lane_key
+FROM outbox.run_again(ARRAY(
+  SELECT j.id
+  FROM outbox.jobs AS j
+  WHERE j.id = $1
+    AND j.state IN ('discarded', 'retryable', 'available')
+    AND EXISTS (SELECT 1 FROM outbox.events AS e WHERE e.id = j.event_id AND e.erased_at IS NULL FOR SHARE)
+    AND (j.state <> 'discarded'
+         OR j.endpoint_id IS NULL
+         OR $2::timestamptz IS NULL
+         OR j.event_id IN (SELECT id FROM outbox.events WHERE created_at >= $2))
+  FOR UPDATE OF j), NULL) AS r`
 
 // jobResendSQL reads what bounds a retry of one job by hand: its state,
 // whether it has an endpoint and the window that endpoint's receiver
@@ -302,11 +304,8 @@ WITH discarded AS (
   LIMIT $2
   FOR UPDATE OF j SKIP LOCKED
 )
-UPDATE outbox.jobs` + retrySetSQL + `,
-    replay_id = nullif($4::bigint, 0)
-FROM discarded
-WHERE outbox.jobs.id = discarded.id
-RETURNING outbox.jobs.endpoint_id, outbox.jobs.lane_key`
+SELECT r.endpoint_id, r.lane_key
+FROM outbox.run_again(ARRAY(SELECT d.id FROM discarded AS d), nullif($4::bigint, 0)) AS r`
 
 // tooOldDiscardedSQL counts an endpoint's discarded jobs whose events were
 // recorded before $2 and whose last error is $3 (NULL: any): the ones

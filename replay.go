@@ -172,16 +172,16 @@ const replayRerunStatesSQL = `('completed', 'discarded')`
 
 // replaySQL enqueues the endpoint's delivery of replayCandidatesSQL's
 // events. The (endpoint, event) pair is unique, so a pair whose job was
-// discarded is reset to run again if $9 says so; one still waiting or
-// running is left as it is. The job keeps its attempt count and errors,
-// and gets one more attempt if it had used them all; $8 is a new job's
-// attempts. A delivered pair has no job (it left the queue), and gets a
+// discarded is run again if $9 says so (schema.sql, outbox.run_again);
+// one still waiting or running is left as it is. The job keeps its
+// attempt count and errors, and gets one more attempt if it had used them
+// all; $8 is a new job's attempts. A delivered pair has no job (it left the queue), and gets a
 // new one if $9 says so. With $9 false only the events the endpoint has
 // neither a job nor a delivery for are enqueued: what it missed, never
 // twice. Every job it enqueues
 // joins replay $10 (NULL: none, a live delivery).
 const replaySQL = replayCandidatesSQL + `,
-enqueued AS (
+inserted AS (
   INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, scheduled_at, lane_key, replay_id)
   SELECT 'webhook', c.id, $1, $8,
          CASE WHEN c.ordering = 'subject' THEN 'infinity'::timestamptz ELSE now() END,
@@ -190,12 +190,20 @@ enqueued AS (
   FROM candidates AS c
   WHERE $9 OR NOT EXISTS (SELECT 1 FROM outbox.deliveries AS d
                           WHERE d.event_id = c.id AND d.endpoint_id = $1 AND d.outcome = 'completed')
-  ON CONFLICT (endpoint_id, event_id) WHERE endpoint_id IS NOT NULL
-  DO UPDATE` + retrySetSQL + `,
-    replay_id = $10
-  WHERE outbox.jobs.state IN ` + replayRerunStatesSQL + `
-    AND $9
+  ON CONFLICT (endpoint_id, event_id) WHERE endpoint_id IS NOT NULL DO NOTHING
   RETURNING endpoint_id, lane_key
+),
+reran AS (
+  SELECT r.endpoint_id, r.lane_key
+  FROM outbox.run_again(ARRAY(SELECT j.id
+                              FROM candidates AS c
+                              JOIN outbox.jobs AS j ON j.endpoint_id = $1 AND j.event_id = c.id
+                              WHERE $9 AND j.state IN ` + replayRerunStatesSQL + `
+                              ORDER BY j.id
+                              FOR UPDATE OF j), $10) AS r
+),
+enqueued AS (
+  SELECT * FROM inserted UNION ALL SELECT * FROM reran
 ),
 lanes AS (
   SELECT DISTINCT endpoint_id, lane_key FROM enqueued WHERE lane_key IS NOT NULL
@@ -1038,19 +1046,14 @@ RETURNING id`
 
 // discardReplayJobsSQL ends replay $1's waiting jobs, held ones of
 // ordered lanes included, without a request: discarded with $2 as their
-// last error. A held one loses its 'infinity' (it no longer waits for a
-// turn). Running ones are left to finish. It returns each one's lane for
-// advanceLanes.
+// last error (schema.sql, outbox.discard_jobs). Running ones are left to
+// finish. It returns each one's lane for advanceLanes.
 const discardReplayJobsSQL = `
-UPDATE outbox.jobs AS j
-SET state = 'discarded',
-    finalized_at = now(),
-    scheduled_at = least(j.scheduled_at, now()),
-    errors = j.errors || jsonb_build_array(jsonb_build_object(
-               'attempt', j.attempt, 'at', now(), 'error', $2::text))
-WHERE j.replay_id = $1
-  AND j.state IN ('available', 'retryable')
-RETURNING j.endpoint_id, j.lane_key`
+SELECT r.endpoint_id, r.lane_key
+FROM outbox.discard_jobs(ARRAY(SELECT j.id FROM outbox.jobs AS j
+                               WHERE j.replay_id = $1 AND j.state IN ('available', 'retryable')
+                               ORDER BY j.id
+                               FOR UPDATE OF j), $2) AS r`
 
 // cancelReplay cancels replay replayID of endpoint id, and answers it as
 // it is then. In one transaction: the replay is marked (which waits for
@@ -1169,15 +1172,3 @@ func readEndpointStats(ctx context.Context, db *sql.DB, id int64, n int) (Endpoi
 // hold few locks, not one.
 const manualBatch = 5000
 
-// retrySetSQL is how a job is put back in the queue, by hand or by a
-// replay: due now and not finished, with its error history kept; a
-// delivery in an ordered lane is put back held, and takes its turn by
-// fan-out order (putBack advances its lane). A job that used all its
-// attempts gets one more, so the claim's attempt + 1 stays within
-// max_attempts. The statements that use it update outbox.jobs without an
-// alias, and return its endpoint_id and lane_key for putBack.
-const retrySetSQL = `
-SET state = 'available',
-    scheduled_at = CASE WHEN outbox.jobs.lane_key IS NULL THEN now() ELSE 'infinity' END,
-    finalized_at = NULL,
-    max_attempts = greatest(outbox.jobs.max_attempts, outbox.jobs.attempt + 1)`

@@ -3194,6 +3194,57 @@ BEGIN
 END
 $$;
 
+-- run_again puts the jobs in_ids back in the queue, to run again, by
+-- hand or by a replay: due now and not finished, with their error history
+-- kept; a delivery in an ordered lane is put back held, and takes its
+-- turn by fan-out order (the caller advances its lane). A job that used
+-- all its attempts gets one more, so the claim's attempt + 1 stays within
+-- max_attempts. A finished job joins replay in_replay_id (NULL: it runs
+-- live); a waiting one keeps its replay, the retry only bringing its next
+-- attempt forward. A running job is left as it is. It returns each job's
+-- endpoint and ordered lane.
+CREATE FUNCTION outbox.run_again(in_ids bigint[], in_replay_id bigint)
+RETURNS TABLE (endpoint_id bigint, lane_key text)
+LANGUAGE plpgsql VOLATILE
+AS $$
+#variable_conflict use_column
+BEGIN
+  RETURN QUERY
+  UPDATE outbox.jobs AS j
+  SET state = 'available',
+      scheduled_at = CASE WHEN j.lane_key IS NULL THEN now() ELSE 'infinity' END,
+      finalized_at = NULL,
+      max_attempts = greatest(j.max_attempts, j.attempt + 1),
+      replay_id = CASE WHEN j.state IN ('discarded', 'completed') THEN in_replay_id ELSE j.replay_id END
+  WHERE j.id = ANY (in_ids)
+    AND j.state <> 'running'
+  RETURNING j.endpoint_id, j.lane_key;
+END
+$$;
+
+-- discard_jobs ends the waiting jobs in_ids (available or retryable; a
+-- running one is left to finish) without a request: discarded, with
+-- in_error as their last error. A held one of an ordered lane loses its
+-- 'infinity' (it no longer waits for a turn). It returns each one's
+-- endpoint and ordered lane, which the caller advances.
+CREATE FUNCTION outbox.discard_jobs(in_ids bigint[], in_error text)
+RETURNS TABLE (endpoint_id bigint, lane_key text)
+LANGUAGE plpgsql VOLATILE
+AS $$
+#variable_conflict use_column
+BEGIN
+  RETURN QUERY
+  UPDATE outbox.jobs AS j
+  SET state = 'discarded',
+      finalized_at = now(),
+      scheduled_at = least(j.scheduled_at, now()),
+      errors = j.errors || jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'at', now(), 'error', in_error))
+  WHERE j.id = ANY (in_ids)
+    AND j.state IN ('available', 'retryable')
+  RETURNING j.endpoint_id, j.lane_key;
+END
+$$;
+
 -- rescue_jobs is the rescuer's (rescue.go): it ends the attempts of the
 -- running jobs in_ids, locked by the caller, whose worker is gone (past
 -- the rescue horizon, or of a replica declared dead), each with its error

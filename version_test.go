@@ -20,7 +20,7 @@ var releaseMigrations = map[string]string{
 	"004_0.4.0.sql": "1b9bb35af49ac7ecddcc2da5af0cf1b39a784bc840865142c207c68014457c61",
 	"005_0.5.0.sql": "1a73f270402cee233884a516dbbe1786c894239f716bded172be4fb43b465ec4",
 	"006_0.6.0.sql": "ed357c348c7624cc1e0f6ce5f792c5f5a67e0e0d2138fc8c2c4713c68300d794",
-	"007_0.7.0.sql": "56e09ffe33c883f85fdea24cbff295425c9fe346d8b9c7753dcdf0fc91454865",
+	"007_0.7.0.sql": "1af9dba82d6eeb944ad77b8cdb89780f07e3d5a719a28de36ee70667b683a39c",
 }
 
 // The release is the last migration's, and every migration is as its
