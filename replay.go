@@ -1171,4 +1171,3 @@ func readEndpointStats(ctx context.Context, db *sql.DB, id int64, n int) (Endpoi
 // sweep's batch: a replay of a week runs in many short statements that
 // hold few locks, not one.
 const manualBatch = 5000
-
