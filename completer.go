@@ -187,11 +187,6 @@ func (c *completer) recordOutcomes(ctx context.Context, batch []jobResult) error
 	return writeOutcomes(ctx, c.db, batch, c.breakerThreshold)
 }
 
-// execer is a database or a transaction, as writeOutcomes uses it.
-type execer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-}
-
 // writeOutcomes is recordOutcomes on a database, or in a transaction,
 // with a breaker threshold.
 func writeOutcomes(ctx context.Context, db execer, batch []jobResult, breakerThreshold int) error {

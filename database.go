@@ -267,9 +267,7 @@ const (
 // notify wakes whoever listens on channel (notify.go): the relays on
 // eventsChannel, the workers on jobsChannel. Sent inside a transaction, it
 // is delivered at commit, never before the change it announces is visible.
-func notify(ctx context.Context, x interface {
-	ExecContext(context.Context, string, ...any) (sql.Result, error)
-}, channel string) error {
+func notify(ctx context.Context, x execer, channel string) error {
 	if _, err := x.ExecContext(ctx, `SELECT pg_notify($1, '')`, channel); err != nil {
 		return fmt.Errorf("notify %s: %w", channel, err)
 	}
@@ -297,6 +295,12 @@ func updateOneAndNotify(ctx context.Context, db *sql.DB, channel, query string, 
 		return false, err
 	}
 	return true, tx.Commit()
+}
+
+// execer is what both *sql.DB and *sql.Tx offer to a statement that
+// returns no rows, so that it runs in the caller's transaction or alone.
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
 // queryer is what both *sql.DB and *sql.Tx offer, so recordEvent can join
