@@ -163,10 +163,6 @@ func schemaCatalog(t testing.TB, db *sql.DB) map[string]string {
 // install, with no such replica, does not have: catalog keys (and the
 // functions of previousReleaseWrappers).
 var keptForThePreviousRelease = []string{
-	"function outbox.born_running(bigint[],bigint[])",
-	"function outbox.lock_born_lanes(bigint[],integer)",
-	"function outbox.has_due_live_jobs(bigint)",
-	"function outbox.takes_deliveries_running(outbox.endpoints)",
 	"column jobs.status_code",
 	"column jobs.duration_ms",
 }

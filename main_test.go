@@ -681,8 +681,8 @@ func TestVersionPrintsTheBuild(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := readBuildInfo()
-	if !strings.HasPrefix(out.String(), "outboxd 0.7.0") || !strings.Contains(out.String(), want.GoVersion) {
-		t.Errorf("outboxd version printed %q, want the release 0.7.0 and %s", out.String(), want.GoVersion)
+	if !strings.HasPrefix(out.String(), "outboxd 0.8.0") || !strings.Contains(out.String(), want.GoVersion) {
+		t.Errorf("outboxd version printed %q, want the release 0.8.0 and %s", out.String(), want.GoVersion)
 	}
 }
 

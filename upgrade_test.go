@@ -28,12 +28,12 @@ import (
 	"github.com/lib/pq"
 )
 
-// previousRelease is the commit of the release before this one (0.6.0),
+// previousRelease is the commit of the release before this one (0.7.0),
 // whose replicas this release's migration must keep working until they
 // stop (docs/upgrades.md).
 const (
-	previousRelease        = "ba67027"
-	previousReleaseVersion = "0.6.0"
+	previousRelease        = "932bc98"
+	previousReleaseVersion = "0.7.0"
 )
 
 // The previous release's calls of the pipeline's functions, word for word
@@ -50,10 +50,6 @@ const (
        resend_window_seconds, claimed_at,
        committed_at`
 	previousFanOutSQL         = `SELECT out_fanned, out_jobs FROM outbox.fan_out($1, $2, $3, $4, $5, $6)`
-	previousFanOutAndClaimSQL = `
-SELECT pass.out_fanned, pass.out_jobs, ` + previousClaimedColumns + `, NULL::integer AS lane_limit
-FROM outbox.fan_out_claiming($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) AS pass
-LEFT JOIN LATERAL unnest(pass.out_claimed) ON true`
 	previousClaimJobsSQL = `
 SELECT ` + previousClaimedColumns + `, claim.lane_limit
 FROM outbox.claim_lane_jobs($1, $2, $3, true, $4, $5, $6) AS claim, LATERAL (SELECT (claim.job).*) AS job`
@@ -65,22 +61,19 @@ FROM outbox.claim_lane_jobs($1, $2, $3, true, $4, $5, $6) AS claim, LATERAL (SEL
 // catalog comparison expects them in a migrated database alone), as
 // regprocedure names: the rolling upgrade checks that the old replica
 // really called each.
-var previousReleaseWrappers = []string{
-	"outbox.fan_out_claiming(integer,jsonb,integer,double precision,text,integer,bigint,bigint[],integer,text[])",
-}
+var previousReleaseWrappers = []string{}
 
 // previousClaimedJob is a row of the previous release's claims: the ids it
 // reads (the rest it scans as they come).
 type previousClaimedJob struct {
-	fanned, jobs int64
-	id, eventID  sql.NullInt64
+	id, eventID sql.NullInt64
 }
 
-// previousClaim runs one of the previous release's claims and keeps, of
-// each row, the pass's counts (when withCounts) and the job and its event.
-func previousClaim(t *testing.T, db *sql.DB, withCounts bool, query string, args ...any) []previousClaimedJob {
+// previousClaim runs the previous release's claim and keeps, of each row,
+// the job and its event.
+func previousClaim(t *testing.T, db *sql.DB, args ...any) []previousClaimedJob {
 	t.Helper()
-	rows, err := db.Query(query, args...)
+	rows, err := db.Query(previousClaimJobsSQL, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,9 +85,6 @@ func previousClaim(t *testing.T, db *sql.DB, withCounts bool, query string, args
 		dest := []any{&j.id, &rest[0], &rest[1], &rest[2], &rest[3], &j.eventID}
 		for i := 4; i < len(rest); i++ {
 			dest = append(dest, &rest[i])
-		}
-		if withCounts {
-			dest = append([]any{&j.fanned, &j.jobs}, dest...)
 		}
 		if err := rows.Scan(dest...); err != nil {
 			t.Fatal(err)
@@ -140,7 +130,7 @@ VALUES ('previous-host', 1, $1, 4, true, make_interval(secs => 15)) RETURNING id
 	if fanned != 1 || jobs != 1 {
 		t.Errorf("the previous release's relay pass of 1 fanned %d events into %d jobs, want 1 into 1", fanned, jobs)
 	}
-	claimed := previousClaim(t, db, false, previousClaimJobsSQL, 10, replicaID, answered, cooling, share, kinds)
+	claimed := previousClaim(t, db, 10, replicaID, answered, cooling, share, kinds)
 	if len(claimed) != 1 || claimed[0].eventID.Int64 != events[0] {
 		t.Fatalf("the previous release's claim took %+v, want the job of event %d", claimed, events[0])
 	}
@@ -152,21 +142,21 @@ VALUES ('previous-host', 1, $1, 4, true, make_interval(secs => 15)) RETURNING id
 	if fanned != 1 || jobs != 1 {
 		t.Errorf("the previous release's row-by-row relay of event %d fanned %d events into %d jobs, want 1 into 1", events[2], fanned, jobs)
 	}
-	// Its pass that claimed for its workers fans out and hands them
-	// nothing now: they claim what it made.
-	pass := previousClaim(t, db, true, previousFanOutAndClaimSQL, 10, noSubscribers, 18, 300.0, "", 5, replicaID, answered, share, kinds)
-	if len(pass) != 1 || pass[0].id.Valid || pass[0].fanned != 1 || pass[0].jobs != 1 {
-		t.Fatalf("the previous release's pass that claims returned %+v, want one row of 1 event fanned into 1 job, and no job", pass)
+	if err := db.QueryRow(previousFanOutSQL, 1, nil, noSubscribers, 18, 300.0, "").Scan(&fanned, &jobs); err != nil {
+		t.Fatalf("the previous release's relay pass: %v", err)
 	}
-	claimed = previousClaim(t, db, false, previousClaimJobsSQL, 10, replicaID, answered, cooling, share, kinds)
+	if fanned != 1 || jobs != 1 {
+		t.Errorf("the previous release's second relay pass fanned %d events into %d jobs, want 1 into 1", fanned, jobs)
+	}
+	claimed = previousClaim(t, db, 10, replicaID, answered, cooling, share, kinds)
 	slices.SortFunc(claimed, func(a, b previousClaimedJob) int { return int(a.id.Int64 - b.id.Int64) })
 	if len(claimed) != 2 {
 		t.Fatalf("the previous release's claim took %+v, want the 2 jobs the relay made", claimed)
 	}
-	retried, unkept := claimed[0].id.Int64, claimed[1].id.Int64
+	retried, discarded := claimed[0].id.Int64, claimed[1].id.Int64
 
-	recordPreviousOutcomes(t, db, endpointID, completed, retried, unkept)
-	checkPreviousOutcomes(t, db, endpointID, completed, retried, unkept)
+	recordPreviousOutcomes(t, db, endpointID, completed, retried, discarded)
+	checkPreviousOutcomes(t, db, endpointID, completed, retried, discarded)
 }
 
 func recordEventOrFatal(t *testing.T, db *sql.DB, subject string) int64 {
@@ -180,25 +170,23 @@ func recordEventOrFatal(t *testing.T, db *sql.DB, subject string) int64 {
 
 // recordPreviousOutcomes writes three outcomes as the previous release's
 // completer does, its rows as JSON written out here (a change to this
-// release's outcomeRows must not change what is tested): completed with
-// its 200 kept on the job; retryable after a 500; completed with its
-// attempt kept in deliveries (no status or duration on the job). The
-// endpoint: a success and one failure after it, and a dedup window of a
-// day.
-func recordPreviousOutcomes(t *testing.T, db *sql.DB, endpointID, completed, retried, unkept int64) {
+// release's outcomeRows must not change what is tested): completed after
+// a 200; retryable after a 500; discarded after a 400. The endpoint: a
+// success and one failure after it, and a dedup window of a day.
+func recordPreviousOutcomes(t *testing.T, db *sql.DB, endpointID, completed, retried, discarded int64) {
 	t.Helper()
 	minute := time.Now().Truncate(time.Minute).Unix()
 	outcomes := fmt.Sprintf(`[
-{"id": %d, "attempt": 1, "state": "completed", "delay_ms": 0, "error": "", "status_code": 200, "duration_ms": 12},
-{"id": %d, "attempt": 1, "state": "retryable", "delay_ms": 60000, "error": "HTTP 500", "status_code": null, "duration_ms": null},
-{"id": %d, "attempt": 1, "state": "completed", "delay_ms": 0, "error": "", "status_code": null, "duration_ms": null}]`,
-		completed, retried, unkept)
+{"id": %d, "attempt": 1, "state": "completed", "delay_ms": 0, "error": ""},
+{"id": %d, "attempt": 1, "state": "retryable", "delay_ms": 60000, "error": "HTTP 500"},
+{"id": %d, "attempt": 1, "state": "discarded", "delay_ms": 0, "error": "HTTP 400"}]`,
+		completed, retried, discarded)
 	attempt := `{"job_id": %d, "attempt": 1, "endpoint_id": %d, "duration_ms": %d, "status_code": %d, "error": %q, ` +
-		`"excerpt": %q, "kept": %t, "class": %q, "minute": %d, "bucket": %d}`
+		`"excerpt": %q, "class": %q, "minute": %d, "bucket": %d}`
 	attempts := "[" + strings.Join([]string{
-		fmt.Sprintf(attempt, completed, endpointID, 12, 200, "", "", true, "success", minute, 0),
-		fmt.Sprintf(attempt, retried, endpointID, 30, 500, "HTTP 500", "oops", false, "5xx", minute, 0),
-		fmt.Sprintf(attempt, unkept, endpointID, 40, 200, "", "", false, "success", minute, 1),
+		fmt.Sprintf(attempt, completed, endpointID, 12, 200, "", "", "success", minute, 0),
+		fmt.Sprintf(attempt, retried, endpointID, 30, 500, "HTTP 500", "oops", "5xx", minute, 0),
+		fmt.Sprintf(attempt, discarded, endpointID, 40, 400, "HTTP 400", "bad", "4xx", minute, 0),
 	}, ",") + "]"
 	health := fmt.Sprintf(`[{"id": %d, "succeeded": true, "failures": 1, "hold_ms": 0}]`, endpointID)
 	windows := fmt.Sprintf(`[{"id": %d, "seconds": 86400}]`, endpointID)
@@ -208,34 +196,31 @@ func recordPreviousOutcomes(t *testing.T, db *sql.DB, endpointID, completed, ret
 }
 
 // checkPreviousOutcomes checks what recordPreviousOutcomes wrote: the
-// completed jobs left the queue, and every attempt is in the history with
-// what it left its job.
-func checkPreviousOutcomes(t *testing.T, db *sql.DB, endpointID, completed, retried, unkept int64) {
+// completed job left the queue, the others stay in it, and every attempt
+// is in the history with what it left its job.
+func checkPreviousOutcomes(t *testing.T, db *sql.DB, endpointID, completed, retried, discarded int64) {
 	t.Helper()
 	got := queryStrings(t, db, `
 		SELECT d.job_id || ' ' || d.outcome || ' ' || coalesce(d.status_code, 0) || ' ' || d.duration_ms || ' '
 		       || coalesce((SELECT j.state || ' ' || jsonb_array_length(j.errors) FROM outbox.jobs AS j WHERE j.id = d.job_id), 'gone')
 		FROM outbox.deliveries AS d
 		WHERE d.job_id IN ($1, $2, $3)
-		ORDER BY d.job_id`, completed, retried, unkept)
+		ORDER BY d.job_id`, completed, retried, discarded)
 	want := []string{
 		fmt.Sprintf("%d completed 200 12 gone", completed),
 		fmt.Sprintf("%d retryable 500 30 retryable 1", retried),
-		fmt.Sprintf("%d completed 200 40 gone", unkept),
+		fmt.Sprintf("%d discarded 400 40 discarded 1", discarded),
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("the jobs and their history after the previous release's outcomes (-want +got):\n%s", diff)
 	}
-	if n := queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE job_id IN ($1, $2) AND status_code IN (500, 200)`, retried, unkept); n != 2 {
-		t.Errorf("%d attempts kept in deliveries, want 2 (the 500 and the success its job did not keep)", n)
-	}
-	var attempts, successes, failed5xx int
-	if err := db.QueryRow(`SELECT attempts, successes, failed_5xx FROM outbox.delivery_stats WHERE endpoint_id = $1`, endpointID).
-		Scan(&attempts, &successes, &failed5xx); err != nil {
+	var attempts, successes, failed5xx, failed4xx int
+	if err := db.QueryRow(`SELECT attempts, successes, failed_5xx, failed_4xx FROM outbox.delivery_stats WHERE endpoint_id = $1`, endpointID).
+		Scan(&attempts, &successes, &failed5xx, &failed4xx); err != nil {
 		t.Fatal(err)
 	}
-	if attempts != 3 || successes != 2 || failed5xx != 1 {
-		t.Errorf("statistics: %d attempts, %d successes, %d 5xx; want 3, 2, 1", attempts, successes, failed5xx)
+	if attempts != 3 || successes != 1 || failed5xx != 1 || failed4xx != 1 {
+		t.Errorf("statistics: %d attempts, %d successes, %d 5xx, %d 4xx; want 3, 1, 1, 1", attempts, successes, failed5xx, failed4xx)
 	}
 	var failures int
 	var failing bool

@@ -14,7 +14,7 @@ import (
 // migrations/ (TestReleaseIsItsLastMigration). A schema change is a new
 // migration, and a new release, so two builds with different schemas
 // never report the same release.
-const version = "0.7.0"
+const version = "0.8.0"
 
 // buildInfo is what go build recorded in the binary.
 type buildInfo struct {
