@@ -49,7 +49,7 @@ const (
        start_in_ms, wake_on_outcome, replay_yields,
        resend_window_seconds, claimed_at,
        committed_at`
-	previousFanOutSQL         = `SELECT out_fanned, out_jobs FROM outbox.fan_out($1, $2, $3, $4, $5, $6)`
+	previousFanOutSQL    = `SELECT out_fanned, out_jobs FROM outbox.fan_out($1, $2, $3, $4, $5, $6)`
 	previousClaimJobsSQL = `
 SELECT ` + previousClaimedColumns + `, claim.lane_limit
 FROM outbox.claim_lane_jobs($1, $2, $3, true, $4, $5, $6) AS claim, LATERAL (SELECT (claim.job).*) AS job`
