@@ -82,7 +82,7 @@ func TestMigrationLocksTablesInThePipelineOrder(t *testing.T) {
 	replica := registeredReplica(t, db, 502).ID()
 	insertEndpoint(t, db, "order.lane", 100, `ordering = 'subject'`)
 	mustExec(t, db, `SELECT outbox.record('order.lane', 'lane', '{}') FROM generate_series(1, 2)`)
-	mustExec(t, db, fanOutSQL, 200, nil, `[]`, 18, 300.0, "")
+	mustExec(t, db, fanOutSQL, 200, nil, `[]`, 18, 300.0, "", 0)
 	running := queryInt(t, db, `SELECT count(*) FROM (`+claimJobsSQL+`) AS c`, 10, replica, "{}", "{}", defaultShare, nil)
 	var job jobResult
 	if err := db.QueryRow(`SELECT id, attempt FROM outbox.jobs WHERE state = 'running'`).Scan(&job.ID, &job.Attempt); err != nil || running != 1 {
@@ -103,7 +103,7 @@ func TestMigrationLocksTablesInThePipelineOrder(t *testing.T) {
 		run  func(tx *sql.Tx) error
 	}{
 		{"a producer's record", execIn(`SELECT outbox.record('order', 's', '{}')`)},
-		{"a relay pass", execIn(fanOutSQL, 200, nil, `[]`, 18, 300.0, "")},
+		{"a relay pass", execIn(fanOutSQL, 200, nil, `[]`, 18, 300.0, "", 0)},
 		{"a worker's claim", execIn(claimJobsSQL, 10, replica, "{}", "{}", defaultShare, nil)},
 		{"a completer's outcomes", execIn(recordOutcomesSQL, completion...)},
 		{"a replay's batch", func(tx *sql.Tx) error { return feedReplayTx(ctx, tx, int64(replay), 18) }},
@@ -679,7 +679,7 @@ func TestMigrationUnderWriteLoadStallsProducersBriefly(t *testing.T) {
 		case 0:
 			_, err = db.ExecContext(ctx, `SELECT outbox.record('load', 's', '{}')`)
 		case 1:
-			_, err = db.ExecContext(ctx, fanOutSQL, 200, nil, `[]`, 18, 300.0, "")
+			_, err = db.ExecContext(ctx, fanOutSQL, 200, nil, `[]`, 18, 300.0, "", 0)
 		case 2:
 			_, err = db.ExecContext(ctx, claimJobsSQL, 10, replica, "{}", "{}", defaultShare, nil)
 		}

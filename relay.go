@@ -9,6 +9,8 @@
 //     SKIP LOCKED, never by advancing a cursor: ids are taken at insert and
 //     commit out of order, so a cursor can pass a row that commits later and
 //     lose it forever. Any number of relays share the backlog this way.
+//     The claim starts at a bound (relayScan) that moves only once a
+//     snapshot proves no row below it can still commit.
 //   - A batch that fails is retried row by row, so one bad row holds up no
 //     other; a row that fails MaxFailures times is poisoned: set aside with
 //     its error, counted on the overview, never deleted, until requeued.
@@ -90,6 +92,9 @@ type relay struct {
 	passTimeouts atomic.Int64 // statements cancelled at PassTimeout
 	filtersHeld  atomic.Int64 // endpoints' filters held after they failed a pass
 	passTime     *histogram   // one pass's statement, seconds
+	// scan is where the relay's claim starts (relayScan); only the
+	// goroutine that runs Run uses it.
+	scan relayScan
 	// notifyOrigin, when this process listens, names its relay's
 	// transactions in their NOTIFY to the workers, so that the listener
 	// does not wake them a second time for a pass the relay pokes them
@@ -252,6 +257,9 @@ func (r *relay) publishIdle(ctx context.Context) bool {
 // times in a burst that would poison it for a passing fault.
 func (r *relay) drain(ctx context.Context, jobsWake chan struct{}) (claimed int, clean bool) {
 	for ctx.Err() == nil {
+		if err := r.scan.advance(ctx, r.db, time.Now()); err != nil && ctx.Err() == nil {
+			r.logger.Warn("relay scan bound not moved; the claims look from the start", "err", err)
+		}
 		res, err := r.relayOnce(ctx)
 		claimed += res.Claimed
 		if res.Jobs > 0 && jobsWake != nil {
@@ -378,8 +386,9 @@ func (r *relay) count(res passResult) {
 // the one event $2, enqueue their jobs and advance their ordered lanes.
 // $3 are the subscribers as JSON, $4 the jobs' max attempts, $5 how far
 // out (seconds) an open breaker schedules new deliveries, $6 the process
-// whose workers the NOTIFY need not wake (” for none).
-const fanOutSQL = `SELECT out_fanned, out_jobs FROM outbox.fan_out($1, $2, $3, $4, $5, $6)`
+// whose workers the NOTIFY need not wake (empty for none), $7 the scan
+// bound (relayScan).
+const fanOutSQL = `SELECT out_fanned, out_jobs FROM outbox.fan_out($1, $2, $3, $4, $5, $6, $7)`
 
 // fanOut runs one relay statement (fanOutSQL) for a batch, or for the one
 // event eventID when it is not 0, and reports how many events it fanned
@@ -388,7 +397,7 @@ func (r *relay) fanOut(ctx context.Context, eventID int64) (fanned, jobs int, er
 	passCtx, cancel := r.passContext(ctx)
 	defer cancel()
 	err = r.db.QueryRowContext(passCtx, fanOutSQL, r.cfg.BatchSize, sql.NullInt64{Int64: eventID, Valid: eventID != 0},
-		r.targets, r.jobMaxAttempts, r.cfg.FailingEndpointDelay.Seconds(), r.notifyOrigin).Scan(&fanned, &jobs)
+		r.targets, r.jobMaxAttempts, r.cfg.FailingEndpointDelay.Seconds(), r.notifyOrigin, r.scan.from).Scan(&fanned, &jobs)
 	if err != nil {
 		return 0, 0, fmt.Errorf("relay: fan out: %w", r.timedOut(ctx, passCtx, err))
 	}
@@ -474,3 +483,49 @@ SELECT outbox.advance_lanes(coalesce(array_agg(ep.id ORDER BY ep.id), '{}'),
 FROM outbox.events AS e
 JOIN outbox.endpoints AS ep ON ep.ordering = 'subject' AND outbox.topic_matches(ep.topics, e.topic)
 WHERE e.id = $1`
+
+// The relay's scan bound. The relay claims the oldest events still
+// waiting (schema.sql, outbox.claim_unfanned) from a bound below which none
+// can wait: while a long transaction elsewhere in the database holds back
+// the xmin horizon, the claim index keeps an entry for every event fanned
+// out since, and a claim from the start would read them all. The bound
+// moves only when a snapshot proves that nothing below it can still
+// commit (outbox.advance_relay_scan says how).
+
+// relayScanEvery is how often the relay tries to move its scan bound:
+// each try is a statement, and between two tries the claims read at most
+// the entries the relay left in that time.
+const relayScanEvery = time.Second
+
+// relayScan is one relay's scan bound, as outbox.advance_relay_scan takes
+// and returns it. The zero value scans from the start.
+type relayScan struct {
+	from          int64          // no event below it is waiting
+	candidate     sql.NullInt64  // where from moves once the proof holds
+	candidateXmax sql.NullString // the xmax of the candidate's snapshot (xid8)
+	requeued      sql.NullInt64  // outbox.events_requeued when the candidate was named
+	tried         time.Time      // the last try
+}
+
+const advanceRelayScanSQL = `
+SELECT scan_from, candidate, candidate_xmax, requeued
+FROM outbox.advance_relay_scan($1, $2, $3::xid8, $4)`
+
+// advance tries to move the bound, at most once per relayScanEvery. A
+// try that fails leaves the relay scanning from the start, which is
+// always right, until one succeeds.
+func (s *relayScan) advance(ctx context.Context, db queryer, now time.Time) error {
+	if now.Sub(s.tried) < relayScanEvery {
+		return nil
+	}
+	s.tried = now
+	next := relayScan{tried: now}
+	err := db.QueryRowContext(ctx, advanceRelayScanSQL, s.from, s.candidate, s.candidateXmax, s.requeued).
+		Scan(&next.from, &next.candidate, &next.candidateXmax, &next.requeued)
+	if err != nil {
+		*s = relayScan{tried: now}
+		return fmt.Errorf("relay: advance the scan bound: %w", err)
+	}
+	*s = next
+	return nil
+}

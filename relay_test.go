@@ -358,7 +358,7 @@ func TestRelayClaimReadsOneBatchWhateverTheEstimates(t *testing.T) {
 	// the claimed rows by key too, not by scanning the backlog.
 	var claimed, jobs int
 	scanned, indexEntries := statementReads(t, db, "outbox.events", "outbox.events_unfanned_by_id", func(tx *sql.Tx) error {
-		return tx.QueryRow(fanOutSQL, batch, nil, `[]`, 18, 300.0, "").Scan(&claimed, &jobs)
+		return tx.QueryRow(fanOutSQL, batch, nil, `[]`, 18, 300.0, "", 0).Scan(&claimed, &jobs)
 	})
 	if claimed != batch || scanned != 0 || indexEntries > batch {
 		t.Errorf("claimed %d of a %d backlog, scanning %d table rows and reading %d index entries; want %d claimed, 0 scanned, at most %d entries",

@@ -333,18 +333,19 @@ AS $$
     ev.created_at)
 $$;
 
--- claim_unfanned locks up to batch un-fanned events, oldest first, for the
--- caller's transaction: claim_to_fan_out's batch, and the relay's list of
--- rows to retry one by one after a batch failed (relay.go), which must not
--- mark them, since the marking may be what fails. It is a function to
--- carry SET enable_sort = off, which leaves walking events_unfanned_by_id
--- in id order as the one plan, stopping after one batch. A matching index
--- is not enough: a planner that underestimates the backlog (statistics
--- from before a bulk import or an outage, or none yet) reads every
--- un-fanned row and sorts them, on every pass, however long the backlog.
--- PL/pgSQL, so that the plan is made once per session, not on every
--- call.
-CREATE FUNCTION outbox.claim_unfanned(batch integer)
+-- claim_unfanned locks up to batch un-fanned events, oldest first, from
+-- id scan_from on, for the caller's transaction: claim_to_fan_out's batch,
+-- and the relay's list of rows to retry one by one after a batch failed
+-- (relay.go), which must not mark them, since the marking may be what
+-- fails. scan_from is the relay's scan bound (advance_relay_scan, below):
+-- no event below it can be waiting. It is a function to carry SET
+-- enable_sort = off, which leaves walking events_unfanned_by_id in id
+-- order as the one plan, stopping after one batch. A matching index is not
+-- enough: a planner that underestimates the backlog (statistics from
+-- before a bulk import or an outage, or none yet) reads every un-fanned
+-- row and sorts them, on every pass, however long the backlog. PL/pgSQL,
+-- so that the plan is made once per session, not on every call.
+CREATE FUNCTION outbox.claim_unfanned(batch integer, scan_from bigint DEFAULT 0)
 RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE
 SET enable_sort = off
@@ -355,16 +356,75 @@ BEGIN
   FROM outbox.events AS e
   WHERE e.fanned_out_at IS NULL
     AND e.poisoned_at IS NULL
+    AND e.id >= scan_from
   ORDER BY e.id
   LIMIT batch
   FOR UPDATE OF e SKIP LOCKED;
 END
 $$;
 
+-- advance_relay_scan moves the relay's scan bound: the id from which its
+-- claim looks for events to fan out. Without one, every claim walks
+-- events_unfanned_by_id from its start, and while a long transaction
+-- anywhere in the database holds back the xmin horizon, the index keeps an
+-- entry for every event fanned out since it began: none can be removed or
+-- marked dead, and each claim reads them all. The bound skips them.
+--
+-- The cursor bug a bound invites: an event that commits late with an id
+-- below it would never be claimed. So the bound moves in two steps, each
+-- a call of this function (the relay calls it about once a second,
+-- relay.go). The first names a candidate: the lowest id still waiting
+-- (or, with none waiting, one past the highest id), with the snapshot's
+-- xmax in the same statement. An event below the candidate that this
+-- snapshot cannot see belongs to a transaction that drew its id before the
+-- candidate's was drawn, so before the candidate's transaction committed,
+-- and that had its xid by then (outbox.record takes one before it draws an
+-- id; the ids come from an identity sequence without a cache, so they are
+-- drawn in order): an xid below that xmax. A later call whose snapshot's
+-- xmin has reached that xmax has seen every such transaction end: below
+-- the candidate, what is waiting now is all that will ever wait, and the
+-- bound moves to the lowest of it, or to the candidate. A snapshot held by
+-- a transaction that wrote nothing has no xid and does not hold the
+-- bound back; one that wrote does, until it ends, and the claims read the
+-- entries left since.
+--
+-- A requeued event (requeueEventSQL in outbox.go) waits again below the
+-- bound: each requeue counts in outbox.events_requeued, after its update
+-- took an xid, and a call that sees the count changed starts over from 0.
+-- The bound lives in the relay's memory: a relay that restarts starts from
+-- 0, and replicas keep their own.
+CREATE SEQUENCE outbox.events_requeued;
+
+CREATE FUNCTION outbox.advance_relay_scan(in_from bigint, in_candidate bigint, in_candidate_xmax xid8,
+                                          in_requeued bigint)
+RETURNS TABLE (scan_from bigint, candidate bigint, candidate_xmax xid8, requeued bigint)
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+  SELECT CASE WHEN s.is_called THEN s.last_value ELSE 0 END INTO requeued FROM outbox.events_requeued AS s;
+  scan_from := in_from;
+  IF requeued IS DISTINCT FROM in_requeued THEN
+    scan_from := 0;
+  ELSIF in_candidate IS NOT NULL AND pg_snapshot_xmin(pg_current_snapshot()) >= in_candidate_xmax THEN
+    scan_from := coalesce((SELECT min(e.id) FROM outbox.events AS e
+                           WHERE e.fanned_out_at IS NULL AND e.poisoned_at IS NULL
+                             AND e.id >= in_from AND e.id < in_candidate),
+                          in_candidate);
+  END IF;
+  SELECT coalesce((SELECT min(e.id) FROM outbox.events AS e
+                   WHERE e.fanned_out_at IS NULL AND e.poisoned_at IS NULL AND e.id >= scan_from),
+                  (SELECT max(e.id) + 1 FROM outbox.events AS e),
+                  scan_from),
+         pg_snapshot_xmax(pg_current_snapshot())
+  INTO candidate, candidate_xmax;
+  RETURN NEXT;
+END
+$$;
+
 -- claim_to_fan_out is the relay's claim (fan_out): it locks up to
--- in_batch events with claim_unfanned, or with in_event_id that one event
--- if it is still waiting, for the caller's transaction, and returns their
--- ids. fan_out calls it in a statement of its own, before the statement
+-- in_batch events from in_scan_from on with claim_unfanned, or with
+-- in_event_id that one event if it is still waiting, for the caller's
+-- transaction, and returns their ids. fan_out calls it in a statement of its own, before the statement
 -- that reads the endpoints: each statement of a PL/pgSQL function sees the
 -- rows committed when it began, so the endpoints are read as they were
 -- after the claim, and every endpoint committed before an event it claimed
@@ -372,13 +432,13 @@ $$;
 -- endpoints, an event committed after that statement began could be
 -- claimed while an endpoint committed before the event was not seen: the
 -- event was marked fanned out with no delivery to it.)
-CREATE FUNCTION outbox.claim_to_fan_out(in_batch integer, in_event_id bigint)
+CREATE FUNCTION outbox.claim_to_fan_out(in_batch integer, in_event_id bigint, in_scan_from bigint DEFAULT 0)
 RETURNS bigint[]
 LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
   IF in_event_id IS NULL THEN
-    RETURN ARRAY(SELECT outbox.claim_unfanned(in_batch));
+    RETURN ARRAY(SELECT outbox.claim_unfanned(in_batch, in_scan_from));
   END IF;
   RETURN ARRAY(
     SELECT e.id
@@ -676,6 +736,9 @@ DECLARE
   ts          text := nullif(current_setting('outbox.tracestate', true), '');
   tc          record;
 BEGIN
+  -- The transaction takes its xid before the insert draws the event's id:
+  -- the relay's scan bound counts on it (advance_relay_scan).
+  PERFORM pg_current_xact_id();
   IF tp IS NOT NULL OR ts IS NOT NULL THEN
     -- An assignment, not a SELECT INTO: PL/pgSQL evaluates it as an
     -- expression, without running a query.
@@ -2486,7 +2549,7 @@ $$;
 -- in_breaker_delay how far out (seconds) an endpoint's new deliveries are
 -- scheduled while its circuit breaker is open. in_origin names the
 -- process whose relay runs it, for the workers' NOTIFY (notify_jobs; ''
--- for none).
+-- for none), and in_scan_from the relay's scan bound (advance_relay_scan).
 --
 -- The claim is a statement of its own, before the ones that read the
 -- endpoints: each statement of a PL/pgSQL function sees the rows
@@ -2506,7 +2569,8 @@ $$;
 -- for one of them; the plans are kept for the session
 -- (force_generic_plan), the statements being the same every pass.
 CREATE FUNCTION outbox.fan_out(in_batch integer, in_event_id bigint, in_subscribers jsonb,
-                               in_max_attempts integer, in_breaker_delay double precision, in_origin text)
+                               in_max_attempts integer, in_breaker_delay double precision, in_origin text,
+                               in_scan_from bigint DEFAULT 0)
 RETURNS TABLE (out_fanned bigint, out_jobs bigint)
 LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan
@@ -2520,7 +2584,7 @@ BEGIN
   IF in_origin <> '' THEN
     PERFORM set_config('outbox.relay_origin', in_origin, true);
   END IF;
-  claimed := outbox.claim_to_fan_out(in_batch, in_event_id);
+  claimed := outbox.claim_to_fan_out(in_batch, in_event_id, in_scan_from);
   marked := ARRAY(SELECT m FROM outbox.mark_claimed_fanned_out(claimed) AS m);
   out_fanned := cardinality(marked);
   out_jobs := outbox.enqueue_for_subscribers(marked, in_subscribers, in_max_attempts);
