@@ -612,6 +612,8 @@ func cpuModel() string {
 	return runtime.GOARCH
 }
 
+// serverVersion names the server and its autovacuum setting, on which
+// the dead row versions of the held pair depend.
 func serverVersion(ctx context.Context, base string) string {
 	conn, err := pgx.Connect(ctx, base)
 	if err != nil {
@@ -619,7 +621,7 @@ func serverVersion(ctx context.Context, base string) string {
 	}
 	defer conn.Close(ctx)
 	var v string
-	if err := conn.QueryRow(ctx, `SELECT 'PostgreSQL ' || current_setting('server_version')`).Scan(&v); err != nil {
+	if err := conn.QueryRow(ctx, `SELECT 'PostgreSQL ' || current_setting('server_version') || ', autovacuum ' || current_setting('autovacuum')`).Scan(&v); err != nil {
 		return "PostgreSQL (unknown version)"
 	}
 	return v

@@ -84,8 +84,8 @@ func holdDuring(ctx context.Context, exited <-chan struct{}, plan heldPlan, star
 		return err
 	}
 	defer hold.close()
-	fmt.Fprintf(log, "held %s: snapshot held, backend_xmin %s (REPEATABLE READ, idle in transaction until %s)\n",
-		seconds(time.Since(start)), hold.xmin, seconds(plan.Until))
+	fmt.Fprintf(log, "held %s: snapshot held, backend_xmin %s (REPEATABLE READ, idle in transaction until %s); autovacuum %s\n",
+		seconds(time.Since(start)), hold.xmin, seconds(plan.Until), hold.autovacuum)
 	if err := waitUntil(ctx, exited, start.Add(plan.Until)); err != nil {
 		return fmt.Errorf("before the hold's end at %s: %w", plan.Until, err)
 	}
@@ -106,6 +106,10 @@ func holdDuring(ctx context.Context, exited <-chan struct{}, plan heldPlan, star
 type heldSnapshot struct {
 	conn *pgx.Conn
 	xmin string // its backend_xmin: the oldest transaction vacuum must keep
+	// The server's autovacuum setting, for the log: with it off no vacuum
+	// runs, hold or no hold, and only the pruning that claims and scans
+	// do on their way is held back.
+	autovacuum string
 }
 
 // holdSnapshot opens a connection to dbURL, begins a REPEATABLE READ
@@ -133,6 +137,10 @@ func holdSnapshot(ctx context.Context, dbURL string) (*heldSnapshot, error) {
 			h.close()
 			return nil, fmt.Errorf("%s: %w", sql, err)
 		}
+	}
+	if err := conn.QueryRow(ctx, "SELECT current_setting('autovacuum')").Scan(&h.autovacuum); err != nil {
+		h.close()
+		return nil, fmt.Errorf("read autovacuum: %w", err)
 	}
 	if h.xmin, err = heldXmin(ctx, dbURL, conn.PgConn().PID()); err != nil {
 		h.close()

@@ -76,7 +76,7 @@ func TestCompareReadsTheHeldRows(t *testing.T) {
 	t.Parallel()
 	end := queueSample{system: "outboxd", deadTables: "outbox.* tables", deadRows: 912_345, waiting: 40, notFanned: 2}
 	outboxd := "loadavg 0.50 0.40 0.30 2/300 1234\n$ /bin/load -mode keepup\n" +
-		"held 40s: snapshot held, backend_xmin 1234 (REPEATABLE READ, idle in transaction until 280s)\n" +
+		"held 40s: snapshot held, backend_xmin 1234 (REPEATABLE READ, idle in transaction until 280s); autovacuum on\n" +
 		"held 45s: dead row versions 1200 (outbox.* tables), jobs waiting 3, events not fanned out 1\n" +
 		end.endOfHold(280*time.Second) + "\n" +
 		"committed 1000 events/s, delivered 980 events/s during the run\n" +
@@ -173,7 +173,7 @@ func TestRunHeldHoldsAndSamples(t *testing.T) {
 	}
 	out := log.String()
 	for _, re := range []string{
-		`(?m)^held \d+s: snapshot held, backend_xmin \d+ \(REPEATABLE READ, idle in transaction until 2s\)$`,
+		`(?m)^held \d+s: snapshot held, backend_xmin \d+ \(REPEATABLE READ, idle in transaction until 2s\); autovacuum (on|off)$`,
 		`(?m)^held \d+s: dead row versions \d+ \(river_job\), jobs waiting 2$`,
 		`(?m)^held \d+s: snapshot released \(COMMIT\); dead row versions \d+ \(river_job\), jobs waiting 2; dead row versions at the end of the hold \d+$`,
 	} {
