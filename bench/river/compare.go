@@ -5,7 +5,6 @@
 package main
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -43,24 +42,35 @@ type compareConfig struct {
 	CPUWarmup    time.Duration // the cpu pair's run before its window
 	CPUWindow    time.Duration // the cpu pair's metered window
 	Workers      int           // River's MaxWorkers as a webhook sender
+	HeldRate     float64       // the held pair's fixed rate, events/s
+	HeldRun      time.Duration // how long the held pair's producers run
+	HeldFrom     time.Duration // the snapshot's hold, from the command's start
+	HeldUntil    time.Duration
+	HeldEvery    time.Duration // between the held pair's samples of the queue
 	OutboxdFlags string
 	Works        []string
 	Lock         string // a file to flock around each single run; "" none
 	LogDir       string
 }
 
-// compareWorks are the pairs compare runs, in this order. There is no
+// compareWorks are the pairs compare can run, in this order. There is no
 // burn-down of no-op jobs: outboxd has no such job kind (its `go test
 // -bench` of the claim and the completer measures the job table), and
 // riverbench's -mode jobs runs alone.
-var compareWorks = []string{"drain", "keepup", "latency", "producer", "cpu"}
+var compareWorks = []string{"drain", "keepup", "latency", "producer", "cpu", "held"}
+
+// defaultWorks are the pairs compare runs unless -works says otherwise:
+// all but held, whose two runs of six minutes each are a benchmark of
+// their own (bench/held-snapshot.sh).
+var defaultWorks = []string{"drain", "keepup", "latency", "producer", "cpu"}
 
 func parseCompareConfig(args []string, getenv func(string) string, stderr io.Writer) (compareConfig, error) {
 	cfg := compareConfig{DatabaseURL: "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
 		Runs: 3, Events: 100_000, Producers: 16, Duration: 30 * time.Second, Rate: 600,
 		PgbenchTime: 10 * time.Second, CPURate: 1000, CPUWarmup: 10 * time.Second, CPUWindow: 40 * time.Second,
-		Workers: 1_000, Lock: getenv("BENCH_LOCK")}
-	works := strings.Join(compareWorks, ",")
+		Workers: 1_000, HeldRate: 1000, HeldRun: 6 * time.Minute, HeldFrom: 40 * time.Second, HeldUntil: 280 * time.Second,
+		HeldEvery: 15 * time.Second, Lock: getenv("BENCH_LOCK")}
+	works := strings.Join(defaultWorks, ",")
 	fs := flag.NewFlagSet("riverbench compare", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&cfg.DatabaseURL, "database-url", cfg.DatabaseURL, "a database on the server under test; each run gets a fresh database beside it (cmp_outboxd, cmp_river)")
@@ -77,6 +87,11 @@ func parseCompareConfig(args []string, getenv func(string) string, stderr io.Wri
 	fs.DurationVar(&cfg.CPUWarmup, "cpu-warmup", cfg.CPUWarmup, "how long the cpu pair's producers run before its window")
 	fs.DurationVar(&cfg.CPUWindow, "cpu-window", cfg.CPUWindow, "the cpu pair's window, over which its CPU time is metered")
 	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "River's MaxWorkers as a webhook sender (drain, keep-up, latency, cpu)")
+	fs.Float64Var(&cfg.HeldRate, "held-rate", cfg.HeldRate, "events/s over all producers in the held pair")
+	fs.DurationVar(&cfg.HeldRun, "held-run", cfg.HeldRun, "how long the held pair's producers run")
+	fs.DurationVar(&cfg.HeldFrom, "held-from", cfg.HeldFrom, "when the held pair's snapshot is taken, after its command starts")
+	fs.DurationVar(&cfg.HeldUntil, "held-until", cfg.HeldUntil, "when the held pair's snapshot is released, after its command starts")
+	fs.DurationVar(&cfg.HeldEvery, "held-sample", cfg.HeldEvery, "how often the held pair samples the queue's dead row versions and backlog")
 	fs.StringVar(&cfg.OutboxdFlags, "outboxd-flags", cfg.OutboxdFlags, "extra flags for the outboxd under test (bench/load's -serve-flags)")
 	fs.StringVar(&works, "works", works, "the pairs to run, comma-separated")
 	fs.StringVar(&cfg.Lock, "lock", cfg.Lock, "a file to flock(2) around each single run, so other load waits (default $BENCH_LOCK)")
@@ -90,21 +105,11 @@ func parseCompareConfig(args []string, getenv func(string) string, stderr io.Wri
 			return cfg, fmt.Errorf("-works: %q is not one of %s", w, strings.Join(compareWorks, ", "))
 		}
 	}
-	switch {
-	case fs.NArg() > 0:
+	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	case cfg.Outboxd == "":
-		return cfg, errors.New("-outboxd: the outboxd binary is required")
-	case cfg.Load == "":
-		return cfg, errors.New("-load: bench/load's binary is required")
-	case cfg.Runs < 1:
-		return cfg, fmt.Errorf("-runs must be positive, got %d", cfg.Runs)
-	case cfg.Events < 1:
-		return cfg, fmt.Errorf("-events must be positive, got %d", cfg.Events)
-	case cfg.Producers < 1 || cfg.Rate <= 0 || cfg.Duration <= 0 || cfg.PgbenchTime < time.Second:
-		return cfg, errors.New("-producers, -rate and -duration must be positive, -pgbench-time at least 1s")
-	case cfg.CPURate <= 0 || cfg.CPUWindow <= 0 || cfg.CPUWarmup <= 0:
-		return cfg, errors.New("-cpu-rate, -cpu-warmup and -cpu-window must be positive")
+	}
+	if err := cfg.check(); err != nil {
+		return cfg, err
 	}
 	if cfg.Pgbench == "" && slices.Contains(cfg.Works, "producer") {
 		var err error
@@ -113,6 +118,31 @@ func parseCompareConfig(args []string, getenv func(string) string, stderr io.Wri
 		}
 	}
 	return cfg, nil
+}
+
+// check answers what is wrong with the flags' values, if anything.
+func (cfg compareConfig) check() error {
+	switch {
+	case cfg.Outboxd == "":
+		return errors.New("-outboxd: the outboxd binary is required")
+	case cfg.Load == "":
+		return errors.New("-load: bench/load's binary is required")
+	case cfg.Runs < 1:
+		return fmt.Errorf("-runs must be positive, got %d", cfg.Runs)
+	case cfg.Events < 1:
+		return fmt.Errorf("-events must be positive, got %d", cfg.Events)
+	case cfg.Producers < 1 || cfg.Rate <= 0 || cfg.Duration <= 0 || cfg.PgbenchTime < time.Second:
+		return errors.New("-producers, -rate and -duration must be positive, -pgbench-time at least 1s")
+	case cfg.CPURate <= 0 || cfg.CPUWindow <= 0 || cfg.CPUWarmup <= 0:
+		return errors.New("-cpu-rate, -cpu-warmup and -cpu-window must be positive")
+	case cfg.HeldRate <= 0 || cfg.HeldEvery <= 0:
+		return errors.New("-held-rate and -held-sample must be positive")
+	case cfg.HeldFrom < 0 || cfg.HeldFrom >= cfg.HeldUntil || cfg.HeldUntil > cfg.HeldRun:
+		// The producers run -held-run from a little after the command
+		// starts, so a hold that ends by then ends while they run.
+		return fmt.Errorf("-held-from %s, -held-until %s, -held-run %s: want 0 <= from < until <= run", cfg.HeldFrom, cfg.HeldUntil, cfg.HeldRun)
+	}
+	return nil
 }
 
 func findPgbench() (string, error) {
@@ -139,6 +169,7 @@ type metric struct {
 	work, label string
 	re          *regexp.Regexp
 	group       int
+	over        int  // a group the value is divided by; 0: none
 	duration    bool // the value is a Go duration, shown in ms
 	unit        string
 	digits      int // decimals shown; 0: as format chooses
@@ -155,24 +186,35 @@ var (
 	// the process's.
 	reCPU = regexp.MustCompile(`CPU window \S+ after a \S+ warm-up: delivered \d+ events, ([\d.]+) events/s; ` +
 		`CPU time \S+ [\d.]+ s, PostgreSQL backends [\d.]+ s: ([\d.]+) ms per delivered event \(PostgreSQL backends ([\d.]+) ms, \S+ ([\d.]+) ms\)`)
+	// reHeld is the held pair's last line of the hold (held.go), the
+	// same for both systems.
+	reHeld = regexp.MustCompile(`dead row versions at the end of the hold (\d+)`)
 )
 
 func metrics(cfg compareConfig) []metric {
 	return []metric{
-		{"drain", fmt.Sprintf("drain: %s queued events delivered, signed, to a local receiver (events/s)", thousands(float64(cfg.Events))), reDrain, 1, false, "", 0},
-		{"drain", "drain: the sender's peak RSS (lower is better)", reRSS, 1, false, " MiB", 0},
-		{"keepup", fmt.Sprintf("keep-up: %d producers committing one event a transaction as fast as they can for %s (commits/s)", cfg.Producers, cfg.Duration), reKeepUp, 1, false, "", 0},
-		{"keepup", "keep-up: delivered during the run (events/s)", reKeepUp, 2, false, "", 0},
-		{"keepup", "keep-up: commit→first 2xx p99 (lower is better)", reLatency, 3, true, " ms", 0},
-		{"latency", fmt.Sprintf("latency at %g events/s: the rate committed (events/s; below %g, the producers could not keep the rate)", cfg.Rate, cfg.Rate), reKeepUp, 1, false, "", 0},
-		{"latency", fmt.Sprintf("latency at %g events/s: commit→first 2xx p50 (lower is better)", cfg.Rate), reLatency, 1, true, " ms", 0},
-		{"latency", fmt.Sprintf("latency at %g events/s: p95", cfg.Rate), reLatency, 2, true, " ms", 0},
-		{"latency", fmt.Sprintf("latency at %g events/s: p99", cfg.Rate), reLatency, 3, true, " ms", 0},
-		{"producer", fmt.Sprintf("producer cost: pgbench, %d clients, one row a transaction: `SELECT outbox.record(...)` (outboxd column) against a plain `INSERT` of the same row (River column) (tx/s)", cfg.Producers), rePgbench, 1, false, "", 0},
-		{"cpu", fmt.Sprintf("CPU at %g events/s: delivered over the %s window after %s (events/s; below %g, the system did not keep up)", cfg.CPURate, cfg.CPUWindow, cfg.CPUWarmup, cfg.CPURate), reCPU, 1, false, "", 0},
-		{"cpu", fmt.Sprintf("CPU at %g events/s: CPU time per delivered event, the system's process and the PostgreSQL backends of its database (lower is better)", cfg.CPURate), reCPU, 2, false, " ms", 3},
-		{"cpu", fmt.Sprintf("CPU at %g events/s: the PostgreSQL backends' share, the producers' included (lower is better)", cfg.CPURate), reCPU, 3, false, " ms", 3},
-		{"cpu", fmt.Sprintf("CPU at %g events/s: the process's share, outboxd or the River child (lower is better)", cfg.CPURate), reCPU, 4, false, " ms", 3},
+		{"drain", fmt.Sprintf("drain: %s queued events delivered, signed, to a local receiver (events/s)", thousands(float64(cfg.Events))), reDrain, 1, 0, false, "", 0},
+		{"drain", "drain: the sender's peak RSS (lower is better)", reRSS, 1, 0, false, " MiB", 0},
+		{"keepup", fmt.Sprintf("keep-up: %d producers committing one event a transaction as fast as they can for %s (commits/s)", cfg.Producers, cfg.Duration), reKeepUp, 1, 0, false, "", 0},
+		{"keepup", "keep-up: delivered during the run (events/s)", reKeepUp, 2, 0, false, "", 0},
+		{"keepup", "keep-up: commit→first 2xx p99 (lower is better)", reLatency, 3, 0, true, " ms", 0},
+		{"latency", fmt.Sprintf("latency at %g events/s: the rate committed (events/s; below %g, the producers could not keep the rate)", cfg.Rate, cfg.Rate), reKeepUp, 1, 0, false, "", 0},
+		{"latency", fmt.Sprintf("latency at %g events/s: commit→first 2xx p50 (lower is better)", cfg.Rate), reLatency, 1, 0, true, " ms", 0},
+		{"latency", fmt.Sprintf("latency at %g events/s: p95", cfg.Rate), reLatency, 2, 0, true, " ms", 0},
+		{"latency", fmt.Sprintf("latency at %g events/s: p99", cfg.Rate), reLatency, 3, 0, true, " ms", 0},
+		{"producer", fmt.Sprintf("producer cost: pgbench, %d clients, one row a transaction: `SELECT outbox.record(...)` (outboxd column) against a plain `INSERT` of the same row (River column) (tx/s)", cfg.Producers), rePgbench, 1, 0, false, "", 0},
+		{"cpu", fmt.Sprintf("CPU at %g events/s: delivered over the %s window after %s (events/s; below %g, the system did not keep up)", cfg.CPURate, cfg.CPUWindow, cfg.CPUWarmup, cfg.CPURate), reCPU, 1, 0, false, "", 0},
+		{"cpu", fmt.Sprintf("CPU at %g events/s: CPU time per delivered event, the system's process and the PostgreSQL backends of its database (lower is better)", cfg.CPURate), reCPU, 2, 0, false, " ms", 3},
+		{"cpu", fmt.Sprintf("CPU at %g events/s: the PostgreSQL backends' share, the producers' included (lower is better)", cfg.CPURate), reCPU, 3, 0, false, " ms", 3},
+		{"cpu", fmt.Sprintf("CPU at %g events/s: the process's share, outboxd or the River child (lower is better)", cfg.CPURate), reCPU, 4, 0, false, " ms", 3},
+		{"held", fmt.Sprintf("held snapshot at %g events/s (a REPEATABLE READ transaction idle from %s to %s of a %s run): the rate committed (events/s; below %g, the producers could not keep the rate)",
+			cfg.HeldRate, cfg.HeldFrom, cfg.HeldUntil, cfg.HeldRun, cfg.HeldRate), reKeepUp, 1, 0, false, "", 0},
+		{"held", "held snapshot: delivered ÷ committed during the run (below 1, a backlog was left)", reKeepUp, 2, 1, false, "", 3},
+		{"held", "held snapshot: commit→first 2xx p50 (lower is better)", reLatency, 1, 0, true, " ms", 0},
+		{"held", "held snapshot: p95", reLatency, 2, 0, true, " ms", 0},
+		{"held", "held snapshot: p99", reLatency, 3, 0, true, " ms", 0},
+		{"held", "held snapshot: max", reLatency, 4, 0, true, " ms", 0},
+		{"held", "held snapshot: dead row versions in the queue's tables at the end of the hold (n_dead_tup; lower is better)", reHeld, 1, 0, false, "", 0},
 	}
 }
 
@@ -237,23 +279,29 @@ func (cfg compareConfig) runOne(ctx context.Context, work, system string, run in
 	if err != nil {
 		return "", err
 	}
-	var out bytes.Buffer
+	var out syncBuffer
 	// Other load on the machine shows in the figures; the log says how
 	// much there was when the run began.
 	fmt.Fprintf(&out, "loadavg %s", readLoadAvg())
 	for _, argv := range cfg.commands(work, system, dbURL) {
 		fmt.Fprintf(&out, "$ %s\n", strings.Join(argv, " "))
-		cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-		cmd.Stdout, cmd.Stderr = &out, &out
-		err := cmd.Run()
+		var err error
+		if work == "held" {
+			err = runHeld(ctx, argv, heldPlan{DatabaseURL: dbURL, System: system,
+				From: cfg.HeldFrom, Until: cfg.HeldUntil, Every: cfg.HeldEvery}, &out)
+		} else {
+			cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+			cmd.Stdout, cmd.Stderr = &out, &out
+			err = cmd.Run()
+		}
 		if err != nil {
 			name := filepath.Join(cfg.LogDir, fmt.Sprintf("%s-%s-%d.failed.txt", work, system, run))
-			os.WriteFile(name, out.Bytes(), 0o644)
+			os.WriteFile(name, []byte(out.String()), 0o644)
 			return "", fmt.Errorf("%s %s run %d: %s: %w (output in %s)", work, system, run, argv[0], err, name)
 		}
 	}
 	name := filepath.Join(cfg.LogDir, fmt.Sprintf("%s-%s-%d.txt", work, system, run))
-	if err := os.WriteFile(name, out.Bytes(), 0o644); err != nil {
+	if err := os.WriteFile(name, []byte(out.String()), 0o644); err != nil {
 		return "", err
 	}
 	return out.String(), nil
@@ -281,6 +329,9 @@ func (cfg compareConfig) commands(work, system, dbURL string) [][]string {
 	// metered over the window after the warm-up.
 	cpu := []string{"-mode", "keepup", "-producers", n(cfg.Producers), "-rate", fmt.Sprint(cfg.CPURate),
 		"-warmup", cfg.CPUWarmup.String(), "-duration", cfg.CPUWindow.String()}
+	// held: keep-up at a fixed rate, paced as latency's, while runHeld
+	// holds a snapshot in the run's database.
+	held := []string{"-mode", "keepup", "-producers", n(cfg.Producers), "-rate", fmt.Sprint(cfg.HeldRate), "-duration", cfg.HeldRun.String()}
 	switch {
 	case work == "drain" && system == "outboxd":
 		return [][]string{append(load, "-mode", "drain", "-events", n(cfg.Events))}
@@ -298,6 +349,10 @@ func (cfg compareConfig) commands(work, system, dbURL string) [][]string {
 		return [][]string{slices.Concat(load, cpu)}
 	case work == "cpu":
 		return [][]string{slices.Concat(load, cpu, riverWorkers)}
+	case work == "held" && system == "outboxd":
+		return [][]string{slices.Concat(load, held)}
+	case work == "held":
+		return [][]string{slices.Concat(load, held, riverWorkers)}
 	}
 	// producer: pgbench against outboxd's schema or a plain table.
 	pgbench := func(script string) []string {
@@ -485,6 +540,14 @@ func (m metric) read(out string) (float64, error) {
 	if match == nil {
 		return 0, fmt.Errorf("no line matches %q", m.re)
 	}
+	if m.over > 0 {
+		v, err := strconv.ParseFloat(match[m.group], 64)
+		by, err2 := strconv.ParseFloat(match[m.over], 64)
+		if err := cmp.Or(err, err2); err != nil || by == 0 {
+			return 0, fmt.Errorf("read %q over %q: %v", match[m.group], match[m.over], err)
+		}
+		return v / by, nil
+	}
 	text := match[m.group]
 	if m.duration {
 		d, err := time.ParseDuration(text)
@@ -549,6 +612,8 @@ func cpuModel() string {
 	return runtime.GOARCH
 }
 
+// serverVersion names the server and its autovacuum setting, on which
+// the dead row versions of the held pair depend.
 func serverVersion(ctx context.Context, base string) string {
 	conn, err := pgx.Connect(ctx, base)
 	if err != nil {
@@ -556,7 +621,7 @@ func serverVersion(ctx context.Context, base string) string {
 	}
 	defer conn.Close(ctx)
 	var v string
-	if err := conn.QueryRow(ctx, `SELECT 'PostgreSQL ' || current_setting('server_version')`).Scan(&v); err != nil {
+	if err := conn.QueryRow(ctx, `SELECT 'PostgreSQL ' || current_setting('server_version') || ', autovacuum ' || current_setting('autovacuum')`).Scan(&v); err != nil {
 		return "PostgreSQL (unknown version)"
 	}
 	return v
