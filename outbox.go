@@ -374,22 +374,16 @@ func readTraceRepairs(ctx context.Context, db *sql.DB) (traceRepairs, error) {
 
 // requeueEventSQL makes the event look unrelayed, so it keeps the row's
 // commit time first (schema.sql, outbox.commit_time): the relay's claim
-// could not tell this change from the recording's. The event waits again
-// below the relays' scan bounds, so the requeue counts in
-// outbox.events_requeued, after the update took its xid
-// (outbox.advance_relay_scan says why that order).
+// could not tell this change from the recording's.
 const requeueEventSQL = `
-WITH requeued AS (
-  UPDATE outbox.events AS e
-  SET committed_at = outbox.commit_time(e, e.xmin),
-      poisoned_at = NULL,
-      relay_attempts = 0,
-      relay_error = NULL
-  WHERE id = $1
-    AND fanned_out_at IS NULL
-  RETURNING id
-)
-SELECT r.id FROM requeued AS r WHERE nextval('outbox.events_requeued') > 0`
+UPDATE outbox.events AS e
+SET committed_at = outbox.commit_time(e, e.xmin),
+    poisoned_at = NULL,
+    relay_attempts = 0,
+    relay_error = NULL
+WHERE id = $1
+  AND fanned_out_at IS NULL
+RETURNING id`
 
 // errNotFound marks a lookup of a row that does not exist (404).
 var errNotFound = errors.New("not found")

@@ -63,7 +63,7 @@ func runLateCommit(t *testing.T, db *sql.DB) lateCommitRun {
 	// Transactions that wrote, anywhere on the server (other tests', in
 	// parallel), hold the proof back while they run: it moves once they
 	// end.
-	waitFor(t, "the bound to move past the events relayed", 10*time.Second, func() bool {
+	waitFor(t, "the bound to move past the events relayed", time.Minute, func() bool {
 		pass()
 		return scan.from > run.before
 	})
@@ -155,7 +155,7 @@ func TestRelayScanStartsOverAfterARequeue(t *testing.T) {
 		last = recordEventOrFatal(t, db, "later"+string(rune('a'+i)))
 	}
 	var scan relayScan
-	waitFor(t, "the bound to move past the events relayed", 10*time.Second, func() bool {
+	waitFor(t, "the bound to move past the events relayed", time.Minute, func() bool {
 		scan.tried = time.Time{}
 		if err := scan.advance(ctx, db, time.Now()); err != nil {
 			t.Fatal(err)
@@ -176,6 +176,21 @@ func TestRelayScanStartsOverAfterARequeue(t *testing.T) {
 	mustExec(t, db, fanOutSQL, 200, nil, `[]`, 18, 300.0, "", scan.from)
 	if n := queryInt(t, db, `SELECT count(*) FROM outbox.events WHERE id = $1 AND fanned_out_at IS NOT NULL`, poisoned); n != 1 {
 		t.Errorf("the requeued event %d was not fanned out", poisoned)
+	}
+
+	// An operator's own UPDATE counts as a requeue too; a change that
+	// leaves nothing waiting (erasure marks the event fanned out) does not.
+	again := recordEventOrFatal(t, db, "again")
+	mustExec(t, db, `UPDATE outbox.events SET poisoned_at = now(), relay_attempts = 5 WHERE id = $1`, again)
+	before := queryInt(t, db, `SELECT last_value FROM outbox.events_requeued`)
+	mustExec(t, db, `UPDATE outbox.events SET poisoned_at = NULL WHERE id = $1`, again)
+	if n := queryInt(t, db, `SELECT last_value FROM outbox.events_requeued`); n != before+1 {
+		t.Errorf("an UPDATE that cleared poisoned_at left events_requeued at %d, want %d", n, before+1)
+	}
+	mustExec(t, db, `UPDATE outbox.events SET poisoned_at = now() WHERE id = $1`, again)
+	mustExec(t, db, `UPDATE outbox.events SET poisoned_at = NULL, fanned_out_at = now() WHERE id = $1`, again)
+	if n := queryInt(t, db, `SELECT last_value FROM outbox.events_requeued`); n != before+1 {
+		t.Errorf("an UPDATE that left the event fanned out moved events_requeued to %d, want %d", n, before+1)
 	}
 }
 

@@ -388,12 +388,27 @@ $$;
 -- bound back; one that wrote does, until it ends, and the claims read the
 -- entries left since.
 --
--- A requeued event (requeueEventSQL in outbox.go) waits again below the
--- bound: each requeue counts in outbox.events_requeued, after its update
--- took an xid, and a call that sees the count changed starts over from 0.
--- The bound lives in the relay's memory: a relay that restarts starts from
--- 0, and replicas keep their own.
+-- A requeued event (poisoned, then its poisoned_at cleared: requeueEventSQL
+-- in outbox.go, or an operator's UPDATE) waits again below the bound:
+-- each requeue counts in outbox.events_requeued (count_requeue, below),
+-- after its update took an xid, and a call that sees the count changed
+-- starts over from 0. The bound lives in the relay's memory: a relay that
+-- restarts starts from 0, and replicas keep their own.
 CREATE SEQUENCE outbox.events_requeued;
+
+CREATE FUNCTION outbox.count_requeue() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM nextval('outbox.events_requeued');
+  RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER events_count_requeues
+  AFTER UPDATE OF poisoned_at ON outbox.events
+  FOR EACH ROW
+  WHEN (OLD.poisoned_at IS NOT NULL AND NEW.poisoned_at IS NULL AND NEW.fanned_out_at IS NULL)
+  EXECUTE FUNCTION outbox.count_requeue();
 
 CREATE FUNCTION outbox.advance_relay_scan(in_from bigint, in_candidate bigint, in_candidate_xmax xid8,
                                           in_requeued bigint)

@@ -18,11 +18,25 @@ DROP FUNCTION IF EXISTS outbox.takes_deliveries_running(outbox.endpoints);
 -- relay's pass and its list of rows take the bound as a last argument
 -- with a default of 0, so 0.7.0's calls, which pass none, scan from the
 -- start as they did. outbox.record takes its xid before it draws an id,
--- and a requeue counts in outbox.events_requeued.
+-- and a requeue counts in outbox.events_requeued, whichever release or
+-- statement makes it (a trigger).
 DROP FUNCTION IF EXISTS outbox.claim_unfanned(integer);
 DROP FUNCTION IF EXISTS outbox.claim_to_fan_out(integer, bigint);
 DROP FUNCTION IF EXISTS outbox.fan_out(integer, bigint, jsonb, integer, double precision, text);
 CREATE SEQUENCE IF NOT EXISTS outbox.events_requeued;
+CREATE OR REPLACE FUNCTION outbox.count_requeue() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM nextval('outbox.events_requeued');
+  RETURN NULL;
+END
+$$;
+DROP TRIGGER IF EXISTS events_count_requeues ON outbox.events;
+CREATE TRIGGER events_count_requeues
+  AFTER UPDATE OF poisoned_at ON outbox.events
+  FOR EACH ROW
+  WHEN (OLD.poisoned_at IS NOT NULL AND NEW.poisoned_at IS NULL AND NEW.fanned_out_at IS NULL)
+  EXECUTE FUNCTION outbox.count_requeue();
 
 CREATE OR REPLACE FUNCTION outbox.claim_unfanned(batch integer, scan_from bigint DEFAULT 0)
 RETURNS SETOF bigint
