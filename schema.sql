@@ -239,7 +239,7 @@ CREATE TABLE outbox.events (
   -- When an erasure of its subject (outbox.erase_subject) erased its
   -- payload; NULL while it has one.
   erased_at      timestamptz,
-  -- true for a test send's event (catalog.go, POST
+  -- true for a test send's event (topics.go, POST
   -- /api/endpoints/{id}/test): recorded by outboxd for one endpoint,
   -- already fanned out, with a job of its own (jobs.test); replays pass
   -- it by. NULL for every event an application records, so that
@@ -849,7 +849,7 @@ $$;
 -- Topics: the event catalog
 --------------------------------------------------------------------------------
 
--- One row per topic the admin registered (catalog.go, POST /api/topics,
+-- One row per topic the admin registered (topics.go, POST /api/topics,
 -- the panel's Topics page): what its events mean (description) and what
 -- one looks like (example, any JSON value), for the people who subscribe
 -- endpoints to it, and the payload a test send delivers (POST
@@ -857,7 +857,7 @@ $$;
 -- decide them: outbox.record takes any topic of the events' format, and
 -- never reads this table, so a producer pays nothing for it. An owner
 -- sees the topics its endpoints may receive (owner_admits). Bounded by
--- the API: at most 1,000 topics (catalog.go, maxTopics), each example
+-- the API: at most 1,000 topics (topics.go, maxTopics), each example
 -- at most 64 KiB (the CHECK).
 CREATE TABLE outbox.topics (
   name        text        PRIMARY KEY,

@@ -12,7 +12,7 @@ DROP FUNCTION IF EXISTS outbox.lock_born_lanes(bigint[], integer);
 DROP FUNCTION IF EXISTS outbox.has_due_live_jobs(bigint);
 DROP FUNCTION IF EXISTS outbox.takes_deliveries_running(outbox.endpoints);
 
--- The event catalog and test sends (catalog.go, docs/catalog.md).
+-- The event catalog and test sends (topics.go, docs/catalog.md).
 --
 -- outbox.topics: the topics the admin registered, each with a
 -- description and an example payload. A test send records an event
