@@ -590,6 +590,9 @@ var constraintRules = map[string]string{
 	"endpoints_filter_allowed":          "filter: a predicate, without variables or .datetime()",
 	"endpoints_tls_material_https":      "client_certificate, ca_certificate: for an https:// url only; remove them (null) to use another",
 	"idempotency_keys_key_length":       "Idempotency-Key: 1 to 255 characters",
+	"topics_name_format":                "name: 1-200 characters of letters, digits and _ . : / - (not starting with a symbol)",
+	"topics_description_length":         "description: at most 2000 characters",
+	"topics_example_size":               "example: at most 64 KiB as PostgreSQL stores it",
 }
 
 // valueRules says, by SQLSTATE, what is wrong with a value PostgreSQL

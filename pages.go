@@ -33,7 +33,8 @@ type panel struct {
 // pageNames are the templates that are pages; each is parsed with the
 // layout and the shared job table.
 var pageNames = []string{"login", "error", "overview", "events", "event", "jobs", "endpoints", "endpoint", "subjects", "sources",
-	"signin", "signin-link", "audit", "delivery", "owners", "confirm"}
+	"signin", "signin-link", "audit", "delivery", "owners", "confirm",
+	"topics"}
 
 // newPanel parses every page's templates: one that does not parse stops
 // the start rather than the first request for it.

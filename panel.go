@@ -651,6 +651,9 @@ type endpointPage struct {
 	Owners          []Owner
 	OwnerID         int64
 	OwnerName       string
+	// TestTopics are the registered topics the endpoint may receive,
+	// which its test form offers (topics.go).
+	TestTopics []Topic
 }
 
 // readEndpointPage reads endpoint id's page, its edit form filled with
@@ -683,6 +686,9 @@ func readEndpointPage(ctx context.Context, a *admin, id int64, admin bool) (endp
 		return pg, err
 	}
 	pg.Cause = causeOf(pg.Endpoint, health)
+	if pg.TestTopics, err = listTopics(ctx, a.db, pg.Endpoint.OwnerID); err != nil {
+		return pg, err
+	}
 	if admin {
 		if pg.Owners, err = listOwners(ctx, a.db); err != nil {
 			return pg, err

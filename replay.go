@@ -118,7 +118,7 @@ func (r replayRange) args() (until sql.NullTime, topics any, through sql.NullInt
 }
 
 // replayCandidatesSQL is one batch of a replay: up to $4 fanned-out events,
-// not erased (erasure.go), with ids above $3 and up to $7 (NULL: no end), recorded at or after $2
+// not erased (erasure.go) nor a test send's (topics.go), with ids above $3 and up to $7 (NULL: no end), recorded at or after $2
 // and before $5 (NULL: no end), that the endpoint's topics select and,
 // unless $6 is empty, the replay's topics too, and whose payload the
 // endpoint's filter passes, as the fan-out tests it (outbox.fan_out,
@@ -151,6 +151,7 @@ candidates AS (
   FROM outbox.events AS e, endpoint, narrowed
   WHERE e.fanned_out_at IS NOT NULL
     AND e.erased_at IS NULL
+    AND e.test IS NOT TRUE
     AND e.created_at >= $2
     AND ($5::timestamptz IS NULL OR e.created_at < $5)
     AND e.id > $3

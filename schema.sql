@@ -239,6 +239,12 @@ CREATE TABLE outbox.events (
   -- When an erasure of its subject (outbox.erase_subject) erased its
   -- payload; NULL while it has one.
   erased_at      timestamptz,
+  -- true for a test send's event (topics.go, POST
+  -- /api/endpoints/{id}/test): recorded by outboxd for one endpoint,
+  -- already fanned out, with a job of its own (jobs.test); replays pass
+  -- it by. NULL for every event an application records, so that
+  -- outbox.record writes nothing more for it.
+  test           boolean,
 
   CONSTRAINT events_topic_format CHECK (topic ~ '^[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,199}$'),
   CONSTRAINT events_subject_length CHECK (length(subject) <= 500),
@@ -916,6 +922,34 @@ BEGIN
   EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', trigger_base || '_upd', tbl);
 END
 $$;
+
+--------------------------------------------------------------------------------
+-- Topics: the event catalog
+--------------------------------------------------------------------------------
+
+-- One row per topic the admin registered (topics.go, POST /api/topics,
+-- the panel's Topics page): what its events mean (description) and what
+-- one looks like (example, any JSON value), for the people who subscribe
+-- endpoints to it, and the payload a test send delivers (POST
+-- /api/endpoints/{id}/test). The catalog documents topics; it does not
+-- decide them: outbox.record takes any topic of the events' format, and
+-- never reads this table, so a producer pays nothing for it. An owner
+-- sees the topics its endpoints may receive (owner_admits). Bounded by
+-- the API: at most 1,000 topics (topics.go, maxTopics), each example
+-- at most 64 KiB (the CHECK).
+CREATE TABLE outbox.topics (
+  name        text        PRIMARY KEY,
+  description text        NOT NULL DEFAULT '',
+  example     jsonb       NOT NULL,
+  created_at  timestamptz NOT NULL DEFAULT now(),
+  updated_at  timestamptz NOT NULL DEFAULT now(),
+
+  -- The events' own rule (events_topic_format): a topic registered is
+  -- one an event can have.
+  CONSTRAINT topics_name_format CHECK (name ~ '^[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,199}$'),
+  CONSTRAINT topics_description_length CHECK (length(description) <= 2000),
+  CONSTRAINT topics_example_size CHECK (pg_column_size(example) <= 65536)
+);
 
 --------------------------------------------------------------------------------
 -- Idempotency keys: POST /api/events records once per key
@@ -1643,6 +1677,10 @@ CREATE TABLE outbox.jobs (
   finalized_at timestamptz,
   -- One object per failed attempt: {"attempt", "at", "error"}.
   errors       jsonb            NOT NULL DEFAULT '[]',
+  -- true for a test send's delivery (events.test): its attempts go to the
+  -- history like any other's, and not to the statistics
+  -- (record_outcomes). NULL for every job the fan-out and replays insert.
+  test         boolean,
 
   CONSTRAINT jobs_kind_length CHECK (length(kind) BETWEEN 1 AND 100),
   CONSTRAINT jobs_endpoint_only_for_webhooks CHECK (endpoint_id IS NULL OR kind = 'webhook'),
@@ -3036,6 +3074,8 @@ AS $$
 DECLARE
   written_ids bigint[];
   written_attempts integer[];
+  counted_ids bigint[];
+  counted_attempts integer[];
   lane_endpoints bigint[];
   lane_keys text[];
 BEGIN
@@ -3045,9 +3085,10 @@ BEGIN
   -- events after it updates jobs (advance_lanes).
   LOCK TABLE outbox.events IN ACCESS SHARE MODE;
   SELECT array_agg(f.id), array_agg(f.attempt),
+         array_agg(f.id) FILTER (WHERE f.test IS NOT TRUE), array_agg(f.attempt) FILTER (WHERE f.test IS NOT TRUE),
          array_agg(f.endpoint_id ORDER BY f.endpoint_id, f.lane_key) FILTER (WHERE f.lane_done),
          array_agg(f.lane_key ORDER BY f.endpoint_id, f.lane_key) FILTER (WHERE f.lane_done)
-  INTO written_ids, written_attempts, lane_endpoints, lane_keys
+  INTO written_ids, written_attempts, counted_ids, counted_attempts, lane_endpoints, lane_keys
   FROM (SELECT f.*, f.lane_key IS NOT NULL AND f.state IN ('completed', 'discarded') AS lane_done
         FROM outbox.finish_jobs(in_outcomes, in_attempts) AS f) AS f;
   IF lane_endpoints IS NOT NULL THEN
@@ -3056,7 +3097,8 @@ BEGIN
   written_ids := coalesce(written_ids, '{}');
   written_attempts := coalesce(written_attempts, '{}');
   PERFORM outbox.record_fenced_attempts(in_attempts, written_ids, written_attempts);
-  PERFORM outbox.count_attempts(in_attempts, written_ids, written_attempts, in_buckets);
+  -- A test send's attempts (jobs.test) are history, not statistics.
+  PERFORM outbox.count_attempts(in_attempts, coalesce(counted_ids, '{}'), coalesce(counted_attempts, '{}'), in_buckets);
   PERFORM outbox.record_endpoint_health(in_health, in_gone, in_windows, in_breaker_threshold);
 END
 $$;
@@ -3072,7 +3114,7 @@ $$;
 -- queue as it was before the claim, its attempt not counted, and makes no
 -- history. It returns the jobs it finished.
 CREATE FUNCTION outbox.finish_jobs(in_outcomes json, in_attempts json)
-RETURNS TABLE (id bigint, attempt integer, endpoint_id bigint, lane_key text, state outbox.job_state)
+RETURNS TABLE (id bigint, attempt integer, endpoint_id bigint, lane_key text, state outbox.job_state, test boolean)
 LANGUAGE plpgsql VOLATILE
 AS $$
 #variable_conflict use_column
@@ -3086,7 +3128,7 @@ BEGIN
     USING outcome AS o
     WHERE j.id = o.id AND j.attempt = o.attempt AND j.state = 'running' AND o.state = 'completed'
     RETURNING j.id, j.attempt, j.event_id, j.kind, j.endpoint_id, j.replay_id, j.lane_key, j.attempted_at,
-              'completed'::outbox.job_state AS state, o.error, false AS released
+              'completed'::outbox.job_state AS state, o.error, false AS released, j.test
   ),
   failed AS (
     UPDATE outbox.jobs AS j
@@ -3102,7 +3144,7 @@ BEGIN
     FROM outcome AS o
     WHERE j.id = o.id AND j.attempt = o.attempt AND j.state = 'running' AND o.state <> 'completed'
     RETURNING j.id, o.attempt, j.event_id, j.kind, j.endpoint_id, j.replay_id, j.lane_key, j.attempted_at,
-              j.state, o.error, o.state = 'released'
+              j.state, o.error, o.state = 'released', j.test
   ),
   finished AS (
     SELECT * FROM delivered UNION ALL SELECT * FROM failed
@@ -3123,7 +3165,7 @@ BEGIN
     ORDER BY 1, 2
     ON CONFLICT ON CONSTRAINT deliveries_pkey DO NOTHING
   )
-  SELECT f.id, f.attempt, f.endpoint_id, f.lane_key, f.state FROM finished AS f;
+  SELECT f.id, f.attempt, f.endpoint_id, f.lane_key, f.state, f.test FROM finished AS f;
 END
 $$;
 

@@ -162,3 +162,129 @@ BEGIN
   RETURN recorded_id;
 END
 $$;
+
+-- The event catalog and test sends (topics.go, docs/catalog.md).
+--
+-- outbox.topics: the topics the admin registered, each with a
+-- description and an example payload. A test send records an event
+-- marked events.test, already fanned out, and one job for its endpoint
+-- marked jobs.test: it is delivered like any other, its attempts kept in
+-- the history, but record_outcomes leaves them out of the statistics and
+-- replays pass its event by. Both columns are NULL for what the
+-- application records and the fan-out inserts: adding them rewrites no
+-- row, and the release before, which names its columns, never sees them.
+-- finish_jobs returns the job's mark, for record_outcomes: a changed
+-- result, so it is dropped and made again; the release before calls
+-- record_outcomes alone, whose signature stays.
+CREATE TABLE IF NOT EXISTS outbox.topics (
+  name        text        PRIMARY KEY,
+  description text        NOT NULL DEFAULT '',
+  example     jsonb       NOT NULL,
+  created_at  timestamptz NOT NULL DEFAULT now(),
+  updated_at  timestamptz NOT NULL DEFAULT now(),
+
+  -- The events' own rule (events_topic_format): a topic registered is
+  -- one an event can have.
+  CONSTRAINT topics_name_format CHECK (name ~ '^[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,199}$'),
+  CONSTRAINT topics_description_length CHECK (length(description) <= 2000),
+  CONSTRAINT topics_example_size CHECK (pg_column_size(example) <= 65536)
+);
+
+ALTER TABLE outbox.events ADD COLUMN IF NOT EXISTS test boolean;
+ALTER TABLE outbox.jobs ADD COLUMN IF NOT EXISTS test boolean;
+
+DROP FUNCTION IF EXISTS outbox.finish_jobs(json, json);
+CREATE FUNCTION outbox.finish_jobs(in_outcomes json, in_attempts json)
+RETURNS TABLE (id bigint, attempt integer, endpoint_id bigint, lane_key text, state outbox.job_state, test boolean)
+LANGUAGE plpgsql VOLATILE
+AS $$
+#variable_conflict use_column
+BEGIN
+  RETURN QUERY
+  WITH outcome AS (
+    SELECT o.* FROM json_to_recordset(in_outcomes) AS o(id bigint, attempt integer, state text, delay_ms bigint, error text)
+  ),
+  delivered AS (
+    DELETE FROM outbox.jobs AS j
+    USING outcome AS o
+    WHERE j.id = o.id AND j.attempt = o.attempt AND j.state = 'running' AND o.state = 'completed'
+    RETURNING j.id, j.attempt, j.event_id, j.kind, j.endpoint_id, j.replay_id, j.lane_key, j.attempted_at,
+              'completed'::outbox.job_state AS state, o.error, false AS released, j.test
+  ),
+  failed AS (
+    UPDATE outbox.jobs AS j
+    SET state = CASE WHEN o.state <> 'released' THEN o.state WHEN j.attempt > 1 THEN 'retryable'
+                     ELSE 'available' END::outbox.job_state,
+        attempt = CASE WHEN o.state = 'released' THEN j.attempt - 1 ELSE j.attempt END,
+        scheduled_at = CASE WHEN o.state = 'retryable' THEN now() + o.delay_ms * interval '1 millisecond'
+                            ELSE j.scheduled_at END,
+        finalized_at = CASE WHEN o.state = 'discarded' THEN now() END,
+        errors = CASE WHEN o.error = '' THEN j.errors
+                      ELSE j.errors || jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'at', now(), 'error', o.error))
+                 END
+    FROM outcome AS o
+    WHERE j.id = o.id AND j.attempt = o.attempt AND j.state = 'running' AND o.state <> 'completed'
+    RETURNING j.id, o.attempt, j.event_id, j.kind, j.endpoint_id, j.replay_id, j.lane_key, j.attempted_at,
+              j.state, o.error, o.state = 'released', j.test
+  ),
+  finished AS (
+    SELECT * FROM delivered UNION ALL SELECT * FROM failed
+  ),
+  made AS (
+    SELECT a.* FROM json_to_recordset(in_attempts)
+      AS a(job_id bigint, attempt integer, duration_ms integer, status_code integer, error text, excerpt text)
+  ),
+  history AS (
+    INSERT INTO outbox.deliveries (job_id, attempt, event_id, kind, endpoint_id, replay_id, outcome, attempted_at,
+                                   duration_ms, status_code, error, response_excerpt)
+    SELECT f.id, f.attempt, f.event_id, f.kind, f.endpoint_id, f.replay_id, f.state, f.attempted_at,
+           coalesce(a.duration_ms, 0), nullif(a.status_code, 0), coalesce(nullif(a.error, ''), f.error, ''),
+           coalesce(a.excerpt, '')
+    FROM finished AS f
+    LEFT JOIN made AS a ON a.job_id = f.id AND a.attempt = f.attempt
+    WHERE NOT f.released
+    ORDER BY 1, 2
+    ON CONFLICT ON CONSTRAINT deliveries_pkey DO NOTHING
+  )
+  SELECT f.id, f.attempt, f.endpoint_id, f.lane_key, f.state, f.test FROM finished AS f;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox.record_outcomes(in_outcomes json, in_attempts json, in_health json, in_gone bigint[],
+                                       in_windows json, in_breaker_threshold integer, in_buckets integer)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+  written_ids bigint[];
+  written_attempts integer[];
+  counted_ids bigint[];
+  counted_attempts integer[];
+  lane_endpoints bigint[];
+  lane_keys text[];
+BEGIN
+  PERFORM set_config('synchronous_commit', 'off', true);
+  -- outbox.events first, in the order a migration locks the tables
+  -- (migrate.go, schemaTablesQuery): a completion in an ordered lane reads
+  -- events after it updates jobs (advance_lanes).
+  LOCK TABLE outbox.events IN ACCESS SHARE MODE;
+  SELECT array_agg(f.id), array_agg(f.attempt),
+         array_agg(f.id) FILTER (WHERE f.test IS NOT TRUE), array_agg(f.attempt) FILTER (WHERE f.test IS NOT TRUE),
+         array_agg(f.endpoint_id ORDER BY f.endpoint_id, f.lane_key) FILTER (WHERE f.lane_done),
+         array_agg(f.lane_key ORDER BY f.endpoint_id, f.lane_key) FILTER (WHERE f.lane_done)
+  INTO written_ids, written_attempts, counted_ids, counted_attempts, lane_endpoints, lane_keys
+  FROM (SELECT f.*, f.lane_key IS NOT NULL AND f.state IN ('completed', 'discarded') AS lane_done
+        FROM outbox.finish_jobs(in_outcomes, in_attempts) AS f) AS f;
+  IF lane_endpoints IS NOT NULL THEN
+    PERFORM outbox.advance_lanes(lane_endpoints, lane_keys, false);
+  END IF;
+  written_ids := coalesce(written_ids, '{}');
+  written_attempts := coalesce(written_attempts, '{}');
+  PERFORM outbox.record_fenced_attempts(in_attempts, written_ids, written_attempts);
+  -- A test send's attempts (jobs.test) are history, not statistics.
+  PERFORM outbox.count_attempts(in_attempts, coalesce(counted_ids, '{}'), coalesce(counted_attempts, '{}'), in_buckets);
+  PERFORM outbox.record_endpoint_health(in_health, in_gone, in_windows, in_breaker_threshold);
+END
+$$;

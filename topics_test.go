@@ -1,0 +1,276 @@
+// topics_test.go: the event catalog's API, and test sends delivered
+// through the workers, signed and kept in the history, out of the
+// statistics and of replays, and only to an owner's own endpoints.
+
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+)
+
+// registerTopic registers a topic through the API with token.
+func registerTopic(t *testing.T, api *testAPI, name, example string) Topic {
+	t.Helper()
+	status, b := api.do("POST", "/api/topics", fmt.Sprintf(`{"name": %q, "description": "about %s", "example": %s}`, name, name, example))
+	var tp Topic
+	if status != http.StatusCreated || json.Unmarshal(b, &tp) != nil {
+		t.Fatalf("register topic %s: %d %s", name, status, b)
+	}
+	return tp
+}
+
+// errorText is the message of an error answer's {"error"}.
+func errorText(b []byte) string {
+	var e struct{ Error string }
+	json.Unmarshal(b, &e)
+	return e.Error
+}
+
+// The catalog's routes: register, list, read, change and delete a topic;
+// bad input answers 400 naming the field, a name registered twice 409.
+func TestTopicsAPIRegistersListsAndRefuses(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	paid := registerTopic(t, api, "order.paid", `{"order_id": 42,  "amount_cents": 1200}`)
+	registerTopic(t, api, "customer/created", `"just a string"`)
+	if got := string(paid.Example); got != `{"order_id":42,"amount_cents":1200}` {
+		t.Errorf("the example answered reads %s", got)
+	}
+
+	var listed struct{ Topics []Topic }
+	if status, b := api.do("GET", "/api/topics", ""); status != 200 || json.Unmarshal(b, &listed) != nil {
+		t.Fatalf("list: %d %s", status, b)
+	}
+	var names []string
+	for _, tp := range listed.Topics {
+		names = append(names, tp.Name)
+	}
+	if diff := cmp.Diff([]string{"customer/created", "order.paid"}, names); diff != "" {
+		t.Errorf("listed topics (-want +got):\n%s", diff)
+	}
+
+	status, b := api.do("PATCH", "/api/topics/order.paid", `{"description": "An order was paid.", "example": null}`)
+	var changed Topic
+	if status != 200 || json.Unmarshal(b, &changed) != nil {
+		t.Fatalf("patch: %d %s", status, b)
+	}
+	want := Topic{Name: "order.paid", Description: "An order was paid.", Example: json.RawMessage("null")}
+	if diff := cmp.Diff(want, changed, cmpopts.IgnoreFields(Topic{}, "CreatedAt", "UpdatedAt")); diff != "" {
+		t.Errorf("the changed topic (-want +got):\n%s", diff)
+	}
+	if status, b := api.do("GET", "/api/topics/customer/created", ""); status != 200 || !strings.Contains(string(b), `"example":"just a string"`) {
+		t.Errorf("get a topic with a slash in its name: %d %s", status, b)
+	}
+
+	for _, tc := range []struct{ method, path, body, want string }{
+		{"POST", "/api/topics", `{"description": "x", "example": {}}`, `"name" is required`},
+		{"POST", "/api/topics", `{"name": ".bad", "example": {}}`, `name ".bad" must be`},
+		{"POST", "/api/topics", `{"name": "order.shipped"}`, `"example" is required`},
+		{"POST", "/api/topics", `{"name": "order.shipped", "example": {}, "description": "` + strings.Repeat("d", 2001) + `"}`, "description is 2001 bytes"},
+		{"POST", "/api/topics", `{"name": "order.shipped", "example": "` + strings.Repeat("e", 64<<10) + `"}`, "example is 65538 bytes"},
+		{"POST", "/api/topics", `{"name": "order.shipped", "example": {}, "rule": "x"}`, `unknown field "rule"`},
+		{"PATCH", "/api/topics/order.paid", `{"name": "order.renamed"}`, `unknown field "name"`},
+	} {
+		status, b := api.do(tc.method, tc.path, tc.body)
+		if status != http.StatusBadRequest || !strings.Contains(errorText(b), tc.want) {
+			t.Errorf("%s %s %.60s = %d %s, want 400 saying %s", tc.method, tc.path, tc.body, status, b, tc.want)
+		}
+	}
+	if status, b := api.do("POST", "/api/topics", `{"name": "order.paid", "example": {}}`); status != http.StatusConflict || !strings.Contains(string(b), "name: topic") {
+		t.Errorf("a name registered twice = %d %s, want 409 naming it", status, b)
+	}
+	if status, _ := api.do("DELETE", "/api/topics/order.paid", ""); status != http.StatusNoContent {
+		t.Errorf("delete = %d, want 204", status)
+	}
+	for _, m := range []string{"GET", "DELETE"} {
+		if status, _ := api.do(m, "/api/topics/order.paid", ""); status != http.StatusNotFound {
+			t.Errorf("%s of a deleted topic = %d, want 404", m, status)
+		}
+	}
+}
+
+// testSendScene is an endpoint whose receiver refuses the first request
+// and takes the rest, a registered topic, and the workers.
+type testSendScene struct {
+	api     *testAPI
+	rc      *receiver
+	ep      endpointWithSecret
+	workers *workerPool
+}
+
+func newTestSendScene(t *testing.T) (*testSendScene, *sql.DB) {
+	t.Helper()
+	db, _ := newTestDB(t)
+	s := &testSendScene{api: newTestAPI(t, db, testPolicy)}
+	s.rc = newReceiver(t, func(n int, w http.ResponseWriter, _ *http.Request) {
+		if n == 1 {
+			w.WriteHeader(http.StatusInternalServerError)
+		}
+	})
+	s.ep = s.api.createEndpoint(s.rc.srv.URL+"/hook", "order.*")
+	s.workers = chainWorkers(t, db, defaultConfig().Workers)
+	registerTopic(t, s.api, "order.paid", `{"order_id": 42, "amount_cents": 1200}`)
+	return s, db
+}
+
+// A test send goes through the workers as any delivery: a failed
+// attempt is retried, each attempt is in the history, the request is
+// signed with the endpoint's secret, its type the topic and its data the
+// example. The statistics count none of it, and a replay of the window
+// sends the endpoint's real event alone.
+func TestTestSendIsDeliveredThroughThePipeline(t *testing.T) {
+	t.Parallel()
+	s, db := newTestSendScene(t)
+	status, b := s.api.do("POST", fmt.Sprintf("/api/endpoints/%d/test", s.ep.ID), `{"topic": "order.paid"}`)
+	var send TestSend
+	if status != http.StatusAccepted || json.Unmarshal(b, &send) != nil {
+		t.Fatalf("test send = %d %s, want 202", status, b)
+	}
+	ctx := context.Background()
+	if _, err := s.workers.workOnce(ctx, 10); err != nil {
+		t.Fatal(err)
+	}
+	if st := readJob(t, db, send.JobID).State; st != "retryable" {
+		t.Fatalf("after a 500 the test job is %s, want retryable", st)
+	}
+	mustExec(t, db, `UPDATE outbox.jobs SET scheduled_at = now() WHERE id = $1`, send.JobID)
+	if _, err := s.workers.workOnce(ctx, 10); err != nil {
+		t.Fatal(err)
+	}
+	reqs := s.rc.requests()
+	if len(reqs) != 2 {
+		t.Fatalf("the receiver got %d requests, want 2", len(reqs))
+	}
+	last := reqs[1]
+	if err := verifyWebhook([][]byte{secretOf(t, s.ep)}, last.Header, last.Body, time.Now()); err != nil {
+		t.Errorf("the test request's signature: %v", err)
+	}
+	var body struct {
+		ID   string          `json:"id"`
+		Type string          `json:"type"`
+		Data json.RawMessage `json:"data"`
+	}
+	if err := json.Unmarshal(last.Body, &body); err != nil {
+		t.Fatal(err)
+	}
+	if body.Type != "order.paid" || string(body.Data) != `{"order_id":42,"amount_cents":1200}` || body.ID != fmt.Sprint(send.EventID) {
+		t.Errorf("the test request's body is %s, want type order.paid, the example, id %d", last.Body, send.EventID)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.deliveries WHERE job_id = $1 AND endpoint_id = $2`, send.JobID, s.ep.ID); n != 2 {
+		t.Errorf("the history holds %d attempts of the test send, want 2", n)
+	}
+	if n := queryInt(t, db, `SELECT coalesce(sum(attempts), 0) FROM outbox.delivery_stats WHERE endpoint_id = $1`, s.ep.ID); n != 0 {
+		t.Errorf("the statistics count %d attempts of the test send, want 0", n)
+	}
+
+	// A real event is counted, and a replay from before both sends it
+	// again, and not the test.
+	real := recordPayload(t, db, "order.paid", "o-1", `{"order_id": 1}`)
+	relayAll(t, db)
+	if _, err := s.workers.workOnce(ctx, 10); err != nil {
+		t.Fatal(err)
+	}
+	if n := queryInt(t, db, `SELECT coalesce(sum(attempts), 0) FROM outbox.delivery_stats WHERE endpoint_id = $1`, s.ep.ID); n != 1 {
+		t.Errorf("the statistics count %d attempts after a real delivery, want 1", n)
+	}
+	since := time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
+	status, b = s.api.do("POST", fmt.Sprintf("/api/endpoints/%d/replay", s.ep.ID), fmt.Sprintf(`{"since": %q}`, since))
+	if status != http.StatusOK {
+		t.Fatalf("replay: %d %s", status, b)
+	}
+	var replayed []int64
+	rows, err := db.Query(`SELECT event_id FROM outbox.jobs WHERE endpoint_id = $1 AND replay_id IS NOT NULL ORDER BY event_id`, s.ep.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id int64
+		rows.Scan(&id)
+		replayed = append(replayed, id)
+	}
+	if diff := cmp.Diff([]int64{real}, replayed); diff != "" {
+		t.Errorf("the replay's events (-want +got):\n%s", diff)
+	}
+}
+
+// A test of a topic nobody registered is refused, naming the field, and
+// enqueues nothing; so is one without a topic, and one to a disabled
+// endpoint (409).
+func TestTestSendRefusesWhatItCannotSend(t *testing.T) {
+	t.Parallel()
+	s, db := newTestSendScene(t)
+	path := fmt.Sprintf("/api/endpoints/%d/test", s.ep.ID)
+	for _, tc := range []struct {
+		body   string
+		status int
+		want   string
+	}{
+		{`{"topic": "order.refunded"}`, 400, `topic "order.refunded" is not a registered topic`},
+		{`{}`, 400, `"topic" is required`},
+		{`{"topic": 7}`, 400, "topic: want a string"},
+	} {
+		if status, b := s.api.do("POST", path, tc.body); status != tc.status || !strings.Contains(errorText(b), tc.want) {
+			t.Errorf("test %s = %d %s, want %d saying %s", tc.body, status, b, tc.status, tc.want)
+		}
+	}
+	s.api.do("POST", fmt.Sprintf("/api/endpoints/%d/disable", s.ep.ID), `{"reason": "moving"}`)
+	if status, b := s.api.do("POST", path, `{"topic": "order.paid"}`); status != http.StatusConflict {
+		t.Errorf("test of a disabled endpoint = %d %s, want 409", status, b)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.events WHERE test`); n != 0 {
+		t.Errorf("the refused tests recorded %d events", n)
+	}
+}
+
+// An owner sees the registered topics its endpoints may receive, tests
+// its own endpoint with one of them, and another owner's endpoint answers
+// the 404 of one that does not exist; a topic outside its grants is
+// refused as one not registered.
+func TestOwnerTestsOnlyItsOwnEndpoints(t *testing.T) {
+	t.Parallel()
+	w := newIsolationWorld(t)
+	decodeAs(t, w.srv, testToken, "PATCH", fmt.Sprintf("/api/owners/%d", w.mine.ID), `{"allowed_topics": ["invoice.*"]}`, 200, nil)
+	for _, name := range []string{"invoice.paid", "order.paid", "outboxd.endpoint.failing"} {
+		decodeAs(t, w.srv, testToken, "POST", "/api/topics", fmt.Sprintf(`{"name": %q, "example": {"n": 1}}`, name), 201, nil)
+	}
+	var listed struct{ Topics []Topic }
+	decodeAs(t, w.srv, w.mine.Token, "GET", "/api/topics", "", 200, &listed)
+	if len(listed.Topics) != 1 || listed.Topics[0].Name != "invoice.paid" {
+		t.Errorf("the owner's topics = %+v, want invoice.paid alone", listed.Topics)
+	}
+	if status, _ := callAs(t, w.srv, w.mine.Token, "POST", "/api/topics", `{"name": "x.y", "example": 1}`); status != http.StatusForbidden {
+		t.Errorf("an owner's POST /api/topics = %d, want 403", status)
+	}
+
+	var mine Endpoint
+	decodeAs(t, w.srv, w.mine.Token, "POST", "/api/endpoints", `{"url": "http://127.0.0.1:9/hook", "topics": ["invoice.*"]}`, 201, &mine)
+	var send TestSend
+	decodeAs(t, w.srv, w.mine.Token, "POST", fmt.Sprintf("/api/endpoints/%d/test", mine.ID), `{"topic": "invoice.paid"}`, 202, &send)
+	if send.EndpointID != mine.ID || send.JobID == 0 {
+		t.Errorf("the owner's test send answered %+v", send)
+	}
+	status, b := callAs(t, w.srv, w.mine.Token, "POST", fmt.Sprintf("/api/endpoints/%d/test", mine.ID), `{"topic": "order.paid"}`)
+	if status != http.StatusBadRequest || !strings.Contains(string(b), "is not a registered topic") {
+		t.Errorf("an owner's test of a topic outside its grants = %d %s, want 400", status, b)
+	}
+	theirs, missing := fmt.Sprintf("/api/endpoints/%d/test", w.theirsEp.ID), fmt.Sprintf("/api/endpoints/%d/test", w.missing)
+	status, b = callAs(t, w.srv, w.mine.Token, "POST", theirs, `{"topic": "invoice.paid"}`)
+	missingStatus, missingBody := callAs(t, w.srv, w.mine.Token, "POST", missing, `{"topic": "invoice.paid"}`)
+	if status != 404 || missingStatus != 404 || !sameAnswer(string(b), string(missingBody), w.theirsEp.ID, w.missing) {
+		t.Errorf("another owner's endpoint = %d %s; a missing one = %d %s; want the same 404", status, b, missingStatus, missingBody)
+	}
+	// The owner's event page shows it the test event its endpoint was sent.
+	decodeAs(t, w.srv, w.mine.Token, "GET", fmt.Sprintf("/api/endpoints/%d/events/%d", mine.ID, send.EventID), "", 200, nil)
+}
