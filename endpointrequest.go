@@ -41,10 +41,10 @@ const (
 // tenant and a few routing headers; together far below the 64 KiB of
 // headers a receiver reads in most servers.
 const (
-	maxCustomHeaders   = 20
-	maxHeaderNameLen   = 100
-	maxHeaderValueLen  = 4096
-	maxHeadersBytes    = 8192 // names and values together
+	maxCustomHeaders  = 20
+	maxHeaderNameLen  = 100
+	maxHeaderValueLen = 4096
+	maxHeadersBytes   = 8192 // names and values together
 	// maskedHeaderValue stands for a secret header's value on a page.
 	maskedHeaderValue = "••••••••"
 )
