@@ -313,6 +313,102 @@ func TestEndpointRetrySettingsEndQueuedDeliveries(t *testing.T) {
 	}
 }
 
+// An endpoint's timeout replaces the service's for its requests, longer
+// (the attempt's limit and the transport's wait for headers grow with it)
+// or shorter.
+func TestEndpointTimeoutBoundsItsRequests(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	release := make(chan struct{})
+	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		wait := time.After(1500 * time.Millisecond) // the slow one answers then
+		if r.URL.Path == "/hang" {
+			wait = nil
+		}
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		case <-wait:
+		}
+	})
+	t.Cleanup(func() { close(release) }) // runs before the receiver's Close
+	create := func(path string, timeout int) int64 {
+		t.Helper()
+		status, body := api.do("POST", "/api/endpoints", fmt.Sprintf(`{"url": "%s%s", "topics": ["t%s"], "timeout_seconds": %d}`,
+			rc.srv.URL, path, strings.TrimPrefix(path, "/"), timeout))
+		var e Endpoint
+		if err := json.Unmarshal(body, &e); status != http.StatusCreated || err != nil {
+			t.Fatalf("create: %d %s", status, body)
+		}
+		return e.ID
+	}
+	slow, hang := create("/slow", 3), create("/hang", 1)
+	slowJob, hangJob := record(t, db, "tslow", "s"), record(t, db, "thang", "h")
+	relayAll(t, db)
+	slowJob, hangJob = webhookJob(t, db, slowJob, slow), webhookJob(t, db, hangJob, hang)
+
+	run := func(serviceTimeout time.Duration) {
+		t.Helper()
+		cfg := defaultConfig()
+		cfg.AllowPrivateEndpoints = true
+		cfg.Webhooks.Timeout, cfg.Workers.AttemptTimeout = serviceTimeout, serviceTimeout
+		client, _ := deliveryClients(cfg, db, nil, testLogger(t))
+		wp := newWorkerPool(db, cfg.Workers, time.Minute, newSubscriberRegistry(),
+			map[string]jobHandler{webhookJobKind: newWebhookSender(db, nil, client, nil, nil, testLogger(t)).deliver}, testLogger(t))
+		if _, err := wp.workOnce(context.Background(), 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run(300 * time.Millisecond) // the slow one's 3 s beat the service's 300 ms
+	if r := readJob(t, db, slowJob); r.State != "completed" {
+		t.Errorf("a 1.5 s answer to an endpoint of 3 s under a service of 300 ms: %+v, want completed", r)
+	}
+	start := time.Now()
+	run(20 * time.Second) // the hanging one's 1 s cuts the service's 20 s
+	var durationMS int
+	if err := db.QueryRow(`SELECT duration_ms FROM outbox.deliveries WHERE job_id = $1`, hangJob).Scan(&durationMS); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); durationMS < 1000 || durationMS > 5000 || took > 10*time.Second || readJob(t, db, hangJob).State != "retryable" {
+		t.Errorf("a hanging receiver of an endpoint of 1 s: attempt of %d ms, %s in all, %s; want about 1 s, retryable",
+			durationMS, took, readJob(t, db, hangJob).State)
+	}
+}
+
+// A delivery to an endpoint with a longer timeout than the attempt
+// timeout is rescued only past its own timeout plus the margin: its live
+// worker may still hold it until then.
+func TestRescueWaitsOutAnEndpointsLongerTimeout(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	status, body := api.do("POST", "/api/endpoints", `{"url": "https://hooks.example.com/a", "timeout_seconds": 60}`)
+	var e Endpoint
+	if err := json.Unmarshal(body, &e); status != http.StatusCreated || err != nil {
+		t.Fatalf("create: %d %s", status, body)
+	}
+	job := record(t, db, "t", "s")
+	relayAll(t, db)
+	job = webhookJob(t, db, job, e.ID)
+	cfg := defaultConfig().Workers // 30 s timeout + 1 min margin: 90 s, and 60 s + 1 min for this endpoint
+	rescue := func(ago int) string {
+		t.Helper()
+		mustExec(t, db, `UPDATE outbox.jobs SET state = 'running', attempt = 1, attempted_at = now() - make_interval(secs => $2) WHERE id = $1`, job, ago)
+		if _, err := newRescuer(db, cfg, defaultConfig().Replicas, testLogger(t)).rescueOnce(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		return readJob(t, db, job).State
+	}
+	cfg.AttemptTimeout = time.Second // 1 s + 1 min: 61 s, and the endpoint's 120 s
+	if s := rescue(100); s != "running" {
+		t.Errorf("running for 100 s with an endpoint timeout of 60 s: %s, want still running", s)
+	}
+	if s := rescue(121); s != "retryable" {
+		t.Errorf("running for 121 s with an endpoint timeout of 60 s: %s, want rescued", s)
+	}
+}
+
 // queryBytes is the one bytea value query returns.
 func queryBytes(t *testing.T, db *sql.DB, query string, args ...any) []byte {
 	t.Helper()
