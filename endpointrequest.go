@@ -15,6 +15,7 @@ import (
 	"maps"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -364,4 +365,69 @@ func (r endpointRequest) setHeaders(h http.Header, box *secretBox, id int64) err
 		h.Set(name, value)
 	}
 	return nil
+}
+
+// formHeaders is the panel's two header fields as the API's "headers":
+// plain and secret each hold one "Name: value" a line; a secret line
+// whose value is maskedHeaderValue keeps the value stored. Empty lines
+// are skipped.
+func formHeaders(plain, secret string) ([]byte, error) {
+	headers := map[string]any{}
+	for i, text := range []string{plain, secret} {
+		field := []string{"headers", "secret_headers"}[i]
+		for n, line := range strings.Split(text, "\n") {
+			line = strings.TrimSpace(line)
+			if line == "" {
+				continue
+			}
+			name, value, ok := strings.Cut(line, ":")
+			name, value = strings.TrimSpace(name), strings.TrimSpace(value)
+			if !ok || name == "" {
+				return nil, fmt.Errorf("%w: %s: line %d is not \"Name: value\"", errInvalid, field, n+1)
+			}
+			if _, twice := headers[name]; twice {
+				return nil, fmt.Errorf("%w: %s: %s is given twice", errInvalid, field, name)
+			}
+			switch {
+			case i == 0:
+				headers[name] = value
+			case value == maskedHeaderValue:
+				headers[name] = map[string]bool{"secret": true}
+			default:
+				headers[name] = map[string]any{"value": value, "secret": true}
+			}
+		}
+	}
+	raw, err := json.Marshal(headers)
+	if err != nil {
+		return nil, fmt.Errorf("encode headers: %w", err)
+	}
+	return raw, nil
+}
+
+// headerFormLines is the headers column as the panel's two header fields
+// show it, a secret value masked.
+func headerFormLines(column []byte) (plain, secret string) {
+	var p, s []string
+	for _, h := range shownHeaders(column) {
+		if h.Secret {
+			s = append(s, h.Name+": "+h.Value)
+		} else {
+			p = append(p, h.Name+": "+h.Value)
+		}
+	}
+	return strings.Join(p, "\n"), strings.Join(s, "\n")
+}
+
+// formSetting reads one of the request settings' form fields: empty is
+// null, the service's default.
+func formSetting(name, text string) (*int, error) {
+	if text == "" {
+		return nil, nil
+	}
+	n, err := strconv.Atoi(text)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s must be a whole number, or empty for the service's default, got %q", errInvalid, name, text)
+	}
+	return &n, nil
 }

@@ -94,8 +94,8 @@ type Endpoint struct {
 	// Headers the static headers its requests carry, a secret one's
 	// value shown as {"secret": true} (endpointrequest.go).
 	MaxAttempts        *int            `json:"max_attempts"`
-	RetryWindowSeconds *int            `json:"retry_window_seconds"`
-	TimeoutSeconds     *int            `json:"timeout_seconds"`
+	RetryWindowSeconds *int64          `json:"retry_window_seconds"`
+	TimeoutSeconds     *int64          `json:"timeout_seconds"`
 	Headers            json.RawMessage `json:"headers"`
 }
 
