@@ -185,10 +185,6 @@ func checkHeaderValue(name, value string) error {
 	return nil
 }
 
-// endpointHeadersRow is the row identity of an endpoint's secret headers
-// (secrets.go): sealed, they open only as that endpoint's headers.
-func endpointHeadersRow(id int64) string { return endpointSecretRow(id) + " headers" }
-
 // storedHeaders are headers as endpoint id stores them, box sealing the
 // secret ones: the headers column (secret values shown as
 // {"secret": true}) and the secret_headers column (nil: none). A secret

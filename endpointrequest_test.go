@@ -418,3 +418,43 @@ func queryBytes(t *testing.T, db *sql.DB, query string, args ...any) []byte {
 	}
 	return b
 }
+
+// Secret headers stored before -secrets-key was set are sealed by
+// `outboxd secrets encrypt`, as the signing secrets are, and re-sealed by
+// rotate-key, so they still open once the old key is gone.
+func TestSecretsCommandsSealSecretHeaders(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	ctx := context.Background()
+	api := newTestAPI(t, db, testPolicy)
+	status, body := api.do("POST", "/api/endpoints", `{"url": "https://hooks.example.com/a", "headers": {"X-Api-Key": {"value": "k-plain", "secret": true}}}`)
+	var e Endpoint
+	if err := json.Unmarshal(body, &e); status != http.StatusCreated || err != nil {
+		t.Fatalf("create: %d %s", status, body)
+	}
+	stored := func() []byte {
+		return queryBytes(t, db, `SELECT secret_headers FROM outbox.endpoints WHERE id = $1`, e.ID)
+	}
+	if isSealedBlob(stored()) {
+		t.Fatal("sealed without a key")
+	}
+	key1, key2 := testSecretsKey(1), testSecretsKey(2)
+	for _, step := range []struct {
+		name string
+		box  *secretBox
+		want int
+	}{
+		{"secrets encrypt", testBox(t, key1, ""), 1},
+		{"secrets encrypt again", testBox(t, key1, ""), 0},
+		{"secrets rotate-key", testBox(t, key2, key1), 1},
+	} {
+		sealed, err := sealStoredSecrets(ctx, db, step.box, testLogger(t))
+		if err != nil || sealed[secretHeadersColumn] != step.want {
+			t.Errorf("%s rewrote %d secret headers (%v), want %d", step.name, sealed[secretHeadersColumn], err, step.want)
+		}
+	}
+	values, err := openSecretHeaders(testBox(t, key2, ""), e.ID, stored())
+	if err != nil || values["X-Api-Key"] != "k-plain" || !isSealedBlob(stored()) || bytes.Contains(stored(), []byte("k-plain")) {
+		t.Errorf("after the rotation: %v (%v), stored %q; want the value, sealed under the new key alone", values, err, stored())
+	}
+}
