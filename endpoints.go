@@ -381,17 +381,24 @@ func (in *endpointInput) validate(allowPrivate bool) error {
 		return fmt.Errorf("%w: rate_limit_per_second must be between %g and %g requests a second, or null for none, got %g",
 			errInvalid, minRateLimit, float64(maxRateLimit), *r)
 	}
+	if err := in.validateRequest(); err != nil {
+		return err
+	}
+	return in.validateTLS(time.Now())
+}
+
+// validateRequest checks the endpoint's request settings, if given, and
+// parses its headers into headers (endpointrequest.go).
+func (in *endpointInput) validateRequest() error {
 	if err := checkRequestSettings(in.MaxAttempts.Value, in.RetryWindowSeconds.Value, in.TimeoutSeconds.Value); err != nil {
 		return err
 	}
-	if in.Headers.Value != nil {
-		headers, err := parseCustomHeaders(*in.Headers.Value)
-		if err != nil {
-			return err
-		}
-		in.headers = headers
+	if in.Headers.Value == nil {
+		return nil
 	}
-	return in.validateTLS(time.Now())
+	headers, err := parseCustomHeaders(*in.Headers.Value)
+	in.headers = headers
+	return err
 }
 
 // validateOwnerEmail accepts a bare address (a@example.com), the form a
