@@ -72,6 +72,9 @@ type deliveryEndpoint struct {
 	URL            string
 	Secrets        [][]byte // as stored, sealed if a key is set (secrets.go); current first, then the previous during a rotation
 	DisabledReason *string
+	// request is its own retry schedule, timeout and headers
+	// (endpointrequest.go).
+	request endpointRequest
 }
 
 // jobHandler runs one attempt of a job. Its error, if any, is the outcome
@@ -240,10 +243,25 @@ const claimTimeout = 10 * time.Second
 // lane limit. $3 are the answered deliveries, $4 the endpoints cooling
 // (endpointGates.cooling), $5 the workerShare and $6 the kinds the
 // workers run, the only ones it claims (schema.sql,
-// outbox.claim_lane_jobs). It claims ahead (claimahead.go).
+// outbox.claim_lane_jobs). It claims ahead (claimahead.go). After each
+// job's lane limit come its endpoint's request settings
+// (endpointRequestColumns), read beside the claim rather than returned by
+// it: the claim's row type never changes shape (schema.sql,
+// outbox.claimed_job). The statement locks every table it names as it is
+// parsed, before the claim runs: it names the claimed job's event first,
+// so that it takes outbox.events before the endpoints and the jobs, in
+// the order a migration locks them (migrate.go). Both joins are outer: a
+// job the claim's own snapshot found, and the outer one not, still
+// comes back, with the service's defaults.
 const claimJobsSQL = `
-SELECT ` + claimedColumns + `, claim.lane_limit
-FROM outbox.claim_lane_jobs($1, $2, $3, true, $4, $5, $6) AS claim, LATERAL (SELECT (claim.job).*) AS job`
+WITH claimed AS MATERIALIZED (
+  SELECT ` + claimedColumns + `, claim.lane_limit
+  FROM outbox.claim_lane_jobs($1, $2, $3, true, $4, $5, $6) AS claim, LATERAL (SELECT (claim.job).*) AS job
+)
+SELECT claimed.*, ` + endpointRequestColumns + `
+FROM claimed
+LEFT JOIN outbox.events AS e ON e.id = claimed.event_id
+LEFT JOIN outbox.endpoints AS ep ON ep.id = claimed.endpoint_id`
 
 // claimedColumns are the attributes of schema.sql's outbox.claimed_job, in
 // the order claimedRow.dest scans them, before the claim's lane_limit.
@@ -319,8 +337,8 @@ func scanClaimedJob(row rowScanner, sent time.Time) (Job, error) {
 	return j, nil
 }
 
-// claimedRow is an outbox.claimed_job, in claimedColumns' order, and
-// its lane limit.
+// claimedRow is an outbox.claimed_job, in claimedColumns' order, its
+// lane limit, and its endpoint's request settings.
 type claimedRow struct {
 	id, attempt, maxAttempts, endpointID, eventID, startInMS sql.NullInt64
 	resendWindowSeconds, laneLimit                           sql.NullInt64
@@ -329,6 +347,10 @@ type claimedRow struct {
 	payload, secret, previous                                []byte
 	createdAt, claimedAt, committedAt                        sql.NullTime
 	wakeOnOutcome, yieldsToLive                              sql.NullBool
+	// endpointRequestColumns'
+	epMaxAttempts, retryWindowSeconds, timeoutSeconds sql.NullInt64
+	firstFailure                                      sql.NullTime
+	headers, secretHeaders                            []byte
 }
 
 // dest is what Scan fills, in the columns' order.
@@ -337,7 +359,20 @@ func (r *claimedRow) dest() []any {
 		&r.eventID, &r.topic, &r.subject, &r.payload, &r.createdAt,
 		&r.traceparent, &r.tracestate,
 		&r.url, &r.secret, &r.previous, &r.disabledReason, &r.startInMS, &r.wakeOnOutcome, &r.yieldsToLive,
-		&r.resendWindowSeconds, &r.claimedAt, &r.committedAt, &r.laneLimit}
+		&r.resendWindowSeconds, &r.claimedAt, &r.committedAt, &r.laneLimit,
+		&r.epMaxAttempts, &r.retryWindowSeconds, &r.firstFailure, &r.timeoutSeconds, &r.headers, &r.secretHeaders}
+}
+
+// request is the row's endpoint's request settings.
+func (r *claimedRow) request() endpointRequest {
+	return endpointRequest{
+		maxAttempts:   int(r.epMaxAttempts.Int64),
+		retryWindow:   time.Duration(r.retryWindowSeconds.Int64) * time.Second,
+		firstFailure:  r.firstFailure.Time,
+		timeout:       time.Duration(r.timeoutSeconds.Int64) * time.Second,
+		headers:       r.headers,
+		secretHeaders: r.secretHeaders,
+	}
 }
 
 // job is the row as a Job claimed by a statement sent at sent, and
@@ -373,7 +408,8 @@ func (r *claimedRow) job(sent time.Time) (Job, bool) {
 		j.startAt = sent.Add(time.Duration(r.startInMS.Int64) * time.Millisecond)
 	}
 	if r.url.Valid {
-		j.endpoint = &deliveryEndpoint{URL: r.url.String, Secrets: [][]byte{r.secret}, DisabledReason: r.disabledReason}
+		j.endpoint = &deliveryEndpoint{URL: r.url.String, Secrets: [][]byte{r.secret}, DisabledReason: r.disabledReason,
+			request: r.request()}
 		if r.previous != nil {
 			j.endpoint.Secrets = append(j.endpoint.Secrets, r.previous)
 		}

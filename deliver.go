@@ -396,7 +396,7 @@ func (p *workerPool) runJob(ctx context.Context, job Job) jobResult {
 		return *held
 	}
 	defer done()
-	ctx, cancel := context.WithTimeout(ctx, p.cfg.AttemptTimeout)
+	ctx, cancel := context.WithTimeout(ctx, job.attemptTimeout(p.cfg.AttemptTimeout))
 	defer cancel()
 	start := time.Now()
 	err := p.guard(job, func() error { return p.work(ctx, job) })
@@ -409,6 +409,15 @@ func (p *workerPool) runJob(ctx context.Context, job Job) jobResult {
 		res.record = job.attempt
 	}
 	return res
+}
+
+// attemptTimeout is the time limit of job's attempt: def, or its
+// endpoint's longer request timeout (endpointRequest.attemptTimeout).
+func (job Job) attemptTimeout(def time.Duration) time.Duration {
+	if job.endpoint == nil {
+		return def
+	}
+	return job.endpoint.request.attemptTimeout(def)
 }
 
 // guard runs fn, turning a panic into the attempt's error.
@@ -625,7 +634,14 @@ func (p *workerPool) handleEach(ctx context.Context, tx *sql.Tx, sub Subscriber,
 // and logs it.
 func (p *workerPool) outcome(job Job, err error, start time.Time) jobResult {
 	res := jobResult{ID: job.ID, Attempt: job.Attempt, wakeOnOutcome: job.wakeOnOutcome}
-	res.jobOutcome = decideOutcome(job.Attempt, job.MaxAttempts, err, rand.Float64())
+	// An endpoint's own schedule, as the claim read it, may end the
+	// retries sooner: fewer attempts, or a retry window.
+	maxAttempts, now := job.MaxAttempts, time.Now()
+	var retryUntil time.Time
+	if ep := job.endpoint; ep != nil {
+		maxAttempts, retryUntil = ep.request.attemptsAllowed(maxAttempts), ep.request.retryUntil(now)
+	}
+	res.jobOutcome = endRetriesAt(decideOutcome(job.Attempt, maxAttempts, err, rand.Float64()), retryUntil, now)
 	// The attributes are built per call, not with logger.With: With copies
 	// them for every job, and most jobs complete at debug level, unlogged.
 	attrs := func(more ...any) []any {
@@ -647,7 +663,7 @@ func (p *workerPool) outcome(job Job, err error, start time.Time) jobResult {
 		if errors.Is(err, errEndpointDeleted) {
 			level = slog.LevelDebug // the delete logged them all, once
 		}
-		p.logger.Log(context.Background(), level, "job discarded", attrs("max_attempts", job.MaxAttempts, "err", err)...)
+		p.logger.Log(context.Background(), level, "job discarded", attrs("max_attempts", maxAttempts, "err", err)...)
 	}
 	return res
 }

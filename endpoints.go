@@ -89,7 +89,19 @@ type Endpoint struct {
 	// OwnerID is the owner who may see and manage it through the portal
 	// (owners.go); nil: the admin's alone.
 	OwnerID *int64 `json:"owner_id"`
+	// MaxAttempts, RetryWindowSeconds and TimeoutSeconds are its own
+	// retry schedule and request timeout, nil for the service's defaults;
+	// Headers the static headers its requests carry, a secret one's
+	// value shown as {"secret": true} (endpointrequest.go).
+	MaxAttempts        *int            `json:"max_attempts"`
+	RetryWindowSeconds *int64          `json:"retry_window_seconds"`
+	TimeoutSeconds     *int64          `json:"timeout_seconds"`
+	Headers            json.RawMessage `json:"headers"`
 }
+
+// HeaderList is the endpoint's headers as a page shows them, secret
+// values masked.
+func (e Endpoint) HeaderList() []shownHeader { return shownHeaders(e.Headers) }
 
 // recovery is what the prober did to an endpoint, as the API shows it:
 // NextProbeAt is set while a probe is scheduled; RecoveredAt and
@@ -247,6 +259,15 @@ type endpointInput struct {
 	// OwnerID given as null leaves the endpoint to the admin alone; only
 	// the admin's token sets it (claimInput, owners.go).
 	OwnerID nullable[int64] `json:"owner_id"`
+	// MaxAttempts, RetryWindowSeconds and TimeoutSeconds given as null go
+	// back to the service's defaults; Headers replaces every header, null
+	// or {} removing them (endpointrequest.go), and validate parses it
+	// into headers.
+	MaxAttempts        nullable[int]             `json:"max_attempts"`
+	RetryWindowSeconds nullable[int]             `json:"retry_window_seconds"`
+	TimeoutSeconds     nullable[int]             `json:"timeout_seconds"`
+	Headers            nullable[json.RawMessage] `json:"headers"`
+	headers            []customHeader
 	// countedFor is the owner whose max_endpoints a create or a change
 	// must stay within: set by claimInput for an owner's own create and
 	// for an endpoint the admin gives an owner.
@@ -360,7 +381,24 @@ func (in *endpointInput) validate(allowPrivate bool) error {
 		return fmt.Errorf("%w: rate_limit_per_second must be between %g and %g requests a second, or null for none, got %g",
 			errInvalid, minRateLimit, float64(maxRateLimit), *r)
 	}
+	if err := in.validateRequest(); err != nil {
+		return err
+	}
 	return in.validateTLS(time.Now())
+}
+
+// validateRequest checks the endpoint's request settings, if given, and
+// parses its headers into headers (endpointrequest.go).
+func (in *endpointInput) validateRequest() error {
+	if err := checkRequestSettings(in.MaxAttempts.Value, in.RetryWindowSeconds.Value, in.TimeoutSeconds.Value); err != nil {
+		return err
+	}
+	if in.Headers.Value == nil {
+		return nil
+	}
+	headers, err := parseCustomHeaders(*in.Headers.Value)
+	in.headers = headers
+	return err
 }
 
 // validateOwnerEmail accepts a bare address (a@example.com), the form a
@@ -396,7 +434,8 @@ const endpointColumns = `
   outbox.probe_due_at(disabled_cause, recovery_probes, url, disabled_at, next_probe_at),
   last_probe_at, last_probe_error, recovered_at, recovered_reason,
   filter, client_certificate, client_key IS NOT NULL, ca_certificate,
-  owner_id, filter_error, filter_error_at`
+  owner_id, filter_error, filter_error_at,
+  max_attempts, retry_window_seconds, timeout_seconds, headers`
 
 func scanEndpoint(row rowScanner) (Endpoint, error) {
 	var e Endpoint
@@ -411,7 +450,8 @@ func scanEndpoint(row rowScanner) (Endpoint, error) {
 		&e.Recovery.NextProbeAt, &e.Recovery.LastProbeAt, &e.Recovery.LastProbeError,
 		&e.Recovery.RecoveredAt, &e.Recovery.RecoveredReason,
 		&e.Filter, &clientCert, &e.ClientKeySet, &caCert,
-		&e.OwnerID, &e.FilterError, &e.FilterErrorAt)
+		&e.OwnerID, &e.FilterError, &e.FilterErrorAt,
+		&e.MaxAttempts, &e.RetryWindowSeconds, &e.TimeoutSeconds, (*[]byte)(&e.Headers))
 	if err != nil {
 		return e, err
 	}
@@ -470,10 +510,10 @@ const createEndpointSQL = `
 INSERT INTO outbox.endpoints (id, url, description, owner_email, topics, secret,
                               max_in_flight, rate_limit_per_second, recovery_probes, ordering,
                               filter, client_certificate, client_key, client_certificate_expires_at, ca_certificate,
-                              owner_id)
+                              owner_id, max_attempts, retry_window_seconds, timeout_seconds, headers, secret_headers)
 OVERRIDING SYSTEM VALUE
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, coalesce($9, true), coalesce($10, 'none'),
-        $11, $12, $13, $14, $15, $16)
+        $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)
 RETURNING` + endpointColumns
 
 // createEndpoint stores a validated endpoint with its first secret, sealed
@@ -515,11 +555,16 @@ func createEndpoint(ctx context.Context, db *sql.DB, box *secretBox, in endpoint
 		return Endpoint{}, fmt.Errorf("create endpoint: draw id: %w", err)
 	}
 	cert, key, expires, ca := in.clientTLSColumns(box, id)
+	headers, secretHeaders, err := storedHeaders(box, id, in.headers, nil)
+	if err != nil {
+		return Endpoint{}, err
+	}
 	e, err := scanEndpoint(tx.QueryRowContext(ctx, createEndpointSQL,
 		id, *in.URL, description, ownerEmail, pq.Array(topics), box.seal(endpointSecretRow(id), secret),
 		maxInFlight, in.RateLimitPerSecond.Value, in.RecoveryProbes, in.Ordering,
 		in.Filter.Value, cert, key, expires, ca,
-		in.OwnerID.Value))
+		in.OwnerID.Value, in.MaxAttempts.Value, in.RetryWindowSeconds.Value, in.TimeoutSeconds.Value,
+		string(headers), secretHeaders))
 	if err != nil {
 		return e, fmt.Errorf("create endpoint: %w", err)
 	}
@@ -619,6 +664,11 @@ SET url = coalesce($2, url),
     client_certificate_expires_at = CASE WHEN $13::boolean THEN $16::timestamptz ELSE client_certificate_expires_at END,
     ca_certificate = CASE WHEN $17::boolean THEN $18::text ELSE ca_certificate END,
     owner_id = CASE WHEN $19 THEN $20 ELSE owner_id END,
+    max_attempts = CASE WHEN $21 THEN $22 ELSE max_attempts END,
+    retry_window_seconds = CASE WHEN $23 THEN $24 ELSE retry_window_seconds END,
+    timeout_seconds = CASE WHEN $25 THEN $26 ELSE timeout_seconds END,
+    headers = CASE WHEN $27 THEN $28::jsonb ELSE headers END,
+    secret_headers = CASE WHEN $27 THEN $29::bytea ELSE secret_headers END,
     updated_at = now()
 WHERE id = $1
 RETURNING` + endpointColumns
@@ -673,11 +723,17 @@ func updateEndpointOnce(ctx context.Context, db *sql.DB, box *secretBox, id int6
 		}
 	}
 	cert, key, expires, ca := in.clientTLSColumns(box, id)
+	headers, secretHeaders, err := in.headerColumns(ctx, tx, box, id)
+	if err != nil {
+		return Endpoint{}, err
+	}
 	e, err := scanOneEndpoint(tx.QueryRowContext(ctx, updateEndpointSQL, id, in.URL, in.Description, in.OwnerEmail, topics,
 		in.MaxInFlight, in.RateLimitPerSecond.Set, in.RateLimitPerSecond.Value, in.RecoveryProbes, in.Ordering,
 		in.Filter.Set, in.Filter.Value,
 		in.ClientCertificate.Set, cert, key, expires, in.CACertificate.Set, ca,
-		in.OwnerID.Set, in.OwnerID.Value), "update", id)
+		in.OwnerID.Set, in.OwnerID.Value,
+		in.MaxAttempts.Set, in.MaxAttempts.Value, in.RetryWindowSeconds.Set, in.RetryWindowSeconds.Value,
+		in.TimeoutSeconds.Set, in.TimeoutSeconds.Value, in.Headers.Set, headers, secretHeaders), "update", id)
 	if err != nil {
 		return e, err
 	}
@@ -693,6 +749,36 @@ func updateEndpointOnce(ctx context.Context, db *sql.DB, box *secretBox, id int6
 		return e, fmt.Errorf("update endpoint %d: %w", id, err)
 	}
 	return e, nil
+}
+
+// lockSecretHeadersSQL reads endpoint $1's secret headers as stored, and
+// locks its row until the update that writes them.
+const lockSecretHeadersSQL = `
+SELECT secret_headers
+FROM outbox.endpoints
+WHERE id = $1
+FOR NO KEY UPDATE`
+
+// headerColumns are the headers and secret_headers columns an update of
+// endpoint id writes, in tx, when in gives headers (nil, nil otherwise):
+// a secret header given without its value keeps the one stored.
+func (in endpointInput) headerColumns(ctx context.Context, tx *sql.Tx, box *secretBox, id int64) (shown *string, sealed []byte, err error) {
+	if !in.Headers.Set {
+		return nil, nil, nil
+	}
+	var stored []byte
+	err = tx.QueryRowContext(ctx, lockSecretHeadersSQL, id).Scan(&stored)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil, fmt.Errorf("endpoint %d: %w", id, errNotFound)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("update endpoint %d: read its secret headers: %w", id, err)
+	}
+	text, sealed, err := storedHeaders(box, id, in.headers, stored)
+	if err != nil {
+		return nil, nil, err
+	}
+	return new(string(text)), sealed, nil
 }
 
 // deleteEndpointSQL removes an endpoint and answers how many of its

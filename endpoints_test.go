@@ -107,7 +107,8 @@ func TestEndpointAPILifecycle(t *testing.T) {
 	}
 	for _, key := range []string{"id", "url", "topics", "state", "secret", "description", "owner_email",
 		"failing_since", "disabled_at", "disabled_reason", "created_at",
-		"max_in_flight", "rate_limit_per_second", "ordering", "in_flight", "breaker", "held_until", "paused_at"} {
+		"max_in_flight", "rate_limit_per_second", "ordering", "in_flight", "breaker", "held_until", "paused_at",
+		"max_attempts", "retry_window_seconds", "timeout_seconds", "headers"} {
 		if _, ok := created[key]; !ok {
 			t.Errorf("create answer has no %q: %s", key, body)
 		}
@@ -121,6 +122,7 @@ func TestEndpointAPILifecycle(t *testing.T) {
 		ID: id, URL: "https://hooks.example.com/outboxd", Description: "billing", OwnerEmail: "ops@example.com",
 		Topics: []string{"order.*", "user.created"}, State: "enabled", Health: "ok",
 		MaxInFlight: 16, Ordering: "none", Breaker: breaker{State: "closed"}, RecoveryProbes: true,
+		Headers: json.RawMessage(`{}`),
 	}
 	ignoreTimes := cmp.FilterPath(func(p cmp.Path) bool {
 		switch p.Last().String() {

@@ -1121,7 +1121,9 @@ func deliveryClients(cfg Config, db *sql.DB, box *secretBox, logger *slog.Logger
 	opts := safeHTTPOptions{
 		AllowPrivate: cfg.AllowPrivateEndpoints,
 		Timeout:      cfg.Webhooks.Timeout,
-		Concurrency:  cfg.Workers.Concurrency,
+		// An endpoint's own timeout may be longer (endpointrequest.go).
+		LongestTimeout: maxEndpointTimeoutSeconds * time.Second,
+		Concurrency:    cfg.Workers.Concurrency,
 	}
 	if cfg.EgressProxy != "" {
 		opts.Proxy, _ = parseEgressProxy(cfg.EgressProxy) // validated at start

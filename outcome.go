@@ -117,6 +117,16 @@ func decideOutcome(attempt, maxAttempts int, err error, jitter float64) jobOutco
 	return jobOutcome{State: jobRetryable, Delay: backoff(attempt, jitter), Error: msg}
 }
 
+// endRetriesAt discards, rather than retries, a job whose next attempt
+// would start after until (an endpoint's retry window; zero: none),
+// saying so: the job ends as after its last attempt.
+func endRetriesAt(o jobOutcome, until, now time.Time) jobOutcome {
+	if o.State != jobRetryable || until.IsZero() || !now.Add(o.Delay).After(until) {
+		return o
+	}
+	return jobOutcome{State: jobDiscarded, Error: truncate("not retried, the endpoint's retry window ends first: "+o.Error, maxErrorLen)}
+}
+
 // jobResult is an outcome on its way to the database.
 type jobResult struct {
 	ID      int64

@@ -8,6 +8,7 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"html/template"
@@ -469,17 +470,24 @@ type endpointFields struct {
 	Ordering string
 	// Filter empty is none: on edit, it removes the filter.
 	Filter string
+	// MaxAttempts, RetryWindowSeconds and TimeoutSeconds empty are the
+	// service's defaults; Headers and SecretHeaders are one "Name: value"
+	// a line, a secret's masked value keeping it (formHeaders).
+	MaxAttempts, RetryWindowSeconds, TimeoutSeconds string
+	Headers, SecretHeaders                          string
 }
 
 // deliveryBounds are the bounds the forms' number fields carry, so that a
 // browser refuses what validate would; the server checks them regardless.
 type deliveryBounds struct {
-	DefaultMaxInFlight, MaxMaxInFlight int
-	MinRate, MaxRate                   float64
+	DefaultMaxInFlight, MaxMaxInFlight      int
+	MinRate, MaxRate                        float64
+	MaxAttempts, MaxRetryWindow, MaxTimeout int
 }
 
 func endpointBounds() deliveryBounds {
-	return deliveryBounds{defaultMaxInFlight, maxMaxInFlight, minRateLimit, maxRateLimit}
+	return deliveryBounds{defaultMaxInFlight, maxMaxInFlight, minRateLimit, maxRateLimit,
+		maxEndpointAttempts, maxRetryWindowSeconds, maxEndpointTimeoutSeconds}
 }
 
 // readEndpointFields reads the endpoint form. Its error is the form's
@@ -495,6 +503,11 @@ func readEndpointFields(f *query) (endpointFields, error) {
 		RateLimitPerSecond: strings.TrimSpace(f.text("rate_limit_per_second")),
 		Ordering:           strings.TrimSpace(f.text("ordering")),
 		Filter:             strings.TrimSpace(f.text("filter")),
+		MaxAttempts:        strings.TrimSpace(f.text("max_attempts")),
+		RetryWindowSeconds: strings.TrimSpace(f.text("retry_window_seconds")),
+		TimeoutSeconds:     strings.TrimSpace(f.text("timeout_seconds")),
+		Headers:            f.text("headers"),
+		SecretHeaders:      f.text("secret_headers"),
 	}
 	return fs, f.err
 }
@@ -509,6 +522,18 @@ func fieldsOf(e Endpoint) endpointFields {
 	if e.RateLimitPerSecond != nil {
 		fs.RateLimitPerSecond = strconv.FormatFloat(*e.RateLimitPerSecond, 'f', -1, 64)
 	}
+	if e.MaxAttempts != nil {
+		fs.MaxAttempts = strconv.Itoa(*e.MaxAttempts)
+	}
+	for _, s := range []struct {
+		field *string
+		value *int64
+	}{{&fs.RetryWindowSeconds, e.RetryWindowSeconds}, {&fs.TimeoutSeconds, e.TimeoutSeconds}} {
+		if s.value != nil {
+			*s.field = strconv.FormatInt(*s.value, 10)
+		}
+	}
+	fs.Headers, fs.SecretHeaders = headerFormLines(e.Headers)
 	return fs
 }
 
@@ -543,7 +568,32 @@ func (fs endpointFields) input(allowPrivate bool) (endpointInput, error) {
 		}
 		in.RateLimitPerSecond.Value = &rate
 	}
+	if err := fs.requestInput(&in); err != nil {
+		return in, err
+	}
 	return in, in.validate(allowPrivate)
+}
+
+// requestInput sets in's request settings and headers from the form:
+// every one given, an empty one going back to the default.
+func (fs endpointFields) requestInput(in *endpointInput) error {
+	var err error
+	for _, s := range []struct {
+		name, text string
+		to         *nullable[int]
+	}{{"max_attempts", fs.MaxAttempts, &in.MaxAttempts}, {"retry_window_seconds", fs.RetryWindowSeconds, &in.RetryWindowSeconds},
+		{"timeout_seconds", fs.TimeoutSeconds, &in.TimeoutSeconds}} {
+		s.to.Set = true
+		if s.to.Value, err = formSetting(s.name, s.text); err != nil {
+			return err
+		}
+	}
+	headers, err := formHeaders(fs.Headers, fs.SecretHeaders)
+	if err != nil {
+		return err
+	}
+	in.Headers = nullable[json.RawMessage]{Set: true, Value: (*json.RawMessage)(&headers)}
+	return nil
 }
 
 // refusal is what a refused form shows: err's text without the errInvalid

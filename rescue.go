@@ -85,19 +85,24 @@ func (r *rescuer) Run(ctx context.Context) error {
 const rescueBatch = 1000
 
 // rescueJobsSQL finds jobs running for longer than the horizon ($1 seconds:
-// the attempt timeout plus a margin, so no live worker can still hold one)
-// and ends their attempts (schema.sql, outbox.rescue_jobs): retryable
-// now, or discarded if that was their last. now() is the database's
-// clock, the one that stamped attempted_at.
+// the attempt timeout plus a margin, so no live worker can still hold one;
+// for a delivery to an endpoint with a longer timeout of its own, that
+// timeout plus the margin, $3 seconds, as the worker's attempt lasts that
+// long: endpointRequest.attemptTimeout) and ends their attempts
+// (schema.sql, outbox.rescue_jobs): retryable now, or discarded if that
+// was their last. now() is the database's clock, the one that stamped
+// attempted_at.
 var rescueJobsSQL = `
 WITH stuck AS (
-  SELECT id
-  FROM outbox.jobs
-  WHERE state = 'running'
-    AND attempted_at < now() - make_interval(secs => $1)
-  ORDER BY attempted_at
+  SELECT j.id
+  FROM outbox.jobs AS j
+  LEFT JOIN outbox.endpoints AS ep ON ep.id = j.endpoint_id
+  WHERE j.state = 'running'
+    AND j.attempted_at < now() - make_interval(secs => $1)
+    AND (ep.timeout_seconds IS NULL OR j.attempted_at < now() - make_interval(secs => ep.timeout_seconds + $3::double precision))
+  ORDER BY j.attempted_at
   LIMIT $2
-  FOR UPDATE SKIP LOCKED
+  FOR UPDATE OF j SKIP LOCKED
 )
 SELECT r.endpoint_id, r.lane_key
 FROM outbox.rescue_jobs(ARRAY(SELECT s.id FROM stuck AS s ORDER BY s.id),
@@ -107,7 +112,7 @@ FROM outbox.rescue_jobs(ARRAY(SELECT s.id FROM stuck AS s ORDER BY s.id),
 // rescueOnce rescues every stuck job, in batches.
 func (r *rescuer) rescueOnce(ctx context.Context) (int64, error) {
 	horizon := (r.cfg.AttemptTimeout + r.cfg.RescueMargin).Seconds()
-	n, err := r.rescueAll(ctx, &r.rescued, rescueJobsSQL, horizon, rescueBatch)
+	n, err := r.rescueAll(ctx, &r.rescued, rescueJobsSQL, horizon, rescueBatch, r.cfg.RescueMargin.Seconds())
 	if err != nil {
 		return n, fmt.Errorf("rescue jobs: %w", err)
 	}

@@ -329,6 +329,11 @@ type safeHTTPOptions struct {
 	// Timeout bounds a whole request, reading the response body included.
 	// Zero means defaultSafeHTTPTimeout, not forever.
 	Timeout time.Duration
+	// LongestTimeout, if longer than Timeout, is the longest a copy of
+	// the client given a Timeout of its own may wait for an answer's
+	// headers over the shared transport: an endpoint's timeout_seconds
+	// (endpointrequest.go).
+	LongestTimeout time.Duration
 	// Concurrency is how many requests the caller runs at once, all of
 	// which may go to one busy endpoint. That many idle connections are
 	// kept per host: with fewer, every request beyond them closes its
@@ -404,7 +409,7 @@ func newSafeHTTPClient(opts safeHTTPOptions) *http.Client {
 			TLSClientConfig:   tlsConfig,
 			// The client's Timeout already covers this; repeated on the
 			// transport so the bound holds for anyone who reuses it.
-			ResponseHeaderTimeout:  timeout,
+			ResponseHeaderTimeout:  max(timeout, opts.LongestTimeout),
 			TLSHandshakeTimeout:    safeTLSHandshakeTimeout,
 			IdleConnTimeout:        safeIdleConnTimeout,
 			MaxIdleConns:           max(safeMaxIdleConns, idlePerHost),

@@ -1361,6 +1361,26 @@ CREATE TABLE outbox.endpoints (
   client_certificate_expires_at timestamptz,
   ca_certificate                text,
 
+  -- The endpoint's own request settings (endpointrequest.go,
+  -- docs/endpoints.md#retries-timeout-and-headers), each NULL for the
+  -- service's default: max_attempts lowers the attempts a job stamped
+  -- with -job-max-attempts may make, never raises them; a failure later
+  -- than retry_window_seconds after a job's first failed attempt is not
+  -- retried; timeout_seconds replaces -webhook-timeout for its requests.
+  -- The workers read them with every claim (claim.go), so a change
+  -- reaches the next attempt of every queued delivery.
+  --
+  -- headers are the static headers every request carries, as the API
+  -- shows them: name to value, or to {"secret": true} for a secret one,
+  -- whose value is in secret_headers alone: a JSON object of name to
+  -- value, with -secrets-key sealed to the row (secrets.go, sealBlob:
+  -- first byte 2), without it the JSON text ('{').
+  max_attempts                  integer,
+  retry_window_seconds          integer,
+  timeout_seconds               integer,
+  headers                       jsonb            NOT NULL DEFAULT '{}',
+  secret_headers                bytea,
+
   -- An endpoint is a lane of its own (outbox.claim_lane_jobs): its trouble
   -- holds up its own deliveries and nobody else's. The columns the claim
   -- reads:
@@ -1505,7 +1525,17 @@ CREATE TABLE outbox.endpoints (
     OR (disabled_cause IN ('operator', 'gone', 'failure') AND disabled_at IS NOT NULL)
   ),
   CONSTRAINT endpoints_last_probe_error_length CHECK (length(last_probe_error) <= 2100),
-  CONSTRAINT endpoints_recovered_reason_length CHECK (length(recovered_reason) <= 1000)
+  CONSTRAINT endpoints_recovered_reason_length CHECK (length(recovered_reason) <= 1000),
+  -- endpointrequest.go's bounds: never more attempts than the default
+  -- schedule's 18, no window past what those 18 span (the sum of
+  -- attempt^4 s for attempts 1 to 17), a timeout of 1 s to a minute.
+  CONSTRAINT endpoints_max_attempts_range CHECK (max_attempts BETWEEN 1 AND 18),
+  CONSTRAINT endpoints_retry_window_range CHECK (retry_window_seconds BETWEEN 1 AND 327369),
+  CONSTRAINT endpoints_timeout_range CHECK (timeout_seconds BETWEEN 1 AND 60),
+  -- At most 20 headers of 8 KiB in all (maxHeadersBytes); escaped as JSON
+  -- text they take at most twice that, and sealed 33 bytes more.
+  CONSTRAINT endpoints_headers_object CHECK (jsonb_typeof(headers) = 'object' AND length(headers::text) <= 16384),
+  CONSTRAINT endpoints_secret_headers_length CHECK (length(secret_headers) <= 16384 + 33)
 );
 
 -- Serves the fan-out: the enabled endpoints, read for every relay pass.

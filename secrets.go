@@ -212,6 +212,11 @@ const (
 
 func endpointKeyRow(id int64) string { return endpointSecretRow(id) + " client key" }
 
+// endpointHeadersRow is the row identity of an endpoint's secret headers
+// (endpointrequest.go), sealed in the same layout: they open only as that
+// endpoint's headers.
+func endpointHeadersRow(id int64) string { return endpointSecretRow(id) + " headers" }
+
 // sealBlob is data as it is stored in row: sealed under the current key,
 // or, without a key, data itself.
 func (b *secretBox) sealBlob(row string, data []byte) []byte {
@@ -377,75 +382,112 @@ func sealStoredSecrets(ctx context.Context, db *sql.DB, box *secretBox, logger *
 		}
 		logger.Info("secrets sealed under the current key", "table", t.name, "rows_rewritten", sealed[t.name], "key_id", box.current.id)
 	}
-	for after := int64(0); ; {
-		last, n, more, err := sealClientKeysPage(ctx, db, box, after)
-		sealed[clientKeysColumn] += n
-		if err != nil {
-			return sealed, err
+	for _, c := range blobColumns() {
+		for after := int64(0); ; {
+			last, n, more, err := sealBlobsPage(ctx, db, box, c, after)
+			sealed[c.name] += n
+			if err != nil {
+				return sealed, err
+			}
+			if !more {
+				break
+			}
+			after = last
 		}
-		if !more {
-			break
-		}
-		after = last
+		logger.Info("sealed values of a column under the current key", "column", c.name, "rows_rewritten", sealed[c.name], "key_id", box.current.id)
 	}
-	logger.Info("client keys sealed under the current key", "column", clientKeysColumn, "rows_rewritten", sealed[clientKeysColumn], "key_id", box.current.id)
 	return sealed, nil
 }
 
-// clientKeysColumn names the endpoints' client keys (clientcert.go) in
-// what sealStoredSecrets reports.
-const clientKeysColumn = "outbox.endpoints.client_key"
+// clientKeysColumn and secretHeadersColumn name the endpoints' client
+// keys (clientcert.go) and secret headers (endpointrequest.go) in what
+// sealStoredSecrets reports.
+const (
+	clientKeysColumn    = "outbox.endpoints.client_key"
+	secretHeadersColumn = "outbox.endpoints.secret_headers"
+)
 
-// clientKeysPageSQL locks and reads the client keys of at most $2
-// endpoints after id $1, as secretTable's pageSQL does the secrets.
-const clientKeysPageSQL = `
+// blobColumn is a column of outbox.endpoints sealed as a blob, as the
+// seal commands walk it: pageSQL locks and reads the values of at most $2
+// endpoints after id $1, as secretTable's pageSQL does the secrets, and
+// updateSQL stores endpoint $1's $2; row is a value's row identity.
+type blobColumn struct {
+	name               string
+	pageSQL, updateSQL string
+	row                func(id int64) string
+}
+
+func blobColumns() []blobColumn {
+	return []blobColumn{
+		{
+			name: clientKeysColumn,
+			row:  endpointKeyRow,
+			pageSQL: `
 SELECT id, client_key
 FROM outbox.endpoints
 WHERE id > $1
   AND client_key IS NOT NULL
 ORDER BY id
 LIMIT $2
-FOR NO KEY UPDATE`
-
-const clientKeyUpdateSQL = `
+FOR NO KEY UPDATE`,
+			updateSQL: `
 UPDATE outbox.endpoints
 SET client_key = $2
-WHERE id = $1`
+WHERE id = $1`,
+		},
+		{
+			name: secretHeadersColumn,
+			row:  endpointHeadersRow,
+			pageSQL: `
+SELECT id, secret_headers
+FROM outbox.endpoints
+WHERE id > $1
+  AND secret_headers IS NOT NULL
+ORDER BY id
+LIMIT $2
+FOR NO KEY UPDATE`,
+			updateSQL: `
+UPDATE outbox.endpoints
+SET secret_headers = $2
+WHERE id = $1`,
+		},
+	}
+}
 
-// sealClientKeysPage is sealSecretsPage for client keys: one batch after
-// endpoint id after, returning the last id read, the keys rewritten and
+// sealBlobsPage is sealSecretsPage for a column of blobs: one batch after
+// endpoint id after, returning the last id read, the values rewritten and
 // whether the page was full.
-func sealClientKeysPage(ctx context.Context, db *sql.DB, box *secretBox, after int64) (last int64, rewritten int, more bool, err error) {
+func sealBlobsPage(ctx context.Context, db *sql.DB, box *secretBox, c blobColumn, after int64) (last int64, rewritten int, more bool, err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
-		return 0, 0, false, fmt.Errorf("seal client keys: %w", err)
+		return 0, 0, false, fmt.Errorf("seal %s: %w", c.name, err)
 	}
 	defer tx.Rollback()
 	type storedKey struct {
 		id  int64
 		key []byte
 	}
-	rows, err := queryAll(ctx, tx, func(row rowScanner) (k storedKey, err error) { return k, row.Scan(&k.id, &k.key) }, clientKeysPageSQL, after, sealBatch)
+	rows, err := queryAll(ctx, tx, func(row rowScanner) (k storedKey, err error) { return k, row.Scan(&k.id, &k.key) }, c.pageSQL, after, sealBatch)
 	if err != nil {
-		return 0, 0, false, fmt.Errorf("seal client keys: read: %w", err)
+		return 0, 0, false, fmt.Errorf("seal %s: read: %w", c.name, err)
 	}
 	for _, r := range rows {
 		last = r.id
 		if isSealedBlob(r.key) && len(r.key) >= sealedBlobMinLen && sealedKeyID(r.key) == box.current.id {
 			continue
 		}
-		row := endpointKeyRow(r.id)
+		row := c.row(r.id)
 		key, err := box.openBlob(row, r.key)
 		if err != nil {
-			return 0, 0, false, fmt.Errorf("seal client keys: %w", err)
+			return 0, 0, false, fmt.Errorf("seal %s: %w", c.name, err)
 		}
-		if _, err := tx.ExecContext(ctx, clientKeyUpdateSQL, r.id, box.sealBlob(row, key)); err != nil {
+		if _, err := tx.ExecContext(ctx, c.updateSQL, r.id, box.sealBlob(row, key)); err != nil {
 			return 0, 0, false, fmt.Errorf("seal %s: %w", row, err)
 		}
 		rewritten++
 	}
 	if err := tx.Commit(); err != nil {
-		return 0, 0, false, fmt.Errorf("seal client keys: commit: %w", err)
+		return 0, 0, false, fmt.Errorf("seal %s: commit: %w", c.name, err)
 	}
 	return last, rewritten, len(rows) == sealBatch, nil
 }

@@ -28,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"strconv"
 	"strings"
@@ -281,17 +282,22 @@ func (s *webhookSender) deliver(ctx context.Context, job Job) error {
 	if err == nil {
 		client, err = s.clientFor(ctx, job.EndpointID, *ep)
 	}
+	custom := http.Header{}
+	if err == nil {
+		err = ep.request.setHeaders(custom, s.box, job.EndpointID)
+	}
 	if err != nil {
-		// A key this process lacks (a secret's or the client key's), or
-		// the endpoint's TLS material unread: retried, so that a replica
-		// given the key (or this one, restarted with it) delivers it.
+		// A key this process lacks (a secret's, a secret header's or the
+		// client key's), or the endpoint's TLS material unread: retried,
+		// so that a replica given the key (or this one, restarted with
+		// it) delivers it.
 		err = fmt.Errorf("%w; not sent", err)
 		job.recordAttempt(deliveryAttempt{Error: err.Error()}, endpointUnchanged)
 		return err
 	}
 
 	start := time.Now()
-	ans, sendErr := s.post(ctx, client, signing, job.Event, body)
+	ans, sendErr := s.post(ctx, ep.request.client(client), signing, custom, job.Event, body)
 	attempt := deliveryAttempt{Duration: time.Since(start), StatusCode: ans.status, ResponseExcerpt: ans.excerpt,
 		Class: classifyAttempt(ans.status, sendErr)}
 	change, outcome := classifyWebhookResponse(ans.status, ans.retryAfter, sendErr, time.Now())
@@ -339,13 +345,16 @@ type webhookAnswer struct {
 	excerpt     string // the start of the body, as text
 }
 
-// post sends one signed request through client and reads a bounded part
-// of the answer.
-func (s *webhookSender) post(ctx context.Context, client *http.Client, ep deliveryEndpoint, ev Event, body []byte) (webhookAnswer, error) {
+// post sends one signed request, with the endpoint's custom headers,
+// through client and reads a bounded part of the answer. outboxd's own
+// headers are set after the custom ones, which may take none of their
+// names (checkHeaderName).
+func (s *webhookSender) post(ctx context.Context, client *http.Client, ep deliveryEndpoint, custom http.Header, ev Event, body []byte) (webhookAnswer, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.URL, bytes.NewReader(body))
 	if err != nil {
 		return webhookAnswer{}, err
 	}
+	maps.Copy(req.Header, custom)
 	setWebhookHeaders(req.Header, ep.Secrets, strconv.FormatInt(ev.ID, 10), time.Now(), body)
 	// The producer's trace continues at the receiver (W3C Trace Context);
 	// schema.sql stored only well-formed values.

@@ -288,3 +288,24 @@ BEGIN
   PERFORM outbox.record_endpoint_health(in_health, in_gone, in_windows, in_breaker_threshold);
 END
 $$;
+
+-- Per-endpoint retries, timeout and headers (endpointrequest.go): NULL
+-- settings and no headers keep every endpoint as it was.
+ALTER TABLE outbox.endpoints
+  ADD COLUMN IF NOT EXISTS max_attempts integer,
+  ADD COLUMN IF NOT EXISTS retry_window_seconds integer,
+  ADD COLUMN IF NOT EXISTS timeout_seconds integer,
+  ADD COLUMN IF NOT EXISTS headers jsonb NOT NULL DEFAULT '{}',
+  ADD COLUMN IF NOT EXISTS secret_headers bytea;
+ALTER TABLE outbox.endpoints
+  DROP CONSTRAINT IF EXISTS endpoints_max_attempts_range,
+  DROP CONSTRAINT IF EXISTS endpoints_retry_window_range,
+  DROP CONSTRAINT IF EXISTS endpoints_timeout_range,
+  DROP CONSTRAINT IF EXISTS endpoints_headers_object,
+  DROP CONSTRAINT IF EXISTS endpoints_secret_headers_length;
+ALTER TABLE outbox.endpoints
+  ADD CONSTRAINT endpoints_max_attempts_range CHECK (max_attempts BETWEEN 1 AND 18),
+  ADD CONSTRAINT endpoints_retry_window_range CHECK (retry_window_seconds BETWEEN 1 AND 327369),
+  ADD CONSTRAINT endpoints_timeout_range CHECK (timeout_seconds BETWEEN 1 AND 60),
+  ADD CONSTRAINT endpoints_headers_object CHECK (jsonb_typeof(headers) = 'object' AND length(headers::text) <= 16384),
+  ADD CONSTRAINT endpoints_secret_headers_length CHECK (length(secret_headers) <= 16384 + 33);
