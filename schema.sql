@@ -1677,13 +1677,14 @@ CREATE INDEX replays_enqueuing
 CREATE TABLE outbox.jobs (
   id           bigint           GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
   kind         text             NOT NULL,
-  -- Its event and, for a webhook job, its endpoint: held by the triggers
-  -- below rather than foreign keys. Deleting the endpoint keeps the job
-  -- (endpoint_id set NULL) so that it ends visibly, discarded with
-  -- "endpoint deleted", rather than vanishing; deleting its event deletes
-  -- it.
-  event_id     bigint           NOT NULL,
-  endpoint_id  bigint,
+  -- Its event and, for a webhook job, its endpoint. Deleting the
+  -- endpoint keeps the job (endpoint_id set NULL) so that it ends visibly,
+  -- discarded with "endpoint deleted", rather than vanishing; deleting its
+  -- event deletes it. jobs_by_event_id and jobs_one_per_event_endpoint
+  -- serve the deletions.
+  event_id     bigint           NOT NULL
+                                CONSTRAINT jobs_event_id_fkey REFERENCES outbox.events (id) ON DELETE CASCADE,
+  endpoint_id  bigint           CONSTRAINT jobs_endpoint_id_fkey REFERENCES outbox.endpoints (id) ON DELETE SET NULL,
   -- The replay that enqueued it or set it to run again. SET NULL when its
   -- row goes: only a finished replay's row is deleted, so only finished
   -- jobs lose it (a retry by hand of one then runs live).
@@ -1806,118 +1807,23 @@ CREATE INDEX jobs_finished_by_state_finalized_at
   ON outbox.jobs (state, finalized_at)
   WHERE state IN ('completed', 'discarded');
 
--- A job's event and endpoint are held by triggers, a statement at a time,
--- where foreign keys would check each inserted row with a query of its
--- own: the relay inserts up to 200 jobs a pass, and those queries would be
--- a quarter of its fan-out (docs/performance.md). What the keys would do,
--- the triggers do, whichever statement writes:
---   - a statement that inserts jobs (or changes a job's event or
---     endpoint) locks the rows they name FOR KEY SHARE, as a key's check
---     does (lock_job_references, once for the statement's jobs), and
---     fails with foreign_key_violation (23503) if one is gone:
---     a deletion waits for the inserting transaction, and one that
---     committed first is seen, the check being a statement of its own;
---   - deleting events deletes their jobs (ON DELETE CASCADE), and
---     deleting endpoints sets their jobs' endpoint_id NULL (ON DELETE SET
---     NULL), in the deleting statement;
---   - truncating the events while jobs remain is refused (below).
--- jobs_by_event_id and jobs_one_per_event_endpoint serve the deletions.
-CREATE FUNCTION outbox.lock_job_references(in_events bigint[], in_endpoints bigint[])
-RETURNS void
+-- A job's attempts in the history (outbox.deliveries) go with its event,
+-- in the deleting statement: the history keeps no foreign key, since a
+-- delivered job leaves the queue while its attempts stay.
+CREATE FUNCTION outbox.events_delete_history() RETURNS trigger
 LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $$
 BEGIN
-  in_events := ARRAY(SELECT DISTINCT e FROM unnest(in_events) AS e);
-  in_endpoints := ARRAY(SELECT DISTINCT ep FROM unnest(in_endpoints) AS ep WHERE ep IS NOT NULL);
-  IF (SELECT count(*) FROM (SELECT 1 FROM outbox.events AS e
-                            WHERE e.id = ANY (in_events) FOR KEY SHARE OF e) AS locked) < cardinality(in_events)
-     OR (SELECT count(*) FROM (SELECT 1 FROM outbox.endpoints AS ep
-                               WHERE ep.id = ANY (in_endpoints) FOR KEY SHARE OF ep) AS locked) < cardinality(in_endpoints)
-  THEN
-    RAISE EXCEPTION 'a job names an event or an endpoint that does not exist'
-      USING ERRCODE = 'foreign_key_violation', TABLE = 'jobs';
-  END IF;
-END
-$$;
-
-CREATE FUNCTION outbox.jobs_check_references() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-  PERFORM outbox.lock_job_references(ARRAY(SELECT n.event_id FROM new_jobs AS n),
-                                     ARRAY(SELECT n.endpoint_id FROM new_jobs AS n));
-  RETURN NULL;
-END
-$$;
-
-CREATE FUNCTION outbox.jobs_check_changed_references() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-  PERFORM outbox.lock_job_references(ARRAY[NEW.event_id], ARRAY[NEW.endpoint_id]);
-  RETURN NULL;
-END
-$$;
-
-CREATE FUNCTION outbox.events_delete_jobs() RETURNS trigger
-LANGUAGE plpgsql
-SET enable_seqscan = off
-AS $$
-BEGIN
-  DELETE FROM outbox.jobs AS j WHERE j.event_id = ANY (ARRAY(SELECT g.id FROM gone_events AS g));
   DELETE FROM outbox.deliveries AS d WHERE d.event_id = ANY (ARRAY(SELECT g.id FROM gone_events AS g));
   RETURN NULL;
 END
 $$;
 
-CREATE FUNCTION outbox.endpoints_release_jobs() RETURNS trigger
-LANGUAGE plpgsql
-SET enable_seqscan = off
-AS $$
-BEGIN
-  UPDATE outbox.jobs AS j SET endpoint_id = NULL
-  WHERE j.endpoint_id = ANY (ARRAY(SELECT g.id FROM gone_endpoints AS g));
-  RETURN NULL;
-END
-$$;
-
--- A foreign key refuses to truncate the table it names; a trigger must
--- say so itself. TRUNCATE outbox.events while jobs remain would leave them
--- naming no event, so it is refused: truncate outbox.jobs first, in a
--- statement of its own (in one statement with the events, the trigger
--- runs before either is emptied, and still finds the jobs). The endpoints
--- need no guard: outbox.replays' foreign key refuses their truncation.
-CREATE FUNCTION outbox.events_refuse_truncate() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-  IF EXISTS (SELECT 1 FROM outbox.jobs) THEN
-    RAISE EXCEPTION 'outbox.events cannot be truncated while outbox.jobs holds jobs'
-      USING ERRCODE = 'feature_not_supported', HINT = 'Truncate outbox.jobs first, in a statement of its own.';
-  END IF;
-  RETURN NULL;
-END
-$$;
-
-CREATE TRIGGER events_refuse_truncate
-  BEFORE TRUNCATE ON outbox.events
-  FOR EACH STATEMENT EXECUTE FUNCTION outbox.events_refuse_truncate();
-CREATE TRIGGER jobs_references
-  AFTER INSERT ON outbox.jobs
-  REFERENCING NEW TABLE AS new_jobs
-  FOR EACH STATEMENT EXECUTE FUNCTION outbox.jobs_check_references();
-CREATE TRIGGER jobs_changed_references
-  AFTER UPDATE OF event_id, endpoint_id ON outbox.jobs
-  FOR EACH ROW
-  WHEN (NEW.event_id IS DISTINCT FROM OLD.event_id
-        OR (NEW.endpoint_id IS NOT NULL AND NEW.endpoint_id IS DISTINCT FROM OLD.endpoint_id))
-  EXECUTE FUNCTION outbox.jobs_check_changed_references();
-CREATE TRIGGER events_delete_jobs
+CREATE TRIGGER events_delete_history
   AFTER DELETE ON outbox.events
   REFERENCING OLD TABLE AS gone_events
-  FOR EACH STATEMENT EXECUTE FUNCTION outbox.events_delete_jobs();
-CREATE TRIGGER endpoints_release_jobs
-  AFTER DELETE ON outbox.endpoints
-  REFERENCING OLD TABLE AS gone_endpoints
-  FOR EACH STATEMENT EXECUTE FUNCTION outbox.endpoints_release_jobs();
+  FOR EACH STATEMENT EXECUTE FUNCTION outbox.events_delete_history();
 
 -- replay_share is how many of an endpoint's deliveries its replay lane
 -- may run at once: a quarter of its cap, at least 1. replayShare in
@@ -2895,7 +2801,7 @@ CREATE TRIGGER jobs_notify_workers
 --                    start of the answer.
 --
 -- Bounded per job by max_attempts and per row by the CHECKs below, and
--- deleted with its event (events_delete_jobs), so events retention bounds
+-- deleted with its event (events_delete_history), so events retention bounds
 -- it.
 CREATE TABLE outbox.deliveries (
   job_id           bigint           NOT NULL,

@@ -309,3 +309,44 @@ ALTER TABLE outbox.endpoints
   ADD CONSTRAINT endpoints_timeout_range CHECK (timeout_seconds BETWEEN 1 AND 60),
   ADD CONSTRAINT endpoints_headers_object CHECK (jsonb_typeof(headers) = 'object' AND length(headers::text) <= 16384),
   ADD CONSTRAINT endpoints_secret_headers_length CHECK (length(secret_headers) <= 16384 + 33);
+
+-- A job's event and endpoint are held by declared foreign keys again,
+-- where triggers held them a statement at a time: since a delivered job
+-- leaves the queue by a delete, which no key checks, the keys cost a
+-- user-facing figure less than the 10% that would keep the triggers
+-- (docs/performance.md). The history still goes with its event by a
+-- trigger, events_delete_history. The triggers held the rows as the keys
+-- do, so the keys validate over the jobs there are.
+DROP TRIGGER IF EXISTS jobs_references ON outbox.jobs;
+DROP TRIGGER IF EXISTS jobs_changed_references ON outbox.jobs;
+DROP TRIGGER IF EXISTS endpoints_release_jobs ON outbox.endpoints;
+DROP TRIGGER IF EXISTS events_refuse_truncate ON outbox.events;
+DROP TRIGGER IF EXISTS events_delete_jobs ON outbox.events;
+DROP FUNCTION IF EXISTS outbox.jobs_check_references();
+DROP FUNCTION IF EXISTS outbox.jobs_check_changed_references();
+DROP FUNCTION IF EXISTS outbox.lock_job_references(bigint[], bigint[]);
+DROP FUNCTION IF EXISTS outbox.endpoints_release_jobs();
+DROP FUNCTION IF EXISTS outbox.events_refuse_truncate();
+DROP FUNCTION IF EXISTS outbox.events_delete_jobs();
+CREATE OR REPLACE FUNCTION outbox.events_delete_history() RETURNS trigger
+LANGUAGE plpgsql
+SET enable_seqscan = off
+AS $$
+BEGIN
+  DELETE FROM outbox.deliveries AS d WHERE d.event_id = ANY (ARRAY(SELECT g.id FROM gone_events AS g));
+  RETURN NULL;
+END
+$$;
+DROP TRIGGER IF EXISTS events_delete_history ON outbox.events;
+CREATE TRIGGER events_delete_history
+  AFTER DELETE ON outbox.events
+  REFERENCING OLD TABLE AS gone_events
+  FOR EACH STATEMENT EXECUTE FUNCTION outbox.events_delete_history();
+ALTER TABLE outbox.jobs DROP CONSTRAINT IF EXISTS jobs_event_id_fkey;
+ALTER TABLE outbox.jobs ADD CONSTRAINT jobs_event_id_fkey
+  FOREIGN KEY (event_id) REFERENCES outbox.events (id) ON DELETE CASCADE NOT VALID;
+ALTER TABLE outbox.jobs VALIDATE CONSTRAINT jobs_event_id_fkey;
+ALTER TABLE outbox.jobs DROP CONSTRAINT IF EXISTS jobs_endpoint_id_fkey;
+ALTER TABLE outbox.jobs ADD CONSTRAINT jobs_endpoint_id_fkey
+  FOREIGN KEY (endpoint_id) REFERENCES outbox.endpoints (id) ON DELETE SET NULL NOT VALID;
+ALTER TABLE outbox.jobs VALIDATE CONSTRAINT jobs_endpoint_id_fkey;
