@@ -72,6 +72,13 @@ type deliveryEndpoint struct {
 	URL            string
 	Secrets        [][]byte // as stored, sealed if a key is set (secrets.go); current first, then the previous during a rotation
 	DisabledReason *string
+	// PublicKeys holds, for each of Secrets, in its place, the ed25519
+	// public key of a secret that is a v1a seed, nil for a v1 HMAC key
+	// (signingKeysOf).
+	PublicKeys [][]byte
+	// keys are Secrets opened and paired with PublicKeys, set by the
+	// sender just before it signs (webhookSender.deliver).
+	keys []signingKey
 }
 
 // jobHandler runs one attempt of a job. Its error, if any, is the outcome
@@ -254,7 +261,8 @@ const claimedColumns = `
        url, secret, previous_secret, disabled_reason,
        start_in_ms, wake_on_outcome, replay_yields,
        resend_window_seconds, claimed_at,
-       committed_at`
+       committed_at,
+       public_key, previous_public_key`
 
 // claim takes up to n due jobs in one statement, under this process's
 // replica id. Without one (declared dead, not registered again yet) it
@@ -327,6 +335,7 @@ type claimedRow struct {
 	kind, topic, subject, url                                sql.NullString
 	traceparent, tracestate, disabledReason                  *string
 	payload, secret, previous                                []byte
+	publicKey, previousPublicKey                             []byte
 	createdAt, claimedAt, committedAt                        sql.NullTime
 	wakeOnOutcome, yieldsToLive                              sql.NullBool
 }
@@ -337,7 +346,8 @@ func (r *claimedRow) dest() []any {
 		&r.eventID, &r.topic, &r.subject, &r.payload, &r.createdAt,
 		&r.traceparent, &r.tracestate,
 		&r.url, &r.secret, &r.previous, &r.disabledReason, &r.startInMS, &r.wakeOnOutcome, &r.yieldsToLive,
-		&r.resendWindowSeconds, &r.claimedAt, &r.committedAt, &r.laneLimit}
+		&r.resendWindowSeconds, &r.claimedAt, &r.committedAt,
+		&r.publicKey, &r.previousPublicKey, &r.laneLimit}
 }
 
 // job is the row as a Job claimed by a statement sent at sent, and
@@ -373,9 +383,11 @@ func (r *claimedRow) job(sent time.Time) (Job, bool) {
 		j.startAt = sent.Add(time.Duration(r.startInMS.Int64) * time.Millisecond)
 	}
 	if r.url.Valid {
-		j.endpoint = &deliveryEndpoint{URL: r.url.String, Secrets: [][]byte{r.secret}, DisabledReason: r.disabledReason}
+		j.endpoint = &deliveryEndpoint{URL: r.url.String, Secrets: [][]byte{r.secret}, DisabledReason: r.disabledReason,
+			PublicKeys: [][]byte{r.publicKey}}
 		if r.previous != nil {
 			j.endpoint.Secrets = append(j.endpoint.Secrets, r.previous)
+			j.endpoint.PublicKeys = append(j.endpoint.PublicKeys, r.previousPublicKey)
 		}
 	}
 	return j, true

@@ -21,7 +21,7 @@ var releaseMigrations = map[string]string{
 	"005_0.5.0.sql": "1a73f270402cee233884a516dbbe1786c894239f716bded172be4fb43b465ec4",
 	"006_0.6.0.sql": "ed357c348c7624cc1e0f6ce5f792c5f5a67e0e0d2138fc8c2c4713c68300d794",
 	"007_0.7.0.sql": "1af9dba82d6eeb944ad77b8cdb89780f07e3d5a719a28de36ee70667b683a39c",
-	"008_0.8.0.sql": "328540eb4f0dc526e9125c405ce207d800939e34fcb6081e7785105cc98228b5",
+	"008_0.8.0.sql": "05e27fd7fd171e509362a19a9c42c16489b97b9f035554285f29a814498ed4b8",
 }
 
 // The release is the last migration's, and every migration is as its
