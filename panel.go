@@ -853,7 +853,7 @@ func (c endpointClick) rotateSecret() (string, error) {
 		return "", c.p.ask(c.w, c.r, confirmation{
 			Question:    fmt.Sprintf("Rotate the signing key of %s?", ep.Name()),
 			Consequence: fmt.Sprintf(consequence, roughDuration(window)),
-			Action: fmt.Sprintf("/endpoints/%d/rotate-secret", c.id), Button: "Rotate the secret",
+			Action:      fmt.Sprintf("/endpoints/%d/rotate-secret", c.id), Button: "Rotate the secret",
 			Cancel: fmt.Sprintf("/endpoints/%d", c.id)})
 	}
 	ep, secret, err := rotateEndpointSecret(c.r.Context(), c.a.db, c.a.box, c.id, window)
