@@ -13,6 +13,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"html"
 	"log/slog"
 	"net/http"
 	"os"
@@ -198,13 +199,16 @@ func TestV1aSignaturesVerifyWithThePublicKeyOnly(t *testing.T) {
 
 	_, listed := w.api.do("GET", "/api/endpoints", "")
 	_, got := w.api.do("GET", "/api/endpoints/"+itoa(created.ID), "")
-	_, rotated := w.api.do("POST", "/api/endpoints/"+itoa(created.ID)+"/rotate-secret", "")
+	var after endpointWithSecret
+	rotated := w.call("POST", "/api/endpoints/"+itoa(created.ID)+"/rotate-secret", "", http.StatusOK, &after)
 	status, page := panelPage(t, w.api.srv, fmt.Sprintf("/endpoints/%d", created.ID))
 	if status != http.StatusOK {
 		t.Fatalf("the endpoint page: %d", status)
 	}
-	if !strings.Contains(page, *created.PublicKey) {
-		t.Error("the panel's endpoint page does not show the public key")
+	// As a reader sees it: html/template writes + as &#43;.
+	page = html.UnescapeString(page)
+	if !strings.Contains(page, *after.PublicKey) || !strings.Contains(page, *created.PublicKey) {
+		t.Error("the panel's endpoint page does not show the public key and, during the window, the previous one")
 	}
 	w.deliver("after the rotation")
 	for _, seed := range w.seeds(created.ID) {
@@ -479,4 +483,38 @@ func runV1aSnippet(t *testing.T, snippet string, inputs []v1aCase) []string {
 		t.Fatalf("got %d lines for %d inputs:\n%s", len(lines), len(inputs), out)
 	}
 	return lines
+}
+
+// In a browser, the endpoint page shows a v1a endpoint's public key to
+// the admin on the panel and to its owner in the portal, and neither
+// page shows the private key.
+func TestPublicKeyOnPanelAndPortalInBrowser(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	srv := serveAdmin(t, testAdmin(t, db, testPolicy, testLogger(t), nil))
+	o := newOwner(t, srv, "Payments team")
+	var ep endpointWithSecret
+	decodeAs(t, srv, testToken, "POST", "/api/endpoints",
+		fmt.Sprintf(`{"url": "http://127.0.0.1:9/hook", "description": "Payments hook", "owner_id": %d, "signature": "v1a"}`, o.ID), 201, &ep)
+	secret, _ := storedSecrets(t, db, endpointSecretsQuery, ep.ID)
+
+	br := startBrowser(t)
+	for _, signIn := range []struct{ who, token string }{{"the admin", testToken}, {"the owner", o.Token}} {
+		br.open(srv.URL + "/login")
+		br.typeInto("input[name=token]", signIn.token)
+		br.click("form.login button")
+		br.find("form.logout")
+		br.open(fmt.Sprintf("%s/endpoints/%d", srv.URL, ep.ID))
+		if got := br.text("#public-key"); got != *ep.PublicKey {
+			t.Errorf("%s's endpoint page shows the public key %q, want %q", signIn.who, got, *ep.PublicKey)
+		}
+		if got := br.text("#signature"); !strings.HasPrefix(got, "v1a (ed25519)") {
+			t.Errorf("%s's endpoint page reads the scheme as %q", signIn.who, got)
+		}
+		var source string
+		br.execute(`return document.documentElement.outerHTML`, &source)
+		mustNotShowKey(t, signIn.who+"'s endpoint page", html.UnescapeString(source), secret)
+		br.click("form.logout button")
+		br.find("form.login")
+	}
 }
