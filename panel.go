@@ -844,14 +844,14 @@ func (c endpointClick) rotateSecret() (string, error) {
 		if err != nil {
 			return "", err
 		}
-		consequence := "A new secret signs its deliveries from now on, shown once on the next page. The old one signs beside it for %s more: " +
+		what, consequence := "secret", "A new secret signs its deliveries from now on, shown once on the next page. The old one signs beside it for %s more: "+
 			"give its receiver the new secret within that time, or it refuses every delivery after."
 		if ep.Signature == webhookAsymmetricVersion {
-			consequence = "A new key pair signs its deliveries from now on; its public key is on the next page. The old key signs beside it for %s more: " +
+			what, consequence = "key", "A new key pair signs its deliveries from now on; its public key is on the next page. The old key signs beside it for %s more: "+
 				"give its receiver the new public key within that time, or it refuses every delivery after."
 		}
 		return "", c.p.ask(c.w, c.r, confirmation{
-			Question:    fmt.Sprintf("Rotate the signing key of %s?", ep.Name()),
+			Question:    fmt.Sprintf("Rotate the signing %s of %s?", what, ep.Name()),
 			Consequence: fmt.Sprintf(consequence, roughDuration(window)),
 			Action:      fmt.Sprintf("/endpoints/%d/rotate-secret", c.id), Button: "Rotate the secret",
 			Cancel: fmt.Sprintf("/endpoints/%d", c.id)})

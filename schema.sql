@@ -1811,12 +1811,13 @@ $$;
 -- claimedColumns), by name.
 --
 -- A claim's row type changes only by attributes added at its end, which
--- the release before, reading its columns by name, does not see; each
--- added with as_claimed_job, which fills it, in one migration. A session
--- that kept plans of a call whose result held the type failed on a
--- changed shape ("function return row and query-specified return row do
--- not match") while a function returned it in an array; claim_lane_jobs
--- returns it as a set, row by row. public_key and previous_public_key
+-- the release before, reading its columns by name, does not see, each in
+-- the migration that makes as_claimed_job fill it. A changed shape once
+-- failed the sessions of the release before that kept plans of
+-- fan_out_claiming, whose result held the type ("function return row and
+-- query-specified return row do not match"); that function is gone, and
+-- TestRollingUpgradeFromThePreviousReleaseLosesNothing runs the release
+-- before's claim across such a change. public_key and previous_public_key
 -- tell how to sign with secret and previous_secret (outbox.endpoints).
 CREATE TYPE outbox.claimed_job AS (
   id bigint, kind text, attempt integer, max_attempts integer,
