@@ -237,9 +237,9 @@ func handleCreateEndpoint(a *admin) apiFunc {
 		if err := claimInput(r.Context(), a.db, &in, true); err != nil {
 			return 0, nil, err
 		}
-		secret := newWebhookSecret()
+		secret := newEndpointSecret(in.scheme())
 		e, err := createEndpoint(r.Context(), a.db, a.box, in, secret)
-		return http.StatusCreated, endpointWithSecret{Endpoint: e, Secret: secret.Encode()}, err
+		return http.StatusCreated, endpointWithSecret{Endpoint: e, Secret: e.shownSecret(secret)}, err
 	}
 }
 
@@ -256,9 +256,10 @@ func handleGetEndpoint(a *admin) apiFunc {
 }
 
 // handleUpdateEndpoint is PATCH /api/endpoints/{id}: the fields the body
-// gives change, the others stay.
+// gives change, the others stay. A switch to signature v1 answers the new
+// secret, as rotate-secret does.
 func handleUpdateEndpoint(a *admin) apiFunc {
-	return byIDWithBody(decodeJSON, func(ctx context.Context, id int64, in endpointInput) (Endpoint, error) {
+	return byIDWithBody(decodeJSON, func(ctx context.Context, id int64, in endpointInput) (endpointWithSecret, error) {
 		return a.changeEndpoint(ctx, id, in)
 	})
 }
@@ -268,14 +269,14 @@ func handleUpdateEndpoint(a *admin) apiFunc {
 // (claimInput), then written. The panel's forms that change an
 // endpoint's owner go through it too, so that they hold what the API
 // holds.
-func (a *admin) changeEndpoint(ctx context.Context, id int64, in endpointInput) (Endpoint, error) {
+func (a *admin) changeEndpoint(ctx context.Context, id int64, in endpointInput) (endpointWithSecret, error) {
 	if err := in.validate(a.endpoints.AllowPrivate); err != nil {
-		return Endpoint{}, err
+		return endpointWithSecret{}, err
 	}
 	if err := claimInput(ctx, a.db, &in, false); err != nil {
-		return Endpoint{}, err
+		return endpointWithSecret{}, err
 	}
-	return updateEndpoint(ctx, a.db, a.box, id, in)
+	return updateEndpoint(ctx, a.db, a.box, id, in, a.endpoints.RotationWindow)
 }
 
 // handleDeleteEndpoint is DELETE /api/endpoints/{id}, answered 204; the
@@ -329,16 +330,15 @@ func handleDisableEndpoint(a *admin) apiFunc {
 }
 
 // handleRotateEndpointSecret is POST /api/endpoints/{id}/rotate-secret:
-// the endpoint with its new secret; the old one keeps signing for the
-// rotation window.
+// the endpoint with its new secret (v1), or its new public key (v1a); the
+// old one keeps signing for the rotation window.
 func handleRotateEndpointSecret(a *admin) apiFunc {
 	return byID(func(ctx context.Context, id int64) (endpointWithSecret, error) {
-		secret := newWebhookSecret()
-		e, err := rotateEndpointSecret(ctx, a.db, a.box, id, secret, a.endpoints.RotationWindow)
+		e, secret, err := rotateEndpointSecret(ctx, a.db, a.box, id, a.endpoints.RotationWindow)
 		if err != nil {
 			return endpointWithSecret{}, err
 		}
-		return endpointWithSecret{Endpoint: e, Secret: secret.Encode()}, nil
+		return endpointWithSecret{Endpoint: e, Secret: e.shownSecret(secret)}, nil
 	})
 }
 

@@ -75,6 +75,13 @@ type deliveryEndpoint struct {
 	// request is its own retry schedule, timeout and headers
 	// (endpointrequest.go).
 	request endpointRequest
+	// PublicKeys holds, for each of Secrets, in its place, the ed25519
+	// public key of a secret that is a v1a seed, nil for a v1 HMAC key
+	// (signingKeysOf).
+	PublicKeys [][]byte
+	// keys are Secrets opened and paired with PublicKeys, set by the
+	// sender just before it signs (webhookSender.deliver).
+	keys []signingKey
 }
 
 // jobHandler runs one attempt of a job. Its error, if any, is the outcome
@@ -246,8 +253,7 @@ const claimTimeout = 10 * time.Second
 // outbox.claim_lane_jobs). It claims ahead (claimahead.go). After each
 // job's lane limit come its endpoint's request settings
 // (endpointRequestColumns), read beside the claim rather than returned by
-// it: the claim's row type never changes shape (schema.sql,
-// outbox.claimed_job). The statement locks every table it names as it is
+// it. The statement locks every table it names as it is
 // parsed, before the claim runs: it names the claimed job's event first,
 // so that it takes outbox.events before the endpoints and the jobs, in
 // the order a migration locks them (migrate.go). Both joins are outer: a
@@ -272,7 +278,8 @@ const claimedColumns = `
        url, secret, previous_secret, disabled_reason,
        start_in_ms, wake_on_outcome, replay_yields,
        resend_window_seconds, claimed_at,
-       committed_at`
+       committed_at,
+       public_key, previous_public_key`
 
 // claim takes up to n due jobs in one statement, under this process's
 // replica id. Without one (declared dead, not registered again yet) it
@@ -345,6 +352,7 @@ type claimedRow struct {
 	kind, topic, subject, url                                sql.NullString
 	traceparent, tracestate, disabledReason                  *string
 	payload, secret, previous                                []byte
+	publicKey, previousPublicKey                             []byte
 	createdAt, claimedAt, committedAt                        sql.NullTime
 	wakeOnOutcome, yieldsToLive                              sql.NullBool
 	// endpointRequestColumns'
@@ -359,7 +367,8 @@ func (r *claimedRow) dest() []any {
 		&r.eventID, &r.topic, &r.subject, &r.payload, &r.createdAt,
 		&r.traceparent, &r.tracestate,
 		&r.url, &r.secret, &r.previous, &r.disabledReason, &r.startInMS, &r.wakeOnOutcome, &r.yieldsToLive,
-		&r.resendWindowSeconds, &r.claimedAt, &r.committedAt, &r.laneLimit,
+		&r.resendWindowSeconds, &r.claimedAt, &r.committedAt,
+		&r.publicKey, &r.previousPublicKey, &r.laneLimit,
 		&r.epMaxAttempts, &r.retryWindowSeconds, &r.firstFailure, &r.timeoutSeconds, &r.headers, &r.secretHeaders}
 }
 
@@ -409,9 +418,10 @@ func (r *claimedRow) job(sent time.Time) (Job, bool) {
 	}
 	if r.url.Valid {
 		j.endpoint = &deliveryEndpoint{URL: r.url.String, Secrets: [][]byte{r.secret}, DisabledReason: r.disabledReason,
-			request: r.request()}
+			request: r.request(), PublicKeys: [][]byte{r.publicKey}}
 		if r.previous != nil {
 			j.endpoint.Secrets = append(j.endpoint.Secrets, r.previous)
+			j.endpoint.PublicKeys = append(j.endpoint.PublicKeys, r.previousPublicKey)
 		}
 	}
 	return j, true

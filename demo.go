@@ -154,17 +154,20 @@ func (d *demo) ensureEndpoint(ctx context.Context) error {
 	var id int64
 	err := d.db.QueryRowContext(ctx, `SELECT id FROM outbox.endpoints WHERE description = $1 ORDER BY id LIMIT 1`,
 		demoEndpointDescription).Scan(&id)
-	secret := newWebhookSecret()
+	// The demo's receiver verifies v1: an endpoint left switched to v1a
+	// switches back.
+	scheme := webhookSignatureVersion
+	secret := newEndpointSecret(scheme)
 	url, topics, desc := d.hookURL, []string{"demo.*"}, demoEndpointDescription
-	in := endpointInput{URL: &url, Topics: &topics, Description: &desc}
+	in := endpointInput{URL: &url, Topics: &topics, Description: &desc, Signature: &scheme}
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		var e Endpoint
 		e, err = createEndpoint(ctx, d.db, d.box, in, secret)
 		id = e.ID
 	case err == nil:
-		if _, err = updateEndpoint(ctx, d.db, d.box, id, in); err == nil {
-			_, err = rotateEndpointSecret(ctx, d.db, d.box, id, secret, 0)
+		if _, err = updateEndpoint(ctx, d.db, d.box, id, in, 0); err == nil {
+			_, secret, err = rotateEndpointSecret(ctx, d.db, d.box, id, 0)
 		}
 		if err == nil {
 			_, err = enableEndpoint(ctx, d.db, id)

@@ -97,6 +97,15 @@ type Endpoint struct {
 	RetryWindowSeconds *int64          `json:"retry_window_seconds"`
 	TimeoutSeconds     *int64          `json:"timeout_seconds"`
 	Headers            json.RawMessage `json:"headers"`
+	// Signature is the scheme its requests are signed with: "v1" (HMAC
+	// with its secret) or "v1a" (ed25519: PublicKey, whpk_..., is what
+	// its receiver verifies with; the private key is never shown).
+	// PreviousSignature and PreviousPublicKey are those of the key rotated
+	// out, while it still signs (PreviousSecretExpiresAt).
+	Signature         string  `json:"signature"`
+	PublicKey         *string `json:"public_key"`
+	PreviousSignature *string `json:"previous_signature"`
+	PreviousPublicKey *string `json:"previous_public_key"`
 }
 
 // HeaderList is the endpoint's headers as a page shows them, secret
@@ -214,7 +223,9 @@ const (
 // endpointWithSecret is the answer to create and rotate-secret.
 type endpointWithSecret struct {
 	Endpoint
-	Secret string `json:"secret"` // whsec_...
+	// Secret is a v1 secret, whsec_...; empty (and absent) for v1a, whose
+	// private key no answer shows.
+	Secret string `json:"secret,omitempty"`
 }
 
 // endpointPolicy is what the endpoint API, and the inbox beside it, take
@@ -268,6 +279,9 @@ type endpointInput struct {
 	TimeoutSeconds     nullable[int]             `json:"timeout_seconds"`
 	Headers            nullable[json.RawMessage] `json:"headers"`
 	headers            []customHeader
+	// Signature is "v1" (the default) or "v1a"; a change is a rotation
+	// into the other scheme (switchSignature).
+	Signature *string `json:"signature"`
 	// countedFor is the owner whose max_endpoints a create or a change
 	// must stay within: set by claimInput for an owner's own create and
 	// for an endpoint the admin gives an owner.
@@ -384,6 +398,9 @@ func (in *endpointInput) validate(allowPrivate bool) error {
 	if err := in.validateRequest(); err != nil {
 		return err
 	}
+	if err := in.validateSignature(); err != nil {
+		return err
+	}
 	return in.validateTLS(time.Now())
 }
 
@@ -399,6 +416,65 @@ func (in *endpointInput) validateRequest() error {
 	headers, err := parseCustomHeaders(*in.Headers.Value)
 	in.headers = headers
 	return err
+}
+
+// validateSignature accepts the two schemes of Standard Webhooks that
+// outboxd signs with.
+func (in *endpointInput) validateSignature() error {
+	if in.Signature != nil && *in.Signature != webhookSignatureVersion && *in.Signature != webhookAsymmetricVersion {
+		return fmt.Errorf("%w: signature must be %q (HMAC-SHA256) or %q (ed25519), got %q",
+			errInvalid, webhookSignatureVersion, webhookAsymmetricVersion, *in.Signature)
+	}
+	return nil
+}
+
+// scheme is the signature scheme a new endpoint takes: the input's, else
+// v1.
+func (in endpointInput) scheme() string {
+	if in.Signature != nil {
+		return *in.Signature
+	}
+	return webhookSignatureVersion
+}
+
+// setSignature fills the endpoint's scheme and public keys from the
+// stored public keys (outbox.endpoints.public_key: set for v1a), the
+// previous one as read inside its window.
+func (e *Endpoint) setSignature(public, previousPublic []byte) {
+	e.Signature, e.PublicKey = schemeOf(public)
+	if e.PreviousSecretExpiresAt != nil {
+		scheme, key := schemeOf(previousPublic)
+		e.PreviousSignature, e.PreviousPublicKey = &scheme, key
+	}
+}
+
+// schemeOf is the scheme of a key whose stored public key is public, and
+// that key as the API shows it.
+func schemeOf(public []byte) (string, *string) {
+	if public == nil {
+		return webhookSignatureVersion, nil
+	}
+	shown := encodePublicKey(public)
+	return webhookAsymmetricVersion, &shown
+}
+
+// shownSecret is secret as the answer that made it shows it: a v1 secret
+// once, as whsec_; a v1a endpoint's secret is its private key, shown
+// never (its answers carry the public key).
+func (e Endpoint) shownSecret(secret webhookSecret) string {
+	if e.Signature == webhookAsymmetricVersion {
+		return ""
+	}
+	return secret.Encode()
+}
+
+// publicKeyColumn is what outbox.endpoints.public_key holds for secret of
+// scheme: its public key for a v1a seed, NULL for a v1 secret.
+func publicKeyColumn(scheme string, secret webhookSecret) any {
+	if scheme != webhookAsymmetricVersion {
+		return nil
+	}
+	return []byte(ed25519PublicKey(secret))
 }
 
 // validateOwnerEmail accepts a bare address (a@example.com), the form a
@@ -435,11 +511,13 @@ const endpointColumns = `
   last_probe_at, last_probe_error, recovered_at, recovered_reason,
   filter, client_certificate, client_key IS NOT NULL, ca_certificate,
   owner_id, filter_error, filter_error_at,
-  max_attempts, retry_window_seconds, timeout_seconds, headers`
+  max_attempts, retry_window_seconds, timeout_seconds, headers,
+  public_key, CASE WHEN previous_secret_expires_at > now() THEN previous_public_key END`
 
 func scanEndpoint(row rowScanner) (Endpoint, error) {
 	var e Endpoint
 	var clientCert, caCert *string
+	var publicKey, previousPublicKey []byte
 	err := row.Scan(&e.ID, &e.URL, &e.Description, &e.OwnerEmail, pq.Array(&e.Topics),
 		&e.FailingSince, &e.DisabledAt, &e.DisabledReason, &e.PausedAt, &e.PreviousSecretExpiresAt,
 		&e.DedupWindowSeconds, &e.DedupWindowSeenAt,
@@ -451,10 +529,12 @@ func scanEndpoint(row rowScanner) (Endpoint, error) {
 		&e.Recovery.RecoveredAt, &e.Recovery.RecoveredReason,
 		&e.Filter, &clientCert, &e.ClientKeySet, &caCert,
 		&e.OwnerID, &e.FilterError, &e.FilterErrorAt,
-		&e.MaxAttempts, &e.RetryWindowSeconds, &e.TimeoutSeconds, (*[]byte)(&e.Headers))
+		&e.MaxAttempts, &e.RetryWindowSeconds, &e.TimeoutSeconds, (*[]byte)(&e.Headers),
+		&publicKey, &previousPublicKey)
 	if err != nil {
 		return e, err
 	}
+	e.setSignature(publicKey, previousPublicKey)
 	e.ClientCertificate, e.CACertificate = describeCertificate(clientCert), describeCertificate(caCert)
 	if e.Topics == nil {
 		e.Topics = []string{}
@@ -510,14 +590,15 @@ const createEndpointSQL = `
 INSERT INTO outbox.endpoints (id, url, description, owner_email, topics, secret,
                               max_in_flight, rate_limit_per_second, recovery_probes, ordering,
                               filter, client_certificate, client_key, client_certificate_expires_at, ca_certificate,
-                              owner_id, max_attempts, retry_window_seconds, timeout_seconds, headers, secret_headers)
+                              owner_id, max_attempts, retry_window_seconds, timeout_seconds, headers, secret_headers,
+                              public_key)
 OVERRIDING SYSTEM VALUE
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, coalesce($9, true), coalesce($10, 'none'),
-        $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)
+        $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)
 RETURNING` + endpointColumns
 
 // createEndpoint stores a validated endpoint with its first secret, sealed
-// by box.
+// by box: for the input's scheme (newEndpointSecret).
 func createEndpoint(ctx context.Context, db *sql.DB, box *secretBox, in endpointInput, secret webhookSecret) (Endpoint, error) {
 	if in.URL == nil {
 		return Endpoint{}, fmt.Errorf("%w: url is required", errInvalid)
@@ -564,7 +645,7 @@ func createEndpoint(ctx context.Context, db *sql.DB, box *secretBox, in endpoint
 		maxInFlight, in.RateLimitPerSecond.Value, in.RecoveryProbes, in.Ordering,
 		in.Filter.Value, cert, key, expires, ca,
 		in.OwnerID.Value, in.MaxAttempts.Value, in.RetryWindowSeconds.Value, in.TimeoutSeconds.Value,
-		string(headers), secretHeaders))
+		string(headers), secretHeaders, publicKeyColumn(in.scheme(), secret)))
 	if err != nil {
 		return e, fmt.Errorf("create endpoint: %w", err)
 	}
@@ -694,38 +775,40 @@ WHERE endpoint_id = $1
 // jobs; the completer locks a batch's jobs, then their endpoints. The two
 // can deadlock, like a delete (deleteEndpoint), and the update is tried
 // again the same way: the whole transaction, at most deleteEndpointTries
-// times.
-func updateEndpoint(ctx context.Context, db *sql.DB, box *secretBox, id int64, in endpointInput) (Endpoint, error) {
-	var e Endpoint
+// times. A change of signature scheme is a rotation into the other one,
+// whose old key signs for window more (switchSignature); its answer shows
+// a new v1 secret, once.
+func updateEndpoint(ctx context.Context, db *sql.DB, box *secretBox, id int64, in endpointInput, window time.Duration) (endpointWithSecret, error) {
+	var e endpointWithSecret
 	err := retryAfterDeadlock(ctx, func() (err error) {
-		e, err = updateEndpointOnce(ctx, db, box, id, in)
+		e, err = updateEndpointOnce(ctx, db, box, id, in, window)
 		return err
 	})
 	return e, err
 }
 
-func updateEndpointOnce(ctx context.Context, db *sql.DB, box *secretBox, id int64, in endpointInput) (Endpoint, error) {
+func updateEndpointOnce(ctx context.Context, db *sql.DB, box *secretBox, id int64, in endpointInput, window time.Duration) (endpointWithSecret, error) {
 	var topics any // NULL unless given; an empty list is given and means all
 	if in.Topics != nil {
 		topics = pq.Array(append([]string{}, *in.Topics...))
 	}
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
-		return Endpoint{}, fmt.Errorf("update endpoint %d: %w", id, err)
+		return endpointWithSecret{}, fmt.Errorf("update endpoint %d: %w", id, err)
 	}
 	defer tx.Rollback()
 	if err := checkFilter(ctx, tx, in.Filter.Value); err != nil {
-		return Endpoint{}, err
+		return endpointWithSecret{}, err
 	}
 	if in.countedFor != nil {
 		if err := checkEndpointCount(ctx, tx, *in.countedFor, id); err != nil {
-			return Endpoint{}, err
+			return endpointWithSecret{}, err
 		}
 	}
 	cert, key, expires, ca := in.clientTLSColumns(box, id)
 	headers, secretHeaders, err := in.headerColumns(ctx, tx, box, id)
 	if err != nil {
-		return Endpoint{}, err
+		return endpointWithSecret{}, err
 	}
 	e, err := scanOneEndpoint(tx.QueryRowContext(ctx, updateEndpointSQL, id, in.URL, in.Description, in.OwnerEmail, topics,
 		in.MaxInFlight, in.RateLimitPerSecond.Set, in.RateLimitPerSecond.Value, in.RecoveryProbes, in.Ordering,
@@ -735,20 +818,39 @@ func updateEndpointOnce(ctx context.Context, db *sql.DB, box *secretBox, id int6
 		in.MaxAttempts.Set, in.MaxAttempts.Value, in.RetryWindowSeconds.Set, in.RetryWindowSeconds.Value,
 		in.TimeoutSeconds.Set, in.TimeoutSeconds.Value, in.Headers.Set, headers, secretHeaders), "update", id)
 	if err != nil {
-		return e, err
+		return endpointWithSecret{Endpoint: e}, err
+	}
+	changed, err := switchSignature(ctx, tx, box, e, in.Signature, window)
+	if err != nil {
+		return changed, err
 	}
 	if in.Ordering != nil && *in.Ordering == orderingNone {
 		// Lanes exist only while an endpoint orders: a PATCH that leaves
 		// the ordering as it was has none to release. The row is locked
 		// by the update: no lane advances meanwhile.
 		if _, err := tx.ExecContext(ctx, releaseLanesSQL, id); err != nil {
-			return e, fmt.Errorf("update endpoint %d: release its ordered lanes: %w", id, err)
+			return changed, fmt.Errorf("update endpoint %d: release its ordered lanes: %w", id, err)
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return e, fmt.Errorf("update endpoint %d: %w", id, err)
+		return changed, fmt.Errorf("update endpoint %d: %w", id, err)
 	}
-	return e, nil
+	return changed, nil
+}
+
+// switchSignature moves endpoint e, in tx, to scheme if given and not its
+// own: a new key of that scheme signs from now on, and the old one, of the
+// other scheme, beside it for window more, so that a receiver switches
+// at its own pace, as after a rotation.
+func switchSignature(ctx context.Context, tx *sql.Tx, box *secretBox, e Endpoint, scheme *string, window time.Duration) (endpointWithSecret, error) {
+	if scheme == nil || *scheme == e.Signature {
+		return endpointWithSecret{Endpoint: e}, nil
+	}
+	switched, secret, err := rekeyEndpoint(ctx, tx, box, e.ID, *scheme, window)
+	if err != nil {
+		return endpointWithSecret{Endpoint: e}, err
+	}
+	return endpointWithSecret{Endpoint: switched, Secret: switched.shownSecret(secret)}, nil
 }
 
 // lockSecretHeadersSQL reads endpoint $1's secret headers as stored, and
@@ -918,22 +1020,67 @@ func resumeEndpoint(ctx context.Context, db *sql.DB, id int64) (Endpoint, error)
 	return e, err
 }
 
-// rotateEndpointSecretSQL makes $2 the secret and keeps the current one
-// signing for $3 seconds more. A previous secret still in its window is
-// dropped: two secrets at most. The current one moves as it is stored,
-// sealed or not: it is sealed to the row, not to its column.
+// rotateEndpointSecretSQL makes $2 the secret, with $4 its public key
+// (NULL: v1), and keeps the current one signing for $3 seconds more. A
+// previous secret still in its window is dropped: two secrets at most.
+// The current one moves as it is stored, sealed or not: it is sealed to
+// the row, not to its column.
 const rotateEndpointSecretSQL = `
 UPDATE outbox.endpoints
 SET previous_secret = secret,
+    previous_public_key = public_key,
     previous_secret_expires_at = now() + make_interval(secs => $3),
     secret = $2,
+    public_key = $4,
     updated_at = now()
 WHERE id = $1
 RETURNING` + endpointColumns
 
-// rotateEndpointSecret makes secret, sealed by box, the endpoint's secret.
-func rotateEndpointSecret(ctx context.Context, db *sql.DB, box *secretBox, id int64, secret webhookSecret, window time.Duration) (Endpoint, error) {
-	return scanOneEndpoint(db.QueryRowContext(ctx, rotateEndpointSecretSQL, id, box.seal(endpointSecretRow(id), secret), window.Seconds()), "rotate secret of", id)
+// lockEndpointSchemeSQL locks endpoint $1 and says whether it signs v1a.
+const lockEndpointSchemeSQL = `
+SELECT public_key IS NOT NULL
+FROM outbox.endpoints
+WHERE id = $1
+FOR NO KEY UPDATE`
+
+// rotateEndpointSecret gives endpoint id a new key of its own scheme,
+// sealed by box, and returns it with the endpoint; the old key signs
+// beside it for window.
+func rotateEndpointSecret(ctx context.Context, db *sql.DB, box *secretBox, id int64, window time.Duration) (Endpoint, webhookSecret, error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return Endpoint{}, nil, fmt.Errorf("rotate secret of endpoint %d: %w", id, err)
+	}
+	defer tx.Rollback()
+	var asymmetric bool
+	err = tx.QueryRowContext(ctx, lockEndpointSchemeSQL, id).Scan(&asymmetric)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Endpoint{}, nil, fmt.Errorf("endpoint %d: %w", id, errNotFound)
+	} else if err != nil {
+		return Endpoint{}, nil, fmt.Errorf("rotate secret of endpoint %d: %w", id, err)
+	}
+	scheme := webhookSignatureVersion
+	if asymmetric {
+		scheme = webhookAsymmetricVersion
+	}
+	e, secret, err := rekeyEndpoint(ctx, tx, box, id, scheme, window)
+	if err != nil {
+		return e, nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return e, nil, fmt.Errorf("rotate secret of endpoint %d: %w", id, err)
+	}
+	return e, secret, nil
+}
+
+// rekeyEndpoint gives endpoint id, in tx, a fresh key for scheme: a
+// rotation, or a switch to the other scheme, during whose window requests
+// carry a signature of each.
+func rekeyEndpoint(ctx context.Context, tx *sql.Tx, box *secretBox, id int64, scheme string, window time.Duration) (Endpoint, webhookSecret, error) {
+	secret := newEndpointSecret(scheme)
+	e, err := scanOneEndpoint(tx.QueryRowContext(ctx, rotateEndpointSecretSQL, id, box.seal(endpointSecretRow(id), secret),
+		window.Seconds(), publicKeyColumn(scheme, secret)), "rotate secret of", id)
+	return e, secret, err
 }
 
 // disableReason is an operator's reason for disabling, or the default one.

@@ -121,7 +121,7 @@ func TestEndpointAPILifecycle(t *testing.T) {
 	want := Endpoint{
 		ID: id, URL: "https://hooks.example.com/outboxd", Description: "billing", OwnerEmail: "ops@example.com",
 		Topics: []string{"order.*", "user.created"}, State: "enabled", Health: "ok",
-		MaxInFlight: 16, Ordering: "none", Breaker: breaker{State: "closed"}, RecoveryProbes: true,
+		MaxInFlight: 16, Ordering: "none", Breaker: breaker{State: "closed"}, RecoveryProbes: true, Signature: "v1",
 		Headers: json.RawMessage(`{}`),
 	}
 	ignoreTimes := cmp.FilterPath(func(p cmp.Path) bool {

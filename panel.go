@@ -619,7 +619,7 @@ func (p *panel) handleCreateEndpoint(a *admin) pageFunc {
 		if err := claimInput(r.Context(), a.db, &in, true); err != nil {
 			return err
 		}
-		secret := newWebhookSecret()
+		secret := newEndpointSecret(in.scheme())
 		ep, err := createEndpoint(r.Context(), a.db, a.box, in, secret)
 		if errors.Is(err, errInvalid) { // a filter PostgreSQL refuses (checkFilter)
 			return p.renderEndpoints(w, r, a, http.StatusBadRequest, "", fs, refusal(err))
@@ -627,9 +627,11 @@ func (p *panel) handleCreateEndpoint(a *admin) pageFunc {
 			return err
 		}
 		noteAuditSubject(r, strconv.FormatInt(ep.ID, 10))
-		return p.renderEndpoint(w, r, a, ep.ID, endpointView{
-			flash:  "Endpoint created. Copy its secret now: it is not shown again.",
-			secret: secret.Encode()})
+		flash := "Endpoint created. Copy its secret now: it is not shown again."
+		if ep.Signature == webhookAsymmetricVersion {
+			flash = "Endpoint created. Its receiver verifies with the public key below."
+		}
+		return p.renderEndpoint(w, r, a, ep.ID, endpointView{flash: flash, secret: ep.shownSecret(secret)})
 	}
 }
 
@@ -898,20 +900,25 @@ func (c endpointClick) rotateSecret() (string, error) {
 		if err != nil {
 			return "", err
 		}
+		what, consequence := "secret", "A new secret signs its deliveries from now on, shown once on the next page. The old one signs beside it for %s more: "+
+			"give its receiver the new secret within that time, or it refuses every delivery after."
+		if ep.Signature == webhookAsymmetricVersion {
+			what, consequence = "key", "A new key pair signs its deliveries from now on; its public key is on the next page. The old key signs beside it for %s more: "+
+				"give its receiver the new public key within that time, or it refuses every delivery after."
+		}
 		return "", c.p.ask(c.w, c.r, confirmation{
-			Question: fmt.Sprintf("Rotate the signing secret of %s?", ep.Name()),
-			Consequence: fmt.Sprintf("A new secret signs its deliveries from now on, shown once on the next page. The old one signs beside it for %s more: "+
-				"give its receiver the new secret within that time, or it refuses every delivery after.", roughDuration(window)),
-			Action: fmt.Sprintf("/endpoints/%d/rotate-secret", c.id), Button: "Rotate the secret",
+			Question:    fmt.Sprintf("Rotate the signing %s of %s?", what, ep.Name()),
+			Consequence: fmt.Sprintf(consequence, roughDuration(window)),
+			Action:      fmt.Sprintf("/endpoints/%d/rotate-secret", c.id), Button: "Rotate the secret",
 			Cancel: fmt.Sprintf("/endpoints/%d", c.id)})
 	}
-	secret := newWebhookSecret()
-	if _, err := rotateEndpointSecret(c.r.Context(), c.a.db, c.a.box, c.id, secret, window); err != nil {
+	ep, secret, err := rotateEndpointSecret(c.r.Context(), c.a.db, c.a.box, c.id, window)
+	if err != nil {
 		return "", err
 	}
 	return "", c.p.renderEndpoint(c.w, c.r, c.a, c.id, endpointView{
-		flash:  fmt.Sprintf("Secret rotated; the old one still signs for %s.", roughDuration(window)),
-		secret: secret.Encode()})
+		flash:  fmt.Sprintf("Signing key rotated; the old one still signs for %s.", roughDuration(window)),
+		secret: ep.shownSecret(secret)})
 }
 
 func (c endpointClick) retryDiscarded() (string, error) {

@@ -160,7 +160,9 @@ FROM due
 WHERE ep.id = due.id
 RETURNING ep.id, ep.url, ep.disabled_at, ep.disabled_reason, ep.secret,
           CASE WHEN ep.previous_secret_expires_at > now() THEN ep.previous_secret END,
-          now()`
+          now(),
+          ep.public_key,
+          CASE WHEN ep.previous_secret_expires_at > now() THEN ep.previous_public_key END`
 
 // claimedProbe is one probe to send: the endpoint as its claim read it.
 type claimedProbe struct {
@@ -170,15 +172,16 @@ type claimedProbe struct {
 	disabledReason string
 	secrets        [][]byte // as stored (secrets.go): current, then previous in its window
 	at             time.Time
+	publicKeys     [][]byte // of secrets, in their places (deliveryEndpoint.PublicKeys)
 }
 
 func scanClaimedProbe(row rowScanner) (claimedProbe, error) {
 	var pr claimedProbe
-	var secret, previous []byte
-	err := row.Scan(&pr.endpointID, &pr.url, &pr.disabledAt, &pr.disabledReason, &secret, &previous, &pr.at)
-	pr.secrets = [][]byte{secret}
+	var secret, previous, public, previousPublic []byte
+	err := row.Scan(&pr.endpointID, &pr.url, &pr.disabledAt, &pr.disabledReason, &secret, &previous, &pr.at, &public, &previousPublic)
+	pr.secrets, pr.publicKeys = [][]byte{secret}, [][]byte{public}
 	if previous != nil {
-		pr.secrets = append(pr.secrets, previous)
+		pr.secrets, pr.publicKeys = append(pr.secrets, previous), append(pr.publicKeys, previousPublic)
 	}
 	return pr, err
 }
@@ -244,6 +247,10 @@ func (p *prober) probe(ctx context.Context, pr claimedProbe) bool {
 // error that names it, with the status.
 func (p *prober) send(ctx context.Context, pr claimedProbe) (int, error) {
 	secrets, err := p.box.openAll(endpointSecretRow(pr.endpointID), pr.secrets)
+	var keys []signingKey
+	if err == nil {
+		keys, err = signingKeysOf(secrets, pr.publicKeys)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("%w; not sent", err)
 	}
@@ -252,7 +259,7 @@ func (p *prober) send(ctx context.Context, pr claimedProbe) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("probe: %w", err)
 	}
-	setWebhookHeaders(req.Header, secrets, probeID(pr.endpointID, pr.at), time.Now(), body)
+	setSignedHeaders(req.Header, keys, probeID(pr.endpointID, pr.at), time.Now(), body)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", p.userAgent)
 	client := p.client

@@ -584,7 +584,8 @@ func (s *sweeper) disableFailingEndpoints(ctx context.Context, hold *sweepHold) 
 const clearEndpointSecretsSQL = `
 UPDATE outbox.endpoints
 SET previous_secret = NULL,
-    previous_secret_expires_at = NULL
+    previous_secret_expires_at = NULL,
+    previous_public_key = NULL
 WHERE id IN (
   SELECT id
   FROM outbox.endpoints

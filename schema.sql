@@ -1347,6 +1347,15 @@ CREATE TABLE outbox.endpoints (
   secret                        bytea            NOT NULL,
   previous_secret               bytea,
   previous_secret_expires_at    timestamptz,
+  -- public_key says that secret is the seed of an ed25519 private key, and
+  -- is its public key (32 bytes): the endpoint signs with Standard
+  -- Webhooks' asymmetric scheme, v1a, and its receiver verifies with this
+  -- key, which the API shows. NULL: secret is an HMAC key (v1).
+  -- previous_public_key is the same of previous_secret, read only while
+  -- previous_secret_expires_at is ahead: a rotation, or a switch between
+  -- the schemes, moves both (signature.go, endpoints.go).
+  public_key                    bytea,
+  previous_public_key           bytea,
 
   -- The endpoint's TLS material (clientcert.go): the client certificate
   -- (PEM, leaf first) and its private key that deliveries present to a
@@ -1496,6 +1505,8 @@ CREATE TABLE outbox.endpoints (
   CONSTRAINT endpoints_previous_secret_expires CHECK (
     (previous_secret IS NULL) = (previous_secret_expires_at IS NULL)
   ),
+  CONSTRAINT endpoints_public_key_length CHECK (length(public_key) = 32),
+  CONSTRAINT endpoints_previous_public_key_length CHECK (length(previous_public_key) = 32),
   CONSTRAINT endpoints_client_certificate_pair CHECK (
     (client_certificate IS NULL) = (client_key IS NULL)
     AND (client_certificate IS NULL) = (client_certificate_expires_at IS NULL)
@@ -1851,12 +1862,15 @@ $$;
 -- claimed_lane_job; the workers read it as one column list (claim.go,
 -- claimedColumns), by name.
 --
--- A claim's row type never changes shape: a session keeps the plans of
--- the calls whose result holds it, and a changed row type fails them
--- ("function return row and query-specified return row do not match")
--- until the session ends, which replicas of the release before still
--- running beside an upgrade would meet. What a claim adds goes in a type
--- of its own (claimed_lane_job, below).
+-- A claim's row type changes only by attributes added at its end, which
+-- the release before, reading its columns by name, does not see, each in
+-- the migration that makes as_claimed_job fill it. A changed shape once
+-- failed the sessions of the release before that kept plans of
+-- fan_out_claiming, whose result held the type ("function return row and
+-- query-specified return row do not match"); that function is gone, and
+-- TestRollingUpgradeFromThePreviousReleaseLosesNothing runs the release
+-- before's claim across such a change. public_key and previous_public_key
+-- tell how to sign with secret and previous_secret (outbox.endpoints).
 CREATE TYPE outbox.claimed_job AS (
   id bigint, kind text, attempt integer, max_attempts integer,
   endpoint_id bigint,
@@ -1864,7 +1878,8 @@ CREATE TYPE outbox.claimed_job AS (
   traceparent text, tracestate text,
   url text, secret bytea, previous_secret bytea, disabled_reason text,
   start_in_ms integer, wake_on_outcome boolean, replay_yields boolean,
-  resend_window_seconds bigint, claimed_at timestamptz, committed_at timestamptz);
+  resend_window_seconds bigint, claimed_at timestamptz, committed_at timestamptz,
+  public_key bytea, previous_public_key bytea);
 
 -- as_claimed_job is the claimed job (claimed_job) that a claim returns for
 -- job id, of kind, at attempt (of max_attempts), to endpoint_id (NULL: a
@@ -1890,7 +1905,9 @@ AS $$
          -- earlier job delivered.
          CASE WHEN attempt > 1 OR replay_id IS NOT NULL THEN ep.dedup_window_seconds END,
          attempted_at,
-         coalesce(e.committed_at, e.created_at))::outbox.claimed_job
+         coalesce(e.committed_at, e.created_at),
+         ep.public_key,
+         CASE WHEN ep.previous_secret_expires_at > now() THEN ep.previous_public_key END)::outbox.claimed_job
 $$;
 
 -- claimed_lane_job is a job claim_lane_jobs claimed, with lane_limit: the

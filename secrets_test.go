@@ -365,7 +365,7 @@ func TestSecretsEncryptKeepsAConcurrentRotation(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback()
-	if _, err := tx.Exec(rotateEndpointSecretSQL, id, box.seal(endpointSecretRow(id), rotated), time.Hour.Seconds()); err != nil {
+	if _, err := tx.Exec(rotateEndpointSecretSQL, id, box.seal(endpointSecretRow(id), rotated), time.Hour.Seconds(), nil); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)

@@ -3,6 +3,8 @@
 package main
 
 import (
+	"bytes"
+	"crypto/ed25519"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -45,11 +47,23 @@ const (
 	// window, and every legitimate retry, carries a valid signature.
 	webhookTimestampTolerance = 5 * time.Minute
 
-	// webhookSignatureVersion is the only scheme we produce and accept:
-	// HMAC-SHA256. Other versions in the header (v1a, asymmetric) are
-	// skipped, not errors, as the specification asks, so a sender can add
-	// schemes without breaking us.
+	// webhookSignatureVersion is HMAC-SHA256, the scheme every endpoint
+	// signs with unless it chooses v1a, and the only one the inbox
+	// accepts. Other versions in a header it verifies (v1a among them)
+	// are skipped, not errors, as the specification asks, so a sender can
+	// add schemes without breaking us.
 	webhookSignatureVersion = "v1"
+
+	// webhookAsymmetricVersion is ed25519, the specification's asymmetric
+	// scheme: an endpoint that chooses it signs with a private key
+	// outboxd keeps, and its receiver verifies with the public key, which
+	// it may publish: whoever reads the receiver's configuration cannot
+	// forge a webhook.
+	webhookAsymmetricVersion = "v1a"
+
+	// webhookPublicKeyPrefix marks a v1a public key, as whsec_ does a
+	// secret; the specification's libraries read it as is.
+	webhookPublicKeyPrefix = "whpk_"
 )
 
 // The ways verification fails. A receiver answers 400 to the first two (the
@@ -124,25 +138,111 @@ func webhookMAC(secret []byte, msgID, timestamp string, body []byte) []byte {
 	return mac.Sum(nil)
 }
 
-// webhookSignatures returns the value of the webhook-signature header: one
-// signature a secret, space-separated. While a secret is being rotated an
-// endpoint has two, and a receiver that knows either one verifies.
-func webhookSignatures(secrets [][]byte, msgID string, ts time.Time, body []byte) string {
-	sigs := make([]string, 0, len(secrets))
+// signingKey is one key a request is signed with: an HMAC secret (v1),
+// or, with public set, the seed of an ed25519 private key whose public key
+// is public (v1a).
+type signingKey struct {
+	secret []byte
+	public ed25519.PublicKey
+}
+
+// hmacKeys are secrets as v1 keys.
+func hmacKeys(secrets [][]byte) []signingKey {
+	keys := make([]signingKey, 0, len(secrets))
 	for _, secret := range secrets {
-		sigs = append(sigs, signWebhook(secret, msgID, ts, body))
+		keys = append(keys, signingKey{secret: secret})
+	}
+	return keys
+}
+
+// signingKeysOf pairs an endpoint's opened secrets with their public keys
+// (deliveryEndpoint.PublicKeys, in the same places; nil: v1). A v1a seed
+// must give the public key stored beside it, the one its receiver
+// verifies with: a seed of the wrong size, or another key's (an HMAC
+// secret a release without v1a rotated in), would sign what no receiver
+// verifies, so it is an error that says so, and nothing is sent.
+func signingKeysOf(secrets, publicKeys [][]byte) ([]signingKey, error) {
+	keys := make([]signingKey, 0, len(secrets))
+	for i, secret := range secrets {
+		var public []byte
+		if i < len(publicKeys) {
+			public = publicKeys[i]
+		}
+		if public == nil {
+			keys = append(keys, signingKey{secret: secret})
+			continue
+		}
+		if len(secret) != ed25519.SeedSize || !bytes.Equal(ed25519PublicKey(secret), public) {
+			return nil, fmt.Errorf("signing key %d of %d is not the private key of public key %s",
+				i+1, len(secrets), encodePublicKey(public))
+		}
+		keys = append(keys, signingKey{secret: secret, public: public})
+	}
+	return keys, nil
+}
+
+// sign is one signature, `v1,<base64 HMAC-SHA256>` or `v1a,<base64
+// ed25519 signature>`, of the same content: "id.timestamp.body", the
+// timestamp as the text that travels in the header.
+func (k signingKey) sign(msgID, timestamp string, body []byte) string {
+	if k.public == nil {
+		return webhookSignatureVersion + "," + base64.StdEncoding.EncodeToString(webhookMAC(k.secret, msgID, timestamp, body))
+	}
+	content := make([]byte, 0, len(msgID)+len(timestamp)+2+len(body))
+	content = append(append(append(append(append(content, msgID...), '.'), timestamp...), '.'), body...)
+	return webhookAsymmetricVersion + "," + base64.StdEncoding.EncodeToString(
+		ed25519.Sign(ed25519.NewKeyFromSeed(k.secret), content))
+}
+
+// newEndpointSecret is a fresh key for an endpoint signing with scheme: a
+// random HMAC secret for v1, the seed of a fresh ed25519 key pair for
+// v1a (its private key: ed25519PublicKey gives the public one).
+func newEndpointSecret(scheme string) webhookSecret {
+	if scheme != webhookAsymmetricVersion {
+		return newWebhookSecret()
+	}
+	// Since Go 1.24 crypto/rand never fails: neither does GenerateKey
+	// with it.
+	_, private, _ := ed25519.GenerateKey(rand.Reader)
+	return webhookSecret(private.Seed())
+}
+
+// ed25519PublicKey is the public key of the ed25519 private key seed.
+func ed25519PublicKey(seed []byte) ed25519.PublicKey {
+	return ed25519.NewKeyFromSeed(seed).Public().(ed25519.PublicKey)
+}
+
+// encodePublicKey shows a v1a public key as `whpk_<base64>`.
+func encodePublicKey(public []byte) string {
+	return webhookPublicKeyPrefix + base64.StdEncoding.EncodeToString(public)
+}
+
+// webhookSignatures returns the value of the webhook-signature header: one
+// signature a key, space-separated. While a key is being rotated an
+// endpoint has two, and a receiver that knows either one verifies.
+func webhookSignatures(keys []signingKey, msgID string, ts time.Time, body []byte) string {
+	timestamp := strconv.FormatInt(ts.Unix(), 10)
+	sigs := make([]string, 0, len(keys))
+	for _, key := range keys {
+		sigs = append(sigs, key.sign(msgID, timestamp, body))
 	}
 	return strings.Join(sigs, " ")
 }
 
-// setWebhookHeaders sets the three signature headers of one delivery
+// setWebhookHeaders sets the three signature headers of one request
+// signed with HMAC secrets alone (v1): setSignedHeaders with hmacKeys.
+func setWebhookHeaders(h http.Header, secrets [][]byte, msgID string, ts time.Time, body []byte) {
+	setSignedHeaders(h, hmacKeys(secrets), msgID, ts, body)
+}
+
+// setSignedHeaders sets the three signature headers of one delivery
 // attempt. msgID is the same on every attempt (receivers dedupe on it); ts
 // is the attempt's own time, so a retry days later is still inside the
 // receiver's tolerance.
-func setWebhookHeaders(h http.Header, secrets [][]byte, msgID string, ts time.Time, body []byte) {
+func setSignedHeaders(h http.Header, keys []signingKey, msgID string, ts time.Time, body []byte) {
 	h.Set(headerWebhookID, msgID)
 	h.Set(headerWebhookTimestamp, strconv.FormatInt(ts.Unix(), 10))
-	h.Set(headerWebhookSignature, webhookSignatures(secrets, msgID, ts, body))
+	h.Set(headerWebhookSignature, webhookSignatures(keys, msgID, ts, body))
 }
 
 // verifyWebhook checks a received webhook against the source's secrets

@@ -208,7 +208,7 @@ func TestVerifyWebhook(t *testing.T) {
 			name:    "rotation: sender signs with old and new",
 			secrets: [][]byte{vector},
 			header: func(h http.Header) {
-				h.Set(headerWebhookSignature, webhookSignatures([][]byte{other, vector}, vectorMsgID, signedAt, []byte(vectorBody)))
+				h.Set(headerWebhookSignature, webhookSignatures(hmacKeys([][]byte{other, vector}), vectorMsgID, signedAt, []byte(vectorBody)))
 			},
 		},
 		{

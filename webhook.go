@@ -278,6 +278,9 @@ func (s *webhookSender) deliver(ctx context.Context, job Job) error {
 	}
 	signing := *ep
 	signing.Secrets, err = s.box.openAll(endpointSecretRow(job.EndpointID), ep.Secrets)
+	if err == nil {
+		signing.keys, err = signingKeysOf(signing.Secrets, ep.PublicKeys)
+	}
 	var client *http.Client
 	if err == nil {
 		client, err = s.clientFor(ctx, job.EndpointID, *ep)
@@ -355,7 +358,7 @@ func (s *webhookSender) post(ctx context.Context, client *http.Client, ep delive
 		return webhookAnswer{}, err
 	}
 	maps.Copy(req.Header, custom)
-	setWebhookHeaders(req.Header, ep.Secrets, strconv.FormatInt(ev.ID, 10), time.Now(), body)
+	setSignedHeaders(req.Header, ep.keys, strconv.FormatInt(ev.ID, 10), time.Now(), body)
 	// The producer's trace continues at the receiver (W3C Trace Context);
 	// schema.sql stored only well-formed values.
 	if ev.Traceparent != nil {
