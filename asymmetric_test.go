@@ -518,3 +518,41 @@ func TestPublicKeyOnPanelAndPortalInBrowser(t *testing.T) {
 		br.find("form.login")
 	}
 }
+
+// While a replica of a release before 0.8.0 runs, which would sign a v1a
+// endpoint's requests with HMAC, no endpoint is put on v1a: created or
+// switched, it is refused with a 409 naming signature; a replica of this
+// release, or one no longer live, refuses nothing.
+func TestV1aRefusedWhileAnOlderReleaseRuns(t *testing.T) {
+	t.Parallel()
+	w := newV1aWorld(t)
+	ep := w.api.createEndpoint(w.rc.srv.URL)
+	addReplica := func(version string, lastSeen string) {
+		mustExec(t, w.db, `INSERT INTO outbox.replicas (host, pid, version, workers, listens, dead_after, last_seen)
+			VALUES ('h', 1, $1, 4, true, make_interval(secs => 15), now() - $2::interval)`, version, lastSeen)
+	}
+	addReplica("0.8.0", "0s")
+	addReplica("0.7.0", "1 minute") // no longer live
+	for _, call := range [][2]string{{"POST", "/api/endpoints"}, {"PATCH", "/api/endpoints/" + itoa(ep.ID)}} {
+		body := fmt.Sprintf(`{"url": %q, "signature": "v1a"}`, w.rc.srv.URL)
+		if status, resp := w.api.do(call[0], call[1], body); status/100 != 2 {
+			t.Errorf("%s %s with v1a beside replicas of this release: %d %s", call[0], call[1], status, resp)
+		}
+	}
+
+	other := w.api.createEndpoint(w.rc.srv.URL)
+	addReplica("0.7.0", "0s")
+	for _, call := range [][2]string{{"POST", "/api/endpoints"}, {"PATCH", "/api/endpoints/" + itoa(other.ID)}} {
+		body := fmt.Sprintf(`{"url": %q, "signature": "v1a"}`, w.rc.srv.URL)
+		status, resp := w.api.do(call[0], call[1], body)
+		if status != http.StatusConflict || !strings.Contains(string(resp), "signature: 1 replica(s) of a release before 0.8.0") {
+			t.Errorf("%s %s with v1a beside a 0.7.0 replica: %d %s, want 409 naming signature", call[0], call[1], status, resp)
+		}
+	}
+	if got := w.api.endpoint(other.ID); got.Signature != "v1" {
+		t.Errorf("after the refused switch the endpoint signs %s, want v1 as it was", got.Signature)
+	}
+	if status, resp := w.api.do("PATCH", "/api/endpoints/"+itoa(other.ID), `{"signature": "v1"}`); status != http.StatusOK {
+		t.Errorf("PATCH to the scheme it has, beside a 0.7.0 replica: %d %s", status, resp)
+	}
+}

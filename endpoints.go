@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"strings"
 	"time"
 
@@ -631,6 +632,9 @@ func createEndpoint(ctx context.Context, db *sql.DB, box *secretBox, in endpoint
 			return Endpoint{}, err
 		}
 	}
+	if err := refuseV1aBesideOlderReplicas(ctx, tx, in.scheme()); err != nil {
+		return Endpoint{}, err
+	}
 	var id int64
 	if err := tx.QueryRowContext(ctx, nextEndpointIDSQL).Scan(&id); err != nil {
 		return Endpoint{}, fmt.Errorf("create endpoint: draw id: %w", err)
@@ -846,11 +850,42 @@ func switchSignature(ctx context.Context, tx *sql.Tx, box *secretBox, e Endpoint
 	if scheme == nil || *scheme == e.Signature {
 		return endpointWithSecret{Endpoint: e}, nil
 	}
+	if err := refuseV1aBesideOlderReplicas(ctx, tx, *scheme); err != nil {
+		return endpointWithSecret{Endpoint: e}, err
+	}
 	switched, secret, err := rekeyEndpoint(ctx, tx, box, e.ID, *scheme, window)
 	if err != nil {
 		return endpointWithSecret{Endpoint: e}, err
 	}
 	return endpointWithSecret{Endpoint: switched, Secret: switched.shownSecret(secret)}, nil
+}
+
+// olderReplicasSQL counts the live replicas of a release before 0.8.0,
+// the first that signs v1a: one of them would sign a v1a endpoint's
+// requests with HMAC, which its receiver refuses, and its rotate-secret
+// would store an HMAC secret beside the endpoint's public key.
+const olderReplicasSQL = `
+SELECT count(*)
+FROM outbox.replicas
+WHERE last_seen >= now() - dead_after
+  AND string_to_array(version, '.')::integer[] < '{0,8,0}'`
+
+// refuseV1aBesideOlderReplicas refuses, with a 409, to put an endpoint on
+// scheme v1a while a replica of an older release runs: until the roll
+// that brings this release ends (docs/upgrades.md).
+func refuseV1aBesideOlderReplicas(ctx context.Context, q queryer, scheme string) error {
+	if scheme != webhookAsymmetricVersion {
+		return nil
+	}
+	var older int
+	if err := q.QueryRowContext(ctx, olderReplicasSQL).Scan(&older); err != nil {
+		return fmt.Errorf("count replicas of older releases: %w", err)
+	}
+	if older > 0 {
+		return &httpError{status: http.StatusConflict,
+			text: fmt.Sprintf("signature: %d replica(s) of a release before 0.8.0 still run and cannot sign v1a; finish the upgrade first", older)}
+	}
+	return nil
 }
 
 // lockSecretHeadersSQL reads endpoint $1's secret headers as stored, and
