@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"strings"
 	"time"
 
@@ -882,8 +881,8 @@ func refuseV1aBesideOlderReplicas(ctx context.Context, q queryer, scheme string)
 		return fmt.Errorf("count replicas of older releases: %w", err)
 	}
 	if older > 0 {
-		return &httpError{status: http.StatusConflict,
-			text: fmt.Sprintf("signature: %d replica(s) of a release before 0.8.0 still run and cannot sign v1a; finish the upgrade first", older)}
+		return fmt.Errorf("%w: signature: %d replica(s) of a release before 0.8.0 still run and cannot sign v1a; finish the upgrade first",
+			errConflict, older)
 	}
 	return nil
 }

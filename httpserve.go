@@ -527,6 +527,8 @@ func answerOf(err error) (int, string) {
 		status = http.StatusBadRequest
 	case errors.Is(err, errNotFound):
 		status = http.StatusNotFound
+	case errors.Is(err, errConflict):
+		status = http.StatusConflict
 	case errors.Is(err, errIdempotencyKeyReused):
 		status = http.StatusUnprocessableEntity
 	case errors.Is(err, context.DeadlineExceeded):
@@ -540,7 +542,8 @@ func answerOf(err error) (int, string) {
 	case status >= 500:
 		return status, operationOf(err)
 	}
-	return status, strings.TrimPrefix(err.Error(), errInvalid.Error()+": ")
+	text := strings.TrimPrefix(err.Error(), errInvalid.Error()+": ")
+	return status, strings.TrimPrefix(text, errConflict.Error()+": ")
 }
 
 // operationOf is a server error's text without its cause when the cause

@@ -388,6 +388,10 @@ RETURNING id`
 // errNotFound marks a lookup of a row that does not exist (404).
 var errNotFound = errors.New("not found")
 
+// errConflict marks a request refused for the state things are in, not
+// for its input (409).
+var errConflict = errors.New("conflict")
+
 // requeueEvent puts a poisoned (or failing) event back into the backlog with
 // a fresh count of relay attempts, and wakes the relays.
 func requeueEvent(ctx context.Context, db *sql.DB, id int64) error {

@@ -1864,10 +1864,10 @@ $$;
 --
 -- A claim's row type changes only by attributes added at its end, which
 -- the release before, reading its columns by name, does not see, each in
--- the migration that makes as_claimed_job fill it. A changed shape once
--- failed the sessions of the release before that kept plans of
--- fan_out_claiming, whose result held the type ("function return row and
--- query-specified return row do not match"); that function is gone, and
+-- the migration that makes as_claimed_job fill it: a function whose
+-- result held the type in another shape would fail the sessions of the
+-- release before that kept its plan ("function return row and
+-- query-specified return row do not match").
 -- TestRollingUpgradeFromThePreviousReleaseLosesNothing runs the release
 -- before's claim across such a change. public_key and previous_public_key
 -- tell how to sign with secret and previous_secret (outbox.endpoints).
