@@ -3062,10 +3062,10 @@ $$;
 -- after its delay or discarded, its error added to its errors. Every
 -- attempt goes to the history (outbox.deliveries) with what it left its
 -- job (the attempts the fence refused are record_fenced_attempts'). State
--- 'released' comes from the release before alone, for a job it claimed
--- ahead of its endpoint's requests and never sent: it goes back to the
--- queue as it was before the claim, its attempt not counted, and makes no
--- history. It returns the jobs it finished.
+-- 'released' is a job claimed ahead of its endpoint's requests and never
+-- sent (claimahead.go, jobReleased): it goes back to the queue as it was
+-- before the claim, its attempt not counted, and makes no history. It
+-- returns the jobs it finished and each one's test mark.
 CREATE FUNCTION outbox.finish_jobs(in_outcomes json, in_attempts json)
 RETURNS TABLE (id bigint, attempt integer, endpoint_id bigint, lane_key text, state outbox.job_state, test boolean)
 LANGUAGE plpgsql VOLATILE
