@@ -659,3 +659,46 @@ func loggedErrors(log string) []string {
 	}
 	return out
 }
+
+// A job 0.6.0 completed, kept in the queue with its answer on the job,
+// goes to the history as the attempt that completed it when 0.8.0's
+// migration runs, and leaves the queue; one whose attempt the history has
+// already keeps that row.
+func TestMigrationMovesCompletedJobsToTheHistory(t *testing.T) {
+	t.Parallel()
+	db := migratedThrough(t, newMigration(nil), 6) // a database of 0.6.0
+	event := recordEventOrFatal(t, db, "done")
+	var endpoint, answered, kept int64
+	if err := db.QueryRow(`INSERT INTO outbox.endpoints (url, secret) VALUES ('https://receiver.example/hook', $1) RETURNING id`,
+		make([]byte, 32)).Scan(&endpoint); err != nil {
+		t.Fatal(err)
+	}
+	insertCompleted := `INSERT INTO outbox.jobs (kind, event_id, endpoint_id, max_attempts, state, attempt, attempted_at,
+		finalized_at, status_code, duration_ms)
+		VALUES ('webhook', $1, $2, 18, 'completed', 2, now() - interval '1 minute', now() - interval '59 seconds', $3, $4) RETURNING id`
+	if err := db.QueryRow(insertCompleted, event, endpoint, 200, 12).Scan(&answered); err != nil {
+		t.Fatal(err)
+	}
+	other := recordEventOrFatal(t, db, "kept")
+	if err := db.QueryRow(insertCompleted, other, endpoint, nil, nil).Scan(&kept); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, `INSERT INTO outbox.deliveries (job_id, attempt, duration_ms, status_code) VALUES ($1, 2, 40, 204)`, kept)
+
+	if err := migrate(context.Background(), db); err != nil {
+		t.Fatal(err)
+	}
+	got := queryStrings(t, db, `
+		SELECT job_id || ' ' || attempt || ' ' || outcome || ' ' || coalesce(status_code, 0) || ' ' || duration_ms
+		FROM outbox.deliveries ORDER BY job_id`)
+	want := []string{
+		fmt.Sprintf("%d 2 completed 200 12", answered),
+		fmt.Sprintf("%d 2 completed 204 40", kept),
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("the history after the migration (-want +got):\n%s", diff)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs`); n != 0 {
+		t.Errorf("%d jobs left in the queue, want none: completed jobs leave it", n)
+	}
+}

@@ -404,3 +404,28 @@ AS $$
          ep.public_key,
          CASE WHEN ep.previous_secret_expires_at > now() THEN ep.previous_public_key END)::outbox.claimed_job
 $$;
+
+-- The jobs 0.6.0 completed stayed in the queue, their attempt's answer on
+-- the job, until the job cleaner deleted them a day later. None is left
+-- to wait for it: each goes to the history as the attempt that completed
+-- it (unless the history has that attempt already), and leaves the queue,
+-- with the two columns only those jobs used. No release that runs beside
+-- this one writes a completed job.
+DO $$
+BEGIN
+  IF EXISTS (SELECT 1 FROM pg_attribute
+             WHERE attrelid = 'outbox.jobs'::regclass AND attname = 'status_code' AND NOT attisdropped) THEN
+    EXECUTE $move$
+      INSERT INTO outbox.deliveries (job_id, attempt, event_id, kind, endpoint_id, replay_id, outcome, attempted_at,
+                                     finished_at, duration_ms, status_code)
+      SELECT j.id, j.attempt, j.event_id, j.kind, j.endpoint_id, j.replay_id, 'completed', j.attempted_at,
+             coalesce(j.finalized_at, now()), greatest(coalesce(j.duration_ms, 0), 0), j.status_code
+      FROM outbox.jobs AS j
+      WHERE j.state = 'completed' AND j.attempt > 0
+      ORDER BY j.id
+      ON CONFLICT ON CONSTRAINT deliveries_pkey DO NOTHING$move$;
+  END IF;
+END
+$$;
+DELETE FROM outbox.jobs WHERE state = 'completed';
+ALTER TABLE outbox.jobs DROP COLUMN IF EXISTS status_code, DROP COLUMN IF EXISTS duration_ms;
