@@ -17,8 +17,6 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -353,57 +351,6 @@ func TestSigningKeysOfRefusesAKeyThatIsNotThePublicKeys(t *testing.T) {
 	}
 }
 
-// v1aSnippetMain runs docs/webhooks.md's verifyOutboxdV1a over cases read
-// from stdin, one line of output a case.
-const v1aSnippetMain = `package main
-
-import (
-	"crypto/ed25519"
-	"encoding/base64"
-	"encoding/json"
-	"errors"
-	"fmt"
-	"net/http"
-	"os"
-	"strconv"
-	"strings"
-	"time"
-)
-
-var _ = []any{ed25519.Verify, base64.StdEncoding, errors.New, strconv.Itoa, strings.Fields}
-
-func main() {
-	var cases []struct {
-		PublicKey string
-		Header    map[string]string
-		Body      string
-		Now       int64
-	}
-	if err := json.NewDecoder(os.Stdin).Decode(&cases); err != nil {
-		panic(err)
-	}
-	for _, c := range cases {
-		h := http.Header{}
-		for k, v := range c.Header {
-			h.Set(k, v)
-		}
-		if err := verifyOutboxdV1a(c.PublicKey, h, []byte(c.Body), time.Unix(c.Now, 0)); err != nil {
-			fmt.Println("refused:", err)
-		} else {
-			fmt.Println("verified")
-		}
-	}
-}
-`
-
-// v1aCase is one request docs/webhooks.md's verifyOutboxdV1a is given.
-type v1aCase struct {
-	PublicKey string
-	Header    map[string]string
-	Body      string
-	Now       int64
-}
-
 // docs/webhooks.md's verifyOutboxdV1a, compiled as a receiver would,
 // verifies requests outboxd delivered through its pipeline, with the
 // endpoint's public key and, during a rotation, with either key; it
@@ -423,7 +370,7 @@ func TestDocsV1aSnippetVerifiesRealDeliveries(t *testing.T) {
 	w.call("POST", "/api/endpoints/"+itoa(ep.ID)+"/rotate-secret", "", http.StatusOK, &rotated)
 	rotating := w.deliver("rotating")
 
-	in := func(key *string, req received, body string, now time.Time) v1aCase {
+	in := func(key *string, req received, body string, now time.Time) snippetCase {
 		h := map[string]string{}
 		for _, name := range []string{headerWebhookID, headerWebhookTimestamp, headerWebhookSignature} {
 			h[name] = req.Header.Get(name)
@@ -431,12 +378,12 @@ func TestDocsV1aSnippetVerifiesRealDeliveries(t *testing.T) {
 		if body == "" {
 			body = string(req.Body)
 		}
-		return v1aCase{*key, h, body, now.Unix()}
+		return snippetCase{*key, h, body, now.Unix()}
 	}
 	now := time.Now()
 	cases := []struct {
 		name string
-		in   v1aCase
+		in   snippetCase
 		want string
 	}{
 		{"a delivery, with the endpoint's public key", in(ep.PublicKey, signed, "", now), "verified"},
@@ -447,42 +394,16 @@ func TestDocsV1aSnippetVerifiesRealDeliveries(t *testing.T) {
 		{"the body changed", in(ep.PublicKey, signed, strings.Replace(string(signed.Body), `"signed"`, `"forged"`, 1), now), "refused:"},
 		{"received six minutes later", in(ep.PublicKey, signed, "", now.Add(6*time.Minute)), "refused:"},
 	}
-	inputs := make([]v1aCase, 0, len(cases))
+	inputs := make([]snippetCase, 0, len(cases))
 	for _, c := range cases {
 		inputs = append(inputs, c.in)
 	}
-	got := runV1aSnippet(t, snippet, inputs)
+	got := runSnippet(t, snippetMain([]string{`"crypto/ed25519"`}, "ed25519.Verify", "verifyOutboxdV1a"), snippet, inputs)
 	for i, c := range cases {
 		if !strings.HasPrefix(got[i], c.want) {
 			t.Errorf("%s: docs/webhooks.md's verifyOutboxdV1a said %q, want %q", c.name, got[i], c.want)
 		}
 	}
-}
-
-// runV1aSnippet compiles snippet into a program of its own, as a receiver
-// would, and returns its answer to each input.
-func runV1aSnippet(t *testing.T, snippet string, inputs []v1aCase) []string {
-	t.Helper()
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(v1aSnippetMain+"\n"+snippet), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	in, err := json.Marshal(inputs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("go", "run", "main.go")
-	cmd.Dir = dir
-	cmd.Stdin = bytes.NewReader(in)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("go run of docs/webhooks.md's verifyOutboxdV1a: %v\n%s", err, out)
-	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	if len(lines) != len(inputs) {
-		t.Fatalf("got %d lines for %d inputs:\n%s", len(lines), len(inputs), out)
-	}
-	return lines
 }
 
 // In a browser, the endpoint page shows a v1a endpoint's public key to

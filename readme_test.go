@@ -129,14 +129,16 @@ func TestREADMECommandsRun(t *testing.T) {
 	}
 }
 
-// verifySnippetMain runs the README's verifyOutboxd over cases read from
-// stdin, one line of output a case. The blank uses keep it compiling if
-// the snippet stops using one of the imports it needs today.
-const verifySnippetMain = `package main
+// snippetMain is a receiver's program around a verification snippet: it
+// runs the snippet's function fn over cases read from stdin (the key the
+// receiver holds, the headers, the body, the time it verifies at), one
+// line of output a case: "verified" or "refused: <error>". imports are
+// the snippet's own; the blank uses keep the program compiling if the
+// snippet stops using one of them.
+func snippetMain(imports []string, uses, fn string) string {
+	return `package main
 
 import (
-	"crypto/hmac"
-	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -146,17 +148,13 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	` + strings.Join(imports, "\n\t") + `
 )
 
-var _ = []any{hmac.New, sha256.New, base64.StdEncoding, errors.New, strconv.Itoa, strings.Fields}
+var _ = []any{base64.StdEncoding, errors.New, strconv.Itoa, strings.Fields, ` + uses + `}
 
 func main() {
-	var cases []struct {
-		Secret string
-		Header map[string]string
-		Body   string
-		Now    int64
-	}
+	var cases []snippetCase
 	if err := json.NewDecoder(os.Stdin).Decode(&cases); err != nil {
 		panic(err)
 	}
@@ -165,30 +163,38 @@ func main() {
 		for k, v := range c.Header {
 			h.Set(k, v)
 		}
-		if err := verifyOutboxd(c.Secret, h, []byte(c.Body), time.Unix(c.Now, 0)); err != nil {
+		if err := ` + fn + `(c.Key, h, []byte(c.Body), time.Unix(c.Now, 0)); err != nil {
 			fmt.Println("refused:", err)
 		} else {
 			fmt.Println("verified")
 		}
 	}
 }
-`
 
-// verifyInput is one request the README's verifyOutboxd is given.
-type verifyInput struct {
-	Secret string
+type snippetCase struct {
+	Key    string
+	Header map[string]string
+	Body   string
+	Now    int64
+}
+`
+}
+
+// snippetCase is one request a verification snippet is given.
+type snippetCase struct {
+	Key    string
 	Header map[string]string
 	Body   string
 	Now    int64
 }
 
-// runVerifySnippet compiles snippet (the README's verifyOutboxd) into a
-// program of its own, as a receiver would, and returns its answer to each
-// input: "verified" or "refused: <error>".
-func runVerifySnippet(t *testing.T, snippet string, inputs []verifyInput) []string {
+// runSnippet compiles snippet into a program of its own around main (a
+// snippetMain), as a receiver would, and returns its answer to each
+// input.
+func runSnippet(t *testing.T, main, snippet string, inputs []snippetCase) []string {
 	t.Helper()
 	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(verifySnippetMain+"\n"+snippet), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(main+"\n"+snippet), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	in, err := json.Marshal(inputs)
@@ -200,7 +206,7 @@ func runVerifySnippet(t *testing.T, snippet string, inputs []verifyInput) []stri
 	cmd.Stdin = strings.NewReader(string(in))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("go run of the README's verifyOutboxd: %v\n%s", err, out)
+		t.Fatalf("go run of a verification snippet: %v\n%s", err, out)
 	}
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	if len(lines) != len(inputs) {
@@ -227,21 +233,21 @@ func TestREADMEVerifySnippetAcceptsOutboxdsSignature(t *testing.T) {
 	}
 	cases := []struct {
 		name string
-		in   verifyInput
+		in   snippetCase
 		want string
 	}{
-		{"signed with the endpoint's secret", verifyInput{secret.Encode(), signed([][]byte{secret}, now), body, now.Unix()}, "verified"},
-		{"a rotation: the receiver has the new secret", verifyInput{secret.Encode(), signed([][]byte{secret, previous}, now), body, now.Unix()}, "verified"},
-		{"a rotation: the receiver has the old secret", verifyInput{previous.Encode(), signed([][]byte{secret, previous}, now), body, now.Unix()}, "verified"},
-		{"the body changed", verifyInput{secret.Encode(), signed([][]byte{secret}, now), strings.Replace(body, "1200", "120000", 1), now.Unix()}, "refused:"},
-		{"another endpoint's secret", verifyInput{other.Encode(), signed([][]byte{secret}, now), body, now.Unix()}, "refused:"},
-		{"sent six minutes ago", verifyInput{secret.Encode(), signed([][]byte{secret}, now.Add(-6*time.Minute)), body, now.Unix()}, "refused:"},
+		{"signed with the endpoint's secret", snippetCase{secret.Encode(), signed([][]byte{secret}, now), body, now.Unix()}, "verified"},
+		{"a rotation: the receiver has the new secret", snippetCase{secret.Encode(), signed([][]byte{secret, previous}, now), body, now.Unix()}, "verified"},
+		{"a rotation: the receiver has the old secret", snippetCase{previous.Encode(), signed([][]byte{secret, previous}, now), body, now.Unix()}, "verified"},
+		{"the body changed", snippetCase{secret.Encode(), signed([][]byte{secret}, now), strings.Replace(body, "1200", "120000", 1), now.Unix()}, "refused:"},
+		{"another endpoint's secret", snippetCase{other.Encode(), signed([][]byte{secret}, now), body, now.Unix()}, "refused:"},
+		{"sent six minutes ago", snippetCase{secret.Encode(), signed([][]byte{secret}, now.Add(-6*time.Minute)), body, now.Unix()}, "refused:"},
 	}
-	var inputs []verifyInput
+	var inputs []snippetCase
 	for _, c := range cases {
 		inputs = append(inputs, c.in)
 	}
-	got := runVerifySnippet(t, snippet, inputs)
+	got := runSnippet(t, snippetMain([]string{`"crypto/hmac"`, `"crypto/sha256"`}, "hmac.New, sha256.New", "verifyOutboxd"), snippet, inputs)
 	for i, c := range cases {
 		if !strings.HasPrefix(got[i], c.want) {
 			t.Errorf("%s: the README's verifyOutboxd said %q, want %q", c.name, got[i], c.want)
