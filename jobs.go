@@ -38,8 +38,8 @@ type JobView struct {
 	FinalizedAt    *time.Time      `json:"finalized_at"`
 	Errors         json.RawMessage `json:"errors"`
 	// NotSent is, for a job completed without its effect, why nothing
-	// was sent ("not sent: no SMTP server configured (-smtp-url)"):
-	// notSentSQL.
+	// was sent ("not sent: no SMTP server configured (-smtp-url)"): its
+	// completing attempt's error in the history (jobRowsSQL).
 	NotSent string `json:"not_sent,omitempty"`
 	// BreakerOpenedAt is when its endpoint's circuit breaker opened, set
 	// while the job waits (available or retryable) behind it: the claim
@@ -50,31 +50,6 @@ type JobView struct {
 	// kind no live replica runs (noRunnerSQL): none claims it until one
 	// that runs its kind is up. The panel's alone.
 	NoRunner bool `json:"-"`
-}
-
-// notSentSQL is, for job j of the queue, the note of a job completed
-// without its effect (notSentError) by a replica of the release before,
-// which kept completed jobs in the queue, else NULL: a completed job whose
-// errors end with an entry of its final attempt. A delivered job's note is
-// its completing attempt's error in the history (jobRowsSQL).
-const notSentSQL = `CASE WHEN j.state = 'completed' AND (j.errors -> -1 ->> 'attempt')::integer = j.attempt
-            THEN j.errors -> -1 ->> 'error' END`
-
-// AttemptErrors is Errors without the note of a job that was not sent,
-// which its state shows.
-func (j JobView) AttemptErrors() json.RawMessage {
-	if j.NotSent == "" {
-		return j.Errors
-	}
-	var errs []json.RawMessage
-	if json.Unmarshal(j.Errors, &errs) != nil || len(errs) == 0 {
-		return j.Errors
-	}
-	kept, err := json.Marshal(errs[:len(errs)-1])
-	if err != nil {
-		return j.Errors
-	}
-	return kept
 }
 
 // JobFilter selects jobs, newest first, paged by id.
@@ -123,7 +98,7 @@ LIMIT $4`
 // when its event was fanned out; its errors are its earlier attempts'.
 const jobRowsSQL = `(
 SELECT j.id, j.kind, j.event_id, j.endpoint_id, j.replay_id, j.state, j.attempt, j.max_attempts,
-       j.created_at, j.scheduled_at, j.attempted_at, j.finalized_at, j.errors, ` + notSentSQL + ` AS not_sent
+       j.created_at, j.scheduled_at, j.attempted_at, j.finalized_at, j.errors, NULL AS not_sent
 FROM outbox.jobs AS j
 UNION ALL
 SELECT d.job_id, d.kind, d.event_id, d.endpoint_id, d.replay_id, 'completed', d.attempt, d.attempt,
@@ -653,7 +628,7 @@ SELECT j.event_id,
        coalesce(j.endpoint_id, 0),
        coalesce(nullif(ep.description, ''), ep.url, j.kind),
        count(*)
-FROM (SELECT j.event_id, j.state, j.endpoint_id, j.kind, j.scheduled_at, ` + notSentSQL + ` AS not_sent
+FROM (SELECT j.event_id, j.state, j.endpoint_id, j.kind, j.scheduled_at, NULL AS not_sent
       FROM outbox.jobs AS j
       WHERE j.event_id = ANY($1::bigint[])
       UNION ALL

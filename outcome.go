@@ -43,7 +43,7 @@ type (
 	// notSentError completes the job without its effect, which cannot
 	// and need not happen (no mail server, no one to mail): nothing is
 	// retried, and note, kept with the attempt, says why nothing was
-	// sent (notSentSQL, jobs.go).
+	// sent (JobView.NotSent, jobs.go).
 	notSentError struct{ note string }
 )
 

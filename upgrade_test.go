@@ -662,8 +662,9 @@ func loggedErrors(log string) []string {
 
 // A job 0.6.0 completed, kept in the queue with its answer on the job,
 // goes to the history as the attempt that completed it when 0.8.0's
-// migration runs, and leaves the queue; one whose attempt the history has
-// already keeps that row.
+// migration runs, and leaves the queue; one completed without its effect
+// keeps its note as the attempt's error; one whose attempt the history
+// has already keeps that row.
 func TestMigrationMovesCompletedJobsToTheHistory(t *testing.T) {
 	t.Parallel()
 	db := migratedThrough(t, newMigration(nil), 6) // a database of 0.6.0
@@ -679,6 +680,12 @@ func TestMigrationMovesCompletedJobsToTheHistory(t *testing.T) {
 	if err := db.QueryRow(insertCompleted, event, endpoint, 200, 12).Scan(&answered); err != nil {
 		t.Fatal(err)
 	}
+	notSent := recordEventOrFatal(t, db, "not sent")
+	var skipped int64
+	if err := db.QueryRow(insertCompleted, notSent, endpoint, nil, nil).Scan(&skipped); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, `UPDATE outbox.jobs SET errors = '[{"attempt": 1, "error": "HTTP 500"}, {"attempt": 2, "error": "not sent: gone"}]' WHERE id = $1`, skipped)
 	other := recordEventOrFatal(t, db, "kept")
 	if err := db.QueryRow(insertCompleted, other, endpoint, nil, nil).Scan(&kept); err != nil {
 		t.Fatal(err)
@@ -689,11 +696,12 @@ func TestMigrationMovesCompletedJobsToTheHistory(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := queryStrings(t, db, `
-		SELECT job_id || ' ' || attempt || ' ' || outcome || ' ' || coalesce(status_code, 0) || ' ' || duration_ms
+		SELECT job_id || ' ' || attempt || ' ' || outcome || ' ' || coalesce(status_code, 0) || ' ' || duration_ms || ' ' || error
 		FROM outbox.deliveries ORDER BY job_id`)
 	want := []string{
-		fmt.Sprintf("%d 2 completed 200 12", answered),
-		fmt.Sprintf("%d 2 completed 204 40", kept),
+		fmt.Sprintf("%d 2 completed 200 12 ", answered),
+		fmt.Sprintf("%d 2 completed 0 0 not sent: gone", skipped),
+		fmt.Sprintf("%d 2 completed 204 40 ", kept),
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("the history after the migration (-want +got):\n%s", diff)

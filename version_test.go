@@ -21,7 +21,7 @@ var releaseMigrations = map[string]string{
 	"005_0.5.0.sql": "1a73f270402cee233884a516dbbe1786c894239f716bded172be4fb43b465ec4",
 	"006_0.6.0.sql": "ed357c348c7624cc1e0f6ce5f792c5f5a67e0e0d2138fc8c2c4713c68300d794",
 	"007_0.7.0.sql": "1af9dba82d6eeb944ad77b8cdb89780f07e3d5a719a28de36ee70667b683a39c",
-	"008_0.8.0.sql": "b1a271ae35f7dc0ef4ed9667662f8b07a4b6c7de52ea4e9cab50f291f5db4a61",
+	"008_0.8.0.sql": "da77b719078a00a1b1ea63595ec016283a54e35b15a6c4d29bbaafffb80b0e42",
 }
 
 // The release is the last migration's, and every migration is as its

@@ -408,7 +408,10 @@ $$;
 -- The jobs 0.6.0 completed stayed in the queue, their attempt's answer on
 -- the job, until the job cleaner deleted them a day later. None is left
 -- to wait for it: each goes to the history as the attempt that completed
--- it (unless the history has that attempt already), and leaves the queue,
+-- it (unless the history has that attempt already), with the note of a
+-- job completed without its effect (its last error, of its last attempt)
+-- as the attempt's error, as this release's completer writes it, and
+-- leaves the queue,
 -- with the two columns only those jobs used. No release that runs beside
 -- this one writes a completed job.
 DO $$
@@ -417,9 +420,11 @@ BEGIN
              WHERE attrelid = 'outbox.jobs'::regclass AND attname = 'status_code' AND NOT attisdropped) THEN
     EXECUTE $move$
       INSERT INTO outbox.deliveries (job_id, attempt, event_id, kind, endpoint_id, replay_id, outcome, attempted_at,
-                                     finished_at, duration_ms, status_code)
+                                     finished_at, duration_ms, status_code, error)
       SELECT j.id, j.attempt, j.event_id, j.kind, j.endpoint_id, j.replay_id, 'completed', j.attempted_at,
-             coalesce(j.finalized_at, now()), greatest(coalesce(j.duration_ms, 0), 0), j.status_code
+             coalesce(j.finalized_at, now()), greatest(coalesce(j.duration_ms, 0), 0), j.status_code,
+             CASE WHEN (j.errors -> -1 ->> 'attempt')::integer = j.attempt
+                  THEN left(j.errors -> -1 ->> 'error', 2000) ELSE '' END
       FROM outbox.jobs AS j
       WHERE j.state = 'completed' AND j.attempt > 0
       ORDER BY j.id
