@@ -745,3 +745,13 @@ func TestREADMEFileTableNamesEveryFile(t *testing.T) {
 		t.Errorf("README.md's file table does not name %s", f)
 	}
 }
+
+// The request the README and docs/webhooks.md show carries the
+// User-Agent of this release, as a receiver sees it.
+func TestExampleRequestNamesThisRelease(t *testing.T) {
+	for _, doc := range []string{"README.md", "docs/webhooks.md"} {
+		if want := "user-agent: outboxd/" + version + "\n"; !strings.Contains(readDoc(t, doc), want) {
+			t.Errorf("%s's example request does not carry %q", doc, strings.TrimSpace(want))
+		}
+	}
+}
