@@ -79,9 +79,6 @@ type deliveryEndpoint struct {
 	// public key of a secret that is a v1a seed, nil for a v1 HMAC key
 	// (signingKeysOf).
 	PublicKeys [][]byte
-	// keys are Secrets opened and paired with PublicKeys, set by the
-	// sender just before it signs (webhookSender.deliver).
-	keys []signingKey
 }
 
 // jobHandler runs one attempt of a job. Its error, if any, is the outcome

@@ -23,7 +23,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -41,7 +40,7 @@ const (
 	// schedule is hourly at its tightest, so a minute late is nothing.
 	probeInterval = time.Minute
 	// probeBatch bounds the probes one claim takes; they are sent at once,
-	// each bounded by -webhook-timeout.
+	// each bounded by its endpoint's timeout, else -webhook-timeout.
 	probeBatch = 32
 	// recoveryReplayMargin is how long after a re-enable the replay's last
 	// pass runs. A relay statement takes milliseconds; five minutes is far
@@ -162,7 +161,8 @@ RETURNING ep.id, ep.url, ep.disabled_at, ep.disabled_reason, ep.secret,
           CASE WHEN ep.previous_secret_expires_at > now() THEN ep.previous_secret END,
           now(),
           ep.public_key,
-          CASE WHEN ep.previous_secret_expires_at > now() THEN ep.previous_public_key END`
+          CASE WHEN ep.previous_secret_expires_at > now() THEN ep.previous_public_key END,
+          ep.timeout_seconds, ep.headers, ep.secret_headers`
 
 // claimedProbe is one probe to send: the endpoint as its claim read it.
 type claimedProbe struct {
@@ -173,12 +173,19 @@ type claimedProbe struct {
 	secrets        [][]byte // as stored (secrets.go): current, then previous in its window
 	at             time.Time
 	publicKeys     [][]byte // of secrets, in their places (deliveryEndpoint.PublicKeys)
+	// request is the endpoint's own timeout and headers, which a probe
+	// carries as a delivery does: a receiver that wants its API key
+	// refuses a probe without it.
+	request endpointRequest
 }
 
 func scanClaimedProbe(row rowScanner) (claimedProbe, error) {
 	var pr claimedProbe
 	var secret, previous, public, previousPublic []byte
-	err := row.Scan(&pr.endpointID, &pr.url, &pr.disabledAt, &pr.disabledReason, &secret, &previous, &pr.at, &public, &previousPublic)
+	var timeoutSeconds sql.NullInt64
+	err := row.Scan(&pr.endpointID, &pr.url, &pr.disabledAt, &pr.disabledReason, &secret, &previous, &pr.at, &public, &previousPublic,
+		&timeoutSeconds, &pr.request.headers, &pr.request.secretHeaders)
+	pr.request.timeout = time.Duration(timeoutSeconds.Int64) * time.Second
 	pr.secrets, pr.publicKeys = [][]byte{secret}, [][]byte{public}
 	if previous != nil {
 		pr.secrets, pr.publicKeys = append(pr.secrets, previous), append(pr.publicKeys, previousPublic)
@@ -242,46 +249,34 @@ func (p *prober) probe(ctx context.Context, pr claimedProbe) bool {
 	return false
 }
 
-// send makes one probe request: signed as a delivery is (signature.go),
-// through the deliveries' client (safehttp.go). A non-2xx answer is an
-// error that names it, with the status.
+// send makes one probe request: opened, signed and sent as a delivery
+// is (webhook.go, signature.go), with the endpoint's custom headers and
+// timeout, through the deliveries' client (safehttp.go). A non-2xx
+// answer is an error that names it, with the status.
 func (p *prober) send(ctx context.Context, pr claimedProbe) (int, error) {
-	secrets, err := p.box.openAll(endpointSecretRow(pr.endpointID), pr.secrets)
-	var keys []signingKey
-	if err == nil {
-		keys, err = signingKeysOf(secrets, pr.publicKeys)
-	}
+	keys, custom, err := openRequest(p.box, pr.endpointID, pr.secrets, pr.publicKeys, pr.request)
 	if err != nil {
 		return 0, fmt.Errorf("%w; not sent", err)
 	}
-	body := encodeProbeBody(pr.endpointID, pr.at)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, pr.url, bytes.NewReader(body))
-	if err != nil {
-		return 0, fmt.Errorf("probe: %w", err)
-	}
-	setSignedHeaders(req.Header, keys, probeID(pr.endpointID, pr.at), time.Now(), body)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("User-Agent", p.userAgent)
 	client := p.client
 	if p.endpointTLS != nil {
 		if client, err = p.endpointTLS.client(ctx, pr.endpointID); err != nil {
 			return 0, fmt.Errorf("probe: %w; not sent", err)
 		}
 	}
-	resp, err := client.Do(req)
+	ans, err := signedRequest{url: pr.url, keys: keys, custom: custom, msgID: probeID(pr.endpointID, pr.at),
+		body: encodeProbeBody(pr.endpointID, pr.at), userAgent: p.userAgent}.send(ctx, pr.request.client(client))
 	if err != nil {
 		return 0, fmt.Errorf("probe: %w", err)
 	}
-	defer resp.Body.Close()
-	text, _, _ := readLimited(resp.Body, webhookMaxResponseRead)
-	if resp.StatusCode >= 200 && resp.StatusCode <= 299 {
-		return resp.StatusCode, nil
+	if ans.status >= 200 && ans.status <= 299 {
+		return ans.status, nil
 	}
-	err = fmt.Errorf("probe: answered %d %s", resp.StatusCode, http.StatusText(resp.StatusCode))
-	if excerpt := textExcerpt(text, webhookErrorExcerptLen); excerpt != "" {
+	err = fmt.Errorf("probe: answered %d %s", ans.status, http.StatusText(ans.status))
+	if excerpt := truncate(ans.excerpt, webhookErrorExcerptLen); excerpt != "" {
 		err = fmt.Errorf("%w: %q", err, excerpt)
 	}
-	return resp.StatusCode, err
+	return ans.status, err
 }
 
 // probeFailedSQL writes a failed probe's error to the endpoint it was

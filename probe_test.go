@@ -506,3 +506,89 @@ func TestProbeNeverFiresForOperatorOr410DisabledOrOptedOut(t *testing.T) {
 		t.Errorf("enable: %d %s, cause %v", status, body, api.endpoint(endpoints["operator"]).DisabledCause)
 	}
 }
+
+// createEndpointWith creates an endpoint through api from the JSON
+// fields given, and fails the test unless it is created.
+func createEndpointWith(t *testing.T, api *testAPI, fields map[string]any) endpointWithSecret {
+	t.Helper()
+	body, _ := json.Marshal(fields)
+	status, resp := api.do("POST", "/api/endpoints", string(body))
+	var ep endpointWithSecret
+	if err := json.Unmarshal(resp, &ep); status != http.StatusCreated || err != nil {
+		t.Fatalf("create endpoint: %d %s", status, resp)
+	}
+	return ep
+}
+
+// A receiver that wants its API key refuses every request without it:
+// the probe carries the endpoint's custom headers, the secret one opened
+// as a delivery opens it, so the endpoint recovers by probe.
+func TestProbeCarriesTheEndpointsHeaders(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	box := testBox(t, testSecretsKey(1), "")
+	api := newSealingTestAPI(t, db, box)
+	const apiKey = "sk_live_probe_key_7"
+	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Api-Key") != apiKey || r.Header.Get("X-Tenant") != "acme" {
+			http.Error(w, "missing API key", http.StatusUnauthorized)
+		}
+	})
+	ep := createEndpointWith(t, api, map[string]any{"url": rc.srv.URL + "/hook", "headers": map[string]any{
+		"X-Tenant": "acme", "X-Api-Key": map[string]any{"value": apiKey, "secret": true}}})
+	disableForFailure(t, db, 2*time.Hour, ep.ID)
+
+	round := probeRoundOf(t, newTestProber(t, db, box))
+	if diff := cmp.Diff([]int64{ep.ID}, round.Recovered); diff != "" {
+		t.Errorf("recovered (-want +got):\n%s\nlast probe error: %v", diff, api.endpoint(ep.ID).Recovery.LastProbeError)
+	}
+	probes := probesTo(rc)
+	if len(probes) != 1 {
+		t.Fatalf("%d probes, want 1", len(probes))
+	}
+	if got := [2]string{probes[0].Header.Get("X-Tenant"), probes[0].Header.Get("X-Api-Key")}; got != [2]string{"acme", apiKey} {
+		t.Errorf("the probe carried X-Tenant %q and X-Api-Key %q, want acme and the secret", got[0], got[1])
+	}
+	if err := verifyWebhook([][]byte{secretOf(t, ep)}, probes[0].Header, probes[0].Body, time.Now()); err != nil {
+		t.Errorf("the probe's signature: %v", err)
+	}
+	if e := api.endpoint(ep.ID); e.DisabledAt != nil {
+		t.Errorf("endpoint still disabled after its probe was answered: %+v", e.Recovery)
+	}
+}
+
+// A probe ends at the endpoint's own timeout_seconds, not at the
+// service's -webhook-timeout (20 s here): against a receiver that never
+// answers, a 1 s endpoint's probe gives up after about a second.
+func TestProbeEndsAtTheEndpointsTimeout(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	box := testBox(t, testSecretsKey(1), "")
+	api := newSealingTestAPI(t, db, box)
+	hang := make(chan struct{})
+	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-hang:
+		}
+	})
+	t.Cleanup(func() { close(hang) }) // before the receiver closes
+	ep := createEndpointWith(t, api, map[string]any{"url": rc.srv.URL + "/hook", "timeout_seconds": 1})
+	disableForFailure(t, db, 2*time.Hour, ep.ID)
+
+	client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: 20 * time.Second})
+	cfg := defaultConfig()
+	p := newProber(db, box, client, cfg.Retention.Events, cfg.Workers.MaxAttempts, testLogger(t))
+	start := time.Now()
+	round := probeRoundOf(t, p)
+	took := time.Since(start)
+	if round.Probed != 1 || len(round.Recovered) != 0 {
+		t.Errorf("round %+v, want one probe and no recovery", round)
+	}
+	if took < time.Second || took > 5*time.Second {
+		t.Errorf("the probe round took %s, want about the endpoint's 1 s, far below the service's 20 s", took)
+	}
+	if e := api.endpoint(ep.ID).Recovery.LastProbeError; e == nil || !strings.Contains(*e, "Client.Timeout exceeded") {
+		t.Errorf("last_probe_error %v, want the client's timeout", e)
+	}
+}

@@ -276,18 +276,10 @@ func (s *webhookSender) deliver(ctx context.Context, job Job) error {
 	if err != nil {
 		return permanentError{err}
 	}
-	signing := *ep
-	signing.Secrets, err = s.box.openAll(endpointSecretRow(job.EndpointID), ep.Secrets)
-	if err == nil {
-		signing.keys, err = signingKeysOf(signing.Secrets, ep.PublicKeys)
-	}
+	keys, custom, err := openRequest(s.box, job.EndpointID, ep.Secrets, ep.PublicKeys, ep.request)
 	var client *http.Client
 	if err == nil {
 		client, err = s.clientFor(ctx, job.EndpointID, *ep)
-	}
-	custom := http.Header{}
-	if err == nil {
-		err = ep.request.setHeaders(custom, s.box, job.EndpointID)
 	}
 	if err != nil {
 		// A key this process lacks (a secret's, a secret header's or the
@@ -300,7 +292,9 @@ func (s *webhookSender) deliver(ctx context.Context, job Job) error {
 	}
 
 	start := time.Now()
-	ans, sendErr := s.post(ctx, ep.request.client(client), signing, custom, job.Event, body)
+	ans, sendErr := signedRequest{url: ep.URL, keys: keys, custom: custom, msgID: strconv.FormatInt(job.Event.ID, 10),
+		body: body, userAgent: s.userAgent, traceparent: job.Event.Traceparent, tracestate: job.Event.Tracestate,
+	}.send(ctx, ep.request.client(client))
 	attempt := deliveryAttempt{Duration: time.Since(start), StatusCode: ans.status, ResponseExcerpt: ans.excerpt,
 		Class: classifyAttempt(ans.status, sendErr)}
 	change, outcome := classifyWebhookResponse(ans.status, ans.retryAfter, sendErr, time.Now())
@@ -348,27 +342,61 @@ type webhookAnswer struct {
 	excerpt     string // the start of the body, as text
 }
 
-// post sends one signed request, with the endpoint's custom headers,
-// through client and reads a bounded part of the answer. outboxd's own
-// headers are set after the custom ones, which may take none of their
-// names (checkHeaderName).
-func (s *webhookSender) post(ctx context.Context, client *http.Client, ep deliveryEndpoint, custom http.Header, ev Event, body []byte) (webhookAnswer, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.URL, bytes.NewReader(body))
+// openRequest is what a request to endpoint id needs of its row as
+// stored, opened by box: its signing keys (secrets and their publicKeys,
+// current first: deliveryEndpoint) and its custom headers, the secret ones
+// opened too. An error is a key this process lacks: nothing is sent.
+// Deliveries and recovery probes (probe.go) both open their endpoint so.
+func openRequest(box *secretBox, id int64, secrets, publicKeys [][]byte, r endpointRequest) ([]signingKey, http.Header, error) {
+	opened, err := box.openAll(endpointSecretRow(id), secrets)
+	if err != nil {
+		return nil, nil, err
+	}
+	keys, err := signingKeysOf(opened, publicKeys)
+	if err != nil {
+		return nil, nil, err
+	}
+	custom := http.Header{}
+	if err := r.setHeaders(custom, box, id); err != nil {
+		return nil, nil, err
+	}
+	return keys, custom, nil
+}
+
+// signedRequest is one signed POST as deliveries and recovery probes
+// send it: msgID is its webhook-id, traceparent and tracestate the
+// producer's trace (nil for none).
+type signedRequest struct {
+	url                     string
+	keys                    []signingKey
+	custom                  http.Header
+	msgID                   string
+	body                    []byte
+	userAgent               string
+	traceparent, tracestate *string
+}
+
+// send makes the request through client, with the endpoint's custom
+// headers, and reads a bounded part of the answer. outboxd's own headers
+// are set after the custom ones, which may take none of their names
+// (checkHeaderName).
+func (sr signedRequest) send(ctx context.Context, client *http.Client) (webhookAnswer, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, sr.url, bytes.NewReader(sr.body))
 	if err != nil {
 		return webhookAnswer{}, err
 	}
-	maps.Copy(req.Header, custom)
-	setSignedHeaders(req.Header, ep.keys, strconv.FormatInt(ev.ID, 10), time.Now(), body)
+	maps.Copy(req.Header, sr.custom)
+	setSignedHeaders(req.Header, sr.keys, sr.msgID, time.Now(), sr.body)
 	// The producer's trace continues at the receiver (W3C Trace Context);
 	// schema.sql stored only well-formed values.
-	if ev.Traceparent != nil {
-		req.Header.Set("traceparent", *ev.Traceparent)
-		if ev.Tracestate != nil {
-			req.Header.Set("tracestate", *ev.Tracestate)
+	if sr.traceparent != nil {
+		req.Header.Set("traceparent", *sr.traceparent)
+		if sr.tracestate != nil {
+			req.Header.Set("tracestate", *sr.tracestate)
 		}
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("User-Agent", s.userAgent)
+	req.Header.Set("User-Agent", sr.userAgent)
 	resp, err := client.Do(req)
 	if err != nil {
 		return webhookAnswer{}, err
