@@ -468,6 +468,10 @@ type endpointFields struct {
 	// Ordering is "subject" or "none"; empty (a form without it) is none
 	// on create and no change on edit.
 	Ordering string
+	// Signature is "v1" or "v1a"; empty (a form without it) is v1 on
+	// create and no change on edit. A change is a switch, as the API's
+	// PATCH makes it (switchSignature).
+	Signature string
 	// Filter empty is none: on edit, it removes the filter.
 	Filter string
 	// MaxAttempts, RetryWindowSeconds and TimeoutSeconds empty are the
@@ -502,6 +506,7 @@ func readEndpointFields(f *query) (endpointFields, error) {
 		MaxInFlight:        strings.TrimSpace(f.text("max_in_flight")),
 		RateLimitPerSecond: strings.TrimSpace(f.text("rate_limit_per_second")),
 		Ordering:           strings.TrimSpace(f.text("ordering")),
+		Signature:          strings.TrimSpace(f.text("signature")),
 		Filter:             strings.TrimSpace(f.text("filter")),
 		MaxAttempts:        strings.TrimSpace(f.text("max_attempts")),
 		RetryWindowSeconds: strings.TrimSpace(f.text("retry_window_seconds")),
@@ -515,7 +520,7 @@ func readEndpointFields(f *query) (endpointFields, error) {
 // fieldsOf is endpoint e as its edit form shows it.
 func fieldsOf(e Endpoint) endpointFields {
 	fs := endpointFields{URL: e.URL, Topics: strings.Join(e.Topics, " "), Description: e.Description,
-		OwnerEmail: e.OwnerEmail, MaxInFlight: strconv.Itoa(e.MaxInFlight), Ordering: e.Ordering}
+		OwnerEmail: e.OwnerEmail, MaxInFlight: strconv.Itoa(e.MaxInFlight), Ordering: e.Ordering, Signature: e.Signature}
 	if e.Filter != nil {
 		fs.Filter = *e.Filter
 	}
@@ -557,6 +562,9 @@ func (fs endpointFields) input(allowPrivate bool) (endpointInput, error) {
 	if fs.Ordering != "" {
 		in.Ordering = &fs.Ordering
 	}
+	if fs.Signature != "" {
+		in.Signature = &fs.Signature
+	}
 	in.Filter.Set = true
 	if fs.Filter != "" {
 		in.Filter.Value = &fs.Filter
@@ -596,6 +604,16 @@ func (fs endpointFields) requestInput(in *endpointInput) error {
 	return nil
 }
 
+// conflictOf is the text of a 409 the API would answer for err (an
+// httpError's), which a form shows as its page's message.
+func conflictOf(err error) (string, bool) {
+	he, ok := errors.AsType[*httpError](err)
+	if !ok || he.status != http.StatusConflict {
+		return "", false
+	}
+	return he.text, true
+}
+
 // refusal is what a refused form shows: err's text without the errInvalid
 // prefix, as the API's {"error": ...} says it.
 func refusal(err error) string {
@@ -621,7 +639,9 @@ func (p *panel) handleCreateEndpoint(a *admin) pageFunc {
 		}
 		secret := newEndpointSecret(in.scheme())
 		ep, err := createEndpoint(r.Context(), a.db, a.box, in, secret)
-		if errors.Is(err, errInvalid) { // a filter PostgreSQL refuses (checkFilter)
+		if conflict, ok := conflictOf(err); ok { // v1a beside an older release (refuseV1aBesideOlderReplicas)
+			return p.renderEndpoints(w, r, a, http.StatusConflict, conflict, fs, "")
+		} else if errors.Is(err, errInvalid) { // a filter PostgreSQL refuses (checkFilter)
 			return p.renderEndpoints(w, r, a, http.StatusBadRequest, "", fs, refusal(err))
 		} else if err != nil {
 			return err
@@ -660,6 +680,7 @@ type endpointView struct {
 	flash, secret string
 	refused       *endpointFields
 	refusal       string
+	status        int // a refused form's, when not 400
 	preview       *replayPreviewView
 	filterPreview *filterPreviewView
 }
@@ -673,7 +694,7 @@ func (p *panel) renderEndpoint(w http.ResponseWriter, r *http.Request, a *admin,
 	pg.Secret, pg.FormError, pg.Preview, pg.FilterPreview = view.secret, view.refusal, view.preview, view.filterPreview
 	status := http.StatusOK
 	if view.refused != nil {
-		status, pg.Form = http.StatusBadRequest, *view.refused
+		status, pg.Form = cmp.Or(view.status, http.StatusBadRequest), *view.refused
 	}
 	p.render(w, status, "endpoint", page{Title: pg.Endpoint.Name(), Nav: "endpoints", SignedIn: true,
 		Flash: view.flash, Data: pg})
@@ -1029,11 +1050,19 @@ func (c endpointClick) edit() (string, error) {
 	in.dropUnchangedLimits(shown)
 	// The API's change, so that an owner's form is held to its owner's
 	// grants and limits as its token is.
-	_, err = c.a.changeEndpoint(c.r.Context(), c.id, in)
-	if errors.Is(err, errInvalid) { // beyond the owner's limits, or a filter PostgreSQL refuses (checkFilter)
+	changed, err := c.a.changeEndpoint(c.r.Context(), c.id, in)
+	if conflict, ok := conflictOf(err); ok { // v1a beside an older release (refuseV1aBesideOlderReplicas)
+		return "", c.p.renderEndpoint(c.w, c.r, c.a, c.id, endpointView{flash: conflict, refused: &fs, status: http.StatusConflict})
+	} else if errors.Is(err, errInvalid) { // beyond the owner's limits, or a filter PostgreSQL refuses (checkFilter)
 		return "", c.p.renderEndpoint(c.w, c.r, c.a, c.id, endpointView{refused: &fs, refusal: refusal(err)})
+	} else if err != nil || changed.Signature == shown.Signature {
+		return "Saved.", err
 	}
-	return "Saved.", err
+	// A switch of scheme: its new secret is shown once, on this page,
+	// never in a URL.
+	return "", c.p.renderEndpoint(c.w, c.r, c.a, c.id, endpointView{secret: changed.Secret,
+		flash: fmt.Sprintf("Saved. It signs with %s from now on; its old key signs beside it for %s more.",
+			changed.Signature, roughDuration(c.a.endpoints.RotationWindow))})
 }
 
 // dropUnchangedLimits leaves out of in the settings an owner's limits
