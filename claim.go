@@ -250,7 +250,8 @@ const claimTimeout = 10 * time.Second
 // outbox.claim_lane_jobs). It claims ahead (claimahead.go). After each
 // job's lane limit come its endpoint's request settings
 // (endpointRequestColumns), read beside the claim rather than returned by
-// it. The statement locks every table it names as it is
+// it, then whether its event is a test send's (topics.go), which /metrics
+// leaves out (webhookSender.observe). The statement locks every table it names as it is
 // parsed, before the claim runs: it names the claimed job's event first,
 // so that it takes outbox.events before the endpoints and the jobs, in
 // the order a migration locks them (migrate.go). Both joins are outer: a
@@ -261,7 +262,8 @@ WITH claimed AS MATERIALIZED (
   SELECT ` + claimedColumns + `, claim.lane_limit
   FROM outbox.claim_lane_jobs($1, $2, $3, true, $4, $5, $6) AS claim, LATERAL (SELECT (claim.job).*) AS job
 )
-SELECT claimed.*, ` + endpointRequestColumns + `
+SELECT claimed.*, ` + endpointRequestColumns + `,
+       e.test IS TRUE AS test
 FROM claimed
 LEFT JOIN outbox.events AS e ON e.id = claimed.event_id
 LEFT JOIN outbox.endpoints AS ep ON ep.id = claimed.endpoint_id`
@@ -356,6 +358,7 @@ type claimedRow struct {
 	epMaxAttempts, retryWindowSeconds, timeoutSeconds sql.NullInt64
 	firstFailure                                      sql.NullTime
 	headers, secretHeaders                            []byte
+	test                                              bool
 }
 
 // dest is what Scan fills, in the columns' order.
@@ -366,7 +369,7 @@ func (r *claimedRow) dest() []any {
 		&r.url, &r.secret, &r.previous, &r.disabledReason, &r.startInMS, &r.wakeOnOutcome, &r.yieldsToLive,
 		&r.resendWindowSeconds, &r.claimedAt, &r.committedAt,
 		&r.publicKey, &r.previousPublicKey, &r.laneLimit,
-		&r.epMaxAttempts, &r.retryWindowSeconds, &r.firstFailure, &r.timeoutSeconds, &r.headers, &r.secretHeaders}
+		&r.epMaxAttempts, &r.retryWindowSeconds, &r.firstFailure, &r.timeoutSeconds, &r.headers, &r.secretHeaders, &r.test}
 }
 
 // request is the row's endpoint's request settings.
@@ -408,6 +411,7 @@ func (r *claimedRow) job(sent time.Time) (Job, bool) {
 			CreatedAt:   r.createdAt.Time,
 			Traceparent: r.traceparent,
 			Tracestate:  r.tracestate,
+			Test:        r.test,
 		},
 	}
 	if r.startInMS.Int64 > 0 {

@@ -41,6 +41,9 @@ type JobView struct {
 	// was sent ("not sent: no SMTP server configured (-smtp-url)"): its
 	// completing attempt's error in the history (jobRowsSQL).
 	NotSent string `json:"not_sent,omitempty"`
+	// Test marks a test send's delivery (topics.go); absent for every
+	// other job.
+	Test bool `json:"test,omitempty"`
 	// BreakerOpenedAt is when its endpoint's circuit breaker opened, set
 	// while the job waits (available or retryable) behind it: the claim
 	// lets one of the endpoint's jobs through at a time, and fan-out
@@ -80,7 +83,8 @@ SELECT j.id, j.kind, j.event_id, j.endpoint_id, ` + endpointNameSQL + `, j.repla
        coalesce(j.scheduled_at = 'infinity', false), j.attempted_at, j.finalized_at, j.errors,
        coalesce(j.not_sent, ''),
        CASE WHEN j.state IN ('available', 'retryable') THEN ep.breaker_opened_at END,
-       j.state IN ('available', 'retryable') AND ` + noRunnerSQL + `
+       j.state IN ('available', 'retryable') AND ` + noRunnerSQL + `,
+       j.test IS TRUE
 FROM ` + jobRowsSQL + ` AS j
 LEFT JOIN outbox.endpoints AS ep ON ep.id = j.endpoint_id
 WHERE ($1::bigint = 0 OR j.id < $1::bigint)
@@ -96,9 +100,11 @@ LIMIT $4`
 // them. Of a delivered job the history keeps no max_attempts (its attempt
 // stands for it), no due or claim time, and no creation time: it was made
 // when its event was fanned out; its errors are its earlier attempts'.
+// Nor does it keep a test send's mark: its event's is its job's.
 const jobRowsSQL = `(
 SELECT j.id, j.kind, j.event_id, j.endpoint_id, j.replay_id, j.state, j.attempt, j.max_attempts,
-       j.created_at, j.scheduled_at, j.attempted_at, j.finalized_at, j.errors, NULL AS not_sent
+       j.created_at, j.scheduled_at, j.attempted_at, j.finalized_at, j.errors, NULL AS not_sent,
+       j.test
 FROM outbox.jobs AS j
 UNION ALL
 SELECT d.job_id, d.kind, d.event_id, d.endpoint_id, d.replay_id, 'completed', d.attempt, d.attempt,
@@ -107,7 +113,8 @@ SELECT d.job_id, d.kind, d.event_id, d.endpoint_id, d.replay_id, 'completed', d.
                                   ORDER BY p.attempt), '[]')
         FROM outbox.deliveries AS p
         WHERE p.job_id = d.job_id AND p.attempt < d.attempt AND p.error <> ''),
-       nullif(d.error, '')
+       nullif(d.error, ''),
+       e.test
 FROM outbox.deliveries AS d
 LEFT JOIN outbox.events AS e ON e.id = d.event_id
 WHERE d.outcome = 'completed')`
@@ -133,7 +140,7 @@ func scanJobView(row rowScanner) (JobView, error) {
 	var errs []byte
 	err := row.Scan(&j.ID, &j.Kind, &j.EventID, &j.EndpointID, &j.EndpointName, &j.ReplayID, &j.State, &j.Attempt, &j.MaxAttempts,
 		&j.CreatedAt, &j.ScheduledAt, &j.WaitingForTurn, &j.AttemptedAt, &j.FinalizedAt, &errs, &j.NotSent, &j.BreakerOpenedAt,
-		&j.NoRunner)
+		&j.NoRunner, &j.Test)
 	j.Errors = errs
 	return j, err
 }

@@ -43,6 +43,9 @@ type Event struct {
 	// Owner is the key of the owner the event is addressed to (outbox.record's
 	// fourth argument); nil: to no owner (docs/owners.md).
 	Owner *string `json:"owner"`
+	// Test marks a test send's event (POST /api/endpoints/{id}/test,
+	// topics.go); absent for every other.
+	Test bool `json:"test,omitempty"`
 	// Outcome is where the event's jobs stand, in lists that show it
 	// (the stream); nil elsewhere.
 	Outcome *EventOutcome `json:"outcome,omitempty"`
@@ -410,7 +413,7 @@ func requeueEvent(ctx context.Context, db *sql.DB, id int64) error {
 const eventColumns = `
   e.id, e.topic, e.subject, e.payload, e.created_at,
   e.fanned_out_at, e.relay_attempts, e.relay_error, e.poisoned_at,
-  e.traceparent, e.tracestate, e.owner, e.erased_at`
+  e.traceparent, e.tracestate, e.owner, e.erased_at, e.test IS TRUE`
 
 const getEventSQL = `
 SELECT` + eventColumns + `
@@ -435,7 +438,7 @@ func scanEvent(row rowScanner) (Event, error) {
 	var payload []byte
 	err := row.Scan(&e.ID, &e.Topic, &e.Subject, &payload, &e.CreatedAt,
 		&e.FannedOutAt, &e.RelayAttempts, &e.RelayError, &e.PoisonedAt,
-		&e.Traceparent, &e.Tracestate, &e.Owner, &e.ErasedAt)
+		&e.Traceparent, &e.Tracestate, &e.Owner, &e.ErasedAt, &e.Test)
 	e.Payload = payload
 	return e, err
 }

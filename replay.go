@@ -1106,6 +1106,9 @@ type DeliveryView struct {
 	StatusCode *int      `json:"status_code"`
 	Error      string    `json:"error"`
 	Excerpt    string    `json:"response_excerpt"`
+	// Test marks an attempt of a test send (topics.go), by its event's
+	// mark: the history keeps none of its own.
+	Test bool `json:"test,omitempty"`
 }
 
 // EndpointStats is an endpoint's recent record.
@@ -1120,10 +1123,11 @@ type EndpointStats struct {
 // recentDeliveriesSQL is the endpoint's last $2 attempts, from the
 // history (deliveries_by_endpoint_finished_at).
 const recentDeliveriesSQL = `
-SELECT job_id, event_id, attempt, finished_at, duration_ms, status_code, error, response_excerpt
-FROM outbox.deliveries
-WHERE endpoint_id = $1
-ORDER BY finished_at DESC
+SELECT d.job_id, d.event_id, d.attempt, d.finished_at, d.duration_ms, d.status_code, d.error, d.response_excerpt,
+       coalesce((SELECT e.test FROM outbox.events AS e WHERE e.id = d.event_id), false)
+FROM outbox.deliveries AS d
+WHERE d.endpoint_id = $1
+ORDER BY d.finished_at DESC
 LIMIT $2`
 
 // endpointRatesSQL reads the hour's attempts from the endpoint's 60
@@ -1141,7 +1145,7 @@ WHERE endpoint_id = $1
 
 func scanDeliveryView(row rowScanner) (DeliveryView, error) {
 	var d DeliveryView
-	err := row.Scan(&d.JobID, &d.EventID, &d.Attempt, &d.FinishedAt, &d.DurationMS, &d.StatusCode, &d.Error, &d.Excerpt)
+	err := row.Scan(&d.JobID, &d.EventID, &d.Attempt, &d.FinishedAt, &d.DurationMS, &d.StatusCode, &d.Error, &d.Excerpt, &d.Test)
 	return d, err
 }
 

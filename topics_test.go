@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -273,4 +274,142 @@ func TestOwnerTestsOnlyItsOwnEndpoints(t *testing.T) {
 	}
 	// The owner's event page shows it the test event its endpoint was sent.
 	decodeAs(t, w.srv, w.mine.Token, "GET", fmt.Sprintf("/api/endpoints/%d/events/%d", mine.ID, send.EventID), "", 200, nil)
+}
+
+// apiObject answers path through s's API, 200, as a JSON object.
+func apiObject(t *testing.T, s *testSendScene, path string) map[string]any {
+	t.Helper()
+	status, b := s.api.do("GET", path, "")
+	var got map[string]any
+	if status != http.StatusOK || json.Unmarshal(b, &got) != nil {
+		t.Fatalf("GET %s = %d %s", path, status, b)
+	}
+	return got
+}
+
+// testMarks is, for each object of list that has an "id" (or key), its
+// "test" member: true, false, or nil when absent.
+func testMarks(list any, key string) map[int64]any {
+	marks := map[int64]any{}
+	items, _ := list.([]any)
+	for _, item := range items {
+		obj, _ := item.(map[string]any)
+		id, _ := obj[key].(float64)
+		marks[int64(id)] = obj["test"]
+	}
+	return marks
+}
+
+// A test send is marked where people look: "test": true on its event and
+// its job in the API (absent on every other), and a test badge on the
+// panel's events list, event page, jobs list and the endpoint's
+// attempts, queued and once delivered.
+func TestTestSendIsMarkedWhereItIsShown(t *testing.T) {
+	t.Parallel()
+	s, db := newTestSendScene(t)
+	status, b := s.api.do("POST", fmt.Sprintf("/api/endpoints/%d/test", s.ep.ID), `{"topic": "order.paid"}`)
+	var send TestSend
+	if status != http.StatusAccepted || json.Unmarshal(b, &send) != nil {
+		t.Fatalf("test send = %d %s, want 202", status, b)
+	}
+	real := recordPayload(t, db, "order.paid", "o-1", `{"order_id": 1}`)
+	relayAll(t, db)
+	realJob := int64(queryInt(t, db, `SELECT id FROM outbox.jobs WHERE event_id = $1`, real))
+	want := map[int64]any{send.EventID: true, real: nil}
+	if diff := cmp.Diff(want, testMarks(apiObject(t, s, "/api/events")["events"], "id")); diff != "" {
+		t.Errorf("GET /api/events test marks by event (-want +got):\n%s", diff)
+	}
+	jobOf := map[int64]int64{send.EventID: send.JobID, real: realJob}
+	for _, id := range []int64{send.EventID, real} {
+		ev := apiObject(t, s, fmt.Sprintf("/api/events/%d", id))
+		if ev["test"] != want[id] {
+			t.Errorf("GET /api/events/%d test mark %v, want %v", id, ev["test"], want[id])
+		}
+		if diff := cmp.Diff(map[int64]any{jobOf[id]: want[id]}, testMarks(ev["jobs"], "id")); diff != "" {
+			t.Errorf("GET /api/events/%d test marks of its jobs (-want +got):\n%s", id, diff)
+		}
+	}
+	ctx := context.Background()
+	for range 2 { // the receiver fails its first request: a retry, then both delivered
+		if _, err := s.workers.workOnce(ctx, 10); err != nil {
+			t.Fatal(err)
+		}
+		mustExec(t, db, `UPDATE outbox.jobs SET scheduled_at = now() WHERE state = 'retryable'`)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM outbox.jobs`); n != 0 {
+		t.Fatalf("%d jobs still queued, want both delivered", n)
+	}
+	jobMarks := map[int64]any{send.JobID: true, realJob: nil}
+	if diff := cmp.Diff(jobMarks, testMarks(apiObject(t, s, "/api/jobs")["jobs"], "id")); diff != "" {
+		t.Errorf("GET /api/jobs test marks once delivered (-want +got):\n%s", diff)
+	}
+	attempts := testMarks(apiObject(t, s, fmt.Sprintf("/api/endpoints/%d/deliveries", s.ep.ID))["recent"], "job_id")
+	if diff := cmp.Diff(jobMarks, attempts); diff != "" {
+		t.Errorf("the endpoint's attempts' test marks by job (-want +got):\n%s", diff)
+	}
+
+	const badge = `<span class="badge badge-wait test"`
+	rowOf := func(page, start string) string {
+		return regexp.MustCompile(`(?s)` + regexp.QuoteMeta(start) + `.*?</tr>`).FindString(page)
+	}
+	_, events := panelPage(t, s.api.srv, "/events")
+	_, jobs := panelPage(t, s.api.srv, "/jobs")
+	_, endpoint := panelPage(t, s.api.srv, fmt.Sprintf("/endpoints/%d", s.ep.ID))
+	for _, c := range []struct {
+		where, text string
+		test        bool
+	}{
+		{"the events list's row of the test", rowOf(events, fmt.Sprintf(`<a href="/events/%d">`, send.EventID)), true},
+		{"the events list's row of the real event", rowOf(events, fmt.Sprintf(`<a href="/events/%d">`, real)), false},
+		{"the jobs list's row of the test job", rowOf(jobs, fmt.Sprintf(`<td>%d</td>`, send.JobID)), true},
+		{"the jobs list's row of the real job", rowOf(jobs, fmt.Sprintf(`<td>%d</td>`, realJob)), false},
+		{"the endpoint's attempt of the test", rowOf(endpoint, fmt.Sprintf(`<a href="/events/%d">`, send.EventID)), true},
+		{"the endpoint's attempt of the real event", rowOf(endpoint, fmt.Sprintf(`<a href="/events/%d">`, real)), false},
+		{"the test's event page", regexp.MustCompile(`(?s)<h1>.*?</h1>`).FindString(second(panelPage(t, s.api.srv, fmt.Sprintf("/events/%d", send.EventID)))), true},
+		{"the real event's page", regexp.MustCompile(`(?s)<h1>.*?</h1>`).FindString(second(panelPage(t, s.api.srv, fmt.Sprintf("/events/%d", real)))), false},
+	} {
+		if c.text == "" {
+			t.Errorf("%s: not found", c.where)
+		} else if strings.Contains(c.text, badge) != c.test {
+			t.Errorf("%s: test badge shown %v, want %v:\n%s", c.where, !c.test, c.test, c.text)
+		}
+	}
+	if jobPage := rowOf(second(panelPage(t, s.api.srv, fmt.Sprintf("/events/%d", send.EventID))), fmt.Sprintf(`<td>%d</td>`, send.JobID)); !strings.Contains(jobPage, badge) {
+		t.Errorf("the test's event page shows its job without the test badge:\n%s", jobPage)
+	}
+}
+
+// second is the second of two values.
+func second[A, B any](_ A, b B) B { return b }
+
+// /metrics' delivery counters count real deliveries alone, as the
+// statistics do: a test send's attempts are left out.
+func TestTestSendIsNotCountedInDeliveryMetrics(t *testing.T) {
+	t.Parallel()
+	db, _ := newTestDB(t)
+	api := newTestAPI(t, db, testPolicy)
+	rc := newReceiver(t, nil)
+	ep := api.createEndpoint(rc.srv.URL+"/hook", "order.*")
+	registerTopic(t, api, "order.paid", `{"order_id": 42}`)
+	metrics := newDeliveryMetrics()
+	client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: 10 * time.Second})
+	workers := newWorkerPool(db, defaultConfig().Workers, time.Minute, newSubscriberRegistry(),
+		map[string]jobHandler{webhookJobKind: newWebhookSender(db, nil, client, metrics, nil, testLogger(t)).deliver}, testLogger(t))
+	if status, b := api.do("POST", fmt.Sprintf("/api/endpoints/%d/test", ep.ID), `{"topic": "order.paid"}`); status != http.StatusAccepted {
+		t.Fatalf("test send = %d %s", status, b)
+	}
+	recordPayload(t, db, "order.paid", "o-1", `{"order_id": 1}`)
+	relayAll(t, db)
+	if _, err := workers.workOnce(context.Background(), 10); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(rc.requests()); n != 2 {
+		t.Fatalf("the receiver got %d requests, want the test's and the event's", n)
+	}
+	if diff := cmp.Diff(map[string]int64{"success": 1}, metrics.outcomes.Snapshot()); diff != "" {
+		t.Errorf("outboxd_deliveries_total by outcome (-want +got):\n%s", diff)
+	}
+	if got := metrics.commitTo2xx.labels(); !cmp.Equal(got, []string{itoa(ep.ID)}) {
+		t.Errorf("commit to first 2xx labels %v", got)
+	}
 }

@@ -318,8 +318,13 @@ func (s *webhookSender) deliver(ctx context.Context, job Job) error {
 
 // observe counts an attempt for /metrics: its outcome, its duration and,
 // for a success, the time from the event's commit to this first 2xx (a job
-// succeeds once, so its success is the pair's first).
+// succeeds once, so its success is the pair's first). A test send's
+// attempts are not counted, as the statistics count none (record_outcomes
+// in schema.sql): the delivery counters are the real deliveries'.
 func (s *webhookSender) observe(job Job, a deliveryAttempt, change endpointChange, sendErr error) {
+	if job.Event.Test {
+		return
+	}
 	outcome := "failed_status"
 	switch {
 	case sendErr != nil:
