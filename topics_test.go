@@ -276,6 +276,18 @@ func TestOwnerTestsOnlyItsOwnEndpoints(t *testing.T) {
 	decodeAs(t, w.srv, w.mine.Token, "GET", fmt.Sprintf("/api/endpoints/%d/events/%d", mine.ID, send.EventID), "", 200, nil)
 }
 
+// postTestSend sends endpoint id a test of topic through api, which
+// must answer 202.
+func postTestSend(t *testing.T, api *testAPI, id int64, topic string) TestSend {
+	t.Helper()
+	status, b := api.do("POST", fmt.Sprintf("/api/endpoints/%d/test", id), fmt.Sprintf(`{"topic": %q}`, topic))
+	var send TestSend
+	if status != http.StatusAccepted || json.Unmarshal(b, &send) != nil {
+		t.Fatalf("test send = %d %s, want 202", status, b)
+	}
+	return send
+}
+
 // apiObject answers path through s's API, 200, as a JSON object.
 func apiObject(t *testing.T, s *testSendScene, path string) map[string]any {
 	t.Helper()
@@ -307,11 +319,7 @@ func testMarks(list any, key string) map[int64]any {
 func TestTestSendIsMarkedWhereItIsShown(t *testing.T) {
 	t.Parallel()
 	s, db := newTestSendScene(t)
-	status, b := s.api.do("POST", fmt.Sprintf("/api/endpoints/%d/test", s.ep.ID), `{"topic": "order.paid"}`)
-	var send TestSend
-	if status != http.StatusAccepted || json.Unmarshal(b, &send) != nil {
-		t.Fatalf("test send = %d %s, want 202", status, b)
-	}
+	send := postTestSend(t, s.api, s.ep.ID, "order.paid")
 	real := recordPayload(t, db, "order.paid", "o-1", `{"order_id": 1}`)
 	relayAll(t, db)
 	realJob := int64(queryInt(t, db, `SELECT id FROM outbox.jobs WHERE event_id = $1`, real))
@@ -395,9 +403,7 @@ func TestTestSendIsNotCountedInDeliveryMetrics(t *testing.T) {
 	client := newSafeHTTPClient(safeHTTPOptions{AllowPrivate: true, Timeout: 10 * time.Second})
 	workers := newWorkerPool(db, defaultConfig().Workers, time.Minute, newSubscriberRegistry(),
 		map[string]jobHandler{webhookJobKind: newWebhookSender(db, nil, client, metrics, nil, testLogger(t)).deliver}, testLogger(t))
-	if status, b := api.do("POST", fmt.Sprintf("/api/endpoints/%d/test", ep.ID), `{"topic": "order.paid"}`); status != http.StatusAccepted {
-		t.Fatalf("test send = %d %s", status, b)
-	}
+	postTestSend(t, api, ep.ID, "order.paid")
 	recordPayload(t, db, "order.paid", "o-1", `{"order_id": 1}`)
 	relayAll(t, db)
 	if _, err := workers.workOnce(context.Background(), 10); err != nil {
