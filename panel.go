@@ -604,14 +604,13 @@ func (fs endpointFields) requestInput(in *endpointInput) error {
 	return nil
 }
 
-// conflictOf is the text of a 409 the API would answer for err (an
-// httpError's), which a form shows as its page's message.
+// conflictOf is the text of the 409 the API would answer for err
+// (errConflict), which a form shows as its page's message.
 func conflictOf(err error) (string, bool) {
-	he, ok := errors.AsType[*httpError](err)
-	if !ok || he.status != http.StatusConflict {
+	if !errors.Is(err, errConflict) {
 		return "", false
 	}
-	return he.text, true
+	return strings.TrimPrefix(err.Error(), errConflict.Error()+": "), true
 }
 
 // refusal is what a refused form shows: err's text without the errInvalid
