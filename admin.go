@@ -40,9 +40,9 @@ func apiRoutes(a *admin) []apiRoute {
 	return []apiRoute{
 		{"GET /api/overview", forAdmin, handleOverview(a)},
 		{"POST /api/alerts/{name}/acknowledge", forAdmin, handleAcknowledgeAlert(a)},
-		{"GET /api/events", forAdmin, handleListEvents(a)},
+		{"GET /api/events", forEveryone, handleListEvents(a)},
 		{"POST /api/events", forAdmin, handleRecordEvent(a)},
-		{"GET /api/events/{id}", forAdmin, handleGetEvent(a)},
+		{"GET /api/events/{id}", forEveryone, handleGetEvent(a)},
 		{"POST /api/events/{id}/requeue", forAdmin, handleRequeueEvent(a)},
 		{"GET /api/jobs", forAdmin, handleListJobs(a)},
 		{"POST /api/jobs/{id}/retry", forAdmin, handleRetryJob(a)},
@@ -104,7 +104,7 @@ func pageRoutes(a *admin) []pageRoute {
 	p := a.panel
 	return []pageRoute{
 		{"GET /{$}", forEveryone, p.handleOverview(a)},
-		{"GET /events", forAdmin, p.handleEvents(a)},
+		{"GET /events", forEveryone, p.handleEvents(a)},
 		{"GET /events/{id}", forAdmin, p.handleEvent(a)},
 		{"POST /events/{id}/requeue", forAdmin, p.handleRequeue(a)},
 		{"GET /endpoints", forEveryone, p.handleEndpoints(a)},

@@ -69,7 +69,8 @@ func handleAcknowledgeAlert(a *admin) apiFunc {
 
 // handleListEvents is GET /api/events: a page of the stream, newest first,
 // with next_before and next_after to ask for the older and the newer page
-// when the filter selects more events that way.
+// when the filter selects more events that way; for an owner, of the
+// events its endpoints were sent (readEventPage).
 func handleListEvents(a *admin) apiFunc {
 	return func(r *http.Request) (int, any, error) {
 		pg, err := readEventPage(r, a.db)
@@ -123,9 +124,14 @@ func handleRecordEvent(a *admin) apiFunc {
 	}
 }
 
-// handleGetEvent is GET /api/events/{id}: the event and every job it made.
+// handleGetEvent is GET /api/events/{id}: the event and every job it
+// made; for an owner, an event its endpoints were sent and their jobs,
+// another's the 404 of an event that does not exist.
 func handleGetEvent(a *admin) apiFunc {
 	return byID(func(ctx context.Context, id int64) (eventWithJobs, error) {
+		if owner := principalIn(ctx).ownerID(); owner != nil {
+			return readOwnerEvent(ctx, a.db, *owner, id)
+		}
 		return readEventWithJobs(ctx, a.db, id)
 	})
 }

@@ -69,7 +69,7 @@ func TestOwnerPortalInBrowser(t *testing.T) {
 	if n := br.count(fmt.Sprintf("#endpoint-%d", other.ID)); n != 0 {
 		t.Errorf("the owner's list shows another's endpoint")
 	}
-	if n := br.count(`header nav a[href="/events"], header nav a[href="/jobs"], header nav a[href="/sources"]`); n != 0 {
+	if n := br.count(`header nav a[href="/jobs"], header nav a[href="/sources"], header nav a[href="/subjects"]`); n != 0 {
 		t.Errorf("the owner's navigation has %d global pages", n)
 	}
 	br.click(fmt.Sprintf("#endpoint-%d .endpoint-name a", ep.ID))
@@ -104,8 +104,8 @@ func TestOwnerPortalInBrowser(t *testing.T) {
 	if got := br.text("#audit tbody tr"); !strings.Contains(got, "POST /endpoints/{id}/pause") || !strings.Contains(got, "Payments team") {
 		t.Errorf("the owner's newest audit entry reads %q, want its pause", got)
 	}
-	br.open(srv.URL + "/events")
+	br.open(srv.URL + "/jobs")
 	if got := br.text("p.error"); !strings.Contains(got, "the admin's") {
-		t.Errorf("the event stream shows an owner %q, want it refused", got)
+		t.Errorf("the job list shows an owner %q, want it refused", got)
 	}
 }

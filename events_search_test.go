@@ -128,7 +128,7 @@ func TestEventsSearchByPayloadUsesItsIndex(t *testing.T) {
 	mustExec(t, db, `ANALYZE outbox.events`)
 	f := EventFilter{Payload: `{"customer": {"id": 1234}}`, Limit: defaultPageSize}
 	rows, err := db.QueryContext(context.Background(), "EXPLAIN "+listEventsOlderSQL, f.Before, f.After, f.Topic, f.Subject, f.State,
-		nullTime(f.Since), nullTime(f.Until), f.Outcome, f.Limit+1, nullText(f.Payload))
+		nullTime(f.Since), nullTime(f.Until), f.Outcome, f.Limit+1, nullText(f.Payload), f.Owner)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -463,6 +463,11 @@ type EventFilter struct {
 	Before  int64     // only ids below this; 0: from the newest
 	After   int64     // only ids above this, the page just newer; 0: none
 	Limit   int
+	// Owner is the owner whose search this is (docs/owners.md): only the
+	// events its endpoints were sent, a job in the queue or an attempt in
+	// the history, within the tenancy boundary; 0: every event, the
+	// admin's stream.
+	Owner int64
 }
 
 // eventOutcomes are the values of EventFilter.Outcome, as a message names them.
@@ -507,7 +512,10 @@ func (f *EventFilter) validate() error {
 }
 
 // listEventsSelectSQL is the stream and its filters, each off when its
-// parameter is empty (0, an empty string or NULL). The outcome counts an
+// parameter is empty (0, an empty string or NULL). An owner's search ($11)
+// keeps the events one of its endpoints has a job or an attempt of,
+// through jobs_by_event_id and deliveries_by_event_id, and only those
+// the tenancy boundary admits (outbox.owner_admits), as endpointEventSQL. The outcome counts an
 // event's jobs of the queue through jobs_by_event_id and its delivered
 // ones in the history through deliveries_by_event_id, one event at a time
 // as the id order reaches it, and only when asked for ($8); a LATERAL
@@ -533,6 +541,14 @@ WHERE ($1::bigint = 0 OR id < $1::bigint)
        OR ($5 = 'fanned' AND fanned_out_at IS NOT NULL)
        OR ($5 = 'poisoned' AND poisoned_at IS NOT NULL))
   AND ($10::jsonb IS NULL OR payload @> $10::jsonb)
+  AND ($11::bigint = 0 OR EXISTS (
+        SELECT 1
+        FROM (SELECT j.endpoint_id FROM outbox.jobs j WHERE j.event_id = e.id
+              UNION ALL
+              SELECT d.endpoint_id FROM outbox.deliveries d WHERE d.event_id = e.id) AS sent
+        JOIN outbox.endpoints ep ON ep.id = sent.endpoint_id AND ep.owner_id = $11::bigint
+        JOIN outbox.owners ow ON ow.id = ep.owner_id
+        WHERE outbox.owner_admits(e.owner, e.topic, ow.key, ow.allowed_topics, ow.shared_topics)))
   AND ($6::timestamptz IS NULL OR created_at >= $6::timestamptz)
   AND ($7::timestamptz IS NULL OR created_at < $7::timestamptz)
   AND ($8 = ''
@@ -617,7 +633,7 @@ func listEvents(ctx context.Context, db *sql.DB, f EventFilter, limit int) ([]Ev
 		query = listEventsNewerSQL
 	}
 	events, err := queryAll(ctx, db, scanEvent, query, f.Before, f.After, f.Topic, f.Subject, f.State,
-		nullTime(f.Since), nullTime(f.Until), f.Outcome, limit, nullText(f.Payload))
+		nullTime(f.Since), nullTime(f.Until), f.Outcome, limit, nullText(f.Payload), f.Owner)
 	if err != nil {
 		return nil, fmt.Errorf("list events: %w", err)
 	}

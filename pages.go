@@ -34,7 +34,7 @@ type panel struct {
 // layout and the shared job table.
 var pageNames = []string{"login", "error", "overview", "events", "event", "jobs", "endpoints", "endpoint", "subjects", "sources",
 	"signin", "signin-link", "audit", "delivery", "owners", "confirm",
-	"topics"}
+	"topics", "owner-events"}
 
 // newPanel parses every page's templates: one that does not parse stops
 // the start rather than the first request for it.

@@ -62,6 +62,9 @@ func (p *panel) handleEvents(a *admin) pageFunc {
 		if err != nil {
 			return err
 		}
+		if pg.filter.Owner != 0 {
+			return p.renderOwnerEvents(w, r, a, pg)
+		}
 		badges, err := readOutcomeBadges(r.Context(), a.db, pg.rows)
 		if err != nil {
 			return err
@@ -81,6 +84,27 @@ func (p *panel) handleEvents(a *admin) pageFunc {
 				timeInputValue(pg.filter.Since), timeInputValue(pg.filter.Until)}})
 		return nil
 	}
+}
+
+// renderOwnerEvents is the portal's events page: an owner's search of
+// the events its endpoints were sent, each linked to its endpoint's page
+// of the event (handleEndpointEventPage), without the admin's state,
+// outcome and requeue.
+func (p *panel) renderOwnerEvents(w http.ResponseWriter, r *http.Request, a *admin, pg idPage[EventFilter, Event]) error {
+	links, err := ownerEventLinks(r.Context(), a.db, pg.filter.Owner, pg.rows)
+	if err != nil {
+		return err
+	}
+	p.render(w, http.StatusOK, "owner-events", page{Title: "Events", Nav: "events", SignedIn: true,
+		Data: struct {
+			Filter       EventFilter
+			Events       []Event
+			Links        map[int64]int64
+			Newer, Older string
+			Since, Until string
+		}{pg.filter, pg.rows, links, pageLink(r, "after", pg.after), pageLink(r, "before", pg.before),
+			timeInputValue(pg.filter.Since), timeInputValue(pg.filter.Until)}})
+	return nil
 }
 
 // pageLink is the panel's link to a neighbouring page of a list that pages
