@@ -1,7 +1,6 @@
 // ownerevents.go: an owner's view of the event stream (docs/owners.md):
-// one event by id, and where on the portal each event of its search
-// links to. The search itself is the admin's stream with
-// EventFilter.Owner set.
+// the search, which is the admin's stream with EventFilter.Owner set, one
+// event by id, and where on the portal each event of its search links to.
 
 package main
 
@@ -9,9 +8,31 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"net/http"
 
 	"github.com/lib/pq"
 )
+
+// scopeEventFilter makes f the search of r's sender (principalOf): the
+// admin's as given; an owner's the events its endpoints were sent
+// (EventFilter.Owner), without the state and outcome filters, which read
+// every endpoint's jobs; nobody's refused, so that a route served
+// without a principal fails closed.
+func scopeEventFilter(r *http.Request, f *EventFilter) error {
+	who := principalOf(r)
+	switch {
+	case who.admin:
+		return nil
+	case who.owner == nil:
+		return &httpError{status: http.StatusUnauthorized, text: "missing or wrong token"}
+	case f.State != "":
+		return fmt.Errorf("%w: state: an owner's search takes topic, subject, payload, since and until", errInvalid)
+	case f.Outcome != "":
+		return fmt.Errorf("%w: outcome: an owner's search takes topic, subject, payload, since and until", errInvalid)
+	}
+	f.Owner = who.owner.ID
+	return nil
+}
 
 // readOwnerEvent is event id as owner ownerID may see it: one its
 // endpoints were sent, found by the stream's own owner condition, and
