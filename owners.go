@@ -591,7 +591,7 @@ func (who audience) String() string {
 
 // errAdminsOnly is an owner's answer on a route of the admin's.
 var errAdminsOnly = &httpError{status: http.StatusForbidden,
-	text: "an owner's token may use /api/endpoints, its endpoints' routes and /api/audit; this route is the admin's"}
+	text: "an owner's token may use /api/endpoints, its endpoints' routes, GET /api/events, GET /api/topics and /api/audit; this route is the admin's"}
 
 // allowed reports whether r's principal may use a route for who; a false
 // answer comes with the error to answer, a 403 or, for an endpoint it
