@@ -173,6 +173,10 @@ func TestPortalEventsPageSearchesTheOwnersEvents(t *testing.T) {
 			t.Errorf("acme's search lists event %d:\n%s", id, page)
 		}
 	}
+	// The link of an event delivered, its job gone to the history, opens.
+	if status, page := browse(t, browser, w.srv, "GET", fmt.Sprintf("/endpoints/%d/events/%d", w.acmeEp.ID, w.a3), nil); status != 200 {
+		t.Errorf("acme's link to the delivered event %d = %d:\n%.500s", w.a3, status, page)
+	}
 	if status, page := browse(t, browser, w.srv, "GET", "/events?payload="+url.QueryEscape(`[1]`), nil); status != 400 || !strings.Contains(page, "payload must be a JSON object") {
 		t.Errorf("a bad payload on the portal: %d, want a 400 page naming payload:\n%.500s", status, page)
 	}
