@@ -632,12 +632,18 @@ func listEvents(ctx context.Context, db *sql.DB, f EventFilter, limit int) ([]Ev
 	if f.After != 0 {
 		query = listEventsNewerSQL
 	}
-	events, err := queryAll(ctx, db, scanEvent, query, f.Before, f.After, f.Topic, f.Subject, f.State,
-		nullTime(f.Since), nullTime(f.Until), f.Outcome, limit, nullText(f.Payload), f.Owner)
+	events, err := queryAll(ctx, db, scanEvent, query, f.args(limit)...)
 	if err != nil {
 		return nil, fmt.Errorf("list events: %w", err)
 	}
 	return events, nil
+}
+
+// args are the listing queries' parameters for f, reading up to limit
+// events.
+func (f EventFilter) args(limit int) []any {
+	return []any{f.Before, f.After, f.Topic, f.Subject, f.State,
+		nullTime(f.Since), nullTime(f.Until), f.Outcome, limit, nullText(f.Payload), f.Owner}
 }
 
 // nullText is s as a query parameter: NULL when empty.

@@ -41,16 +41,7 @@ func runLateCommit(t *testing.T, db *sql.DB) lateCommitRun {
 	}
 
 	var scan relayScan
-	pass := func() {
-		t.Helper()
-		scan.tried = time.Time{} // each try counts: no pacing in a test
-		if err := scan.advance(ctx, db, time.Now()); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := db.Exec(fanOutSQL, 200, nil, `[]`, 18, 300.0, "", scan.from); err != nil {
-			t.Fatal(err)
-		}
-	}
+	pass := func() { relayFromBound(t, db, &scan) }
 	relayAll := func() {
 		t.Helper()
 		for range 3 {
@@ -88,6 +79,17 @@ func runLateCommit(t *testing.T, db *sql.DB) lateCommitRun {
 	relayAll()
 	run.lateFanned = queryInt(t, db, `SELECT count(*) FROM outbox.events WHERE id = $1 AND fanned_out_at IS NOT NULL`, run.late) == 1
 	return run
+}
+
+// relayFromBound tries to move scan's bound, as the relay does before a
+// pass, without its pacing, and runs a pass from it.
+func relayFromBound(t *testing.T, db *sql.DB, scan *relayScan) {
+	t.Helper()
+	scan.tried = time.Time{}
+	if err := scan.advance(context.Background(), db, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, fanOutSQL, 200, nil, `[]`, 18, 300.0, "", scan.from)
 }
 
 func queryTxInt(t *testing.T, tx *sql.Tx, query string) int {
@@ -156,11 +158,7 @@ func TestRelayScanStartsOverAfterARequeue(t *testing.T) {
 	}
 	var scan relayScan
 	waitFor(t, "the bound to move past the events relayed", time.Minute, func() bool {
-		scan.tried = time.Time{}
-		if err := scan.advance(ctx, db, time.Now()); err != nil {
-			t.Fatal(err)
-		}
-		mustExec(t, db, fanOutSQL, 200, nil, `[]`, 18, 300.0, "", scan.from)
+		relayFromBound(t, db, &scan)
 		return scan.from > last
 	})
 	if found, err := updateOneAndNotify(ctx, db, eventsChannel, requeueEventSQL, poisoned); err != nil || !found {
